@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/pvdriver"
+)
+
+// guestReport is what `vgpuha guest --json` prints.
+type guestReport struct {
+	Endpoint  string            `json:"endpoint"`
+	Session   uint64            `json:"session"`
+	Workloads []workload.Result `json:"workloads"`
+	Verified  bool              `json:"verified"`
+}
+
+func runGuest(args []string) error {
+	fs := newFlags("guest", "--endpoint ENDPOINT --workload NAME [flags]")
+	endpoint := fs.String("endpoint", "unix:///tmp/vgpuha.sock", "hypervisor endpoint")
+	name := fs.String("workload", "all", fmt.Sprintf("workload to run: one of %v, or all", workload.Names()))
+	size := fs.Int("size", 0, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
+	guestName := fs.String("name", "guest", "guest name shown in the hypervisor's status")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ws, err := workload.Select(*name)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, err := pvdriver.Open(ctx, *endpoint, pvdriver.Options{GuestName: *guestName})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	rep, err := runWorkloads(context.Background(), c, ws, *size)
+	if err != nil {
+		return err
+	}
+	rep.Endpoint = *endpoint
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		printResults(os.Stdout, rep.Workloads)
+	}
+	if !rep.Verified {
+		return fmt.Errorf("some results are wrong")
+	}
+	return nil
+}
+
+func runWorkloads(ctx context.Context, c *pvdriver.Client, ws []workload.Workload, size int) (guestReport, error) {
+	rep := guestReport{Session: c.Session(), Verified: true}
+	for _, w := range ws {
+		r, err := w.Run(ctx, c, size)
+		if err != nil {
+			return rep, err
+		}
+		rep.Workloads = append(rep.Workloads, r)
+		rep.Verified = rep.Verified && r.Verified
+	}
+	return rep, nil
+}
+
+func printResults(w io.Writer, rs []workload.Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKLOAD\tSIZE\tVERIFIED\tCHECKSUM\tDETAIL")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%d\t%v\t%s\t%s\n", r.Name, r.Size, r.Verified, r.Checksum, r.Detail)
+	}
+	tw.Flush()
+}

@@ -1,0 +1,55 @@
+package hypervisor
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+type metrics struct {
+	requests    *prometheus.CounterVec
+	frameErrors *prometheus.CounterVec
+	latency     map[abi.Opcode]prometheus.Observer
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpuha_guest_requests_total",
+			Help: "Guest requests handled, by opcode and status.",
+		}, []string{"op", "status"}),
+		frameErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpuha_guest_frame_errors_total",
+			Help: "Guest connections dropped for an untrustworthy frame, by reason.",
+		}, []string{"reason"}),
+		latency: map[abi.Opcode]prometheus.Observer{},
+	}
+	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "vgpuha_guest_request_duration_seconds",
+		Help:    "Time to execute a guest request on the backend, by opcode.",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+	}, []string{"op"})
+	for _, op := range abi.Opcodes() {
+		m.latency[op] = hist.WithLabelValues(op.String())
+	}
+	status := func(f func(Status) float64) func() float64 {
+		return func() float64 { return f(s.Status()) }
+	}
+	collectors := []prometheus.Collector{
+		m.requests, m.frameErrors, hist,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_guest_sessions", Help: "Open guest sessions.",
+		}, status(func(st Status) float64 { return float64(len(st.Sessions)) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_device_memory_bytes", Help: "Device memory allocated by guests.",
+		}, status(func(st Status) float64 { return float64(st.Bytes) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_device_objects", Help: "Allocations and handles held by guests.",
+		}, status(func(st Status) float64 { return float64(st.Objects) })),
+	}
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,401 @@
+// Package hypervisor is the primary's backend for guest GPU calls: it accepts
+// guest connections, keeps one Session per guest, validates every request
+// against that guest's own allocations and handles, and executes it on a
+// gpu.Backend.
+//
+// It owns: sessions, the guest device-address windows and the deterministic
+// allocator inside them, per-guest quotas and isolation, the dispatch table
+// (opTable) that says which requests exist and which change device state.
+// It must never: trust a byte a guest sends (package abi decodes), let one
+// guest name another's memory or handles, or let a guest's misbehaviour
+// (garbage, a cut connection, a flood) affect any other session.
+//
+// One goroutine serves each connection and runs its requests in order, so
+// a session needs no locking against itself; the per-session mutex only
+// guards against status readers.
+package hypervisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Config bounds what guests may do.
+type Config struct {
+	// WindowBase is where the first session's device-address window starts;
+	// session slot i gets WindowBase + i*WindowSize.
+	WindowBase uint64
+	// WindowSize is each session's device-address window.
+	WindowSize uint64
+	// AllocAlign aligns every allocation (2 MiB, the CUDA VMM granularity, so
+	// a CUDA standby can map at the same offsets).
+	AllocAlign uint64
+	// MaxSessions bounds concurrent guests.
+	MaxSessions int
+	// MemoryQuota bounds each session's allocated bytes.
+	MemoryQuota uint64
+	// MaxObjects bounds each session's allocations plus handles.
+	MaxObjects int
+	// MaxPayload bounds a frame's payload.
+	MaxPayload int
+}
+
+// DefaultConfig is sized for a shared GPU host.
+func DefaultConfig() Config {
+	return Config{
+		WindowBase:  0x7e0000000000,
+		WindowSize:  64 << 30,
+		AllocAlign:  2 << 20,
+		MaxSessions: 64,
+		MemoryQuota: 4 << 30,
+		MaxObjects:  16384,
+		MaxPayload:  abi.DefaultMaxPayload,
+	}
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.WindowSize == 0 || c.AllocAlign == 0 || c.AllocAlign&(c.AllocAlign-1) != 0:
+		return errors.New("window size must be non-zero and alloc alignment a power of two")
+	case c.WindowBase%c.AllocAlign != 0 || c.WindowSize%c.AllocAlign != 0:
+		return errors.New("window base and size must be multiples of the alloc alignment")
+	case c.MaxSessions <= 0 || c.MaxObjects <= 0 || c.MaxPayload < 4096:
+		return errors.New("max sessions and objects must be positive, max payload at least 4096")
+	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
+		return errors.New("session windows overflow the address space")
+	}
+	return nil
+}
+
+// Server serves guest connections.
+type Server struct {
+	cfg     Config
+	backend gpu.Backend
+	log     *slog.Logger
+	metrics *metrics
+
+	mu        sync.Mutex
+	sessions  map[uint64]*Session
+	slots     []bool // window slots in use
+	nextID    uint64
+	listeners map[net.Listener]struct{}
+	conns     map[net.Conn]struct{}
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+// NewServer returns a server running guests on backend. Metrics are
+// registered on reg.
+func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("hypervisor config: %w", err)
+	}
+	s := &Server{
+		cfg: cfg, backend: backend, log: log,
+		sessions:  map[uint64]*Session{},
+		slots:     make([]bool, cfg.MaxSessions),
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[net.Conn]struct{}{},
+	}
+	m, err := newMetrics(reg, s)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	return s, nil
+}
+
+// Serve accepts guest connections on ln until Close. It returns nil after
+// Close, or the listener's error.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return nil
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			delete(s.listeners, ln)
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			return fmt.Errorf("accepting guests: %w", err)
+		}
+		if !s.track(conn) {
+			conn.Close()
+			return nil
+		}
+		go func() {
+			defer s.wg.Done()
+			defer s.untrack(conn)
+			s.ServeConn(conn)
+		}()
+	}
+}
+
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Server) untrack(c net.Conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// Close stops accepting, drops every guest connection, frees every session
+// and waits for the connection goroutines to finish.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+// ServeConn serves one guest connection until it ends. A frame that cannot
+// be trusted (bad magic, version or checksum, over-long) gets an error reply
+// and ends the connection; a well-framed request with bad content gets an
+// error reply and the connection goes on. Either way only this connection's
+// session is affected.
+func (s *Server) ServeConn(conn net.Conn) {
+	defer conn.Close()
+	br := bufio.NewReaderSize(conn, 64<<10)
+	bw := bufio.NewWriterSize(conn, 64<<10)
+	fr := abi.NewFrameReader(br, s.cfg.MaxPayload)
+	log := s.log.With("remote", conn.RemoteAddr().String())
+	var sess *Session
+	defer func() {
+		if sess != nil {
+			s.closeSession(sess)
+			log.Info("guest session closed", "session", sess.id, "requests", sess.requests)
+		}
+	}()
+	var out []byte
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			if err == io.EOF || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			reason := frameErrorReason(err)
+			s.metrics.frameErrors.WithLabelValues(reason).Inc()
+			log.Warn("dropping guest connection", "reason", reason, "err", err)
+			if reason != "io" {
+				out = abi.AppendFrame(out[:0], f.Op, abi.FlagReply, f.RequestID,
+					abi.AppendReply(nil, abi.StatusBadFrame, err.Error(), nil))
+				bw.Write(out)
+				bw.Flush()
+			}
+			return
+		}
+		var reply abi.Body
+		var rerr error
+		switch {
+		case f.Flags&abi.FlagReply != 0:
+			rerr = fail(abi.StatusBadFrame, "guest sent a reply frame")
+		case sess == nil && f.Op != abi.OpHello:
+			rerr = fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op)
+		case f.Op == abi.OpHello:
+			if sess != nil {
+				rerr = fail(abi.StatusInvalidValue, "session %d is already open on this connection", sess.id)
+				break
+			}
+			sess, reply, rerr = s.hello(f.Payload)
+			if sess != nil {
+				log = log.With("session", sess.id, "guest", sess.guest)
+				log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", sess.base))
+			}
+		default:
+			timer := prometheus.NewTimer(s.metrics.latency[f.Op])
+			reply, rerr = sess.handle(f.Op, f.Flags&abi.FlagAsync != 0, f.Payload)
+			timer.ObserveDuration()
+		}
+		s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(rerr).String()).Inc()
+		if f.Flags&abi.FlagAsync != 0 && rerr == nil {
+			// No reply: the guest is pipelining. Errors were kept by handle.
+		} else {
+			st, msg := abi.StatusOK, ""
+			if rerr != nil {
+				st, msg = statusOf(rerr), rerr.Error()
+				log.Debug("request refused", "op", f.Op, "status", st, "err", rerr)
+			}
+			out = abi.AppendFrame(out[:0], f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
+			if _, err := bw.Write(out); err != nil {
+				return
+			}
+		}
+		if br.Buffered() == 0 {
+			if err := bw.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func frameErrorReason(err error) string {
+	var ve *abi.VersionError
+	var tl *abi.TooLargeError
+	switch {
+	case errors.Is(err, abi.ErrBadMagic):
+		return "magic"
+	case errors.As(err, &ve):
+		return "version"
+	case errors.As(err, &tl):
+		return "too_large"
+	case errors.Is(err, abi.ErrChecksum):
+		return "checksum"
+	case errors.Is(err, abi.ErrBadOpcode):
+		return "opcode"
+	case errors.Is(err, abi.ErrReserved):
+		return "reserved"
+	}
+	return "io" // cut mid-frame or a socket error: nobody to reply to
+}
+
+// hello opens a session for a new guest.
+func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
+	var req abi.Hello
+	if err := abi.Unmarshal(payload, &req); err != nil {
+		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %v", err)
+	}
+	if req.Resume != 0 {
+		return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
+	}
+	s.mu.Lock()
+	slot := -1
+	for i, used := range s.slots {
+		if !used {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 || s.closed {
+		s.mu.Unlock()
+		return nil, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
+	}
+	s.slots[slot] = true
+	s.nextID++
+	id := s.nextID
+	s.mu.Unlock()
+
+	base := s.cfg.WindowBase + uint64(slot)*s.cfg.WindowSize
+	ctx, err := s.backend.NewContext(base, s.cfg.WindowSize)
+	if err != nil {
+		s.releaseSlot(slot)
+		return nil, nil, err
+	}
+	if got, _ := ctx.Window(); got != base {
+		// Address translation for a primary is never needed: the guest sees
+		// whatever base the primary got. Only a standby translates.
+		base = got
+	}
+	sess := &Session{
+		id: id, guest: req.GuestName, slot: slot, cfg: s.cfg,
+		ctx: ctx, base: base, size: s.cfg.WindowSize,
+		handles:      handlemap.NewTable(),
+		kernels:      map[handlemap.Handle]abi.KernelSpec{},
+		moduleImages: map[handlemap.Handle]*abi.ModuleImage{},
+		deferred:     map[handlemap.Handle]error{},
+	}
+	s.mu.Lock()
+	s.sessions[id] = sess
+	s.mu.Unlock()
+	return sess, &abi.HelloReply{Session: id, WindowBase: base, WindowSize: s.cfg.WindowSize}, nil
+}
+
+func (s *Server) releaseSlot(slot int) {
+	s.mu.Lock()
+	s.slots[slot] = false
+	s.mu.Unlock()
+}
+
+func (s *Server) closeSession(sess *Session) {
+	sess.mu.Lock()
+	if err := sess.ctx.Close(); err != nil {
+		s.log.Error("closing backend context", "session", sess.id, "err", err)
+	}
+	sess.ranges = handlemap.Ranges{}
+	sess.handles = handlemap.NewTable()
+	sess.mu.Unlock()
+	s.mu.Lock()
+	delete(s.sessions, sess.id)
+	s.slots[sess.slot] = false
+	s.mu.Unlock()
+}
+
+// SessionStatus is one session in Status.
+type SessionStatus struct {
+	ID          uint64 `json:"id"`
+	Guest       string `json:"guest"`
+	WindowBase  string `json:"window_base"`
+	Allocations int    `json:"allocations"`
+	Bytes       uint64 `json:"bytes"`
+	Objects     int    `json:"objects"`
+	Requests    uint64 `json:"requests"`
+}
+
+// Status is what /status reports.
+type Status struct {
+	Backend  string          `json:"backend"`
+	Sessions []SessionStatus `json:"sessions"`
+	Objects  int             `json:"objects"`
+	Bytes    uint64          `json:"bytes"`
+}
+
+// Status reports the server's sessions and totals.
+func (s *Server) Status() Status {
+	s.mu.Lock()
+	sessions := make([]*Session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		sessions = append(sessions, sess)
+	}
+	s.mu.Unlock()
+	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
+	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}}
+	for _, sess := range sessions {
+		sess.mu.Lock()
+		ss := SessionStatus{
+			ID: sess.id, Guest: sess.guest, WindowBase: fmt.Sprintf("%#x", sess.base),
+			Allocations: sess.ranges.Len(), Bytes: sess.ranges.Total(),
+			Objects:  sess.ranges.Len() + sess.handles.Len(),
+			Requests: sess.requests,
+		}
+		sess.mu.Unlock()
+		st.Sessions = append(st.Sessions, ss)
+		st.Objects += ss.Objects
+		st.Bytes += ss.Bytes
+	}
+	return st
+}

@@ -1,0 +1,442 @@
+package hypervisor
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Session is one guest's connection to the GPU: its own backend context, its
+// own device-address window, its handles and its quota. Nothing in a session
+// refers to another session's objects, which is what keeps guests apart.
+//
+// Lock order: Server.mu before Session.mu. Requests hold mu while they run;
+// status readers take it briefly.
+type Session struct {
+	id    uint64
+	guest string
+	slot  int
+	cfg   Config
+
+	mu           sync.Mutex
+	ctx          gpu.Context
+	base         uint64 // window base as the allocator sees it (what the guest sees)
+	size         uint64
+	ranges       handlemap.Ranges
+	handles      *handlemap.Table
+	kernels      map[handlemap.Handle]abi.KernelSpec // function handle -> declaration
+	deferred     map[handlemap.Handle]error          // first error of async work per stream (0: null stream)
+	moduleImages map[handlemap.Handle]*abi.ModuleImage
+	requests     uint64
+}
+
+// opError is a request failure with the status the guest sees.
+type opError struct {
+	status abi.Status
+	msg    string
+}
+
+func (e *opError) Error() string { return e.msg }
+func (e *opError) Unwrap() error { return e.status }
+
+func fail(st abi.Status, format string, args ...any) error {
+	return &opError{status: st, msg: fmt.Sprintf(format, args...)}
+}
+
+// statusOf maps an error to the status reported to the guest. Backend
+// errors wrap a Status; anything else is internal.
+func statusOf(err error) abi.Status {
+	var st abi.Status
+	if errors.As(err, &st) {
+		return st
+	}
+	return abi.StatusInternal
+}
+
+// opSpec says how the hypervisor treats one opcode.
+type opSpec struct {
+	run func(s *Session, req abi.Body) (abi.Body, error)
+	// async: the guest may send it with FlagAsync and not wait; an error is
+	// reported at the next synchronization.
+	async bool
+	// mutates: it changes device state, so it must reach the standby.
+	mutates bool
+}
+
+// typed adapts a handler for one request type to opSpec.run.
+func typed[T abi.Body](fn func(*Session, T) (abi.Body, error)) func(*Session, abi.Body) (abi.Body, error) {
+	return func(s *Session, b abi.Body) (abi.Body, error) { return fn(s, b.(T)) }
+}
+
+// opTable is the one place that lists what the hypervisor serves. OpHello is
+// handled by the connection before a session exists.
+var opTable = map[abi.Opcode]opSpec{
+	abi.OpAlloc:         {run: typed((*Session).alloc), mutates: true},
+	abi.OpFree:          {run: typed((*Session).free), mutates: true},
+	abi.OpCopyHtoD:      {run: typed((*Session).copyHtoD), async: true, mutates: true},
+	abi.OpCopyDtoH:      {run: typed((*Session).copyDtoH)},
+	abi.OpCopyDtoD:      {run: typed((*Session).copyDtoD), async: true, mutates: true},
+	abi.OpMemset:        {run: typed((*Session).memset), async: true, mutates: true},
+	abi.OpModuleLoad:    {run: typed((*Session).moduleLoad), mutates: true},
+	abi.OpModuleUnload:  {run: typed((*Session).moduleUnload), mutates: true},
+	abi.OpGetFunction:   {run: typed((*Session).getFunction), mutates: true},
+	abi.OpLaunch:        {run: typed((*Session).launch), async: true, mutates: true},
+	abi.OpStreamCreate:  {run: typed((*Session).streamCreate), mutates: true},
+	abi.OpStreamDestroy: {run: typed((*Session).streamDestroy), mutates: true},
+	abi.OpStreamSync:    {run: typed((*Session).streamSync)},
+	abi.OpSync:          {run: typed((*Session).sync)},
+}
+
+// handle runs one decoded request and returns its reply body. With async
+// set, an error is kept for the next synchronization and nil is returned.
+//
+// Every handler validates all of its arguments before it changes anything,
+// so a refused request leaves the session as it was.
+func (s *Session) handle(op abi.Opcode, async bool, payload []byte) (abi.Body, error) {
+	spec, ok := opTable[op]
+	if !ok {
+		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
+	}
+	if async && !spec.async {
+		return nil, fail(abi.StatusInvalidValue, "%s cannot be sent asynchronously", op)
+	}
+	req, err := abi.DecodeRequest(op, payload)
+	if err != nil {
+		return nil, fail(abi.StatusInvalidValue, "%v", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests++
+	reply, err := spec.run(s, req)
+	if err != nil && async {
+		s.deferError(streamOf(req), err)
+		return nil, nil
+	}
+	return reply, err
+}
+
+// streamOf is the stream an async request was queued on.
+func streamOf(req abi.Body) handlemap.Handle {
+	switch r := req.(type) {
+	case *abi.CopyHtoD:
+		return handlemap.Handle(r.Stream)
+	case *abi.CopyDtoD:
+		return handlemap.Handle(r.Stream)
+	case *abi.Memset:
+		return handlemap.Handle(r.Stream)
+	case *abi.Launch:
+		return handlemap.Handle(r.Stream)
+	}
+	return 0
+}
+
+// Precondition: s.mu must be locked.
+func (s *Session) deferError(stream handlemap.Handle, err error) {
+	if _, seen := s.deferred[stream]; !seen {
+		s.deferred[stream] = err
+	}
+}
+
+// checkRange reports whether [addr, addr+n) lies inside one of this
+// session's allocations. It is the isolation check: no request may name
+// device memory the session did not allocate.
+// Precondition: s.mu must be locked.
+func (s *Session) checkRange(addr, n uint64, what string) error {
+	if _, ok := s.ranges.Find(addr, n); !ok {
+		return fail(abi.StatusOutOfRange, "%s: %d bytes at %#x are not inside one of this session's allocations", what, n, addr)
+	}
+	return nil
+}
+
+// Precondition: s.mu must be locked.
+func (s *Session) stream(h uint64) (gpu.Stream, error) {
+	if h == 0 {
+		return 0, nil
+	}
+	b, err := s.handles.Lookup(handlemap.KindStream, handlemap.Handle(h))
+	if err != nil {
+		return 0, fail(abi.StatusInvalidHandle, "%v", err)
+	}
+	return gpu.Stream(b), nil
+}
+
+// Precondition: s.mu must be locked.
+func (s *Session) checkObjects() error {
+	if n := s.handles.Len() + s.ranges.Len(); n >= s.cfg.MaxObjects {
+		return fail(abi.StatusOutOfMemory, "session holds %d objects, quota %d", n, s.cfg.MaxObjects)
+	}
+	return nil
+}
+
+func (s *Session) alloc(r *abi.Alloc) (abi.Body, error) {
+	if r.Size == 0 {
+		return nil, fail(abi.StatusInvalidValue, "alloc of zero bytes")
+	}
+	if r.Size > s.cfg.MemoryQuota-s.ranges.Total() {
+		return nil, fail(abi.StatusOutOfMemory, "alloc of %d bytes exceeds the session quota (%d of %d bytes in use)",
+			r.Size, s.ranges.Total(), s.cfg.MemoryQuota)
+	}
+	if err := s.checkObjects(); err != nil {
+		return nil, err
+	}
+	addr, ok := s.ranges.FirstFit(s.base, s.size, r.Size, s.cfg.AllocAlign)
+	if !ok {
+		return nil, fail(abi.StatusOutOfMemory, "no room for %d bytes in the session's %d-byte address window", r.Size, s.size)
+	}
+	if err := s.ctx.Alloc(addr, r.Size); err != nil {
+		return nil, err
+	}
+	if err := s.ranges.Insert(addr, r.Size); err != nil {
+		return nil, fmt.Errorf("recording allocation: %w", err) // cannot happen: FirstFit chose a free range
+	}
+	return &abi.AllocReply{Ptr: addr}, nil
+}
+
+func (s *Session) free(r *abi.Free) (abi.Body, error) {
+	if rg, ok := s.ranges.Find(r.Ptr, 0); !ok || rg.Addr != r.Ptr {
+		return nil, fail(abi.StatusInvalidValue, "free: no allocation of this session starts at %#x", r.Ptr)
+	}
+	if err := s.ctx.Free(r.Ptr); err != nil {
+		return nil, err
+	}
+	s.ranges.Remove(r.Ptr)
+	return nil, nil
+}
+
+func (s *Session) copyHtoD(r *abi.CopyHtoD) (abi.Body, error) {
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkRange(r.Dst, uint64(len(r.Data)), "copy to device"); err != nil {
+		return nil, err
+	}
+	return nil, s.ctx.CopyHtoD(r.Dst, r.Data, st)
+}
+
+func (s *Session) copyDtoH(r *abi.CopyDtoH) (abi.Body, error) {
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if limit := uint64(s.cfg.MaxPayload - 64); r.Size > limit {
+		return nil, fail(abi.StatusInvalidValue, "copy from device of %d bytes exceeds the %d-byte reply limit", r.Size, limit)
+	}
+	if err := s.checkRange(r.Src, r.Size, "copy from device"); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, r.Size)
+	if err := s.ctx.CopyDtoH(buf, r.Src, st); err != nil {
+		return nil, err
+	}
+	return &abi.DataReply{Data: buf}, nil
+}
+
+func (s *Session) copyDtoD(r *abi.CopyDtoD) (abi.Body, error) {
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkRange(r.Src, r.Size, "device copy source"); err != nil {
+		return nil, err
+	}
+	if err := s.checkRange(r.Dst, r.Size, "device copy destination"); err != nil {
+		return nil, err
+	}
+	return nil, s.ctx.CopyDtoD(r.Dst, r.Src, r.Size, st)
+}
+
+func (s *Session) memset(r *abi.Memset) (abi.Body, error) {
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if r.Width != 1 && r.Width != 4 {
+		return nil, fail(abi.StatusInvalidValue, "memset width %d (want 1 or 4)", r.Width)
+	}
+	if r.Width == 1 && r.Value > 0xff {
+		return nil, fail(abi.StatusInvalidValue, "8-bit memset of value %#x", r.Value)
+	}
+	if r.Count > s.size/uint64(r.Width) {
+		return nil, fail(abi.StatusOutOfRange, "memset of %d elements is larger than the address window", r.Count)
+	}
+	if err := s.checkRange(r.Dst, r.Count*uint64(r.Width), "memset"); err != nil {
+		return nil, err
+	}
+	return nil, s.ctx.Memset(r.Dst, int(r.Width), r.Value, r.Count, st)
+}
+
+func (s *Session) moduleLoad(r *abi.ModuleLoad) (abi.Body, error) {
+	img, err := abi.DecodeModuleImage(r.Image)
+	if err != nil {
+		return nil, fail(abi.StatusInvalidValue, "%v", err)
+	}
+	if err := s.checkObjects(); err != nil {
+		return nil, err
+	}
+	m, err := s.ctx.LoadModule(img)
+	if err != nil {
+		return nil, err
+	}
+	h, err := s.handles.Insert(handlemap.KindModule, uint64(m), 0)
+	if err != nil {
+		return nil, err
+	}
+	s.moduleImages[h] = img
+	return &abi.HandleReply{Handle: uint64(h)}, nil
+}
+
+func (s *Session) moduleUnload(r *abi.ModuleUnload) (abi.Body, error) {
+	h := handlemap.Handle(r.Module)
+	m, err := s.handles.Lookup(handlemap.KindModule, h)
+	if err != nil {
+		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+	}
+	if err := s.ctx.UnloadModule(gpu.Module(m)); err != nil {
+		return nil, err
+	}
+	removed, _ := s.handles.Remove(handlemap.KindModule, h)
+	for _, o := range removed {
+		delete(s.kernels, o.Handle)
+		delete(s.moduleImages, o.Handle)
+	}
+	return nil, nil
+}
+
+func (s *Session) getFunction(r *abi.GetFunction) (abi.Body, error) {
+	mh := handlemap.Handle(r.Module)
+	m, err := s.handles.Lookup(handlemap.KindModule, mh)
+	if err != nil {
+		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+	}
+	spec, ok := s.moduleImages[mh].Kernel(r.Name)
+	if !ok {
+		return nil, fail(abi.StatusInvalidValue, "module %d has no kernel %q", mh, r.Name)
+	}
+	if err := s.checkObjects(); err != nil {
+		return nil, err
+	}
+	f, err := s.ctx.Function(gpu.Module(m), r.Name)
+	if err != nil {
+		return nil, err
+	}
+	h, err := s.handles.Insert(handlemap.KindFunction, uint64(f), mh)
+	if err != nil {
+		return nil, err
+	}
+	s.kernels[h] = spec
+	return &abi.HandleReply{Handle: uint64(h)}, nil
+}
+
+func checkDims(grid, block abi.Dim3, shared uint32) error {
+	if grid.Count() == 0 || block.Count() == 0 {
+		return fail(abi.StatusInvalidValue, "launch with an empty grid %v or block %v", grid, block)
+	}
+	if block.Count() > gpu.MaxThreadsPerBlock || block.Z > gpu.MaxBlockZ {
+		return fail(abi.StatusInvalidValue, "block %v exceeds %d threads", block, gpu.MaxThreadsPerBlock)
+	}
+	if grid.X > gpu.MaxGridX || grid.Y > gpu.MaxGridYZ || grid.Z > gpu.MaxGridYZ {
+		return fail(abi.StatusInvalidValue, "grid %v exceeds the device's limits", grid)
+	}
+	if shared > gpu.MaxSharedBytes {
+		return fail(abi.StatusInvalidValue, "%d bytes of shared memory, limit %d", shared, gpu.MaxSharedBytes)
+	}
+	return nil
+}
+
+func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
+	fh := handlemap.Handle(r.Function)
+	f, err := s.handles.Lookup(handlemap.KindFunction, fh)
+	if err != nil {
+		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+	}
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkDims(r.Grid, r.Block, r.SharedBytes); err != nil {
+		return nil, err
+	}
+	spec := s.kernels[fh]
+	if len(r.Args) != len(spec.Params) {
+		return nil, fail(abi.StatusInvalidValue, "kernel %s takes %d arguments, launch gave %d", spec.Name, len(spec.Params), len(r.Args))
+	}
+	for i, a := range r.Args {
+		if a.Kind != spec.Params[i] {
+			return nil, fail(abi.StatusInvalidValue, "kernel %s argument %d: want kind %d, got %d", spec.Name, i, spec.Params[i], a.Kind)
+		}
+		if a.Kind == abi.ArgPtr && a.Bits != 0 {
+			if err := s.checkRange(a.Bits, 0, fmt.Sprintf("kernel %s argument %d", spec.Name, i)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes}
+	return nil, s.ctx.Launch(gpu.Function(f), cfg, r.Args, st)
+}
+
+func (s *Session) streamCreate(*abi.StreamCreate) (abi.Body, error) {
+	if err := s.checkObjects(); err != nil {
+		return nil, err
+	}
+	st, err := s.ctx.CreateStream()
+	if err != nil {
+		return nil, err
+	}
+	h, err := s.handles.Insert(handlemap.KindStream, uint64(st), 0)
+	if err != nil {
+		return nil, err
+	}
+	return &abi.HandleReply{Handle: uint64(h)}, nil
+}
+
+func (s *Session) streamDestroy(r *abi.StreamDestroy) (abi.Body, error) {
+	if r.Stream == 0 {
+		return nil, fail(abi.StatusInvalidHandle, "the null stream cannot be destroyed")
+	}
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.ctx.DestroyStream(st); err != nil {
+		return nil, err
+	}
+	s.handles.Remove(handlemap.KindStream, handlemap.Handle(r.Stream))
+	delete(s.deferred, handlemap.Handle(r.Stream))
+	return nil, nil
+}
+
+func (s *Session) streamSync(r *abi.StreamSync) (abi.Body, error) {
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.ctx.SyncStream(st); err != nil {
+		return nil, err
+	}
+	h := handlemap.Handle(r.Stream)
+	if err := s.deferred[h]; err != nil {
+		delete(s.deferred, h)
+		return nil, err
+	}
+	return nil, nil
+}
+
+func (s *Session) sync(*abi.Sync) (abi.Body, error) {
+	if err := s.ctx.Sync(); err != nil {
+		return nil, err
+	}
+	var first error
+	var firstStream handlemap.Handle
+	for h, err := range s.deferred {
+		if first == nil || h < firstStream {
+			first, firstStream = err, h
+		}
+	}
+	clear(s.deferred)
+	return nil, first
+}

@@ -1,0 +1,358 @@
+// Package sim is a software GPU: a gpu.Backend whose device memory is host
+// RAM and whose kernels are the Go implementations in internal/kernels. It
+// lets every other part of vgpuha run, and be tested, on machines without a
+// GPU.
+//
+// Work is executed when it is submitted, so every stream trivially runs in
+// order and Sync has nothing to wait for. The backend refuses a kernel whose
+// declaration in the module image differs from the library's (it would run
+// the wrong code), and faults a launch that touches memory outside its own
+// context, as a GPU raises an illegal-address error.
+package sim
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Backend is the software GPU. Its memory limit is shared by all contexts,
+// like a real device's.
+type Backend struct {
+	mu    sync.Mutex
+	limit uint64
+	used  uint64
+}
+
+// New returns a software GPU with memLimit bytes of device memory.
+func New(memLimit uint64) *Backend { return &Backend{limit: memLimit} }
+
+// Name implements gpu.Backend.
+func (b *Backend) Name() string { return "sim" }
+
+// Close implements gpu.Backend.
+func (b *Backend) Close() error { return nil }
+
+// Used reports the device memory held by all contexts.
+func (b *Backend) Used() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+func (b *Backend) reserve(n uint64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n > b.limit-b.used {
+		return fmt.Errorf("%w: device has %d of %d bytes free, asked for %d", abi.StatusOutOfMemory, b.limit-b.used, b.limit, n)
+	}
+	b.used += n
+	return nil
+}
+
+func (b *Backend) release(n uint64) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+}
+
+// NewContext implements gpu.Backend. The software GPU always gets the base
+// it asks for.
+func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
+	if size == 0 || base+size < base {
+		return nil, fmt.Errorf("%w: window [%#x, +%#x) wraps or is empty", abi.StatusInvalidValue, base, size)
+	}
+	return &context{
+		be: b, base: base, size: size,
+		modules:   map[gpu.Module]*abi.ModuleImage{},
+		functions: map[gpu.Function]*kernels.Kernel{},
+		streams:   map[gpu.Stream]bool{},
+	}, nil
+}
+
+type allocation struct {
+	addr uint64
+	data []byte
+}
+
+type context struct {
+	be         *Backend
+	base, size uint64
+
+	mu        sync.Mutex
+	allocs    []allocation // sorted by addr, never overlapping
+	modules   map[gpu.Module]*abi.ModuleImage
+	functions map[gpu.Function]*kernels.Kernel
+	fnModule  map[gpu.Function]gpu.Module
+	streams   map[gpu.Stream]bool
+	nextID    uint64
+}
+
+func (c *context) Window() (uint64, uint64) { return c.base, c.size }
+
+// find returns the index of the allocation containing addr, or -1.
+// Precondition: c.mu must be locked.
+func (c *context) find(addr uint64) int {
+	i := sort.Search(len(c.allocs), func(i int) bool { return c.allocs[i].addr > addr }) - 1
+	if i < 0 || addr-c.allocs[i].addr >= uint64(len(c.allocs[i].data)) {
+		return -1
+	}
+	return i
+}
+
+// View returns the n bytes at addr, which must lie inside one allocation.
+// Precondition: c.mu must be locked.
+func (c *context) View(addr, n uint64) ([]byte, error) {
+	i := c.find(addr)
+	if i < 0 {
+		return nil, fmt.Errorf("%w: %#x is not inside any allocation", abi.StatusOutOfRange, addr)
+	}
+	a := c.allocs[i]
+	off := addr - a.addr
+	if n > uint64(len(a.data))-off {
+		return nil, fmt.Errorf("%w: %d bytes at %#x overrun the %d-byte allocation at %#x",
+			abi.StatusOutOfRange, n, addr, len(a.data), a.addr)
+	}
+	return a.data[off : off+n : off+n], nil
+}
+
+func (c *context) Alloc(addr, size uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if size == 0 || addr < c.base || size > c.size || addr-c.base > c.size-size {
+		return fmt.Errorf("%w: allocation [%#x, +%d) is outside the window", abi.StatusOutOfRange, addr, size)
+	}
+	i := sort.Search(len(c.allocs), func(i int) bool { return c.allocs[i].addr >= addr })
+	if i > 0 {
+		prev := c.allocs[i-1]
+		if prev.addr+uint64(len(prev.data)) > addr {
+			return fmt.Errorf("%w: allocation at %#x overlaps one at %#x", abi.StatusInvalidValue, addr, prev.addr)
+		}
+	}
+	if i < len(c.allocs) && c.allocs[i].addr < addr+size {
+		return fmt.Errorf("%w: allocation at %#x overlaps one at %#x", abi.StatusInvalidValue, addr, c.allocs[i].addr)
+	}
+	if err := c.be.reserve(size); err != nil {
+		return err
+	}
+	c.allocs = append(c.allocs, allocation{})
+	copy(c.allocs[i+1:], c.allocs[i:])
+	c.allocs[i] = allocation{addr: addr, data: make([]byte, size)}
+	return nil
+}
+
+func (c *context) Free(addr uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := c.find(addr)
+	if i < 0 || c.allocs[i].addr != addr {
+		return fmt.Errorf("%w: no allocation starts at %#x", abi.StatusInvalidValue, addr)
+	}
+	c.be.release(uint64(len(c.allocs[i].data)))
+	c.allocs = append(c.allocs[:i], c.allocs[i+1:]...)
+	return nil
+}
+
+// Precondition: c.mu must be locked.
+func (c *context) checkStream(s gpu.Stream) error {
+	if s != 0 && !c.streams[s] {
+		return fmt.Errorf("%w: no stream %d", abi.StatusInvalidHandle, s)
+	}
+	return nil
+}
+
+func (c *context) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.checkStream(s); err != nil {
+		return err
+	}
+	d, err := c.View(dst, uint64(len(src)))
+	if err != nil {
+		return err
+	}
+	copy(d, src)
+	return nil
+}
+
+func (c *context) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.checkStream(s); err != nil {
+		return err
+	}
+	v, err := c.View(src, uint64(len(dst)))
+	if err != nil {
+		return err
+	}
+	copy(dst, v)
+	return nil
+}
+
+func (c *context) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.checkStream(s); err != nil {
+		return err
+	}
+	from, err := c.View(src, size)
+	if err != nil {
+		return err
+	}
+	to, err := c.View(dst, size)
+	if err != nil {
+		return err
+	}
+	copy(to, from)
+	return nil
+}
+
+func (c *context) Memset(dst uint64, width int, value uint32, count uint64, s gpu.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.checkStream(s); err != nil {
+		return err
+	}
+	if width != 1 && width != 4 {
+		return fmt.Errorf("%w: memset width %d (want 1 or 4)", abi.StatusInvalidValue, width)
+	}
+	if count > (1<<63)/uint64(width) {
+		return fmt.Errorf("%w: memset of %d elements", abi.StatusInvalidValue, count)
+	}
+	d, err := c.View(dst, count*uint64(width))
+	if err != nil {
+		return err
+	}
+	if width == 1 {
+		for i := range d {
+			d[i] = byte(value)
+		}
+		return nil
+	}
+	pattern := [4]byte{byte(value), byte(value >> 8), byte(value >> 16), byte(value >> 24)}
+	for i := 0; i < len(d); i += 4 {
+		copy(d[i:i+4], pattern[:])
+	}
+	return nil
+}
+
+func (c *context) newID() uint64 { c.nextID++; return c.nextID }
+
+func (c *context) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
+	for _, spec := range img.Kernels {
+		k, ok := kernels.Lookup(spec.Name)
+		if !ok {
+			return 0, fmt.Errorf("%w: the software GPU has no implementation of kernel %q (it runs only %v)",
+				abi.StatusNotSupported, spec.Name, kernels.Names())
+		}
+		if !k.Matches(spec) {
+			return 0, fmt.Errorf("%w: kernel %q differs from the library's (signature or PTX); the software GPU runs only library kernels",
+				abi.StatusNotSupported, spec.Name)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := gpu.Module(c.newID())
+	c.modules[m] = img
+	return m, nil
+}
+
+func (c *context) UnloadModule(m gpu.Module) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.modules[m] == nil {
+		return fmt.Errorf("%w: no module %d", abi.StatusInvalidHandle, m)
+	}
+	delete(c.modules, m)
+	for f, owner := range c.fnModule {
+		if owner == m {
+			delete(c.functions, f)
+			delete(c.fnModule, f)
+		}
+	}
+	return nil
+}
+
+func (c *context) Function(m gpu.Module, name string) (gpu.Function, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	img := c.modules[m]
+	if img == nil {
+		return 0, fmt.Errorf("%w: no module %d", abi.StatusInvalidHandle, m)
+	}
+	if _, ok := img.Kernel(name); !ok {
+		return 0, fmt.Errorf("%w: module has no kernel %q", abi.StatusInvalidValue, name)
+	}
+	k, _ := kernels.Lookup(name)
+	f := gpu.Function(c.newID())
+	c.functions[f] = k
+	if c.fnModule == nil {
+		c.fnModule = map[gpu.Function]gpu.Module{}
+	}
+	c.fnModule[f] = m
+	return f, nil
+}
+
+func (c *context) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.checkStream(s); err != nil {
+		return err
+	}
+	k := c.functions[f]
+	if k == nil {
+		return fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
+	}
+	if err := k.Run(memory{c}, kernels.Launch{Grid: cfg.Grid, Block: cfg.Block, SharedBytes: cfg.SharedBytes, Args: args}); err != nil {
+		return fmt.Errorf("%w: %s: %w", abi.StatusLaunchFailed, k.Name, err)
+	}
+	return nil
+}
+
+// memory adapts a locked context to kernels.Memory.
+type memory struct{ c *context }
+
+func (m memory) View(addr, n uint64) ([]byte, error) { return m.c.View(addr, n) }
+
+func (c *context) CreateStream() (gpu.Stream, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := gpu.Stream(c.newID())
+	c.streams[s] = true
+	return s, nil
+}
+
+func (c *context) DestroyStream(s gpu.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s == 0 || !c.streams[s] {
+		return fmt.Errorf("%w: no stream %d", abi.StatusInvalidHandle, s)
+	}
+	delete(c.streams, s)
+	return nil
+}
+
+func (c *context) SyncStream(s gpu.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checkStream(s)
+}
+
+func (c *context) Sync() error { return nil }
+
+func (c *context) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, a := range c.allocs {
+		c.be.release(uint64(len(a.data)))
+	}
+	c.allocs = nil
+	c.modules = map[gpu.Module]*abi.ModuleImage{}
+	c.functions = map[gpu.Function]*kernels.Kernel{}
+	c.streams = map[gpu.Stream]bool{}
+	return nil
+}

@@ -1,0 +1,200 @@
+// Package abi owns the wire format spoken between the guest's paravirtual GPU
+// driver (pvdriver) and the hypervisor backend: frame headers, opcodes,
+// status codes, and the encoding of every request and reply body.
+//
+// It is the only package that turns bytes from a guest into Go values, so it
+// is the one place that must never trust its input: every decoder checks
+// lengths before it reads, refuses trailing bytes, and returns an error rather
+// than panicking. Fuzz targets live beside the decoders.
+//
+// A frame is a fixed 28-byte little-endian header followed by a payload:
+//
+//	offset size field
+//	0      4    magic       "VGPU" (0x55504756 little-endian)
+//	4      2    version     Version, or the one before it (see Supported)
+//	6      2    opcode      0 is invalid on purpose: a zeroed buffer never parses
+//	8      2    flags       FlagReply, FlagAsync
+//	10     2    reserved    must be zero
+//	12     8    request id  chosen by the guest, echoed in the reply
+//	20     4    length      payload bytes, at most the receiver's limit
+//	24     4    crc32c      Castagnoli CRC of bytes 0..23 and the payload
+package abi
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+)
+
+const (
+	// Magic opens every frame; it reads "VGPU" on the wire.
+	Magic uint32 = 0x55504756
+	// Version is the ABI version this build speaks.
+	Version uint16 = 1
+	// HeaderSize is the size of the fixed frame header.
+	HeaderSize = 28
+	// DefaultMaxPayload bounds a frame's payload unless a peer is configured
+	// otherwise. Bulk copies larger than this are split by pvdriver.
+	DefaultMaxPayload = 16 << 20
+)
+
+// Flags carried in a frame header.
+const (
+	// FlagReply marks a frame sent by the hypervisor in answer to a request.
+	FlagReply uint16 = 1 << 0
+	// FlagAsync marks a request the guest wants no reply for; an error it
+	// causes is reported by the next synchronization, as CUDA does.
+	FlagAsync uint16 = 1 << 1
+
+	knownFlags = FlagReply | FlagAsync
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Supported reports whether a peer speaking version v is accepted: the
+// current version and the one before it, never older, never newer.
+func Supported(v uint16) bool {
+	return v == Version || (Version > 1 && v == Version-1)
+}
+
+// Header is a decoded frame header.
+type Header struct {
+	Version   uint16
+	Op        Opcode
+	Flags     uint16
+	RequestID uint64
+	Length    uint32
+}
+
+// Frame is one decoded frame. Payload aliases the reader's buffer and is
+// valid only until the next ReadFrame on that buffer.
+type Frame struct {
+	Header
+	Payload []byte
+}
+
+// Errors returned by ReadFrame. A frame error other than ErrTooLarge means
+// the byte stream can no longer be trusted to be in step and the connection
+// should be closed after replying.
+var (
+	ErrBadMagic    = errors.New("abi: bad frame magic")
+	ErrChecksum    = errors.New("abi: frame checksum mismatch")
+	ErrReserved    = errors.New("abi: reserved header bits set")
+	ErrTruncated   = errors.New("abi: truncated body")
+	ErrTrailing    = errors.New("abi: trailing bytes after body")
+	ErrBadOpcode   = errors.New("abi: invalid opcode")
+	ErrBadArgument = errors.New("abi: malformed argument")
+)
+
+// VersionError reports a frame of an unsupported ABI version.
+type VersionError struct{ Got uint16 }
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("abi: unsupported version %d (this side speaks %d)", e.Got, Version)
+}
+
+// TooLargeError reports a frame whose declared payload exceeds the limit.
+// Header holds the parsed header so the receiver can address its reply.
+type TooLargeError struct {
+	Header Header
+	Limit  int
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("abi: frame payload of %d bytes exceeds limit of %d", e.Header.Length, e.Limit)
+}
+
+// AppendFrame appends a complete frame (header, payload, checksum) to dst.
+func AppendFrame(dst []byte, op Opcode, flags uint16, requestID uint64, payload []byte) []byte {
+	start := len(dst)
+	dst = binary.LittleEndian.AppendUint32(dst, Magic)
+	dst = binary.LittleEndian.AppendUint16(dst, Version)
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(op))
+	dst = binary.LittleEndian.AppendUint16(dst, flags)
+	dst = binary.LittleEndian.AppendUint16(dst, 0)
+	dst = binary.LittleEndian.AppendUint64(dst, requestID)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(payload)))
+	crc := crc32.Update(0, castagnoli, dst[start:start+24])
+	crc = crc32.Update(crc, castagnoli, payload)
+	dst = binary.LittleEndian.AppendUint32(dst, crc)
+	return append(dst, payload...)
+}
+
+// ParseHeader decodes and checks a frame header, without its checksum.
+func ParseHeader(b []byte, maxPayload int) (Header, error) {
+	if len(b) < HeaderSize {
+		return Header{}, ErrTruncated
+	}
+	if binary.LittleEndian.Uint32(b[0:]) != Magic {
+		return Header{}, ErrBadMagic
+	}
+	h := Header{
+		Version:   binary.LittleEndian.Uint16(b[4:]),
+		Op:        Opcode(binary.LittleEndian.Uint16(b[6:])),
+		Flags:     binary.LittleEndian.Uint16(b[8:]),
+		RequestID: binary.LittleEndian.Uint64(b[12:]),
+		Length:    binary.LittleEndian.Uint32(b[20:]),
+	}
+	if !Supported(h.Version) {
+		return h, &VersionError{Got: h.Version}
+	}
+	if binary.LittleEndian.Uint16(b[10:]) != 0 || h.Flags&^knownFlags != 0 {
+		return h, ErrReserved
+	}
+	if !h.Op.Valid() {
+		return h, fmt.Errorf("%w %d", ErrBadOpcode, uint16(h.Op))
+	}
+	if int64(h.Length) > int64(maxPayload) {
+		return h, &TooLargeError{Header: h, Limit: maxPayload}
+	}
+	return h, nil
+}
+
+// FrameReader reads frames from a stream into a buffer it reuses.
+type FrameReader struct {
+	r          io.Reader
+	buf        []byte
+	maxPayload int
+}
+
+// NewFrameReader returns a reader that refuses payloads over maxPayload.
+func NewFrameReader(r io.Reader, maxPayload int) *FrameReader {
+	return &FrameReader{r: r, buf: make([]byte, HeaderSize, HeaderSize+4096), maxPayload: maxPayload}
+}
+
+// ReadFrame reads and checks the next frame. The returned payload is valid
+// until the next call. io.EOF is returned only on a clean end between frames;
+// a stream cut inside a frame gives io.ErrUnexpectedEOF.
+func (fr *FrameReader) ReadFrame() (Frame, error) {
+	hdr := fr.buf[:HeaderSize]
+	if _, err := io.ReadFull(fr.r, hdr); err != nil {
+		return Frame{}, err
+	}
+	h, err := ParseHeader(hdr, fr.maxPayload)
+	if err != nil {
+		return Frame{Header: h}, err
+	}
+	n := HeaderSize + int(h.Length)
+	if cap(fr.buf) < n {
+		nb := make([]byte, n)
+		copy(nb, hdr)
+		fr.buf = nb
+	}
+	fr.buf = fr.buf[:n]
+	payload := fr.buf[HeaderSize:n]
+	if _, err := io.ReadFull(fr.r, payload); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{Header: h}, err
+	}
+	want := binary.LittleEndian.Uint32(fr.buf[24:])
+	crc := crc32.Update(0, castagnoli, fr.buf[:24])
+	crc = crc32.Update(crc, castagnoli, payload)
+	if crc != want {
+		return Frame{Header: h}, ErrChecksum
+	}
+	return Frame{Header: h, Payload: payload}, nil
+}

@@ -1,0 +1,105 @@
+package abi
+
+import (
+	"errors"
+	"fmt"
+)
+
+// A module image is what a guest loads with OpModuleLoad: a list of kernels,
+// each with its parameter signature and the PTX text that defines it (an
+// .entry of the same name). Declaring the signature lets the hypervisor
+// check every launch's arguments before any backend sees them, and tells the
+// replication layer which arguments are device pointers.
+//
+//	8 bytes  "VGMOD\x00\x00\x01"
+//	u16      kernel count (1..MaxKernels)
+//	per kernel: string name, u16 param count, param kinds (u8 each), bytes PTX
+
+var imageMagic = [8]byte{'V', 'G', 'M', 'O', 'D', 0, 0, 1}
+
+// MaxKernels bounds the kernels in one module image.
+const MaxKernels = 64
+
+// ErrBadImage reports a malformed module image.
+var ErrBadImage = errors.New("abi: malformed module image")
+
+// KernelSpec declares one kernel of a module image.
+type KernelSpec struct {
+	Name   string
+	Params []ArgKind
+	PTX    string
+}
+
+// ModuleImage is a decoded module image.
+type ModuleImage struct {
+	Kernels []KernelSpec
+}
+
+// Kernel returns the kernel called name, if the image declares one.
+func (m *ModuleImage) Kernel(name string) (KernelSpec, bool) {
+	for _, k := range m.Kernels {
+		if k.Name == name {
+			return k, true
+		}
+	}
+	return KernelSpec{}, false
+}
+
+// Append encodes the image.
+func (m *ModuleImage) Append(b []byte) []byte {
+	b = append(b, imageMagic[:]...)
+	b = appendU16(b, uint16(len(m.Kernels)))
+	for _, k := range m.Kernels {
+		b = appendString(b, k.Name)
+		b = appendU16(b, uint16(len(k.Params)))
+		for _, p := range k.Params {
+			b = append(b, byte(p))
+		}
+		b = appendBytes(b, []byte(k.PTX))
+	}
+	return b
+}
+
+// DecodeModuleImage parses and checks a module image.
+func DecodeModuleImage(b []byte) (*ModuleImage, error) {
+	d := Decoder{b: b}
+	magic := d.take(len(imageMagic))
+	if d.err != nil || string(magic) != string(imageMagic[:]) {
+		return nil, fmt.Errorf("%w: bad magic", ErrBadImage)
+	}
+	n := int(d.U16())
+	if d.err == nil && (n == 0 || n > MaxKernels) {
+		return nil, fmt.Errorf("%w: %d kernels (want 1..%d)", ErrBadImage, n, MaxKernels)
+	}
+	m := &ModuleImage{}
+	seen := map[string]bool{}
+	for i := 0; i < n && d.err == nil; i++ {
+		k := KernelSpec{Name: d.String(MaxNameLen)}
+		np := int(d.U16())
+		if np > MaxArgs {
+			return nil, fmt.Errorf("%w: kernel %q declares %d params, limit %d", ErrBadImage, k.Name, np, MaxArgs)
+		}
+		for j := 0; j < np && d.err == nil; j++ {
+			kind := ArgKind(d.U8())
+			if kind == ArgInvalid || kind > ArgBytes {
+				return nil, fmt.Errorf("%w: kernel %q param %d has kind %d", ErrBadImage, k.Name, j, kind)
+			}
+			k.Params = append(k.Params, kind)
+		}
+		k.PTX = string(d.Bytes(MaxModuleImage))
+		if d.err != nil {
+			break
+		}
+		if k.Name == "" || seen[k.Name] {
+			return nil, fmt.Errorf("%w: empty or repeated kernel name %q", ErrBadImage, k.Name)
+		}
+		seen[k.Name] = true
+		m.Kernels = append(m.Kernels, k)
+	}
+	if err := d.Finish(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadImage, err)
+	}
+	return m, nil
+}
+
+func appendU16(b []byte, v uint16) []byte { return append(b, byte(v), byte(v>>8)) }

@@ -1,0 +1,538 @@
+package abi
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Opcode names a guest request. Zero is invalid so that a zeroed or
+// truncated buffer can never be mistaken for a request.
+type Opcode uint16
+
+// Opcodes of this ABI version. New opcodes are appended, never renumbered.
+const (
+	OpInvalid Opcode = iota
+	OpHello
+	OpAlloc
+	OpFree
+	OpCopyHtoD
+	OpCopyDtoH
+	OpCopyDtoD
+	OpMemset
+	OpModuleLoad
+	OpModuleUnload
+	OpGetFunction
+	OpLaunch
+	OpStreamCreate
+	OpStreamDestroy
+	OpStreamSync
+	OpSync
+	opLimit
+)
+
+var opNames = [...]string{
+	OpInvalid: "invalid", OpHello: "hello", OpAlloc: "alloc", OpFree: "free",
+	OpCopyHtoD: "copy_htod", OpCopyDtoH: "copy_dtoh", OpCopyDtoD: "copy_dtod",
+	OpMemset: "memset", OpModuleLoad: "module_load", OpModuleUnload: "module_unload",
+	OpGetFunction: "get_function", OpLaunch: "launch", OpStreamCreate: "stream_create",
+	OpStreamDestroy: "stream_destroy", OpStreamSync: "stream_sync", OpSync: "sync",
+}
+
+// Valid reports whether op is a defined, non-zero opcode.
+func (op Opcode) Valid() bool { return op > OpInvalid && op < opLimit }
+
+func (op Opcode) String() string {
+	if op < opLimit {
+		return opNames[op]
+	}
+	return fmt.Sprintf("op(%d)", uint16(op))
+}
+
+// Opcodes lists every valid opcode, in numeric order.
+func Opcodes() []Opcode {
+	ops := make([]Opcode, 0, opLimit-1)
+	for op := OpInvalid + 1; op < opLimit; op++ {
+		ops = append(ops, op)
+	}
+	return ops
+}
+
+// Limits on request fields, checked by the decoders.
+const (
+	MaxNameLen     = 256     // kernel and guest names
+	MaxArgs        = 64      // kernel arguments per launch
+	MaxParamBytes  = 4096    // total bytes of kernel arguments, as in CUDA
+	MaxModuleImage = 4 << 20 // module image bytes
+)
+
+// Body is a request or reply body. Append encodes it; decode reads it back
+// from a Decoder, which records the first error.
+type Body interface {
+	Append(b []byte) []byte
+	decode(d *Decoder)
+}
+
+// NewRequest returns an empty request body for op, or nil for an invalid op.
+func NewRequest(op Opcode) Body {
+	switch op {
+	case OpHello:
+		return &Hello{}
+	case OpAlloc:
+		return &Alloc{}
+	case OpFree:
+		return &Free{}
+	case OpCopyHtoD:
+		return &CopyHtoD{}
+	case OpCopyDtoH:
+		return &CopyDtoH{}
+	case OpCopyDtoD:
+		return &CopyDtoD{}
+	case OpMemset:
+		return &Memset{}
+	case OpModuleLoad:
+		return &ModuleLoad{}
+	case OpModuleUnload:
+		return &ModuleUnload{}
+	case OpGetFunction:
+		return &GetFunction{}
+	case OpLaunch:
+		return &Launch{}
+	case OpStreamCreate:
+		return &StreamCreate{}
+	case OpStreamDestroy:
+		return &StreamDestroy{}
+	case OpStreamSync:
+		return &StreamSync{}
+	case OpSync:
+		return &Sync{}
+	}
+	return nil
+}
+
+// DecodeRequest decodes the body of a request frame.
+func DecodeRequest(op Opcode, payload []byte) (Body, error) {
+	m := NewRequest(op)
+	if m == nil {
+		return nil, fmt.Errorf("%w %d", ErrBadOpcode, uint16(op))
+	}
+	if err := Unmarshal(payload, m); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", op, err)
+	}
+	return m, nil
+}
+
+// Unmarshal decodes b into m, refusing short and over-long input.
+func Unmarshal(b []byte, m Body) error {
+	d := Decoder{b: b}
+	m.decode(&d)
+	return d.Finish()
+}
+
+// Hello opens or resumes a session. Resume is zero for a new session.
+type Hello struct {
+	GuestName string
+	Resume    uint64
+}
+
+// Alloc asks for Size bytes of device memory.
+type Alloc struct{ Size uint64 }
+
+// Free releases the allocation that starts at Ptr.
+type Free struct{ Ptr uint64 }
+
+// CopyHtoD writes Data to device address Dst. Stream zero is the null
+// stream; a non-zero stream may be sent with FlagAsync.
+type CopyHtoD struct {
+	Dst    uint64
+	Stream uint64
+	Data   []byte
+}
+
+// CopyDtoH reads Size bytes from device address Src.
+type CopyDtoH struct {
+	Src    uint64
+	Size   uint64
+	Stream uint64
+}
+
+// CopyDtoD copies Size bytes between two device addresses.
+type CopyDtoD struct {
+	Dst, Src uint64
+	Size     uint64
+	Stream   uint64
+}
+
+// Memset stores Count elements of Width bytes (1 or 4) of Value at Dst.
+type Memset struct {
+	Dst    uint64
+	Width  uint8
+	Value  uint32
+	Count  uint64
+	Stream uint64
+}
+
+// ModuleLoad loads a module image (see package kernels for its format).
+type ModuleLoad struct{ Image []byte }
+
+// ModuleUnload unloads a module and every function taken from it.
+type ModuleUnload struct{ Module uint64 }
+
+// GetFunction looks a kernel up by name in a loaded module.
+type GetFunction struct {
+	Module uint64
+	Name   string
+}
+
+// Dim3 is a grid or block shape.
+type Dim3 struct{ X, Y, Z uint32 }
+
+// Count is the number of elements X*Y*Z, computed without overflow.
+func (d Dim3) Count() uint64 { return uint64(d.X) * uint64(d.Y) * uint64(d.Z) }
+
+// Launch runs a kernel.
+type Launch struct {
+	Function    uint64
+	Grid, Block Dim3
+	SharedBytes uint32
+	Stream      uint64
+	Args        []Arg
+}
+
+// StreamCreate creates a stream.
+type StreamCreate struct{}
+
+// StreamDestroy destroys a stream after its work completes.
+type StreamDestroy struct{ Stream uint64 }
+
+// StreamSync waits for a stream and reports its deferred errors.
+type StreamSync struct{ Stream uint64 }
+
+// Sync waits for all of the session's work and reports deferred errors.
+type Sync struct{}
+
+// ArgKind is the type of one kernel argument.
+type ArgKind uint8
+
+// Argument kinds. Zero is invalid.
+const (
+	ArgInvalid ArgKind = iota
+	ArgPtr             // device pointer, 8 bytes
+	ArgU32
+	ArgU64
+	ArgF32
+	ArgF64
+	ArgBytes // raw bytes, passed by value
+)
+
+// Arg is one typed kernel argument. Scalars and pointers use Bits; ArgBytes
+// uses Raw.
+type Arg struct {
+	Kind ArgKind
+	Bits uint64
+	Raw  []byte
+}
+
+// Size is the number of parameter bytes the argument occupies.
+func (a Arg) Size() int {
+	switch a.Kind {
+	case ArgU32, ArgF32:
+		return 4
+	case ArgPtr, ArgU64, ArgF64:
+		return 8
+	case ArgBytes:
+		return len(a.Raw)
+	}
+	return 0
+}
+
+// Typed argument constructors.
+func Ptr(p uint64) Arg        { return Arg{Kind: ArgPtr, Bits: p} }
+func U32(v uint32) Arg        { return Arg{Kind: ArgU32, Bits: uint64(v)} }
+func U64(v uint64) Arg        { return Arg{Kind: ArgU64, Bits: v} }
+func F32(v float32) Arg       { return Arg{Kind: ArgF32, Bits: uint64(math.Float32bits(v))} }
+func F64(v float64) Arg       { return Arg{Kind: ArgF64, Bits: math.Float64bits(v)} }
+func Bytes(raw []byte) Arg    { return Arg{Kind: ArgBytes, Raw: raw} }
+func (a Arg) F32() float32    { return math.Float32frombits(uint32(a.Bits)) }
+func (a Arg) F64() float64    { return math.Float64frombits(a.Bits) }
+func (a Arg) U32() uint32     { return uint32(a.Bits) }
+func (a Arg) IsPointer() bool { return a.Kind == ArgPtr }
+
+// Reply bodies.
+
+// HelloReply describes the session: its id (for resume) and its device
+// virtual-address window.
+type HelloReply struct {
+	Session    uint64
+	WindowBase uint64
+	WindowSize uint64
+}
+
+// AllocReply carries the device address of a new allocation.
+type AllocReply struct{ Ptr uint64 }
+
+// DataReply carries bytes read from the device.
+type DataReply struct{ Data []byte }
+
+// HandleReply carries a new guest handle (module, function or stream).
+type HandleReply struct{ Handle uint64 }
+
+// Empty is the body of replies that carry only a status.
+type Empty struct{}
+
+// Encoders.
+
+func (m *Hello) Append(b []byte) []byte { return appendU64(appendString(b, m.GuestName), m.Resume) }
+func (m *Alloc) Append(b []byte) []byte { return appendU64(b, m.Size) }
+func (m *Free) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
+func (m *CopyHtoD) Append(b []byte) []byte {
+	return appendBytes(appendU64(appendU64(b, m.Dst), m.Stream), m.Data)
+}
+func (m *CopyDtoH) Append(b []byte) []byte {
+	return appendU64(appendU64(appendU64(b, m.Src), m.Size), m.Stream)
+}
+func (m *CopyDtoD) Append(b []byte) []byte {
+	return appendU64(appendU64(appendU64(appendU64(b, m.Dst), m.Src), m.Size), m.Stream)
+}
+func (m *Memset) Append(b []byte) []byte {
+	b = append(appendU64(b, m.Dst), m.Width)
+	b = binary.LittleEndian.AppendUint32(b, m.Value)
+	return appendU64(appendU64(b, m.Count), m.Stream)
+}
+func (m *ModuleLoad) Append(b []byte) []byte   { return appendBytes(b, m.Image) }
+func (m *ModuleUnload) Append(b []byte) []byte { return appendU64(b, m.Module) }
+func (m *GetFunction) Append(b []byte) []byte  { return appendString(appendU64(b, m.Module), m.Name) }
+func (m *Launch) Append(b []byte) []byte {
+	b = appendU64(b, m.Function)
+	b = appendDim3(appendDim3(b, m.Grid), m.Block)
+	b = binary.LittleEndian.AppendUint32(b, m.SharedBytes)
+	b = appendU64(b, m.Stream)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Args)))
+	for _, a := range m.Args {
+		b = append(b, byte(a.Kind))
+		if a.Kind == ArgBytes {
+			b = appendBytes(b, a.Raw)
+		} else {
+			b = appendU64(b, a.Bits)
+		}
+	}
+	return b
+}
+func (m *StreamCreate) Append(b []byte) []byte  { return b }
+func (m *StreamDestroy) Append(b []byte) []byte { return appendU64(b, m.Stream) }
+func (m *StreamSync) Append(b []byte) []byte    { return appendU64(b, m.Stream) }
+func (m *Sync) Append(b []byte) []byte          { return b }
+func (m *HelloReply) Append(b []byte) []byte {
+	return appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize)
+}
+func (m *AllocReply) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
+func (m *DataReply) Append(b []byte) []byte   { return appendBytes(b, m.Data) }
+func (m *HandleReply) Append(b []byte) []byte { return appendU64(b, m.Handle) }
+func (m *Empty) Append(b []byte) []byte       { return b }
+
+// Decoders.
+
+func (m *Hello) decode(d *Decoder) { m.GuestName = d.String(MaxNameLen); m.Resume = d.U64() }
+func (m *Alloc) decode(d *Decoder) { m.Size = d.U64() }
+func (m *Free) decode(d *Decoder)  { m.Ptr = d.U64() }
+func (m *CopyHtoD) decode(d *Decoder) {
+	m.Dst = d.U64()
+	m.Stream = d.U64()
+	m.Data = d.Bytes(math.MaxUint32)
+}
+func (m *CopyDtoH) decode(d *Decoder) { m.Src = d.U64(); m.Size = d.U64(); m.Stream = d.U64() }
+func (m *CopyDtoD) decode(d *Decoder) {
+	m.Dst = d.U64()
+	m.Src = d.U64()
+	m.Size = d.U64()
+	m.Stream = d.U64()
+}
+func (m *Memset) decode(d *Decoder) {
+	m.Dst = d.U64()
+	m.Width = d.U8()
+	m.Value = d.U32()
+	m.Count = d.U64()
+	m.Stream = d.U64()
+}
+func (m *ModuleLoad) decode(d *Decoder)   { m.Image = d.Bytes(MaxModuleImage) }
+func (m *ModuleUnload) decode(d *Decoder) { m.Module = d.U64() }
+func (m *GetFunction) decode(d *Decoder)  { m.Module = d.U64(); m.Name = d.String(MaxNameLen) }
+func (m *Launch) decode(d *Decoder) {
+	m.Function = d.U64()
+	m.Grid = d.dim3()
+	m.Block = d.dim3()
+	m.SharedBytes = d.U32()
+	m.Stream = d.U64()
+	n := int(d.U16())
+	if n > MaxArgs {
+		d.fail(fmt.Errorf("%w: %d kernel arguments, limit %d", ErrBadArgument, n, MaxArgs))
+		return
+	}
+	m.Args = make([]Arg, 0, n)
+	total := 0
+	for i := 0; i < n && d.err == nil; i++ {
+		a := Arg{Kind: ArgKind(d.U8())}
+		switch a.Kind {
+		case ArgPtr, ArgU32, ArgU64, ArgF32, ArgF64:
+			a.Bits = d.U64()
+		case ArgBytes:
+			a.Raw = d.Bytes(MaxParamBytes)
+		default:
+			d.fail(fmt.Errorf("%w: argument %d has kind %d", ErrBadArgument, i, a.Kind))
+			return
+		}
+		total += a.Size()
+		m.Args = append(m.Args, a)
+	}
+	if total > MaxParamBytes {
+		d.fail(fmt.Errorf("%w: %d parameter bytes, limit %d", ErrBadArgument, total, MaxParamBytes))
+	}
+}
+func (m *StreamCreate) decode(d *Decoder)  {}
+func (m *StreamDestroy) decode(d *Decoder) { m.Stream = d.U64() }
+func (m *StreamSync) decode(d *Decoder)    { m.Stream = d.U64() }
+func (m *Sync) decode(d *Decoder)          {}
+func (m *HelloReply) decode(d *Decoder) {
+	m.Session = d.U64()
+	m.WindowBase = d.U64()
+	m.WindowSize = d.U64()
+}
+func (m *AllocReply) decode(d *Decoder)  { m.Ptr = d.U64() }
+func (m *DataReply) decode(d *Decoder)   { m.Data = d.Bytes(math.MaxUint32) }
+func (m *HandleReply) decode(d *Decoder) { m.Handle = d.U64() }
+func (m *Empty) decode(d *Decoder)       {}
+
+// AppendReply encodes a reply payload: status, message, then body (nil for
+// none). Bodies are only sent with StatusOK.
+func AppendReply(b []byte, st Status, msg string, body Body) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(st))
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	b = appendString(b, msg)
+	if body != nil && st == StatusOK {
+		b = body.Append(b)
+	}
+	return b
+}
+
+// DecodeReply splits a reply payload. On StatusOK it decodes the body into
+// body (which may be nil for an empty body).
+func DecodeReply(payload []byte, body Body) (Status, string, error) {
+	d := Decoder{b: payload}
+	st := Status(d.U32())
+	msg := d.String(1024)
+	if d.err == nil && st == StatusOK && body != nil {
+		body.decode(&d)
+	}
+	return st, msg, d.Finish()
+}
+
+// Decoder reads little-endian fields, recording the first error; every read
+// after an error returns zero values.
+type Decoder struct {
+	b   []byte
+	err error
+}
+
+// NewDecoder returns a decoder over b.
+func NewDecoder(b []byte) *Decoder { return &Decoder{b: b} }
+
+func (d *Decoder) fail(err error) {
+	if d.err == nil {
+		d.err = err
+	}
+	d.b = nil
+}
+
+func (d *Decoder) take(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(d.b) {
+		d.fail(ErrTruncated)
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+// U8 reads a byte.
+func (d *Decoder) U8() uint8 {
+	if v := d.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+// U16 reads a 16-bit integer.
+func (d *Decoder) U16() uint16 {
+	if v := d.take(2); v != nil {
+		return binary.LittleEndian.Uint16(v)
+	}
+	return 0
+}
+
+// U32 reads a 32-bit integer.
+func (d *Decoder) U32() uint32 {
+	if v := d.take(4); v != nil {
+		return binary.LittleEndian.Uint32(v)
+	}
+	return 0
+}
+
+// U64 reads a 64-bit integer.
+func (d *Decoder) U64() uint64 {
+	if v := d.take(8); v != nil {
+		return binary.LittleEndian.Uint64(v)
+	}
+	return 0
+}
+
+// Bytes reads a u32-length-prefixed byte string of at most max bytes. The
+// result aliases the input.
+func (d *Decoder) Bytes(max int) []byte {
+	n := d.U32()
+	if d.err == nil && int64(n) > int64(max) {
+		d.fail(fmt.Errorf("%w: %d-byte field, limit %d", ErrBadArgument, n, max))
+		return nil
+	}
+	return d.take(int(n))
+}
+
+// String reads a u16-length-prefixed string of at most max bytes.
+func (d *Decoder) String(max int) string {
+	n := int(d.U16())
+	if d.err == nil && n > max {
+		d.fail(fmt.Errorf("%w: %d-byte string, limit %d", ErrBadArgument, n, max))
+		return ""
+	}
+	return string(d.take(n))
+}
+
+func (d *Decoder) dim3() Dim3 { return Dim3{X: d.U32(), Y: d.U32(), Z: d.U32()} }
+
+// Finish returns the first error, or ErrTrailing if input is left over.
+func (d *Decoder) Finish() error {
+	if d.err != nil {
+		return d.err
+	}
+	if len(d.b) != 0 {
+		return fmt.Errorf("%w (%d bytes)", ErrTrailing, len(d.b))
+	}
+	return nil
+}
+
+func appendU64(b []byte, v uint64) []byte { return binary.LittleEndian.AppendUint64(b, v) }
+func appendBytes(b, v []byte) []byte {
+	return append(binary.LittleEndian.AppendUint32(b, uint32(len(v))), v...)
+}
+func appendString(b []byte, s string) []byte {
+	return append(binary.LittleEndian.AppendUint16(b, uint16(len(s))), s...)
+}
+func appendDim3(b []byte, d Dim3) []byte {
+	b = binary.LittleEndian.AppendUint32(b, d.X)
+	b = binary.LittleEndian.AppendUint32(b, d.Y)
+	return binary.LittleEndian.AppendUint32(b, d.Z)
+}

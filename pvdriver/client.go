@@ -1,0 +1,424 @@
+// Package pvdriver is the guest side of vgpuha: a paravirtual GPU driver with
+// a typed Go API (memory, copies, modules, launches, streams) whose calls
+// travel to the hypervisor over vsock, a unix socket or TCP.
+//
+// Calls that return data or a handle wait for their reply. Launches and the
+// *Async copies are pipelined: they are queued and sent without waiting, and
+// an error they cause is reported by the next StreamSynchronize or
+// Synchronize, as CUDA reports asynchronous errors. A Client is safe for use
+// by several goroutines; requests reach the hypervisor in the order their
+// calls were made.
+package pvdriver
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
+)
+
+// Handle types a guest holds. They are virtual: they stay valid however the
+// hypervisor's own handles change (failover included).
+type (
+	// DevicePtr is a device virtual address.
+	DevicePtr uint64
+	Module    uint64
+	Function  uint64
+	// Stream zero is the null stream.
+	Stream uint64
+)
+
+// Errors a call can return, for use with errors.Is. Each *Error unwraps to
+// one of them.
+var (
+	ErrInvalidValue  error = abi.StatusInvalidValue
+	ErrInvalidHandle error = abi.StatusInvalidHandle
+	ErrOutOfRange    error = abi.StatusOutOfRange
+	ErrOutOfMemory   error = abi.StatusOutOfMemory
+	ErrNotSupported  error = abi.StatusNotSupported
+	ErrLaunchFailed  error = abi.StatusLaunchFailed
+	ErrBadFrame      error = abi.StatusBadFrame
+	// ErrClosed reports a call on a client whose connection has ended.
+	ErrClosed = errors.New("pvdriver: connection closed")
+)
+
+// Error is a request the hypervisor refused.
+type Error struct {
+	Op      abi.Opcode
+	Status  abi.Status
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("pvdriver: %s: %s", e.Op, e.Message) }
+func (e *Error) Unwrap() error { return e.Status }
+
+// Options configure a client.
+type Options struct {
+	// GuestName identifies the guest in the hypervisor's logs and status.
+	GuestName string
+	// MaxPayload bounds a frame; larger copies are split. Zero means
+	// abi.DefaultMaxPayload, which the hypervisor accepts by default.
+	MaxPayload int
+}
+
+// Client is an open session with the hypervisor.
+type Client struct {
+	conn       net.Conn
+	maxPayload int
+	sendq      chan []byte
+	done       chan struct{}
+	nextID     atomic.Uint64
+
+	mu      sync.Mutex
+	pending map[uint64]chan result
+	err     error // why the connection ended
+
+	session            uint64
+	windowBase, window uint64
+	closeOnce          sync.Once
+}
+
+type result struct {
+	payload []byte
+	err     error
+}
+
+// Open connects to the hypervisor at endpoint and opens a session.
+func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
+	conn, err := transport.Dial(ctx, endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("pvdriver: connecting to %s: %w", endpoint, err)
+	}
+	c, err := NewClient(conn, opts)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// NewClient opens a session over an established connection.
+func NewClient(conn net.Conn, opts Options) (*Client, error) {
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = abi.DefaultMaxPayload
+	}
+	c := &Client{
+		conn:       conn,
+		maxPayload: opts.MaxPayload,
+		sendq:      make(chan []byte, 1024),
+		done:       make(chan struct{}),
+		pending:    map[uint64]chan result{},
+	}
+	go c.writeLoop()
+	go c.readLoop()
+	var hr abi.HelloReply
+	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName}, &hr); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.session, c.windowBase, c.window = hr.Session, hr.WindowBase, hr.WindowSize
+	return c, nil
+}
+
+// Session is the hypervisor's id for this session.
+func (c *Client) Session() uint64 { return c.session }
+
+// Window is the session's device-address window.
+func (c *Client) Window() (base, size uint64) { return c.windowBase, c.window }
+
+// Close ends the session; the hypervisor frees everything it held.
+func (c *Client) Close() error {
+	c.shutdown(ErrClosed)
+	return nil
+}
+
+func (c *Client) shutdown(why error) {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.err = why
+		pending := c.pending
+		c.pending = nil
+		c.mu.Unlock()
+		close(c.done)
+		c.conn.Close()
+		for _, ch := range pending {
+			ch <- result{err: why}
+		}
+	})
+}
+
+func (c *Client) closedErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// writeLoop sends queued frames, flushing whenever the queue runs dry so
+// that a burst of pipelined calls goes out in few writes.
+func (c *Client) writeLoop() {
+	bw := bufio.NewWriterSize(c.conn, 256<<10)
+	for {
+		select {
+		case f := <-c.sendq:
+			if _, err := bw.Write(f); err != nil {
+				c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
+				return
+			}
+			if len(c.sendq) == 0 {
+				if err := bw.Flush(); err != nil {
+					c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
+					return
+				}
+			}
+		case <-c.done:
+			return
+		}
+	}
+}
+
+func (c *Client) readLoop() {
+	fr := abi.NewFrameReader(bufio.NewReaderSize(c.conn, 256<<10), c.maxPayload+4096)
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
+			return
+		}
+		if f.Flags&abi.FlagReply == 0 {
+			c.shutdown(fmt.Errorf("%w: hypervisor sent a request frame", ErrClosed))
+			return
+		}
+		c.mu.Lock()
+		ch := c.pending[f.RequestID]
+		delete(c.pending, f.RequestID)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- result{payload: append([]byte(nil), f.Payload...)}
+			continue
+		}
+		// A reply nobody waits for answers a pipelined request whose frame
+		// the hypervisor could not accept; it closes the connection next.
+		st, msg, _ := abi.DecodeReply(f.Payload, nil)
+		c.shutdown(fmt.Errorf("%w: hypervisor refused a pipelined %s: %s: %s", ErrClosed, f.Op, st, msg))
+		return
+	}
+}
+
+func (c *Client) send(frame []byte) error {
+	select {
+	case c.sendq <- frame:
+		return nil
+	case <-c.done:
+		return c.closedErr()
+	}
+}
+
+func (c *Client) frame(op abi.Opcode, flags uint16, req abi.Body) (uint64, []byte) {
+	id := c.nextID.Add(1)
+	payload := req.Append(make([]byte, 0, 64))
+	return id, abi.AppendFrame(make([]byte, 0, abi.HeaderSize+len(payload)), op, flags, id, payload)
+}
+
+// call sends a request and waits for its reply, decoding the body into
+// reply (nil for none).
+func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
+	id, frame := c.frame(op, 0, req)
+	ch := make(chan result, 1)
+	c.mu.Lock()
+	if c.pending == nil {
+		c.mu.Unlock()
+		return c.closedErr()
+	}
+	c.pending[id] = ch
+	c.mu.Unlock()
+	if err := c.send(frame); err != nil {
+		return err
+	}
+	r := <-ch
+	if r.err != nil {
+		return r.err
+	}
+	st, msg, err := abi.DecodeReply(r.payload, reply)
+	if err != nil {
+		return fmt.Errorf("pvdriver: decoding %s reply: %w", op, err)
+	}
+	if st != abi.StatusOK {
+		return &Error{Op: op, Status: st, Message: msg}
+	}
+	return nil
+}
+
+// post sends a pipelined request without waiting.
+func (c *Client) post(op abi.Opcode, req abi.Body) error {
+	_, frame := c.frame(op, abi.FlagAsync, req)
+	return c.send(frame)
+}
+
+// chunk is the largest copy one frame carries.
+func (c *Client) chunk() int { return c.maxPayload - 64 }
+
+// Alloc allocates size bytes of device memory.
+func (c *Client) Alloc(size uint64) (DevicePtr, error) {
+	var r abi.AllocReply
+	err := c.call(abi.OpAlloc, &abi.Alloc{Size: size}, &r)
+	return DevicePtr(r.Ptr), err
+}
+
+// Free frees an allocation made by Alloc.
+func (c *Client) Free(p DevicePtr) error { return c.call(abi.OpFree, &abi.Free{Ptr: uint64(p)}, nil) }
+
+// CopyHtoD copies src to device memory at dst and waits for it.
+func (c *Client) CopyHtoD(dst DevicePtr, src []byte) error {
+	return c.copyHtoD(dst, src, 0, false)
+}
+
+// CopyHtoDAsync queues a copy of src to dst on stream s. src is copied
+// before the call returns, so the caller may reuse it.
+func (c *Client) CopyHtoDAsync(dst DevicePtr, src []byte, s Stream) error {
+	return c.copyHtoD(dst, src, s, true)
+}
+
+func (c *Client) copyHtoD(dst DevicePtr, src []byte, s Stream, async bool) error {
+	n := c.chunk()
+	for off := 0; off < len(src) || off == 0; off += n {
+		end := min(off+n, len(src))
+		req := &abi.CopyHtoD{Dst: uint64(dst) + uint64(off), Stream: uint64(s), Data: src[off:end]}
+		var err error
+		if async {
+			err = c.post(abi.OpCopyHtoD, req)
+		} else {
+			err = c.call(abi.OpCopyHtoD, req, nil)
+		}
+		if err != nil {
+			return err
+		}
+		if end == len(src) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// CopyDtoH copies device memory at src into dst and waits for it. It orders
+// after all earlier work on the null stream.
+func (c *Client) CopyDtoH(dst []byte, src DevicePtr) error {
+	n := c.chunk()
+	for off := 0; off < len(dst) || off == 0; off += n {
+		end := min(off+n, len(dst))
+		var r abi.DataReply
+		req := &abi.CopyDtoH{Src: uint64(src) + uint64(off), Size: uint64(end - off)}
+		if err := c.call(abi.OpCopyDtoH, req, &r); err != nil {
+			return err
+		}
+		if len(r.Data) != end-off {
+			return fmt.Errorf("pvdriver: copy_dtoh returned %d bytes, want %d", len(r.Data), end-off)
+		}
+		copy(dst[off:end], r.Data)
+		if end == len(dst) {
+			break
+		}
+	}
+	return nil
+}
+
+// CopyDtoD copies n bytes between device addresses and waits for it.
+func (c *Client) CopyDtoD(dst, src DevicePtr, n uint64) error {
+	return c.call(abi.OpCopyDtoD, &abi.CopyDtoD{Dst: uint64(dst), Src: uint64(src), Size: n}, nil)
+}
+
+// CopyDtoDAsync queues a device-to-device copy on stream s.
+func (c *Client) CopyDtoDAsync(dst, src DevicePtr, n uint64, s Stream) error {
+	return c.post(abi.OpCopyDtoD, &abi.CopyDtoD{Dst: uint64(dst), Src: uint64(src), Size: n, Stream: uint64(s)})
+}
+
+// Memset8 sets count bytes at dst to v and waits for it.
+func (c *Client) Memset8(dst DevicePtr, v uint8, count uint64) error {
+	return c.call(abi.OpMemset, &abi.Memset{Dst: uint64(dst), Width: 1, Value: uint32(v), Count: count}, nil)
+}
+
+// Memset32 sets count 32-bit words at dst to v and waits for it.
+func (c *Client) Memset32(dst DevicePtr, v uint32, count uint64) error {
+	return c.call(abi.OpMemset, &abi.Memset{Dst: uint64(dst), Width: 4, Value: v, Count: count}, nil)
+}
+
+// Memset32Async queues a 32-bit memset on stream s.
+func (c *Client) Memset32Async(dst DevicePtr, v uint32, count uint64, s Stream) error {
+	return c.post(abi.OpMemset, &abi.Memset{Dst: uint64(dst), Width: 4, Value: v, Count: count, Stream: uint64(s)})
+}
+
+// LoadModule loads a module image (see internal/kernels.Image).
+func (c *Client) LoadModule(image []byte) (Module, error) {
+	var r abi.HandleReply
+	err := c.call(abi.OpModuleLoad, &abi.ModuleLoad{Image: image}, &r)
+	return Module(r.Handle), err
+}
+
+// UnloadModule unloads m; functions taken from it become invalid.
+func (c *Client) UnloadModule(m Module) error {
+	return c.call(abi.OpModuleUnload, &abi.ModuleUnload{Module: uint64(m)}, nil)
+}
+
+// GetFunction returns the kernel called name in module m.
+func (c *Client) GetFunction(m Module, name string) (Function, error) {
+	var r abi.HandleReply
+	err := c.call(abi.OpGetFunction, &abi.GetFunction{Module: uint64(m), Name: name}, &r)
+	return Function(r.Handle), err
+}
+
+// LaunchConfig is the shape of a launch.
+type LaunchConfig struct {
+	Grid, Block abi.Dim3
+	SharedBytes uint32
+	Stream      Stream
+}
+
+// Dim is a convenience for a Dim3 with y and z of one.
+func Dim(x uint32) abi.Dim3 { return abi.Dim3{X: x, Y: 1, Z: 1} }
+
+// Kernel argument constructors.
+func Ptr(p DevicePtr) abi.Arg  { return abi.Ptr(uint64(p)) }
+func U32(v uint32) abi.Arg     { return abi.U32(v) }
+func U64(v uint64) abi.Arg     { return abi.U64(v) }
+func F32(v float32) abi.Arg    { return abi.F32(v) }
+func F64(v float64) abi.Arg    { return abi.F64(v) }
+func Bytes(raw []byte) abi.Arg { return abi.Bytes(raw) }
+
+// Launch queues a kernel launch. Like cuLaunchKernel it returns before the
+// kernel runs; its errors surface at the next synchronization.
+func (c *Client) Launch(f Function, cfg LaunchConfig, args ...abi.Arg) error {
+	return c.post(abi.OpLaunch, &abi.Launch{
+		Function: uint64(f), Grid: cfg.Grid, Block: cfg.Block,
+		SharedBytes: cfg.SharedBytes, Stream: uint64(cfg.Stream), Args: args,
+	})
+}
+
+// CreateStream creates a stream.
+func (c *Client) CreateStream() (Stream, error) {
+	var r abi.HandleReply
+	err := c.call(abi.OpStreamCreate, &abi.StreamCreate{}, &r)
+	return Stream(r.Handle), err
+}
+
+// DestroyStream destroys s.
+func (c *Client) DestroyStream(s Stream) error {
+	return c.call(abi.OpStreamDestroy, &abi.StreamDestroy{Stream: uint64(s)}, nil)
+}
+
+// StreamSynchronize waits for s and returns the first error of the work
+// queued on it since the last synchronization.
+func (c *Client) StreamSynchronize(s Stream) error {
+	return c.call(abi.OpStreamSync, &abi.StreamSync{Stream: uint64(s)}, nil)
+}
+
+// Synchronize waits for all of the session's work and returns the first
+// deferred error of any stream.
+func (c *Client) Synchronize() error { return c.call(abi.OpSync, &abi.Sync{}, nil) }
+
+// Dim3 is a convenience for a two-dimensional Dim3 with z of one.
+func Dim3(x, y uint32) abi.Dim3 { return abi.Dim3{X: x, Y: y, Z: 1} }

@@ -1,0 +1,162 @@
+// Package transport turns an endpoint URL into a connection between a guest
+// and the hypervisor. It owns endpoint syntax and nothing else: frames are
+// package abi's business.
+//
+//	unix:///run/vgpuha/guest.sock   a co-located guest (the default)
+//	tcp://127.0.0.1:7070            a guest on another host, or tests
+//	vsock://2:7070                  a VM guest talking to its host (CID 2);
+//	                                a listener may use vsock://any:PORT
+//
+// vsock uses github.com/mdlayher/vsock. It needs AF_VSOCK: inside a VM the
+// vmw_vsock_virtio_transport module, on a host vhost_vsock.
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/mdlayher/vsock"
+)
+
+// Endpoint is a parsed endpoint URL.
+type Endpoint struct {
+	Scheme string // "unix", "tcp" or "vsock"
+	// Address is the socket path (unix) or host:port (tcp).
+	Address string
+	// CID and Port address a vsock endpoint; AnyCID listens on every CID.
+	CID, Port uint32
+	AnyCID    bool
+}
+
+func (e Endpoint) String() string {
+	switch e.Scheme {
+	case "unix":
+		return "unix://" + e.Address
+	case "vsock":
+		if e.AnyCID {
+			return fmt.Sprintf("vsock://any:%d", e.Port)
+		}
+		return fmt.Sprintf("vsock://%d:%d", e.CID, e.Port)
+	}
+	return e.Scheme + "://" + e.Address
+}
+
+// ErrEndpoint is wrapped by every endpoint syntax error.
+var ErrEndpoint = errors.New("bad endpoint")
+
+// Parse parses an endpoint URL.
+func Parse(s string) (Endpoint, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("%w %q: %v", ErrEndpoint, s, err)
+	}
+	switch u.Scheme {
+	case "unix":
+		p := u.Path
+		if u.Host != "" { // unix://relative/path
+			p = u.Host + u.Path
+		}
+		if p == "" {
+			return Endpoint{}, fmt.Errorf("%w %q: want unix:///path/to/socket", ErrEndpoint, s)
+		}
+		return Endpoint{Scheme: "unix", Address: p}, nil
+	case "tcp":
+		if _, _, err := net.SplitHostPort(u.Host); err != nil || u.Path != "" {
+			return Endpoint{}, fmt.Errorf("%w %q: want tcp://host:port", ErrEndpoint, s)
+		}
+		return Endpoint{Scheme: "tcp", Address: u.Host}, nil
+	case "vsock":
+		host, port, err := net.SplitHostPort(u.Host)
+		if err != nil || u.Path != "" {
+			return Endpoint{}, fmt.Errorf("%w %q: want vsock://cid:port", ErrEndpoint, s)
+		}
+		p, err := strconv.ParseUint(port, 10, 32)
+		if err != nil {
+			return Endpoint{}, fmt.Errorf("%w %q: port: %v", ErrEndpoint, s, err)
+		}
+		e := Endpoint{Scheme: "vsock", Port: uint32(p)}
+		if strings.EqualFold(host, "any") {
+			e.AnyCID = true
+			return e, nil
+		}
+		cid, err := strconv.ParseUint(host, 10, 32)
+		if err != nil {
+			return Endpoint{}, fmt.Errorf("%w %q: cid: %v", ErrEndpoint, s, err)
+		}
+		e.CID = uint32(cid)
+		return e, nil
+	}
+	return Endpoint{}, fmt.Errorf("%w %q: scheme must be unix, tcp or vsock", ErrEndpoint, s)
+}
+
+// Dial connects to endpoint.
+func Dial(ctx context.Context, endpoint string) (net.Conn, error) {
+	e, err := Parse(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	switch e.Scheme {
+	case "vsock":
+		if e.AnyCID {
+			return nil, fmt.Errorf("%w %q: dial needs a CID, not any", ErrEndpoint, endpoint)
+		}
+		c, err := vsock.DialContext(ctx, e.CID, e.Port, nil)
+		if err != nil {
+			return nil, fmt.Errorf("dialing %s: %w (inside a VM the vmw_vsock_virtio_transport module must be loaded)", e, err)
+		}
+		return c, nil
+	case "tcp":
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", e.Address)
+		if err != nil {
+			return nil, err
+		}
+		c.(*net.TCPConn).SetNoDelay(true)
+		return c, nil
+	default:
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", e.Address)
+	}
+}
+
+// Listen listens on endpoint. A stale unix socket file left by a previous
+// run is removed first; any other file at that path is an error.
+func Listen(endpoint string) (net.Listener, error) {
+	e, err := Parse(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	switch e.Scheme {
+	case "vsock":
+		var l *vsock.Listener
+		if e.AnyCID {
+			l, err = vsock.Listen(e.Port, nil)
+		} else {
+			l, err = vsock.ListenContextID(e.CID, e.Port, nil)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w (a host needs the vhost_vsock module)", e, err)
+		}
+		return l, nil
+	case "tcp":
+		return net.Listen("tcp", e.Address)
+	default:
+		if fi, err := os.Lstat(e.Address); err == nil {
+			if fi.Mode()&os.ModeSocket == 0 {
+				return nil, fmt.Errorf("listening on %s: %s exists and is not a socket", e, e.Address)
+			}
+			if c, err := net.Dial("unix", e.Address); err == nil {
+				c.Close()
+				return nil, fmt.Errorf("listening on %s: another process is serving it", e)
+			}
+			os.Remove(e.Address)
+		}
+		return net.Listen("unix", e.Address)
+	}
+}
