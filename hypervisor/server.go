@@ -213,7 +213,11 @@ func (s *Server) ServeConn(conn net.Conn) {
 			s.metrics.frameErrors.WithLabelValues(reason).Inc()
 			log.Warn("dropping guest connection", "reason", reason, "err", err)
 			if reason != "io" {
-				out = abi.AppendFrame(out[:0], f.Op, abi.FlagReply, f.RequestID,
+				op := f.Op
+				if !op.Valid() {
+					op = abi.OpReject
+				}
+				out = abi.AppendFrame(out[:0], op, abi.FlagReply, f.RequestID,
 					abi.AppendReply(nil, abi.StatusBadFrame, err.Error(), nil))
 				bw.Write(out)
 				bw.Flush()

@@ -28,6 +28,9 @@ const (
 	OpStreamDestroy
 	OpStreamSync
 	OpSync
+	// OpReject answers a frame the hypervisor could not parse far enough to
+	// know its opcode. It is only ever sent as a reply.
+	OpReject
 	opLimit
 )
 
@@ -36,7 +39,7 @@ var opNames = [...]string{
 	OpCopyHtoD: "copy_htod", OpCopyDtoH: "copy_dtoh", OpCopyDtoD: "copy_dtod",
 	OpMemset: "memset", OpModuleLoad: "module_load", OpModuleUnload: "module_unload",
 	OpGetFunction: "get_function", OpLaunch: "launch", OpStreamCreate: "stream_create",
-	OpStreamDestroy: "stream_destroy", OpStreamSync: "stream_sync", OpSync: "sync",
+	OpStreamDestroy: "stream_destroy", OpStreamSync: "stream_sync", OpSync: "sync", OpReject: "reject",
 }
 
 // Valid reports whether op is a defined, non-zero opcode.
@@ -106,6 +109,8 @@ func NewRequest(op Opcode) Body {
 		return &StreamSync{}
 	case OpSync:
 		return &Sync{}
+	case OpReject:
+		return &Reject{}
 	}
 	return nil
 }
@@ -210,6 +215,9 @@ type StreamSync struct{ Stream uint64 }
 
 // Sync waits for all of the session's work and reports deferred errors.
 type Sync struct{}
+
+// Reject has no body; see OpReject.
+type Reject struct{}
 
 // ArgKind is the type of one kernel argument.
 type ArgKind uint8
@@ -322,6 +330,7 @@ func (m *StreamCreate) Append(b []byte) []byte  { return b }
 func (m *StreamDestroy) Append(b []byte) []byte { return appendU64(b, m.Stream) }
 func (m *StreamSync) Append(b []byte) []byte    { return appendU64(b, m.Stream) }
 func (m *Sync) Append(b []byte) []byte          { return b }
+func (m *Reject) Append(b []byte) []byte        { return b }
 func (m *HelloReply) Append(b []byte) []byte {
 	return appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize)
 }
@@ -392,6 +401,7 @@ func (m *StreamCreate) decode(d *Decoder)  {}
 func (m *StreamDestroy) decode(d *Decoder) { m.Stream = d.U64() }
 func (m *StreamSync) decode(d *Decoder)    { m.Stream = d.U64() }
 func (m *Sync) decode(d *Decoder)          {}
+func (m *Reject) decode(d *Decoder)        {}
 func (m *HelloReply) decode(d *Decoder) {
 	m.Session = d.U64()
 	m.WindowBase = d.U64()

@@ -1,0 +1,201 @@
+package abi
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"io"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// sampleRequests has one filled-in request of every opcode.
+func sampleRequests() map[Opcode]Body {
+	return map[Opcode]Body{
+		OpHello:         &Hello{GuestName: "g1", Resume: 7},
+		OpAlloc:         &Alloc{Size: 4096},
+		OpFree:          &Free{Ptr: 0x7e0000000000},
+		OpCopyHtoD:      &CopyHtoD{Dst: 0x10, Stream: 2, Data: []byte{1, 2, 3}},
+		OpCopyDtoH:      &CopyDtoH{Src: 0x20, Size: 99, Stream: 1},
+		OpCopyDtoD:      &CopyDtoD{Dst: 1, Src: 2, Size: 3, Stream: 4},
+		OpMemset:        &Memset{Dst: 5, Width: 4, Value: 0xdeadbeef, Count: 10, Stream: 3},
+		OpModuleLoad:    &ModuleLoad{Image: []byte("img")},
+		OpModuleUnload:  &ModuleUnload{Module: 3},
+		OpGetFunction:   &GetFunction{Module: 3, Name: "vadd"},
+		OpLaunch:        &Launch{Function: 4, Grid: Dim3{2, 3, 4}, Block: Dim3{32, 1, 1}, SharedBytes: 128, Stream: 1, Args: []Arg{Ptr(0x1000), U32(7), U64(8), F32(1.5), F64(2.5), Bytes([]byte{9, 9})}},
+		OpStreamCreate:  &StreamCreate{},
+		OpStreamDestroy: &StreamDestroy{Stream: 2},
+		OpStreamSync:    &StreamSync{Stream: 2},
+		OpSync:          &Sync{},
+		OpReject:        &Reject{},
+	}
+}
+
+func TestRequestsRoundTrip(t *testing.T) {
+	samples := sampleRequests()
+	for _, op := range Opcodes() {
+		req, ok := samples[op]
+		if !ok {
+			t.Fatalf("no sample request for %s: add one when adding an opcode", op)
+		}
+		got, err := DecodeRequest(op, req.Append(nil))
+		if err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+		if diff := cmp.Diff(req, got); diff != "" {
+			t.Errorf("%s round trip (-want +got):\n%s", op, diff)
+		}
+	}
+}
+
+func TestDecodeRefusesShortAndLongBodies(t *testing.T) {
+	for op, req := range sampleRequests() {
+		b := req.Append(nil)
+		if len(b) > 0 {
+			if _, err := DecodeRequest(op, b[:len(b)-1]); !errors.Is(err, ErrTruncated) {
+				t.Errorf("%s: truncated body gave %v, want ErrTruncated", op, err)
+			}
+		}
+		if _, err := DecodeRequest(op, append(b, 0)); !errors.Is(err, ErrTrailing) {
+			t.Errorf("%s: trailing byte gave %v, want ErrTrailing", op, err)
+		}
+	}
+}
+
+func TestLaunchLimits(t *testing.T) {
+	l := &Launch{Grid: Dim3{1, 1, 1}, Block: Dim3{1, 1, 1}}
+	for range MaxArgs + 1 {
+		l.Args = append(l.Args, U32(1))
+	}
+	if _, err := DecodeRequest(OpLaunch, l.Append(nil)); !errors.Is(err, ErrBadArgument) {
+		t.Errorf("%d args: got %v, want ErrBadArgument", len(l.Args), err)
+	}
+	l.Args = []Arg{Bytes(make([]byte, MaxParamBytes)), U32(1)}
+	if _, err := DecodeRequest(OpLaunch, l.Append(nil)); !errors.Is(err, ErrBadArgument) {
+		t.Errorf("oversized params: got %v, want ErrBadArgument", err)
+	}
+	b := (&Launch{Args: []Arg{U32(1)}}).Append(nil)
+	b[len(b)-9] = 99 // the argument's kind byte
+	if _, err := DecodeRequest(OpLaunch, b); !errors.Is(err, ErrBadArgument) {
+		t.Errorf("unknown arg kind: got %v, want ErrBadArgument", err)
+	}
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	payload := (&Alloc{Size: 42}).Append(nil)
+	var stream []byte
+	stream = AppendFrame(stream, OpAlloc, 0, 1, payload)
+	stream = AppendFrame(stream, OpSync, FlagAsync, 2, nil)
+	fr := NewFrameReader(bytes.NewReader(stream), DefaultMaxPayload)
+	f, err := fr.ReadFrame()
+	if err != nil || f.Op != OpAlloc || f.RequestID != 1 || !bytes.Equal(f.Payload, payload) {
+		t.Fatalf("first frame: %+v, %v", f, err)
+	}
+	f, err = fr.ReadFrame()
+	if err != nil || f.Op != OpSync || f.Flags != FlagAsync || f.RequestID != 2 || len(f.Payload) != 0 {
+		t.Fatalf("second frame: %+v, %v", f, err)
+	}
+	if _, err := fr.ReadFrame(); err != io.EOF {
+		t.Fatalf("after last frame: %v, want io.EOF", err)
+	}
+}
+
+func TestFrameErrors(t *testing.T) {
+	good := AppendFrame(nil, OpAlloc, 0, 9, (&Alloc{Size: 1}).Append(nil))
+	mutate := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	reseal := func(b []byte) []byte { // recompute the CRC after editing the header
+		crc := crc32.Update(crc32.Update(0, castagnoli, b[:24]), castagnoli, b[HeaderSize:])
+		binary.LittleEndian.PutUint32(b[24:], crc)
+		return b
+	}
+	tests := []struct {
+		name  string
+		frame []byte
+		check func(error) bool
+	}{
+		{"bad magic", mutate(func(b []byte) []byte { b[0] ^= 1; return b }), func(e error) bool { return errors.Is(e, ErrBadMagic) }},
+		{"version 0", mutate(func(b []byte) []byte { b[4] = 0; return reseal(b) }), isVersion},
+		{"next version", mutate(func(b []byte) []byte { b[4] = byte(Version + 1); return reseal(b) }), isVersion},
+		{"opcode 0", mutate(func(b []byte) []byte { b[6] = 0; return reseal(b) }), func(e error) bool { return errors.Is(e, ErrBadOpcode) }},
+		{"unknown opcode", mutate(func(b []byte) []byte { b[6] = 200; return reseal(b) }), func(e error) bool { return errors.Is(e, ErrBadOpcode) }},
+		{"reserved bits", mutate(func(b []byte) []byte { b[10] = 1; return reseal(b) }), func(e error) bool { return errors.Is(e, ErrReserved) }},
+		{"unknown flag", mutate(func(b []byte) []byte { b[8] = 0x80; return reseal(b) }), func(e error) bool { return errors.Is(e, ErrReserved) }},
+		{"payload bit flip", mutate(func(b []byte) []byte { b[len(b)-1] ^= 0x10; return b }), func(e error) bool { return errors.Is(e, ErrChecksum) }},
+		{"too large", mutate(func(b []byte) []byte {
+			binary.LittleEndian.PutUint32(b[20:], 1<<30)
+			return b
+		}), func(e error) bool { var tl *TooLargeError; return errors.As(e, &tl) && tl.Header.RequestID == 9 }},
+		{"cut mid-frame", good[:len(good)-3], func(e error) bool { return e == io.ErrUnexpectedEOF }},
+		{"cut mid-header", good[:10], func(e error) bool { return e == io.ErrUnexpectedEOF }},
+	}
+	for _, tt := range tests {
+		_, err := NewFrameReader(bytes.NewReader(tt.frame), DefaultMaxPayload).ReadFrame()
+		if err == nil || !tt.check(err) {
+			t.Errorf("%s: got error %v", tt.name, err)
+		}
+	}
+}
+
+func isVersion(e error) bool { var ve *VersionError; return errors.As(e, &ve) }
+
+func TestSupportedVersions(t *testing.T) {
+	if !Supported(Version) {
+		t.Fatal("current version refused")
+	}
+	if Supported(0) || Supported(Version+1) {
+		t.Fatal("version 0 or a future version accepted")
+	}
+	v := Version // a variable, so the arithmetic below may wrap at version 1
+	if v > 1 && !Supported(v-1) {
+		t.Fatal("previous version refused")
+	}
+	if v > 2 && Supported(v-2) {
+		t.Fatal("version before the previous one accepted")
+	}
+}
+
+func TestReplyRoundTrip(t *testing.T) {
+	b := AppendReply(nil, StatusOK, "", &HelloReply{Session: 1, WindowBase: 2, WindowSize: 3})
+	var hr HelloReply
+	st, msg, err := DecodeReply(b, &hr)
+	if err != nil || st != StatusOK || msg != "" || hr != (HelloReply{1, 2, 3}) {
+		t.Fatalf("got %v %q %v %+v", st, msg, err, hr)
+	}
+	b = AppendReply(nil, StatusOutOfRange, "nope", &AllocReply{Ptr: 5})
+	var ar AllocReply
+	st, msg, err = DecodeReply(b, &ar)
+	if err != nil || st != StatusOutOfRange || msg != "nope" || ar.Ptr != 0 {
+		t.Fatalf("error reply: got %v %q %v %+v", st, msg, err, ar)
+	}
+	if !errors.Is(error(st), StatusOutOfRange) {
+		t.Fatal("status does not match itself with errors.Is")
+	}
+}
+
+func TestModuleImage(t *testing.T) {
+	m := &ModuleImage{Kernels: []KernelSpec{
+		{Name: "a", Params: []ArgKind{ArgPtr, ArgU32}, PTX: ".entry a"},
+		{Name: "b", PTX: ".entry b"},
+	}}
+	got, err := DecodeModuleImage(m.Append(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(m, got); diff != "" {
+		t.Fatalf("round trip (-want +got):\n%s", diff)
+	}
+	dup := &ModuleImage{Kernels: []KernelSpec{{Name: "a"}, {Name: "a"}}}
+	for name, b := range map[string][]byte{
+		"empty":     nil,
+		"no kernel": (&ModuleImage{}).Append(nil),
+		"duplicate": dup.Append(nil),
+		"bad magic": append([]byte("XXXXXXXX"), m.Append(nil)[8:]...),
+		"truncated": m.Append(nil)[:20],
+	} {
+		if _, err := DecodeModuleImage(b); !errors.Is(err, ErrBadImage) {
+			t.Errorf("%s: got %v, want ErrBadImage", name, err)
+		}
+	}
+}

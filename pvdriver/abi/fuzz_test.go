@@ -1,0 +1,61 @@
+package abi
+
+import (
+	"bytes"
+	"testing"
+)
+
+// FuzzReadFrame feeds arbitrary byte streams to the frame reader: it must
+// return frames or errors, never panic, and every frame it accepts must
+// re-encode to the same bytes.
+func FuzzReadFrame(f *testing.F) {
+	for op, req := range sampleRequests() {
+		f.Add(AppendFrame(nil, op, 0, 1, req.Append(nil)))
+	}
+	f.Add([]byte("VGPU"))
+	f.Add(make([]byte, HeaderSize))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fr := NewFrameReader(bytes.NewReader(data), 1<<16)
+		for {
+			fm, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			again := AppendFrame(nil, fm.Op, fm.Flags, fm.RequestID, fm.Payload)
+			if fm.Version == Version && !bytes.Contains(data, again) {
+				t.Fatalf("accepted frame does not re-encode to its input")
+			}
+		}
+	})
+}
+
+// FuzzDecodeRequest feeds arbitrary bodies to every request decoder; an
+// accepted body must re-encode to exactly the input.
+func FuzzDecodeRequest(f *testing.F) {
+	for op, req := range sampleRequests() {
+		f.Add(uint16(op), req.Append(nil))
+	}
+	f.Fuzz(func(t *testing.T, op uint16, body []byte) {
+		m, err := DecodeRequest(Opcode(op), body)
+		if err != nil {
+			return
+		}
+		if got := m.Append(nil); !bytes.Equal(got, body) {
+			t.Fatalf("%s: re-encoded %x, input %x", Opcode(op), got, body)
+		}
+	})
+}
+
+// FuzzModuleImage feeds arbitrary bytes to the module image decoder.
+func FuzzModuleImage(f *testing.F) {
+	f.Add((&ModuleImage{Kernels: []KernelSpec{{Name: "k", Params: []ArgKind{ArgPtr}, PTX: "x"}}}).Append(nil))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := DecodeModuleImage(data)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(m.Append(nil), data) {
+			t.Fatal("accepted image does not re-encode to its input")
+		}
+	})
+}
