@@ -199,7 +199,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 	defer func() {
 		if sess != nil {
 			s.closeSession(sess)
-			log.Info("guest session closed", "session", sess.id, "requests", sess.requests)
+			log.Info("guest session closed", "requests", sess.requests)
 		}
 	}()
 	var out []byte

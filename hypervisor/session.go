@@ -50,6 +50,9 @@ func fail(st abi.Status, format string, args ...any) error {
 // statusOf maps an error to the status reported to the guest. Backend
 // errors wrap a Status; anything else is internal.
 func statusOf(err error) abi.Status {
+	if err == nil {
+		return abi.StatusOK
+	}
 	var st abi.Status
 	if errors.As(err, &st) {
 		return st

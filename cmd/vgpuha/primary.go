@@ -100,4 +100,3 @@ func runPrimary(args []string) error {
 	log.Info("primary stopped")
 	return nil
 }
-

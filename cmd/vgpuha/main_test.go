@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/workload"
+)
+
+var binary string
+
+// TestMain builds the real vgpuha binary once; the tests run it as separate
+// processes talking over real sockets.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "vgpuha-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "vgpuha")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building vgpuha: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type proc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// startPrimary runs `vgpuha primary` and waits until it accepts guests.
+func startPrimary(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(binary, append([]string{"primary"}, args...)...), stderr: &syncBuffer{}}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("primary log:\n%s", p.stderr.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.stderr.String(), "primary serving guests") {
+		if time.Now().After(deadline) {
+			t.Fatalf("primary did not start:\n%s", p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p
+}
+
+func runGuestProc(endpoint, name string, size int) (guestReport, error) {
+	var rep guestReport
+	cmd := exec.Command(binary, "guest", "--endpoint", endpoint, "--workload", name, "--json", "--size", fmt.Sprint(size))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return rep, fmt.Errorf("guest: %v: %s", err, stderr.String())
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		return rep, fmt.Errorf("guest output %q: %v", out, err)
+	}
+	return rep, nil
+}
+
+// TestPrimaryServesGuests runs every workload from several guest processes
+// at once, over unix and tcp, while a misbehaving client sends garbage and
+// another dies mid-frame; then checks the admin endpoints and a clean
+// shutdown on SIGTERM.
+func TestPrimaryServesGuests(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "guest.sock")
+	tcpAddr, adminAddr := freePort(t), freePort(t)
+	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr)
+	p2 := startPrimary(t, "--guest-listen", "tcp://"+tcpAddr)
+
+	endpoints := []string{"unix://" + sock, "tcp://" + tcpAddr}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for _, ep := range endpoints {
+		for g := 0; g < 3; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rep, err := runGuestProc(ep, "all", 0)
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", ep, err)
+					return
+				}
+				if len(rep.Workloads) != len(workload.Names()) || !rep.Verified {
+					errs <- fmt.Errorf("%s: report %+v", ep, rep)
+				}
+			}()
+		}
+	}
+	// Misbehaving clients on the same primary, during the run.
+	for _, junk := range [][]byte{[]byte(strings.Repeat("garbage!", 16)), []byte("VGPU\x01\x00\x01\x00\x00\x00")} {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(junk)
+		c.Close()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	get := func(path string) string {
+		resp, err := http.Get("http://" + adminAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %s", path, resp.Status)
+		}
+		return string(b)
+	}
+	if got := get("/healthz"); got != "ok\n" {
+		t.Errorf("/healthz: %q", got)
+	}
+	var st struct {
+		Backend  string
+		Sessions []any
+	}
+	if err := json.Unmarshal([]byte(get("/status")), &st); err != nil || st.Backend != "sim" {
+		t.Errorf("/status: %+v %v", st, err)
+	}
+	metrics := get("/metrics")
+	for _, want := range []string{`vgpuha_guest_requests_total{op="launch",status="ok"}`, `vgpuha_guest_frame_errors_total{reason="magic"} 1`, "vgpuha_guest_sessions 0"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	for _, pr := range []*proc{p, p2} {
+		pr.cmd.Process.Signal(syscall.SIGTERM)
+		if err := pr.cmd.Wait(); err != nil {
+			t.Errorf("primary exit after SIGTERM: %v", err)
+		}
+	}
+	if !strings.Contains(p.stderr.String(), "primary stopped") {
+		t.Error("primary did not log a clean stop")
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket file left behind: %v", err)
+	}
+}
+
+// TestGuestFailsOnWrongResult: the guest command's exit status reflects a
+// failure to run (here: no hypervisor), never a silent success.
+func TestGuestExitStatus(t *testing.T) {
+	cmd := exec.Command(binary, "guest", "--endpoint", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--workload", "vadd")
+	if err := cmd.Run(); err == nil {
+		t.Fatal("guest with no hypervisor exited 0")
+	}
+	cmd = exec.Command(binary, "guest", "--workload", "nope")
+	if err := cmd.Run(); err == nil {
+		t.Fatal("guest with an unknown workload exited 0")
+	}
+}
+
+func TestDemo(t *testing.T) {
+	out, err := exec.Command(binary, "demo").CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	verified := 0
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 3 && f[2] == "true" {
+			verified++
+		}
+	}
+	if verified != len(workload.Names()) {
+		t.Fatalf("demo verified %d workloads, want %d:\n%s", verified, len(workload.Names()), out)
+	}
+}
