@@ -1,0 +1,34 @@
+# vgpuha — `make help` lists the targets.
+GO       ?= go
+FUZZTIME ?= 30s
+RACE     ?= -race
+
+.PHONY: help build demo setup test test-short fuzz bench vet
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build bin/vgpuha
+	$(GO) build -o bin/vgpuha ./cmd/vgpuha
+
+demo: build ## run the demo on the software GPU, all agents on loopback
+	./bin/vgpuha demo
+
+setup: ## install test dependencies (qemu, busybox, a Debian kernel in .vm/)
+	./scripts/setup-test-deps.sh
+
+test: setup vet ## set up, then run every test with the race detector (VM tests included)
+	$(GO) test $(RACE) -count=1 -timeout 30m ./...
+
+test-short: ## unit tests only, no setup
+	$(GO) test -short ./...
+
+vet: ## go vet
+	$(GO) vet ./...
+
+fuzz: ## run every fuzz target for FUZZTIME and keep the corpus in testdata/
+	./scripts/fuzz.sh $(FUZZTIME)
+
+bench: build ## run the benchmarks and print their reports
+	./bin/vgpuha bench pv
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/

@@ -1,0 +1,51 @@
+package transport
+
+import (
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	good := map[string]Endpoint{
+		"unix:///run/v.sock":   {Scheme: "unix", Address: "/run/v.sock"},
+		"unix://rel/v.sock":    {Scheme: "unix", Address: "rel/v.sock"},
+		"tcp://127.0.0.1:7070": {Scheme: "tcp", Address: "127.0.0.1:7070"},
+		"tcp://[::1]:1":        {Scheme: "tcp", Address: "[::1]:1"},
+		"vsock://2:7070":       {Scheme: "vsock", CID: 2, Port: 7070},
+		"vsock://any:7070":     {Scheme: "vsock", Port: 7070, AnyCID: true},
+	}
+	for s, want := range good {
+		got, err := Parse(s)
+		if err != nil || got != want {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v", s, got, err, want)
+		}
+		if s != "unix://rel/v.sock" && got.String() != s {
+			t.Errorf("String() = %q, want %q", got.String(), s)
+		}
+	}
+	for _, s := range []string{"", "unix://", "tcp://nohost", "tcp://h:1/x", "vsock://x:1", "vsock://1:x", "vsock://1:99999999999", "http://h:1", "::"} {
+		if _, err := Parse(s); !errors.Is(err, ErrEndpoint) {
+			t.Errorf("Parse(%q): got %v, want ErrEndpoint", s, err)
+		}
+	}
+}
+
+func TestListenUnixReplacesStaleSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := Listen("unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Listen("unix://" + path); err == nil {
+		t.Fatal("second listener on a live socket succeeded")
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close() // leaves a stale socket file behind, as a crashed process would
+	ln, err = Listen("unix://" + path)
+	if err != nil {
+		t.Fatalf("listening over a stale socket: %v", err)
+	}
+	ln.Close()
+}
