@@ -239,3 +239,16 @@ func (s *Ranges) FirstFit(base, size, n, align uint64) (uint64, bool) {
 }
 
 func alignUp(v, a uint64) uint64 { return (v + a - 1) &^ (a - 1) }
+
+// SetNext makes the next Insert return h. It is used when rebuilding a
+// table from a snapshot, whose handle numbering may have gaps; h must be
+// above every live handle.
+func (t *Table) SetNext(h Handle) error {
+	for live := range t.entries {
+		if live >= h {
+			return fmt.Errorf("next handle %d is not above live handle %d", h, live)
+		}
+	}
+	t.next = h - 1
+	return nil
+}

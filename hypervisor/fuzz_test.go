@@ -41,7 +41,7 @@ func FuzzServeConn(f *testing.F) {
 		seed(abi.OpCopyHtoD, 0, &abi.CopyHtoD{Dst: 0x7e0000000000, Data: []byte{1, 2}})...), false)
 	f.Add(seed(abi.OpModuleLoad, 0, &abi.ModuleLoad{Image: img[:200]}), false)
 	f.Add(append(seed(abi.OpStreamCreate, 0, &abi.StreamCreate{}),
-		seed(abi.OpLaunch, abi.FlagAsync, &abi.Launch{Function: 1, Grid: abi.Dim3{1, 1, 1}, Block: abi.Dim3{1, 1, 1}, Stream: 1})...), false)
+		seed(abi.OpLaunch, abi.FlagAsync, &abi.Launch{Function: 1, Grid: abi.Dim3{X: 1, Y: 1, Z: 1}, Block: abi.Dim3{X: 1, Y: 1, Z: 1}, Stream: 1})...), false)
 	f.Add([]byte("VGPU\x01\x00\x02\x00garbage"), true)
 	f.Fuzz(func(t *testing.T, data []byte, raw bool) {
 		backend := sim.New(64 << 20)

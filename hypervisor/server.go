@@ -29,6 +29,7 @@ import (
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // Config bounds what guests may do.
@@ -90,6 +91,8 @@ type Server struct {
 	slots     []bool // window slots in use
 	nextID    uint64
 	listeners map[net.Listener]struct{}
+	repl      *replicate.Log // nil: not replicating
+	mode      replicate.Mode
 	conns     map[net.Conn]struct{}
 	closed    bool
 	wg        sync.WaitGroup
@@ -243,13 +246,16 @@ func (s *Server) ServeConn(conn net.Conn) {
 			}
 		default:
 			timer := prometheus.NewTimer(s.metrics.latency[f.Op])
-			reply, rerr = sess.handle(f.Op, f.Flags&abi.FlagAsync != 0, f.Payload)
+			reply, rerr = sess.handle(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload)
 			timer.ObserveDuration()
 		}
 		s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(rerr).String()).Inc()
 		if f.Flags&abi.FlagAsync != 0 && rerr == nil {
 			// No reply: the guest is pipelining. Errors were kept by handle.
 		} else {
+			if s.mustWait(f.Op, rerr) {
+				s.repl.WaitApplied(s.repl.Last())
+			}
 			st, msg := abi.StatusOK, ""
 			if rerr != nil {
 				st, msg = statusOf(rerr), rerr.Error()
@@ -314,29 +320,41 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 	id := s.nextID
 	s.mu.Unlock()
 
-	base := s.cfg.WindowBase + uint64(slot)*s.cfg.WindowSize
-	ctx, err := s.backend.NewContext(base, s.cfg.WindowSize)
+	sess, err := s.newSession(id, slot, req.GuestName, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
 	if err != nil {
 		s.releaseSlot(slot)
 		return nil, nil, err
 	}
-	if got, _ := ctx.Window(); got != base {
-		// Address translation for a primary is never needed: the guest sees
-		// whatever base the primary got. Only a standby translates.
-		base = got
+	return sess, &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize}, nil
+}
+
+// newSession creates a session whose guest sees the window at base, and
+// registers it (logging its opening when replicating).
+func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Session, error) {
+	ctx, err := s.backend.NewContext(base, s.cfg.WindowSize)
+	if err != nil {
+		return nil, err
 	}
+	got, _ := ctx.Window()
 	sess := &Session{
-		id: id, guest: req.GuestName, slot: slot, cfg: s.cfg,
+		id: id, guest: guest, slot: slot, cfg: s.cfg,
 		ctx: ctx, base: base, size: s.cfg.WindowSize,
+		// A primary's guest sees whatever base its backend gave; only a
+		// standby, bound to the primary's addresses, translates.
+		delta:        got - base,
 		handles:      handlemap.NewTable(),
 		kernels:      map[handlemap.Handle]abi.KernelSpec{},
 		moduleImages: map[handlemap.Handle]*abi.ModuleImage{},
 		deferred:     map[handlemap.Handle]error{},
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.repl != nil {
+		sess.record = s.recorder(id)
+		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: []byte(guest)})
+	}
 	s.sessions[id] = sess
-	s.mu.Unlock()
-	return sess, &abi.HelloReply{Session: id, WindowBase: base, WindowSize: s.cfg.WindowSize}, nil
+	return sess, nil
 }
 
 func (s *Server) releaseSlot(slot int) {
@@ -347,6 +365,10 @@ func (s *Server) releaseSlot(slot int) {
 
 func (s *Server) closeSession(sess *Session) {
 	sess.mu.Lock()
+	sess.closed = true
+	if sess.record != nil {
+		s.repl.Append(replicate.Record{Session: sess.id, Op: replicate.OpSessionClose})
+	}
 	if err := sess.ctx.Close(); err != nil {
 		s.log.Error("closing backend context", "session", sess.id, "err", err)
 	}
@@ -368,6 +390,11 @@ type SessionStatus struct {
 	Bytes       uint64 `json:"bytes"`
 	Objects     int    `json:"objects"`
 	Requests    uint64 `json:"requests"`
+	// Translated: the backend's window is not at the guest's base, so
+	// addresses are translated (degraded: pointers stored in device memory
+	// are not). Unsafe says why a replica session cannot be trusted.
+	Translated bool   `json:"translated,omitempty"`
+	Unsafe     string `json:"unsafe,omitempty"`
 }
 
 // Status is what /status reports.
@@ -393,8 +420,10 @@ func (s *Server) Status() Status {
 		ss := SessionStatus{
 			ID: sess.id, Guest: sess.guest, WindowBase: fmt.Sprintf("%#x", sess.base),
 			Allocations: sess.ranges.Len(), Bytes: sess.ranges.Total(),
-			Objects:  sess.ranges.Len() + sess.handles.Len(),
-			Requests: sess.requests,
+			Objects:    sess.ranges.Len() + sess.handles.Len(),
+			Requests:   sess.requests,
+			Translated: sess.delta != 0,
+			Unsafe:     sess.unsafe,
 		}
 		sess.mu.Unlock()
 		st.Sessions = append(st.Sessions, ss)

@@ -8,6 +8,7 @@ import (
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // Session is one guest's connection to the GPU: its own backend context, its
@@ -22,10 +23,27 @@ type Session struct {
 	slot  int
 	cfg   Config
 
-	mu           sync.Mutex
-	ctx          gpu.Context
-	base         uint64 // window base as the allocator sees it (what the guest sees)
-	size         uint64
+	mu   sync.Mutex
+	ctx  gpu.Context
+	base uint64 // window base the guest sees; the allocator works in these addresses
+	size uint64
+	// delta is added to a guest address to get the backend's address: zero
+	// when the backend placed the window where asked (identical addresses),
+	// non-zero on a standby whose backend refused the base (translated).
+	delta uint64
+	// unsafe is set on a replica session that could not do what the
+	// primary did (e.g. a kernel followed a guest pointer stored in memory
+	// while addresses are translated): its replica is not to be trusted.
+	unsafe string
+	// record, when set, is told of every state change (the primary's
+	// replication log). Called with mu held, in execution order.
+	record func(op abi.Opcode, reqID uint64, payload []byte, result uint64, flags uint16)
+	// placed, when non-zero, is the address the next alloc must use (a
+	// resync rebuilding an allocation where the primary had it).
+	placed uint64
+	// closed: the session is being torn down; snapshots skip it.
+	closed bool
+
 	ranges       handlemap.Ranges
 	handles      *handlemap.Table
 	kernels      map[handlemap.Handle]abi.KernelSpec // function handle -> declaration
@@ -99,7 +117,7 @@ var opTable = map[abi.Opcode]opSpec{
 //
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
-func (s *Session) handle(op abi.Opcode, async bool, payload []byte) (abi.Body, error) {
+func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte) (abi.Body, error) {
 	spec, ok := opTable[op]
 	if !ok {
 		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
@@ -115,12 +133,43 @@ func (s *Session) handle(op abi.Opcode, async bool, payload []byte) (abi.Body, e
 	defer s.mu.Unlock()
 	s.requests++
 	reply, err := spec.run(s, req)
+	if spec.mutates && s.record != nil {
+		switch {
+		case err == nil:
+			s.record(op, reqID, payload, resultOf(reply), 0)
+		case op == abi.OpLaunch && !isRefusal(err):
+			// The kernel ran and faulted: it may have written memory
+			// before it did, and the standby must run it too.
+			s.record(op, reqID, payload, 0, replicate.FlagFailed)
+		}
+	}
 	if err != nil && async {
 		s.deferError(streamOf(req), err)
 		return nil, nil
 	}
 	return reply, err
 }
+
+// resultOf is what a reply hands the guest that the standby must reproduce.
+func resultOf(reply abi.Body) uint64 {
+	switch r := reply.(type) {
+	case *abi.AllocReply:
+		return r.Ptr
+	case *abi.HandleReply:
+		return r.Handle
+	}
+	return 0
+}
+
+// isRefusal reports whether err is the hypervisor refusing a request
+// before the backend ran it (nothing changed), as opposed to a backend error.
+func isRefusal(err error) bool {
+	var oe *opError
+	return errors.As(err, &oe)
+}
+
+// dev translates a guest device address to the backend's.
+func (s *Session) dev(addr uint64) uint64 { return addr + s.delta }
 
 // streamOf is the stream an async request was queued on.
 func streamOf(req abi.Body) handlemap.Handle {
@@ -187,10 +236,14 @@ func (s *Session) alloc(r *abi.Alloc) (abi.Body, error) {
 		return nil, err
 	}
 	addr, ok := s.ranges.FirstFit(s.base, s.size, r.Size, s.cfg.AllocAlign)
+	if s.placed != 0 {
+		addr, s.placed = s.placed, 0
+		ok = addr >= s.base && addr-s.base <= s.size-r.Size
+	}
 	if !ok {
 		return nil, fail(abi.StatusOutOfMemory, "no room for %d bytes in the session's %d-byte address window", r.Size, s.size)
 	}
-	if err := s.ctx.Alloc(addr, r.Size); err != nil {
+	if err := s.ctx.Alloc(s.dev(addr), r.Size); err != nil {
 		return nil, err
 	}
 	if err := s.ranges.Insert(addr, r.Size); err != nil {
@@ -203,7 +256,7 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 	if rg, ok := s.ranges.Find(r.Ptr, 0); !ok || rg.Addr != r.Ptr {
 		return nil, fail(abi.StatusInvalidValue, "free: no allocation of this session starts at %#x", r.Ptr)
 	}
-	if err := s.ctx.Free(r.Ptr); err != nil {
+	if err := s.ctx.Free(s.dev(r.Ptr)); err != nil {
 		return nil, err
 	}
 	s.ranges.Remove(r.Ptr)
@@ -218,7 +271,7 @@ func (s *Session) copyHtoD(r *abi.CopyHtoD) (abi.Body, error) {
 	if err := s.checkRange(r.Dst, uint64(len(r.Data)), "copy to device"); err != nil {
 		return nil, err
 	}
-	return nil, s.ctx.CopyHtoD(r.Dst, r.Data, st)
+	return nil, s.ctx.CopyHtoD(s.dev(r.Dst), r.Data, st)
 }
 
 func (s *Session) copyDtoH(r *abi.CopyDtoH) (abi.Body, error) {
@@ -233,7 +286,7 @@ func (s *Session) copyDtoH(r *abi.CopyDtoH) (abi.Body, error) {
 		return nil, err
 	}
 	buf := make([]byte, r.Size)
-	if err := s.ctx.CopyDtoH(buf, r.Src, st); err != nil {
+	if err := s.ctx.CopyDtoH(buf, s.dev(r.Src), st); err != nil {
 		return nil, err
 	}
 	return &abi.DataReply{Data: buf}, nil
@@ -250,7 +303,7 @@ func (s *Session) copyDtoD(r *abi.CopyDtoD) (abi.Body, error) {
 	if err := s.checkRange(r.Dst, r.Size, "device copy destination"); err != nil {
 		return nil, err
 	}
-	return nil, s.ctx.CopyDtoD(r.Dst, r.Src, r.Size, st)
+	return nil, s.ctx.CopyDtoD(s.dev(r.Dst), s.dev(r.Src), r.Size, st)
 }
 
 func (s *Session) memset(r *abi.Memset) (abi.Body, error) {
@@ -270,7 +323,7 @@ func (s *Session) memset(r *abi.Memset) (abi.Body, error) {
 	if err := s.checkRange(r.Dst, r.Count*uint64(r.Width), "memset"); err != nil {
 		return nil, err
 	}
-	return nil, s.ctx.Memset(r.Dst, int(r.Width), r.Value, r.Count, st)
+	return nil, s.ctx.Memset(s.dev(r.Dst), int(r.Width), r.Value, r.Count, st)
 }
 
 func (s *Session) moduleLoad(r *abi.ModuleLoad) (abi.Body, error) {
@@ -378,8 +431,17 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 			}
 		}
 	}
+	args := r.Args
+	if s.delta != 0 { // pointer-typed arguments are translated; pointers stored in memory cannot be
+		args = append([]abi.Arg(nil), r.Args...)
+		for i := range args {
+			if args[i].Kind == abi.ArgPtr && args[i].Bits != 0 {
+				args[i].Bits = s.dev(args[i].Bits)
+			}
+		}
+	}
 	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes}
-	return nil, s.ctx.Launch(gpu.Function(f), cfg, r.Args, st)
+	return nil, s.ctx.Launch(gpu.Function(f), cfg, args, st)
 }
 
 func (s *Session) streamCreate(*abi.StreamCreate) (abi.Body, error) {

@@ -2,95 +2,149 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/replicate"
 )
 
-// openBackend opens the named GPU backend.
-func openBackend(name string, simMemory uint64) (gpu.Backend, error) {
-	switch name {
-	case "sim":
-		return sim.New(simMemory), nil
-	}
-	return nil, fmt.Errorf("unknown backend %q (have: sim)", name)
+// primaryStatus is the primary's /status.
+type primaryStatus struct {
+	Role string `json:"role"`
+	hypervisor.Status
+	Replication *replicate.SenderStatus `json:"replication,omitempty"`
 }
 
 func runPrimary(args []string) error {
 	fs := newFlags("primary", "--guest-listen ENDPOINT [flags]")
 	listen := fs.String("guest-listen", "unix:///tmp/vgpuha.sock", "endpoint guests connect to: unix:///PATH, tcp://HOST:PORT or vsock://CID|any:PORT")
-	backendName := fs.String("backend", "sim", "GPU backend: sim (software GPU)")
-	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
-	simMemory := fs.Uint64("sim.memory-bytes", 8<<30, "device memory of the software GPU")
+	var bf backendFlags
+	bf.register(fs)
+	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
+	replicateTo := fs.String("replicate-to", "", "standby to stream every state change to: tcp://HOST:PORT (off when empty)")
+	modeName := fs.String("mode", "commit", "replication mode: sync, commit, async or epoch")
+	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (at least 16 bytes)")
+	maxLag := fs.Int64("replicate.max-lag-bytes", 256<<20, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
 	cfg := hypervisor.DefaultConfig()
-	fs.Uint64Var(&cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, "device memory each guest may allocate")
-	fs.IntVar(&cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, "concurrent guest sessions")
-	fs.IntVar(&cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, "allocations plus handles each guest may hold")
-	fs.Uint64Var(&cfg.WindowBase, "va.base", cfg.WindowBase, "device virtual address of the first guest's window")
-	fs.Uint64Var(&cfg.WindowSize, "va.window-bytes", cfg.WindowSize, "size of each guest's device-address window")
+	configFlags(fs, &cfg)
 	newLog := logFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLog()
-	backend, err := openBackend(*backendName, *simMemory)
+	backend, err := bf.open()
 	if err != nil {
 		return err
 	}
 	defer backend.Close()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := newRegistry()
 	srv, err := hypervisor.NewServer(backend, cfg, reg, log)
-	if err != nil {
-		return err
-	}
-	ln, err := transport.Listen(*listen)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	var adminSrv *http.Server
-	if *adminAddr != "" {
-		aln, err := net.Listen("tcp", *adminAddr)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("admin listener: %w", err)
+	var sender *replicate.Sender
+	var verifier replicate.Verifier
+	var replLog *replicate.Log
+	if *replicateTo != "" {
+		e, err := transport.Parse(*replicateTo)
+		if err != nil || e.Scheme != "tcp" {
+			return fmt.Errorf("--replicate-to must be tcp://HOST:PORT, got %q", *replicateTo)
 		}
-		adminSrv = &http.Server{Handler: admin.Handler(reg, func() any { return srv.Status() }), ReadHeaderTimeout: 5 * time.Second}
-		go adminSrv.Serve(aln)
-		log.Info("admin endpoint up", "addr", aln.Addr().String())
+		mode, err := replicate.ParseMode(*modeName)
+		if err != nil {
+			return err
+		}
+		key, err := readKey(*keyFile)
+		if err != nil {
+			return err
+		}
+		replLog = replicate.NewLog(*maxLag)
+		defer replLog.Close()
+		srv.Replicate(replLog, mode)
+		sender, err = replicate.NewSender(replicate.SenderConfig{
+			Addr: e.Address, Key: key, Mode: mode, Log: replLog, Log_: log,
+			Snapshot: srv.Snapshot, OnVerify: verifier.Deliver,
+		})
+		if err != nil {
+			return err
+		}
+		m, err := replicate.NewMetrics(reg, sender.Status)
+		if err != nil {
+			return err
+		}
+		sender.SetMetrics(m)
+		go sender.Run(ctx)
+		log.Info("replicating", "standby", e.Address, "mode", mode)
+	}
+
+	status := func() any {
+		st := primaryStatus{Role: "primary", Status: srv.Status()}
+		if sender != nil {
+			ss := sender.Status()
+			st.Replication = &ss
+		}
+		return st
+	}
+	mux := admin.Handler(reg, status)
+	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, r *http.Request) {
+		if sender == nil {
+			http.Error(w, "this primary does not replicate (no --replicate-to)", http.StatusConflict)
+			return
+		}
+		rep, err := verifier.Verify(srv.VerifyPoint, 30*time.Second)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if repair, _ := strconv.ParseBool(r.URL.Query().Get("repair")); repair && !rep.Match {
+			for _, m := range rep.Mismatches {
+				addr, perr := strconv.ParseUint(m.ID, 0, 64)
+				if m.Repairable && perr == nil && srv.Repair(m.Session, addr) == nil {
+					rep.Repaired++
+				}
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(rep)
+	})
+	mux.HandleFunc("POST /epoch", func(w http.ResponseWriter, r *http.Request) {
+		if replLog == nil {
+			http.Error(w, "this primary does not replicate", http.StatusConflict)
+			return
+		}
+		fmt.Fprintf(w, "{\"epoch\": %d}\n", replLog.CutEpoch())
+	})
+	if _, err := serveAdmin(ctx, *adminAddr, mux, log); err != nil {
+		return err
+	}
+
+	ln, err := transport.Listen(*listen)
+	if err != nil {
+		return err
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())
-
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", "signal")
 	case err = <-errc:
 	}
 	srv.Close()
-	if adminSrv != nil {
-		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		adminSrv.Shutdown(shut)
-		cancel()
-	}
 	if e, perr := transport.Parse(*listen); perr == nil && e.Scheme == "unix" {
 		os.Remove(e.Address)
 	}

@@ -23,6 +23,11 @@ import (
 // Backend is the software GPU. Its memory limit is shared by all contexts,
 // like a real device's.
 type Backend struct {
+	// BaseShift moves every context's window this far from the base asked
+	// for, as a real GPU may when the address is taken. Tests use it to
+	// force a standby into address translation.
+	BaseShift uint64
+
 	mu    sync.Mutex
 	limit uint64
 	used  uint64
@@ -60,9 +65,10 @@ func (b *Backend) release(n uint64) {
 	b.mu.Unlock()
 }
 
-// NewContext implements gpu.Backend. The software GPU always gets the base
-// it asks for.
+// NewContext implements gpu.Backend. The software GPU gets the base it asks
+// for, moved by BaseShift.
 func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
+	base += b.BaseShift
 	if size == 0 || base+size < base {
 		return nil, fmt.Errorf("%w: window [%#x, +%#x) wraps or is empty", abi.StatusInvalidValue, base, size)
 	}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// backendFlags are the flags that choose and size the GPU backend.
+type backendFlags struct {
+	name      string
+	simMemory uint64
+	simShift  uint64
+}
+
+func (b *backendFlags) register(fs interface {
+	StringVar(*string, string, string, string)
+	Uint64Var(*uint64, string, uint64, string)
+}) {
+	fs.StringVar(&b.name, "backend", "sim", "GPU backend: sim (software GPU)")
+	fs.Uint64Var(&b.simMemory, "sim.memory-bytes", 8<<30, "device memory of the software GPU")
+	fs.Uint64Var(&b.simShift, "sim.base-shift", 0, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
+}
+
+func (b *backendFlags) open() (gpu.Backend, error) {
+	switch b.name {
+	case "sim":
+		s := sim.New(b.simMemory)
+		s.BaseShift = b.simShift
+		return s, nil
+	}
+	return nil, fmt.Errorf("unknown backend %q (have: sim)", b.name)
+}
+
+// configFlags registers the hypervisor's limits.
+func configFlags(fs interface {
+	Uint64Var(*uint64, string, uint64, string)
+	IntVar(*int, string, int, string)
+}, cfg *hypervisor.Config) {
+	fs.Uint64Var(&cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, "device memory each guest may allocate")
+	fs.IntVar(&cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, "concurrent guest sessions")
+	fs.IntVar(&cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, "allocations plus handles each guest may hold")
+	fs.Uint64Var(&cfg.WindowBase, "va.base", cfg.WindowBase, "device virtual address of the first guest's window")
+	fs.Uint64Var(&cfg.WindowSize, "va.window-bytes", cfg.WindowSize, "size of each guest's device-address window")
+}
+
+// readKey reads a pre-shared replication key file.
+func readKey(path string) ([]byte, error) {
+	if path == "" {
+		return nil, fmt.Errorf("--replicate.key-file is required: the replication link accepts only peers holding the same key")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading replication key: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < replicate.MinKeyBytes {
+		return nil, fmt.Errorf("replication key in %s is %d bytes; need at least %d (try: head -c 32 /dev/urandom | base64 > %s)", path, len(b), replicate.MinKeyBytes, path)
+	}
+	return b, nil
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// serveAdmin serves mux on addr until ctx ends; it returns the bound address.
+func serveAdmin(ctx context.Context, addr string, mux http.Handler, log *slog.Logger) (string, error) {
+	if addr == "" {
+		return "", nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("admin listener: %w", err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	go func() {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		srv.Shutdown(shut)
+		cancel()
+	}()
+	log.Info("admin endpoint up", "addr", ln.Addr().String())
+	return ln.Addr().String(), nil
+}

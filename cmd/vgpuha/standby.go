@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/internal/admin"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/standby"
+)
+
+func runStandby(args []string) error {
+	fs := newFlags("standby", "--listen tcp://HOST:PORT --replicate.key-file FILE [flags]")
+	listen := fs.String("listen", "tcp://127.0.0.1:7071", "where the primary's replication stream connects: tcp://HOST:PORT")
+	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (the primary's)")
+	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
+	var bf backendFlags
+	bf.register(fs)
+	cfg := hypervisor.DefaultConfig()
+	configFlags(fs, &cfg)
+	newLog := logFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := newLog()
+	key, err := readKey(*keyFile)
+	if err != nil {
+		return err
+	}
+	e, err := transport.Parse(*listen)
+	if err != nil || e.Scheme != "tcp" {
+		return fmt.Errorf("--listen must be tcp://HOST:PORT, got %q", *listen)
+	}
+	backend, err := bf.open()
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	reg := newRegistry()
+	agent, err := standby.New(backend, cfg, key, reg, log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if _, err := serveAdmin(ctx, *adminAddr, admin.Handler(reg, func() any { return agent.Status() }), log); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", e.Address)
+	if err != nil {
+		return err
+	}
+	go agent.Serve(ln)
+	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name())
+	<-ctx.Done()
+	ln.Close()
+	agent.Close()
+	log.Info("standby stopped")
+	return nil
+}

@@ -1,0 +1,335 @@
+package hypervisor
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// This file connects sessions to replication. On the primary, every state
+// change a session makes is appended to a replicate.Log in execution order,
+// replies obey the mode's commit rule, and a resync snapshot or a verify
+// point is taken with every session stopped. On the standby, the same
+// Session code applies the records (ApplyRecord): one implementation of
+// validation and execution for both sides, so a standby checks the stream
+// exactly as the primary checked the guest.
+
+// Replicate makes the server log every state change to log, and hold
+// replies according to mode. Call before serving guests.
+func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
+	s.mu.Lock()
+	s.repl, s.mode = log, mode
+	s.mu.Unlock()
+}
+
+// recorder returns the session's hook into the log.
+func (s *Server) recorder(id uint64) func(abi.Opcode, uint64, []byte, uint64, uint16) {
+	log := s.repl
+	return func(op abi.Opcode, reqID uint64, payload []byte, result uint64, flags uint16) {
+		log.Append(replicate.Record{Session: id, ReqID: reqID, Op: replicate.Op(op), Flags: flags, Result: result, Body: payload})
+	}
+}
+
+// mustWait is the commit rule: whether the reply to a synchronous request
+// waits until the standby has applied everything before it.
+func (s *Server) mustWait(op abi.Opcode, err error) bool {
+	if s.repl == nil {
+		return false
+	}
+	switch s.mode {
+	case replicate.ModeSync:
+		return true
+	case replicate.ModeCommit:
+		if err != nil {
+			return true
+		}
+		switch op {
+		case abi.OpCopyDtoH, abi.OpSync, abi.OpStreamSync, abi.OpHello, abi.OpAlloc,
+			abi.OpModuleLoad, abi.OpGetFunction, abi.OpStreamCreate:
+			return true
+		}
+	}
+	return false
+}
+
+// stopTheWorld runs fn with the server and every session locked, so that
+// no request runs and the log does not move.
+func (s *Server) stopTheWorld(fn func(sessions []*Session)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sessions := make([]*Session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		sessions = append(sessions, sess)
+	}
+	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
+	for _, sess := range sessions {
+		sess.mu.Lock()
+	}
+	defer func() {
+		for _, sess := range sessions {
+			sess.mu.Unlock()
+		}
+	}()
+	live := sessions[:0:0]
+	for _, sess := range sessions {
+		if !sess.closed {
+			live = append(live, sess)
+		}
+	}
+	fn(live)
+}
+
+// snapshotChunk bounds the data in one resync record.
+const snapshotChunk = 1 << 20
+
+// Snapshot rebuilds the server's state as records for a resyncing standby.
+// Guests are stopped while device memory is copied; the pause is returned.
+func (s *Server) Snapshot() ([]replicate.Record, time.Duration) {
+	var recs []replicate.Record
+	var pause time.Duration
+	s.stopTheWorld(func(sessions []*Session) {
+		start := time.Now()
+		at := s.repl.BeginSnapshot()
+		for _, sess := range sessions {
+			recs = append(recs, sess.snapshot()...)
+		}
+		recs = append(recs, replicate.Record{Op: replicate.OpSnapshotEnd, Result: at})
+		pause = time.Since(start)
+	})
+	return recs, pause
+}
+
+func placed(session uint64, op abi.Opcode, body abi.Body, result uint64) replicate.Record {
+	return replicate.Record{Session: session, Op: replicate.Op(op), Flags: replicate.FlagPlaced, Result: result, Body: body.Append(nil)}
+}
+
+// snapshot returns records that rebuild this session.
+// Precondition: s.mu must be locked.
+func (s *Session) snapshot() []replicate.Record {
+	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: []byte(s.guest)}}
+	for _, r := range s.ranges.All() {
+		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
+		buf := make([]byte, min(r.Size, snapshotChunk))
+		for off := uint64(0); off < r.Size; off += snapshotChunk {
+			n := min(r.Size-off, snapshotChunk)
+			if err := s.ctx.CopyDtoH(buf[:n], s.dev(r.Addr+off), 0); err != nil {
+				s.unsafe = fmt.Sprintf("reading allocation %#x for a snapshot: %v", r.Addr, err)
+				continue
+			}
+			recs = append(recs, placed(s.id, abi.OpCopyHtoD, &abi.CopyHtoD{Dst: r.Addr + off, Data: buf[:n]}, 0))
+		}
+	}
+	s.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
+		switch k {
+		case handlemap.KindModule:
+			recs = append(recs, placed(s.id, abi.OpModuleLoad, &abi.ModuleLoad{Image: s.moduleImages[h].Append(nil)}, uint64(h)))
+		case handlemap.KindFunction:
+			recs = append(recs, placed(s.id, abi.OpGetFunction, &abi.GetFunction{Module: uint64(parent), Name: s.kernels[h].Name}, uint64(h)))
+		case handlemap.KindStream:
+			recs = append(recs, placed(s.id, abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
+		}
+	})
+	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next())})
+}
+
+// VerifyPoint computes checksums of every object and, at the same log
+// position, appends a verify record asking the standby for its own. In
+// epoch mode it first cuts an epoch, so the standby applies what it holds.
+func (s *Server) VerifyPoint(id uint64) []replicate.ObjectSum {
+	var sums []replicate.ObjectSum
+	s.stopTheWorld(func(sessions []*Session) {
+		if s.mode == replicate.ModeEpoch {
+			s.repl.CutEpoch()
+		}
+		sums = checksums(sessions)
+		s.repl.Append(replicate.Record{Op: replicate.OpVerify, Result: id})
+	})
+	return sums
+}
+
+// Checksums describes every object, for a standby answering verify.
+func (s *Server) Checksums() []replicate.ObjectSum {
+	var sums []replicate.ObjectSum
+	s.stopTheWorld(func(sessions []*Session) { sums = checksums(sessions) })
+	return sums
+}
+
+func checksums(sessions []*Session) []replicate.ObjectSum {
+	var sums []replicate.ObjectSum
+	for _, sess := range sessions {
+		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.base, Sum: replicate.Checksum([]byte(sess.guest))})
+		for _, r := range sess.ranges.All() {
+			buf := make([]byte, r.Size)
+			sum := uint64(0)
+			if err := sess.ctx.CopyDtoH(buf, sess.dev(r.Addr), 0); err == nil {
+				sum = replicate.Checksum(buf)
+			}
+			sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
+		}
+		sess.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
+			o := replicate.ObjectSum{Session: sess.id, ID: uint64(h)}
+			switch k {
+			case handlemap.KindModule:
+				img := sess.moduleImages[h].Append(nil)
+				o.Kind, o.Size, o.Sum = replicate.ObjModule, uint64(len(img)), replicate.Checksum(img)
+			case handlemap.KindFunction:
+				o.Kind, o.Sum = replicate.ObjFunction, replicate.Checksum(fmt.Appendf(nil, "%d/%s", parent, sess.kernels[h].Name))
+			case handlemap.KindStream:
+				o.Kind = replicate.ObjStream
+			}
+			sums = append(sums, o)
+		})
+	}
+	return sums
+}
+
+// Repair sends the primary's contents of one allocation to the standby, as
+// a logged copy.
+func (s *Server) Repair(session, addr uint64) error {
+	s.mu.Lock()
+	sess := s.sessions[session]
+	s.mu.Unlock()
+	if sess == nil {
+		return fmt.Errorf("no session %d", session)
+	}
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	r, ok := sess.ranges.Find(addr, 0)
+	if !ok || r.Addr != addr {
+		return fmt.Errorf("session %d has no allocation at %#x", session, addr)
+	}
+	for off := uint64(0); off < r.Size; off += snapshotChunk {
+		n := min(r.Size-off, snapshotChunk)
+		buf := make([]byte, n)
+		if err := sess.ctx.CopyDtoH(buf, sess.dev(r.Addr+off), 0); err != nil {
+			return err
+		}
+		body := (&abi.CopyHtoD{Dst: r.Addr + off, Data: buf}).Append(nil)
+		s.repl.Append(replicate.Record{Session: session, Op: replicate.Op(abi.OpCopyHtoD), Flags: replicate.FlagRepair, Body: body})
+	}
+	return nil
+}
+
+// ApplyRecord applies one replicated record to this (standby) server. It
+// never trusts the record: guest operations go through the same validation
+// as on the primary, and the result must match what the primary got.
+func (s *Server) ApplyRecord(rec *replicate.Record) error {
+	switch rec.Op {
+	case replicate.OpReset:
+		s.mu.Lock()
+		all := make([]*Session, 0, len(s.sessions))
+		for _, sess := range s.sessions {
+			all = append(all, sess)
+		}
+		s.mu.Unlock()
+		for _, sess := range all {
+			s.closeSession(sess)
+		}
+		return nil
+	case replicate.OpSessionOpen:
+		return s.openReplica(rec.Session, rec.Result, string(rec.Body))
+	case replicate.OpEpoch, replicate.OpVerify, replicate.OpSnapshotEnd:
+		return nil
+	}
+	s.mu.Lock()
+	sess := s.sessions[rec.Session]
+	s.mu.Unlock()
+	if sess == nil {
+		return fmt.Errorf("%s for unknown session %d", rec.Op, rec.Session)
+	}
+	switch rec.Op {
+	case replicate.OpSessionClose:
+		s.closeSession(sess)
+		return nil
+	case replicate.OpSetNext:
+		sess.mu.Lock()
+		defer sess.mu.Unlock()
+		return sess.handles.SetNext(handlemap.Handle(rec.Result))
+	}
+	return sess.apply(rec)
+}
+
+// openReplica creates a standby's copy of a primary session, asking the
+// backend for the same window base.
+func (s *Server) openReplica(id, base uint64, guest string) error {
+	s.mu.Lock()
+	if s.sessions[id] != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("session %d is already open", id)
+	}
+	slot := -1
+	for i, used := range s.slots {
+		if !used {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("no free session slot for session %d", id)
+	}
+	s.slots[slot] = true
+	s.mu.Unlock()
+	sess, err := s.newSession(id, slot, guest, base)
+	if err != nil {
+		s.releaseSlot(slot)
+		return err
+	}
+	if sess.delta != 0 {
+		s.log.Warn("replica window not at the primary's base; translating addresses", "session", id,
+			"want", fmt.Sprintf("%#x", base), "got", fmt.Sprintf("%#x", base+sess.delta))
+	}
+	return nil
+}
+
+// apply runs one guest operation from the log on a replica session.
+func (s *Session) apply(rec *replicate.Record) error {
+	op, ok := rec.Op.Guest()
+	spec, served := opTable[op]
+	if !ok || !served || !spec.mutates {
+		return fmt.Errorf("record kind %s is not a state change", rec.Op)
+	}
+	req, err := abi.DecodeRequest(op, rec.Body)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rec.Flags&replicate.FlagPlaced != 0 {
+		switch op {
+		case abi.OpAlloc:
+			s.placed = rec.Result
+		case abi.OpModuleLoad, abi.OpGetFunction, abi.OpStreamCreate:
+			if err := s.handles.SetNext(handlemap.Handle(rec.Result)); err != nil {
+				return err
+			}
+		}
+	}
+	reply, err := spec.run(s, req)
+	s.placed = 0
+	primaryFailed := rec.Flags&replicate.FlagFailed != 0
+	switch {
+	case err != nil && !primaryFailed && s.delta != 0 && op == abi.OpLaunch:
+		s.markUnsafe(fmt.Sprintf("unsafe: addresses are translated and kernel launch (seq %d) failed on the replica only; it likely follows device pointers stored in memory: %v", rec.Seq, err))
+	case err != nil && !primaryFailed:
+		s.markUnsafe(fmt.Sprintf("%s (seq %d) failed on the replica but not on the primary: %v", op, rec.Seq, err))
+	case err == nil && primaryFailed:
+		s.markUnsafe(fmt.Sprintf("%s (seq %d) succeeded on the replica but failed on the primary", op, rec.Seq))
+	case err == nil && resultOf(reply) != rec.Result && rec.Flags&replicate.FlagRepair == 0:
+		s.markUnsafe(fmt.Sprintf("%s (seq %d) gave %#x on the replica, %#x on the primary", op, rec.Seq, resultOf(reply), rec.Result))
+	default:
+		return nil
+	}
+	return fmt.Errorf("session %d: %s", s.id, s.unsafe)
+}
+
+// Precondition: s.mu must be locked.
+func (s *Session) markUnsafe(why string) {
+	if s.unsafe == "" {
+		s.unsafe = why
+	}
+}

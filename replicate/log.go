@@ -1,0 +1,282 @@
+package replicate
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Mode is a replication mode (DESIGN.md decision 4).
+type Mode int
+
+// Modes.
+const (
+	// ModeSync: every synchronous call returns after the standby applied it.
+	ModeSync Mode = iota
+	// ModeCommit: ops stream without waiting; a reply that carries anything
+	// out to the guest (data, a handle, an address, an error, a sync) waits
+	// until the standby has applied every op before it.
+	ModeCommit
+	// ModeAsync: nothing waits; the standby lags by at most the log bound.
+	ModeAsync
+	// ModeEpoch: the standby applies an epoch only once the primary cuts
+	// the next one (for an external VM checkpointer).
+	ModeEpoch
+)
+
+var modeNames = map[Mode]string{ModeSync: "sync", ModeCommit: "commit", ModeAsync: "async", ModeEpoch: "epoch"}
+
+func (m Mode) String() string { return modeNames[m] }
+
+// ParseMode parses a --mode flag.
+func ParseMode(s string) (Mode, error) {
+	for m, n := range modeNames {
+		if n == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown replication mode %q (want sync, commit, async or epoch)", s)
+}
+
+// Log is the primary's operation log: it numbers every state change, keeps
+// the ones the standby has not yet applied (bounded), and tells waiting
+// guests when the standby has caught up.
+//
+// While a standby is attached, Append blocks once MaxBytes of unapplied
+// records are held: guests slow down instead of the log growing. While none
+// is attached, the log keeps records only until the bound is reached, then
+// drops them and the next standby is resynced from a snapshot.
+type Log struct {
+	maxBytes int64
+	// id names this log's lineage: a standby that applied records of
+	// another log (an earlier primary process) must resync, not resume.
+	id uint64
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	term     uint64
+	last     uint64   // last assigned sequence
+	acked    uint64   // last sequence the standby applied
+	pending  []Record // (first-1, last], when retaining
+	appended []time.Time
+	first    uint64 // sequence of pending[0]
+	bytes    int64  // encoded bytes in pending
+	retain   bool   // pending is complete since first
+	attached bool   // a standby link is up: records are kept, Append may block
+	// protected: the attached standby holds everything up to resyncAt, so
+	// waiting for its acks is meaningful. A resyncing standby is attached
+	// but not yet protecting; guests are not held up for it.
+	protected bool
+	resyncAt  uint64
+	// snapshotPending: a resync is about to stop every session to take a
+	// snapshot, so Append must not block (a blocked session would hold the
+	// lock the snapshot needs).
+	snapshotPending bool
+	closed          bool
+	epoch           uint64
+}
+
+// NewLog returns a log that holds at most maxBytes of unapplied records.
+func NewLog(maxBytes int64) *Log {
+	var id [8]byte
+	rand.Read(id[:])
+	l := &Log{maxBytes: maxBytes, first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+// SetTerm sets the term stamped on new records.
+func (l *Log) SetTerm(t uint64) {
+	l.mu.Lock()
+	l.term = t
+	l.mu.Unlock()
+}
+
+// Append numbers r, keeps it for the standby, and returns its sequence. It
+// blocks while an attached standby lags by more than the bound. r.Body is
+// copied.
+func (l *Log) Append(r Record) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.attached && !l.snapshotPending && l.bytes > l.maxBytes && !l.closed {
+		l.cond.Wait()
+	}
+	l.last++
+	r.Seq, r.Term = l.last, l.term
+	if l.retain {
+		r.Body = append([]byte(nil), r.Body...)
+		l.pending = append(l.pending, r)
+		l.appended = append(l.appended, time.Now())
+		l.bytes += int64(r.Size())
+		if !l.attached && l.bytes > l.maxBytes {
+			l.dropPending() // the standby is gone too long: it will resync
+			l.retain = false
+		}
+	}
+	l.cond.Broadcast()
+	return r.Seq
+}
+
+// Precondition: l.mu must be locked.
+func (l *Log) dropPending() {
+	l.pending, l.appended, l.bytes = nil, nil, 0
+	l.first = l.last + 1
+}
+
+// Last is the sequence of the newest record.
+func (l *Log) Last() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last
+}
+
+// WaitApplied blocks until the standby has applied seq, or no standby is
+// attached (the primary is then unprotected and guests must not stall). It
+// reports whether seq is known applied.
+func (l *Log) WaitApplied(seq uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.protected && l.acked < seq && !l.closed {
+		l.cond.Wait()
+	}
+	return l.acked >= seq
+}
+
+// BeginSnapshot is called with every session stopped: it drops what the log
+// holds, retains everything appended from now on, and returns the sequence
+// the snapshot stands for.
+func (l *Log) BeginSnapshot() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dropPending()
+	l.retain = true
+	l.protected = false
+	l.snapshotPending = false
+	l.resyncAt = l.last
+	return l.last
+}
+
+// CutEpoch records the end of an epoch and returns its number.
+func (l *Log) CutEpoch() uint64 {
+	l.mu.Lock()
+	l.epoch++
+	e := l.epoch
+	l.mu.Unlock()
+	l.Append(Record{Op: OpEpoch, Result: e})
+	return e
+}
+
+// Close wakes every waiter for good.
+func (l *Log) Close() {
+	l.mu.Lock()
+	l.closed = true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
+// canResume reports whether a standby that applied through seq can catch
+// up from what the log holds.
+// Precondition: l.mu must be locked.
+func (l *Log) canResume(seq uint64) bool {
+	return l.retain && seq+1 >= l.first && seq <= l.last
+}
+
+// ack records that the standby applied through seq and releases what it no
+// longer needs.
+func (l *Log) ack(seq uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if seq > l.last {
+		seq = l.last
+	}
+	if seq >= l.resyncAt && l.attached {
+		l.protected = true
+	}
+	if seq <= l.acked {
+		l.cond.Broadcast()
+		return
+	}
+	l.acked = seq
+	n := 0
+	for n < len(l.pending) && l.pending[n].Seq <= seq {
+		l.bytes -= int64(l.pending[n].Size())
+		n++
+	}
+	l.pending = l.pending[n:]
+	l.appended = l.appended[n:]
+	l.first += uint64(n)
+	l.cond.Broadcast()
+}
+
+// next waits for records after seq and returns them (nil when the log is
+// closed or the link is being torn down).
+func (l *Log) next(after uint64, stop <-chan struct{}) []Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.last <= after && !l.closed {
+		select {
+		case <-stop:
+			return nil
+		default:
+		}
+		l.cond.Wait()
+	}
+	if l.closed || after+1 < l.first {
+		return nil
+	}
+	i := int(after + 1 - l.first)
+	return append([]Record(nil), l.pending[i:]...)
+}
+
+// attach marks a standby link up (resuming at applied, or resyncing when
+// applied is older than what the log holds) or down.
+func (l *Log) attach(up bool, applied uint64, resync bool) {
+	l.mu.Lock()
+	l.attached = up
+	l.protected = false
+	l.snapshotPending = up && resync
+	if up {
+		l.acked = applied
+		l.resyncAt = applied
+	}
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
+// wake makes a sender blocked in next look at its stop channel.
+func (l *Log) wake() {
+	l.mu.Lock()
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
+func (l *Log) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// LogStatus describes the log for /status and metrics.
+type LogStatus struct {
+	Last       uint64  `json:"last_seq"`
+	Applied    uint64  `json:"applied_seq"`
+	LagOps     uint64  `json:"lag_ops"`
+	LagBytes   int64   `json:"lag_bytes"`
+	LagSeconds float64 `json:"lag_seconds"`
+	Attached   bool    `json:"standby_attached"`
+	Protected  bool    `json:"protected"`
+	Epoch      uint64  `json:"epoch"`
+}
+
+// Status reports the log's position and the standby's lag.
+func (l *Log) Status() LogStatus {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := LogStatus{Last: l.last, Applied: l.acked, LagOps: l.last - l.acked, LagBytes: l.bytes, Attached: l.attached, Protected: l.protected, Epoch: l.epoch}
+	if len(l.appended) > 0 && l.attached {
+		st.LagSeconds = time.Since(l.appended[0]).Seconds()
+	}
+	return st
+}

@@ -1,0 +1,48 @@
+package replicate
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the primary's replication metrics.
+type Metrics struct {
+	sentBytes prometheus.Counter
+	sentOps   prometheus.Counter
+	resyncs   prometheus.Counter
+	pause     prometheus.Histogram
+}
+
+// NewMetrics registers the primary's replication metrics on reg; status is
+// read at scrape time.
+func NewMetrics(reg prometheus.Registerer, status func() SenderStatus) (*Metrics, error) {
+	m := &Metrics{
+		sentBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_bytes_total", Help: "Record bytes sent to the standby."}),
+		sentOps:   prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_records_total", Help: "Records sent to the standby, snapshots included."}),
+		resyncs:   prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_resyncs_total", Help: "Standby resyncs from a snapshot."}),
+		pause: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "vgpuha_replication_resync_pause_seconds", Help: "Time guests were stopped to take a resync snapshot.",
+			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 10),
+		}),
+	}
+	gauge := func(name, help string, f func(SenderStatus) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(status()) })
+	}
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, c := range []prometheus.Collector{
+		m.sentBytes, m.sentOps, m.resyncs, m.pause,
+		gauge("vgpuha_replication_lag_records", "Records the standby has not yet applied.", func(s SenderStatus) float64 { return float64(s.LagOps) }),
+		gauge("vgpuha_replication_lag_bytes", "Bytes of records the standby has not yet applied.", func(s SenderStatus) float64 { return float64(s.LagBytes) }),
+		gauge("vgpuha_replication_lag_seconds", "Age of the oldest record the standby has not applied.", func(s SenderStatus) float64 { return s.LagSeconds }),
+		gauge("vgpuha_replication_last_sequence", "Sequence of the newest log record.", func(s SenderStatus) float64 { return float64(s.Last) }),
+		gauge("vgpuha_replication_applied_sequence", "Last sequence the standby acknowledged as applied.", func(s SenderStatus) float64 { return float64(s.Applied) }),
+		gauge("vgpuha_replication_protected", "1 when a caught-up standby holds every acknowledged op.", func(s SenderStatus) float64 { return b2f(s.Protected) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,141 @@
+package replicate
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Record is one state change in the primary's order of execution. Guest
+// operations carry the request body exactly as the guest encoded it (package
+// abi decodes it on the standby, which validates it again); session
+// lifecycle, epochs, resync and verification use the control kinds below.
+type Record struct {
+	Seq     uint64 // log position, from 1, without gaps
+	Term    uint64 // the primary's term when it executed the op
+	Session uint64
+	ReqID   uint64 // the guest's request id (exactly-once on resume)
+	Op      Op
+	Flags   uint16
+	// Result is what the primary's execution produced and the standby must
+	// reproduce: the device address of an alloc, the guest handle of a new
+	// module, function or stream, a session's window slot.
+	Result uint64
+	Body   []byte
+}
+
+// Op is a record kind: a guest opcode (abi.Opcode values) or a control kind.
+type Op uint16
+
+// Control kinds, numbered above every guest opcode.
+const (
+	// OpSessionOpen opens session Session in window slot Result; Body is
+	// the guest name.
+	OpSessionOpen Op = 0x100 + iota
+	// OpSessionClose closes session Session and frees its objects.
+	OpSessionClose
+	// OpReset drops every replica session: the start of a resync.
+	OpReset
+	// OpEpoch commits the epoch Result (epoch mode).
+	OpEpoch
+	// OpVerify asks the standby for checksums at this log position; Result
+	// is the verification id.
+	OpVerify
+	// OpSetNext forces session Session's next guest handle to Result (resync
+	// of a table with gaps).
+	OpSetNext
+	// OpSnapshotEnd ends a resync snapshot; Result is the log position the
+	// snapshot stands for, from which streaming continues.
+	OpSnapshotEnd
+)
+
+// Record flags.
+const (
+	// FlagFailed: the backend ran the op on the primary and reported an
+	// error (a kernel fault): the standby must see the same failure.
+	FlagFailed uint16 = 1 << iota
+	// FlagPlaced: a resync record whose address or handle is given, not
+	// chosen by the standby's allocator.
+	FlagPlaced
+	// FlagRepair: a copy of the primary's contents sent by verify --repair.
+	FlagRepair
+)
+
+// Guest returns the record's guest opcode, or false for a control kind.
+func (o Op) Guest() (abi.Opcode, bool) {
+	if o < 0x100 && abi.Opcode(o).Valid() {
+		return abi.Opcode(o), true
+	}
+	return 0, false
+}
+
+func (o Op) String() string {
+	if g, ok := o.Guest(); ok {
+		return g.String()
+	}
+	switch o {
+	case OpSessionOpen:
+		return "session_open"
+	case OpSessionClose:
+		return "session_close"
+	case OpReset:
+		return "reset"
+	case OpEpoch:
+		return "epoch"
+	case OpVerify:
+		return "verify"
+	case OpSetNext:
+		return "set_next"
+	case OpSnapshotEnd:
+		return "snapshot_end"
+	}
+	return fmt.Sprintf("op(%#x)", uint16(o))
+}
+
+const recordHeader = 8*5 + 2 + 2 + 4
+
+// Size is the record's encoded size.
+func (r *Record) Size() int { return recordHeader + len(r.Body) }
+
+// AppendRecord encodes r.
+func AppendRecord(b []byte, r *Record) []byte {
+	b = binary.LittleEndian.AppendUint64(b, r.Seq)
+	b = binary.LittleEndian.AppendUint64(b, r.Term)
+	b = binary.LittleEndian.AppendUint64(b, r.Session)
+	b = binary.LittleEndian.AppendUint64(b, r.ReqID)
+	b = binary.LittleEndian.AppendUint64(b, r.Result)
+	b = binary.LittleEndian.AppendUint16(b, uint16(r.Op))
+	b = binary.LittleEndian.AppendUint16(b, r.Flags)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(r.Body)))
+	return append(b, r.Body...)
+}
+
+// ErrBadRecord is wrapped by record decoding errors.
+var ErrBadRecord = errors.New("replicate: malformed record")
+
+// DecodeRecord decodes one record. Body aliases b.
+func DecodeRecord(b []byte) (Record, error) {
+	if len(b) < recordHeader {
+		return Record{}, fmt.Errorf("%w: %d bytes", ErrBadRecord, len(b))
+	}
+	le := binary.LittleEndian
+	r := Record{
+		Seq: le.Uint64(b), Term: le.Uint64(b[8:]), Session: le.Uint64(b[16:]),
+		ReqID: le.Uint64(b[24:]), Result: le.Uint64(b[32:]),
+		Op: Op(le.Uint16(b[40:])), Flags: le.Uint16(b[42:]),
+	}
+	n := le.Uint32(b[44:])
+	if uint64(n) != uint64(len(b)-recordHeader) {
+		return Record{}, fmt.Errorf("%w: body length %d, frame holds %d", ErrBadRecord, n, len(b)-recordHeader)
+	}
+	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpSnapshotEnd) {
+		return Record{}, fmt.Errorf("%w: unknown kind %#x", ErrBadRecord, uint16(r.Op))
+	}
+	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair) != 0 {
+		return Record{}, fmt.Errorf("%w: unknown flags %#x", ErrBadRecord, r.Flags)
+	}
+	r.Body = b[recordHeader:]
+	return r, nil
+}

@@ -1,0 +1,259 @@
+package replicate
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// SenderConfig configures the primary's end of the replication link.
+type SenderConfig struct {
+	Addr string // standby's host:port
+	Key  []byte // pre-shared key, at least MinKeyBytes
+	Mode Mode
+	Log  *Log
+	// Snapshot builds a resync snapshot: with every session stopped it
+	// calls Log.BeginSnapshot and returns records (Seq 0, FlagPlaced) that
+	// rebuild the current state. It reports how long guests were stopped.
+	Snapshot func() ([]Record, time.Duration)
+	// OnVerify receives the standby's checksums for a verification.
+	OnVerify func(id uint64, sums []ObjectSum)
+	Log_     *slog.Logger
+	// AckTimeout: a standby silent this long is dropped (it sends an ack at
+	// least every AckInterval).
+	AckTimeout time.Duration
+	Metrics    *Metrics
+}
+
+// SenderStatus is the primary's view of replication.
+type SenderStatus struct {
+	State       string  `json:"state"` // unprotected, resyncing, protected
+	Mode        string  `json:"mode"`
+	Standby     string  `json:"standby"`
+	Resyncs     uint64  `json:"resyncs"`
+	LastPauseMS float64 `json:"last_resync_pause_ms"`
+	LastResync  float64 `json:"last_resync_seconds"`
+	LastError   string  `json:"last_error,omitempty"`
+	LogStatus
+}
+
+// Sender streams the log to the standby, reconnecting and resyncing as
+// needed.
+type Sender struct {
+	cfg SenderConfig
+	log *slog.Logger
+
+	mu         sync.Mutex
+	resyncs    uint64
+	lastPause  time.Duration
+	lastResync time.Duration
+	lastErr    string
+	resyncing  bool
+	resyncFrom time.Time
+	ticker     *time.Ticker
+}
+
+// NewSender returns a sender; Run starts it.
+func NewSender(cfg SenderConfig) (*Sender, error) {
+	if len(cfg.Key) < MinKeyBytes {
+		return nil, fmt.Errorf("replication key must be at least %d bytes", MinKeyBytes)
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = 3 * time.Second
+	}
+	if cfg.Log_ == nil {
+		cfg.Log_ = slog.Default()
+	}
+	return &Sender{cfg: cfg, log: cfg.Log_.With("standby", cfg.Addr)}, nil
+}
+
+// SetMetrics attaches metrics; call before Run.
+func (s *Sender) SetMetrics(m *Metrics) { s.cfg.Metrics = m }
+
+// Run connects and streams until ctx ends.
+func (s *Sender) Run(ctx context.Context) {
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.session(ctx)
+		s.cfg.Log.attach(false, 0, false)
+		if ctx.Err() != nil {
+			return
+		}
+		s.mu.Lock()
+		if err != nil && err.Error() != s.lastErr {
+			s.log.Warn("replication link down; primary is unprotected", "err", err)
+			s.lastErr = err.Error()
+		}
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// Status reports the link's state.
+func (s *Sender) Status() SenderStatus {
+	ls := s.cfg.Log.Status()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := SenderStatus{Mode: s.cfg.Mode.String(), Standby: s.cfg.Addr, Resyncs: s.resyncs,
+		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(),
+		LastError: s.lastErr, LogStatus: ls, State: "unprotected"}
+	switch {
+	case ls.Protected:
+		st.State = "protected"
+	case ls.Attached:
+		st.State = "resyncing"
+	}
+	return st
+}
+
+func (s *Sender) session(ctx context.Context) error {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetNoDelay(true)
+	l, err := clientHandshake(c, s.cfg.Key, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+	typ, payload, err := l.read()
+	if err != nil {
+		return fmt.Errorf("reading standby state: %w", err)
+	}
+	if typ != msgState || len(payload) != 16 {
+		return fmt.Errorf("%w: expected standby state", ErrCorrupt)
+	}
+	logID, applied := binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:])
+
+	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(nil, uint64(s.cfg.Mode))); err != nil {
+		return err
+	}
+	lg := s.cfg.Log
+	lg.mu.Lock()
+	resume := logID == lg.id && lg.canResume(applied)
+	lg.mu.Unlock()
+
+	var after uint64
+	if resume {
+		lg.attach(true, applied, false)
+		after = applied
+		s.log.Info("standby attached; catching up from the log", "applied", applied)
+	} else {
+		lg.attach(true, 0, true)
+		start := time.Now()
+		recs, pause := s.cfg.Snapshot()
+		s.mu.Lock()
+		s.resyncs++
+		s.lastPause = pause
+		s.resyncing, s.resyncFrom = true, start
+		s.mu.Unlock()
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.resyncs.Inc()
+			s.cfg.Metrics.pause.Observe(pause.Seconds())
+		}
+		s.log.Info("standby attached; resyncing from a snapshot", "records", len(recs), "guest_pause", pause)
+		head := Record{Op: OpReset, Result: lg.id}
+		if err := s.send(l, &head); err != nil {
+			return err
+		}
+		for i := range recs {
+			if err := s.send(l, &recs[i]); err != nil {
+				return err
+			}
+			if recs[i].Op == OpSnapshotEnd {
+				after = recs[i].Result
+			}
+		}
+		if err := l.flush(); err != nil {
+			return err
+		}
+	}
+
+	stop := make(chan struct{})
+	readErr := make(chan error, 1)
+	go func() { readErr <- s.readAcks(c, l); close(stop); lg.wake() }()
+	for {
+		recs := lg.next(after, stop)
+		if recs == nil {
+			select {
+			case err := <-readErr:
+				return err
+			default:
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			if lg.isClosed() {
+				return errors.New("log closed")
+			}
+			// The log dropped records this standby needed: resync.
+			return errors.New("standby fell behind what the log holds")
+		}
+		for i := range recs {
+			if err := s.send(l, &recs[i]); err != nil {
+				return err
+			}
+			after = recs[i].Seq
+		}
+		if err := l.flush(); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Sender) send(l *link, r *Record) error {
+	buf := AppendRecord(make([]byte, 0, r.Size()), r)
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.sentBytes.Add(float64(len(buf)))
+		s.cfg.Metrics.sentOps.Inc()
+	}
+	return l.write(msgRecord, buf)
+}
+
+func (s *Sender) readAcks(c net.Conn, l *link) error {
+	for {
+		c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+		typ, payload, err := l.read()
+		if err != nil {
+			return fmt.Errorf("reading acks: %w", err)
+		}
+		switch typ {
+		case msgAck:
+			if len(payload) != 8 {
+				return fmt.Errorf("%w: ack of %d bytes", ErrCorrupt, len(payload))
+			}
+			seq := binary.LittleEndian.Uint64(payload)
+			s.cfg.Log.ack(seq)
+			s.mu.Lock()
+			if s.resyncing && s.cfg.Log.Status().Protected {
+				s.resyncing = false
+				s.lastResync = time.Since(s.resyncFrom)
+				s.log.Info("standby resynced; primary is protected", "took", s.lastResync)
+			}
+			s.mu.Unlock()
+		case msgVerifyReply:
+			id, sums, err := decodeSums(payload)
+			if err != nil {
+				return err
+			}
+			if s.cfg.OnVerify != nil {
+				s.cfg.OnVerify(id, sums)
+			}
+		default:
+			return fmt.Errorf("%w: unexpected message %d from standby", ErrCorrupt, typ)
+		}
+	}
+}

@@ -1,0 +1,88 @@
+package replicate
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc64"
+)
+
+// ObjectKind names what an ObjectSum describes.
+type ObjectKind uint8
+
+// Object kinds compared by verify.
+const (
+	ObjMemory ObjectKind = 1 + iota
+	ObjModule
+	ObjFunction
+	ObjStream
+	ObjSession
+)
+
+func (k ObjectKind) String() string {
+	switch k {
+	case ObjMemory:
+		return "memory"
+	case ObjModule:
+		return "module"
+	case ObjFunction:
+		return "function"
+	case ObjStream:
+		return "stream"
+	case ObjSession:
+		return "session"
+	}
+	return fmt.Sprintf("kind(%d)", k)
+}
+
+// ObjectSum is one object's checksum at a log position. For memory, ID is
+// the guest device address and Sum a CRC-64 of its contents; for handles, ID
+// is the guest handle and Sum describes what it refers to (a module's image,
+// a function's module and name).
+type ObjectSum struct {
+	Session uint64     `json:"session"`
+	Kind    ObjectKind `json:"kind"`
+	ID      uint64     `json:"id"`
+	Size    uint64     `json:"size"`
+	Sum     uint64     `json:"sum"`
+}
+
+var crcTable = crc64.MakeTable(crc64.ECMA)
+
+// Checksum is the content checksum verify uses.
+func Checksum(b []byte) uint64 { return crc64.Checksum(b, crcTable) }
+
+const sumSize = 8 + 1 + 8 + 8 + 8
+
+func encodeSums(id uint64, sums []ObjectSum) []byte {
+	b := binary.LittleEndian.AppendUint64(make([]byte, 0, 12+len(sums)*sumSize), id)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(sums)))
+	for _, s := range sums {
+		b = binary.LittleEndian.AppendUint64(b, s.Session)
+		b = append(b, byte(s.Kind))
+		b = binary.LittleEndian.AppendUint64(b, s.ID)
+		b = binary.LittleEndian.AppendUint64(b, s.Size)
+		b = binary.LittleEndian.AppendUint64(b, s.Sum)
+	}
+	return b
+}
+
+func decodeSums(b []byte) (uint64, []ObjectSum, error) {
+	if len(b) < 12 {
+		return 0, nil, fmt.Errorf("%w: short verify reply", ErrCorrupt)
+	}
+	id, n := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint32(b[8:])
+	b = b[12:]
+	if uint64(len(b)) != uint64(n)*sumSize {
+		return 0, nil, fmt.Errorf("%w: verify reply of %d bytes for %d objects", ErrCorrupt, len(b), n)
+	}
+	sums := make([]ObjectSum, n)
+	for i := range sums {
+		s := b[i*sumSize:]
+		sums[i] = ObjectSum{
+			Session: binary.LittleEndian.Uint64(s), Kind: ObjectKind(s[8]),
+			ID: binary.LittleEndian.Uint64(s[9:]), Size: binary.LittleEndian.Uint64(s[17:]),
+			Sum: binary.LittleEndian.Uint64(s[25:]),
+		}
+	}
+	return id, sums, nil
+}
