@@ -40,6 +40,7 @@ func Compare(primary, standby []ObjectSum) Report {
 		stby[key{o.Session, o.Kind, o.ID}] = o
 	}
 	rep := Report{Match: true, Mismatches: []Mismatch{}}
+	var order []key // mismatches' keys, for sorting
 	show := func(o ObjectSum) string { return fmt.Sprintf("%016x", o.Sum) }
 	for _, p := range primary {
 		rep.Objects++
@@ -56,17 +57,34 @@ func Compare(primary, standby []ObjectSum) Report {
 			m.Standby = show(s)
 		}
 		rep.Mismatches = append(rep.Mismatches, m)
+		order = append(order, k)
 	}
 	for _, s := range standby {
-		if _, extra := stby[key{s.Session, s.Kind, s.ID}]; extra {
+		if k := (key{s.Session, s.Kind, s.ID}); stby[k] == s {
 			rep.Mismatches = append(rep.Mismatches, Mismatch{Session: s.Session, Kind: s.Kind.String(),
 				ID: fmt.Sprintf("%#x", s.ID), Size: s.Size, Primary: "missing", Standby: show(s)})
+			order = append(order, k)
 		}
 	}
-	sort.Slice(rep.Mismatches, func(i, j int) bool {
-		a, b := rep.Mismatches[i], rep.Mismatches[j]
-		return a.Session < b.Session || a.Session == b.Session && a.ID < b.ID
+	idx := make([]int, len(order))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(i, j int) bool {
+		a, b := order[idx[i]], order[idx[j]]
+		if a.s != b.s {
+			return a.s < b.s
+		}
+		if a.k != b.k {
+			return a.k < b.k
+		}
+		return a.id < b.id
 	})
+	sorted := make([]Mismatch, len(idx))
+	for i, j := range idx {
+		sorted[i] = rep.Mismatches[j]
+	}
+	rep.Mismatches = sorted
 	rep.Match = len(rep.Mismatches) == 0
 	return rep
 }

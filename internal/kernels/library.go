@@ -281,7 +281,9 @@ func init() {
 	register(&Kernel{Name: "pointer_chase", Params: []abi.ArgKind{p, u32, p}, PTX: pointerChasePTX, Run: runPointerChase})
 }
 
-func f32at(b []byte, i uint64) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:])) }
+func f32at(b []byte, i uint64) float32 {
+	return math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+}
 func putf32(b []byte, i uint64, v float32) {
 	binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
 }

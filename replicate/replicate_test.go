@@ -1,0 +1,171 @@
+package replicate
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var testKey = []byte("0123456789abcdef0123456789abcdef")
+
+func TestRecordRoundTrip(t *testing.T) {
+	r := Record{Seq: 9, Term: 2, Session: 3, ReqID: 4, Op: OpSessionOpen, Flags: FlagPlaced, Result: 0x7e00, Body: []byte("guest")}
+	got, err := DecodeRecord(AppendRecord(nil, &r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(r, got); diff != "" {
+		t.Fatal(diff)
+	}
+	b := AppendRecord(nil, &r)
+	for name, bad := range map[string][]byte{
+		"short":      b[:10],
+		"long":       append(b, 0),
+		"bad kind":   func() []byte { c := bytes.Clone(b); c[40], c[41] = 0xff, 0x0f; return c }(),
+		"bad flags":  func() []byte { c := bytes.Clone(b); c[43] = 0x80; return c }(),
+		"body short": b[:len(b)-1],
+	} {
+		if _, err := DecodeRecord(bad); !errors.Is(err, ErrBadRecord) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// pair returns two authenticated link ends over a real TCP connection.
+func pair(t *testing.T, primaryKey, standbyKey []byte) (*link, *link, error, error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type res struct {
+		l   *link
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			ch <- res{nil, err}
+			return
+		}
+		l, err := serverHandshake(c, standbyKey, 2*time.Second)
+		if err != nil {
+			c.Close()
+		}
+		ch <- res{l, err}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	p, perr := clientHandshake(c, primaryKey, 2*time.Second)
+	s := <-ch
+	if s.l != nil {
+		t.Cleanup(func() { s.l.c.Close() })
+	}
+	return p, s.l, perr, s.err
+}
+
+func TestHandshake(t *testing.T) {
+	p, s, perr, serr := pair(t, testKey, testKey)
+	if perr != nil || serr != nil {
+		t.Fatalf("same key: %v / %v", perr, serr)
+	}
+	p.write(msgAck, []byte("hello"))
+	p.flush()
+	typ, payload, err := s.read()
+	if err != nil || typ != msgAck || string(payload) != "hello" {
+		t.Fatalf("read %d %q %v", typ, payload, err)
+	}
+	_, _, perr, serr = pair(t, []byte("another-key-entirely"), testKey)
+	if !errors.Is(perr, ErrAuth) || !errors.Is(serr, ErrAuth) {
+		t.Fatalf("different keys: primary %v, standby %v", perr, serr)
+	}
+}
+
+// TestCorruptStream: a flipped bit anywhere in a frame, or a frame replayed
+// from earlier in the stream, is refused.
+func TestCorruptStream(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mangle func(frames [][]byte) []byte
+	}{
+		{"payload bit", func(f [][]byte) []byte { c := bytes.Clone(f[0]); c[frameHeader+2] ^= 1; return c }},
+		{"mac bit", func(f [][]byte) []byte { c := bytes.Clone(f[0]); c[len(c)-1] ^= 1; return c }},
+		{"type changed, crc fixed", func(f [][]byte) []byte { c := bytes.Clone(f[0]); c[4] ^= 3; return c }},
+		{"replay", func(f [][]byte) []byte { return append(bytes.Clone(f[0]), f[0]...) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, s, perr, serr := pair(t, testKey, testKey)
+			if perr != nil || serr != nil {
+				t.Fatal(perr, serr)
+			}
+			// Capture the frame bytes the primary would send.
+			var buf bytes.Buffer
+			p.w.Reset(&buf)
+			p.write(msgRecord, AppendRecord(nil, &Record{Seq: 1, Op: OpEpoch, Result: 1}))
+			p.flush()
+			frame := buf.Bytes()
+			p.c.Write(tc.mangle([][]byte{frame}))
+			var err error
+			for i := 0; i < 2 && err == nil; i++ {
+				_, _, err = s.read()
+			}
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("mangled stream read as %v", err)
+			}
+		})
+	}
+}
+
+func TestCompare(t *testing.T) {
+	p := []ObjectSum{{Session: 1, Kind: ObjMemory, ID: 10, Size: 4, Sum: 1}, {Session: 1, Kind: ObjModule, ID: 1, Sum: 2}}
+	if rep := Compare(p, p); !rep.Match || rep.Objects != 2 || rep.Bytes != 4 {
+		t.Fatalf("identical: %+v", rep)
+	}
+	s := []ObjectSum{{Session: 1, Kind: ObjMemory, ID: 10, Size: 4, Sum: 9}, {Session: 2, Kind: ObjStream, ID: 1}}
+	rep := Compare(p, s)
+	if rep.Match || len(rep.Mismatches) != 3 || !rep.Mismatches[0].Repairable {
+		t.Fatalf("differing: %+v", rep)
+	}
+}
+
+func TestLogBackpressureAndAcks(t *testing.T) {
+	l := NewLog(100)
+	l.attach(true, 0, true)
+	l.BeginSnapshot() // an empty primary's snapshot
+	l.ack(0)          // the standby applied it: protected
+	done := make(chan uint64)
+	go func() {
+		for i := 0; i < 5; i++ {
+			l.Append(Record{Op: OpEpoch, Body: make([]byte, 40)})
+		}
+		done <- l.Last()
+	}()
+	select {
+	case <-done:
+		t.Fatal("five 88-byte records appended past a 100-byte bound with no acks")
+	case <-time.After(100 * time.Millisecond):
+	}
+	l.ack(l.Last())
+	for l.Last() < 5 {
+		l.ack(l.Last())
+		time.Sleep(time.Millisecond)
+	}
+	<-done
+	l.ack(l.Last())
+	if !l.WaitApplied(l.Last()) {
+		t.Fatal("everything acked but WaitApplied says no")
+	}
+	l.attach(false, 0, false)
+	if l.WaitApplied(l.Last() + 100) {
+		t.Fatal("WaitApplied claims a future record applied")
+	}
+}
