@@ -33,3 +33,18 @@ func BenchmarkPV(b *testing.B) {
 		b.ReportMetric(r.VsDirect, r.Op+"_"+r.Transport+"_x_direct")
 	}
 }
+
+func TestReplicateRuns(t *testing.T) {
+	rep, err := Replicate(ReplicateOptions{BulkBytes: 1 << 20, Rounds: 1, Calls: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Throughput) != 3 || len(rep.Latency) != 10 {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, r := range rep.Throughput {
+		if r.MBPerSec <= 0 {
+			t.Errorf("implausible row %+v", r)
+		}
+	}
+}

@@ -71,7 +71,7 @@ type Options struct {
 type Client struct {
 	conn       net.Conn
 	maxPayload int
-	sendq      chan []byte
+	sendq      chan *[]byte // frames; the writer returns each buffer to bufs
 	done       chan struct{}
 	nextID     atomic.Uint64
 
@@ -111,7 +111,7 @@ func NewClient(conn net.Conn, opts Options) (*Client, error) {
 	c := &Client{
 		conn:       conn,
 		maxPayload: opts.MaxPayload,
-		sendq:      make(chan []byte, 1024),
+		sendq:      make(chan *[]byte, 1024),
 		done:       make(chan struct{}),
 		pending:    map[uint64]chan result{},
 	}
@@ -166,7 +166,11 @@ func (c *Client) writeLoop() {
 	for {
 		select {
 		case f := <-c.sendq:
-			if _, err := bw.Write(f); err != nil {
+			_, err := bw.Write(*f)
+			if cap(*f) <= maxPooled {
+				bufs.Put(f)
+			}
+			if err != nil {
 				c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
 				return
 			}
@@ -210,7 +214,13 @@ func (c *Client) readLoop() {
 	}
 }
 
-func (c *Client) send(frame []byte) error {
+// bufs recycles frame buffers: bulk copies would otherwise allocate (and
+// zero) a fresh multi-megabyte buffer per chunk.
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooled = 32 << 20
+
+func (c *Client) send(frame *[]byte) error {
 	select {
 	case c.sendq <- frame:
 		return nil
@@ -219,10 +229,11 @@ func (c *Client) send(frame []byte) error {
 	}
 }
 
-func (c *Client) frame(op abi.Opcode, flags uint16, req abi.Body) (uint64, []byte) {
+func (c *Client) frame(op abi.Opcode, flags uint16, req abi.Body) (uint64, *[]byte) {
 	id := c.nextID.Add(1)
-	payload := req.Append(make([]byte, 0, 64))
-	return id, abi.AppendFrame(make([]byte, 0, abi.HeaderSize+len(payload)), op, flags, id, payload)
+	b := bufs.Get().(*[]byte)
+	*b = abi.AppendBodyFrame((*b)[:0], op, flags, id, req)
+	return id, b
 }
 
 // call sends a request and waits for its reply, decoding the body into

@@ -6,138 +6,62 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/internal/cluster"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
-	"github.com/vgpuha/vgpuha/standby"
 )
-
-var key = []byte("0123456789abcdef0123456789abcdef")
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// cluster is a primary and a standby in one process, over real sockets.
-type cluster struct {
-	t        *testing.T
-	primary  *hypervisor.Server
-	log      *replicate.Log
-	sender   *replicate.Sender
-	verifier replicate.Verifier
-	endpoint string
-	addr     string // standby's replication address
-	shift    uint64
-
-	standby *standby.Agent
-	ln      net.Listener
+// fixture is the shared in-process primary+standby, failing the test on
+// errors.
+type fixture struct {
+	*cluster.Cluster
+	t *testing.T
 }
 
-func newCluster(t *testing.T, mode replicate.Mode, shift uint64, withStandby bool) *cluster {
+func newCluster(t *testing.T, mode replicate.Mode, shift uint64, withStandby bool) *fixture {
 	t.Helper()
-	c := &cluster{t: t, shift: shift}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: mode, StandbyShift: shift, StartStandby: withStandby, MaxLagBytes: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.addr = ln.Addr().String()
-	ln.Close()
-	if withStandby {
-		c.startStandby()
-	}
-	srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(), quiet())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.primary = srv
-	c.log = replicate.NewLog(8 << 20)
-	srv.Replicate(c.log, mode)
-	c.sender, err = replicate.NewSender(replicate.SenderConfig{Addr: c.addr, Key: key, Mode: mode, Log: c.log,
-		Snapshot: srv.Snapshot, OnVerify: c.verifier.Deliver, Log_: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go c.sender.Run(ctx)
-	sock := filepath.Join(t.TempDir(), "g.sock")
-	gl, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(gl)
-	c.endpoint = "unix://" + sock
-	t.Cleanup(func() {
-		cancel()
-		srv.Close()
-		c.log.Close()
-		c.stopStandby()
-	})
-	return c
+	t.Cleanup(c.Close)
+	return &fixture{Cluster: c, t: t}
 }
 
-func (c *cluster) startStandby() {
+func (c *fixture) startStandby() {
 	c.t.Helper()
-	backend := sim.New(1 << 30)
-	backend.BaseShift = c.shift
-	a, err := standby.New(backend, hypervisor.DefaultConfig(), key, prometheus.NewRegistry(), quiet())
-	if err != nil {
+	if err := c.StartStandby(); err != nil {
 		c.t.Fatal(err)
 	}
-	var ln net.Listener
-	for i := 0; i < 50; i++ { // the port may linger briefly after a stop
-		if ln, err = net.Listen("tcp", c.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
+}
+
+func (c *fixture) waitProtected() {
+	c.t.Helper()
+	if err := c.WaitProtected(10 * time.Second); err != nil {
 		c.t.Fatal(err)
 	}
-	c.standby, c.ln = a, ln
-	go a.Serve(ln)
 }
 
-func (c *cluster) stopStandby() {
-	if c.standby != nil {
-		c.ln.Close()
-		c.standby.Close()
-		c.standby = nil
-	}
-}
-
-func (c *cluster) waitProtected() {
+func (c *fixture) verify() replicate.Report {
 	c.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !c.sender.Status().Protected {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("standby never caught up: %+v", c.sender.Status())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func (c *cluster) verify() replicate.Report {
-	c.t.Helper()
-	c.waitProtected()
-	rep, err := c.verifier.Verify(c.primary.VerifyPoint, 10*time.Second)
+	rep, err := c.Verify()
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	return rep
 }
 
-func (c *cluster) guest(name string) *pvdriver.Client {
+func (c *fixture) guest(name string) *pvdriver.Client {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	g, err := pvdriver.Open(ctx, c.endpoint, pvdriver.Options{GuestName: name})
+	g, err := c.Guest(name)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -146,7 +70,7 @@ func (c *cluster) guest(name string) *pvdriver.Client {
 }
 
 // runGuests runs every workload in n concurrent guests that stay connected.
-func (c *cluster) runGuests(n, size int) {
+func (c *fixture) runGuests(n, size int) {
 	c.t.Helper()
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -198,16 +122,16 @@ func TestModesReplicaIdentical(t *testing.T) {
 func TestStandbyLateAndRestarted(t *testing.T) {
 	c := newCluster(t, replicate.ModeCommit, 0, false)
 	c.runGuests(2, 0) // no standby: the primary serves unprotected
-	if st := c.sender.Status(); st.State != "unprotected" {
+	if st := c.Sender.Status(); st.State != "unprotected" {
 		t.Fatalf("state without a standby: %s", st.State)
 	}
 	c.startStandby()
 	mustMatch(t, c.verify())
-	if c.sender.Status().Resyncs != 1 {
-		t.Errorf("resyncs: %d", c.sender.Status().Resyncs)
+	if c.Sender.Status().Resyncs != 1 {
+		t.Errorf("resyncs: %d", c.Sender.Status().Resyncs)
 	}
 	c.runGuests(2, 0)
-	c.stopStandby()
+	c.StopStandby()
 	c.runGuests(1, 0) // while the standby is down
 	c.startStandby()
 	mustMatch(t, c.verify())
@@ -221,10 +145,10 @@ func TestLinkCutResumesFromLog(t *testing.T) {
 	c := newCluster(t, replicate.ModeAsync, 0, true)
 	c.waitProtected()
 	c.runGuests(1, 0)
-	c.standby.Receiver.Close() // cut the link; the standby keeps its replica
+	c.Standby.Receiver.Close() // cut the link; the standby keeps its replica
 	c.runGuests(1, 0)
 	mustMatch(t, c.verify())
-	if n := c.sender.Status().Resyncs; n != 1 {
+	if n := c.Sender.Status().Resyncs; n != 1 {
 		t.Errorf("resyncs after a link cut: %d, want 1 (the first attach only)", n)
 	}
 }
@@ -243,7 +167,7 @@ func TestTranslatedBase(t *testing.T) {
 		}
 	}
 	mustMatch(t, c.verify())
-	st := c.standby.Status().Replica.Sessions
+	st := c.Standby.Status().Replica.Sessions
 	if len(st) != 1 || !st[0].Translated || st[0].Unsafe != "" {
 		t.Fatalf("replica session: %+v", st)
 	}
@@ -254,7 +178,7 @@ func TestTranslatedBase(t *testing.T) {
 	if rep := c.verify(); rep.Match {
 		t.Error("pointer_chase's output verified identical on a translated replica")
 	}
-	st = c.standby.Status().Replica.Sessions
+	st = c.Standby.Status().Replica.Sessions
 	if !strings.Contains(st[0].Unsafe, "translated") {
 		t.Errorf("pointer_chase on a translated replica not reported unsafe: %q", st[0].Unsafe)
 	}
@@ -275,13 +199,13 @@ func TestRepair(t *testing.T) {
 	}
 	mustMatch(t, c.verify())
 	// Corrupt the replica directly, as a flaky device or a bug would.
-	c.standby.Server.ApplyRecord(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
+	c.Standby.Server.ApplyRecord(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
 		Body: appendCopy(uint64(p)+100, []byte{1, 2, 3})})
 	rep := c.verify()
 	if rep.Match || len(rep.Mismatches) != 1 || !rep.Mismatches[0].Repairable {
 		t.Fatalf("corrupted replica: %+v", rep)
 	}
-	if err := c.primary.Repair(g.Session(), uint64(p)); err != nil {
+	if err := c.Primary.Repair(g.Session(), uint64(p)); err != nil {
 		t.Fatal(err)
 	}
 	mustMatch(t, c.verify())
@@ -304,12 +228,13 @@ func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
 	c := newCluster(t, replicate.ModeCommit, 0, true)
 	c.waitProtected()
 	// A primary with the wrong key.
-	wrong, _ := replicate.NewSender(replicate.SenderConfig{Addr: c.addr, Key: []byte("not-the-right-key-at-all"), Log: replicate.NewLog(1 << 20),
+	addr := c.Sender.Status().Standby
+	wrong, _ := replicate.NewSender(replicate.SenderConfig{Addr: addr, Key: []byte("not-the-right-key-at-all"), Log: replicate.NewLog(1 << 20),
 		Snapshot: func() ([]replicate.Record, time.Duration) { return nil, 0 }, Log_: quiet()})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	wrong.Run(ctx)
 	cancel()
-	if st := c.standby.Receiver.Status(); st.RefusedPeers == 0 {
+	if st := c.Standby.Receiver.Status(); st.RefusedPeers == 0 {
 		t.Errorf("wrong key not refused: %+v", st)
 	}
 	if s := wrong.Status(); !strings.Contains(s.LastError, "authentication") {
@@ -317,7 +242,7 @@ func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
 	}
 	// Raw garbage and a replayed handshake.
 	for _, junk := range [][]byte{[]byte("GET / HTTP/1.0\r\n\r\n"), append([]byte("VGRA\x01\x00"), make([]byte, 64)...)} {
-		conn, err := net.Dial("tcp", c.addr)
+		conn, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -326,7 +251,7 @@ func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
 		io.ReadAll(conn)
 		conn.Close()
 	}
-	if n := len(c.standby.Status().Replica.Sessions); n != 0 {
+	if n := len(c.Standby.Status().Replica.Sessions); n != 0 {
 		t.Fatalf("refused peers created %d replica sessions", n)
 	}
 	// The real primary still streams.

@@ -10,13 +10,15 @@ import (
 
 func runBench(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: vgpuha bench pv [flags]")
+		return fmt.Errorf("usage: vgpuha bench pv|replicate [flags]")
 	}
 	switch args[0] {
 	case "pv":
 		return runBenchPV(args[1:])
+	case "replicate":
+		return runBenchReplicate(args[1:])
 	}
-	return fmt.Errorf("unknown benchmark %q (have: pv)", args[0])
+	return fmt.Errorf("unknown benchmark %q (have: pv, replicate)", args[0])
 }
 
 func runBenchPV(args []string) error {
@@ -38,5 +40,28 @@ func runBenchPV(args []string) error {
 	}
 	fmt.Println("paravirtual call cost vs the software GPU called in-process (medians of interleaved rounds)")
 	bench.PrintPV(os.Stdout, rows)
+	return nil
+}
+
+func runBenchReplicate(args []string) error {
+	fs := newFlags("bench replicate", "[flags]")
+	var opts bench.ReplicateOptions
+	fs.IntVar(&opts.BulkBytes, "bulk-bytes", 256<<20, "bytes per bulk copy timing")
+	fs.IntVar(&opts.Rounds, "rounds", 5, "interleaved rounds; the report gives medians")
+	fs.IntVar(&opts.Calls, "calls", 1000, "small calls per latency timing")
+	asJSON := fs.Bool("json", false, "print JSON instead of tables")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	opts.Progress = os.Stderr
+	rep, err := bench.Replicate(opts)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(rep)
+	}
+	fmt.Println("replication on loopback (primary, standby and guest in one process; medians of interleaved rounds)")
+	bench.PrintReplicate(os.Stdout, rep)
 	return nil
 }

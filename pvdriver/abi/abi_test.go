@@ -199,3 +199,11 @@ func TestModuleImage(t *testing.T) {
 		}
 	}
 }
+
+func TestAppendBodyFrameMatchesAppendFrame(t *testing.T) {
+	req := &CopyHtoD{Dst: 1, Data: bytes.Repeat([]byte{9}, 1000)}
+	want := AppendFrame([]byte("prefix"), OpCopyHtoD, FlagAsync, 77, req.Append(nil))
+	if got := AppendBodyFrame([]byte("prefix"), OpCopyHtoD, FlagAsync, 77, req); !bytes.Equal(got, want) {
+		t.Fatal("AppendBodyFrame differs from AppendFrame of the same body")
+	}
+}

@@ -122,6 +122,20 @@ func AppendFrame(dst []byte, op Opcode, flags uint16, requestID uint64, payload 
 	return append(dst, payload...)
 }
 
+// AppendBodyFrame appends a complete frame whose payload is body's
+// encoding, encoding it in place (one copy of bulk data, not two).
+func AppendBodyFrame(dst []byte, op Opcode, flags uint16, requestID uint64, body Body) []byte {
+	start := len(dst)
+	dst = AppendFrame(dst, op, flags, requestID, nil)
+	dst = body.Append(dst)
+	h := dst[start:]
+	binary.LittleEndian.PutUint32(h[20:], uint32(len(h)-HeaderSize))
+	crc := crc32.Update(0, castagnoli, h[:24])
+	crc = crc32.Update(crc, castagnoli, h[HeaderSize:])
+	binary.LittleEndian.PutUint32(h[24:], crc)
+	return dst
+}
+
 // ParseHeader decodes and checks a frame header, without its checksum.
 func ParseHeader(b []byte, maxPayload int) (Header, error) {
 	if len(b) < HeaderSize {

@@ -1,0 +1,245 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// ReplicateOptions sets the replication benchmark's size.
+type ReplicateOptions struct {
+	BulkBytes int // bytes copied per bulk timing
+	Rounds    int
+	Calls     int // small calls per latency timing
+	Progress  io.Writer
+}
+
+// ThroughputRow is one bulk-copy configuration.
+type ThroughputRow struct {
+	Path      string  `json:"path"`
+	MBPerSec  float64 `json:"mb_per_s"`
+	VsTCPCopy float64 `json:"vs_tcp_copy"`
+}
+
+// LatencyRow is one small synchronous call under one mode.
+type LatencyRow struct {
+	Call    string  `json:"call"`
+	Mode    string  `json:"mode"`
+	NsPerOp float64 `json:"ns_per_op"`
+	AddedNs float64 `json:"added_ns"` // over no replication
+}
+
+// ReplicateReport is what `vgpuha bench replicate` prints.
+type ReplicateReport struct {
+	Throughput []ThroughputRow `json:"throughput"`
+	Latency    []LatencyRow    `json:"latency"`
+}
+
+// Replicate measures bulk host-to-device copy throughput with a standby
+// applying every byte against a plain TCP copy of the same bytes on
+// loopback, and the latency a small synchronous call gains in each mode.
+// Configurations run interleaved, round by round.
+func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
+	if opts.BulkBytes <= 0 {
+		opts.BulkBytes = 256 << 20
+	}
+	if opts.Rounds <= 0 {
+		opts.Rounds = 5
+	}
+	if opts.Calls <= 0 {
+		opts.Calls = 1000
+	}
+	type node struct {
+		name string
+		c    *cluster.Cluster
+		g    *pvdriver.Client
+		buf  pvdriver.DevicePtr
+	}
+	modes := []struct {
+		name string
+		opts cluster.Options
+	}{
+		{"none", cluster.Options{}},
+		{"sync", cluster.Options{Replicate: true, Mode: replicate.ModeSync, StartStandby: true}},
+		{"commit", cluster.Options{Replicate: true, Mode: replicate.ModeCommit, StartStandby: true}},
+		{"async", cluster.Options{Replicate: true, Mode: replicate.ModeAsync, StartStandby: true}},
+		{"epoch", cluster.Options{Replicate: true, Mode: replicate.ModeEpoch, StartStandby: true}},
+	}
+	var nodes []node
+	defer func() {
+		for _, n := range nodes {
+			n.g.Close()
+			n.c.Close()
+		}
+	}()
+	for _, m := range modes {
+		c, err := cluster.Start(m.opts)
+		if err != nil {
+			return ReplicateReport{}, err
+		}
+		if m.opts.Replicate {
+			if err := c.WaitProtected(10 * time.Second); err != nil {
+				c.Close()
+				return ReplicateReport{}, err
+			}
+		}
+		g, err := c.Guest("bench")
+		if err != nil {
+			c.Close()
+			return ReplicateReport{}, err
+		}
+		p, err := g.Alloc(uint64(opts.BulkBytes))
+		if err != nil {
+			return ReplicateReport{}, err
+		}
+		nodes = append(nodes, node{m.name, c, g, p})
+	}
+	data := make([]byte, opts.BulkBytes)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	tcpCopy, closeTCP, err := plainTCP()
+	if err != nil {
+		return ReplicateReport{}, err
+	}
+	defer closeTCP()
+
+	// bulk copies: unreplicated, replicated in commit mode (a D->H read at
+	// the end waits until the standby applied every byte), plain TCP.
+	bulk := func(n node) func() error {
+		return func() error {
+			if err := n.g.CopyHtoD(n.buf, data); err != nil {
+				return err
+			}
+			return n.g.CopyDtoH(make([]byte, 8), n.buf)
+		}
+	}
+	paths := []struct {
+		name string
+		run  func() error
+	}{
+		{"tcp copy (loopback)", func() error { return tcpCopy(data) }},
+		{"pv copy, no replication", bulk(nodes[0])},
+		{"pv copy, replicated (commit)", bulk(nodes[2])},
+	}
+	bulkNs := make([][]float64, len(paths))
+	lat := make([][2][]float64, len(nodes))
+	small := make([]byte, 64)
+	for round := 0; round < opts.Rounds; round++ {
+		for i, p := range paths {
+			start := time.Now()
+			if err := p.run(); err != nil {
+				return ReplicateReport{}, fmt.Errorf("%s: %w", p.name, err)
+			}
+			bulkNs[i] = append(bulkNs[i], float64(time.Since(start).Nanoseconds()))
+		}
+		for i, n := range nodes {
+			start := time.Now()
+			for range opts.Calls {
+				if err := n.g.CopyHtoD(n.buf, small); err != nil {
+					return ReplicateReport{}, err
+				}
+			}
+			lat[i][0] = append(lat[i][0], float64(time.Since(start).Nanoseconds())/float64(opts.Calls))
+			start = time.Now()
+			for range opts.Calls {
+				if err := n.g.CopyDtoH(small, n.buf); err != nil {
+					return ReplicateReport{}, err
+				}
+			}
+			lat[i][1] = append(lat[i][1], float64(time.Since(start).Nanoseconds())/float64(opts.Calls))
+		}
+		if opts.Progress != nil {
+			fmt.Fprintf(opts.Progress, "round %d/%d done\n", round+1, opts.Rounds)
+		}
+	}
+	var rep ReplicateReport
+	base := median(bulkNs[0])
+	for i, p := range paths {
+		ns := median(bulkNs[i])
+		rep.Throughput = append(rep.Throughput, ThroughputRow{Path: p.name,
+			MBPerSec: float64(opts.BulkBytes) / ns * 1e3, VsTCPCopy: base / ns})
+	}
+	for ci, call := range []string{"copy_htod_64B", "copy_dtoh_64B"} {
+		none := median(lat[0][ci])
+		for i, n := range nodes {
+			m := median(lat[i][ci])
+			rep.Latency = append(rep.Latency, LatencyRow{Call: call, Mode: n.name, NsPerOp: m, AddedNs: m - none})
+		}
+	}
+	return rep, nil
+}
+
+// plainTCP returns a function that sends bytes over a loopback TCP
+// connection to a reader that discards them, and waits for the reader's
+// one-byte acknowledgement: the floor for shipping the same bytes.
+func plainTCP() (func([]byte) error, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var hdr [8]byte
+		for {
+			if _, err := io.ReadFull(c, hdr[:]); err != nil {
+				return
+			}
+			n := int64(0)
+			for i := 0; i < 8; i++ {
+				n |= int64(hdr[i]) << (8 * i)
+			}
+			if _, err := io.CopyN(io.Discard, c, n); err != nil {
+				return
+			}
+			c.Write([]byte{1})
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		ln.Close()
+		return nil, nil, err
+	}
+	send := func(b []byte) error {
+		var hdr [8]byte
+		for i := 0; i < 8; i++ {
+			hdr[i] = byte(len(b) >> (8 * i))
+		}
+		if _, err := c.Write(hdr[:]); err != nil {
+			return err
+		}
+		if _, err := c.Write(b); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(c, hdr[:1])
+		return err
+	}
+	return send, func() { c.Close(); ln.Close() }, nil
+}
+
+// PrintReplicate writes the report as two tables.
+func PrintReplicate(w io.Writer, rep ReplicateReport) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "bulk host->device copy\tMB/s\tvs tcp copy\t")
+	for _, r := range rep.Throughput {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f\t\n", r.Path, r.MBPerSec, r.VsTCPCopy)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "small sync call\tmode\tns/op\tadded ns\t")
+	for _, r := range rep.Latency {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%+.0f\t\n", r.Call, r.Mode, r.NsPerOp, r.AddedNs)
+	}
+	tw.Flush()
+}
