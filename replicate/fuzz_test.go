@@ -30,7 +30,8 @@ func FuzzLinkRead(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, _ := net.Pipe()
 		defer a.Close()
-		l := newLink(a, bufio.NewReader(bytes.NewReader(b)), []byte("k"), []byte("k"))
+		k := bytes.Repeat([]byte("k"), 32)
+		l := newLink(a, bufio.NewReader(bytes.NewReader(b)), k, k)
 		for {
 			if _, _, err := l.read(); err != nil {
 				return

@@ -215,7 +215,7 @@ func (s *Sender) session(ctx context.Context) error {
 }
 
 func (s *Sender) send(l *link, r *Record) error {
-	buf := AppendRecord(make([]byte, 0, r.Size()), r)
+	buf := AppendRecord(make([]byte, 0, r.Size()+macSize), r) // room for the seal's tag
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.sentBytes.Add(float64(len(buf)))
 		s.cfg.Metrics.sentOps.Inc()

@@ -2,29 +2,34 @@ package replicate
 
 import (
 	"bufio"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash"
 	"hash/crc32"
 	"io"
 	"net"
 	"time"
 )
 
-// Link authentication: a pre-shared key and HMAC-SHA256.
+// Link security: a pre-shared key, HMAC-SHA256 for the handshake, AES-256-GCM
+// for the frames.
 //
-// Both ends prove they hold the key by MACing the other's fresh nonce; the
-// frames that follow carry a CRC32C (to tell corruption from forgery in the
-// logs) and a MAC under a per-direction key derived from both nonces, over a
-// frame counter too, so frames cannot be forged, replayed, reordered or
-// spliced in from another connection. Chosen over mutual TLS because it needs
-// one secret file on two hosts instead of a CA; the stream is authenticated,
-// not encrypted (run it on a private replication network, or under IPsec or
-// WireGuard, if device memory contents are secret on the wire).
+// Both ends prove they hold the key by MACing the other's fresh nonce. Each
+// direction then gets its own AES-256-GCM key derived from the key and both
+// nonces, and every frame is sealed with a nonce that is the frame counter:
+// frames cannot be read, forged, replayed, reordered or spliced in from
+// another connection. A CRC32C over the sealed bytes tells corruption on the
+// wire from forgery in the logs. AES-GCM rather than HMAC-SHA256 per frame:
+// measured on this project's 2-core machines, HMAC-SHA256 over bulk copies
+// took a third of all CPU time in a replicated copy; AES-GCM (AES-NI and
+// carry-less multiply) is several times cheaper and also keeps device memory
+// contents off the wire in clear. A pre-shared key rather than mutual TLS:
+// one secret file on two hosts instead of a CA.
 
 var (
 	// ErrAuth: the peer does not hold the replication key.
@@ -68,8 +73,8 @@ type link struct {
 	c      net.Conn
 	r      *bufio.Reader
 	w      *bufio.Writer
-	sendM  hash.Hash
-	recvM  hash.Hash
+	sendK  cipher.AEAD
+	recvK  cipher.AEAD
 	sendN  uint64
 	recvN  uint64
 	rbuf   []byte
@@ -152,38 +157,43 @@ func serverHandshake(c net.Conn, key []byte, timeout time.Duration) (*link, erro
 }
 
 func newLink(c net.Conn, br *bufio.Reader, sendKey, recvKey []byte) *link {
-	return &link{
-		c: c, r: br, w: bufio.NewWriterSize(c, 256<<10),
-		sendM: hmac.New(sha256.New, sendKey),
-		recvM: hmac.New(sha256.New, recvKey),
-	}
+	return &link{c: c, r: br, w: bufio.NewWriterSize(c, 256<<10), sendK: gcm(sendKey), recvK: gcm(recvKey)}
 }
 
-// write queues one frame; flush sends what is queued. Only one goroutine
-// writes.
+// gcm returns AES-256-GCM under a 32-byte derived key.
+func gcm(key []byte) cipher.AEAD {
+	b, err := aes.NewCipher(key[:32])
+	if err != nil {
+		panic(err) // unreachable: the key is a SHA-256 output
+	}
+	a, err := cipher.NewGCM(b)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
+func nonce(n uint64) []byte {
+	var b [12]byte
+	binary.LittleEndian.PutUint64(b[4:], n)
+	return b[:]
+}
+
+// write queues one frame, sealing payload in place (the caller gives up
+// payload). flush sends what is queued. Only one goroutine writes.
 func (l *link) write(typ uint16, payload []byte) error {
 	var h [frameHeader]byte
 	binary.LittleEndian.PutUint32(h[0:], frameMagic)
 	binary.LittleEndian.PutUint16(h[4:], typ)
 	binary.LittleEndian.PutUint32(h[8:], uint32(len(payload)))
-	crc := crc32.Update(crc32.Update(0, castagnoli, h[:12]), castagnoli, payload)
-	binary.LittleEndian.PutUint32(h[12:], crc)
-	var ctr [8]byte
-	binary.LittleEndian.PutUint64(ctr[:], l.sendN)
+	sealed := l.sendK.Seal(payload[:0], nonce(l.sendN), payload, h[:12])
 	l.sendN++
-	l.sendM.Reset()
-	l.sendM.Write(ctr[:])
-	l.sendM.Write(h[:])
-	l.sendM.Write(payload)
-	var sum [sha256.Size]byte
-	tag := l.sendM.Sum(sum[:0])[:macSize]
+	crc := crc32.Update(crc32.Update(0, castagnoli, h[:12]), castagnoli, sealed)
+	binary.LittleEndian.PutUint32(h[12:], crc)
 	if _, err := l.w.Write(h[:]); err != nil {
 		return err
 	}
-	if _, err := l.w.Write(payload); err != nil {
-		return err
-	}
-	_, err := l.w.Write(tag)
+	_, err := l.w.Write(sealed)
 	return err
 }
 
@@ -213,21 +223,14 @@ func (l *link) read() (uint16, []byte, error) {
 		}
 		return 0, nil, err
 	}
-	payload, tag := buf[:n], buf[n:]
-	if crc32.Update(crc32.Update(0, castagnoli, h[:12]), castagnoli, payload) != binary.LittleEndian.Uint32(h[12:]) {
+	if crc32.Update(crc32.Update(0, castagnoli, h[:12]), castagnoli, buf) != binary.LittleEndian.Uint32(h[12:]) {
 		return 0, nil, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
-	var ctr [8]byte
-	binary.LittleEndian.PutUint64(ctr[:], l.recvN)
-	l.recvN++
-	l.recvM.Reset()
-	l.recvM.Write(ctr[:])
-	l.recvM.Write(h)
-	l.recvM.Write(payload)
-	var sum [sha256.Size]byte
-	if !hmac.Equal(l.recvM.Sum(sum[:0])[:macSize], tag) {
-		return 0, nil, fmt.Errorf("%w: MAC mismatch", ErrCorrupt)
+	payload, err := l.recvK.Open(buf[:0], nonce(l.recvN), buf, h[:12])
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
 	}
+	l.recvN++
 	return binary.LittleEndian.Uint16(h[4:]), payload, nil
 }
 
