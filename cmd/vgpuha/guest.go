@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -28,6 +30,7 @@ func runGuest(args []string) error {
 	size := fs.Int("size", 0, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	guestName := fs.String("name", "guest", "guest name shown in the hypervisor's status")
+	hold := fs.Bool("hold", false, "keep the session (and its device memory) open after the workloads until SIGINT/SIGTERM")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -56,6 +59,12 @@ func runGuest(args []string) error {
 	}
 	if !rep.Verified {
 		return fmt.Errorf("some results are wrong")
+	}
+	if *hold {
+		fmt.Fprintln(os.Stderr, "guest: holding the session open until SIGINT/SIGTERM")
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
 	}
 	return nil
 }

@@ -225,3 +225,74 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo verified %d workloads, want %d:\n%s", verified, len(workload.Names()), out)
 	}
 }
+
+// TestReplicationProcesses runs a standby and a primary as separate
+// processes, guests that keep their sessions open, and `vgpuha verify`.
+func TestReplicationProcesses(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	replAddr, adminAddr := freePort(t), freePort(t)
+	sock := filepath.Join(dir, "g.sock")
+
+	sb := &proc{cmd: exec.Command(binary, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile), stderr: &syncBuffer{}}
+	sb.cmd.Stderr = sb.stderr
+	if err := sb.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sb.cmd.Process.Kill(); sb.cmd.Wait() }()
+	startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr,
+		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile, "--mode", "commit")
+
+	var holders []*exec.Cmd
+	defer func() {
+		for _, h := range holders {
+			h.Process.Signal(syscall.SIGTERM)
+			h.Wait()
+		}
+	}()
+	for i := 0; i < 2; i++ {
+		h := exec.Command(binary, "guest", "--endpoint", "unix://"+sock, "--workload", "all", "--hold")
+		stderr := &syncBuffer{}
+		h.Stderr = stderr
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, h)
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(stderr.String(), "holding the session") {
+			if time.Now().After(deadline) || h.ProcessState != nil {
+				t.Fatalf("guest did not finish its workloads: %s", stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	out, err := exec.Command(binary, "verify", "--admin", adminAddr, "--json").Output()
+	if err != nil {
+		t.Fatalf("verify: %v\n%s\nstandby log:\n%s", err, out, sb.stderr.String())
+	}
+	var rep struct {
+		Match      bool
+		Objects    int
+		Bytes      uint64
+		Mismatches []any
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("verify output %q: %v", out, err)
+	}
+	if !rep.Match || rep.Objects < 2*len(workload.Names()) || rep.Bytes == 0 {
+		t.Fatalf("verify report: %+v", rep)
+	}
+	// A standby refuses a primary with another key.
+	bad := filepath.Join(dir, "bad")
+	os.WriteFile(bad, []byte("some-other-key-entirely-123456"), 0o600)
+	startPrimary(t, "--guest-listen", "unix://"+filepath.Join(dir, "b.sock"),
+		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", bad)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(sb.stderr.String(), "refused replication peer") {
+		if time.Now().After(deadline) {
+			t.Fatalf("standby did not refuse a primary with the wrong key:\n%s", sb.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
