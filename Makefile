@@ -3,7 +3,7 @@ GO       ?= go
 FUZZTIME ?= 30s
 RACE     ?= -race
 
-.PHONY: help build demo setup test test-short fuzz bench vet
+.PHONY: help build demo setup test test-short fuzz bench vet gpu-test
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -32,3 +32,8 @@ fuzz: ## run every fuzz target for FUZZTIME and keep the corpus in testdata/
 bench: build ## run the benchmarks and print their reports
 	./bin/vgpuha bench pv
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/
+
+gpu-test: ## on a machine with an NVIDIA GPU: CUDA backend tests, two-process replication on the GPU, GPU benchmarks
+	CGO_ENABLED=0 $(GO) build -o bin/vgpuha ./cmd/vgpuha
+	CGO_ENABLED=0 $(GO) test -c -o bin/cuda.test ./hypervisor/cuda
+	./scripts/gpu-test.sh bin

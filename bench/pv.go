@@ -36,6 +36,8 @@ type PVOptions struct {
 	Batch  int // operations per timing
 	// Progress, when set, receives one line per round.
 	Progress io.Writer
+	// NewBackend makes the GPU; nil means the software GPU.
+	NewBackend func() (gpu.Backend, error)
 }
 
 // PVRow is one measured configuration.
@@ -74,7 +76,14 @@ func PV(opts PVOptions) ([]PVRow, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(),
+	if opts.NewBackend == nil {
+		opts.NewBackend = func() (gpu.Backend, error) { return sim.New(1 << 30), nil }
+	}
+	backend, err := opts.NewBackend()
+	if err != nil {
+		return nil, err
+	}
+	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return nil, err
@@ -91,7 +100,7 @@ func PV(opts PVOptions) ([]PVRow, error) {
 	go srv.Serve(unixLn)
 	go srv.Serve(tcpLn)
 
-	direct, err := directTarget()
+	direct, err := directTarget(backend)
 	if err != nil {
 		return nil, err
 	}
@@ -159,15 +168,15 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// directTarget calls a software-GPU context in-process: the floor any
+// directTarget calls a backend context in-process: the floor any
 // paravirtual path is compared with.
-func directTarget() (target, error) {
-	ctx, err := sim.New(1<<30).NewContext(0x7e0000000000, 1<<30)
+func directTarget(backend gpu.Backend) (target, error) {
+	ctx, err := backend.NewContext(0x7f0000000000, 1<<30)
 	if err != nil {
 		return target{}, err
 	}
-	const base = 0x7e0000000000
-	if err := ctx.Alloc(base, 1<<20); err != nil {
+	base, _ := ctx.Window()
+	if err := ctx.Alloc(base, 2<<20); err != nil {
 		return target{}, err
 	}
 	img, _ := kernels.Image("vadd")
@@ -184,7 +193,7 @@ func directTarget() (target, error) {
 	args := []abi.Arg{abi.Ptr(base), abi.Ptr(base + 4096), abi.Ptr(base + 8192), abi.U32(256)}
 	cfg := gpu.LaunchConfig{Grid: abi.Dim3{X: 1, Y: 1, Z: 1}, Block: abi.Dim3{X: 256, Y: 1, Z: 1}}
 	return target{
-		transport: "direct",
+		transport: "direct-" + backend.Name(),
 		syncCall:  func() error { return ctx.CopyHtoD(base, payload, 0) },
 		launch:    func() error { return ctx.Launch(f, cfg, args, 0) },
 		flush:     ctx.Sync,

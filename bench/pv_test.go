@@ -16,7 +16,7 @@ func TestPVRuns(t *testing.T) {
 		t.Fatalf("got %d rows, want 2 ops x 3 transports", len(rows))
 	}
 	for _, r := range rows {
-		if r.NsPerOp <= 0 || (r.Transport == "direct" && r.VsDirect != 1) {
+		if r.NsPerOp <= 0 || (r.Transport == "direct-sim" && r.VsDirect != 1) {
 			t.Errorf("implausible row %+v", r)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/internal/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -18,6 +19,8 @@ type ReplicateOptions struct {
 	Rounds    int
 	Calls     int // small calls per latency timing
 	Progress  io.Writer
+	// NewBackend makes each node's GPU; nil means the software GPU.
+	NewBackend func() (gpu.Backend, error)
 }
 
 // ThroughputRow is one bulk-copy configuration.
@@ -79,6 +82,7 @@ func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
 		}
 	}()
 	for _, m := range modes {
+		m.opts.NewBackend = opts.NewBackend
 		c, err := cluster.Start(m.opts)
 		if err != nil {
 			return ReplicateReport{}, err

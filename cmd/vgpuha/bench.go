@@ -26,11 +26,14 @@ func runBenchPV(args []string) error {
 	var opts bench.PVOptions
 	fs.IntVar(&opts.Rounds, "rounds", 7, "interleaved rounds; the report gives each configuration's median")
 	fs.IntVar(&opts.Batch, "batch", 2000, "operations per timed batch")
+	var bf backendFlags
+	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	opts.Progress = os.Stderr
+	opts.NewBackend = bf.open
 	rows, err := bench.PV(opts)
 	if err != nil {
 		return err
@@ -38,7 +41,7 @@ func runBenchPV(args []string) error {
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(rows)
 	}
-	fmt.Println("paravirtual call cost vs the software GPU called in-process (medians of interleaved rounds)")
+	fmt.Println("paravirtual call cost vs the same backend called in-process (medians of interleaved rounds)")
 	bench.PrintPV(os.Stdout, rows)
 	return nil
 }
@@ -49,11 +52,14 @@ func runBenchReplicate(args []string) error {
 	fs.IntVar(&opts.BulkBytes, "bulk-bytes", 256<<20, "bytes per bulk copy timing")
 	fs.IntVar(&opts.Rounds, "rounds", 5, "interleaved rounds; the report gives medians")
 	fs.IntVar(&opts.Calls, "calls", 1000, "small calls per latency timing")
+	var bf backendFlags
+	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	opts.Progress = os.Stderr
+	opts.NewBackend = bf.open
 	rep, err := bench.Replicate(opts)
 	if err != nil {
 		return err

@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
@@ -22,6 +21,8 @@ import (
 func runDemo(args []string) error {
 	fs := newFlags("demo", "[flags]")
 	size := fs.Int("size", 0, "problem size for every workload (0: defaults)")
+	var bf backendFlags
+	bf.register(fs)
 	newLog := logFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -34,7 +35,11 @@ func runDemo(args []string) error {
 	defer os.RemoveAll(dir)
 	endpoint := "unix://" + filepath.Join(dir, "guest.sock")
 
-	srv, err := hypervisor.NewServer(sim.New(4<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(),
+	backend, err := bf.open()
+	if err != nil {
+		return err
+	}
+	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		return err
@@ -45,7 +50,7 @@ func runDemo(args []string) error {
 	}
 	go srv.Serve(ln)
 	defer srv.Close()
-	fmt.Printf("primary: software GPU, guests on %s\n", endpoint)
+	fmt.Printf("primary: %s backend, guests on %s\n", backend.Name(), endpoint)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	c, err := pvdriver.Open(ctx, endpoint, pvdriver.Options{GuestName: "demo"})

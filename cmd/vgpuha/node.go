@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -29,7 +30,7 @@ func (b *backendFlags) register(fs interface {
 	StringVar(*string, string, string, string)
 	Uint64Var(*uint64, string, uint64, string)
 }) {
-	fs.StringVar(&b.name, "backend", "sim", "GPU backend: sim (software GPU)")
+	fs.StringVar(&b.name, "backend", "auto", "GPU backend: cuda (NVIDIA GPU through the CUDA driver API), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
 	fs.Uint64Var(&b.simMemory, "sim.memory-bytes", 8<<30, "device memory of the software GPU")
 	fs.Uint64Var(&b.simShift, "sim.base-shift", 0, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
 }
@@ -40,8 +41,17 @@ func (b *backendFlags) open() (gpu.Backend, error) {
 		s := sim.New(b.simMemory)
 		s.BaseShift = b.simShift
 		return s, nil
+	case "cuda":
+		return cuda.New(0)
+	case "auto":
+		c, err := cuda.New(0)
+		if err == nil {
+			return c, nil
+		}
+		b.name = "sim"
+		return b.open()
 	}
-	return nil, fmt.Errorf("unknown backend %q (have: sim)", b.name)
+	return nil, fmt.Errorf("unknown backend %q (have: cuda, sim, auto)", b.name)
 }
 
 // configFlags registers the hypervisor's limits.

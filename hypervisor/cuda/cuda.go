@@ -1,0 +1,449 @@
+// Package cuda is a gpu.Backend on a real NVIDIA GPU through the CUDA
+// driver API, loaded at run time (see driver.go).
+//
+// Each guest session gets its own CUDA context, driven by one goroutine
+// locked to one OS thread (a context is current per thread; calls from
+// another thread fail with CUDA_ERROR_INVALID_CONTEXT, seen as error 201).
+// The session's device-address window is reserved with cuMemAddressReserve at
+// the base the hypervisor asks for; the driver treats that address as a hint,
+// so the base it really got is reported by Window and the caller translates
+// when it differs. Allocations are physical memory created with cuMemCreate
+// and mapped at the allocator's addresses with cuMemMap + cuMemSetAccess;
+// Free unmaps and releases them, returning the memory.
+//
+// Isolation note: contexts of one process share its GPU virtual address
+// space, so a kernel with a wild pointer could reach another session's
+// mapping in the same process. The hypervisor checks every pointer argument
+// and only library kernels run on the software GPU; on CUDA, run untrusted
+// guests in separate primary processes (one per guest) for hard isolation.
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Backend is one CUDA device.
+type Backend struct {
+	d       *driver
+	dev     int32
+	gran    uint64
+	devName string
+	version int32
+}
+
+// New opens CUDA device ordinal. It fails with ErrNoDriver where libcuda is
+// absent.
+func New(ordinal int) (*Backend, error) {
+	d, err := load()
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{d: d}
+	err = onThread(func() error {
+		if err := d.check("cuInit", d.cuInit(0)); err != nil {
+			return err
+		}
+		d.cuDriverGetVersion(&b.version)
+		if err := d.check("cuDeviceGet", d.cuDeviceGet(&b.dev, int32(ordinal))); err != nil {
+			return err
+		}
+		name := make([]byte, 256)
+		d.cuDeviceGetName(&name[0], int32(len(name)), b.dev)
+		b.devName = cstring(&name[0])
+		prop := b.prop()
+		return d.check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(&b.gran, &prop, 0))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// onThread runs fn on a fresh locked OS thread.
+func onThread(fn func() error) error {
+	ch := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		ch <- fn()
+	}()
+	return <-ch
+}
+
+func (b *Backend) prop() memAllocationProp {
+	return memAllocationProp{typ: 1, locationType: 1, locationID: b.dev}
+}
+
+// Name implements gpu.Backend.
+func (b *Backend) Name() string { return "cuda" }
+
+// Device describes the GPU.
+func (b *Backend) Device() string {
+	return fmt.Sprintf("%s (driver API %d.%d, allocation granularity %d KiB)", b.devName, b.version/1000, b.version%1000/10, b.gran>>10)
+}
+
+// Close implements gpu.Backend.
+func (b *Backend) Close() error { return nil }
+
+// NewContext implements gpu.Backend.
+func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
+	c := &context{
+		b: b, d: b.d, size: size,
+		calls:     make(chan func(), 64),
+		allocs:    map[uint64]mapping{},
+		modules:   map[gpu.Module]map[string]uintptr{},
+		functions: map[gpu.Function]uintptr{},
+		streams:   map[gpu.Stream]uintptr{},
+	}
+	ready := make(chan error)
+	go c.worker(base, ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+type mapping struct {
+	size   uint64 // rounded to the granularity
+	handle uint64
+}
+
+type context struct {
+	b     *Backend
+	d     *driver
+	calls chan func()
+
+	// Owned by the worker goroutine.
+	ctx       uintptr
+	base      uint64
+	size      uint64
+	allocs    map[uint64]mapping
+	modules   map[gpu.Module]map[string]uintptr
+	functions map[gpu.Function]uintptr
+	streams   map[gpu.Stream]uintptr
+	nextID    uint64
+}
+
+// worker owns the CUDA context: it creates it, runs every call on the same
+// OS thread, and destroys it.
+func (c *context) worker(base uint64, ready chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d := c.d
+	if err := d.check("cuCtxCreate", d.cuCtxCreate(&c.ctx, 0, c.b.dev)); err != nil {
+		ready <- err
+		return
+	}
+	var got uint64
+	if err := d.check("cuMemAddressReserve", d.cuMemAddressReserve(&got, c.size, 0, base, 0)); err != nil {
+		d.cuCtxDestroy(c.ctx)
+		ready <- err
+		return
+	}
+	c.base = got
+	ready <- nil
+	for fn := range c.calls {
+		fn()
+	}
+}
+
+// do runs fn on the context's thread.
+func (c *context) do(fn func() error) error {
+	ch := make(chan error, 1)
+	c.calls <- func() { ch <- fn() }
+	return <-ch
+}
+
+func (c *context) Window() (uint64, uint64) { return c.base, c.size }
+
+func roundUp(v, a uint64) uint64 { return (v + a - 1) / a * a }
+
+func (c *context) inWindow(addr, n uint64) error {
+	if addr < c.base || n > c.size || addr-c.base > c.size-n {
+		return fmt.Errorf("%w: [%#x, +%d) is outside the context's window", abi.StatusOutOfRange, addr, n)
+	}
+	return nil
+}
+
+func (c *context) Alloc(addr, size uint64) error {
+	return c.do(func() error {
+		d := c.d
+		rounded := roundUp(size, c.b.gran)
+		if addr%c.b.gran != 0 {
+			return fmt.Errorf("%w: address %#x is not aligned to the %d-byte granularity", abi.StatusInvalidValue, addr, c.b.gran)
+		}
+		if err := c.inWindow(addr, rounded); err != nil {
+			return err
+		}
+		prop := c.b.prop()
+		var h uint64
+		if err := d.check("cuMemCreate", d.cuMemCreate(&h, rounded, &prop, 0)); err != nil {
+			return err
+		}
+		if err := d.check("cuMemMap", d.cuMemMap(addr, rounded, 0, h, 0)); err != nil {
+			d.cuMemRelease(h)
+			return err
+		}
+		desc := memAccessDesc{locationType: 1, locationID: c.b.dev, flags: 3}
+		if err := d.check("cuMemSetAccess", d.cuMemSetAccess(addr, rounded, &desc, 1)); err != nil {
+			d.cuMemUnmap(addr, rounded)
+			d.cuMemRelease(h)
+			return err
+		}
+		c.allocs[addr] = mapping{size: rounded, handle: h}
+		return nil
+	})
+}
+
+func (c *context) Free(addr uint64) error {
+	return c.do(func() error { return c.free(addr) })
+}
+
+func (c *context) free(addr uint64) error {
+	m, ok := c.allocs[addr]
+	if !ok {
+		return fmt.Errorf("%w: no allocation at %#x", abi.StatusInvalidValue, addr)
+	}
+	c.d.cuCtxSynchronize()
+	if err := c.d.check("cuMemUnmap", c.d.cuMemUnmap(addr, m.size)); err != nil {
+		return err
+	}
+	delete(c.allocs, addr)
+	return c.d.check("cuMemRelease", c.d.cuMemRelease(m.handle))
+}
+
+func (c *context) stream(s gpu.Stream) (uintptr, error) {
+	if s == 0 {
+		return 0, nil
+	}
+	h, ok := c.streams[s]
+	if !ok {
+		return 0, fmt.Errorf("%w: no stream %d", abi.StatusInvalidHandle, s)
+	}
+	return h, nil
+}
+
+func (c *context) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return c.do(func() error {
+		st, err := c.stream(s)
+		if err != nil {
+			return err
+		}
+		if st == 0 {
+			return c.d.check("cuMemcpyHtoD", c.d.cuMemcpyHtoD(dst, unsafe.Pointer(&src[0]), uint64(len(src))))
+		}
+		// From pageable memory this returns once src has been staged
+		// (CUDA Runtime API, "API synchronization behavior").
+		return c.d.check("cuMemcpyHtoDAsync", c.d.cuMemcpyHtoDAsync(dst, unsafe.Pointer(&src[0]), uint64(len(src)), st))
+	})
+}
+
+func (c *context) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	return c.do(func() error {
+		st, err := c.stream(s)
+		if err != nil {
+			return err
+		}
+		if st != 0 {
+			if err := c.d.check("cuStreamSynchronize", c.d.cuStreamSynchronize(st)); err != nil {
+				return err
+			}
+		}
+		return c.d.check("cuMemcpyDtoH", c.d.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), src, uint64(len(dst))))
+	})
+}
+
+func (c *context) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
+	return c.do(func() error {
+		st, err := c.stream(s)
+		if err != nil {
+			return err
+		}
+		return c.d.check("cuMemcpyDtoDAsync", c.d.cuMemcpyDtoDAsync(dst, src, size, st))
+	})
+}
+
+func (c *context) Memset(dst uint64, width int, value uint32, count uint64, s gpu.Stream) error {
+	return c.do(func() error {
+		st, err := c.stream(s)
+		if err != nil {
+			return err
+		}
+		switch width {
+		case 1:
+			return c.d.check("cuMemsetD8Async", c.d.cuMemsetD8Async(dst, uint8(value), count, st))
+		case 4:
+			return c.d.check("cuMemsetD32Async", c.d.cuMemsetD32Async(dst, value, count, st))
+		}
+		return fmt.Errorf("%w: memset width %d", abi.StatusInvalidValue, width)
+	})
+}
+
+func cbytes(s string) []byte { return append([]byte(s), 0) }
+
+func (c *context) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
+	var id gpu.Module
+	err := c.do(func() error {
+		loaded := map[string]uintptr{}
+		for _, k := range img.Kernels {
+			ptx := cbytes(k.PTX)
+			var m uintptr
+			if err := c.d.check("cuModuleLoadData("+k.Name+")", c.d.cuModuleLoadData(&m, &ptx[0])); err != nil {
+				for _, m := range loaded {
+					c.d.cuModuleUnload(m)
+				}
+				return err
+			}
+			loaded[k.Name] = m
+		}
+		c.nextID++
+		id = gpu.Module(c.nextID)
+		c.modules[id] = loaded
+		return nil
+	})
+	return id, err
+}
+
+func (c *context) UnloadModule(m gpu.Module) error {
+	return c.do(func() error {
+		loaded, ok := c.modules[m]
+		if !ok {
+			return fmt.Errorf("%w: no module %d", abi.StatusInvalidHandle, m)
+		}
+		c.d.cuCtxSynchronize()
+		for _, cm := range loaded {
+			c.d.cuModuleUnload(cm)
+		}
+		delete(c.modules, m)
+		return nil
+	})
+}
+
+func (c *context) Function(m gpu.Module, name string) (gpu.Function, error) {
+	var id gpu.Function
+	err := c.do(func() error {
+		cm, ok := c.modules[m][name]
+		if !ok {
+			return fmt.Errorf("%w: module %d has no kernel %q", abi.StatusInvalidValue, m, name)
+		}
+		var f uintptr
+		cname := cbytes(name)
+		if err := c.d.check("cuModuleGetFunction", c.d.cuModuleGetFunction(&f, cm, &cname[0])); err != nil {
+			return err
+		}
+		c.nextID++
+		id = gpu.Function(c.nextID)
+		c.functions[id] = f
+		return nil
+	})
+	return id, err
+}
+
+func (c *context) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
+	return c.do(func() error {
+		fn, ok := c.functions[f]
+		if !ok {
+			return fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
+		}
+		st, err := c.stream(s)
+		if err != nil {
+			return err
+		}
+		// kernelParams is an array of pointers, one per parameter, each to
+		// the parameter's value (cuLaunchKernel, CUDA Driver API).
+		values := make([]uint64, len(args))
+		params := make([]unsafe.Pointer, len(args)+1)
+		for i, a := range args {
+			if a.Kind == abi.ArgBytes {
+				if len(a.Raw) == 0 {
+					params[i] = unsafe.Pointer(&values[i])
+				} else {
+					params[i] = unsafe.Pointer(&a.Raw[0])
+				}
+				continue
+			}
+			values[i] = a.Bits
+			params[i] = unsafe.Pointer(&values[i])
+		}
+		r := c.d.cuLaunchKernel(fn, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
+			cfg.SharedBytes, st, unsafe.Pointer(&params[0]), nil)
+		runtime.KeepAlive(values)
+		runtime.KeepAlive(args)
+		return c.d.check("cuLaunchKernel", r)
+	})
+}
+
+func (c *context) CreateStream() (gpu.Stream, error) {
+	var id gpu.Stream
+	err := c.do(func() error {
+		var h uintptr
+		if err := c.d.check("cuStreamCreate", c.d.cuStreamCreate(&h, 0)); err != nil {
+			return err
+		}
+		c.nextID++
+		id = gpu.Stream(c.nextID)
+		c.streams[id] = h
+		return nil
+	})
+	return id, err
+}
+
+func (c *context) DestroyStream(s gpu.Stream) error {
+	return c.do(func() error {
+		h, ok := c.streams[s]
+		if !ok || s == 0 {
+			return fmt.Errorf("%w: no stream %d", abi.StatusInvalidHandle, s)
+		}
+		delete(c.streams, s)
+		return c.d.check("cuStreamDestroy", c.d.cuStreamDestroy(h))
+	})
+}
+
+func (c *context) SyncStream(s gpu.Stream) error {
+	return c.do(func() error {
+		h, err := c.stream(s)
+		if err != nil {
+			return err
+		}
+		return c.d.check("cuStreamSynchronize", c.d.cuStreamSynchronize(h))
+	})
+}
+
+func (c *context) Sync() error {
+	return c.do(func() error { return c.d.check("cuCtxSynchronize", c.d.cuCtxSynchronize()) })
+}
+
+func (c *context) Close() error {
+	err := c.do(func() error {
+		d := c.d
+		d.cuCtxSynchronize()
+		for s, h := range c.streams {
+			d.cuStreamDestroy(h)
+			delete(c.streams, s)
+		}
+		for m, loaded := range c.modules {
+			for _, cm := range loaded {
+				d.cuModuleUnload(cm)
+			}
+			delete(c.modules, m)
+		}
+		for addr := range c.allocs {
+			c.free(addr)
+		}
+		d.cuMemAddressFree(c.base, c.size)
+		return d.check("cuCtxDestroy", d.cuCtxDestroy(c.ctx))
+	})
+	close(c.calls)
+	return err
+}
