@@ -1,9 +1,15 @@
 // Package cuda is a gpu.Backend on a real NVIDIA GPU through the CUDA
 // driver API, loaded at run time (see driver.go).
 //
-// Each guest session gets its own CUDA context, driven by one goroutine
-// locked to one OS thread (a context is current per thread; calls from
-// another thread fail with CUDA_ERROR_INVALID_CONTEXT, seen as error 201).
+// Each guest session gets its own CUDA context. A context is current per OS
+// thread (calls from a thread where it is not current fail with
+// CUDA_ERROR_INVALID_CONTEXT, seen as error 201), so every call locks the
+// calling goroutine to its thread and makes the context current there with
+// cuCtxSetCurrent, under the context's mutex. DESIGN.md suggested one
+// goroutine per context, fed through a channel; measured on an H100, that
+// hand-off between threads cost more than the CUDA calls themselves (a 64-byte
+// cuMemcpyHtoD through it took 31 µs), while cuCtxSetCurrent is a
+// thread-local store.
 // The session's device-address window is reserved with cuMemAddressReserve at
 // the base the hypervisor asks for; the driver treats that address as a hint,
 // so the base it really got is reported by Window and the caller translates
@@ -21,6 +27,7 @@ package cuda
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
@@ -94,15 +101,25 @@ func (b *Backend) Close() error { return nil }
 func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
 	c := &context{
 		b: b, d: b.d, size: size,
-		calls:     make(chan func(), 64),
 		allocs:    map[uint64]mapping{},
 		modules:   map[gpu.Module]map[string]uintptr{},
 		functions: map[gpu.Function]uintptr{},
 		streams:   map[gpu.Stream]uintptr{},
 	}
-	ready := make(chan error)
-	go c.worker(base, ready)
-	if err := <-ready; err != nil {
+	d := b.d
+	err := onThread(func() error {
+		if err := d.check("cuCtxCreate", d.cuCtxCreate(&c.ctx, 0, b.dev)); err != nil {
+			return err
+		}
+		var got uint64
+		if err := d.check("cuMemAddressReserve", d.cuMemAddressReserve(&got, size, 0, base, 0)); err != nil {
+			d.cuCtxDestroy(c.ctx)
+			return err
+		}
+		c.base = got
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -114,11 +131,10 @@ type mapping struct {
 }
 
 type context struct {
-	b     *Backend
-	d     *driver
-	calls chan func()
+	b *Backend
+	d *driver
 
-	// Owned by the worker goroutine.
+	mu        sync.Mutex // held for every call; guards everything below
 	ctx       uintptr
 	base      uint64
 	size      uint64
@@ -129,34 +145,16 @@ type context struct {
 	nextID    uint64
 }
 
-// worker owns the CUDA context: it creates it, runs every call on the same
-// OS thread, and destroys it.
-func (c *context) worker(base uint64, ready chan<- error) {
+// do runs fn with the context current on the calling thread.
+func (c *context) do(fn func() error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	d := c.d
-	if err := d.check("cuCtxCreate", d.cuCtxCreate(&c.ctx, 0, c.b.dev)); err != nil {
-		ready <- err
-		return
+	if err := c.d.check("cuCtxSetCurrent", c.d.cuCtxSetCurrent(c.ctx)); err != nil {
+		return err
 	}
-	var got uint64
-	if err := d.check("cuMemAddressReserve", d.cuMemAddressReserve(&got, c.size, 0, base, 0)); err != nil {
-		d.cuCtxDestroy(c.ctx)
-		ready <- err
-		return
-	}
-	c.base = got
-	ready <- nil
-	for fn := range c.calls {
-		fn()
-	}
-}
-
-// do runs fn on the context's thread.
-func (c *context) do(fn func() error) error {
-	ch := make(chan error, 1)
-	c.calls <- func() { ch <- fn() }
-	return <-ch
+	return fn()
 }
 
 func (c *context) Window() (uint64, uint64) { return c.base, c.size }
@@ -444,6 +442,5 @@ func (c *context) Close() error {
 		d.cuMemAddressFree(c.base, c.size)
 		return d.check("cuCtxDestroy", d.cuCtxDestroy(c.ctx))
 	})
-	close(c.calls)
 	return err
 }
