@@ -39,7 +39,7 @@ func TestReplicateRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Throughput) != 3 || len(rep.Latency) != 10 {
+	if len(rep.Throughput) != 3 || len(rep.Latency) != 10 || len(rep.Resync) != 2 || rep.Resync[1].ResyncMS <= 0 {
 		t.Fatalf("report: %+v", rep)
 	}
 	for _, r := range rep.Throughput {

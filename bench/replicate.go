@@ -38,10 +38,18 @@ type LatencyRow struct {
 	AddedNs float64 `json:"added_ns"` // over no replication
 }
 
+// ResyncRow is one resync of a standby that joins late.
+type ResyncRow struct {
+	GuestBytes uint64  `json:"guest_bytes"`
+	PauseMS    float64 `json:"guest_pause_ms"` // guests stopped while the snapshot was taken
+	ResyncMS   float64 `json:"resync_ms"`      // attach to protected
+}
+
 // ReplicateReport is what `vgpuha bench replicate` prints.
 type ReplicateReport struct {
 	Throughput []ThroughputRow `json:"throughput"`
 	Latency    []LatencyRow    `json:"latency"`
+	Resync     []ResyncRow     `json:"resync"`
 }
 
 // Replicate measures bulk host-to-device copy throughput with a standby
@@ -177,7 +185,45 @@ func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
 			rep.Latency = append(rep.Latency, LatencyRow{Call: call, Mode: n.name, NsPerOp: m, AddedNs: m - none})
 		}
 	}
+	for _, size := range []int{opts.BulkBytes / 4, opts.BulkBytes} {
+		row, err := measureResync(opts, size)
+		if err != nil {
+			return rep, err
+		}
+		rep.Resync = append(rep.Resync, row)
+	}
 	return rep, nil
+}
+
+// measureResync fills a guest's memory with no standby attached, then
+// starts one and reports the snapshot's guest pause and the whole resync.
+func measureResync(opts ReplicateOptions, size int) (ResyncRow, error) {
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: opts.NewBackend})
+	if err != nil {
+		return ResyncRow{}, err
+	}
+	defer c.Close()
+	g, err := c.Guest("resync")
+	if err != nil {
+		return ResyncRow{}, err
+	}
+	defer g.Close()
+	p, err := g.Alloc(uint64(size))
+	if err != nil {
+		return ResyncRow{}, err
+	}
+	if err := g.CopyHtoD(p, make([]byte, size)); err != nil {
+		return ResyncRow{}, err
+	}
+	if err := c.StartStandby(); err != nil {
+		return ResyncRow{}, err
+	}
+	if err := c.WaitProtected(time.Minute); err != nil {
+		return ResyncRow{}, err
+	}
+	time.Sleep(20 * time.Millisecond) // let the sender record the resync's end
+	st := c.Sender.Status()
+	return ResyncRow{GuestBytes: uint64(size), PauseMS: st.LastPauseMS, ResyncMS: st.LastResync * 1000}, nil
 }
 
 // plainTCP returns a function that sends bytes over a loopback TCP
@@ -244,6 +290,13 @@ func PrintReplicate(w io.Writer, rep ReplicateReport) {
 	fmt.Fprintln(tw, "small sync call\tmode\tns/op\tadded ns\t")
 	for _, r := range rep.Latency {
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%+.0f\t\n", r.Call, r.Mode, r.NsPerOp, r.AddedNs)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "late standby resync	guest MiB	guest pause ms	resync ms	")
+	for _, r := range rep.Resync {
+		fmt.Fprintf(tw, "\t%d\t%.1f\t%.1f\t\n", r.GuestBytes>>20, r.PauseMS, r.ResyncMS)
 	}
 	tw.Flush()
 }

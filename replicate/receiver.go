@@ -33,6 +33,9 @@ type ReceiverConfig struct {
 	AckInterval time.Duration
 	// Observe, when set, receives each record's apply time.
 	Observe func(op Op, d time.Duration)
+	// HostBuffer, when set, allocates the buffer records are received into
+	// (see gpu.HostAllocator).
+	HostBuffer func(n int) []byte
 }
 
 // ReceiverStatus is the standby's view of replication.
@@ -122,6 +125,7 @@ func (r *Receiver) serveConn(c net.Conn) {
 		log.Warn("refused replication peer", "err", err)
 		return
 	}
+	l.alloc = r.cfg.HostBuffer
 	// Take over from any previous link (the primary reconnected).
 	r.mu.Lock()
 	if r.current != nil {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 var testKey = []byte("0123456789abcdef0123456789abcdef")
@@ -178,4 +180,20 @@ func refreshCRC(f []byte) []byte {
 	crc := crc32.Update(crc32.Update(0, castagnoli, f[:12]), castagnoli, f[frameHeader:])
 	binary.LittleEndian.PutUint32(f[12:], crc)
 	return f
+}
+
+func TestMetricsLint(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, func() SenderStatus { return SenderStatus{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.sentBytes.Add(1)
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
 }

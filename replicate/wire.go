@@ -79,6 +79,9 @@ type link struct {
 	recvN  uint64
 	rbuf   []byte
 	header [frameHeader]byte
+	// alloc makes the receive buffer; a standby on a GPU passes page-locked
+	// memory so replicated data is copied to the device at full speed.
+	alloc func(n int) []byte
 }
 
 func helloBytes(nonce []byte) []byte {
@@ -214,7 +217,13 @@ func (l *link) read() (uint16, []byte, error) {
 		return 0, nil, fmt.Errorf("%w: %d-byte frame", ErrCorrupt, n)
 	}
 	if cap(l.rbuf) < int(n)+macSize {
-		l.rbuf = make([]byte, int(n)+macSize)
+		size := int(n) + macSize
+		if l.alloc != nil {
+			size = max(size, 4<<20) // grow in large steps: special buffers are never freed
+			l.rbuf = l.alloc(size)
+		} else {
+			l.rbuf = make([]byte, size)
+		}
 	}
 	buf := l.rbuf[:int(n)+macSize]
 	if _, err := io.ReadFull(l.r, buf); err != nil {

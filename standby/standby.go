@@ -48,10 +48,19 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 	if err := reg.Register(applyTime); err != nil {
 		return nil, err
 	}
-	rcv, err := replicate.NewReceiver(replicate.ReceiverConfig{
+	rcfg := replicate.ReceiverConfig{
 		Key: key, Applier: applier{srv}, Log: log,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
-	})
+	}
+	if ha, ok := backend.(gpu.HostAllocator); ok {
+		rcfg.HostBuffer = func(n int) []byte {
+			if b, err := ha.AllocHost(n); err == nil {
+				return b
+			}
+			return make([]byte, n)
+		}
+	}
+	rcv, err := replicate.NewReceiver(rcfg)
 	if err != nil {
 		return nil, err
 	}

@@ -11,10 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/cluster"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/standby"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -257,4 +262,20 @@ func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
 	// The real primary still streams.
 	c.runGuests(1, 0)
 	mustMatch(t, c.verify())
+}
+
+func TestStandbyMetricsLint(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a, err := standby.New(sim.New(1<<20), hypervisor.DefaultConfig(), cluster.Key, reg, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
 }

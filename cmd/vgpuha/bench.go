@@ -10,15 +10,17 @@ import (
 
 func runBench(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: vgpuha bench pv|replicate [flags]")
+		return fmt.Errorf("usage: vgpuha bench pv|replicate|apply [flags]")
 	}
 	switch args[0] {
 	case "pv":
 		return runBenchPV(args[1:])
 	case "replicate":
 		return runBenchReplicate(args[1:])
+	case "apply":
+		return runBenchApply(args[1:])
 	}
-	return fmt.Errorf("unknown benchmark %q (have: pv, replicate)", args[0])
+	return fmt.Errorf("unknown benchmark %q (have: pv, replicate, apply)", args[0])
 }
 
 func runBenchPV(args []string) error {
@@ -69,5 +71,24 @@ func runBenchReplicate(args []string) error {
 	}
 	fmt.Println("replication on loopback (primary, standby and guest in one process; medians of interleaved rounds)")
 	bench.PrintReplicate(os.Stdout, rep)
+	return nil
+}
+
+func runBenchApply(args []string) error {
+	fs := newFlags("bench apply", "[flags]")
+	chunk := fs.Int("chunk-bytes", 16<<20, "bytes per record (pvdriver splits copies at 16 MiB)")
+	total := fs.Int("total-bytes", 1<<30, "bytes per timing")
+	rounds := fs.Int("rounds", 5, "interleaved rounds; the report gives medians")
+	var bf backendFlags
+	bf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rows, err := bench.Apply(bf.open, *chunk, *total, *rounds, os.Stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("standby apply throughput vs a plain copy on the same backend (medians of interleaved rounds)")
+	bench.PrintApply(os.Stdout, rows)
 	return nil
 }

@@ -49,6 +49,9 @@ type driver struct {
 	cuStreamCreate                func(s *uintptr, flags uint32) result
 	cuStreamDestroy               func(s uintptr) result
 	cuStreamSynchronize           func(s uintptr) result
+	cuMemAllocHost                func(p *unsafe.Pointer, n uint64) result
+	cuMemHostAlloc                func(p *unsafe.Pointer, n uint64, flags uint32) result
+	cuMemFreeHost                 func(p unsafe.Pointer) result
 	cuGetErrorName                func(r result, s **byte) result
 	cuGetErrorString              func(r result, s **byte) result
 }
@@ -113,6 +116,7 @@ func load() (*driver, error) {
 			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
 			{&d.cuStreamCreate, "cuStreamCreate"}, {&d.cuStreamDestroy, "cuStreamDestroy_v2"},
 			{&d.cuStreamSynchronize, "cuStreamSynchronize"},
+			{&d.cuMemAllocHost, "cuMemAllocHost_v2"}, {&d.cuMemHostAlloc, "cuMemHostAlloc"}, {&d.cuMemFreeHost, "cuMemFreeHost"},
 			{&d.cuGetErrorName, "cuGetErrorName"}, {&d.cuGetErrorString, "cuGetErrorString"},
 		}
 		for _, s := range syms {

@@ -81,3 +81,11 @@ const (
 	MaxGridYZ          = 65535
 	MaxBlockZ          = 64
 )
+
+// HostAllocator is implemented by backends that copy faster from host
+// memory they allocate themselves (page-locked memory on CUDA). The standby
+// receives replicated data straight into such buffers. Buffers live as long
+// as the backend.
+type HostAllocator interface {
+	AllocHost(n int) ([]byte, error)
+}
