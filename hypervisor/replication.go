@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -163,10 +164,9 @@ func checksums(sessions []*Session) []replicate.ObjectSum {
 	for _, sess := range sessions {
 		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.base, Sum: replicate.Checksum([]byte(sess.guest))})
 		for _, r := range sess.ranges.All() {
-			buf := make([]byte, r.Size)
-			sum := uint64(0)
-			if err := sess.ctx.CopyDtoH(buf, sess.dev(r.Addr), 0); err == nil {
-				sum = replicate.Checksum(buf)
+			sum, err := sess.checksum(r.Addr, r.Size)
+			if err != nil {
+				sum = 0 // reported as a mismatch
 			}
 			sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
 		}
@@ -332,4 +332,18 @@ func (s *Session) markUnsafe(why string) {
 	if s.unsafe == "" {
 		s.unsafe = why
 	}
+}
+
+// checksum computes gpu.Checksum of device memory, on the device where the
+// backend can.
+// Precondition: s.mu must be locked.
+func (s *Session) checksum(addr, n uint64) (uint64, error) {
+	if c, ok := s.ctx.(gpu.Checksummer); ok {
+		return c.Checksum(s.dev(addr), n)
+	}
+	buf := make([]byte, n)
+	if err := s.ctx.CopyDtoH(buf, s.dev(addr), 0); err != nil {
+		return 0, err
+	}
+	return gpu.Checksum(buf), nil
 }

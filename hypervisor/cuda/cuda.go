@@ -145,6 +145,9 @@ type context struct {
 	functions map[gpu.Function]uintptr
 	streams   map[gpu.Stream]uintptr
 	nextID    uint64
+	// The checksum kernel and its 8-byte result, made on first use.
+	sumMod, sumFn uintptr
+	sumOut        uint64
 }
 
 // do runs fn with the context current on the calling thread.
@@ -440,6 +443,10 @@ func (c *context) Close() error {
 		}
 		for addr := range c.allocs {
 			c.free(addr)
+		}
+		if c.sumOut != 0 {
+			d.cuMemFree(c.sumOut)
+			d.cuModuleUnload(c.sumMod)
 		}
 		d.cuMemAddressFree(c.base, c.size)
 		return d.check("cuCtxDestroy", d.cuCtxDestroy(c.ctx))

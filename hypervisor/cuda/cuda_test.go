@@ -97,3 +97,33 @@ func TestWindowAtRequestedBase(t *testing.T) {
 		}
 	}
 }
+
+// TestChecksumOnGPU: the device computes exactly gpu.Checksum.
+func TestChecksumOnGPU(t *testing.T) {
+	b := backend(t)
+	ctx, err := b.NewContext(0x7d0000000000, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Close()
+	base, _ := ctx.Window()
+	data := make([]byte, 10<<20+5)
+	for i := range data {
+		data[i] = byte(i*131 + i>>9)
+	}
+	if err := ctx.Alloc(base, 12<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.CopyHtoD(base, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{0, 3, 8, 4096, len(data)} {
+		got, err := ctx.(gpu.Checksummer).Checksum(base, uint64(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := gpu.Checksum(data[:n]); got != want {
+			t.Errorf("%d bytes: GPU %#x, host %#x", n, got, want)
+		}
+	}
+}

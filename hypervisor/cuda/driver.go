@@ -49,6 +49,8 @@ type driver struct {
 	cuStreamCreate                func(s *uintptr, flags uint32) result
 	cuStreamDestroy               func(s uintptr) result
 	cuStreamSynchronize           func(s uintptr) result
+	cuMemAlloc                    func(p *uint64, n uint64) result
+	cuMemFree                     func(p uint64) result
 	cuMemAllocHost                func(p *unsafe.Pointer, n uint64) result
 	cuMemHostAlloc                func(p *unsafe.Pointer, n uint64, flags uint32) result
 	cuMemFreeHost                 func(p unsafe.Pointer) result
@@ -116,6 +118,7 @@ func load() (*driver, error) {
 			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
 			{&d.cuStreamCreate, "cuStreamCreate"}, {&d.cuStreamDestroy, "cuStreamDestroy_v2"},
 			{&d.cuStreamSynchronize, "cuStreamSynchronize"},
+			{&d.cuMemAlloc, "cuMemAlloc_v2"}, {&d.cuMemFree, "cuMemFree_v2"},
 			{&d.cuMemAllocHost, "cuMemAllocHost_v2"}, {&d.cuMemHostAlloc, "cuMemHostAlloc"}, {&d.cuMemFreeHost, "cuMemFreeHost"},
 			{&d.cuGetErrorName, "cuGetErrorName"}, {&d.cuGetErrorString, "cuGetErrorString"},
 		}

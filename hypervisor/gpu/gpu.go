@@ -16,6 +16,8 @@
 package gpu
 
 import (
+	"encoding/binary"
+
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -88,4 +90,38 @@ const (
 // as the backend.
 type HostAllocator interface {
 	AllocHost(n int) ([]byte, error)
+}
+
+// Checksummer is implemented by backends that checksum device memory on the
+// device, so verify need not copy whole objects to the host. The result
+// must equal Checksum of the same bytes.
+type Checksummer interface {
+	Checksum(addr, n uint64) (uint64, error)
+}
+
+// Checksum is the content checksum verify compares: the sum over the
+// little-endian 64-bit words w_i of the data (the last one zero-padded) of
+// w_i*(2i+1), modulo 2^64, mixed with the length. Any single changed word
+// changes it (2i+1 is odd, so invertible modulo 2^64), and, unlike a CRC,
+// it can be summed in any order, so a GPU computes it with one atomic add
+// per thread.
+func Checksum(b []byte) uint64 {
+	var sum uint64
+	i := uint64(0)
+	for ; len(b) >= 8; b, i = b[8:], i+1 {
+		sum += binary.LittleEndian.Uint64(b) * (2*i + 1)
+	}
+	return FinishChecksum(sum, i, b)
+}
+
+// FinishChecksum adds the trailing bytes (fewer than 8) after nwords full
+// words, and the length.
+func FinishChecksum(sum, nwords uint64, tail []byte) uint64 {
+	if len(tail) > 0 {
+		var w [8]byte
+		copy(w[:], tail)
+		sum += binary.LittleEndian.Uint64(w[:]) * (2*nwords + 1)
+	}
+	n := nwords*8 + uint64(len(tail))
+	return sum ^ (n * 0x9e3779b97f4a7c15)
 }

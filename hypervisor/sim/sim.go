@@ -362,3 +362,14 @@ func (c *context) Close() error {
 	c.streams = map[gpu.Stream]bool{}
 	return nil
 }
+
+// Checksum implements gpu.Checksummer in place, without a copy.
+func (c *context) Checksum(addr, n uint64) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, err := c.View(addr, n)
+	if err != nil {
+		return 0, err
+	}
+	return gpu.Checksum(b), nil
+}
