@@ -45,14 +45,7 @@ func (s *Server) mustWait(op abi.Opcode, err error) bool {
 	case replicate.ModeSync:
 		return true
 	case replicate.ModeCommit:
-		if err != nil {
-			return true
-		}
-		switch op {
-		case abi.OpCopyDtoH, abi.OpSync, abi.OpStreamSync, abi.OpHello, abi.OpAlloc,
-			abi.OpModuleLoad, abi.OpGetFunction, abi.OpStreamCreate:
-			return true
-		}
+		return err != nil || op.Commits()
 	}
 	return false
 }
@@ -134,7 +127,7 @@ func (s *Session) snapshot() []replicate.Record {
 			recs = append(recs, placed(s.id, abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
 		}
 	})
-	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next())})
+	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next()), ReqID: s.lastReq})
 }
 
 // VerifyPoint computes checksums of every object and, at the same log
@@ -248,6 +241,7 @@ func (s *Server) ApplyRecord(rec *replicate.Record) error {
 	case replicate.OpSetNext:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()
+		sess.lastReq = max(sess.lastReq, rec.ReqID)
 		return sess.handles.SetNext(handlemap.Handle(rec.Result))
 	}
 	return sess.apply(rec)
@@ -311,6 +305,9 @@ func (s *Session) apply(rec *replicate.Record) error {
 	}
 	reply, err := spec.run(s, req)
 	s.placed = 0
+	if err == nil {
+		s.noteApplied(rec.ReqID, resultOf(reply))
+	}
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {
 	case err != nil && !primaryFailed && s.delta != 0 && op == abi.OpLaunch:

@@ -93,6 +93,8 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	repl      *replicate.Log // nil: not replicating
 	mode      replicate.Mode
+	term      uint64
+	fenced    bool
 	conns     map[net.Conn]struct{}
 	closed    bool
 	wg        sync.WaitGroup
@@ -300,10 +302,25 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 	if err := abi.Unmarshal(payload, &req); err != nil {
 		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %v", err)
 	}
-	if req.Resume != 0 {
-		return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
-	}
 	s.mu.Lock()
+	if s.fenced {
+		s.mu.Unlock()
+		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+	}
+	if req.Resume != 0 {
+		defer s.mu.Unlock()
+		sess := s.sessions[req.Resume]
+		if sess == nil {
+			return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
+		}
+		sess.mu.Lock()
+		defer sess.mu.Unlock()
+		if sess.attached || sess.closed {
+			return nil, nil, fail(abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
+		}
+		sess.attached = true
+		return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
+	}
 	slot := -1
 	for i, used := range s.slots {
 		if !used {
@@ -325,7 +342,43 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 		s.releaseSlot(slot)
 		return nil, nil, err
 	}
-	return sess, &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize}, nil
+	sess.mu.Lock()
+	sess.attached = true
+	sess.mu.Unlock()
+	return sess, &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}, nil
+}
+
+// SetTerm sets the term this node serves under (a promoted standby raises
+// it).
+func (s *Server) SetTerm(t uint64) {
+	s.mu.Lock()
+	s.term = t
+	s.mu.Unlock()
+	if s.repl != nil {
+		s.repl.SetTerm(t)
+	}
+}
+
+// Term is the node's term.
+func (s *Server) Term() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.term
+}
+
+// Fence stops this node serving guests for good: a node with a higher term
+// has taken over. Guest connections are dropped; new ones are refused.
+func (s *Server) Fence(newer uint64) {
+	s.mu.Lock()
+	s.fenced = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.log.Warn("fenced: a newer primary has taken over; no longer serving guests", "newer_term", newer)
 }
 
 // newSession creates a session whose guest sees the window at base, and

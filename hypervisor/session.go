@@ -43,6 +43,15 @@ type Session struct {
 	placed uint64
 	// closed: the session is being torn down; snapshots skip it.
 	closed bool
+	// attached: a guest connection serves this session. A replica session
+	// is unattached until its guest resumes it after a failover.
+	attached bool
+	// lastReq is the guest's newest request whose state change this
+	// session holds; results keeps what recent ones returned. A request
+	// resent after a failover with an id up to lastReq is answered from
+	// here instead of being run twice (exactly once).
+	lastReq uint64
+	results map[uint64]uint64
 
 	ranges       handlemap.Ranges
 	handles      *handlemap.Table
@@ -132,7 +141,13 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests++
+	if spec.mutates && reqID != 0 && reqID <= s.lastReq {
+		return s.replayed(op, reqID), nil
+	}
 	reply, err := spec.run(s, req)
+	if spec.mutates && err == nil {
+		s.noteApplied(reqID, resultOf(reply))
+	}
 	if spec.mutates && s.record != nil {
 		switch {
 		case err == nil:
@@ -148,6 +163,40 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 		return nil, nil
 	}
 	return reply, err
+}
+
+// noteApplied records that request reqID changed state and returned result.
+// Precondition: s.mu must be locked.
+func (s *Session) noteApplied(reqID, result uint64) {
+	if reqID == 0 {
+		return
+	}
+	s.lastReq = max(s.lastReq, reqID)
+	if result != 0 {
+		if s.results == nil {
+			s.results = map[uint64]uint64{}
+		}
+		s.results[reqID] = result
+		if len(s.results) > 8192 { // keep the recent ones: resends follow a failover closely
+			for id := range s.results {
+				if id+8192 < s.lastReq {
+					delete(s.results, id)
+				}
+			}
+		}
+	}
+}
+
+// replayed is the reply to a resent request this session already applied.
+// Precondition: s.mu must be locked.
+func (s *Session) replayed(op abi.Opcode, reqID uint64) abi.Body {
+	switch op {
+	case abi.OpAlloc:
+		return &abi.AllocReply{Ptr: s.results[reqID]}
+	case abi.OpModuleLoad, abi.OpGetFunction, abi.OpStreamCreate:
+		return &abi.HandleReply{Handle: s.results[reqID]}
+	}
+	return nil
 }
 
 // resultOf is what a reply hands the guest that the standby must reproduce.

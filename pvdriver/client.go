@@ -18,6 +18,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
@@ -65,23 +66,59 @@ type Options struct {
 	// MaxPayload bounds a frame; larger copies are split. Zero means
 	// abi.DefaultMaxPayload, which the hypervisor accepts by default.
 	MaxPayload int
+	// Failover lists further endpoints (the standby's) to resume the
+	// session on when the connection is lost. Empty: no failover, a lost
+	// connection fails every call.
+	Failover []string
+	// ResumeTimeout bounds the search for a node to resume on (default 30s).
+	ResumeTimeout time.Duration
 }
 
 // Client is an open session with the hypervisor.
+//
+// With Failover set, the client keeps every request it has sent since the
+// last commit point (a reply the hypervisor only sends once the standby has
+// applied everything before it; see abi.Opcode.Commits). When the
+// connection breaks it resumes the session on the first endpoint that has
+// it, resends the kept requests with their original ids, and the node
+// answers the ones it already applied from its state: each request takes
+// effect exactly once, and calls in flight simply complete.
 type Client struct {
-	conn       net.Conn
 	maxPayload int
-	sendq      chan *[]byte // frames; the writer returns each buffer to bufs
+	opts       Options
+	endpoints  []string
+	sendq      chan *[]byte // frames; the writer returns unkept buffers to bufs
 	done       chan struct{}
 	nextID     atomic.Uint64
+	resumed    chan *bufio.Writer // a new connection, for the writer
 
-	mu      sync.Mutex
-	pending map[uint64]chan result
-	err     error // why the connection ended
+	mu       sync.Mutex
+	conn     net.Conn
+	gen      uint64 // connection generation
+	pending  map[uint64]chan result
+	kept     []keptFrame // sent since the last commit point, in order
+	err      error       // why the client ended
+	failures []Failover
 
 	session            uint64
 	windowBase, window uint64
 	closeOnce          sync.Once
+}
+
+// keptFrame is a request kept for resending after a failover.
+type keptFrame struct {
+	id    uint64
+	frame *[]byte
+	sent  bool // handed to the writer (so it may have reached the old node)
+}
+
+// Failover describes one resume after a lost connection.
+type Failover struct {
+	Lost     time.Time
+	Resumed  time.Time
+	Endpoint string
+	Term     uint64
+	Resent   int
 }
 
 type result struct {
@@ -95,7 +132,7 @@ func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pvdriver: connecting to %s: %w", endpoint, err)
 	}
-	c, err := NewClient(conn, opts)
+	c, err := newClient(conn, append([]string{endpoint}, opts.Failover...), opts)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -103,20 +140,31 @@ func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
 	return c, nil
 }
 
-// NewClient opens a session over an established connection.
+// NewClient opens a session over an established connection (no failover).
 func NewClient(conn net.Conn, opts Options) (*Client, error) {
+	opts.Failover = nil
+	return newClient(conn, nil, opts)
+}
+
+func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error) {
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = abi.DefaultMaxPayload
 	}
+	if opts.ResumeTimeout == 0 {
+		opts.ResumeTimeout = 30 * time.Second
+	}
 	c := &Client{
 		conn:       conn,
+		opts:       opts,
+		endpoints:  endpoints,
 		maxPayload: opts.MaxPayload,
 		sendq:      make(chan *[]byte, 1024),
 		done:       make(chan struct{}),
+		resumed:    make(chan *bufio.Writer),
 		pending:    map[uint64]chan result{},
 	}
-	go c.writeLoop()
-	go c.readLoop()
+	go c.writeLoop(bufio.NewWriterSize(conn, 256<<10))
+	go c.readLoop(conn, 0)
 	var hr abi.HelloReply
 	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName}, &hr); err != nil {
 		c.Close()
@@ -126,11 +174,20 @@ func NewClient(conn net.Conn, opts Options) (*Client, error) {
 	return c, nil
 }
 
+func (c *Client) failover() bool { return len(c.opts.Failover) > 0 }
+
 // Session is the hypervisor's id for this session.
 func (c *Client) Session() uint64 { return c.session }
 
 // Window is the session's device-address window.
 func (c *Client) Window() (base, size uint64) { return c.windowBase, c.window }
+
+// Failovers lists the resumes this client went through.
+func (c *Client) Failovers() []Failover {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Failover(nil), c.failures...)
+}
 
 // Close ends the session; the hypervisor frees everything it held.
 func (c *Client) Close() error {
@@ -144,9 +201,10 @@ func (c *Client) shutdown(why error) {
 		c.err = why
 		pending := c.pending
 		c.pending = nil
+		conn := c.conn
 		c.mu.Unlock()
 		close(c.done)
-		c.conn.Close()
+		conn.Close()
 		for _, ch := range pending {
 			ch <- result{err: why}
 		}
@@ -159,44 +217,194 @@ func (c *Client) closedErr() error {
 	return c.err
 }
 
-// writeLoop sends queued frames, flushing whenever the queue runs dry so
-// that a burst of pipelined calls goes out in few writes.
-func (c *Client) writeLoop() {
-	bw := bufio.NewWriterSize(c.conn, 256<<10)
-	for {
+// lost handles a broken connection of generation gen: resume elsewhere, or
+// fail every call.
+func (c *Client) lost(gen uint64, err error) {
+	c.mu.Lock()
+	if gen != c.gen || c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.gen++
+	c.conn.Close()
+	c.mu.Unlock()
+	if !c.failover() {
+		c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
+		return
+	}
+	go c.resume(c.gen, err)
+}
+
+// resume finds a node holding the session, resumes it there, and hands the
+// new connection to the writer, which resends the kept requests.
+func (c *Client) resume(gen uint64, cause error) {
+	fo := Failover{Lost: time.Now()}
+	deadline := fo.Lost.Add(c.opts.ResumeTimeout)
+	var lastErr error = cause
+	for attempt := 0; time.Now().Before(deadline); attempt++ {
 		select {
-		case f := <-c.sendq:
-			_, err := bw.Write(*f)
-			if cap(*f) <= maxPooled {
-				bufs.Put(f)
-			}
-			if err != nil {
-				c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
-				return
-			}
-			if len(c.sendq) == 0 {
-				if err := bw.Flush(); err != nil {
-					c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
-					return
-				}
-			}
 		case <-c.done:
 			return
+		default:
+		}
+		// Try the other endpoints first: the one we lost is likely dead.
+		for i := 1; i <= len(c.endpoints); i++ {
+			ep := c.endpoints[i%len(c.endpoints)]
+			conn, hr, err := c.resumeOn(ep)
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			c.mu.Lock()
+			c.conn = conn
+			n := 0
+			for _, k := range c.kept {
+				if k.sent {
+					n++
+				}
+			}
+			fo.Resumed, fo.Endpoint, fo.Term, fo.Resent = time.Now(), ep, hr.Term, n
+			c.failures = append(c.failures, fo)
+			c.mu.Unlock()
+			go c.readLoop(conn, gen)
+			select {
+			case c.resumed <- bufio.NewWriterSize(conn, 256<<10):
+			case <-c.done:
+			}
+			return
+		}
+		time.Sleep(min(20*time.Millisecond*time.Duration(attempt+1), 200*time.Millisecond))
+	}
+	c.shutdown(fmt.Errorf("%w: no node resumed session %d within %v: %v", ErrClosed, c.session, c.opts.ResumeTimeout, lastErr))
+}
+
+// resumeOn dials ep and resumes the session there.
+func (c *Client) resumeOn(ep string) (net.Conn, abi.HelloReply, error) {
+	var hr abi.HelloReply
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	conn, err := transport.Dial(ctx, ep)
+	if err != nil {
+		return nil, hr, err
+	}
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	hello := abi.AppendBodyFrame(nil, abi.OpHello, 0, 0, &abi.Hello{GuestName: c.opts.GuestName, Resume: c.session})
+	if _, err := conn.Write(hello); err != nil {
+		conn.Close()
+		return nil, hr, err
+	}
+	f, err := abi.NewFrameReader(conn, 4096).ReadFrame()
+	if err == nil {
+		var st abi.Status
+		var msg string
+		st, msg, err = abi.DecodeReply(f.Payload, &hr)
+		if err == nil && st != abi.StatusOK {
+			err = &Error{Op: abi.OpHello, Status: st, Message: msg}
+		}
+	}
+	if err != nil {
+		conn.Close()
+		return nil, hr, err
+	}
+	conn.SetDeadline(time.Time{})
+	return conn, hr, nil
+}
+
+// writeLoop is the one goroutine that writes frames, across connections:
+// it flushes whenever the queue runs dry, so a burst of pipelined calls
+// goes out in few writes; after a resume it first resends the kept frames.
+func (c *Client) writeLoop(bw *bufio.Writer) {
+	var gen uint64
+	for {
+		queue := c.sendq
+		if bw == nil {
+			queue = nil // connection lost: wait for the resume
+		}
+		select {
+		case <-c.done:
+			return
+		case nw := <-c.resumed:
+			bw = nw
+			c.mu.Lock()
+			gen = c.gen
+			var resend []*[]byte
+			for _, k := range c.kept {
+				if k.sent {
+					resend = append(resend, k.frame)
+				}
+			}
+			c.mu.Unlock()
+			for _, f := range resend {
+				bw.Write(*f)
+			}
+			if err := bw.Flush(); err != nil {
+				c.lost(gen, err)
+				bw = nil
+			}
+		case f := <-queue:
+			keep := c.markSent(f)
+			_, err := bw.Write(*f)
+			if !keep && cap(*f) <= maxPooled {
+				bufs.Put(f)
+			}
+			if err == nil && len(c.sendq) == 0 {
+				err = bw.Flush()
+			}
+			if err != nil {
+				c.lost(gen, err)
+				bw = nil
+			}
 		}
 	}
 }
 
-func (c *Client) readLoop() {
-	fr := abi.NewFrameReader(bufio.NewReaderSize(c.conn, 256<<10), c.maxPayload+4096)
+// markSent notes that f is being written and reports whether it is kept
+// for a resend (the writer must not recycle it then).
+func (c *Client) markSent(f *[]byte) bool {
+	if !c.failover() {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.kept) - 1; i >= 0; i-- {
+		if c.kept[i].frame == f {
+			c.kept[i].sent = true
+			return true
+		}
+	}
+	return false
+}
+
+// committed forgets kept frames up to id: a commit-point reply to id means
+// the standby holds all of them.
+func (c *Client) committed(id uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for n < len(c.kept) && c.kept[n].id <= id && c.kept[n].sent {
+		if cap(*c.kept[n].frame) <= maxPooled {
+			bufs.Put(c.kept[n].frame)
+		}
+		n++
+	}
+	c.kept = c.kept[n:]
+}
+
+func (c *Client) readLoop(conn net.Conn, gen uint64) {
+	fr := abi.NewFrameReader(bufio.NewReaderSize(conn, 256<<10), c.maxPayload+4096)
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
-			c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
+			c.lost(gen, err)
 			return
 		}
 		if f.Flags&abi.FlagReply == 0 {
-			c.shutdown(fmt.Errorf("%w: hypervisor sent a request frame", ErrClosed))
+			c.lost(gen, errors.New("hypervisor sent a request frame"))
 			return
+		}
+		st, _, _ := abi.DecodeReply(f.Payload, nil)
+		if c.failover() && (f.Op.Commits() || st != abi.StatusOK) {
+			c.committed(f.RequestID)
 		}
 		c.mu.Lock()
 		ch := c.pending[f.RequestID]
@@ -208,7 +416,7 @@ func (c *Client) readLoop() {
 		}
 		// A reply nobody waits for answers a pipelined request whose frame
 		// the hypervisor could not accept; it closes the connection next.
-		st, msg, _ := abi.DecodeReply(f.Payload, nil)
+		_, msg, _ := abi.DecodeReply(f.Payload, nil)
 		c.shutdown(fmt.Errorf("%w: hypervisor refused a pipelined %s: %s: %s", ErrClosed, f.Op, st, msg))
 		return
 	}
@@ -220,7 +428,13 @@ var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
 const maxPooled = 32 << 20
 
-func (c *Client) send(frame *[]byte) error {
+// send queues a frame (keeping it for a resend when failover is on).
+func (c *Client) send(id uint64, frame *[]byte) error {
+	if c.failover() {
+		c.mu.Lock()
+		c.kept = append(c.kept, keptFrame{id: id, frame: frame})
+		c.mu.Unlock()
+	}
 	select {
 	case c.sendq <- frame:
 		return nil
@@ -248,7 +462,7 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 	}
 	c.pending[id] = ch
 	c.mu.Unlock()
-	if err := c.send(frame); err != nil {
+	if err := c.send(id, frame); err != nil {
 		return err
 	}
 	r := <-ch
@@ -267,8 +481,8 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 
 // post sends a pipelined request without waiting.
 func (c *Client) post(op abi.Opcode, req abi.Body) error {
-	_, frame := c.frame(op, abi.FlagAsync, req)
-	return c.send(frame)
+	id, frame := c.frame(op, abi.FlagAsync, req)
+	return c.send(id, frame)
 }
 
 // chunk is the largest copy one frame carries.

@@ -36,6 +36,9 @@ type ReceiverConfig struct {
 	// HostBuffer, when set, allocates the buffer records are received into
 	// (see gpu.HostAllocator).
 	HostBuffer func(n int) []byte
+	// OnHeard, when set, is called whenever anything arrives from the
+	// primary: the failure detector's heartbeat.
+	OnHeard func()
 }
 
 // ReceiverStatus is the standby's view of replication.
@@ -49,6 +52,13 @@ type ReceiverStatus struct {
 	EpochBuffered   int    `json:"epoch_buffered_records"`
 	ApplyErrors     uint64 `json:"apply_errors"`
 	RefusedPeers    uint64 `json:"refused_peers"`
+	// Term is the highest term seen on the stream (or this node's own,
+	// once promoted); Fenced means it no longer takes a stream.
+	Term   uint64 `json:"term"`
+	Fenced bool   `json:"fenced"`
+	// InSync: a snapshot or resume completed and records stream live, so
+	// the replica is a complete copy up to Applied.
+	InSync bool `json:"in_sync"`
 }
 
 // Receiver accepts the primary's stream and applies it.
@@ -140,6 +150,14 @@ func (r *Receiver) serveConn(c net.Conn) {
 		r.mu.Unlock()
 		return
 	}
+	if r.st.Fenced {
+		term := r.st.Term
+		r.mu.Unlock()
+		l.write(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
+		l.flush()
+		log.Warn("refused a primary's stream: this node was promoted", "term", term)
+		return
+	}
 	r.st.Connected, r.st.Primary = true, c.RemoteAddr().String()
 	state := binary.LittleEndian.AppendUint64(nil, r.logID)
 	state = binary.LittleEndian.AppendUint64(state, r.applied)
@@ -196,7 +214,14 @@ func (r *Receiver) serveConn(c net.Conn) {
 			}
 			return
 		}
+		if r.cfg.OnHeard != nil {
+			r.cfg.OnHeard()
+		}
 		switch typ {
+		case msgHeartbeat:
+			if len(payload) == 8 {
+				r.noteTerm(binary.LittleEndian.Uint64(payload))
+			}
 		case msgMode:
 			if len(payload) != 8 {
 				log.Warn("bad mode message; dropping link")
@@ -211,6 +236,7 @@ func (r *Receiver) serveConn(c net.Conn) {
 				log.Warn("dropping link", "err", err)
 				return
 			}
+			r.noteTerm(rec.Term)
 			reply, err := r.handle(&rec)
 			if err != nil {
 				log.Warn("dropping link", "err", err)
@@ -244,14 +270,14 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 		r.apply(rec)
 		r.mu.Lock()
 		r.logID, r.applied, r.epochBuf = rec.Result, 0, nil
-		r.st.Resyncing, r.st.SnapshotRecords = true, 0
+		r.st.Resyncing, r.st.SnapshotRecords, r.st.InSync = true, 0, false
 		r.mu.Unlock()
 		r.cfg.Log.Info("resync started: replica reset")
 		return nil, nil
 	case rec.Seq == 0: // part of a snapshot
 		if rec.Op == OpSnapshotEnd {
 			r.mu.Lock()
-			r.applied, r.st.Resyncing = rec.Result, false
+			r.applied, r.st.Resyncing, r.st.InSync = rec.Result, false, true
 			n := r.st.SnapshotRecords
 			r.mu.Unlock()
 			r.cfg.Log.Info("resync snapshot applied; streaming live", "records", n, "position", rec.Result)
@@ -308,6 +334,28 @@ func (r *Receiver) apply(rec *Record) {
 		r.mu.Unlock()
 		r.cfg.Log.Warn("replica diverged", "seq", rec.Seq, "session", rec.Session, "op", rec.Op, "err", err)
 	}
+}
+
+func (r *Receiver) noteTerm(t uint64) {
+	r.mu.Lock()
+	if t > r.st.Term && !r.st.Fenced {
+		r.st.Term = t
+	}
+	r.mu.Unlock()
+}
+
+// Fence makes this receiver stop applying for good (its node was promoted
+// under term): the current link is dropped, and a primary that connects
+// later is told the term so it stops serving.
+func (r *Receiver) Fence(term uint64) {
+	r.mu.Lock()
+	r.st.Fenced, r.st.Term = true, term
+	if r.current != nil {
+		r.current.Close()
+	}
+	r.mu.Unlock()
+	r.linkMu.Lock() // wait for the link's goroutine to stop applying
+	r.linkMu.Unlock()
 }
 
 // DiscardEpoch drops records of an uncommitted epoch (at failover) and

@@ -23,7 +23,12 @@ type SenderConfig struct {
 	Snapshot func() ([]Record, time.Duration)
 	// OnVerify receives the standby's checksums for a verification.
 	OnVerify func(id uint64, sums []ObjectSum)
-	Log_     *slog.Logger
+	// OnFenced is called when the standby answers that it was promoted
+	// under a newer term: this primary must stop serving guests.
+	OnFenced func(term uint64)
+	// Term is the term stamped on heartbeats.
+	Term func() uint64
+	Log_ *slog.Logger
 	// AckTimeout: a standby silent this long is dropped (it sends an ack at
 	// least every AckInterval).
 	AckTimeout time.Duration
@@ -141,6 +146,7 @@ func (s *Sender) session(ctx context.Context) error {
 	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(nil, uint64(s.cfg.Mode))); err != nil {
 		return err
 	}
+	var wmu sync.Mutex // from the heartbeat goroutine's start, both it and this one write
 	lg := s.cfg.Log
 	lg.mu.Lock()
 	resume := logID == lg.id && lg.canResume(applied)
@@ -182,9 +188,37 @@ func (s *Sender) session(ctx context.Context) error {
 		}
 	}
 
+	if err := l.flush(); err != nil {
+		return err
+	}
 	stop := make(chan struct{})
 	readErr := make(chan error, 1)
 	go func() { readErr <- s.readAcks(c, l); close(stop); lg.wake() }()
+	go func() { // heartbeats, so the standby can tell a quiet primary from a dead one
+		t := time.NewTicker(heartbeatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			var term uint64
+			if s.cfg.Term != nil {
+				term = s.cfg.Term()
+			}
+			wmu.Lock()
+			err := l.write(msgHeartbeat, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
+			if err == nil {
+				err = l.flush()
+			}
+			wmu.Unlock()
+			if err != nil {
+				c.Close()
+				return
+			}
+		}
+	}()
 	for {
 		recs := lg.next(after, stop)
 		if recs == nil {
@@ -202,17 +236,25 @@ func (s *Sender) session(ctx context.Context) error {
 			// The log dropped records this standby needed: resync.
 			return errors.New("standby fell behind what the log holds")
 		}
-		for i := range recs {
-			if err := s.send(l, &recs[i]); err != nil {
-				return err
+		wmu.Lock()
+		err := func() error {
+			for i := range recs {
+				if err := s.send(l, &recs[i]); err != nil {
+					return err
+				}
+				after = recs[i].Seq
 			}
-			after = recs[i].Seq
-		}
-		if err := l.flush(); err != nil {
+			return l.flush()
+		}()
+		wmu.Unlock()
+		if err != nil {
 			return err
 		}
 	}
 }
+
+// heartbeatEvery is how often an idle primary says it is alive.
+const heartbeatEvery = 50 * time.Millisecond
 
 func (s *Sender) send(l *link, r *Record) error {
 	buf := AppendRecord(make([]byte, 0, r.Size()+macSize), r) // room for the seal's tag
@@ -244,6 +286,16 @@ func (s *Sender) readAcks(c net.Conn, l *link) error {
 				s.log.Info("standby resynced; primary is protected", "took", s.lastResync)
 			}
 			s.mu.Unlock()
+		case msgFenced:
+			if len(payload) != 8 {
+				return fmt.Errorf("%w: fence of %d bytes", ErrCorrupt, len(payload))
+			}
+			term := binary.LittleEndian.Uint64(payload)
+			s.log.Warn("the standby was promoted under a newer term; this primary is fenced", "term", term)
+			if s.cfg.OnFenced != nil {
+				s.cfg.OnFenced(term)
+			}
+			return fmt.Errorf("fenced by term %d", term)
 		case msgVerifyReply:
 			id, sums, err := decodeSums(payload)
 			if err != nil {

@@ -55,6 +55,8 @@ const (
 	msgAck                           // standby -> primary: applied seq
 	msgVerifyReply                   // standby -> primary: checksums
 	msgMode                          // primary -> standby after state: the mode
+	msgHeartbeat                     // primary -> standby when idle: its term
+	msgFenced                        // standby -> primary: a promoted standby's term; stop serving
 )
 
 // MinKeyBytes is the shortest pre-shared key accepted.

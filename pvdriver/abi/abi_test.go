@@ -157,10 +157,10 @@ func TestSupportedVersions(t *testing.T) {
 }
 
 func TestReplyRoundTrip(t *testing.T) {
-	b := AppendReply(nil, StatusOK, "", &HelloReply{Session: 1, WindowBase: 2, WindowSize: 3})
+	b := AppendReply(nil, StatusOK, "", &HelloReply{Session: 1, WindowBase: 2, WindowSize: 3, Term: 4, Applied: 5})
 	var hr HelloReply
 	st, msg, err := DecodeReply(b, &hr)
-	if err != nil || st != StatusOK || msg != "" || hr != (HelloReply{1, 2, 3}) {
+	if err != nil || st != StatusOK || msg != "" || hr != (HelloReply{1, 2, 3, 4, 5}) {
 		t.Fatalf("got %v %q %v %+v", st, msg, err, hr)
 	}
 	b = AppendReply(nil, StatusOutOfRange, "nope", &AllocReply{Ptr: 5})

@@ -52,6 +52,20 @@ func (op Opcode) String() string {
 	return fmt.Sprintf("op(%d)", uint16(op))
 }
 
+// Commits reports whether a successful reply to op is a commit point: under
+// the commit replication mode it is sent only once the standby has applied
+// every request before it, because it carries something out to the guest
+// (data, an address, a handle, a completed sync). A guest driver may forget
+// requests older than a commit point; it must keep the others to resend
+// after a failover. (Error replies are commit points too, for any op.)
+func (op Opcode) Commits() bool {
+	switch op {
+	case OpHello, OpAlloc, OpCopyDtoH, OpModuleLoad, OpGetFunction, OpStreamCreate, OpStreamSync, OpSync:
+		return true
+	}
+	return false
+}
+
 // Opcodes lists every valid opcode, in numeric order.
 func Opcodes() []Opcode {
 	ops := make([]Opcode, 0, opLimit-1)
@@ -274,6 +288,12 @@ type HelloReply struct {
 	Session    uint64
 	WindowBase uint64
 	WindowSize uint64
+	// Term is the serving node's term; a guest resumes on the node with
+	// the highest term it can reach.
+	Term uint64
+	// Applied is, on resume, the last request of the session the node had
+	// applied: the guest resends everything after it that it kept.
+	Applied uint64
 }
 
 // AllocReply carries the device address of a new allocation.
@@ -332,7 +352,7 @@ func (m *StreamSync) Append(b []byte) []byte    { return appendU64(b, m.Stream) 
 func (m *Sync) Append(b []byte) []byte          { return b }
 func (m *Reject) Append(b []byte) []byte        { return b }
 func (m *HelloReply) Append(b []byte) []byte {
-	return appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize)
+	return appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
 }
 func (m *AllocReply) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
 func (m *DataReply) Append(b []byte) []byte   { return appendBytes(b, m.Data) }
@@ -406,6 +426,8 @@ func (m *HelloReply) decode(d *Decoder) {
 	m.Session = d.U64()
 	m.WindowBase = d.U64()
 	m.WindowSize = d.U64()
+	m.Term = d.U64()
+	m.Applied = d.U64()
 }
 func (m *AllocReply) decode(d *Decoder)  { m.Ptr = d.U64() }
 func (m *DataReply) decode(d *Decoder)   { m.Data = d.Bytes(math.MaxUint32) }

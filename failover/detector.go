@@ -1,0 +1,129 @@
+// Package failover decides when a standby stops believing in its primary.
+// It owns the failure detectors; the promotion itself (raise the term, fence
+// the old link, serve guests) is the standby agent's, and fencing of an old
+// primary is the replication link's (a fenced standby answers with its
+// term).
+//
+// Detectors are deterministic: they never read the clock themselves, every
+// method takes the time (as etcd-io/raft's Tick does), so tests drive them
+// with made-up times.
+//
+// What two nodes alone can promise: a standby that stops hearing its primary
+// cannot tell a dead primary from a cut link. It promotes, and the old
+// primary, if alive, keeps serving its guests until it learns of the new
+// term (when its replication link reconnects and is answered with it). In
+// that window both may serve different guests; no guest is served by both
+// (a guest resumes on the node with the highest term it can reach), but a
+// guest left on the old primary continues on state the new primary does not
+// see. An external lease (etcd) closes that window; it is not implemented
+// yet.
+package failover
+
+import (
+	"math"
+	"time"
+)
+
+// Detector turns heartbeat arrival times into a verdict.
+type Detector interface {
+	// Heartbeat records that the primary was heard from at t.
+	Heartbeat(t time.Time)
+	// Suspect reports whether, at t, the primary should be presumed dead.
+	Suspect(t time.Time) bool
+}
+
+// Fixed suspects the primary once nothing was heard for Timeout.
+type Fixed struct {
+	Timeout time.Duration
+	last    time.Time
+}
+
+// Heartbeat implements Detector.
+func (f *Fixed) Heartbeat(t time.Time) {
+	if t.After(f.last) {
+		f.last = t
+	}
+}
+
+// Suspect implements Detector. Before any heartbeat it suspects nothing.
+func (f *Fixed) Suspect(t time.Time) bool {
+	return !f.last.IsZero() && t.Sub(f.last) >= f.Timeout
+}
+
+// PhiAccrual is the phi-accrual detector (Hayashibara et al., 2004): it
+// learns the distribution of heartbeat intervals and suspects the primary
+// once the silence so far is less likely than 10^-Threshold under a normal
+// distribution fitted to the recent intervals. MinStdDev keeps a very
+// regular sender from making it hair-trigger; MinSilence is a floor under
+// which it never suspects.
+type PhiAccrual struct {
+	Threshold  float64
+	MinStdDev  time.Duration
+	MinSilence time.Duration
+	Window     int
+
+	last      time.Time
+	intervals []float64 // seconds
+}
+
+// Heartbeat implements Detector.
+func (p *PhiAccrual) Heartbeat(t time.Time) {
+	if !p.last.IsZero() && t.After(p.last) {
+		p.intervals = append(p.intervals, t.Sub(p.last).Seconds())
+		if w := max(p.Window, 2); len(p.intervals) > w {
+			p.intervals = p.intervals[len(p.intervals)-w:]
+		}
+	}
+	if t.After(p.last) {
+		p.last = t
+	}
+}
+
+// Phi is the suspicion level at t.
+func (p *PhiAccrual) Phi(t time.Time) float64 {
+	if p.last.IsZero() || len(p.intervals) == 0 {
+		return 0
+	}
+	var mean, sq float64
+	for _, v := range p.intervals {
+		mean += v
+	}
+	mean /= float64(len(p.intervals))
+	for _, v := range p.intervals {
+		sq += (v - mean) * (v - mean)
+	}
+	std := math.Max(math.Sqrt(sq/float64(len(p.intervals))), p.MinStdDev.Seconds())
+	silence := t.Sub(p.last).Seconds()
+	later := 0.5 * math.Erfc((silence-mean)/(std*math.Sqrt2)) // P(interval > silence)
+	if later <= 0 {
+		return math.Inf(1)
+	}
+	return -math.Log10(later)
+}
+
+// Suspect implements Detector.
+func (p *PhiAccrual) Suspect(t time.Time) bool {
+	if p.last.IsZero() || t.Sub(p.last) < p.MinSilence {
+		return false
+	}
+	return p.Phi(t) >= p.Threshold
+}
+
+// Defaults for a LAN with heartbeats every 50 ms: the fixed detector
+// suspects after 250 ms of silence (five missed heartbeats: a single lost or
+// late packet, or a 100 ms GC or scheduling hiccup, does not trip it); the
+// phi detector suspects at phi 8 (a one-in-10^8 silence) with a 25 ms
+// standard-deviation floor and a 150 ms minimum, which on a steady 50 ms
+// stream comes to about 200 ms.
+const (
+	HeartbeatInterval = 50 * time.Millisecond
+	DefaultTimeout    = 250 * time.Millisecond
+)
+
+// New returns the named detector ("fixed" or "phi") with the defaults.
+func New(kind string) Detector {
+	if kind == "phi" {
+		return &PhiAccrual{Threshold: 8, MinStdDev: 25 * time.Millisecond, MinSilence: 150 * time.Millisecond, Window: 100}
+	}
+	return &Fixed{Timeout: DefaultTimeout}
+}
