@@ -37,6 +37,17 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	collectors := []prometheus.Collector{
 		m.requests, m.frameErrors, hist,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_is_primary", Help: "1 while this node serves guests (not fenced).",
+		}, func() float64 {
+			if s.IsPrimary() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_term", Help: "The term this node serves under.",
+		}, func() float64 { return float64(s.Term()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_guest_sessions", Help: "Open guest sessions.",
 		}, status(func(st Status) float64 { return float64(len(st.Sessions)) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

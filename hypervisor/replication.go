@@ -24,6 +24,7 @@ import (
 func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 	s.mu.Lock()
 	s.repl, s.mode = log, mode
+	log.SetTerm(s.term)
 	s.mu.Unlock()
 }
 

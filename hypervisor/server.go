@@ -95,6 +95,7 @@ type Server struct {
 	mode      replicate.Mode
 	term      uint64
 	fenced    bool
+	serving   bool // Serve was called: this node takes guests
 	conns     map[net.Conn]struct{}
 	closed    bool
 	wg        sync.WaitGroup
@@ -112,6 +113,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		slots:     make([]bool, cfg.MaxSessions),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
+		term:      1, // a node starts as the first primary; a promotion raises it
 	}
 	m, err := newMetrics(reg, s)
 	if err != nil {
@@ -131,6 +133,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		return nil
 	}
 	s.listeners[ln] = struct{}{}
+	s.serving = true
 	s.mu.Unlock()
 	for {
 		conn, err := ln.Accept()
@@ -359,6 +362,13 @@ func (s *Server) SetTerm(t uint64) {
 	}
 }
 
+// IsPrimary reports whether this node serves guests.
+func (s *Server) IsPrimary() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serving && !s.fenced
+}
+
 // Term is the node's term.
 func (s *Server) Term() uint64 {
 	s.mu.Lock()
@@ -456,6 +466,8 @@ type Status struct {
 	Sessions []SessionStatus `json:"sessions"`
 	Objects  int             `json:"objects"`
 	Bytes    uint64          `json:"bytes"`
+	Term     uint64          `json:"term"`
+	Primary  bool            `json:"is_primary"`
 }
 
 // Status reports the server's sessions and totals.
@@ -467,7 +479,7 @@ func (s *Server) Status() Status {
 	}
 	s.mu.Unlock()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
-	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}}
+	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary()}
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{

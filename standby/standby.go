@@ -25,6 +25,11 @@ import (
 type Agent struct {
 	Server   *hypervisor.Server // the replica: sessions rebuilt from the stream
 	Receiver *replicate.Receiver
+
+	log        *slog.Logger
+	pcfg       PromoteConfig
+	w          watcher
+	promotions prometheus.Counter
 }
 
 // applier adapts the replica server to replicate.Applier.
@@ -48,8 +53,10 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 	if err := reg.Register(applyTime); err != nil {
 		return nil, err
 	}
+	a := &Agent{Server: srv, log: log}
 	rcfg := replicate.ReceiverConfig{
-		Key: key, Applier: applier{srv}, Log: log,
+		OnHeard: a.heard,
+		Key:     key, Applier: applier{srv}, Log: log,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
 	}
 	if ha, ok := backend.(gpu.HostAllocator); ok {
@@ -64,8 +71,17 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{Server: srv, Receiver: rcv}
+	a.Receiver = rcv
+	a.promotions = prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_promotions_total", Help: "Times this standby took over as primary."})
 	gauges := []prometheus.Collector{
+		a.promotions,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_last_detection_seconds", Help: "Silence from the old primary before the last promotion."},
+			func() float64 {
+				if p := a.Promoted(); p != nil {
+					return p.DetectionMS / 1000
+				}
+				return 0
+			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_standby_applied_sequence", Help: "Last log sequence applied (or buffered, in epoch mode)."},
 			func() float64 { return float64(rcv.Status().Applied) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_standby_connected", Help: "1 while a primary's stream is attached."},
@@ -94,13 +110,18 @@ func (a *Agent) Serve(ln net.Listener) error { return a.Receiver.Serve(ln) }
 // Status is the standby's /status.
 type Status struct {
 	Role        string                   `json:"role"`
+	Promotion   *Promotion               `json:"promotion,omitempty"`
 	Replication replicate.ReceiverStatus `json:"replication"`
 	Replica     hypervisor.Status        `json:"replica"`
 }
 
 // Status reports the replica and the link.
 func (a *Agent) Status() Status {
-	return Status{Role: "standby", Replication: a.Receiver.Status(), Replica: a.Server.Status()}
+	st := Status{Role: "standby", Replication: a.Receiver.Status(), Replica: a.Server.Status(), Promotion: a.Promoted()}
+	if st.Promotion != nil {
+		st.Role = "primary (promoted)"
+	}
+	return st
 }
 
 // Close drops the link and frees the replica.

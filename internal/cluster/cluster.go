@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
@@ -37,6 +38,10 @@ type Options struct {
 	Log          *slog.Logger
 	// NewBackend makes each node's GPU; nil means a 1 GiB software GPU.
 	NewBackend func() (gpu.Backend, error)
+	// Failover makes the standby watch the primary and take over, serving
+	// guests on StandbyEndpoint; guests opened with Guest resume there.
+	Failover bool
+	Detector string // "fixed" (default) or "phi"
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -47,11 +52,14 @@ type Cluster struct {
 	Sender   *replicate.Sender
 	verifier replicate.Verifier
 	Endpoint string // guests' unix endpoint
-	addr     string // standby's replication address
-	Standby  *standby.Agent
-	ln       net.Listener
-	dir      string
-	cancel   context.CancelFunc
+	// StandbyEndpoint is where a promoted standby serves guests.
+	StandbyEndpoint string
+	addr            string // standby's replication address
+	Standby         *standby.Agent
+	ln              net.Listener
+	dir             string
+	cancel          context.CancelFunc
+	stopWatch       context.CancelFunc
 }
 
 // Key is the replication key the fixture uses.
@@ -78,6 +86,7 @@ func Start(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c.dir = dir
+	c.StandbyEndpoint = "unix://" + filepath.Join(dir, "standby.sock")
 	be, err := opts.backend()
 	if err != nil {
 		return nil, err
@@ -103,7 +112,8 @@ func Start(opts Options) (*Cluster, error) {
 		c.Log = replicate.NewLog(opts.MaxLagBytes)
 		c.Primary.Replicate(c.Log, opts.Mode)
 		c.Sender, err = replicate.NewSender(replicate.SenderConfig{Addr: c.addr, Key: Key, Mode: opts.Mode, Log: c.Log,
-			Snapshot: c.Primary.Snapshot, OnVerify: c.verifier.Deliver, Log_: opts.Log})
+			Snapshot: c.Primary.Snapshot, OnVerify: c.verifier.Deliver, Log_: opts.Log,
+			Term: c.Primary.Term, OnFenced: c.Primary.Fence})
 		if err != nil {
 			return nil, err
 		}
@@ -144,12 +154,28 @@ func (c *Cluster) StartStandby() error {
 	}
 	c.Standby, c.ln = a, ln
 	go a.Serve(ln)
+	if c.opts.Failover {
+		ctx, cancel := context.WithCancel(context.Background())
+		c.stopWatch = cancel
+		go a.Watch(ctx, standby.PromoteConfig{GuestListen: c.StandbyEndpoint, Detector: failover.New(c.opts.Detector)})
+	}
 	return nil
+}
+
+// KillPrimary stops the primary abruptly, as a crash would: its guest
+// connections and its replication link drop, its heartbeats stop.
+func (c *Cluster) KillPrimary() {
+	c.Log.Close() // first: nothing the dying primary does may reach the standby
+	c.cancel()
+	c.Primary.Close()
 }
 
 // StopStandby stops the standby and drops its replica.
 func (c *Cluster) StopStandby() {
 	if c.Standby != nil {
+		if c.stopWatch != nil {
+			c.stopWatch()
+		}
 		c.ln.Close()
 		c.Standby.Close()
 		c.Standby = nil
@@ -180,7 +206,11 @@ func (c *Cluster) Verify() (replicate.Report, error) {
 func (c *Cluster) Guest(name string) (*pvdriver.Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return pvdriver.Open(ctx, c.Endpoint, pvdriver.Options{GuestName: name})
+	opts := pvdriver.Options{GuestName: name}
+	if c.opts.Failover {
+		opts.Failover = []string{c.StandbyEndpoint}
+	}
+	return pvdriver.Open(ctx, c.Endpoint, opts)
 }
 
 // Close stops everything.

@@ -1,0 +1,140 @@
+package standby_test
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+func failoverCluster(t *testing.T, mode replicate.Mode) *fixture {
+	t.Helper()
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: mode, StartStandby: true, Failover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	f := &fixture{Cluster: c, t: t}
+	f.waitProtected()
+	return f
+}
+
+// TestFailoverExactlyOnce: a guest keeps launching a kernel that adds into
+// counters (so running a launch twice, or losing one, shows) while the
+// primary dies. The standby takes over, the guest resumes there, and the
+// counters say every launch ran exactly once.
+func TestFailoverExactlyOnce(t *testing.T) {
+	for _, mode := range []replicate.Mode{replicate.ModeSync, replicate.ModeCommit} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c := failoverCluster(t, mode)
+			g := c.guest("counter")
+			img, _ := kernels.Image("histogram")
+			m, err := g.LoadModule(img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := g.GetFunction(m, "histogram")
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n, nbins = 1024, 8
+			data := make([]byte, 4*n)
+			for i := 0; i < n; i++ {
+				binary.LittleEndian.PutUint32(data[4*i:], uint32(i))
+			}
+			dd, _ := g.Alloc(4 * n)
+			if err := g.CopyHtoD(dd, data); err != nil {
+				t.Fatal(err)
+			}
+			bins, _ := g.Alloc(4 * nbins)
+			if err := g.Memset8(bins, 0, 4*nbins); err != nil {
+				t.Fatal(err)
+			}
+			cfg := pvdriver.LaunchConfig{Grid: pvdriver.Dim(n / 256), Block: pvdriver.Dim(256)}
+			const launches = 400
+			killed := false
+			for i := 0; i < launches; i++ {
+				if err := g.Launch(f, cfg, pvdriver.Ptr(dd), pvdriver.U32(n), pvdriver.Ptr(bins), pvdriver.U32(nbins)); err != nil {
+					t.Fatalf("launch %d: %v", i, err)
+				}
+				if i%25 == 24 {
+					if err := g.Synchronize(); err != nil {
+						t.Fatalf("sync after launch %d: %v", i, err)
+					}
+				}
+				if i == 230 && !killed { // mid-batch: some launches unsynchronized
+					c.KillPrimary()
+					killed = true
+				}
+			}
+			if err := g.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			out := make([]byte, 4*nbins)
+			if err := g.CopyDtoH(out, bins); err != nil {
+				t.Fatal(err)
+			}
+			for b := 0; b < nbins; b++ {
+				if got := binary.LittleEndian.Uint32(out[4*b:]); got != launches*n/nbins {
+					t.Fatalf("bin %d counts %d, want %d: launches lost or repeated", b, got, launches*n/nbins)
+				}
+			}
+			fo := g.Failovers()
+			p := c.Standby.Promoted()
+			if len(fo) != 1 || p == nil || p.Term != 2 {
+				t.Fatalf("failovers %+v, promotion %+v", fo, p)
+			}
+			t.Logf("%s: detected after %.0f ms of silence, serving %.1f ms later; guest paused %v, resent %d requests",
+				mode, p.DetectionMS, p.PromotionMS, fo[0].Resumed.Sub(fo[0].Lost).Round(time.Millisecond), fo[0].Resent)
+		})
+	}
+}
+
+// TestFailoverWorkloads: every workload finishes with verified results on
+// the promoted standby when the primary dies while guests run.
+func TestFailoverWorkloads(t *testing.T) {
+	c := failoverCluster(t, replicate.ModeCommit)
+	want := map[string]string{}
+	done := make(chan error, 1)
+	g := c.guest("g")
+	go func() {
+		ws, _ := workload.Select("all")
+		for round := 0; round < 3; round++ {
+			for _, w := range ws {
+				r, err := w.Run(context.Background(), g, 0)
+				if err != nil {
+					done <- err
+					return
+				}
+				if !r.Verified {
+					t.Errorf("round %d %s: %s", round, r.Name, r.Detail)
+				}
+				if prev, ok := want[r.Name]; ok && prev != r.Checksum {
+					t.Errorf("round %d %s: checksum %s differs from the fault-free round's %s", round, r.Name, r.Checksum, prev)
+				}
+				want[r.Name] = r.Checksum
+			}
+			if round == 0 {
+				c.KillPrimary()
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("guest did not finish after failover")
+	}
+	if len(g.Failovers()) != 1 {
+		t.Fatalf("failovers: %+v", g.Failovers())
+	}
+}

@@ -1,0 +1,131 @@
+package standby
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/vgpuha/vgpuha/failover"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
+)
+
+// PromoteConfig says when and how this standby takes over.
+type PromoteConfig struct {
+	// GuestListen is where the promoted node serves guests (they resume
+	// their sessions there).
+	GuestListen string
+	Detector    failover.Detector
+	// Now is the clock (time.Now in production).
+	Now func() time.Time
+}
+
+// Promotion records one takeover.
+type Promotion struct {
+	Term           uint64    `json:"term"`
+	LastHeard      time.Time `json:"last_heard"`
+	Detected       time.Time `json:"detected"`
+	Serving        time.Time `json:"serving"`
+	DetectionMS    float64   `json:"detection_ms"` // silence before the detector fired
+	PromotionMS    float64   `json:"promotion_ms"` // detection to serving guests
+	DiscardedEpoch int       `json:"discarded_epoch_records"`
+}
+
+type watcher struct {
+	mu        sync.Mutex
+	det       failover.Detector
+	lastHeard time.Time
+	promoted  *Promotion
+}
+
+// heard feeds the detector; the receiver calls it for every frame.
+func (a *Agent) heard() {
+	now := a.now()
+	a.w.mu.Lock()
+	a.w.lastHeard = now
+	if a.w.det != nil {
+		a.w.det.Heartbeat(now)
+	}
+	a.w.mu.Unlock()
+}
+
+func (a *Agent) now() time.Time {
+	a.w.mu.Lock()
+	clock := a.pcfg.Now
+	a.w.mu.Unlock()
+	if clock != nil {
+		return clock()
+	}
+	return time.Now()
+}
+
+// Watch runs the failure detector until ctx ends or the node is promoted.
+// It arms only once the replica is in sync: a standby that never held a
+// complete copy must not take over.
+func (a *Agent) Watch(ctx context.Context, cfg PromoteConfig) {
+	a.w.mu.Lock()
+	a.pcfg = cfg
+	a.w.det = cfg.Detector
+	a.w.mu.Unlock()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st := a.Receiver.Status()
+		if !st.InSync || st.Fenced {
+			continue
+		}
+		now := a.now()
+		a.w.mu.Lock()
+		suspect := a.w.det.Suspect(now)
+		last := a.w.lastHeard
+		a.w.mu.Unlock()
+		if suspect {
+			if err := a.Promote(last, now); err != nil {
+				a.log.Error("promotion failed", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// Promote makes this standby the primary: it raises the term, stops taking
+// the old primary's stream (and tells it so if it comes back), drops an
+// uncommitted epoch, and serves guests on the configured endpoint with
+// every session, handle and device address intact.
+func (a *Agent) Promote(lastHeard, detected time.Time) error {
+	st := a.Receiver.Status()
+	term := st.Term + 1
+	a.Receiver.Fence(term)
+	dropped := a.Receiver.DiscardEpoch()
+	a.Server.SetTerm(term)
+	a.w.mu.Lock()
+	endpoint := a.pcfg.GuestListen
+	a.w.mu.Unlock()
+	ln, err := transport.Listen(endpoint)
+	if err != nil {
+		return fmt.Errorf("serving guests after promotion: %w", err)
+	}
+	go a.Server.Serve(ln)
+	p := &Promotion{Term: term, LastHeard: lastHeard, Detected: detected, Serving: a.now(), DiscardedEpoch: dropped}
+	p.DetectionMS = float64(detected.Sub(lastHeard).Microseconds()) / 1000
+	p.PromotionMS = float64(p.Serving.Sub(detected).Microseconds()) / 1000
+	a.w.mu.Lock()
+	a.w.promoted = p
+	a.w.mu.Unlock()
+	a.promotions.Inc()
+	a.log.Warn("promoted to primary", "term", term, "silence_ms", p.DetectionMS, "promotion_ms", p.PromotionMS,
+		"guest_endpoint", endpoint, "applied_seq", st.Applied, "discarded_epoch_records", dropped)
+	return nil
+}
+
+// Promoted returns the takeover, if there was one.
+func (a *Agent) Promoted() *Promotion {
+	a.w.mu.Lock()
+	defer a.w.mu.Unlock()
+	return a.w.promoted
+}
