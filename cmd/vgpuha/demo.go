@@ -2,76 +2,171 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
-	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )
 
-// runDemo starts a primary on the software GPU behind a unix socket in a
-// temporary directory, and runs every example workload through pvdriver.
+// runDemo shows the product's point on one machine: it starts a standby and
+// a primary as separate processes (the embedded default: the software GPU
+// unless a GPU is present, everything on loopback), runs every workload
+// through a guest, SIGKILLs the primary in the middle of the second round,
+// and the guest finishes on the promoted standby with verified results.
 func runDemo(args []string) error {
 	fs := newFlags("demo", "[flags]")
-	size := fs.Int("size", 0, "problem size for every workload (0: defaults)")
-	var bf backendFlags
-	bf.register(fs)
-	newLog := logFlag(fs)
+	backendName := fs.String("backend", "auto", "GPU backend for both nodes: auto, cuda or sim")
+	mode := fs.String("mode", "commit", "replication mode")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log := newLog()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "vgpuha-demo")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	endpoint := "unix://" + filepath.Join(dir, "guest.sock")
+	key := make([]byte, 32)
+	rand.Read(key)
+	keyFile := filepath.Join(dir, "key")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
+		return err
+	}
+	ports := make([]string, 3)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		ports[i] = ln.Addr().String()
+		ln.Close()
+	}
+	repl, primaryAdmin, standbyAdmin := ports[0], ports[1], ports[2]
+	primaryEP, standbyEP := "unix://"+filepath.Join(dir, "primary.sock"), "unix://"+filepath.Join(dir, "standby.sock")
 
-	backend, err := bf.open()
+	start := func(name string, args ...string) (*exec.Cmd, error) {
+		cmd := exec.Command(self, args...)
+		logf, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		cmd.Stderr = logf
+		return cmd, cmd.Start()
+	}
+	sb, err := start("standby", "standby", "--backend", *backendName, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
+		"--guest-listen", standbyEP, "--admin-listen", standbyAdmin)
 	if err != nil {
 		return err
 	}
-	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer func() { sb.Process.Kill(); sb.Wait() }()
+	pr, err := start("primary", "primary", "--backend", *backendName, "--guest-listen", primaryEP, "--replicate-to", "tcp://"+repl,
+		"--replicate.key-file", keyFile, "--mode", *mode, "--admin-listen", primaryAdmin)
 	if err != nil {
 		return err
 	}
-	ln, err := transport.Listen(endpoint)
-	if err != nil {
-		return err
+	defer func() { pr.Process.Kill(); pr.Wait() }()
+
+	var pst struct {
+		Backend     string
+		Replication struct{ State string }
 	}
-	go srv.Serve(ln)
-	defer srv.Close()
-	fmt.Printf("primary: %s backend, guests on %s\n", backend.Name(), endpoint)
+	if err := waitFor(10*time.Second, func() bool {
+		return getJSON(primaryAdmin, &pst) == nil && pst.Replication.State == "protected"
+	}); err != nil {
+		return fmt.Errorf("primary never became protected (logs in %s): %w", dir, err)
+	}
+	fmt.Printf("primary (pid %d) and standby (pid %d) up: %s backend, %s mode, protected\n", pr.Process.Pid, sb.Process.Pid, pst.Backend, *mode)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	c, err := pvdriver.Open(ctx, endpoint, pvdriver.Options{GuestName: "demo"})
+	c, err := pvdriver.Open(ctx, primaryEP, pvdriver.Options{GuestName: "demo", Failover: []string{standbyEP}})
 	cancel()
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	base, _ := c.Window()
-	fmt.Printf("guest: session %d, device window at %#x\n\n", c.Session(), base)
 	ws, _ := workload.Select("all")
-	start := time.Now()
-	rep, err := runWorkloads(context.Background(), c, ws, *size)
+	first, err := runWorkloads(context.Background(), c, ws, 0)
 	if err != nil {
 		return err
 	}
-	printResults(os.Stdout, rep.Workloads)
-	log.Debug("demo finished", "elapsed", time.Since(start))
-	fmt.Printf("\n%d workloads in %v, all verified: %v\n", len(rep.Workloads), time.Since(start).Round(time.Millisecond), rep.Verified)
-	if !rep.Verified {
-		return fmt.Errorf("some results are wrong")
+	fmt.Printf("round 1 on the primary: %d workloads, all verified: %v\n", len(first.Workloads), first.Verified)
+
+	// Round 2: kill the primary after the first workload.
+	var killed time.Time
+	second := guestReport{Verified: true}
+	for i, w := range ws {
+		r, err := w.Run(context.Background(), c, 0)
+		if err != nil {
+			return fmt.Errorf("after the failover: %w", err)
+		}
+		r.Verified = r.Verified && r.Checksum == first.Workloads[i].Checksum
+		second.Workloads = append(second.Workloads, r)
+		second.Verified = second.Verified && r.Verified
+		if i == 0 {
+			killed = time.Now()
+			pr.Process.Kill()
+			fmt.Printf("SIGKILL primary after %s in round 2\n", r.Name)
+		}
+	}
+	fmt.Println()
+	printResults(os.Stdout, second.Workloads)
+	var sst struct {
+		Role      string
+		Promotion *struct {
+			Term        uint64
+			DetectionMS float64 `json:"detection_ms"`
+			PromotionMS float64 `json:"promotion_ms"`
+			Serving     time.Time
+		}
+	}
+	getJSON(standbyAdmin, &sst)
+	fmt.Println("\ntimeline:")
+	fmt.Printf("  t=0        primary killed\n")
+	if p := sst.Promotion; p != nil {
+		fmt.Printf("  +%-8s  standby detected the silence (%.0f ms without a heartbeat) and was promoted to term %d in %.1f ms\n",
+			p.Serving.Sub(killed).Round(time.Millisecond), p.DetectionMS, p.Term, p.PromotionMS)
+	}
+	for _, f := range c.Failovers() {
+		fmt.Printf("  +%-8s  guest resumed its session on %s (resent %d requests); guest paused for %v\n",
+			f.Resumed.Sub(killed).Round(time.Millisecond), strings.TrimPrefix(f.Endpoint, "unix://"), f.Resent, f.Resumed.Sub(f.Lost).Round(time.Millisecond))
+	}
+	fmt.Printf("\nround 2 finished on the promoted standby (%s); results verified and identical to round 1: %v\n", sst.Role, second.Verified)
+	if !second.Verified || len(c.Failovers()) != 1 {
+		return fmt.Errorf("failover demo failed (logs in %s)", dir)
 	}
 	return nil
+}
+
+func waitFor(d time.Duration, ok func() bool) error {
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v", d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+func getJSON(addr string, v any) error {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + "/status")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
 }

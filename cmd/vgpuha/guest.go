@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -30,6 +31,7 @@ func runGuest(args []string) error {
 	size := fs.Int("size", 0, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	guestName := fs.String("name", "guest", "guest name shown in the hypervisor's status")
+	failoverTo := fs.String("failover", "", "comma-separated endpoints (the standby's) to resume the session on if the hypervisor is lost")
 	hold := fs.Bool("hold", false, "keep the session (and its device memory) open after the workloads until SIGINT/SIGTERM")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -39,7 +41,11 @@ func runGuest(args []string) error {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	c, err := pvdriver.Open(ctx, *endpoint, pvdriver.Options{GuestName: *guestName})
+	opts := pvdriver.Options{GuestName: *guestName}
+	if *failoverTo != "" {
+		opts.Failover = strings.Split(*failoverTo, ",")
+	}
+	c, err := pvdriver.Open(ctx, *endpoint, opts)
 	cancel()
 	if err != nil {
 		return err

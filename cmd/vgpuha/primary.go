@@ -78,6 +78,7 @@ func runPrimary(args []string) error {
 		sender, err = replicate.NewSender(replicate.SenderConfig{
 			Addr: e.Address, Key: key, Mode: mode, Log: replLog, Log_: log,
 			Snapshot: srv.Snapshot, OnVerify: verifier.Deliver,
+			Term: srv.Term, OnFenced: srv.Fence,
 		})
 		if err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
@@ -19,6 +20,8 @@ func runStandby(args []string) error {
 	listen := fs.String("listen", "tcp://127.0.0.1:7071", "where the primary's replication stream connects: tcp://HOST:PORT")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (the primary's)")
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
+	guestListen := fs.String("guest-listen", "", "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
+	detector := fs.String("failover.detector", "fixed", "failure detector: fixed (250 ms without a heartbeat) or phi (phi-accrual, threshold 8)")
 	var bf backendFlags
 	bf.register(fs)
 	cfg := hypervisor.DefaultConfig()
@@ -56,7 +59,10 @@ func runStandby(args []string) error {
 		return err
 	}
 	go agent.Serve(ln)
-	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name())
+	if *guestListen != "" {
+		go agent.Watch(ctx, standby.PromoteConfig{GuestListen: *guestListen, Detector: failover.New(*detector)})
+	}
+	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name(), "takes_over_on", *guestListen)
 	<-ctx.Done()
 	ln.Close()
 	agent.Close()
