@@ -139,7 +139,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		conn, err := ln.Accept()
 		if err != nil {
 			s.mu.Lock()
-			closed := s.closed
+			closed := s.closed || s.fenced
 			delete(s.listeners, ln)
 			s.mu.Unlock()
 			if closed {

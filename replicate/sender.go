@@ -138,6 +138,9 @@ func (s *Sender) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reading standby state: %w", err)
 	}
+	if typ == msgFenced {
+		return s.fenced(payload)
+	}
 	if typ != msgState || len(payload) != 16 {
 		return fmt.Errorf("%w: expected standby state", ErrCorrupt)
 	}
@@ -287,15 +290,7 @@ func (s *Sender) readAcks(c net.Conn, l *link) error {
 			}
 			s.mu.Unlock()
 		case msgFenced:
-			if len(payload) != 8 {
-				return fmt.Errorf("%w: fence of %d bytes", ErrCorrupt, len(payload))
-			}
-			term := binary.LittleEndian.Uint64(payload)
-			s.log.Warn("the standby was promoted under a newer term; this primary is fenced", "term", term)
-			if s.cfg.OnFenced != nil {
-				s.cfg.OnFenced(term)
-			}
-			return fmt.Errorf("fenced by term %d", term)
+			return s.fenced(payload)
 		case msgVerifyReply:
 			id, sums, err := decodeSums(payload)
 			if err != nil {
@@ -308,4 +303,18 @@ func (s *Sender) readAcks(c net.Conn, l *link) error {
 			return fmt.Errorf("%w: unexpected message %d from standby", ErrCorrupt, typ)
 		}
 	}
+}
+
+// fenced handles the standby's answer that it was promoted: this primary
+// must stop serving guests.
+func (s *Sender) fenced(payload []byte) error {
+	if len(payload) != 8 {
+		return fmt.Errorf("%w: fence of %d bytes", ErrCorrupt, len(payload))
+	}
+	term := binary.LittleEndian.Uint64(payload)
+	s.log.Warn("the standby was promoted under a newer term; this primary is fenced", "term", term)
+	if s.cfg.OnFenced != nil {
+		s.cfg.OnFenced(term)
+	}
+	return fmt.Errorf("fenced by term %d", term)
 }

@@ -224,6 +224,65 @@ func TestDemo(t *testing.T) {
 	if verified != len(workload.Names()) {
 		t.Fatalf("demo verified %d workloads, want %d:\n%s", verified, len(workload.Names()), out)
 	}
+	for _, want := range []string{"SIGKILL primary", "promoted to term 2", "guest resumed its session", "identical to round 1: true"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestFrozenPrimaryComesBackFenced: a primary frozen with SIGSTOP is
+// replaced by the standby; when it is thawed it learns the newer term on its
+// replication link and stops serving instead of acting as a second primary.
+func TestFrozenPrimaryComesBackFenced(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
+	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
+	sb := &proc{cmd: exec.Command(binary, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
+		"--guest-listen", "unix://"+standbySock, "--admin-listen", standbyAdmin), stderr: &syncBuffer{}}
+	sb.cmd.Stderr = sb.stderr
+	if err := sb.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sb.cmd.Process.Kill(); sb.cmd.Wait() }()
+	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr,
+		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile)
+	waitLog := func(pr *proc, what string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for !strings.Contains(pr.stderr.String(), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in log:\n%s", what, pr.stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitLog(p, "primary is protected")
+	p.cmd.Process.Signal(syscall.SIGSTOP)
+	waitLog(sb, "promoted to primary")
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	waitLog(p, "fenced")
+	resp, err := http.Get("http://" + adminAddr + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Term    uint64
+		Primary bool `json:"is_primary"`
+	}
+	json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if st.Primary {
+		t.Fatalf("thawed primary still claims to be primary: %+v", st)
+	}
+	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err == nil {
+		t.Fatal("a fenced primary served a guest")
+	}
+	if _, err := runGuestProc("unix://"+standbySock, "vadd", 0); err != nil {
+		t.Fatalf("the promoted standby does not serve guests: %v", err)
+	}
 }
 
 // TestReplicationProcesses runs a standby and a primary as separate

@@ -144,6 +144,11 @@ func runPrimary(args []string) error {
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", "signal")
 	case err = <-errc:
+		if err == nil && !srv.IsPrimary() {
+			// Fenced: stay up so operators can see why in /status.
+			log.Warn("fenced; no longer serving guests; waiting for SIGTERM")
+			<-ctx.Done()
+		}
 	}
 	srv.Close()
 	if e, perr := transport.Parse(*listen); perr == nil && e.Scheme == "unix" {
