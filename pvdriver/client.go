@@ -96,8 +96,9 @@ type Client struct {
 	conn     net.Conn
 	gen      uint64 // connection generation
 	pending  map[uint64]chan result
-	kept     []keptFrame // sent since the last commit point, in order
-	err      error       // why the client ended
+	waiting  map[uint64]time.Time // when each pending call was made (failover only)
+	kept     []keptFrame          // sent since the last commit point, in order
+	err      error                // why the client ended
 	failures []Failover
 
 	session            uint64
@@ -162,8 +163,12 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 		done:       make(chan struct{}),
 		resumed:    make(chan *bufio.Writer),
 		pending:    map[uint64]chan result{},
+		waiting:    map[uint64]time.Time{},
 	}
 	go c.writeLoop(bufio.NewWriterSize(conn, 256<<10))
+	if c.failover() {
+		go c.watchdog()
+	}
 	go c.readLoop(conn, 0)
 	var hr abi.HelloReply
 	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName}, &hr); err != nil {
@@ -235,11 +240,85 @@ func (c *Client) lost(gen uint64, err error) {
 	go c.resume(c.gen, err)
 }
 
+// stallAfter is how long a call may wait before the client checks whether
+// another node has taken its session over. A frozen primary keeps its
+// connection open, so only a promoted standby accepting the session tells
+// the guest to move.
+const stallAfter = 300 * time.Millisecond
+
+// watchdog looks for a promoted node while a call is stalled.
+func (c *Client) watchdog() {
+	t := time.NewTicker(stallAfter / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		stalled, gen := false, c.gen
+		for _, since := range c.waiting {
+			if time.Since(since) > stallAfter {
+				stalled = true
+				break
+			}
+		}
+		c.mu.Unlock()
+		if !stalled {
+			continue
+		}
+		// Only a node that was promoted serves guests, and it takes the
+		// session only if it holds it unattached: safe to ask.
+		for _, ep := range c.endpoints[1:] {
+			conn, hr, err := c.resumeOn(ep)
+			if err != nil {
+				continue
+			}
+			c.mu.Lock()
+			if gen != c.gen || c.err != nil {
+				c.mu.Unlock()
+				conn.Close()
+				break
+			}
+			c.gen++
+			old := c.conn
+			c.mu.Unlock()
+			old.Close()
+			c.switchTo(c.gen, conn, ep, hr, time.Now().Add(-stallAfter))
+			break
+		}
+	}
+}
+
+// switchTo makes conn (where the session was just resumed) the client's
+// connection: reads start there and the writer resends the kept requests.
+func (c *Client) switchTo(gen uint64, conn net.Conn, ep string, hr abi.HelloReply, lost time.Time) {
+	c.mu.Lock()
+	c.conn = conn
+	n := 0
+	for _, k := range c.kept {
+		if k.sent {
+			n++
+		}
+	}
+	c.failures = append(c.failures, Failover{Lost: lost, Resumed: time.Now(), Endpoint: ep, Term: hr.Term, Resent: n})
+	for id := range c.waiting {
+		c.waiting[id] = time.Now()
+	}
+	c.mu.Unlock()
+	go c.readLoop(conn, gen)
+	select {
+	case c.resumed <- bufio.NewWriterSize(conn, 256<<10):
+	case <-c.done:
+	}
+}
+
 // resume finds a node holding the session, resumes it there, and hands the
 // new connection to the writer, which resends the kept requests.
 func (c *Client) resume(gen uint64, cause error) {
-	fo := Failover{Lost: time.Now()}
-	deadline := fo.Lost.Add(c.opts.ResumeTimeout)
+	lostAt := time.Now()
+	deadline := lostAt.Add(c.opts.ResumeTimeout)
 	var lastErr error = cause
 	for attempt := 0; time.Now().Before(deadline); attempt++ {
 		select {
@@ -256,21 +335,13 @@ func (c *Client) resume(gen uint64, cause error) {
 				continue
 			}
 			c.mu.Lock()
-			c.conn = conn
-			n := 0
-			for _, k := range c.kept {
-				if k.sent {
-					n++
-				}
-			}
-			fo.Resumed, fo.Endpoint, fo.Term, fo.Resent = time.Now(), ep, hr.Term, n
-			c.failures = append(c.failures, fo)
+			stale := gen != c.gen
 			c.mu.Unlock()
-			go c.readLoop(conn, gen)
-			select {
-			case c.resumed <- bufio.NewWriterSize(conn, 256<<10):
-			case <-c.done:
+			if stale { // the watchdog moved the session meanwhile
+				conn.Close()
+				return
 			}
+			c.switchTo(gen, conn, ep, hr, lostAt)
 			return
 		}
 		time.Sleep(min(20*time.Millisecond*time.Duration(attempt+1), 200*time.Millisecond))
@@ -409,6 +480,7 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 		c.mu.Lock()
 		ch := c.pending[f.RequestID]
 		delete(c.pending, f.RequestID)
+		delete(c.waiting, f.RequestID)
 		c.mu.Unlock()
 		if ch != nil {
 			ch <- result{payload: append([]byte(nil), f.Payload...)}
@@ -461,6 +533,9 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 		return c.closedErr()
 	}
 	c.pending[id] = ch
+	if c.failover() {
+		c.waiting[id] = time.Now()
+	}
 	c.mu.Unlock()
 	if err := c.send(id, frame); err != nil {
 		return err

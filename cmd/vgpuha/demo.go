@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/workload"
@@ -30,64 +31,19 @@ func runDemo(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	self, err := os.Executable()
+	pair, err := startPair(*backendName, *mode)
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "vgpuha-demo")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	key := make([]byte, 32)
-	rand.Read(key)
-	keyFile := filepath.Join(dir, "key")
-	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
-		return err
-	}
-	ports := make([]string, 3)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		ports[i] = ln.Addr().String()
-		ln.Close()
-	}
-	repl, primaryAdmin, standbyAdmin := ports[0], ports[1], ports[2]
-	primaryEP, standbyEP := "unix://"+filepath.Join(dir, "primary.sock"), "unix://"+filepath.Join(dir, "standby.sock")
-
-	start := func(name string, args ...string) (*exec.Cmd, error) {
-		cmd := exec.Command(self, args...)
-		logf, err := os.Create(filepath.Join(dir, name+".log"))
-		if err != nil {
-			return nil, err
-		}
-		cmd.Stderr = logf
-		return cmd, cmd.Start()
-	}
-	sb, err := start("standby", "standby", "--backend", *backendName, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
-		"--guest-listen", standbyEP, "--admin-listen", standbyAdmin)
-	if err != nil {
-		return err
-	}
-	defer func() { sb.Process.Kill(); sb.Wait() }()
-	pr, err := start("primary", "primary", "--backend", *backendName, "--guest-listen", primaryEP, "--replicate-to", "tcp://"+repl,
-		"--replicate.key-file", keyFile, "--mode", *mode, "--admin-listen", primaryAdmin)
-	if err != nil {
-		return err
-	}
-	defer func() { pr.Process.Kill(); pr.Wait() }()
+	defer pair.stop()
+	pr, sb, dir := pair.primary, pair.standby, pair.dir
+	primaryAdmin, standbyAdmin, primaryEP, standbyEP := pair.primaryAdmin, pair.standbyAdmin, pair.primaryEP, pair.standbyEP
 
 	var pst struct {
 		Backend     string
 		Replication struct{ State string }
 	}
-	if err := waitFor(10*time.Second, func() bool {
-		return getJSON(primaryAdmin, &pst) == nil && pst.Replication.State == "protected"
-	}); err != nil {
-		return fmt.Errorf("primary never became protected (logs in %s): %w", dir, err)
-	}
+	getJSON(primaryAdmin, &pst)
 	fmt.Printf("primary (pid %d) and standby (pid %d) up: %s backend, %s mode, protected\n", pr.Process.Pid, sb.Process.Pid, pst.Backend, *mode)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -148,6 +104,84 @@ func runDemo(args []string) error {
 		return fmt.Errorf("failover demo failed (logs in %s)", dir)
 	}
 	return nil
+}
+
+// pair is a primary and a standby running as child processes of this
+// binary, on loopback, sharing a fresh replication key.
+type pair struct {
+	dir                        string
+	primary, standby           *exec.Cmd
+	primaryEP, standbyEP       string
+	primaryAdmin, standbyAdmin string
+}
+
+func startPair(backend, mode string) (*pair, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "vgpuha-pair")
+	if err != nil {
+		return nil, err
+	}
+	p := &pair{dir: dir}
+	key := make([]byte, 32)
+	rand.Read(key)
+	keyFile := filepath.Join(dir, "key")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
+		return nil, err
+	}
+	ports := make([]string, 3)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = ln.Addr().String()
+		ln.Close()
+	}
+	repl := ports[0]
+	p.primaryAdmin, p.standbyAdmin = ports[1], ports[2]
+	p.primaryEP, p.standbyEP = "unix://"+filepath.Join(dir, "primary.sock"), "unix://"+filepath.Join(dir, "standby.sock")
+	start := func(name string, args ...string) (*exec.Cmd, error) {
+		cmd := exec.Command(self, args...)
+		logf, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		cmd.Stderr = logf
+		return cmd, cmd.Start()
+	}
+	if p.standby, err = start("standby", "standby", "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standbyAdmin); err != nil {
+		p.stop()
+		return nil, err
+	}
+	if p.primary, err = start("primary", "primary", "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+repl,
+		"--replicate.key-file", keyFile, "--mode", mode, "--admin-listen", p.primaryAdmin); err != nil {
+		p.stop()
+		return nil, err
+	}
+	var st struct{ Replication struct{ State string } }
+	if err := waitFor(10*time.Second, func() bool {
+		return getJSON(p.primaryAdmin, &st) == nil && st.Replication.State == "protected"
+	}); err != nil {
+		p.stop()
+		return nil, fmt.Errorf("primary never became protected (logs in %s): %w", dir, err)
+	}
+	return p, nil
+}
+
+// stop kills both nodes and removes their files.
+func (p *pair) stop() {
+	for _, c := range []*exec.Cmd{p.primary, p.standby} {
+		if c != nil && c.Process != nil {
+			c.Process.Signal(syscall.SIGCONT)
+			c.Process.Kill()
+			c.Wait()
+		}
+	}
+	os.RemoveAll(p.dir)
 }
 
 func waitFor(d time.Duration, ok func() bool) error {

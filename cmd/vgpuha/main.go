@@ -23,6 +23,7 @@ var commands = map[string]command{
 	"bench":   {"run a benchmark (pv, replicate)", runBench},
 	"standby": {"apply a primary's replication stream to a replica GPU", runStandby},
 	"verify":  {"compare every object on primary and standby (and repair)", runVerify},
+	"drill":   {"inject faults into a primary/standby pair under a guest workload and measure", runDrill},
 }
 
 func usage() {

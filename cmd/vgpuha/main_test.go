@@ -20,7 +20,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/workload"
 )
 
-var binary string
+var vgpuhaBin string
 
 // TestMain builds the real vgpuha binary once; the tests run it as separate
 // processes talking over real sockets.
@@ -29,8 +29,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "vgpuha")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	vgpuhaBin = filepath.Join(dir, "vgpuha")
+	out, err := exec.Command("go", "build", "-o", vgpuhaBin, ".").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building vgpuha: %v\n%s", err, out)
 		os.Exit(1)
@@ -70,7 +70,7 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // startPrimary runs `vgpuha primary` and waits until it accepts guests.
 func startPrimary(t *testing.T, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(binary, append([]string{"primary"}, args...)...), stderr: &syncBuffer{}}
+	p := &proc{cmd: exec.Command(vgpuhaBin, append([]string{"primary"}, args...)...), stderr: &syncBuffer{}}
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -96,7 +96,7 @@ func startPrimary(t *testing.T, args ...string) *proc {
 
 func runGuestProc(endpoint, name string, size int) (guestReport, error) {
 	var rep guestReport
-	cmd := exec.Command(binary, "guest", "--endpoint", endpoint, "--workload", name, "--json", "--size", fmt.Sprint(size))
+	cmd := exec.Command(vgpuhaBin, "guest", "--endpoint", endpoint, "--workload", name, "--json", "--size", fmt.Sprint(size))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -199,18 +199,18 @@ func TestPrimaryServesGuests(t *testing.T) {
 // TestGuestFailsOnWrongResult: the guest command's exit status reflects a
 // failure to run (here: no hypervisor), never a silent success.
 func TestGuestExitStatus(t *testing.T) {
-	cmd := exec.Command(binary, "guest", "--endpoint", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--workload", "vadd")
+	cmd := exec.Command(vgpuhaBin, "guest", "--endpoint", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--workload", "vadd")
 	if err := cmd.Run(); err == nil {
 		t.Fatal("guest with no hypervisor exited 0")
 	}
-	cmd = exec.Command(binary, "guest", "--workload", "nope")
+	cmd = exec.Command(vgpuhaBin, "guest", "--workload", "nope")
 	if err := cmd.Run(); err == nil {
 		t.Fatal("guest with an unknown workload exited 0")
 	}
 }
 
 func TestDemo(t *testing.T) {
-	out, err := exec.Command(binary, "demo").CombinedOutput()
+	out, err := exec.Command(vgpuhaBin, "demo").CombinedOutput()
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
@@ -240,7 +240,7 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
 	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
 	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
-	sb := &proc{cmd: exec.Command(binary, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
+	sb := &proc{cmd: exec.Command(vgpuhaBin, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
 		"--guest-listen", "unix://"+standbySock, "--admin-listen", standbyAdmin), stderr: &syncBuffer{}}
 	sb.cmd.Stderr = sb.stderr
 	if err := sb.cmd.Start(); err != nil {
@@ -294,7 +294,7 @@ func TestReplicationProcesses(t *testing.T) {
 	replAddr, adminAddr := freePort(t), freePort(t)
 	sock := filepath.Join(dir, "g.sock")
 
-	sb := &proc{cmd: exec.Command(binary, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile), stderr: &syncBuffer{}}
+	sb := &proc{cmd: exec.Command(vgpuhaBin, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile), stderr: &syncBuffer{}}
 	sb.cmd.Stderr = sb.stderr
 	if err := sb.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -311,7 +311,7 @@ func TestReplicationProcesses(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 2; i++ {
-		h := exec.Command(binary, "guest", "--endpoint", "unix://"+sock, "--workload", "all", "--hold")
+		h := exec.Command(vgpuhaBin, "guest", "--endpoint", "unix://"+sock, "--workload", "all", "--hold")
 		stderr := &syncBuffer{}
 		h.Stderr = stderr
 		if err := h.Start(); err != nil {
@@ -326,7 +326,7 @@ func TestReplicationProcesses(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	out, err := exec.Command(binary, "verify", "--admin", adminAddr, "--json").Output()
+	out, err := exec.Command(vgpuhaBin, "verify", "--admin", adminAddr, "--json").Output()
 	if err != nil {
 		t.Fatalf("verify: %v\n%s\nstandby log:\n%s", err, out, sb.stderr.String())
 	}
@@ -353,5 +353,28 @@ func TestReplicationProcesses(t *testing.T) {
 			t.Fatalf("standby did not refuse a primary with the wrong key:\n%s", sb.stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDrill runs every fault kind once through `vgpuha drill` (CI's share
+// of the drills; longer runs are in the closing notes).
+func TestDrill(t *testing.T) {
+	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "3", "--json", "--backend", "sim").Output()
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, out)
+	}
+	var rep struct {
+		Iterations, Passed int
+		LostRequests       int64 `json:"lost_requests"`
+		Records            []struct {
+			Fault  string
+			Passed bool
+		}
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("drill output %q: %v", out, err)
+	}
+	if rep.Iterations != 3 || rep.Passed != 3 || rep.LostRequests != 0 {
+		t.Fatalf("drill report: %+v", rep)
 	}
 }

@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver"
+)
+
+// drillRecord is one drill iteration.
+type drillRecord struct {
+	Iteration    int     `json:"iteration"`
+	Fault        string  `json:"fault"`
+	AtLaunch     int     `json:"at_launch"`
+	Passed       bool    `json:"passed"`
+	Failovers    int     `json:"failovers"`
+	DetectionMS  float64 `json:"detection_ms,omitempty"`
+	PromotionMS  float64 `json:"promotion_ms,omitempty"`
+	PauseMS      float64 `json:"pause_ms,omitempty"`
+	LostRequests int64   `json:"lost_requests"` // negative: applied twice
+	Fenced       bool    `json:"old_primary_fenced,omitempty"`
+	Problem      string  `json:"problem,omitempty"`
+}
+
+type quantiles struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+type drillReport struct {
+	Topology     string        `json:"topology"`
+	Mode         string        `json:"mode"`
+	Iterations   int           `json:"iterations"`
+	Passed       int           `json:"passed"`
+	Failed       int           `json:"failed"`
+	LostRequests int64         `json:"lost_requests"`
+	DetectionMS  quantiles     `json:"detection_ms"`
+	PauseMS      quantiles     `json:"pause_ms"`
+	Records      []drillRecord `json:"records"`
+}
+
+func runDrill(args []string) error {
+	fs := newFlags("drill", "[flags]")
+	iterations := fs.Int("iterations", 3, "iterations")
+	faults := fs.String("faults", "kill,freeze,standby-kill", "faults to cycle through: kill (SIGKILL primary), freeze (SIGSTOP primary, SIGCONT after the takeover), standby-kill")
+	mode := fs.String("mode", "commit", "replication mode: sync or commit (the modes that promise no loss)")
+	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
+	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	kinds := strings.Split(*faults, ",")
+	rng := rand.New(rand.NewPCG(*seed, *seed^0x9e3779b97f4a7c15))
+	rep := drillReport{Mode: *mode, Topology: "processes on loopback (network namespaces not used yet: link partitions are not drilled)"}
+	for i := 0; i < *iterations; i++ {
+		fault := kinds[i%len(kinds)]
+		at := 60 + rng.IntN(280)
+		rec := drillOnce(*backendName, *mode, fault, at)
+		rec.Iteration = i + 1
+		rep.Records = append(rep.Records, rec)
+		if !*asJSON {
+			fmt.Fprintf(os.Stderr, "iteration %d/%d: %s at launch %d: passed=%v %s\n", i+1, *iterations, fault, at, rec.Passed, rec.Problem)
+		}
+	}
+	var det, pause []float64
+	for _, r := range rep.Records {
+		rep.Iterations++
+		if r.Passed {
+			rep.Passed++
+		} else {
+			rep.Failed++
+		}
+		rep.LostRequests += max(r.LostRequests, -r.LostRequests)
+		if r.Failovers > 0 {
+			det = append(det, r.DetectionMS)
+			pause = append(pause, r.PauseMS)
+		}
+	}
+	rep.DetectionMS, rep.PauseMS = quantilesOf(det), quantilesOf(pause)
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep)
+	} else {
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ITER\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tFENCED")
+		for _, r := range rep.Records {
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%.0f\t%.1f\t%.0f\t%d\t%v\n", r.Iteration, r.Fault, r.AtLaunch, r.Passed, r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.Fenced)
+		}
+		tw.Flush()
+		fmt.Printf("\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
+		fmt.Printf("detection ms p50 %.0f p99 %.0f max %.0f; guest pause ms p50 %.0f p99 %.0f max %.0f\n",
+			rep.DetectionMS.P50, rep.DetectionMS.P99, rep.DetectionMS.Max, rep.PauseMS.P50, rep.PauseMS.P99, rep.PauseMS.Max)
+	}
+	if rep.Failed > 0 {
+		return fmt.Errorf("%d of %d iterations failed", rep.Failed, rep.Iterations)
+	}
+	return nil
+}
+
+func quantilesOf(v []float64) quantiles {
+	if len(v) == 0 {
+		return quantiles{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return quantiles{P50: at(0.5), P99: at(0.99), Max: s[len(s)-1]}
+}
+
+// drillOnce runs a counter workload (every launch adds into counters, so a
+// lost or repeated launch shows exactly) on a fresh primary/standby pair
+// and injects fault at launch number at.
+func drillOnce(backend, mode, fault string, at int) drillRecord {
+	rec := drillRecord{Fault: fault, AtLaunch: at}
+	fail := func(format string, a ...any) drillRecord {
+		rec.Problem = fmt.Sprintf(format, a...)
+		return rec
+	}
+	p, err := startPair(backend, mode)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer p.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	g, err := pvdriver.Open(ctx, p.primaryEP, pvdriver.Options{GuestName: "drill", Failover: []string{p.standbyEP}})
+	cancel()
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer g.Close()
+	img, _ := kernels.Image("histogram")
+	m, err := g.LoadModule(img)
+	if err != nil {
+		return fail("%v", err)
+	}
+	f, err := g.GetFunction(m, "histogram")
+	if err != nil {
+		return fail("%v", err)
+	}
+	const n, nbins, launches = 1024, 16, 400
+	data := make([]byte, 4*n)
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint32(data[4*i:], uint32(i))
+	}
+	dd, err := g.Alloc(4 * n)
+	if err != nil {
+		return fail("%v", err)
+	}
+	bins, err := g.Alloc(4 * nbins)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if err := g.CopyHtoD(dd, data); err != nil {
+		return fail("%v", err)
+	}
+	if err := g.Memset8(bins, 0, 4*nbins); err != nil {
+		return fail("%v", err)
+	}
+	cfg := pvdriver.LaunchConfig{Grid: pvdriver.Dim(n / 256), Block: pvdriver.Dim(256)}
+	var struck time.Time
+	for i := 0; i < launches; i++ {
+		if i == at {
+			struck = time.Now()
+			switch fault {
+			case "kill":
+				p.primary.Process.Kill()
+			case "freeze":
+				p.primary.Process.Signal(syscall.SIGSTOP)
+			case "standby-kill":
+				p.standby.Process.Kill()
+			default:
+				return fail("unknown fault %q", fault)
+			}
+		}
+		if err := g.Launch(f, cfg, pvdriver.Ptr(dd), pvdriver.U32(n), pvdriver.Ptr(bins), pvdriver.U32(nbins)); err != nil {
+			return fail("launch %d: %v", i, err)
+		}
+		if i%20 == 19 {
+			if err := g.Synchronize(); err != nil {
+				return fail("sync after launch %d: %v", i, err)
+			}
+		}
+	}
+	if err := g.Synchronize(); err != nil {
+		return fail("final sync: %v", err)
+	}
+	out := make([]byte, 4*nbins)
+	if err := g.CopyDtoH(out, bins); err != nil {
+		return fail("reading counters: %v", err)
+	}
+	var total int64
+	for b := 0; b < nbins; b++ {
+		total += int64(binary.LittleEndian.Uint32(out[4*b:]))
+	}
+	rec.LostRequests = (launches*n - total) / n
+	fo := g.Failovers()
+	rec.Failovers = len(fo)
+	if len(fo) > 0 {
+		rec.PauseMS = float64(fo[0].Resumed.Sub(fo[0].Lost).Microseconds()) / 1000
+	}
+	var sst struct {
+		Promotion *struct {
+			DetectionMS float64 `json:"detection_ms"`
+			Serving     time.Time
+		}
+	}
+	if fault != "standby-kill" {
+		getJSON(p.standbyAdmin, &sst)
+		if sst.Promotion == nil {
+			return fail("standby was not promoted")
+		}
+		rec.DetectionMS = sst.Promotion.DetectionMS
+		rec.PromotionMS = float64(sst.Promotion.Serving.Sub(struck).Microseconds()) / 1000
+	}
+	if fault == "freeze" {
+		p.primary.Process.Signal(syscall.SIGCONT)
+		var pst struct {
+			Primary bool `json:"is_primary"`
+		}
+		rec.Fenced = waitFor(5*time.Second, func() bool { return getJSON(p.primaryAdmin, &pst) == nil && !pst.Primary }) == nil
+		if !rec.Fenced {
+			return fail("thawed primary was not fenced")
+		}
+	}
+	wantFailovers := 1
+	if fault == "standby-kill" {
+		wantFailovers = 0
+	}
+	switch {
+	case rec.LostRequests != 0:
+		return fail("counters off by %d launches", rec.LostRequests)
+	case rec.Failovers != wantFailovers:
+		return fail("%d failovers, want %d", rec.Failovers, wantFailovers)
+	}
+	rec.Passed = true
+	return rec
+}
