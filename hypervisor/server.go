@@ -24,6 +24,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/handlemap"
@@ -96,9 +97,11 @@ type Server struct {
 	term      uint64
 	fenced    bool
 	serving   bool // Serve was called: this node takes guests
-	conns     map[net.Conn]struct{}
-	closed    bool
-	wg        sync.WaitGroup
+	// fencedFlag mirrors fenced for sessions, which must not take s.mu.
+	fencedFlag atomic.Bool
+	conns      map[net.Conn]struct{}
+	closed     bool
+	wg         sync.WaitGroup
 }
 
 // NewServer returns a server running guests on backend. Metrics are
@@ -380,15 +383,27 @@ func (s *Server) Term() uint64 {
 // has taken over. Guest connections are dropped; new ones are refused.
 func (s *Server) Fence(newer uint64) {
 	s.mu.Lock()
+	already := s.fenced
+	s.fenceLocked()
+	s.mu.Unlock()
+	if !already {
+		s.log.Warn("fenced: a newer primary has taken over; no longer serving guests", "newer_term", newer)
+	}
+}
+
+// fenceLocked fences the node. Sessions check the flag under their own
+// lock before running anything, so a request that was waiting when the node
+// was fenced is refused, never executed.
+// Precondition: s.mu must be locked.
+func (s *Server) fenceLocked() {
 	s.fenced = true
+	s.fencedFlag.Store(true)
 	for ln := range s.listeners {
 		ln.Close()
 	}
 	for c := range s.conns {
 		c.Close()
 	}
-	s.mu.Unlock()
-	s.log.Warn("fenced: a newer primary has taken over; no longer serving guests", "newer_term", newer)
 }
 
 // newSession creates a session whose guest sees the window at base, and
@@ -400,7 +415,7 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 	}
 	got, _ := ctx.Window()
 	sess := &Session{
-		id: id, guest: guest, slot: slot, cfg: s.cfg,
+		id: id, guest: guest, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag,
 		ctx: ctx, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.

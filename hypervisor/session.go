@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
@@ -18,10 +19,11 @@ import (
 // Lock order: Server.mu before Session.mu. Requests hold mu while they run;
 // status readers take it briefly.
 type Session struct {
-	id    uint64
-	guest string
-	slot  int
-	cfg   Config
+	id     uint64
+	guest  string
+	slot   int
+	cfg    Config
+	fenced *atomic.Bool // the server's: set, this node no longer executes anything
 
 	mu   sync.Mutex
 	ctx  gpu.Context
@@ -140,6 +142,9 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.fenced.Load() {
+		return nil, fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
+	}
 	s.requests++
 	if spec.mutates && reqID != 0 && reqID <= s.lastReq {
 		return s.replayed(op, reqID), nil

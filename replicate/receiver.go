@@ -39,6 +39,10 @@ type ReceiverConfig struct {
 	// OnHeard, when set, is called whenever anything arrives from the
 	// primary: the failure detector's heartbeat.
 	OnHeard func()
+	// OnPromote, when set, is called (on its own goroutine) after the
+	// primary handed over in a planned switchover; the receiver is fenced
+	// under term by then.
+	OnPromote func(term uint64)
 }
 
 // ReceiverStatus is the standby's view of replication.
@@ -218,6 +222,26 @@ func (r *Receiver) serveConn(c net.Conn) {
 			r.cfg.OnHeard()
 		}
 		switch typ {
+		case msgPromote:
+			// A planned switchover: the primary has stopped its guests and
+			// waited for us to apply everything. Take over, if this node
+			// can serve guests at all.
+			r.mu.Lock()
+			if r.cfg.OnPromote == nil {
+				r.mu.Unlock()
+				log.Error("switchover refused: this standby has no guest endpoint to take over on")
+				continue
+			}
+			term := r.st.Term + 1
+			r.st.Fenced, r.st.Term = true, term
+			r.mu.Unlock()
+			writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
+			log.Info("switchover: the primary handed over", "term", term)
+			r.mu.Lock()
+			onPromote := r.cfg.OnPromote
+			r.mu.Unlock()
+			go onPromote(term)
+			return
 		case msgHeartbeat:
 			if len(payload) == 8 {
 				r.noteTerm(binary.LittleEndian.Uint64(payload))
@@ -349,13 +373,20 @@ func (r *Receiver) noteTerm(t uint64) {
 // later is told the term so it stops serving.
 func (r *Receiver) Fence(term uint64) {
 	r.mu.Lock()
-	r.st.Fenced, r.st.Term = true, term
+	r.st.Fenced, r.st.Term = true, max(term, r.st.Term)
 	if r.current != nil {
 		r.current.Close()
 	}
 	r.mu.Unlock()
 	r.linkMu.Lock() // wait for the link's goroutine to stop applying
 	r.linkMu.Unlock()
+}
+
+// SetOnPromote installs the switchover hook (see ReceiverConfig.OnPromote).
+func (r *Receiver) SetOnPromote(fn func(term uint64)) {
+	r.mu.Lock()
+	r.cfg.OnPromote = fn
+	r.mu.Unlock()
 }
 
 // DiscardEpoch drops records of an uncommitted epoch (at failover) and

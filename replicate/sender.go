@@ -58,6 +58,9 @@ type Sender struct {
 	lastPause  time.Duration
 	lastResync time.Duration
 	lastErr    string
+	handover   chan uint64 // a switchover waiting for the standby's term
+	link       *link
+	linkMu     *sync.Mutex
 	resyncing  bool
 	resyncFrom time.Time
 	ticker     *time.Ticker
@@ -150,6 +153,14 @@ func (s *Sender) session(ctx context.Context) error {
 		return err
 	}
 	var wmu sync.Mutex // from the heartbeat goroutine's start, both it and this one write
+	s.mu.Lock()
+	s.link, s.linkMu = l, &wmu
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.link, s.linkMu = nil, nil
+		s.mu.Unlock()
+	}()
 	lg := s.cfg.Log
 	lg.mu.Lock()
 	resume := logID == lg.id && lg.canResume(applied)
@@ -312,9 +323,45 @@ func (s *Sender) fenced(payload []byte) error {
 		return fmt.Errorf("%w: fence of %d bytes", ErrCorrupt, len(payload))
 	}
 	term := binary.LittleEndian.Uint64(payload)
+	s.mu.Lock()
+	if s.handover != nil {
+		s.handover <- term
+		s.handover = nil
+	}
+	s.mu.Unlock()
 	s.log.Warn("the standby was promoted under a newer term; this primary is fenced", "term", term)
 	if s.cfg.OnFenced != nil {
 		s.cfg.OnFenced(term)
 	}
 	return fmt.Errorf("fenced by term %d", term)
+}
+
+// Handover asks the standby to take over now (a planned switchover) and
+// returns its new term. The caller must have stopped every guest and made
+// sure the standby applied the whole log.
+func (s *Sender) Handover(timeout time.Duration) (uint64, error) {
+	ch := make(chan uint64, 1)
+	s.mu.Lock()
+	l, wmu := s.link, s.linkMu
+	if l == nil {
+		s.mu.Unlock()
+		return 0, fmt.Errorf("no standby attached")
+	}
+	s.handover = ch
+	s.mu.Unlock()
+	wmu.Lock()
+	err := l.write(msgPromote, make([]byte, 0, macSize))
+	if err == nil {
+		err = l.flush()
+	}
+	wmu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case term := <-ch:
+		return term, nil
+	case <-time.After(timeout):
+		return 0, fmt.Errorf("the standby did not take over within %v", timeout)
+	}
 }

@@ -57,6 +57,7 @@ const (
 	msgMode                          // primary -> standby after state: the mode
 	msgHeartbeat                     // primary -> standby when idle: its term
 	msgFenced                        // standby -> primary: a promoted standby's term; stop serving
+	msgPromote                       // primary -> standby: planned switchover, take over now
 )
 
 // MinKeyBytes is the shortest pre-shared key accepted.

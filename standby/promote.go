@@ -67,6 +67,14 @@ func (a *Agent) Watch(ctx context.Context, cfg PromoteConfig) {
 	a.pcfg = cfg
 	a.w.det = cfg.Detector
 	a.w.mu.Unlock()
+	a.Receiver.SetOnPromote(func(uint64) {
+		a.w.mu.Lock()
+		last := a.w.lastHeard
+		a.w.mu.Unlock()
+		if err := a.Promote(last, a.now()); err != nil {
+			a.log.Error("switchover promotion failed", "err", err)
+		}
+	})
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -76,7 +84,10 @@ func (a *Agent) Watch(ctx context.Context, cfg PromoteConfig) {
 		case <-t.C:
 		}
 		st := a.Receiver.Status()
-		if !st.InSync || st.Fenced {
+		if st.Fenced {
+			return // taken over by a switchover
+		}
+		if !st.InSync {
 			continue
 		}
 		now := a.now()
@@ -99,8 +110,11 @@ func (a *Agent) Watch(ctx context.Context, cfg PromoteConfig) {
 // every session, handle and device address intact.
 func (a *Agent) Promote(lastHeard, detected time.Time) error {
 	st := a.Receiver.Status()
-	term := st.Term + 1
-	a.Receiver.Fence(term)
+	term := st.Term
+	if !st.Fenced { // a failure; a switchover fenced the receiver already
+		term++
+		a.Receiver.Fence(term)
+	}
 	dropped := a.Receiver.DiscardEpoch()
 	a.Server.SetTerm(term)
 	a.w.mu.Lock()

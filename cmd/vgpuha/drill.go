@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -53,7 +54,7 @@ type drillReport struct {
 func runDrill(args []string) error {
 	fs := newFlags("drill", "[flags]")
 	iterations := fs.Int("iterations", 3, "iterations")
-	faults := fs.String("faults", "kill,freeze,standby-kill", "faults to cycle through: kill (SIGKILL primary), freeze (SIGSTOP primary, SIGCONT after the takeover), standby-kill")
+	faults := fs.String("faults", "kill,freeze,standby-kill,switchover", "faults to cycle through: kill (SIGKILL primary), freeze (SIGSTOP primary, SIGCONT after the takeover), standby-kill, switchover (planned)")
 	mode := fs.String("mode", "commit", "replication mode: sync or commit (the modes that promise no loss)")
 	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
@@ -84,8 +85,10 @@ func runDrill(args []string) error {
 		}
 		rep.LostRequests += max(r.LostRequests, -r.LostRequests)
 		if r.Failovers > 0 {
-			det = append(det, r.DetectionMS)
 			pause = append(pause, r.PauseMS)
+			if r.Fault != "switchover" { // planned: nothing to detect
+				det = append(det, r.DetectionMS)
+			}
 		}
 	}
 	rep.DetectionMS, rep.PauseMS = quantilesOf(det), quantilesOf(pause)
@@ -95,9 +98,9 @@ func runDrill(args []string) error {
 		enc.Encode(rep)
 	} else {
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ITER\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tFENCED")
+		fmt.Fprintln(tw, "ITER\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tOLD PRIMARY FENCED")
 		for _, r := range rep.Records {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%.0f\t%.1f\t%.0f\t%d\t%v\n", r.Iteration, r.Fault, r.AtLaunch, r.Passed, r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.Fenced)
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%d\t%v\n", r.Iteration, r.Fault, r.AtLaunch, r.Passed, r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.Fenced)
 		}
 		tw.Flush()
 		fmt.Printf("\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
@@ -181,6 +184,13 @@ func drillOnce(backend, mode, fault string, at int) drillRecord {
 				p.primary.Process.Signal(syscall.SIGSTOP)
 			case "standby-kill":
 				p.standby.Process.Kill()
+			case "switchover":
+				go func() {
+					c := http.Client{Timeout: 30 * time.Second}
+					if resp, err := c.Post("http://"+p.primaryAdmin+"/switchover", "", nil); err == nil {
+						resp.Body.Close()
+					}
+				}()
 			default:
 				return fail("unknown fault %q", fault)
 			}
@@ -224,6 +234,15 @@ func drillOnce(backend, mode, fault string, at int) drillRecord {
 		}
 		rec.DetectionMS = sst.Promotion.DetectionMS
 		rec.PromotionMS = float64(sst.Promotion.Serving.Sub(struck).Microseconds()) / 1000
+	}
+	if fault == "switchover" {
+		var pst struct {
+			Primary bool `json:"is_primary"`
+		}
+		rec.Fenced = getJSON(p.primaryAdmin, &pst) == nil && !pst.Primary
+		if !rec.Fenced {
+			return fail("old primary still serving after the switchover")
+		}
 	}
 	if fault == "freeze" {
 		p.primary.Process.Signal(syscall.SIGCONT)

@@ -359,7 +359,7 @@ func TestReplicationProcesses(t *testing.T) {
 // TestDrill runs every fault kind once through `vgpuha drill` (CI's share
 // of the drills; longer runs are in the closing notes).
 func TestDrill(t *testing.T) {
-	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "3", "--json", "--backend", "sim").Output()
+	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "4", "--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -374,7 +374,7 @@ func TestDrill(t *testing.T) {
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("drill output %q: %v", out, err)
 	}
-	if rep.Iterations != 3 || rep.Passed != 3 || rep.LostRequests != 0 {
+	if rep.Iterations != 4 || rep.Passed != 4 || rep.LostRequests != 0 {
 		t.Fatalf("drill report: %+v", rep)
 	}
 }

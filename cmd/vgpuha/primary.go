@@ -122,6 +122,18 @@ func runPrimary(args []string) error {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(rep)
 	})
+	mux.HandleFunc("POST /switchover", func(w http.ResponseWriter, r *http.Request) {
+		if sender == nil {
+			http.Error(w, "this primary does not replicate", http.StatusConflict)
+			return
+		}
+		pause, err := srv.Switchover(func() (uint64, error) { return sender.Handover(10 * time.Second) })
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, "{\"guest_pause_ms\": %.3f, \"term\": %d}\n", float64(pause.Microseconds())/1000, srv.Term())
+	})
 	mux.HandleFunc("POST /epoch", func(w http.ResponseWriter, r *http.Request) {
 		if replLog == nil {
 			http.Error(w, "this primary does not replicate", http.StatusConflict)

@@ -55,3 +55,23 @@ func runVerify(args []string) error {
 	}
 	return nil
 }
+
+func runSwitchover(args []string) error {
+	fs := newFlags("switchover", "--admin HOST:PORT")
+	adminAddr := fs.String("admin", "127.0.0.1:9470", "the primary's admin address")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c := http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Post("http://"+*adminAddr+"/switchover", "", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("primary: %s: %s", resp.Status, body)
+	}
+	fmt.Printf("switched over: %s", body)
+	return nil
+}
