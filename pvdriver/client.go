@@ -344,7 +344,9 @@ func (c *Client) resume(gen uint64, cause error) {
 			c.switchTo(gen, conn, ep, hr, lostAt)
 			return
 		}
-		time.Sleep(min(20*time.Millisecond*time.Duration(attempt+1), 200*time.Millisecond))
+		// Poll briskly: a standby takes over about 250 ms after the primary
+		// went silent, and each ms here is guest pause.
+		time.Sleep(min(5*time.Millisecond*time.Duration(attempt+1), 50*time.Millisecond))
 	}
 	c.shutdown(fmt.Errorf("%w: no node resumed session %d within %v: %v", ErrClosed, c.session, c.opts.ResumeTimeout, lastErr))
 }
