@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -185,12 +184,7 @@ func drillOnce(backend, mode, fault string, at int) drillRecord {
 			case "standby-kill":
 				p.standby.Process.Kill()
 			case "switchover":
-				go func() {
-					c := http.Client{Timeout: 30 * time.Second}
-					if resp, err := c.Post("http://"+p.primaryAdmin+"/switchover", "", nil); err == nil {
-						resp.Body.Close()
-					}
-				}()
+				go postAdmin(p.primaryAdmin, "/switchover", 30*time.Second)
 			default:
 				return fail("unknown fault %q", fault)
 			}

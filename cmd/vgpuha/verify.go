@@ -20,15 +20,9 @@ func runVerify(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c := http.Client{Timeout: 60 * time.Second}
-	resp, err := c.Post(fmt.Sprintf("http://%s/verify?repair=%v", *adminAddr, *repair), "", nil)
+	body, err := postAdmin(*adminAddr, fmt.Sprintf("/verify?repair=%v", *repair), 60*time.Second)
 	if err != nil {
 		return err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("primary: %s: %s", resp.Status, body)
 	}
 	var rep replicate.Report
 	if err := json.Unmarshal(body, &rep); err != nil {
@@ -62,16 +56,26 @@ func runSwitchover(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c := http.Client{Timeout: 30 * time.Second}
-	resp, err := c.Post("http://"+*adminAddr+"/switchover", "", nil)
+	body, err := postAdmin(*adminAddr, "/switchover", 30*time.Second)
 	if err != nil {
 		return err
+	}
+	fmt.Printf("switched over: %s", body)
+	return nil
+}
+
+// postAdmin POSTs to a node's admin endpoint and returns the body of a
+// 200 reply, or the node's error.
+func postAdmin(addr, path string, timeout time.Duration) ([]byte, error) {
+	c := http.Client{Timeout: timeout}
+	resp, err := c.Post("http://"+addr+path, "", nil)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("primary: %s: %s", resp.Status, body)
+		return nil, fmt.Errorf("%s: %s: %s", addr, resp.Status, body)
 	}
-	fmt.Printf("switched over: %s", body)
-	return nil
+	return body, nil
 }
