@@ -30,6 +30,10 @@ curl -s 127.0.0.1:9471/status | grep -E '"(id|window_base|translated|unsafe)"' |
 kill $(jobs -p) 2>/dev/null || true
 wait 2>/dev/null || true
 
+echo "== failover drill with both nodes on the GPU"
+"$B/vgpuha" drill --backend cuda --iterations 8
+
 echo "== benchmarks"
 "$B/vgpuha" bench pv --backend cuda
 "$B/vgpuha" bench replicate --backend cuda
+"$B/vgpuha" bench apply --backend cuda
