@@ -23,12 +23,21 @@ import (
 // replies according to mode. Call before serving guests.
 func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.repl, s.mode = log, mode
 	log.SetTerm(s.term)
-	s.mu.Unlock()
+	// A promoted standby starts replicating with sessions already open:
+	// from now on their changes are logged too (a new standby gets their
+	// state from its resync snapshot).
+	for id, sess := range s.sessions {
+		sess.mu.Lock()
+		sess.record = s.recorder(id)
+		sess.mu.Unlock()
+	}
 }
 
 // recorder returns the session's hook into the log.
+// Precondition: s.mu must be locked (or s.repl otherwise stable).
 func (s *Server) recorder(id uint64) func(abi.Opcode, uint64, []byte, uint64, uint16) {
 	log := s.repl
 	return func(op abi.Opcode, reqID uint64, payload []byte, result uint64, flags uint16) {

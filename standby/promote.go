@@ -8,6 +8,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // PromoteConfig says when and how this standby takes over.
@@ -18,6 +19,11 @@ type PromoteConfig struct {
 	Detector    failover.Detector
 	// Now is the clock (time.Now in production).
 	Now func() time.Time
+	// ReplicateTo, when set, is the next standby (host:port) this node
+	// protects itself with once promoted, in Mode, with Key.
+	ReplicateTo string
+	Mode        replicate.Mode
+	Key         []byte
 }
 
 // Promotion records one takeover.
@@ -118,8 +124,13 @@ func (a *Agent) Promote(lastHeard, detected time.Time) error {
 	dropped := a.Receiver.DiscardEpoch()
 	a.Server.SetTerm(term)
 	a.w.mu.Lock()
-	endpoint := a.pcfg.GuestListen
+	endpoint, cfg := a.pcfg.GuestListen, a.pcfg
 	a.w.mu.Unlock()
+	if cfg.ReplicateTo != "" {
+		if err := a.reprotect(cfg); err != nil {
+			a.log.Error("cannot replicate to the next standby; serving unprotected", "err", err)
+		}
+	}
 	ln, err := transport.Listen(endpoint)
 	if err != nil {
 		return fmt.Errorf("serving guests after promotion: %w", err)
@@ -142,4 +153,24 @@ func (a *Agent) Promoted() *Promotion {
 	a.w.mu.Lock()
 	defer a.w.mu.Unlock()
 	return a.w.promoted
+}
+
+// reprotect makes the promoted node replicate to the next standby before it
+// serves any guest; the standby is brought up to date from a snapshot.
+func (a *Agent) reprotect(cfg PromoteConfig) error {
+	log := replicate.NewLog(256 << 20)
+	a.Server.Replicate(log, cfg.Mode)
+	sender, err := replicate.NewSender(replicate.SenderConfig{
+		Addr: cfg.ReplicateTo, Key: cfg.Key, Mode: cfg.Mode, Log: log, Log_: a.log,
+		Snapshot: a.Server.Snapshot, Term: a.Server.Term, OnFenced: a.Server.Fence,
+	})
+	if err != nil {
+		return err
+	}
+	a.w.mu.Lock()
+	a.sender = sender
+	a.w.mu.Unlock()
+	go sender.Run(context.Background())
+	a.log.Info("promoted node replicates to the next standby", "standby", cfg.ReplicateTo, "mode", cfg.Mode)
+	return nil
 }

@@ -28,6 +28,7 @@ type Agent struct {
 
 	log        *slog.Logger
 	pcfg       PromoteConfig
+	sender     *replicate.Sender // once promoted with a next standby
 	w          watcher
 	promotions prometheus.Counter
 }
@@ -109,8 +110,10 @@ func (a *Agent) Serve(ln net.Listener) error { return a.Receiver.Serve(ln) }
 
 // Status is the standby's /status.
 type Status struct {
-	Role        string                   `json:"role"`
-	Promotion   *Promotion               `json:"promotion,omitempty"`
+	Role      string     `json:"role"`
+	Promotion *Promotion `json:"promotion,omitempty"`
+	// Protection is the promoted node's own replication to the next standby.
+	Protection  *replicate.SenderStatus  `json:"protection,omitempty"`
 	Replication replicate.ReceiverStatus `json:"replication"`
 	Replica     hypervisor.Status        `json:"replica"`
 }
@@ -120,6 +123,13 @@ func (a *Agent) Status() Status {
 	st := Status{Role: "standby", Replication: a.Receiver.Status(), Replica: a.Server.Status(), Promotion: a.Promoted()}
 	if st.Promotion != nil {
 		st.Role = "primary (promoted)"
+	}
+	a.w.mu.Lock()
+	sender := a.sender
+	a.w.mu.Unlock()
+	if sender != nil {
+		ps := sender.Status()
+		st.Protection = &ps
 	}
 	return st
 }

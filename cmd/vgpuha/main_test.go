@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
 var vgpuhaBin string
@@ -376,5 +378,81 @@ func TestDrill(t *testing.T) {
 	}
 	if rep.Iterations != 4 || rep.Passed != 4 || rep.LostRequests != 0 {
 		t.Fatalf("drill report: %+v", rep)
+	}
+}
+
+// TestDoubleFailover: A replicates to B, which is set to replicate to C once
+// promoted. A guest runs while A is killed (B takes over and resyncs C) and
+// then B is killed (C takes over); the guest finishes every round on C with
+// results identical to the fault-free round.
+func TestDoubleFailover(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	replB, replC, adminC := freePort(t), freePort(t), freePort(t)
+	sockA, sockB, sockC := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock"), filepath.Join(dir, "c.sock")
+	startNode := func(args ...string) *proc {
+		p := &proc{cmd: exec.Command(vgpuhaBin, args...), stderr: &syncBuffer{}}
+		p.cmd.Stderr = p.stderr
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+			if t.Failed() {
+				t.Logf("%s log:\n%s", args[0], p.stderr.String())
+			}
+		})
+		return p
+	}
+	c := startNode("standby", "--listen", "tcp://"+replC, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockC, "--admin-listen", adminC)
+	b := startNode("standby", "--listen", "tcp://"+replB, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockB,
+		"--replicate-to", "tcp://"+replC)
+	a := startPrimary(t, "--guest-listen", "unix://"+sockA, "--replicate-to", "tcp://"+replB, "--replicate.key-file", keyFile)
+	waitLog := func(p *proc, what string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(p.stderr.String(), what) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in log:\n%s", what, p.stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitLog(a, "primary is protected")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	g, err := pvdriver.Open(ctx, "unix://"+sockA, pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + sockB, "unix://" + sockC}})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ws, _ := workload.Select("all")
+	want := map[string]string{}
+	for round := 0; round < 3; round++ {
+		for _, w := range ws {
+			r, err := w.Run(context.Background(), g, 0)
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			if prev, ok := want[r.Name]; !r.Verified || ok && prev != r.Checksum {
+				t.Fatalf("round %d %s: verified %v, checksum %s, fault-free %s", round, r.Name, r.Verified, r.Checksum, prev)
+			}
+			want[r.Name] = r.Checksum
+		}
+		switch round {
+		case 0:
+			a.cmd.Process.Kill()
+			waitLog(b, "promoted to primary")
+			waitLog(b, "primary is protected") // B resynced C
+		case 1:
+			b.cmd.Process.Kill()
+			waitLog(c, "promoted to primary")
+		}
+	}
+	if fo := g.Failovers(); len(fo) != 2 || fo[1].Term != 3 {
+		t.Fatalf("failovers: %+v", fo)
 	}
 }

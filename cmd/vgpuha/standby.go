@@ -12,6 +12,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/standby"
 )
 
@@ -21,6 +22,8 @@ func runStandby(args []string) error {
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (the primary's)")
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
 	guestListen := fs.String("guest-listen", "", "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
+	next := fs.String("replicate-to", "", "once promoted, replicate to this next standby: tcp://HOST:PORT (same key)")
+	modeName := fs.String("mode", "commit", "replication mode once promoted")
 	detector := fs.String("failover.detector", "fixed", "failure detector: fixed (250 ms without a heartbeat) or phi (phi-accrual, threshold 8)")
 	var bf backendFlags
 	bf.register(fs)
@@ -60,7 +63,18 @@ func runStandby(args []string) error {
 	}
 	go agent.Serve(ln)
 	if *guestListen != "" {
-		go agent.Watch(ctx, standby.PromoteConfig{GuestListen: *guestListen, Detector: failover.New(*detector)})
+		pc := standby.PromoteConfig{GuestListen: *guestListen, Detector: failover.New(*detector), Key: key}
+		if *next != "" {
+			ne, err := transport.Parse(*next)
+			if err != nil || ne.Scheme != "tcp" {
+				return fmt.Errorf("--replicate-to must be tcp://HOST:PORT, got %q", *next)
+			}
+			if pc.Mode, err = replicate.ParseMode(*modeName); err != nil {
+				return err
+			}
+			pc.ReplicateTo = ne.Address
+		}
+		go agent.Watch(ctx, pc)
 	}
 	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name(), "takes_over_on", *guestListen)
 	<-ctx.Done()
