@@ -294,7 +294,7 @@ func (s *Server) openReplica(id, base uint64, guest string) error {
 func (s *Session) apply(rec *replicate.Record) error {
 	op, ok := rec.Op.Guest()
 	spec, served := opTable[op]
-	if !ok || !served || !spec.mutates {
+	if !ok || !served || !op.Mutates() {
 		return fmt.Errorf("record kind %s is not a state change", rec.Op)
 	}
 	req, err := abi.DecodeRequest(op, rec.Body)

@@ -95,8 +95,6 @@ type opSpec struct {
 	// async: the guest may send it with FlagAsync and not wait; an error is
 	// reported at the next synchronization.
 	async bool
-	// mutates: it changes device state, so it must reach the standby.
-	mutates bool
 }
 
 // typed adapts a handler for one request type to opSpec.run.
@@ -107,18 +105,18 @@ func typed[T abi.Body](fn func(*Session, T) (abi.Body, error)) func(*Session, ab
 // opTable is the one place that lists what the hypervisor serves. OpHello is
 // handled by the connection before a session exists.
 var opTable = map[abi.Opcode]opSpec{
-	abi.OpAlloc:         {run: typed((*Session).alloc), mutates: true},
-	abi.OpFree:          {run: typed((*Session).free), mutates: true},
-	abi.OpCopyHtoD:      {run: typed((*Session).copyHtoD), async: true, mutates: true},
+	abi.OpAlloc:         {run: typed((*Session).alloc)},
+	abi.OpFree:          {run: typed((*Session).free)},
+	abi.OpCopyHtoD:      {run: typed((*Session).copyHtoD), async: true},
 	abi.OpCopyDtoH:      {run: typed((*Session).copyDtoH)},
-	abi.OpCopyDtoD:      {run: typed((*Session).copyDtoD), async: true, mutates: true},
-	abi.OpMemset:        {run: typed((*Session).memset), async: true, mutates: true},
-	abi.OpModuleLoad:    {run: typed((*Session).moduleLoad), mutates: true},
-	abi.OpModuleUnload:  {run: typed((*Session).moduleUnload), mutates: true},
-	abi.OpGetFunction:   {run: typed((*Session).getFunction), mutates: true},
-	abi.OpLaunch:        {run: typed((*Session).launch), async: true, mutates: true},
-	abi.OpStreamCreate:  {run: typed((*Session).streamCreate), mutates: true},
-	abi.OpStreamDestroy: {run: typed((*Session).streamDestroy), mutates: true},
+	abi.OpCopyDtoD:      {run: typed((*Session).copyDtoD), async: true},
+	abi.OpMemset:        {run: typed((*Session).memset), async: true},
+	abi.OpModuleLoad:    {run: typed((*Session).moduleLoad)},
+	abi.OpModuleUnload:  {run: typed((*Session).moduleUnload)},
+	abi.OpGetFunction:   {run: typed((*Session).getFunction)},
+	abi.OpLaunch:        {run: typed((*Session).launch), async: true},
+	abi.OpStreamCreate:  {run: typed((*Session).streamCreate)},
+	abi.OpStreamDestroy: {run: typed((*Session).streamDestroy)},
 	abi.OpStreamSync:    {run: typed((*Session).streamSync)},
 	abi.OpSync:          {run: typed((*Session).sync)},
 }
@@ -146,14 +144,15 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 		return nil, fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
 	}
 	s.requests++
-	if spec.mutates && reqID != 0 && reqID <= s.lastReq {
+	mutates := op.Mutates()
+	if mutates && reqID != 0 && reqID <= s.lastReq {
 		return s.replayed(op, reqID), nil
 	}
 	reply, err := spec.run(s, req)
-	if spec.mutates && err == nil {
+	if mutates && err == nil {
 		s.noteApplied(reqID, resultOf(reply))
 	}
-	if spec.mutates && s.record != nil {
+	if mutates && s.record != nil {
 		switch {
 		case err == nil:
 			s.record(op, reqID, payload, resultOf(reply), 0)

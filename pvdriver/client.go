@@ -47,6 +47,11 @@ var (
 	ErrBadFrame      error = abi.StatusBadFrame
 	// ErrClosed reports a call on a client whose connection has ended.
 	ErrClosed = errors.New("pvdriver: connection closed")
+	// ErrRolledBack reports a failover to a node that lacks state changes
+	// the guest had already been told were done (async mode, or a primary
+	// that had lost its standby): the session cannot continue as if nothing
+	// happened; the guest must restart from its own last checkpoint.
+	ErrRolledBack = errors.New("pvdriver: resumed session was rolled back")
 )
 
 // Error is a request the hypervisor refused.
@@ -92,14 +97,17 @@ type Client struct {
 	nextID     atomic.Uint64
 	resumed    chan *bufio.Writer // a new connection, for the writer
 
-	mu       sync.Mutex
-	conn     net.Conn
-	gen      uint64 // connection generation
-	pending  map[uint64]chan result
-	waiting  map[uint64]time.Time // when each pending call was made (failover only)
-	kept     []keptFrame          // sent since the last commit point, in order
-	err      error                // why the client ended
-	failures []Failover
+	mu      sync.Mutex
+	conn    net.Conn
+	gen     uint64 // connection generation
+	pending map[uint64]chan result
+	waiting map[uint64]time.Time // when each pending call was made (failover only)
+	kept    []keptFrame          // sent since the last commit point, in order
+	// forgotten is the newest state-changing request dropped from kept at
+	// a commit point: the guest relies on it, and will not resend it.
+	forgotten uint64
+	err       error // why the client ended
+	failures  []Failover
 
 	session            uint64
 	windowBase, window uint64
@@ -109,6 +117,7 @@ type Client struct {
 // keptFrame is a request kept for resending after a failover.
 type keptFrame struct {
 	id    uint64
+	op    abi.Opcode
 	frame *[]byte
 	sent  bool // handed to the writer (so it may have reached the old node)
 }
@@ -295,6 +304,14 @@ func (c *Client) watchdog() {
 // connection: reads start there and the writer resends the kept requests.
 func (c *Client) switchTo(gen uint64, conn net.Conn, ep string, hr abi.HelloReply, lost time.Time) {
 	c.mu.Lock()
+	if hr.Applied < c.forgotten {
+		forgotten := c.forgotten
+		c.mu.Unlock()
+		conn.Close()
+		c.shutdown(fmt.Errorf("%w: %s holds the session only up to request %d, but request %d had completed (async replication, or the primary was unprotected)",
+			ErrRolledBack, ep, hr.Applied, forgotten))
+		return
+	}
 	c.conn = conn
 	n := 0
 	for _, k := range c.kept {
@@ -455,6 +472,9 @@ func (c *Client) committed(id uint64) {
 	defer c.mu.Unlock()
 	n := 0
 	for n < len(c.kept) && c.kept[n].id <= id && c.kept[n].sent {
+		if c.kept[n].op.Mutates() {
+			c.forgotten = max(c.forgotten, c.kept[n].id)
+		}
 		if cap(*c.kept[n].frame) <= maxPooled {
 			bufs.Put(c.kept[n].frame)
 		}
@@ -503,10 +523,10 @@ var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 const maxPooled = 32 << 20
 
 // send queues a frame (keeping it for a resend when failover is on).
-func (c *Client) send(id uint64, frame *[]byte) error {
+func (c *Client) send(id uint64, op abi.Opcode, frame *[]byte) error {
 	if c.failover() {
 		c.mu.Lock()
-		c.kept = append(c.kept, keptFrame{id: id, frame: frame})
+		c.kept = append(c.kept, keptFrame{id: id, op: op, frame: frame})
 		c.mu.Unlock()
 	}
 	select {
@@ -539,7 +559,7 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 		c.waiting[id] = time.Now()
 	}
 	c.mu.Unlock()
-	if err := c.send(id, frame); err != nil {
+	if err := c.send(id, op, frame); err != nil {
 		return err
 	}
 	r := <-ch
@@ -559,7 +579,7 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 // post sends a pipelined request without waiting.
 func (c *Client) post(op abi.Opcode, req abi.Body) error {
 	id, frame := c.frame(op, abi.FlagAsync, req)
-	return c.send(id, frame)
+	return c.send(id, op, frame)
 }
 
 // chunk is the largest copy one frame carries.

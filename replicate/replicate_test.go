@@ -2,6 +2,7 @@ package replicate
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
@@ -195,5 +196,60 @@ func TestMetricsLint(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("metric %s: %s", p.Metric, p.Text)
+	}
+}
+
+// TestUDPHeartbeats: authentic heartbeats are heard; forged ones (wrong key)
+// and replays are not.
+func TestUDPHeartbeats(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := pc.LocalAddr().String()
+	pc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	heard := make(chan uint64, 100)
+	go ListenUDPHeartbeats(ctx, addr, testKey, func(term uint64) { heard <- term })
+	time.Sleep(50 * time.Millisecond)
+	go SendUDPHeartbeats(ctx, addr, []byte("wrong key, wrong key, wrong key!"), func() uint64 { return 9 }, 5*time.Millisecond)
+	select {
+	case term := <-heard:
+		t.Fatalf("heard a forged heartbeat (term %d)", term)
+	case <-time.After(100 * time.Millisecond):
+	}
+	go SendUDPHeartbeats(ctx, addr, testKey, func() uint64 { return 4 }, 5*time.Millisecond)
+	select {
+	case term := <-heard:
+		if term != 4 {
+			t.Fatalf("term %d", term)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("authentic heartbeats not heard")
+	}
+	// A replayed datagram is ignored.
+	b := append([]byte(udpMagic), make([]byte, 8)...)
+	b = binary.LittleEndian.AppendUint64(b, 1)
+	b = binary.LittleEndian.AppendUint64(b, 5)
+	b = append(b, heartbeatTag(testKey, b)...)
+	c, _ := net.Dial("udp", addr)
+	defer c.Close()
+	c.Write(b)
+	c.Write(b)
+	got := 0
+	timeout := time.After(200 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case term := <-heard:
+			if term == 5 {
+				got++
+			}
+		case <-timeout:
+			done = true
+		}
+	}
+	if got != 1 {
+		t.Fatalf("one datagram sent twice was heard %d times", got)
 	}
 }

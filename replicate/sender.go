@@ -83,8 +83,14 @@ func NewSender(cfg SenderConfig) (*Sender, error) {
 // SetMetrics attaches metrics; call before Run.
 func (s *Sender) SetMetrics(m *Metrics) { s.cfg.Metrics = m }
 
-// Run connects and streams until ctx ends.
+// Run connects and streams until ctx ends. Heartbeats also go out as UDP
+// datagrams to the same address (see heartbeat.go).
 func (s *Sender) Run(ctx context.Context) {
+	term := s.cfg.Term
+	if term == nil {
+		term = func() uint64 { return 0 }
+	}
+	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, term, heartbeatEvery)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := s.session(ctx)

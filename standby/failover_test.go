@@ -2,6 +2,7 @@ package standby_test
 
 import (
 	"context"
+	"errors"
 	"encoding/binary"
 	"testing"
 	"time"
@@ -136,5 +137,37 @@ func TestFailoverWorkloads(t *testing.T) {
 	}
 	if len(g.Failovers()) != 1 {
 		t.Fatalf("failovers: %+v", g.Failovers())
+	}
+}
+
+// TestLinkCutAloneDoesNotPromote: with the TCP replication link cut but the
+// primary alive (its UDP heartbeats still arrive), the standby does not take
+// over; once the primary really dies, it does.
+func TestLinkCutAloneDoesNotPromote(t *testing.T) {
+	c := failoverCluster(t, replicate.ModeCommit)
+	g := c.guest("g")
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	c.CutReplicationLink()
+	time.Sleep(time.Second) // four times the detection timeout
+	if p := c.Standby.Promoted(); p != nil {
+		t.Fatalf("standby took over from a live primary after a link cut: %+v", p)
+	}
+	if _, err := g.Alloc(4096); err != nil { // the primary serves on, unprotected
+		t.Fatal(err)
+	}
+	c.KillPrimary()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Standby.Promoted() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("standby did not take over after the primary died")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The standby never got the second alloc, which the guest saw succeed:
+	// the guest is told it was rolled back instead of carrying on.
+	if err := g.Synchronize(); !errors.Is(err, pvdriver.ErrRolledBack) {
+		t.Fatalf("after failing over to a stale standby: %v, want ErrRolledBack", err)
 	}
 }

@@ -11,6 +11,7 @@
 package standby
 
 import (
+	"context"
 	"log/slog"
 	"net"
 	"time"
@@ -27,6 +28,8 @@ type Agent struct {
 	Receiver *replicate.Receiver
 
 	log        *slog.Logger
+	key        []byte
+	stopUDP    context.CancelFunc
 	pcfg       PromoteConfig
 	sender     *replicate.Sender // once promoted with a next standby
 	w          watcher
@@ -54,7 +57,7 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 	if err := reg.Register(applyTime); err != nil {
 		return nil, err
 	}
-	a := &Agent{Server: srv, log: log}
+	a := &Agent{Server: srv, log: log, key: key}
 	rcfg := replicate.ReceiverConfig{
 		OnHeard: a.heard,
 		Key:     key, Applier: applier{srv}, Log: log,
@@ -105,8 +108,20 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 	return a, nil
 }
 
-// Serve accepts the primary's stream on ln.
-func (a *Agent) Serve(ln net.Listener) error { return a.Receiver.Serve(ln) }
+// Serve accepts the primary's stream on ln until ln is closed, and its UDP
+// heartbeats on the same address until Close.
+func (a *Agent) Serve(ln net.Listener) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	a.w.mu.Lock()
+	a.stopUDP = cancel
+	a.w.mu.Unlock()
+	go func() {
+		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, func(uint64) { a.heard() }); err != nil {
+			a.log.Warn("no UDP heartbeat path; failure detection relies on the TCP link alone", "err", err)
+		}
+	}()
+	return a.Receiver.Serve(ln)
+}
 
 // Status is the standby's /status.
 type Status struct {
@@ -136,6 +151,11 @@ func (a *Agent) Status() Status {
 
 // Close drops the link and frees the replica.
 func (a *Agent) Close() {
+	a.w.mu.Lock()
+	if a.stopUDP != nil {
+		a.stopUDP()
+	}
+	a.w.mu.Unlock()
 	a.Receiver.Close()
 	a.Server.Close()
 }

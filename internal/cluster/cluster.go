@@ -162,6 +162,14 @@ func (c *Cluster) StartStandby() error {
 	return nil
 }
 
+// CutReplicationLink cuts the TCP replication path for good (the standby
+// stops listening and drops the link) while UDP heartbeats still flow: the
+// partition a standby must not mistake for a dead primary.
+func (c *Cluster) CutReplicationLink() {
+	c.ln.(*net.TCPListener).Close()
+	c.Standby.Receiver.Close()
+}
+
 // KillPrimary stops the primary abruptly, as a crash would: its guest
 // connections and its replication link drop, its heartbeats stop.
 func (c *Cluster) KillPrimary() {

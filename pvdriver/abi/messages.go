@@ -66,6 +66,17 @@ func (op Opcode) Commits() bool {
 	return false
 }
 
+// Mutates reports whether op changes device state, so that it is logged,
+// replicated to the standby, and applied exactly once across a failover.
+func (op Opcode) Mutates() bool {
+	switch op {
+	case OpAlloc, OpFree, OpCopyHtoD, OpCopyDtoD, OpMemset, OpModuleLoad, OpModuleUnload,
+		OpGetFunction, OpLaunch, OpStreamCreate, OpStreamDestroy:
+		return true
+	}
+	return false
+}
+
 // Opcodes lists every valid opcode, in numeric order.
 func Opcodes() []Opcode {
 	ops := make([]Opcode, 0, opLimit-1)

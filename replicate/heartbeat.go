@@ -1,0 +1,95 @@
+package replicate
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"net"
+	"sync"
+	"time"
+)
+
+// Heartbeats also travel on a second path, UDP datagrams to the standby's
+// replication address, so that losing the TCP link alone (a stuck socket, a
+// half-open connection) does not make the standby take over from a live
+// primary. A datagram is magic, boot id, counter, term and an HMAC-SHA256 tag
+// (truncated to 16 bytes) under the replication key: without the key nobody
+// can keep a dead primary looking alive, and old datagrams replayed are
+// ignored (the counter must grow within one boot of the primary).
+
+const udpMagic = "VGHB"
+const udpSize = 4 + 8 + 8 + 8 + macSize
+
+func heartbeatTag(key []byte, body []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("vgpuha udp heartbeat"))
+	m.Write(body)
+	return m.Sum(nil)[:macSize]
+}
+
+// SendUDPHeartbeats sends a heartbeat datagram to addr every interval until
+// ctx ends.
+func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func() uint64, interval time.Duration) error {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var boot [8]byte
+	rand.Read(boot[:])
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for n := uint64(1); ; n++ {
+		b := append([]byte(udpMagic), boot[:]...)
+		b = binary.LittleEndian.AppendUint64(b, n)
+		b = binary.LittleEndian.AppendUint64(b, term())
+		b = append(b, heartbeatTag(key, b)...)
+		c.Write(b) // a lost datagram is what heartbeats are for
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// ListenUDPHeartbeats calls heard for every authentic, fresh heartbeat
+// datagram arriving on addr, until ctx ends.
+func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard func(term uint64)) error {
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return err
+	}
+	go func() { <-ctx.Done(); pc.Close() }()
+	var mu sync.Mutex
+	var lastBoot [8]byte
+	var lastN uint64
+	buf := make([]byte, 512)
+	for {
+		n, _, err := pc.ReadFrom(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			continue
+		}
+		b := buf[:n]
+		if n != udpSize || string(b[:4]) != udpMagic || !hmac.Equal(b[n-macSize:], heartbeatTag(key, b[:n-macSize])) {
+			continue
+		}
+		var boot [8]byte
+		copy(boot[:], b[4:12])
+		count := binary.LittleEndian.Uint64(b[12:])
+		mu.Lock()
+		fresh := boot != lastBoot || count > lastN
+		if fresh {
+			lastBoot, lastN = boot, count
+		}
+		mu.Unlock()
+		if fresh {
+			heard(binary.LittleEndian.Uint64(b[20:]))
+		}
+	}
+}
