@@ -58,6 +58,7 @@ func runDrill(args []string) error {
 	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	plot := fs.String("plot", "", "write an SVG timeline of the iterations to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -91,6 +92,11 @@ func runDrill(args []string) error {
 		}
 	}
 	rep.DetectionMS, rep.PauseMS = quantilesOf(det), quantilesOf(pause)
+	if *plot != "" {
+		if err := writeDrillSVG(*plot, rep); err != nil {
+			return err
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")

@@ -361,7 +361,8 @@ func TestReplicationProcesses(t *testing.T) {
 // TestDrill runs every fault kind once through `vgpuha drill` (CI's share
 // of the drills; longer runs are in the closing notes).
 func TestDrill(t *testing.T) {
-	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "4", "--json", "--backend", "sim").Output()
+	svg := filepath.Join(t.TempDir(), "drill.svg")
+	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "4", "--json", "--backend", "sim", "--plot", svg).Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -378,6 +379,9 @@ func TestDrill(t *testing.T) {
 	}
 	if rep.Iterations != 4 || rep.Passed != 4 || rep.LostRequests != 0 {
 		t.Fatalf("drill report: %+v", rep)
+	}
+	if b, err := os.ReadFile(svg); err != nil || !bytes.Contains(b, []byte("</svg>")) || bytes.Count(b, []byte("<rect")) < 4 {
+		t.Fatalf("drill plot: %v, %d bytes", err, len(b))
 	}
 }
 
