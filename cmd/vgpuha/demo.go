@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +30,7 @@ func runDemo(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pair, err := startPair(*backendName, *mode)
+	pair, err := startPair(*backendName, *mode, false)
 	if err != nil {
 		return err
 	}
@@ -107,15 +106,31 @@ func runDemo(args []string) error {
 }
 
 // pair is a primary and a standby running as child processes of this
-// binary, on loopback, sharing a fresh replication key.
+// binary, sharing a fresh replication key: on loopback, or each in its own
+// network namespace joined by a veth link that drills can cut. Guests reach
+// both through unix sockets (paths cross namespaces), and so do the admin
+// endpoints.
 type pair struct {
 	dir                        string
 	primary, standby           *exec.Cmd
 	primaryEP, standbyEP       string
 	primaryAdmin, standbyAdmin string
+	netns                      [2]string // primary's, standby's; empty on loopback
 }
 
-func startPair(backend, mode string) (*pair, error) {
+// netnsAvailable reports whether network namespaces can be made here.
+func netnsAvailable() bool {
+	name := fmt.Sprintf("vgpuha-probe-%d", os.Getpid())
+	if exec.Command("ip", "netns", "add", name).Run() != nil {
+		return false
+	}
+	exec.Command("ip", "netns", "del", name).Run()
+	return true
+}
+
+var pairSeq int
+
+func startPair(backend, mode string, netns bool) (*pair, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -131,20 +146,47 @@ func startPair(backend, mode string) (*pair, error) {
 	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
 		return nil, err
 	}
-	ports := make([]string, 3)
-	for i := range ports {
+	p.primaryAdmin, p.standbyAdmin = "unix://"+filepath.Join(dir, "primary-admin.sock"), "unix://"+filepath.Join(dir, "standby-admin.sock")
+	p.primaryEP, p.standbyEP = "unix://"+filepath.Join(dir, "primary.sock"), "unix://"+filepath.Join(dir, "standby.sock")
+	repl := ""
+	if netns {
+		pairSeq++
+		id := fmt.Sprintf("%d-%d", os.Getpid()%100000, pairSeq)
+		p.netns = [2]string{"vgp-" + id, "vgs-" + id}
+		vp, vs := "vp"+id, "vs"+id
+		if len(vp) > 15 {
+			vp, vs = vp[:15], vs[:15]
+		}
+		subnet := fmt.Sprintf("10.%d.%d", 100+pairSeq%100, os.Getpid()%250)
+		steps := [][]string{
+			{"netns", "add", p.netns[0]}, {"netns", "add", p.netns[1]},
+			{"link", "add", vp, "type", "veth", "peer", "name", vs},
+			{"link", "set", vp, "netns", p.netns[0]}, {"link", "set", vs, "netns", p.netns[1]},
+			{"-n", p.netns[0], "addr", "add", subnet + ".1/24", "dev", vp},
+			{"-n", p.netns[1], "addr", "add", subnet + ".2/24", "dev", vs},
+			{"-n", p.netns[0], "link", "set", vp, "up"}, {"-n", p.netns[1], "link", "set", vs, "up"},
+			{"-n", p.netns[0], "link", "set", "lo", "up"}, {"-n", p.netns[1], "link", "set", "lo", "up"},
+		}
+		for _, st := range steps {
+			if out, err := exec.Command("ip", st...).CombinedOutput(); err != nil {
+				p.stop()
+				return nil, fmt.Errorf("ip %v: %v: %s", st, err, out)
+			}
+		}
+		repl = subnet + ".2:7071"
+	} else {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		ports[i] = ln.Addr().String()
+		repl = ln.Addr().String()
 		ln.Close()
 	}
-	repl := ports[0]
-	p.primaryAdmin, p.standbyAdmin = ports[1], ports[2]
-	p.primaryEP, p.standbyEP = "unix://"+filepath.Join(dir, "primary.sock"), "unix://"+filepath.Join(dir, "standby.sock")
-	start := func(name string, args ...string) (*exec.Cmd, error) {
+	start := func(name, ns string, args ...string) (*exec.Cmd, error) {
 		cmd := exec.Command(self, args...)
+		if ns != "" {
+			cmd = exec.Command("ip", append([]string{"netns", "exec", ns, self}, args...)...)
+		}
 		logf, err := os.Create(filepath.Join(dir, name+".log"))
 		if err != nil {
 			return nil, err
@@ -152,12 +194,12 @@ func startPair(backend, mode string) (*pair, error) {
 		cmd.Stderr = logf
 		return cmd, cmd.Start()
 	}
-	if p.standby, err = start("standby", "standby", "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
+	if p.standby, err = start("standby", p.netns[1], "standby", "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
 		"--guest-listen", p.standbyEP, "--admin-listen", p.standbyAdmin); err != nil {
 		p.stop()
 		return nil, err
 	}
-	if p.primary, err = start("primary", "primary", "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+repl,
+	if p.primary, err = start("primary", p.netns[0], "primary", "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+repl,
 		"--replicate.key-file", keyFile, "--mode", mode, "--admin-listen", p.primaryAdmin); err != nil {
 		p.stop()
 		return nil, err
@@ -172,13 +214,33 @@ func startPair(backend, mode string) (*pair, error) {
 	return p, nil
 }
 
-// stop kills both nodes and removes their files.
+// link sets the primary's end of the replication link up or down (a
+// partition between primary and standby; namespaces only).
+func (p *pair) link(up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	out, err := exec.Command("ip", "-n", p.netns[0], "-o", "link", "show", "type", "veth").Output()
+	if err != nil {
+		return err
+	}
+	name := strings.TrimSpace(strings.SplitN(strings.SplitN(string(out), ":", 3)[1], "@", 2)[0])
+	return exec.Command("ip", "-n", p.netns[0], "link", "set", name, state).Run()
+}
+
+// stop kills both nodes and removes their files and namespaces.
 func (p *pair) stop() {
 	for _, c := range []*exec.Cmd{p.primary, p.standby} {
 		if c != nil && c.Process != nil {
 			c.Process.Signal(syscall.SIGCONT)
 			c.Process.Kill()
 			c.Wait()
+		}
+	}
+	for _, ns := range p.netns {
+		if ns != "" {
+			exec.Command("ip", "netns", "del", ns).Run()
 		}
 	}
 	os.RemoveAll(p.dir)
@@ -196,8 +258,8 @@ func waitFor(d time.Duration, ok func() bool) error {
 }
 
 func getJSON(addr string, v any) error {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + addr + "/status")
+	c, base := adminClient(addr, 2*time.Second)
+	resp, err := c.Get(base + "/status")
 	if err != nil {
 		return err
 	}

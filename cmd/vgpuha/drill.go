@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -29,7 +30,10 @@ type drillRecord struct {
 	PauseMS      float64 `json:"pause_ms,omitempty"`
 	LostRequests int64   `json:"lost_requests"` // negative: applied twice
 	Fenced       bool    `json:"old_primary_fenced,omitempty"`
-	Problem      string  `json:"problem,omitempty"`
+	// RolledBack: the guest was told its session was rolled back (a
+	// partition: the old primary served on, unprotected, and was fenced).
+	RolledBack bool   `json:"rolled_back,omitempty"`
+	Problem    string `json:"problem,omitempty"`
 }
 
 type quantiles struct {
@@ -53,7 +57,8 @@ type drillReport struct {
 func runDrill(args []string) error {
 	fs := newFlags("drill", "[flags]")
 	iterations := fs.Int("iterations", 3, "iterations")
-	faults := fs.String("faults", "kill,freeze,standby-kill,switchover", "faults to cycle through: kill (SIGKILL primary), freeze (SIGSTOP primary, SIGCONT after the takeover), standby-kill, switchover (planned)")
+	faults := fs.String("faults", "", "faults to cycle through: kill (SIGKILL primary), freeze (SIGSTOP primary, SIGCONT after the takeover), standby-kill, switchover (planned), partition (cut the primary-standby link, heal it after the takeover; needs namespaces); default: all that the topology allows")
+	topology := fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
 	mode := fs.String("mode", "commit", "replication mode: sync or commit (the modes that promise no loss)")
 	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
@@ -62,13 +67,26 @@ func runDrill(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	netns := *topology == "netns" || *topology == "auto" && netnsAvailable()
+	rep := drillReport{Mode: *mode, Topology: "processes on loopback (no network namespaces here: link partitions are not drilled)"}
+	if netns {
+		rep.Topology = "primary and standby in their own network namespaces, veth between"
+	}
+	if *faults == "" {
+		*faults = "kill,freeze,standby-kill,switchover"
+		if netns {
+			*faults += ",partition"
+		}
+	}
 	kinds := strings.Split(*faults, ",")
 	rng := rand.New(rand.NewPCG(*seed, *seed^0x9e3779b97f4a7c15))
-	rep := drillReport{Mode: *mode, Topology: "processes on loopback (network namespaces not used yet: link partitions are not drilled)"}
+	if !*asJSON {
+		fmt.Fprintf(os.Stderr, "topology: %s\n", rep.Topology)
+	}
 	for i := 0; i < *iterations; i++ {
 		fault := kinds[i%len(kinds)]
 		at := 60 + rng.IntN(280)
-		rec := drillOnce(*backendName, *mode, fault, at)
+		rec := drillOnce(*backendName, *mode, fault, at, netns)
 		rec.Iteration = i + 1
 		rep.Records = append(rep.Records, rec)
 		if !*asJSON {
@@ -103,9 +121,9 @@ func runDrill(args []string) error {
 		enc.Encode(rep)
 	} else {
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ITER\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tOLD PRIMARY FENCED")
+		fmt.Fprintln(tw, "ITER\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tOLD PRIMARY FENCED\tROLLED BACK")
 		for _, r := range rep.Records {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%d\t%v\n", r.Iteration, r.Fault, r.AtLaunch, r.Passed, r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.Fenced)
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%d\t%v\t%v\n", r.Iteration, r.Fault, r.AtLaunch, r.Passed, r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.Fenced, r.RolledBack)
 		}
 		tw.Flush()
 		fmt.Printf("\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
@@ -131,13 +149,16 @@ func quantilesOf(v []float64) quantiles {
 // drillOnce runs a counter workload (every launch adds into counters, so a
 // lost or repeated launch shows exactly) on a fresh primary/standby pair
 // and injects fault at launch number at.
-func drillOnce(backend, mode, fault string, at int) drillRecord {
+func drillOnce(backend, mode, fault string, at int, netns bool) drillRecord {
 	rec := drillRecord{Fault: fault, AtLaunch: at}
 	fail := func(format string, a ...any) drillRecord {
 		rec.Problem = fmt.Sprintf(format, a...)
 		return rec
 	}
-	p, err := startPair(backend, mode)
+	if fault == "partition" && !netns {
+		return fail("partition needs network namespaces")
+	}
+	p, err := startPair(backend, mode, netns)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -189,23 +210,38 @@ func drillOnce(backend, mode, fault string, at int) drillRecord {
 				p.primary.Process.Signal(syscall.SIGSTOP)
 			case "standby-kill":
 				p.standby.Process.Kill()
+			case "partition":
+				if err := p.link(false); err != nil {
+					return fail("cutting the link: %v", err)
+				}
+				go func() { // heal once the standby has taken over
+					var sst struct{ Promotion *struct{} }
+					waitFor(5*time.Second, func() bool { return getJSON(p.standbyAdmin, &sst) == nil && sst.Promotion != nil })
+					time.Sleep(100 * time.Millisecond)
+					p.link(true)
+				}()
 			case "switchover":
 				go postAdmin(p.primaryAdmin, "/switchover", 30*time.Second)
 			default:
 				return fail("unknown fault %q", fault)
 			}
 		}
-		if err := g.Launch(f, cfg, pvdriver.Ptr(dd), pvdriver.U32(n), pvdriver.Ptr(bins), pvdriver.U32(nbins)); err != nil {
+		err := g.Launch(f, cfg, pvdriver.Ptr(dd), pvdriver.U32(n), pvdriver.Ptr(bins), pvdriver.U32(nbins))
+		if err == nil && i%20 == 19 {
+			err = g.Synchronize()
+		}
+		if err == nil && i == launches-1 {
+			err = g.Synchronize()
+		}
+		if errors.Is(err, pvdriver.ErrRolledBack) && fault == "partition" {
+			// The two-node outcome: told explicitly, nothing lost silently.
+			rec.RolledBack, rec.Passed = true, true
+			rec.Failovers = len(g.Failovers())
+			return rec
+		}
+		if err != nil {
 			return fail("launch %d: %v", i, err)
 		}
-		if i%20 == 19 {
-			if err := g.Synchronize(); err != nil {
-				return fail("sync after launch %d: %v", i, err)
-			}
-		}
-	}
-	if err := g.Synchronize(); err != nil {
-		return fail("final sync: %v", err)
 	}
 	out := make([]byte, 4*nbins)
 	if err := g.CopyDtoH(out, bins); err != nil {
@@ -227,13 +263,37 @@ func drillOnce(backend, mode, fault string, at int) drillRecord {
 			Serving     time.Time
 		}
 	}
-	if fault != "standby-kill" {
+	if fault != "standby-kill" && fault != "partition" {
 		getJSON(p.standbyAdmin, &sst)
 		if sst.Promotion == nil {
 			return fail("standby was not promoted")
 		}
 		rec.DetectionMS = sst.Promotion.DetectionMS
 		rec.PromotionMS = float64(sst.Promotion.Serving.Sub(struck).Microseconds()) / 1000
+	}
+	if fault == "partition" {
+		// The two-node case: the standby took over while the old primary,
+		// cut off, served the guest on unprotected. Once the link heals
+		// the old primary must learn the newer term and stop; the guest
+		// then moves to the new primary and must be told that what it did
+		// during the partition is not there (never lose it silently).
+		var pst struct {
+			Primary bool `json:"is_primary"`
+		}
+		rec.Fenced = waitFor(10*time.Second, func() bool { return getJSON(p.primaryAdmin, &pst) == nil && !pst.Primary }) == nil
+		if !rec.Fenced {
+			return fail("the old primary was not fenced after the partition healed")
+		}
+		err := g.Synchronize()
+		rec.RolledBack = errors.Is(err, pvdriver.ErrRolledBack)
+		if err != nil && !rec.RolledBack {
+			return fail("after the partition: %v", err)
+		}
+		if !rec.RolledBack {
+			return fail("the guest moved to the new primary without being told it lost the partition's work")
+		}
+		rec.Passed = true
+		return rec
 	}
 	if fault == "switchover" {
 		var pst struct {

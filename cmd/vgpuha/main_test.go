@@ -460,3 +460,26 @@ func TestDoubleFailover(t *testing.T) {
 		t.Fatalf("failovers: %+v", fo)
 	}
 }
+
+// TestDrillPartition cuts the primary-standby link between two network
+// namespaces: the standby takes over, the healed old primary is fenced, and
+// the guest is told its partition-time work was rolled back.
+func TestDrillPartition(t *testing.T) {
+	if !netnsAvailable() {
+		t.Skip("network namespaces cannot be made here (needs root and iproute2): partition drills skipped")
+	}
+	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "1", "--faults", "partition", "--topology", "netns", "--json", "--backend", "sim").Output()
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, out)
+	}
+	var rep struct {
+		Passed  int
+		Records []struct {
+			Fenced     bool `json:"old_primary_fenced"`
+			RolledBack bool `json:"rolled_back"`
+		}
+	}
+	if err := json.Unmarshal(out, &rep); err != nil || rep.Passed != 1 || !rep.Records[0].Fenced || !rep.Records[0].RolledBack {
+		t.Fatalf("partition drill: %v %s", err, out)
+	}
+}

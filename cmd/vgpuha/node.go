@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
@@ -82,18 +84,38 @@ func readKey(path string) ([]byte, error) {
 	return b, nil
 }
 
+// adminClient returns an HTTP client and base URL for a node's admin
+// address (HOST:PORT or unix:///path).
+func adminClient(addr string, timeout time.Duration) (*http.Client, string) {
+	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
+		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}}
+		return &http.Client{Timeout: timeout, Transport: tr}, "http://admin"
+	}
+	return &http.Client{Timeout: timeout}, "http://" + addr
+}
+
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
 }
 
-// serveAdmin serves mux on addr until ctx ends; it returns the bound address.
+// serveAdmin serves mux on addr (HOST:PORT, or unix:///path) until ctx
+// ends; it returns the bound address.
 func serveAdmin(ctx context.Context, addr string, mux http.Handler, log *slog.Logger) (string, error) {
 	if addr == "" {
 		return "", nil
 	}
-	ln, err := net.Listen("tcp", addr)
+	var ln net.Listener
+	var err error
+	if strings.HasPrefix(addr, "unix://") {
+		ln, err = transport.Listen(addr)
+	} else {
+		ln, err = net.Listen("tcp", addr)
+	}
 	if err != nil {
 		return "", fmt.Errorf("admin listener: %w", err)
 	}

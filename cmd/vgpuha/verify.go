@@ -67,8 +67,8 @@ func runSwitchover(args []string) error {
 // postAdmin POSTs to a node's admin endpoint and returns the body of a
 // 200 reply, or the node's error.
 func postAdmin(addr, path string, timeout time.Duration) ([]byte, error) {
-	c := http.Client{Timeout: timeout}
-	resp, err := c.Post("http://"+addr+path, "", nil)
+	c, base := adminClient(addr, timeout)
+	resp, err := c.Post(base+path, "", nil)
 	if err != nil {
 		return nil, err
 	}
