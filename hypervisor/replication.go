@@ -147,7 +147,7 @@ func (s *Server) VerifyPoint(id uint64) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	s.stopTheWorld(func(sessions []*Session) {
 		if s.mode == replicate.ModeEpoch {
-			s.repl.CutEpoch()
+			s.repl.Append(replicate.Record{Op: replicate.OpEpoch}) // apply what the standby holds
 		}
 		sums = checksums(sessions)
 		s.repl.Append(replicate.Record{Op: replicate.OpVerify, Result: id})

@@ -77,6 +77,10 @@ type Options struct {
 	Failover []string
 	// ResumeTimeout bounds the search for a node to resume on (default 30s).
 	ResumeTimeout time.Duration
+	// ResumeSession, when set, takes over an existing session (one whose
+	// guest restarted, e.g. a VM restored from its checkpoint) instead of
+	// opening a new one.
+	ResumeSession uint64
 }
 
 // Client is an open session with the hypervisor.
@@ -106,8 +110,12 @@ type Client struct {
 	// forgotten is the newest state-changing request dropped from kept at
 	// a commit point: the guest relies on it, and will not resend it.
 	forgotten uint64
-	err       error // why the client ended
-	failures  []Failover
+	// rolledBack is set when a resume found the session behind forgotten;
+	// rolledBackTo is the last request the session still holds.
+	rolledBack   error
+	rolledBackTo uint64
+	err          error // why the client ended
+	failures     []Failover
 
 	session            uint64
 	windowBase, window uint64
@@ -180,7 +188,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 	}
 	go c.readLoop(conn, 0)
 	var hr abi.HelloReply
-	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName}, &hr); err != nil {
+	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName, Resume: opts.ResumeSession}, &hr); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -201,6 +209,17 @@ func (c *Client) Failovers() []Failover {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]Failover(nil), c.failures...)
+}
+
+// AcceptRollback lets the client go on after ErrRolledBack, on the session
+// as the new primary holds it (the guest must itself go back to the matching
+// point, e.g. the VM checkpoint of the last committed epoch). It returns the
+// last request the session holds.
+func (c *Client) AcceptRollback() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rolledBack, c.forgotten = nil, c.rolledBackTo
+	return c.rolledBackTo
 }
 
 // Close ends the session; the hypervisor frees everything it held.
@@ -305,12 +324,19 @@ func (c *Client) watchdog() {
 func (c *Client) switchTo(gen uint64, conn net.Conn, ep string, hr abi.HelloReply, lost time.Time) {
 	c.mu.Lock()
 	if hr.Applied < c.forgotten {
-		forgotten := c.forgotten
-		c.mu.Unlock()
-		conn.Close()
-		c.shutdown(fmt.Errorf("%w: %s holds the session only up to request %d, but request %d had completed (async replication, or the primary was unprotected)",
-			ErrRolledBack, ep, hr.Applied, forgotten))
-		return
+		// The new node lacks changes the guest was told were done. Keep
+		// the session (a restarted guest may take it over), but refuse to
+		// carry on as if nothing happened: every call fails until the
+		// guest accepts the rollback.
+		c.rolledBack = fmt.Errorf("%w: %s holds the session only up to request %d, but request %d had completed (async or epoch replication, or the primary was unprotected)",
+			ErrRolledBack, ep, hr.Applied, c.forgotten)
+		c.rolledBackTo = hr.Applied
+		c.kept = nil
+		for id, ch := range c.pending {
+			ch <- result{err: c.rolledBack}
+			delete(c.pending, id)
+			delete(c.waiting, id)
+		}
 	}
 	c.conn = conn
 	n := 0
@@ -526,6 +552,12 @@ const maxPooled = 32 << 20
 func (c *Client) send(id uint64, op abi.Opcode, frame *[]byte) error {
 	if c.failover() {
 		c.mu.Lock()
+		if err := c.rolledBack; err != nil {
+			delete(c.pending, id)
+			delete(c.waiting, id)
+			c.mu.Unlock()
+			return err
+		}
 		c.kept = append(c.kept, keptFrame{id: id, op: op, frame: frame})
 		c.mu.Unlock()
 	}

@@ -158,14 +158,16 @@ func (l *Log) BeginSnapshot() uint64 {
 	return l.last
 }
 
-// CutEpoch records the end of an epoch and returns its number.
-func (l *Log) CutEpoch() uint64 {
+// CutEpoch records the end of an epoch and returns its number, once the
+// standby holds the cut (so the epoch is committed on both sides); durable
+// is false when no standby is protecting the primary.
+func (l *Log) CutEpoch() (epoch uint64, durable bool) {
 	l.mu.Lock()
 	l.epoch++
 	e := l.epoch
 	l.mu.Unlock()
-	l.Append(Record{Op: OpEpoch, Result: e})
-	return e
+	seq := l.Append(Record{Op: OpEpoch, Result: e})
+	return e, l.WaitApplied(seq)
 }
 
 // Close wakes every waiter for good.

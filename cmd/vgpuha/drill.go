@@ -59,7 +59,7 @@ func runDrill(args []string) error {
 	iterations := fs.Int("iterations", 3, "iterations")
 	faults := fs.String("faults", "", "faults to cycle through: kill (SIGKILL primary), freeze (SIGSTOP primary, SIGCONT after the takeover), standby-kill, switchover (planned), partition (cut the primary-standby link, heal it after the takeover; needs namespaces); default: all that the topology allows")
 	topology := fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
-	mode := fs.String("mode", "commit", "replication mode: sync or commit (the modes that promise no loss)")
+	mode := fs.String("mode", "commit", "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
 	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
 	asJSON := fs.Bool("json", false, "print one JSON object")
@@ -71,6 +71,9 @@ func runDrill(args []string) error {
 	rep := drillReport{Mode: *mode, Topology: "processes on loopback (no network namespaces here: link partitions are not drilled)"}
 	if netns {
 		rep.Topology = "primary and standby in their own network namespaces, veth between"
+	}
+	if *faults == "" && *mode == "epoch" {
+		*faults = "kill"
 	}
 	if *faults == "" {
 		*faults = "kill,freeze,standby-kill,switchover"
@@ -199,6 +202,9 @@ func drillOnce(backend, mode, fault string, at int, netns bool) drillRecord {
 		return fail("%v", err)
 	}
 	cfg := pvdriver.LaunchConfig{Grid: pvdriver.Dim(n / 256), Block: pvdriver.Dim(256)}
+	if mode == "epoch" {
+		return drillEpoch(g, p, f, cfg, dd, bins, at, rec)
+	}
 	var struck time.Time
 	for i := 0; i < launches; i++ {
 		if i == at {
@@ -325,5 +331,72 @@ func drillOnce(backend, mode, fault string, at int, netns bool) drillRecord {
 		return fail("%d failovers, want %d", rec.Failovers, wantFailovers)
 	}
 	rec.Passed = true
+	return rec
+}
+
+// drillEpoch is the epoch-mode drill: a simulated VM checkpointer cuts an
+// epoch every 40 launches, after the guest synchronized, and journals the
+// guest's progress only once the cut is committed on the standby. The
+// primary is killed after a synchronization but before the checkpointer's
+// cut, so the standby discards that uncommitted epoch: the guest is told it
+// was rolled back, "restores its VM" to the journal, and the promoted
+// standby's GPU state must match the journal exactly.
+func drillEpoch(g *pvdriver.Client, p *pair, f pvdriver.Function, cfg pvdriver.LaunchConfig, dd, bins pvdriver.DevicePtr, at int, rec drillRecord) drillRecord {
+	const n, nbins, every = 1024, 16, 40
+	at = at/every*every + every - 1 // strike right after a synchronization
+	rec.AtLaunch = at
+	journal := 0
+	for i := 0; i < 400; i++ {
+		err := g.Launch(f, cfg, pvdriver.Ptr(dd), pvdriver.U32(n), pvdriver.Ptr(bins), pvdriver.U32(nbins))
+		if err == nil && i%every == every-1 {
+			err = g.Synchronize()
+			if err == nil && i == at {
+				p.primary.Process.Kill()
+			}
+			if err == nil {
+				var cut struct {
+					Committed bool `json:"committed_on_standby"`
+				}
+				if body, perr := postAdmin(p.primaryAdmin, "/epoch", 5*time.Second); perr == nil && json.Unmarshal(body, &cut) == nil && cut.Committed {
+					journal = i + 1 // the VM checkpoint that goes with this epoch
+				}
+			}
+		}
+		if errors.Is(err, pvdriver.ErrRolledBack) {
+			g.AcceptRollback() // the VM is restored from its last checkpoint
+			out := make([]byte, 4*nbins)
+			if err := g.CopyDtoH(out, bins); err != nil {
+				rec.Problem = fmt.Sprintf("reading counters after the rollback: %v", err)
+				return rec
+			}
+			var total int64
+			for b := 0; b < nbins; b++ {
+				total += int64(binary.LittleEndian.Uint32(out[4*b:]))
+			}
+			rec.RolledBack, rec.Failovers = true, len(g.Failovers())
+			if fo := g.Failovers(); len(fo) > 0 {
+				rec.PauseMS = float64(fo[0].Resumed.Sub(fo[0].Lost).Microseconds()) / 1000
+			}
+			var sst struct {
+				Promotion *struct {
+					DetectionMS float64 `json:"detection_ms"`
+				}
+			}
+			if getJSON(p.standbyAdmin, &sst) == nil && sst.Promotion != nil {
+				rec.DetectionMS = sst.Promotion.DetectionMS
+			}
+			rec.LostRequests = int64(journal) - total/n // launches the restored VM expects but the GPU lacks (or extra)
+			rec.Passed = rec.LostRequests == 0
+			if !rec.Passed {
+				rec.Problem = fmt.Sprintf("GPU holds %d launches, the restored VM's journal %d", total/n, journal)
+			}
+			return rec
+		}
+		if err != nil {
+			rec.Problem = fmt.Sprintf("launch %d: %v", i, err)
+			return rec
+		}
+	}
+	rec.Problem = "the kill never caused a rollback"
 	return rec
 }

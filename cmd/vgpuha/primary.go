@@ -139,7 +139,8 @@ func runPrimary(args []string) error {
 			http.Error(w, "this primary does not replicate", http.StatusConflict)
 			return
 		}
-		fmt.Fprintf(w, "{\"epoch\": %d}\n", replLog.CutEpoch())
+		epoch, durable := replLog.CutEpoch()
+		fmt.Fprintf(w, "{\"epoch\": %d, \"committed_on_standby\": %v}\n", epoch, durable)
 	})
 	if _, err := serveAdmin(ctx, *adminAddr, mux, log); err != nil {
 		return err
