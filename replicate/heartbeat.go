@@ -30,8 +30,8 @@ func heartbeatTag(key []byte, body []byte) []byte {
 }
 
 // SendUDPHeartbeats sends a heartbeat datagram to addr every interval until
-// ctx ends.
-func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func() uint64, interval time.Duration) error {
+// ctx ends; failed sends are counted through failed (may be nil).
+func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func() uint64, interval time.Duration, failed func()) error {
 	c, err := net.Dial("udp", addr)
 	if err != nil {
 		return err
@@ -46,7 +46,9 @@ func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func()
 		b = binary.LittleEndian.AppendUint64(b, n)
 		b = binary.LittleEndian.AppendUint64(b, term())
 		b = append(b, heartbeatTag(key, b)...)
-		c.Write(b) // a lost datagram is what heartbeats are for
+		if _, err := c.Write(b); err != nil && failed != nil {
+			failed() // e.g. ICMP unreachable reported on the next write
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -56,8 +58,9 @@ func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func()
 }
 
 // ListenUDPHeartbeats calls heard for every authentic, fresh heartbeat
-// datagram arriving on addr, until ctx ends.
-func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard func(term uint64)) error {
+// datagram arriving on addr, and bad (may be nil) for every other datagram,
+// until ctx ends.
+func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard func(term uint64), bad func()) error {
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return err
@@ -77,6 +80,9 @@ func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard fun
 		}
 		b := buf[:n]
 		if n != udpSize || string(b[:4]) != udpMagic || !hmac.Equal(b[n-macSize:], heartbeatTag(key, b[:n-macSize])) {
+			if bad != nil {
+				bad()
+			}
 			continue
 		}
 		var boot [8]byte
@@ -90,6 +96,8 @@ func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard fun
 		mu.Unlock()
 		if fresh {
 			heard(binary.LittleEndian.Uint64(b[20:]))
+		} else if bad != nil {
+			bad() // a replay
 		}
 	}
 }

@@ -8,15 +8,18 @@ type Metrics struct {
 	sentOps   prometheus.Counter
 	resyncs   prometheus.Counter
 	pause     prometheus.Histogram
+
+	heartbeatFailures prometheus.Counter
 }
 
 // NewMetrics registers the primary's replication metrics on reg; status is
 // read at scrape time.
 func NewMetrics(reg prometheus.Registerer, status func() SenderStatus) (*Metrics, error) {
 	m := &Metrics{
-		sentBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_bytes_total", Help: "Record bytes sent to the standby."}),
-		sentOps:   prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_records_total", Help: "Records sent to the standby, snapshots included."}),
-		resyncs:   prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_resyncs_total", Help: "Standby resyncs from a snapshot."}),
+		sentBytes:         prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_bytes_total", Help: "Record bytes sent to the standby."}),
+		sentOps:           prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_records_total", Help: "Records sent to the standby, snapshots included."}),
+		resyncs:           prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_resyncs_total", Help: "Standby resyncs from a snapshot."}),
+		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_heartbeat_send_failures_total", Help: "Heartbeats to the standby that could not be sent (TCP or UDP)."}),
 		pause: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "vgpuha_replication_resync_pause_seconds", Help: "Time guests were stopped to take a resync snapshot.",
 			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 10),
@@ -32,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer, status func() SenderStatus) (*Metrics
 		return 0
 	}
 	for _, c := range []prometheus.Collector{
-		m.sentBytes, m.sentOps, m.resyncs, m.pause,
+		m.sentBytes, m.sentOps, m.resyncs, m.pause, m.heartbeatFailures,
 		gauge("vgpuha_replication_lag_records", "Records the standby has not yet applied.", func(s SenderStatus) float64 { return float64(s.LagOps) }),
 		gauge("vgpuha_replication_lag_bytes", "Bytes of records the standby has not yet applied.", func(s SenderStatus) float64 { return float64(s.LagBytes) }),
 		gauge("vgpuha_replication_lag_seconds", "Age of the oldest record the standby has not applied.", func(s SenderStatus) float64 { return s.LagSeconds }),

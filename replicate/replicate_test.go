@@ -211,15 +211,15 @@ func TestUDPHeartbeats(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	heard := make(chan uint64, 100)
-	go ListenUDPHeartbeats(ctx, addr, testKey, func(term uint64) { heard <- term })
+	go ListenUDPHeartbeats(ctx, addr, testKey, func(term uint64) { heard <- term }, nil)
 	time.Sleep(50 * time.Millisecond)
-	go SendUDPHeartbeats(ctx, addr, []byte("wrong key, wrong key, wrong key!"), func() uint64 { return 9 }, 5*time.Millisecond)
+	go SendUDPHeartbeats(ctx, addr, []byte("wrong key, wrong key, wrong key!"), func() uint64 { return 9 }, 5*time.Millisecond, nil)
 	select {
 	case term := <-heard:
 		t.Fatalf("heard a forged heartbeat (term %d)", term)
 	case <-time.After(100 * time.Millisecond):
 	}
-	go SendUDPHeartbeats(ctx, addr, testKey, func() uint64 { return 4 }, 5*time.Millisecond)
+	go SendUDPHeartbeats(ctx, addr, testKey, func() uint64 { return 4 }, 5*time.Millisecond, nil)
 	select {
 	case term := <-heard:
 		if term != 4 {

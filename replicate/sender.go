@@ -90,7 +90,7 @@ func (s *Sender) Run(ctx context.Context) {
 	if term == nil {
 		term = func() uint64 { return 0 }
 	}
-	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, term, heartbeatEvery)
+	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, term, heartbeatEvery, s.heartbeatFailed)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := s.session(ctx)
@@ -234,6 +234,7 @@ func (s *Sender) session(ctx context.Context) error {
 			}
 			wmu.Unlock()
 			if err != nil {
+				s.heartbeatFailed()
 				c.Close()
 				return
 			}
@@ -369,5 +370,11 @@ func (s *Sender) Handover(timeout time.Duration) (uint64, error) {
 		return term, nil
 	case <-time.After(timeout):
 		return 0, fmt.Errorf("the standby did not take over within %v", timeout)
+	}
+}
+
+func (s *Sender) heartbeatFailed() {
+	if m := s.cfg.Metrics; m != nil {
+		m.heartbeatFailures.Inc()
 	}
 }

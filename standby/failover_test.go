@@ -2,8 +2,8 @@ package standby_test
 
 import (
 	"context"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"testing"
 	"time"
 

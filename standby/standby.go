@@ -27,13 +27,14 @@ type Agent struct {
 	Server   *hypervisor.Server // the replica: sessions rebuilt from the stream
 	Receiver *replicate.Receiver
 
-	log        *slog.Logger
-	key        []byte
-	stopUDP    context.CancelFunc
-	pcfg       PromoteConfig
-	sender     *replicate.Sender // once promoted with a next standby
-	w          watcher
-	promotions prometheus.Counter
+	log           *slog.Logger
+	key           []byte
+	stopUDP       context.CancelFunc
+	pcfg          PromoteConfig
+	sender        *replicate.Sender // once promoted with a next standby
+	w             watcher
+	promotions    prometheus.Counter
+	badHeartbeats prometheus.Counter
 }
 
 // applier adapts the replica server to replicate.Applier.
@@ -77,8 +78,10 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 	}
 	a.Receiver = rcv
 	a.promotions = prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_promotions_total", Help: "Times this standby took over as primary."})
+	a.badHeartbeats = prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_heartbeat_receive_failures_total",
+		Help: "Heartbeat datagrams refused: wrong key, malformed, or replayed."})
 	gauges := []prometheus.Collector{
-		a.promotions,
+		a.promotions, a.badHeartbeats,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_last_detection_seconds", Help: "Silence from the old primary before the last promotion."},
 			func() float64 {
 				if p := a.Promoted(); p != nil {
@@ -116,7 +119,7 @@ func (a *Agent) Serve(ln net.Listener) error {
 	a.stopUDP = cancel
 	a.w.mu.Unlock()
 	go func() {
-		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, func(uint64) { a.heard() }); err != nil {
+		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, func(uint64) { a.heard() }, a.badHeartbeats.Inc); err != nil {
 			a.log.Warn("no UDP heartbeat path; failure detection relies on the TCP link alone", "err", err)
 		}
 	}()

@@ -83,18 +83,14 @@ func runDrill(args []string) error {
 	}
 	kinds := strings.Split(*faults, ",")
 	rng := rand.New(rand.NewPCG(*seed, *seed^0x9e3779b97f4a7c15))
-	if !*asJSON {
-		fmt.Fprintf(os.Stderr, "topology: %s\n", rep.Topology)
-	}
+	fmt.Fprintf(os.Stderr, "topology: %s\n", rep.Topology)
 	for i := 0; i < *iterations; i++ {
 		fault := kinds[i%len(kinds)]
 		at := 60 + rng.IntN(280)
 		rec := drillOnce(*backendName, *mode, fault, at, netns)
 		rec.Iteration = i + 1
 		rep.Records = append(rep.Records, rec)
-		if !*asJSON {
-			fmt.Fprintf(os.Stderr, "iteration %d/%d: %s at launch %d: passed=%v %s\n", i+1, *iterations, fault, at, rec.Passed, rec.Problem)
-		}
+		fmt.Fprintf(os.Stderr, "iteration %d/%d: %s at launch %d: passed=%v %s\n", i+1, *iterations, fault, at, rec.Passed, rec.Problem)
 	}
 	var det, pause []float64
 	for _, r := range rep.Records {
