@@ -25,6 +25,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/handlemap"
@@ -209,8 +210,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 	var sess *Session
 	defer func() {
 		if sess != nil {
-			s.closeSession(sess)
-			log.Info("guest session closed", "requests", sess.requests)
+			s.detach(sess, log)
 		}
 	}()
 	var out []byte
@@ -325,6 +325,7 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 			return nil, nil, fail(abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
 		}
 		sess.attached = true
+		sess.grace = time.Duration(req.GraceMS) * time.Millisecond
 		return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 	}
 	slot := -1
@@ -350,6 +351,7 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 	}
 	sess.mu.Lock()
 	sess.attached = true
+	sess.grace = time.Duration(req.GraceMS) * time.Millisecond
 	sess.mu.Unlock()
 	return sess, &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}, nil
 }
@@ -433,6 +435,34 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 	}
 	s.sessions[id] = sess
 	return sess, nil
+}
+
+// detach handles the end of a session's connection: the session is freed,
+// or, if its guest asked for a grace period (it can fail over), kept that
+// long for the guest to resume it here or on a promoted standby.
+func (s *Server) detach(sess *Session, log *slog.Logger) {
+	sess.mu.Lock()
+	grace := sess.grace
+	sess.attached = false
+	sess.mu.Unlock()
+	s.mu.Lock()
+	closing := s.closed || s.fenced
+	s.mu.Unlock()
+	if grace <= 0 || closing {
+		s.closeSession(sess)
+		log.Info("guest session closed", "requests", sess.requests)
+		return
+	}
+	log.Info("guest connection lost; keeping the session for it to resume", "grace", grace)
+	time.AfterFunc(grace, func() {
+		sess.mu.Lock()
+		expired := !sess.attached && !sess.closed
+		sess.mu.Unlock()
+		if expired {
+			s.closeSession(sess)
+			log.Info("guest session closed: not resumed within its grace period", "requests", sess.requests)
+		}
+	})
 }
 
 func (s *Server) releaseSlot(slot int) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
@@ -48,6 +49,9 @@ type Session struct {
 	// attached: a guest connection serves this session. A replica session
 	// is unattached until its guest resumes it after a failover.
 	attached bool
+	// grace is how long the session outlives a dropped connection, for its
+	// guest to resume it (a network blip must not cost the GPU state).
+	grace time.Duration
 	// lastReq is the guest's newest request whose state change this
 	// session holds; results keeps what recent ones returned. A request
 	// resent after a failover with an id up to lastReq is answered from

@@ -188,7 +188,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 	}
 	go c.readLoop(conn, 0)
 	var hr abi.HelloReply
-	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName, Resume: opts.ResumeSession}, &hr); err != nil {
+	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName, Resume: opts.ResumeSession, GraceMS: c.graceMS()}, &hr); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -197,6 +197,15 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 }
 
 func (c *Client) failover() bool { return len(c.opts.Failover) > 0 }
+
+// graceMS asks nodes to keep the session while this client looks for a
+// way back (failover clients only).
+func (c *Client) graceMS() uint32 {
+	if !c.failover() {
+		return 0
+	}
+	return uint32(c.opts.ResumeTimeout.Milliseconds())
+}
 
 // Session is the hypervisor's id for this session.
 func (c *Client) Session() uint64 { return c.session }
@@ -404,7 +413,7 @@ func (c *Client) resumeOn(ep string) (net.Conn, abi.HelloReply, error) {
 		return nil, hr, err
 	}
 	conn.SetDeadline(time.Now().Add(2 * time.Second))
-	hello := abi.AppendBodyFrame(nil, abi.OpHello, 0, 0, &abi.Hello{GuestName: c.opts.GuestName, Resume: c.session})
+	hello := abi.AppendBodyFrame(nil, abi.OpHello, 0, 0, &abi.Hello{GuestName: c.opts.GuestName, Resume: c.session, GraceMS: c.graceMS()})
 	if _, err := conn.Write(hello); err != nil {
 		conn.Close()
 		return nil, hr, err

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/faultnet"
 	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -169,5 +171,50 @@ func TestLinkCutAloneDoesNotPromote(t *testing.T) {
 	// the guest is told it was rolled back instead of carrying on.
 	if err := g.Synchronize(); !errors.Is(err, pvdriver.ErrRolledBack) {
 		t.Fatalf("after failing over to a stale standby: %v, want ErrRolledBack", err)
+	}
+}
+
+// TestGuestLinkCutResumesOnPrimary: a guest whose connection to a live
+// primary breaks gets its session back there (the primary kept it for the
+// guest's grace period), with every launch applied exactly once, and the
+// standby does not take over.
+func TestGuestLinkCutResumesOnPrimary(t *testing.T) {
+	c := failoverCluster(t, replicate.ModeCommit)
+	ep := "unix://" + filepath.Join(t.TempDir(), "proxy.sock")
+	px, err := faultnet.Listen(ep, c.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	g, err := pvdriver.Open(ctx, ep, pvdriver.Options{GuestName: "blip", Failover: []string{c.StandbyEndpoint}})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	w, _ := workload.Lookup("histogram")
+	want, err := w.Run(context.Background(), g, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Cut()
+	for i := 0; i < 3; i++ {
+		r, err := w.Run(context.Background(), g, 0)
+		if err != nil {
+			t.Fatalf("after the cut: %v", err)
+		}
+		if !r.Verified || r.Checksum != want.Checksum {
+			t.Fatalf("after the cut: %+v", r)
+		}
+	}
+	if fo := g.Failovers(); len(fo) != 1 || fo[0].Endpoint != ep || fo[0].Term != 1 {
+		t.Fatalf("failovers: %+v (want one resume on the same primary)", fo)
+	}
+	if p := c.Standby.Promoted(); p != nil {
+		t.Fatalf("standby took over after a guest-side blip: %+v", p)
+	}
+	if n := len(c.Primary.Status().Sessions); n != 1 {
+		t.Fatalf("primary holds %d sessions, want the resumed one", n)
 	}
 }

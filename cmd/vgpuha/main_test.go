@@ -362,7 +362,7 @@ func TestReplicationProcesses(t *testing.T) {
 // of the drills; longer runs are in the closing notes).
 func TestDrill(t *testing.T) {
 	svg := filepath.Join(t.TempDir(), "drill.svg")
-	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "4", "--json", "--backend", "sim", "--plot", svg).Output()
+	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "5", "--faults", "kill,freeze,standby-kill,switchover,guest-cut", "--json", "--backend", "sim", "--plot", svg).Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -377,7 +377,7 @@ func TestDrill(t *testing.T) {
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("drill output %q: %v", out, err)
 	}
-	if rep.Iterations != 4 || rep.Passed != 4 || rep.LostRequests != 0 {
+	if rep.Iterations != 5 || rep.Passed != 5 || rep.LostRequests != 0 {
 		t.Fatalf("drill report: %+v", rep)
 	}
 	if b, err := os.ReadFile(svg); err != nil || !bytes.Contains(b, []byte("</svg>")) || bytes.Count(b, []byte("<rect")) < 4 {

@@ -14,7 +14,7 @@ import (
 // sampleRequests has one filled-in request of every opcode.
 func sampleRequests() map[Opcode]Body {
 	return map[Opcode]Body{
-		OpHello:         &Hello{GuestName: "g1", Resume: 7},
+		OpHello:         &Hello{GuestName: "g1", Resume: 7, GraceMS: 30000},
 		OpAlloc:         &Alloc{Size: 4096},
 		OpFree:          &Free{Ptr: 0x7e0000000000},
 		OpCopyHtoD:      &CopyHtoD{Dst: 0x10, Stream: 2, Data: []byte{1, 2, 3}},

@@ -163,6 +163,9 @@ func Unmarshal(b []byte, m Body) error {
 type Hello struct {
 	GuestName string
 	Resume    uint64
+	// GraceMS asks the node to keep the session this long after the
+	// connection drops, so the guest can resume it (zero: free at once).
+	GraceMS uint32
 }
 
 // Alloc asks for Size bytes of device memory.
@@ -321,7 +324,9 @@ type Empty struct{}
 
 // Encoders.
 
-func (m *Hello) Append(b []byte) []byte { return appendU64(appendString(b, m.GuestName), m.Resume) }
+func (m *Hello) Append(b []byte) []byte {
+	return binary.LittleEndian.AppendUint32(appendU64(appendString(b, m.GuestName), m.Resume), m.GraceMS)
+}
 func (m *Alloc) Append(b []byte) []byte { return appendU64(b, m.Size) }
 func (m *Free) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
 func (m *CopyHtoD) Append(b []byte) []byte {
@@ -372,7 +377,11 @@ func (m *Empty) Append(b []byte) []byte       { return b }
 
 // Decoders.
 
-func (m *Hello) decode(d *Decoder) { m.GuestName = d.String(MaxNameLen); m.Resume = d.U64() }
+func (m *Hello) decode(d *Decoder) {
+	m.GuestName = d.String(MaxNameLen)
+	m.Resume = d.U64()
+	m.GraceMS = d.U32()
+}
 func (m *Alloc) decode(d *Decoder) { m.Size = d.U64() }
 func (m *Free) decode(d *Decoder)  { m.Ptr = d.U64() }
 func (m *CopyHtoD) decode(d *Decoder) {
