@@ -114,7 +114,8 @@ type Client struct {
 	// rolledBackTo is the last request the session still holds.
 	rolledBack   error
 	rolledBackTo uint64
-	err          error // why the client ended
+	abandoned    map[uint64]bool // calls failed by a rollback; their late replies are dropped
+	err          error           // why the client ended
 	failures     []Failover
 
 	session            uint64
@@ -181,6 +182,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 		resumed:    make(chan *bufio.Writer),
 		pending:    map[uint64]chan result{},
 		waiting:    map[uint64]time.Time{},
+		abandoned:  map[uint64]bool{},
 	}
 	go c.writeLoop(bufio.NewWriterSize(conn, 256<<10))
 	if c.failover() {
@@ -345,6 +347,13 @@ func (c *Client) switchTo(gen uint64, conn net.Conn, ep string, hr abi.HelloRepl
 			ch <- result{err: c.rolledBack}
 			delete(c.pending, id)
 			delete(c.waiting, id)
+			c.abandoned[id] = true
+		}
+		// Requests queued before the rollback must not run on the new
+		// node either. The writer is parked until it gets the new
+		// connection below, so nobody else reads the queue now.
+		for len(c.sendq) > 0 {
+			<-c.sendq
 		}
 	}
 	c.conn = conn
@@ -538,7 +547,12 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 		ch := c.pending[f.RequestID]
 		delete(c.pending, f.RequestID)
 		delete(c.waiting, f.RequestID)
+		abandoned := c.abandoned[f.RequestID]
+		delete(c.abandoned, f.RequestID)
 		c.mu.Unlock()
+		if abandoned {
+			continue
+		}
 		if ch != nil {
 			ch <- result{payload: append([]byte(nil), f.Payload...)}
 			continue
