@@ -1,8 +1,10 @@
-// Package failover decides when a standby stops believing in its primary.
-// It owns the failure detectors; the promotion itself (raise the term, fence
-// the old link, serve guests) is the standby agent's, and fencing of an old
-// primary is the replication link's (a fenced standby answers with its
-// term).
+// Package failover decides when a standby stops believing in its primary,
+// and who may serve: it owns the failure detectors and the role logic
+// (Node: standby, primary, fenced; terms; the fencing rule), deterministic
+// and golden-tested (testdata/detector, testdata/roles). It does no I/O:
+// the standby agent acts on its decisions (fence the old link, serve
+// guests) and the replication link carries terms between nodes (a promoted
+// standby answers a returning primary with its term).
 //
 // Detectors are deterministic: they never read the clock themselves, every
 // method takes the time (as etcd-io/raft's Tick does), so tests drive them

@@ -9,7 +9,7 @@ import (
 	"github.com/cockroachdb/datadriven"
 )
 
-// TestScenarios runs the golden scenarios in testdata/: each file drives a
+// TestScenarios runs the golden scenarios in testdata/detector: each file drives a
 // detector with heartbeats at made-up times and records when it suspects
 // the primary. Rewrite the expected output with -rewrite.
 //
@@ -18,7 +18,7 @@ import (
 //	probe from=MS to=MS step=MS    print the first time it suspects, or "alive"
 //	phi at=MS                      print the suspicion level
 func TestScenarios(t *testing.T) {
-	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+	datadriven.Walk(t, "testdata/detector", func(t *testing.T, path string) {
 		var d Detector
 		datadriven.RunTest(t, path, func(t *testing.T, td *datadriven.TestData) string {
 			ms := func(key string, def int) int {

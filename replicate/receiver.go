@@ -247,13 +247,16 @@ func (r *Receiver) serveConn(c net.Conn) {
 				r.noteTerm(binary.LittleEndian.Uint64(payload))
 			}
 		case msgMode:
-			if len(payload) != 8 {
+			if len(payload) != 16 {
 				log.Warn("bad mode message; dropping link")
 				return
 			}
 			r.mu.Lock()
 			r.mode = Mode(binary.LittleEndian.Uint64(payload))
 			r.mu.Unlock()
+			// Known before any record: a standby that takes over must
+			// always do so under a term above the primary's.
+			r.noteTerm(binary.LittleEndian.Uint64(payload[8:]))
 		case msgRecord:
 			rec, err := DecodeRecord(payload)
 			if err != nil {

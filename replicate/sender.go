@@ -155,7 +155,12 @@ func (s *Sender) session(ctx context.Context) error {
 	}
 	logID, applied := binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:])
 
-	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(nil, uint64(s.cfg.Mode))); err != nil {
+	var term uint64
+	if s.cfg.Term != nil {
+		term = s.cfg.Term()
+	}
+	mode := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+macSize), uint64(s.cfg.Mode))
+	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(mode, term)); err != nil {
 		return err
 	}
 	var wmu sync.Mutex // from the heartbeat goroutine's start, both it and this one write

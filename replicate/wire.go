@@ -54,7 +54,7 @@ const (
 	msgState                         // standby -> primary after auth: applied seq
 	msgAck                           // standby -> primary: applied seq
 	msgVerifyReply                   // standby -> primary: checksums
-	msgMode                          // primary -> standby after state: the mode
+	msgMode                          // primary -> standby after state: the mode and the primary's term
 	msgHeartbeat                     // primary -> standby when idle: its term
 	msgFenced                        // standby -> primary: a promoted standby's term; stop serving
 	msgPromote                       // primary -> standby: planned switchover, take over now

@@ -39,7 +39,7 @@ type Promotion struct {
 
 type watcher struct {
 	mu        sync.Mutex
-	det       failover.Detector
+	node      *failover.Node // the role logic; nil until Watch
 	lastHeard time.Time
 	promoted  *Promotion
 }
@@ -49,8 +49,8 @@ func (a *Agent) heard() {
 	now := a.now()
 	a.w.mu.Lock()
 	a.w.lastHeard = now
-	if a.w.det != nil {
-		a.w.det.Heartbeat(now)
+	if a.w.node != nil {
+		a.w.node.Heard(now, 0)
 	}
 	a.w.mu.Unlock()
 }
@@ -71,13 +71,14 @@ func (a *Agent) now() time.Time {
 func (a *Agent) Watch(ctx context.Context, cfg PromoteConfig) {
 	a.w.mu.Lock()
 	a.pcfg = cfg
-	a.w.det = cfg.Detector
+	a.w.node = failover.NewStandby(cfg.Detector)
 	a.w.mu.Unlock()
-	a.Receiver.SetOnPromote(func(uint64) {
+	a.Receiver.SetOnPromote(func(term uint64) {
 		a.w.mu.Lock()
 		last := a.w.lastHeard
+		a.w.node.HandOver()
 		a.w.mu.Unlock()
-		if err := a.Promote(last, a.now()); err != nil {
+		if err := a.Promote(term, last, a.now()); err != nil {
 			a.log.Error("switchover promotion failed", "err", err)
 		}
 	})
@@ -93,16 +94,16 @@ func (a *Agent) Watch(ctx context.Context, cfg PromoteConfig) {
 		if st.Fenced {
 			return // taken over by a switchover
 		}
-		if !st.InSync {
-			continue
-		}
 		now := a.now()
 		a.w.mu.Lock()
-		suspect := a.w.det.Suspect(now)
-		last := a.w.lastHeard
+		n := a.w.node
+		n.InSync = st.InSync
+		n.Term = max(n.Term, st.Term)
+		takeOver := n.Tick(now) // the golden-tested decision (failover/testdata/roles)
+		term, last := n.Term, a.w.lastHeard
 		a.w.mu.Unlock()
-		if suspect {
-			if err := a.Promote(last, now); err != nil {
+		if takeOver {
+			if err := a.Promote(term, last, now); err != nil {
 				a.log.Error("promotion failed", "err", err)
 			}
 			return
@@ -110,15 +111,13 @@ func (a *Agent) Watch(ctx context.Context, cfg PromoteConfig) {
 	}
 }
 
-// Promote makes this standby the primary: it raises the term, stops taking
-// the old primary's stream (and tells it so if it comes back), drops an
+// Promote makes this standby the primary under term: it stops taking the
+// old primary's stream (and tells it so if it comes back), drops an
 // uncommitted epoch, and serves guests on the configured endpoint with
 // every session, handle and device address intact.
-func (a *Agent) Promote(lastHeard, detected time.Time) error {
+func (a *Agent) Promote(term uint64, lastHeard, detected time.Time) error {
 	st := a.Receiver.Status()
-	term := st.Term
 	if !st.Fenced { // a failure; a switchover fenced the receiver already
-		term++
 		a.Receiver.Fence(term)
 	}
 	dropped := a.Receiver.DiscardEpoch()

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
@@ -78,7 +79,14 @@ func runPrimary(args []string) error {
 		sender, err = replicate.NewSender(replicate.SenderConfig{
 			Addr: e.Address, Key: key, Mode: mode, Log: replLog, Log_: log,
 			Snapshot: srv.Snapshot, OnVerify: verifier.Deliver,
-			Term: srv.Term, OnFenced: srv.Fence,
+			Term: srv.Term, OnFenced: func(term uint64) {
+				// The fencing rule lives in failover.Node (golden-tested).
+				role := failover.NewPrimary()
+				role.Term = srv.Term()
+				if role.SawTerm(term); role.Role == failover.Fenced {
+					srv.Fence(term)
+				}
+			},
 		})
 		if err != nil {
 			return err
