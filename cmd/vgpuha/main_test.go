@@ -96,6 +96,38 @@ func startPrimary(t *testing.T, args ...string) *proc {
 	return p
 }
 
+// startNode runs `vgpuha ARGS...` and stops it when the test ends, showing
+// its log if the test failed.
+func startNode(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(vgpuhaBin, args...), stderr: &syncBuffer{}}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGCONT)
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s log:\n%s", args[0], p.stderr.String())
+		}
+	})
+	return p
+}
+
+// waitLog waits until what appears in p's log.
+func waitLog(t *testing.T, p *proc, what string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(p.stderr.String(), what) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in log:\n%s", what, p.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func runGuestProc(endpoint, name string, size int) (guestReport, error) {
 	var rep guestReport
 	cmd := exec.Command(vgpuhaBin, "guest", "--endpoint", endpoint, "--workload", name, "--json", "--size", fmt.Sprint(size))
@@ -242,30 +274,15 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
 	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
 	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
-	sb := &proc{cmd: exec.Command(vgpuhaBin, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
-		"--guest-listen", "unix://"+standbySock, "--admin-listen", standbyAdmin), stderr: &syncBuffer{}}
-	sb.cmd.Stderr = sb.stderr
-	if err := sb.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { sb.cmd.Process.Kill(); sb.cmd.Wait() }()
+	sb := startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
+		"--guest-listen", "unix://"+standbySock, "--admin-listen", standbyAdmin)
 	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr,
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile)
-	waitLog := func(pr *proc, what string) {
-		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for !strings.Contains(pr.stderr.String(), what) {
-			if time.Now().After(deadline) {
-				t.Fatalf("no %q in log:\n%s", what, pr.stderr.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	waitLog(p, "primary is protected")
+	waitLog(t, p, "primary is protected")
 	p.cmd.Process.Signal(syscall.SIGSTOP)
-	waitLog(sb, "promoted to primary")
+	waitLog(t, sb, "promoted to primary")
 	p.cmd.Process.Signal(syscall.SIGCONT)
-	waitLog(p, "fenced")
+	waitLog(t, p, "fenced")
 	resp, err := http.Get("http://" + adminAddr + "/status")
 	if err != nil {
 		t.Fatal(err)
@@ -296,12 +313,7 @@ func TestReplicationProcesses(t *testing.T) {
 	replAddr, adminAddr := freePort(t), freePort(t)
 	sock := filepath.Join(dir, "g.sock")
 
-	sb := &proc{cmd: exec.Command(vgpuhaBin, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile), stderr: &syncBuffer{}}
-	sb.cmd.Stderr = sb.stderr
-	if err := sb.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { sb.cmd.Process.Kill(); sb.cmd.Wait() }()
+	sb := startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile)
 	startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr,
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile, "--mode", "commit")
 
@@ -395,36 +407,11 @@ func TestDoubleFailover(t *testing.T) {
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
 	replB, replC, adminC := freePort(t), freePort(t), freePort(t)
 	sockA, sockB, sockC := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock"), filepath.Join(dir, "c.sock")
-	startNode := func(args ...string) *proc {
-		p := &proc{cmd: exec.Command(vgpuhaBin, args...), stderr: &syncBuffer{}}
-		p.cmd.Stderr = p.stderr
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			p.cmd.Process.Kill()
-			p.cmd.Wait()
-			if t.Failed() {
-				t.Logf("%s log:\n%s", args[0], p.stderr.String())
-			}
-		})
-		return p
-	}
-	c := startNode("standby", "--listen", "tcp://"+replC, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockC, "--admin-listen", adminC)
-	b := startNode("standby", "--listen", "tcp://"+replB, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockB,
+	c := startNode(t, "standby", "--listen", "tcp://"+replC, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockC, "--admin-listen", adminC)
+	b := startNode(t, "standby", "--listen", "tcp://"+replB, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockB,
 		"--replicate-to", "tcp://"+replC)
 	a := startPrimary(t, "--guest-listen", "unix://"+sockA, "--replicate-to", "tcp://"+replB, "--replicate.key-file", keyFile)
-	waitLog := func(p *proc, what string) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(p.stderr.String(), what) {
-			if time.Now().After(deadline) {
-				t.Fatalf("no %q in log:\n%s", what, p.stderr.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	waitLog(a, "primary is protected")
+	waitLog(t, a, "primary is protected")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	g, err := pvdriver.Open(ctx, "unix://"+sockA, pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + sockB, "unix://" + sockC}})
@@ -449,11 +436,11 @@ func TestDoubleFailover(t *testing.T) {
 		switch round {
 		case 0:
 			a.cmd.Process.Kill()
-			waitLog(b, "promoted to primary")
-			waitLog(b, "primary is protected") // B resynced C
+			waitLog(t, b, "promoted to primary")
+			waitLog(t, b, "primary is protected") // B resynced C
 		case 1:
 			b.cmd.Process.Kill()
-			waitLog(c, "promoted to primary")
+			waitLog(t, c, "promoted to primary")
 		}
 	}
 	if fo := g.Failovers(); len(fo) != 2 || fo[1].Term != 3 {
