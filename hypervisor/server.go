@@ -242,6 +242,11 @@ func (s *Server) ServeConn(conn net.Conn) {
 			rerr = fail(abi.StatusBadFrame, "guest sent a reply frame")
 		case sess == nil && f.Op != abi.OpHello:
 			rerr = fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op)
+		case f.Op == abi.OpBye && sess != nil:
+			sess.mu.Lock()
+			sess.grace = 0 // the guest is done: free the session now
+			sess.mu.Unlock()
+			return
 		case f.Op == abi.OpHello:
 			if sess != nil {
 				rerr = fail(abi.StatusInvalidValue, "session %d is already open on this connection", sess.id)

@@ -100,6 +100,7 @@ type Client struct {
 	done       chan struct{}
 	nextID     atomic.Uint64
 	resumed    chan *bufio.Writer // a new connection, for the writer
+	bye        chan byeFrame      // the last frame, from Close
 
 	mu      sync.Mutex
 	conn    net.Conn
@@ -180,6 +181,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 		sendq:      make(chan *[]byte, 1024),
 		done:       make(chan struct{}),
 		resumed:    make(chan *bufio.Writer),
+		bye:        make(chan byeFrame),
 		pending:    map[uint64]chan result{},
 		waiting:    map[uint64]time.Time{},
 		abandoned:  map[uint64]bool{},
@@ -233,10 +235,29 @@ func (c *Client) AcceptRollback() uint64 {
 	return c.rolledBackTo
 }
 
-// Close ends the session; the hypervisor frees everything it held.
+// Close ends the session; the hypervisor frees everything it held at once
+// (it does not keep it for a resume).
 func (c *Client) Close() error {
+	if c.session != 0 && c.closedErr() == nil {
+		bye := abi.AppendBodyFrame(nil, abi.OpBye, abi.FlagAsync, c.nextID.Add(1), &abi.Bye{})
+		done := make(chan struct{})
+		select {
+		case c.bye <- byeFrame{frame: bye, done: done}:
+			select { // best effort: the writer sends it after what is queued
+			case <-done:
+			case <-time.After(time.Second):
+			}
+		case <-c.done:
+		case <-time.After(time.Second):
+		}
+	}
 	c.shutdown(ErrClosed)
 	return nil
+}
+
+type byeFrame struct {
+	frame []byte
+	done  chan struct{}
 }
 
 func (c *Client) shutdown(why error) {
@@ -475,6 +496,19 @@ func (c *Client) writeLoop(bw *bufio.Writer) {
 				c.lost(gen, err)
 				bw = nil
 			}
+		case b := <-byeQueue(c, bw):
+			// Everything queued before Close goes first, then the bye.
+			for len(c.sendq) > 0 {
+				f := <-c.sendq
+				keep := c.markSent(f)
+				bw.Write(*f)
+				if !keep && cap(*f) <= maxPooled {
+					bufs.Put(f)
+				}
+			}
+			bw.Write(b.frame)
+			bw.Flush()
+			close(b.done)
 		case f := <-queue:
 			keep := c.markSent(f)
 			_, err := bw.Write(*f)
@@ -490,6 +524,14 @@ func (c *Client) writeLoop(bw *bufio.Writer) {
 			}
 		}
 	}
+}
+
+// byeQueue is the bye channel while a connection is up, else nil.
+func byeQueue(c *Client, bw *bufio.Writer) chan byeFrame {
+	if bw == nil {
+		return nil
+	}
+	return c.bye
 }
 
 // markSent notes that f is being written and reports whether it is kept

@@ -218,3 +218,21 @@ func TestGuestLinkCutResumesOnPrimary(t *testing.T) {
 		t.Fatalf("primary holds %d sessions, want the resumed one", n)
 	}
 }
+
+// TestCloseFreesAtOnce: a failover-capable guest that closes its session on
+// purpose does not leave it held for a resume.
+func TestCloseFreesAtOnce(t *testing.T) {
+	c := failoverCluster(t, replicate.ModeCommit)
+	g := c.guest("leaving")
+	if _, err := g.Alloc(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for len(c.Primary.Status().Sessions) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("session still held after Close: %+v", c.Primary.Status().Sessions)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -30,6 +30,7 @@ func sampleRequests() map[Opcode]Body {
 		OpStreamSync:    &StreamSync{Stream: 2},
 		OpSync:          &Sync{},
 		OpReject:        &Reject{},
+		OpBye:           &Bye{},
 	}
 }
 

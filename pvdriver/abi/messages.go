@@ -31,6 +31,9 @@ const (
 	// OpReject answers a frame the hypervisor could not parse far enough to
 	// know its opcode. It is only ever sent as a reply.
 	OpReject
+	// OpBye ends a session on purpose: the node frees it at once instead of
+	// keeping it for a resume (sent async, no reply).
+	OpBye
 	opLimit
 )
 
@@ -39,7 +42,7 @@ var opNames = [...]string{
 	OpCopyHtoD: "copy_htod", OpCopyDtoH: "copy_dtoh", OpCopyDtoD: "copy_dtod",
 	OpMemset: "memset", OpModuleLoad: "module_load", OpModuleUnload: "module_unload",
 	OpGetFunction: "get_function", OpLaunch: "launch", OpStreamCreate: "stream_create",
-	OpStreamDestroy: "stream_destroy", OpStreamSync: "stream_sync", OpSync: "sync", OpReject: "reject",
+	OpStreamDestroy: "stream_destroy", OpStreamSync: "stream_sync", OpSync: "sync", OpReject: "reject", OpBye: "bye",
 }
 
 // Valid reports whether op is a defined, non-zero opcode.
@@ -136,6 +139,8 @@ func NewRequest(op Opcode) Body {
 		return &Sync{}
 	case OpReject:
 		return &Reject{}
+	case OpBye:
+		return &Bye{}
 	}
 	return nil
 }
@@ -246,6 +251,9 @@ type Sync struct{}
 
 // Reject has no body; see OpReject.
 type Reject struct{}
+
+// Bye has no body; see OpBye.
+type Bye struct{}
 
 // ArgKind is the type of one kernel argument.
 type ArgKind uint8
@@ -367,6 +375,7 @@ func (m *StreamDestroy) Append(b []byte) []byte { return appendU64(b, m.Stream) 
 func (m *StreamSync) Append(b []byte) []byte    { return appendU64(b, m.Stream) }
 func (m *Sync) Append(b []byte) []byte          { return b }
 func (m *Reject) Append(b []byte) []byte        { return b }
+func (m *Bye) Append(b []byte) []byte           { return b }
 func (m *HelloReply) Append(b []byte) []byte {
 	return appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
 }
@@ -442,6 +451,7 @@ func (m *StreamDestroy) decode(d *Decoder) { m.Stream = d.U64() }
 func (m *StreamSync) decode(d *Decoder)    { m.Stream = d.U64() }
 func (m *Sync) decode(d *Decoder)          {}
 func (m *Reject) decode(d *Decoder)        {}
+func (m *Bye) decode(d *Decoder)           {}
 func (m *HelloReply) decode(d *Decoder) {
 	m.Session = d.U64()
 	m.WindowBase = d.U64()
