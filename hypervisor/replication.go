@@ -117,15 +117,11 @@ func (s *Session) snapshot() []replicate.Record {
 	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: []byte(s.guest)}}
 	for _, r := range s.ranges.All() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
-		buf := make([]byte, min(r.Size, snapshotChunk))
-		for off := uint64(0); off < r.Size; off += snapshotChunk {
-			n := min(r.Size-off, snapshotChunk)
-			if err := s.ctx.CopyDtoH(buf[:n], s.dev(r.Addr+off), 0); err != nil {
-				s.unsafe = fmt.Sprintf("reading allocation %#x for a snapshot: %v", r.Addr, err)
-				continue
-			}
-			recs = append(recs, placed(s.id, abi.OpCopyHtoD, &abi.CopyHtoD{Dst: r.Addr + off, Data: buf[:n]}, 0))
+		contents, err := s.contentRecords(r, replicate.FlagPlaced)
+		if err != nil {
+			s.unsafe = fmt.Sprintf("reading allocation %#x for a snapshot: %v", r.Addr, err)
 		}
+		recs = append(recs, contents...)
 	}
 	s.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
 		switch k {
@@ -205,16 +201,30 @@ func (s *Server) Repair(session, addr uint64) error {
 	if !ok || r.Addr != addr {
 		return fmt.Errorf("session %d has no allocation at %#x", session, addr)
 	}
-	for off := uint64(0); off < r.Size; off += snapshotChunk {
-		n := min(r.Size-off, snapshotChunk)
-		buf := make([]byte, n)
-		if err := sess.ctx.CopyDtoH(buf, sess.dev(r.Addr+off), 0); err != nil {
-			return err
-		}
-		body := (&abi.CopyHtoD{Dst: r.Addr + off, Data: buf}).Append(nil)
-		s.repl.Append(replicate.Record{Session: session, Op: replicate.Op(abi.OpCopyHtoD), Flags: replicate.FlagRepair, Body: body})
+	recs, err := sess.contentRecords(r, replicate.FlagRepair)
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		s.repl.Append(rec)
 	}
 	return nil
+}
+
+// contentRecords reads an allocation and returns copy records, at most
+// snapshotChunk bytes each, that write its contents on the standby.
+// Precondition: s.mu must be locked.
+func (s *Session) contentRecords(r handlemap.Range, flags uint16) ([]replicate.Record, error) {
+	var recs []replicate.Record
+	for off := uint64(0); off < r.Size; off += snapshotChunk {
+		buf := make([]byte, min(r.Size-off, snapshotChunk))
+		if err := s.ctx.CopyDtoH(buf, s.dev(r.Addr+off), 0); err != nil {
+			return recs, err
+		}
+		body := (&abi.CopyHtoD{Dst: r.Addr + off, Data: buf}).Append(nil)
+		recs = append(recs, replicate.Record{Session: s.id, Op: replicate.Op(abi.OpCopyHtoD), Flags: flags, Body: body})
+	}
+	return recs, nil
 }
 
 // ApplyRecord applies one replicated record to this (standby) server. It

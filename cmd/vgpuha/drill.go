@@ -256,20 +256,12 @@ func drillOnce(backend, mode, fault string, at int, netns bool) drillRecord {
 			return fail("launch %d: %v", i, err)
 		}
 	}
-	out := make([]byte, 4*nbins)
-	if err := g.CopyDtoH(out, bins); err != nil {
+	total, err := countLaunches(g, bins, n, nbins)
+	if err != nil {
 		return fail("reading counters: %v", err)
 	}
-	var total int64
-	for b := 0; b < nbins; b++ {
-		total += int64(binary.LittleEndian.Uint32(out[4*b:]))
-	}
-	rec.LostRequests = (launches*n - total) / n
-	fo := g.Failovers()
-	rec.Failovers = len(fo)
-	if len(fo) > 0 {
-		rec.PauseMS = float64(fo[0].Resumed.Sub(fo[0].Lost).Microseconds()) / 1000
-	}
+	rec.LostRequests = launches - total
+	rec.Failovers, rec.PauseMS = firstPause(g)
 	var sst struct {
 		Promotion *struct {
 			DetectionMS float64 `json:"detection_ms"`
@@ -305,14 +297,11 @@ func drillOnce(backend, mode, fault string, at int, netns bool) drillRecord {
 			// Commit mode held the guest's replies while the standby was
 			// unreachable, so it had forgotten nothing: its kept requests
 			// went to the new primary, which must now hold every launch.
-			if err := g.CopyDtoH(out, bins); err != nil {
+			total, err := countLaunches(g, bins, n, nbins)
+			if err != nil {
 				return fail("reading counters on the new primary: %v", err)
 			}
-			total = 0
-			for b := 0; b < nbins; b++ {
-				total += int64(binary.LittleEndian.Uint32(out[4*b:]))
-			}
-			if rec.LostRequests = (launches*n - total) / n; rec.LostRequests != 0 {
+			if rec.LostRequests = launches - total; rec.LostRequests != 0 {
 				return fail("moved to the new primary without a rollback notice, but %d launches are missing there", rec.LostRequests)
 			}
 		}
@@ -389,19 +378,13 @@ func drillEpoch(g *pvdriver.Client, p *pair, f pvdriver.Function, cfg pvdriver.L
 		}
 		if errors.Is(err, pvdriver.ErrRolledBack) {
 			g.AcceptRollback() // the VM is restored from its last checkpoint
-			out := make([]byte, 4*nbins)
-			if err := g.CopyDtoH(out, bins); err != nil {
+			total, err := countLaunches(g, bins, n, nbins)
+			if err != nil {
 				rec.Problem = fmt.Sprintf("reading counters after the rollback: %v", err)
 				return rec
 			}
-			var total int64
-			for b := 0; b < nbins; b++ {
-				total += int64(binary.LittleEndian.Uint32(out[4*b:]))
-			}
-			rec.RolledBack, rec.Failovers = true, len(g.Failovers())
-			if fo := g.Failovers(); len(fo) > 0 {
-				rec.PauseMS = float64(fo[0].Resumed.Sub(fo[0].Lost).Microseconds()) / 1000
-			}
+			rec.RolledBack = true
+			rec.Failovers, rec.PauseMS = firstPause(g)
 			var sst struct {
 				Promotion *struct {
 					DetectionMS float64 `json:"detection_ms"`
@@ -410,10 +393,10 @@ func drillEpoch(g *pvdriver.Client, p *pair, f pvdriver.Function, cfg pvdriver.L
 			if getJSON(p.standbyAdmin, &sst) == nil && sst.Promotion != nil {
 				rec.DetectionMS = sst.Promotion.DetectionMS
 			}
-			rec.LostRequests = int64(journal) - total/n // launches the restored VM expects but the GPU lacks (or extra)
+			rec.LostRequests = int64(journal) - total // launches the restored VM expects but the GPU lacks (or extra)
 			rec.Passed = rec.LostRequests == 0
 			if !rec.Passed {
-				rec.Problem = fmt.Sprintf("GPU holds %d launches, the restored VM's journal %d", total/n, journal)
+				rec.Problem = fmt.Sprintf("GPU holds %d launches, the restored VM's journal %d", total, journal)
 			}
 			return rec
 		}
@@ -424,4 +407,28 @@ func drillEpoch(g *pvdriver.Client, p *pair, f pvdriver.Function, cfg pvdriver.L
 	}
 	rec.Problem = "the kill never caused a rollback"
 	return rec
+}
+
+// countLaunches reads the histogram's bins and returns how many launches of
+// n elements they add up to.
+func countLaunches(g *pvdriver.Client, bins pvdriver.DevicePtr, n, nbins int) (int64, error) {
+	out := make([]byte, 4*nbins)
+	if err := g.CopyDtoH(out, bins); err != nil {
+		return 0, err
+	}
+	var total int64
+	for b := 0; b < nbins; b++ {
+		total += int64(binary.LittleEndian.Uint32(out[4*b:]))
+	}
+	return total / int64(n), nil
+}
+
+// firstPause returns how many failovers the guest went through and the
+// pause of the first, in ms.
+func firstPause(g *pvdriver.Client) (int, float64) {
+	fo := g.Failovers()
+	if len(fo) == 0 {
+		return 0, 0
+	}
+	return len(fo), float64(fo[0].Resumed.Sub(fo[0].Lost).Microseconds()) / 1000
 }

@@ -68,6 +68,15 @@ func configFlags(fs interface {
 	fs.Uint64Var(&cfg.WindowSize, "va.window-bytes", cfg.WindowSize, "size of each guest's device-address window")
 }
 
+// tcpFlag checks that a flag holds tcp://HOST:PORT and returns HOST:PORT.
+func tcpFlag(name, value string) (string, error) {
+	e, err := transport.Parse(value)
+	if err != nil || e.Scheme != "tcp" {
+		return "", fmt.Errorf("--%s must be tcp://HOST:PORT, got %q", name, value)
+	}
+	return e.Address, nil
+}
+
 // readKey reads a pre-shared replication key file.
 func readKey(path string) ([]byte, error) {
 	if path == "" {

@@ -61,9 +61,9 @@ func runPrimary(args []string) error {
 	var verifier replicate.Verifier
 	var replLog *replicate.Log
 	if *replicateTo != "" {
-		e, err := transport.Parse(*replicateTo)
-		if err != nil || e.Scheme != "tcp" {
-			return fmt.Errorf("--replicate-to must be tcp://HOST:PORT, got %q", *replicateTo)
+		standbyAddr, err := tcpFlag("replicate-to", *replicateTo)
+		if err != nil {
+			return err
 		}
 		mode, err := replicate.ParseMode(*modeName)
 		if err != nil {
@@ -77,7 +77,7 @@ func runPrimary(args []string) error {
 		defer replLog.Close()
 		srv.Replicate(replLog, mode)
 		sender, err = replicate.NewSender(replicate.SenderConfig{
-			Addr: e.Address, Key: key, Mode: mode, Log: replLog, Log_: log,
+			Addr: standbyAddr, Key: key, Mode: mode, Log: replLog, Log_: log,
 			Snapshot: srv.Snapshot, OnVerify: verifier.Deliver,
 			Term: srv.Term, OnFenced: func(term uint64) {
 				// The fencing rule lives in failover.Node (golden-tested).
@@ -97,7 +97,7 @@ func runPrimary(args []string) error {
 		}
 		sender.SetMetrics(m)
 		go sender.Run(ctx)
-		log.Info("replicating", "standby", e.Address, "mode", mode)
+		log.Info("replicating", "standby", standbyAddr, "mode", mode)
 	}
 
 	status := func() any {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -11,7 +10,6 @@ import (
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/admin"
-	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/standby"
 )
@@ -38,9 +36,9 @@ func runStandby(args []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := transport.Parse(*listen)
-	if err != nil || e.Scheme != "tcp" {
-		return fmt.Errorf("--listen must be tcp://HOST:PORT, got %q", *listen)
+	listenAddr, err := tcpFlag("listen", *listen)
+	if err != nil {
+		return err
 	}
 	backend, err := bf.open()
 	if err != nil {
@@ -57,7 +55,7 @@ func runStandby(args []string) error {
 	if _, err := serveAdmin(ctx, *adminAddr, admin.Handler(reg, func() any { return agent.Status() }), log); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", e.Address)
+	ln, err := net.Listen("tcp", listenAddr)
 	if err != nil {
 		return err
 	}
@@ -65,14 +63,14 @@ func runStandby(args []string) error {
 	if *guestListen != "" {
 		pc := standby.PromoteConfig{GuestListen: *guestListen, Detector: failover.New(*detector), Key: key}
 		if *next != "" {
-			ne, err := transport.Parse(*next)
-			if err != nil || ne.Scheme != "tcp" {
-				return fmt.Errorf("--replicate-to must be tcp://HOST:PORT, got %q", *next)
+			addr, err := tcpFlag("replicate-to", *next)
+			if err != nil {
+				return err
 			}
 			if pc.Mode, err = replicate.ParseMode(*modeName); err != nil {
 				return err
 			}
-			pc.ReplicateTo = ne.Address
+			pc.ReplicateTo = addr
 		}
 		go agent.Watch(ctx, pc)
 	}
