@@ -1,0 +1,723 @@
+package mmiotrace
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ptracer owns the ptrace relationship with one guest process. Linux lets
+// only the thread that attached issue ptrace requests, so everything here
+// runs on one locked OS thread (loop); other goroutines hand it work with
+// do, which wakes it with a signal to a guest thread (wakeSignal, caught by
+// ptrace and never delivered to the guest) so that the work runs while that
+// thread is stopped — which is also when a system call can be injected.
+type ptracer struct {
+	pid      int
+	pgid     int
+	ourChild bool // the guest is this process's child: its exit status is left to the parent's Wait
+	cpu      int  // CPU the tracer and the guest threads are pinned to, or -1
+
+	// fault handles a SIGSEGV at addr in thread tid; false means the fault
+	// is not the tracer's (the guest gets its SIGSEGV).
+	fault func(tid int, addr uint64) bool
+
+	// Tracer-thread state.
+	threads  map[int]*thread
+	mem      *os.File // /proc/PID/mem: instruction bytes and MOVS sources
+	sysInsn  uint64   // address of a SYSCALL instruction in the guest (for injection)
+	deferred []event  // stops collected while other work held the thread
+
+	mu      sync.Mutex
+	work    []func(tid int) // run on the tracer thread with tid stopped
+	waiting bool            // a wake-up signal is on its way
+	stop    bool            // close asked the loop to detach
+	done    chan struct{}
+	err     error // why the loop ended
+}
+
+type thread struct {
+	tid     int
+	pending int // a signal to deliver when the thread is next resumed
+	stopped bool
+}
+
+type event struct {
+	tid int
+	ws  unix.WaitStatus
+}
+
+// wakeSignal wakes the tracer thread. It is sent with tgkill by this
+// process (checked through siginfo), so a guest's own use of the signal
+// is still delivered to it.
+const wakeSignal = unix.SIGSTKFLT
+
+// errGone: the guest process has exited.
+var errGone = errors.New("guest process exited")
+
+// startPtrace attaches to every thread of pid and starts the tracer
+// thread. The guest must be in a process group of its own (see waitAny).
+func startPtrace(pid int, cpu int, fault func(tid int, addr uint64) bool) (*ptracer, error) {
+	pgid, err := unix.Getpgid(pid)
+	if err != nil {
+		return nil, fmt.Errorf("guest %d: %w", pid, err)
+	}
+	if pgid == unix.Getpgrp() {
+		return nil, fmt.Errorf("guest %d is in the hypervisor's process group: start it in a group of its own (setpgid) so the tracer waits on its threads only", pid)
+	}
+	p := &ptracer{pid: pid, pgid: pgid, cpu: cpu, fault: fault, threads: map[int]*thread{}, done: make(chan struct{})}
+	p.ourChild = parentOf(pid) == os.Getpid()
+	started := make(chan error, 1)
+	go p.loop(started)
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func parentOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid ...; comm may contain spaces and parentheses.
+	rest := b[bytes.LastIndexByte(b, ')')+1:]
+	f := strings.Fields(string(rest))
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+func (p *ptracer) loop(started chan<- error) {
+	runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, pinned or not
+	defer close(p.done)
+	if p.cpu >= 0 {
+		pinThread(0, p.cpu)
+	}
+	if err := p.attach(); err != nil {
+		p.detachAll()
+		started <- err
+		return
+	}
+	started <- nil
+	for {
+		var ev event
+		if len(p.deferred) > 0 {
+			ev, p.deferred = p.deferred[0], p.deferred[1:]
+		} else {
+			var err error
+			if ev, err = p.waitAny(); err != nil {
+				p.finish(err)
+				return
+			}
+		}
+		if err := p.handle(ev); err != nil {
+			p.finish(err)
+			return
+		}
+		if p.stopping() {
+			p.detachAll()
+			p.finish(nil)
+			return
+		}
+	}
+}
+
+func (p *ptracer) finish(err error) {
+	p.mu.Lock()
+	p.err = err
+	p.mu.Unlock()
+	if p.mem != nil {
+		p.mem.Close()
+	}
+}
+
+// attach seizes every thread of the guest; threads it creates later are
+// attached by the kernel (PTRACE_O_TRACECLONE).
+func (p *ptracer) attach() error {
+	var err error
+	if p.mem, err = os.OpenFile(fmt.Sprintf("/proc/%d/mem", p.pid), os.O_RDWR, 0); err != nil {
+		return fmt.Errorf("opening the guest's memory: %w", err)
+	}
+	if p.sysInsn, err = findSyscallInsn(p.pid, p.mem); err != nil {
+		return err
+	}
+	for { // until a pass finds no new thread
+		tids, err := taskIDs(p.pid)
+		if err != nil {
+			return err
+		}
+		added := 0
+		for _, tid := range tids {
+			if p.threads[tid] != nil {
+				continue
+			}
+			err := unix.PtraceSeize(tid)
+			if err == nil {
+				err = unix.PtraceSetOptions(tid, unix.PTRACE_O_TRACECLONE|unix.PTRACE_O_EXITKILL)
+			}
+			if errors.Is(err, unix.ESRCH) {
+				continue // the thread exited meanwhile
+			}
+			if err != nil {
+				return fmt.Errorf("attaching to guest thread %d: %w (the hypervisor needs ptrace permission: root, CAP_SYS_PTRACE or kernel.yama.ptrace_scope=0)", tid, err)
+			}
+			p.threads[tid] = &thread{tid: tid}
+			p.pin(tid)
+			added++
+		}
+		if added == 0 {
+			return nil
+		}
+	}
+}
+
+func taskIDs(pid int) ([]int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, fmt.Errorf("listing guest threads: %w", err)
+	}
+	var tids []int
+	for _, e := range ents {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	return tids, nil
+}
+
+// findSyscallInsn finds the bytes of a SYSCALL instruction (0f 05) in the
+// guest's vDSO (or, failing that, any executable mapping): injected
+// system calls jump there.
+func findSyscallInsn(pid int, mem *os.File) (uint64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	type span struct{ lo, hi uint64 }
+	var vdso, exec []span
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 || fields[1][2] != 'x' {
+			continue
+		}
+		var s span
+		if _, err := fmt.Sscanf(fields[0], "%x-%x", &s.lo, &s.hi); err != nil {
+			continue
+		}
+		if len(fields) >= 6 && fields[5] == "[vdso]" {
+			vdso = append(vdso, s)
+		} else if len(fields) >= 6 && fields[5] != "[vsyscall]" {
+			exec = append(exec, s)
+		}
+	}
+	for _, s := range append(vdso, exec...) {
+		buf := make([]byte, min(s.hi-s.lo, 1<<20))
+		n, _ := mem.ReadAt(buf, int64(s.lo))
+		if i := bytes.Index(buf[:n], []byte{0x0f, 0x05}); i >= 0 {
+			return s.lo + uint64(i), nil
+		}
+	}
+	return 0, fmt.Errorf("guest %d: no SYSCALL instruction found in its executable mappings", pid)
+}
+
+func (p *ptracer) pin(tid int) {
+	if p.cpu >= 0 {
+		pinThread(tid, p.cpu)
+	}
+}
+
+func pinThread(tid, cpu int) {
+	var set unix.CPUSet
+	set.Set(cpu)
+	unix.SchedSetaffinity(tid, &set) // best effort: tracing is correct unpinned, only slower
+}
+
+// waitAny waits for the next stop or exit of a guest thread. It waits on
+// the guest's process group only, so the hypervisor's other children are
+// never reaped here; it first peeks (WNOWAIT) so that the guest's own exit
+// is left to its parent's Wait when that parent is this process.
+func (p *ptracer) waitAny() (event, error) {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PGID, p.pgid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOWAIT|unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if errors.Is(err, unix.ECHILD) {
+			return event{}, errGone
+		}
+		if err != nil {
+			return event{}, fmt.Errorf("waiting for the guest: %w", err)
+		}
+		tid := int(siginfoPID(&info))
+		exited := info.Code == cldExited || info.Code == cldKilled || info.Code == cldDumped
+		if exited && tid == p.pid && p.ourChild {
+			return event{}, errGone
+		}
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(tid, &ws, unix.WALL, nil); err != nil && !errors.Is(err, unix.EINTR) {
+			return event{}, fmt.Errorf("collecting guest thread %d: %w", tid, err)
+		}
+		if exited && tid == p.pid {
+			return event{}, errGone
+		}
+		return event{tid: tid, ws: ws}, nil
+	}
+}
+
+const (
+	cldExited = 1
+	cldKilled = 2
+	cldDumped = 3
+)
+
+// siginfoPID reads si_pid from a SIGCHLD siginfo (offset 16 on 64-bit).
+func siginfoPID(info *unix.Siginfo) int32 {
+	return *(*int32)(unsafe.Add(unsafe.Pointer(info), 16))
+}
+
+// handle acts on one stop of a guest thread and resumes it.
+func (p *ptracer) handle(ev event) error {
+	ws, tid := ev.ws, ev.tid
+	if ws.Exited() || ws.Signaled() {
+		delete(p.threads, tid)
+		return nil
+	}
+	if !ws.Stopped() {
+		return nil
+	}
+	th := p.threads[tid]
+	if th == nil { // a new thread (PTRACE_O_TRACECLONE) reports before or after its creator's event
+		th = &thread{tid: tid}
+		p.threads[tid] = th
+		p.pin(tid)
+	}
+	th.stopped = true
+	sig := ws.StopSignal()
+	switch {
+	case ws.TrapCause() == unix.PTRACE_EVENT_CLONE:
+		if msg, err := unix.PtraceGetEventMsg(tid); err == nil && p.threads[int(msg)] == nil {
+			p.threads[int(msg)] = &thread{tid: int(msg)}
+			p.pin(int(msg))
+		}
+		return p.resume(th, 0)
+	case ws.TrapCause() == unix.PTRACE_EVENT_STOP:
+		// An interrupt nobody waits for any more, or a group stop: the
+		// guest keeps running (job control stops are not kept while traced).
+		return p.resume(th, 0)
+	case ws.TrapCause() > 0:
+		return p.resume(th, 0)
+	}
+	info, err := getSiginfo(tid)
+	if err != nil {
+		return p.resume(th, int(sig))
+	}
+	switch {
+	case sig == wakeSignal && info.code == siTKill && info.pid == int32(os.Getpid()):
+		p.runWork(tid)
+		return p.resume(th, 0)
+	case sig == unix.SIGSEGV && info.code == segvAccErr && p.fault(tid, info.addr):
+		return p.resume(th, 0)
+	}
+	return p.resume(th, int(sig))
+}
+
+func (p *ptracer) resume(th *thread, sig int) error {
+	if sig == 0 && th.pending != 0 {
+		sig, th.pending = th.pending, 0
+	}
+	th.stopped = false
+	err := unix.PtraceCont(th.tid, sig)
+	if errors.Is(err, unix.ESRCH) {
+		delete(p.threads, th.tid) // killed meanwhile
+		return nil
+	}
+	return err
+}
+
+type siginfo struct {
+	code int32
+	pid  int32
+	addr uint64
+}
+
+const (
+	siTKill    = -6 // SI_TKILL: sent by tgkill
+	segvAccErr = 2  // SEGV_ACCERR: a protection fault on a mapped page
+)
+
+func getSiginfo(tid int) (siginfo, error) {
+	var raw [128]byte
+	if err := ptraceRaw(unix.PTRACE_GETSIGINFO, tid, 0, uintptr(unsafe.Pointer(&raw[0]))); err != nil {
+		return siginfo{}, err
+	}
+	// si_signo, si_errno, si_code (int32 each), then the union at 16:
+	// si_pid for kill/tgkill, si_addr for faults.
+	return siginfo{
+		code: *(*int32)(unsafe.Pointer(&raw[8])),
+		pid:  *(*int32)(unsafe.Pointer(&raw[16])),
+		addr: *(*uint64)(unsafe.Pointer(&raw[16])),
+	}, nil
+}
+
+func ptraceRaw(req, tid int, addr, data uintptr) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, data, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// do runs fn on the tracer thread while a guest thread is stopped, and
+// returns when it has run.
+func (p *ptracer) do(fn func(tid int)) error {
+	ran := make(chan struct{})
+	p.mu.Lock()
+	if p.isDone() {
+		p.mu.Unlock()
+		return p.doneErr()
+	}
+	p.work = append(p.work, func(tid int) { fn(tid); close(ran) })
+	needWake := !p.waiting
+	p.waiting = true
+	p.mu.Unlock()
+	if needWake {
+		p.wake()
+	}
+	select {
+	case <-ran:
+		return nil
+	case <-p.done:
+		return p.doneErr()
+	}
+}
+
+// wake signals one live guest thread; its stop brings the tracer thread
+// out of waitAny.
+func (p *ptracer) wake() {
+	tids, _ := taskIDs(p.pid)
+	for _, tid := range append([]int{p.pid}, tids...) {
+		if unix.Tgkill(p.pid, tid, wakeSignal) == nil {
+			return
+		}
+	}
+}
+
+func (p *ptracer) runWork(tid int) {
+	p.mu.Lock()
+	work := p.work
+	p.work, p.waiting = nil, false
+	p.mu.Unlock()
+	for _, fn := range work {
+		fn(tid)
+	}
+}
+
+// stopRequested is set by close: the loop detaches after its current event.
+func (p *ptracer) stopping() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stop
+}
+
+// close detaches from the guest (its threads run on untraced) and waits
+// for the tracer thread to end.
+func (p *ptracer) close() error {
+	err := p.do(func(int) {
+		p.mu.Lock()
+		p.stop = true
+		p.mu.Unlock()
+	})
+	<-p.done
+	if err != nil && !errors.Is(err, errGone) {
+		return err
+	}
+	return nil
+}
+
+func (p *ptracer) isDone() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *ptracer) doneErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err == nil {
+		return errGone
+	}
+	return p.err
+}
+
+// detachAll stops every thread and detaches (PTRACE_DETACH needs a stopped
+// tracee), delivering any signal a thread still has to receive. Protection
+// faults collected meanwhile are dropped: the regions are unprotected by
+// then, and the store runs again.
+func (p *ptracer) detachAll() {
+	for _, th := range p.threads {
+		if !th.stopped {
+			p.stopThread(th)
+		}
+	}
+	for _, ev := range p.deferred {
+		th := p.threads[ev.tid]
+		if th != nil && ev.ws.Stopped() && ev.ws.TrapCause() <= 0 {
+			if sig := ev.ws.StopSignal(); sig != unix.SIGSEGV && sig != wakeSignal {
+				th.pending = int(sig)
+			}
+		}
+	}
+	p.deferred = nil
+	for tid, th := range p.threads {
+		unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(tid), 0, uintptr(th.pending), 0, 0)
+	}
+	p.threads = map[int]*thread{}
+}
+
+// stopThread interrupts a running thread and waits until it is stopped. A
+// stop that is not the interrupt (a fault, a signal) is kept in deferred
+// and handled once the current work is done.
+func (p *ptracer) stopThread(th *thread) error {
+	if err := unix.PtraceInterrupt(th.tid); err != nil {
+		return err
+	}
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(th.tid, &ws, unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if ws.Exited() || ws.Signaled() {
+			delete(p.threads, th.tid)
+			return errGone
+		}
+		th.stopped = true
+		if ws.TrapCause() != unix.PTRACE_EVENT_STOP {
+			p.deferred = append(p.deferred, event{tid: th.tid, ws: ws})
+		}
+		return nil
+	}
+}
+
+// stopOthers stops every guest thread but tid, for the time a page is
+// unprotected; resumeOthers lets them go on.
+func (p *ptracer) stopOthers(tid int) []*thread {
+	var stopped []*thread
+	for id, th := range p.threads {
+		if id == tid || th.stopped {
+			continue
+		}
+		if p.stopThread(th) == nil {
+			stopped = append(stopped, th)
+		}
+	}
+	return stopped
+}
+
+func (p *ptracer) resumeOthers(stopped []*thread) {
+	for _, th := range stopped {
+		if p.hasDeferred(th.tid) {
+			continue // its own stop is handled next, which resumes it
+		}
+		p.resume(th, 0)
+	}
+}
+
+func (p *ptracer) hasDeferred(tid int) bool {
+	for _, ev := range p.deferred {
+		if ev.tid == tid {
+			return true
+		}
+	}
+	return false
+}
+
+// inject runs one system call in stopped thread tid and returns its
+// result, leaving the thread's registers as they were. The thread may be
+// stopped inside a system call of its own: orig_rax is set to -1 so the
+// kernel does not restart it over ours, and restored after.
+func (p *ptracer) inject(tid int, nr uintptr, args ...uint64) (int64, error) {
+	var saved unix.PtraceRegs
+	if err := unix.PtraceGetRegs(tid, &saved); err != nil {
+		return 0, err
+	}
+	r := saved
+	r.Rip, r.Rax, r.Orig_rax = p.sysInsn, uint64(nr), ^uint64(0)
+	regs := []*uint64{&r.Rdi, &r.Rsi, &r.Rdx, &r.R10, &r.R8, &r.R9}
+	for i, a := range args {
+		*regs[i] = a
+	}
+	if err := unix.PtraceSetRegs(tid, &r); err != nil {
+		return 0, err
+	}
+	if err := p.singleStep(tid); err != nil {
+		return 0, err
+	}
+	if err := unix.PtraceGetRegs(tid, &r); err != nil {
+		return 0, err
+	}
+	if err := unix.PtraceSetRegs(tid, &saved); err != nil {
+		return 0, err
+	}
+	return int64(r.Rax), nil
+}
+
+// singleStep executes one instruction of stopped thread tid. A signal that
+// arrives instead is kept for the thread's next resume; a protection fault
+// inside a traced region is returned as *stepFault for the caller to
+// resolve and step again.
+func (p *ptracer) singleStep(tid int) error {
+	th := p.threads[tid]
+	for {
+		if err := unix.PtraceSingleStep(tid); err != nil {
+			return err
+		}
+		var ws unix.WaitStatus
+		for {
+			_, err := unix.Wait4(tid, &ws, unix.WALL, nil)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			break
+		}
+		if ws.Exited() || ws.Signaled() {
+			delete(p.threads, tid)
+			return errGone
+		}
+		if !ws.Stopped() {
+			continue
+		}
+		sig := ws.StopSignal()
+		switch {
+		case sig == unix.SIGTRAP && ws.TrapCause() <= 0:
+			return nil
+		case ws.TrapCause() > 0:
+			continue // an event stop (e.g. an interrupt) before the step: step again
+		case sig == unix.SIGSEGV:
+			info, err := getSiginfo(tid)
+			if err == nil && info.code == segvAccErr {
+				return &stepFault{addr: info.addr}
+			}
+		}
+		if th != nil && sig != wakeSignal {
+			th.pending = int(sig)
+		} else if sig == wakeSignal {
+			p.runWorkLater()
+		}
+	}
+}
+
+// runWorkLater: a wake-up arrived while the thread was being stepped; the
+// queued work runs at the next stop of any thread, so send another.
+func (p *ptracer) runWorkLater() {
+	p.mu.Lock()
+	p.waiting = false
+	pending := len(p.work) > 0
+	p.mu.Unlock()
+	if pending {
+		p.mu.Lock()
+		p.waiting = true
+		p.mu.Unlock()
+		go p.wake()
+	}
+}
+
+type stepFault struct{ addr uint64 }
+
+func (f *stepFault) Error() string { return fmt.Sprintf("protection fault at %#x while stepping", f.addr) }
+
+// mprotect changes the protection of [addr, addr+n) in the guest by
+// injecting the system call into stopped thread tid.
+func (p *ptracer) mprotect(tid int, addr, n uint64, prot int) error {
+	ret, err := p.inject(tid, unix.SYS_MPROTECT, addr, n, uint64(prot))
+	if err != nil {
+		return err
+	}
+	if ret < 0 {
+		return fmt.Errorf("mprotect(%#x, %d) in the guest: %w", addr, n, syscall.Errno(-ret))
+	}
+	return nil
+}
+
+// regs reads a stopped thread's registers; vec adds the vector registers.
+func (p *ptracer) regs(tid int, vec bool) (*Regs, *unix.PtraceRegs, error) {
+	var raw unix.PtraceRegs
+	if err := unix.PtraceGetRegs(tid, &raw); err != nil {
+		return nil, nil, err
+	}
+	r := &Regs{
+		GPR: [16]uint64{raw.Rax, raw.Rcx, raw.Rdx, raw.Rbx, raw.Rsp, raw.Rbp, raw.Rsi, raw.Rdi,
+			raw.R8, raw.R9, raw.R10, raw.R11, raw.R12, raw.R13, raw.R14, raw.R15},
+		RIP: raw.Rip, RFlags: raw.Eflags, FSBase: raw.Fs_base, GSBase: raw.Gs_base,
+	}
+	if vec {
+		if err := readVectors(tid, r); err != nil {
+			return nil, nil, err
+		}
+	}
+	return r, &raw, nil
+}
+
+// setRegs writes back what an emulated instruction changed.
+func setRegs(tid int, r *Regs, raw *unix.PtraceRegs) error {
+	g := r.GPR
+	raw.Rax, raw.Rcx, raw.Rdx, raw.Rbx, raw.Rsp, raw.Rbp, raw.Rsi, raw.Rdi = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
+	raw.R8, raw.R9, raw.R10, raw.R11, raw.R12, raw.R13, raw.R14, raw.R15 = g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]
+	raw.Rip = r.RIP
+	return unix.PtraceSetRegs(tid, raw)
+}
+
+// readVectors fills r.Vec from the thread's XSAVE area: XMM registers at
+// offset 160 of the legacy region, the upper YMM halves at 576 (the
+// standard, uncompacted layout ptrace returns).
+func readVectors(tid int, r *Regs) error {
+	buf := make([]byte, 4096)
+	iov := unix.Iovec{Base: &buf[0], Len: uint64(len(buf))}
+	if err := ptraceRaw(unix.PTRACE_GETREGSET, tid, unix.NT_X86_XSTATE, uintptr(unsafe.Pointer(&iov))); err != nil {
+		return fmt.Errorf("reading vector registers: %w", err)
+	}
+	for i := range r.Vec {
+		copy(r.Vec[i][:16], buf[160+16*i:])
+		if iov.Len >= 576+256 {
+			copy(r.Vec[i][16:], buf[576+16*i:])
+		}
+	}
+	return nil
+}
+
+// readGuest reads guest memory (reads never fault on write-protected pages).
+func (p *ptracer) readGuest(addr uint64, b []byte) error {
+	n, err := p.mem.ReadAt(b, int64(addr))
+	if n == len(b) {
+		return nil
+	}
+	if err == nil {
+		err = errors.New("short read")
+	}
+	return fmt.Errorf("reading guest memory at %#x: %w", addr, err)
+}

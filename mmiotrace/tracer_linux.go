@@ -1,0 +1,521 @@
+package mmiotrace
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+const pageSize = 4096
+
+// Region is memory the guest maps and writes directly (an aperture).
+type Region struct {
+	GuestAddr uint64 // where the guest process maps it (page-aligned)
+	Mem       []byte // the hypervisor's mapping of the same memory
+	Kind      Kind
+
+	shadow []byte // contents as of the last flush, for sending changed ranges only
+	dirty  []bool // page mode: pages unprotected since the last flush
+	full   bool   // the next flush sends the whole region (just added)
+}
+
+func (r *Region) contains(addr, n uint64) bool {
+	return addr >= r.GuestAddr && n <= uint64(len(r.Mem)) && addr-r.GuestAddr <= uint64(len(r.Mem))-n
+}
+
+// Options configure a Tracer.
+type Options struct {
+	Mode Mode
+	// Pin puts the tracer thread and every guest thread on one CPU while
+	// ptrace is in use: a fault then wakes the tracer without crossing
+	// CPUs (3–4× cheaper per traced write on the machines we measured).
+	Pin     bool
+	Metrics *Metrics // nil: none
+}
+
+// Stats counts what a tracer did.
+type Stats struct {
+	Faults         uint64 // write faults the tracer handled
+	Emulated       uint64 // stores decoded and emulated
+	Stepped        uint64 // decoded read-modify-writes single-stepped
+	Undecodable    uint64 // stores the decoder could not describe: stepped, page compared
+	Records        uint64 // writes or changed ranges handed to Flush's caller
+	Bytes          uint64 // bytes in those records
+	Flushes        uint64
+	DirtyPages     uint64 // pages found written at flushes (page, uffd)
+	PinnedCPU      int    // -1: not pinned
+	PtraceAttached bool
+}
+
+// Tracer catches one guest process's writes to its regions.
+type Tracer struct {
+	pid  int
+	opts Options
+
+	mu      sync.Mutex
+	regions []*Region
+	writes  []write // per-write records since the last flush, in program order
+	stats   Stats
+	pt      *ptracer // nil until a region needs ptrace
+	pagemap *os.File // uffd mode
+}
+
+type write struct {
+	r    *Region
+	off  uint64
+	data []byte
+}
+
+// Attach prepares to trace process pid. Nothing is attached until the first
+// region is added.
+func Attach(pid int, opts Options) *Tracer {
+	return &Tracer{pid: pid, opts: opts, stats: Stats{PinnedCPU: -1}}
+}
+
+// perWrite reports whether writes to r are traced one by one (insn mode,
+// and register regions in every tracing mode).
+func (t *Tracer) perWrite(r *Region) bool {
+	return t.opts.Mode == ModeInsn || (t.opts.Mode != ModeOff && r.Kind == KindRegister)
+}
+
+// usesPtrace reports whether r is protected and handled through ptrace.
+func (t *Tracer) usesPtrace(r *Region) bool {
+	return t.perWrite(r) || t.opts.Mode == ModePage
+}
+
+// AddRegion starts tracing writes to r. The guest must already map it. The
+// next Flush reports the whole region.
+func (t *Tracer) AddRegion(r *Region) error {
+	if r.GuestAddr%pageSize != 0 || len(r.Mem) == 0 || len(r.Mem)%pageSize != 0 {
+		return fmt.Errorf("region at %#x of %d bytes is not page-aligned", r.GuestAddr, len(r.Mem))
+	}
+	t.mu.Lock()
+	for _, o := range t.regions {
+		if r.GuestAddr < o.GuestAddr+uint64(len(o.Mem)) && o.GuestAddr < r.GuestAddr+uint64(len(r.Mem)) {
+			t.mu.Unlock()
+			return fmt.Errorf("region at %#x overlaps the traced region at %#x", r.GuestAddr, o.GuestAddr)
+		}
+	}
+	t.mu.Unlock()
+	r.shadow = make([]byte, len(r.Mem))
+	r.dirty = make([]bool, len(r.Mem)/pageSize)
+	r.full = true
+	switch {
+	case t.usesPtrace(r):
+		if err := t.startPtrace(); err != nil {
+			return err
+		}
+		var perr error
+		if err := t.pt.do(func(tid int) {
+			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ)
+		}); err != nil {
+			return err
+		}
+		if perr != nil {
+			return perr
+		}
+	case t.opts.Mode == ModeUffd:
+		if t.pagemap == nil {
+			f, err := os.OpenFile(fmt.Sprintf("/proc/%d/pagemap", t.pid), os.O_RDONLY, 0)
+			if err != nil {
+				return fmt.Errorf("opening the guest's pagemap: %w", err)
+			}
+			t.pagemap = f
+		}
+	}
+	t.mu.Lock()
+	t.regions = append(t.regions, r)
+	t.mu.Unlock()
+	return nil
+}
+
+func (t *Tracer) startPtrace() error {
+	if t.pt != nil {
+		return nil
+	}
+	cpu := -1
+	if t.opts.Pin {
+		cpu = runtime.NumCPU() - 1
+		var set unix.CPUSet
+		if unix.SchedGetaffinity(0, &set) == nil {
+			for c := 0; c < 1024; c++ {
+				if set.IsSet(c) {
+					cpu = c // the last CPU this process may use
+				}
+			}
+		}
+	}
+	pt, err := startPtrace(t.pid, cpu, t.onFault)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.pt = pt
+	t.stats.PinnedCPU, t.stats.PtraceAttached = cpu, true
+	t.mu.Unlock()
+	return nil
+}
+
+// RemoveRegion stops tracing r and unprotects it in the guest (if the guest
+// still maps it). Writes not yet flushed are dropped: flush first.
+func (t *Tracer) RemoveRegion(r *Region) {
+	t.mu.Lock()
+	for i, o := range t.regions {
+		if o == r {
+			t.regions = append(t.regions[:i], t.regions[i+1:]...)
+			break
+		}
+	}
+	kept := t.writes[:0]
+	for _, w := range t.writes {
+		if w.r != r {
+			kept = append(kept, w)
+		}
+	}
+	t.writes = kept
+	pt := t.pt
+	t.mu.Unlock()
+	if pt != nil && t.usesPtrace(r) {
+		pt.do(func(tid int) { pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ|unix.PROT_WRITE) })
+	}
+}
+
+// Close stops tracing: regions are unprotected and the guest runs on
+// untraced.
+func (t *Tracer) Close() error {
+	t.mu.Lock()
+	regions := append([]*Region(nil), t.regions...)
+	t.mu.Unlock()
+	for _, r := range regions {
+		t.RemoveRegion(r)
+	}
+	var err error
+	if t.pt != nil {
+		err = t.pt.close()
+	}
+	if t.pagemap != nil {
+		t.pagemap.Close()
+	}
+	return err
+}
+
+// Stats returns the counts so far.
+func (t *Tracer) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stats
+}
+
+// regionAt is the region containing guest address addr.
+// Precondition: t.mu must be locked.
+func (t *Tracer) regionAt(addr uint64) *Region {
+	for _, r := range t.regions {
+		if r.contains(addr, 1) {
+			return r
+		}
+	}
+	return nil
+}
+
+// onFault runs on the tracer thread with thread tid stopped at a write
+// fault on addr.
+func (t *Tracer) onFault(tid int, addr uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.regionAt(addr)
+	if r == nil {
+		return false
+	}
+	t.stats.Faults++
+	t.opts.Metrics.fault(t.opts.Mode)
+	if !t.perWrite(r) { // page mode: let the guest write this page until the next flush
+		page := (addr - r.GuestAddr) / pageSize
+		if err := t.pt.mprotect(tid, r.GuestAddr+page*pageSize, pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+			return false
+		}
+		r.dirty[page] = true
+		return true
+	}
+	return t.traceWrite(tid, r, addr)
+}
+
+// traceWrite records the store that faulted at addr: emulated when the
+// decoder can, else single-stepped with the page unprotected.
+// Precondition: t.mu must be locked.
+func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
+	regs, raw, err := t.pt.regs(tid, false)
+	if err != nil {
+		return false
+	}
+	code := make([]byte, 16)
+	n, _ := t.pt.mem.ReadAt(code, int64(regs.RIP))
+	a, derr := Decode(code[:n])
+	if derr == nil && a.Emulated() {
+		if usesVectors(a) {
+			if err := readVectors(tid, regs); err != nil {
+				return false
+			}
+		}
+		dst, size := a.Target(regs)
+		if r.contains(dst, size) {
+			if st, err := a.Emulate(regs, t.read); err == nil {
+				off := st.Addr - r.GuestAddr
+				copy(r.Mem[off:], st.Data)
+				if err := setRegs(tid, regs, raw); err != nil {
+					return false
+				}
+				t.record(r, off, st.Data)
+				t.stats.Emulated++
+				return true
+			}
+		}
+	}
+	if derr == nil {
+		dst, size := a.Target(regs)
+		if size > uint64(len(r.Mem)) {
+			size = uint64(len(r.Mem))
+		}
+		if err := t.stepUnprotected(tid, r, addr); err != nil {
+			return err == errGone
+		}
+		t.recordRange(dst, size)
+		t.stats.Stepped++
+		t.opts.Metrics.fallback(t.opts.Mode, "read_modify_write")
+		return true
+	}
+	// Undecodable: step and compare the faulting page and the next.
+	lo := addr &^ (pageSize - 1)
+	hi := min(lo+2*pageSize, r.GuestAddr+uint64(len(r.Mem)))
+	before := append([]byte(nil), r.Mem[lo-r.GuestAddr:hi-r.GuestAddr]...)
+	if err := t.stepUnprotected(tid, r, addr); err != nil {
+		return err == errGone
+	}
+	after := r.Mem[lo-r.GuestAddr : hi-r.GuestAddr]
+	diffRanges(before, after, func(off, n int) {
+		t.record(r, lo-r.GuestAddr+uint64(off), append([]byte(nil), after[off:off+n]...))
+	})
+	t.stats.Undecodable++
+	t.opts.Metrics.fallback(t.opts.Mode, "undecodable")
+	return true
+}
+
+func usesVectors(a *Access) bool {
+	return a.width >= 16 || a.Inst.Op.String()[0] == 'V' || a.Inst.Op.String() == "MOVQ" || a.Inst.Op.String() == "MOVD"
+}
+
+// read is guest memory as the emulator sees it: regions from the
+// hypervisor's mapping, the rest from /proc/PID/mem.
+// Precondition: t.mu must be locked.
+func (t *Tracer) read(addr uint64, b []byte) error {
+	for _, r := range t.regions {
+		if r.contains(addr, uint64(len(b))) {
+			copy(b, r.Mem[addr-r.GuestAddr:])
+			return nil
+		}
+	}
+	return t.pt.readGuest(addr, b)
+}
+
+// stepUnprotected single-steps the faulting instruction with the page it
+// faulted on writable and every other guest thread stopped, so no other
+// thread writes the page untraced meanwhile. Pages the step faults on next
+// (a store straddling a page boundary) are unprotected too.
+// Precondition: t.mu must be locked.
+func (t *Tracer) stepUnprotected(tid int, r *Region, addr uint64) error {
+	pt := t.pt
+	others := pt.stopOthers(tid)
+	defer pt.resumeOthers(others)
+	pages := []uint64{addr &^ (pageSize - 1)}
+	defer func() {
+		for _, pg := range pages {
+			pt.mprotect(tid, pg, pageSize, unix.PROT_READ)
+		}
+	}()
+	if err := pt.mprotect(tid, pages[0], pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+		return err
+	}
+	for range 4 {
+		err := pt.singleStep(tid)
+		var sf *stepFault
+		if !errors.As(err, &sf) {
+			return err
+		}
+		if t.regionAt(sf.addr) == nil { // a genuine fault outside the regions: the guest gets it
+			pt.threads[tid].pending = int(unix.SIGSEGV)
+			return nil
+		}
+		pg := sf.addr &^ (pageSize - 1)
+		pages = append(pages, pg)
+		if err := pt.mprotect(tid, pg, pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("instruction at fault %#x keeps faulting", addr)
+}
+
+// record appends one traced write.
+// Precondition: t.mu must be locked.
+func (t *Tracer) record(r *Region, off uint64, data []byte) {
+	t.writes = append(t.writes, write{r: r, off: off, data: data})
+}
+
+// recordRange records the current bytes of [addr, addr+n), split at
+// region boundaries.
+// Precondition: t.mu must be locked.
+func (t *Tracer) recordRange(addr, n uint64) {
+	for _, r := range t.regions {
+		lo, hi := max(addr, r.GuestAddr), min(addr+n, r.GuestAddr+uint64(len(r.Mem)))
+		if lo < hi {
+			t.record(r, lo-r.GuestAddr, append([]byte(nil), r.Mem[lo-r.GuestAddr:hi-r.GuestAddr]...))
+		}
+	}
+}
+
+// Flush hands everything the guest wrote since the last flush to emit, in
+// an order that keeps the final contents and the order of per-write
+// records: changed ranges of page-batched regions first, then per-write
+// records in program order. data is valid until emit returns.
+//
+// Everything the guest wrote before Flush was called is included; writes
+// made while it runs may be included too (they are then in both this
+// flush and the region's contents, never lost).
+func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
+	t.mu.Lock()
+	regions := append([]*Region(nil), t.regions...)
+	t.stats.Flushes++
+	t.mu.Unlock()
+
+	var dirty []dirtyPages
+	var err error
+	switch t.opts.Mode {
+	case ModePage:
+		dirty, err = t.reprotectDirty(regions)
+	case ModeUffd:
+		dirty, err = t.scanWritten(regions)
+	}
+	if err != nil {
+		return err
+	}
+	var records, bytes, pages uint64
+	send := func(r *Region, off uint64, data []byte) {
+		records++
+		bytes += uint64(len(data))
+		emit(r, off, data)
+	}
+	for _, r := range regions {
+		if r.full { // just added: the device copy starts from the region's contents
+			r.full = false
+			copy(r.shadow, r.Mem)
+			send(r, 0, r.shadow)
+		}
+	}
+	for _, d := range dirty {
+		r := d.r
+		for _, pg := range d.pages {
+			pages++
+			off := pg * pageSize
+			cur, old := r.Mem[off:off+pageSize], r.shadow[off:off+pageSize]
+			diffRanges(old, cur, func(o, n int) {
+				copy(old[o:o+n], cur[o:o+n])
+				send(r, off+uint64(o), old[o:o+n])
+			})
+		}
+	}
+	t.mu.Lock()
+	writes := t.writes
+	t.writes = nil
+	t.mu.Unlock()
+	for _, w := range writes {
+		send(w.r, w.off, w.data)
+	}
+	t.mu.Lock()
+	t.stats.Records += records
+	t.stats.Bytes += bytes
+	t.stats.DirtyPages += pages
+	t.mu.Unlock()
+	t.opts.Metrics.flushed(t.opts.Mode, records, bytes, pages)
+	return nil
+}
+
+type dirtyPages struct {
+	r     *Region
+	pages []uint64 // page indexes within the region
+}
+
+// reprotectDirty write-protects the pages written since the last flush (in
+// the guest, by an injected mprotect) and returns them. The pages are
+// protected before their contents are read, so a write racing with the
+// flush faults and lands in the next one.
+func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
+	t.mu.Lock()
+	any := false
+	for _, r := range regions {
+		for _, d := range r.dirty {
+			any = any || d
+		}
+	}
+	t.mu.Unlock()
+	if !any {
+		return nil, nil
+	}
+	var out []dirtyPages
+	var perr error
+	err := t.pt.do(func(tid int) {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		for _, r := range regions {
+			d := dirtyPages{r: r}
+			for i := 0; i < len(r.dirty); {
+				if !r.dirty[i] {
+					i++
+					continue
+				}
+				j := i
+				for j < len(r.dirty) && r.dirty[j] {
+					r.dirty[j] = false
+					d.pages = append(d.pages, uint64(j))
+					j++
+				}
+				if err := t.pt.mprotect(tid, r.GuestAddr+uint64(i)*pageSize, uint64(j-i)*pageSize, unix.PROT_READ); err != nil && perr == nil {
+					perr = err
+				}
+				i = j
+			}
+			if len(d.pages) > 0 {
+				out = append(out, d)
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, perr
+}
+
+// diffRanges calls fn for each range where a and b differ, comparing
+// 8-byte words and joining ranges less than 32 bytes apart.
+func diffRanges(a, b []byte, fn func(off, n int)) {
+	const gap = 32
+	start, end := -1, -1
+	for i := 0; i < len(a); i += 8 {
+		j := min(i+8, len(a))
+		if string(a[i:j]) == string(b[i:j]) {
+			continue
+		}
+		if start >= 0 && i-end < gap {
+			end = j
+			continue
+		}
+		if start >= 0 {
+			fn(start, end-start)
+		}
+		start, end = i, j
+	}
+	if start >= 0 {
+		fn(start, end-start)
+	}
+}

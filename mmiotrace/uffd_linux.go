@@ -1,0 +1,131 @@
+package mmiotrace
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// userfaultfd and PAGEMAP_SCAN definitions (linux/userfaultfd.h,
+// linux/fs.h; Linux 6.7 and later). golang.org/x/sys does not carry them.
+const (
+	sysUserfaultfd = 323 // x86-64
+
+	uffdUserModeOnly = 1
+	uffdAPI          = 0xAA
+
+	uffdioAPI          = 0xC018AA3F // _IOWR(0xAA, 0x3F, struct uffdio_api)
+	uffdioRegister     = 0xC020AA00 // _IOWR(0xAA, 0x00, struct uffdio_register)
+	uffdioWriteProtect = 0xC018AA06 // _IOWR(0xAA, 0x06, struct uffdio_writeprotect)
+
+	uffdRegisterModeWP     = 1 << 1
+	uffdWriteProtectModeWP = 1 << 0
+
+	uffdFeatureWPHugetlbfsShmem = 1 << 12
+	uffdFeatureWPUnpopulated    = 1 << 13
+	uffdFeatureWPAsync          = 1 << 15
+
+	pagemapScan       = 0xC0606610 // _IOWR('f', 16, struct pm_scan_arg)
+	pmScanWPMatching  = 1 << 0
+	pmScanCheckWPAsyn = 1 << 1
+	pageIsWritten     = 1 << 1
+)
+
+type uffdioAPIArg struct{ api, features, ioctls uint64 }
+
+type uffdioRegisterArg struct {
+	start, len, mode, ioctls uint64
+}
+
+type uffdioWriteProtectArg struct{ start, len, mode uint64 }
+
+type pmScanArg struct {
+	size, flags, start, end, walkEnd, vec, vecLen, maxPages   uint64
+	categoryInverted, categoryMask, categoryAnyof, returnMask uint64
+}
+
+type pageRegion struct{ start, end, categories uint64 }
+
+// ArmWriteTracking is the guest side of uffd mode: it write-protects mem
+// (a shared mapping the guest writes) through a userfaultfd in
+// asynchronous mode, where the kernel resolves each first write to a page
+// itself and only marks the page written, so no thread ever waits for a
+// handler. The hypervisor collects and re-arms the written pages with
+// PAGEMAP_SCAN. The returned descriptor must stay open while mem is
+// tracked; closing it stops the tracking.
+func ArmWriteTracking(mem []byte) (int, error) {
+	fd, _, e := unix.Syscall(sysUserfaultfd, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
+	if e != 0 {
+		return -1, fmt.Errorf("userfaultfd: %w", e)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			unix.Close(int(fd))
+		}
+	}()
+	api := uffdioAPIArg{api: uffdAPI, features: uffdFeatureWPAsync | uffdFeatureWPHugetlbfsShmem | uffdFeatureWPUnpopulated}
+	if err := ioctl(int(fd), uffdioAPI, unsafe.Pointer(&api)); err != nil {
+		return -1, fmt.Errorf("userfaultfd: asynchronous write-protection is not available (Linux 6.7 or later): %w", err)
+	}
+	start, n := uint64(uintptr(unsafe.Pointer(&mem[0]))), uint64(len(mem))
+	reg := uffdioRegisterArg{start: start, len: n, mode: uffdRegisterModeWP}
+	if err := ioctl(int(fd), uffdioRegister, unsafe.Pointer(&reg)); err != nil {
+		return -1, fmt.Errorf("userfaultfd register: %w", err)
+	}
+	wp := uffdioWriteProtectArg{start: start, len: n, mode: uffdWriteProtectModeWP}
+	if err := ioctl(int(fd), uffdioWriteProtect, unsafe.Pointer(&wp)); err != nil {
+		return -1, fmt.Errorf("userfaultfd write-protect: %w", err)
+	}
+	ok = true
+	return int(fd), nil
+}
+
+func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg))
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// scanWritten asks the kernel which pages of the regions the guest wrote
+// since the last scan, write-protecting them again in the same call, so a
+// write after the scan is caught by the next one.
+func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
+	var out []dirtyPages
+	vec := make([]pageRegion, 64)
+	for _, r := range regions {
+		if t.perWrite(r) {
+			continue
+		}
+		d := dirtyPages{r: r}
+		start, end := r.GuestAddr, r.GuestAddr+uint64(len(r.Mem))
+		for start < end {
+			arg := pmScanArg{
+				size: uint64(unsafe.Sizeof(pmScanArg{})), flags: pmScanWPMatching | pmScanCheckWPAsyn,
+				start: start, end: end, vec: uint64(uintptr(unsafe.Pointer(&vec[0]))), vecLen: uint64(len(vec)),
+				categoryMask: pageIsWritten, returnMask: pageIsWritten,
+			}
+			n, _, e := unix.Syscall(unix.SYS_IOCTL, t.pagemap.Fd(), pagemapScan, uintptr(unsafe.Pointer(&arg)))
+			if e != 0 {
+				return nil, fmt.Errorf("PAGEMAP_SCAN of the guest's region at %#x: %w (is the region armed for asynchronous write-protection?)", r.GuestAddr, e)
+			}
+			for _, pr := range vec[:n] {
+				for pg := pr.start; pg < pr.end; pg += pageSize {
+					d.pages = append(d.pages, (pg-r.GuestAddr)/pageSize)
+				}
+			}
+			if arg.walkEnd <= start {
+				break
+			}
+			start = arg.walkEnd
+		}
+		if len(d.pages) > 0 {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
