@@ -107,17 +107,37 @@ func guestWorkload(name string, mem []byte) {
 }
 
 type testGuest struct {
-	cmd  *exec.Cmd
+	cmd    *exec.Cmd
+	expect []string // "OFFSET:HEX" lines the guest printed for its last command
 	in   *bufio.Writer
 	out  *bufio.Scanner
 	mem  []byte // the test's mapping of the guest's memfd
 	addr uint64
 }
 
-func startGuest(t *testing.T) *testGuest {
-	t.Helper()
+// goGuest is this test binary as a guest.
+func goGuest() *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), guestEnv+"=1")
+	return cmd
+}
+
+// cGuest compiles testdata/cguest/stores.c with gcc.
+func cGuest(t *testing.T) *exec.Cmd {
+	t.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not found: the C store-form guest cannot be built")
+	}
+	bin := t.TempDir() + "/cguest"
+	if out, err := exec.Command(gcc, "-O2", "-Wall", "-o", bin, "testdata/cguest/stores.c").CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return exec.Command(bin)
+}
+
+func startGuest(t *testing.T, cmd *exec.Cmd) *testGuest {
+	t.Helper()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
@@ -152,8 +172,18 @@ func (g *testGuest) do(t *testing.T, cmd string) {
 	t.Helper()
 	fmt.Fprintln(g.in, cmd)
 	g.in.Flush()
-	if !g.out.Scan() || g.out.Text() != "done" {
-		t.Fatalf("guest: %s: %q %v", cmd, g.out.Text(), g.out.Err())
+	g.expect = nil
+	for g.out.Scan() && g.out.Text() != "done" {
+		var off int
+		var hex string
+		if _, err := fmt.Sscanf(g.out.Text(), "expect %d %s", &off, &hex); err == nil {
+			g.expect = append(g.expect, fmt.Sprintf("%d:%s", off, hex))
+		} else if strings.HasPrefix(g.out.Text(), "error") {
+			t.Fatalf("guest: %s: %s", cmd, g.out.Text())
+		}
+	}
+	if g.out.Text() != "done" {
+		t.Fatalf("guest: %s: %v", cmd, g.out.Err())
 	}
 }
 
@@ -179,7 +209,7 @@ func (rp *replica) apply(r *Region, off uint64, data []byte) {
 func TestTraceModes(t *testing.T) {
 	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
 		t.Run(mode.String(), func(t *testing.T) {
-			g := startGuest(t)
+			g := startGuest(t, goGuest())
 			defer g.stop()
 			if mode == ModeUffd {
 				g.do(t, "arm")
@@ -228,3 +258,47 @@ func firstDiff(a, b []byte) int {
 	}
 	return -1
 }
+
+// TestStoreForms runs the C guest's store forms under each mode; in insn
+// mode the recorded writes must be exactly the program's stores, in order.
+func TestStoreForms(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			tr := Attach(g.cmd.Process.Pid, Options{Mode: mode, Pin: true})
+			if err := tr.AddRegion(&Region{GuestAddr: g.addr, Mem: g.mem, Kind: KindMemory}); err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			rp := &replica{mem: make([]byte, len(g.mem))}
+			if err := tr.Flush(rp.apply); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range []string{"forms", "fallback"} {
+				rp.writes = nil
+				g.do(t, "run "+w)
+				if err := tr.Flush(rp.apply); err != nil {
+					t.Fatal(err)
+				}
+				if string(rp.mem) != string(g.mem) {
+					t.Fatalf("%s: replica differs from the guest's memory at %d", w, firstDiff(rp.mem, g.mem))
+				}
+				if mode == ModeInsn && w == "forms" {
+					if got, want := strings.Join(rp.writes, "\n"), strings.Join(g.expect, "\n"); got != want {
+						t.Fatalf("recorded writes:\n%s\nthe program's stores:\n%s", got, want)
+					}
+				}
+			}
+			st := tr.Stats()
+			if mode == ModeInsn && (st.Undecodable == 0 || st.Stepped == 0) {
+				t.Fatalf("fallbacks not exercised: %+v", st)
+			}
+			t.Logf("%s: %+v", mode, st)
+		})
+	}
+}
+

@@ -1,0 +1,132 @@
+// A test guest for the MMIO tracer: maps a memfd (its "aperture"), reports
+// where, and on command stores into it with every instruction form the
+// tracer's decoder must handle. After each store it prints the bytes the
+// store left ("expect OFFSET HEX"): the program's own write sequence, which
+// the tracer's per-write records must equal. Compiled by the Go test with gcc.
+#define _GNU_SOURCE
+#include <cpuid.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <linux/userfaultfd.h>
+
+#ifndef UFFD_FEATURE_WP_ASYNC
+#define UFFD_FEATURE_WP_ASYNC (1 << 15)
+#endif
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED (1 << 13)
+#endif
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+
+#define PAGES 16
+static unsigned char *ap;
+
+static void expect(unsigned long off, unsigned long n) {
+	printf("expect %lu ", off);
+	for (unsigned long i = 0; i < n; i++) printf("%02x", ap[off + i]);
+	printf("\n");
+}
+
+static void forms(void) {
+	unsigned char *p = ap;
+	uint64_t v = 0x1122334455667788ull;
+
+	__asm__ volatile("movb $0x11, (%0)" ::"r"(p) : "memory"); expect(0, 1);
+	__asm__ volatile("movb %b1, 1(%0)" ::"r"(p), "q"(0xa5) : "memory"); expect(1, 1);
+	__asm__ volatile("movw %w1, 2(%0)" ::"r"(p), "r"(0xbeef) : "memory"); expect(2, 2);
+	__asm__ volatile("movw $0x1234, 4(%0)" ::"r"(p) : "memory"); expect(4, 2);
+	__asm__ volatile("movl %1, 8(%0)" ::"r"(p), "r"(0xdeadbeefu) : "memory"); expect(8, 4);
+	__asm__ volatile("movl $0x0badf00d, 12(%0)" ::"r"(p) : "memory"); expect(12, 4);
+	__asm__ volatile("movq %1, 16(%0)" ::"r"(p), "r"(v) : "memory"); expect(16, 8);
+	__asm__ volatile("movq $-2, 24(%0)" ::"r"(p) : "memory"); expect(24, 8);
+	__asm__ volatile("movq %1, 8(%0,%2,8)" ::"r"(p), "r"(v + 1), "r"(3L) : "memory"); expect(32, 8);
+	__asm__ volatile("movnti %1, 48(%0)" ::"r"(p), "r"(v + 2) : "memory"); expect(48, 8);
+	__asm__ volatile("movnti %k1, 56(%0)" ::"r"(p), "r"(0x01020304u) : "memory"); expect(56, 4);
+
+	{ void *d = p + 64; __asm__ volatile("stosq" : "+D"(d) : "a"(v + 3) : "memory"); } expect(64, 8);
+	{ void *d = p + 72; __asm__ volatile("stosl" : "+D"(d) : "a"(0x55667788u) : "memory"); } expect(72, 4);
+	{ void *d = p + 128; unsigned long c = 100; __asm__ volatile("rep stosb" : "+D"(d), "+c"(c) : "a"(0x5a) : "memory"); } expect(128, 100);
+	{ void *d = p + 256; unsigned long c = 16; __asm__ volatile("rep stosq" : "+D"(d), "+c"(c) : "a"(v + 4) : "memory"); } expect(256, 128);
+
+	unsigned char src[256];
+	for (int i = 0; i < 256; i++) src[i] = (unsigned char)(i * 13 + 1);
+	{ void *d = p + 512; const void *s = src; unsigned long c = 200;
+	  __asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(c) : : "memory"); } expect(512, 200);
+	{ void *d = p + 768; const void *s = src; unsigned long c = 8;
+	  __asm__ volatile("rep movsq" : "+D"(d), "+S"(s), "+c"(c) : : "memory"); } expect(768, 64);
+
+	__asm__ volatile("movdqu (%1), %%xmm1\n\tmovdqu %%xmm1, 1025(%0)" ::"r"(p), "r"(src) : "xmm1", "memory"); expect(1025, 16);
+	__asm__ volatile("movdqu 16(%1), %%xmm2\n\tmovdqa %%xmm2, 1056(%0)" ::"r"(p), "r"(src) : "xmm2", "memory"); expect(1056, 16);
+	__asm__ volatile("movups 32(%1), %%xmm3\n\tmovups %%xmm3, 1073(%0)" ::"r"(p), "r"(src) : "xmm3", "memory"); expect(1073, 16);
+	__asm__ volatile("movups 48(%1), %%xmm4\n\tmovaps %%xmm4, 1088(%0)" ::"r"(p), "r"(src) : "xmm4", "memory"); expect(1088, 16);
+	__asm__ volatile("movups 64(%1), %%xmm9\n\tmovdqu %%xmm9, 1104(%0)" ::"r"(p), "r"(src) : "xmm9", "memory"); expect(1104, 16);
+	if (__builtin_cpu_supports("avx")) {
+		__asm__ volatile("vmovdqu 80(%1), %%ymm5\n\tvmovdqu %%ymm5, 1121(%0)\n\tvzeroupper" ::"r"(p), "r"(src) : "xmm5", "memory"); expect(1121, 32);
+		__asm__ volatile("vmovdqu 112(%1), %%ymm10\n\tvmovdqu %%ymm10, 1160(%0)\n\tvzeroupper" ::"r"(p), "r"(src) : "xmm10", "memory"); expect(1160, 32);
+	}
+
+	{ uint64_t r = v + 5; __asm__ volatile("xchgq %0, 1200(%1)" : "+r"(r) : "r"(p) : "memory"); } expect(1200, 8);
+	{ unsigned char r = 0x77; __asm__ volatile("xchgb %0, 1208(%1)" : "+q"(r) : "r"(p) : "memory"); } expect(1208, 1);
+	__asm__ volatile("lock addq %1, 1216(%0)" ::"r"(p), "r"(5L) : "memory"); expect(1216, 8);
+	__asm__ volatile("lock addl $3, 1216(%0)" ::"r"(p) : "memory"); expect(1216, 4);
+	{ uint64_t r = 9; __asm__ volatile("lock xaddq %0, 1224(%1)" : "+r"(r) : "r"(p) : "memory"); } expect(1224, 8);
+	{ uint64_t r = 9; __asm__ volatile("lock xaddq %0, 1224(%1)" : "+r"(r) : "r"(p) : "memory"); } expect(1224, 8);
+	{ uint64_t old = 0; __asm__ volatile("lock cmpxchgq %2, 1232(%1)" : "+a"(old) : "r"(p), "r"(v + 6) : "memory"); } expect(1232, 8);
+	__asm__ volatile("lock orl $0xf0f0, 1240(%0)" ::"r"(p) : "memory"); expect(1240, 4);
+	__asm__ volatile("lock andl $0x00ff, 1240(%0)" ::"r"(p) : "memory"); expect(1240, 4);
+	__asm__ volatile("lock orb $0x81, 1244(%0)" ::"r"(p) : "memory"); expect(1244, 1);
+
+	// Stores straddling a page boundary (8 and 16 bytes).
+	__asm__ volatile("movq %1, 4092(%0)" ::"r"(p), "r"(v + 7) : "memory"); expect(4092, 8);
+	__asm__ volatile("movdqu (%1), %%xmm6\n\tmovdqu %%xmm6, 8184(%0)" ::"r"(p), "r"(src + 100) : "xmm6", "memory"); expect(8184, 16);
+}
+
+// fallback: stores the decoder cannot describe (the tracer steps them and
+// compares the page): FXSAVE, and MOVDIRI where the CPU has it.
+static void fallback(void) {
+	unsigned char *p = ap + 3 * 4096;
+	__asm__ volatile("fxsave (%0)" ::"r"(p) : "memory");
+	unsigned a, b, c, d;
+	if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 27))) {
+		__asm__ volatile(".byte 0x48, 0x0f, 0x38, 0xf9, 0x07" ::"D"(p + 1024), "a"(0xfeedfacecafebeefull) : "memory"); // movdiri %rax, (%rdi)
+		printf("movdiri\n");
+	}
+}
+
+// arm: what the guest driver does in uffd mode: asynchronous userfaultfd
+// write-protection of the aperture (the tracer then scans the pagemap).
+static int arm(void) {
+	int uffd = syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
+	if (uffd < 0) return -1;
+	struct uffdio_api api = {.api = UFFD_API,
+		.features = UFFD_FEATURE_WP_ASYNC | UFFD_FEATURE_WP_HUGETLBFS_SHMEM | UFFD_FEATURE_WP_UNPOPULATED};
+	struct uffdio_register reg = {.range = {(unsigned long)ap, PAGES * 4096}, .mode = UFFDIO_REGISTER_MODE_WP};
+	struct uffdio_writeprotect wp = {.range = {(unsigned long)ap, PAGES * 4096}, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
+	if (ioctl(uffd, UFFDIO_API, &api) || ioctl(uffd, UFFDIO_REGISTER, &reg) || ioctl(uffd, UFFDIO_WRITEPROTECT, &wp)) return -1;
+	return uffd;
+}
+
+int main(void) {
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	int fd = memfd_create("vgpuha-test-aperture", MFD_ALLOW_SEALING);
+	if (fd < 0 || ftruncate(fd, PAGES * 4096) != 0) { perror("memfd"); return 1; }
+	ap = mmap(NULL, PAGES * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (ap == MAP_FAILED) { perror("mmap"); return 1; }
+	printf("fd=%d addr=%lu\n", fd, (unsigned long)ap);
+	char line[128];
+	while (fgets(line, sizeof line, stdin)) {
+		if (strncmp(line, "run forms", 9) == 0) forms();
+		else if (strncmp(line, "run fallback", 12) == 0) fallback();
+		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
+		else if (strncmp(line, "exit", 4) == 0) return 0;
+		printf("done\n");
+	}
+	return 0;
+}
