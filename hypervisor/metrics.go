@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -9,6 +10,7 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	frameErrors *prometheus.CounterVec
 	latency     map[abi.Opcode]prometheus.Observer
+	mmio        *mmiotrace.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -62,5 +64,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			return nil, err
 		}
 	}
-	return m, nil
+	var err error
+	m.mmio, err = mmiotrace.NewMetrics(reg)
+	return m, err
 }

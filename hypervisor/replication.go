@@ -38,10 +38,10 @@ func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 
 // recorder returns the session's hook into the log.
 // Precondition: s.mu must be locked (or s.repl otherwise stable).
-func (s *Server) recorder(id uint64) func(abi.Opcode, uint64, []byte, uint64, uint16) {
+func (s *Server) recorder(id uint64) func(replicate.Op, uint64, []byte, uint64, uint16) {
 	log := s.repl
-	return func(op abi.Opcode, reqID uint64, payload []byte, result uint64, flags uint16) {
-		log.Append(replicate.Record{Session: id, ReqID: reqID, Op: replicate.Op(op), Flags: flags, Result: result, Body: payload})
+	return func(op replicate.Op, reqID uint64, payload []byte, result uint64, flags uint16) {
+		log.Append(replicate.Record{Session: id, ReqID: reqID, Op: op, Flags: flags, Result: result, Body: payload})
 	}
 }
 
@@ -258,6 +258,10 @@ func (s *Server) ApplyRecord(rec *replicate.Record) error {
 	case replicate.OpSessionClose:
 		s.closeSession(sess)
 		return nil
+	case replicate.OpMMIO:
+		sess.mu.Lock()
+		defer sess.mu.Unlock()
+		return sess.applyMMIO(rec.Body)
 	case replicate.OpSetNext:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()

@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -52,6 +53,19 @@ type Config struct {
 	MaxObjects int
 	// MaxPayload bounds a frame's payload.
 	MaxPayload int
+	// MMIO is how guest writes to apertures are traced.
+	MMIO MMIOConfig
+}
+
+// MMIOConfig configures aperture tracing (package mmiotrace).
+type MMIOConfig struct {
+	Mode mmiotrace.Mode
+	// Pin puts the tracer and the guest's threads on one CPU while ptrace
+	// traces them (3–4× cheaper per traced write).
+	Pin bool
+	// FlushEvery flushes a session's aperture writes on a timer too, for
+	// guests that write without making calls.
+	FlushEvery time.Duration
 }
 
 // DefaultConfig is sized for a shared GPU host.
@@ -64,6 +78,7 @@ func DefaultConfig() Config {
 		MemoryQuota: 4 << 30,
 		MaxObjects:  16384,
 		MaxPayload:  abi.DefaultMaxPayload,
+		MMIO:        MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
 
@@ -254,6 +269,9 @@ func (s *Server) ServeConn(conn net.Conn) {
 			}
 			sess, reply, rerr = s.hello(f.Payload)
 			if sess != nil {
+				sess.mu.Lock()
+				sess.peerPID = peerPID(conn)
+				sess.mu.Unlock()
 				log = log.With("session", sess.id, "guest", sess.guest)
 				log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", sess.base))
 			}
@@ -431,6 +449,7 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 		kernels:      map[handlemap.Handle]abi.KernelSpec{},
 		moduleImages: map[handlemap.Handle]*abi.ModuleImage{},
 		deferred:     map[handlemap.Handle]error{},
+		mmioMetrics:  s.metrics.mmio,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -447,6 +466,7 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 // long for the guest to resume it here or on a promoted standby.
 func (s *Server) detach(sess *Session, log *slog.Logger) {
 	sess.mu.Lock()
+	sess.stopMMIO()
 	grace := sess.grace
 	sess.attached = false
 	sess.mu.Unlock()
@@ -478,6 +498,7 @@ func (s *Server) releaseSlot(slot int) {
 
 func (s *Server) closeSession(sess *Session) {
 	sess.mu.Lock()
+	sess.stopMMIO()
 	sess.closed = true
 	if sess.record != nil {
 		s.repl.Append(replicate.Record{Session: sess.id, Op: replicate.OpSessionClose})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -40,7 +41,7 @@ type Session struct {
 	unsafe string
 	// record, when set, is told of every state change (the primary's
 	// replication log). Called with mu held, in execution order.
-	record func(op abi.Opcode, reqID uint64, payload []byte, result uint64, flags uint16)
+	record func(op replicate.Op, reqID uint64, payload []byte, result uint64, flags uint16)
 	// placed, when non-zero, is the address the next alloc must use (a
 	// resync rebuilding an allocation where the primary had it).
 	placed uint64
@@ -65,6 +66,12 @@ type Session struct {
 	deferred     map[handlemap.Handle]error          // first error of async work per stream (0: null stream)
 	moduleImages map[handlemap.Handle]*abi.ModuleImage
 	requests     uint64
+
+	// peerPID is the guest process on the other end of a unix socket (zero
+	// otherwise); mmio holds its apertures (aperture.go).
+	peerPID     int
+	mmio        *sessionMMIO
+	mmioMetrics *mmiotrace.Metrics
 }
 
 // opError is a request failure with the status the guest sees.
@@ -109,20 +116,21 @@ func typed[T abi.Body](fn func(*Session, T) (abi.Body, error)) func(*Session, ab
 // opTable is the one place that lists what the hypervisor serves. OpHello is
 // handled by the connection before a session exists.
 var opTable = map[abi.Opcode]opSpec{
-	abi.OpAlloc:         {run: typed((*Session).alloc)},
-	abi.OpFree:          {run: typed((*Session).free)},
-	abi.OpCopyHtoD:      {run: typed((*Session).copyHtoD), async: true},
-	abi.OpCopyDtoH:      {run: typed((*Session).copyDtoH)},
-	abi.OpCopyDtoD:      {run: typed((*Session).copyDtoD), async: true},
-	abi.OpMemset:        {run: typed((*Session).memset), async: true},
-	abi.OpModuleLoad:    {run: typed((*Session).moduleLoad)},
-	abi.OpModuleUnload:  {run: typed((*Session).moduleUnload)},
-	abi.OpGetFunction:   {run: typed((*Session).getFunction)},
-	abi.OpLaunch:        {run: typed((*Session).launch), async: true},
-	abi.OpStreamCreate:  {run: typed((*Session).streamCreate)},
-	abi.OpStreamDestroy: {run: typed((*Session).streamDestroy)},
-	abi.OpStreamSync:    {run: typed((*Session).streamSync)},
-	abi.OpSync:          {run: typed((*Session).sync)},
+	abi.OpAlloc:          {run: typed((*Session).alloc)},
+	abi.OpFree:           {run: typed((*Session).free)},
+	abi.OpCopyHtoD:       {run: typed((*Session).copyHtoD), async: true},
+	abi.OpCopyDtoH:       {run: typed((*Session).copyDtoH)},
+	abi.OpCopyDtoD:       {run: typed((*Session).copyDtoD), async: true},
+	abi.OpMemset:         {run: typed((*Session).memset), async: true},
+	abi.OpModuleLoad:     {run: typed((*Session).moduleLoad)},
+	abi.OpModuleUnload:   {run: typed((*Session).moduleUnload)},
+	abi.OpGetFunction:    {run: typed((*Session).getFunction)},
+	abi.OpLaunch:         {run: typed((*Session).launch), async: true},
+	abi.OpStreamCreate:   {run: typed((*Session).streamCreate)},
+	abi.OpStreamDestroy:  {run: typed((*Session).streamDestroy)},
+	abi.OpStreamSync:     {run: typed((*Session).streamSync)},
+	abi.OpSync:           {run: typed((*Session).sync)},
+	abi.OpApertureAttach: {run: typed((*Session).apertureAttach)},
 }
 
 // handle runs one decoded request and returns its reply body. With async
@@ -148,6 +156,11 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 		return nil, fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
 	}
 	s.requests++
+	// Everything the guest wrote to its apertures before this call reaches
+	// the device and the log first (program order).
+	if err := s.flushMMIO(); err != nil {
+		return nil, fail(abi.StatusInternal, "flushing aperture writes: %v", err)
+	}
 	mutates := op.Mutates()
 	if mutates && reqID != 0 && reqID <= s.lastReq {
 		return s.replayed(op, reqID), nil
@@ -159,11 +172,11 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	if mutates && s.record != nil {
 		switch {
 		case err == nil:
-			s.record(op, reqID, payload, resultOf(reply), 0)
+			s.record(replicate.Op(op), reqID, payload, resultOf(reply), 0)
 		case op == abi.OpLaunch && !isRefusal(err):
 			// The kernel ran and faulted: it may have written memory
 			// before it did, and the standby must run it too.
-			s.record(op, reqID, payload, 0, replicate.FlagFailed)
+			s.record(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed)
 		}
 	}
 	if err != nil && async {
@@ -312,6 +325,10 @@ func (s *Session) alloc(r *abi.Alloc) (abi.Body, error) {
 func (s *Session) free(r *abi.Free) (abi.Body, error) {
 	if rg, ok := s.ranges.Find(r.Ptr, 0); !ok || rg.Addr != r.Ptr {
 		return nil, fail(abi.StatusInvalidValue, "free: no allocation of this session starts at %#x", r.Ptr)
+	}
+	s.dropAperture(r.Ptr)
+	if s.mmio != nil && len(s.mmio.apertures) == 0 {
+		s.stopMMIO() // no aperture left: the guest runs untraced
 	}
 	if err := s.ctx.Free(s.dev(r.Ptr)); err != nil {
 		return nil, err

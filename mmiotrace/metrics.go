@@ -12,8 +12,8 @@ type Metrics struct {
 	fallbacks     *prometheus.CounterVec
 }
 
-// NewMetrics registers the tracer metrics with reg.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// NewMetrics registers the tracer metrics with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		faults: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpuha_mmio_faults_total", Help: "Guest write faults handled by the MMIO tracer.",
@@ -34,9 +34,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"mode", "reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.faults, m.records, m.bytes, m.dirtyPerFlush, m.fallbacks)
+		for _, c := range []prometheus.Collector{m.faults, m.records, m.bytes, m.dirtyPerFlush, m.fallbacks} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
 	}
-	return m
+	return m, nil
 }
 
 func (m *Metrics) fault(mode Mode) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -62,8 +63,8 @@ type event struct {
 // is still delivered to it.
 const wakeSignal = unix.SIGSTKFLT
 
-// errGone: the guest process has exited.
-var errGone = errors.New("guest process exited")
+// ErrGuestGone is returned once the guest process has exited.
+var ErrGuestGone = errors.New("mmiotrace: guest process exited")
 
 // startPtrace attaches to every thread of pid and starts the tracer
 // thread. The guest must be in a process group of its own (see waitAny).
@@ -164,10 +165,8 @@ func (p *ptracer) attach() error {
 			if p.threads[tid] != nil {
 				continue
 			}
-			err := unix.PtraceSeize(tid)
-			if err == nil {
-				err = unix.PtraceSetOptions(tid, unix.PTRACE_O_TRACECLONE|unix.PTRACE_O_EXITKILL)
-			}
+			// Options go with the seize: PTRACE_SETOPTIONS needs a stopped tracee.
+			err := ptraceRaw(unix.PTRACE_SEIZE, tid, 0, unix.PTRACE_O_TRACECLONE)
 			if errors.Is(err, unix.ESRCH) {
 				continue // the thread exited meanwhile
 			}
@@ -252,31 +251,45 @@ func pinThread(tid, cpu int) {
 // never reaped here; it first peeks (WNOWAIT) so that the guest's own exit
 // is left to its parent's Wait when that parent is this process.
 func (p *ptracer) waitAny() (event, error) {
+	ev, _, err := p.nextEvent(0)
+	return ev, err
+}
+
+// pollEvent is waitAny without blocking: ok is false when no thread has
+// anything to report.
+func (p *ptracer) pollEvent() (ev event, ok bool, err error) {
+	return p.nextEvent(unix.WNOHANG)
+}
+
+func (p *ptracer) nextEvent(flags int) (event, bool, error) {
 	for {
 		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PGID, p.pgid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOWAIT|unix.WALL, nil)
+		err := unix.Waitid(unix.P_PGID, p.pgid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOWAIT|unix.WALL|flags, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if errors.Is(err, unix.ECHILD) {
-			return event{}, errGone
+			return event{}, false, ErrGuestGone
 		}
 		if err != nil {
-			return event{}, fmt.Errorf("waiting for the guest: %w", err)
+			return event{}, false, fmt.Errorf("waiting for the guest: %w", err)
 		}
 		tid := int(siginfoPID(&info))
+		if tid == 0 { // WNOHANG: nothing to report
+			return event{}, false, nil
+		}
 		exited := info.Code == cldExited || info.Code == cldKilled || info.Code == cldDumped
 		if exited && tid == p.pid && p.ourChild {
-			return event{}, errGone
+			return event{}, false, ErrGuestGone
 		}
 		var ws unix.WaitStatus
 		if _, err := unix.Wait4(tid, &ws, unix.WALL, nil); err != nil && !errors.Is(err, unix.EINTR) {
-			return event{}, fmt.Errorf("collecting guest thread %d: %w", tid, err)
+			return event{}, false, fmt.Errorf("collecting guest thread %d: %w", tid, err)
 		}
 		if exited && tid == p.pid {
-			return event{}, errGone
+			return event{}, false, ErrGuestGone
 		}
-		return event{tid: tid, ws: ws}, nil
+		return event{tid: tid, ws: ws}, true, nil
 	}
 }
 
@@ -444,7 +457,7 @@ func (p *ptracer) close() error {
 		p.mu.Unlock()
 	})
 	<-p.done
-	if err != nil && !errors.Is(err, errGone) {
+	if err != nil && !errors.Is(err, ErrGuestGone) {
 		return err
 	}
 	return nil
@@ -463,7 +476,7 @@ func (p *ptracer) doneErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err == nil {
-		return errGone
+		return ErrGuestGone
 	}
 	return p.err
 }
@@ -471,47 +484,96 @@ func (p *ptracer) doneErr() error {
 // detachAll stops every thread and detaches (PTRACE_DETACH needs a stopped
 // tracee), delivering any signal a thread still has to receive. Protection
 // faults collected meanwhile are dropped: the regions are unprotected by
-// then, and the store runs again.
+// then, and the store runs again. Threads that exit meanwhile (the guest
+// may be exiting) are forgotten; it never waits on one thread alone, since
+// an exiting thread-group leader reports only after all the others.
 func (p *ptracer) detachAll() {
-	for _, th := range p.threads {
-		if !th.stopped {
-			p.stopThread(th)
-		}
-	}
 	for _, ev := range p.deferred {
-		th := p.threads[ev.tid]
-		if th != nil && ev.ws.Stopped() && ev.ws.TrapCause() <= 0 {
-			if sig := ev.ws.StopSignal(); sig != unix.SIGSEGV && sig != wakeSignal {
-				th.pending = int(sig)
-			}
-		}
+		p.noteStop(ev)
 	}
 	p.deferred = nil
+	for _, th := range p.threads {
+		if !th.stopped {
+			unix.PtraceInterrupt(th.tid)
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for p.anyRunning() && time.Now().Before(deadline) {
+		ev, ok, err := p.pollEvent()
+		if err != nil {
+			break // the guest is gone
+		}
+		if !ok {
+			time.Sleep(50 * time.Microsecond)
+			continue
+		}
+		p.noteStop(ev)
+	}
 	for tid, th := range p.threads {
-		unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(tid), 0, uintptr(th.pending), 0, 0)
+		if th.stopped {
+			ptraceRaw(unix.PTRACE_DETACH, tid, 0, uintptr(th.pending))
+		}
 	}
 	p.threads = map[int]*thread{}
 }
 
+func (p *ptracer) anyRunning() bool {
+	for _, th := range p.threads {
+		if !th.stopped {
+			return true
+		}
+	}
+	return false
+}
+
+// noteStop records a stop collected while detaching: the thread is
+// stopped, with the signal it is to receive.
+func (p *ptracer) noteStop(ev event) {
+	if ev.ws.Exited() || ev.ws.Signaled() {
+		delete(p.threads, ev.tid)
+		return
+	}
+	th := p.threads[ev.tid]
+	if th == nil {
+		th = &thread{tid: ev.tid}
+		p.threads[ev.tid] = th
+	}
+	th.stopped = true
+	if ev.ws.Stopped() && ev.ws.TrapCause() <= 0 {
+		if sig := ev.ws.StopSignal(); sig != unix.SIGSEGV && sig != wakeSignal && sig != unix.SIGTRAP {
+			th.pending = int(sig)
+		}
+	}
+}
+
 // stopThread interrupts a running thread and waits until it is stopped. A
 // stop that is not the interrupt (a fault, a signal) is kept in deferred
-// and handled once the current work is done.
+// and handled once the current work is done. It gives up after a second
+// (an exiting thread-group leader never stops).
 func (p *ptracer) stopThread(th *thread) error {
 	if err := unix.PtraceInterrupt(th.tid); err != nil {
 		return err
 	}
+	deadline := time.Now().Add(time.Second)
 	for {
 		var ws unix.WaitStatus
-		_, err := unix.Wait4(th.tid, &ws, unix.WALL, nil)
+		got, err := unix.Wait4(th.tid, &ws, unix.WALL|unix.WNOHANG, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
+		if got == 0 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("guest thread %d did not stop", th.tid)
+			}
+			time.Sleep(20 * time.Microsecond)
+			continue
+		}
 		if ws.Exited() || ws.Signaled() {
 			delete(p.threads, th.tid)
-			return errGone
+			return ErrGuestGone
 		}
 		th.stopped = true
 		if ws.TrapCause() != unix.PTRACE_EVENT_STOP {
@@ -607,7 +669,7 @@ func (p *ptracer) singleStep(tid int) error {
 		}
 		if ws.Exited() || ws.Signaled() {
 			delete(p.threads, tid)
-			return errGone
+			return ErrGuestGone
 		}
 		if !ws.Stopped() {
 			continue

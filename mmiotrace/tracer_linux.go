@@ -280,7 +280,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 			size = uint64(len(r.Mem))
 		}
 		if err := t.stepUnprotected(tid, r, addr); err != nil {
-			return err == errGone
+			return err == ErrGuestGone
 		}
 		t.recordRange(dst, size)
 		t.stats.Stepped++
@@ -292,7 +292,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	hi := min(lo+2*pageSize, r.GuestAddr+uint64(len(r.Mem)))
 	before := append([]byte(nil), r.Mem[lo-r.GuestAddr:hi-r.GuestAddr]...)
 	if err := t.stepUnprotected(tid, r, addr); err != nil {
-		return err == errGone
+		return err == ErrGuestGone
 	}
 	after := r.Mem[lo-r.GuestAddr : hi-r.GuestAddr]
 	diffRanges(before, after, func(off, n int) {
@@ -439,6 +439,30 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	t.mu.Unlock()
 	t.opts.Metrics.flushed(t.opts.Mode, records, bytes, pages)
 	return nil
+}
+
+// Drain is the last flush, for a guest that has stopped writing (it
+// exited, or its connection ended): it needs nothing from the guest
+// process, comparing page-batched regions whole with what was last
+// flushed. Call Close after it.
+func (t *Tracer) Drain(emit func(r *Region, off uint64, data []byte)) {
+	t.mu.Lock()
+	regions := append([]*Region(nil), t.regions...)
+	writes := t.writes
+	t.writes = nil
+	t.mu.Unlock()
+	for _, r := range regions {
+		if t.perWrite(r) || t.opts.Mode == ModeOff {
+			continue
+		}
+		diffRanges(r.shadow, r.Mem, func(o, n int) {
+			copy(r.shadow[o:o+n], r.Mem[o:o+n])
+			emit(r, uint64(o), r.shadow[o:o+n])
+		})
+	}
+	for _, w := range writes {
+		emit(w.r, w.off, w.data)
+	}
 }
 
 type dirtyPages struct {

@@ -1,6 +1,7 @@
 package mmiotrace
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -90,6 +91,11 @@ func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
 	return nil
 }
 
+// ErrNotArmed: in uffd mode, the guest has not (yet) armed write tracking
+// on a region (ArmWriteTracking). The guest driver arms a region right
+// after attaching it, before its next call.
+var ErrNotArmed = errors.New("mmiotrace: the guest has not armed userfaultfd write tracking")
+
 // scanWritten asks the kernel which pages of the regions the guest wrote
 // since the last scan, write-protecting them again in the same call, so a
 // write after the scan is caught by the next one.
@@ -97,8 +103,8 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 	var out []dirtyPages
 	vec := make([]pageRegion, 64)
 	for _, r := range regions {
-		if t.perWrite(r) {
-			continue
+		if t.perWrite(r) || r.full {
+			continue // a region sent whole now is scanned from the next flush (the guest arms it after attaching)
 		}
 		d := dirtyPages{r: r}
 		start, end := r.GuestAddr, r.GuestAddr+uint64(len(r.Mem))
@@ -109,8 +115,13 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 				categoryMask: pageIsWritten, returnMask: pageIsWritten,
 			}
 			n, _, e := unix.Syscall(unix.SYS_IOCTL, t.pagemap.Fd(), pagemapScan, uintptr(unsafe.Pointer(&arg)))
-			if e != 0 {
-				return nil, fmt.Errorf("PAGEMAP_SCAN of the guest's region at %#x: %w (is the region armed for asynchronous write-protection?)", r.GuestAddr, e)
+			switch {
+			case e == unix.ESRCH:
+				return nil, ErrGuestGone
+			case e == unix.EPERM:
+				return nil, fmt.Errorf("%w: region at %#x", ErrNotArmed, r.GuestAddr)
+			case e != 0:
+				return nil, fmt.Errorf("PAGEMAP_SCAN of the guest's region at %#x: %w", r.GuestAddr, e)
 			}
 			for _, pr := range vec[:n] {
 				for pg := pr.start; pg < pr.end; pg += pageSize {

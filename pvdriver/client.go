@@ -122,6 +122,7 @@ type Client struct {
 	session            uint64
 	windowBase, window uint64
 	closeOnce          sync.Once
+	apertures          []*Aperture // mapped apertures, re-attached after a failover
 }
 
 // keptFrame is a request kept for resending after a failover.
@@ -457,12 +458,41 @@ func (c *Client) resumeOn(ep string) (net.Conn, abi.HelloReply, error) {
 			err = &Error{Op: abi.OpHello, Status: st, Message: msg}
 		}
 	}
+	if err == nil {
+		err = c.reattach(conn)
+	}
 	if err != nil {
 		conn.Close()
 		return nil, hr, err
 	}
 	conn.SetDeadline(time.Time{})
 	return conn, hr, nil
+}
+
+// reattach hands the apertures to the node the session resumed on, before
+// anything else is sent there.
+func (c *Client) reattach(conn net.Conn) error {
+	c.mu.Lock()
+	frames := c.reattachFrames()
+	c.mu.Unlock()
+	fr := abi.NewFrameReader(conn, 4096)
+	for _, f := range frames {
+		if _, err := conn.Write(f); err != nil {
+			return err
+		}
+		reply, err := fr.ReadFrame()
+		if err != nil {
+			return err
+		}
+		st, msg, err := abi.DecodeReply(reply.Payload, &abi.ApertureReply{})
+		if err == nil && st != abi.StatusOK {
+			err = &Error{Op: abi.OpApertureAttach, Status: st, Message: msg}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // writeLoop is the one goroutine that writes frames, across connections:

@@ -49,6 +49,10 @@ const (
 	// OpSnapshotEnd ends a resync snapshot; Result is the log position the
 	// snapshot stands for, from which streaming continues.
 	OpSnapshotEnd
+	// OpMMIO carries guest writes to one aperture (mapped device memory),
+	// flushed into the log before the guest call that followed them. Body
+	// is built by AppendMMIO.
+	OpMMIO
 )
 
 // Record flags.
@@ -90,6 +94,8 @@ func (o Op) String() string {
 		return "set_next"
 	case OpSnapshotEnd:
 		return "snapshot_end"
+	case OpMMIO:
+		return "mmio"
 	}
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }
@@ -130,7 +136,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	if uint64(n) != uint64(len(b)-recordHeader) {
 		return Record{}, fmt.Errorf("%w: body length %d, frame holds %d", ErrBadRecord, n, len(b)-recordHeader)
 	}
-	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpSnapshotEnd) {
+	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpMMIO) {
 		return Record{}, fmt.Errorf("%w: unknown kind %#x", ErrBadRecord, uint16(r.Op))
 	}
 	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair) != 0 {

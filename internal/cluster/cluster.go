@@ -42,6 +42,8 @@ type Options struct {
 	// guests on StandbyEndpoint; guests opened with Guest resume there.
 	Failover bool
 	Detector string // "fixed" (default) or "phi"
+	// MMIO configures the primary's aperture tracing (nil: the default).
+	MMIO *hypervisor.MMIOConfig
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -91,7 +93,11 @@ func Start(opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.Primary, err = hypervisor.NewServer(be, hypervisor.DefaultConfig(), prometheus.NewRegistry(), opts.Log)
+	cfg := hypervisor.DefaultConfig()
+	if opts.MMIO != nil {
+		cfg.MMIO = *opts.MMIO
+	}
+	c.Primary, err = hypervisor.NewServer(be, cfg, prometheus.NewRegistry(), opts.Log)
 	if err != nil {
 		return nil, err
 	}

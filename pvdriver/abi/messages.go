@@ -34,6 +34,9 @@ const (
 	// OpBye ends a session on purpose: the node frees it at once instead of
 	// keeping it for a resume (sent async, no reply).
 	OpBye
+	// OpApertureAttach makes a memory file the guest maps the contents of
+	// one of its allocations (an aperture, written directly by the guest).
+	OpApertureAttach
 	opLimit
 )
 
@@ -43,6 +46,7 @@ var opNames = [...]string{
 	OpMemset: "memset", OpModuleLoad: "module_load", OpModuleUnload: "module_unload",
 	OpGetFunction: "get_function", OpLaunch: "launch", OpStreamCreate: "stream_create",
 	OpStreamDestroy: "stream_destroy", OpStreamSync: "stream_sync", OpSync: "sync", OpReject: "reject", OpBye: "bye",
+	OpApertureAttach: "aperture_attach",
 }
 
 // Valid reports whether op is a defined, non-zero opcode.
@@ -63,7 +67,8 @@ func (op Opcode) String() string {
 // after a failover. (Error replies are commit points too, for any op.)
 func (op Opcode) Commits() bool {
 	switch op {
-	case OpHello, OpAlloc, OpCopyDtoH, OpModuleLoad, OpGetFunction, OpStreamCreate, OpStreamSync, OpSync:
+	case OpHello, OpAlloc, OpCopyDtoH, OpModuleLoad, OpGetFunction, OpStreamCreate, OpStreamSync, OpSync,
+		OpApertureAttach:
 		return true
 	}
 	return false
@@ -141,6 +146,8 @@ func NewRequest(op Opcode) Body {
 		return &Reject{}
 	case OpBye:
 		return &Bye{}
+	case OpApertureAttach:
+		return &ApertureAttach{}
 	}
 	return nil
 }
@@ -248,6 +255,31 @@ type StreamSync struct{ Stream uint64 }
 
 // Sync waits for all of the session's work and reports deferred errors.
 type Sync struct{}
+
+// Aperture kinds: how the hypervisor traces the guest's writes.
+const (
+	// ApertureMemory: only the contents matter; writes may be batched per page.
+	ApertureMemory uint8 = 1
+	// ApertureRegister: every write matters, in order (doorbells).
+	ApertureRegister uint8 = 2
+)
+
+// ApertureAttach asks the hypervisor to take the guest's memory file FD (a
+// memfd sealed against shrinking and growing, of the allocation's size,
+// mapped once, shared, by the guest) as the contents of the allocation
+// that starts at Ptr. Only over a unix socket: the hypervisor takes the
+// file from the guest process (pidfd_getfd) and traces the guest's writes
+// to its mapping. Attaching again (after a failover) replaces the old file.
+type ApertureAttach struct {
+	Ptr  uint64
+	Kind uint8
+	FD   uint32
+}
+
+// ApertureReply says how writes are traced (mmiotrace's mode numbers:
+// 0 off, 1 insn, 2 page, 3 uffd). In mode 3 the guest driver arms
+// userfaultfd write-protection on its mapping before writing to it.
+type ApertureReply struct{ Mode uint8 }
 
 // Reject has no body; see OpReject.
 type Reject struct{}
@@ -376,6 +408,10 @@ func (m *StreamSync) Append(b []byte) []byte    { return appendU64(b, m.Stream) 
 func (m *Sync) Append(b []byte) []byte          { return b }
 func (m *Reject) Append(b []byte) []byte        { return b }
 func (m *Bye) Append(b []byte) []byte           { return b }
+func (m *ApertureAttach) Append(b []byte) []byte {
+	return binary.LittleEndian.AppendUint32(append(appendU64(b, m.Ptr), m.Kind), m.FD)
+}
+func (m *ApertureReply) Append(b []byte) []byte { return append(b, m.Mode) }
 func (m *HelloReply) Append(b []byte) []byte {
 	return appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
 }
@@ -452,6 +488,12 @@ func (m *StreamSync) decode(d *Decoder)    { m.Stream = d.U64() }
 func (m *Sync) decode(d *Decoder)          {}
 func (m *Reject) decode(d *Decoder)        {}
 func (m *Bye) decode(d *Decoder)           {}
+func (m *ApertureAttach) decode(d *Decoder) {
+	m.Ptr = d.U64()
+	m.Kind = d.U8()
+	m.FD = d.U32()
+}
+func (m *ApertureReply) decode(d *Decoder) { m.Mode = d.U8() }
 func (m *HelloReply) decode(d *Decoder) {
 	m.Session = d.U64()
 	m.WindowBase = d.U64()

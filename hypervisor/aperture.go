@@ -1,0 +1,296 @@
+package hypervisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vgpuha/vgpuha/mmiotrace"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// Apertures: device memory the guest writes directly through a shared
+// mapping (pvdriver.MapAperture). The guest's memory file is the object's
+// contents; the device allocation (in the session's window, so a standby
+// has it at the same address) is brought up to date from it at every
+// flush point — each guest call's entry and a timer — through the same
+// OpMMIO records the standby applies. A kernel therefore sees every write
+// the guest made before launching it, on the primary and on the replica
+// alike. (The device does not see writes made after a launch while the
+// kernel runs, and device writes to an aperture do not reach the guest's
+// mapping: apertures carry guest-to-device data, like a doorbell page.)
+
+// sessionMMIO is a primary session's apertures and the tracer watching
+// its guest process.
+type sessionMMIO struct {
+	tracer    *mmiotrace.Tracer
+	apertures map[uint64]*aperture             // by device address
+	byRegion  map[*mmiotrace.Region]*aperture // the tracer reports regions
+	stopTimer chan struct{}
+}
+
+type aperture struct {
+	ptr    uint64
+	region *mmiotrace.Region
+}
+
+// peerPID is the process on the other end of a unix socket, or zero.
+func peerPID(conn net.Conn) int {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return 0
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cred == nil {
+		return 0
+	}
+	return int(cred.Pid)
+}
+
+func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
+	kind := mmiotrace.Kind(r.Kind)
+	if kind != mmiotrace.KindMemory && kind != mmiotrace.KindRegister {
+		return nil, fail(abi.StatusInvalidValue, "unknown aperture kind %d", r.Kind)
+	}
+	rg, ok := s.ranges.Find(r.Ptr, 0)
+	if !ok || rg.Addr != r.Ptr {
+		return nil, fail(abi.StatusInvalidValue, "aperture: no allocation of this session starts at %#x", r.Ptr)
+	}
+	if s.peerPID == 0 {
+		return nil, fail(abi.StatusNotSupported, "apertures need a unix-socket connection: the hypervisor shares memory with the guest process")
+	}
+	mode := s.cfg.MMIO.Mode
+	if s.peerPID == os.Getpid() && (mode == mmiotrace.ModeInsn || mode == mmiotrace.ModePage || (mode != mmiotrace.ModeOff && kind == mmiotrace.KindRegister)) {
+		return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process, which cannot trace itself in %s mode", mode)
+	}
+	mem, guestAddr, err := takeGuestMemory(s.peerPID, int(r.FD), rg.Size)
+	if err != nil {
+		return nil, fail(abi.StatusInvalidValue, "aperture: %v", err)
+	}
+	s.dropAperture(r.Ptr) // attaching again (after a failover) replaces the old file
+	if s.mmio == nil {
+		s.mmio = &sessionMMIO{
+			tracer:    mmiotrace.Attach(s.peerPID, mmiotrace.Options{Mode: mode, Pin: s.cfg.MMIO.Pin, Metrics: s.mmioMetrics}),
+			apertures: map[uint64]*aperture{},
+			byRegion:  map[*mmiotrace.Region]*aperture{},
+			stopTimer: make(chan struct{}),
+		}
+		if s.cfg.MMIO.FlushEvery > 0 {
+			go s.flushTimer(s.mmio, s.cfg.MMIO.FlushEvery)
+		}
+	}
+	region := &mmiotrace.Region{GuestAddr: guestAddr, Mem: mem, Kind: kind}
+	if err := s.mmio.tracer.AddRegion(region); err != nil {
+		unix.Munmap(mem)
+		return nil, fail(abi.StatusInternal, "tracing the aperture: %v", err)
+	}
+	ap := &aperture{ptr: r.Ptr, region: region}
+	s.mmio.apertures[r.Ptr] = ap
+	s.mmio.byRegion[region] = ap
+	if err := s.flushMMIO(); err != nil { // the device copy starts from the file's contents
+		return nil, fail(abi.StatusInternal, "aperture: %v", err)
+	}
+	return &abi.ApertureReply{Mode: uint8(mode)}, nil
+}
+
+// takeGuestMemory takes file descriptor fd from process pid (pidfd_getfd),
+// checks it is a memory file of exactly size bytes sealed against resizing
+// (so it can never shrink under the hypervisor's mapping), finds where the
+// guest maps it, and maps it here.
+func takeGuestMemory(pid, fd int, size uint64) ([]byte, uint64, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("guest process %d: %w", pid, err)
+	}
+	defer unix.Close(pidfd)
+	own, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("taking file %d from the guest: %w", fd, err)
+	}
+	defer unix.Close(own)
+	var st unix.Stat_t
+	if err := unix.Fstat(own, &st); err != nil {
+		return nil, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != size {
+		return nil, 0, fmt.Errorf("file %d is not a %d-byte memory file", fd, size)
+	}
+	seals, err := unix.FcntlInt(uintptr(own), unix.F_GET_SEALS, 0)
+	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		return nil, 0, fmt.Errorf("file %d is not a memfd sealed against shrinking and growing", fd)
+	}
+	addr, err := guestMapping(pid, st, size)
+	if err != nil {
+		return nil, 0, err
+	}
+	mem, err := unix.Mmap(own, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, 0, fmt.Errorf("mapping the aperture: %w", err)
+	}
+	return mem, addr, nil
+}
+
+// guestMapping finds the guest's one shared, writable mapping of the whole
+// file (inode st): that is the range the tracer watches. A second mapping
+// would be written untraced, so it is refused.
+func guestMapping(pid int, st unix.Stat_t, size uint64) (uint64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
+	var found []uint64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// start-end perms offset dev inode path
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 || fields[4] != fmt.Sprint(st.Ino) || fields[3] != dev {
+			continue
+		}
+		var lo, hi, off uint64
+		fmt.Sscanf(fields[0], "%x-%x", &lo, &hi)
+		fmt.Sscanf(fields[2], "%x", &off)
+		if off != 0 || hi-lo != size || fields[1] != "rw-s" {
+			return 0, fmt.Errorf("the guest maps the aperture file as %s %s at offset %d: map it once, whole, shared and writable", fields[0], fields[1], off)
+		}
+		found = append(found, lo)
+	}
+	if len(found) != 1 {
+		return 0, fmt.Errorf("the guest maps the aperture file %d times: map it exactly once", len(found))
+	}
+	return found[0], nil
+}
+
+// dropAperture stops tracing the aperture at ptr, if there is one.
+// Precondition: s.mu must be locked.
+func (s *Session) dropAperture(ptr uint64) {
+	if s.mmio == nil {
+		return
+	}
+	ap := s.mmio.apertures[ptr]
+	if ap == nil {
+		return
+	}
+	s.mmio.tracer.RemoveRegion(ap.region)
+	delete(s.mmio.apertures, ptr)
+	delete(s.mmio.byRegion, ap.region)
+	unix.Munmap(ap.region.Mem)
+}
+
+// stopMMIO ends tracing when the guest's connection ends: a last flush
+// (from the memory itself: the guest may be gone), then the tracer lets go
+// and the mappings are dropped. A guest that resumes attaches again.
+// Precondition: s.mu must be locked.
+func (s *Session) stopMMIO() {
+	m := s.mmio
+	if m == nil {
+		return
+	}
+	s.emitMMIO(m.tracer.Drain)
+	for ptr := range m.apertures {
+		s.dropAperture(ptr)
+	}
+	m.tracer.Close()
+	close(m.stopTimer)
+	s.mmio = nil
+}
+
+// flushMMIO moves the guest's aperture writes since the last flush into
+// the device and the log.
+// Precondition: s.mu must be locked.
+func (s *Session) flushMMIO() error {
+	if s.mmio == nil {
+		return nil
+	}
+	var ferr error
+	s.emitMMIO(func(emit func(*mmiotrace.Region, uint64, []byte)) { ferr = s.mmio.tracer.Flush(emit) })
+	return ferr
+}
+
+// emitMMIO runs one flush and turns its output into OpMMIO records, each
+// applied to this session's device (through the code the standby uses)
+// and logged.
+// Precondition: s.mu must be locked.
+func (s *Session) emitMMIO(flush func(emit func(*mmiotrace.Region, uint64, []byte))) {
+	var bodies [][]byte
+	var body []byte
+	var bodyPtr uint64
+	flush(func(r *mmiotrace.Region, off uint64, data []byte) {
+		ap := s.mmio.byRegion[r]
+		if ap == nil {
+			return
+		}
+		for len(data) > 0 {
+			if body == nil || bodyPtr != ap.ptr || len(body) >= replicate.MaxMMIOBody-12 {
+				if body != nil {
+					bodies = append(bodies, body)
+				}
+				body, bodyPtr = replicate.AppendMMIOHeader(nil, ap.ptr), ap.ptr
+			}
+			n := min(len(data), replicate.MaxMMIOBody-12-len(body))
+			body = replicate.AppendMMIOWrite(body, off, data[:n])
+			off, data = off+uint64(n), data[n:]
+		}
+	})
+	if body != nil {
+		bodies = append(bodies, body)
+	}
+	for _, b := range bodies {
+		if err := s.applyMMIO(b); err != nil {
+			continue // cannot happen: the tracer only reports writes inside the aperture
+		}
+		if s.record != nil {
+			s.record(replicate.OpMMIO, 0, b, 0, 0)
+		}
+	}
+}
+
+// applyMMIO writes an OpMMIO body's writes to device memory, after checking
+// that every one lies inside one of the session's allocations.
+// Precondition: s.mu must be locked.
+func (s *Session) applyMMIO(body []byte) error {
+	check := func(ptr, off uint64, data []byte) error {
+		return s.checkRange(ptr+off, uint64(len(data)), "aperture write")
+	}
+	if err := replicate.DecodeMMIO(body, check); err != nil {
+		return err
+	}
+	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
+		return s.ctx.CopyHtoD(s.dev(ptr+off), data, 0)
+	})
+}
+
+// flushTimer flushes on a timer, for guests that write without calling.
+func (s *Session) flushTimer(m *sessionMMIO, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stopTimer:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		if s.mmio == m && !s.closed {
+			// Not armed yet: the guest arms a new aperture before its next
+			// call, whose flush reports it if it did not.
+			if err := s.flushMMIO(); errors.Is(err, mmiotrace.ErrGuestGone) {
+				s.stopMMIO()
+			}
+		}
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,90 @@
+package mmioguest
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/mmiotrace"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// The guest runs as this test binary in its own process (and process
+// group), as the tracer requires.
+func TestMain(m *testing.M) {
+	if args := os.Getenv("MMIOGUEST_ARGS"); args != "" {
+		var a []string
+		json.Unmarshal([]byte(args), &a)
+		if err := Main(a, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "mmio-guest:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func runGuest(t *testing.T, args ...string) Result {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	a, _ := json.Marshal(args)
+	cmd.Env = append(os.Environ(), "MMIOGUEST_ARGS="+string(a))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var res Result
+	sc := bufio.NewScanner(out)
+	for sc.Scan() { // read to EOF before Wait: a Wait while traced would take the tracer's stops
+		json.Unmarshal(sc.Bytes(), &res)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("guest %v: %v", args, err)
+	}
+	return res
+}
+
+// TestReplicaAperturesEqual runs every workload in every mode against a
+// replicated primary. The device's copy of each aperture must equal the
+// guest's memory when the writes are traced (and must not in off mode,
+// which proves the check can fail), and the standby must end bit-identical
+// to the primary.
+func TestReplicaAperturesEqual(t *testing.T) {
+	for _, mode := range mmiotrace.Modes() {
+		t.Run(mode.String(), func(t *testing.T) {
+			c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit,
+				MMIO: &hypervisor.MMIOConfig{Mode: mode, Pin: true, FlushEvery: 5_000_000}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for _, w := range Workloads {
+				res := runGuest(t, "--addr", c.Endpoint, "--workload", w, "--writes", "3000", "--aperture-bytes", "262144")
+				if res.Mode != mode.String() || res.Writes == 0 {
+					t.Fatalf("%s: %+v", w, res)
+				}
+				if res.Verified != (mode != mmiotrace.ModeOff) {
+					t.Fatalf("%s in %s mode: device copy matches the guest's aperture: %v", w, mode, res.Verified)
+				}
+			}
+			rep, err := c.Verify()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rep.Match {
+				t.Fatalf("standby differs from the primary: %+v", rep)
+			}
+		})
+	}
+}
