@@ -31,7 +31,7 @@ import (
 // its guest process.
 type sessionMMIO struct {
 	tracer    *mmiotrace.Tracer
-	apertures map[uint64]*aperture             // by device address
+	apertures map[uint64]*aperture            // by device address
 	byRegion  map[*mmiotrace.Region]*aperture // the tracer reports regions
 	stopTimer chan struct{}
 }

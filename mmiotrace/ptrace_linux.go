@@ -711,7 +711,9 @@ func (p *ptracer) runWorkLater() {
 
 type stepFault struct{ addr uint64 }
 
-func (f *stepFault) Error() string { return fmt.Sprintf("protection fault at %#x while stepping", f.addr) }
+func (f *stepFault) Error() string {
+	return fmt.Sprintf("protection fault at %#x while stepping", f.addr)
+}
 
 // mprotect changes the protection of [addr, addr+n) in the guest by
 // injecting the system call into stopped thread tid.

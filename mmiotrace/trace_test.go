@@ -109,10 +109,10 @@ func guestWorkload(name string, mem []byte) {
 type testGuest struct {
 	cmd    *exec.Cmd
 	expect []string // "OFFSET:HEX" lines the guest printed for its last command
-	in   *bufio.Writer
-	out  *bufio.Scanner
-	mem  []byte // the test's mapping of the guest's memfd
-	addr uint64
+	in     *bufio.Writer
+	out    *bufio.Scanner
+	mem    []byte // the test's mapping of the guest's memfd
+	addr   uint64
 }
 
 // goGuest is this test binary as a guest.
@@ -301,4 +301,3 @@ func TestStoreForms(t *testing.T) {
 		})
 	}
 }
-

@@ -139,4 +139,3 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 	}
 	return out, nil
 }
-

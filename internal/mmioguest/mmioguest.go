@@ -200,4 +200,3 @@ func Main(args []string, stdout io.Writer) error {
 	}
 	return json.NewEncoder(stdout).Encode(res)
 }
-
