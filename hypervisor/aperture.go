@@ -82,7 +82,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	s.dropAperture(r.Ptr) // attaching again (after a failover) replaces the old file
 	if s.mmio == nil {
 		s.mmio = &sessionMMIO{
-			tracer:    mmiotrace.Attach(s.peerPID, mmiotrace.Options{Mode: mode, Pin: s.cfg.MMIO.Pin, Metrics: s.mmioMetrics}),
+			tracer:    mmiotrace.Attach(s.peerPID, mmiotrace.Options{Mode: mode, Pin: s.cfg.MMIO.Pin, StepOnly: s.cfg.MMIO.StepOnly, Metrics: s.mmioMetrics}),
 			apertures: map[uint64]*aperture{},
 			byRegion:  map[*mmiotrace.Region]*aperture{},
 			stopTimer: make(chan struct{}),

@@ -66,6 +66,9 @@ type MMIOConfig struct {
 	// FlushEvery flushes a session's aperture writes on a timer too, for
 	// guests that write without making calls.
 	FlushEvery time.Duration
+	// StepOnly single-steps every traced store instead of emulating it
+	// (for measuring the paper's unprotect/step/re-protect path).
+	StepOnly bool
 }
 
 // DefaultConfig is sized for a shared GPU host.

@@ -548,16 +548,21 @@ func (p *ptracer) noteStop(ev event) {
 
 // stopThread interrupts a running thread and waits until it is stopped. A
 // stop that is not the interrupt (a fault, a signal) is kept in deferred
-// and handled once the current work is done. It gives up after a second
-// (an exiting thread-group leader never stops).
+// and handled once the current work is done. The leader is polled, with a
+// deadline: an exiting thread-group leader reports nothing until every
+// other thread is gone.
 func (p *ptracer) stopThread(th *thread) error {
 	if err := unix.PtraceInterrupt(th.tid); err != nil {
 		return err
 	}
+	flags := unix.WALL
+	if th.tid == p.pid {
+		flags |= unix.WNOHANG
+	}
 	deadline := time.Now().Add(time.Second)
 	for {
 		var ws unix.WaitStatus
-		got, err := unix.Wait4(th.tid, &ws, unix.WALL|unix.WNOHANG, nil)
+		got, err := unix.Wait4(th.tid, &ws, flags, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}

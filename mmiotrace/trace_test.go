@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"unsafe"
 
@@ -138,7 +137,7 @@ func cGuest(t *testing.T) *exec.Cmd {
 
 func startGuest(t *testing.T, cmd *exec.Cmd) *testGuest {
 	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	GuestCommand(cmd)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
@@ -192,7 +191,7 @@ func (g *testGuest) do(t *testing.T, cmd string) {
 func (g *testGuest) stop() {
 	fmt.Fprintln(g.in, "exit")
 	g.in.Flush()
-	g.cmd.Wait()
+	WaitExit(g.cmd)
 	unix.Munmap(g.mem)
 }
 

@@ -33,8 +33,11 @@ type Options struct {
 	// Pin puts the tracer thread and every guest thread on one CPU while
 	// ptrace is in use: a fault then wakes the tracer without crossing
 	// CPUs (3–4× cheaper per traced write on the machines we measured).
-	Pin     bool
-	Metrics *Metrics // nil: none
+	Pin bool
+	// StepOnly single-steps every store instead of emulating it: the
+	// unprotect, step, re-protect path alone, for measurement.
+	StepOnly bool
+	Metrics  *Metrics // nil: none
 }
 
 // Stats counts what a tracer did.
@@ -254,7 +257,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	code := make([]byte, 16)
 	n, _ := t.pt.mem.ReadAt(code, int64(regs.RIP))
 	a, derr := Decode(code[:n])
-	if derr == nil && a.Emulated() {
+	if derr == nil && a.Emulated() && !t.opts.StepOnly {
 		if usesVectors(a) {
 			if err := readVectors(tid, regs); err != nil {
 				return false

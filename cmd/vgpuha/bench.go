@@ -10,7 +10,7 @@ import (
 
 func runBench(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: vgpuha bench pv|replicate|apply [flags]")
+		return fmt.Errorf("usage: vgpuha bench pv|replicate|apply|mmio [flags]")
 	}
 	switch args[0] {
 	case "pv":
@@ -19,8 +19,10 @@ func runBench(args []string) error {
 		return runBenchReplicate(args[1:])
 	case "apply":
 		return runBenchApply(args[1:])
+	case "mmio":
+		return runBenchMMIO(args[1:])
 	}
-	return fmt.Errorf("unknown benchmark %q (have: pv, replicate, apply)", args[0])
+	return fmt.Errorf("unknown benchmark %q (have: pv, replicate, apply, mmio)", args[0])
 }
 
 func runBenchPV(args []string) error {
@@ -90,5 +92,46 @@ func runBenchApply(args []string) error {
 	}
 	fmt.Println("standby apply throughput vs a plain copy on the same backend (medians of interleaved rounds)")
 	bench.PrintApply(os.Stdout, rows)
+	return nil
+}
+
+func runBenchMMIO(args []string) error {
+	fs := newFlags("bench mmio", "[flags]")
+	long := fs.Bool("long", false, "more writes and rounds, for careful figures (several minutes)")
+	rounds := fs.Int("rounds", 0, "interleaved rounds (default 3, or 7 with --long)")
+	pin := fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU")
+	plotPath := fs.String("plot", "", "also draw ns per write by mode and workload to this file (.png or .svg)")
+	asJSON := fs.Bool("json", false, "print the cells as JSON instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	opts := bench.DefaultMMIOOptions([]string{self, "mmio-guest"}, *long)
+	opts.Pin = *pin
+	if *rounds > 0 {
+		opts.Rounds = *rounds
+	}
+	opts.Progress = os.Stderr
+	cells, err := bench.MMIO(opts)
+	if err != nil {
+		return err
+	}
+	if *plotPath != "" {
+		if err := bench.PlotMMIO(*plotPath, cells); err != nil {
+			return err
+		}
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(cells)
+	}
+	pinned := "tracer and guest threads pinned to one CPU"
+	if !opts.Pin {
+		pinned = "not pinned"
+	}
+	fmt.Printf("MMIO tracing cost (software GPU; each cell a fresh guest process; medians of %d interleaved rounds; %s)\n", opts.Rounds, pinned)
+	bench.PrintMMIO(os.Stdout, cells)
 	return nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"bytes"
 	"context"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
@@ -57,15 +59,19 @@ func (b *backendFlags) open() (gpu.Backend, error) {
 }
 
 // configFlags registers the hypervisor's limits.
-func configFlags(fs interface {
-	Uint64Var(*uint64, string, uint64, string)
-	IntVar(*int, string, int, string)
-}, cfg *hypervisor.Config) {
+func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	fs.Uint64Var(&cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, "device memory each guest may allocate")
 	fs.IntVar(&cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, "concurrent guest sessions")
 	fs.IntVar(&cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, "allocations plus handles each guest may hold")
 	fs.Uint64Var(&cfg.WindowBase, "va.base", cfg.WindowBase, "device virtual address of the first guest's window")
 	fs.Uint64Var(&cfg.WindowSize, "va.window-bytes", cfg.WindowSize, "size of each guest's device-address window")
+	fs.Func("mmio", "how guest writes to apertures are traced: off, insn, page or uffd (default "+cfg.MMIO.Mode.String()+")", func(v string) error {
+		m, err := mmiotrace.ParseMode(v)
+		cfg.MMIO.Mode = m
+		return err
+	})
+	fs.BoolVar(&cfg.MMIO.Pin, "mmio.pin", cfg.MMIO.Pin, "pin the tracer and the traced guest's threads to one CPU (per-write tracing is 3-4x cheaper)")
+	fs.DurationVar(&cfg.MMIO.FlushEvery, "mmio.flush-every", cfg.MMIO.FlushEvery, "also flush aperture writes on this timer, for guests that write without calling")
 }
 
 // tcpFlag checks that a flag holds tcp://HOST:PORT and returns HOST:PORT.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,8 +29,22 @@ type primaryStatus struct {
 }
 
 func runPrimary(args []string) error {
-	fs := newFlags("primary", "--guest-listen ENDPOINT [flags]")
-	listen := fs.String("guest-listen", "unix:///tmp/vgpuha.sock", "endpoint guests connect to: unix:///PATH, tcp://HOST:PORT or vsock://CID|any:PORT")
+	return servePrimary(newFlags("primary", "--guest-listen ENDPOINT [flags]"), args, nil)
+}
+
+// servePrimary runs a primary until a signal, or, with a guest program,
+// until that program exits (vgpuha run).
+func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
+	defaultListen := "unix:///tmp/vgpuha.sock"
+	if guest != nil {
+		dir, err := os.MkdirTemp("", "vgpuha-run")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		defaultListen = "unix://" + dir + "/guest.sock"
+	}
+	listen := fs.String("guest-listen", defaultListen, "endpoint guests connect to: unix:///PATH, tcp://HOST:PORT or vsock://CID|any:PORT")
 	var bf backendFlags
 	bf.register(fs)
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
@@ -161,7 +176,16 @@ func runPrimary(args []string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())
+	var guestDone <-chan error
+	if guest != nil {
+		if guestDone, err = startGuestProgram(guest, *listen, cfg.MMIO); err != nil {
+			srv.Close()
+			return err
+		}
+	}
 	select {
+	case err = <-guestDone:
+		printMMIOSummary(reg, cfg.MMIO.Mode)
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", "signal")
 	case err = <-errc:

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"syscall"
 	"testing"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
@@ -32,10 +31,9 @@ func TestMain(m *testing.M) {
 
 func runGuest(t *testing.T, args ...string) Result {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := mmiotrace.GuestCommand(exec.Command(os.Args[0], "-test.run=^$"))
 	a, _ := json.Marshal(args)
 	cmd.Env = append(os.Environ(), "MMIOGUEST_ARGS="+string(a))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -46,10 +44,10 @@ func runGuest(t *testing.T, args ...string) Result {
 	}
 	var res Result
 	sc := bufio.NewScanner(out)
-	for sc.Scan() { // read to EOF before Wait: a Wait while traced would take the tracer's stops
+	for sc.Scan() {
 		json.Unmarshal(sc.Bytes(), &res)
 	}
-	if err := cmd.Wait(); err != nil {
+	if err := mmiotrace.WaitExit(cmd); err != nil {
 		t.Fatalf("guest %v: %v", args, err)
 	}
 	return res

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/internal/mmioguest"
+	"github.com/vgpuha/vgpuha/mmiotrace"
+)
+
+// runRun is `vgpuha run [primary flags] -- PROGRAM ARGS`: a primary that
+// serves one guest program it starts itself (with $VGPUHA_ADDR pointing at
+// it), tracing the program's aperture writes, until the program exits.
+func runRun(args []string) error {
+	split := -1
+	for i, a := range args {
+		if a == "--" {
+			split = i
+			break
+		}
+	}
+	if split < 0 || split == len(args)-1 {
+		return errors.New("usage: vgpuha run [primary flags] -- PROGRAM [ARGS]")
+	}
+	fs := newFlags("run", "[primary flags] -- PROGRAM [ARGS]")
+	return servePrimary(fs, args[:split], args[split+1:])
+}
+
+// startGuestProgram starts the guest in a process group of its own (the
+// tracer waits on that group) and reports its exit.
+func startGuestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfig) (<-chan error, error) {
+	cmd := mmiotrace.GuestCommand(exec.Command(argv[0], argv[1:]...))
+	cmd.Env = append(os.Environ(), "VGPUHA_ADDR="+endpoint)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	pin := "not pinned"
+	if mmio.Pin && mmio.Mode != mmiotrace.ModeOff {
+		pin = "the tracer and the guest's threads pinned to one CPU (per-write tracing is 3-4x cheaper; --mmio.pin=false to stop)"
+	}
+	fmt.Fprintf(os.Stderr, "vgpuha run: %s (pid %d) on %s; apertures traced in %s mode, %s\n",
+		argv[0], cmd.Process.Pid, endpoint, mmio.Mode, pin)
+	done := make(chan error, 1)
+	go func() { done <- mmiotrace.WaitExit(cmd) }()
+	return done, nil
+}
+
+// printMMIOSummary reports the tracer's counters after the guest exited.
+func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
+	families, err := reg.Gather()
+	if err != nil {
+		return
+	}
+	var parts []string
+	for _, f := range families {
+		name := f.GetName()
+		if !strings.HasPrefix(name, "vgpuha_mmio_") || strings.HasSuffix(name, "per_flush") {
+			continue
+		}
+		total := 0.0
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+		parts = append(parts, fmt.Sprintf("%s=%.0f", strings.TrimSuffix(strings.TrimPrefix(name, "vgpuha_mmio_"), "_total"), total))
+	}
+	fmt.Fprintf(os.Stderr, "vgpuha run: guest exited; mmio (%s): %s\n", mode, strings.Join(parts, " "))
+}
+
+// runMMIOGuest is `vgpuha mmio-guest`: the benchmark's guest program.
+func runMMIOGuest(args []string) error { return mmioguest.Main(args, os.Stdout) }
