@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/color"
-	"math"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -59,6 +59,9 @@ func DefaultMMIOOptions(guest []string, long bool) MMIOOptions {
 		Rounds:        3,
 		Pin:           true,
 		ApertureBytes: 4 << 20,
+	}
+	if mmiotrace.UffdAvailable() != nil { // Linux before 6.7
+		o.Modes = []string{"off", "insn", "page", "insn-step"}
 	}
 	if long {
 		o.Rounds = 7

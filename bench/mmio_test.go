@@ -36,7 +36,7 @@ func TestMMIORuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cells) != 4*4+1 {
+	if len(cells) != len(opts.Workloads)*(len(opts.Modes)-1)+1 {
 		t.Fatalf("%d cells", len(cells))
 	}
 	for _, c := range cells {

@@ -208,6 +208,7 @@ func (rp *replica) apply(r *Region, off uint64, data []byte) {
 func TestTraceModes(t *testing.T) {
 	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
 		t.Run(mode.String(), func(t *testing.T) {
+			skipWithoutUffd(t, mode)
 			g := startGuest(t, goGuest())
 			defer g.stop()
 			if mode == ModeUffd {
@@ -263,6 +264,7 @@ func firstDiff(a, b []byte) int {
 func TestStoreForms(t *testing.T) {
 	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
 		t.Run(mode.String(), func(t *testing.T) {
+			skipWithoutUffd(t, mode)
 			g := startGuest(t, cGuest(t))
 			defer g.stop()
 			if mode == ModeUffd {
@@ -298,5 +300,14 @@ func TestStoreForms(t *testing.T) {
 			}
 			t.Logf("%s: %+v", mode, st)
 		})
+	}
+}
+
+func skipWithoutUffd(t *testing.T, mode Mode) {
+	t.Helper()
+	if mode == ModeUffd {
+		if err := UffdAvailable(); err != nil {
+			t.Skipf("uffd mode needs userfaultfd asynchronous write-protection (Linux 6.7+): %v", err)
+		}
 	}
 }

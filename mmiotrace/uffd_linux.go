@@ -139,3 +139,19 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 	}
 	return out, nil
 }
+
+// UffdAvailable reports whether this kernel offers what uffd mode needs
+// (userfaultfd asynchronous write-protection on shared memory, Linux 6.7+),
+// by arming and disarming a scratch mapping.
+func UffdAvailable() error {
+	mem, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return err
+	}
+	defer unix.Munmap(mem)
+	fd, err := ArmWriteTracking(mem)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
