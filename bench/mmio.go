@@ -36,7 +36,9 @@ type MMIOOptions struct {
 	// off, so every store is single-stepped: the raw cost of a fault plus
 	// a single step, measured beside the emulating tracer. It is measured
 	// on the seq workload only, with a tenth of the writes (a single-stepped
-	// REP MOVS costs a fault per byte).
+	// REP MOVS costs a fault per byte). "insn-unpinned" is insn mode with
+	// the tracer and guest free to run on any CPU (seq only), to show what
+	// pinning saves.
 	Modes     []string
 	Workloads []string
 	// Writes per workload run (bulk counts 8-byte words copied).
@@ -53,7 +55,7 @@ type MMIOOptions struct {
 func DefaultMMIOOptions(guest []string, long bool) MMIOOptions {
 	o := MMIOOptions{
 		Guest:         guest,
-		Modes:         []string{"off", "insn", "page", "uffd", "insn-step"},
+		Modes:         []string{"off", "insn", "page", "uffd", "insn-step", "insn-unpinned"},
 		Workloads:     []string{"seq", "random", "bulk", "doorbell"},
 		Writes:        map[string]int{"seq": 20000, "random": 20000, "bulk": 1 << 20, "doorbell": 5000},
 		Rounds:        3,
@@ -61,7 +63,7 @@ func DefaultMMIOOptions(guest []string, long bool) MMIOOptions {
 		ApertureBytes: 4 << 20,
 	}
 	if mmiotrace.UffdAvailable() != nil { // Linux before 6.7
-		o.Modes = []string{"off", "insn", "page", "insn-step"}
+		o.Modes = []string{"off", "insn", "page", "insn-step", "insn-unpinned"}
 	}
 	if long {
 		o.Rounds = 7
@@ -101,7 +103,7 @@ func MMIO(opts MMIOOptions) ([]MMIOCell, error) {
 		for _, w := range opts.Workloads {
 			var off float64
 			for _, m := range opts.Modes {
-				if strings.HasSuffix(m, "-step") && w != "seq" {
+				if strings.Contains(m, "-") && w != "seq" {
 					continue
 				}
 				c, err := mmioCell(opts, m, w)
@@ -156,12 +158,12 @@ func medianOf(s []MMIOCell, f func(MMIOCell) float64) float64 {
 // mmioCell runs one guest under one mode and reads the tracer's counters.
 func mmioCell(opts MMIOOptions, mode, workload string) (MMIOCell, error) {
 	cfg := hypervisor.DefaultConfig()
-	cfg.MMIO.Pin = opts.Pin
-	m, err := mmiotrace.ParseMode(strings.TrimSuffix(mode, "-step"))
+	base, variant, _ := strings.Cut(mode, "-")
+	m, err := mmiotrace.ParseMode(base)
 	if err != nil {
 		return MMIOCell{}, err
 	}
-	cfg.MMIO.Mode, cfg.MMIO.StepOnly = m, strings.HasSuffix(mode, "-step")
+	cfg.MMIO.Mode, cfg.MMIO.StepOnly, cfg.MMIO.Pin = m, variant == "step", opts.Pin && variant != "unpinned"
 	reg := prometheus.NewRegistry()
 	srv, err := hypervisor.NewServer(sim.New(1<<30), cfg, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {

@@ -37,3 +37,26 @@ echo "== benchmarks"
 "$B/vgpuha" bench pv --backend cuda
 "$B/vgpuha" bench replicate --backend cuda
 "$B/vgpuha" bench apply --backend cuda
+
+echo "== apertures on the GPU: guest writes traced in each mode, device copy checked, standby verified"
+for mode in insn page uffd; do
+	port=$((7180 + RANDOM % 100))
+	"$B/vgpuha" standby --backend cuda --listen "tcp://127.0.0.1:$port" --replicate.key-file "$work/key" 2>"$work/standby-$mode.log" &
+	sb=$!
+	sleep 1
+	"$B/vgpuha" primary --backend cuda --mmio "$mode" --guest-listen "unix://$work/m-$mode.sock" --replicate-to "tcp://127.0.0.1:$port" \
+		--replicate.key-file "$work/key" --admin-listen 127.0.0.1:9472 --mode commit 2>"$work/primary-$mode.log" &
+	pr=$!
+	for i in $(seq 100); do [ -S "$work/m-$mode.sock" ] && break; sleep 0.1; done
+	# setsid: the tracer needs the guest in a process group of its own.
+	setsid "$B/vgpuha" mmio-guest --addr "unix://$work/m-$mode.sock" --workload doorbell --writes 20000 --hold >"$work/guest-$mode.json" 2>"$work/guest-$mode.log" &
+	for i in $(seq 300); do grep -q holding "$work/guest-$mode.log" && break; sleep 0.1; done
+	cat "$work/guest-$mode.json" "$work/guest-$mode.log"
+	"$B/vgpuha" verify --admin 127.0.0.1:9472 || { tail -20 "$work/primary-$mode.log"; }
+	pkill -f "mmio-guest --addr unix://$work/m-$mode.sock" || true
+	kill $pr $sb 2>/dev/null || true
+	wait $pr $sb 2>/dev/null || true
+done
+
+echo "== MMIO tracing benchmark (tracer cost is CPU-side; software GPU)"
+"$B/vgpuha" bench mmio --plot "${PLOT_DIR:-$work}/mmio.png"

@@ -144,7 +144,11 @@ func (c *Cluster) StartStandby() error {
 	if s, ok := be.(*sim.Backend); ok {
 		s.BaseShift = c.opts.StandbyShift
 	}
-	a, err := standby.New(be, hypervisor.DefaultConfig(), Key, prometheus.NewRegistry(), c.opts.Log)
+	cfg := hypervisor.DefaultConfig()
+	if c.opts.MMIO != nil {
+		cfg.MMIO = *c.opts.MMIO
+	}
+	a, err := standby.New(be, cfg, Key, prometheus.NewRegistry(), c.opts.Log)
 	if err != nil {
 		return err
 	}

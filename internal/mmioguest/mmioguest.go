@@ -7,6 +7,7 @@
 package mmioguest
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
@@ -23,6 +24,10 @@ import (
 // Workloads, as the benchmark names them.
 var Workloads = []string{"seq", "random", "bulk", "doorbell", "goroutines"}
 
+// The failover workload writes, makes a call, waits for Options.Pause (the
+// test kills the primary meanwhile), writes again and checks the device
+// copy on whichever node now serves the session.
+
 // Result is what one run reports (one JSON line on stdout).
 type Result struct {
 	Workload string `json:"workload"`
@@ -31,6 +36,8 @@ type Result struct {
 	// and doorbell store for doorbell.
 	Writes uint64 `json:"writes"`
 	Calls  uint64 `json:"calls"`
+	// Failovers the session went through (resumed on another node).
+	Failovers int `json:"failovers"`
 	Nanos  int64  `json:"nanos"`
 	// Verified: after the run the device's copy of every aperture equals
 	// what the guest wrote (read back with CopyDtoH).
@@ -43,11 +50,18 @@ type Options struct {
 	Workload      string
 	Writes        int    // stores to make (rounded to the workload's unit)
 	ApertureBytes uint64 // the memory aperture (the doorbell register aperture is one page)
+	// Hold keeps the session and its apertures after the run, until the
+	// process is killed (so an operator can verify the standby meanwhile).
+	Hold func(Result)
+	// Failover lists standby endpoints to resume on; Pause is the failover
+	// workload's wait.
+	Failover []string
+	Pause    func()
 }
 
 // Run maps the apertures, runs the workload and checks the device copy.
 func Run(ctx context.Context, opts Options) (Result, error) {
-	c, err := pvdriver.Open(ctx, opts.Endpoint, pvdriver.Options{GuestName: "mmio-" + opts.Workload})
+	c, err := pvdriver.Open(ctx, opts.Endpoint, pvdriver.Options{GuestName: "mmio-" + opts.Workload, Failover: opts.Failover})
 	if err != nil {
 		return Result{}, err
 	}
@@ -69,6 +83,15 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		res.Writes = bulk(mem.Mem, opts.Writes)
 	case "goroutines":
 		res.Writes = goroutines(mem.Mem, opts.Writes, 4)
+	case "failover":
+		res.Writes = seq(mem.Mem, opts.Writes)
+		if err := c.Synchronize(); err != nil {
+			return res, err
+		}
+		if opts.Pause != nil {
+			opts.Pause()
+		}
+		res.Writes += random(mem.Mem, opts.Writes) // written while no node traces them, or to the new one
 	case "doorbell":
 		bell, err := c.MapAperture(4096, pvdriver.Register)
 		if err != nil {
@@ -86,6 +109,10 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	}
 	res.Nanos = time.Since(start).Nanoseconds()
 	res.Verified, err = deviceMatches(c, apertures)
+	res.Failovers = len(c.Failovers())
+	if err == nil && opts.Hold != nil {
+		opts.Hold(res)
+	}
 	return res, err
 }
 
@@ -189,10 +216,26 @@ func Main(args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Workload, "workload", "seq", fmt.Sprintf("one of %v", Workloads))
 	fs.IntVar(&opts.Writes, "writes", 20000, "stores to make")
 	fs.Uint64Var(&opts.ApertureBytes, "aperture-bytes", 4<<20, "size of the memory aperture")
+	hold := fs.Bool("hold", false, "after the run, print the result and keep the session and apertures until killed")
+	failoverTo := fs.String("failover", "", "a standby endpoint to resume on if the primary fails")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	if *failoverTo != "" {
+		opts.Failover = []string{*failoverTo}
+	}
+	opts.Pause = func() { // the failover workload: wait for a line on stdin
+		fmt.Fprintln(stdout, `{"paused":true}`)
+		bufio.NewReader(os.Stdin).ReadString('\n')
+	}
+	if *hold {
+		opts.Hold = func(res Result) {
+			json.NewEncoder(stdout).Encode(res)
+			fmt.Fprintln(os.Stderr, "mmio-guest: holding the session; kill to end")
+			select {}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	res, err := Run(ctx, opts)
 	if err != nil {

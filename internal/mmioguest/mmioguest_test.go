@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/cluster"
@@ -85,6 +86,56 @@ func TestReplicaAperturesEqual(t *testing.T) {
 			}
 			if !rep.Match {
 				t.Fatalf("standby differs from the primary: %+v", rep)
+			}
+		})
+	}
+}
+
+// TestApertureSurvivesFailover kills the primary between two rounds of
+// aperture writes. The guest resumes on the promoted standby, which takes
+// the aperture over (re-attach) and starts from its current contents: the
+// device copy there must equal everything the guest wrote, including what
+// it wrote while no node was tracing it.
+func TestApertureSurvivesFailover(t *testing.T) {
+	for _, mode := range []mmiotrace.Mode{mmiotrace.ModeUffd, mmiotrace.ModePage} {
+		t.Run(mode.String(), func(t *testing.T) {
+			if mode == mmiotrace.ModeUffd && mmiotrace.UffdAvailable() != nil {
+				t.Skipf("uffd mode needs userfaultfd asynchronous write-protection (Linux 6.7+): %v", mmiotrace.UffdAvailable())
+			}
+			c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit,
+				MMIO: &hypervisor.MMIOConfig{Mode: mode, Pin: true, FlushEvery: 5_000_000}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			cmd := mmiotrace.GuestCommand(exec.Command(os.Args[0], "-test.run=^$"))
+			a, _ := json.Marshal([]string{"--addr", c.Endpoint, "--failover", c.StandbyEndpoint, "--workload", "failover",
+				"--writes", "3000", "--aperture-bytes", "262144"})
+			cmd.Env = append(os.Environ(), "MMIOGUEST_ARGS="+string(a))
+			cmd.Stderr = os.Stderr
+			stdin, _ := cmd.StdinPipe()
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(out)
+			if !sc.Scan() || sc.Text() != `{"paused":true}` {
+				t.Fatalf("guest said %q", sc.Text())
+			}
+			if err := c.WaitProtected(10 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			c.KillPrimary()
+			fmt.Fprintln(stdin)
+			var res Result
+			for sc.Scan() {
+				json.Unmarshal(sc.Bytes(), &res)
+			}
+			if err := mmiotrace.WaitExit(cmd); err != nil {
+				t.Fatal(err)
+			}
+			if res.Failovers != 1 || !res.Verified {
+				t.Fatalf("after the failover: %+v", res)
 			}
 		})
 	}
