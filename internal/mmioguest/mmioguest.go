@@ -37,8 +37,8 @@ type Result struct {
 	Writes uint64 `json:"writes"`
 	Calls  uint64 `json:"calls"`
 	// Failovers the session went through (resumed on another node).
-	Failovers int `json:"failovers"`
-	Nanos  int64  `json:"nanos"`
+	Failovers int   `json:"failovers"`
+	Nanos     int64 `json:"nanos"`
 	// Verified: after the run the device's copy of every aperture equals
 	// what the guest wrote (read back with CopyDtoH).
 	Verified bool `json:"verified"`
