@@ -5,7 +5,10 @@
 //
 // It owns: sessions, the guest device-address windows and the deterministic
 // allocator inside them, per-guest quotas and isolation, the dispatch table
-// (opTable) that says which requests exist and which change device state.
+// (opTable) that says which requests exist and which change device state,
+// and a guest's apertures (aperture.go): the memory files it writes
+// directly, whose writes it collects through package mmiotrace at every
+// call's entry and turns into log records.
 // It must never: trust a byte a guest sends (package abi decodes), let one
 // guest name another's memory or handles, or let a guest's misbehaviour
 // (garbage, a cut connection, a flood) affect any other session.

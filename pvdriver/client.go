@@ -8,6 +8,10 @@
 // Synchronize, as CUDA reports asynchronous errors. A Client is safe for use
 // by several goroutines; requests reach the hypervisor in the order their
 // calls were made.
+//
+// MapAperture maps device memory into the guest for direct writes (over a
+// unix socket: the memory is a file shared with the hypervisor, which traces
+// the writes; see aperture.go).
 package pvdriver
 
 import (
