@@ -12,6 +12,9 @@ import (
 
 const pageSize = 4096
 
+// faultAhead is how many pages page mode opens on one fault (64 KiB).
+const faultAhead = 16
+
 // Region is memory the guest maps and writes directly (an aperture).
 type Region struct {
 	GuestAddr uint64 // where the guest process maps it (page-aligned)
@@ -235,12 +238,22 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	}
 	t.stats.Faults++
 	t.opts.Metrics.fault(t.opts.Mode)
-	if !t.perWrite(r) { // page mode: let the guest write this page until the next flush
-		page := (addr - r.GuestAddr) / pageSize
-		if err := t.pt.mprotect(tid, r.GuestAddr+page*pageSize, pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+	if !t.perWrite(r) {
+		// Page mode: let the guest write this page, and the next clean
+		// ones up to faultAhead, until the next flush. Writes run in
+		// streaks; a page opened but not written costs only a comparison
+		// at the flush, a fault costs an injected system call.
+		first := (addr - r.GuestAddr) / pageSize
+		end := first + 1
+		for end < uint64(len(r.dirty)) && end < first+faultAhead && !r.dirty[end] {
+			end++
+		}
+		if err := t.pt.mprotect(tid, r.GuestAddr+first*pageSize, (end-first)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
 			return false
 		}
-		r.dirty[page] = true
+		for p := first; p < end; p++ {
+			r.dirty[p] = true
+		}
 		return true
 	}
 	return t.traceWrite(tid, r, addr)

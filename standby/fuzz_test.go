@@ -43,3 +43,34 @@ func FuzzApply(f *testing.F) {
 		}
 	})
 }
+
+// FuzzApplyMMIO applies an arbitrary aperture-write record to a replica
+// session holding one 4 KiB allocation: it must never panic, and a record
+// that is refused must change nothing.
+func FuzzApplyMMIO(f *testing.F) {
+	const ptr = 0x7e0000000000
+	good := replicate.AppendMMIOWrite(replicate.AppendMMIOHeader(nil, ptr), 8, []byte{1, 2, 3, 4})
+	f.Add(good)
+	f.Add(replicate.AppendMMIOWrite(replicate.AppendMMIOHeader(nil, ptr), 4094, []byte{1, 2, 3, 4})) // runs past the end
+	f.Add(replicate.AppendMMIOWrite(good, 1<<62, []byte{9}))                                          // second write out of range
+	f.Fuzz(func(t *testing.T, body []byte) {
+		srv, err := hypervisor.NewServer(sim.New(64<<20), hypervisor.DefaultConfig(), prometheus.NewRegistry(), quiet())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []replicate.Record{
+			{Op: replicate.OpSessionOpen, Session: 1, Result: ptr, Body: []byte("g")},
+			{Op: replicate.Op(abi.OpAlloc), Session: 1, Result: ptr, Body: (&abi.Alloc{Size: 4096}).Append(nil)},
+		} {
+			if err := srv.ApplyRecord(&r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := srv.Checksums()
+		if err := srv.ApplyRecord(&replicate.Record{Op: replicate.OpMMIO, Session: 1, Body: body}); err != nil {
+			if after := srv.Checksums(); after[0].Sum != before[0].Sum {
+				t.Fatalf("a refused record changed device memory: %v", err)
+			}
+		}
+	})
+}
