@@ -52,7 +52,7 @@ func FuzzApplyMMIO(f *testing.F) {
 	good := replicate.AppendMMIOWrite(replicate.AppendMMIOHeader(nil, ptr), 8, []byte{1, 2, 3, 4})
 	f.Add(good)
 	f.Add(replicate.AppendMMIOWrite(replicate.AppendMMIOHeader(nil, ptr), 4094, []byte{1, 2, 3, 4})) // runs past the end
-	f.Add(replicate.AppendMMIOWrite(good, 1<<62, []byte{9}))                                          // second write out of range
+	f.Add(replicate.AppendMMIOWrite(good, 1<<62, []byte{9}))                                         // second write out of range
 	f.Fuzz(func(t *testing.T, body []byte) {
 		srv, err := hypervisor.NewServer(sim.New(64<<20), hypervisor.DefaultConfig(), prometheus.NewRegistry(), quiet())
 		if err != nil {
