@@ -273,6 +273,17 @@ func (s *Session) applyMMIO(body []byte) error {
 	})
 }
 
+// mmioStatus reports the session's aperture tracing, or nil.
+// Precondition: s.mu must be locked.
+func (s *Session) mmioStatus() *MMIOStatus {
+	if s.mmio == nil {
+		return nil
+	}
+	st := s.mmio.tracer.Stats()
+	return &MMIOStatus{Mode: s.cfg.MMIO.Mode.String(), Apertures: len(s.mmio.apertures), PinnedCPU: st.PinnedCPU,
+		Faults: st.Faults, Records: st.Records, Bytes: st.Bytes}
+}
+
 // flushTimer flushes on a timer, for guests that write without calling.
 func (s *Session) flushTimer(m *sessionMMIO, every time.Duration) {
 	t := time.NewTicker(every)

@@ -535,6 +535,20 @@ type SessionStatus struct {
 	// are not). Unsafe says why a replica session cannot be trusted.
 	Translated bool   `json:"translated,omitempty"`
 	Unsafe     string `json:"unsafe,omitempty"`
+	// MMIO describes the session's traced apertures, if it has any.
+	MMIO *MMIOStatus `json:"mmio,omitempty"`
+}
+
+// MMIOStatus is a session's aperture tracing in Status.
+type MMIOStatus struct {
+	Mode      string `json:"mode"`
+	Apertures int    `json:"apertures"`
+	// PinnedCPU is the CPU the tracer and the guest's threads share while
+	// ptrace traces them (-1: not pinned or no ptrace).
+	PinnedCPU int    `json:"pinned_cpu"`
+	Faults    uint64 `json:"faults"`
+	Records   uint64 `json:"records"`
+	Bytes     uint64 `json:"bytes"`
 }
 
 // Status is what /status reports.
@@ -566,6 +580,7 @@ func (s *Server) Status() Status {
 			Requests:   sess.requests,
 			Translated: sess.delta != 0,
 			Unsafe:     sess.unsafe,
+			MMIO:       sess.mmioStatus(),
 		}
 		sess.mu.Unlock()
 		st.Sessions = append(st.Sessions, ss)

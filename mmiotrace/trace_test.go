@@ -259,19 +259,24 @@ func firstDiff(a, b []byte) int {
 	return -1
 }
 
-// TestStoreForms runs the C guest's store forms under each mode; in insn
-// mode the recorded writes must be exactly the program's stores, in order.
+// TestStoreForms runs the C guest's store forms under each mode. Where
+// writes are traced one by one (insn mode, and register regions in every
+// tracing mode) the recorded writes must be exactly the program's stores,
+// in order; elsewhere the replica must equal the guest's memory.
 func TestStoreForms(t *testing.T) {
-	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
-		t.Run(mode.String(), func(t *testing.T) {
-			skipWithoutUffd(t, mode)
+	for _, tc := range []struct {
+		mode Mode
+		kind Kind
+	}{{ModeInsn, KindMemory}, {ModePage, KindMemory}, {ModeUffd, KindMemory}, {ModePage, KindRegister}, {ModeUffd, KindRegister}} {
+		t.Run(tc.mode.String()+"/"+tc.kind.String(), func(t *testing.T) {
+			skipWithoutUffd(t, tc.mode)
 			g := startGuest(t, cGuest(t))
 			defer g.stop()
-			if mode == ModeUffd {
+			if tc.mode == ModeUffd && tc.kind == KindMemory {
 				g.do(t, "arm")
 			}
-			tr := Attach(g.cmd.Process.Pid, Options{Mode: mode, Pin: true})
-			if err := tr.AddRegion(&Region{GuestAddr: g.addr, Mem: g.mem, Kind: KindMemory}); err != nil {
+			tr := Attach(g.cmd.Process.Pid, Options{Mode: tc.mode, Pin: true})
+			if err := tr.AddRegion(&Region{GuestAddr: g.addr, Mem: g.mem, Kind: tc.kind}); err != nil {
 				t.Fatal(err)
 			}
 			defer tr.Close()
@@ -279,6 +284,7 @@ func TestStoreForms(t *testing.T) {
 			if err := tr.Flush(rp.apply); err != nil {
 				t.Fatal(err)
 			}
+			perWrite := tc.mode == ModeInsn || tc.kind == KindRegister
 			for _, w := range []string{"forms", "fallback"} {
 				rp.writes = nil
 				g.do(t, "run "+w)
@@ -288,17 +294,17 @@ func TestStoreForms(t *testing.T) {
 				if string(rp.mem) != string(g.mem) {
 					t.Fatalf("%s: replica differs from the guest's memory at %d", w, firstDiff(rp.mem, g.mem))
 				}
-				if mode == ModeInsn && w == "forms" {
+				if perWrite && w == "forms" {
 					if got, want := strings.Join(rp.writes, "\n"), strings.Join(g.expect, "\n"); got != want {
 						t.Fatalf("recorded writes:\n%s\nthe program's stores:\n%s", got, want)
 					}
 				}
 			}
 			st := tr.Stats()
-			if mode == ModeInsn && (st.Undecodable == 0 || st.Stepped == 0) {
+			if perWrite && (st.Undecodable == 0 || st.Stepped == 0) {
 				t.Fatalf("fallbacks not exercised: %+v", st)
 			}
-			t.Logf("%s: %+v", mode, st)
+			t.Logf("%+v", st)
 		})
 	}
 }

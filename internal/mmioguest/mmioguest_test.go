@@ -125,6 +125,11 @@ func TestApertureSurvivesFailover(t *testing.T) {
 			if err := c.WaitProtected(10 * time.Second); err != nil {
 				t.Fatal(err)
 			}
+			st := c.Primary.Status()
+			if len(st.Sessions) != 1 || st.Sessions[0].MMIO == nil || st.Sessions[0].MMIO.Apertures != 1 ||
+				st.Sessions[0].MMIO.Mode != mode.String() || st.Sessions[0].MMIO.Records == 0 {
+				t.Fatalf("primary status while the guest holds an aperture: %+v", st.Sessions)
+			}
 			c.KillPrimary()
 			fmt.Fprintln(stdin)
 			var res Result
