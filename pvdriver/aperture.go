@@ -152,6 +152,19 @@ func (a *Aperture) release() {
 	}
 }
 
+// unprotectApertures makes the apertures writable again in this process
+// when the connection to the node tracing them is lost: a tracer that died
+// (with its host process) may have left pages write-protected, and a write
+// to one would otherwise kill the guest with SIGSEGV. The node the session
+// resumes on starts from the apertures' contents, so nothing written in
+// between is lost.
+// Precondition: c.mu must be locked.
+func (c *Client) unprotectApertures() {
+	for _, a := range c.apertures {
+		unix.Mprotect(a.Mem, unix.PROT_READ|unix.PROT_WRITE)
+	}
+}
+
 // reattachFrames are the attach requests a resumed session needs first:
 // the new node takes the files over and starts from their contents.
 // Precondition: c.mu must be locked.

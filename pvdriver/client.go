@@ -297,6 +297,7 @@ func (c *Client) lost(gen uint64, err error) {
 	}
 	c.gen++
 	c.conn.Close()
+	c.unprotectApertures()
 	c.mu.Unlock()
 	if !c.failover() {
 		c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))

@@ -523,3 +523,49 @@ func TestRun(t *testing.T) {
 		})
 	}
 }
+
+// TestAperturePrimaryKilled SIGKILLs a primary process that traces a
+// guest's aperture with ptrace (page mode) while the guest holds pages
+// write-protected. The guest must survive (its driver unprotects its
+// apertures when the connection drops), keep writing, resume on the
+// promoted standby, and find every write in the device copy there.
+func TestAperturePrimaryKilled(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	repl := freePort(t)
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	b := startNode(t, "standby", "--listen", "tcp://"+repl, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockB, "--mmio", "page")
+	a := startPrimary(t, "--guest-listen", "unix://"+sockA, "--replicate-to", "tcp://"+repl, "--replicate.key-file", keyFile, "--mmio", "page")
+	waitLog(t, a, "primary is protected")
+
+	g := mmiotrace.GuestCommand(exec.Command(vgpuhaBin, "mmio-guest", "--addr", "unix://"+sockA, "--failover", "unix://"+sockB,
+		"--workload", "failover", "--writes", "3000", "--aperture-bytes", "262144"))
+	stdin, _ := g.StdinPipe()
+	stdout, _ := g.StdoutPipe()
+	g.Stderr = os.Stderr
+	if err := g.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || sc.Text() != `{"paused":true}` {
+		t.Fatalf("guest said %q", sc.Text())
+	}
+	a.cmd.Process.Kill() // the tracer dies with it; the aperture's clean pages are still write-protected
+	a.cmd.Wait()
+	time.Sleep(50 * time.Millisecond) // let the guest driver see its connection drop
+	fmt.Fprintln(stdin)
+	var res struct {
+		Failovers int  `json:"failovers"`
+		Verified  bool `json:"verified"`
+	}
+	for sc.Scan() {
+		json.Unmarshal(sc.Bytes(), &res)
+	}
+	if err := mmiotrace.WaitExit(g); err != nil {
+		t.Fatalf("guest: %v (standby log:\n%s)", err, b.stderr.String())
+	}
+	if res.Failovers != 1 || !res.Verified {
+		t.Fatalf("after the primary was killed: %+v", res)
+	}
+}
