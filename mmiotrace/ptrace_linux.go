@@ -166,7 +166,7 @@ func (p *ptracer) attach() error {
 				continue
 			}
 			// Options go with the seize: PTRACE_SETOPTIONS needs a stopped tracee.
-			err := ptraceRaw(unix.PTRACE_SEIZE, tid, 0, unix.PTRACE_O_TRACECLONE)
+			err := ptraceInt(unix.PTRACE_SEIZE, tid, unix.PTRACE_O_TRACECLONE)
 			if errors.Is(err, unix.ESRCH) {
 				continue // the thread exited meanwhile
 			}
@@ -376,7 +376,7 @@ const (
 
 func getSiginfo(tid int) (siginfo, error) {
 	var raw [128]byte
-	if err := ptraceRaw(unix.PTRACE_GETSIGINFO, tid, 0, uintptr(unsafe.Pointer(&raw[0]))); err != nil {
+	if err := ptraceRaw(unix.PTRACE_GETSIGINFO, tid, 0, unsafe.Pointer(&raw[0])); err != nil {
 		return siginfo{}, err
 	}
 	// si_signo, si_errno, si_code (int32 each), then the union at 16:
@@ -388,8 +388,21 @@ func getSiginfo(tid int) (siginfo, error) {
 	}, nil
 }
 
-func ptraceRaw(req, tid int, addr, data uintptr) error {
-	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, data, 0, 0)
+// ptraceInt issues a ptrace request whose data is a number (options, a
+// signal).
+func ptraceInt(req, tid int, data uintptr) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), 0, data, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// ptraceRaw issues a ptrace request whose data is a pointer. The pointer
+// stays an unsafe.Pointer until the system call itself, so the object
+// cannot move or die before the kernel is done with it.
+func ptraceRaw(req, tid int, addr uintptr, data unsafe.Pointer) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, uintptr(data), 0, 0)
 	if e != 0 {
 		return e
 	}
@@ -511,7 +524,7 @@ func (p *ptracer) detachAll() {
 	}
 	for tid, th := range p.threads {
 		if th.stopped {
-			ptraceRaw(unix.PTRACE_DETACH, tid, 0, uintptr(th.pending))
+			ptraceInt(unix.PTRACE_DETACH, tid, uintptr(th.pending))
 		}
 	}
 	p.threads = map[int]*thread{}
@@ -767,7 +780,7 @@ func setRegs(tid int, r *Regs, raw *unix.PtraceRegs) error {
 func readVectors(tid int, r *Regs) error {
 	buf := make([]byte, 4096)
 	iov := unix.Iovec{Base: &buf[0], Len: uint64(len(buf))}
-	if err := ptraceRaw(unix.PTRACE_GETREGSET, tid, unix.NT_X86_XSTATE, uintptr(unsafe.Pointer(&iov))); err != nil {
+	if err := ptraceRaw(unix.PTRACE_GETREGSET, tid, unix.NT_X86_XSTATE, unsafe.Pointer(&iov)); err != nil {
 		return fmt.Errorf("reading vector registers: %w", err)
 	}
 	for i := range r.Vec {

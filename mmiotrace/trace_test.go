@@ -205,6 +205,37 @@ func (rp *replica) apply(r *Region, off uint64, data []byte) {
 	rp.writes = append(rp.writes, fmt.Sprintf("%d:%x", off, data))
 }
 
+// trace attaches a tracer to the guest's region and takes the first
+// (whole-region) flush into a fresh replica.
+func trace(t *testing.T, g *testGuest, mode Mode, kind Kind) (*Tracer, *replica) {
+	t.Helper()
+	tr := Attach(g.cmd.Process.Pid, Options{Mode: mode, Pin: true})
+	if err := tr.AddRegion(&Region{GuestAddr: g.addr, Mem: g.mem, Kind: kind}); err != nil {
+		t.Fatal(err)
+	}
+	rp := &replica{mem: make([]byte, len(g.mem))}
+	if err := tr.Flush(rp.apply); err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	return tr, rp
+}
+
+// run runs workload w in the guest, flushes into the replica, checks that
+// it equals the guest's memory, and returns the writes the flush recorded.
+func (rp *replica) run(t *testing.T, g *testGuest, tr *Tracer, w string) []string {
+	t.Helper()
+	rp.writes = nil
+	g.do(t, "run "+w)
+	if err := tr.Flush(rp.apply); err != nil {
+		t.Fatal(err)
+	}
+	if string(rp.mem) != string(g.mem) {
+		t.Fatalf("%s: replica differs from the guest's memory at %d", w, firstDiff(rp.mem, g.mem))
+	}
+	return rp.writes
+}
+
 func TestTraceModes(t *testing.T) {
 	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -214,25 +245,10 @@ func TestTraceModes(t *testing.T) {
 			if mode == ModeUffd {
 				g.do(t, "arm")
 			}
-			tr := Attach(g.cmd.Process.Pid, Options{Mode: mode, Pin: true})
-			r := &Region{GuestAddr: g.addr, Mem: g.mem, Kind: KindMemory}
-			if err := tr.AddRegion(r); err != nil {
-				t.Fatal(err)
-			}
+			tr, rp := trace(t, g, mode, KindMemory)
 			defer tr.Close()
-			rp := &replica{mem: make([]byte, len(g.mem))}
-			if err := tr.Flush(rp.apply); err != nil {
-				t.Fatal(err)
-			}
 			for _, w := range []string{"seq", "widths", "atomics", "copy", "goroutines"} {
-				rp.writes = nil
-				g.do(t, "run "+w)
-				if err := tr.Flush(rp.apply); err != nil {
-					t.Fatal(err)
-				}
-				if string(rp.mem) != string(g.mem) {
-					t.Fatalf("%s: replica differs from the guest's memory at %d", w, firstDiff(rp.mem, g.mem))
-				}
+				writes := rp.run(t, g, tr, w)
 				if mode == ModeInsn && w == "seq" {
 					var want []string
 					for i := 0; i < 64; i++ {
@@ -240,8 +256,8 @@ func TestTraceModes(t *testing.T) {
 						binary.LittleEndian.PutUint64(b[:], uint64(i)*0x0101010101010101+1)
 						want = append(want, fmt.Sprintf("%d:%x", 8*i, b))
 					}
-					if strings.Join(rp.writes, " ") != strings.Join(want, " ") {
-						t.Fatalf("recorded writes\n%v\nwant\n%v", rp.writes, want)
+					if strings.Join(writes, " ") != strings.Join(want, " ") {
+						t.Fatalf("recorded writes\n%v\nwant\n%v", writes, want)
 					}
 				}
 			}
@@ -275,27 +291,13 @@ func TestStoreForms(t *testing.T) {
 			if tc.mode == ModeUffd && tc.kind == KindMemory {
 				g.do(t, "arm")
 			}
-			tr := Attach(g.cmd.Process.Pid, Options{Mode: tc.mode, Pin: true})
-			if err := tr.AddRegion(&Region{GuestAddr: g.addr, Mem: g.mem, Kind: tc.kind}); err != nil {
-				t.Fatal(err)
-			}
+			tr, rp := trace(t, g, tc.mode, tc.kind)
 			defer tr.Close()
-			rp := &replica{mem: make([]byte, len(g.mem))}
-			if err := tr.Flush(rp.apply); err != nil {
-				t.Fatal(err)
-			}
 			perWrite := tc.mode == ModeInsn || tc.kind == KindRegister
 			for _, w := range []string{"forms", "fallback"} {
-				rp.writes = nil
-				g.do(t, "run "+w)
-				if err := tr.Flush(rp.apply); err != nil {
-					t.Fatal(err)
-				}
-				if string(rp.mem) != string(g.mem) {
-					t.Fatalf("%s: replica differs from the guest's memory at %d", w, firstDiff(rp.mem, g.mem))
-				}
+				writes := rp.run(t, g, tr, w)
 				if perWrite && w == "forms" {
-					if got, want := strings.Join(rp.writes, "\n"), strings.Join(g.expect, "\n"); got != want {
+					if got, want := strings.Join(writes, "\n"), strings.Join(g.expect, "\n"); got != want {
 						t.Fatalf("recorded writes:\n%s\nthe program's stores:\n%s", got, want)
 					}
 				}

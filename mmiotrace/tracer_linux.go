@@ -66,8 +66,9 @@ type Tracer struct {
 	regions []*Region
 	writes  []write // per-write records since the last flush, in program order
 	stats   Stats
-	pt      *ptracer // nil until a region needs ptrace
-	pagemap *os.File // uffd mode
+	pt      *ptracer     // nil until a region needs ptrace
+	pagemap *os.File     // uffd mode
+	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
 }
 
 type write struct {

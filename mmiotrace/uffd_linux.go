@@ -3,6 +3,7 @@ package mmiotrace
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -101,7 +102,15 @@ var ErrNotArmed = errors.New("mmiotrace: the guest has not armed userfaultfd wri
 // write after the scan is caught by the next one.
 func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 	var out []dirtyPages
-	vec := make([]pageRegion, 64)
+	// The kernel writes results through an address inside arg, which the
+	// garbage collector cannot see: the buffer must be on the heap (heap
+	// objects never move; a stack buffer may move with its stack) and
+	// kept alive across the call.
+	if t.scanBuf == nil {
+		t.scanBuf = make([]pageRegion, 64)
+	}
+	vec := t.scanBuf
+	defer runtime.KeepAlive(vec)
 	for _, r := range regions {
 		if t.perWrite(r) || r.full {
 			continue // a region sent whole now is scanned from the next flush (the guest arms it after attaching)
