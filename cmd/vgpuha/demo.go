@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,7 +16,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/mmioguest"
 	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
@@ -59,6 +63,15 @@ func runDemo(args []string) error {
 	}
 	fmt.Printf("round 1 on the primary: %d workloads, all verified: %v\n", len(first.Workloads), first.Verified)
 
+	// An aperture guest: a separate process that writes mapped device
+	// memory directly (no calls); the primary traces those writes and
+	// replicates them. It writes half, pauses across the kill, writes the
+	// rest, and checks the device copy on whichever node serves it then.
+	apGuest, err := startApertureGuest(primaryEP, standbyEP)
+	if err != nil {
+		return err
+	}
+
 	// Round 2: kill the primary after the first workload.
 	var killed time.Time
 	second := guestReport{Verified: true}
@@ -74,7 +87,12 @@ func runDemo(args []string) error {
 			killed = time.Now()
 			pr.Process.Kill()
 			fmt.Printf("SIGKILL primary after %s in round 2\n", r.Name)
+			apGuest.resume()
 		}
+	}
+	apRes, err := apGuest.result()
+	if err != nil {
+		return fmt.Errorf("aperture guest: %w", err)
 	}
 	fmt.Println()
 	printResults(os.Stdout, second.Workloads)
@@ -99,7 +117,10 @@ func runDemo(args []string) error {
 			f.Resumed.Sub(killed).Round(time.Millisecond), strings.TrimPrefix(f.Endpoint, "unix://"), f.Resent, f.Resumed.Sub(f.Lost).Round(time.Millisecond))
 	}
 	fmt.Printf("\nround 2 finished on the promoted standby (%s); results verified and identical to round 1: %v\n", sst.Role, second.Verified)
-	if !second.Verified || len(c.Failovers()) != 1 {
+	fmt.Printf("aperture guest (pid %d, writes traced in %s mode): %d stores to mapped device memory, half of them after the primary died;\n"+
+		"  resumed on the standby (%d failover), whose device copy equals everything it wrote: %v\n",
+		apGuest.cmd.Process.Pid, apRes.Mode, apRes.Writes, apRes.Failovers, apRes.Verified)
+	if !second.Verified || len(c.Failovers()) != 1 || !apRes.Verified || apRes.Failovers != 1 {
 		return fmt.Errorf("failover demo failed (logs in %s)", dir)
 	}
 	return nil
@@ -195,12 +216,12 @@ func startPair(backend, mode string, netns bool) (*pair, error) {
 		return cmd, cmd.Start()
 	}
 	if p.standby, err = start("standby", p.netns[1], "standby", "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
-		"--guest-listen", p.standbyEP, "--admin-listen", p.standbyAdmin); err != nil {
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standbyAdmin, "--mmio", demoMMIOMode()); err != nil {
 		p.stop()
 		return nil, err
 	}
 	if p.primary, err = start("primary", p.netns[0], "primary", "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+repl,
-		"--replicate.key-file", keyFile, "--mode", mode, "--admin-listen", p.primaryAdmin); err != nil {
+		"--replicate.key-file", keyFile, "--mode", mode, "--admin-listen", p.primaryAdmin, "--mmio", demoMMIOMode()); err != nil {
 		p.stop()
 		return nil, err
 	}
@@ -265,4 +286,61 @@ func getJSON(addr string, v any) error {
 	}
 	defer resp.Body.Close()
 	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// apertureGuest is `vgpuha mmio-guest --workload failover` run by the demo.
+type apertureGuest struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// startApertureGuest starts the guest and waits until it has written its
+// first half and paused.
+func startApertureGuest(primaryEP, standbyEP string) (*apertureGuest, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := mmiotrace.GuestCommand(exec.Command(self, "mmio-guest", "--addr", primaryEP, "--failover", standbyEP,
+		"--workload", "failover", "--writes", "20000", "--aperture-bytes", "1048576"))
+	cmd.Stderr = os.Stderr
+	g := &apertureGuest{cmd: cmd}
+	if g.stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	g.out = bufio.NewScanner(out)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	if !g.out.Scan() || g.out.Text() != `{"paused":true}` {
+		mmiotrace.WaitExit(cmd)
+		return nil, fmt.Errorf("aperture guest did not start: %q", g.out.Text())
+	}
+	return g, nil
+}
+
+// resume lets the guest write its second half.
+func (g *apertureGuest) resume() { fmt.Fprintln(g.stdin) }
+
+// result waits for the guest's report.
+func (g *apertureGuest) result() (mmioguest.Result, error) {
+	var res mmioguest.Result
+	for g.out.Scan() {
+		json.Unmarshal(g.out.Bytes(), &res)
+	}
+	return res, mmiotrace.WaitExit(g.cmd)
+}
+
+// demoMMIOMode is how the pair traces apertures: uffd where the kernel has
+// it (the guest needs no ptrace then), else page.
+func demoMMIOMode() string {
+	if mmiotrace.UffdAvailable() == nil {
+		return "uffd"
+	}
+	return "page"
 }
