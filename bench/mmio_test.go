@@ -46,6 +46,12 @@ func TestMMIORuns(t *testing.T) {
 		if strings.HasPrefix(c.Mode, "insn") && c.Workload == "seq" && c.FaultsPerWrite != 1 {
 			t.Errorf("insn seq: %v faults per write, want 1", c.FaultsPerWrite)
 		}
+		// Every fault the tracer handled is a fault the kernel took: the
+		// eBPF count, where it runs, can never be lower.
+		if c.KernelFaultsPerWrite >= 0 && c.KernelFaultsPerWrite < c.FaultsPerWrite {
+			t.Errorf("%s/%s: the kernel counted %.3f write faults per write, the tracer handled %.3f",
+				c.Mode, c.Workload, c.KernelFaultsPerWrite, c.FaultsPerWrite)
+		}
 	}
 	if err := PlotMMIO(filepath.Join(t.TempDir(), "mmio.svg"), cells); err != nil {
 		t.Fatal(err)

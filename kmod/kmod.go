@@ -3,8 +3,9 @@
 // address range, as the kernel sees them, from the
 // exceptions:page_fault_user tracepoint. It is an independent check on the
 // MMIO tracer (which counts only the faults it handles: in uffd mode the
-// kernel resolves write faults itself and the tracer sees none), and it
-// never changes anything: it only counts.
+// kernel resolves write faults itself and the tracer sees none); `vgpuha
+// bench mmio` reports it beside the tracer's count. It never changes
+// anything: it only counts.
 //
 // The program is written with cilium/ebpf's assembler, so building it needs
 // no clang. Loading it needs root (CAP_BPF and CAP_PERFMON) and tracefs; an
