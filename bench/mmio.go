@@ -219,7 +219,7 @@ func mmioCell(opts MMIOOptions, mode, workload string) (MMIOCell, error) {
 	if workload == "doorbell" {
 		attached += 4096
 	}
-	counters := gatherCounters(reg)
+	counters := SumCounters(reg)
 	w := float64(res.Writes)
 	kernel := -1.0
 	if kerr == nil {
@@ -236,8 +236,8 @@ func mmioCell(opts MMIOOptions, mode, workload string) (MMIOCell, error) {
 	}, nil
 }
 
-// gatherCounters sums each counter family over its labels.
-func gatherCounters(reg prometheus.Gatherer) map[string]float64 {
+// SumCounters sums each counter family of reg over its labels.
+func SumCounters(reg prometheus.Gatherer) map[string]float64 {
 	out := map[string]float64{}
 	families, _ := reg.Gather()
 	for _, f := range families {

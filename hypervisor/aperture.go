@@ -72,9 +72,6 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 		return nil, fail(abi.StatusNotSupported, "apertures need a unix-socket connection: the hypervisor shares memory with the guest process")
 	}
 	mode := s.cfg.MMIO.Mode
-	if s.peerPID == os.Getpid() && (mode == mmiotrace.ModeInsn || mode == mmiotrace.ModePage || (mode != mmiotrace.ModeOff && kind == mmiotrace.KindRegister)) {
-		return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process, which cannot trace itself in %s mode", mode)
-	}
 	mem, guestAddr, err := takeGuestMemory(s.peerPID, int(r.FD), rg.Size)
 	if err != nil {
 		return nil, fail(abi.StatusInvalidValue, "aperture: %v", err)
@@ -94,6 +91,9 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	region := &mmiotrace.Region{GuestAddr: guestAddr, Mem: mem, Kind: kind}
 	if err := s.mmio.tracer.AddRegion(region); err != nil {
 		unix.Munmap(mem)
+		if errors.Is(err, mmiotrace.ErrSelfTrace) {
+			return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process: %v", err)
+		}
 		return nil, fail(abi.StatusInternal, "tracing the aperture: %v", err)
 	}
 	ap := &aperture{ptr: r.Ptr, region: region}

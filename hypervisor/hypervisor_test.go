@@ -18,6 +18,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -378,5 +379,39 @@ func TestMetricsLint(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(e.reg, "vgpuha_guest_requests_total"); n == 0 {
 		t.Error("no request counter series after a request")
+	}
+}
+
+// TestApertureInOwnProcess maps apertures from a guest that is the
+// hypervisor's own process: ptrace modes refuse it as not supported, and
+// nothing stays allocated; uffd mode (no ptrace) serves it.
+func TestApertureInOwnProcess(t *testing.T) {
+	cfg := hypervisor.DefaultConfig()
+	cfg.MMIO.Mode = mmiotrace.ModePage
+	e := start(t, cfg)
+	c := e.client(t, "self")
+	if _, err := c.MapAperture(4096, pvdriver.Memory); !errors.Is(err, abi.StatusNotSupported) {
+		t.Fatalf("page mode in the hypervisor's own process: %v", err)
+	}
+	if st := e.srv.Status(); st.Objects != 0 {
+		t.Fatalf("a refused aperture left %d objects", st.Objects)
+	}
+	if mmiotrace.UffdAvailable() != nil {
+		t.Skip("uffd mode needs Linux 6.7+")
+	}
+	cfg.MMIO.Mode = mmiotrace.ModeUffd
+	e = start(t, cfg)
+	c = e.client(t, "self")
+	a, err := c.MapAperture(4096, pvdriver.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Mem[100] = 7
+	got := make([]byte, 4096)
+	if err := c.CopyDtoH(got, a.Ptr); err != nil || got[100] != 7 {
+		t.Fatalf("device copy after a write: %v %d", err, got[100])
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

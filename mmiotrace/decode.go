@@ -45,6 +45,13 @@ type Access struct {
 // Emulated reports whether the tracer writes the value itself.
 func (a *Access) Emulated() bool { return a.how == emulate }
 
+// VectorSource reports whether the stored value comes from an XMM or YMM
+// register, which the tracer must then read from the thread's XSAVE area.
+func (a *Access) VectorSource() bool {
+	r, ok := a.Inst.Args[1].(x86asm.Reg)
+	return ok && (r >= x86asm.X0 && r <= x86asm.X15 || r >= x86asm.Y0 && r <= x86asm.Y15)
+}
+
 // Width is the bytes stored per element.
 func (a *Access) Width() int { return a.width }
 
@@ -72,11 +79,9 @@ func Decode(code []byte) (*Access, error) {
 		a.how, a.width, a.rep, a.stringOp = emulate, stringWidth(inst.Op), rep, true
 		return a, nil
 	}
-	dst, ok := inst.Args[0].(x86asm.Mem)
-	if !ok || inst.MemBytes == 0 {
+	if _, ok := inst.Args[0].(x86asm.Mem); !ok || inst.MemBytes == 0 {
 		return nil, fmt.Errorf("%w: %v", ErrNotStore, inst)
 	}
-	_ = dst
 	a.width = inst.MemBytes
 	switch inst.Op {
 	case x86asm.MOV, x86asm.MOVNTI, x86asm.XCHG,

@@ -716,13 +716,10 @@ func (p *ptracer) singleStep(tid int) error {
 // queued work runs at the next stop of any thread, so send another.
 func (p *ptracer) runWorkLater() {
 	p.mu.Lock()
-	p.waiting = false
-	pending := len(p.work) > 0
+	p.waiting = len(p.work) > 0
+	resend := p.waiting
 	p.mu.Unlock()
-	if pending {
-		p.mu.Lock()
-		p.waiting = true
-		p.mu.Unlock()
+	if resend {
 		go p.wake()
 	}
 }

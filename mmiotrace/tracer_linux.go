@@ -140,9 +140,16 @@ func (t *Tracer) AddRegion(r *Region) error {
 	return nil
 }
 
+// ErrSelfTrace: a region that needs ptrace belongs to the tracer's own
+// process, which cannot trace itself (uffd memory regions can).
+var ErrSelfTrace = errors.New("mmiotrace: a process cannot trace itself with ptrace")
+
 func (t *Tracer) startPtrace() error {
 	if t.pt != nil {
 		return nil
+	}
+	if t.pid == os.Getpid() {
+		return fmt.Errorf("%w (%s mode)", ErrSelfTrace, t.opts.Mode)
 	}
 	cpu := -1
 	if t.opts.Pin {
@@ -272,7 +279,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	n, _ := t.pt.mem.ReadAt(code, int64(regs.RIP))
 	a, derr := Decode(code[:n])
 	if derr == nil && a.Emulated() && !t.opts.StepOnly {
-		if usesVectors(a) {
+		if a.VectorSource() {
 			if err := readVectors(tid, regs); err != nil {
 				return false
 			}
@@ -293,9 +300,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	}
 	if derr == nil {
 		dst, size := a.Target(regs)
-		if size > uint64(len(r.Mem)) {
-			size = uint64(len(r.Mem))
-		}
+		size = min(size, uint64(len(r.Mem))) // a REP count can be anything; dst+size must not wrap
 		if err := t.stepUnprotected(tid, r, addr); err != nil {
 			return err == ErrGuestGone
 		}
@@ -318,10 +323,6 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	t.stats.Undecodable++
 	t.opts.Metrics.fallback(t.opts.Mode, "undecodable")
 	return true
-}
-
-func usesVectors(a *Access) bool {
-	return a.width >= 16 || a.Inst.Op.String()[0] == 'V' || a.Inst.Op.String() == "MOVQ" || a.Inst.Op.String() == "MOVD"
 }
 
 // read is guest memory as the emulator sees it: regions from the
@@ -434,19 +435,10 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 		r := d.r
 		for _, pg := range d.pages {
 			pages++
-			off := pg * pageSize
-			cur, old := r.Mem[off:off+pageSize], r.shadow[off:off+pageSize]
-			diffRanges(old, cur, func(o, n int) {
-				copy(old[o:o+n], cur[o:o+n])
-				send(r, off+uint64(o), old[o:o+n])
-			})
+			r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
 		}
 	}
-	t.mu.Lock()
-	writes := t.writes
-	t.writes = nil
-	t.mu.Unlock()
-	for _, w := range writes {
+	for _, w := range t.takeWrites() {
 		send(w.r, w.off, w.data)
 	}
 	t.mu.Lock()
@@ -465,21 +457,36 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 func (t *Tracer) Drain(emit func(r *Region, off uint64, data []byte)) {
 	t.mu.Lock()
 	regions := append([]*Region(nil), t.regions...)
-	writes := t.writes
-	t.writes = nil
 	t.mu.Unlock()
+	writes := t.takeWrites()
 	for _, r := range regions {
 		if t.perWrite(r) || t.opts.Mode == ModeOff {
 			continue
 		}
-		diffRanges(r.shadow, r.Mem, func(o, n int) {
-			copy(r.shadow[o:o+n], r.Mem[o:o+n])
-			emit(r, uint64(o), r.shadow[o:o+n])
-		})
+		r.sendChanged(0, uint64(len(r.Mem)), emit)
 	}
 	for _, w := range writes {
 		emit(w.r, w.off, w.data)
 	}
+}
+
+// takeWrites hands over the per-write records since the last flush.
+func (t *Tracer) takeWrites() []write {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w := t.writes
+	t.writes = nil
+	return w
+}
+
+// sendChanged emits the ranges of r.Mem[lo:hi] that differ from what was
+// last flushed, and records them as flushed. data is the shadow copy.
+func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) {
+	cur, old := r.Mem[lo:hi], r.shadow[lo:hi]
+	diffRanges(old, cur, func(o, n int) {
+		copy(old[o:o+n], cur[o:o+n])
+		emit(r, lo+uint64(o), old[o:o+n])
+	})
 }
 
 type dirtyPages struct {

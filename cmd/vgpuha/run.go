@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sort"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vgpuha/vgpuha/bench"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/mmioguest"
 	"github.com/vgpuha/vgpuha/mmiotrace"
@@ -54,22 +56,13 @@ func startGuestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfi
 
 // printMMIOSummary reports the tracer's counters after the guest exited.
 func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
-	families, err := reg.Gather()
-	if err != nil {
-		return
-	}
 	var parts []string
-	for _, f := range families {
-		name := f.GetName()
-		if !strings.HasPrefix(name, "vgpuha_mmio_") || strings.HasSuffix(name, "per_flush") {
-			continue
+	for name, total := range bench.SumCounters(reg) {
+		if strings.HasPrefix(name, "vgpuha_mmio_") && strings.HasSuffix(name, "_total") {
+			parts = append(parts, fmt.Sprintf("%s=%.0f", strings.TrimSuffix(strings.TrimPrefix(name, "vgpuha_mmio_"), "_total"), total))
 		}
-		total := 0.0
-		for _, m := range f.GetMetric() {
-			total += m.GetCounter().GetValue()
-		}
-		parts = append(parts, fmt.Sprintf("%s=%.0f", strings.TrimSuffix(strings.TrimPrefix(name, "vgpuha_mmio_"), "_total"), total))
 	}
+	sort.Strings(parts)
 	fmt.Fprintf(os.Stderr, "vgpuha run: guest exited; mmio (%s): %s\n", mode, strings.Join(parts, " "))
 }
 

@@ -30,12 +30,18 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func runGuest(t *testing.T, args ...string) Result {
-	t.Helper()
+// guestCommand is this test binary as the guest, with args for Main.
+func guestCommand(args ...string) *exec.Cmd {
 	cmd := mmiotrace.GuestCommand(exec.Command(os.Args[0], "-test.run=^$"))
 	a, _ := json.Marshal(args)
 	cmd.Env = append(os.Environ(), "MMIOGUEST_ARGS="+string(a))
 	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+func runGuest(t *testing.T, args ...string) Result {
+	t.Helper()
+	cmd := guestCommand(args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -108,11 +114,8 @@ func TestApertureSurvivesFailover(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			cmd := mmiotrace.GuestCommand(exec.Command(os.Args[0], "-test.run=^$"))
-			a, _ := json.Marshal([]string{"--addr", c.Endpoint, "--failover", c.StandbyEndpoint, "--workload", "failover",
-				"--writes", "3000", "--aperture-bytes", "262144"})
-			cmd.Env = append(os.Environ(), "MMIOGUEST_ARGS="+string(a))
-			cmd.Stderr = os.Stderr
+			cmd := guestCommand("--addr", c.Endpoint, "--failover", c.StandbyEndpoint, "--workload", "failover",
+				"--writes", "3000", "--aperture-bytes", "262144")
 			stdin, _ := cmd.StdinPipe()
 			out, _ := cmd.StdoutPipe()
 			if err := cmd.Start(); err != nil {
