@@ -22,6 +22,7 @@
 package failover
 
 import (
+	"fmt"
 	"math"
 	"time"
 )
@@ -117,15 +118,20 @@ func (p *PhiAccrual) Suspect(t time.Time) bool {
 // phi detector suspects at phi 8 (a one-in-10^8 silence) with a 25 ms
 // standard-deviation floor and a 150 ms minimum, which on a steady 50 ms
 // stream comes to about 200 ms.
-const (
-	HeartbeatInterval = 50 * time.Millisecond
-	DefaultTimeout    = 250 * time.Millisecond
-)
+const DefaultTimeout = 250 * time.Millisecond
 
-// New returns the named detector ("fixed" or "phi") with the defaults.
-func New(kind string) Detector {
-	if kind == "phi" {
-		return &PhiAccrual{Threshold: 8, MinStdDev: 25 * time.Millisecond, MinSilence: 150 * time.Millisecond, Window: 100}
+// DetectorNames lists the names New accepts.
+var DetectorNames = []string{"fixed", "phi"}
+
+// New returns the named detector ("fixed" or "phi") with the defaults; an
+// empty name means "fixed". Any other name is an error, never a silent
+// fallback.
+func New(kind string) (Detector, error) {
+	switch kind {
+	case "fixed", "":
+		return &Fixed{Timeout: DefaultTimeout}, nil
+	case "phi":
+		return &PhiAccrual{Threshold: 8, MinStdDev: 25 * time.Millisecond, MinSilence: 150 * time.Millisecond, Window: 100}, nil
 	}
-	return &Fixed{Timeout: DefaultTimeout}
+	return nil, fmt.Errorf("unknown failure detector %q (want fixed or phi)", kind)
 }

@@ -17,7 +17,7 @@ func beat(d Detector, interval, until int) {
 }
 
 func TestFixed(t *testing.T) {
-	d := New("fixed")
+	d := mustNew("fixed")
 	if d.Suspect(at(10000)) {
 		t.Fatal("suspects before any heartbeat")
 	}
@@ -37,7 +37,7 @@ func TestFixed(t *testing.T) {
 }
 
 func TestPhiAccrual(t *testing.T) {
-	d := New("phi").(*PhiAccrual)
+	d := mustNew("phi").(*PhiAccrual)
 	beat(d, 50, 5000)
 	first := -1
 	for ms := 5000; ms < 6000; ms += 5 {
@@ -51,7 +51,7 @@ func TestPhiAccrual(t *testing.T) {
 	}
 	// A jittery sender widens the distribution: the same silence is less
 	// suspicious.
-	j := New("phi").(*PhiAccrual)
+	j := mustNew("phi").(*PhiAccrual)
 	for i, ms := 0, 0; ms <= 5000; i++ {
 		j.Heartbeat(at(ms))
 		ms += 20 + (i%5)*30 // 20..140 ms
@@ -65,7 +65,7 @@ func TestPhiAccrual(t *testing.T) {
 // occasional 120 ms gaps (GC, a lost packet), neither detector fires.
 func TestNoFalseSuspicionUnderHiccups(t *testing.T) {
 	for _, kind := range []string{"fixed", "phi"} {
-		d := New(kind)
+		d := mustNew(kind)
 		ms := 0
 		for i := 0; i < 72000; i++ { // an hour of heartbeats
 			gap := 50
@@ -80,5 +80,19 @@ func TestNoFalseSuspicionUnderHiccups(t *testing.T) {
 			ms += gap
 			d.Heartbeat(at(ms))
 		}
+	}
+}
+
+func mustNew(kind string) Detector {
+	d, err := New(kind)
+	if err != nil {
+		panic(err)
+	}
+	return d
+}
+
+func TestNewRefusesUnknownDetector(t *testing.T) {
+	if _, err := New("bogus"); err == nil {
+		t.Fatal("New(bogus) returned a detector; want an error")
 	}
 }

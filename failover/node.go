@@ -25,10 +25,64 @@ func (r Role) String() string {
 	return "fenced"
 }
 
-// Node is one node's role logic, deterministic and free of I/O: the agents
-// feed it what they observe (heartbeats, a complete replica, a peer's term)
-// and act on the role it reports. Golden scenario tests drive two of them
+// EventKind says what a node observed.
+type EventKind int
+
+// Events a node is fed. The zero kind is invalid.
+const (
+	_ EventKind = iota
+	// Heard: the primary was heard from (a heartbeat or a record) at At,
+	// under Term (0 when the message carries none).
+	Heard
+	// Synced: the standby's replica became a complete copy (InSync) or
+	// stopped being one (a resync began).
+	Synced
+	// Tick: time passed; a standby asks its detector at At.
+	Tick
+	// PeerTerm: another node reported Term (a promoted standby answering
+	// a returning primary, or a switchover's new term).
+	PeerTerm
+	// HandOver: the primary asks this standby to take over now (a planned
+	// switchover; it has stopped its guests and drained its log).
+	HandOver
+)
+
+// Event is one observation.
+type Event struct {
+	Kind   EventKind
+	At     time.Time
+	Term   uint64
+	InSync bool
+}
+
+// ActionKind says what the node's owner must do.
+type ActionKind int
+
+// Actions a node asks for. The zero kind is invalid.
+const (
+	_ ActionKind = iota
+	// Promote: become the primary under Term (stop taking the old
+	// primary's stream, serve guests, stamp Term on every record).
+	Promote
+	// Fence: stop serving guests for good; a node with Term took over.
+	Fence
+)
+
+// Action is one decision for the node's owner to carry out.
+type Action struct {
+	Kind ActionKind
+	Term uint64
+}
+
+// Node is one node's role logic: the only place that decides a node's role
+// and term. It is deterministic and free of I/O, like etcd-io/raft's Node:
+// its owner feeds it what it observes with Step and carries out the actions
+// Step returns (the server, the replication receiver and the log are told
+// the outcome, they never decide). Golden scenario tests drive two of them
 // through crashes, freezes and partitions (testdata/roles).
+//
+// A coordinator (an external lease) plugs in as more event kinds: a lease
+// lost becomes a Fence, a lease won a precondition of Promote.
 type Node struct {
 	Role   Role
 	Term   uint64
@@ -36,48 +90,63 @@ type Node struct {
 	det    Detector
 }
 
-// NewStandby returns a standby watching with det.
+// NewStandby returns a standby watching with det. A nil det makes a pure
+// replica: it never takes over, by detection or by switchover.
 func NewStandby(det Detector) *Node { return &Node{Role: Standby, det: det} }
 
 // NewPrimary returns the first primary, term 1.
 func NewPrimary() *Node { return &Node{Role: Primary, Term: 1} }
 
-// Heard records a heartbeat or record from a node at term, at time t.
-func (n *Node) Heard(t time.Time, term uint64) {
-	n.SawTerm(term)
+// Step feeds one observation and returns what the owner must do.
+func (n *Node) Step(e Event) []Action {
+	switch e.Kind {
+	case Heard:
+		return n.heard(e.At, e.Term)
+	case Synced:
+		n.InSync = e.InSync
+	case Tick:
+		if n.Role == Standby && n.InSync && n.det != nil && n.det.Suspect(e.At) {
+			return n.takeOver()
+		}
+	case PeerTerm:
+		return n.sawTerm(e.Term)
+	case HandOver:
+		if n.Role == Standby && n.det != nil {
+			return n.takeOver()
+		}
+	}
+	return nil
+}
+
+// heard records a heartbeat or record from a node at term.
+func (n *Node) heard(t time.Time, term uint64) []Action {
+	acts := n.sawTerm(term)
 	if n.Role == Standby && n.det != nil {
 		n.det.Heartbeat(t)
-		n.Term = max(n.Term, term)
 	}
+	if n.Role == Standby {
+		n.Term = max(n.Term, term) // a takeover must raise the primary's term
+	}
+	return acts
 }
 
-// SawTerm applies the fencing rule: a node that sees a higher term than its
+// sawTerm applies the fencing rule: a node that sees a higher term than its
 // own while acting as primary stops serving.
-func (n *Node) SawTerm(term uint64) {
-	if term > n.Term && n.Role == Primary {
+func (n *Node) sawTerm(term uint64) []Action {
+	if term <= n.Term || n.Role == Standby {
+		return nil
+	}
+	n.Term = term
+	if n.Role == Primary {
 		n.Role = Fenced
+		return []Action{{Kind: Fence, Term: term}}
 	}
-	if term > n.Term && n.Role != Standby {
-		n.Term = term
-	}
+	return nil
 }
 
-// Tick reports whether the standby takes over at t: it must hold a complete
-// replica and its detector must suspect the primary. Taking over raises the
-// term.
-func (n *Node) Tick(t time.Time) bool {
-	if n.Role != Standby || !n.InSync || n.det == nil || !n.det.Suspect(t) {
-		return false
-	}
+// takeOver makes a standby the primary under a new term.
+func (n *Node) takeOver() []Action {
 	n.Role = Primary
 	n.Term++
-	return true
-}
-
-// HandOver makes a standby take over at once (a planned switchover).
-func (n *Node) HandOver() {
-	if n.Role == Standby {
-		n.Role = Primary
-		n.Term++
-	}
+	return []Action{{Kind: Promote, Term: n.Term}}
 }

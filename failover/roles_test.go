@@ -38,10 +38,10 @@ var w *world
 func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	switch td.Cmd {
 	case "start":
-		w = &world{p: NewPrimary(), s: NewStandby(New("fixed"))}
-		w.s.InSync = true
+		w = &world{p: NewPrimary(), s: NewStandby(mustNew("fixed"))}
+		w.s.Step(Event{Kind: Synced, InSync: true})
 	case "unsynced":
-		w.s.InSync = false
+		w.s.Step(Event{Kind: Synced, InSync: false})
 	case "crash":
 		w.crashed = true
 	case "freeze":
@@ -53,8 +53,8 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	case "heal":
 		w.cut = false
 	case "switchover":
-		w.s.HandOver()
-		w.p.SawTerm(w.s.Term)
+		w.s.Step(Event{Kind: HandOver})
+		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
 	case "run":
 		var from, to int
 		td.ScanArgs(t, "from", &from)
@@ -63,13 +63,13 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 			at := t0.Add(time.Duration(ms) * time.Millisecond)
 			pAlive := !w.crashed && !w.frozen
 			if pAlive && !w.cut && w.p.Role == Primary {
-				w.s.Heard(at, w.p.Term)
+				w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
 			}
-			if w.s.Tick(at) {
+			if promotes(w.s.Step(Event{Kind: Tick, At: at})) {
 				w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term))
 			}
 			if pAlive && !w.cut && w.s.Role == Primary && w.p.Role == Primary {
-				w.p.SawTerm(w.s.Term)
+				w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
 				w.events = append(w.events, fmt.Sprintf("%d ms: P learns term %d: %s", ms, w.s.Term, w.p.Role))
 			}
 		}
@@ -82,4 +82,8 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 		out += "\n"
 	}
 	return out + fmt.Sprintf("P: %s term %d; S: %s term %d", w.p.Role, w.p.Term, w.s.Role, w.s.Term)
+}
+
+func promotes(acts []Action) bool {
+	return len(acts) == 1 && acts[0].Kind == Promote
 }

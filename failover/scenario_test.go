@@ -32,7 +32,7 @@ func TestScenarios(t *testing.T) {
 			case "new":
 				var kind string
 				td.ScanArgs(t, "kind", &kind)
-				d = New(kind)
+				d = mustNew(kind)
 				return "ok"
 			case "beat":
 				every, from, to := ms("every", 50), ms("from", 0), ms("to", 0)

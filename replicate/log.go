@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Mode is a replication mode (DESIGN.md decision 4).
+// Mode is a replication mode: what a guest's reply waits for.
 type Mode int
 
 // Modes.
@@ -178,11 +178,17 @@ func (l *Log) Close() {
 	l.mu.Unlock()
 }
 
-// canResume reports whether a standby that applied through seq can catch
-// up from what the log holds.
-// Precondition: l.mu must be locked.
-func (l *Log) canResume(seq uint64) bool {
-	return l.retain && seq+1 >= l.first && seq <= l.last
+// resume attaches a standby that applied through seq of the log named
+// logID, if it can catch up from what the log holds; otherwise it reports
+// false and the standby must resync.
+func (l *Log) resume(logID, seq uint64) bool {
+	l.mu.Lock()
+	ok := logID == l.id && l.retain && seq+1 >= l.first && seq <= l.last
+	l.mu.Unlock()
+	if ok {
+		l.attach(true, seq, false)
+	}
+	return ok
 }
 
 // ack records that the standby applied through seq and releases what it no

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Applier applies records to the replica. The standby implements it.
+// Applier applies records to the replica.
 type Applier interface {
 	// Apply applies one record, deterministically (like raft's FSM.Apply):
 	// the same records in the same order always give the same replica. An
@@ -23,11 +23,27 @@ type Applier interface {
 	Checksums() []ObjectSum
 }
 
+// Replica is the node a Receiver feeds: it applies records and is told
+// what the link observes. Its role authority decides; the receiver never
+// computes a role or a term.
+type Replica interface {
+	Applier
+	// Heard: a message arrived from the primary, under term (0 when the
+	// message carries none). It feeds the failure detector.
+	Heard(term uint64)
+	// Synced: the replica became a complete copy (true: a snapshot or a
+	// resume completed) or stopped being one (false: a resync began).
+	Synced(inSync bool)
+	// HandOver: the primary asks this node to take over now. It returns
+	// the node's new term, or false when the node may not take over.
+	HandOver() (term uint64, ok bool)
+}
+
 // ReceiverConfig configures the standby's end of the link.
 type ReceiverConfig struct {
 	Key     []byte
-	Applier Applier
-	Log     *slog.Logger
+	Replica Replica
+	Logger  *slog.Logger
 	// AckInterval bounds how long an applied record waits to be
 	// acknowledged; acks also go out whenever the stream pauses.
 	AckInterval time.Duration
@@ -36,13 +52,8 @@ type ReceiverConfig struct {
 	// HostBuffer, when set, allocates the buffer records are received into
 	// (see gpu.HostAllocator).
 	HostBuffer func(n int) []byte
-	// OnHeard, when set, is called whenever anything arrives from the
-	// primary: the failure detector's heartbeat.
-	OnHeard func()
-	// OnPromote, when set, is called (on its own goroutine) after the
-	// primary handed over in a planned switchover; the receiver is fenced
-	// under term by then.
-	OnPromote func(term uint64)
+	// Faults, when set, sees every message the standby sends (tests only).
+	Faults FaultHook
 }
 
 // ReceiverStatus is the standby's view of replication.
@@ -56,29 +67,31 @@ type ReceiverStatus struct {
 	EpochBuffered   int    `json:"epoch_buffered_records"`
 	ApplyErrors     uint64 `json:"apply_errors"`
 	RefusedPeers    uint64 `json:"refused_peers"`
-	// Term is the highest term seen on the stream (or this node's own,
-	// once promoted); Fenced means it no longer takes a stream.
-	Term   uint64 `json:"term"`
-	Fenced bool   `json:"fenced"`
+	// Fenced: this node was promoted (under FencedTerm); it no longer
+	// takes a stream and answers a returning primary with that term.
+	Fenced     bool   `json:"fenced"`
+	FencedTerm uint64 `json:"fenced_term,omitempty"`
 	// InSync: a snapshot or resume completed and records stream live, so
 	// the replica is a complete copy up to Applied.
 	InSync bool `json:"in_sync"`
 }
 
-// Receiver accepts the primary's stream and applies it.
+// Receiver accepts the primary's stream and applies it. A link goes
+// through three phases, each its own function: admit (authenticate, take
+// over from an older link, refuse when fenced), the state/mode exchange,
+// and stream (one handler per message type, acks on their own goroutine).
 type Receiver struct {
 	cfg ReceiverConfig
 
 	linkMu sync.Mutex // one link applies at a time
 
-	mu        sync.Mutex
-	logID     uint64
-	applied   uint64
-	mode      Mode
-	epochBuf  []Record
-	st        ReceiverStatus
-	current   net.Conn
-	listeners []net.Listener
+	mu       sync.Mutex
+	logID    uint64
+	applied  uint64
+	mode     Mode
+	epochBuf []Record
+	st       ReceiverStatus
+	current  net.Conn
 }
 
 // NewReceiver returns a receiver.
@@ -86,11 +99,14 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if len(cfg.Key) < MinKeyBytes {
 		return nil, fmt.Errorf("replication key must be at least %d bytes", MinKeyBytes)
 	}
+	if cfg.Replica == nil {
+		return nil, errors.New("a receiver needs a replica to apply to")
+	}
 	if cfg.AckInterval == 0 {
 		cfg.AckInterval = 100 * time.Millisecond
 	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
 	return &Receiver{cfg: cfg}, nil
 }
@@ -128,9 +144,10 @@ func (r *Receiver) Close() {
 	r.mu.Unlock()
 }
 
+// serveConn runs one primary's link from handshake to its end.
 func (r *Receiver) serveConn(c net.Conn) {
 	defer c.Close()
-	log := r.cfg.Log.With("primary", c.RemoteAddr().String())
+	log := r.cfg.Logger.With("primary", c.RemoteAddr().String())
 	l, err := serverHandshake(c, r.cfg.Key, 5*time.Second)
 	if err != nil {
 		r.mu.Lock()
@@ -139,8 +156,9 @@ func (r *Receiver) serveConn(c net.Conn) {
 		log.Warn("refused replication peer", "err", err)
 		return
 	}
-	l.alloc = r.cfg.HostBuffer
-	// Take over from any previous link (the primary reconnected).
+	l.alloc, l.faults, l.out = r.cfg.HostBuffer, r.cfg.Faults, FromStandby
+	// Take over from any previous link (the primary reconnected); its
+	// goroutine then lets go of linkMu.
 	r.mu.Lock()
 	if r.current != nil {
 		r.current.Close()
@@ -149,23 +167,10 @@ func (r *Receiver) serveConn(c net.Conn) {
 	r.mu.Unlock()
 	r.linkMu.Lock()
 	defer r.linkMu.Unlock()
-	r.mu.Lock()
-	if r.current != c { // replaced while waiting
-		r.mu.Unlock()
+	state, ok := r.admit(c, l, log)
+	if !ok {
 		return
 	}
-	if r.st.Fenced {
-		term := r.st.Term
-		r.mu.Unlock()
-		l.write(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
-		l.flush()
-		log.Warn("refused a primary's stream: this node was promoted", "term", term)
-		return
-	}
-	r.st.Connected, r.st.Primary = true, c.RemoteAddr().String()
-	state := binary.LittleEndian.AppendUint64(nil, r.logID)
-	state = binary.LittleEndian.AppendUint64(state, r.applied)
-	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		if r.current == c {
@@ -174,115 +179,158 @@ func (r *Receiver) serveConn(c net.Conn) {
 		}
 		r.mu.Unlock()
 	}()
-
-	var wmu sync.Mutex
-	writeFlush := func(typ uint16, payload []byte) error {
-		wmu.Lock()
-		defer wmu.Unlock()
-		if err := l.write(typ, payload); err != nil {
-			return err
-		}
-		return l.flush()
-	}
-	if err := writeFlush(msgState, state); err != nil {
+	if l.writeFlush(msgState, state) != nil {
 		return
 	}
+	r.stream(&linkRun{r: r, l: l, log: log, kick: make(chan struct{}, 1)})
+}
+
+// admit lets c's primary stream, unless a newer link replaced c meanwhile
+// or this node was promoted: then the primary is told the newer term and
+// refused. It returns the standby's state message.
+// Precondition: r.linkMu must be locked.
+func (r *Receiver) admit(c net.Conn, l *link, log *slog.Logger) ([]byte, bool) {
+	r.mu.Lock()
+	if r.current != c {
+		r.mu.Unlock()
+		return nil, false
+	}
+	if r.st.Fenced {
+		term := r.st.FencedTerm
+		r.mu.Unlock()
+		l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
+		log.Warn("refused a primary's stream: this node was promoted", "term", term)
+		return nil, false
+	}
+	r.st.Connected, r.st.Primary = true, c.RemoteAddr().String()
+	state := binary.LittleEndian.AppendUint64(nil, r.logID)
+	state = binary.LittleEndian.AppendUint64(state, r.applied)
+	r.mu.Unlock()
+	return state, true
+}
+
+// linkRun is one admitted link's stream phase.
+type linkRun struct {
+	r    *Receiver
+	l    *link
+	log  *slog.Logger
+	kick chan struct{} // the stream paused: ack now
+}
+
+// streamHandlers handle each message a primary may send once admitted.
+// A handler returns false to end the link.
+var streamHandlers = map[uint16]func(lr *linkRun, payload []byte) bool{
+	msgMode:      (*linkRun).onMode,
+	msgHeartbeat: (*linkRun).onHeartbeat,
+	msgRecord:    (*linkRun).onRecord,
+	msgPromote:   (*linkRun).onPromote,
+}
+
+// stream reads and handles messages until the link ends, acking what was
+// applied whenever the stream pauses and at least every AckInterval.
+func (r *Receiver) stream(lr *linkRun) {
 	done := make(chan struct{})
 	defer close(done)
-	kick := make(chan struct{}, 1)
-	go func() { // acks: whenever the stream pauses, and at least every AckInterval
-		t := time.NewTicker(r.cfg.AckInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			case <-kick:
-			}
-			r.mu.Lock()
-			seq := r.applied
-			r.mu.Unlock()
-			if writeFlush(msgAck, binary.LittleEndian.AppendUint64(nil, seq)) != nil {
-				c.Close()
-				return
-			}
-		}
-	}()
-
+	go lr.acks(done)
 	for {
-		typ, payload, err := l.read()
+		typ, payload, err := lr.l.read()
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				log.Warn("replication link lost", "err", err)
+				lr.log.Warn("replication link lost", "err", err)
 			}
 			return
 		}
-		if r.cfg.OnHeard != nil {
-			r.cfg.OnHeard()
-		}
-		switch typ {
-		case msgPromote:
-			// A planned switchover: the primary has stopped its guests and
-			// waited for us to apply everything. Take over, if this node
-			// can serve guests at all.
-			r.mu.Lock()
-			if r.cfg.OnPromote == nil {
-				r.mu.Unlock()
-				log.Error("switchover refused: this standby has no guest endpoint to take over on")
-				continue
-			}
-			term := r.st.Term + 1
-			r.st.Fenced, r.st.Term = true, term
-			r.mu.Unlock()
-			writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
-			log.Info("switchover: the primary handed over", "term", term)
-			r.mu.Lock()
-			onPromote := r.cfg.OnPromote
-			r.mu.Unlock()
-			go onPromote(term)
-			return
-		case msgHeartbeat:
-			if len(payload) == 8 {
-				r.noteTerm(binary.LittleEndian.Uint64(payload))
-			}
-		case msgMode:
-			if len(payload) != 16 {
-				log.Warn("bad mode message; dropping link")
-				return
-			}
-			r.mu.Lock()
-			r.mode = Mode(binary.LittleEndian.Uint64(payload))
-			r.mu.Unlock()
-			// Known before any record: a standby that takes over must
-			// always do so under a term above the primary's.
-			r.noteTerm(binary.LittleEndian.Uint64(payload[8:]))
-		case msgRecord:
-			rec, err := DecodeRecord(payload)
-			if err != nil {
-				log.Warn("dropping link", "err", err)
-				return
-			}
-			r.noteTerm(rec.Term)
-			reply, err := r.handle(&rec)
-			if err != nil {
-				log.Warn("dropping link", "err", err)
-				return
-			}
-			if reply != nil && writeFlush(msgVerifyReply, reply) != nil {
-				return
-			}
-		default:
-			log.Warn("unexpected message from primary; dropping link", "type", typ)
+		h := streamHandlers[typ]
+		if h == nil {
+			lr.log.Warn("unexpected message from primary; dropping link", "type", typ)
 			return
 		}
-		if l.r.Buffered() == 0 {
+		if !h(lr, payload) {
+			return
+		}
+		if lr.l.r.Buffered() == 0 {
 			select {
-			case kick <- struct{}{}:
+			case lr.kick <- struct{}{}:
 			default:
 			}
 		}
 	}
+}
+
+func (lr *linkRun) acks(done <-chan struct{}) {
+	t := time.NewTicker(lr.r.cfg.AckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		case <-lr.kick:
+		}
+		lr.r.mu.Lock()
+		seq := lr.r.applied
+		lr.r.mu.Unlock()
+		if lr.l.writeFlush(msgAck, binary.LittleEndian.AppendUint64(nil, seq)) != nil {
+			lr.l.c.Close()
+			return
+		}
+	}
+}
+
+// onMode: the primary's mode and term, known before any record, so that a
+// standby that takes over always does so under a term above the primary's.
+func (lr *linkRun) onMode(payload []byte) bool {
+	if len(payload) != 16 {
+		lr.log.Warn("bad mode message; dropping link")
+		return false
+	}
+	lr.r.mu.Lock()
+	lr.r.mode = Mode(binary.LittleEndian.Uint64(payload))
+	lr.r.mu.Unlock()
+	lr.r.cfg.Replica.Heard(binary.LittleEndian.Uint64(payload[8:]))
+	return true
+}
+
+func (lr *linkRun) onHeartbeat(payload []byte) bool {
+	var term uint64
+	if len(payload) == 8 {
+		term = binary.LittleEndian.Uint64(payload)
+	}
+	lr.r.cfg.Replica.Heard(term)
+	return true
+}
+
+func (lr *linkRun) onRecord(payload []byte) bool {
+	rec, err := DecodeRecord(payload)
+	if err != nil {
+		lr.log.Warn("dropping link", "err", err)
+		return false
+	}
+	lr.r.cfg.Replica.Heard(rec.Term)
+	reply, err := lr.r.handle(&rec)
+	if err != nil {
+		lr.log.Warn("dropping link", "err", err)
+		return false
+	}
+	return reply == nil || lr.l.writeFlush(msgVerifyReply, reply) == nil
+}
+
+// onPromote: a planned switchover. The primary has stopped its guests and
+// waited for us to apply everything; the node decides whether it takes
+// over, and the primary is told the new term.
+func (lr *linkRun) onPromote([]byte) bool {
+	lr.r.cfg.Replica.Heard(0)
+	term, ok := lr.r.cfg.Replica.HandOver()
+	if !ok {
+		lr.log.Error("switchover refused: this standby has no guest endpoint to take over on")
+		return true
+	}
+	lr.r.mu.Lock()
+	lr.r.st.Fenced, lr.r.st.FencedTerm = true, term
+	lr.r.mu.Unlock()
+	lr.l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
+	lr.log.Info("switchover: the primary handed over", "term", term)
+	return false
 }
 
 // handle applies or buffers one record. It returns a verify reply to send,
@@ -294,30 +342,10 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 	r.mu.Unlock()
 	switch {
 	case rec.Op == OpReset:
-		r.apply(rec)
-		r.mu.Lock()
-		r.logID, r.applied, r.epochBuf = rec.Result, 0, nil
-		r.st.Resyncing, r.st.SnapshotRecords, r.st.InSync = true, 0, false
-		r.mu.Unlock()
-		r.cfg.Log.Info("resync started: replica reset")
+		r.reset(rec)
 		return nil, nil
 	case rec.Seq == 0: // part of a snapshot
-		if rec.Op == OpSnapshotEnd {
-			r.mu.Lock()
-			r.applied, r.st.Resyncing, r.st.InSync = rec.Result, false, true
-			n := r.st.SnapshotRecords
-			r.mu.Unlock()
-			r.cfg.Log.Info("resync snapshot applied; streaming live", "records", n, "position", rec.Result)
-			return nil, nil
-		}
-		r.apply(rec)
-		r.mu.Lock()
-		r.st.SnapshotRecords++
-		n := r.st.SnapshotRecords
-		r.mu.Unlock()
-		if n%1000 == 0 {
-			r.cfg.Log.Info("resync in progress", "snapshot_records", n)
-		}
+		r.snapshotRecord(rec)
 		return nil, nil
 	case rec.Seq != applied+1:
 		return nil, fmt.Errorf("record %d after %d: the stream has a gap", rec.Seq, applied)
@@ -325,7 +353,7 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 	var reply []byte
 	switch {
 	case rec.Op == OpVerify:
-		reply = encodeSums(rec.Result, r.cfg.Applier.Checksums())
+		reply = encodeSums(rec.Result, r.cfg.Replica.Checksums())
 	case mode == ModeEpoch && rec.Op == OpEpoch:
 		r.mu.Lock()
 		buf := r.epochBuf
@@ -349,9 +377,42 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 	return reply, nil
 }
 
+// reset starts a resync: the replica is dropped and rebuilt from the
+// snapshot that follows.
+func (r *Receiver) reset(rec *Record) {
+	r.apply(rec)
+	r.mu.Lock()
+	r.logID, r.applied, r.epochBuf = rec.Result, 0, nil
+	r.st.Resyncing, r.st.SnapshotRecords, r.st.InSync = true, 0, false
+	r.mu.Unlock()
+	r.cfg.Replica.Synced(false)
+	r.cfg.Logger.Info("resync started: replica reset")
+}
+
+// snapshotRecord applies one record of a snapshot, or ends it.
+func (r *Receiver) snapshotRecord(rec *Record) {
+	if rec.Op == OpSnapshotEnd {
+		r.mu.Lock()
+		r.applied, r.st.Resyncing, r.st.InSync = rec.Result, false, true
+		n := r.st.SnapshotRecords
+		r.mu.Unlock()
+		r.cfg.Replica.Synced(true)
+		r.cfg.Logger.Info("resync snapshot applied; streaming live", "records", n, "position", rec.Result)
+		return
+	}
+	r.apply(rec)
+	r.mu.Lock()
+	r.st.SnapshotRecords++
+	n := r.st.SnapshotRecords
+	r.mu.Unlock()
+	if n%1000 == 0 {
+		r.cfg.Logger.Info("resync in progress", "snapshot_records", n)
+	}
+}
+
 func (r *Receiver) apply(rec *Record) {
 	start := time.Now()
-	err := r.cfg.Applier.Apply(rec)
+	err := r.cfg.Replica.Apply(rec)
 	if r.cfg.Observe != nil {
 		r.cfg.Observe(rec.Op, time.Since(start))
 	}
@@ -359,37 +420,23 @@ func (r *Receiver) apply(rec *Record) {
 		r.mu.Lock()
 		r.st.ApplyErrors++
 		r.mu.Unlock()
-		r.cfg.Log.Warn("replica diverged", "seq", rec.Seq, "session", rec.Session, "op", rec.Op, "err", err)
+		r.cfg.Logger.Warn("replica diverged", "seq", rec.Seq, "session", rec.Session, "op", rec.Op, "err", err)
 	}
-}
-
-func (r *Receiver) noteTerm(t uint64) {
-	r.mu.Lock()
-	if t > r.st.Term && !r.st.Fenced {
-		r.st.Term = t
-	}
-	r.mu.Unlock()
 }
 
 // Fence makes this receiver stop applying for good (its node was promoted
 // under term): the current link is dropped, and a primary that connects
-// later is told the term so it stops serving.
+// later is told the term so it stops serving. It returns once the link's
+// goroutine has stopped applying.
 func (r *Receiver) Fence(term uint64) {
 	r.mu.Lock()
-	r.st.Fenced, r.st.Term = true, max(term, r.st.Term)
+	r.st.Fenced, r.st.FencedTerm = true, max(term, r.st.FencedTerm)
 	if r.current != nil {
 		r.current.Close()
 	}
 	r.mu.Unlock()
-	r.linkMu.Lock() // wait for the link's goroutine to stop applying
+	r.linkMu.Lock()
 	r.linkMu.Unlock()
-}
-
-// SetOnPromote installs the switchover hook (see ReceiverConfig.OnPromote).
-func (r *Receiver) SetOnPromote(fn func(term uint64)) {
-	r.mu.Lock()
-	r.cfg.OnPromote = fn
-	r.mu.Unlock()
 }
 
 // DiscardEpoch drops records of an uncommitted epoch (at failover) and

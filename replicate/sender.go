@@ -9,30 +9,38 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// SenderConfig configures the primary's end of the replication link.
-type SenderConfig struct {
-	Addr string // standby's host:port
-	Key  []byte // pre-shared key, at least MinKeyBytes
-	Mode Mode
-	Log  *Log
+// Protected is the node a Sender protects. The sender reports what the
+// standby says; it never decides the node's role or term.
+type Protected interface {
 	// Snapshot builds a resync snapshot: with every session stopped it
 	// calls Log.BeginSnapshot and returns records (Seq 0, FlagPlaced) that
 	// rebuild the current state. It reports how long guests were stopped.
-	Snapshot func() ([]Record, time.Duration)
-	// OnVerify receives the standby's checksums for a verification.
-	OnVerify func(id uint64, sums []ObjectSum)
-	// OnFenced is called when the standby answers that it was promoted
-	// under a newer term: this primary must stop serving guests.
-	OnFenced func(term uint64)
-	// Term is the term stamped on heartbeats.
-	Term func() uint64
-	Log_ *slog.Logger
+	Snapshot() ([]Record, time.Duration)
+	// Term is the node's term, stamped on heartbeats and the stream.
+	Term() uint64
+	// PeerTerm reports that the standby answered with its own term: it
+	// was promoted. The node's role authority decides what follows.
+	PeerTerm(term uint64)
+}
+
+// SenderConfig configures the primary's end of the replication link.
+type SenderConfig struct {
+	Addr   string // standby's host:port
+	Key    []byte // pre-shared key, at least MinKeyBytes
+	Mode   Mode
+	Log    *Log
+	Logger *slog.Logger
 	// AckTimeout: a standby silent this long is dropped (it sends an ack at
 	// least every AckInterval).
 	AckTimeout time.Duration
-	Metrics    *Metrics
+	// Registry, when set, gets the sender's metrics.
+	Registry prometheus.Registerer
+	// Faults, when set, sees every message on the link (tests only).
+	Faults FaultHook
 }
 
 // SenderStatus is the primary's view of replication.
@@ -48,10 +56,15 @@ type SenderStatus struct {
 }
 
 // Sender streams the log to the standby, reconnecting and resyncing as
-// needed.
+// needed. A link goes through three phases, each its own function:
+// connect (dial and authenticate), catchUp (resume from the log or resync
+// from a snapshot) and stream (records out, acks and answers in).
 type Sender struct {
-	cfg SenderConfig
-	log *slog.Logger
+	cfg      SenderConfig
+	node     Protected
+	log      *slog.Logger
+	metrics  *Metrics
+	verifier Verifier
 
 	mu         sync.Mutex
 	resyncs    uint64
@@ -59,38 +72,37 @@ type Sender struct {
 	lastResync time.Duration
 	lastErr    string
 	handover   chan uint64 // a switchover waiting for the standby's term
-	link       *link
-	linkMu     *sync.Mutex
+	link       *link       // the current link, for Handover
 	resyncing  bool
 	resyncFrom time.Time
-	ticker     *time.Ticker
 }
 
-// NewSender returns a sender; Run starts it.
-func NewSender(cfg SenderConfig) (*Sender, error) {
+// NewSender returns a sender protecting node; Run starts it.
+func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
 	if len(cfg.Key) < MinKeyBytes {
 		return nil, fmt.Errorf("replication key must be at least %d bytes", MinKeyBytes)
 	}
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = 3 * time.Second
 	}
-	if cfg.Log_ == nil {
-		cfg.Log_ = slog.Default()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	return &Sender{cfg: cfg, log: cfg.Log_.With("standby", cfg.Addr)}, nil
+	s := &Sender{cfg: cfg, node: node, log: cfg.Logger.With("standby", cfg.Addr)}
+	if cfg.Registry != nil {
+		m, err := NewMetrics(cfg.Registry, s.Status)
+		if err != nil {
+			return nil, err
+		}
+		s.metrics = m
+	}
+	return s, nil
 }
-
-// SetMetrics attaches metrics; call before Run.
-func (s *Sender) SetMetrics(m *Metrics) { s.cfg.Metrics = m }
 
 // Run connects and streams until ctx ends. Heartbeats also go out as UDP
 // datagrams to the same address (see heartbeat.go).
 func (s *Sender) Run(ctx context.Context) {
-	term := s.cfg.Term
-	if term == nil {
-		term = func() uint64 { return 0 }
-	}
-	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, term, heartbeatEvery, s.heartbeatFailed)
+	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, s.node.Term, heartbeatEvery, s.heartbeatFailed)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := s.session(ctx)
@@ -130,121 +142,119 @@ func (s *Sender) Status() SenderStatus {
 	return st
 }
 
-func (s *Sender) session(ctx context.Context) error {
-	d := net.Dialer{Timeout: 2 * time.Second}
-	c, err := d.DialContext(ctx, "tcp", s.cfg.Addr)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	c.(*net.TCPConn).SetNoDelay(true)
-	l, err := clientHandshake(c, s.cfg.Key, 5*time.Second)
-	if err != nil {
-		return err
-	}
-	c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
-	typ, payload, err := l.read()
-	if err != nil {
-		return fmt.Errorf("reading standby state: %w", err)
-	}
-	if typ == msgFenced {
-		return s.fenced(payload)
-	}
-	if typ != msgState || len(payload) != 16 {
-		return fmt.Errorf("%w: expected standby state", ErrCorrupt)
-	}
-	logID, applied := binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:])
+// Verify takes a verify point with point (which computes the primary's
+// checksums and logs the request at the same position) and compares the
+// standby's answer.
+func (s *Sender) Verify(point func(id uint64) []ObjectSum, timeout time.Duration) (Report, error) {
+	return s.verifier.Verify(point, timeout)
+}
 
-	var term uint64
-	if s.cfg.Term != nil {
-		term = s.cfg.Term()
-	}
-	mode := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+macSize), uint64(s.cfg.Mode))
-	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(mode, term)); err != nil {
+// session runs one link from dial to its end.
+func (s *Sender) session(ctx context.Context) error {
+	l, err := s.connect(ctx)
+	if err != nil {
 		return err
 	}
-	var wmu sync.Mutex // from the heartbeat goroutine's start, both it and this one write
+	defer l.c.Close()
+	after, err := s.catchUp(l)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
-	s.link, s.linkMu = l, &wmu
+	s.link = l
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.link, s.linkMu = nil, nil
+		s.link = nil
 		s.mu.Unlock()
 	}()
-	lg := s.cfg.Log
-	lg.mu.Lock()
-	resume := logID == lg.id && lg.canResume(applied)
-	lg.mu.Unlock()
+	return s.stream(ctx, l, after)
+}
 
-	var after uint64
-	if resume {
-		lg.attach(true, applied, false)
-		after = applied
+// connect dials the standby and authenticates both ends.
+func (s *Sender) connect(ctx context.Context) (*link, error) {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", s.cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	c.(*net.TCPConn).SetNoDelay(true)
+	l, err := clientHandshake(c, s.cfg.Key, 5*time.Second)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	l.faults, l.out = s.cfg.Faults, FromPrimary
+	return l, nil
+}
+
+// catchUp reads the standby's position, tells it the mode and term, and
+// brings it up to date: from the log when it holds what the standby lacks,
+// else from a snapshot. It returns the sequence streaming continues after.
+func (s *Sender) catchUp(l *link) (uint64, error) {
+	l.c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+	typ, payload, err := l.read()
+	if err != nil {
+		return 0, fmt.Errorf("reading standby state: %w", err)
+	}
+	if typ == msgFenced {
+		return 0, s.fenced(payload)
+	}
+	if typ != msgState || len(payload) != 16 {
+		return 0, fmt.Errorf("%w: expected standby state", ErrCorrupt)
+	}
+	logID, applied := binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:])
+	mode := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+macSize), uint64(s.cfg.Mode))
+	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(mode, s.node.Term())); err != nil {
+		return 0, err
+	}
+	if s.cfg.Log.resume(logID, applied) {
 		s.log.Info("standby attached; catching up from the log", "applied", applied)
-	} else {
-		lg.attach(true, 0, true)
-		start := time.Now()
-		recs, pause := s.cfg.Snapshot()
-		s.mu.Lock()
-		s.resyncs++
-		s.lastPause = pause
-		s.resyncing, s.resyncFrom = true, start
-		s.mu.Unlock()
-		if s.cfg.Metrics != nil {
-			s.cfg.Metrics.resyncs.Inc()
-			s.cfg.Metrics.pause.Observe(pause.Seconds())
-		}
-		s.log.Info("standby attached; resyncing from a snapshot", "records", len(recs), "guest_pause", pause)
-		head := Record{Op: OpReset, Result: lg.id}
-		if err := s.send(l, &head); err != nil {
-			return err
-		}
-		for i := range recs {
-			if err := s.send(l, &recs[i]); err != nil {
-				return err
-			}
-			if recs[i].Op == OpSnapshotEnd {
-				after = recs[i].Result
-			}
-		}
-		if err := l.flush(); err != nil {
-			return err
-		}
+		return applied, l.flush()
 	}
+	return s.resync(l)
+}
 
-	if err := l.flush(); err != nil {
-		return err
+// resync sends a snapshot that replaces the standby's replica.
+func (s *Sender) resync(l *link) (uint64, error) {
+	lg := s.cfg.Log
+	lg.attach(true, 0, true)
+	start := time.Now()
+	recs, pause := s.node.Snapshot()
+	s.mu.Lock()
+	s.resyncs++
+	s.lastPause = pause
+	s.resyncing, s.resyncFrom = true, start
+	s.mu.Unlock()
+	if m := s.metrics; m != nil {
+		m.resyncs.Inc()
+		m.pause.Observe(pause.Seconds())
 	}
+	s.log.Info("standby attached; resyncing from a snapshot", "records", len(recs), "guest_pause", pause)
+	head := Record{Op: OpReset, Result: lg.id}
+	if err := s.send(l, &head); err != nil {
+		return 0, err
+	}
+	var after uint64
+	for i := range recs {
+		if err := s.send(l, &recs[i]); err != nil {
+			return 0, err
+		}
+		if recs[i].Op == OpSnapshotEnd {
+			after = recs[i].Result
+		}
+	}
+	return after, l.flush()
+}
+
+// stream sends live records after after until the link or ctx ends, with
+// heartbeats while idle and a reader for the standby's acks and answers.
+func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
+	lg := s.cfg.Log
 	stop := make(chan struct{})
 	readErr := make(chan error, 1)
-	go func() { readErr <- s.readAcks(c, l); close(stop); lg.wake() }()
-	go func() { // heartbeats, so the standby can tell a quiet primary from a dead one
-		t := time.NewTicker(heartbeatEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			var term uint64
-			if s.cfg.Term != nil {
-				term = s.cfg.Term()
-			}
-			wmu.Lock()
-			err := l.write(msgHeartbeat, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
-			if err == nil {
-				err = l.flush()
-			}
-			wmu.Unlock()
-			if err != nil {
-				s.heartbeatFailed()
-				c.Close()
-				return
-			}
-		}
-	}()
+	go func() { readErr <- s.readAcks(l); close(stop); lg.wake() }()
+	go s.heartbeats(l, stop)
 	for {
 		recs := lg.next(after, stop)
 		if recs == nil {
@@ -262,8 +272,7 @@ func (s *Sender) session(ctx context.Context) error {
 			// The log dropped records this standby needed: resync.
 			return errors.New("standby fell behind what the log holds")
 		}
-		wmu.Lock()
-		err := func() error {
+		err := l.locked(func() error {
 			for i := range recs {
 				if err := s.send(l, &recs[i]); err != nil {
 					return err
@@ -271,10 +280,28 @@ func (s *Sender) session(ctx context.Context) error {
 				after = recs[i].Seq
 			}
 			return l.flush()
-		}()
-		wmu.Unlock()
+		})
 		if err != nil {
 			return err
+		}
+	}
+}
+
+// heartbeats tells the standby this primary is alive until stop, so it can
+// tell a quiet primary from a dead one.
+func (s *Sender) heartbeats(l *link, stop <-chan struct{}) {
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if err := l.writeFlush(msgHeartbeat, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), s.node.Term())); err != nil {
+			s.heartbeatFailed()
+			l.c.Close()
+			return
 		}
 	}
 }
@@ -284,16 +311,16 @@ const heartbeatEvery = 50 * time.Millisecond
 
 func (s *Sender) send(l *link, r *Record) error {
 	buf := AppendRecord(make([]byte, 0, r.Size()+macSize), r) // room for the seal's tag
-	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.sentBytes.Add(float64(len(buf)))
-		s.cfg.Metrics.sentOps.Inc()
+	if m := s.metrics; m != nil {
+		m.sentBytes.Add(float64(len(buf)))
+		m.sentOps.Inc()
 	}
 	return l.write(msgRecord, buf)
 }
 
-func (s *Sender) readAcks(c net.Conn, l *link) error {
+func (s *Sender) readAcks(l *link) error {
 	for {
-		c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+		l.c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
 		typ, payload, err := l.read()
 		if err != nil {
 			return fmt.Errorf("reading acks: %w", err)
@@ -303,15 +330,7 @@ func (s *Sender) readAcks(c net.Conn, l *link) error {
 			if len(payload) != 8 {
 				return fmt.Errorf("%w: ack of %d bytes", ErrCorrupt, len(payload))
 			}
-			seq := binary.LittleEndian.Uint64(payload)
-			s.cfg.Log.ack(seq)
-			s.mu.Lock()
-			if s.resyncing && s.cfg.Log.Status().Protected {
-				s.resyncing = false
-				s.lastResync = time.Since(s.resyncFrom)
-				s.log.Info("standby resynced; primary is protected", "took", s.lastResync)
-			}
-			s.mu.Unlock()
+			s.acked(binary.LittleEndian.Uint64(payload))
 		case msgFenced:
 			return s.fenced(payload)
 		case msgVerifyReply:
@@ -319,17 +338,27 @@ func (s *Sender) readAcks(c net.Conn, l *link) error {
 			if err != nil {
 				return err
 			}
-			if s.cfg.OnVerify != nil {
-				s.cfg.OnVerify(id, sums)
-			}
+			s.verifier.Deliver(id, sums)
 		default:
 			return fmt.Errorf("%w: unexpected message %d from standby", ErrCorrupt, typ)
 		}
 	}
 }
 
-// fenced handles the standby's answer that it was promoted: this primary
-// must stop serving guests.
+// acked releases what the standby applied and notes the end of a resync.
+func (s *Sender) acked(seq uint64) {
+	s.cfg.Log.ack(seq)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resyncing && s.cfg.Log.Status().Protected {
+		s.resyncing = false
+		s.lastResync = time.Since(s.resyncFrom)
+		s.log.Info("standby resynced; primary is protected", "took", s.lastResync)
+	}
+}
+
+// fenced handles the standby's answer that it was promoted: the node is
+// told, and the link ends.
 func (s *Sender) fenced(payload []byte) error {
 	if len(payload) != 8 {
 		return fmt.Errorf("%w: fence of %d bytes", ErrCorrupt, len(payload))
@@ -341,10 +370,8 @@ func (s *Sender) fenced(payload []byte) error {
 		s.handover = nil
 	}
 	s.mu.Unlock()
-	s.log.Warn("the standby was promoted under a newer term; this primary is fenced", "term", term)
-	if s.cfg.OnFenced != nil {
-		s.cfg.OnFenced(term)
-	}
+	s.log.Warn("the standby answers that it was promoted under a newer term", "term", term)
+	s.node.PeerTerm(term)
 	return fmt.Errorf("fenced by term %d", term)
 }
 
@@ -354,20 +381,14 @@ func (s *Sender) fenced(payload []byte) error {
 func (s *Sender) Handover(timeout time.Duration) (uint64, error) {
 	ch := make(chan uint64, 1)
 	s.mu.Lock()
-	l, wmu := s.link, s.linkMu
+	l := s.link
 	if l == nil {
 		s.mu.Unlock()
 		return 0, fmt.Errorf("no standby attached")
 	}
 	s.handover = ch
 	s.mu.Unlock()
-	wmu.Lock()
-	err := l.write(msgPromote, make([]byte, 0, macSize))
-	if err == nil {
-		err = l.flush()
-	}
-	wmu.Unlock()
-	if err != nil {
+	if err := l.writeFlush(msgPromote, make([]byte, 0, macSize)); err != nil {
 		return 0, err
 	}
 	select {
@@ -379,7 +400,7 @@ func (s *Sender) Handover(timeout time.Duration) (uint64, error) {
 }
 
 func (s *Sender) heartbeatFailed() {
-	if m := s.cfg.Metrics; m != nil {
+	if m := s.metrics; m != nil {
 		m.heartbeatFailures.Inc()
 	}
 }

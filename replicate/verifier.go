@@ -16,6 +16,9 @@ type Mismatch struct {
 	Primary    string `json:"primary"`
 	Standby    string `json:"standby"`
 	Repairable bool   `json:"repairable"`
+	// Object is the object's id (a memory object's guest address), for
+	// repair.
+	Object uint64 `json:"-"`
 }
 
 // Report is the outcome of one verification.
@@ -51,7 +54,7 @@ func Compare(primary, standby []ObjectSum) Report {
 		if ok && s.Sum == p.Sum && s.Size == p.Size {
 			continue
 		}
-		m := Mismatch{Session: p.Session, Kind: p.Kind.String(), ID: fmt.Sprintf("%#x", p.ID), Size: p.Size,
+		m := Mismatch{Session: p.Session, Kind: p.Kind.String(), ID: fmt.Sprintf("%#x", p.ID), Object: p.ID, Size: p.Size,
 			Primary: show(p), Standby: "missing", Repairable: p.Kind == ObjMemory && ok && s.Size == p.Size}
 		if ok {
 			m.Standby = show(s)
@@ -62,7 +65,7 @@ func Compare(primary, standby []ObjectSum) Report {
 	for _, s := range standby {
 		if k := (key{s.Session, s.Kind, s.ID}); stby[k] == s {
 			rep.Mismatches = append(rep.Mismatches, Mismatch{Session: s.Session, Kind: s.Kind.String(),
-				ID: fmt.Sprintf("%#x", s.ID), Size: s.Size, Primary: "missing", Standby: show(s)})
+				ID: fmt.Sprintf("%#x", s.ID), Object: s.ID, Size: s.Size, Primary: "missing", Standby: show(s)})
 			order = append(order, k)
 		}
 	}
@@ -97,8 +100,8 @@ type Verifier struct {
 	waiting map[uint64]chan []ObjectSum
 }
 
-// Deliver hands the standby's checksums for verification id to its waiter.
-// It is the sender's OnVerify.
+// Deliver hands the standby's checksums for verification id to its waiter
+// (the sender calls it when the answer arrives).
 func (v *Verifier) Deliver(id uint64, sums []ObjectSum) {
 	v.mu.Lock()
 	ch := v.waiting[id]

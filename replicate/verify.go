@@ -35,7 +35,8 @@ func (k ObjectKind) String() string {
 }
 
 // ObjectSum is one object's checksum at a log position. For memory, ID is
-// the guest device address and Sum a CRC-64 of its contents; for handles, ID
+// the guest device address and Sum the content checksum gpu.Checksum defines
+// (a position-weighted sum of 64-bit words); for handles, ID
 // is the guest handle and Sum describes what it refers to (a module's image,
 // a function's module and name).
 type ObjectSum struct {

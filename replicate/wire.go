@@ -13,6 +13,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"sync"
 	"time"
 )
 
@@ -60,6 +61,30 @@ const (
 	msgPromote                       // primary -> standby: planned switchover, take over now
 )
 
+var msgNames = map[uint16]string{msgRecord: "record", msgState: "state", msgAck: "ack", msgVerifyReply: "verify_reply",
+	msgMode: "mode", msgHeartbeat: "heartbeat", msgFenced: "fenced", msgPromote: "promote"}
+
+// Direction says which way a message travels.
+type Direction int
+
+// Directions.
+const (
+	FromPrimary Direction = 1 + iota
+	FromStandby
+)
+
+// Message names one message a link is about to send, for a FaultHook.
+type Message struct {
+	From Direction
+	Type string // record, state, ack, verify_reply, mode, heartbeat, fenced, promote
+}
+
+// FaultHook sees every message a link is about to send: it may block to
+// delay the message and returns false to drop it. Tests inject partitions,
+// loss and delay with it at the message level (as hashicorp/raft's fuzzy
+// transport does) instead of sleeping; production leaves it nil.
+type FaultHook func(Message) bool
+
 // MinKeyBytes is the shortest pre-shared key accepted.
 const MinKeyBytes = 16
 
@@ -85,6 +110,11 @@ type link struct {
 	// alloc makes the receive buffer; a standby on a GPU passes page-locked
 	// memory so replicated data is copied to the device at full speed.
 	alloc func(n int) []byte
+	// wmu serialises writers once more than one goroutine writes (see
+	// locked); faults and out are the fault hook and this end's direction.
+	wmu    sync.Mutex
+	faults FaultHook
+	out    Direction
 }
 
 func helloBytes(nonce []byte) []byte {
@@ -188,6 +218,9 @@ func nonce(n uint64) []byte {
 // write queues one frame, sealing payload in place (the caller gives up
 // payload). flush sends what is queued. Only one goroutine writes.
 func (l *link) write(typ uint16, payload []byte) error {
+	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ]}) {
+		return nil
+	}
 	var h [frameHeader]byte
 	binary.LittleEndian.PutUint32(h[0:], frameMagic)
 	binary.LittleEndian.PutUint16(h[4:], typ)
@@ -204,6 +237,23 @@ func (l *link) write(typ uint16, payload []byte) error {
 }
 
 func (l *link) flush() error { return l.w.Flush() }
+
+// locked runs fn (which writes and flushes) as the link's only writer.
+func (l *link) locked(fn func() error) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	return fn()
+}
+
+// writeFlush sends one message at once, as the link's only writer.
+func (l *link) writeFlush(typ uint16, payload []byte) error {
+	return l.locked(func() error {
+		if err := l.write(typ, payload); err != nil {
+			return err
+		}
+		return l.flush()
+	})
+}
 
 // read returns the next frame. The payload is valid until the next read.
 // Only one goroutine reads.

@@ -7,13 +7,17 @@
 //
 // It must never trust the stream: a record that fails validation or gives
 // a different result marks its session unsafe (shown in /status and by
-// verify) and changes nothing else.
+// verify) and changes nothing else. It never decides a role: what the link
+// observes (the primary heard, the replica in sync, a switchover asked
+// for) goes to its node's role authority (Roles), and the node tells it to
+// stop applying (Fence) when it takes over.
 package standby
 
 import (
 	"context"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,34 +26,37 @@ import (
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
-// Agent is a standby node.
+// Roles is the node's role authority, told what the replication link
+// observes (see replicate.Replica).
+type Roles interface {
+	Heard(term uint64)
+	Synced(inSync bool)
+	HandOver() (term uint64, ok bool)
+}
+
+// Agent is a standby node's replication end.
 type Agent struct {
 	Server   *hypervisor.Server // the replica: sessions rebuilt from the stream
 	Receiver *replicate.Receiver
 
+	Roles
 	log           *slog.Logger
 	key           []byte
+	mu            sync.Mutex
 	stopUDP       context.CancelFunc
-	pcfg          PromoteConfig
-	sender        *replicate.Sender // once promoted with a next standby
-	w             watcher
-	promotions    prometheus.Counter
 	badHeartbeats prometheus.Counter
 }
 
-// applier adapts the replica server to replicate.Applier.
-type applier struct{ srv *hypervisor.Server }
+// Apply implements replicate.Applier on the replica server.
+func (a *Agent) Apply(r *replicate.Record) error { return a.Server.ApplyRecord(r) }
 
-func (a applier) Apply(r *replicate.Record) error  { return a.srv.ApplyRecord(r) }
-func (a applier) Checksums() []replicate.ObjectSum { return a.srv.Checksums() }
+// Checksums implements replicate.Applier.
+func (a *Agent) Checksums() []replicate.ObjectSum { return a.Server.Checksums() }
 
-// New returns a standby applying to backend, authenticating primaries with
-// key. Metrics are registered on reg.
-func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.Registerer, log *slog.Logger) (*Agent, error) {
-	srv, err := hypervisor.NewServer(backend, cfg, reg, log)
-	if err != nil {
-		return nil, err
-	}
+// New returns a standby applying to srv's backend, authenticating
+// primaries with key and telling roles what it observes. Metrics are
+// registered on reg.
+func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, roles Roles, reg prometheus.Registerer, log *slog.Logger) (*Agent, error) {
 	applyTime := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "vgpuha_standby_apply_duration_seconds",
 		Help:    "Time to apply one replicated record on the replica, by record kind.",
@@ -58,10 +65,9 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 	if err := reg.Register(applyTime); err != nil {
 		return nil, err
 	}
-	a := &Agent{Server: srv, log: log, key: key}
+	a := &Agent{Server: srv, Roles: roles, log: log, key: key}
 	rcfg := replicate.ReceiverConfig{
-		OnHeard: a.heard,
-		Key:     key, Applier: applier{srv}, Log: log,
+		Key: key, Replica: a, Logger: log,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
 	}
 	if ha, ok := backend.(gpu.HostAllocator); ok {
@@ -77,88 +83,69 @@ func New(backend gpu.Backend, cfg hypervisor.Config, key []byte, reg prometheus.
 		return nil, err
 	}
 	a.Receiver = rcv
-	a.promotions = prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_promotions_total", Help: "Times this standby took over as primary."})
+	if err := a.registerMetrics(reg); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *Agent) registerMetrics(reg prometheus.Registerer) error {
+	rcv := a.Receiver
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
 	a.badHeartbeats = prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_heartbeat_receive_failures_total",
 		Help: "Heartbeat datagrams refused: wrong key, malformed, or replayed."})
-	gauges := []prometheus.Collector{
-		a.promotions, a.badHeartbeats,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_last_detection_seconds", Help: "Silence from the old primary before the last promotion."},
-			func() float64 {
-				if p := a.Promoted(); p != nil {
-					return p.DetectionMS / 1000
-				}
-				return 0
-			}),
+	for _, c := range []prometheus.Collector{
+		a.badHeartbeats,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_standby_applied_sequence", Help: "Last log sequence applied (or buffered, in epoch mode)."},
 			func() float64 { return float64(rcv.Status().Applied) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_standby_connected", Help: "1 while a primary's stream is attached."},
-			func() float64 {
-				if rcv.Status().Connected {
-					return 1
-				}
-				return 0
-			}),
+			func() float64 { return b2f(rcv.Status().Connected) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_apply_errors_total", Help: "Records the replica could not apply as the primary did."},
 			func() float64 { return float64(rcv.Status().ApplyErrors) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_refused_peers_total", Help: "Replication connections refused for failing authentication."},
 			func() float64 { return float64(rcv.Status().RefusedPeers) }),
-	}
-	for _, g := range gauges {
-		if err := reg.Register(g); err != nil {
-			return nil, err
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
 		}
 	}
-	return a, nil
+	return nil
 }
 
 // Serve accepts the primary's stream on ln until ln is closed, and its UDP
 // heartbeats on the same address until Close.
 func (a *Agent) Serve(ln net.Listener) error {
 	ctx, cancel := context.WithCancel(context.Background())
-	a.w.mu.Lock()
+	a.mu.Lock()
 	a.stopUDP = cancel
-	a.w.mu.Unlock()
+	a.mu.Unlock()
 	go func() {
-		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, func(uint64) { a.heard() }, a.badHeartbeats.Inc); err != nil {
+		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, a.Heard, a.badHeartbeats.Inc); err != nil {
 			a.log.Warn("no UDP heartbeat path; failure detection relies on the TCP link alone", "err", err)
 		}
 	}()
 	return a.Receiver.Serve(ln)
 }
 
-// Status is the standby's /status.
-type Status struct {
-	Role      string     `json:"role"`
-	Promotion *Promotion `json:"promotion,omitempty"`
-	// Protection is the promoted node's own replication to the next standby.
-	Protection  *replicate.SenderStatus  `json:"protection,omitempty"`
-	Replication replicate.ReceiverStatus `json:"replication"`
-	Replica     hypervisor.Status        `json:"replica"`
+// Fence stops applying the primary's stream for good (this node took over
+// under term; a returning primary is told the term) and drops an
+// uncommitted epoch. It returns how many epoch records were dropped.
+func (a *Agent) Fence(term uint64) int {
+	a.Receiver.Fence(term)
+	return a.Receiver.DiscardEpoch()
 }
 
-// Status reports the replica and the link.
-func (a *Agent) Status() Status {
-	st := Status{Role: "standby", Replication: a.Receiver.Status(), Replica: a.Server.Status(), Promotion: a.Promoted()}
-	if st.Promotion != nil {
-		st.Role = "primary (promoted)"
-	}
-	a.w.mu.Lock()
-	sender := a.sender
-	a.w.mu.Unlock()
-	if sender != nil {
-		ps := sender.Status()
-		st.Protection = &ps
-	}
-	return st
-}
-
-// Close drops the link and frees the replica.
+// Close drops the link and stops the heartbeat listener.
 func (a *Agent) Close() {
-	a.w.mu.Lock()
+	a.mu.Lock()
 	if a.stopUDP != nil {
 		a.stopUDP()
 	}
-	a.w.mu.Unlock()
+	a.mu.Unlock()
 	a.Receiver.Close()
-	a.Server.Close()
 }

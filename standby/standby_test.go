@@ -16,10 +16,10 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
-	"github.com/vgpuha/vgpuha/standby"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -150,7 +150,7 @@ func TestLinkCutResumesFromLog(t *testing.T) {
 	c := newCluster(t, replicate.ModeAsync, 0, true)
 	c.waitProtected()
 	c.runGuests(1, 0)
-	c.Standby.Receiver.Close() // cut the link; the standby keeps its replica
+	c.Standby.Agent().Receiver.Close() // cut the link; the standby keeps its replica
 	c.runGuests(1, 0)
 	mustMatch(t, c.verify())
 	if n := c.Sender.Status().Resyncs; n != 1 {
@@ -172,7 +172,7 @@ func TestTranslatedBase(t *testing.T) {
 		}
 	}
 	mustMatch(t, c.verify())
-	st := c.Standby.Status().Replica.Sessions
+	st := c.StandbyStatus().Replica.Sessions
 	if len(st) != 1 || !st[0].Translated || st[0].Unsafe != "" {
 		t.Fatalf("replica session: %+v", st)
 	}
@@ -183,7 +183,7 @@ func TestTranslatedBase(t *testing.T) {
 	if rep := c.verify(); rep.Match {
 		t.Error("pointer_chase's output verified identical on a translated replica")
 	}
-	st = c.Standby.Status().Replica.Sessions
+	st = c.StandbyStatus().Replica.Sessions
 	if !strings.Contains(st[0].Unsafe, "translated") {
 		t.Errorf("pointer_chase on a translated replica not reported unsafe: %q", st[0].Unsafe)
 	}
@@ -204,7 +204,7 @@ func TestRepair(t *testing.T) {
 	}
 	mustMatch(t, c.verify())
 	// Corrupt the replica directly, as a flaky device or a bug would.
-	c.Standby.Server.ApplyRecord(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
+	c.Standby.Server().ApplyRecord(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
 		Body: appendCopy(uint64(p)+100, []byte{1, 2, 3})})
 	rep := c.verify()
 	if rep.Match || len(rep.Mismatches) != 1 || !rep.Mismatches[0].Repairable {
@@ -235,11 +235,11 @@ func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
 	// A primary with the wrong key.
 	addr := c.Sender.Status().Standby
 	wrong, _ := replicate.NewSender(replicate.SenderConfig{Addr: addr, Key: []byte("not-the-right-key-at-all"), Log: replicate.NewLog(1 << 20),
-		Snapshot: func() ([]replicate.Record, time.Duration) { return nil, 0 }, Log_: quiet()})
+		Logger: quiet()}, emptyNode{})
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	wrong.Run(ctx)
 	cancel()
-	if st := c.Standby.Receiver.Status(); st.RefusedPeers == 0 {
+	if st := c.Standby.Agent().Receiver.Status(); st.RefusedPeers == 0 {
 		t.Errorf("wrong key not refused: %+v", st)
 	}
 	if s := wrong.Status(); !strings.Contains(s.LastError, "authentication") {
@@ -256,7 +256,7 @@ func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
 		io.ReadAll(conn)
 		conn.Close()
 	}
-	if n := len(c.Standby.Status().Replica.Sessions); n != 0 {
+	if n := len(c.StandbyStatus().Replica.Sessions); n != 0 {
 		t.Fatalf("refused peers created %d replica sessions", n)
 	}
 	// The real primary still streams.
@@ -266,11 +266,16 @@ func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
 
 func TestStandbyMetricsLint(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	a, err := standby.New(sim.New(1<<20), hypervisor.DefaultConfig(), cluster.Key, reg, quiet())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	n, err := node.StartStandby(node.Config{Backend: sim.New(1 << 20), Hypervisor: hypervisor.DefaultConfig(), Key: cluster.Key,
+		Registry: reg, Logger: quiet()}, ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
 	problems, err := testutil.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
@@ -279,3 +284,11 @@ func TestStandbyMetricsLint(t *testing.T) {
 		t.Errorf("metric %s: %s", p.Metric, p.Text)
 	}
 }
+
+// emptyNode is a primary with nothing to snapshot, for a sender that must
+// be refused.
+type emptyNode struct{}
+
+func (emptyNode) Snapshot() ([]replicate.Record, time.Duration) { return nil, 0 }
+func (emptyNode) Term() uint64                                  { return 1 }
+func (emptyNode) PeerTerm(uint64)                               {}

@@ -2,31 +2,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/internal/admin"
-	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/replicate"
 )
-
-// primaryStatus is the primary's /status.
-type primaryStatus struct {
-	Role string `json:"role"`
-	hypervisor.Status
-	Replication *replicate.SenderStatus `json:"replication,omitempty"`
-}
 
 func runPrimary(args []string) error {
 	return servePrimary(newFlags("primary", "--guest-listen ENDPOINT [flags]"), args, nil)
@@ -65,121 +52,32 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	}
 	defer backend.Close()
 	reg := newRegistry()
-	srv, err := hypervisor.NewServer(backend, cfg, reg, log)
-	if err != nil {
+	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *listen, MaxLagBytes: *maxLag}
+	if *replicateTo != "" {
+		if ncfg.ReplicateTo, err = tcpFlag("replicate-to", *replicateTo); err != nil {
+			return err
+		}
+		if ncfg.Key, err = readKey(*keyFile); err != nil {
+			return err
+		}
+	}
+	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
-	var sender *replicate.Sender
-	var verifier replicate.Verifier
-	var replLog *replicate.Log
-	if *replicateTo != "" {
-		standbyAddr, err := tcpFlag("replicate-to", *replicateTo)
-		if err != nil {
-			return err
-		}
-		mode, err := replicate.ParseMode(*modeName)
-		if err != nil {
-			return err
-		}
-		key, err := readKey(*keyFile)
-		if err != nil {
-			return err
-		}
-		replLog = replicate.NewLog(*maxLag)
-		defer replLog.Close()
-		srv.Replicate(replLog, mode)
-		sender, err = replicate.NewSender(replicate.SenderConfig{
-			Addr: standbyAddr, Key: key, Mode: mode, Log: replLog, Log_: log,
-			Snapshot: srv.Snapshot, OnVerify: verifier.Deliver,
-			Term: srv.Term, OnFenced: func(term uint64) {
-				// The fencing rule lives in failover.Node (golden-tested).
-				role := failover.NewPrimary()
-				role.Term = srv.Term()
-				if role.SawTerm(term); role.Role == failover.Fenced {
-					srv.Fence(term)
-				}
-			},
-		})
-		if err != nil {
-			return err
-		}
-		m, err := replicate.NewMetrics(reg, sender.Status)
-		if err != nil {
-			return err
-		}
-		sender.SetMetrics(m)
-		go sender.Run(ctx)
-		log.Info("replicating", "standby", standbyAddr, "mode", mode)
-	}
-
-	status := func() any {
-		st := primaryStatus{Role: "primary", Status: srv.Status()}
-		if sender != nil {
-			ss := sender.Status()
-			st.Replication = &ss
-		}
-		return st
-	}
-	mux := admin.Handler(reg, status)
-	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, r *http.Request) {
-		if sender == nil {
-			http.Error(w, "this primary does not replicate (no --replicate-to)", http.StatusConflict)
-			return
-		}
-		rep, err := verifier.Verify(srv.VerifyPoint, 30*time.Second)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if repair, _ := strconv.ParseBool(r.URL.Query().Get("repair")); repair && !rep.Match {
-			for _, m := range rep.Mismatches {
-				addr, perr := strconv.ParseUint(m.ID, 0, 64)
-				if m.Repairable && perr == nil && srv.Repair(m.Session, addr) == nil {
-					rep.Repaired++
-				}
-			}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(rep)
-	})
-	mux.HandleFunc("POST /switchover", func(w http.ResponseWriter, r *http.Request) {
-		if sender == nil {
-			http.Error(w, "this primary does not replicate", http.StatusConflict)
-			return
-		}
-		pause, err := srv.Switchover(func() (uint64, error) { return sender.Handover(10 * time.Second) })
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintf(w, "{\"guest_pause_ms\": %.3f, \"term\": %d}\n", float64(pause.Microseconds())/1000, srv.Term())
-	})
-	mux.HandleFunc("POST /epoch", func(w http.ResponseWriter, r *http.Request) {
-		if replLog == nil {
-			http.Error(w, "this primary does not replicate", http.StatusConflict)
-			return
-		}
-		epoch, durable := replLog.CutEpoch()
-		fmt.Fprintf(w, "{\"epoch\": %d, \"committed_on_standby\": %v}\n", epoch, durable)
-	})
-	if _, err := serveAdmin(ctx, *adminAddr, mux, log); err != nil {
-		return err
-	}
-
-	ln, err := transport.Listen(*listen)
+	n, err := node.StartPrimary(ncfg)
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	defer n.Close()
+	if _, err := serveAdmin(ctx, *adminAddr, n.AdminHandler(reg), log); err != nil {
+		return err
+	}
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())
 	var guestDone <-chan error
 	if guest != nil {
 		if guestDone, err = startGuestProgram(guest, *listen, cfg.MMIO); err != nil {
-			srv.Close()
 			return err
 		}
 	}
@@ -188,17 +86,14 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		printMMIOSummary(reg, cfg.MMIO.Mode)
 	case <-ctx.Done():
 		log.Info("shutting down", "reason", "signal")
-	case err = <-errc:
-		if err == nil && !srv.IsPrimary() {
+	case err = <-n.Served():
+		if role, _ := n.Role(); err == nil && role == failover.Fenced {
 			// Fenced: stay up so operators can see why in /status.
 			log.Warn("fenced; no longer serving guests; waiting for SIGTERM")
 			<-ctx.Done()
 		}
 	}
-	srv.Close()
-	if e, perr := transport.Parse(*listen); perr == nil && e.Scheme == "unix" {
-		os.Remove(e.Address)
-	}
+	n.Close()
 	if err != nil && !errors.Is(err, net.ErrClosed) {
 		return err
 	}

@@ -9,9 +9,8 @@ import (
 
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/internal/admin"
+	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/replicate"
-	"github.com/vgpuha/vgpuha/standby"
 )
 
 func runStandby(args []string) error {
@@ -46,38 +45,35 @@ func runStandby(args []string) error {
 	}
 	defer backend.Close()
 	reg := newRegistry()
-	agent, err := standby.New(backend, cfg, key, reg, log)
-	if err != nil {
+	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *guestListen, Key: key}
+	if ncfg.Detector, err = failover.New(*detector); err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if _, err := serveAdmin(ctx, *adminAddr, admin.Handler(reg, func() any { return agent.Status() }), log); err != nil {
+	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
 		return err
+	}
+	if *next != "" {
+		if ncfg.ReplicateTo, err = tcpFlag("replicate-to", *next); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", listenAddr)
 	if err != nil {
 		return err
 	}
-	go agent.Serve(ln)
-	if *guestListen != "" {
-		pc := standby.PromoteConfig{GuestListen: *guestListen, Detector: failover.New(*detector), Key: key}
-		if *next != "" {
-			addr, err := tcpFlag("replicate-to", *next)
-			if err != nil {
-				return err
-			}
-			if pc.Mode, err = replicate.ParseMode(*modeName); err != nil {
-				return err
-			}
-			pc.ReplicateTo = addr
-		}
-		go agent.Watch(ctx, pc)
+	n, err := node.StartStandby(ncfg, ln)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if _, err := serveAdmin(ctx, *adminAddr, n.AdminHandler(reg), log); err != nil {
+		return err
 	}
 	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name(), "takes_over_on", *guestListen)
 	<-ctx.Done()
-	ln.Close()
-	agent.Close()
+	n.Close()
 	log.Info("standby stopped")
 	return nil
 }

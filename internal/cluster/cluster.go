@@ -1,7 +1,7 @@
-// Package cluster wires a primary (hypervisor + replication log + sender)
-// and a standby agent together in one process over real sockets: the
-// fixture the replication tests, the benchmarks and the demo share. It owns
-// no logic of its own; every part is the production one.
+// Package cluster runs a primary node and, optionally, a standby node
+// (internal/node, the same constructors the agents use) in one process over
+// real sockets: the fixture the replication tests and the benchmarks share.
+// It owns no logic of its own; every part is the production one.
 package cluster
 
 import (
@@ -19,9 +19,9 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
-	"github.com/vgpuha/vgpuha/standby"
 )
 
 // Options configure a cluster.
@@ -48,20 +48,17 @@ type Options struct {
 
 // Cluster is a running primary and, optionally, standby.
 type Cluster struct {
-	opts     Options
-	Primary  *hypervisor.Server
-	Log      *replicate.Log
-	Sender   *replicate.Sender
-	verifier replicate.Verifier
-	Endpoint string // guests' unix endpoint
+	opts        Options
+	PrimaryNode *node.Node
+	Primary     *hypervisor.Server // PrimaryNode's server
+	Log         *replicate.Log     // PrimaryNode's log (nil without Replicate)
+	Sender      *replicate.Sender  // PrimaryNode's sender (nil without Replicate)
+	Endpoint    string             // guests' unix endpoint
 	// StandbyEndpoint is where a promoted standby serves guests.
 	StandbyEndpoint string
 	addr            string // standby's replication address
-	Standby         *standby.Agent
-	ln              net.Listener
+	Standby         *node.Node
 	dir             string
-	cancel          context.CancelFunc
-	stopWatch       context.CancelFunc
 }
 
 // Key is the replication key the fixture uses.
@@ -89,20 +86,11 @@ func Start(opts Options) (*Cluster, error) {
 	}
 	c.dir = dir
 	c.StandbyEndpoint = "unix://" + filepath.Join(dir, "standby.sock")
-	be, err := opts.backend()
+	c.Endpoint = "unix://" + filepath.Join(dir, "guest.sock")
+	cfg, err := c.nodeConfig(c.Endpoint)
 	if err != nil {
 		return nil, err
 	}
-	cfg := hypervisor.DefaultConfig()
-	if opts.MMIO != nil {
-		cfg.MMIO = *opts.MMIO
-	}
-	c.Primary, err = hypervisor.NewServer(be, cfg, prometheus.NewRegistry(), opts.Log)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
 	if opts.Replicate {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -115,42 +103,43 @@ func Start(opts Options) (*Cluster, error) {
 				return nil, err
 			}
 		}
-		c.Log = replicate.NewLog(opts.MaxLagBytes)
-		c.Primary.Replicate(c.Log, opts.Mode)
-		c.Sender, err = replicate.NewSender(replicate.SenderConfig{Addr: c.addr, Key: Key, Mode: opts.Mode, Log: c.Log,
-			Snapshot: c.Primary.Snapshot, OnVerify: c.verifier.Deliver, Log_: opts.Log,
-			Term: c.Primary.Term, OnFenced: c.Primary.Fence})
-		if err != nil {
-			return nil, err
-		}
-		go c.Sender.Run(ctx)
+		cfg.ReplicateTo = c.addr
 	}
-	sock := filepath.Join(dir, "guest.sock")
-	gl, err := net.Listen("unix", sock)
-	if err != nil {
+	if c.PrimaryNode, err = node.StartPrimary(cfg); err != nil {
 		return nil, err
 	}
-	go c.Primary.Serve(gl)
-	c.Endpoint = "unix://" + sock
+	c.Primary, c.Log, c.Sender = c.PrimaryNode.Server(), c.PrimaryNode.Log(), c.PrimaryNode.Sender()
 	return c, nil
+}
+
+// nodeConfig is a node's configuration serving guests on guests.
+func (c *Cluster) nodeConfig(guests string) (node.Config, error) {
+	be, err := c.opts.backend()
+	if err != nil {
+		return node.Config{}, err
+	}
+	cfg := node.Config{Backend: be, Hypervisor: hypervisor.DefaultConfig(), Registry: prometheus.NewRegistry(),
+		Logger: c.opts.Log, GuestListen: guests, Mode: c.opts.Mode, Key: Key, MaxLagBytes: c.opts.MaxLagBytes}
+	if c.opts.MMIO != nil {
+		cfg.Hypervisor.MMIO = *c.opts.MMIO
+	}
+	return cfg, nil
 }
 
 // StartStandby starts (or restarts, with a fresh replica) the standby.
 func (c *Cluster) StartStandby() error {
-	be, err := c.opts.backend()
+	cfg, err := c.nodeConfig("")
 	if err != nil {
 		return err
 	}
-	if s, ok := be.(*sim.Backend); ok {
+	if s, ok := cfg.Backend.(*sim.Backend); ok {
 		s.BaseShift = c.opts.StandbyShift
 	}
-	cfg := hypervisor.DefaultConfig()
-	if c.opts.MMIO != nil {
-		cfg.MMIO = *c.opts.MMIO
-	}
-	a, err := standby.New(be, cfg, Key, prometheus.NewRegistry(), c.opts.Log)
-	if err != nil {
-		return err
+	if c.opts.Failover {
+		cfg.GuestListen = c.StandbyEndpoint
+		if cfg.Detector, err = failover.New(c.opts.Detector); err != nil {
+			return err
+		}
 	}
 	var ln net.Listener
 	for i := 0; i < 100; i++ { // the port may linger briefly after a stop
@@ -162,39 +151,33 @@ func (c *Cluster) StartStandby() error {
 	if err != nil {
 		return err
 	}
-	c.Standby, c.ln = a, ln
-	go a.Serve(ln)
-	if c.opts.Failover {
-		ctx, cancel := context.WithCancel(context.Background())
-		c.stopWatch = cancel
-		go a.Watch(ctx, standby.PromoteConfig{GuestListen: c.StandbyEndpoint, Detector: failover.New(c.opts.Detector)})
-	}
-	return nil
+	c.Standby, err = node.StartStandby(cfg, ln)
+	return err
+}
+
+// StandbyStatus is the standby node's status.
+func (c *Cluster) StandbyStatus() node.StandbyStatus {
+	return c.Standby.Status().(node.StandbyStatus)
 }
 
 // CutReplicationLink cuts the TCP replication path for good (the standby
 // stops listening and drops the link) while UDP heartbeats still flow: the
 // partition a standby must not mistake for a dead primary.
 func (c *Cluster) CutReplicationLink() {
-	c.ln.(*net.TCPListener).Close()
-	c.Standby.Receiver.Close()
+	c.Standby.CloseReplicationListener()
+	c.Standby.Agent().Receiver.Close()
 }
 
 // KillPrimary stops the primary abruptly, as a crash would: its guest
 // connections and its replication link drop, its heartbeats stop.
 func (c *Cluster) KillPrimary() {
 	c.Log.Close() // first: nothing the dying primary does may reach the standby
-	c.cancel()
-	c.Primary.Close()
+	c.PrimaryNode.Close()
 }
 
 // StopStandby stops the standby and drops its replica.
 func (c *Cluster) StopStandby() {
 	if c.Standby != nil {
-		if c.stopWatch != nil {
-			c.stopWatch()
-		}
-		c.ln.Close()
 		c.Standby.Close()
 		c.Standby = nil
 	}
@@ -217,7 +200,7 @@ func (c *Cluster) Verify() (replicate.Report, error) {
 	if err := c.WaitProtected(30 * time.Second); err != nil {
 		return replicate.Report{}, err
 	}
-	return c.verifier.Verify(c.Primary.VerifyPoint, 30*time.Second)
+	return c.PrimaryNode.Verify(false, 30*time.Second)
 }
 
 // Guest opens a guest session.
@@ -233,11 +216,7 @@ func (c *Cluster) Guest(name string) (*pvdriver.Client, error) {
 
 // Close stops everything.
 func (c *Cluster) Close() {
-	c.cancel()
-	c.Primary.Close()
-	if c.Log != nil {
-		c.Log.Close()
-	}
+	c.PrimaryNode.Close()
 	c.StopStandby()
 	os.RemoveAll(c.dir)
 }

@@ -1,0 +1,123 @@
+package node
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/vgpuha/vgpuha/failover"
+)
+
+// authority runs the node's role state machine (failover.Node, the
+// golden-tested logic) at run time: everything that bears on the role
+// (the primary heard, the replica in sync, a peer's term, a switchover
+// request, time passing) is fed to it as an event, and the actions it
+// returns (promote, fence) are carried out one at a time on the
+// authority's own goroutine, never on the goroutine that reported the
+// event: a receiver reporting a heartbeat must never wait for a promotion
+// that waits for that receiver to stop.
+//
+// It implements standby.Roles (for the replication receiver) and
+// replicate.Protected's PeerTerm (for the sender).
+type authority struct {
+	now     func() time.Time
+	execute func(failover.Action)
+	kick    chan struct{}
+
+	mu        sync.Mutex
+	node      *failover.Node
+	pending   []failover.Action
+	lastHeard time.Time
+}
+
+// tickEvery is how often a standby asks its detector.
+const tickEvery = 5 * time.Millisecond
+
+func (a *authority) init(n *failover.Node, now func() time.Time, execute func(failover.Action)) {
+	a.node, a.now, a.execute = n, now, execute
+	a.kick = make(chan struct{}, 1)
+}
+
+// step feeds one event and queues the actions it yields. It returns the
+// node's term after the event.
+// Precondition: a.mu must be locked.
+func (a *authority) stepLocked(e failover.Event) (uint64, int) {
+	acts := a.node.Step(e)
+	a.pending = append(a.pending, acts...)
+	if len(acts) > 0 {
+		select {
+		case a.kick <- struct{}{}:
+		default:
+		}
+	}
+	return a.node.Term, len(acts)
+}
+
+func (a *authority) step(e failover.Event) {
+	a.mu.Lock()
+	a.stepLocked(e)
+	a.mu.Unlock()
+}
+
+// run ticks the detector and carries out queued actions until ctx ends.
+func (a *authority) run(ctx context.Context) {
+	t := time.NewTicker(tickEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.step(failover.Event{Kind: failover.Tick, At: a.now()})
+		case <-a.kick:
+		}
+		a.mu.Lock()
+		acts := a.pending
+		a.pending = nil
+		a.mu.Unlock()
+		for _, act := range acts {
+			a.execute(act)
+		}
+	}
+}
+
+func (a *authority) role() (failover.Role, uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.node.Role, a.node.Term
+}
+
+func (a *authority) heardAt() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lastHeard
+}
+
+// Heard implements standby.Roles: the primary was heard under term.
+func (a *authority) Heard(term uint64) {
+	now := a.now()
+	a.mu.Lock()
+	a.lastHeard = now
+	a.stepLocked(failover.Event{Kind: failover.Heard, At: now, Term: term})
+	a.mu.Unlock()
+}
+
+// Synced implements standby.Roles.
+func (a *authority) Synced(inSync bool) {
+	a.step(failover.Event{Kind: failover.Synced, InSync: inSync})
+}
+
+// HandOver implements standby.Roles: the primary asks this node to take
+// over; the authority decides, and the new term is returned.
+func (a *authority) HandOver() (uint64, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	term, n := a.stepLocked(failover.Event{Kind: failover.HandOver})
+	return term, n > 0
+}
+
+// PeerTerm implements replicate.Protected: a standby answered with its
+// term.
+func (a *authority) PeerTerm(term uint64) {
+	a.step(failover.Event{Kind: failover.PeerTerm, Term: term})
+}

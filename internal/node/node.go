@@ -1,0 +1,203 @@
+// Package node builds a vgpuha node: one hypervisor server, and around it
+// either the primary's parts (replication log, sender, verifier, the admin
+// handlers for verify, switchover and epochs) or the standby's (the
+// replication receiver feeding the replica), with one role authority
+// (failover.Node) deciding what the node does. A standby that takes over
+// becomes a primary through the same code a node started as primary runs
+// (becomePrimary), so a promoted node serves, replicates to the next
+// standby, verifies and hands over exactly like the first primary.
+//
+// It owns the wiring and the execution of role decisions; it must never
+// decide a role itself: events go into the authority, actions come out
+// (see authority.go).
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/failover"
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/standby"
+)
+
+// Config configures a node.
+type Config struct {
+	Backend    gpu.Backend // the node's GPU; the caller closes it after Close
+	Hypervisor hypervisor.Config
+	Registry   prometheus.Registerer
+	Logger     *slog.Logger
+	// GuestListen is where the node serves guests: at once when started as
+	// primary, once promoted when started as standby ("": a standby that
+	// never takes over, a pure replica).
+	GuestListen string
+	// ReplicateTo is the standby (tcp host:port) the node streams to while
+	// it is primary ("": unprotected), in Mode, with Key.
+	ReplicateTo string
+	Mode        replicate.Mode
+	Key         []byte
+	// MaxLagBytes bounds the log's unapplied bytes (default 256 MiB).
+	MaxLagBytes int64
+	// Detector watches the primary's heartbeats (standby only).
+	Detector failover.Detector
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+	// Faults, when set, sees every replication message this node sends
+	// (tests only).
+	Faults replicate.FaultHook
+}
+
+// Node is a running vgpuha node.
+type Node struct {
+	cfg    Config
+	srv    *hypervisor.Server
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	auth   authority
+	agent  *standby.Agent // nil on a node started as primary
+	served chan error     // the guest listener's end
+
+	mu        sync.Mutex
+	repl      *replication // while primary and replicating
+	promotion *Promotion
+	guestLn   net.Listener
+	replLn    net.Listener // a standby's replication listener
+	wg        sync.WaitGroup
+}
+
+// StartPrimary starts the first primary (term 1): it serves guests on
+// cfg.GuestListen and, with cfg.ReplicateTo, streams to that standby.
+func StartPrimary(cfg Config) (*Node, error) {
+	n, err := newNode(cfg, failover.NewPrimary())
+	if err != nil {
+		return nil, err
+	}
+	if err := n.becomePrimary(1); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// StartStandby starts a standby taking the primary's stream on ln. With
+// cfg.GuestListen and cfg.Detector it takes over when the primary goes
+// silent (or hands over); without, it is a pure replica.
+func StartStandby(cfg Config, ln net.Listener) (*Node, error) {
+	det := cfg.Detector
+	if cfg.GuestListen == "" {
+		det = nil // a pure replica never takes over
+	}
+	n, err := newNode(cfg, failover.NewStandby(det))
+	if err != nil {
+		return nil, err
+	}
+	n.agent, err = standby.New(n.srv, n.cfg.Backend, n.cfg.Key, &n.auth, n.cfg.Registry, n.log)
+	if err == nil {
+		err = n.registerStandbyMetrics()
+	}
+	if err != nil {
+		n.Close()
+		return nil, err
+	}
+	n.replLn = ln
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.agent.Serve(ln) }()
+	return n, nil
+}
+
+func newNode(cfg Config, role *failover.Node) (*Node, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.MaxLagBytes == 0 {
+		cfg.MaxLagBytes = 256 << 20
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	srv, err := hypervisor.NewServer(cfg.Backend, cfg.Hypervisor, cfg.Registry, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, srv: srv, log: cfg.Logger, served: make(chan error, 1)}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.auth.init(role, cfg.Now, n.execute)
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); n.auth.run(n.ctx) }()
+	return n, nil
+}
+
+// Server is the node's hypervisor server.
+func (n *Node) Server() *hypervisor.Server { return n.srv }
+
+// Agent is the standby's replication end (nil on a node started as
+// primary).
+func (n *Node) Agent() *standby.Agent { return n.agent }
+
+// Role is the node's role and term, as its authority decided.
+func (n *Node) Role() (failover.Role, uint64) { return n.auth.role() }
+
+// Served delivers the guest listener's end: nil after Close or a fence,
+// else the accept error.
+func (n *Node) Served() <-chan error { return n.served }
+
+// serveGuests listens on the guest endpoint and serves until Close.
+func (n *Node) serveGuests() error {
+	ln, err := transport.Listen(n.cfg.GuestListen)
+	if err != nil {
+		return fmt.Errorf("listening for guests: %w", err)
+	}
+	n.mu.Lock()
+	n.guestLn = ln
+	n.mu.Unlock()
+	go func() { n.served <- n.srv.Serve(ln) }()
+	return nil
+}
+
+// CloseReplicationListener stops a standby taking new replication links
+// (the current one stays up until it breaks or is closed).
+func (n *Node) CloseReplicationListener() {
+	if n.replLn != nil {
+		n.replLn.Close()
+	}
+}
+
+// Close stops the node: its authority, replication, guest service and
+// replica. A unix socket it listened on is removed.
+func (n *Node) Close() {
+	n.cancel()
+	if n.agent != nil {
+		n.CloseReplicationListener()
+		n.agent.Close()
+	}
+	n.srv.Close()
+	n.mu.Lock()
+	repl, ln := n.repl, n.guestLn
+	n.mu.Unlock()
+	if repl != nil {
+		repl.stop()
+	}
+	n.wg.Wait()
+	if ln != nil {
+		if e, err := transport.Parse(n.cfg.GuestListen); err == nil && e.Scheme == "unix" {
+			os.Remove(e.Address)
+		}
+	}
+}
+
+// errNotReplicating answers admin calls a node cannot serve.
+var errNotReplicating = errors.New("this node is not a replicating primary (no --replicate-to, or not promoted)")

@@ -1,0 +1,208 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vgpuha/vgpuha/failover"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// replication is a primary's link to its standby.
+type replication struct {
+	log    *replicate.Log
+	sender *replicate.Sender
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (r *replication) stop() {
+	r.cancel()
+	r.log.Close()
+	<-r.done
+}
+
+// Promotion records one takeover.
+type Promotion struct {
+	Term           uint64    `json:"term"`
+	LastHeard      time.Time `json:"last_heard"`
+	Detected       time.Time `json:"detected"`
+	Serving        time.Time `json:"serving"`
+	DetectionMS    float64   `json:"detection_ms"` // silence before the detector fired
+	PromotionMS    float64   `json:"promotion_ms"` // detection to serving guests
+	DiscardedEpoch int       `json:"discarded_epoch_records"`
+}
+
+// becomePrimary makes this node a primary under term: it replicates to
+// the configured standby (before any guest is served) and serves guests.
+// Both the first primary and a promoted standby are built here.
+func (n *Node) becomePrimary(term uint64) error {
+	n.srv.SetTerm(term)
+	if n.cfg.ReplicateTo != "" {
+		if err := n.replicate(); err != nil {
+			if n.agent == nil {
+				return err
+			}
+			n.log.Error("cannot replicate to the next standby; serving unprotected", "err", err)
+		}
+	}
+	return n.serveGuests()
+}
+
+// replicate starts streaming to cfg.ReplicateTo; the standby is brought up
+// to date from a snapshot or the log.
+func (n *Node) replicate() error {
+	lg := replicate.NewLog(n.cfg.MaxLagBytes)
+	sender, err := replicate.NewSender(replicate.SenderConfig{
+		Addr: n.cfg.ReplicateTo, Key: n.cfg.Key, Mode: n.cfg.Mode, Log: lg, Logger: n.log,
+		Registry: n.cfg.Registry, Faults: n.cfg.Faults,
+	}, protected{n})
+	if err != nil {
+		return err
+	}
+	n.srv.Replicate(lg, n.cfg.Mode)
+	ctx, cancel := context.WithCancel(n.ctx)
+	r := &replication{log: lg, sender: sender, cancel: cancel, done: make(chan struct{})}
+	n.mu.Lock()
+	n.repl = r
+	n.mu.Unlock()
+	go func() { defer close(r.done); sender.Run(ctx) }()
+	n.log.Info("replicating", "standby", n.cfg.ReplicateTo, "mode", n.cfg.Mode)
+	return nil
+}
+
+// protected is what the sender needs of its node: the server's snapshot,
+// and the authority's term (heartbeats must never wait for the server,
+// which a switchover holds stopped while it waits for the standby) and
+// decision on a peer's term.
+type protected struct{ n *Node }
+
+func (p protected) Snapshot() ([]replicate.Record, time.Duration) { return p.n.srv.Snapshot() }
+func (p protected) PeerTerm(term uint64)                          { p.n.auth.PeerTerm(term) }
+
+func (p protected) Term() uint64 {
+	_, term := p.n.auth.role()
+	return term
+}
+
+// execute carries out one decision of the role authority.
+func (n *Node) execute(act failover.Action) {
+	switch act.Kind {
+	case failover.Promote:
+		if err := n.promote(act.Term); err != nil {
+			n.log.Error("promotion failed", "err", err)
+		}
+	case failover.Fence:
+		n.srv.Fence(act.Term)
+		if r := n.replication(); r != nil {
+			r.stop() // a fenced node has nothing left to protect
+		}
+	}
+}
+
+// promote makes this standby the primary under term: it stops taking the
+// old primary's stream (and tells it so if it comes back), drops an
+// uncommitted epoch, and serves guests with every session, handle and
+// device address intact.
+func (n *Node) promote(term uint64) error {
+	detected := n.cfg.Now()
+	lastHeard := n.auth.heardAt()
+	applied := n.agent.Receiver.Status().Applied
+	dropped := n.agent.Fence(term)
+	if err := n.becomePrimary(term); err != nil {
+		return fmt.Errorf("serving guests after promotion: %w", err)
+	}
+	p := &Promotion{Term: term, LastHeard: lastHeard, Detected: detected, Serving: n.cfg.Now(), DiscardedEpoch: dropped}
+	p.DetectionMS = float64(detected.Sub(lastHeard).Microseconds()) / 1000
+	p.PromotionMS = float64(p.Serving.Sub(detected).Microseconds()) / 1000
+	n.mu.Lock()
+	n.promotion = p
+	n.mu.Unlock()
+	n.log.Warn("promoted to primary", "term", term, "silence_ms", p.DetectionMS, "promotion_ms", p.PromotionMS,
+		"guest_endpoint", n.cfg.GuestListen, "applied_seq", applied, "discarded_epoch_records", dropped)
+	return nil
+}
+
+// Promoted returns the takeover, if there was one.
+func (n *Node) Promoted() *Promotion {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.promotion
+}
+
+func (n *Node) replication() *replication {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.repl
+}
+
+// Sender is the primary's replication sender (nil when not replicating).
+func (n *Node) Sender() *replicate.Sender {
+	if r := n.replication(); r != nil {
+		return r.sender
+	}
+	return nil
+}
+
+// Log is the primary's replication log (nil when not replicating).
+func (n *Node) Log() *replicate.Log {
+	if r := n.replication(); r != nil {
+		return r.log
+	}
+	return nil
+}
+
+// Verify compares every object on this primary and its standby at one log
+// position; with repair, every repairable diverged allocation is copied
+// from the primary to the standby.
+func (n *Node) Verify(repair bool, timeout time.Duration) (replicate.Report, error) {
+	r := n.replication()
+	if r == nil {
+		return replicate.Report{}, errNotReplicating
+	}
+	rep, err := r.sender.Verify(n.srv.VerifyPoint, timeout)
+	if err != nil || !repair || rep.Match {
+		return rep, err
+	}
+	for _, m := range rep.Mismatches {
+		if m.Repairable && n.srv.Repair(m.Session, m.Object) == nil {
+			rep.Repaired++
+		}
+	}
+	return rep, nil
+}
+
+// Switchover hands the primary role to the standby with nothing lost and
+// returns how long guests were stopped and the standby's new term.
+func (n *Node) Switchover(timeout time.Duration) (time.Duration, uint64, error) {
+	r := n.replication()
+	if r == nil {
+		return 0, 0, errNotReplicating
+	}
+	var term uint64
+	pause, err := n.srv.Switchover(func() (uint64, error) {
+		t, err := r.sender.Handover(timeout)
+		term = t
+		return t, err
+	})
+	if err == nil {
+		n.auth.PeerTerm(term) // the authority records the fence
+	}
+	return pause, term, err
+}
+
+// CutEpoch ends an epoch (epoch mode) and reports whether the standby
+// holds it.
+func (n *Node) CutEpoch() (uint64, bool, error) {
+	r := n.replication()
+	if r == nil {
+		return 0, false, errNotReplicating
+	}
+	e, durable := r.log.CutEpoch()
+	return e, durable, nil
+}
+
+// IsNotReplicating reports whether err means the node has no standby link.
+func IsNotReplicating(err error) bool { return errors.Is(err, errNotReplicating) }
