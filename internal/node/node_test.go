@@ -123,7 +123,9 @@ func TestPromotedNodeIsAFullPrimary(t *testing.T) {
 	if err := g.CopyDtoH(got, p); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("guest data after two moves: equal=%v, %v", bytes.Equal(got, data), err)
 	}
-	if fo := g.Failovers(); len(fo) != 2 || fo[1].Term != 3 {
+	// The guest resumes on B if it noticed A's death before the
+	// switchover, then on C; or on C at once.
+	if fo := g.Failovers(); len(fo) == 0 || len(fo) > 2 || fo[len(fo)-1].Term != 3 || fo[len(fo)-1].Endpoint != ep("c.sock") {
 		t.Errorf("guest's failovers: %+v", fo)
 	}
 }
