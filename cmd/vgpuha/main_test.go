@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/drill"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -454,7 +455,7 @@ func TestDoubleFailover(t *testing.T) {
 // the guest either is told its partition-time work was rolled back or lost
 // nothing.
 func TestDrillPartition(t *testing.T) {
-	if !netnsAvailable() {
+	if !drill.NetnsAvailable() {
 		t.Skip("network namespaces cannot be made here (needs root and iproute2): partition drills skipped")
 	}
 	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "1", "--faults", "partition", "--topology", "netns", "--json", "--backend", "sim").Output()
