@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/drill"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -398,6 +399,33 @@ func TestDrill(t *testing.T) {
 	}
 }
 
+// TestDrillRefusesBadFlags: what the drill cannot run is refused before
+// any iteration (no pair is started), naming what would be valid.
+func TestDrillRefusesBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--faults", "kill,bogus"}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition)`},
+		{[]string{"--topology", "bogus"}, `unknown topology "bogus" (valid: auto, netns, loopback)`},
+		{[]string{"--iterations", "0"}, "--iterations must be at least 1"},
+		{[]string{"--mode", "epoch", "--faults", "freeze"}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},
+		{[]string{"--topology", "loopback", "--faults", "partition"}, `fault "partition" needs network namespaces`},
+		{[]string{"--mode", "bogus"}, `unknown replication mode "bogus"`},
+	} {
+		cmd := exec.Command(vgpuhaBin, append([]string{"drill", "--backend", "sim"}, tc.args...)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err == nil || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("drill %v: %v, stderr %q, want %q", tc.args, err, stderr.String(), tc.want)
+		}
+		if len(out) > 0 || strings.Contains(stderr.String(), "topology:") {
+			t.Errorf("drill %v ran before refusing:\n%s%s", tc.args, out, stderr.String())
+		}
+	}
+}
+
 // TestDoubleFailover: A replicates to B, which is set to replicate to C once
 // promoted. A guest runs while A is killed (B takes over and resyncs C) and
 // then B is killed (C takes over); the guest finishes every round on C with
@@ -454,7 +482,7 @@ func TestDoubleFailover(t *testing.T) {
 // the guest either is told its partition-time work was rolled back or lost
 // nothing.
 func TestDrillPartition(t *testing.T) {
-	if !netnsAvailable() {
+	if !drill.NetnsAvailable() {
 		t.Skip("network namespaces cannot be made here (needs root and iproute2): partition drills skipped")
 	}
 	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "1", "--faults", "partition", "--topology", "netns", "--json", "--backend", "sim").Output()

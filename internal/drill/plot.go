@@ -1,21 +1,17 @@
-package main
+package drill
 
 import (
+	"bufio"
 	"fmt"
 	"io"
-	"os"
 )
 
-// writeDrillSVG draws the drill as a timeline: one row per iteration, time
+// WriteSVG draws the drill as a timeline: one row per iteration, time
 // from the moment the fault struck. The red bar is the standby's wait until
 // its detector fired and it served guests; the blue bar is the guest's pause
 // (lost connection to resumed session).
-func writeDrillSVG(path string, rep drillReport) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
+func (rep Report) WriteSVG(out io.Writer) error {
+	f := bufio.NewWriter(out)
 	maxMS := 100.0
 	for _, r := range rep.Records {
 		maxMS = max(maxMS, r.PromotionMS, r.PauseMS)
@@ -49,6 +45,6 @@ func writeDrillSVG(path string, rep drillReport) error {
 	}
 	w(`<rect x="%d" y="%d" width="10" height="6" fill="#d33"/><text x="%d" y="%d">fault to new primary serving</text>`+"\n", left, height-8, left+14, height-2)
 	w(`<rect x="%d" y="%d" width="10" height="6" fill="#36c"/><text x="%d" y="%d">guest pause</text>`+"\n", left+200, height-8, left+214, height-2)
-	_, err = io.WriteString(f, "</svg>\n")
-	return err
+	io.WriteString(f, "</svg>\n")
+	return f.Flush()
 }

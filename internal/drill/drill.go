@@ -1,0 +1,348 @@
+// Package drill runs fault drills against a pair of vgpuha agent processes
+// (a primary and a standby started from the vgpuha binary, on loopback or
+// each in its own network namespace) under a guest workload, and the demo
+// on the same pair. A drill iteration is the same for every fault: start
+// the pair, run the workload, strike with the fault table's row at a
+// chosen launch, check what the row expects, and compare the guest's
+// results with a fault-free run's. The agents are separate processes,
+// reached through their flags and admin endpoints only.
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/faultnet"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// Options configure a drill.
+type Options struct {
+	Binary  string // the vgpuha binary the agents run from
+	Backend string // GPU backend of both nodes
+	Mode    string // replication mode
+	Netns   bool   // each node in its own network namespace, veth between
+	// Faults are cycled through, one per iteration; empty: every fault
+	// the mode and topology allow.
+	Faults     []string
+	Iterations int
+	Seed       uint64 // seeds the launches at which faults strike
+	// Progress, if set, is called after each iteration.
+	Progress func(r Record, iterations int)
+}
+
+// Record is one drill iteration.
+type Record struct {
+	Iteration    int     `json:"iteration"`
+	Fault        string  `json:"fault"`
+	AtLaunch     int     `json:"at_launch"`
+	Passed       bool    `json:"passed"`
+	Failovers    int     `json:"failovers"`
+	DetectionMS  float64 `json:"detection_ms,omitempty"`
+	PromotionMS  float64 `json:"promotion_ms,omitempty"`
+	PauseMS      float64 `json:"pause_ms,omitempty"`
+	LostRequests int64   `json:"lost_requests"` // negative: applied twice
+	Fenced       bool    `json:"old_primary_fenced,omitempty"`
+	// RolledBack: the guest was told its session was rolled back (a
+	// partition: the old primary served on, unprotected, and was fenced).
+	RolledBack bool   `json:"rolled_back,omitempty"`
+	Problem    string `json:"problem,omitempty"`
+}
+
+// Quantiles summarize a measurement over iterations.
+type Quantiles struct {
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// Report is a whole drill.
+type Report struct {
+	Topology     string    `json:"topology"`
+	Mode         string    `json:"mode"`
+	Iterations   int       `json:"iterations"`
+	Passed       int       `json:"passed"`
+	Failed       int       `json:"failed"`
+	LostRequests int64     `json:"lost_requests"`
+	DetectionMS  Quantiles `json:"detection_ms"` // unplanned takeovers (kill, freeze)
+	PauseMS      Quantiles `json:"pause_ms"`     // unplanned takeovers (kill, freeze)
+	Records      []Record  `json:"records"`
+}
+
+// Topology describes where the pair runs.
+func Topology(netns bool) string {
+	if netns {
+		return "primary and standby in their own network namespaces, veth between"
+	}
+	return "processes on loopback (no network namespaces here: link partitions are not drilled)"
+}
+
+// faults returns the faults to cycle through.
+func (o Options) faults() []string {
+	if len(o.Faults) > 0 {
+		return o.Faults
+	}
+	return faultNames(func(f *fault) bool { return o.allows(f) })
+}
+
+// allows reports whether f can be drilled in o's mode and topology.
+func (o Options) allows(f *fault) bool {
+	return (o.Mode != "epoch" || f.epoch) && (o.Netns || !f.netns)
+}
+
+// Validate refuses, before any iteration, an unknown mode and faults that
+// are unknown or that the mode or topology cannot drill; the error names
+// the valid ones.
+func (o Options) Validate() error {
+	if _, err := replicate.ParseMode(o.Mode); err != nil {
+		return err
+	}
+	for _, name := range o.faults() {
+		f := lookup(name)
+		switch {
+		case f == nil:
+			return fmt.Errorf("unknown fault %q (valid: %s)", name, strings.Join(faultNames(func(*fault) bool { return true }), ", "))
+		case o.Mode == "epoch" && !f.epoch:
+			return fmt.Errorf("fault %q is not drilled in epoch mode (valid there: %s)", name, strings.Join(faultNames(func(f *fault) bool { return f.epoch }), ", "))
+		case f.netns && !o.Netns:
+			return fmt.Errorf("fault %q needs network namespaces, and this drill runs on loopback", name)
+		}
+	}
+	return nil
+}
+
+// Run drills o.Iterations times, cycling through the faults, each striking
+// at a launch drawn from o.Seed.
+func Run(o Options) (Report, error) {
+	if err := o.Validate(); err != nil {
+		return Report{}, err
+	}
+	names := o.faults()
+	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
+	var recs []Record
+	for i := 0; i < o.Iterations; i++ {
+		at := 60 + rng.IntN(280)
+		rec := once(o, lookup(names[i%len(names)]), at)
+		rec.Iteration = i + 1
+		recs = append(recs, rec)
+		if o.Progress != nil {
+			o.Progress(rec, o.Iterations)
+		}
+	}
+	return summarize(Topology(o.Netns), o.Mode, recs), nil
+}
+
+// summarize totals the records.
+func summarize(topology, mode string, recs []Record) Report {
+	rep := Report{Topology: topology, Mode: mode, Records: recs}
+	var det, pause []float64
+	for _, r := range recs {
+		rep.Iterations++
+		if r.Passed {
+			rep.Passed++
+		} else {
+			rep.Failed++
+		}
+		rep.LostRequests += max(r.LostRequests, -r.LostRequests)
+		// The quantiles describe unplanned takeovers; a switchover or a
+		// guest's own blip has nothing to detect and pauses far less.
+		if f := lookup(r.Fault); r.Failovers > 0 && f != nil && f.unplanned {
+			pause = append(pause, r.PauseMS)
+			det = append(det, r.DetectionMS)
+		}
+	}
+	rep.DetectionMS, rep.PauseMS = quantilesOf(det), quantilesOf(pause)
+	return rep
+}
+
+func quantilesOf(v []float64) Quantiles {
+	if len(v) == 0 {
+		return Quantiles{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))] }
+	return Quantiles{P50: at(0.5), P99: at(0.99), Max: s[len(s)-1]}
+}
+
+// run is one drill iteration.
+type run struct {
+	fault *fault
+	rec   Record
+	pair  *pair
+	// proxy carries the guest's connections to the primary, so that they
+	// can be cut (guest-cut).
+	proxy      *faultnet.Proxy
+	guest      *pvdriver.Client
+	ctr        *counters
+	ckpt       *checkpointer // epoch mode only
+	struck     time.Time     // when the fault was injected
+	rolledBack bool          // the guest was told its session was rolled back
+}
+
+// once is one iteration: f strikes at launch at of a fresh pair's workload.
+func once(o Options, f *fault, at int) Record {
+	r := &run{fault: f, rec: Record{Fault: f.name, AtLaunch: at}}
+	if o.Mode == "epoch" {
+		// Strike right after a synchronization, before the checkpointer's
+		// cut: the standby must discard that uncommitted epoch.
+		r.rec.AtLaunch = at/epochEvery*epochEvery + epochEvery - 1
+	}
+	err := r.setUp(o)
+	defer r.tearDown()
+	if err == nil {
+		err = r.workload()
+	}
+	if err == nil {
+		err = r.check()
+	}
+	r.rec.RolledBack = r.rolledBack
+	if r.guest != nil {
+		r.rec.Failovers, r.rec.PauseMS = firstPause(r.guest)
+	}
+	if err != nil {
+		r.rec.Problem = err.Error()
+	} else {
+		r.rec.Passed = true
+	}
+	return r.rec
+}
+
+// setUp starts the pair and a guest with the workload's state loaded.
+func (r *run) setUp(o Options) error {
+	var err error
+	if r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns); err != nil {
+		return err
+	}
+	proxyEP := "unix://" + filepath.Join(r.pair.dir, "guest-proxy.sock")
+	if r.proxy, err = faultnet.Listen(proxyEP, r.pair.primaryEP); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	r.guest, err = pvdriver.Open(ctx, proxyEP, pvdriver.Options{GuestName: "drill", Failover: []string{r.pair.standbyEP}})
+	cancel()
+	if err != nil {
+		return err
+	}
+	if o.Mode == "epoch" {
+		r.ckpt = &checkpointer{primary: r.pair.primary}
+	}
+	r.ctr, err = newCounters(r.guest)
+	return err
+}
+
+func (r *run) tearDown() {
+	if r.guest != nil {
+		r.guest.Close()
+	}
+	if r.proxy != nil {
+		r.proxy.Close()
+	}
+	if r.pair != nil {
+		r.pair.stop()
+	}
+}
+
+// strike injects the fault.
+func (r *run) strike() error {
+	r.struck = time.Now()
+	return r.fault.inject(r)
+}
+
+// workload runs the launches, striking at r.rec.AtLaunch: before that
+// launch, or in epoch mode between its synchronization and the
+// checkpointer's cut. It ends early, without an error, when the guest is
+// told of a rollback that the row or the checkpointer accounts for.
+func (r *run) workload() error {
+	every := syncEvery
+	if r.ckpt != nil {
+		every = epochEvery
+	}
+	for i := 0; i < launches; i++ {
+		if i == r.rec.AtLaunch && r.ckpt == nil {
+			if err := r.strike(); err != nil {
+				return err
+			}
+		}
+		err := r.ctr.launch()
+		if err == nil && i%every == every-1 {
+			err = r.guest.Synchronize()
+			if err == nil && r.ckpt != nil {
+				if i == r.rec.AtLaunch {
+					if err := r.strike(); err != nil {
+						return err
+					}
+				}
+				r.ckpt.cut(i + 1)
+			}
+		}
+		if errors.Is(err, pvdriver.ErrRolledBack) && (r.fault.rollback || r.ckpt != nil) {
+			r.rolledBack = true
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("launch %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// check holds the pair and the guest to what the row promises: a takeover
+// where it causes one, the row's own expectations, the fault-free result,
+// and the guest's failovers.
+func (r *run) check() error {
+	if r.fault.takeover {
+		var p *Promotion
+		if waitFor(5*time.Second, func() bool { p = r.pair.standby.promotion(); return p != nil }) != nil {
+			return errors.New("standby was not promoted")
+		}
+		r.rec.DetectionMS = p.DetectionMS
+		r.rec.PromotionMS = float64(p.Serving.Sub(r.struck).Microseconds()) / 1000
+	}
+	if r.fault.expect != nil {
+		if err := r.fault.expect(r); err != nil {
+			return err
+		}
+	}
+	if err := r.compare(); err != nil {
+		return err
+	}
+	if got, want := len(r.guest.Failovers()), r.fault.failovers; want != anyFailovers && got != want {
+		return fmt.Errorf("%d failovers, want %d", got, want)
+	}
+	return nil
+}
+
+// compare checks the guest's counters against a fault-free run: every
+// launch the guest made is there exactly once, or, rolled back in epoch
+// mode, every launch of the checkpoint its VM is restored to.
+func (r *run) compare() error {
+	want := int64(launches)
+	switch {
+	case r.rolledBack && r.ckpt != nil:
+		r.guest.AcceptRollback() // the VM is restored from its last checkpoint
+		want = int64(r.ckpt.journal)
+	case r.rolledBack:
+		return nil // told explicitly, nothing lost silently: no journal to compare with
+	case r.ckpt != nil && r.fault.takeover:
+		return fmt.Errorf("the %s never caused a rollback", r.fault.name)
+	}
+	total, err := r.ctr.count()
+	if err != nil {
+		return fmt.Errorf("reading counters: %w", err)
+	}
+	if r.rec.LostRequests = want - total; r.rec.LostRequests == 0 {
+		return nil
+	}
+	if r.rolledBack {
+		return fmt.Errorf("GPU holds %d launches, the restored VM's journal %d", total, want)
+	}
+	return fmt.Errorf("counters off by %d launches", r.rec.LostRequests)
+}

@@ -1,0 +1,167 @@
+package drill
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vgpuha/vgpuha/pvdriver"
+)
+
+// fault is one row of the fault table: how to strike a running pair, and
+// what must hold afterwards beyond what the drill checks for every row (the
+// guest's counters equal a fault-free run's; it went through failovers
+// failovers). Adding a fault is adding a row.
+type fault struct {
+	name, help string
+	inject     func(*run) error
+	expect     func(*run) error // nil: the drill's own checks only
+	// takeover: the standby must be promoted; the drill measures its
+	// detection and the time from the fault to a serving new primary.
+	takeover bool
+	// unplanned: a takeover nobody asked for, whose detection and guest
+	// pause go into the report's quantiles.
+	unplanned bool
+	failovers int  // the guest's failovers afterwards, or anyFailovers
+	rollback  bool // the guest may be told its session was rolled back
+	netns     bool // needs each node in its own network namespace
+	epoch     bool // drilled in epoch mode too (a simulated VM checkpointer)
+}
+
+// anyFailovers: the row does not check how often the guest moved.
+const anyFailovers = -1
+
+// partitionOutlasts is how long a cut replication link stays cut after the
+// standby took over: the old primary serves on alone meanwhile.
+const partitionOutlasts = 100 * time.Millisecond
+
+var faults = []fault{
+	{name: "kill", help: "SIGKILL primary", inject: killPrimary,
+		takeover: true, unplanned: true, failovers: 1, epoch: true},
+	{name: "freeze", help: "SIGSTOP primary, SIGCONT after the takeover", inject: freezePrimary, expect: thawedPrimaryFenced,
+		takeover: true, unplanned: true, failovers: 1},
+	{name: "standby-kill", help: "SIGKILL standby", inject: killStandby,
+		failovers: 0},
+	{name: "switchover", help: "planned", inject: switchover, expect: oldPrimaryFenced,
+		takeover: true, failovers: 1},
+	// The guest resumes on the same primary; nobody takes over.
+	{name: "guest-cut", help: "drop the guest's connections to the primary", inject: cutGuest, expect: standbyNotPromoted,
+		failovers: 1},
+	{name: "partition", help: "cut the primary-standby link, heal it after the takeover; needs namespaces", inject: partition, expect: partitionFenced,
+		failovers: anyFailovers, rollback: true, netns: true},
+}
+
+// lookup returns the row named name, nil if there is none.
+func lookup(name string) *fault {
+	for i := range faults {
+		if faults[i].name == name {
+			return &faults[i]
+		}
+	}
+	return nil
+}
+
+// FaultHelp describes the faults for --faults: "kill (SIGKILL primary), ...".
+func FaultHelp() string {
+	var b strings.Builder
+	for i, f := range faults {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s (%s)", f.name, f.help)
+	}
+	return b.String()
+}
+
+// faultNames lists the names of the rows that keep holds for.
+func faultNames(keep func(*fault) bool) []string {
+	var names []string
+	for i := range faults {
+		if keep(&faults[i]) {
+			names = append(names, faults[i].name)
+		}
+	}
+	return names
+}
+
+func killPrimary(r *run) error { return r.pair.primary.cmd.Process.Kill() }
+
+func freezePrimary(r *run) error { return r.pair.primary.cmd.Process.Signal(syscall.SIGSTOP) }
+
+func killStandby(r *run) error { return r.pair.standby.cmd.Process.Kill() }
+
+func cutGuest(r *run) error {
+	r.proxy.Cut()
+	return nil
+}
+
+// switchover asks the primary to hand over while the guest keeps going.
+func switchover(r *run) error {
+	go r.pair.primary.post("/switchover", 30*time.Second)
+	return nil
+}
+
+// partition cuts the replication link and heals it once the standby has
+// taken over (or given up waiting for that).
+func partition(r *run) error {
+	if err := r.pair.link(false); err != nil {
+		return fmt.Errorf("cutting the link: %w", err)
+	}
+	go func() {
+		waitFor(5*time.Second, func() bool { return r.pair.standby.promotion() != nil })
+		time.Sleep(partitionOutlasts)
+		r.pair.link(true)
+	}()
+	return nil
+}
+
+// thawedPrimaryFenced thaws the frozen primary, which must learn the newer
+// term and stop serving instead of acting as a second primary.
+func thawedPrimaryFenced(r *run) error {
+	r.pair.primary.signal(syscall.SIGCONT)
+	if r.rec.Fenced = r.pair.primary.fenced(5 * time.Second); !r.rec.Fenced {
+		return errors.New("thawed primary was not fenced")
+	}
+	return nil
+}
+
+func oldPrimaryFenced(r *run) error {
+	if r.rec.Fenced = r.pair.primary.fenced(0); !r.rec.Fenced {
+		return errors.New("old primary still serving after the switchover")
+	}
+	return nil
+}
+
+func standbyNotPromoted(r *run) error {
+	if r.pair.standby.promotion() != nil {
+		return errors.New("the standby took over after a guest-side link cut")
+	}
+	return nil
+}
+
+// partitionFenced is the two-node case: the standby took over while the
+// old primary, cut off, served the guest on unprotected. Once the link
+// heals the old primary must learn the newer term and stop; the guest then
+// moves to the new primary and must be told that what it did during the
+// partition is not there (never lose it silently) — unless commit mode
+// held its replies while the standby was unreachable, so that it forgot
+// nothing and the drill's comparison finds every launch on the new primary.
+func partitionFenced(r *run) error {
+	if r.rec.Fenced = r.pair.primary.fenced(10 * time.Second); !r.rec.Fenced {
+		return errors.New("the old primary was not fenced after the partition healed")
+	}
+	if r.rolledBack {
+		return nil
+	}
+	err := r.guest.Synchronize()
+	if errors.Is(err, pvdriver.ErrRolledBack) {
+		r.rolledBack = true
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("after the partition: %w", err)
+	}
+	return nil
+}

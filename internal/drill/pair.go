@@ -1,0 +1,295 @@
+package drill
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vgpuha/vgpuha/mmiotrace"
+)
+
+// agent is one node: a `vgpuha primary` or `vgpuha standby` process and
+// its admin endpoint (a unix socket, reachable from any namespace).
+type agent struct {
+	cmd   *exec.Cmd
+	admin string // unix:///path
+	http  *http.Client
+}
+
+func newAgent(adminSock string) *agent {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", adminSock)
+	}}
+	return &agent{admin: "unix://" + adminSock, http: &http.Client{Transport: tr}}
+}
+
+// do sends one admin request and returns the body of a 200 reply.
+func (a *agent) do(method, path string, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, "http://admin"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := a.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, body)
+	}
+	return body, nil
+}
+
+// status decodes the node's /status into v.
+func (a *agent) status(v any) error {
+	body, err := a.do(http.MethodGet, "/status", 2*time.Second)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(body, v)
+}
+
+// post POSTs to an admin path (/switchover, /epoch) and returns the reply.
+func (a *agent) post(path string, timeout time.Duration) ([]byte, error) {
+	return a.do(http.MethodPost, path, timeout)
+}
+
+// healthy reports whether the node's admin endpoint answers /healthz.
+func (a *agent) healthy() bool {
+	_, err := a.do(http.MethodGet, "/healthz", time.Second)
+	return err == nil
+}
+
+// promotion returns the standby's takeover record, nil before one.
+func (a *agent) promotion() *Promotion {
+	var st struct{ Promotion *Promotion }
+	if a.status(&st) != nil {
+		return nil
+	}
+	return st.Promotion
+}
+
+// Promotion is the part of a standby's /status that records its takeover.
+type Promotion struct {
+	Term        uint64
+	DetectionMS float64 `json:"detection_ms"`
+	PromotionMS float64 `json:"promotion_ms"`
+	Serving     time.Time
+}
+
+// fenced waits up to d (0: asks once) for the node to answer that it no
+// longer serves as the primary.
+func (a *agent) fenced(d time.Duration) bool {
+	return waitFor(d, func() bool {
+		var st struct {
+			Primary bool `json:"is_primary"`
+		}
+		return a.status(&st) == nil && !st.Primary
+	}) == nil
+}
+
+// signal sends sig to the node's process.
+func (a *agent) signal(sig os.Signal) { a.cmd.Process.Signal(sig) }
+
+// pair is a primary and a standby running as child processes of the vgpuha
+// binary, sharing a fresh replication key: on loopback, or each in its own
+// network namespace joined by a veth link that drills can cut. Guests reach
+// both through unix sockets (paths cross namespaces), and so do the admin
+// endpoints.
+type pair struct {
+	dir                  string
+	primary, standby     *agent
+	primaryEP, standbyEP string
+	netns                [2]string // primary's, standby's; empty on loopback
+}
+
+// NetnsAvailable reports whether network namespaces can be made here.
+func NetnsAvailable() bool {
+	name := fmt.Sprintf("vgpuha-probe-%d", os.Getpid())
+	if exec.Command("ip", "netns", "add", name).Run() != nil {
+		return false
+	}
+	exec.Command("ip", "netns", "del", name).Run()
+	return true
+}
+
+// pairSeq numbers the pairs this process makes (namespace and veth names).
+var pairSeq int
+
+// startPair starts a standby and a primary from the vgpuha binary bin and
+// waits, on their admin endpoints, until the standby answers and the
+// primary says it is protected.
+func startPair(bin, backend, mode string, netns bool) (*pair, error) {
+	dir, err := os.MkdirTemp("", "vgpuha-pair")
+	if err != nil {
+		return nil, err
+	}
+	p := &pair{dir: dir,
+		primary: newAgent(filepath.Join(dir, "primary-admin.sock")), standby: newAgent(filepath.Join(dir, "standby-admin.sock")),
+		primaryEP: "unix://" + filepath.Join(dir, "primary.sock"), standbyEP: "unix://" + filepath.Join(dir, "standby.sock")}
+	key := make([]byte, 32)
+	rand.Read(key)
+	keyFile := filepath.Join(dir, "key")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
+		p.stop()
+		return nil, err
+	}
+	repl, err := p.replicationAddr(netns)
+	if err != nil {
+		p.stop()
+		return nil, err
+	}
+	if err := p.start(p.standby, bin, "standby", p.netns[1], "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode()); err != nil {
+		p.stop()
+		return nil, err
+	}
+	if err := p.start(p.primary, bin, "primary", p.netns[0], "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+repl,
+		"--replicate.key-file", keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode()); err != nil {
+		p.stop()
+		return nil, err
+	}
+	var st struct{ Replication struct{ State string } }
+	err = waitFor(10*time.Second, func() bool {
+		return p.standby.healthy() && p.primary.status(&st) == nil && st.Replication.State == "protected"
+	})
+	if err != nil {
+		p.stopKeepingLogs()
+		return nil, fmt.Errorf("primary never became protected (logs in %s): %w", dir, err)
+	}
+	return p, nil
+}
+
+// replicationAddr returns where the standby listens for the primary: a
+// free loopback port, or an address on a fresh veth link between two new
+// namespaces.
+func (p *pair) replicationAddr(netns bool) (string, error) {
+	if !netns {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		defer ln.Close()
+		return ln.Addr().String(), nil
+	}
+	pairSeq++
+	id := fmt.Sprintf("%d-%d", os.Getpid()%100000, pairSeq)
+	p.netns = [2]string{"vgp-" + id, "vgs-" + id}
+	vp, vs := "vp"+id, "vs"+id
+	if len(vp) > 15 {
+		vp, vs = vp[:15], vs[:15]
+	}
+	subnet := fmt.Sprintf("10.%d.%d", 100+pairSeq%100, os.Getpid()%250)
+	steps := [][]string{
+		{"netns", "add", p.netns[0]}, {"netns", "add", p.netns[1]},
+		{"link", "add", vp, "type", "veth", "peer", "name", vs},
+		{"link", "set", vp, "netns", p.netns[0]}, {"link", "set", vs, "netns", p.netns[1]},
+		{"-n", p.netns[0], "addr", "add", subnet + ".1/24", "dev", vp},
+		{"-n", p.netns[1], "addr", "add", subnet + ".2/24", "dev", vs},
+		{"-n", p.netns[0], "link", "set", vp, "up"}, {"-n", p.netns[1], "link", "set", vs, "up"},
+		{"-n", p.netns[0], "link", "set", "lo", "up"}, {"-n", p.netns[1], "link", "set", "lo", "up"},
+	}
+	for _, st := range steps {
+		if out, err := exec.Command("ip", st...).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("ip %v: %v: %s", st, err, out)
+		}
+	}
+	return subnet + ".2:7071", nil
+}
+
+// start runs `bin role args...` as a, in namespace ns unless it is empty,
+// logging to role.log in the pair's directory.
+func (p *pair) start(a *agent, bin, role, ns string, args ...string) error {
+	args = append([]string{role}, args...)
+	a.cmd = exec.Command(bin, args...)
+	if ns != "" {
+		a.cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+	}
+	logf, err := os.Create(filepath.Join(p.dir, role+".log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close() // the child holds its own descriptor
+	a.cmd.Stderr = logf
+	return a.cmd.Start()
+}
+
+// link sets the primary's end of the replication link up or down (a
+// partition between primary and standby; namespaces only).
+func (p *pair) link(up bool) error {
+	state := "down"
+	if up {
+		state = "up"
+	}
+	out, err := exec.Command("ip", "-n", p.netns[0], "-o", "link", "show", "type", "veth").Output()
+	if err != nil {
+		return err
+	}
+	// "7: vp123-1@if6: <BROADCAST,...": the name is the second field.
+	fields := strings.SplitN(string(out), ":", 3)
+	if len(fields) < 3 {
+		return fmt.Errorf("no veth link in namespace %s", p.netns[0])
+	}
+	name, _, _ := strings.Cut(strings.TrimSpace(fields[1]), "@")
+	return exec.Command("ip", "-n", p.netns[0], "link", "set", name, state).Run()
+}
+
+// stop kills both nodes and removes their files and namespaces.
+func (p *pair) stop() {
+	p.stopKeepingLogs()
+	os.RemoveAll(p.dir)
+}
+
+// stopKeepingLogs kills both nodes and removes their namespaces; the
+// directory with their logs stays for whoever is told where it is.
+func (p *pair) stopKeepingLogs() {
+	for _, a := range []*agent{p.primary, p.standby} {
+		if c := a.cmd; c != nil && c.Process != nil {
+			c.Process.Signal(syscall.SIGCONT)
+			c.Process.Kill()
+			c.Wait()
+		}
+		a.http.CloseIdleConnections()
+	}
+	for _, ns := range p.netns {
+		if ns != "" {
+			exec.Command("ip", "netns", "del", ns).Run()
+		}
+	}
+}
+
+// waitFor polls ok every 20 ms until it holds or d has passed.
+func waitFor(d time.Duration, ok func() bool) error {
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v", d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// mmioMode is how the pair traces apertures: uffd where the kernel has it
+// (the guest needs no ptrace then), else page.
+func mmioMode() string {
+	if mmiotrace.UffdAvailable() == nil {
+		return "uffd"
+	}
+	return "page"
+}

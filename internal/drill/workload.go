@@ -1,0 +1,103 @@
+package drill
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver"
+)
+
+// The drill's workload: launches of the histogram kernel over elements
+// values, each adding elements into nbins counters, so the counters' sum
+// counts launches exactly: a lost launch or one applied twice shows.
+const (
+	elements, nbins = 1024, 16
+	launches        = 400
+	syncEvery       = 20 // the guest synchronizes every so many launches
+	// epochEvery: in epoch mode the guest synchronizes this often, and the
+	// checkpointer cuts an epoch after each synchronization.
+	epochEvery = 40
+)
+
+// counters is the workload's state on the guest's GPU.
+type counters struct {
+	g          *pvdriver.Client
+	f          pvdriver.Function
+	data, bins pvdriver.DevicePtr
+	cfg        pvdriver.LaunchConfig
+}
+
+// newCounters loads the kernel, uploads the values and zeroes the counters.
+func newCounters(g *pvdriver.Client) (*counters, error) {
+	img, _ := kernels.Image("histogram")
+	m, err := g.LoadModule(img)
+	if err != nil {
+		return nil, err
+	}
+	c := &counters{g: g, cfg: pvdriver.LaunchConfig{Grid: pvdriver.Dim(elements / 256), Block: pvdriver.Dim(256)}}
+	if c.f, err = g.GetFunction(m, "histogram"); err != nil {
+		return nil, err
+	}
+	if c.data, err = g.Alloc(4 * elements); err != nil {
+		return nil, err
+	}
+	if c.bins, err = g.Alloc(4 * nbins); err != nil {
+		return nil, err
+	}
+	values := make([]byte, 4*elements)
+	for i := 0; i < elements; i++ {
+		binary.LittleEndian.PutUint32(values[4*i:], uint32(i))
+	}
+	if err := g.CopyHtoD(c.data, values); err != nil {
+		return nil, err
+	}
+	return c, g.Memset8(c.bins, 0, 4*nbins)
+}
+
+func (c *counters) launch() error {
+	return c.g.Launch(c.f, c.cfg, pvdriver.Ptr(c.data), pvdriver.U32(elements), pvdriver.Ptr(c.bins), pvdriver.U32(nbins))
+}
+
+// count reads the counters and returns how many launches they add up to.
+func (c *counters) count() (int64, error) {
+	out := make([]byte, 4*nbins)
+	if err := c.g.CopyDtoH(out, c.bins); err != nil {
+		return 0, err
+	}
+	var total int64
+	for b := 0; b < nbins; b++ {
+		total += int64(binary.LittleEndian.Uint32(out[4*b:]))
+	}
+	return total / elements, nil
+}
+
+// checkpointer is epoch mode's simulated VM checkpointer: after the guest
+// synchronized it cuts an epoch on the primary, and journals the guest's
+// progress only once the cut is committed on the standby. The journal is
+// the VM checkpoint a takeover restores the guest to.
+type checkpointer struct {
+	primary *agent
+	journal int // launches the last committed checkpoint holds
+}
+
+// cut cuts an epoch after launched launches.
+func (c *checkpointer) cut(launched int) {
+	var cut struct {
+		Committed bool `json:"committed_on_standby"`
+	}
+	if body, err := c.primary.post("/epoch", 5*time.Second); err == nil && json.Unmarshal(body, &cut) == nil && cut.Committed {
+		c.journal = launched
+	}
+}
+
+// firstPause returns how many failovers the guest went through and the
+// pause of the first, in ms.
+func firstPause(g *pvdriver.Client) (int, float64) {
+	fo := g.Failovers()
+	if len(fo) == 0 {
+		return 0, 0
+	}
+	return len(fo), float64(fo[0].Resumed.Sub(fo[0].Lost).Microseconds()) / 1000
+}
