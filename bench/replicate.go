@@ -66,51 +66,15 @@ func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
 	if opts.Calls <= 0 {
 		opts.Calls = 1000
 	}
-	type node struct {
-		name string
-		c    *cluster.Cluster
-		g    *pvdriver.Client
-		buf  pvdriver.DevicePtr
-	}
-	modes := []struct {
-		name string
-		opts cluster.Options
-	}{
-		{"none", cluster.Options{}},
-		{"sync", cluster.Options{Replicate: true, Mode: replicate.ModeSync, StartStandby: true}},
-		{"commit", cluster.Options{Replicate: true, Mode: replicate.ModeCommit, StartStandby: true}},
-		{"async", cluster.Options{Replicate: true, Mode: replicate.ModeAsync, StartStandby: true}},
-		{"epoch", cluster.Options{Replicate: true, Mode: replicate.ModeEpoch, StartStandby: true}},
-	}
-	var nodes []node
+	nodes, err := startReplicaNodes(opts)
 	defer func() {
 		for _, n := range nodes {
 			n.g.Close()
 			n.c.Close()
 		}
 	}()
-	for _, m := range modes {
-		m.opts.NewBackend = opts.NewBackend
-		c, err := cluster.Start(m.opts)
-		if err != nil {
-			return ReplicateReport{}, err
-		}
-		if m.opts.Replicate {
-			if err := c.WaitProtected(10 * time.Second); err != nil {
-				c.Close()
-				return ReplicateReport{}, err
-			}
-		}
-		g, err := c.Guest("bench")
-		if err != nil {
-			c.Close()
-			return ReplicateReport{}, err
-		}
-		p, err := g.Alloc(uint64(opts.BulkBytes))
-		if err != nil {
-			return ReplicateReport{}, err
-		}
-		nodes = append(nodes, node{m.name, c, g, p})
+	if err != nil {
+		return ReplicateReport{}, err
 	}
 	data := make([]byte, opts.BulkBytes)
 	for i := range data {
@@ -124,7 +88,7 @@ func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
 
 	// bulk copies: unreplicated, replicated in commit mode (a D->H read at
 	// the end waits until the standby applied every byte), plain TCP.
-	bulk := func(n node) func() error {
+	bulk := func(n replicaNode) func() error {
 		return func() error {
 			if err := n.g.CopyHtoD(n.buf, data); err != nil {
 				return err
@@ -193,6 +157,56 @@ func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
 		rep.Resync = append(rep.Resync, row)
 	}
 	return rep, nil
+}
+
+// replicaNode is one mode's cluster with a guest and its bulk buffer.
+type replicaNode struct {
+	name string
+	c    *cluster.Cluster
+	g    *pvdriver.Client
+	buf  pvdriver.DevicePtr
+}
+
+// startReplicaNodes starts a cluster per replication mode (and one
+// without), each with a guest holding a BulkBytes buffer.
+func startReplicaNodes(opts ReplicateOptions) ([]replicaNode, error) {
+	modes := []struct {
+		name string
+		opts cluster.Options
+	}{
+		{"none", cluster.Options{}},
+		{"sync", cluster.Options{Replicate: true, Mode: replicate.ModeSync, StartStandby: true}},
+		{"commit", cluster.Options{Replicate: true, Mode: replicate.ModeCommit, StartStandby: true}},
+		{"async", cluster.Options{Replicate: true, Mode: replicate.ModeAsync, StartStandby: true}},
+		{"epoch", cluster.Options{Replicate: true, Mode: replicate.ModeEpoch, StartStandby: true}},
+	}
+	var nodes []replicaNode
+	for _, m := range modes {
+		m.opts.NewBackend = opts.NewBackend
+		c, err := cluster.Start(m.opts)
+		if err != nil {
+			return nodes, err
+		}
+		if m.opts.Replicate {
+			if err := c.WaitProtected(10 * time.Second); err != nil {
+				c.Close()
+				return nodes, err
+			}
+		}
+		g, err := c.Guest("bench")
+		if err != nil {
+			c.Close()
+			return nodes, err
+		}
+		p, err := g.Alloc(uint64(opts.BulkBytes))
+		if err != nil {
+			g.Close()
+			c.Close()
+			return nodes, err
+		}
+		nodes = append(nodes, replicaNode{m.name, c, g, p})
+	}
+	return nodes, nil
 }
 
 // measureResync fills a guest's memory with no standby attached, then
