@@ -135,20 +135,11 @@ func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
 			fmt.Fprintf(opts.Progress, "round %d/%d done\n", round+1, opts.Rounds)
 		}
 	}
-	var rep ReplicateReport
-	base := median(bulkNs[0])
+	names := make([]string, len(paths))
 	for i, p := range paths {
-		ns := median(bulkNs[i])
-		rep.Throughput = append(rep.Throughput, ThroughputRow{Path: p.name,
-			MBPerSec: float64(opts.BulkBytes) / ns * 1e3, VsTCPCopy: base / ns})
+		names[i] = p.name
 	}
-	for ci, call := range []string{"copy_htod_64B", "copy_dtoh_64B"} {
-		none := median(lat[0][ci])
-		for i, n := range nodes {
-			m := median(lat[i][ci])
-			rep.Latency = append(rep.Latency, LatencyRow{Call: call, Mode: n.name, NsPerOp: m, AddedNs: m - none})
-		}
-	}
+	rep := summarize(opts.BulkBytes, names, bulkNs, nodes, lat)
 	for _, size := range []int{opts.BulkBytes / 4, opts.BulkBytes} {
 		row, err := measureResync(opts, size)
 		if err != nil {
@@ -157,6 +148,25 @@ func Replicate(opts ReplicateOptions) (ReplicateReport, error) {
 		rep.Resync = append(rep.Resync, row)
 	}
 	return rep, nil
+}
+
+// summarize turns the rounds' timings into the report's medians.
+func summarize(bulkBytes int, paths []string, bulkNs [][]float64, nodes []replicaNode, lat [][2][]float64) ReplicateReport {
+	var rep ReplicateReport
+	base := median(bulkNs[0])
+	for i, p := range paths {
+		ns := median(bulkNs[i])
+		rep.Throughput = append(rep.Throughput, ThroughputRow{Path: p,
+			MBPerSec: float64(bulkBytes) / ns * 1e3, VsTCPCopy: base / ns})
+	}
+	for ci, call := range []string{"copy_htod_64B", "copy_dtoh_64B"} {
+		none := median(lat[0][ci])
+		for i, n := range nodes {
+			m := median(lat[i][ci])
+			rep.Latency = append(rep.Latency, LatencyRow{Call: call, Mode: n.name, NsPerOp: m, AddedNs: m - none})
+		}
+	}
+	return rep
 }
 
 // replicaNode is one mode's cluster with a guest and its bulk buffer.
