@@ -14,14 +14,14 @@ import (
 )
 
 // ApertureKind says how the hypervisor traces writes to an aperture.
-type ApertureKind uint8
+type ApertureKind = abi.ApertureKind
 
 const (
 	// Memory apertures hold data whose final contents matter (descriptor
 	// rings, buffers): writes may be batched per page.
-	Memory ApertureKind = ApertureKind(abi.ApertureMemory)
+	Memory = abi.ApertureMemory
 	// Register apertures are doorbells: every write matters, in order.
-	Register ApertureKind = ApertureKind(abi.ApertureRegister)
+	Register = abi.ApertureRegister
 )
 
 // Aperture is device memory mapped into the guest: Mem is shared with the
@@ -35,7 +35,7 @@ type Aperture struct {
 	Mem  []byte
 	Kind ApertureKind
 	// Mode is how the hypervisor traces writes (off, insn, page, uffd).
-	Mode mmiotrace.Mode
+	Mode abi.ApertureMode
 
 	c    *Client
 	fd   int // the memfd, kept open for re-attaching after a failover
@@ -73,7 +73,7 @@ func (c *Client) MapAperture(size uint64, kind ApertureKind) (*Aperture, error) 
 		return nil, err
 	}
 	a.Mode = mode
-	if mode == mmiotrace.ModeUffd && kind == Memory {
+	if mode == abi.ApertureModeUffd && kind == Memory {
 		if a.uffd, err = mmiotrace.ArmWriteTracking(a.Mem); err != nil {
 			a.release()
 			c.Free(ptr)
@@ -107,7 +107,7 @@ func (a *Aperture) mapFile(size uint64) error {
 }
 
 // attach hands the aperture's file to the node serving the session.
-func (c *Client) attach(a *Aperture) (mmiotrace.Mode, error) {
+func (c *Client) attach(a *Aperture) (abi.ApertureMode, error) {
 	c.mu.Lock()
 	_, unixConn := c.conn.(*net.UnixConn)
 	c.mu.Unlock()
@@ -115,8 +115,8 @@ func (c *Client) attach(a *Aperture) (mmiotrace.Mode, error) {
 		return 0, errors.New("pvdriver: apertures need a unix-socket connection to the hypervisor (shared memory)")
 	}
 	var r abi.ApertureReply
-	err := c.call(abi.OpApertureAttach, &abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: uint8(a.Kind), FD: uint32(a.fd)}, &r)
-	return mmiotrace.Mode(r.Mode), err
+	err := c.call(abi.OpApertureAttach, &abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: a.Kind, FD: uint32(a.fd)}, &r)
+	return r.Mode, err
 }
 
 // Addr is the aperture's address in this process.
@@ -172,7 +172,7 @@ func (c *Client) reattachFrames() [][]byte {
 	var frames [][]byte
 	for _, a := range c.apertures {
 		frames = append(frames, abi.AppendBodyFrame(nil, abi.OpApertureAttach, 0, 0,
-			&abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: uint8(a.Kind), FD: uint32(a.fd)}))
+			&abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: a.Kind, FD: uint32(a.fd)}))
 	}
 	return frames
 }

@@ -256,14 +256,6 @@ type StreamSync struct{ Stream uint64 }
 // Sync waits for all of the session's work and reports deferred errors.
 type Sync struct{}
 
-// Aperture kinds: how the hypervisor traces the guest's writes.
-const (
-	// ApertureMemory: only the contents matter; writes may be batched per page.
-	ApertureMemory uint8 = 1
-	// ApertureRegister: every write matters, in order (doorbells).
-	ApertureRegister uint8 = 2
-)
-
 // ApertureAttach asks the hypervisor to take the guest's memory file FD (a
 // memfd sealed against shrinking and growing, of the allocation's size,
 // mapped once, shared, by the guest) as the contents of the allocation
@@ -272,14 +264,14 @@ const (
 // to its mapping. Attaching again (after a failover) replaces the old file.
 type ApertureAttach struct {
 	Ptr  uint64
-	Kind uint8
+	Kind ApertureKind
 	FD   uint32
 }
 
-// ApertureReply says how writes are traced (mmiotrace's mode numbers:
-// 0 off, 1 insn, 2 page, 3 uffd). In mode 3 the guest driver arms
-// userfaultfd write-protection on its mapping before writing to it.
-type ApertureReply struct{ Mode uint8 }
+// ApertureReply says how writes are traced. In ApertureModeUffd the guest
+// driver arms userfaultfd write-protection on its mapping before writing
+// to it.
+type ApertureReply struct{ Mode ApertureMode }
 
 // Reject has no body; see OpReject.
 type Reject struct{}
@@ -409,9 +401,9 @@ func (m *Sync) Append(b []byte) []byte          { return b }
 func (m *Reject) Append(b []byte) []byte        { return b }
 func (m *Bye) Append(b []byte) []byte           { return b }
 func (m *ApertureAttach) Append(b []byte) []byte {
-	return binary.LittleEndian.AppendUint32(append(appendU64(b, m.Ptr), m.Kind), m.FD)
+	return binary.LittleEndian.AppendUint32(append(appendU64(b, m.Ptr), uint8(m.Kind)), m.FD)
 }
-func (m *ApertureReply) Append(b []byte) []byte { return append(b, m.Mode) }
+func (m *ApertureReply) Append(b []byte) []byte { return append(b, uint8(m.Mode)) }
 func (m *HelloReply) Append(b []byte) []byte {
 	return appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
 }
@@ -490,10 +482,10 @@ func (m *Reject) decode(d *Decoder)        {}
 func (m *Bye) decode(d *Decoder)           {}
 func (m *ApertureAttach) decode(d *Decoder) {
 	m.Ptr = d.U64()
-	m.Kind = d.U8()
+	m.Kind = ApertureKind(d.U8())
 	m.FD = d.U32()
 }
-func (m *ApertureReply) decode(d *Decoder) { m.Mode = d.U8() }
+func (m *ApertureReply) decode(d *Decoder) { m.Mode = ApertureMode(d.U8()) }
 func (m *HelloReply) decode(d *Decoder) {
 	m.Session = d.U64()
 	m.WindowBase = d.U64()
