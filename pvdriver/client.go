@@ -11,7 +11,8 @@
 //
 // MapAperture maps device memory into the guest for direct writes (over a
 // unix socket: the memory is a file shared with the hypervisor, which traces
-// the writes; see aperture.go).
+// the writes; see aperture.go). Apertures need Linux; elsewhere the rest of
+// the driver works and MapAperture returns ErrAperturesUnsupported.
 package pvdriver
 
 import (
