@@ -92,7 +92,7 @@ type Options struct {
 //
 // With Failover set, the client keeps every request it has sent since the
 // last commit point (a reply the hypervisor only sends once the standby has
-// applied everything before it; see abi.Opcode.Commits). When the
+// applied everything before it; see abi.OpInfo.Commits). When the
 // connection breaks it resumes the session on the first endpoint that has
 // it, resends the kept requests with their original ids, and the node
 // answers the ones it already applied from its state: each request takes
@@ -594,7 +594,7 @@ func (c *Client) committed(id uint64) {
 	defer c.mu.Unlock()
 	n := 0
 	for n < len(c.kept) && c.kept[n].id <= id && c.kept[n].sent {
-		if c.kept[n].op.Mutates() {
+		if c.kept[n].op.Info().Mutates {
 			c.forgotten = max(c.forgotten, c.kept[n].id)
 		}
 		if cap(*c.kept[n].frame) <= maxPooled {
@@ -618,7 +618,7 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 			return
 		}
 		st, _, _ := abi.DecodeReply(f.Payload, nil)
-		if c.failover() && (f.Op.Commits() || st != abi.StatusOK) {
+		if c.failover() && (f.Op.Info().Commits || st != abi.StatusOK) {
 			c.committed(f.RequestID)
 		}
 		c.mu.Lock()
