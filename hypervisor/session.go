@@ -74,17 +74,21 @@ type Session struct {
 	mmioMetrics *mmiotrace.Metrics
 }
 
-// opError is a request failure with the status the guest sees.
+// opError is a request failure with the status the guest sees. It
+// matches its status with errors.Is and errors.As, and keeps the chain of
+// the error that caused it (formatted with %w).
 type opError struct {
 	status abi.Status
-	msg    string
+	err    error
 }
 
-func (e *opError) Error() string { return e.msg }
-func (e *opError) Unwrap() error { return e.status }
+func (e *opError) Error() string   { return e.err.Error() }
+func (e *opError) Unwrap() []error { return []error{e.status, e.err} }
 
+// fail refuses a request with status st; format and args are as for
+// fmt.Errorf, so a cause given with %w stays in the chain.
 func fail(st abi.Status, format string, args ...any) error {
-	return &opError{status: st, msg: fmt.Sprintf(format, args...)}
+	return &opError{status: st, err: fmt.Errorf(format, args...)}
 }
 
 // statusOf maps an error to the status reported to the guest. Backend
@@ -146,7 +150,7 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	}
 	req, err := abi.DecodeRequest(op, payload)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidValue, "%v", err)
+		return nil, fail(abi.StatusInvalidValue, "%w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -157,7 +161,7 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	// Everything the guest wrote to its apertures before this call reaches
 	// the device and the log first (program order).
 	if err := s.flushMMIO(); err != nil {
-		return nil, fail(abi.StatusInternal, "flushing aperture writes: %v", err)
+		return nil, fail(abi.StatusInternal, "flushing aperture writes: %w", err)
 	}
 	if info.Mutates && reqID != 0 && reqID <= s.lastReq {
 		return info.ReplayReply(s.results[reqID]), nil
@@ -240,7 +244,7 @@ func (s *Session) stream(h uint64) (gpu.Stream, error) {
 	}
 	b, err := s.handles.Lookup(handlemap.KindStream, handlemap.Handle(h))
 	if err != nil {
-		return 0, fail(abi.StatusInvalidHandle, "%v", err)
+		return 0, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	return gpu.Stream(b), nil
 }
@@ -362,7 +366,7 @@ func (s *Session) memset(r *abi.Memset) (abi.Body, error) {
 func (s *Session) moduleLoad(r *abi.ModuleLoad) (abi.Body, error) {
 	img, err := abi.DecodeModuleImage(r.Image)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidValue, "%v", err)
+		return nil, fail(abi.StatusInvalidValue, "%w", err)
 	}
 	if err := s.checkObjects(); err != nil {
 		return nil, err
@@ -383,7 +387,7 @@ func (s *Session) moduleUnload(r *abi.ModuleUnload) (abi.Body, error) {
 	h := handlemap.Handle(r.Module)
 	m, err := s.handles.Lookup(handlemap.KindModule, h)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	if err := s.ctx.UnloadModule(gpu.Module(m)); err != nil {
 		return nil, err
@@ -400,7 +404,7 @@ func (s *Session) getFunction(r *abi.GetFunction) (abi.Body, error) {
 	mh := handlemap.Handle(r.Module)
 	m, err := s.handles.Lookup(handlemap.KindModule, mh)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	spec, ok := s.moduleImages[mh].Kernel(r.Name)
 	if !ok {
@@ -441,7 +445,7 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	fh := handlemap.Handle(r.Function)
 	f, err := s.handles.Lookup(handlemap.KindFunction, fh)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	st, err := s.stream(r.Stream)
 	if err != nil {
