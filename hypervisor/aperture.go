@@ -60,8 +60,8 @@ func peerPID(conn net.Conn) int {
 }
 
 func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
-	kind := mmiotrace.Kind(r.Kind)
-	if kind != mmiotrace.KindMemory && kind != mmiotrace.KindRegister {
+	kind := r.Kind
+	if kind != abi.ApertureMemory && kind != abi.ApertureRegister {
 		return nil, fail(abi.StatusInvalidValue, "unknown aperture kind %d", r.Kind)
 	}
 	rg, ok := s.ranges.Find(r.Ptr, 0)
@@ -102,7 +102,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	if err := s.flushMMIO(); err != nil { // the device copy starts from the file's contents
 		return nil, fail(abi.StatusInternal, "aperture: %v", err)
 	}
-	return &abi.ApertureReply{Mode: uint8(mode)}, nil
+	return &abi.ApertureReply{Mode: mode}, nil
 }
 
 // takeGuestMemory takes file descriptor fd from process pid (pidfd_getfd),

@@ -55,7 +55,7 @@ func (s *Server) mustWait(op abi.Opcode, err error) bool {
 	case replicate.ModeSync:
 		return true
 	case replicate.ModeCommit:
-		return err != nil || op.Commits()
+		return err != nil || op.Info().Commits
 	}
 	return false
 }
@@ -306,9 +306,9 @@ func (s *Server) openReplica(id, base uint64, guest string) error {
 
 // apply runs one guest operation from the log on a replica session.
 func (s *Session) apply(rec *replicate.Record) error {
-	op, ok := rec.Op.Guest()
-	spec, served := opTable[op]
-	if !ok || !served || !op.Mutates() {
+	op, _ := rec.Op.Guest()
+	run, info := opTable[op], op.Info()
+	if run == nil || !info.Mutates {
 		return fmt.Errorf("record kind %s is not a state change", rec.Op)
 	}
 	req, err := abi.DecodeRequest(op, rec.Body)
@@ -318,34 +318,44 @@ func (s *Session) apply(rec *replicate.Record) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rec.Flags&replicate.FlagPlaced != 0 {
-		switch op {
-		case abi.OpAlloc:
-			s.placed = rec.Result
-		case abi.OpModuleLoad, abi.OpGetFunction, abi.OpStreamCreate:
-			if err := s.handles.SetNext(handlemap.Handle(rec.Result)); err != nil {
-				return err
-			}
+		if err := s.place(info.Result, rec.Result); err != nil {
+			return err
 		}
 	}
-	reply, err := spec.run(s, req)
+	reply, err := run(s, req)
 	s.placed = 0
+	result := abi.ResultOf(reply)
 	if err == nil {
-		s.noteApplied(rec.ReqID, resultOf(reply))
+		s.noteApplied(rec.ReqID, result)
 	}
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {
-	case err != nil && !primaryFailed && s.delta != 0 && op == abi.OpLaunch:
+	case err != nil && !primaryFailed && s.delta != 0 && info.RunsKernel:
 		s.markUnsafe(fmt.Sprintf("unsafe: addresses are translated and kernel launch (seq %d) failed on the replica only; it likely follows device pointers stored in memory: %v", rec.Seq, err))
 	case err != nil && !primaryFailed:
 		s.markUnsafe(fmt.Sprintf("%s (seq %d) failed on the replica but not on the primary: %v", op, rec.Seq, err))
 	case err == nil && primaryFailed:
 		s.markUnsafe(fmt.Sprintf("%s (seq %d) succeeded on the replica but failed on the primary", op, rec.Seq))
-	case err == nil && resultOf(reply) != rec.Result && rec.Flags&replicate.FlagRepair == 0:
-		s.markUnsafe(fmt.Sprintf("%s (seq %d) gave %#x on the replica, %#x on the primary", op, rec.Seq, resultOf(reply), rec.Result))
+	case err == nil && result != rec.Result && rec.Flags&replicate.FlagRepair == 0:
+		s.markUnsafe(fmt.Sprintf("%s (seq %d) gave %#x on the replica, %#x on the primary", op, rec.Seq, result, rec.Result))
 	default:
 		return nil
 	}
 	return fmt.Errorf("session %d: %s", s.id, s.unsafe)
+}
+
+// place makes the object a resync record creates take the address or
+// handle the primary gave it (kind is the op's result) instead of the
+// one the standby would choose.
+// Precondition: s.mu must be locked.
+func (s *Session) place(kind abi.ResultKind, result uint64) error {
+	switch kind {
+	case abi.ResultAddress:
+		s.placed = result
+	case abi.ResultHandle:
+		return s.handles.SetNext(handlemap.Handle(result))
+	}
+	return nil
 }
 
 // Precondition: s.mu must be locked.

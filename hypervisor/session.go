@@ -74,17 +74,21 @@ type Session struct {
 	mmioMetrics *mmiotrace.Metrics
 }
 
-// opError is a request failure with the status the guest sees.
+// opError is a request failure with the status the guest sees. It
+// matches its status with errors.Is and errors.As, and keeps the chain of
+// the error that caused it (formatted with %w).
 type opError struct {
 	status abi.Status
-	msg    string
+	err    error
 }
 
-func (e *opError) Error() string { return e.msg }
-func (e *opError) Unwrap() error { return e.status }
+func (e *opError) Error() string   { return e.err.Error() }
+func (e *opError) Unwrap() []error { return []error{e.status, e.err} }
 
+// fail refuses a request with status st; format and args are as for
+// fmt.Errorf, so a cause given with %w stays in the chain.
 func fail(st abi.Status, format string, args ...any) error {
-	return &opError{status: st, msg: fmt.Sprintf(format, args...)}
+	return &opError{status: st, err: fmt.Errorf(format, args...)}
 }
 
 // statusOf maps an error to the status reported to the guest. Backend
@@ -100,37 +104,35 @@ func statusOf(err error) abi.Status {
 	return abi.StatusInternal
 }
 
-// opSpec says how the hypervisor treats one opcode.
-type opSpec struct {
-	run func(s *Session, req abi.Body) (abi.Body, error)
-	// async: the guest may send it with FlagAsync and not wait; an error is
-	// reported at the next synchronization.
-	async bool
-}
+// handler runs one decoded request of a session and returns its reply
+// body (whose type is the op's abi.OpInfo.NewReply).
+type handler func(s *Session, req abi.Body) (abi.Body, error)
 
-// typed adapts a handler for one request type to opSpec.run.
-func typed[T abi.Body](fn func(*Session, T) (abi.Body, error)) func(*Session, abi.Body) (abi.Body, error) {
+// typed adapts a handler for one request type to handler.
+func typed[T abi.Body](fn func(*Session, T) (abi.Body, error)) handler {
 	return func(s *Session, b abi.Body) (abi.Body, error) { return fn(s, b.(T)) }
 }
 
-// opTable is the one place that lists what the hypervisor serves. OpHello is
-// handled by the connection before a session exists.
-var opTable = map[abi.Opcode]opSpec{
-	abi.OpAlloc:          {run: typed((*Session).alloc)},
-	abi.OpFree:           {run: typed((*Session).free)},
-	abi.OpCopyHtoD:       {run: typed((*Session).copyHtoD), async: true},
-	abi.OpCopyDtoH:       {run: typed((*Session).copyDtoH)},
-	abi.OpCopyDtoD:       {run: typed((*Session).copyDtoD), async: true},
-	abi.OpMemset:         {run: typed((*Session).memset), async: true},
-	abi.OpModuleLoad:     {run: typed((*Session).moduleLoad)},
-	abi.OpModuleUnload:   {run: typed((*Session).moduleUnload)},
-	abi.OpGetFunction:    {run: typed((*Session).getFunction)},
-	abi.OpLaunch:         {run: typed((*Session).launch), async: true},
-	abi.OpStreamCreate:   {run: typed((*Session).streamCreate)},
-	abi.OpStreamDestroy:  {run: typed((*Session).streamDestroy)},
-	abi.OpStreamSync:     {run: typed((*Session).streamSync)},
-	abi.OpSync:           {run: typed((*Session).sync)},
-	abi.OpApertureAttach: {run: typed((*Session).apertureAttach)},
+// opTable is the hypervisor's half of abi's opcode table: the handler of
+// every session request (every op abi does not mark Control; those are
+// the connection's). What an op is (async, mutating, committing, its
+// result and stream) is abi's row; handle and apply join the two.
+var opTable = map[abi.Opcode]handler{
+	abi.OpAlloc:          typed((*Session).alloc),
+	abi.OpFree:           typed((*Session).free),
+	abi.OpCopyHtoD:       typed((*Session).copyHtoD),
+	abi.OpCopyDtoH:       typed((*Session).copyDtoH),
+	abi.OpCopyDtoD:       typed((*Session).copyDtoD),
+	abi.OpMemset:         typed((*Session).memset),
+	abi.OpModuleLoad:     typed((*Session).moduleLoad),
+	abi.OpModuleUnload:   typed((*Session).moduleUnload),
+	abi.OpGetFunction:    typed((*Session).getFunction),
+	abi.OpLaunch:         typed((*Session).launch),
+	abi.OpStreamCreate:   typed((*Session).streamCreate),
+	abi.OpStreamDestroy:  typed((*Session).streamDestroy),
+	abi.OpStreamSync:     typed((*Session).streamSync),
+	abi.OpSync:           typed((*Session).sync),
+	abi.OpApertureAttach: typed((*Session).apertureAttach),
 }
 
 // handle runs one decoded request and returns its reply body. With async
@@ -139,16 +141,16 @@ var opTable = map[abi.Opcode]opSpec{
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
 func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte) (abi.Body, error) {
-	spec, ok := opTable[op]
-	if !ok {
+	run, info := opTable[op], op.Info()
+	if run == nil {
 		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
 	}
-	if async && !spec.async {
+	if async && !info.Async {
 		return nil, fail(abi.StatusInvalidValue, "%s cannot be sent asynchronously", op)
 	}
 	req, err := abi.DecodeRequest(op, payload)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidValue, "%v", err)
+		return nil, fail(abi.StatusInvalidValue, "%w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -159,28 +161,27 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	// Everything the guest wrote to its apertures before this call reaches
 	// the device and the log first (program order).
 	if err := s.flushMMIO(); err != nil {
-		return nil, fail(abi.StatusInternal, "flushing aperture writes: %v", err)
+		return nil, fail(abi.StatusInternal, "flushing aperture writes: %w", err)
 	}
-	mutates := op.Mutates()
-	if mutates && reqID != 0 && reqID <= s.lastReq {
-		return s.replayed(op, reqID), nil
+	if info.Mutates && reqID != 0 && reqID <= s.lastReq {
+		return info.ReplayReply(s.results[reqID]), nil
 	}
-	reply, err := spec.run(s, req)
-	if mutates && err == nil {
-		s.noteApplied(reqID, resultOf(reply))
+	reply, err := run(s, req)
+	if info.Mutates && err == nil {
+		s.noteApplied(reqID, abi.ResultOf(reply))
 	}
-	if mutates && s.record != nil {
+	if info.Mutates && s.record != nil {
 		switch {
 		case err == nil:
-			s.record(replicate.Op(op), reqID, payload, resultOf(reply), 0)
-		case op == abi.OpLaunch && !isRefusal(err):
+			s.record(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0)
+		case info.RunsKernel && !isRefusal(err):
 			// The kernel ran and faulted: it may have written memory
 			// before it did, and the standby must run it too.
 			s.record(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed)
 		}
 	}
 	if err != nil && async {
-		s.deferError(streamOf(req), err)
+		s.deferError(handlemap.Handle(abi.StreamOf(req)), err)
 		return nil, nil
 	}
 	return reply, err
@@ -208,29 +209,6 @@ func (s *Session) noteApplied(reqID, result uint64) {
 	}
 }
 
-// replayed is the reply to a resent request this session already applied.
-// Precondition: s.mu must be locked.
-func (s *Session) replayed(op abi.Opcode, reqID uint64) abi.Body {
-	switch op {
-	case abi.OpAlloc:
-		return &abi.AllocReply{Ptr: s.results[reqID]}
-	case abi.OpModuleLoad, abi.OpGetFunction, abi.OpStreamCreate:
-		return &abi.HandleReply{Handle: s.results[reqID]}
-	}
-	return nil
-}
-
-// resultOf is what a reply hands the guest that the standby must reproduce.
-func resultOf(reply abi.Body) uint64 {
-	switch r := reply.(type) {
-	case *abi.AllocReply:
-		return r.Ptr
-	case *abi.HandleReply:
-		return r.Handle
-	}
-	return 0
-}
-
 // isRefusal reports whether err is the hypervisor refusing a request
 // before the backend ran it (nothing changed), as opposed to a backend error.
 func isRefusal(err error) bool {
@@ -240,21 +218,6 @@ func isRefusal(err error) bool {
 
 // dev translates a guest device address to the backend's.
 func (s *Session) dev(addr uint64) uint64 { return addr + s.delta }
-
-// streamOf is the stream an async request was queued on.
-func streamOf(req abi.Body) handlemap.Handle {
-	switch r := req.(type) {
-	case *abi.CopyHtoD:
-		return handlemap.Handle(r.Stream)
-	case *abi.CopyDtoD:
-		return handlemap.Handle(r.Stream)
-	case *abi.Memset:
-		return handlemap.Handle(r.Stream)
-	case *abi.Launch:
-		return handlemap.Handle(r.Stream)
-	}
-	return 0
-}
 
 // Precondition: s.mu must be locked.
 func (s *Session) deferError(stream handlemap.Handle, err error) {
@@ -281,7 +244,7 @@ func (s *Session) stream(h uint64) (gpu.Stream, error) {
 	}
 	b, err := s.handles.Lookup(handlemap.KindStream, handlemap.Handle(h))
 	if err != nil {
-		return 0, fail(abi.StatusInvalidHandle, "%v", err)
+		return 0, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	return gpu.Stream(b), nil
 }
@@ -403,7 +366,7 @@ func (s *Session) memset(r *abi.Memset) (abi.Body, error) {
 func (s *Session) moduleLoad(r *abi.ModuleLoad) (abi.Body, error) {
 	img, err := abi.DecodeModuleImage(r.Image)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidValue, "%v", err)
+		return nil, fail(abi.StatusInvalidValue, "%w", err)
 	}
 	if err := s.checkObjects(); err != nil {
 		return nil, err
@@ -424,7 +387,7 @@ func (s *Session) moduleUnload(r *abi.ModuleUnload) (abi.Body, error) {
 	h := handlemap.Handle(r.Module)
 	m, err := s.handles.Lookup(handlemap.KindModule, h)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	if err := s.ctx.UnloadModule(gpu.Module(m)); err != nil {
 		return nil, err
@@ -441,7 +404,7 @@ func (s *Session) getFunction(r *abi.GetFunction) (abi.Body, error) {
 	mh := handlemap.Handle(r.Module)
 	m, err := s.handles.Lookup(handlemap.KindModule, mh)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	spec, ok := s.moduleImages[mh].Kernel(r.Name)
 	if !ok {
@@ -482,7 +445,7 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	fh := handlemap.Handle(r.Function)
 	f, err := s.handles.Lookup(handlemap.KindFunction, fh)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidHandle, "%v", err)
+		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
 	st, err := s.stream(r.Stream)
 	if err != nil {

@@ -5,24 +5,24 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
 // ApertureKind says how the hypervisor traces writes to an aperture.
-type ApertureKind uint8
+type ApertureKind = abi.ApertureKind
 
 const (
 	// Memory apertures hold data whose final contents matter (descriptor
 	// rings, buffers): writes may be batched per page.
-	Memory ApertureKind = ApertureKind(abi.ApertureMemory)
+	Memory = abi.ApertureMemory
 	// Register apertures are doorbells: every write matters, in order.
-	Register ApertureKind = ApertureKind(abi.ApertureRegister)
+	Register = abi.ApertureRegister
 )
+
+// ErrAperturesUnsupported reports MapAperture on a system where the guest
+// cannot share memory files with the hypervisor (anything but Linux).
+var ErrAperturesUnsupported = errors.New("pvdriver: apertures are not supported on this system (they need Linux memfd)")
 
 // Aperture is device memory mapped into the guest: Mem is shared with the
 // hypervisor, which takes it as the contents of the allocation at Ptr. The
@@ -35,7 +35,7 @@ type Aperture struct {
 	Mem  []byte
 	Kind ApertureKind
 	// Mode is how the hypervisor traces writes (off, insn, page, uffd).
-	Mode mmiotrace.Mode
+	Mode abi.ApertureMode
 
 	c    *Client
 	fd   int // the memfd, kept open for re-attaching after a failover
@@ -56,16 +56,17 @@ func (c *Client) MapAperture(size uint64, kind ApertureKind) (*Aperture, error) 
 	if size == 0 || size > 1<<34 {
 		return nil, fmt.Errorf("pvdriver: aperture of %d bytes", size)
 	}
-	ptr, err := c.Alloc(size)
-	if err != nil {
-		return nil, err
-	}
-	a := &Aperture{Ptr: ptr, Kind: kind, c: c, fd: -1, uffd: -1}
+	a := &Aperture{Kind: kind, c: c, fd: -1, uffd: -1}
 	if err := a.mapFile(size); err != nil {
 		a.release()
-		c.Free(ptr)
 		return nil, err
 	}
+	ptr, err := c.Alloc(size)
+	if err != nil {
+		a.release()
+		return nil, err
+	}
+	a.Ptr = ptr
 	mode, err := c.attach(a)
 	if err != nil {
 		a.release()
@@ -73,8 +74,8 @@ func (c *Client) MapAperture(size uint64, kind ApertureKind) (*Aperture, error) 
 		return nil, err
 	}
 	a.Mode = mode
-	if mode == mmiotrace.ModeUffd && kind == Memory {
-		if a.uffd, err = mmiotrace.ArmWriteTracking(a.Mem); err != nil {
+	if mode == abi.ApertureModeUffd && kind == Memory {
+		if a.uffd, err = armWriteTracking(a.Mem); err != nil {
 			a.release()
 			c.Free(ptr)
 			return nil, fmt.Errorf("pvdriver: the hypervisor traces apertures with userfaultfd: %w", err)
@@ -86,28 +87,8 @@ func (c *Client) MapAperture(size uint64, kind ApertureKind) (*Aperture, error) 
 	return a, nil
 }
 
-// mapFile creates the shared memory file, seals its size (so the
-// hypervisor's mapping can never lose pages under it) and maps it.
-func (a *Aperture) mapFile(size uint64) error {
-	fd, err := unix.MemfdCreate("vgpuha-aperture", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return fmt.Errorf("pvdriver: memfd_create: %w", err)
-	}
-	a.fd = fd
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return fmt.Errorf("pvdriver: sizing the aperture: %w", err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		return fmt.Errorf("pvdriver: sealing the aperture: %w", err)
-	}
-	if a.Mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
-		return fmt.Errorf("pvdriver: mapping the aperture: %w", err)
-	}
-	return nil
-}
-
 // attach hands the aperture's file to the node serving the session.
-func (c *Client) attach(a *Aperture) (mmiotrace.Mode, error) {
+func (c *Client) attach(a *Aperture) (abi.ApertureMode, error) {
 	c.mu.Lock()
 	_, unixConn := c.conn.(*net.UnixConn)
 	c.mu.Unlock()
@@ -115,12 +96,9 @@ func (c *Client) attach(a *Aperture) (mmiotrace.Mode, error) {
 		return 0, errors.New("pvdriver: apertures need a unix-socket connection to the hypervisor (shared memory)")
 	}
 	var r abi.ApertureReply
-	err := c.call(abi.OpApertureAttach, &abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: uint8(a.Kind), FD: uint32(a.fd)}, &r)
-	return mmiotrace.Mode(r.Mode), err
+	err := c.call(abi.OpApertureAttach, &abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: a.Kind, FD: uint32(a.fd)}, &r)
+	return r.Mode, err
 }
-
-// Addr is the aperture's address in this process.
-func (a *Aperture) Addr() uintptr { return uintptr(unsafe.Pointer(&a.Mem[0])) }
 
 // Close unmaps the aperture and frees its device memory.
 func (a *Aperture) Close() error {
@@ -137,34 +115,6 @@ func (a *Aperture) Close() error {
 	return c.Free(a.Ptr)
 }
 
-func (a *Aperture) release() {
-	if a.Mem != nil {
-		unix.Munmap(a.Mem)
-		a.Mem = nil
-	}
-	if a.uffd >= 0 {
-		unix.Close(a.uffd)
-		a.uffd = -1
-	}
-	if a.fd >= 0 {
-		unix.Close(a.fd)
-		a.fd = -1
-	}
-}
-
-// unprotectApertures makes the apertures writable again in this process
-// when the connection to the node tracing them is lost: a tracer that died
-// (with its host process) may have left pages write-protected, and a write
-// to one would otherwise kill the guest with SIGSEGV. The node the session
-// resumes on starts from the apertures' contents, so nothing written in
-// between is lost.
-// Precondition: c.mu must be locked.
-func (c *Client) unprotectApertures() {
-	for _, a := range c.apertures {
-		unix.Mprotect(a.Mem, unix.PROT_READ|unix.PROT_WRITE)
-	}
-}
-
 // reattachFrames are the attach requests a resumed session needs first:
 // the new node takes the files over and starts from their contents.
 // Precondition: c.mu must be locked.
@@ -172,7 +122,7 @@ func (c *Client) reattachFrames() [][]byte {
 	var frames [][]byte
 	for _, a := range c.apertures {
 		frames = append(frames, abi.AppendBodyFrame(nil, abi.OpApertureAttach, 0, 0,
-			&abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: uint8(a.Kind), FD: uint32(a.fd)}))
+			&abi.ApertureAttach{Ptr: uint64(a.Ptr), Kind: a.Kind, FD: uint32(a.fd)}))
 	}
 	return frames
 }

@@ -11,7 +11,8 @@
 //
 // MapAperture maps device memory into the guest for direct writes (over a
 // unix socket: the memory is a file shared with the hypervisor, which traces
-// the writes; see aperture.go).
+// the writes; see aperture.go). Apertures need Linux; elsewhere the rest of
+// the driver works and MapAperture returns ErrAperturesUnsupported.
 package pvdriver
 
 import (
@@ -91,7 +92,7 @@ type Options struct {
 //
 // With Failover set, the client keeps every request it has sent since the
 // last commit point (a reply the hypervisor only sends once the standby has
-// applied everything before it; see abi.Opcode.Commits). When the
+// applied everything before it; see abi.OpInfo.Commits). When the
 // connection breaks it resumes the session on the first endpoint that has
 // it, resends the kept requests with their original ids, and the node
 // answers the ones it already applied from its state: each request takes
@@ -593,7 +594,7 @@ func (c *Client) committed(id uint64) {
 	defer c.mu.Unlock()
 	n := 0
 	for n < len(c.kept) && c.kept[n].id <= id && c.kept[n].sent {
-		if c.kept[n].op.Mutates() {
+		if c.kept[n].op.Info().Mutates {
 			c.forgotten = max(c.forgotten, c.kept[n].id)
 		}
 		if cap(*c.kept[n].frame) <= maxPooled {
@@ -617,7 +618,7 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 			return
 		}
 		st, _, _ := abi.DecodeReply(f.Payload, nil)
-		if c.failover() && (f.Op.Commits() || st != abi.StatusOK) {
+		if c.failover() && (f.Op.Info().Commits || st != abi.StatusOK) {
 			c.committed(f.RequestID)
 		}
 		c.mu.Lock()

@@ -1,3 +1,8 @@
+//go:build linux && amd64
+
+// The VM is x86-64 (qemu-system-x86_64) and the test binary runs inside it;
+// the host side also links the hypervisor, whose tracer is x86-64 only.
+
 package pvdriver_test
 
 import (

@@ -1,6 +1,12 @@
 // Package abi owns the wire format spoken between the guest's paravirtual GPU
-// driver (pvdriver) and the hypervisor backend: frame headers, opcodes,
-// status codes, and the encoding of every request and reply body.
+// driver (pvdriver) and the hypervisor backend: frame headers, status codes,
+// the enums that travel in requests (aperture kinds and tracing modes), the
+// encoding of every request and reply body, and the opcode table
+// (optable.go): one row per opcode saying its bodies, whether the driver
+// pipelines it, whether it changes device state (and so is replicated and
+// applied exactly once), whether its reply is a commit point, and which
+// reply field is its result. Every other package asks the table instead of
+// listing opcodes.
 //
 // It is the only package that turns bytes from a guest into Go values, so it
 // is the one place that must never trust its input: every decoder checks

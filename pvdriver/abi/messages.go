@@ -6,94 +6,6 @@ import (
 	"math"
 )
 
-// Opcode names a guest request. Zero is invalid so that a zeroed or
-// truncated buffer can never be mistaken for a request.
-type Opcode uint16
-
-// Opcodes of this ABI version. New opcodes are appended, never renumbered.
-const (
-	OpInvalid Opcode = iota
-	OpHello
-	OpAlloc
-	OpFree
-	OpCopyHtoD
-	OpCopyDtoH
-	OpCopyDtoD
-	OpMemset
-	OpModuleLoad
-	OpModuleUnload
-	OpGetFunction
-	OpLaunch
-	OpStreamCreate
-	OpStreamDestroy
-	OpStreamSync
-	OpSync
-	// OpReject answers a frame the hypervisor could not parse far enough to
-	// know its opcode. It is only ever sent as a reply.
-	OpReject
-	// OpBye ends a session on purpose: the node frees it at once instead of
-	// keeping it for a resume (sent async, no reply).
-	OpBye
-	// OpApertureAttach makes a memory file the guest maps the contents of
-	// one of its allocations (an aperture, written directly by the guest).
-	OpApertureAttach
-	opLimit
-)
-
-var opNames = [...]string{
-	OpInvalid: "invalid", OpHello: "hello", OpAlloc: "alloc", OpFree: "free",
-	OpCopyHtoD: "copy_htod", OpCopyDtoH: "copy_dtoh", OpCopyDtoD: "copy_dtod",
-	OpMemset: "memset", OpModuleLoad: "module_load", OpModuleUnload: "module_unload",
-	OpGetFunction: "get_function", OpLaunch: "launch", OpStreamCreate: "stream_create",
-	OpStreamDestroy: "stream_destroy", OpStreamSync: "stream_sync", OpSync: "sync", OpReject: "reject", OpBye: "bye",
-	OpApertureAttach: "aperture_attach",
-}
-
-// Valid reports whether op is a defined, non-zero opcode.
-func (op Opcode) Valid() bool { return op > OpInvalid && op < opLimit }
-
-func (op Opcode) String() string {
-	if op < opLimit {
-		return opNames[op]
-	}
-	return fmt.Sprintf("op(%d)", uint16(op))
-}
-
-// Commits reports whether a successful reply to op is a commit point: under
-// the commit replication mode it is sent only once the standby has applied
-// every request before it, because it carries something out to the guest
-// (data, an address, a handle, a completed sync). A guest driver may forget
-// requests older than a commit point; it must keep the others to resend
-// after a failover. (Error replies are commit points too, for any op.)
-func (op Opcode) Commits() bool {
-	switch op {
-	case OpHello, OpAlloc, OpCopyDtoH, OpModuleLoad, OpGetFunction, OpStreamCreate, OpStreamSync, OpSync,
-		OpApertureAttach:
-		return true
-	}
-	return false
-}
-
-// Mutates reports whether op changes device state, so that it is logged,
-// replicated to the standby, and applied exactly once across a failover.
-func (op Opcode) Mutates() bool {
-	switch op {
-	case OpAlloc, OpFree, OpCopyHtoD, OpCopyDtoD, OpMemset, OpModuleLoad, OpModuleUnload,
-		OpGetFunction, OpLaunch, OpStreamCreate, OpStreamDestroy:
-		return true
-	}
-	return false
-}
-
-// Opcodes lists every valid opcode, in numeric order.
-func Opcodes() []Opcode {
-	ops := make([]Opcode, 0, opLimit-1)
-	for op := OpInvalid + 1; op < opLimit; op++ {
-		ops = append(ops, op)
-	}
-	return ops
-}
-
 // Limits on request fields, checked by the decoders.
 const (
 	MaxNameLen     = 256     // kernel and guest names
@@ -107,61 +19,6 @@ const (
 type Body interface {
 	Append(b []byte) []byte
 	decode(d *Decoder)
-}
-
-// NewRequest returns an empty request body for op, or nil for an invalid op.
-func NewRequest(op Opcode) Body {
-	switch op {
-	case OpHello:
-		return &Hello{}
-	case OpAlloc:
-		return &Alloc{}
-	case OpFree:
-		return &Free{}
-	case OpCopyHtoD:
-		return &CopyHtoD{}
-	case OpCopyDtoH:
-		return &CopyDtoH{}
-	case OpCopyDtoD:
-		return &CopyDtoD{}
-	case OpMemset:
-		return &Memset{}
-	case OpModuleLoad:
-		return &ModuleLoad{}
-	case OpModuleUnload:
-		return &ModuleUnload{}
-	case OpGetFunction:
-		return &GetFunction{}
-	case OpLaunch:
-		return &Launch{}
-	case OpStreamCreate:
-		return &StreamCreate{}
-	case OpStreamDestroy:
-		return &StreamDestroy{}
-	case OpStreamSync:
-		return &StreamSync{}
-	case OpSync:
-		return &Sync{}
-	case OpReject:
-		return &Reject{}
-	case OpBye:
-		return &Bye{}
-	case OpApertureAttach:
-		return &ApertureAttach{}
-	}
-	return nil
-}
-
-// DecodeRequest decodes the body of a request frame.
-func DecodeRequest(op Opcode, payload []byte) (Body, error) {
-	m := NewRequest(op)
-	if m == nil {
-		return nil, fmt.Errorf("%w %d", ErrBadOpcode, uint16(op))
-	}
-	if err := Unmarshal(payload, m); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", op, err)
-	}
-	return m, nil
 }
 
 // Unmarshal decodes b into m, refusing short and over-long input.
@@ -256,14 +113,6 @@ type StreamSync struct{ Stream uint64 }
 // Sync waits for all of the session's work and reports deferred errors.
 type Sync struct{}
 
-// Aperture kinds: how the hypervisor traces the guest's writes.
-const (
-	// ApertureMemory: only the contents matter; writes may be batched per page.
-	ApertureMemory uint8 = 1
-	// ApertureRegister: every write matters, in order (doorbells).
-	ApertureRegister uint8 = 2
-)
-
 // ApertureAttach asks the hypervisor to take the guest's memory file FD (a
 // memfd sealed against shrinking and growing, of the allocation's size,
 // mapped once, shared, by the guest) as the contents of the allocation
@@ -272,14 +121,14 @@ const (
 // to its mapping. Attaching again (after a failover) replaces the old file.
 type ApertureAttach struct {
 	Ptr  uint64
-	Kind uint8
+	Kind ApertureKind
 	FD   uint32
 }
 
-// ApertureReply says how writes are traced (mmiotrace's mode numbers:
-// 0 off, 1 insn, 2 page, 3 uffd). In mode 3 the guest driver arms
-// userfaultfd write-protection on its mapping before writing to it.
-type ApertureReply struct{ Mode uint8 }
+// ApertureReply says how writes are traced. In ApertureModeUffd the guest
+// driver arms userfaultfd write-protection on its mapping before writing
+// to it.
+type ApertureReply struct{ Mode ApertureMode }
 
 // Reject has no body; see OpReject.
 type Reject struct{}
@@ -409,9 +258,9 @@ func (m *Sync) Append(b []byte) []byte          { return b }
 func (m *Reject) Append(b []byte) []byte        { return b }
 func (m *Bye) Append(b []byte) []byte           { return b }
 func (m *ApertureAttach) Append(b []byte) []byte {
-	return binary.LittleEndian.AppendUint32(append(appendU64(b, m.Ptr), m.Kind), m.FD)
+	return binary.LittleEndian.AppendUint32(append(appendU64(b, m.Ptr), uint8(m.Kind)), m.FD)
 }
-func (m *ApertureReply) Append(b []byte) []byte { return append(b, m.Mode) }
+func (m *ApertureReply) Append(b []byte) []byte { return append(b, uint8(m.Mode)) }
 func (m *HelloReply) Append(b []byte) []byte {
 	return appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
 }
@@ -490,10 +339,10 @@ func (m *Reject) decode(d *Decoder)        {}
 func (m *Bye) decode(d *Decoder)           {}
 func (m *ApertureAttach) decode(d *Decoder) {
 	m.Ptr = d.U64()
-	m.Kind = d.U8()
+	m.Kind = ApertureKind(d.U8())
 	m.FD = d.U32()
 }
-func (m *ApertureReply) decode(d *Decoder) { m.Mode = d.U8() }
+func (m *ApertureReply) decode(d *Decoder) { m.Mode = ApertureMode(d.U8()) }
 func (m *HelloReply) decode(d *Decoder) {
 	m.Session = d.U64()
 	m.WindowBase = d.U64()

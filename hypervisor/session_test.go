@@ -1,0 +1,48 @@
+package hypervisor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// TestFailKeepsTheChain: a refusal matches its own status and the error
+// that caused it, and reports its own status even when the cause carries
+// another one.
+func TestFailKeepsTheChain(t *testing.T) {
+	cause := fmt.Errorf("backend: %w", abi.StatusLaunchFailed)
+	err := fail(abi.StatusInvalidValue, "checking the launch: %w", cause)
+	if !errors.Is(err, abi.StatusInvalidValue) || !errors.Is(err, cause) || !isRefusal(err) {
+		t.Errorf("%v: lost its status or its cause", err)
+	}
+	if st := statusOf(err); st != abi.StatusInvalidValue {
+		t.Errorf("status %v, want the refusal's own", st)
+	}
+	if got, want := err.Error(), "checking the launch: backend: launch failed"; got != want {
+		t.Errorf("message %q, want %q", got, want)
+	}
+
+	srv, e := NewServer(sim.New(1<<20), DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if e != nil {
+		t.Fatal(e)
+	}
+	sess, e := srv.newSession(1, 0, "g", DefaultConfig().WindowBase)
+	if e != nil {
+		t.Fatal(e)
+	}
+	_, err = sess.handle(abi.OpStreamSync, 1, false, (&abi.StreamSync{Stream: 99}).Append(nil))
+	if !errors.Is(err, abi.StatusInvalidHandle) || !errors.Is(err, handlemap.ErrUnknown) {
+		t.Errorf("unknown stream: %v, want invalid handle wrapping handlemap.ErrUnknown", err)
+	}
+	_, err = sess.handle(abi.OpAlloc, 2, false, []byte{1})
+	if !errors.Is(err, abi.StatusInvalidValue) || !errors.Is(err, abi.ErrTruncated) {
+		t.Errorf("truncated request: %v, want invalid value wrapping abi.ErrTruncated", err)
+	}
+}

@@ -1,0 +1,229 @@
+package abi
+
+import "fmt"
+
+// Opcode names a guest request. Zero is invalid so that a zeroed or
+// truncated buffer can never be mistaken for a request.
+type Opcode uint16
+
+// Opcodes of this ABI version. New opcodes are appended, never renumbered,
+// and each gets a row in opTable.
+const (
+	OpInvalid Opcode = iota
+	OpHello
+	OpAlloc
+	OpFree
+	OpCopyHtoD
+	OpCopyDtoH
+	OpCopyDtoD
+	OpMemset
+	OpModuleLoad
+	OpModuleUnload
+	OpGetFunction
+	OpLaunch
+	OpStreamCreate
+	OpStreamDestroy
+	OpStreamSync
+	OpSync
+	// OpReject answers a frame the hypervisor could not parse far enough to
+	// know its opcode. It is only ever sent as a reply.
+	OpReject
+	// OpBye ends a session on purpose: the node frees it at once instead of
+	// keeping it for a resume (sent async, no reply).
+	OpBye
+	// OpApertureAttach makes a memory file the guest maps the contents of
+	// one of its allocations (an aperture, written directly by the guest).
+	OpApertureAttach
+	opLimit
+)
+
+// OpInfo is everything the project knows about one opcode: a row of
+// opTable. The guest driver, the hypervisor's dispatch and the standby's
+// apply path all read these rows instead of listing opcodes themselves.
+type OpInfo struct {
+	Name string
+	// NewRequest returns an empty request body to decode into.
+	NewRequest func() Body
+	// NewReply returns an empty body of a successful reply; nil when the
+	// reply carries only a status.
+	NewReply func() Body
+	// Control: the op opens, ends or refuses a connection's session
+	// (hello, bye, reject). The connection answers it, not a session.
+	Control bool
+	// Async: the guest driver pipelines it (FlagAsync): no reply, and an
+	// error it causes is reported by the next synchronization.
+	Async bool
+	// Mutates: it changes device state, so it is logged, replicated to the
+	// standby, and applied exactly once across a failover.
+	Mutates bool
+	// Commits: a successful reply is a commit point. Under the commit
+	// replication mode it is sent only once the standby has applied every
+	// request before it, because it carries something out to the guest
+	// (data, an address, a handle, a completed sync). A guest driver may
+	// forget requests older than a commit point; it must keep the others
+	// to resend after a failover. (Error replies are commit points too,
+	// for any op.)
+	Commits bool
+	// RunsKernel: it runs guest kernel code, which may write device memory
+	// before it faults. A backend failure is therefore replicated too (the
+	// standby must fail the same way), and a replica whose addresses are
+	// translated cannot follow device pointers the kernel reads from memory.
+	RunsKernel bool
+	// Result is the value a successful reply hands the guest that the
+	// standby must reproduce and a resent request must get again (its reply
+	// body's ResultReply.Result); NoResult for none.
+	Result ResultKind
+}
+
+// ResultKind says what an op's result is.
+type ResultKind uint8
+
+const (
+	// NoResult: the reply hands the guest nothing a replay must reproduce.
+	NoResult ResultKind = iota
+	// ResultAddress: a device address the session's allocator chose
+	// (AllocReply.Ptr).
+	ResultAddress
+	// ResultHandle: a new guest handle of a module, function or stream
+	// (HandleReply.Handle).
+	ResultHandle
+)
+
+// ResultReply is a reply body that carries its op's result (OpInfo.Result).
+type ResultReply interface {
+	Body
+	Result() uint64
+	setResult(uint64)
+}
+
+// StreamRequest is a request queued on a stream (zero: the null stream):
+// an async one's error is reported by that stream's next synchronization.
+type StreamRequest interface {
+	Body
+	OnStream() uint64
+}
+
+// opTable is the one list of opcodes and what they are.
+var opTable = [opLimit]OpInfo{
+	OpInvalid: {Name: "invalid"},
+	OpHello:   {Name: "hello", NewRequest: newBody[Hello], NewReply: newBody[HelloReply], Control: true, Commits: true},
+	OpAlloc: {Name: "alloc", NewRequest: newBody[Alloc], NewReply: newBody[AllocReply],
+		Mutates: true, Commits: true, Result: ResultAddress},
+	OpFree:     {Name: "free", NewRequest: newBody[Free], Mutates: true},
+	OpCopyHtoD: {Name: "copy_htod", NewRequest: newBody[CopyHtoD], Async: true, Mutates: true},
+	OpCopyDtoH: {Name: "copy_dtoh", NewRequest: newBody[CopyDtoH], NewReply: newBody[DataReply], Commits: true},
+	OpCopyDtoD: {Name: "copy_dtod", NewRequest: newBody[CopyDtoD], Async: true, Mutates: true},
+	OpMemset:   {Name: "memset", NewRequest: newBody[Memset], Async: true, Mutates: true},
+	OpModuleLoad: {Name: "module_load", NewRequest: newBody[ModuleLoad], NewReply: newBody[HandleReply],
+		Mutates: true, Commits: true, Result: ResultHandle},
+	OpModuleUnload: {Name: "module_unload", NewRequest: newBody[ModuleUnload], Mutates: true},
+	OpGetFunction: {Name: "get_function", NewRequest: newBody[GetFunction], NewReply: newBody[HandleReply],
+		Mutates: true, Commits: true, Result: ResultHandle},
+	OpLaunch: {Name: "launch", NewRequest: newBody[Launch], Async: true, Mutates: true, RunsKernel: true},
+	OpStreamCreate: {Name: "stream_create", NewRequest: newBody[StreamCreate], NewReply: newBody[HandleReply],
+		Mutates: true, Commits: true, Result: ResultHandle},
+	OpStreamDestroy: {Name: "stream_destroy", NewRequest: newBody[StreamDestroy], Mutates: true},
+	OpStreamSync:    {Name: "stream_sync", NewRequest: newBody[StreamSync], Commits: true},
+	OpSync:          {Name: "sync", NewRequest: newBody[Sync], Commits: true},
+	OpReject:        {Name: "reject", NewRequest: newBody[Reject], Control: true},
+	OpBye:           {Name: "bye", NewRequest: newBody[Bye], Control: true, Async: true},
+	OpApertureAttach: {Name: "aperture_attach", NewRequest: newBody[ApertureAttach], NewReply: newBody[ApertureReply],
+		Commits: true},
+}
+
+// newBody is the constructor of an empty body of type T.
+func newBody[T any, PT interface {
+	*T
+	Body
+}]() Body {
+	return PT(new(T))
+}
+
+// Info is op's row of the opcode table; the zero OpInfo for an opcode
+// this version does not define.
+func (op Opcode) Info() OpInfo {
+	if op < opLimit {
+		return opTable[op]
+	}
+	return OpInfo{}
+}
+
+// Valid reports whether op is a defined, non-zero opcode.
+func (op Opcode) Valid() bool { return op > OpInvalid && op < opLimit }
+
+func (op Opcode) String() string {
+	if op < opLimit {
+		return opTable[op].Name
+	}
+	return fmt.Sprintf("op(%d)", uint16(op))
+}
+
+// Opcodes lists every valid opcode, in numeric order.
+func Opcodes() []Opcode {
+	ops := make([]Opcode, 0, opLimit-1)
+	for op := OpInvalid + 1; op < opLimit; op++ {
+		ops = append(ops, op)
+	}
+	return ops
+}
+
+// NewRequest returns an empty request body for op, or nil for an invalid op.
+func NewRequest(op Opcode) Body {
+	if newReq := op.Info().NewRequest; newReq != nil {
+		return newReq()
+	}
+	return nil
+}
+
+// DecodeRequest decodes the body of a request frame.
+func DecodeRequest(op Opcode, payload []byte) (Body, error) {
+	m := NewRequest(op)
+	if m == nil {
+		return nil, fmt.Errorf("%w %d", ErrBadOpcode, uint16(op))
+	}
+	if err := Unmarshal(payload, m); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", op, err)
+	}
+	return m, nil
+}
+
+// ResultOf is the result a reply carries (see OpInfo.Result), or zero.
+func ResultOf(reply Body) uint64 {
+	if r, ok := reply.(ResultReply); ok {
+		return r.Result()
+	}
+	return 0
+}
+
+// ReplayReply rebuilds the successful reply to an already applied request
+// from its recorded result: what a resent request gets instead of running
+// twice. It is nil for an op whose reply carries only a status.
+func (info OpInfo) ReplayReply(result uint64) Body {
+	if info.Result == NoResult {
+		return nil
+	}
+	r := info.NewReply().(ResultReply)
+	r.setResult(result)
+	return r
+}
+
+// StreamOf is the stream a request is queued on; zero for the null stream
+// and for requests that are not queued on one.
+func StreamOf(req Body) uint64 {
+	if r, ok := req.(StreamRequest); ok {
+		return r.OnStream()
+	}
+	return 0
+}
+
+// Results and streams of the bodies that have them.
+
+func (r *AllocReply) Result() uint64      { return r.Ptr }
+func (r *AllocReply) setResult(v uint64)  { r.Ptr = v }
+func (r *HandleReply) Result() uint64     { return r.Handle }
+func (r *HandleReply) setResult(v uint64) { r.Handle = v }
+func (m *CopyHtoD) OnStream() uint64      { return m.Stream }
+func (m *CopyDtoH) OnStream() uint64      { return m.Stream }
+func (m *CopyDtoD) OnStream() uint64      { return m.Stream }
+func (m *Memset) OnStream() uint64        { return m.Stream }
+func (m *Launch) OnStream() uint64        { return m.Stream }
