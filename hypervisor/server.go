@@ -291,7 +291,12 @@ func (s *Server) ServeConn(conn net.Conn) {
 			// No reply: the guest is pipelining. Errors were kept by handle.
 		} else {
 			if s.mustWait(f.Op, rerr) {
-				s.repl.WaitApplied(s.repl.Last())
+				if !s.repl.WaitApplied(s.repl.Last()) && s.repl.Closed() {
+					// The node is going down: this reply could tell the
+					// guest of a change the standby may never get. No
+					// reply; the guest resumes on the standby.
+					return
+				}
 			}
 			st, msg := abi.StatusOK, ""
 			if rerr != nil {

@@ -260,7 +260,8 @@ func (l *Log) wake() {
 	l.mu.Unlock()
 }
 
-func (l *Log) isClosed() bool {
+// Closed reports whether the log was closed (its node is going down).
+func (l *Log) Closed() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.closed

@@ -266,7 +266,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if lg.isClosed() {
+			if lg.Closed() {
 				return errors.New("log closed")
 			}
 			// The log dropped records this standby needed: resync.
