@@ -118,6 +118,49 @@ func startNode(t *testing.T, args ...string) *proc {
 	return p
 }
 
+// nodeStatus is what the tests read of a node's /status (a primary's or a
+// standby's shape).
+type nodeStatus struct {
+	Role        string `json:"role"`
+	Primary     bool   `json:"is_primary"`
+	Replication struct {
+		State string `json:"state"`
+	} `json:"replication"`
+	Protection *struct {
+		State string `json:"state"`
+	} `json:"protection"`
+}
+
+// protected: a primary (first or promoted) whose standby holds everything.
+func (s nodeStatus) protected() bool {
+	return s.Replication.State == "protected" || s.Protection != nil && s.Protection.State == "protected"
+}
+
+// waitStatus polls a node's admin /status until ok holds: readiness from
+// the node's own account, not from its log.
+func waitStatus(t *testing.T, admin, what string, ok func(nodeStatus) bool) nodeStatus {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var st nodeStatus
+		if resp, err := http.Get("http://" + admin + "/status"); err == nil {
+			json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if ok(st) {
+				return st
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never %s; last status %+v", admin, what, st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func isRole(role string) func(nodeStatus) bool {
+	return func(s nodeStatus) bool { return s.Role == role }
+}
+
 // waitLog waits until what appears in p's log.
 func waitLog(t *testing.T, p *proc, what string) {
 	t.Helper()
@@ -276,25 +319,15 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
 	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
 	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
-	sb := startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
+	startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
 		"--guest-listen", "unix://"+standbySock, "--admin-listen", standbyAdmin)
 	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr,
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile)
-	waitLog(t, p, "primary is protected")
+	waitStatus(t, adminAddr, "protected", nodeStatus.protected)
 	p.cmd.Process.Signal(syscall.SIGSTOP)
-	waitLog(t, sb, "promoted to primary")
+	waitStatus(t, standbyAdmin, "promoted", isRole("primary (promoted)"))
 	p.cmd.Process.Signal(syscall.SIGCONT)
-	waitLog(t, p, "fenced")
-	resp, err := http.Get("http://" + adminAddr + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st struct {
-		Term    uint64
-		Primary bool `json:"is_primary"`
-	}
-	json.NewDecoder(resp.Body).Decode(&st)
-	resp.Body.Close()
+	st := waitStatus(t, adminAddr, "fenced", isRole("fenced"))
 	if st.Primary {
 		t.Fatalf("thawed primary still claims to be primary: %+v", st)
 	}
@@ -434,13 +467,14 @@ func TestDoubleFailover(t *testing.T) {
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
-	replB, replC, adminC := freePort(t), freePort(t), freePort(t)
+	replB, replC, adminA, adminB, adminC := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
 	sockA, sockB, sockC := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock"), filepath.Join(dir, "c.sock")
-	c := startNode(t, "standby", "--listen", "tcp://"+replC, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockC, "--admin-listen", adminC)
+	startNode(t, "standby", "--listen", "tcp://"+replC, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockC, "--admin-listen", adminC)
 	b := startNode(t, "standby", "--listen", "tcp://"+replB, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockB,
-		"--replicate-to", "tcp://"+replC)
-	a := startPrimary(t, "--guest-listen", "unix://"+sockA, "--replicate-to", "tcp://"+replB, "--replicate.key-file", keyFile)
-	waitLog(t, a, "primary is protected")
+		"--replicate-to", "tcp://"+replC, "--admin-listen", adminB)
+	a := startPrimary(t, "--guest-listen", "unix://"+sockA, "--replicate-to", "tcp://"+replB, "--replicate.key-file", keyFile,
+		"--admin-listen", adminA)
+	waitStatus(t, adminA, "protected", nodeStatus.protected)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	g, err := pvdriver.Open(ctx, "unix://"+sockA, pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + sockB, "unix://" + sockC}})
@@ -465,11 +499,12 @@ func TestDoubleFailover(t *testing.T) {
 		switch round {
 		case 0:
 			a.cmd.Process.Kill()
-			waitLog(t, b, "promoted to primary")
-			waitLog(t, b, "primary is protected") // B resynced C
+			waitStatus(t, adminB, "promoted and protected by C", func(s nodeStatus) bool {
+				return s.Role == "primary (promoted)" && s.protected()
+			})
 		case 1:
 			b.cmd.Process.Kill()
-			waitLog(t, c, "promoted to primary")
+			waitStatus(t, adminC, "promoted", isRole("primary (promoted)"))
 		}
 	}
 	if fo := g.Failovers(); len(fo) != 2 || fo[1].Term != 3 {
