@@ -5,7 +5,17 @@
 // (the hypervisor turns Flush output into log records), and it never
 // changes guest memory outside the regions it was given.
 //
-// Modes (DESIGN.md decision 7, measured costs in the README):
+// It is the one place that reaches into a guest process — ptrace,
+// userfaultfd, pidfd_getfd, SO_PEERCRED, /proc/PID/{maps,mem,pagemap} —
+// so the hypervisor has no system calls of its own (it takes a guest's
+// memory with MapGuestFile): the tracer's guarantees rest on how that
+// memory was taken (a sealed file, mapped writable once by the guest).
+// unsafe appears only in *_unsafe.go (pointers handed to the kernel);
+// x86-64 registers and system-call injection only in *_amd64.go, with
+// stubs elsewhere that return ErrUnsupportedArch. The decoder is portable
+// Go: it decodes x86-64 bytes on any host.
+//
+// Modes (measured costs in the README):
 //   - insn: the regions stay write-protected; each store faults, the tracer
 //     (ptrace) reads the registers and the instruction, decodes it with
 //     x86asm and emulates it — writes the value through its own mapping and

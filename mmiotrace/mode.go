@@ -1,6 +1,10 @@
 package mmiotrace
 
-import "github.com/vgpuha/vgpuha/pvdriver/abi"
+import (
+	"errors"
+
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
 
 // The tracing modes and region kinds travel to and from the guest (in its
 // aperture requests), so the wire ABI defines them and this package uses
@@ -22,6 +26,11 @@ func Modes() []Mode { return abi.ApertureModes() }
 
 // ParseMode reads a mode name.
 func ParseMode(s string) (Mode, error) { return abi.ParseApertureMode(s) }
+
+// ErrUnsupportedArch: what was asked needs x86-64. The ptrace modes (insn,
+// page) read x86-64 registers and emulate x86-64 stores; off and uffd
+// work on every architecture Linux runs on.
+var ErrUnsupportedArch = errors.New("mmiotrace: unsupported on this architecture")
 
 // Kind is what a region holds, which decides how its writes are traced
 // (see abi.ApertureKind).

@@ -1,7 +1,6 @@
 package mmiotrace
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -197,43 +195,6 @@ func taskIDs(pid int) ([]int, error) {
 	return tids, nil
 }
 
-// findSyscallInsn finds the bytes of a SYSCALL instruction (0f 05) in the
-// guest's vDSO (or, failing that, any executable mapping): injected
-// system calls jump there.
-func findSyscallInsn(pid int, mem *os.File) (uint64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	type span struct{ lo, hi uint64 }
-	var vdso, exec []span
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || fields[1][2] != 'x' {
-			continue
-		}
-		var s span
-		if _, err := fmt.Sscanf(fields[0], "%x-%x", &s.lo, &s.hi); err != nil {
-			continue
-		}
-		if len(fields) >= 6 && fields[5] == "[vdso]" {
-			vdso = append(vdso, s)
-		} else if len(fields) >= 6 && fields[5] != "[vsyscall]" {
-			exec = append(exec, s)
-		}
-	}
-	for _, s := range append(vdso, exec...) {
-		buf := make([]byte, min(s.hi-s.lo, 1<<20))
-		n, _ := mem.ReadAt(buf, int64(s.lo))
-		if i := bytes.Index(buf[:n], []byte{0x0f, 0x05}); i >= 0 {
-			return s.lo + uint64(i), nil
-		}
-	}
-	return 0, fmt.Errorf("guest %d: no SYSCALL instruction found in its executable mappings", pid)
-}
-
 func (p *ptracer) pin(tid int) {
 	if p.cpu >= 0 {
 		pinThread(tid, p.cpu)
@@ -298,11 +259,6 @@ const (
 	cldKilled = 2
 	cldDumped = 3
 )
-
-// siginfoPID reads si_pid from a SIGCHLD siginfo (offset 16 on 64-bit).
-func siginfoPID(info *unix.Siginfo) int32 {
-	return *(*int32)(unsafe.Add(unsafe.Pointer(info), 16))
-}
 
 // handle acts on one stop of a guest thread and resumes it.
 func (p *ptracer) handle(ev event) error {
@@ -374,35 +330,10 @@ const (
 	segvAccErr = 2  // SEGV_ACCERR: a protection fault on a mapped page
 )
 
-func getSiginfo(tid int) (siginfo, error) {
-	var raw [128]byte
-	if err := ptraceRaw(unix.PTRACE_GETSIGINFO, tid, 0, unsafe.Pointer(&raw[0])); err != nil {
-		return siginfo{}, err
-	}
-	// si_signo, si_errno, si_code (int32 each), then the union at 16:
-	// si_pid for kill/tgkill, si_addr for faults.
-	return siginfo{
-		code: *(*int32)(unsafe.Pointer(&raw[8])),
-		pid:  *(*int32)(unsafe.Pointer(&raw[16])),
-		addr: *(*uint64)(unsafe.Pointer(&raw[16])),
-	}, nil
-}
-
 // ptraceInt issues a ptrace request whose data is a number (options, a
 // signal).
 func ptraceInt(req, tid int, data uintptr) error {
 	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), 0, data, 0, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
-// ptraceRaw issues a ptrace request whose data is a pointer. The pointer
-// stays an unsafe.Pointer until the system call itself, so the object
-// cannot move or die before the kernel is done with it.
-func ptraceRaw(req, tid int, addr uintptr, data unsafe.Pointer) error {
-	_, _, e := unix.Syscall6(unix.SYS_PTRACE, uintptr(req), uintptr(tid), addr, uintptr(data), 0, 0)
 	if e != 0 {
 		return e
 	}
@@ -634,36 +565,6 @@ func (p *ptracer) hasDeferred(tid int) bool {
 	return false
 }
 
-// inject runs one system call in stopped thread tid and returns its
-// result, leaving the thread's registers as they were. The thread may be
-// stopped inside a system call of its own: orig_rax is set to -1 so the
-// kernel does not restart it over ours, and restored after.
-func (p *ptracer) inject(tid int, nr uintptr, args ...uint64) (int64, error) {
-	var saved unix.PtraceRegs
-	if err := unix.PtraceGetRegs(tid, &saved); err != nil {
-		return 0, err
-	}
-	r := saved
-	r.Rip, r.Rax, r.Orig_rax = p.sysInsn, uint64(nr), ^uint64(0)
-	regs := []*uint64{&r.Rdi, &r.Rsi, &r.Rdx, &r.R10, &r.R8, &r.R9}
-	for i, a := range args {
-		*regs[i] = a
-	}
-	if err := unix.PtraceSetRegs(tid, &r); err != nil {
-		return 0, err
-	}
-	if err := p.singleStep(tid); err != nil {
-		return 0, err
-	}
-	if err := unix.PtraceGetRegs(tid, &r); err != nil {
-		return 0, err
-	}
-	if err := unix.PtraceSetRegs(tid, &saved); err != nil {
-		return 0, err
-	}
-	return int64(r.Rax), nil
-}
-
 // singleStep executes one instruction of stopped thread tid. A signal that
 // arrives instead is kept for the thread's next resume; a protection fault
 // inside a traced region is returned as *stepFault for the caller to
@@ -739,52 +640,6 @@ func (p *ptracer) mprotect(tid int, addr, n uint64, prot int) error {
 	}
 	if ret < 0 {
 		return fmt.Errorf("mprotect(%#x, %d) in the guest: %w", addr, n, syscall.Errno(-ret))
-	}
-	return nil
-}
-
-// regs reads a stopped thread's registers; vec adds the vector registers.
-func (p *ptracer) regs(tid int, vec bool) (*Regs, *unix.PtraceRegs, error) {
-	var raw unix.PtraceRegs
-	if err := unix.PtraceGetRegs(tid, &raw); err != nil {
-		return nil, nil, err
-	}
-	r := &Regs{
-		GPR: [16]uint64{raw.Rax, raw.Rcx, raw.Rdx, raw.Rbx, raw.Rsp, raw.Rbp, raw.Rsi, raw.Rdi,
-			raw.R8, raw.R9, raw.R10, raw.R11, raw.R12, raw.R13, raw.R14, raw.R15},
-		RIP: raw.Rip, RFlags: raw.Eflags, FSBase: raw.Fs_base, GSBase: raw.Gs_base,
-	}
-	if vec {
-		if err := readVectors(tid, r); err != nil {
-			return nil, nil, err
-		}
-	}
-	return r, &raw, nil
-}
-
-// setRegs writes back what an emulated instruction changed.
-func setRegs(tid int, r *Regs, raw *unix.PtraceRegs) error {
-	g := r.GPR
-	raw.Rax, raw.Rcx, raw.Rdx, raw.Rbx, raw.Rsp, raw.Rbp, raw.Rsi, raw.Rdi = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
-	raw.R8, raw.R9, raw.R10, raw.R11, raw.R12, raw.R13, raw.R14, raw.R15 = g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]
-	raw.Rip = r.RIP
-	return unix.PtraceSetRegs(tid, raw)
-}
-
-// readVectors fills r.Vec from the thread's XSAVE area: XMM registers at
-// offset 160 of the legacy region, the upper YMM halves at 576 (the
-// standard, uncompacted layout ptrace returns).
-func readVectors(tid int, r *Regs) error {
-	buf := make([]byte, 4096)
-	iov := unix.Iovec{Base: &buf[0], Len: uint64(len(buf))}
-	if err := ptraceRaw(unix.PTRACE_GETREGSET, tid, unix.NT_X86_XSTATE, unsafe.Pointer(&iov)); err != nil {
-		return fmt.Errorf("reading vector registers: %w", err)
-	}
-	for i := range r.Vec {
-		copy(r.Vec[i][:16], buf[160+16*i:])
-		if iov.Len >= 576+256 {
-			copy(r.Vec[i][16:], buf[576+16*i:])
-		}
 	}
 	return nil
 }

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -45,7 +43,7 @@ func guestMain() {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
-	fmt.Printf("fd=%d addr=%d\n", fd, uintptr(unsafe.Pointer(&mem[0])))
+	fmt.Printf("fd=%d addr=%d\n", fd, addrOf(mem))
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		f := strings.Fields(in.Text())
@@ -61,47 +59,6 @@ func guestMain() {
 			return
 		}
 		fmt.Println("done")
-	}
-}
-
-// guestWorkload writes mem in one of a few patterns. The expected write
-// sequence of "seq" is known to the test (expectSeq).
-func guestWorkload(name string, mem []byte) {
-	p := unsafe.Pointer(&mem[0])
-	switch name {
-	case "seq": // 8-byte stores of known values
-		for i := 0; i < 64; i++ {
-			*(*uint64)(unsafe.Add(p, 8*i)) = uint64(i)*0x0101010101010101 + 1
-		}
-	case "widths": // 1-, 2-, 4-byte stores and a store straddling pages
-		*(*uint8)(unsafe.Add(p, 1000)) = 0xab
-		*(*uint16)(unsafe.Add(p, 1002)) = 0xbeef
-		*(*uint32)(unsafe.Add(p, 1004)) = 0xdeadbeef
-		*(*uint64)(unsafe.Add(p, pageSize-4)) = 0x1122334455667788
-	case "atomics": // XCHG (atomic store), LOCK XADD, LOCK CMPXCHG
-		u := (*uint64)(unsafe.Add(p, 2*pageSize))
-		atomic.StoreUint64(u, 40)
-		atomic.AddUint64(u, 2)
-		atomic.CompareAndSwapUint64((*uint64)(unsafe.Add(p, 2*pageSize+8)), 0, 7)
-	case "copy": // memmove: vector stores
-		src := make([]byte, 3*pageSize)
-		for i := range src {
-			src[i] = byte(i * 7)
-		}
-		copy(mem[4*pageSize+16:], src)
-	case "goroutines": // several goroutines (and threads) writing their own pages
-		var wg sync.WaitGroup
-		for g := 0; g < 4; g++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				base := unsafe.Add(p, (8+g*2)*pageSize)
-				for i := 0; i < 300; i++ {
-					*(*uint64)(unsafe.Add(base, 8*(i%512))) = uint64(g<<32 | i)
-				}
-			}()
-		}
-		wg.Wait()
 	}
 }
 
@@ -124,6 +81,9 @@ func goGuest() *exec.Cmd {
 // cGuest compiles testdata/cguest/stores.c with gcc.
 func cGuest(t *testing.T) *exec.Cmd {
 	t.Helper()
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the C store-form guest is x86-64 assembly")
+	}
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Skip("gcc not found: the C store-form guest cannot be built")
@@ -239,7 +199,7 @@ func (rp *replica) run(t *testing.T, g *testGuest, tr *Tracer, w string) []strin
 func TestTraceModes(t *testing.T) {
 	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
 		t.Run(mode.String(), func(t *testing.T) {
-			skipWithoutUffd(t, mode)
+			skipUnlessTraceable(t, mode)
 			g := startGuest(t, goGuest())
 			defer g.stop()
 			if mode == ModeUffd {
@@ -285,7 +245,7 @@ func TestStoreForms(t *testing.T) {
 		kind Kind
 	}{{ModeInsn, KindMemory}, {ModePage, KindMemory}, {ModeUffd, KindMemory}, {ModePage, KindRegister}, {ModeUffd, KindRegister}} {
 		t.Run(tc.mode.String()+"/"+tc.kind.String(), func(t *testing.T) {
-			skipWithoutUffd(t, tc.mode)
+			skipUnlessTraceable(t, tc.mode)
 			g := startGuest(t, cGuest(t))
 			defer g.stop()
 			if tc.mode == ModeUffd && tc.kind == KindMemory {
@@ -311,8 +271,15 @@ func TestStoreForms(t *testing.T) {
 	}
 }
 
-func skipWithoutUffd(t *testing.T, mode Mode) {
+// skipUnlessTraceable skips where mode cannot work on this architecture,
+// and uffd mode where the kernel lacks what it needs.
+func skipUnlessTraceable(t *testing.T, mode Mode) {
 	t.Helper()
+	if mode != ModeUffd {
+		if err := ptraceArchErr(mode); err != nil {
+			t.Skip(err)
+		}
+	}
 	if mode == ModeUffd {
 		if err := UffdAvailable(); err != nil {
 			t.Skipf("uffd mode needs userfaultfd asynchronous write-protection (Linux 6.7+): %v", err)

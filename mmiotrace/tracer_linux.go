@@ -151,6 +151,9 @@ func (t *Tracer) startPtrace() error {
 	if t.pid == os.Getpid() {
 		return fmt.Errorf("%w (%s mode)", ErrSelfTrace, t.opts.Mode)
 	}
+	if err := ptraceArchErr(t.opts.Mode); err != nil {
+		return err
+	}
 	cpu := -1
 	if t.opts.Pin {
 		cpu = runtime.NumCPU() - 1

@@ -3,17 +3,14 @@ package mmiotrace
 import (
 	"errors"
 	"fmt"
-	"runtime"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // userfaultfd and PAGEMAP_SCAN definitions (linux/userfaultfd.h,
 // linux/fs.h; Linux 6.7 and later). golang.org/x/sys does not carry them.
+// The ioctl numbers use the asm-generic encoding (x86, arm64, riscv).
 const (
-	sysUserfaultfd = 323 // x86-64
-
 	uffdUserModeOnly = 1
 	uffdAPI          = 0xAA
 
@@ -57,7 +54,7 @@ type pageRegion struct{ start, end, categories uint64 }
 // PAGEMAP_SCAN. The returned descriptor must stay open while mem is
 // tracked; closing it stops the tracking.
 func ArmWriteTracking(mem []byte) (int, error) {
-	fd, _, e := unix.Syscall(sysUserfaultfd, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
+	fd, _, e := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
 	if e != 0 {
 		return -1, fmt.Errorf("userfaultfd: %w", e)
 	}
@@ -68,28 +65,20 @@ func ArmWriteTracking(mem []byte) (int, error) {
 		}
 	}()
 	api := uffdioAPIArg{api: uffdAPI, features: uffdFeatureWPAsync | uffdFeatureWPHugetlbfsShmem | uffdFeatureWPUnpopulated}
-	if err := ioctl(int(fd), uffdioAPI, unsafe.Pointer(&api)); err != nil {
+	if err := ioctlPtr(int(fd), uffdioAPI, &api); err != nil {
 		return -1, fmt.Errorf("userfaultfd: asynchronous write-protection is not available (Linux 6.7 or later): %w", err)
 	}
-	start, n := uint64(uintptr(unsafe.Pointer(&mem[0]))), uint64(len(mem))
+	start, n := addrOf(mem), uint64(len(mem))
 	reg := uffdioRegisterArg{start: start, len: n, mode: uffdRegisterModeWP}
-	if err := ioctl(int(fd), uffdioRegister, unsafe.Pointer(&reg)); err != nil {
+	if err := ioctlPtr(int(fd), uffdioRegister, &reg); err != nil {
 		return -1, fmt.Errorf("userfaultfd register: %w", err)
 	}
 	wp := uffdioWriteProtectArg{start: start, len: n, mode: uffdWriteProtectModeWP}
-	if err := ioctl(int(fd), uffdioWriteProtect, unsafe.Pointer(&wp)); err != nil {
+	if err := ioctlPtr(int(fd), uffdioWriteProtect, &wp); err != nil {
 		return -1, fmt.Errorf("userfaultfd write-protect: %w", err)
 	}
 	ok = true
 	return int(fd), nil
-}
-
-func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
-	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg))
-	if e != 0 {
-		return e
-	}
-	return nil
 }
 
 // ErrNotArmed: in uffd mode, the guest has not (yet) armed write tracking
@@ -102,15 +91,14 @@ var ErrNotArmed = errors.New("mmiotrace: the guest has not armed userfaultfd wri
 // write after the scan is caught by the next one.
 func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 	var out []dirtyPages
-	// The kernel writes results through an address inside arg, which the
-	// garbage collector cannot see: the buffer must be on the heap (heap
-	// objects never move; a stack buffer may move with its stack) and
-	// kept alive across the call.
+	// The kernel writes results through an address inside the ioctl's
+	// argument, which the garbage collector cannot see: the buffer must be
+	// on the heap (heap objects never move; a stack buffer may move with
+	// its stack); scanPagemap keeps it alive across the call.
 	if t.scanBuf == nil {
 		t.scanBuf = make([]pageRegion, 64)
 	}
 	vec := t.scanBuf
-	defer runtime.KeepAlive(vec)
 	for _, r := range regions {
 		if t.perWrite(r) || r.full {
 			continue // a region sent whole now is scanned from the next flush (the guest arms it after attaching)
@@ -118,12 +106,7 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 		d := dirtyPages{r: r}
 		start, end := r.GuestAddr, r.GuestAddr+uint64(len(r.Mem))
 		for start < end {
-			arg := pmScanArg{
-				size: uint64(unsafe.Sizeof(pmScanArg{})), flags: pmScanWPMatching | pmScanCheckWPAsyn,
-				start: start, end: end, vec: uint64(uintptr(unsafe.Pointer(&vec[0]))), vecLen: uint64(len(vec)),
-				categoryMask: pageIsWritten, returnMask: pageIsWritten,
-			}
-			n, _, e := unix.Syscall(unix.SYS_IOCTL, t.pagemap.Fd(), pagemapScan, uintptr(unsafe.Pointer(&arg)))
+			n, walkEnd, e := scanPagemap(t.pagemap.Fd(), start, end, vec)
 			switch {
 			case e == unix.ESRCH:
 				return nil, ErrGuestGone
@@ -137,10 +120,10 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 					d.pages = append(d.pages, (pg-r.GuestAddr)/pageSize)
 				}
 			}
-			if arg.walkEnd <= start {
+			if walkEnd <= start {
 				break
 			}
-			start = arg.walkEnd
+			start = walkEnd
 		}
 		if len(d.pages) > 0 {
 			out = append(out, d)
