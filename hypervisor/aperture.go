@@ -1,15 +1,8 @@
 package hypervisor
 
 import (
-	"bufio"
 	"errors"
-	"fmt"
-	"net"
-	"os"
-	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -26,6 +19,8 @@ import (
 // alike. (The device does not see writes made after a launch while the
 // kernel runs, and device writes to an aperture do not reach the guest's
 // mapping: apertures carry guest-to-device data, like a doorbell page.)
+// This file is the policy; taking the guest's memory file, finding its
+// mapping and every other system call are mmiotrace's.
 
 // sessionMMIO is a primary session's apertures and the tracer watching
 // its guest process.
@@ -41,24 +36,6 @@ type aperture struct {
 	region *mmiotrace.Region
 }
 
-// peerPID is the process on the other end of a unix socket, or zero.
-func peerPID(conn net.Conn) int {
-	uc, ok := conn.(*net.UnixConn)
-	if !ok {
-		return 0
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return 0
-	}
-	var cred *unix.Ucred
-	raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if cred == nil {
-		return 0
-	}
-	return int(cred.Pid)
-}
-
 func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	kind := r.Kind
 	if kind != abi.ApertureMemory && kind != abi.ApertureRegister {
@@ -72,7 +49,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 		return nil, fail(abi.StatusNotSupported, "apertures need a unix-socket connection: the hypervisor shares memory with the guest process")
 	}
 	mode := s.cfg.MMIO.Mode
-	mem, guestAddr, err := takeGuestMemory(s.peerPID, int(r.FD), rg.Size)
+	mem, guestAddr, err := mmiotrace.MapGuestFile(s.peerPID, int(r.FD), rg.Size)
 	if err != nil {
 		return nil, fail(abi.StatusInvalidValue, "aperture: %v", err)
 	}
@@ -90,9 +67,12 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	}
 	region := &mmiotrace.Region{GuestAddr: guestAddr, Mem: mem, Kind: kind}
 	if err := s.mmio.tracer.AddRegion(region); err != nil {
-		unix.Munmap(mem)
+		mmiotrace.UnmapGuestFile(mem)
 		if errors.Is(err, mmiotrace.ErrSelfTrace) {
 			return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process: %v", err)
+		}
+		if errors.Is(err, mmiotrace.ErrUnsupportedArch) {
+			return nil, fail(abi.StatusNotSupported, "tracing the aperture: %v", err)
 		}
 		return nil, fail(abi.StatusInternal, "tracing the aperture: %v", err)
 	}
@@ -103,75 +83,6 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 		return nil, fail(abi.StatusInternal, "aperture: %v", err)
 	}
 	return &abi.ApertureReply{Mode: mode}, nil
-}
-
-// takeGuestMemory takes file descriptor fd from process pid (pidfd_getfd),
-// checks it is a memory file of exactly size bytes sealed against resizing
-// (so it can never shrink under the hypervisor's mapping), finds where the
-// guest maps it, and maps it here.
-func takeGuestMemory(pid, fd int, size uint64) ([]byte, uint64, error) {
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return nil, 0, fmt.Errorf("guest process %d: %w", pid, err)
-	}
-	defer unix.Close(pidfd)
-	own, err := unix.PidfdGetfd(pidfd, fd, 0)
-	if err != nil {
-		return nil, 0, fmt.Errorf("taking file %d from the guest: %w", fd, err)
-	}
-	defer unix.Close(own)
-	var st unix.Stat_t
-	if err := unix.Fstat(own, &st); err != nil {
-		return nil, 0, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != size {
-		return nil, 0, fmt.Errorf("file %d is not a %d-byte memory file", fd, size)
-	}
-	seals, err := unix.FcntlInt(uintptr(own), unix.F_GET_SEALS, 0)
-	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
-		return nil, 0, fmt.Errorf("file %d is not a memfd sealed against shrinking and growing", fd)
-	}
-	addr, err := guestMapping(pid, st, size)
-	if err != nil {
-		return nil, 0, err
-	}
-	mem, err := unix.Mmap(own, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, 0, fmt.Errorf("mapping the aperture: %w", err)
-	}
-	return mem, addr, nil
-}
-
-// guestMapping finds the guest's one shared, writable mapping of the whole
-// file (inode st): that is the range the tracer watches. A second mapping
-// would be written untraced, so it is refused.
-func guestMapping(pid int, st unix.Stat_t, size uint64) (uint64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
-	var found []uint64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// start-end perms offset dev inode path
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || fields[4] != fmt.Sprint(st.Ino) || fields[3] != dev {
-			continue
-		}
-		var lo, hi, off uint64
-		fmt.Sscanf(fields[0], "%x-%x", &lo, &hi)
-		fmt.Sscanf(fields[2], "%x", &off)
-		if off != 0 || hi-lo != size || fields[1] != "rw-s" {
-			return 0, fmt.Errorf("the guest maps the aperture file as %s %s at offset %d: map it once, whole, shared and writable", fields[0], fields[1], off)
-		}
-		found = append(found, lo)
-	}
-	if len(found) != 1 {
-		return 0, fmt.Errorf("the guest maps the aperture file %d times: map it exactly once", len(found))
-	}
-	return found[0], nil
 }
 
 // dropAperture stops tracing the aperture at ptr, if there is one.
@@ -187,7 +98,7 @@ func (s *Session) dropAperture(ptr uint64) {
 	s.mmio.tracer.RemoveRegion(ap.region)
 	delete(s.mmio.apertures, ptr)
 	delete(s.mmio.byRegion, ap.region)
-	unix.Munmap(ap.region.Mem)
+	mmiotrace.UnmapGuestFile(ap.region.Mem)
 }
 
 // stopMMIO ends tracing when the guest's connection ends: a last flush

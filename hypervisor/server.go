@@ -276,7 +276,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 			sess, reply, rerr = s.hello(f.Payload)
 			if sess != nil {
 				sess.mu.Lock()
-				sess.peerPID = peerPID(conn)
+				sess.peerPID = mmiotrace.PeerPID(conn)
 				sess.mu.Unlock()
 				log = log.With("session", sess.id, "guest", sess.guest)
 				log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", sess.base))
