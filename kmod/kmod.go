@@ -10,7 +10,9 @@
 // The program is written with cilium/ebpf's assembler, so building it needs
 // no clang. Loading it needs root (CAP_BPF and CAP_PERFMON) and tracefs; an
 // in-kernel variant of the tracer (a kernel module, tested in a VM) is not
-// built yet.
+// built yet. The tracepoint and its page-fault error code are x86's
+// (faults_amd64.go); elsewhere NewFaultCounter returns
+// ErrUnsupportedArch.
 package kmod
 
 import (
@@ -24,6 +26,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrUnsupportedArch: the fault counter needs x86's
+// exceptions:page_fault_user tracepoint.
+var ErrUnsupportedArch = errors.New("kmod: unsupported on this architecture")
+
 // FaultCounter counts page faults of one process inside [lo, hi).
 type FaultCounter struct {
 	counts *ebpf.Map // index 0: faults on reads, 1: faults on writes
@@ -31,16 +37,9 @@ type FaultCounter struct {
 	link   link.Link
 }
 
-// Offsets in the page_fault_user tracepoint record
-// (/sys/kernel/tracing/events/exceptions/page_fault_user/format).
-const (
-	offAddress   = 8
-	offErrorCode = 24
-	errWrite     = 1 << 1 // x86 page-fault error code: the access was a write
-)
-
-// NewFaultCounter starts counting the faults of process tgid in [lo, hi).
-func NewFaultCounter(tgid int, lo, hi uint64) (*FaultCounter, error) {
+// newFaultCounter loads prog (which counts into a two-entry array map,
+// given its descriptor) and attaches it to tracepoint group:name.
+func newFaultCounter(group, name string, prog func(mapFD int) asm.Instructions) (*FaultCounter, error) {
 	if err := ensureTracefs(); err != nil {
 		return nil, err
 	}
@@ -48,51 +47,22 @@ func NewFaultCounter(tgid int, lo, hi uint64) (*FaultCounter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kmod: creating the counter map (needs root): %w", err)
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Type:         ebpf.TracePoint,
 		License:      "GPL",
-		Instructions: faultProgram(counts.FD(), tgid, lo, hi),
+		Instructions: prog(counts.FD()),
 	})
 	if err != nil {
 		counts.Close()
 		return nil, fmt.Errorf("kmod: loading the fault counter: %w", err)
 	}
-	l, err := link.Tracepoint("exceptions", "page_fault_user", prog, nil)
+	l, err := link.Tracepoint(group, name, p, nil)
 	if err != nil {
-		prog.Close()
+		p.Close()
 		counts.Close()
-		return nil, fmt.Errorf("kmod: attaching to exceptions:page_fault_user: %w", err)
+		return nil, fmt.Errorf("kmod: attaching to %s:%s: %w", group, name, err)
 	}
-	return &FaultCounter{counts: counts, prog: prog, link: l}, nil
-}
-
-// faultProgram: if the current process is tgid and the faulting address
-// lies in [lo, hi), add one to counts[(error_code >> 1) & 1].
-func faultProgram(mapFD, tgid int, lo, hi uint64) asm.Instructions {
-	return asm.Instructions{
-		asm.Mov.Reg(asm.R6, asm.R1), // the tracepoint record
-		asm.FnGetCurrentPidTgid.Call(),
-		asm.RSh.Imm(asm.R0, 32),
-		asm.JNE.Imm(asm.R0, int32(tgid), "out"),
-		asm.LoadMem(asm.R2, asm.R6, offAddress, asm.DWord),
-		asm.LoadImm(asm.R3, int64(lo), asm.DWord),
-		asm.JLT.Reg(asm.R2, asm.R3, "out"),
-		asm.LoadImm(asm.R3, int64(hi), asm.DWord),
-		asm.JGE.Reg(asm.R2, asm.R3, "out"),
-		asm.LoadMem(asm.R4, asm.R6, offErrorCode, asm.DWord),
-		asm.RSh.Imm(asm.R4, 1),
-		asm.And.Imm(asm.R4, 1),
-		asm.StoreMem(asm.RFP, -4, asm.R4, asm.Word),
-		asm.LoadMapPtr(asm.R1, mapFD),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -4),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "out"),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
-		asm.Mov.Imm(asm.R0, 0).WithSymbol("out"),
-		asm.Return(),
-	}
+	return &FaultCounter{counts: counts, prog: p, link: l}, nil
 }
 
 // Counts returns the faults counted so far: on reads and on writes.

@@ -3,7 +3,6 @@ package kmod
 import (
 	"os"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,7 +16,7 @@ func TestFaultCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(mem)
-	lo := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	lo := addrOf(mem)
 	fc, err := NewFaultCounter(os.Getpid(), lo, lo+pages*4096)
 	if err != nil {
 		t.Skipf("eBPF unavailable here: %v", err)
