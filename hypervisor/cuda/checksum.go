@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"encoding/binary"
-	"unsafe"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 )
@@ -73,25 +72,24 @@ func (c *context) Checksum(addr, n uint64) (uint64, error) {
 				return err
 			}
 		}
-		var zero uint64
-		if err := d.check("cuMemcpyHtoD", d.cuMemcpyHtoD(c.sumOut, unsafe.Pointer(&zero), 8)); err != nil {
+		if err := d.check("cuMemcpyHtoD", d.memcpyHtoD(c.sumOut, make([]byte, 8))); err != nil {
 			return err
 		}
 		if words > 0 {
 			const block = 256
 			grid := uint32(min((words+block-1)/block, 4096))
-			params := []unsafe.Pointer{unsafe.Pointer(&addr), unsafe.Pointer(&words), unsafe.Pointer(&c.sumOut)}
-			if err := d.check("cuLaunchKernel(checksum)", d.cuLaunchKernel(c.sumFn, grid, 1, 1, block, 1, 1, 0, 0, unsafe.Pointer(&params[0]), nil)); err != nil {
+			params := [][]byte{u64(addr), u64(words), u64(c.sumOut)}
+			if err := d.check("cuLaunchKernel(checksum)", d.launchKernel(c.sumFn, grid, 1, 1, block, 1, 1, 0, 0, params)); err != nil {
 				return err
 			}
 		}
 		var out [8]byte
-		if err := d.check("cuMemcpyDtoH", d.cuMemcpyDtoH(unsafe.Pointer(&out[0]), c.sumOut, 8)); err != nil {
+		if err := d.check("cuMemcpyDtoH", d.memcpyDtoH(out[:], c.sumOut)); err != nil {
 			return err
 		}
 		sum = binary.LittleEndian.Uint64(out[:])
 		if len(tail) > 0 {
-			return d.check("cuMemcpyDtoH", d.cuMemcpyDtoH(unsafe.Pointer(&tail[0]), addr+words*8, uint64(len(tail))))
+			return d.check("cuMemcpyDtoH", d.memcpyDtoH(tail, addr+words*8))
 		}
 		return nil
 	})
@@ -100,3 +98,6 @@ func (c *context) Checksum(addr, n uint64) (uint64, error) {
 	}
 	return gpu.FinishChecksum(sum, words, tail), nil
 }
+
+// u64 is v's bytes in this machine's order: a kernel parameter's value.
+func u64(v uint64) []byte { return binary.NativeEndian.AppendUint64(nil, v) }

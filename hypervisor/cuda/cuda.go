@@ -1,15 +1,17 @@
 // Package cuda is a gpu.Backend on a real NVIDIA GPU through the CUDA
-// driver API, loaded at run time (see driver.go).
+// driver API, loaded at run time (see driver.go; the C surface, and with it
+// every use of unsafe, is driver_unsafe.go).
 //
 // Each guest session gets its own CUDA context. A context is current per OS
 // thread (calls from a thread where it is not current fail with
 // CUDA_ERROR_INVALID_CONTEXT, seen as error 201), so every call locks the
 // calling goroutine to its thread and makes the context current there with
-// cuCtxSetCurrent, under the context's mutex. DESIGN.md suggested one
-// goroutine per context, fed through a channel; measured on an H100, that
-// hand-off between threads cost more than the CUDA calls themselves (a 64-byte
-// cuMemcpyHtoD through it took 31 µs), while cuCtxSetCurrent is a
-// thread-local store.
+// cuCtxSetCurrent, under the context's mutex. (The alternative, one
+// goroutine per context fed through a channel, was measured on an H100:
+// that hand-off between threads cost more than the CUDA calls themselves,
+// 31 µs for a 64-byte cuMemcpyHtoD, while cuCtxSetCurrent is a
+// thread-local store.) It never lets a guest name device memory outside
+// its context's window.
 // The session's device-address window is reserved with cuMemAddressReserve at
 // the base the hypervisor asks for; the driver treats that address as a hint,
 // so the base it really got is reported by Window and the caller translates
@@ -25,10 +27,10 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"sync"
-	"unsafe"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -241,11 +243,11 @@ func (c *context) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 			return err
 		}
 		if st == 0 {
-			return c.d.check("cuMemcpyHtoD", c.d.cuMemcpyHtoD(dst, unsafe.Pointer(&src[0]), uint64(len(src))))
+			return c.d.check("cuMemcpyHtoD", c.d.memcpyHtoD(dst, src))
 		}
 		// From pageable memory this returns once src has been staged
 		// (CUDA Runtime API, "API synchronization behavior").
-		return c.d.check("cuMemcpyHtoDAsync", c.d.cuMemcpyHtoDAsync(dst, unsafe.Pointer(&src[0]), uint64(len(src)), st))
+		return c.d.check("cuMemcpyHtoDAsync", c.d.memcpyHtoDAsync(dst, src, st))
 	})
 }
 
@@ -263,7 +265,7 @@ func (c *context) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
 				return err
 			}
 		}
-		return c.d.check("cuMemcpyDtoH", c.d.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), src, uint64(len(dst))))
+		return c.d.check("cuMemcpyDtoH", c.d.memcpyDtoH(dst, src))
 	})
 }
 
@@ -363,26 +365,22 @@ func (c *context) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s
 		if err != nil {
 			return err
 		}
-		// kernelParams is an array of pointers, one per parameter, each to
-		// the parameter's value (cuLaunchKernel, CUDA Driver API).
-		values := make([]uint64, len(args))
-		params := make([]unsafe.Pointer, len(args)+1)
+		// Each parameter's value: a byte argument's own bytes, else 8 bytes
+		// holding the scalar (zero for an empty byte argument).
+		values := make([]byte, 8*len(args))
+		params := make([][]byte, len(args))
 		for i, a := range args {
-			if a.Kind == abi.ArgBytes {
-				if len(a.Raw) == 0 {
-					params[i] = unsafe.Pointer(&values[i])
-				} else {
-					params[i] = unsafe.Pointer(&a.Raw[0])
-				}
-				continue
+			v := values[8*i : 8*i+8]
+			switch {
+			case a.Kind == abi.ArgBytes && len(a.Raw) > 0:
+				v = a.Raw
+			case a.Kind != abi.ArgBytes:
+				binary.NativeEndian.PutUint64(v, a.Bits)
 			}
-			values[i] = a.Bits
-			params[i] = unsafe.Pointer(&values[i])
+			params[i] = v
 		}
-		r := c.d.cuLaunchKernel(fn, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
-			cfg.SharedBytes, st, unsafe.Pointer(&params[0]), nil)
-		runtime.KeepAlive(values)
-		runtime.KeepAlive(args)
+		r := c.d.launchKernel(fn, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
+			cfg.SharedBytes, st, params)
 		return c.d.check("cuLaunchKernel", r)
 	})
 }
@@ -463,14 +461,18 @@ func (b *Backend) PinnedCopy(ctx gpu.Context, dst uint64, n int) (copyFn func() 
 	if !ok {
 		return nil, nil, fmt.Errorf("cuda: PinnedCopy needs a context of this backend")
 	}
-	var host unsafe.Pointer
-	if err := c.do(func() error { return c.d.check("cuMemAllocHost", c.d.cuMemAllocHost(&host, uint64(n))) }); err != nil {
+	var host []byte
+	if err := c.do(func() error {
+		var r result
+		host, r = c.d.memAllocHost(n)
+		return c.d.check("cuMemAllocHost", r)
+	}); err != nil {
 		return nil, nil, err
 	}
 	copyFn = func() error {
-		return c.do(func() error { return c.d.check("cuMemcpyHtoD", c.d.cuMemcpyHtoD(dst, host, uint64(n))) })
+		return c.do(func() error { return c.d.check("cuMemcpyHtoD", c.d.memcpyHtoD(dst, host)) })
 	}
-	release = func() { c.do(func() error { return c.d.check("cuMemFreeHost", c.d.cuMemFreeHost(host)) }) }
+	release = func() { c.do(func() error { return c.d.check("cuMemFreeHost", c.d.memFreeHost(host)) }) }
 	return copyFn, release, nil
 }
 
@@ -480,7 +482,7 @@ func (b *Backend) PinnedCopy(ctx gpu.Context, dst uint64, n int) (copyFn func() 
 func (b *Backend) AllocHost(n int) ([]byte, error) {
 	b.hostMu.Lock()
 	defer b.hostMu.Unlock()
-	var p unsafe.Pointer
+	var mem []byte
 	err := onThread(func() error {
 		if b.hostCtx == 0 {
 			if err := b.d.check("cuCtxCreate", b.d.cuCtxCreate(&b.hostCtx, 0, b.dev)); err != nil {
@@ -490,10 +492,12 @@ func (b *Backend) AllocHost(n int) ([]byte, error) {
 		if err := b.d.check("cuCtxSetCurrent", b.d.cuCtxSetCurrent(b.hostCtx)); err != nil {
 			return err
 		}
-		return b.d.check("cuMemHostAlloc", b.d.cuMemHostAlloc(&p, uint64(n), 1))
+		var r result
+		mem, r = b.d.memHostAlloc(n, 1)
+		return b.d.check("cuMemHostAlloc", r)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return unsafe.Slice((*byte)(p), n), nil
+	return mem, nil
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"unsafe"
 
 	"github.com/ebitengine/purego"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -14,49 +13,9 @@ import (
 // binary builds (CGO_ENABLED=0) and runs everywhere, and fails with a clear
 // error only when --backend cuda is asked for where there is no driver.
 // Signatures follow the CUDA Driver API reference (cuda.h, CUDA 12/13);
-// the _v2 entry points are the ones cuda.h maps the plain names to.
-
-type result int32
-
-type driver struct {
-	cuInit                        func(flags uint32) result
-	cuDriverGetVersion            func(v *int32) result
-	cuDeviceGet                   func(dev *int32, ordinal int32) result
-	cuDeviceGetName               func(name *byte, n int32, dev int32) result
-	cuCtxCreate                   func(ctx *uintptr, flags uint32, dev int32) result
-	cuCtxDestroy                  func(ctx uintptr) result
-	cuCtxSetCurrent               func(ctx uintptr) result
-	cuCtxSynchronize              func() result
-	cuMemGetAllocationGranularity func(g *uint64, prop *memAllocationProp, option int32) result
-	cuMemAddressReserve           func(ptr *uint64, size, align, addr uint64, flags uint64) result
-	cuMemAddressFree              func(ptr, size uint64) result
-	cuMemCreate                   func(h *uint64, size uint64, prop *memAllocationProp, flags uint64) result
-	cuMemRelease                  func(h uint64) result
-	cuMemMap                      func(ptr, size, offset uint64, h uint64, flags uint64) result
-	cuMemUnmap                    func(ptr, size uint64) result
-	cuMemSetAccess                func(ptr, size uint64, desc *memAccessDesc, count uint64) result
-	cuMemcpyHtoD                  func(dst uint64, src unsafe.Pointer, n uint64) result
-	cuMemcpyDtoH                  func(dst unsafe.Pointer, src uint64, n uint64) result
-	cuMemcpyDtoD                  func(dst, src, n uint64) result
-	cuMemcpyHtoDAsync             func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) result
-	cuMemcpyDtoDAsync             func(dst, src, n uint64, s uintptr) result
-	cuMemsetD8Async               func(dst uint64, v uint8, n uint64, s uintptr) result
-	cuMemsetD32Async              func(dst uint64, v uint32, n uint64, s uintptr) result
-	cuModuleLoadData              func(m *uintptr, image *byte) result
-	cuModuleUnload                func(m uintptr) result
-	cuModuleGetFunction           func(f *uintptr, m uintptr, name *byte) result
-	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
-	cuStreamCreate                func(s *uintptr, flags uint32) result
-	cuStreamDestroy               func(s uintptr) result
-	cuStreamSynchronize           func(s uintptr) result
-	cuMemAlloc                    func(p *uint64, n uint64) result
-	cuMemFree                     func(p uint64) result
-	cuMemAllocHost                func(p *unsafe.Pointer, n uint64) result
-	cuMemHostAlloc                func(p *unsafe.Pointer, n uint64, flags uint32) result
-	cuMemFreeHost                 func(p unsafe.Pointer) result
-	cuGetErrorName                func(r result, s **byte) result
-	cuGetErrorString              func(r result, s **byte) result
-}
+// the _v2 entry points are the ones cuda.h maps the plain names to. The
+// function table itself, and the calls that pass Go memory by address,
+// are in driver_unsafe.go.
 
 // CUmemAllocationProp (cuda.h): 32 bytes.
 type memAllocationProp struct {
@@ -132,17 +91,6 @@ func load() (*driver, error) {
 		drv = d
 	})
 	return drv, loadErr
-}
-
-func cstring(p *byte) string {
-	if p == nil {
-		return ""
-	}
-	var b []byte
-	for q := unsafe.Pointer(p); *(*byte)(q) != 0; q = unsafe.Add(q, 1) {
-		b = append(b, *(*byte)(q))
-	}
-	return string(b)
 }
 
 // Error is a failed driver call.

@@ -1,0 +1,120 @@
+package cuda
+
+import (
+	"runtime"
+	"unsafe"
+)
+
+// The CUDA driver API's C surface: the function table that load fills
+// with purego.RegisterLibFunc, and typed wrappers for the calls that take host memory by
+// address, so the rest of the package passes slices and never converts a
+// pointer.
+
+type result int32
+
+type driver struct {
+	cuInit                        func(flags uint32) result
+	cuDriverGetVersion            func(v *int32) result
+	cuDeviceGet                   func(dev *int32, ordinal int32) result
+	cuDeviceGetName               func(name *byte, n int32, dev int32) result
+	cuCtxCreate                   func(ctx *uintptr, flags uint32, dev int32) result
+	cuCtxDestroy                  func(ctx uintptr) result
+	cuCtxSetCurrent               func(ctx uintptr) result
+	cuCtxSynchronize              func() result
+	cuMemGetAllocationGranularity func(g *uint64, prop *memAllocationProp, option int32) result
+	cuMemAddressReserve           func(ptr *uint64, size, align, addr uint64, flags uint64) result
+	cuMemAddressFree              func(ptr, size uint64) result
+	cuMemCreate                   func(h *uint64, size uint64, prop *memAllocationProp, flags uint64) result
+	cuMemRelease                  func(h uint64) result
+	cuMemMap                      func(ptr, size, offset uint64, h uint64, flags uint64) result
+	cuMemUnmap                    func(ptr, size uint64) result
+	cuMemSetAccess                func(ptr, size uint64, desc *memAccessDesc, count uint64) result
+	cuMemcpyHtoD                  func(dst uint64, src unsafe.Pointer, n uint64) result
+	cuMemcpyDtoH                  func(dst unsafe.Pointer, src uint64, n uint64) result
+	cuMemcpyDtoD                  func(dst, src, n uint64) result
+	cuMemcpyHtoDAsync             func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) result
+	cuMemcpyDtoDAsync             func(dst, src, n uint64, s uintptr) result
+	cuMemsetD8Async               func(dst uint64, v uint8, n uint64, s uintptr) result
+	cuMemsetD32Async              func(dst uint64, v uint32, n uint64, s uintptr) result
+	cuModuleLoadData              func(m *uintptr, image *byte) result
+	cuModuleUnload                func(m uintptr) result
+	cuModuleGetFunction           func(f *uintptr, m uintptr, name *byte) result
+	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
+	cuStreamCreate                func(s *uintptr, flags uint32) result
+	cuStreamDestroy               func(s uintptr) result
+	cuStreamSynchronize           func(s uintptr) result
+	cuMemAlloc                    func(p *uint64, n uint64) result
+	cuMemFree                     func(p uint64) result
+	cuMemAllocHost                func(p *unsafe.Pointer, n uint64) result
+	cuMemHostAlloc                func(p *unsafe.Pointer, n uint64, flags uint32) result
+	cuMemFreeHost                 func(p unsafe.Pointer) result
+	cuGetErrorName                func(r result, s **byte) result
+	cuGetErrorString              func(r result, s **byte) result
+}
+
+// memcpyHtoD copies src to device address dst (cuMemcpyHtoD_v2).
+func (d *driver) memcpyHtoD(dst uint64, src []byte) result {
+	return d.cuMemcpyHtoD(dst, unsafe.Pointer(unsafe.SliceData(src)), uint64(len(src)))
+}
+
+// memcpyHtoDAsync copies src to dst on stream s (cuMemcpyHtoDAsync_v2).
+func (d *driver) memcpyHtoDAsync(dst uint64, src []byte, s uintptr) result {
+	return d.cuMemcpyHtoDAsync(dst, unsafe.Pointer(unsafe.SliceData(src)), uint64(len(src)), s)
+}
+
+// memcpyDtoH copies len(dst) bytes from device address src (cuMemcpyDtoH_v2).
+func (d *driver) memcpyDtoH(dst []byte, src uint64) result {
+	return d.cuMemcpyDtoH(unsafe.Pointer(unsafe.SliceData(dst)), src, uint64(len(dst)))
+}
+
+// launchKernel launches f (cuLaunchKernel). params[i] holds the bytes of
+// the kernel's parameter i; kernelParams is an array of pointers, one per
+// parameter, each to the parameter's value (CUDA Driver API), and the
+// driver copies the values before it returns.
+func (d *driver) launchKernel(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params [][]byte) result {
+	ptrs := make([]unsafe.Pointer, len(params)+1)
+	for i, p := range params {
+		ptrs[i] = unsafe.Pointer(unsafe.SliceData(p))
+	}
+	r := d.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, unsafe.Pointer(&ptrs[0]), nil)
+	runtime.KeepAlive(params)
+	return r
+}
+
+// memAllocHost allocates n bytes of page-locked host memory
+// (cuMemAllocHost_v2); free it with memFreeHost.
+func (d *driver) memAllocHost(n int) ([]byte, result) {
+	var p unsafe.Pointer
+	if r := d.cuMemAllocHost(&p, uint64(n)); r != 0 {
+		return nil, r
+	}
+	return unsafe.Slice((*byte)(p), n), 0
+}
+
+// memHostAlloc allocates n bytes of page-locked host memory with flags
+// (cuMemHostAlloc).
+func (d *driver) memHostAlloc(n int, flags uint32) ([]byte, result) {
+	var p unsafe.Pointer
+	if r := d.cuMemHostAlloc(&p, uint64(n), flags); r != 0 {
+		return nil, r
+	}
+	return unsafe.Slice((*byte)(p), n), 0
+}
+
+// memFreeHost frees memory from memAllocHost (cuMemFreeHost).
+func (d *driver) memFreeHost(b []byte) result {
+	return d.cuMemFreeHost(unsafe.Pointer(unsafe.SliceData(b)))
+}
+
+// cstring copies the NUL-terminated C string at p (the driver's own
+// static strings, such as error names).
+func cstring(p *byte) string {
+	if p == nil {
+		return ""
+	}
+	var b []byte
+	for q := unsafe.Pointer(p); *(*byte)(q) != 0; q = unsafe.Add(q, 1) {
+		b = append(b, *(*byte)(q))
+	}
+	return string(b)
+}
