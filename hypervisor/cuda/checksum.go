@@ -53,7 +53,7 @@ DONE:
 
 // Checksum implements gpu.Checksummer: the full words are summed on the
 // GPU, the trailing bytes (fewer than 8) on the host.
-func (c *context) Checksum(addr, n uint64) (uint64, error) {
+func (c *guestContext) Checksum(addr, n uint64) (uint64, error) {
 	var sum uint64
 	words := n / 8
 	tail := make([]byte, n%8)

@@ -103,7 +103,7 @@ func (b *Backend) Close() error { return nil }
 
 // NewContext implements gpu.Backend.
 func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
-	c := &context{
+	c := &guestContext{
 		b: b, d: b.d, size: size,
 		allocs:    map[uint64]mapping{},
 		modules:   map[gpu.Module]map[string]uintptr{},
@@ -134,7 +134,9 @@ type mapping struct {
 	handle uint64
 }
 
-type context struct {
+// guestContext is one guest session's gpu.Context: a CUDA context, the
+// address window reserved in it, and the guest's allocations and handles.
+type guestContext struct {
 	b *Backend
 	d *driver
 
@@ -153,7 +155,7 @@ type context struct {
 }
 
 // do runs fn with the context current on the calling thread.
-func (c *context) do(fn func() error) error {
+func (c *guestContext) do(fn func() error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	runtime.LockOSThread()
@@ -164,18 +166,18 @@ func (c *context) do(fn func() error) error {
 	return fn()
 }
 
-func (c *context) Window() (uint64, uint64) { return c.base, c.size }
+func (c *guestContext) Window() (uint64, uint64) { return c.base, c.size }
 
 func roundUp(v, a uint64) uint64 { return (v + a - 1) / a * a }
 
-func (c *context) inWindow(addr, n uint64) error {
+func (c *guestContext) inWindow(addr, n uint64) error {
 	if addr < c.base || n > c.size || addr-c.base > c.size-n {
 		return fmt.Errorf("%w: [%#x, +%d) is outside the context's window", abi.StatusOutOfRange, addr, n)
 	}
 	return nil
 }
 
-func (c *context) Alloc(addr, size uint64) error {
+func (c *guestContext) Alloc(addr, size uint64) error {
 	return c.do(func() error {
 		d := c.d
 		rounded := roundUp(size, c.b.gran)
@@ -205,11 +207,11 @@ func (c *context) Alloc(addr, size uint64) error {
 	})
 }
 
-func (c *context) Free(addr uint64) error {
+func (c *guestContext) Free(addr uint64) error {
 	return c.do(func() error { return c.free(addr) })
 }
 
-func (c *context) free(addr uint64) error {
+func (c *guestContext) free(addr uint64) error {
 	m, ok := c.allocs[addr]
 	if !ok {
 		return fmt.Errorf("%w: no allocation at %#x", abi.StatusInvalidValue, addr)
@@ -222,7 +224,7 @@ func (c *context) free(addr uint64) error {
 	return c.d.check("cuMemRelease", c.d.cuMemRelease(m.handle))
 }
 
-func (c *context) stream(s gpu.Stream) (uintptr, error) {
+func (c *guestContext) stream(s gpu.Stream) (uintptr, error) {
 	if s == 0 {
 		return 0, nil
 	}
@@ -233,7 +235,7 @@ func (c *context) stream(s gpu.Stream) (uintptr, error) {
 	return h, nil
 }
 
-func (c *context) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
+func (c *guestContext) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -251,7 +253,7 @@ func (c *context) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 	})
 }
 
-func (c *context) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
+func (c *guestContext) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
 	if len(dst) == 0 {
 		return nil
 	}
@@ -269,7 +271,7 @@ func (c *context) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
 	})
 }
 
-func (c *context) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
+func (c *guestContext) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
 	return c.do(func() error {
 		st, err := c.stream(s)
 		if err != nil {
@@ -279,7 +281,7 @@ func (c *context) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
 	})
 }
 
-func (c *context) Memset(dst uint64, width int, value uint32, count uint64, s gpu.Stream) error {
+func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64, s gpu.Stream) error {
 	return c.do(func() error {
 		st, err := c.stream(s)
 		if err != nil {
@@ -297,7 +299,7 @@ func (c *context) Memset(dst uint64, width int, value uint32, count uint64, s gp
 
 func cbytes(s string) []byte { return append([]byte(s), 0) }
 
-func (c *context) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
+func (c *guestContext) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
 	var id gpu.Module
 	err := c.do(func() error {
 		loaded := map[string]uintptr{}
@@ -320,7 +322,7 @@ func (c *context) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
 	return id, err
 }
 
-func (c *context) UnloadModule(m gpu.Module) error {
+func (c *guestContext) UnloadModule(m gpu.Module) error {
 	return c.do(func() error {
 		loaded, ok := c.modules[m]
 		if !ok {
@@ -335,7 +337,7 @@ func (c *context) UnloadModule(m gpu.Module) error {
 	})
 }
 
-func (c *context) Function(m gpu.Module, name string) (gpu.Function, error) {
+func (c *guestContext) Function(m gpu.Module, name string) (gpu.Function, error) {
 	var id gpu.Function
 	err := c.do(func() error {
 		cm, ok := c.modules[m][name]
@@ -355,7 +357,7 @@ func (c *context) Function(m gpu.Module, name string) (gpu.Function, error) {
 	return id, err
 }
 
-func (c *context) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
+func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
 	return c.do(func() error {
 		fn, ok := c.functions[f]
 		if !ok {
@@ -385,7 +387,7 @@ func (c *context) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s
 	})
 }
 
-func (c *context) CreateStream() (gpu.Stream, error) {
+func (c *guestContext) CreateStream() (gpu.Stream, error) {
 	var id gpu.Stream
 	err := c.do(func() error {
 		var h uintptr
@@ -400,7 +402,7 @@ func (c *context) CreateStream() (gpu.Stream, error) {
 	return id, err
 }
 
-func (c *context) DestroyStream(s gpu.Stream) error {
+func (c *guestContext) DestroyStream(s gpu.Stream) error {
 	return c.do(func() error {
 		h, ok := c.streams[s]
 		if !ok || s == 0 {
@@ -411,7 +413,7 @@ func (c *context) DestroyStream(s gpu.Stream) error {
 	})
 }
 
-func (c *context) SyncStream(s gpu.Stream) error {
+func (c *guestContext) SyncStream(s gpu.Stream) error {
 	return c.do(func() error {
 		h, err := c.stream(s)
 		if err != nil {
@@ -421,11 +423,11 @@ func (c *context) SyncStream(s gpu.Stream) error {
 	})
 }
 
-func (c *context) Sync() error {
+func (c *guestContext) Sync() error {
 	return c.do(func() error { return c.d.check("cuCtxSynchronize", c.d.cuCtxSynchronize()) })
 }
 
-func (c *context) Close() error {
+func (c *guestContext) Close() error {
 	err := c.do(func() error {
 		d := c.d
 		d.cuCtxSynchronize()
@@ -457,7 +459,7 @@ func (c *context) Close() error {
 // host-to-device path, which benchmarks compare the replica's apply with.
 // ctx must come from this backend; release frees the host buffer.
 func (b *Backend) PinnedCopy(ctx gpu.Context, dst uint64, n int) (copyFn func() error, release func(), err error) {
-	c, ok := ctx.(*context)
+	c, ok := ctx.(*guestContext)
 	if !ok {
 		return nil, nil, fmt.Errorf("cuda: PinnedCopy needs a context of this backend")
 	}

@@ -72,7 +72,7 @@ func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
 	if size == 0 || base+size < base {
 		return nil, fmt.Errorf("%w: window [%#x, +%#x) wraps or is empty", abi.StatusInvalidValue, base, size)
 	}
-	return &context{
+	return &guestContext{
 		be: b, base: base, size: size,
 		modules:   map[gpu.Module]*abi.ModuleImage{},
 		functions: map[gpu.Function]*kernels.Kernel{},
@@ -85,7 +85,9 @@ type allocation struct {
 	data []byte
 }
 
-type context struct {
+// guestContext is one guest session's gpu.Context on the software GPU: its
+// address window, its allocations (host memory) and its handle tables.
+type guestContext struct {
 	be         *Backend
 	base, size uint64
 
@@ -98,11 +100,11 @@ type context struct {
 	nextID    uint64
 }
 
-func (c *context) Window() (uint64, uint64) { return c.base, c.size }
+func (c *guestContext) Window() (uint64, uint64) { return c.base, c.size }
 
 // find returns the index of the allocation containing addr, or -1.
 // Precondition: c.mu must be locked.
-func (c *context) find(addr uint64) int {
+func (c *guestContext) find(addr uint64) int {
 	i := sort.Search(len(c.allocs), func(i int) bool { return c.allocs[i].addr > addr }) - 1
 	if i < 0 || addr-c.allocs[i].addr >= uint64(len(c.allocs[i].data)) {
 		return -1
@@ -112,7 +114,7 @@ func (c *context) find(addr uint64) int {
 
 // View returns the n bytes at addr, which must lie inside one allocation.
 // Precondition: c.mu must be locked.
-func (c *context) View(addr, n uint64) ([]byte, error) {
+func (c *guestContext) View(addr, n uint64) ([]byte, error) {
 	i := c.find(addr)
 	if i < 0 {
 		return nil, fmt.Errorf("%w: %#x is not inside any allocation", abi.StatusOutOfRange, addr)
@@ -126,7 +128,7 @@ func (c *context) View(addr, n uint64) ([]byte, error) {
 	return a.data[off : off+n : off+n], nil
 }
 
-func (c *context) Alloc(addr, size uint64) error {
+func (c *guestContext) Alloc(addr, size uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if size == 0 || addr < c.base || size > c.size || addr-c.base > c.size-size {
@@ -151,7 +153,7 @@ func (c *context) Alloc(addr, size uint64) error {
 	return nil
 }
 
-func (c *context) Free(addr uint64) error {
+func (c *guestContext) Free(addr uint64) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	i := c.find(addr)
@@ -164,14 +166,14 @@ func (c *context) Free(addr uint64) error {
 }
 
 // Precondition: c.mu must be locked.
-func (c *context) checkStream(s gpu.Stream) error {
+func (c *guestContext) checkStream(s gpu.Stream) error {
 	if s != 0 && !c.streams[s] {
 		return fmt.Errorf("%w: no stream %d", abi.StatusInvalidHandle, s)
 	}
 	return nil
 }
 
-func (c *context) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
+func (c *guestContext) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkStream(s); err != nil {
@@ -185,7 +187,7 @@ func (c *context) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 	return nil
 }
 
-func (c *context) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
+func (c *guestContext) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkStream(s); err != nil {
@@ -199,7 +201,7 @@ func (c *context) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
 	return nil
 }
 
-func (c *context) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
+func (c *guestContext) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkStream(s); err != nil {
@@ -217,7 +219,7 @@ func (c *context) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
 	return nil
 }
 
-func (c *context) Memset(dst uint64, width int, value uint32, count uint64, s gpu.Stream) error {
+func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64, s gpu.Stream) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkStream(s); err != nil {
@@ -246,9 +248,9 @@ func (c *context) Memset(dst uint64, width int, value uint32, count uint64, s gp
 	return nil
 }
 
-func (c *context) newID() uint64 { c.nextID++; return c.nextID }
+func (c *guestContext) newID() uint64 { c.nextID++; return c.nextID }
 
-func (c *context) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
+func (c *guestContext) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
 	for _, spec := range img.Kernels {
 		k, ok := kernels.Lookup(spec.Name)
 		if !ok {
@@ -267,7 +269,7 @@ func (c *context) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
 	return m, nil
 }
 
-func (c *context) UnloadModule(m gpu.Module) error {
+func (c *guestContext) UnloadModule(m gpu.Module) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.modules[m] == nil {
@@ -283,7 +285,7 @@ func (c *context) UnloadModule(m gpu.Module) error {
 	return nil
 }
 
-func (c *context) Function(m gpu.Module, name string) (gpu.Function, error) {
+func (c *guestContext) Function(m gpu.Module, name string) (gpu.Function, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	img := c.modules[m]
@@ -303,7 +305,7 @@ func (c *context) Function(m gpu.Module, name string) (gpu.Function, error) {
 	return f, nil
 }
 
-func (c *context) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
+func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkStream(s); err != nil {
@@ -320,11 +322,11 @@ func (c *context) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s
 }
 
 // memory adapts a locked context to kernels.Memory.
-type memory struct{ c *context }
+type memory struct{ c *guestContext }
 
 func (m memory) View(addr, n uint64) ([]byte, error) { return m.c.View(addr, n) }
 
-func (c *context) CreateStream() (gpu.Stream, error) {
+func (c *guestContext) CreateStream() (gpu.Stream, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := gpu.Stream(c.newID())
@@ -332,7 +334,7 @@ func (c *context) CreateStream() (gpu.Stream, error) {
 	return s, nil
 }
 
-func (c *context) DestroyStream(s gpu.Stream) error {
+func (c *guestContext) DestroyStream(s gpu.Stream) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s == 0 || !c.streams[s] {
@@ -342,15 +344,15 @@ func (c *context) DestroyStream(s gpu.Stream) error {
 	return nil
 }
 
-func (c *context) SyncStream(s gpu.Stream) error {
+func (c *guestContext) SyncStream(s gpu.Stream) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.checkStream(s)
 }
 
-func (c *context) Sync() error { return nil }
+func (c *guestContext) Sync() error { return nil }
 
-func (c *context) Close() error {
+func (c *guestContext) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, a := range c.allocs {
@@ -364,7 +366,7 @@ func (c *context) Close() error {
 }
 
 // Checksum implements gpu.Checksummer in place, without a copy.
-func (c *context) Checksum(addr, n uint64) (uint64, error) {
+func (c *guestContext) Checksum(addr, n uint64) (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b, err := c.View(addr, n)
