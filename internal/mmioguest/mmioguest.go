@@ -16,7 +16,6 @@ import (
 	"os"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
@@ -116,8 +115,6 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	return res, err
 }
 
-func word(mem []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off])) }
-
 // seq stores 8-byte words one after another, wrapping around.
 func seq(mem []byte, n int) uint64 {
 	words := len(mem) / 8
@@ -183,7 +180,7 @@ func doorbell(c *pvdriver.Client, ring, bell []byte, n int) (writes, calls uint6
 		*word(ring, slot+8) = uint64(i) * 3
 		*word(ring, slot+16) = 0x1000
 		*word(ring, slot+24) = 1
-		*(*uint32)(unsafe.Pointer(&bell[0])) = uint32(i)
+		*word32(bell, 0) = uint32(i)
 		writes += 5
 		if err := c.Synchronize(); err != nil {
 			return writes, calls, err
