@@ -3,17 +3,18 @@
 // streams (Table), and the set of device-address ranges a guest has
 // allocated (Ranges).
 //
-// Guest handles are virtual and stable (DESIGN.md decision 2): they are
-// numbered 1, 2, 3... per session in the order objects are created, so a
-// standby that replays the same operations hands out the same numbers, and a
-// guest's handles keep working after failover whatever the new backend's own
-// handles are.
+// Guest handles are virtual and stable: a guest never sees a backend's own
+// handle. They are numbered 1, 2, 3... per session in the order objects are
+// created, so a standby that replays the same operations hands out the
+// same numbers, and a guest's handles keep working after failover whatever
+// the new backend's own handles are.
 //
 // Objects have parents: a function belongs to the module it came from.
 // Removing an object removes its dependants first, children before parents.
 //
 // A Table or Ranges is not safe for concurrent use; its owner (one session)
-// serializes access.
+// serializes access. It is a pure map: it never calls a backend, the
+// network or the log.
 package handlemap
 
 import (

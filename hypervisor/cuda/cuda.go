@@ -10,8 +10,7 @@
 // goroutine per context fed through a channel, was measured on an H100:
 // that hand-off between threads cost more than the CUDA calls themselves,
 // 31 µs for a 64-byte cuMemcpyHtoD, while cuCtxSetCurrent is a
-// thread-local store.) It never lets a guest name device memory outside
-// its context's window.
+// thread-local store.)
 // The session's device-address window is reserved with cuMemAddressReserve at
 // the base the hypervisor asks for; the driver treats that address as a hint,
 // so the base it really got is reported by Window and the caller translates

@@ -10,8 +10,9 @@
 //
 // Addresses are chosen by the caller, not the backend: the hypervisor's
 // allocator decides where each allocation lives inside the context's window
-// so that a standby can reproduce the same device addresses (DESIGN.md
-// decision 1). A backend that cannot place the window where asked reports the
+// so that a standby can reproduce the same device addresses (pointers hide
+// in kernel arguments and device memory, where no table could translate
+// them). A backend that cannot place the window where asked reports the
 // base it got, and the caller falls back to address translation.
 package gpu
 
