@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 // TestMMIORuns runs a small benchmark: every cell must report figures and,
 // where writes are traced, a device copy equal to the guest's memory.
 func TestMMIORuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts and traces guest processes")
+	}
 	t.Setenv(mmioGuestEnv, "1")
 	opts := DefaultMMIOOptions([]string{os.Args[0]}, false)
 	opts.Rounds = 1

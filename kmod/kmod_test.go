@@ -10,6 +10,9 @@ import (
 // TestFaultCounter touches fresh anonymous pages: each first write is one
 // write fault in the counted range, and a fault outside it is not counted.
 func TestFaultCounter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kernel test: loads an eBPF program (root; may mount tracefs)")
+	}
 	const pages = 64
 	mem, err := unix.Mmap(-1, 0, 2*pages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {

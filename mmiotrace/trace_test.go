@@ -271,10 +271,14 @@ func TestStoreForms(t *testing.T) {
 	}
 }
 
-// skipUnlessTraceable skips where mode cannot work on this architecture,
+// skipUnlessTraceable skips the traced-process tests under -short (they
+// start guest processes), where mode cannot work on this architecture,
 // and uffd mode where the kernel lacks what it needs.
 func skipUnlessTraceable(t *testing.T, mode Mode) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("slow: starts and traces guest processes")
+	}
 	if mode != ModeUffd {
 		if err := ptraceArchErr(mode); err != nil {
 			t.Skip(err)

@@ -146,6 +146,9 @@ func TestFailoverWorkloads(t *testing.T) {
 // primary alive (its UDP heartbeats still arrive), the standby does not take
 // over; once the primary really dies, it does.
 func TestLinkCutAloneDoesNotPromote(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits four detection timeouts (about 1.3 s)")
+	}
 	c := failoverCluster(t, replicate.ModeCommit)
 	g := c.guest("g")
 	if _, err := g.Alloc(4096); err != nil {

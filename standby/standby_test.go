@@ -230,6 +230,9 @@ func appendCopy(dst uint64, data []byte) []byte {
 // TestRefusesUnauthenticatedAndCorrupt: a peer with the wrong key, or a
 // stream with a flipped bit, is refused and nothing from it is applied.
 func TestRefusesUnauthenticatedAndCorrupt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits out a refused sender (about 2.5 s)")
+	}
 	c := newCluster(t, replicate.ModeCommit, 0, true)
 	c.waitProtected()
 	// A primary with the wrong key.

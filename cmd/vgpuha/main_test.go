@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -29,6 +30,10 @@ var vgpuhaBin string
 // TestMain builds the real vgpuha binary once; the tests run it as separate
 // processes talking over real sockets.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // every test skips: no binary needed
+	}
 	dir, err := os.MkdirTemp("", "vgpuha-bin")
 	if err != nil {
 		panic(err)
@@ -42,6 +47,14 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// skipShort skips under -short: every test here starts vgpuha processes.
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("slow: starts vgpuha processes")
+	}
 }
 
 func freePort(t *testing.T) string {
@@ -193,6 +206,7 @@ func runGuestProc(endpoint, name string, size int) (guestReport, error) {
 // another dies mid-frame; then checks the admin endpoints and a clean
 // shutdown on SIGTERM.
 func TestPrimaryServesGuests(t *testing.T) {
+	skipShort(t)
 	sock := filepath.Join(t.TempDir(), "guest.sock")
 	tcpAddr, adminAddr := freePort(t), freePort(t)
 	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr)
@@ -278,6 +292,7 @@ func TestPrimaryServesGuests(t *testing.T) {
 // TestGuestFailsOnWrongResult: the guest command's exit status reflects a
 // failure to run (here: no hypervisor), never a silent success.
 func TestGuestExitStatus(t *testing.T) {
+	skipShort(t)
 	cmd := exec.Command(vgpuhaBin, "guest", "--endpoint", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--workload", "vadd")
 	if err := cmd.Run(); err == nil {
 		t.Fatal("guest with no hypervisor exited 0")
@@ -289,6 +304,7 @@ func TestGuestExitStatus(t *testing.T) {
 }
 
 func TestDemo(t *testing.T) {
+	skipShort(t)
 	out, err := exec.Command(vgpuhaBin, "demo").CombinedOutput()
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out)
@@ -314,6 +330,7 @@ func TestDemo(t *testing.T) {
 // replaced by the standby; when it is thawed it learns the newer term on its
 // replication link and stops serving instead of acting as a second primary.
 func TestFrozenPrimaryComesBackFenced(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
@@ -342,6 +359,7 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 // TestReplicationProcesses runs a standby and a primary as separate
 // processes, guests that keep their sessions open, and `vgpuha verify`.
 func TestReplicationProcesses(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
@@ -408,6 +426,7 @@ func TestReplicationProcesses(t *testing.T) {
 // TestDrill runs every fault kind once through `vgpuha drill` (CI's share
 // of the drills; longer runs are in the closing notes).
 func TestDrill(t *testing.T) {
+	skipShort(t)
 	svg := filepath.Join(t.TempDir(), "drill.svg")
 	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "5", "--faults", "kill,freeze,standby-kill,switchover,guest-cut", "--json", "--backend", "sim", "--plot", svg).Output()
 	if err != nil {
@@ -435,6 +454,7 @@ func TestDrill(t *testing.T) {
 // TestDrillRefusesBadFlags: what the drill cannot run is refused before
 // any iteration (no pair is started), naming what would be valid.
 func TestDrillRefusesBadFlags(t *testing.T) {
+	skipShort(t)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -464,6 +484,7 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 // then B is killed (C takes over); the guest finishes every round on C with
 // results identical to the fault-free round.
 func TestDoubleFailover(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
@@ -517,6 +538,7 @@ func TestDoubleFailover(t *testing.T) {
 // the guest either is told its partition-time work was rolled back or lost
 // nothing.
 func TestDrillPartition(t *testing.T) {
+	skipShort(t)
 	if !drill.NetnsAvailable() {
 		t.Skip("network namespaces cannot be made here (needs root and iproute2): partition drills skipped")
 	}
@@ -541,6 +563,7 @@ func TestDrillPartition(t *testing.T) {
 // checkpointer's cut rolls the guest back to its last committed epoch, and
 // the promoted standby's GPU state matches that checkpoint exactly.
 func TestDrillEpoch(t *testing.T) {
+	skipShort(t)
 	out, err := exec.Command(vgpuhaBin, "drill", "--mode", "epoch", "--iterations", "2", "--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
@@ -560,6 +583,7 @@ func TestDrillEpoch(t *testing.T) {
 // the guest's aperture writes reach the device (its read-back verifies),
 // and run reports the tracer's counts when the guest exits.
 func TestRun(t *testing.T) {
+	skipShort(t)
 	for _, mode := range []string{"insn", "page", "uffd"} {
 		t.Run(mode, func(t *testing.T) {
 			if mode == "uffd" && mmiotrace.UffdAvailable() != nil {
@@ -593,6 +617,7 @@ func TestRun(t *testing.T) {
 // apertures when the connection drops), keep writing, resume on the
 // promoted standby, and find every write in the device copy there.
 func TestAperturePrimaryKilled(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)

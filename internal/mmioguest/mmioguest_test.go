@@ -66,6 +66,9 @@ func runGuest(t *testing.T, args ...string) Result {
 // which proves the check can fail), and the standby must end bit-identical
 // to the primary.
 func TestReplicaAperturesEqual(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts and traces guest processes")
+	}
 	for _, mode := range mmiotrace.Modes() {
 		t.Run(mode.String(), func(t *testing.T) {
 			if mode == mmiotrace.ModeUffd && mmiotrace.UffdAvailable() != nil {
@@ -103,6 +106,9 @@ func TestReplicaAperturesEqual(t *testing.T) {
 // device copy there must equal everything the guest wrote, including what
 // it wrote while no node was tracing it.
 func TestApertureSurvivesFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts and traces guest processes")
+	}
 	for _, mode := range []mmiotrace.Mode{mmiotrace.ModeUffd, mmiotrace.ModePage} {
 		t.Run(mode.String(), func(t *testing.T) {
 			if mode == mmiotrace.ModeUffd && mmiotrace.UffdAvailable() != nil {

@@ -5,8 +5,9 @@
 //
 // The kernel and modules come from scripts/setup-test-deps.sh, which
 // unpacks Debian's linux-image package into .vm/ at the repository root.
-// Where qemu, busybox or the kernel is missing, Available says so and
-// tests skip with that message.
+// Where qemu, busybox or the kernel is missing, or the tests run with
+// -short (a boot takes seconds), Available says so and tests skip with
+// that message. It is test scaffolding: no product package imports it.
 package vmtest
 
 import (
@@ -20,6 +21,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -44,6 +46,9 @@ func Dir() (string, error) {
 
 // Available returns nil if a VM can be booted, or why not, with the fix.
 func Available() error {
+	if testing.Testing() && testing.Short() {
+		return errors.New("slow: booting a VM takes seconds (skipped under -short)")
+	}
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		return errors.New("qemu-system-x86_64 not installed (run scripts/setup-test-deps.sh, or apt-get install qemu-system-x86)")
 	}
