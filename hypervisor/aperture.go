@@ -51,7 +51,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	mode := s.cfg.MMIO.Mode
 	mem, guestAddr, err := mmiotrace.MapGuestFile(s.peerPID, int(r.FD), rg.Size)
 	if err != nil {
-		return nil, fail(abi.StatusInvalidValue, "aperture: %v", err)
+		return nil, fail(abi.StatusInvalidValue, "aperture: %w", err)
 	}
 	s.dropAperture(r.Ptr) // attaching again (after a failover) replaces the old file
 	if s.mmio == nil {
@@ -69,18 +69,18 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	if err := s.mmio.tracer.AddRegion(region); err != nil {
 		mmiotrace.UnmapGuestFile(mem)
 		if errors.Is(err, mmiotrace.ErrSelfTrace) {
-			return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process: %v", err)
+			return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process: %w", err)
 		}
 		if errors.Is(err, mmiotrace.ErrUnsupportedArch) {
-			return nil, fail(abi.StatusNotSupported, "tracing the aperture: %v", err)
+			return nil, fail(abi.StatusNotSupported, "tracing the aperture: %w", err)
 		}
-		return nil, fail(abi.StatusInternal, "tracing the aperture: %v", err)
+		return nil, fail(abi.StatusInternal, "tracing the aperture: %w", err)
 	}
 	ap := &aperture{ptr: r.Ptr, region: region}
 	s.mmio.apertures[r.Ptr] = ap
 	s.mmio.byRegion[region] = ap
 	if err := s.flushMMIO(); err != nil { // the device copy starts from the file's contents
-		return nil, fail(abi.StatusInternal, "aperture: %v", err)
+		return nil, fail(abi.StatusInternal, "aperture: %w", err)
 	}
 	return &abi.ApertureReply{Mode: mode}, nil
 }

@@ -4,18 +4,19 @@
 // gpu.Backend.
 //
 // It owns: sessions, the guest device-address windows and the deterministic
-// allocator inside them, per-guest quotas and isolation, the dispatch table
-// (opTable) that says which requests exist and which change device state,
-// and a guest's apertures (aperture.go): the memory files it writes
+// allocator inside them, per-guest quotas and isolation, the handler table
+// (opTable: one handler per row of abi's opcode table, which says what each
+// opcode is), and a guest's apertures (aperture.go): the memory files it writes
 // directly, whose writes it collects through package mmiotrace at every
 // call's entry and turns into log records.
 // It must never: trust a byte a guest sends (package abi decodes), let one
 // guest name another's memory or handles, or let a guest's misbehaviour
 // (garbage, a cut connection, a flood) affect any other session.
 //
-// One goroutine serves each connection and runs its requests in order, so
-// a session needs no locking against itself; the per-session mutex only
-// guards against status readers.
+// One goroutine serves each connection and runs its requests in order. The
+// per-session mutex serialises those requests with everything else that
+// touches the session: status readers, the aperture flush timer, a
+// snapshot or switchover stopping every session (stopTheWorld), and fencing.
 package hypervisor
 
 import (
@@ -201,8 +202,10 @@ func (s *Server) untrack(c net.Conn) {
 	s.mu.Unlock()
 }
 
-// Close stops accepting, drops every guest connection, frees every session
-// and waits for the connection goroutines to finish.
+// Close stops accepting, drops every guest connection, frees the sessions
+// of those connections and waits for their goroutines to finish. A session
+// already detached (waiting to be resumed) is freed when its grace period
+// ends.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
@@ -340,7 +343,7 @@ func frameErrorReason(err error) string {
 func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 	var req abi.Hello
 	if err := abi.Unmarshal(payload, &req); err != nil {
-		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %v", err)
+		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %w", err)
 	}
 	s.mu.Lock()
 	if s.fenced {
