@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/vgpuha/vgpuha/internal/uffd"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -75,7 +76,7 @@ func (c *Client) MapAperture(size uint64, kind ApertureKind) (*Aperture, error) 
 	}
 	a.Mode = mode
 	if mode == abi.ApertureModeUffd && kind == Memory {
-		if a.uffd, err = armWriteTracking(a.Mem); err != nil {
+		if a.uffd, err = uffd.ArmWriteTracking(a.Mem); err != nil {
 			a.release()
 			c.Free(ptr)
 			return nil, fmt.Errorf("pvdriver: the hypervisor traces apertures with userfaultfd: %w", err)

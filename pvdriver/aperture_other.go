@@ -13,4 +13,3 @@ func (a *Aperture) release() {}
 // Precondition: c.mu must be locked.
 func (c *Client) unprotectApertures() {}
 
-func armWriteTracking([]byte) (int, error) { return -1, ErrAperturesUnsupported }
