@@ -88,11 +88,32 @@ type Node struct {
 	Term   uint64
 	InSync bool // a standby holds a complete replica: it may take over
 	det    Detector
+
+	// A standby that was itself stalled (its ticks stopped for more than
+	// StallGap: SIGSTOP, a long GC or scheduling pause, a host hiccup)
+	// must not judge its primary by a silence it caused: what the primary
+	// sent meanwhile sits unread in its own socket buffers. It first
+	// drains for DrainWindow (heartbeats and records are read and heard),
+	// then judges.
+	StallGap    time.Duration
+	DrainWindow time.Duration
+	lastTick    time.Time
+	drainUntil  time.Time
 }
+
+// Defaults for stall handling: the runtime ticks every 5 ms and the
+// primary sends a heartbeat every 50 ms, so a 50 ms gap between ticks is a
+// stall, and two heartbeat intervals are enough to read what queued up.
+const (
+	DefaultStallGap    = 50 * time.Millisecond
+	DefaultDrainWindow = 100 * time.Millisecond
+)
 
 // NewStandby returns a standby watching with det. A nil det makes a pure
 // replica: it never takes over, by detection or by switchover.
-func NewStandby(det Detector) *Node { return &Node{Role: Standby, det: det} }
+func NewStandby(det Detector) *Node {
+	return &Node{Role: Standby, det: det, StallGap: DefaultStallGap, DrainWindow: DefaultDrainWindow}
+}
 
 // NewPrimary returns the first primary, term 1.
 func NewPrimary() *Node { return &Node{Role: Primary, Term: 1} }
@@ -105,7 +126,7 @@ func (n *Node) Step(e Event) []Action {
 	case Synced:
 		n.InSync = e.InSync
 	case Tick:
-		if n.Role == Standby && n.InSync && n.det != nil && n.det.Suspect(e.At) {
+		if n.judges(e.At) && n.det.Suspect(e.At) {
 			return n.takeOver()
 		}
 	case PeerTerm:
@@ -116,6 +137,20 @@ func (n *Node) Step(e Event) []Action {
 		}
 	}
 	return nil
+}
+
+// judges reports whether a standby may judge its primary at t: it holds a
+// complete replica, has a detector, and is not draining after a stall of
+// its own.
+func (n *Node) judges(t time.Time) bool {
+	if n.Role != Standby || n.det == nil {
+		return false
+	}
+	if !n.lastTick.IsZero() && t.Sub(n.lastTick) > n.StallGap {
+		n.drainUntil = t.Add(n.DrainWindow)
+	}
+	n.lastTick = t
+	return n.InSync && !t.Before(n.drainUntil)
 }
 
 // heard records a heartbeat or record from a node at term.

@@ -17,7 +17,7 @@ import (
 // gives a reconnecting primary). Output: each node's role and term.
 //
 //	run from=MS to=MS        advance time, one 10 ms step at a time
-//	crash|freeze|thaw node=P
+//	crash|freeze|thaw node=P|S   (a frozen S reads P's heartbeats when it thaws)
 //	cut / heal               the P-S link
 //	switchover               P hands over to S
 func TestRoles(t *testing.T) {
@@ -29,6 +29,8 @@ func TestRoles(t *testing.T) {
 type world struct {
 	p, s            *Node
 	crashed, frozen bool
+	sFrozen         bool
+	backlog         int // P's heartbeats queued in a frozen S's socket
 	cut             bool
 	events          []string
 }
@@ -45,9 +47,17 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	case "crash":
 		w.crashed = true
 	case "freeze":
-		w.frozen = true
+		if nodeArg(t, td) == "S" {
+			w.sFrozen = true
+		} else {
+			w.frozen = true
+		}
 	case "thaw":
-		w.frozen = false
+		if nodeArg(t, td) == "S" {
+			w.sFrozen = false
+		} else {
+			w.frozen = false
+		}
 	case "cut":
 		w.cut = true
 	case "heal":
@@ -62,6 +72,20 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 		for ms := from; ms <= to; ms += 10 {
 			at := t0.Add(time.Duration(ms) * time.Millisecond)
 			pAlive := !w.crashed && !w.frozen
+			if w.sFrozen {
+				if pAlive && !w.cut && w.p.Role == Primary {
+					w.backlog++
+				}
+				continue
+			}
+			if w.backlog > 0 { // S wakes: its tick comes before it reads its socket
+				if promotes(w.s.Step(Event{Kind: Tick, At: at})) {
+					w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term))
+				}
+				for ; w.backlog > 0; w.backlog-- {
+					w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
+				}
+			}
 			if pAlive && !w.cut && w.p.Role == Primary {
 				w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
 			}
@@ -82,6 +106,14 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 		out += "\n"
 	}
 	return out + fmt.Sprintf("P: %s term %d; S: %s term %d", w.p.Role, w.p.Term, w.s.Role, w.s.Term)
+}
+
+func nodeArg(t *testing.T, td *datadriven.TestData) string {
+	node := "P"
+	if td.HasArg("node") {
+		td.ScanArgs(t, "node", &node)
+	}
+	return node
 }
 
 func promotes(acts []Action) bool {

@@ -279,13 +279,10 @@ func (s *Server) openReplica(id, base uint64, guest string) error {
 		s.mu.Unlock()
 		return fmt.Errorf("session %d is already open", id)
 	}
-	slot := -1
-	for i, used := range s.slots {
-		if !used {
-			slot = i
-			break
-		}
-	}
+	// Once promoted, this node opens sessions of its own: their ids and
+	// windows must not collide with the replicated ones.
+	s.nextID = max(s.nextID, id)
+	slot := s.replicaSlot(base)
 	if slot < 0 {
 		s.mu.Unlock()
 		return fmt.Errorf("no free session slot for session %d", id)
@@ -302,6 +299,23 @@ func (s *Server) openReplica(id, base uint64, guest string) error {
 			"want", fmt.Sprintf("%#x", base), "got", fmt.Sprintf("%#x", base+sess.delta))
 	}
 	return nil
+}
+
+// replicaSlot is the slot of the primary's window at base (the same one,
+// when the windows are laid out alike), or else the first free slot.
+// Precondition: s.mu must be locked.
+func (s *Server) replicaSlot(base uint64) int {
+	if base >= s.cfg.WindowBase && (base-s.cfg.WindowBase)%s.cfg.WindowSize == 0 {
+		if i := (base - s.cfg.WindowBase) / s.cfg.WindowSize; i < uint64(len(s.slots)) && !s.slots[i] {
+			return int(i)
+		}
+	}
+	for i, used := range s.slots {
+		if !used {
+			return i
+		}
+	}
+	return -1
 }
 
 // apply runs one guest operation from the log on a replica session.

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,18 +153,37 @@ type result struct {
 	err     error
 }
 
-// Open connects to the hypervisor at endpoint and opens a session.
+// Open connects to the hypervisor at endpoint and opens a session. With
+// opts.Failover, the first connection also tries those endpoints in order
+// (after a takeover, the promoted standby is the one that serves); the
+// session then fails over along the same list.
 func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
-	conn, err := transport.Dial(ctx, endpoint)
-	if err != nil {
-		return nil, fmt.Errorf("pvdriver: connecting to %s: %w", endpoint, err)
+	endpoints := append([]string{endpoint}, opts.Failover...)
+	var failed []string
+	for i, ep := range endpoints {
+		conn, err := transport.Dial(ctx, ep)
+		if err != nil {
+			failed = append(failed, fmt.Sprintf("connecting to %s: %v", ep, err))
+			if len(endpoints) == 1 {
+				return nil, fmt.Errorf("pvdriver: connecting to %s: %w", ep, err)
+			}
+			continue
+		}
+		// The endpoint that served comes first; the others stay, in order,
+		// as places to resume.
+		order := append(append([]string{ep}, endpoints[i+1:]...), endpoints[:i]...)
+		c, err := newClient(conn, order, opts)
+		if err != nil {
+			conn.Close()
+			if len(endpoints) == 1 || ctx.Err() != nil {
+				return nil, err
+			}
+			failed = append(failed, fmt.Sprintf("opening a session on %s: %v", ep, err))
+			continue
+		}
+		return c, nil
 	}
-	c, err := newClient(conn, append([]string{endpoint}, opts.Failover...), opts)
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return c, nil
+	return nil, fmt.Errorf("pvdriver: no endpoint serves guests (%s)", strings.Join(failed, "; "))
 }
 
 // NewClient opens a session over an established connection (no failover).

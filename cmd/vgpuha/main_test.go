@@ -657,3 +657,36 @@ func TestAperturePrimaryKilled(t *testing.T) {
 		t.Fatalf("after the primary was killed: %+v", res)
 	}
 }
+
+// TestStalledStandbyDoesNotDepose: a standby frozen (SIGSTOP) for 600 ms
+// while a healthy primary keeps sending must, on waking, read what queued
+// up before it judges: it stays a standby and the primary keeps serving.
+func TestStalledStandbyDoesNotDepose(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts agent processes")
+	}
+	for _, det := range []string{"fixed", "phi"} {
+		t.Run(det, func(t *testing.T) {
+			dir := t.TempDir()
+			keyFile := filepath.Join(dir, "key")
+			os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+			repl, adminP, adminS := freePort(t), freePort(t), freePort(t)
+			sb := startNode(t, "standby", "--listen", "tcp://"+repl, "--replicate.key-file", keyFile, "--failover.detector", det,
+				"--guest-listen", "unix://"+filepath.Join(dir, "s.sock"), "--admin-listen", adminS)
+			startPrimary(t, "--guest-listen", "unix://"+filepath.Join(dir, "g.sock"), "--admin-listen", adminP,
+				"--replicate-to", "tcp://"+repl, "--replicate.key-file", keyFile)
+			waitStatus(t, adminP, "protected", nodeStatus.protected)
+			for i := 0; i < 3; i++ {
+				sb.cmd.Process.Signal(syscall.SIGSTOP)
+				time.Sleep(600 * time.Millisecond) // the fault itself: how long the standby is stalled
+				sb.cmd.Process.Signal(syscall.SIGCONT)
+				waitStatus(t, adminS, "answering again", func(nodeStatus) bool { return true })
+				time.Sleep(300 * time.Millisecond) // past the drain window and the detector's timeout
+				if st := waitStatus(t, adminS, "answering", func(nodeStatus) bool { return true }); st.Role != "standby" {
+					t.Fatalf("stall %d: the stalled standby deposed a healthy primary: role %q", i+1, st.Role)
+				}
+			}
+			waitStatus(t, adminP, "still a protected primary", func(s nodeStatus) bool { return s.Role == "primary" && s.protected() })
+		})
+	}
+}

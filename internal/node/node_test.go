@@ -104,6 +104,18 @@ func TestPromotedNodeIsAFullPrimary(t *testing.T) {
 	a.Log().Close() // a crash: nothing more reaches B
 	a.Close()
 	waitFor(t, "B promoted", func() bool { return b.Promoted() != nil })
+	// A guest starting now, given the dead primary first, is served by B.
+	start := time.Now()
+	octx, ocancel := context.WithTimeout(context.Background(), 5*time.Second)
+	g2, err := pvdriver.Open(octx, ep("a.sock"), pvdriver.Options{GuestName: "late", Failover: []string{ep("b.sock"), ep("c.sock")}})
+	ocancel()
+	if err != nil {
+		t.Fatalf("a guest starting after the takeover: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("a guest starting after the takeover waited %v", d)
+	}
+	g2.Close()
 	waitFor(t, "B protected by C", protected(b))
 	rep, err := b.Verify(false, 10*time.Second)
 	if err != nil || !rep.Match || rep.Objects == 0 {
