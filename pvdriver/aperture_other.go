@@ -12,4 +12,3 @@ func (a *Aperture) release() {}
 
 // Precondition: c.mu must be locked.
 func (c *Client) unprotectApertures() {}
-
