@@ -17,9 +17,11 @@ package pvdriver
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -634,12 +636,30 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 			ch <- result{payload: append([]byte(nil), f.Payload...)}
 			continue
 		}
+		if c.answeredBefore(f.RequestID) {
+			continue
+		}
 		// A reply nobody waits for answers a pipelined request whose frame
 		// the hypervisor could not accept; it closes the connection next.
 		_, msg, _ := abi.DecodeReply(f.Payload, nil)
 		c.shutdown(fmt.Errorf("%w: hypervisor refused a pipelined %s: %s: %s", ErrClosed, f.Op, st, msg))
 		return
 	}
+}
+
+// answeredBefore reports whether id is a synchronous request kept for a
+// resend whose reply the caller already had: a node that took the session
+// over answers the resend again (from its state), and that second reply
+// has nobody waiting for it.
+func (c *Client) answeredBefore(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := sort.Search(len(c.kept), func(i int) bool { return c.kept[i].id >= id })
+	if i == len(c.kept) || c.kept[i].id != id {
+		return false
+	}
+	f := *c.kept[i].frame
+	return len(f) >= abi.HeaderSize && binary.LittleEndian.Uint16(f[8:])&abi.FlagAsync == 0
 }
 
 // bufs recycles frame buffers: bulk copies would otherwise allocate (and
