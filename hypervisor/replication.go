@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"fmt"
+	"hash/crc32"
 	"sort"
 	"time"
 
@@ -230,7 +231,8 @@ func (s *Session) contentRecords(r handlemap.Range, flags uint16) ([]replicate.R
 // ApplyRecord applies one replicated record to this (standby) server. It
 // never trusts the record: guest operations go through the same validation
 // as on the primary, and the result must match what the primary got.
-func (s *Server) ApplyRecord(rec *replicate.Record) error {
+func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
+	defer s.recoverApply(rec, &err)
 	switch rec.Op {
 	case replicate.OpReset:
 		s.mu.Lock()
@@ -332,6 +334,7 @@ func (s *Session) apply(rec *replicate.Record) error {
 	if err == nil {
 		s.noteApplied(rec.ReqID, resultOf(reply))
 	}
+	s.noteContent(rec.ReqID, crc32.Checksum(rec.Body, castagnoli))
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {
 	case err != nil && !primaryFailed && s.delta != 0 && op == abi.OpLaunch:

@@ -19,10 +19,8 @@
 package hypervisor
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -217,120 +215,6 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// ServeConn serves one guest connection until it ends. A frame that cannot
-// be trusted (bad magic, version or checksum, over-long) gets an error reply
-// and ends the connection; a well-framed request with bad content gets an
-// error reply and the connection goes on. Either way only this connection's
-// session is affected.
-func (s *Server) ServeConn(conn net.Conn) {
-	defer conn.Close()
-	br := bufio.NewReaderSize(conn, 64<<10)
-	bw := bufio.NewWriterSize(conn, 64<<10)
-	fr := abi.NewFrameReader(br, s.cfg.MaxPayload)
-	log := s.log.With("remote", conn.RemoteAddr().String())
-	var sess *Session
-	defer func() {
-		if sess != nil {
-			s.detach(sess, log)
-		}
-	}()
-	var out []byte
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			if err == io.EOF || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			reason := frameErrorReason(err)
-			s.metrics.frameErrors.WithLabelValues(reason).Inc()
-			log.Warn("dropping guest connection", "reason", reason, "err", err)
-			if reason != "io" {
-				op := f.Op
-				if !op.Valid() {
-					op = abi.OpReject
-				}
-				out = abi.AppendFrame(out[:0], op, abi.FlagReply, f.RequestID,
-					abi.AppendReply(nil, abi.StatusBadFrame, err.Error(), nil))
-				bw.Write(out)
-				bw.Flush()
-			}
-			return
-		}
-		var reply abi.Body
-		var rerr error
-		switch {
-		case f.Flags&abi.FlagReply != 0:
-			rerr = fail(abi.StatusBadFrame, "guest sent a reply frame")
-		case sess == nil && f.Op != abi.OpHello:
-			rerr = fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op)
-		case f.Op == abi.OpBye && sess != nil:
-			sess.mu.Lock()
-			sess.grace = 0 // the guest is done: free the session now
-			sess.mu.Unlock()
-			return
-		case f.Op == abi.OpHello:
-			if sess != nil {
-				rerr = fail(abi.StatusInvalidValue, "session %d is already open on this connection", sess.id)
-				break
-			}
-			sess, reply, rerr = s.hello(f.Payload)
-			if sess != nil {
-				sess.mu.Lock()
-				sess.peerPID = peerPID(conn)
-				sess.mu.Unlock()
-				log = log.With("session", sess.id, "guest", sess.guest)
-				log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", sess.base))
-			}
-		default:
-			timer := prometheus.NewTimer(s.metrics.latency[f.Op])
-			reply, rerr = sess.handle(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload)
-			timer.ObserveDuration()
-		}
-		s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(rerr).String()).Inc()
-		if f.Flags&abi.FlagAsync != 0 && rerr == nil {
-			// No reply: the guest is pipelining. Errors were kept by handle.
-		} else {
-			if s.mustWait(f.Op, rerr) {
-				s.repl.WaitApplied(s.repl.Last())
-			}
-			st, msg := abi.StatusOK, ""
-			if rerr != nil {
-				st, msg = statusOf(rerr), rerr.Error()
-				log.Debug("request refused", "op", f.Op, "status", st, "err", rerr)
-			}
-			out = abi.AppendFrame(out[:0], f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
-			if _, err := bw.Write(out); err != nil {
-				return
-			}
-		}
-		if br.Buffered() == 0 {
-			if err := bw.Flush(); err != nil {
-				return
-			}
-		}
-	}
-}
-
-func frameErrorReason(err error) string {
-	var ve *abi.VersionError
-	var tl *abi.TooLargeError
-	switch {
-	case errors.Is(err, abi.ErrBadMagic):
-		return "magic"
-	case errors.As(err, &ve):
-		return "version"
-	case errors.As(err, &tl):
-		return "too_large"
-	case errors.Is(err, abi.ErrChecksum):
-		return "checksum"
-	case errors.Is(err, abi.ErrBadOpcode):
-		return "opcode"
-	case errors.Is(err, abi.ErrReserved):
-		return "reserved"
-	}
-	return "io" // cut mid-frame or a socket error: nobody to reply to
-}
-
 // hello opens a session for a new guest.
 func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 	var req abi.Hello
@@ -446,7 +330,7 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 	}
 	got, _ := ctx.Window()
 	sess := &Session{
-		id: id, guest: guest, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag,
+		id: id, guest: guest, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
 		ctx: ctx, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.
@@ -474,6 +358,9 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	sess.mu.Lock()
 	sess.stopMMIO()
 	grace := sess.grace
+	if sess.failed != "" {
+		grace = 0 // nothing to resume: free it now
+	}
 	sess.attached = false
 	sess.mu.Unlock()
 	s.mu.Lock()
@@ -504,6 +391,10 @@ func (s *Server) releaseSlot(slot int) {
 
 func (s *Server) closeSession(sess *Session) {
 	sess.mu.Lock()
+	if sess.closed { // already closed (a failed session's guest leaving, a reset)
+		sess.mu.Unlock()
+		return
+	}
 	sess.stopMMIO()
 	sess.closed = true
 	if sess.record != nil {

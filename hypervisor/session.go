@@ -26,6 +26,7 @@ type Session struct {
 	slot   int
 	cfg    Config
 	fenced *atomic.Bool // the server's: set, this node no longer executes anything
+	srv    *Server      // for logging and counting what guard.go recovers from
 
 	mu   sync.Mutex
 	ctx  gpu.Context
@@ -59,6 +60,13 @@ type Session struct {
 	// here instead of being run twice (exactly once).
 	lastReq uint64
 	results map[uint64]uint64
+	// sums holds a checksum of each recent request's payload, so that a
+	// resend under an applied id with other content is refused
+	// (exactlyonce.go).
+	sums map[uint64]uint32
+	// failed says why the session stopped serving (a request panicked
+	// while it changed state, which may be torn); see guard.go.
+	failed string
 
 	ranges       handlemap.Ranges
 	handles      *handlemap.Table
@@ -134,7 +142,8 @@ var opTable = map[abi.Opcode]opSpec{
 }
 
 // handle runs one decoded request and returns its reply body. With async
-// set, an error is kept for the next synchronization and nil is returned.
+// set, an error is kept for the next synchronization and returned wrapped
+// in deferredError (counted, not replied to).
 //
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
@@ -155,6 +164,9 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	if s.fenced.Load() {
 		return nil, fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
 	}
+	if s.failed != "" {
+		return nil, fail(abi.StatusInternal, "session %d has failed (%s); open a new session", s.id, s.failed)
+	}
 	s.requests++
 	// Everything the guest wrote to its apertures before this call reaches
 	// the device and the log first (program order).
@@ -162,8 +174,10 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 		return nil, fail(abi.StatusInternal, "flushing aperture writes: %v", err)
 	}
 	mutates := op.Mutates()
-	if mutates && reqID != 0 && reqID <= s.lastReq {
-		return s.replayed(op, reqID), nil
+	if mutates {
+		if reply, err, done := s.checkReqID(op, reqID, payload); done {
+			return reply, err
+		}
 	}
 	reply, err := spec.run(s, req)
 	if mutates && err == nil {
@@ -181,7 +195,7 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	}
 	if err != nil && async {
 		s.deferError(streamOf(req), err)
-		return nil, nil
+		return nil, deferredError{err}
 	}
 	return reply, err
 }
@@ -200,7 +214,7 @@ func (s *Session) noteApplied(reqID, result uint64) {
 		s.results[reqID] = result
 		if len(s.results) > 8192 { // keep the recent ones: resends follow a failover closely
 			for id := range s.results {
-				if id+8192 < s.lastReq {
+				if s.lastReq-id > 8192 {
 					delete(s.results, id)
 				}
 			}
