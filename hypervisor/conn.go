@@ -133,7 +133,9 @@ func (c *guestConn) serve(f abi.Frame) bool {
 		st, msg = statusOf(err), err.Error()
 		c.log.Debug("request refused", "op", f.Op, "status", st, "err", err)
 	}
-	c.out = abi.AppendFrame(c.out[:0], f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
+	// In the request's own ABI version: a guest of the previous version
+	// is served too.
+	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
 	_, werr := c.bw.Write(c.out)
 	return werr == nil
 }
@@ -156,7 +158,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 		if c.sess != nil {
 			return nil, fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.id), false
 		}
-		c.sess, reply, err = c.s.hello(f.Payload)
+		c.sess, reply, err = c.s.hello(f.Payload, f.Version)
 		if c.sess != nil {
 			c.opened()
 		}

@@ -115,7 +115,8 @@ func placed(session uint64, op abi.Opcode, body abi.Body, result uint64) replica
 // snapshot returns records that rebuild this session.
 // Precondition: s.mu must be locked.
 func (s *Session) snapshot() []replicate.Record {
-	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: []byte(s.guest)}}
+	open := sessionOpen{guest: s.guest, token: s.token}
+	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: open.append(nil)}}
 	for _, r := range s.ranges.All() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
 		contents, err := s.contentRecords(r, replicate.FlagPlaced)
@@ -246,7 +247,7 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 		}
 		return nil
 	case replicate.OpSessionOpen:
-		return s.openReplica(rec.Session, rec.Result, string(rec.Body))
+		return s.openReplica(rec.Session, rec.Result, rec.Body)
 	case replicate.OpEpoch, replicate.OpVerify, replicate.OpSnapshotEnd:
 		return nil
 	}
@@ -275,7 +276,11 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 
 // openReplica creates a standby's copy of a primary session, asking the
 // backend for the same window base.
-func (s *Server) openReplica(id, base uint64, guest string) error {
+func (s *Server) openReplica(id, base uint64, body []byte) error {
+	open, err := decodeSessionOpen(body)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if s.sessions[id] != nil {
 		s.mu.Unlock()
@@ -294,7 +299,7 @@ func (s *Server) openReplica(id, base uint64, guest string) error {
 	}
 	s.slots[slot] = true
 	s.mu.Unlock()
-	sess, err := s.newSession(id, slot, guest, base)
+	sess, err := s.newSession(id, slot, open, base)
 	if err != nil {
 		s.releaseSlot(slot)
 		return err

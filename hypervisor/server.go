@@ -215,31 +215,23 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// hello opens a session for a new guest.
-func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
+// hello opens a session for a new guest, or resumes one. version is the
+// ABI version the guest speaks.
+func (s *Server) hello(payload []byte, version uint16) (*Session, abi.Body, error) {
 	var req abi.Hello
 	if err := abi.Unmarshal(payload, &req); err != nil {
 		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %v", err)
+	}
+	if err := checkGuestName(req.GuestName); err != nil {
+		return nil, nil, err
+	}
+	if req.Resume != 0 {
+		return s.resume(&req)
 	}
 	s.mu.Lock()
 	if s.fenced {
 		s.mu.Unlock()
 		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
-	}
-	if req.Resume != 0 {
-		defer s.mu.Unlock()
-		sess := s.sessions[req.Resume]
-		if sess == nil {
-			return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
-		}
-		sess.mu.Lock()
-		defer sess.mu.Unlock()
-		if sess.attached || sess.closed {
-			return nil, nil, fail(abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
-		}
-		sess.attached = true
-		sess.grace = time.Duration(req.GraceMS) * time.Millisecond
-		return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 	}
 	slot := -1
 	for i, used := range s.slots {
@@ -257,7 +249,8 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 	id := s.nextID
 	s.mu.Unlock()
 
-	sess, err := s.newSession(id, slot, req.GuestName, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
+	open := sessionOpen{guest: req.GuestName, token: newToken()}
+	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
 	if err != nil {
 		s.releaseSlot(slot)
 		return nil, nil, err
@@ -266,7 +259,38 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 	sess.attached = true
 	sess.grace = time.Duration(req.GraceMS) * time.Millisecond
 	sess.mu.Unlock()
-	return sess, &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}, nil
+	reply := &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
+	if version >= 2 { // a version-1 guest's decoder knows no token
+		reply.Token = open.token
+	}
+	return sess, reply, nil
+}
+
+// resume hands an unattached session to the guest that proves it holds the
+// session's resume token.
+func (s *Server) resume(req *abi.Hello) (*Session, abi.Body, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fenced {
+		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+	}
+	sess := s.sessions[req.Resume]
+	if sess == nil {
+		return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
+	}
+	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	switch {
+	case !tokenMatches(sess.token, req.Token):
+		return nil, nil, refuse(refusedResumeToken, abi.StatusInvalidValue, "session %d: missing or wrong resume token", req.Resume)
+	case sess.failed != "":
+		return nil, nil, fail(abi.StatusInternal, "session %d has failed (%s)", req.Resume, sess.failed)
+	case sess.attached || sess.closed:
+		return nil, nil, refuse(refusedResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
+	}
+	sess.attached = true
+	sess.grace = time.Duration(req.GraceMS) * time.Millisecond
+	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 }
 
 // SetTerm sets the term this node serves under (a promoted standby raises
@@ -323,14 +347,14 @@ func (s *Server) fenceLocked() {
 
 // newSession creates a session whose guest sees the window at base, and
 // registers it (logging its opening when replicating).
-func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Session, error) {
+func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) (*Session, error) {
 	ctx, err := s.backend.NewContext(base, s.cfg.WindowSize)
 	if err != nil {
 		return nil, err
 	}
 	got, _ := ctx.Window()
 	sess := &Session{
-		id: id, guest: guest, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
+		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
 		ctx: ctx, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.
@@ -345,7 +369,7 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 	defer s.mu.Unlock()
 	if s.repl != nil {
 		sess.record = s.recorder(id)
-		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: []byte(guest)})
+		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)})
 	}
 	s.sessions[id] = sess
 	return sess, nil
@@ -450,6 +474,9 @@ type Status struct {
 	Bytes    uint64          `json:"bytes"`
 	Term     uint64          `json:"term"`
 	Primary  bool            `json:"is_primary"`
+	// Detached counts sessions no connection serves (kept for a resume, or
+	// a standby's replicas).
+	Detached int `json:"detached_sessions"`
 }
 
 // Status reports the server's sessions and totals.
@@ -472,6 +499,9 @@ func (s *Server) Status() Status {
 			Translated: sess.delta != 0,
 			Unsafe:     sess.unsafe,
 			MMIO:       sess.mmioStatus(),
+		}
+		if !sess.attached {
+			st.Detached++
 		}
 		sess.mu.Unlock()
 		st.Sessions = append(st.Sessions, ss)

@@ -23,6 +23,7 @@ import (
 type Session struct {
 	id     uint64
 	guest  string
+	token  []byte // resume token (token.go): a secret, never shown
 	slot   int
 	cfg    Config
 	fenced *atomic.Bool // the server's: set, this node no longer executes anything

@@ -162,7 +162,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	b := AppendReply(nil, StatusOK, "", &HelloReply{Session: 1, WindowBase: 2, WindowSize: 3, Term: 4, Applied: 5})
 	var hr HelloReply
 	st, msg, err := DecodeReply(b, &hr)
-	if err != nil || st != StatusOK || msg != "" || hr != (HelloReply{1, 2, 3, 4, 5}) {
+	if err != nil || st != StatusOK || msg != "" || !cmp.Equal(hr, HelloReply{1, 2, 3, 4, 5, nil}) {
 		t.Fatalf("got %v %q %v %+v", st, msg, err, hr)
 	}
 	b = AppendReply(nil, StatusOutOfRange, "nope", &AllocReply{Ptr: 5})
@@ -173,6 +173,30 @@ func TestReplyRoundTrip(t *testing.T) {
 	}
 	if !errors.Is(error(st), StatusOutOfRange) {
 		t.Fatal("status does not match itself with errors.Is")
+	}
+}
+
+// TestResumeToken: the token is an optional tail of hello and its reply
+// (version 2): absent for a version-1 peer, else exactly ResumeTokenSize
+// bytes.
+func TestResumeToken(t *testing.T) {
+	tok := bytes.Repeat([]byte{7}, ResumeTokenSize)
+	h := &Hello{GuestName: "g", Resume: 3, GraceMS: 10, Token: tok}
+	got, err := DecodeRequest(OpHello, h.Append(nil))
+	if err != nil || !cmp.Equal(got, Body(h)) {
+		t.Fatalf("hello with a token: %+v %v", got, err)
+	}
+	v1 := (&Hello{GuestName: "g", Resume: 3, GraceMS: 10}).Append(nil)
+	if got, err := DecodeRequest(OpHello, v1); err != nil || got.(*Hello).Token != nil {
+		t.Fatalf("version-1 hello: %+v %v", got, err)
+	}
+	if _, err := DecodeRequest(OpHello, h.Append(nil)[:len(v1)+ResumeTokenSize-1]); err == nil {
+		t.Fatal("hello with a short token accepted")
+	}
+	var hr HelloReply
+	b := AppendReply(nil, StatusOK, "", &HelloReply{Session: 1, Token: tok})
+	if _, _, err := DecodeReply(b, &hr); err != nil || !bytes.Equal(hr.Token, tok) {
+		t.Fatalf("hello reply with a token: %+v %v", hr, err)
 	}
 }
 

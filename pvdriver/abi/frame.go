@@ -31,8 +31,11 @@ import (
 const (
 	// Magic opens every frame; it reads "VGPU" on the wire.
 	Magic uint32 = 0x55504756
-	// Version is the ABI version this build speaks.
-	Version uint16 = 1
+	// Version is the ABI version this build speaks. Version 2 added the
+	// resume token (Hello.Token, HelloReply.Token). A node answers each
+	// frame in the frame's own version, so a version-1 guest is still
+	// served (it can open sessions, not resume them: it has no token).
+	Version uint16 = 2
 	// HeaderSize is the size of the fixed frame header.
 	HeaderSize = 28
 	// DefaultMaxPayload bounds a frame's payload unless a peer is configured
@@ -108,9 +111,15 @@ func (e *TooLargeError) Error() string {
 
 // AppendFrame appends a complete frame (header, payload, checksum) to dst.
 func AppendFrame(dst []byte, op Opcode, flags uint16, requestID uint64, payload []byte) []byte {
+	return AppendFrameVersion(dst, Version, op, flags, requestID, payload)
+}
+
+// AppendFrameVersion is AppendFrame in ABI version v (a reply to a peer
+// speaking the previous version).
+func AppendFrameVersion(dst []byte, v uint16, op Opcode, flags uint16, requestID uint64, payload []byte) []byte {
 	start := len(dst)
 	dst = binary.LittleEndian.AppendUint32(dst, Magic)
-	dst = binary.LittleEndian.AppendUint16(dst, Version)
+	dst = binary.LittleEndian.AppendUint16(dst, v)
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(op))
 	dst = binary.LittleEndian.AppendUint16(dst, flags)
 	dst = binary.LittleEndian.AppendUint16(dst, 0)
