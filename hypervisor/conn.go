@@ -38,17 +38,18 @@ func (s *Server) ServeConn(conn net.Conn) {
 		bw:  bufio.NewWriterSize(conn, 64<<10),
 		log: s.log.With("remote", conn.RemoteAddr().String()),
 	}
-	c.fr = abi.NewFrameReader(c.br, s.cfg.MaxPayload)
+	c.fr = abi.NewFrameReader(c.br, helloMaxPayload) // raised by hello
+	c.fr.SetBudget(s.budget)
 	defer c.finish()
 	for {
 		f, err := c.fr.ReadFrame()
+		var more bool
 		if err != nil {
-			if c.frameError(f, err) {
-				continue
-			}
-			return
+			more = c.frameError(f, err)
+		} else {
+			more = c.serve(f)
 		}
-		if !c.serve(f) {
+		if !more {
 			return
 		}
 		if c.br.Buffered() == 0 {
@@ -61,6 +62,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 
 // finish lets go of the connection's session (kept for a resume, or freed).
 func (c *guestConn) finish() {
+	c.fr.Release()
 	if c.sess != nil {
 		c.s.detach(c.sess, c.log)
 	}
@@ -71,6 +73,9 @@ func (c *guestConn) finish() {
 func (c *guestConn) frameError(f abi.Frame, err error) bool {
 	if err == io.EOF || errors.Is(err, net.ErrClosed) {
 		return false
+	}
+	if errors.Is(err, abi.ErrBudget) {
+		return c.overBudget(f)
 	}
 	reason := frameErrorReason(err)
 	c.s.metrics.frameErrors.WithLabelValues(reason).Inc()
@@ -86,6 +91,26 @@ func (c *guestConn) frameError(f abi.Frame, err error) bool {
 		c.bw.Flush()
 	}
 	return false
+}
+
+// overBudget refuses a frame whose payload could not be buffered within the
+// node's budget (it was skipped); the connection goes on.
+func (c *guestConn) overBudget(f abi.Frame) bool {
+	err := refuse(refusedBufferBudget, abi.StatusUnavailable,
+		"the node's request buffers are full (%d-byte budget): %d-byte %s refused; retry", c.s.cfg.RequestBufferBytes, f.Length, f.Op)
+	c.s.metrics.refusals.WithLabelValues(refusedBufferBudget).Inc()
+	c.s.metrics.requests.WithLabelValues(f.Op.String(), abi.StatusUnavailable.String()).Inc()
+	c.log.Warn("guest request refused", "op", f.Op, "reason", refusedBufferBudget, "bytes", f.Length)
+	if f.Flags&abi.FlagAsync != 0 && c.sess != nil {
+		c.sess.mu.Lock()
+		c.sess.deferError(0, err) // its stream is in the payload it did not read
+		c.sess.mu.Unlock()
+		return true
+	}
+	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID,
+		abi.AppendReply(nil, abi.StatusUnavailable, err.Error(), nil))
+	_, werr := c.bw.Write(c.out)
+	return werr == nil
 }
 
 func frameErrorReason(err error) string {
@@ -161,6 +186,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 		c.sess, reply, err = c.s.hello(f.Payload, f.Version)
 		if c.sess != nil {
 			c.opened()
+			c.fr.SetMaxPayload(c.s.cfg.MaxPayload)
 		}
 		return reply, err, false
 	}

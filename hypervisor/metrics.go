@@ -63,6 +63,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_term", Help: "The term this node serves under.",
 		}, func() float64 { return float64(s.Term()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_guest_request_buffer_bytes", Help: "Bytes of large guest frames buffered now, out of the node's request buffer budget.",
+		}, func() float64 { return float64(s.budget.Used()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_guest_sessions", Help: "Open guest sessions.",
 		}, status(func(st Status) float64 { return float64(len(st.Sessions)) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

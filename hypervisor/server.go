@@ -52,8 +52,12 @@ type Config struct {
 	MemoryQuota uint64
 	// MaxObjects bounds each session's allocations plus handles.
 	MaxObjects int
-	// MaxPayload bounds a frame's payload.
+	// MaxPayload bounds a frame's payload (after hello; before it, a
+	// connection may send 4 KiB).
 	MaxPayload int
+	// RequestBufferBytes bounds the request bytes buffered by all guest
+	// connections together (budget.go).
+	RequestBufferBytes int64
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
 }
@@ -82,7 +86,10 @@ func DefaultConfig() Config {
 		MemoryQuota: 4 << 30,
 		MaxObjects:  16384,
 		MaxPayload:  abi.DefaultMaxPayload,
-		MMIO:        MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
+		// Fourteen frames of the largest payload in flight at once; a
+		// flood of announced frames cannot take the host's memory.
+		RequestBufferBytes: 256 << 20,
+		MMIO:               MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
 
@@ -96,6 +103,8 @@ func (c Config) validate() error {
 		return errors.New("max sessions and objects must be positive, max payload at least 4096")
 	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
 		return errors.New("session windows overflow the address space")
+	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
+		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
 	}
 	return nil
 }
@@ -106,6 +115,7 @@ type Server struct {
 	backend gpu.Backend
 	log     *slog.Logger
 	metrics *metrics
+	budget  *byteBudget // buffered request bytes, all connections
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
@@ -137,6 +147,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
+		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
 	}
 	m, err := newMetrics(reg, s)
 	if err != nil {
