@@ -44,20 +44,10 @@ type aperture struct {
 
 // peerPID is the process on the other end of a unix socket, or zero.
 func peerPID(conn net.Conn) int {
-	uc, ok := conn.(*net.UnixConn)
-	if !ok {
-		return 0
+	if cred := peerCred(conn); cred != nil {
+		return int(cred.Pid)
 	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return 0
-	}
-	var cred *unix.Ucred
-	raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-	if cred == nil {
-		return 0
-	}
-	return int(cred.Pid)
+	return 0
 }
 
 func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {

@@ -52,6 +52,7 @@ func TestAnnouncedFramesBoundMemory(t *testing.T) {
 	cfg := hypervisor.DefaultConfig()
 	cfg.MaxSessions = 1100 // room for every flooding connection to say hello
 	cfg.WindowSize = 1 << 30
+	cfg.TenantMaxSessions = 1100 // one process is one tenant: let all of it in
 	e := start(t, cfg)
 	for _, helloFirst := range []bool{false, true} {
 		runtime.GC()

@@ -15,14 +15,15 @@ import (
 // guestConn is one guest connection being served: one goroutine reads its
 // frames, runs them in order and writes the replies.
 type guestConn struct {
-	s    *Server
-	conn net.Conn
-	br   *bufio.Reader
-	bw   *bufio.Writer
-	fr   *abi.FrameReader
-	log  *slog.Logger
-	sess *Session // nil until hello
-	out  []byte
+	s      *Server
+	conn   net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	fr     *abi.FrameReader
+	log    *slog.Logger
+	tenant string   // who the transport says the guest is (tenant.go)
+	sess   *Session // nil until hello
+	out    []byte
 }
 
 // ServeConn serves one guest connection until it ends. A frame that cannot
@@ -34,10 +35,11 @@ func (s *Server) ServeConn(conn net.Conn) {
 	defer conn.Close()
 	c := &guestConn{
 		s: s, conn: conn,
-		br:  bufio.NewReaderSize(conn, 64<<10),
-		bw:  bufio.NewWriterSize(conn, 64<<10),
-		log: s.log.With("remote", conn.RemoteAddr().String()),
+		br:     bufio.NewReaderSize(conn, 64<<10),
+		bw:     bufio.NewWriterSize(conn, 64<<10),
+		tenant: tenantOf(conn),
 	}
+	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
 	c.fr = abi.NewFrameReader(c.br, helloMaxPayload) // raised by hello
 	c.fr.SetBudget(s.budget)
 	defer c.finish()
@@ -183,7 +185,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 		if c.sess != nil {
 			return nil, fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.id), false
 		}
-		c.sess, reply, err = c.s.hello(f.Payload, f.Version)
+		c.sess, reply, err = c.s.hello(f.Payload, peer{version: f.Version, tenant: c.tenant, log: c.log})
 		if c.sess != nil {
 			c.opened()
 			c.fr.SetMaxPayload(c.s.cfg.MaxPayload)

@@ -115,7 +115,7 @@ func placed(session uint64, op abi.Opcode, body abi.Body, result uint64) replica
 // snapshot returns records that rebuild this session.
 // Precondition: s.mu must be locked.
 func (s *Session) snapshot() []replicate.Record {
-	open := sessionOpen{guest: s.guest, token: s.token}
+	open := sessionOpen{guest: s.guest, token: s.token, tenant: s.tenantID}
 	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: open.append(nil)}}
 	for _, r := range s.ranges.All() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
@@ -298,10 +298,20 @@ func (s *Server) openReplica(id, base uint64, body []byte) error {
 		return fmt.Errorf("no free session slot for session %d", id)
 	}
 	s.slots[slot] = true
+	t := s.tenantLocked(open.tenant) // counted as on the primary, not limited
+	if t != nil {
+		t.sessions++
+	}
 	s.mu.Unlock()
 	sess, err := s.newSession(id, slot, open, base)
 	if err != nil {
-		s.releaseSlot(slot)
+		s.mu.Lock()
+		s.slots[slot] = false
+		if t != nil {
+			t.sessions--
+			s.dropTenantLocked(t)
+		}
+		s.mu.Unlock()
 		return err
 	}
 	if sess.delta != 0 {

@@ -58,6 +58,16 @@ type Config struct {
 	// RequestBufferBytes bounds the request bytes buffered by all guest
 	// connections together (budget.go).
 	RequestBufferBytes int64
+	// Per tenant (tenant.go): the device memory its sessions hold
+	// together, its open sessions, and those it may leave detached;
+	// Tenants overrides them for named tenants ("uid:1000", "cid:3",
+	// "ip:10.0.0.5").
+	TenantMemoryQuota uint64
+	TenantMaxSessions int
+	TenantMaxDetached int
+	Tenants           map[string]TenantQuota
+	// MaxGrace caps the grace period a guest may ask for.
+	MaxGrace time.Duration
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
 }
@@ -89,7 +99,12 @@ func DefaultConfig() Config {
 		// Fourteen frames of the largest payload in flight at once; a
 		// flood of announced frames cannot take the host's memory.
 		RequestBufferBytes: 256 << 20,
-		MMIO:               MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
+		// A tenant may spread one session's quota over a few sessions.
+		TenantMemoryQuota: 4 << 30,
+		TenantMaxSessions: 16,
+		TenantMaxDetached: 4,
+		MaxGrace:          2 * time.Minute,
+		MMIO:              MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
 
@@ -103,6 +118,8 @@ func (c Config) validate() error {
 		return errors.New("max sessions and objects must be positive, max payload at least 4096")
 	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
 		return errors.New("session windows overflow the address space")
+	case c.TenantMaxSessions <= 0 || c.TenantMaxDetached < 0 || c.MaxGrace < 0:
+		return errors.New("tenant session limits must be positive, detached limit and grace cap not negative")
 	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
 		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
 	}
@@ -119,7 +136,8 @@ type Server struct {
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
-	slots     []bool // window slots in use
+	tenants   map[string]*tenant // those with sessions or memory
+	slots     []bool             // window slots in use
 	nextID    uint64
 	listeners map[net.Listener]struct{}
 	repl      *replicate.Log // nil: not replicating
@@ -143,6 +161,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 	s := &Server{
 		cfg: cfg, backend: backend, log: log,
 		sessions:  map[uint64]*Session{},
+		tenants:   map[string]*tenant{},
 		slots:     make([]bool, cfg.MaxSessions),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
@@ -226,9 +245,16 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// hello opens a session for a new guest, or resumes one. version is the
-// ABI version the guest speaks.
-func (s *Server) hello(payload []byte, version uint16) (*Session, abi.Body, error) {
+// peer is who sent a hello: the ABI version it speaks, the tenant the
+// transport vouches for, and the connection's log.
+type peer struct {
+	version uint16
+	tenant  string
+	log     *slog.Logger
+}
+
+// hello opens a session for a new guest, or resumes one.
+func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	var req abi.Hello
 	if err := abi.Unmarshal(payload, &req); err != nil {
 		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %v", err)
@@ -236,13 +262,48 @@ func (s *Server) hello(payload []byte, version uint16) (*Session, abi.Body, erro
 	if err := checkGuestName(req.GuestName); err != nil {
 		return nil, nil, err
 	}
+	grace := s.grace(req.GraceMS, p.log.Warn)
 	if req.Resume != 0 {
-		return s.resume(&req)
+		return s.resume(&req, grace)
 	}
 	s.mu.Lock()
-	if s.fenced {
+	slot, t, err := s.takeSlotLocked(p.tenant)
+	if err != nil {
 		s.mu.Unlock()
-		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+		return nil, nil, err
+	}
+	s.nextID++
+	id := s.nextID
+	s.mu.Unlock()
+
+	open := sessionOpen{guest: req.GuestName, token: newToken(), tenant: p.tenant}
+	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
+	if err != nil {
+		s.mu.Lock()
+		s.slots[slot] = false
+		if t != nil {
+			t.sessions--
+			s.dropTenantLocked(t)
+		}
+		s.mu.Unlock()
+		return nil, nil, err
+	}
+	sess.mu.Lock()
+	sess.attached = true
+	sess.grace = grace
+	sess.mu.Unlock()
+	reply := &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
+	if p.version >= 2 { // a version-1 guest's decoder knows no token
+		reply.Token = open.token
+	}
+	return sess, reply, nil
+}
+
+// takeSlotLocked takes a window slot and a session of tenant id's quota.
+// Precondition: s.mu must be locked.
+func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
+	if s.fenced {
+		return 0, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
 	}
 	slot := -1
 	for i, used := range s.slots {
@@ -252,34 +313,23 @@ func (s *Server) hello(payload []byte, version uint16) (*Session, abi.Body, erro
 		}
 	}
 	if slot < 0 || s.closed {
-		s.mu.Unlock()
-		return nil, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
+		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
+	}
+	t := s.tenantLocked(id)
+	if t != nil && t.sessions >= t.quota.Sessions {
+		return 0, nil, refuse(refusedTenantSessions, abi.StatusOutOfMemory,
+			"tenant %s already has %d sessions open, its limit", t.id, t.sessions)
 	}
 	s.slots[slot] = true
-	s.nextID++
-	id := s.nextID
-	s.mu.Unlock()
-
-	open := sessionOpen{guest: req.GuestName, token: newToken()}
-	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
-	if err != nil {
-		s.releaseSlot(slot)
-		return nil, nil, err
+	if t != nil {
+		t.sessions++
 	}
-	sess.mu.Lock()
-	sess.attached = true
-	sess.grace = time.Duration(req.GraceMS) * time.Millisecond
-	sess.mu.Unlock()
-	reply := &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
-	if version >= 2 { // a version-1 guest's decoder knows no token
-		reply.Token = open.token
-	}
-	return sess, reply, nil
+	return slot, t, nil
 }
 
 // resume hands an unattached session to the guest that proves it holds the
 // session's resume token.
-func (s *Server) resume(req *abi.Hello) (*Session, abi.Body, error) {
+func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fenced {
@@ -300,7 +350,13 @@ func (s *Server) resume(req *abi.Hello) (*Session, abi.Body, error) {
 		return nil, nil, refuse(refusedResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
 	}
 	sess.attached = true
-	sess.grace = time.Duration(req.GraceMS) * time.Millisecond
+	sess.grace = grace
+	if sess.kept {
+		sess.kept = false
+		if sess.tenant != nil {
+			sess.tenant.detached--
+		}
+	}
 	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 }
 
@@ -366,7 +422,8 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	got, _ := ctx.Window()
 	sess := &Session{
 		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
-		ctx: ctx, base: base, size: s.cfg.WindowSize,
+		tenantID: open.tenant,
+		ctx:      ctx, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.
 		delta:        got - base,
@@ -378,6 +435,7 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	sess.tenant = s.tenantLocked(open.tenant) // counted by the caller
 	if s.repl != nil {
 		sess.record = s.recorder(id)
 		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)})
@@ -396,12 +454,27 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	if sess.failed != "" {
 		grace = 0 // nothing to resume: free it now
 	}
-	sess.attached = false
 	sess.mu.Unlock()
 	s.mu.Lock()
-	closing := s.closed || s.fenced
+	sess.mu.Lock()
+	sess.attached = false
+	keep := grace > 0 && !s.closed && !s.fenced
+	t := sess.tenant
+	over := keep && t != nil && t.detached >= t.quota.Detached
+	if keep && !over {
+		sess.kept = true
+		if t != nil {
+			t.detached++
+		}
+	}
+	sess.mu.Unlock()
 	s.mu.Unlock()
-	if grace <= 0 || closing {
+	if over {
+		s.metrics.refusals.WithLabelValues(refusedTenantDetached).Inc()
+		log.Warn("guest connection lost; not keeping the session: its tenant keeps the most detached sessions it may",
+			"tenant", t.id, "limit", t.quota.Detached)
+	}
+	if !keep || over {
 		s.closeSession(sess)
 		log.Info("guest session closed", "requests", sess.requests)
 		return
@@ -418,12 +491,6 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	})
 }
 
-func (s *Server) releaseSlot(slot int) {
-	s.mu.Lock()
-	s.slots[slot] = false
-	s.mu.Unlock()
-}
-
 func (s *Server) closeSession(sess *Session) {
 	sess.mu.Lock()
 	if sess.closed { // already closed (a failed session's guest leaving, a reset)
@@ -438,19 +505,30 @@ func (s *Server) closeSession(sess *Session) {
 	if err := sess.ctx.Close(); err != nil {
 		s.log.Error("closing backend context", "session", sess.id, "err", err)
 	}
+	t, kept := sess.tenant, sess.kept
+	t.release(sess.ranges.Total())
 	sess.ranges = handlemap.Ranges{}
 	sess.handles = handlemap.NewTable()
+	sess.kept = false
 	sess.mu.Unlock()
 	s.mu.Lock()
 	delete(s.sessions, sess.id)
 	s.slots[sess.slot] = false
+	if t != nil {
+		t.sessions--
+		if kept {
+			t.detached--
+		}
+		s.dropTenantLocked(t)
+	}
 	s.mu.Unlock()
 }
 
 // SessionStatus is one session in Status.
 type SessionStatus struct {
-	ID          uint64 `json:"id"`
-	Guest       string `json:"guest"`
+	ID          uint64 `json:"id,omitempty"`
+	Guest       string `json:"guest,omitempty"`
+	Tenant      string `json:"tenant,omitempty"`
 	WindowBase  string `json:"window_base"`
 	Allocations int    `json:"allocations"`
 	Bytes       uint64 `json:"bytes"`
@@ -503,7 +581,7 @@ func (s *Server) Status() Status {
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{
-			ID: sess.id, Guest: sess.guest, WindowBase: fmt.Sprintf("%#x", sess.base),
+			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.base),
 			Allocations: sess.ranges.Len(), Bytes: sess.ranges.Total(),
 			Objects:    sess.ranges.Len() + sess.handles.Len(),
 			Requests:   sess.requests,

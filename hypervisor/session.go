@@ -28,6 +28,10 @@ type Session struct {
 	cfg    Config
 	fenced *atomic.Bool // the server's: set, this node no longer executes anything
 	srv    *Server      // for logging and counting what guard.go recovers from
+	// tenant is who the session's memory and count belong to (tenant.go);
+	// nil for a replica of a session opened by an older primary.
+	tenant   *tenant
+	tenantID string
 
 	mu   sync.Mutex
 	ctx  gpu.Context
@@ -54,7 +58,9 @@ type Session struct {
 	attached bool
 	// grace is how long the session outlives a dropped connection, for its
 	// guest to resume it (a network blip must not cost the GPU state).
+	// kept: it does so now, counted in its tenant's detached sessions.
 	grace time.Duration
+	kept  bool
 	// lastReq is the guest's newest request whose state change this
 	// session holds; results keeps what recent ones returned. A request
 	// resent after a failover with an id up to lastReq is answered from
@@ -323,12 +329,16 @@ func (s *Session) alloc(r *abi.Alloc) (abi.Body, error) {
 	addr, ok := s.ranges.FirstFit(s.base, s.size, r.Size, s.cfg.AllocAlign)
 	if s.placed != 0 {
 		addr, s.placed = s.placed, 0
-		ok = addr >= s.base && addr-s.base <= s.size-r.Size
+		ok = addr >= s.base && r.Size <= s.size && addr-s.base <= s.size-r.Size
 	}
 	if !ok {
 		return nil, fail(abi.StatusOutOfMemory, "no room for %d bytes in the session's %d-byte address window", r.Size, s.size)
 	}
+	if err := s.tenant.reserve(r.Size); err != nil {
+		return nil, err
+	}
 	if err := s.ctx.Alloc(s.dev(addr), r.Size); err != nil {
+		s.tenant.release(r.Size)
 		return nil, err
 	}
 	if err := s.ranges.Insert(addr, r.Size); err != nil {
@@ -348,7 +358,9 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 	if err := s.ctx.Free(s.dev(r.Ptr)); err != nil {
 		return nil, err
 	}
-	s.ranges.Remove(r.Ptr)
+	if rg, ok := s.ranges.Remove(r.Ptr); ok {
+		s.tenant.release(rg.Size)
+	}
 	return nil, nil
 }
 
