@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"errors"
+	"math/bits"
 	"time"
 
 	"github.com/vgpuha/vgpuha/mmiotrace"
@@ -174,6 +175,9 @@ func (s *Session) emitMMIO(flush func(emit func(*mmiotrace.Region, uint64, []byt
 // Precondition: s.mu must be locked.
 func (s *Session) applyMMIO(body []byte) error {
 	check := func(ptr, off uint64, data []byte) error {
+		if _, carry := bits.Add64(ptr, off, 0); carry != 0 {
+			return fail(abi.StatusOutOfRange, "aperture write at %#x+%#x wraps the address space", ptr, off)
+		}
 		return s.checkRange(ptr+off, uint64(len(data)), "aperture write")
 	}
 	if err := replicate.DecodeMMIO(body, check); err != nil {
@@ -205,14 +209,19 @@ func (s *Session) flushTimer(m *sessionMMIO, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		if s.mmio == m && !s.closed {
-			// Not armed yet: the guest arms a new aperture before its next
-			// call, whose flush reports it if it did not.
-			if err := s.flushMMIO(); errors.Is(err, mmiotrace.ErrGuestGone) {
-				s.stopMMIO()
-			}
+		s.timedFlush(m)
+	}
+}
+
+func (s *Session) timedFlush(m *sessionMMIO) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.recoverFlush()
+	if s.mmio == m && !s.closed && s.failed == "" {
+		// Not armed yet: the guest arms a new aperture before its next
+		// call, whose flush reports it if it did not.
+		if err := s.flushMMIO(); errors.Is(err, mmiotrace.ErrGuestGone) {
+			s.stopMMIO()
 		}
-		s.mu.Unlock()
 	}
 }

@@ -1,8 +1,8 @@
 package hypervisor_test
 
 import (
+	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"testing"
 
@@ -10,6 +10,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -47,7 +48,8 @@ func FuzzServeConn(f *testing.F) {
 		backend := sim.New(64 << 20)
 		cfg := hypervisor.DefaultConfig()
 		cfg.MemoryQuota = 16 << 20
-		srv, err := hypervisor.NewServer(backend, cfg, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		reg := prometheus.NewRegistry()
+		srv, err := hypervisor.NewServer(backend, cfg, reg, quietLog())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,5 +67,112 @@ func FuzzServeConn(f *testing.F) {
 		if n := len(srv.Status().Sessions); n != 0 || backend.Used() != 0 {
 			t.Fatalf("after the guest left: %d sessions, %d device bytes", n, backend.Used())
 		}
+		if n := panicCount(t, reg); n != 0 {
+			t.Fatalf("%d panics recovered: a handler has a bug", n)
+		}
 	})
+}
+
+// edges are the values where size arithmetic goes wrong: around 32- and
+// 64-bit products, block limits, the allocation's edges.
+var edges = []uint64{0, 1, 2, 3, 4, 31, 32, 33, 255, 256, 1023, 1024, 1025, 4095, 4096, 1 << 15, 65535, 65536,
+	1<<31 - 1, 1 << 31, 1<<32 - 1, 1 << 32, 1<<62 - 1, 1 << 62, 1 << 63, ^uint64(0)}
+
+func edge(sel uint8, raw uint64) uint64 {
+	if sel < 128 {
+		return edges[int(sel)%len(edges)]
+	}
+	return raw
+}
+
+// FuzzLaunch launches every library kernel through a guest session (the
+// path a guest's launch takes: decode, handle and signature checks, the
+// backend, the kernel's own arithmetic) with shapes and arguments drawn to
+// hit size edge cases, against one 64 KiB allocation. Every launch must be
+// answered (refused or faulted is fine), nothing may panic, and the guest's
+// going frees everything.
+func FuzzLaunch(f *testing.F) {
+	names := kernels.Names()
+	for i, n := range names {
+		if n == "matmul" { // n = 2^31: 4·n·n bytes wraps to zero
+			f.Add(uint8(i), uint8(1), uint8(1), uint8(1), uint8(1), uint32(0), []byte{0, 0, 0, 19}, uint64(0))
+		}
+	}
+	f.Add(uint8(0), uint8(200), uint8(1), uint8(11), uint8(1), uint32(4096), []byte{0, 5, 0, 14}, uint64(4000))
+	img, err := kernels.Image(names...)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, kernel, gx, gy, bx, by uint8, shared uint32, sels []byte, raw uint64) {
+		backend, reg := sim.New(64<<20), prometheus.NewRegistry()
+		srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), reg, quietLog())
+		if err != nil {
+			t.Fatal(err)
+		}
+		guest, host := net.Pipe()
+		done := make(chan struct{})
+		go func() { srv.ServeConn(host); close(done) }()
+		c, err := pvdriver.NewClient(guest, pvdriver.Options{GuestName: "fuzz"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := c.Alloc(1 << 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := c.LoadModule(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, _ := kernels.Lookup(names[int(kernel)%len(names)])
+		fn, err := c.GetFunction(m, k.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := pvdriver.LaunchConfig{
+			Grid:        abi.Dim3{X: uint32(edge(gx, raw)), Y: uint32(edge(gy, raw>>8)), Z: 1},
+			Block:       abi.Dim3{X: uint32(edge(bx, raw>>16)), Y: uint32(edge(by, raw>>24)), Z: 1},
+			SharedBytes: shared,
+		}
+		c.Launch(fn, cfg, launchArgs(k, uint64(p), sels, raw)...)
+		if err := c.Synchronize(); err != nil && !errors.Is(err, pvdriver.ErrLaunchFailed) &&
+			!errors.Is(err, pvdriver.ErrInvalidValue) && !errors.Is(err, pvdriver.ErrOutOfRange) {
+			t.Fatalf("%s %+v: %v", k.Name, cfg, err)
+		}
+		c.Close()
+		<-done
+		if n := panicCount(t, reg); n != 0 {
+			t.Fatalf("%d panics recovered: a kernel or handler has a bug", n)
+		}
+		if backend.Used() != 0 {
+			t.Fatalf("%d device bytes held after the guest left", backend.Used())
+		}
+	})
+}
+
+// launchArgs draws a kernel's arguments: pointers at and around the 64 KiB
+// allocation at p, integers at size edges.
+func launchArgs(k *kernels.Kernel, p uint64, sels []byte, raw uint64) []abi.Arg {
+	var args []abi.Arg
+	for i, kind := range k.Params {
+		var sel uint8
+		if i < len(sels) {
+			sel = sels[i]
+		}
+		v := raw*uint64(i+1) + uint64(i)
+		switch kind {
+		case abi.ArgPtr:
+			ptrs := []uint64{p, p, p + 1<<16 - 4, p + 1<<16, p - 4, p + v%(1<<16), ^uint64(0) - v%16, v}
+			args = append(args, abi.Ptr(ptrs[sel%8]))
+		case abi.ArgU32:
+			n := edge(sel, v)
+			if k.Name == "pointer_chase" {
+				n %= 1 << 12 // a zeroed allocation ends every chain at once; keep cycles short
+			}
+			args = append(args, abi.U32(uint32(n)))
+		default:
+			args = append(args, abi.Arg{Kind: kind, Bits: v})
+		}
+	}
+	return args
 }

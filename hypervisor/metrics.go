@@ -9,6 +9,8 @@ import (
 type metrics struct {
 	requests    *prometheus.CounterVec
 	frameErrors *prometheus.CounterVec
+	panics      *prometheus.CounterVec
+	refusals    *prometheus.CounterVec
 	latency     map[abi.Opcode]prometheus.Observer
 	mmio        *mmiotrace.Metrics
 }
@@ -23,7 +25,18 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_guest_frame_errors_total",
 			Help: "Guest connections dropped for an untrustworthy frame, by reason.",
 		}, []string{"reason"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpuha_guest_request_panics_total",
+			Help: "Panics recovered while serving a guest request or applying a replicated record, by op: the request failed, never the node.",
+		}, []string{"op"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpuha_guest_refusals_total",
+			Help: "Guest requests refused to protect the node or other guests, by reason (resume_token, tenant_memory, buffer_budget, ...).",
+		}, []string{"reason"}),
 		latency: map[abi.Opcode]prometheus.Observer{},
+	}
+	for _, r := range refusalReasons {
+		m.refusals.WithLabelValues(r)
 	}
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "vgpuha_guest_request_duration_seconds",
@@ -37,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		return func() float64 { return f(s.Status()) }
 	}
 	collectors := []prometheus.Collector{
-		m.requests, m.frameErrors, hist,
+		m.requests, m.frameErrors, m.panics, m.refusals, hist,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_is_primary", Help: "1 while this node serves guests (not fenced).",
 		}, func() float64 {
@@ -49,6 +62,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_term", Help: "The term this node serves under.",
 		}, func() float64 { return float64(s.Term()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_guest_request_buffer_bytes", Help: "Bytes of large guest frames buffered now, out of the node's request buffer budget.",
+		}, func() float64 { return float64(s.budget.Used()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_guest_sessions", Help: "Open guest sessions.",
 		}, status(func(st Status) float64 { return float64(len(st.Sessions)) })),

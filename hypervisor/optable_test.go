@@ -45,7 +45,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := srv.newSession(1, 0, "g", cfg.WindowBase)
+	sess, err := srv.newSession(1, 0, sessionOpen{guest: "g"}, cfg.WindowBase)
 	if err != nil {
 		t.Fatal(err)
 	}

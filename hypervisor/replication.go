@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"fmt"
+	"hash/crc32"
 	"sort"
 	"time"
 
@@ -114,7 +115,8 @@ func placed(session uint64, op abi.Opcode, body abi.Body, result uint64) replica
 // snapshot returns records that rebuild this session.
 // Precondition: s.mu must be locked.
 func (s *Session) snapshot() []replicate.Record {
-	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: []byte(s.guest)}}
+	open := sessionOpen{guest: s.guest, token: s.token, tenant: s.tenantID}
+	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: open.append(nil)}}
 	for _, r := range s.ranges.All() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
 		contents, err := s.contentRecords(r, replicate.FlagPlaced)
@@ -230,7 +232,8 @@ func (s *Session) contentRecords(r handlemap.Range, flags uint16) ([]replicate.R
 // ApplyRecord applies one replicated record to this (standby) server. It
 // never trusts the record: guest operations go through the same validation
 // as on the primary, and the result must match what the primary got.
-func (s *Server) ApplyRecord(rec *replicate.Record) error {
+func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
+	defer s.recoverApply(rec, &err)
 	switch rec.Op {
 	case replicate.OpReset:
 		s.mu.Lock()
@@ -244,7 +247,7 @@ func (s *Server) ApplyRecord(rec *replicate.Record) error {
 		}
 		return nil
 	case replicate.OpSessionOpen:
-		return s.openReplica(rec.Session, rec.Result, string(rec.Body))
+		return s.openReplica(rec.Session, rec.Result, rec.Body)
 	case replicate.OpEpoch, replicate.OpVerify, replicate.OpSnapshotEnd:
 		return nil
 	}
@@ -273,7 +276,11 @@ func (s *Server) ApplyRecord(rec *replicate.Record) error {
 
 // openReplica creates a standby's copy of a primary session, asking the
 // backend for the same window base.
-func (s *Server) openReplica(id, base uint64, guest string) error {
+func (s *Server) openReplica(id, base uint64, body []byte) error {
+	open, err := decodeSessionOpen(body)
+	if err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if s.sessions[id] != nil {
 		s.mu.Unlock()
@@ -288,10 +295,20 @@ func (s *Server) openReplica(id, base uint64, guest string) error {
 		return fmt.Errorf("no free session slot for session %d", id)
 	}
 	s.slots[slot] = true
+	t := s.tenantLocked(open.tenant) // counted as on the primary, not limited
+	if t != nil {
+		t.sessions++
+	}
 	s.mu.Unlock()
-	sess, err := s.newSession(id, slot, guest, base)
+	sess, err := s.newSession(id, slot, open, base)
 	if err != nil {
-		s.releaseSlot(slot)
+		s.mu.Lock()
+		s.slots[slot] = false
+		if t != nil {
+			t.sessions--
+			s.dropTenantLocked(t)
+		}
+		s.mu.Unlock()
 		return err
 	}
 	if sess.delta != 0 {
@@ -342,6 +359,7 @@ func (s *Session) apply(rec *replicate.Record) error {
 	if err == nil {
 		s.noteApplied(rec.ReqID, result)
 	}
+	s.noteContent(rec.ReqID, crc32.Checksum(rec.Body, castagnoli))
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {
 	case err != nil && !primaryFailed && s.delta != 0 && info.RunsKernel:

@@ -20,10 +20,8 @@
 package hypervisor
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -55,8 +53,22 @@ type Config struct {
 	MemoryQuota uint64
 	// MaxObjects bounds each session's allocations plus handles.
 	MaxObjects int
-	// MaxPayload bounds a frame's payload.
+	// MaxPayload bounds a frame's payload (after hello; before it, a
+	// connection may send 4 KiB).
 	MaxPayload int
+	// RequestBufferBytes bounds the request bytes buffered by all guest
+	// connections together (budget.go).
+	RequestBufferBytes int64
+	// Per tenant (tenant.go): the device memory its sessions hold
+	// together, its open sessions, and those it may leave detached;
+	// Tenants overrides them for named tenants ("uid:1000", "cid:3",
+	// "ip:10.0.0.5").
+	TenantMemoryQuota uint64
+	TenantMaxSessions int
+	TenantMaxDetached int
+	Tenants           map[string]TenantQuota
+	// MaxGrace caps the grace period a guest may ask for.
+	MaxGrace time.Duration
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
 }
@@ -85,7 +97,15 @@ func DefaultConfig() Config {
 		MemoryQuota: 4 << 30,
 		MaxObjects:  16384,
 		MaxPayload:  abi.DefaultMaxPayload,
-		MMIO:        MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
+		// Fourteen frames of the largest payload in flight at once; a
+		// flood of announced frames cannot take the host's memory.
+		RequestBufferBytes: 256 << 20,
+		// A tenant may spread one session's quota over a few sessions.
+		TenantMemoryQuota: 4 << 30,
+		TenantMaxSessions: 16,
+		TenantMaxDetached: 4,
+		MaxGrace:          2 * time.Minute,
+		MMIO:              MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
 
@@ -99,6 +119,10 @@ func (c Config) validate() error {
 		return errors.New("max sessions and objects must be positive, max payload at least 4096")
 	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
 		return errors.New("session windows overflow the address space")
+	case c.TenantMaxSessions <= 0 || c.TenantMaxDetached < 0 || c.MaxGrace < 0:
+		return errors.New("tenant session limits must be positive, detached limit and grace cap not negative")
+	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
+		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
 	}
 	return nil
 }
@@ -109,10 +133,12 @@ type Server struct {
 	backend gpu.Backend
 	log     *slog.Logger
 	metrics *metrics
+	budget  *byteBudget // buffered request bytes, all connections
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
-	slots     []bool // window slots in use
+	tenants   map[string]*tenant // those with sessions or memory
+	slots     []bool             // window slots in use
 	nextID    uint64
 	listeners map[net.Listener]struct{}
 	repl      *replicate.Log // nil: not replicating
@@ -136,10 +162,12 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 	s := &Server{
 		cfg: cfg, backend: backend, log: log,
 		sessions:  map[uint64]*Session{},
+		tenants:   map[string]*tenant{},
 		slots:     make([]bool, cfg.MaxSessions),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
+		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
 	}
 	m, err := newMetrics(reg, s)
 	if err != nil {
@@ -220,150 +248,65 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// ServeConn serves one guest connection until it ends. A frame that cannot
-// be trusted (bad magic, version or checksum, over-long) gets an error reply
-// and ends the connection; a well-framed request with bad content gets an
-// error reply and the connection goes on. Either way only this connection's
-// session is affected.
-func (s *Server) ServeConn(conn net.Conn) {
-	defer conn.Close()
-	br := bufio.NewReaderSize(conn, 64<<10)
-	bw := bufio.NewWriterSize(conn, 64<<10)
-	fr := abi.NewFrameReader(br, s.cfg.MaxPayload)
-	log := s.log.With("remote", conn.RemoteAddr().String())
-	var sess *Session
-	defer func() {
-		if sess != nil {
-			s.detach(sess, log)
-		}
-	}()
-	var out []byte
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			if err == io.EOF || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			reason := frameErrorReason(err)
-			s.metrics.frameErrors.WithLabelValues(reason).Inc()
-			log.Warn("dropping guest connection", "reason", reason, "err", err)
-			if reason != "io" {
-				op := f.Op
-				if !op.Valid() {
-					op = abi.OpReject
-				}
-				out = abi.AppendFrame(out[:0], op, abi.FlagReply, f.RequestID,
-					abi.AppendReply(nil, abi.StatusBadFrame, err.Error(), nil))
-				bw.Write(out)
-				bw.Flush()
-			}
-			return
-		}
-		var reply abi.Body
-		var rerr error
-		switch {
-		case f.Flags&abi.FlagReply != 0:
-			rerr = fail(abi.StatusBadFrame, "guest sent a reply frame")
-		case sess == nil && f.Op != abi.OpHello:
-			rerr = fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op)
-		case f.Op == abi.OpBye && sess != nil:
-			sess.mu.Lock()
-			sess.grace = 0 // the guest is done: free the session now
-			sess.mu.Unlock()
-			return
-		case f.Op == abi.OpHello:
-			if sess != nil {
-				rerr = fail(abi.StatusInvalidValue, "session %d is already open on this connection", sess.id)
-				break
-			}
-			sess, reply, rerr = s.hello(f.Payload)
-			if sess != nil {
-				sess.mu.Lock()
-				sess.peerPID = mmiotrace.PeerPID(conn)
-				sess.mu.Unlock()
-				log = log.With("session", sess.id, "guest", sess.guest)
-				log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", sess.base))
-			}
-		default:
-			timer := prometheus.NewTimer(s.metrics.latency[f.Op])
-			reply, rerr = sess.handle(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload)
-			timer.ObserveDuration()
-		}
-		s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(rerr).String()).Inc()
-		if f.Flags&abi.FlagAsync != 0 && rerr == nil {
-			// No reply: the guest is pipelining. Errors were kept by handle.
-		} else {
-			if s.mustWait(f.Op, rerr) {
-				if !s.repl.WaitApplied(s.repl.Last()) && s.repl.Closed() {
-					// The node is going down: this reply could tell the
-					// guest of a change the standby may never get. No
-					// reply; the guest resumes on the standby.
-					return
-				}
-			}
-			st, msg := abi.StatusOK, ""
-			if rerr != nil {
-				st, msg = statusOf(rerr), rerr.Error()
-				log.Debug("request refused", "op", f.Op, "status", st, "err", rerr)
-			}
-			out = abi.AppendFrame(out[:0], f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
-			if _, err := bw.Write(out); err != nil {
-				return
-			}
-		}
-		if br.Buffered() == 0 {
-			if err := bw.Flush(); err != nil {
-				return
-			}
-		}
-	}
+// peer is who sent a hello: the ABI version it speaks, the tenant the
+// transport vouches for, and the connection's log.
+type peer struct {
+	version uint16
+	tenant  string
+	log     *slog.Logger
 }
 
-func frameErrorReason(err error) string {
-	var ve *abi.VersionError
-	var tl *abi.TooLargeError
-	switch {
-	case errors.Is(err, abi.ErrBadMagic):
-		return "magic"
-	case errors.As(err, &ve):
-		return "version"
-	case errors.As(err, &tl):
-		return "too_large"
-	case errors.Is(err, abi.ErrChecksum):
-		return "checksum"
-	case errors.Is(err, abi.ErrBadOpcode):
-		return "opcode"
-	case errors.Is(err, abi.ErrReserved):
-		return "reserved"
-	}
-	return "io" // cut mid-frame or a socket error: nobody to reply to
-}
-
-// hello opens a session for a new guest.
-func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
+// hello opens a session for a new guest, or resumes one.
+func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	var req abi.Hello
 	if err := abi.Unmarshal(payload, &req); err != nil {
 		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %w", err)
 	}
-	s.mu.Lock()
-	if s.fenced {
-		s.mu.Unlock()
-		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+	if err := checkGuestName(req.GuestName); err != nil {
+		return nil, nil, err
 	}
+	grace := s.grace(req.GraceMS, p.log.Warn)
 	if req.Resume != 0 {
-		defer s.mu.Unlock()
-		sess := s.sessions[req.Resume]
-		if sess == nil {
-			return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
+		return s.resume(&req, grace)
+	}
+	s.mu.Lock()
+	slot, t, err := s.takeSlotLocked(p.tenant)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, nil, err
+	}
+	s.nextID++
+	id := s.nextID
+	s.mu.Unlock()
+
+	open := sessionOpen{guest: req.GuestName, token: newToken(), tenant: p.tenant}
+	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
+	if err != nil {
+		s.mu.Lock()
+		s.slots[slot] = false
+		if t != nil {
+			t.sessions--
+			s.dropTenantLocked(t)
 		}
-		sess.mu.Lock()
-		defer sess.mu.Unlock()
-		if sess.attached || sess.closed {
-			return nil, nil, fail(abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
-		}
-		sess.attached = true
-		sess.grace = time.Duration(req.GraceMS) * time.Millisecond
-		return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
+		s.mu.Unlock()
+		return nil, nil, err
+	}
+	sess.mu.Lock()
+	sess.attached = true
+	sess.grace = grace
+	sess.mu.Unlock()
+	reply := &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
+	if p.version >= 2 { // a version-1 guest's decoder knows no token
+		reply.Token = open.token
+	}
+	return sess, reply, nil
+}
+
+// takeSlotLocked takes a window slot and a session of tenant id's quota.
+// Precondition: s.mu must be locked.
+func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
+	if s.fenced {
+		return 0, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
 	}
 	slot := -1
 	for i, used := range s.slots {
@@ -373,24 +316,51 @@ func (s *Server) hello(payload []byte) (*Session, abi.Body, error) {
 		}
 	}
 	if slot < 0 || s.closed {
-		s.mu.Unlock()
-		return nil, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
+		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
+	}
+	t := s.tenantLocked(id)
+	if t != nil && t.sessions >= t.quota.Sessions {
+		return 0, nil, refuse(refusedTenantSessions, abi.StatusOutOfMemory,
+			"tenant %s already has %d sessions open, its limit", t.id, t.sessions)
 	}
 	s.slots[slot] = true
-	s.nextID++
-	id := s.nextID
-	s.mu.Unlock()
+	if t != nil {
+		t.sessions++
+	}
+	return slot, t, nil
+}
 
-	sess, err := s.newSession(id, slot, req.GuestName, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
-	if err != nil {
-		s.releaseSlot(slot)
-		return nil, nil, err
+// resume hands an unattached session to the guest that proves it holds the
+// session's resume token.
+func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fenced {
+		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+	}
+	sess := s.sessions[req.Resume]
+	if sess == nil {
+		return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
 	}
 	sess.mu.Lock()
+	defer sess.mu.Unlock()
+	switch {
+	case !tokenMatches(sess.token, req.Token):
+		return nil, nil, refuse(refusedResumeToken, abi.StatusInvalidValue, "session %d: missing or wrong resume token", req.Resume)
+	case sess.failed != "":
+		return nil, nil, fail(abi.StatusInternal, "session %d has failed (%s)", req.Resume, sess.failed)
+	case sess.attached || sess.closed:
+		return nil, nil, refuse(refusedResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
+	}
 	sess.attached = true
-	sess.grace = time.Duration(req.GraceMS) * time.Millisecond
-	sess.mu.Unlock()
-	return sess, &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}, nil
+	sess.grace = grace
+	if sess.kept {
+		sess.kept = false
+		if sess.tenant != nil {
+			sess.tenant.detached--
+		}
+	}
+	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 }
 
 // SetTerm sets the term this node serves under (a promoted standby raises
@@ -447,15 +417,16 @@ func (s *Server) fenceLocked() {
 
 // newSession creates a session whose guest sees the window at base, and
 // registers it (logging its opening when replicating).
-func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Session, error) {
+func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) (*Session, error) {
 	ctx, err := s.backend.NewContext(base, s.cfg.WindowSize)
 	if err != nil {
 		return nil, err
 	}
 	got, _ := ctx.Window()
 	sess := &Session{
-		id: id, guest: guest, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag,
-		ctx: ctx, base: base, size: s.cfg.WindowSize,
+		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
+		tenantID: open.tenant,
+		ctx:      ctx, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.
 		delta:        got - base,
@@ -467,9 +438,10 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	sess.tenant = s.tenantLocked(open.tenant) // counted by the caller
 	if s.repl != nil {
 		sess.record = s.recorder(id)
-		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: []byte(guest)})
+		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)})
 	}
 	s.sessions[id] = sess
 	return sess, nil
@@ -482,12 +454,30 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	sess.mu.Lock()
 	sess.stopMMIO()
 	grace := sess.grace
-	sess.attached = false
+	if sess.failed != "" {
+		grace = 0 // nothing to resume: free it now
+	}
 	sess.mu.Unlock()
 	s.mu.Lock()
-	closing := s.closed || s.fenced
+	sess.mu.Lock()
+	sess.attached = false
+	keep := grace > 0 && !s.closed && !s.fenced
+	t := sess.tenant
+	over := keep && t != nil && t.detached >= t.quota.Detached
+	if keep && !over {
+		sess.kept = true
+		if t != nil {
+			t.detached++
+		}
+	}
+	sess.mu.Unlock()
 	s.mu.Unlock()
-	if grace <= 0 || closing {
+	if over {
+		s.metrics.refusals.WithLabelValues(refusedTenantDetached).Inc()
+		log.Warn("guest connection lost; not keeping the session: its tenant keeps the most detached sessions it may",
+			"tenant", t.id, "limit", t.quota.Detached)
+	}
+	if !keep || over {
 		s.closeSession(sess)
 		log.Info("guest session closed", "requests", sess.requests)
 		return
@@ -504,14 +494,12 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	})
 }
 
-func (s *Server) releaseSlot(slot int) {
-	s.mu.Lock()
-	s.slots[slot] = false
-	s.mu.Unlock()
-}
-
 func (s *Server) closeSession(sess *Session) {
 	sess.mu.Lock()
+	if sess.closed { // already closed (a failed session's guest leaving, a reset)
+		sess.mu.Unlock()
+		return
+	}
 	sess.stopMMIO()
 	sess.closed = true
 	if sess.record != nil {
@@ -520,19 +508,30 @@ func (s *Server) closeSession(sess *Session) {
 	if err := sess.ctx.Close(); err != nil {
 		s.log.Error("closing backend context", "session", sess.id, "err", err)
 	}
+	t, kept := sess.tenant, sess.kept
+	t.release(sess.ranges.Total())
 	sess.ranges = handlemap.Ranges{}
 	sess.handles = handlemap.NewTable()
+	sess.kept = false
 	sess.mu.Unlock()
 	s.mu.Lock()
 	delete(s.sessions, sess.id)
 	s.slots[sess.slot] = false
+	if t != nil {
+		t.sessions--
+		if kept {
+			t.detached--
+		}
+		s.dropTenantLocked(t)
+	}
 	s.mu.Unlock()
 }
 
 // SessionStatus is one session in Status.
 type SessionStatus struct {
-	ID          uint64 `json:"id"`
-	Guest       string `json:"guest"`
+	ID          uint64 `json:"id,omitempty"`
+	Guest       string `json:"guest,omitempty"`
+	Tenant      string `json:"tenant,omitempty"`
 	WindowBase  string `json:"window_base"`
 	Allocations int    `json:"allocations"`
 	Bytes       uint64 `json:"bytes"`
@@ -567,6 +566,9 @@ type Status struct {
 	Bytes    uint64          `json:"bytes"`
 	Term     uint64          `json:"term"`
 	Primary  bool            `json:"is_primary"`
+	// Detached counts sessions no connection serves (kept for a resume, or
+	// a standby's replicas).
+	Detached int `json:"detached_sessions"`
 }
 
 // Status reports the server's sessions and totals.
@@ -582,13 +584,16 @@ func (s *Server) Status() Status {
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{
-			ID: sess.id, Guest: sess.guest, WindowBase: fmt.Sprintf("%#x", sess.base),
+			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.base),
 			Allocations: sess.ranges.Len(), Bytes: sess.ranges.Total(),
 			Objects:    sess.ranges.Len() + sess.handles.Len(),
 			Requests:   sess.requests,
 			Translated: sess.delta != 0,
 			Unsafe:     sess.unsafe,
 			MMIO:       sess.mmioStatus(),
+		}
+		if !sess.attached {
+			st.Detached++
 		}
 		sess.mu.Unlock()
 		st.Sessions = append(st.Sessions, ss)

@@ -23,9 +23,15 @@ import (
 type Session struct {
 	id     uint64
 	guest  string
+	token  []byte // resume token (token.go): a secret, never shown
 	slot   int
 	cfg    Config
 	fenced *atomic.Bool // the server's: set, this node no longer executes anything
+	srv    *Server      // for logging and counting what guard.go recovers from
+	// tenant is who the session's memory and count belong to (tenant.go);
+	// nil for a replica of a session opened by an older primary.
+	tenant   *tenant
+	tenantID string
 
 	mu   sync.Mutex
 	ctx  gpu.Context
@@ -52,13 +58,22 @@ type Session struct {
 	attached bool
 	// grace is how long the session outlives a dropped connection, for its
 	// guest to resume it (a network blip must not cost the GPU state).
+	// kept: it does so now, counted in its tenant's detached sessions.
 	grace time.Duration
+	kept  bool
 	// lastReq is the guest's newest request whose state change this
 	// session holds; results keeps what recent ones returned. A request
 	// resent after a failover with an id up to lastReq is answered from
 	// here instead of being run twice (exactly once).
 	lastReq uint64
 	results map[uint64]uint64
+	// sums holds a checksum of each recent request's payload, so that a
+	// resend under an applied id with other content is refused
+	// (exactlyonce.go).
+	sums map[uint64]uint32
+	// failed says why the session stopped serving (a request panicked
+	// while it changed state, which may be torn); see guard.go.
+	failed string
 
 	ranges       handlemap.Ranges
 	handles      *handlemap.Table
@@ -136,7 +151,8 @@ var opTable = map[abi.Opcode]handler{
 }
 
 // handle runs one decoded request and returns its reply body. With async
-// set, an error is kept for the next synchronization and nil is returned.
+// set, an error is kept for the next synchronization and returned wrapped
+// in deferredError (counted, not replied to).
 //
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
@@ -157,14 +173,19 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	if s.fenced.Load() {
 		return nil, fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
 	}
+	if s.failed != "" {
+		return nil, fail(abi.StatusInternal, "session %d has failed (%s); open a new session", s.id, s.failed)
+	}
 	s.requests++
 	// Everything the guest wrote to its apertures before this call reaches
 	// the device and the log first (program order).
 	if err := s.flushMMIO(); err != nil {
 		return nil, fail(abi.StatusInternal, "flushing aperture writes: %w", err)
 	}
-	if info.Mutates && reqID != 0 && reqID <= s.lastReq {
-		return info.ReplayReply(s.results[reqID]), nil
+	if info.Mutates {
+		if reply, err, done := s.checkReqID(op, reqID, payload); done {
+			return reply, err
+		}
 	}
 	reply, err := run(s, req)
 	if info.Mutates && err == nil {
@@ -182,7 +203,7 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	}
 	if err != nil && async {
 		s.deferError(handlemap.Handle(abi.StreamOf(req)), err)
-		return nil, nil
+		return nil, deferredError{err}
 	}
 	return reply, err
 }
@@ -201,7 +222,7 @@ func (s *Session) noteApplied(reqID, result uint64) {
 		s.results[reqID] = result
 		if len(s.results) > 8192 { // keep the recent ones: resends follow a failover closely
 			for id := range s.results {
-				if id+8192 < s.lastReq {
+				if s.lastReq-id > 8192 {
 					delete(s.results, id)
 				}
 			}
@@ -271,12 +292,16 @@ func (s *Session) alloc(r *abi.Alloc) (abi.Body, error) {
 	addr, ok := s.ranges.FirstFit(s.base, s.size, r.Size, s.cfg.AllocAlign)
 	if s.placed != 0 {
 		addr, s.placed = s.placed, 0
-		ok = addr >= s.base && addr-s.base <= s.size-r.Size
+		ok = addr >= s.base && r.Size <= s.size && addr-s.base <= s.size-r.Size
 	}
 	if !ok {
 		return nil, fail(abi.StatusOutOfMemory, "no room for %d bytes in the session's %d-byte address window", r.Size, s.size)
 	}
+	if err := s.tenant.reserve(r.Size); err != nil {
+		return nil, err
+	}
 	if err := s.ctx.Alloc(s.dev(addr), r.Size); err != nil {
+		s.tenant.release(r.Size)
 		return nil, err
 	}
 	if err := s.ranges.Insert(addr, r.Size); err != nil {
@@ -296,7 +321,9 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 	if err := s.ctx.Free(s.dev(r.Ptr)); err != nil {
 		return nil, err
 	}
-	s.ranges.Remove(r.Ptr)
+	if rg, ok := s.ranges.Remove(r.Ptr); ok {
+		s.tenant.release(rg.Size)
+	}
 	return nil, nil
 }
 

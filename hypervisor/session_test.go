@@ -33,7 +33,7 @@ func TestFailKeepsTheChain(t *testing.T) {
 	if e != nil {
 		t.Fatal(e)
 	}
-	sess, e := srv.newSession(1, 0, "g", DefaultConfig().WindowBase)
+	sess, e := srv.newSession(1, 0, sessionOpen{guest: "g"}, DefaultConfig().WindowBase)
 	if e != nil {
 		t.Fatal(e)
 	}

@@ -19,20 +19,27 @@ import (
 // PeerPID is the process on the other end of a unix socket (SO_PEERCRED),
 // or zero for any other connection.
 func PeerPID(conn net.Conn) int {
-	uc, ok := conn.(*net.UnixConn)
-	if !ok {
-		return 0
+	pid, _, _ := PeerCred(conn)
+	return pid
+}
+
+// PeerCred is the process and user on the other end of a unix socket
+// (SO_PEERCRED); ok is false for other connections.
+func PeerCred(conn net.Conn) (pid, uid int, ok bool) {
+	uc, isUnix := conn.(*net.UnixConn)
+	if !isUnix {
+		return 0, 0, false
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return 0
+		return 0, 0, false
 	}
 	var cred *unix.Ucred
 	raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
 	if cred == nil {
-		return 0
+		return 0, 0, false
 	}
-	return int(cred.Pid)
+	return int(cred.Pid), int(cred.Uid), true
 }
 
 // MapGuestFile takes file descriptor fd from process pid (pidfd_getfd),

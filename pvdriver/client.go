@@ -18,9 +18,11 @@ package pvdriver
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,8 +87,10 @@ type Options struct {
 	ResumeTimeout time.Duration
 	// ResumeSession, when set, takes over an existing session (one whose
 	// guest restarted, e.g. a VM restored from its checkpoint) instead of
-	// opening a new one.
+	// opening a new one. ResumeToken must then hold the session's resume
+	// token (Client.ResumeToken, saved with the checkpoint).
 	ResumeSession uint64
+	ResumeToken   []byte
 }
 
 // Client is an open session with the hypervisor.
@@ -126,6 +130,7 @@ type Client struct {
 	failures     []Failover
 
 	session            uint64
+	token              []byte // the session's resume token: a secret
 	windowBase, window uint64
 	closeOnce          sync.Once
 	apertures          []*Aperture // mapped apertures, re-attached after a failover
@@ -218,11 +223,23 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 	}
 	go c.readLoop(conn, 0)
 	var hr abi.HelloReply
-	if err := c.call(abi.OpHello, &abi.Hello{GuestName: opts.GuestName, Resume: opts.ResumeSession, GraceMS: c.graceMS()}, &hr); err != nil {
+	hello := &abi.Hello{GuestName: opts.GuestName, Resume: opts.ResumeSession, GraceMS: c.graceMS()}
+	if opts.ResumeSession != 0 {
+		hello.Token = opts.ResumeToken
+	}
+	if err := c.call(abi.OpHello, hello, &hr); err != nil {
 		c.Close()
 		return nil, err
 	}
-	c.session, c.windowBase, c.window = hr.Session, hr.WindowBase, hr.WindowSize
+	c.session, c.windowBase, c.window, c.token = hr.Session, hr.WindowBase, hr.WindowSize, hr.Token
+	if opts.ResumeSession != 0 {
+		// A restarted guest numbers on from what the session applied, or
+		// its first requests would be taken for resends.
+		c.token = append([]byte(nil), opts.ResumeToken...)
+		if n := c.nextID.Load(); hr.Applied > n {
+			c.nextID.Store(hr.Applied)
+		}
+	}
 	return c, nil
 }
 
@@ -239,6 +256,11 @@ func (c *Client) graceMS() uint32 {
 
 // Session is the hypervisor's id for this session.
 func (c *Client) Session() uint64 { return c.session }
+
+// ResumeToken is the secret that resumes this session (Options.ResumeToken).
+// Whoever holds it can take the session over: keep it like a key, out of
+// logs.
+func (c *Client) ResumeToken() []byte { return append([]byte(nil), c.token...) }
 
 // Window is the session's device-address window.
 func (c *Client) Window() (base, size uint64) { return c.windowBase, c.window }
@@ -470,7 +492,7 @@ func (c *Client) resumeOn(ep string) (net.Conn, abi.HelloReply, error) {
 		return nil, hr, err
 	}
 	conn.SetDeadline(time.Now().Add(2 * time.Second))
-	hello := abi.AppendBodyFrame(nil, abi.OpHello, 0, 0, &abi.Hello{GuestName: c.opts.GuestName, Resume: c.session, GraceMS: c.graceMS()})
+	hello := abi.AppendBodyFrame(nil, abi.OpHello, 0, 0, &abi.Hello{GuestName: c.opts.GuestName, Resume: c.session, GraceMS: c.graceMS(), Token: c.token})
 	if _, err := conn.Write(hello); err != nil {
 		conn.Close()
 		return nil, hr, err
@@ -655,12 +677,30 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 			ch <- result{payload: append([]byte(nil), f.Payload...)}
 			continue
 		}
+		if c.answeredBefore(f.RequestID) {
+			continue
+		}
 		// A reply nobody waits for answers a pipelined request whose frame
 		// the hypervisor could not accept; it closes the connection next.
 		_, msg, _ := abi.DecodeReply(f.Payload, nil)
 		c.shutdown(fmt.Errorf("%w: hypervisor refused a pipelined %s: %s: %s", ErrClosed, f.Op, st, msg))
 		return
 	}
+}
+
+// answeredBefore reports whether id is a synchronous request kept for a
+// resend whose reply the caller already had: a node that took the session
+// over answers the resend again (from its state), and that second reply
+// has nobody waiting for it.
+func (c *Client) answeredBefore(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := sort.Search(len(c.kept), func(i int) bool { return c.kept[i].id >= id })
+	if i == len(c.kept) || c.kept[i].id != id {
+		return false
+	}
+	f := *c.kept[i].frame
+	return len(f) >= abi.HeaderSize && binary.LittleEndian.Uint16(f[8:])&abi.FlagAsync == 0
 }
 
 // bufs recycles frame buffers: bulk copies would otherwise allocate (and

@@ -7,11 +7,19 @@
 //
 // The package never touches memory except through the Memory it is given,
 // which is the backend's bounds-checked view of one guest's allocations.
+//
+// Every argument comes from a guest. A kernel checks its launch against its
+// signature before it runs (register wraps Run), and every byte count it
+// derives from guest values goes through span, which refuses a product that
+// overflows 64 bits: a wrapped count would ask Memory for a short view and
+// the loop that follows would index past it. A bad launch is an ErrFault,
+// never a panic.
 package kernels
 
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sort"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -52,9 +60,42 @@ func (k *Kernel) Spec() abi.KernelSpec {
 // not own; the GPU equivalent is an illegal-address fault.
 var ErrFault = errors.New("kernel memory fault")
 
+// MaxBlockThreads bounds a block, as on every CUDA device of compute
+// capability 2.0 and later (CUDA C++ Programming Guide, "Compute
+// Capabilities", maximum number of threads per block).
+const MaxBlockThreads = 1024
+
 var library = map[string]*Kernel{}
 
-func register(k *Kernel) { library[k.Name] = k }
+// register adds k to the library, its Run guarded by checkLaunch.
+func register(k *Kernel) {
+	run := k.Run
+	k.Run = func(mem Memory, l Launch) error {
+		if err := k.checkLaunch(l); err != nil {
+			return err
+		}
+		return run(mem, l)
+	}
+	library[k.Name] = k
+}
+
+// checkLaunch refuses a launch that does not match the kernel's signature
+// or whose block no device runs: the implementations index their arguments
+// and size per-block scratch memory from the block.
+func (k *Kernel) checkLaunch(l Launch) error {
+	if len(l.Args) != len(k.Params) {
+		return fmt.Errorf("%w: %s takes %d arguments, launch gave %d", ErrFault, k.Name, len(k.Params), len(l.Args))
+	}
+	for i, a := range l.Args {
+		if a.Kind != k.Params[i] {
+			return fmt.Errorf("%w: %s argument %d has kind %d, want %d", ErrFault, k.Name, i, a.Kind, k.Params[i])
+		}
+	}
+	if n := l.Block.Count(); n == 0 || n > MaxBlockThreads || l.Grid.Count() == 0 {
+		return fmt.Errorf("%w: %s launched with grid %v and block %v", ErrFault, k.Name, l.Grid, l.Block)
+	}
+	return nil
+}
 
 // Lookup returns the library kernel called name.
 func Lookup(name string) (*Kernel, bool) {
@@ -100,10 +141,29 @@ func (k *Kernel) Matches(spec abi.KernelSpec) bool {
 	return true
 }
 
-func view(mem Memory, addr, n uint64, what string) ([]byte, error) {
+// span is count elements of size bytes each, or a fault if that overflows
+// 64 bits (matmul with n = 2^31 asks for 4·n·n bytes, exactly 2^64).
+func span(count, size uint64, what string) (uint64, error) {
+	hi, lo := bits.Mul64(count, size)
+	if hi != 0 {
+		return 0, fmt.Errorf("%w: %s: %d elements of %d bytes overflow 64 bits", ErrFault, what, count, size)
+	}
+	return lo, nil
+}
+
+// view returns count elements of size bytes at addr, all inside one
+// allocation.
+func view(mem Memory, addr, count, size uint64, what string) ([]byte, error) {
+	n, err := span(count, size, what)
+	if err != nil {
+		return nil, err
+	}
 	b, err := mem.View(addr, n)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrFault, what, err)
+	}
+	if uint64(len(b)) != n { // a Memory that returned less than asked
+		return nil, fmt.Errorf("%w: %s: %d-byte view for %d bytes", ErrFault, what, len(b), n)
 	}
 	return b, nil
 }

@@ -294,15 +294,15 @@ func active(l Launch, n uint32) uint64 { return min(uint64(n), l.Threads()) }
 
 func runVadd(mem Memory, l Launch) error {
 	n := active(l, l.Args[3].U32())
-	a, err := view(mem, l.Args[0].Bits, 4*n, "vadd a")
+	a, err := view(mem, l.Args[0].Bits, n, 4, "vadd a")
 	if err != nil {
 		return err
 	}
-	b, err := view(mem, l.Args[1].Bits, 4*n, "vadd b")
+	b, err := view(mem, l.Args[1].Bits, n, 4, "vadd b")
 	if err != nil {
 		return err
 	}
-	c, err := view(mem, l.Args[2].Bits, 4*n, "vadd c")
+	c, err := view(mem, l.Args[2].Bits, n, 4, "vadd c")
 	if err != nil {
 		return err
 	}
@@ -315,11 +315,11 @@ func runVadd(mem Memory, l Launch) error {
 func runSaxpy(mem Memory, l Launch) error {
 	n := active(l, l.Args[3].U32())
 	a := l.Args[2].F32()
-	x, err := view(mem, l.Args[0].Bits, 4*n, "saxpy x")
+	x, err := view(mem, l.Args[0].Bits, n, 4, "saxpy x")
 	if err != nil {
 		return err
 	}
-	y, err := view(mem, l.Args[1].Bits, 4*n, "saxpy y")
+	y, err := view(mem, l.Args[1].Bits, n, 4, "saxpy y")
 	if err != nil {
 		return err
 	}
@@ -336,15 +336,19 @@ func runMatmul(mem Memory, l Launch) error {
 	if rows == 0 || cols == 0 {
 		return nil
 	}
-	a, err := view(mem, l.Args[0].Bits, 4*n*n, "matmul A")
+	elems, err := span(n, n, "matmul n×n")
 	if err != nil {
 		return err
 	}
-	b, err := view(mem, l.Args[1].Bits, 4*n*n, "matmul B")
+	a, err := view(mem, l.Args[0].Bits, elems, 4, "matmul A")
 	if err != nil {
 		return err
 	}
-	c, err := view(mem, l.Args[2].Bits, 4*n*n, "matmul C")
+	b, err := view(mem, l.Args[1].Bits, elems, 4, "matmul B")
+	if err != nil {
+		return err
+	}
+	c, err := view(mem, l.Args[2].Bits, elems, 4, "matmul C")
 	if err != nil {
 		return err
 	}
@@ -366,11 +370,11 @@ func runReduceSum(mem Memory, l Launch) error {
 		return fmt.Errorf("%w: reduce_sum needs %d bytes of shared memory, launch gave %d", ErrFault, 4*bs, l.SharedBytes)
 	}
 	n := uint64(l.Args[2].U32())
-	in, err := view(mem, l.Args[0].Bits, 4*active(l, uint32(n)), "reduce_sum in")
+	in, err := view(mem, l.Args[0].Bits, active(l, uint32(n)), 4, "reduce_sum in")
 	if err != nil {
 		return err
 	}
-	out, err := view(mem, l.Args[1].Bits, 4*uint64(l.Grid.X), "reduce_sum out")
+	out, err := view(mem, l.Args[1].Bits, uint64(l.Grid.X), 4, "reduce_sum out")
 	if err != nil {
 		return err
 	}
@@ -398,11 +402,11 @@ func runHistogram(mem Memory, l Launch) error {
 		return nil
 	}
 	n := active(l, l.Args[1].U32())
-	data, err := view(mem, l.Args[0].Bits, 4*n, "histogram data")
+	data, err := view(mem, l.Args[0].Bits, n, 4, "histogram data")
 	if err != nil {
 		return err
 	}
-	bins, err := view(mem, l.Args[2].Bits, 4*nbins, "histogram bins")
+	bins, err := view(mem, l.Args[2].Bits, nbins, 4, "histogram bins")
 	if err != nil {
 		return err
 	}
@@ -419,13 +423,13 @@ func runPointerChase(mem Memory, l Launch) error {
 	}
 	p := l.Args[0].Bits
 	steps := l.Args[1].U32()
-	out, err := view(mem, l.Args[2].Bits, 16, "pointer_chase out")
+	out, err := view(mem, l.Args[2].Bits, 2, 8, "pointer_chase out")
 	if err != nil {
 		return err
 	}
 	var sum uint64
 	for s := uint32(0); s < steps; s++ {
-		node, err := view(mem, p, 16, fmt.Sprintf("pointer_chase node %d at %#x", s, p))
+		node, err := view(mem, p, 2, 8, fmt.Sprintf("pointer_chase node %d at %#x", s, p))
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -162,7 +164,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	b := AppendReply(nil, StatusOK, "", &HelloReply{Session: 1, WindowBase: 2, WindowSize: 3, Term: 4, Applied: 5})
 	var hr HelloReply
 	st, msg, err := DecodeReply(b, &hr)
-	if err != nil || st != StatusOK || msg != "" || hr != (HelloReply{1, 2, 3, 4, 5}) {
+	if err != nil || st != StatusOK || msg != "" || !cmp.Equal(hr, HelloReply{1, 2, 3, 4, 5, nil}) {
 		t.Fatalf("got %v %q %v %+v", st, msg, err, hr)
 	}
 	b = AppendReply(nil, StatusOutOfRange, "nope", &AllocReply{Ptr: 5})
@@ -173,6 +175,30 @@ func TestReplyRoundTrip(t *testing.T) {
 	}
 	if !errors.Is(error(st), StatusOutOfRange) {
 		t.Fatal("status does not match itself with errors.Is")
+	}
+}
+
+// TestResumeToken: the token is an optional tail of hello and its reply
+// (version 2): absent for a version-1 peer, else exactly ResumeTokenSize
+// bytes.
+func TestResumeToken(t *testing.T) {
+	tok := bytes.Repeat([]byte{7}, ResumeTokenSize)
+	h := &Hello{GuestName: "g", Resume: 3, GraceMS: 10, Token: tok}
+	got, err := DecodeRequest(OpHello, h.Append(nil))
+	if err != nil || !cmp.Equal(got, Body(h)) {
+		t.Fatalf("hello with a token: %+v %v", got, err)
+	}
+	v1 := (&Hello{GuestName: "g", Resume: 3, GraceMS: 10}).Append(nil)
+	if got, err := DecodeRequest(OpHello, v1); err != nil || got.(*Hello).Token != nil {
+		t.Fatalf("version-1 hello: %+v %v", got, err)
+	}
+	if _, err := DecodeRequest(OpHello, h.Append(nil)[:len(v1)+ResumeTokenSize-1]); err == nil {
+		t.Fatal("hello with a short token accepted")
+	}
+	var hr HelloReply
+	b := AppendReply(nil, StatusOK, "", &HelloReply{Session: 1, Token: tok})
+	if _, _, err := DecodeReply(b, &hr); err != nil || !bytes.Equal(hr.Token, tok) {
+		t.Fatalf("hello reply with a token: %+v %v", hr, err)
 	}
 }
 
@@ -207,5 +233,82 @@ func TestAppendBodyFrameMatchesAppendFrame(t *testing.T) {
 	want := AppendFrame([]byte("prefix"), OpCopyHtoD, FlagAsync, 77, req.Append(nil))
 	if got := AppendBodyFrame([]byte("prefix"), OpCopyHtoD, FlagAsync, 77, req); !bytes.Equal(got, want) {
 		t.Fatal("AppendBodyFrame differs from AppendFrame of the same body")
+	}
+}
+
+// countingBudget is a Budget with a limit that records what it holds.
+type countingBudget struct {
+	mu         sync.Mutex
+	limit, now int
+}
+
+func (b *countingBudget) Acquire(n int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.now+n > b.limit {
+		return false
+	}
+	b.now += n
+	return true
+}
+
+func (b *countingBudget) Release(n int) { b.mu.Lock(); b.now -= n; b.mu.Unlock() }
+
+func (b *countingBudget) held() int { b.mu.Lock(); defer b.mu.Unlock(); return b.now }
+
+// TestFrameReaderGrowsAsBytesArrive: a header announcing 16 MiB commits no
+// memory until the payload comes, then at most four times what came.
+func TestFrameReaderGrowsAsBytesArrive(t *testing.T) {
+	payload := bytes.Repeat([]byte{7}, 16<<20)
+	frame := AppendFrame(nil, OpCopyHtoD, 0, 1, payload)
+	pr, pw := io.Pipe()
+	budget := &countingBudget{limit: 64 << 20}
+	fr := NewFrameReader(pr, 16<<20)
+	fr.SetBudget(budget)
+	got := make(chan Frame)
+	go func() {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Error(err)
+		}
+		got <- f
+	}()
+	pw.Write(frame[:HeaderSize])
+	time.Sleep(10 * time.Millisecond)
+	if budget.held() != 0 {
+		t.Fatalf("a bare header holds %d bytes", budget.held())
+	}
+	sent := HeaderSize
+	for _, upTo := range []int{100 << 10, 1 << 20, 5 << 20} {
+		pw.Write(frame[sent:upTo])
+		sent = upTo
+		time.Sleep(10 * time.Millisecond)
+		if h := budget.held(); h > 4*sent+4*sent/8 {
+			t.Fatalf("%d bytes received, %d held", sent, h)
+		}
+	}
+	pw.Write(frame[sent:])
+	f := <-got
+	if !bytes.Equal(f.Payload, payload) {
+		t.Fatal("payload differs")
+	}
+	fr.Release()
+	if budget.held() != 0 {
+		t.Fatalf("%d bytes held after Release", budget.held())
+	}
+}
+
+// TestFrameReaderBudgetRefusal: a frame over budget is skipped and refused;
+// the next frame reads.
+func TestFrameReaderBudgetRefusal(t *testing.T) {
+	big := AppendFrame(nil, OpCopyHtoD, 0, 1, make([]byte, 1<<20))
+	small := AppendFrame(nil, OpSync, 0, 2, nil)
+	fr := NewFrameReader(bytes.NewReader(append(big, small...)), 2<<20)
+	fr.SetBudget(&countingBudget{limit: 512 << 10})
+	if f, err := fr.ReadFrame(); !errors.Is(err, ErrBudget) || f.RequestID != 1 {
+		t.Fatalf("frame over budget: %v (id %d)", err, f.RequestID)
+	}
+	if f, err := fr.ReadFrame(); err != nil || f.RequestID != 2 {
+		t.Fatalf("frame after a refused one: %v (id %d)", err, f.RequestID)
 	}
 }

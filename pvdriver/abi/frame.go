@@ -32,13 +32,18 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math/bits"
+	"sync"
 )
 
 const (
 	// Magic opens every frame; it reads "VGPU" on the wire.
 	Magic uint32 = 0x55504756
-	// Version is the ABI version this build speaks.
-	Version uint16 = 1
+	// Version is the ABI version this build speaks. Version 2 added the
+	// resume token (Hello.Token, HelloReply.Token). A node answers each
+	// frame in the frame's own version, so a version-1 guest is still
+	// served (it can open sessions, not resume them: it has no token).
+	Version uint16 = 2
 	// HeaderSize is the size of the fixed frame header.
 	HeaderSize = 28
 	// DefaultMaxPayload bounds a frame's payload unless a peer is configured
@@ -114,9 +119,15 @@ func (e *TooLargeError) Error() string {
 
 // AppendFrame appends a complete frame (header, payload, checksum) to dst.
 func AppendFrame(dst []byte, op Opcode, flags uint16, requestID uint64, payload []byte) []byte {
+	return AppendFrameVersion(dst, Version, op, flags, requestID, payload)
+}
+
+// AppendFrameVersion is AppendFrame in ABI version v (a reply to a peer
+// speaking the previous version).
+func AppendFrameVersion(dst []byte, v uint16, op Opcode, flags uint16, requestID uint64, payload []byte) []byte {
 	start := len(dst)
 	dst = binary.LittleEndian.AppendUint32(dst, Magic)
-	dst = binary.LittleEndian.AppendUint16(dst, Version)
+	dst = binary.LittleEndian.AppendUint16(dst, v)
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(op))
 	dst = binary.LittleEndian.AppendUint16(dst, flags)
 	dst = binary.LittleEndian.AppendUint16(dst, 0)
@@ -172,22 +183,71 @@ func ParseHeader(b []byte, maxPayload int) (Header, error) {
 	return h, nil
 }
 
-// FrameReader reads frames from a stream into a buffer it reuses.
+// FrameReader reads frames from a stream.
+//
+// A header only announces a payload; the reader commits memory as the
+// payload's bytes arrive, not before. Frames up to smallFrame bytes go into
+// a buffer the reader keeps. A larger one grows a pooled buffer fourfold
+// each time the bytes already received fill it, so a peer that announces
+// 16 MiB and sends nothing costs nothing more, and one that trickles holds
+// at most four times what it sent. With a Budget set, every pooled buffer
+// is taken from it first: a frame the budget cannot hold is skipped and
+// refused (ErrBudget), and the stream stays in step.
 type FrameReader struct {
 	r          io.Reader
-	buf        []byte
+	buf        []byte // header and small payloads
+	big        []byte // the pooled buffer holding the last large frame
+	held       int    // budget held for big
 	maxPayload int
+	budget     Budget
 }
+
+// Budget bounds the frame bytes that many readers buffer together.
+type Budget interface {
+	// Acquire takes n bytes, or reports false if they cannot be had.
+	Acquire(n int) bool
+	// Release gives back n bytes taken by Acquire.
+	Release(n int)
+}
+
+// ErrBudget is returned by ReadFrame for a frame whose payload could not be
+// buffered within the reader's Budget. The payload was read and dropped:
+// the next frame can be read.
+var ErrBudget = errors.New("abi: frame refused: request buffers are over budget")
+
+// smallFrame is the largest frame read into the reader's own buffer.
+const smallFrame = 64 << 10
 
 // NewFrameReader returns a reader that refuses payloads over maxPayload.
 func NewFrameReader(r io.Reader, maxPayload int) *FrameReader {
 	return &FrameReader{r: r, buf: make([]byte, HeaderSize, HeaderSize+4096), maxPayload: maxPayload}
 }
 
+// SetMaxPayload changes the payload limit for the frames read next (a node
+// allows a guest more once it has said hello).
+func (fr *FrameReader) SetMaxPayload(n int) { fr.maxPayload = n }
+
+// SetBudget makes the reader take its large buffers from b.
+func (fr *FrameReader) SetBudget(b Budget) { fr.budget = b }
+
+// Release gives back the buffer of the last frame read (ReadFrame does so
+// itself before reading the next). Call it when done with the reader.
+func (fr *FrameReader) Release() {
+	if fr.big != nil {
+		putBuf(fr.big)
+		fr.big = nil
+	}
+	if fr.held != 0 {
+		fr.budget.Release(fr.held)
+		fr.held = 0
+	}
+}
+
 // ReadFrame reads and checks the next frame. The returned payload is valid
 // until the next call. io.EOF is returned only on a clean end between frames;
 // a stream cut inside a frame gives io.ErrUnexpectedEOF.
 func (fr *FrameReader) ReadFrame() (Frame, error) {
+	fr.Release()
 	hdr := fr.buf[:HeaderSize]
 	if _, err := io.ReadFull(fr.r, hdr); err != nil {
 		return Frame{}, err
@@ -197,24 +257,101 @@ func (fr *FrameReader) ReadFrame() (Frame, error) {
 		return Frame{Header: h}, err
 	}
 	n := HeaderSize + int(h.Length)
-	if cap(fr.buf) < n {
-		nb := make([]byte, n)
-		copy(nb, hdr)
-		fr.buf = nb
+	var buf []byte
+	if n <= smallFrame {
+		if cap(fr.buf) < n {
+			fr.buf = append(fr.buf[:HeaderSize], make([]byte, n-HeaderSize)...)
+		}
+		buf = fr.buf[:n]
+		_, err = io.ReadFull(fr.r, buf[HeaderSize:])
+	} else {
+		buf, err = fr.readLarge(n)
 	}
-	fr.buf = fr.buf[:n]
-	payload := fr.buf[HeaderSize:n]
-	if _, err := io.ReadFull(fr.r, payload); err != nil {
+	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
 		return Frame{Header: h}, err
 	}
-	want := binary.LittleEndian.Uint32(fr.buf[24:])
-	crc := crc32.Update(0, castagnoli, fr.buf[:24])
-	crc = crc32.Update(crc, castagnoli, payload)
+	want := binary.LittleEndian.Uint32(buf[24:])
+	crc := crc32.Update(0, castagnoli, buf[:24])
+	crc = crc32.Update(crc, castagnoli, buf[HeaderSize:])
 	if crc != want {
 		return Frame{Header: h}, ErrChecksum
 	}
-	return Frame{Header: h, Payload: payload}, nil
+	return Frame{Header: h, Payload: buf[HeaderSize:n]}, nil
+}
+
+// readLarge reads a frame of n bytes (its header already in fr.buf): the
+// first smallFrame bytes into fr.buf, then into pooled buffers each four
+// times what has arrived, until the frame is whole.
+func (fr *FrameReader) readLarge(n int) ([]byte, error) {
+	if cap(fr.buf) < smallFrame {
+		fr.buf = append(fr.buf[:HeaderSize], make([]byte, smallFrame-HeaderSize)...)
+	}
+	buf, got := fr.buf[:smallFrame], HeaderSize
+	for {
+		k, err := io.ReadFull(fr.r, buf[got:min(n, len(buf))])
+		got += k
+		if err != nil {
+			return nil, err
+		}
+		if got == n {
+			return buf[:n], nil
+		}
+		nb, ok := fr.grow(min(n, 4*got), buf[:got])
+		if !ok {
+			if _, err := io.CopyN(io.Discard, fr.r, int64(n-got)); err != nil {
+				return nil, err
+			}
+			return nil, ErrBudget
+		}
+		buf = nb
+	}
+}
+
+// grow takes a pooled buffer of size bytes (within the budget), copies from
+// into it and makes it the reader's large buffer, giving back the previous
+// one.
+func (fr *FrameReader) grow(size int, from []byte) ([]byte, bool) {
+	c := classSize(size)
+	if fr.budget != nil && !fr.budget.Acquire(c) {
+		return nil, false
+	}
+	nb := getBuf(c)[:size]
+	copy(nb, from)
+	fr.Release() // from may be the previous large buffer: copied now
+	fr.big = nb
+	if fr.budget != nil {
+		fr.held = c
+	}
+	return nb, true
+}
+
+// Large frame buffers are pooled by size class: sizes with four
+// significant bits (under 1/8 wasted), one sync.Pool per class.
+var bufPools sync.Map // class size -> *sync.Pool of *[]byte
+
+func classSize(n int) int {
+	shift := max(bits.Len(uint(n-1))-4, 0)
+	return ((n-1)>>shift + 1) << shift
+}
+
+func getBuf(c int) []byte {
+	if p, ok := bufPools.Load(c); ok {
+		if b, ok := p.(*sync.Pool).Get().(*[]byte); ok {
+			return *b
+		}
+	}
+	return make([]byte, c)
+}
+
+func putBuf(b []byte) {
+	c := cap(b)
+	if c != classSize(c) {
+		return
+	}
+	p, _ := bufPools.LoadOrStore(c, new(sync.Pool))
+	b = b[:c]
+	p.(*sync.Pool).Put(&b)
 }

@@ -34,8 +34,16 @@ type Hello struct {
 	Resume    uint64
 	// GraceMS asks the node to keep the session this long after the
 	// connection drops, so the guest can resume it (zero: free at once).
+	// The node may grant less.
 	GraceMS uint32
+	// Token proves a resume: the session's resume token from the reply
+	// that opened it (version 2; empty or ResumeTokenSize bytes). A
+	// session cannot be resumed without it.
+	Token []byte
 }
+
+// ResumeTokenSize is the length of a session's resume token.
+const ResumeTokenSize = 32
 
 // Alloc asks for Size bytes of device memory.
 type Alloc struct{ Size uint64 }
@@ -197,6 +205,10 @@ type HelloReply struct {
 	// Applied is, on resume, the last request of the session the node had
 	// applied: the guest resends everything after it that it kept.
 	Applied uint64
+	// Token is the new session's resume token (version 2; absent on a
+	// resume and for a version-1 guest): a secret the guest keeps and
+	// presents to resume the session, here or on a promoted standby.
+	Token []byte
 }
 
 // AllocReply carries the device address of a new allocation.
@@ -214,7 +226,8 @@ type Empty struct{}
 // Encoders.
 
 func (m *Hello) Append(b []byte) []byte {
-	return binary.LittleEndian.AppendUint32(appendU64(appendString(b, m.GuestName), m.Resume), m.GraceMS)
+	b = binary.LittleEndian.AppendUint32(appendU64(appendString(b, m.GuestName), m.Resume), m.GraceMS)
+	return append(b, m.Token...)
 }
 func (m *Alloc) Append(b []byte) []byte { return appendU64(b, m.Size) }
 func (m *Free) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
@@ -262,7 +275,8 @@ func (m *ApertureAttach) Append(b []byte) []byte {
 }
 func (m *ApertureReply) Append(b []byte) []byte { return append(b, uint8(m.Mode)) }
 func (m *HelloReply) Append(b []byte) []byte {
-	return appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
+	b = appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
+	return append(b, m.Token...)
 }
 func (m *AllocReply) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
 func (m *DataReply) Append(b []byte) []byte   { return appendBytes(b, m.Data) }
@@ -275,6 +289,7 @@ func (m *Hello) decode(d *Decoder) {
 	m.GuestName = d.String(MaxNameLen)
 	m.Resume = d.U64()
 	m.GraceMS = d.U32()
+	m.Token = d.token()
 }
 func (m *Alloc) decode(d *Decoder) { m.Size = d.U64() }
 func (m *Free) decode(d *Decoder)  { m.Ptr = d.U64() }
@@ -349,6 +364,7 @@ func (m *HelloReply) decode(d *Decoder) {
 	m.WindowSize = d.U64()
 	m.Term = d.U64()
 	m.Applied = d.U64()
+	m.Token = d.token()
 }
 func (m *AllocReply) decode(d *Decoder)  { m.Ptr = d.U64() }
 func (m *DataReply) decode(d *Decoder)   { m.Data = d.Bytes(math.MaxUint32) }
@@ -465,6 +481,16 @@ func (d *Decoder) String(max int) string {
 }
 
 func (d *Decoder) dim3() Dim3 { return Dim3{X: d.U32(), Y: d.U32(), Z: d.U32()} }
+
+// token reads an optional trailing resume token: nothing (a version-1 peer,
+// or none to send), or exactly ResumeTokenSize bytes. Anything else is left
+// for Finish to refuse as trailing bytes.
+func (d *Decoder) token() []byte {
+	if d.err != nil || len(d.b) < ResumeTokenSize {
+		return nil
+	}
+	return d.take(ResumeTokenSize)
+}
 
 // Finish returns the first error, or ErrTrailing if input is left over.
 func (d *Decoder) Finish() error {

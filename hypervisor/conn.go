@@ -1,0 +1,212 @@
+package hypervisor
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/mmiotrace"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// guestConn is one guest connection being served: one goroutine reads its
+// frames, runs them in order and writes the replies.
+type guestConn struct {
+	s      *Server
+	conn   net.Conn
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	fr     *abi.FrameReader
+	log    *slog.Logger
+	tenant string   // who the transport says the guest is (tenant.go)
+	sess   *Session // nil until hello
+	out    []byte
+}
+
+// ServeConn serves one guest connection until it ends. A frame that cannot
+// be trusted (bad magic, version or checksum, over-long) gets an error reply
+// and ends the connection; a well-framed request with bad content gets an
+// error reply and the connection goes on. Either way only this connection's
+// session is affected.
+func (s *Server) ServeConn(conn net.Conn) {
+	defer conn.Close()
+	c := &guestConn{
+		s: s, conn: conn,
+		br:     bufio.NewReaderSize(conn, 64<<10),
+		bw:     bufio.NewWriterSize(conn, 64<<10),
+		tenant: tenantOf(conn),
+	}
+	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
+	c.fr = abi.NewFrameReader(c.br, helloMaxPayload) // raised by hello
+	c.fr.SetBudget(s.budget)
+	defer c.finish()
+	for {
+		f, err := c.fr.ReadFrame()
+		var more bool
+		if err != nil {
+			more = c.frameError(f, err)
+		} else {
+			more = c.serve(f)
+		}
+		if !more {
+			return
+		}
+		if c.br.Buffered() == 0 {
+			if err := c.bw.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// finish lets go of the connection's session (kept for a resume, or freed).
+func (c *guestConn) finish() {
+	c.fr.Release()
+	if c.sess != nil {
+		c.s.detach(c.sess, c.log)
+	}
+}
+
+// frameError handles a frame that could not be read and reports whether the
+// connection goes on.
+func (c *guestConn) frameError(f abi.Frame, err error) bool {
+	if err == io.EOF || errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	if errors.Is(err, abi.ErrBudget) {
+		return c.overBudget(f)
+	}
+	reason := frameErrorReason(err)
+	c.s.metrics.frameErrors.WithLabelValues(reason).Inc()
+	c.log.Warn("dropping guest connection", "reason", reason, "err", err)
+	if reason != "io" {
+		op := f.Op
+		if !op.Valid() {
+			op = abi.OpReject
+		}
+		c.out = abi.AppendFrame(c.out[:0], op, abi.FlagReply, f.RequestID,
+			abi.AppendReply(nil, abi.StatusBadFrame, err.Error(), nil))
+		c.bw.Write(c.out)
+		c.bw.Flush()
+	}
+	return false
+}
+
+// overBudget refuses a frame whose payload could not be buffered within the
+// node's budget (it was skipped); the connection goes on.
+func (c *guestConn) overBudget(f abi.Frame) bool {
+	err := refuse(refusedBufferBudget, abi.StatusUnavailable,
+		"the node's request buffers are full (%d-byte budget): %d-byte %s refused; retry", c.s.cfg.RequestBufferBytes, f.Length, f.Op)
+	c.s.metrics.refusals.WithLabelValues(refusedBufferBudget).Inc()
+	c.s.metrics.requests.WithLabelValues(f.Op.String(), abi.StatusUnavailable.String()).Inc()
+	c.log.Warn("guest request refused", "op", f.Op, "reason", refusedBufferBudget, "bytes", f.Length)
+	if f.Flags&abi.FlagAsync != 0 && c.sess != nil {
+		c.sess.mu.Lock()
+		c.sess.deferError(0, err) // its stream is in the payload it did not read
+		c.sess.mu.Unlock()
+		return true
+	}
+	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID,
+		abi.AppendReply(nil, abi.StatusUnavailable, err.Error(), nil))
+	_, werr := c.bw.Write(c.out)
+	return werr == nil
+}
+
+func frameErrorReason(err error) string {
+	var ve *abi.VersionError
+	var tl *abi.TooLargeError
+	switch {
+	case errors.Is(err, abi.ErrBadMagic):
+		return "magic"
+	case errors.As(err, &ve):
+		return "version"
+	case errors.As(err, &tl):
+		return "too_large"
+	case errors.Is(err, abi.ErrChecksum):
+		return "checksum"
+	case errors.Is(err, abi.ErrBadOpcode):
+		return "opcode"
+	case errors.Is(err, abi.ErrReserved):
+		return "reserved"
+	}
+	return "io" // cut mid-frame or a socket error: nobody to reply to
+}
+
+// serve runs one request frame and queues its reply; false ends the
+// connection.
+func (c *guestConn) serve(f abi.Frame) bool {
+	reply, err, end := c.dispatch(f)
+	if end {
+		return false
+	}
+	c.s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(err).String()).Inc()
+	var refused *refusedError
+	if errors.As(err, &refused) {
+		c.s.metrics.refusals.WithLabelValues(refused.reason).Inc()
+		c.log.Warn("guest request refused", "op", f.Op, "reason", refused.reason, "err", err)
+	}
+	var deferred deferredError
+	if f.Flags&abi.FlagAsync != 0 && (err == nil || errors.As(err, &deferred)) {
+		return true // no reply: the guest is pipelining; an error waits for its next sync
+	}
+	if c.s.mustWait(f.Op, err) && !c.s.repl.WaitApplied(c.s.repl.Last()) && c.s.repl.Closed() {
+		// The node is going down: this reply could tell the guest of a
+		// change the standby may never get. No reply; the guest resumes on
+		// the standby.
+		return false
+	}
+	st, msg := abi.StatusOK, ""
+	if err != nil {
+		st, msg = statusOf(err), err.Error()
+		c.log.Debug("request refused", "op", f.Op, "status", st, "err", err)
+	}
+	// In the request's own ABI version: a guest of the previous version
+	// is served too.
+	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
+	_, werr := c.bw.Write(c.out)
+	return werr == nil
+}
+
+// dispatch runs one request. A panic while it runs fails the request (and,
+// if it changed state, the session), never the node.
+func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) {
+	defer c.s.recoverRequest(c.sess, f.Op, c.log, &reply, &err)
+	switch {
+	case f.Flags&abi.FlagReply != 0:
+		return nil, fail(abi.StatusBadFrame, "guest sent a reply frame"), false
+	case c.sess == nil && f.Op != abi.OpHello:
+		return nil, fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op), false
+	case f.Op == abi.OpBye && c.sess != nil:
+		c.sess.mu.Lock()
+		c.sess.grace = 0 // the guest is done: free the session now
+		c.sess.mu.Unlock()
+		return nil, nil, true
+	case f.Op == abi.OpHello:
+		if c.sess != nil {
+			return nil, fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.id), false
+		}
+		c.sess, reply, err = c.s.hello(f.Payload, peer{version: f.Version, tenant: c.tenant, log: c.log})
+		if c.sess != nil {
+			c.opened()
+			c.fr.SetMaxPayload(c.s.cfg.MaxPayload)
+		}
+		return reply, err, false
+	}
+	timer := prometheus.NewTimer(c.s.metrics.latency[f.Op])
+	defer timer.ObserveDuration()
+	reply, err = c.sess.handle(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload)
+	return reply, err, false
+}
+
+// opened notes the session that hello opened or resumed on this connection.
+func (c *guestConn) opened() {
+	c.sess.mu.Lock()
+	c.sess.peerPID = mmiotrace.PeerPID(c.conn)
+	c.sess.mu.Unlock()
+	c.log = c.log.With("session", c.sess.id, "guest", c.sess.guest)
+	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.base))
+}
