@@ -568,6 +568,16 @@ type Status struct {
 	Detached int `json:"detached_sessions"`
 }
 
+// Redacted is the status without what identifies a session (its id, its
+// guest's name, its tenant): what an admin caller without the token sees.
+func (st Status) Redacted() Status {
+	st.Sessions = append([]SessionStatus{}, st.Sessions...)
+	for i := range st.Sessions {
+		st.Sessions[i].ID, st.Sessions[i].Guest, st.Sessions[i].Tenant = 0, "", ""
+	}
+	return st
+}
+
 // Status reports the server's sessions and totals.
 func (s *Server) Status() Status {
 	s.mu.Lock()

@@ -19,6 +19,7 @@ func runStandby(args []string) error {
 	listen := fs.String("listen", "tcp://127.0.0.1:7071", "where the primary's replication stream connects: tcp://HOST:PORT")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (the primary's)")
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
+	adminToken := adminTokenFlag(fs)
 	guestListen := fs.String("guest-listen", "", "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
 	next := fs.String("replicate-to", "", "once promoted, replicate to this next standby: tcp://HOST:PORT (same key)")
 	modeName := fs.String("mode", "commit", "replication mode once promoted")
@@ -52,7 +53,7 @@ func runStandby(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, err := serveAdmin(ctx, *adminAddr, admin.Handler(reg, func() any { return agent.Status() }), log); err != nil {
+	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, admin.Handler(reg, func() any { return agent.Status() }), log); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", listenAddr)
