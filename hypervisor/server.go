@@ -539,6 +539,8 @@ type SessionStatus struct {
 	// are not). Unsafe says why a replica session cannot be trusted.
 	Translated bool   `json:"translated,omitempty"`
 	Unsafe     string `json:"unsafe,omitempty"`
+	// Failed says why the session stopped serving (guard.go).
+	Failed string `json:"failed,omitempty"`
 	// MMIO describes the session's traced apertures, if it has any.
 	MMIO *MMIOStatus `json:"mmio,omitempty"`
 }
@@ -597,6 +599,7 @@ func (s *Server) Status() Status {
 			Requests:   sess.requests,
 			Translated: sess.delta != 0,
 			Unsafe:     sess.unsafe,
+			Failed:     sess.failed,
 			MMIO:       sess.mmioStatus(),
 		}
 		if !sess.attached {
