@@ -25,6 +25,9 @@ type guestConn struct {
 	tenant string   // who the transport says the guest is (tenant.go)
 	sess   *Session // nil until hello
 	out    []byte
+	// refusals counts this connection's refused requests: the first few
+	// are logged, then one in a thousand (each is counted in metrics).
+	refusals int
 }
 
 // ServeConn serves one guest connection until it ends. A frame that cannot
@@ -101,9 +104,8 @@ func (c *guestConn) frameError(f abi.Frame, err error) bool {
 func (c *guestConn) overBudget(f abi.Frame) bool {
 	err := refuse(refusedBufferBudget, abi.StatusUnavailable,
 		"the node's request buffers are full (%d-byte budget): %d-byte %s refused; retry", c.s.cfg.RequestBufferBytes, f.Length, f.Op)
-	c.s.metrics.refusals.WithLabelValues(refusedBufferBudget).Inc()
 	c.s.metrics.requests.WithLabelValues(f.Op.String(), abi.StatusUnavailable.String()).Inc()
-	c.log.Warn("guest request refused", "op", f.Op, "reason", refusedBufferBudget, "bytes", f.Length)
+	c.refused(f.Op, refusedBufferBudget, "bytes", f.Length)
 	if f.Flags&abi.FlagAsync != 0 && c.sess != nil {
 		c.sess.mu.Lock()
 		c.sess.deferError(0, err) // its stream is in the payload it did not read
@@ -146,8 +148,7 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	c.s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(err).String()).Inc()
 	var refused *refusedError
 	if errors.As(err, &refused) {
-		c.s.metrics.refusals.WithLabelValues(refused.reason).Inc()
-		c.log.Warn("guest request refused", "op", f.Op, "reason", refused.reason, "err", err)
+		c.refused(f.Op, refused.reason, "err", err)
 	}
 	var deferred deferredError
 	if f.Flags&abi.FlagAsync != 0 && (err == nil || errors.As(err, &deferred)) {
@@ -168,7 +169,20 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	// is served too.
 	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
 	_, werr := c.bw.Write(c.out)
+	if cap(c.out) > 1<<20 {
+		c.out = nil // a large reply's buffer is not kept for the connection's life
+	}
 	return werr == nil
+}
+
+// refused counts a refused request and logs it (not every one: a guest
+// must not be able to flood the node's log).
+func (c *guestConn) refused(op abi.Opcode, reason string, args ...any) {
+	c.s.metrics.refusals.WithLabelValues(reason).Inc()
+	c.refusals++
+	if c.refusals <= 10 || c.refusals%1000 == 0 {
+		c.log.Warn("guest request refused", append([]any{"op", op, "reason", reason, "refused_on_connection", c.refusals}, args...)...)
+	}
 }
 
 // dispatch runs one request. A panic while it runs fails the request (and,

@@ -32,7 +32,9 @@ func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 	// state from its resync snapshot).
 	for id, sess := range s.sessions {
 		sess.mu.Lock()
-		sess.record = s.recorder(id)
+		if sess.failed == "" {
+			sess.record = s.recorder(id)
+		}
 		sess.mu.Unlock()
 	}
 }
@@ -81,7 +83,7 @@ func (s *Server) stopTheWorld(fn func(sessions []*Session)) {
 	}()
 	live := sessions[:0:0]
 	for _, sess := range sessions {
-		if !sess.closed {
+		if !sess.closed && sess.failed == "" { // a failed session's state is not to be copied: the standby dropped it
 			live = append(live, sess)
 		}
 	}

@@ -542,6 +542,8 @@ type SessionStatus struct {
 	// are not). Unsafe says why a replica session cannot be trusted.
 	Translated bool   `json:"translated,omitempty"`
 	Unsafe     string `json:"unsafe,omitempty"`
+	// Failed says why the session stopped serving (guard.go).
+	Failed string `json:"failed,omitempty"`
 	// MMIO describes the session's traced apertures, if it has any.
 	MMIO *MMIOStatus `json:"mmio,omitempty"`
 }
@@ -571,6 +573,16 @@ type Status struct {
 	Detached int `json:"detached_sessions"`
 }
 
+// Redacted is the status without what identifies a session (its id, its
+// guest's name, its tenant): what an admin caller without the token sees.
+func (st Status) Redacted() Status {
+	st.Sessions = append([]SessionStatus{}, st.Sessions...)
+	for i := range st.Sessions {
+		st.Sessions[i].ID, st.Sessions[i].Guest, st.Sessions[i].Tenant = 0, "", ""
+	}
+	return st
+}
+
 // Status reports the server's sessions and totals.
 func (s *Server) Status() Status {
 	s.mu.Lock()
@@ -590,6 +602,7 @@ func (s *Server) Status() Status {
 			Requests:   sess.requests,
 			Translated: sess.delta != 0,
 			Unsafe:     sess.unsafe,
+			Failed:     sess.failed,
 			MMIO:       sess.mmioStatus(),
 		}
 		if !sess.attached {

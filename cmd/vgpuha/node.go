@@ -18,6 +18,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -120,16 +121,28 @@ func newRegistry() *prometheus.Registry {
 }
 
 // serveAdmin serves mux on addr (HOST:PORT, or unix:///path) until ctx
-// ends; it returns the bound address.
-func serveAdmin(ctx context.Context, addr string, mux http.Handler, log *slog.Logger) (string, error) {
+// ends; it returns the bound address. tokenFile holds the admin token
+// (package admin says what it guards).
+func serveAdmin(ctx context.Context, addr, tokenFile string, mux *admin.Mux, log *slog.Logger) (string, error) {
 	if addr == "" {
 		return "", nil
 	}
+	if err := mux.LoadToken(tokenFile); err != nil {
+		return "", err
+	}
+	mux.SetLogger(log)
 	var ln net.Listener
 	var err error
-	if strings.HasPrefix(addr, "unix://") {
-		ln, err = transport.Listen(addr)
+	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
+		if ln, err = transport.Listen(addr); err == nil {
+			if err = os.Chmod(path, 0o600); err != nil { // who may connect is who may administer
+				ln.Close()
+			}
+		}
 	} else {
+		if tokenFile == "" {
+			log.Warn("no --admin.token-file: POST endpoints are refused over tcp and /status hides session details")
+		}
 		ln, err = net.Listen("tcp", addr)
 	}
 	if err != nil {

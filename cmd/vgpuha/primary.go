@@ -35,6 +35,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
+	adminToken := adminTokenFlag(fs)
 	replicateTo := fs.String("replicate-to", "", "standby to stream every state change to: tcp://HOST:PORT (off when empty)")
 	modeName := fs.String("mode", "commit", "replication mode: sync, commit, async or epoch")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (at least 16 bytes)")
@@ -71,7 +72,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return err
 	}
 	defer n.Close()
-	if _, err := serveAdmin(ctx, *adminAddr, n.AdminHandler(reg), log); err != nil {
+	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, n.AdminHandler(reg), log); err != nil {
 		return err
 	}
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())

@@ -18,6 +18,7 @@ func runStandby(args []string) error {
 	listen := fs.String("listen", "tcp://127.0.0.1:7071", "where the primary's replication stream connects: tcp://HOST:PORT")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (the primary's)")
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
+	adminToken := adminTokenFlag(fs)
 	guestListen := fs.String("guest-listen", "", "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
 	next := fs.String("replicate-to", "", "once promoted, replicate to this next standby: tcp://HOST:PORT (same key)")
 	modeName := fs.String("mode", "commit", "replication mode once promoted")
@@ -68,7 +69,7 @@ func runStandby(args []string) error {
 	defer n.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, err := serveAdmin(ctx, *adminAddr, n.AdminHandler(reg), log); err != nil {
+	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, n.AdminHandler(reg), log); err != nil {
 		return err
 	}
 	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name(), "takes_over_on", *guestListen)

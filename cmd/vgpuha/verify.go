@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,10 +18,11 @@ func runVerify(args []string) error {
 	adminAddr := fs.String("admin", "127.0.0.1:9470", "the primary's admin address")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	repair := fs.Bool("repair", false, "copy every diverged allocation from the primary to the standby")
+	tokenFile := adminTokenFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	body, err := postAdmin(*adminAddr, fmt.Sprintf("/verify?repair=%v", *repair), 60*time.Second)
+	body, err := postAdminToken(*adminAddr, fmt.Sprintf("/verify?repair=%v", *repair), *tokenFile, 60*time.Second)
 	if err != nil {
 		return err
 	}
@@ -53,10 +55,11 @@ func runVerify(args []string) error {
 func runSwitchover(args []string) error {
 	fs := newFlags("switchover", "--admin HOST:PORT")
 	adminAddr := fs.String("admin", "127.0.0.1:9470", "the primary's admin address")
+	tokenFile := adminTokenFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	body, err := postAdmin(*adminAddr, "/switchover", 30*time.Second)
+	body, err := postAdminToken(*adminAddr, "/switchover", *tokenFile, 30*time.Second)
 	if err != nil {
 		return err
 	}
@@ -67,8 +70,25 @@ func runSwitchover(args []string) error {
 // postAdmin POSTs to a node's admin endpoint and returns the body of a
 // 200 reply, or the node's error.
 func postAdmin(addr, path string, timeout time.Duration) ([]byte, error) {
+	return postAdminToken(addr, path, "", timeout)
+}
+
+// postAdminToken is postAdmin presenting the admin token held in tokenFile
+// (none if empty: a unix:// admin socket needs none).
+func postAdminToken(addr, path, tokenFile string, timeout time.Duration) ([]byte, error) {
 	c, base := adminClient(addr, timeout)
-	resp, err := c.Post(base+path, "", nil)
+	req, err := http.NewRequest(http.MethodPost, base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	if tokenFile != "" {
+		tok, err := os.ReadFile(tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the admin token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+string(bytes.TrimSpace(tok)))
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -32,6 +32,19 @@ type StandbyStatus struct {
 	Replica     hypervisor.Status        `json:"replica"`
 }
 
+// Public is the primary's status for an admin caller without the token:
+// sessions without ids, guest names or tenants.
+func (s PrimaryStatus) Public() any {
+	s.Status = s.Status.Redacted()
+	return s
+}
+
+// Public is the standby's status for an admin caller without the token.
+func (s StandbyStatus) Public() any {
+	s.Replica = s.Replica.Redacted()
+	return s
+}
+
 // Status reports the node: a PrimaryStatus or a StandbyStatus, by how the
 // node was started.
 func (n *Node) Status() any {
@@ -77,11 +90,13 @@ func (n *Node) registerStandbyMetrics() error {
 	return nil
 }
 
-// AdminHandler is the node's admin mux: /metrics (from g), /healthz,
+// AdminHandler is the node's admin mux (package admin guards it):
+// /metrics (from reg), /healthz,
 // /status, and POST /verify[?repair=true], /switchover and /epoch, which
 // answer 409 on a node that is not a replicating primary.
-func (n *Node) AdminHandler(g prometheus.Gatherer) *http.ServeMux {
-	mux := admin.Handler(g, n.Status)
+func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
+	mux := admin.Handler(reg, n.Status)
+	mux.SetLogger(n.log)
 	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, r *http.Request) {
 		repair, _ := strconv.ParseBool(r.URL.Query().Get("repair"))
 		rep, err := n.Verify(repair, 30*time.Second)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -175,6 +176,15 @@ func TestReplyRoundTrip(t *testing.T) {
 	}
 	if !errors.Is(error(st), StatusOutOfRange) {
 		t.Fatal("status does not match itself with errors.Is")
+	}
+}
+
+func TestDim3CountSaturates(t *testing.T) {
+	if n := (Dim3{1 << 31, 1 << 31, 4}).Count(); n != math.MaxUint64 {
+		t.Fatalf("2^31·2^31·4 counted %d", n)
+	}
+	if n := (Dim3{1<<32 - 1, 1<<32 - 1, 1}).Count(); n != (1<<32-1)*(1<<32-1) {
+		t.Fatalf("(2^32-1)^2 counted %d", n)
 	}
 }
 

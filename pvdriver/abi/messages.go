@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // Limits on request fields, checked by the decoders.
@@ -97,8 +98,15 @@ type GetFunction struct {
 // Dim3 is a grid or block shape.
 type Dim3 struct{ X, Y, Z uint32 }
 
-// Count is the number of elements X*Y*Z, computed without overflow.
-func (d Dim3) Count() uint64 { return uint64(d.X) * uint64(d.Y) * uint64(d.Z) }
+// Count is the number of elements X*Y*Z, or MaxUint64 where that does not
+// fit in 64 bits (three 32-bit factors can reach 2^96).
+func (d Dim3) Count() uint64 {
+	hi, lo := bits.Mul64(uint64(d.X)*uint64(d.Y), uint64(d.Z))
+	if hi != 0 {
+		return math.MaxUint64
+	}
+	return lo
+}
 
 // Launch runs a kernel.
 type Launch struct {
