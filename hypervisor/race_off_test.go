@@ -1,0 +1,5 @@
+//go:build !race
+
+package hypervisor_test
+
+const raceDetector = false
