@@ -7,7 +7,8 @@ import (
 
 // Bounded memory per connection, before and after hello:
 //   - before hello a connection may announce at most helloMaxPayload bytes
-//     (a hello is a few hundred): a larger frame ends the connection;
+//     (a hello is a few hundred): a larger frame ends the connection; it
+//     has small buffers and helloTimeout to say hello (conn.go);
 //   - a frame's payload is read as it arrives (abi.FrameReader), so an
 //     announced size costs nothing until its bytes come;
 //   - the large buffers of all connections come from one budget

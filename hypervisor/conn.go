@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/mmiotrace"
@@ -18,7 +19,7 @@ import (
 type guestConn struct {
 	s      *Server
 	conn   net.Conn
-	br     *bufio.Reader
+	br     *bufio.Reader // nil before hello: frames are read straight from conn
 	bw     *bufio.Writer
 	fr     *abi.FrameReader
 	log    *slog.Logger
@@ -37,15 +38,16 @@ type guestConn struct {
 // session is affected.
 func (s *Server) ServeConn(conn net.Conn) {
 	defer conn.Close()
+	// Until hello a connection gets small buffers and helloTimeout to say
+	// it: one that never does costs little and not for long.
 	c := &guestConn{
 		s: s, conn: conn,
-		br:     bufio.NewReaderSize(conn, 64<<10),
-		bw:     bufio.NewWriterSize(conn, 64<<10),
+		fr:     abi.NewFrameReader(conn, helloMaxPayload),
+		bw:     bufio.NewWriterSize(conn, 4096),
 		tenant: tenantOf(conn),
 	}
 	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
-	c.fr = abi.NewFrameReader(c.br, helloMaxPayload) // raised by hello
-	c.fr.SetBudget(s.budget)
+	conn.SetReadDeadline(time.Now().Add(helloTimeout))
 	defer c.finish()
 	for {
 		f, err := c.fr.ReadFrame()
@@ -58,12 +60,28 @@ func (s *Server) ServeConn(conn net.Conn) {
 		if !more {
 			return
 		}
-		if c.br.Buffered() == 0 {
+		if c.br == nil || c.br.Buffered() == 0 {
 			if err := c.bw.Flush(); err != nil {
 				return
 			}
 		}
 	}
+}
+
+// helloTimeout bounds how long a connection may take to say hello.
+const helloTimeout = 10 * time.Second
+
+// upgrade gives a connection whose session is open the buffers and limits
+// of a guest: larger buffered reads and writes, frames up to MaxPayload
+// drawn from the node's budget, no deadline.
+func (c *guestConn) upgrade() {
+	c.conn.SetReadDeadline(time.Time{})
+	c.bw.Flush()
+	c.bw = bufio.NewWriterSize(c.conn, 64<<10)
+	c.br = bufio.NewReaderSize(c.conn, 64<<10) // nothing read ahead so far
+	c.fr.Release()
+	c.fr = abi.NewFrameReader(c.br, c.s.cfg.MaxPayload)
+	c.fr.SetBudget(c.s.budget)
 }
 
 // finish lets go of the connection's session (kept for a resume, or freed).
@@ -206,7 +224,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 		c.sess, reply, err = c.s.hello(f.Payload, peer{version: f.Version, tenant: c.tenant, log: c.log})
 		if c.sess != nil {
 			c.opened()
-			c.fr.SetMaxPayload(c.s.cfg.MaxPayload)
+			c.upgrade()
 		}
 		return reply, err, false
 	}

@@ -2,6 +2,7 @@ package hypervisor_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -185,5 +187,38 @@ func TestResumeTokenOnStandby(t *testing.T) {
 	}
 	if len(g.Failovers()) != 1 {
 		t.Fatalf("failovers: %+v", g.Failovers())
+	}
+}
+
+// TestRestartedGuestResumes: a restarted guest (a VM restored from its
+// checkpoint) takes its session back with the id and token it saved, and
+// numbers its requests on from what the session applied (else its first
+// requests would be answered as resends).
+func TestRestartedGuestResumes(t *testing.T) {
+	e := start(t, hypervisor.DefaultConfig())
+	old := dialRaw(t, e)
+	var hr abi.HelloReply
+	old.send(abi.OpHello, 0, 1, &abi.Hello{GuestName: "vm", GraceMS: 10000}, &hr)
+	for id := uint64(2); id < 50; id++ {
+		old.send(abi.OpStreamCreate, 0, id, &abi.StreamCreate{}, &abi.HandleReply{})
+	}
+	old.conn.Close()
+	waitDetached(t, e.srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := pvdriver.Open(ctx, e.endpoint, pvdriver.Options{GuestName: "vm", ResumeSession: hr.Session}); err == nil {
+		t.Fatal("resume without the saved token accepted")
+	}
+	c, err := pvdriver.Open(ctx, e.endpoint, pvdriver.Options{GuestName: "vm", ResumeSession: hr.Session, ResumeToken: hr.Token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !bytes.Equal(c.ResumeToken(), hr.Token) {
+		t.Fatal("the client does not keep the token it resumed with")
+	}
+	s, err := c.CreateStream()
+	if err != nil || s != 49 {
+		t.Fatalf("first request after the restart: stream %d, %v; want a new stream 49 (48 were made)", s, err)
 	}
 }

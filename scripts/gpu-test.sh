@@ -11,10 +11,12 @@ echo "== CUDA backend unit tests"
 
 echo "== primary and standby as two processes on the GPU, identical addresses"
 head -c 32 /dev/urandom | base64 > "$work/key"
-"$B/vgpuha" standby --backend cuda --listen tcp://127.0.0.1:7171 --replicate.key-file "$work/key" --admin-listen 127.0.0.1:9471 2>"$work/standby.log" &
+head -c 32 /dev/urandom | base64 > "$work/admin-token" # POSTs and /status details over tcp need it
+tok=(--admin.token-file "$work/admin-token")
+"$B/vgpuha" standby --backend cuda --listen tcp://127.0.0.1:7171 --replicate.key-file "$work/key" --admin-listen 127.0.0.1:9471 "${tok[@]}" 2>"$work/standby.log" &
 sleep 1
 "$B/vgpuha" primary --backend cuda --guest-listen "unix://$work/g.sock" --replicate-to tcp://127.0.0.1:7171 \
-	--replicate.key-file "$work/key" --admin-listen 127.0.0.1:9470 --mode commit 2>"$work/primary.log" &
+	--replicate.key-file "$work/key" --admin-listen 127.0.0.1:9470 "${tok[@]}" --mode commit 2>"$work/primary.log" &
 for i in $(seq 100); do [ -S "$work/g.sock" ] && break; sleep 0.1; done
 for g in 1 2; do
 	"$B/vgpuha" guest --endpoint "unix://$work/g.sock" --workload all --hold --name "g$g" 2>"$work/guest$g.log" &
@@ -23,10 +25,10 @@ for g in 1 2; do
 	for i in $(seq 300); do grep -q holding "$work/guest$g.log" && break; sleep 0.1; done
 	grep -q holding "$work/guest$g.log" || { cat "$work/guest$g.log" "$work/primary.log"; exit 1; }
 done
-"$B/vgpuha" verify --admin 127.0.0.1:9470
-"$B/vgpuha" verify --admin 127.0.0.1:9470 --json; echo
+"$B/vgpuha" verify --admin 127.0.0.1:9470 "${tok[@]}"
+"$B/vgpuha" verify --admin 127.0.0.1:9470 "${tok[@]}" --json; echo
 echo "standby sessions (translated must be absent: identical addresses):"
-curl -s 127.0.0.1:9471/status | grep -E '"(id|window_base|translated|unsafe)"' || true
+curl -s -H "Authorization: Bearer $(cat "$work/admin-token")" 127.0.0.1:9471/status | grep -E '"(id|window_base|translated|unsafe)"' || true
 kill $(jobs -p) 2>/dev/null || true
 wait 2>/dev/null || true
 
@@ -45,14 +47,14 @@ for mode in insn page uffd; do
 	sb=$!
 	sleep 1
 	"$B/vgpuha" primary --backend cuda --mmio "$mode" --guest-listen "unix://$work/m-$mode.sock" --replicate-to "tcp://127.0.0.1:$port" \
-		--replicate.key-file "$work/key" --admin-listen 127.0.0.1:9472 --mode commit 2>"$work/primary-$mode.log" &
+		--replicate.key-file "$work/key" --admin-listen 127.0.0.1:9472 "${tok[@]}" --mode commit 2>"$work/primary-$mode.log" &
 	pr=$!
 	for i in $(seq 100); do [ -S "$work/m-$mode.sock" ] && break; sleep 0.1; done
 	# setsid: the tracer needs the guest in a process group of its own.
 	setsid "$B/vgpuha" mmio-guest --addr "unix://$work/m-$mode.sock" --workload doorbell --writes 20000 --hold >"$work/guest-$mode.json" 2>"$work/guest-$mode.log" &
 	for i in $(seq 300); do grep -q holding "$work/guest-$mode.log" && break; sleep 0.1; done
 	cat "$work/guest-$mode.json" "$work/guest-$mode.log"
-	"$B/vgpuha" verify --admin 127.0.0.1:9472 || { tail -20 "$work/primary-$mode.log"; }
+	"$B/vgpuha" verify --admin 127.0.0.1:9472 "${tok[@]}" || { tail -20 "$work/primary-$mode.log"; }
 	pkill -f "mmio-guest --addr unix://$work/m-$mode.sock" || true
 	kill $pr $sb 2>/dev/null || true
 	wait $pr $sb 2>/dev/null || true

@@ -363,11 +363,13 @@ func TestReplicationProcesses(t *testing.T) {
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "key")
 	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	tokenFile := filepath.Join(dir, "admin-token") // verify is a POST: over tcp it needs the admin token
+	os.WriteFile(tokenFile, []byte("test-admin-token-0123456789\n"), 0o600)
 	replAddr, adminAddr := freePort(t), freePort(t)
 	sock := filepath.Join(dir, "g.sock")
 
 	sb := startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile)
-	startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr,
+	startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr, "--admin.token-file", tokenFile,
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile, "--mode", "commit")
 
 	var holders []*exec.Cmd
@@ -393,7 +395,7 @@ func TestReplicationProcesses(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	out, err := exec.Command(vgpuhaBin, "verify", "--admin", adminAddr, "--json").Output()
+	out, err := exec.Command(vgpuhaBin, "verify", "--admin", adminAddr, "--admin.token-file", tokenFile, "--json").Output()
 	if err != nil {
 		t.Fatalf("verify: %v\n%s\nstandby log:\n%s", err, out, sb.stderr.String())
 	}
