@@ -455,7 +455,7 @@ func (s *Server) newSession(id uint64, slot int, guest string, base uint64) (*Se
 	got, _ := ctx.Window()
 	sess := &Session{
 		id: id, guest: guest, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag,
-		ctx: ctx, base: base, size: s.cfg.WindowSize,
+		ctx: ctx, backend: s.backend, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.
 		delta:        got - base,

@@ -807,6 +807,23 @@ func (c *Client) Memset32Async(dst DevicePtr, v uint32, count uint64, s Stream) 
 	return c.post(abi.OpMemset, &abi.Memset{Dst: uint64(dst), Width: 4, Value: v, Count: count, Stream: uint64(s)})
 }
 
+// Memset sets count elements of width bytes (1, 2 or 4) at dst to v: it
+// waits for it when sync is set, else queues it on stream s.
+func (c *Client) Memset(dst DevicePtr, width uint8, v uint32, count uint64, s Stream, sync bool) error {
+	req := &abi.Memset{Dst: uint64(dst), Width: width, Value: v, Count: count, Stream: uint64(s)}
+	if sync {
+		return c.call(abi.OpMemset, req, nil)
+	}
+	return c.post(abi.OpMemset, req)
+}
+
+// DeviceInfo describes the node's device (see abi.DeviceInfoReply).
+func (c *Client) DeviceInfo() (abi.DeviceInfoReply, error) {
+	var r abi.DeviceInfoReply
+	err := c.call(abi.OpDeviceInfo, &abi.DeviceInfo{}, &r)
+	return r, err
+}
+
 // LoadModule loads a module image (see internal/kernels.Image).
 func (c *Client) LoadModule(image []byte) (Module, error) {
 	var r abi.HandleReply

@@ -9,6 +9,8 @@
 // which is the backend's bounds-checked view of one guest's allocations.
 package kernels
 
+//go:generate go test -run TestPTXFiles -update
+
 import (
 	"errors"
 	"fmt"
