@@ -3,13 +3,17 @@ GO       ?= go
 FUZZTIME ?= 30s
 RACE     ?= -race
 
-.PHONY: help build demo setup test test-short fuzz bench vet gpu-test
+.PHONY: help build libcuda demo setup test test-short fuzz bench vet gpu-test
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## build bin/vgpuha
 	$(GO) build -o bin/vgpuha ./cmd/vgpuha
+
+libcuda: ## build bin/libcuda.so.1, the guest's CUDA driver library (needs gcc)
+	$(GO) build -buildmode=c-shared -ldflags=-extldflags=-Wl,-soname,libcuda.so.1 -o bin/libcuda.so.1 ./pvdriver/libcuda
+	rm -f bin/libcuda.so.h
 
 demo: build ## run the demo on the software GPU, all agents on loopback
 	./bin/vgpuha demo

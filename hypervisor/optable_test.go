@@ -74,6 +74,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		}, nil},
 		{abi.OpStreamSync, func() abi.Body { return &abi.StreamSync{Stream: stream} }, nil},
 		{abi.OpSync, func() abi.Body { return &abi.Sync{} }, nil},
+		{abi.OpDeviceInfo, func() abi.Body { return &abi.DeviceInfo{} }, nil},
 		{abi.OpStreamDestroy, func() abi.Body { return &abi.StreamDestroy{Stream: stream} }, nil},
 		{abi.OpModuleUnload, func() abi.Body { return &abi.ModuleUnload{Module: module} }, nil},
 		{abi.OpFree, func() abi.Body { return &abi.Free{Ptr: ptr} }, nil},

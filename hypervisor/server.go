@@ -426,7 +426,7 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	sess := &Session{
 		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
 		tenantID: open.tenant,
-		ctx:      ctx, base: base, size: s.cfg.WindowSize,
+		ctx:      ctx, backend: s.backend, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.
 		delta:        got - base,

@@ -33,10 +33,11 @@ type Session struct {
 	tenant   *tenant
 	tenantID string
 
-	mu   sync.Mutex
-	ctx  gpu.Context
-	base uint64 // window base the guest sees; the allocator works in these addresses
-	size uint64
+	mu      sync.Mutex
+	ctx     gpu.Context
+	backend gpu.Backend // the server's; only described (OpDeviceInfo), never driven
+	base    uint64      // window base the guest sees; the allocator works in these addresses
+	size    uint64
 	// delta is added to a guest address to get the backend's address: zero
 	// when the backend placed the window where asked (identical addresses),
 	// non-zero on a standby whose backend refused the base (translated).
@@ -148,6 +149,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpStreamSync:     typed((*Session).streamSync),
 	abi.OpSync:           typed((*Session).sync),
 	abi.OpApertureAttach: typed((*Session).apertureAttach),
+	abi.OpDeviceInfo:     typed((*Session).deviceInfo),
 }
 
 // handle runs one decoded request and returns its reply body. With async
@@ -375,11 +377,11 @@ func (s *Session) memset(r *abi.Memset) (abi.Body, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.Width != 1 && r.Width != 4 {
-		return nil, fail(abi.StatusInvalidValue, "memset width %d (want 1 or 4)", r.Width)
+	if r.Width != 1 && r.Width != 2 && r.Width != 4 {
+		return nil, fail(abi.StatusInvalidValue, "memset width %d (want 1, 2 or 4)", r.Width)
 	}
-	if r.Width == 1 && r.Value > 0xff {
-		return nil, fail(abi.StatusInvalidValue, "8-bit memset of value %#x", r.Value)
+	if r.Width < 4 && r.Value>>(8*r.Width) != 0 {
+		return nil, fail(abi.StatusInvalidValue, "%d-bit memset of value %#x", 8*r.Width, r.Value)
 	}
 	if r.Count > s.size/uint64(r.Width) {
 		return nil, fail(abi.StatusOutOfRange, "memset of %d elements is larger than the address window", r.Count)
@@ -553,6 +555,20 @@ func (s *Session) streamSync(r *abi.StreamSync) (abi.Body, error) {
 		return nil, err
 	}
 	return nil, nil
+}
+
+// deviceInfo describes the backend's device (the guest keeps it, so every
+// node of a pair must describe the same kind of device).
+func (s *Session) deviceInfo(*abi.DeviceInfo) (abi.Body, error) {
+	d, ok := s.backend.(gpu.DeviceDescriber)
+	if !ok {
+		return nil, fail(abi.StatusNotSupported, "the %s backend cannot describe its device", s.backend.Name())
+	}
+	info, err := d.DeviceInfo()
+	if err != nil {
+		return nil, err
+	}
+	return &info, nil
 }
 
 func (s *Session) sync(*abi.Sync) (abi.Body, error) {

@@ -142,6 +142,7 @@ type keptFrame struct {
 	op    abi.Opcode
 	frame *[]byte
 	sent  bool // handed to the writer (so it may have reached the old node)
+	sync  bool // a call waiting for its reply (not a pipelined request)
 }
 
 // Failover describes one resume after a lost connection.
@@ -564,6 +565,11 @@ func (c *Client) writeLoop(bw *bufio.Writer) {
 			for _, k := range c.kept {
 				if k.sent {
 					resend = append(resend, k.frame)
+					if _, waiting := c.pending[k.id]; k.sync && !waiting {
+						// Answered before the failover: the new node answers
+						// it again (from its state), and nobody waits for that.
+						c.abandoned[k.id] = true
+					}
 				}
 			}
 			c.mu.Unlock()
@@ -630,13 +636,14 @@ func (c *Client) markSent(f *[]byte) bool {
 }
 
 // committed forgets kept frames up to id: a commit-point reply to id means
-// the standby holds all of them.
-func (c *Client) committed(id uint64) {
+// the standby holds all of them. A refused request (failed) changed
+// nothing, so the guest does not rely on it.
+func (c *Client) committed(id uint64, failed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
 	for n < len(c.kept) && c.kept[n].id <= id && c.kept[n].sent {
-		if c.kept[n].op.Info().Mutates {
+		if c.kept[n].op.Info().Mutates && !(failed && c.kept[n].id == id) {
 			c.forgotten = max(c.forgotten, c.kept[n].id)
 		}
 		if cap(*c.kept[n].frame) <= maxPooled {
@@ -661,7 +668,7 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 		}
 		st, _, _ := abi.DecodeReply(f.Payload, nil)
 		if c.failover() && (f.Op.Info().Commits || st != abi.StatusOK) {
-			c.committed(f.RequestID)
+			c.committed(f.RequestID, st != abi.StatusOK)
 		}
 		c.mu.Lock()
 		ch := c.pending[f.RequestID]
@@ -710,7 +717,7 @@ var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 const maxPooled = 32 << 20
 
 // send queues a frame (keeping it for a resend when failover is on).
-func (c *Client) send(id uint64, op abi.Opcode, frame *[]byte) error {
+func (c *Client) send(id uint64, op abi.Opcode, frame *[]byte, sync bool) error {
 	if c.failover() {
 		c.mu.Lock()
 		if err := c.rolledBack; err != nil {
@@ -719,7 +726,7 @@ func (c *Client) send(id uint64, op abi.Opcode, frame *[]byte) error {
 			c.mu.Unlock()
 			return err
 		}
-		c.kept = append(c.kept, keptFrame{id: id, op: op, frame: frame})
+		c.kept = append(c.kept, keptFrame{id: id, op: op, frame: frame, sync: sync})
 		c.mu.Unlock()
 	}
 	select {
@@ -752,7 +759,7 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 		c.waiting[id] = time.Now()
 	}
 	c.mu.Unlock()
-	if err := c.send(id, op, frame); err != nil {
+	if err := c.send(id, op, frame, true); err != nil {
 		return err
 	}
 	r := <-ch
@@ -772,7 +779,7 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 // post sends a pipelined request without waiting.
 func (c *Client) post(op abi.Opcode, req abi.Body) error {
 	id, frame := c.frame(op, abi.FlagAsync, req)
-	return c.send(id, op, frame)
+	return c.send(id, op, frame, false)
 }
 
 // chunk is the largest copy one frame carries.
@@ -865,6 +872,23 @@ func (c *Client) Memset32(dst DevicePtr, v uint32, count uint64) error {
 // Memset32Async queues a 32-bit memset on stream s.
 func (c *Client) Memset32Async(dst DevicePtr, v uint32, count uint64, s Stream) error {
 	return c.post(abi.OpMemset, &abi.Memset{Dst: uint64(dst), Width: 4, Value: v, Count: count, Stream: uint64(s)})
+}
+
+// Memset sets count elements of width bytes (1, 2 or 4) at dst to v: it
+// waits for it when sync is set, else queues it on stream s.
+func (c *Client) Memset(dst DevicePtr, width uint8, v uint32, count uint64, s Stream, sync bool) error {
+	req := &abi.Memset{Dst: uint64(dst), Width: width, Value: v, Count: count, Stream: uint64(s)}
+	if sync {
+		return c.call(abi.OpMemset, req, nil)
+	}
+	return c.post(abi.OpMemset, req)
+}
+
+// DeviceInfo describes the node's device (see abi.DeviceInfoReply).
+func (c *Client) DeviceInfo() (abi.DeviceInfoReply, error) {
+	var r abi.DeviceInfoReply
+	err := c.call(abi.OpDeviceInfo, &abi.DeviceInfo{}, &r)
+	return r, err
 }
 
 // LoadModule loads a module image (see internal/kernels.Image).

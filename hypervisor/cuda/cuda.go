@@ -100,6 +100,29 @@ func (b *Backend) Device() string {
 // Close implements gpu.Backend.
 func (b *Backend) Close() error { return nil }
 
+// DeviceInfo implements gpu.DeviceDescriber: the device's name, memory,
+// UUID and every CUdevice_attribute the driver answers (cuDeviceGetAttribute;
+// an attribute this driver does not know reads as zero).
+func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
+	r := abi.DeviceInfoReply{Name: b.devName, Attrs: make([]int32, gpu.DeviceAttrCount)}
+	err := onThread(func() error {
+		if err := b.d.check("cuDeviceTotalMem_v2", b.d.cuDeviceTotalMem(&r.TotalMem, b.dev)); err != nil {
+			return err
+		}
+		if err := b.d.check("cuDeviceGetUuid", b.d.cuDeviceGetUuid(&r.UUID, b.dev)); err != nil {
+			return err
+		}
+		for a := 1; a < gpu.DeviceAttrCount; a++ {
+			var v int32
+			if b.d.cuDeviceGetAttribute(&v, int32(a), b.dev) == 0 {
+				r.Attrs[a] = v
+			}
+		}
+		return nil
+	})
+	return r, err
+}
+
 // NewContext implements gpu.Backend.
 func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
 	c := &guestContext{
@@ -289,6 +312,8 @@ func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64,
 		switch width {
 		case 1:
 			return c.d.check("cuMemsetD8Async", c.d.cuMemsetD8Async(dst, uint8(value), count, st))
+		case 2:
+			return c.d.check("cuMemsetD16Async", c.d.cuMemsetD16Async(dst, uint16(value), count, st))
 		case 4:
 			return c.d.check("cuMemsetD32Async", c.d.cuMemsetD32Async(dst, value, count, st))
 		}

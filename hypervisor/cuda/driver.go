@@ -63,6 +63,8 @@ func load() (*driver, error) {
 		}{
 			{&d.cuInit, "cuInit"}, {&d.cuDriverGetVersion, "cuDriverGetVersion"},
 			{&d.cuDeviceGet, "cuDeviceGet"}, {&d.cuDeviceGetName, "cuDeviceGetName"},
+			{&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"}, {&d.cuDeviceTotalMem, "cuDeviceTotalMem_v2"},
+			{&d.cuDeviceGetUuid, "cuDeviceGetUuid"},
 			{&d.cuCtxCreate, "cuCtxCreate_v2"}, {&d.cuCtxDestroy, "cuCtxDestroy_v2"},
 			{&d.cuCtxSetCurrent, "cuCtxSetCurrent"}, {&d.cuCtxSynchronize, "cuCtxSynchronize"},
 			{&d.cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity"},
@@ -73,6 +75,7 @@ func load() (*driver, error) {
 			{&d.cuMemcpyDtoD, "cuMemcpyDtoD_v2"}, {&d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
 			{&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
 			{&d.cuMemsetD8Async, "cuMemsetD8Async"}, {&d.cuMemsetD32Async, "cuMemsetD32Async"},
+			{&d.cuMemsetD16Async, "cuMemsetD16Async"},
 			{&d.cuModuleLoadData, "cuModuleLoadData"}, {&d.cuModuleUnload, "cuModuleUnload"},
 			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
 			{&d.cuStreamCreate, "cuStreamCreate"}, {&d.cuStreamDestroy, "cuStreamDestroy_v2"},

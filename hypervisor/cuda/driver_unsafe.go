@@ -17,6 +17,9 @@ type driver struct {
 	cuDriverGetVersion            func(v *int32) result
 	cuDeviceGet                   func(dev *int32, ordinal int32) result
 	cuDeviceGetName               func(name *byte, n int32, dev int32) result
+	cuDeviceGetAttribute          func(v *int32, attr int32, dev int32) result
+	cuDeviceTotalMem              func(n *uint64, dev int32) result
+	cuDeviceGetUuid               func(uuid *[16]byte, dev int32) result
 	cuCtxCreate                   func(ctx *uintptr, flags uint32, dev int32) result
 	cuCtxDestroy                  func(ctx uintptr) result
 	cuCtxSetCurrent               func(ctx uintptr) result
@@ -35,6 +38,7 @@ type driver struct {
 	cuMemcpyHtoDAsync             func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) result
 	cuMemcpyDtoDAsync             func(dst, src, n uint64, s uintptr) result
 	cuMemsetD8Async               func(dst uint64, v uint8, n uint64, s uintptr) result
+	cuMemsetD16Async              func(dst uint64, v uint16, n uint64, s uintptr) result
 	cuMemsetD32Async              func(dst uint64, v uint32, n uint64, s uintptr) result
 	cuModuleLoadData              func(m *uintptr, image *byte) result
 	cuModuleUnload                func(m uintptr) result

@@ -60,7 +60,7 @@ type Context interface {
 	CopyHtoD(dst uint64, src []byte, s Stream) error
 	CopyDtoH(dst []byte, src uint64, s Stream) error
 	CopyDtoD(dst, src, size uint64, s Stream) error
-	// Memset stores count elements of width bytes (1 or 4).
+	// Memset stores count elements of width bytes (1, 2 or 4).
 	Memset(dst uint64, width int, value uint32, count uint64, s Stream) error
 	LoadModule(img *abi.ModuleImage) (Module, error)
 	UnloadModule(m Module) error
@@ -92,6 +92,18 @@ const (
 type HostAllocator interface {
 	AllocHost(n int) ([]byte, error)
 }
+
+// DeviceDescriber is implemented by backends that can describe their
+// device as CUDA's driver API does (name, memory, every CUdevice_attribute):
+// what a guest's libcuda reports to the program. The description must not
+// change while the backend lives.
+type DeviceDescriber interface {
+	DeviceInfo() (abi.DeviceInfoReply, error)
+}
+
+// DeviceAttrCount is one past the highest CUdevice_attribute this project
+// knows (CU_DEVICE_ATTRIBUTE_MAX in CUDA 13's cuda.h).
+const DeviceAttrCount = 144
 
 // Checksummer is implemented by backends that checksum device memory on the
 // device, so verify need not copy whole objects to the host. The result

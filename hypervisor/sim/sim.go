@@ -225,8 +225,8 @@ func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64,
 	if err := c.checkStream(s); err != nil {
 		return err
 	}
-	if width != 1 && width != 4 {
-		return fmt.Errorf("%w: memset width %d (want 1 or 4)", abi.StatusInvalidValue, width)
+	if width != 1 && width != 2 && width != 4 {
+		return fmt.Errorf("%w: memset width %d (want 1, 2 or 4)", abi.StatusInvalidValue, width)
 	}
 	if count > (1<<63)/uint64(width) {
 		return fmt.Errorf("%w: memset of %d elements", abi.StatusInvalidValue, count)
@@ -242,8 +242,8 @@ func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64,
 		return nil
 	}
 	pattern := [4]byte{byte(value), byte(value >> 8), byte(value >> 16), byte(value >> 24)}
-	for i := 0; i < len(d); i += 4 {
-		copy(d[i:i+4], pattern[:])
+	for i := 0; i < len(d); i += width {
+		copy(d[i:i+width], pattern[:width])
 	}
 	return nil
 }

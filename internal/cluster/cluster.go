@@ -44,6 +44,9 @@ type Options struct {
 	Detector string // "fixed" (default) or "phi"
 	// MMIO configures the primary's aperture tracing (nil: the default).
 	MMIO *hypervisor.MMIOConfig
+	// GuestTCP serves guests over TCP on loopback instead of unix sockets
+	// (Endpoint and StandbyEndpoint are tcp:// then).
+	GuestTCP bool
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -87,6 +90,14 @@ func Start(opts Options) (*Cluster, error) {
 	c.dir = dir
 	c.StandbyEndpoint = "unix://" + filepath.Join(dir, "standby.sock")
 	c.Endpoint = "unix://" + filepath.Join(dir, "guest.sock")
+	if opts.GuestTCP {
+		if c.Endpoint, err = freeTCP(); err == nil {
+			c.StandbyEndpoint, err = freeTCP()
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 	cfg, err := c.nodeConfig(c.Endpoint)
 	if err != nil {
 		return nil, err
@@ -110,6 +121,16 @@ func Start(opts Options) (*Cluster, error) {
 	}
 	c.Primary, c.Log, c.Sender = c.PrimaryNode.Server(), c.PrimaryNode.Log(), c.PrimaryNode.Sender()
 	return c, nil
+}
+
+// freeTCP is a tcp:// endpoint on a loopback port that was free just now.
+func freeTCP() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return "tcp://" + ln.Addr().String(), nil
 }
 
 // nodeConfig is a node's configuration serving guests on guests.

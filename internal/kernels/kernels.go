@@ -16,6 +16,8 @@
 // never a panic.
 package kernels
 
+//go:generate go test -run TestPTXFiles -update
+
 import (
 	"errors"
 	"fmt"

@@ -35,6 +35,7 @@ func sampleRequests() map[Opcode]Body {
 		OpReject:         &Reject{},
 		OpBye:            &Bye{},
 		OpApertureAttach: &ApertureAttach{Ptr: 0x7e0000001000, Kind: ApertureRegister, FD: 7},
+		OpDeviceInfo:     &DeviceInfo{},
 	}
 }
 
@@ -327,5 +328,19 @@ func TestFrameReaderBudgetRefusal(t *testing.T) {
 	}
 	if f, err := fr.ReadFrame(); err != nil || f.RequestID != 2 {
 		t.Fatalf("frame after a refused one: %v (id %d)", err, f.RequestID)
+	}
+}
+
+func TestDeviceInfoReplyRoundTrip(t *testing.T) {
+	want := &DeviceInfoReply{Name: "dev", UUID: [16]byte{1, 2, 15: 3}, TotalMem: 1 << 30, Attrs: []int32{0, 1024, -1}}
+	var got DeviceInfoReply
+	if err := Unmarshal(want.Append(nil), &got); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, &got); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
+	}
+	if err := Unmarshal(binary.LittleEndian.AppendUint16(appendU64(append(appendString(nil, ""), make([]byte, 16)...), 0), MaxDeviceAttrs+1), &got); err == nil {
+		t.Error("accepted more attributes than the limit")
 	}
 }

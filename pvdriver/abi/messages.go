@@ -74,7 +74,7 @@ type CopyDtoD struct {
 	Stream   uint64
 }
 
-// Memset stores Count elements of Width bytes (1 or 4) of Value at Dst.
+// Memset stores Count elements of Width bytes (1, 2 or 4) of Value at Dst.
 type Memset struct {
 	Dst    uint64
 	Width  uint8
@@ -145,6 +145,9 @@ type ApertureAttach struct {
 // driver arms userfaultfd write-protection on its mapping before writing
 // to it.
 type ApertureReply struct{ Mode ApertureMode }
+
+// DeviceInfo asks for the node's device description (OpDeviceInfo).
+type DeviceInfo struct{}
 
 // Reject has no body; see OpReject.
 type Reject struct{}
@@ -228,6 +231,19 @@ type DataReply struct{ Data []byte }
 // HandleReply carries a new guest handle (module, function or stream).
 type HandleReply struct{ Handle uint64 }
 
+// MaxDeviceAttrs bounds DeviceInfoReply.Attrs.
+const MaxDeviceAttrs = 1024
+
+// DeviceInfoReply describes a device as CUDA's driver API reports it.
+// Attrs[i] is the value of CUdevice_attribute i (cuda.h numbering; index
+// zero is unused), for every attribute the node knows.
+type DeviceInfoReply struct {
+	Name     string
+	UUID     [16]byte
+	TotalMem uint64
+	Attrs    []int32
+}
+
 // Empty is the body of replies that carry only a status.
 type Empty struct{}
 
@@ -290,6 +306,15 @@ func (m *AllocReply) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
 func (m *DataReply) Append(b []byte) []byte   { return appendBytes(b, m.Data) }
 func (m *HandleReply) Append(b []byte) []byte { return appendU64(b, m.Handle) }
 func (m *Empty) Append(b []byte) []byte       { return b }
+func (m *DeviceInfo) Append(b []byte) []byte  { return b }
+func (m *DeviceInfoReply) Append(b []byte) []byte {
+	b = appendU64(append(appendString(b, m.Name), m.UUID[:]...), m.TotalMem)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Attrs)))
+	for _, v := range m.Attrs {
+		b = binary.LittleEndian.AppendUint32(b, uint32(v))
+	}
+	return b
+}
 
 // Decoders.
 
@@ -359,7 +384,22 @@ func (m *StreamDestroy) decode(d *Decoder) { m.Stream = d.U64() }
 func (m *StreamSync) decode(d *Decoder)    { m.Stream = d.U64() }
 func (m *Sync) decode(d *Decoder)          {}
 func (m *Reject) decode(d *Decoder)        {}
-func (m *Bye) decode(d *Decoder)           {}
+func (m *DeviceInfo) decode(d *Decoder)    {}
+func (m *DeviceInfoReply) decode(d *Decoder) {
+	m.Name = d.String(MaxNameLen)
+	copy(m.UUID[:], d.take(len(m.UUID)))
+	m.TotalMem = d.U64()
+	n := int(d.U16())
+	if n > MaxDeviceAttrs {
+		d.fail(fmt.Errorf("%w: %d device attributes, limit %d", ErrBadArgument, n, MaxDeviceAttrs))
+		return
+	}
+	m.Attrs = make([]int32, 0, min(n, len(d.b)/4))
+	for i := 0; i < n && d.err == nil; i++ {
+		m.Attrs = append(m.Attrs, int32(d.U32()))
+	}
+}
+func (m *Bye) decode(d *Decoder) {}
 func (m *ApertureAttach) decode(d *Decoder) {
 	m.Ptr = d.U64()
 	m.Kind = ApertureKind(d.U8())

@@ -34,6 +34,10 @@ const (
 	// OpApertureAttach makes a memory file the guest maps the contents of
 	// one of its allocations (an aperture, written directly by the guest).
 	OpApertureAttach
+	// OpDeviceInfo describes the node's device (name, memory, attributes):
+	// a guest takes it once, at session start, and keeps it, so a failover
+	// changes nothing it reports.
+	OpDeviceInfo
 	opLimit
 )
 
@@ -129,6 +133,7 @@ var opTable = [opLimit]OpInfo{
 	OpBye:           {Name: "bye", NewRequest: newBody[Bye], Control: true, Async: true},
 	OpApertureAttach: {Name: "aperture_attach", NewRequest: newBody[ApertureAttach], NewReply: newBody[ApertureReply],
 		Commits: true},
+	OpDeviceInfo: {Name: "device_info", NewRequest: newBody[DeviceInfo], NewReply: newBody[DeviceInfoReply], Commits: true},
 }
 
 // newBody is the constructor of an empty body of type T.

@@ -1,0 +1,37 @@
+package sim
+
+import (
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// simAttrs are the software GPU's CUdevice_attribute values (cuda.h
+// numbering): a compute capability 7.0 device with CUDA's launch limits
+// (gpu.MaxThreadsPerBlock and friends), 80 multiprocessors, unified
+// addressing. Attributes not listed are zero (feature absent).
+var simAttrs = map[int]int32{
+	1: gpu.MaxThreadsPerBlock, 2: 1024, 3: 1024, 4: gpu.MaxBlockZ, // threads per block, block dims
+	5: gpu.MaxGridX, 6: gpu.MaxGridYZ, 7: gpu.MaxGridYZ, // grid dims
+	8: gpu.MaxSharedBytes, 9: 64 << 10, 10: 32, 11: 2147483647, // shared/block, constant, warp, pitch
+	12: 65536, 13: 1380000, 14: 512, 15: 1, 16: 80, // registers/block, clock kHz, texture align, overlap, SMs
+	19: 1, 20: 0, 30: 512, 31: 1, 33: 0, 34: 0, 36: 877000, 37: 4096, 38: 6 << 20, // map host, compute mode, …
+	39: 2048, 40: 2, 41: 1, 50: 0, 51: 32, // threads/SM, async engines, unified addressing, PCI domain, pitch align
+	75: 7, 76: 0, 78: 1, 79: 1, 80: 1, // compute capability 7.0, stream priorities, L1 caches
+	81: 96 << 10, 82: 65536, 83: 1, 86: 0, 87: 2, // shared/SM, registers/SM, managed memory, …
+	95: 1, 97: 96 << 10, 106: 32, 111: 0, 115: 1, 126: 1, 134: -1, // cooperative launch, shared opt-in, blocks/SM, …
+}
+
+// DeviceInfo implements gpu.DeviceDescriber with fixed values, so a
+// standby's software GPU describes itself exactly as the primary's.
+func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
+	r := abi.DeviceInfoReply{
+		Name:     "vgpuha software GPU",
+		UUID:     [16]byte{'v', 'g', 'p', 'u', 'h', 'a', '-', 's', 'i', 'm'},
+		TotalMem: b.limit,
+		Attrs:    make([]int32, gpu.DeviceAttrCount),
+	}
+	for a, v := range simAttrs {
+		r.Attrs[a] = v
+	}
+	return r, nil
+}

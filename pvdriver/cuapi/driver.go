@@ -1,0 +1,271 @@
+// Package cuapi is the CUDA driver API over pvdriver: the Go half of the
+// guest's libcuda.so.1 (pvdriver/libcuda holds the C half, which exports
+// NVIDIA's symbol names and converts C arguments). It keeps what CUDA
+// keeps in the driver — contexts, the handles a program holds, event
+// times, a snapshot of the device — and sends everything that touches the
+// GPU through one pvdriver session, so session resume and exactly-once
+// after a failover are pvdriver's, as for Go guests.
+//
+// Handles (CUcontext, CUmodule, CUfunction, CUstream, CUevent) are opaque
+// values this package mints from one counter, so a handle of one kind is
+// never mistaken for another's; CUdeviceptr values are the session
+// window's real device addresses. The device's description is taken once,
+// at cuInit, and kept: a failover changes nothing the program can see.
+//
+// Semantics follow the CUDA Driver API reference (CUDA 13); where this
+// driver does something simpler it is said at the function.
+package cuapi
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Version is what cuDriverGetVersion reports: the CUDA version whose
+// entry points this driver serves (cuCtxCreate_v4 and the CUDA 13
+// attribute table included).
+const Version = 13000
+
+// Thread is the calling thread's stack of current contexts (CUDA keeps one
+// per OS thread). The C half keeps it in thread-local storage.
+type Thread interface {
+	Top() uint64
+	SetTop(ctx uint64)
+	Push(ctx uint64) bool
+	Pop() uint64
+}
+
+// Driver is a process's CUDA driver.
+type Driver struct {
+	mu     sync.Mutex
+	client *pvdriver.Client
+	dev    abi.DeviceInfoReply
+	base   uint64 // the session's device window, for telling device from host addresses
+	size   uint64
+	next   uint64 // last minted handle
+
+	primary *ctxState // the device's primary context
+	ctxs    map[uint64]*ctxState
+	allocs  map[uint64]allocation
+	modules map[uint64]*module
+	funcs   map[uint64]*function
+	streams map[uint64]*stream
+	events  map[uint64]*event
+	used    uint64           // bytes allocated
+	hosts   map[uintptr]bool // host memory from cuMemAllocHost and cuMemHostAlloc
+}
+
+type ctxState struct {
+	handle uint64
+	flags  uint32
+	refs   int // primary context: retains; others: 1 until destroyed
+}
+
+type allocation struct {
+	size uint64
+	ctx  uint64
+}
+
+// New returns a driver that is not initialised yet (cuInit).
+func New() *Driver { return &Driver{} }
+
+// Init is cuInit: it opens the session with the primary named by
+// VGPUHA_ENDPOINT (failover endpoints in VGPUHA_FAILOVER, comma-separated)
+// and takes the device's description. Without an endpoint, or when no node
+// answers, the machine has no device.
+func (d *Driver) Init(flags uint32) Result {
+	if flags != 0 {
+		return ErrorInvalidValue
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.client != nil {
+		return Success
+	}
+	ep := os.Getenv("VGPUHA_ENDPOINT")
+	if ep == "" {
+		fmt.Fprintln(os.Stderr, "vgpuha libcuda: cuInit: VGPUHA_ENDPOINT is not set (unix:///path or tcp://host:port of a vgpuha primary)")
+		return ErrorNoDevice
+	}
+	opts := pvdriver.Options{GuestName: "libcuda:" + progName()}
+	for _, f := range strings.Split(os.Getenv("VGPUHA_FAILOVER"), ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			opts.Failover = append(opts.Failover, f)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pvdriver.Open(ctx, ep, opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuInit: %v\n", err)
+		return ErrorNoDevice
+	}
+	dev, err := c.DeviceInfo()
+	if err != nil {
+		c.Close()
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuInit: describing the device: %v\n", err)
+		return ErrorNoDevice
+	}
+	d.client, d.dev = c, dev
+	d.base, d.size = c.Window()
+	d.ctxs, d.allocs, d.modules = map[uint64]*ctxState{}, map[uint64]allocation{}, map[uint64]*module{}
+	d.funcs, d.streams, d.events = map[uint64]*function{}, map[uint64]*stream{}, map[uint64]*event{}
+	return Success
+}
+
+func progName() string {
+	if len(os.Args) > 0 {
+		return filepath.Base(os.Args[0])
+	}
+	return "program"
+}
+
+// Shutdown ends the session (at process exit): the primary frees it at once.
+func (d *Driver) Shutdown() {
+	d.mu.Lock()
+	c := d.client
+	d.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// mint returns a fresh handle. Handles are multiples of 16 from 0x1000, so
+// none equals CU_STREAM_LEGACY (1) or CU_STREAM_PER_THREAD (2).
+// Precondition: d.mu must be locked.
+func (d *Driver) mint() uint64 {
+	if d.next == 0 {
+		d.next = 0x1000
+	}
+	d.next += 16
+	return d.next
+}
+
+// ready checks cuInit was called.
+// Precondition: d.mu must be locked.
+func (d *Driver) ready() Result {
+	if d.client == nil {
+		return ErrorNotInitialized
+	}
+	return Success
+}
+
+// current checks cuInit and that the calling thread has a live context,
+// and returns it.
+// Precondition: d.mu must be locked.
+func (d *Driver) current(t Thread) (uint64, Result) {
+	if d.client == nil {
+		return 0, ErrorNotInitialized
+	}
+	c := t.Top()
+	if c == 0 {
+		return 0, ErrorInvalidContext
+	}
+	if d.ctxs[c] == nil {
+		return 0, ErrorContextDestroyed
+	}
+	return c, Success
+}
+
+// DriverGetVersion is cuDriverGetVersion (it needs no cuInit).
+func (d *Driver) DriverGetVersion() int32 { return Version }
+
+// device checks cuInit and the device ordinal (one device: 0).
+func (d *Driver) device(dev int32) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return r
+	}
+	if dev != 0 {
+		return ErrorInvalidDevice
+	}
+	return Success
+}
+
+// DeviceGet is cuDeviceGet.
+func (d *Driver) DeviceGet(ordinal int32) (int32, Result) {
+	if r := d.device(ordinal); r != Success {
+		return 0, r
+	}
+	return 0, Success
+}
+
+// DeviceGetCount is cuDeviceGetCount: the session's one device.
+func (d *Driver) DeviceGetCount() (int32, Result) {
+	if r := d.device(0); r != Success {
+		return 0, r
+	}
+	return 1, Success
+}
+
+// DeviceName is cuDeviceGetName's string.
+func (d *Driver) DeviceName(dev int32) (string, Result) {
+	if r := d.device(dev); r != Success {
+		return "", r
+	}
+	return d.dev.Name, Success
+}
+
+// DeviceAttribute is cuDeviceGetAttribute.
+func (d *Driver) DeviceAttribute(attr, dev int32) (int32, Result) {
+	if r := d.device(dev); r != Success {
+		return 0, r
+	}
+	if attr <= 0 || int(attr) >= len(d.dev.Attrs) {
+		return 0, ErrorInvalidValue
+	}
+	return d.dev.Attrs[attr], Success
+}
+
+// attr is device attribute a (zero when the node did not report it).
+func (d *Driver) attr(a int) int32 {
+	if a < len(d.dev.Attrs) {
+		return d.dev.Attrs[a]
+	}
+	return 0
+}
+
+// DeviceTotalMem is cuDeviceTotalMem_v2.
+func (d *Driver) DeviceTotalMem(dev int32) (uint64, Result) {
+	if r := d.device(dev); r != Success {
+		return 0, r
+	}
+	return d.dev.TotalMem, Success
+}
+
+// DeviceUUID is cuDeviceGetUuid.
+func (d *Driver) DeviceUUID(dev int32) ([16]byte, Result) {
+	if r := d.device(dev); r != Success {
+		return [16]byte{}, r
+	}
+	return d.dev.UUID, Success
+}
+
+// DeviceComputeCapability is cuDeviceComputeCapability.
+func (d *Driver) DeviceComputeCapability(dev int32) (major, minor int32, r Result) {
+	if r := d.device(dev); r != Success {
+		return 0, 0, r
+	}
+	return d.attr(75), d.attr(76), Success
+}
+
+// DeviceCanAccessPeer is cuDeviceCanAccessPeer: with one device there is
+// no peer.
+func (d *Driver) DeviceCanAccessPeer(dev, peer int32) (int32, Result) {
+	if r := d.device(dev); r != Success {
+		return 0, r
+	}
+	if r := d.device(peer); r != Success {
+		return 0, r
+	}
+	return 0, Success
+}

@@ -1,0 +1,245 @@
+package cuapi
+
+import (
+	"encoding/binary"
+
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Launch is one cuLaunchKernel's shape.
+type Launch struct {
+	Grid, Block [3]uint32
+	SharedBytes uint32
+	Stream      uint64
+}
+
+// ParamLayout is the byte size of each of f's parameters: what the C half
+// reads behind each kernelParams pointer.
+func (d *Driver) ParamLayout(f uint64) ([]int, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return nil, r
+	}
+	fn := d.funcs[f]
+	if fn == nil {
+		return nil, ErrorInvalidHandle
+	}
+	sizes := make([]int, len(fn.entry.Params))
+	for i, p := range fn.entry.Params {
+		sizes[i] = p.Size
+	}
+	return sizes, Success
+}
+
+// LaunchKernel is cuLaunchKernel. Exactly one of params (each parameter's
+// bytes, from kernelParams) and packed (the CU_LAUNCH_PARAM_BUFFER_POINTER
+// buffer, from extra) is non-nil. Like CUDA it returns before the kernel
+// runs; a fault surfaces at the next synchronization.
+func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, packed []byte) Result {
+	d.mu.Lock()
+	if _, r := d.current(t); r != Success {
+		d.mu.Unlock()
+		return r
+	}
+	fn := d.funcs[f]
+	st, r := d.stream(l.Stream)
+	c := d.client
+	maxThreads := d.attr(1)
+	d.mu.Unlock()
+	if fn == nil {
+		return ErrorInvalidHandle
+	}
+	if r != Success {
+		return r
+	}
+	grid := abi.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}
+	block := abi.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}
+	if grid.Count() == 0 || block.Count() == 0 {
+		return ErrorInvalidValue
+	}
+	if block.Count() > uint64(maxThreads) || l.SharedBytes > uint32(max(fn.maxDyn, 0)) {
+		return ErrorInvalidValue
+	}
+	args, r := fn.args(params, packed)
+	if r != Success {
+		return r
+	}
+	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes, Stream: st}
+	return resultOf("cuLaunchKernel", c.Launch(fn.remote, cfg, args...), false)
+}
+
+// args builds the launch's arguments from either form.
+func (fn *function) args(params [][]byte, packed []byte) ([]abi.Arg, Result) {
+	offs, total := fn.entry.Offsets()
+	if params == nil && len(packed) < total || params != nil && len(params) != len(offs) {
+		return nil, ErrorInvalidValue
+	}
+	args := make([]abi.Arg, len(offs))
+	for i, p := range fn.entry.Params {
+		raw := packed
+		if params != nil {
+			raw = params[i]
+		} else {
+			raw = packed[offs[i]:]
+		}
+		if len(raw) < p.Size {
+			return nil, ErrorInvalidValue
+		}
+		raw = raw[:p.Size]
+		switch kind := fn.kinds[i]; kind {
+		case abi.ArgBytes:
+			args[i] = abi.Bytes(append([]byte(nil), raw...))
+		case abi.ArgU32, abi.ArgF32:
+			args[i] = abi.Arg{Kind: kind, Bits: uint64(binary.LittleEndian.Uint32(raw))}
+		default:
+			args[i] = abi.Arg{Kind: kind, Bits: binary.LittleEndian.Uint64(raw)}
+		}
+	}
+	return args, Success
+}
+
+// Function attributes (CUfunction_attribute).
+const (
+	funcMaxThreads = iota
+	funcSharedSize
+	funcConstSize
+	funcLocalSize
+	funcNumRegs
+	funcPTXVersion
+	funcBinaryVersion
+	funcCacheModeCA
+	funcMaxDynamicShared
+	funcCarveout
+	funcAttrCount = 16 // CU_FUNC_ATTRIBUTE_MAX
+)
+
+// regsPerThread is what this driver says a kernel uses (the software GPU
+// has no registers; a CUDA primary's real count awaits a query of its own).
+const regsPerThread = 32
+
+// FuncGetAttribute is cuFuncGetAttribute.
+func (d *Driver) FuncGetAttribute(attr int32, f uint64) (int32, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return 0, r
+	}
+	fn := d.funcs[f]
+	if fn == nil {
+		return 0, ErrorInvalidHandle
+	}
+	switch attr {
+	case funcMaxThreads:
+		return d.attr(1), Success
+	case funcNumRegs:
+		return regsPerThread, Success
+	case funcPTXVersion:
+		return int32(fn.ptxVer), Success
+	case funcBinaryVersion:
+		return d.attr(75)*10 + d.attr(76), Success
+	case funcMaxDynamicShared:
+		return fn.maxDyn, Success
+	case funcCarveout:
+		return fn.carveup, Success
+	}
+	if attr < 0 || attr >= funcAttrCount {
+		return 0, ErrorInvalidValue
+	}
+	return 0, Success // sizes of static shared, constant and local memory, cluster attributes
+}
+
+// FuncSetAttribute is cuFuncSetAttribute: the dynamic shared memory limit
+// (up to the device's opt-in maximum) and the carveout preference.
+func (d *Driver) FuncSetAttribute(f uint64, attr, v int32) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return r
+	}
+	fn := d.funcs[f]
+	if fn == nil {
+		return ErrorInvalidHandle
+	}
+	switch {
+	case attr == funcMaxDynamicShared && v >= 0 && v <= max(d.attr(97), d.attr(8)):
+		fn.maxDyn = v
+	case attr == funcCarveout && v >= -1 && v <= 100:
+		fn.carveup = v
+	default:
+		return ErrorInvalidValue
+	}
+	return Success
+}
+
+// activeBlocks is how many blocks of blockSize threads using smem bytes of
+// shared memory fit on one multiprocessor (CUDA Occupancy Calculator's
+// limits: threads, blocks, registers and shared memory per SM).
+// Precondition: d.mu must be locked.
+func (d *Driver) activeBlocks(blockSize int32, smem uint64) int32 {
+	if blockSize <= 0 || blockSize > d.attr(1) {
+		return 0
+	}
+	warps := (blockSize + 31) / 32
+	n := min(d.attr(39)/(warps*32), max(d.attr(106), 1))
+	if regs := warps * 32 * regsPerThread; regs > 0 && d.attr(82) > 0 {
+		n = min(n, d.attr(82)/regs)
+	}
+	if smem > 0 {
+		if smem > uint64(d.attr(81)) {
+			return 0
+		}
+		n = min(n, int32(uint64(d.attr(81))/smem))
+	}
+	return max(n, 0)
+}
+
+// OccupancyMaxActiveBlocks is cuOccupancyMaxActiveBlocksPerMultiprocessor.
+func (d *Driver) OccupancyMaxActiveBlocks(f uint64, blockSize int32, smem uint64) (int32, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return 0, r
+	}
+	if d.funcs[f] == nil {
+		return 0, ErrorInvalidHandle
+	}
+	return d.activeBlocks(blockSize, smem), Success
+}
+
+// OccupancyMaxPotentialBlockSize is cuOccupancyMaxPotentialBlockSize: the
+// block size (a multiple of the warp size, at most limit when limit > 0)
+// that keeps the most threads resident, and the grid that fills the
+// device with it. smemFor, when non-nil, is the program's callback giving
+// the dynamic shared memory a block size needs; else smem applies.
+func (d *Driver) OccupancyMaxPotentialBlockSize(f uint64, smemFor func(int32) uint64, smem uint64, limit int32) (minGrid, block int32, r Result) {
+	d.mu.Lock()
+	if r := d.ready(); r != Success {
+		d.mu.Unlock()
+		return 0, 0, r
+	}
+	fn := d.funcs[f]
+	top, sms := d.attr(1), d.attr(16)
+	d.mu.Unlock()
+	if fn == nil {
+		return 0, 0, ErrorInvalidHandle
+	}
+	if limit > 0 {
+		top = min(top, limit)
+	}
+	bestThreads := int32(-1)
+	for bs := top / 32 * 32; bs >= 32; bs -= 32 {
+		need := smem
+		if smemFor != nil {
+			need = smemFor(bs) // the program's code: called without the lock
+		}
+		d.mu.Lock()
+		n := d.activeBlocks(bs, need)
+		d.mu.Unlock()
+		if n*bs > bestThreads {
+			bestThreads, block, minGrid = n*bs, bs, n*sms
+		}
+	}
+	return minGrid, block, Success
+}

@@ -1,0 +1,197 @@
+package cuapi
+
+import (
+	"math/bits"
+
+	"github.com/vgpuha/vgpuha/pvdriver"
+)
+
+// pitchAlign is the row alignment cuMemAllocPitch gives (CUDA's texture
+// pitch alignment on current GPUs).
+const pitchAlign = 512
+
+// MemAlloc is cuMemAlloc_v2.
+func (d *Driver) MemAlloc(t Thread, n uint64) (uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, r := d.current(t)
+	if r != Success {
+		return 0, r
+	}
+	if n == 0 {
+		return 0, ErrorInvalidValue
+	}
+	p, err := d.client.Alloc(n)
+	if err != nil {
+		return 0, resultOf("cuMemAlloc", err, false)
+	}
+	d.allocs[uint64(p)] = allocation{size: n, ctx: ctx}
+	d.used += n
+	return uint64(p), Success
+}
+
+// MemAllocPitch is cuMemAllocPitch_v2: rows of width bytes padded to the
+// pitch alignment; elemSize must be 4, 8 or 16.
+func (d *Driver) MemAllocPitch(t Thread, width, height uint64, elemSize uint32) (ptr, pitch uint64, r Result) {
+	if width == 0 || height == 0 || elemSize != 4 && elemSize != 8 && elemSize != 16 {
+		return 0, 0, ErrorInvalidValue
+	}
+	if width > 1<<62 {
+		return 0, 0, ErrorInvalidValue
+	}
+	pitch = (width + pitchAlign - 1) / pitchAlign * pitchAlign
+	hi, total := bits.Mul64(pitch, height)
+	if hi != 0 {
+		return 0, 0, ErrorOutOfMemory
+	}
+	ptr, r = d.MemAlloc(t, total)
+	return ptr, pitch, r
+}
+
+// MemFree is cuMemFree_v2.
+func (d *Driver) MemFree(t Thread, p uint64) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, r := d.current(t); r != Success {
+		return r
+	}
+	a, ok := d.allocs[p]
+	if !ok {
+		return ErrorInvalidValue
+	}
+	if err := d.client.Free(pvdriver.DevicePtr(p)); err != nil {
+		return resultOf("cuMemFree", err, false)
+	}
+	delete(d.allocs, p)
+	d.used -= a.size
+	return Success
+}
+
+// MemGetInfo is cuMemGetInfo_v2: the device's memory as of the snapshot,
+// less what this process holds (other tenants' use is not visible).
+func (d *Driver) MemGetInfo(t Thread) (free, total uint64, r Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, r := d.current(t); r != Success {
+		return 0, 0, r
+	}
+	total = d.dev.TotalMem
+	if d.used < total {
+		free = total - d.used
+	}
+	return free, total, Success
+}
+
+// IsDevice reports whether [p, p+n) lies in the session's device window:
+// how cuMemcpy tells device from host addresses (unified addressing).
+func (d *Driver) IsDevice(p, n uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.client != nil && p >= d.base && p-d.base < d.size && n <= d.size-(p-d.base)
+}
+
+// copyTarget validates the context and stream of a copy or memset and
+// returns the client and the stream to queue it on.
+func (d *Driver) copyTarget(t Thread, s uint64) (*pvdriver.Client, pvdriver.Stream, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, r := d.current(t); r != Success {
+		return nil, 0, r
+	}
+	st, r := d.stream(s)
+	return d.client, st, r
+}
+
+// MemcpyHtoD is cuMemcpyHtoD_v2 and, with async, cuMemcpyHtoDAsync_v2 on
+// stream s. src is copied before the call returns, so an async copy from
+// pageable memory is as safe as from pinned memory.
+func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bool) Result {
+	c, st, r := d.copyTarget(t, s)
+	if r != Success || len(src) == 0 {
+		return r
+	}
+	if async {
+		return resultOf("cuMemcpyHtoDAsync", c.CopyHtoDAsync(pvdriver.DevicePtr(dst), src, st), false)
+	}
+	return resultOf("cuMemcpyHtoD", c.CopyHtoD(pvdriver.DevicePtr(dst), src), false)
+}
+
+// MemcpyDtoH is cuMemcpyDtoH_v2 and cuMemcpyDtoHAsync_v2. Both complete
+// before returning: the copy is ordered after all earlier work (the null
+// stream's order, which includes stream s's).
+func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
+	c, _, r := d.copyTarget(t, s)
+	if r != Success || len(dst) == 0 {
+		return r
+	}
+	return resultOf("cuMemcpyDtoH", c.CopyDtoH(dst, pvdriver.DevicePtr(src)), false)
+}
+
+// MemcpyDtoD is cuMemcpyDtoD_v2 and cuMemcpyDtoDAsync_v2.
+func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result {
+	c, st, r := d.copyTarget(t, s)
+	if r != Success || n == 0 {
+		return r
+	}
+	if async {
+		return resultOf("cuMemcpyDtoDAsync", c.CopyDtoDAsync(pvdriver.DevicePtr(dst), pvdriver.DevicePtr(src), n, st), false)
+	}
+	return resultOf("cuMemcpyDtoD", c.CopyDtoD(pvdriver.DevicePtr(dst), pvdriver.DevicePtr(src), n), false)
+}
+
+// Memset is cuMemsetD8_v2/D16_v2/D32_v2 and their Async forms: count
+// elements of width bytes; the destination must be aligned to width.
+func (d *Driver) Memset(t Thread, dst uint64, width uint8, v uint32, count, s uint64, async bool) Result {
+	c, st, r := d.copyTarget(t, s)
+	if r != Success {
+		return r
+	}
+	if dst%uint64(width) != 0 {
+		return ErrorInvalidValue
+	}
+	if count == 0 {
+		return Success
+	}
+	return resultOf("cuMemset", c.Memset(pvdriver.DevicePtr(dst), width, v, count, st, !async), false)
+}
+
+// HostAllocCheck checks that n bytes of host memory may be allocated
+// (cuMemAllocHost_v2, cuMemHostAlloc): the C half allocates them, page
+// aligned, and notes them with NoteHost. Host memory is plain memory here:
+// copies from it cost what copies from any memory cost.
+func (d *Driver) HostAllocCheck(t Thread, n uint64) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, r := d.current(t); r != Success {
+		return r
+	}
+	if n == 0 || n > 1<<46 {
+		return ErrorInvalidValue
+	}
+	return Success
+}
+
+// NoteHost records host memory at p the C half allocated.
+func (d *Driver) NoteHost(p uintptr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.hosts == nil {
+		d.hosts = map[uintptr]bool{}
+	}
+	d.hosts[p] = true
+}
+
+// HostFree checks and forgets host memory at p (cuMemFreeHost); the C half
+// frees it when this returns Success.
+func (d *Driver) HostFree(p uintptr) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return r
+	}
+	if !d.hosts[p] {
+		return ErrorInvalidValue
+	}
+	delete(d.hosts, p)
+	return Success
+}

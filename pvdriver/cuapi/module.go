@@ -1,0 +1,241 @@
+package cuapi
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Modules. A PTX image is sent as a module image declaring each of its
+// entries with the parameter kinds its PTX gives them; an entry whose
+// PTX is exactly a library kernel's is declared as the library declares
+// it (pointer parameters as pointers), so the hypervisor checks its
+// arguments and the software GPU runs it. The software GPU refuses any
+// other kernel, naming it.
+
+type module struct {
+	ctx     uint64
+	remote  pvdriver.Module
+	entries map[string]abi.PTXEntry
+	kinds   map[string][]abi.ArgKind
+	globals map[string]bool
+	ptxVer  int
+	funcs   map[string]uint64 // functions taken from it, by name
+}
+
+type function struct {
+	module  uint64
+	name    string
+	remote  pvdriver.Function
+	entry   abi.PTXEntry
+	kinds   []abi.ArgKind
+	ptxVer  int
+	maxDyn  int32 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	carveup int32 // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+}
+
+// Image magics (cuda.h / fatbinary_section.h).
+const (
+	fatbinMagic        = 0xBA55ED50 // a fatbin container's header
+	fatbinWrapperMagic = 0x466243B1 // __fatBinC_Wrapper_t, around a fatbin
+)
+
+// ImageSize is how many bytes of an image of unknown length (cuModuleLoadData
+// takes only a pointer) belong to it, from the first bytes: head holds at
+// least 64 bytes of the image or all of it. PTX ends at its NUL, which the
+// caller finds itself (ok false, ptx true).
+func ImageSize(head []byte) (n uint64, ptx, ok bool) {
+	switch {
+	case len(head) >= 16 && binary.LittleEndian.Uint32(head) == fatbinMagic:
+		hdr := uint64(binary.LittleEndian.Uint16(head[6:]))
+		body := binary.LittleEndian.Uint64(head[8:])
+		if body > abi.MaxModuleImage || hdr > 4096 {
+			return 0, false, false
+		}
+		return hdr + body, false, true
+	case len(head) >= 64 && bytes.HasPrefix(head, []byte(elf.ELFMAG)) && head[elf.EI_CLASS] == byte(elf.ELFCLASS64):
+		shoff := binary.LittleEndian.Uint64(head[0x28:])
+		shentsize := uint64(binary.LittleEndian.Uint16(head[0x3a:]))
+		shnum := uint64(binary.LittleEndian.Uint16(head[0x3c:]))
+		if shoff > abi.MaxModuleImage || shentsize > 4096 {
+			return 0, false, false
+		}
+		return shoff + shentsize*shnum, false, true // cubins end with their section headers
+	}
+	return 0, true, false
+}
+
+// ModuleLoadFile is cuModuleLoad.
+func (d *Driver) ModuleLoadFile(t Thread, path string) (uint64, Result) {
+	if r := d.requireCurrent(t); r != Success {
+		return 0, r
+	}
+	img, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoad: %v\n", err)
+		return 0, ErrorFileNotFound
+	}
+	return d.ModuleLoadData(t, img)
+}
+
+func (d *Driver) requireCurrent(t Thread) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, r := d.current(t)
+	return r
+}
+
+// ModuleLoadData is cuModuleLoadData, cuModuleLoadDataEx (JIT options do
+// not apply) and cuModuleLoadFatBinary.
+func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, r := d.current(t)
+	if r != Success {
+		return 0, r
+	}
+	if !abi.IsPTX(img) {
+		if _, _, ok := ImageSize(img); ok {
+			fmt.Fprintln(os.Stderr, "vgpuha libcuda: cuModuleLoadData: cubin and fatbin images need a primary with the CUDA backend and raw images allowed; this build sends PTX only")
+			return 0, ErrorNotSupported
+		}
+		return 0, ErrorInvalidImage
+	}
+	text := strings.TrimSuffix(string(img), "\x00")
+	entries, err := abi.ParsePTX(text)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %v\n", err)
+		return 0, ErrorInvalidPTX
+	}
+	m := &module{ctx: ctx, entries: map[string]abi.PTXEntry{}, kinds: map[string][]abi.ArgKind{},
+		globals: ptxGlobals(text), ptxVer: abi.PTXVersion(text), funcs: map[string]uint64{}}
+	var image abi.ModuleImage
+	for _, e := range entries {
+		spec := abi.KernelSpec{Name: e.Name, PTX: text}
+		if k, ok := kernels.Lookup(e.Name); ok && k.PTX == text && len(k.Params) == len(e.Params) {
+			spec.Params = k.Params
+		} else {
+			for _, p := range e.Params {
+				spec.Params = append(spec.Params, p.Kind())
+			}
+		}
+		m.entries[e.Name], m.kinds[e.Name] = e, spec.Params
+		image.Kernels = append(image.Kernels, spec)
+	}
+	encoded := image.Append(nil)
+	if len(encoded) > abi.MaxModuleImage {
+		return 0, ErrorInvalidImage
+	}
+	if m.remote, err = d.client.LoadModule(encoded); err != nil {
+		return 0, resultOf("cuModuleLoadData", err, true)
+	}
+	h := d.mint()
+	d.modules[h] = m
+	return h, Success
+}
+
+// ptxGlobals lists the module-scope .global and .const variables of PTX.
+func ptxGlobals(text string) map[string]bool {
+	g := map[string]bool{}
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(strings.TrimSuffix(strings.TrimSpace(line), ";"))
+		if len(f) < 2 || !(contains(f, ".global") || contains(f, ".const")) || contains(f, ".entry") || contains(f, ".func") {
+			continue
+		}
+		name, _, _ := strings.Cut(f[len(f)-1], "[")
+		name, _, _ = strings.Cut(name, "=")
+		g[name] = true
+	}
+	return g
+}
+
+func contains(f []string, s string) bool {
+	for _, x := range f {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// ModuleUnload is cuModuleUnload.
+func (d *Driver) ModuleUnload(t Thread, h uint64) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return r
+	}
+	m := d.modules[h]
+	if m == nil {
+		return ErrorInvalidHandle
+	}
+	return resultOf("cuModuleUnload", d.unloadModule(h, m), false)
+}
+
+// unloadModule unloads m and forgets it and its functions.
+// Precondition: d.mu must be locked.
+func (d *Driver) unloadModule(h uint64, m *module) error {
+	for _, f := range m.funcs {
+		delete(d.funcs, f)
+	}
+	delete(d.modules, h)
+	return d.client.UnloadModule(m.remote)
+}
+
+// ModuleGetFunction is cuModuleGetFunction: the same handle for the same
+// name, CUDA_ERROR_NOT_FOUND for a name the module lacks.
+func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return 0, r
+	}
+	m := d.modules[h]
+	if m == nil {
+		return 0, ErrorInvalidHandle
+	}
+	if f, ok := m.funcs[name]; ok {
+		return f, Success
+	}
+	e, ok := m.entries[name]
+	if !ok {
+		return 0, ErrorNotFound
+	}
+	remote, err := d.client.GetFunction(m.remote, name)
+	if err != nil {
+		return 0, resultOf("cuModuleGetFunction", err, false)
+	}
+	f := d.mint()
+	d.funcs[f] = &function{module: h, name: name, remote: remote, entry: e, kinds: m.kinds[name],
+		ptxVer: m.ptxVer, maxDyn: d.attr(8), carveup: -1}
+	m.funcs[name] = f
+	return f, Success
+}
+
+// ModuleGetGlobal is cuModuleGetGlobal_v2. Module-scope variables live in
+// the module the backend loaded, outside the session's window: this driver
+// cannot hand out their addresses yet (CUDA_ERROR_NOT_SUPPORTED, said on
+// stderr); a name the module does not declare is CUDA_ERROR_NOT_FOUND.
+func (d *Driver) ModuleGetGlobal(h uint64, name string) (uint64, uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return 0, 0, r
+	}
+	m := d.modules[h]
+	if m == nil {
+		return 0, 0, ErrorInvalidHandle
+	}
+	if !m.globals[name] {
+		return 0, 0, ErrorNotFound
+	}
+	fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleGetGlobal_v2(%q): module-scope variables are not supported yet\n", name)
+	return 0, 0, ErrorNotSupported
+}

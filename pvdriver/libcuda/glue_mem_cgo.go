@@ -1,0 +1,341 @@
+package main
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "vgcuda.h"
+
+// vg_b2d calls the program's occupancy callback.
+static inline size_t vg_b2d(CUoccupancyB2DSize fn, int blockSize) { return fn(blockSize); }
+// vg_extra2 finds CU_LAUNCH_PARAM_BUFFER_POINTER and _SIZE (keys 1 and 2)
+// in cuLaunchKernel's extra list, ended by CU_LAUNCH_PARAM_END (0); -1 for
+// a malformed list.
+static inline int vg_extra2(void **extra, void **buf, size_t *size) {
+	int i, have = 0;
+	for (i = 0; i < 64 && extra[i] != (void *)0; i += 2) {
+		if (extra[i] == (void *)1) { *buf = extra[i + 1]; have |= 1; }
+		else if (extra[i] == (void *)2 && extra[i + 1] != NULL) { *size = *(size_t *)extra[i + 1]; have |= 2; }
+		else return -1;
+	}
+	return i < 64 && have == 3 ? 0 : -1;
+}
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/vgpuha/vgpuha/pvdriver/cuapi"
+)
+
+//export vgMemAlloc
+func vgMemAlloc(p *C.CUdeviceptr, n C.size_t) C.CUresult {
+	if p == nil {
+		return errInvalid
+	}
+	v, r := drv.MemAlloc(thread{}, uint64(n))
+	if r == cuapi.Success {
+		*p = C.CUdeviceptr(v)
+	}
+	return res(r)
+}
+
+//export vgMemAllocPitch
+func vgMemAllocPitch(p *C.CUdeviceptr, pitch *C.size_t, w, h C.size_t, elem C.uint) C.CUresult {
+	if p == nil || pitch == nil {
+		return errInvalid
+	}
+	v, pi, r := drv.MemAllocPitch(thread{}, uint64(w), uint64(h), uint32(elem))
+	if r == cuapi.Success {
+		*p, *pitch = C.CUdeviceptr(v), C.size_t(pi)
+	}
+	return res(r)
+}
+
+//export vgMemFree
+func vgMemFree(p C.CUdeviceptr) C.CUresult { return res(drv.MemFree(thread{}, uint64(p))) }
+
+//export vgMemGetInfo
+func vgMemGetInfo(free, total *C.size_t) C.CUresult {
+	if free == nil || total == nil {
+		return errInvalid
+	}
+	f, t, r := drv.MemGetInfo(thread{})
+	if r == cuapi.Success {
+		*free, *total = C.size_t(f), C.size_t(t)
+	}
+	return res(r)
+}
+
+//export vgMemcpyHtoD
+func vgMemcpyHtoD(dst C.CUdeviceptr, src unsafe.Pointer, n C.size_t, s C.uintptr_t, async C.int) C.CUresult {
+	b, ok := hostBytes(src, n)
+	if !ok {
+		return errInvalid
+	}
+	return res(drv.MemcpyHtoD(thread{}, uint64(dst), b, uint64(s), async != 0))
+}
+
+//export vgMemcpyDtoH
+func vgMemcpyDtoH(dst unsafe.Pointer, src C.CUdeviceptr, n C.size_t, s C.uintptr_t) C.CUresult {
+	b, ok := hostBytes(dst, n)
+	if !ok {
+		return errInvalid
+	}
+	return res(drv.MemcpyDtoH(thread{}, b, uint64(src), uint64(s)))
+}
+
+//export vgMemcpyDtoD
+func vgMemcpyDtoD(dst, src C.CUdeviceptr, n C.size_t, s C.uintptr_t, async C.int) C.CUresult {
+	return res(drv.MemcpyDtoD(thread{}, uint64(dst), uint64(src), uint64(n), uint64(s), async != 0))
+}
+
+// vgMemcpy is cuMemcpy and cuMemcpyAsync: with unified addressing the
+// addresses say where each side lives (the session's window is device
+// memory, anything else host memory). The C half passes each address both
+// as an integer and as a pointer.
+//
+//export vgMemcpy
+func vgMemcpy(dst, src C.CUdeviceptr, dstp, srcp unsafe.Pointer, n C.size_t, s C.uintptr_t, async C.int) C.CUresult {
+	t, nn := thread{}, uint64(n)
+	dDev, sDev := drv.IsDevice(uint64(dst), nn), drv.IsDevice(uint64(src), nn)
+	switch {
+	case dDev && sDev:
+		return res(drv.MemcpyDtoD(t, uint64(dst), uint64(src), nn, uint64(s), async != 0))
+	case dDev:
+		return vgMemcpyHtoD(dst, srcp, n, s, async)
+	case sDev:
+		return vgMemcpyDtoH(dstp, src, n, s)
+	}
+	d, ok1 := hostBytes(dstp, n)
+	h, ok2 := hostBytes(srcp, n)
+	if !ok1 || !ok2 {
+		return errInvalid
+	}
+	copy(d, h)
+	return 0
+}
+
+//export vgMemset
+func vgMemset(dst C.CUdeviceptr, width C.int, v C.uint, count C.size_t, s C.uintptr_t, async C.int) C.CUresult {
+	return res(drv.Memset(thread{}, uint64(dst), uint8(width), uint32(v), uint64(count), uint64(s), async != 0))
+}
+
+//export vgMemAllocHost
+func vgMemAllocHost(pp *unsafe.Pointer, n C.size_t) C.CUresult {
+	if pp == nil {
+		return errInvalid
+	}
+	if r := drv.HostAllocCheck(thread{}, uint64(n)); r != cuapi.Success {
+		return res(r)
+	}
+	var p unsafe.Pointer
+	if C.posix_memalign(&p, 4096, n) != 0 {
+		return res(cuapi.ErrorOutOfMemory)
+	}
+	drv.NoteHost(uintptr(p))
+	*pp = p
+	return 0
+}
+
+//export vgMemFreeHost
+func vgMemFreeHost(p unsafe.Pointer) C.CUresult {
+	r := drv.HostFree(uintptr(p))
+	if r == cuapi.Success {
+		C.free(p)
+	}
+	return res(r)
+}
+
+//export vgModuleLoad
+func vgModuleLoad(m *C.uintptr_t, fname *C.char) C.CUresult {
+	if m == nil || fname == nil {
+		return errInvalid
+	}
+	h, r := drv.ModuleLoadFile(thread{}, C.GoString(fname))
+	return outHandle(m, h, r)
+}
+
+// vgModuleLoadData reads an image of unknown length: a fatbin or an ELF
+// cubin says its length in its header, PTX ends at its NUL.
+//
+//export vgModuleLoadData
+func vgModuleLoadData(m *C.uintptr_t, image unsafe.Pointer) C.CUresult {
+	if m == nil || image == nil {
+		return errInvalid
+	}
+	var img []byte
+	if C.strnlen((*C.char)(image), 4) == 4 {
+		head := C.GoBytes(image, 4)
+		if n, ptx, ok := cuapi.ImageSize(append(head, make([]byte, 60)...)); !ptx {
+			head = C.GoBytes(image, 64)
+			if n, _, ok = cuapi.ImageSize(head); !ok || n < 64 || n > maxImage {
+				return res(cuapi.ErrorInvalidImage)
+			}
+			img = C.GoBytes(image, C.int(n))
+		}
+	}
+	if img == nil {
+		n := C.strnlen((*C.char)(image), maxImage+1)
+		if n > maxImage {
+			return res(cuapi.ErrorInvalidImage)
+		}
+		img = C.GoBytes(image, C.int(n))
+	}
+	h, r := drv.ModuleLoadData(thread{}, img)
+	return outHandle(m, h, r)
+}
+
+//export vgModuleUnload
+func vgModuleUnload(m C.uintptr_t) C.CUresult { return res(drv.ModuleUnload(thread{}, uint64(m))) }
+
+//export vgModuleGetFunction
+func vgModuleGetFunction(f *C.uintptr_t, m C.uintptr_t, name *C.char) C.CUresult {
+	if f == nil || name == nil {
+		return errInvalid
+	}
+	h, r := drv.ModuleGetFunction(uint64(m), C.GoString(name))
+	return outHandle(f, h, r)
+}
+
+//export vgModuleGetGlobal
+func vgModuleGetGlobal(p *C.CUdeviceptr, n *C.size_t, m C.uintptr_t, name *C.char) C.CUresult {
+	if name == nil {
+		return errInvalid
+	}
+	v, size, r := drv.ModuleGetGlobal(uint64(m), C.GoString(name))
+	if r == cuapi.Success {
+		if p != nil {
+			*p = C.CUdeviceptr(v)
+		}
+		if n != nil {
+			*n = C.size_t(size)
+		}
+	}
+	return res(r)
+}
+
+//export vgLaunchKernel
+func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.uintptr_t, kp, extra *unsafe.Pointer) C.CUresult {
+	sizes, r := drv.ParamLayout(uint64(f))
+	if r != cuapi.Success {
+		return res(r)
+	}
+	var params [][]byte
+	var packed []byte
+	switch {
+	case kp != nil && extra != nil:
+		return errInvalid
+	case kp != nil:
+		ptrs := unsafe.Slice(kp, len(sizes))
+		params = make([][]byte, len(sizes))
+		for i, n := range sizes {
+			b, ok := hostBytes(ptrs[i], C.size_t(n))
+			if !ok {
+				return errInvalid
+			}
+			params[i] = append([]byte(nil), b...)
+		}
+	case extra != nil:
+		var buf unsafe.Pointer
+		var n C.size_t
+		if C.vg_extra2(extra, &buf, &n) != 0 || n > 4096 {
+			return errInvalid
+		}
+		b, ok := hostBytes(buf, n)
+		if !ok {
+			return errInvalid
+		}
+		packed = append([]byte{}, b...)
+	}
+	l := cuapi.Launch{Grid: [3]uint32{uint32(gx), uint32(gy), uint32(gz)}, Block: [3]uint32{uint32(bx), uint32(by), uint32(bz)},
+		SharedBytes: uint32(shared), Stream: uint64(s)}
+	return res(drv.LaunchKernel(thread{}, uint64(f), l, params, packed))
+}
+
+//export vgFuncGetAttribute
+func vgFuncGetAttribute(v *C.int, attr C.int, f C.uintptr_t) C.CUresult {
+	x, r := drv.FuncGetAttribute(int32(attr), uint64(f))
+	return outInt(v, x, r)
+}
+
+//export vgFuncSetAttribute
+func vgFuncSetAttribute(f C.uintptr_t, attr, v C.int) C.CUresult {
+	return res(drv.FuncSetAttribute(uint64(f), int32(attr), int32(v)))
+}
+
+//export vgOccupancyMaxActiveBlocks
+func vgOccupancyMaxActiveBlocks(n *C.int, f C.uintptr_t, bs C.int, smem C.size_t) C.CUresult {
+	v, r := drv.OccupancyMaxActiveBlocks(uint64(f), int32(bs), uint64(smem))
+	return outInt(n, v, r)
+}
+
+//export vgOccupancyMaxPotentialBlockSize
+func vgOccupancyMaxPotentialBlockSize(minGrid, block *C.int, f C.uintptr_t, cb C.CUoccupancyB2DSize, smem C.size_t, limit C.int) C.CUresult {
+	if minGrid == nil || block == nil {
+		return errInvalid
+	}
+	var smemFor func(int32) uint64
+	if cb != nil {
+		smemFor = func(bs int32) uint64 { return uint64(C.vg_b2d(cb, C.int(bs))) }
+	}
+	g, b, r := drv.OccupancyMaxPotentialBlockSize(uint64(f), smemFor, uint64(smem), int32(limit))
+	if r == cuapi.Success {
+		*minGrid, *block = C.int(g), C.int(b)
+	}
+	return res(r)
+}
+
+//export vgStreamCreate
+func vgStreamCreate(s *C.uintptr_t, flags C.uint) C.CUresult {
+	if s == nil {
+		return errInvalid
+	}
+	h, r := drv.StreamCreate(thread{}, uint32(flags))
+	return outHandle(s, h, r)
+}
+
+//export vgStreamDestroy
+func vgStreamDestroy(s C.uintptr_t) C.CUresult { return res(drv.StreamDestroy(thread{}, uint64(s))) }
+
+//export vgStreamSynchronize
+func vgStreamSynchronize(s C.uintptr_t) C.CUresult {
+	return res(drv.StreamSynchronize(thread{}, uint64(s)))
+}
+
+//export vgStreamWaitEvent
+func vgStreamWaitEvent(s, e C.uintptr_t, flags C.uint) C.CUresult {
+	return res(drv.StreamWaitEvent(thread{}, uint64(s), uint64(e), uint32(flags)))
+}
+
+//export vgEventCreate
+func vgEventCreate(e *C.uintptr_t, flags C.uint) C.CUresult {
+	if e == nil {
+		return errInvalid
+	}
+	h, r := drv.EventCreate(thread{}, uint32(flags))
+	return outHandle(e, h, r)
+}
+
+//export vgEventRecord
+func vgEventRecord(e, s C.uintptr_t) C.CUresult {
+	return res(drv.EventRecord(thread{}, uint64(e), uint64(s)))
+}
+
+//export vgEventQuery
+func vgEventQuery(e C.uintptr_t) C.CUresult { return res(drv.EventQuery(uint64(e))) }
+
+//export vgEventElapsedTime
+func vgEventElapsedTime(ms *C.float, a, b C.uintptr_t) C.CUresult {
+	if ms == nil {
+		return errInvalid
+	}
+	v, r := drv.EventElapsedTime(uint64(a), uint64(b))
+	if r == cuapi.Success {
+		*ms = C.float(v)
+	}
+	return res(r)
+}
+
+//export vgEventDestroy
+func vgEventDestroy(e C.uintptr_t) C.CUresult { return res(drv.EventDestroy(uint64(e))) }

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// programs are the C test programs in testdata, each written against
+// NVIDIA's driver API (testdata/cudaapi.h declares the subset) and run
+// unchanged through the library.
+var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors"}
+
+// build compiles the library and the programs into a temporary directory.
+func build(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc is missing (apt-get install gcc): the C test programs cannot be built")
+	}
+	dir := t.TempDir()
+	start := time.Now()
+	out, err := exec.Command("go", "build", "-buildmode=c-shared", "-ldflags=-extldflags=-Wl,-soname,libcuda.so.1",
+		"-o", filepath.Join(dir, "libcuda.so.1"), ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building libcuda.so.1: %v\n%s", err, out)
+	}
+	if err := os.Symlink("libcuda.so.1", filepath.Join(dir, "libcuda.so")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range programs {
+		out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-ffp-contract=off", "-o", filepath.Join(dir, p),
+			filepath.Join("testdata", p+".c"), "-L"+dir, "-lcuda").CombinedOutput()
+		if err != nil {
+			t.Fatalf("building %s: %v\n%s", p, err, out)
+		}
+	}
+	t.Logf("built libcuda.so.1 and %d programs in %v", len(programs), time.Since(start).Round(time.Millisecond))
+	return dir
+}
+
+// TestPrograms runs every C program through the library against a primary
+// on the software GPU replicated to a standby (commit mode), over unix
+// sockets and TCP: once checking at the program's checkpoint that the
+// standby's copy verifies identical, once SIGKILL-like failing the primary
+// there. Each program must finish with correct results and exit code 0.
+func TestPrograms(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: builds libcuda.so.1 and the C programs, runs each against replicated primaries")
+	}
+	dir := build(t)
+	ptx, err := filepath.Abs(filepath.Join("..", "..", "internal", "kernels", "ptx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, transport := range []string{"unix", "tcp"} {
+		for _, kill := range []bool{false, true} {
+			for _, p := range programs {
+				name := fmt.Sprintf("%s/%s/%s", transport, map[bool]string{false: "verify", true: "failover"}[kill], p)
+				t.Run(name, func(t *testing.T) {
+					runProgram(t, filepath.Join(dir, p), dir, ptx, transport == "tcp", kill)
+				})
+			}
+		}
+	}
+}
+
+func runProgram(t *testing.T, bin, libDir, ptx string, tcp, kill bool) {
+	c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Failover: true, GuestTCP: tcp, Mode: replicate.ModeCommit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitProtected(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, ptx)
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, "VGPUHA_ENDPOINT="+c.Endpoint,
+		"VGPUHA_FAILOVER="+c.StandbyEndpoint, "VGTEST_CHECKPOINT=1", "VGTEST_SIM=1", "VGPUHA_DEBUG=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if line := sc.Text(); line != "checkpoint" {
+			last = line
+			continue
+		}
+		rep, err := c.Verify()
+		if err != nil || !rep.Match || rep.Objects == 0 {
+			t.Errorf("verify at the checkpoint: %+v, %v", rep, err)
+		}
+		if kill {
+			c.KillPrimary()
+		}
+		stdin.Write([]byte("\n"))
+	}
+	err = cmd.Wait()
+	if err != nil || !strings.Contains(last, " ok") {
+		t.Fatalf("%s: %v; last line %q\nstderr:\n%s", filepath.Base(bin), err, last, stderr.String())
+	}
+	if kill && c.Standby.Promoted() == nil {
+		t.Fatal("the program finished, but the standby was never promoted: it did not run there")
+	}
+	t.Logf("%s in %v", last, time.Since(start).Round(time.Millisecond))
+}

@@ -1,0 +1,15 @@
+// Command libcuda is the guest's libcuda.so.1 (make libcuda builds it as
+// bin/libcuda.so.1 with -buildmode=c-shared): NVIDIA's CUDA driver API,
+// served through pvdriver, for programs that were written against CUDA and
+// are not changed. exports.c is the exported surface — NVIDIA's versioned
+// symbol names with their C types, one line per entry, the unsupported
+// entries, and cuGetProcAddress's table; glue_cgo.go converts C arguments
+// and calls pvdriver/cuapi, which holds the driver's logic.
+//
+// A program runs with LD_LIBRARY_PATH pointing at the library and
+// VGPUHA_ENDPOINT (unix:///path or tcp://host:port) naming the primary;
+// VGPUHA_FAILOVER lists the endpoints to resume the session on after a
+// failover (comma-separated), VGPUHA_DEBUG=1 prints every refused call.
+package main
+
+func main() {}

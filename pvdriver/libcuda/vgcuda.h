@@ -1,0 +1,40 @@
+/* The CUDA driver API types this library's C half uses, declared as cuda.h
+ * declares them (CUDA Driver API reference, "Data types used by CUDA
+ * driver"): the exported functions must have NVIDIA's exact C signatures.
+ * No NVIDIA header is needed to build it. */
+#ifndef VGCUDA_H
+#define VGCUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum cudaError_enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_NOT_FOUND = 500, CUDA_ERROR_NOT_SUPPORTED = 801 } CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef uint64_t cuuint64_t;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUuuid_st { char bytes[16]; } CUuuid;
+typedef int CUdevice_attribute;
+typedef int CUfunction_attribute;
+typedef int CUjit_option;
+typedef size_t (*CUoccupancyB2DSize)(int blockSize);
+typedef int CUdriverProcAddressQueryResult;
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCigParam_st CUctxCigParam;
+typedef struct CUctxCreateParams_st {
+	CUexecAffinityParam *execAffinityParams;
+	int numExecAffinityParams;
+	CUctxCigParam *cigParams;
+} CUctxCreateParams;
+
+/* The calling thread's stack of current contexts (exports.c). */
+uintptr_t vg_ctx_top(void);
+void vg_ctx_set_top(uintptr_t ctx);
+int vg_ctx_push(uintptr_t ctx);
+uintptr_t vg_ctx_pop(void);
+
+#endif
