@@ -49,6 +49,11 @@ type Config struct {
 	AllocAlign uint64
 	// MaxSessions bounds concurrent guests.
 	MaxSessions int
+	// GuestKernels lets guests load kernels that are not the library's own
+	// (their own PTX or images). Such a kernel can read and write any memory
+	// of this process's GPU contexts, so it needs MaxSessions == 1: one
+	// guest per primary process.
+	GuestKernels bool
 	// MemoryQuota bounds each session's allocated bytes.
 	MemoryQuota uint64
 	// MaxObjects bounds each session's allocations plus handles.
@@ -121,6 +126,8 @@ func (c Config) validate() error {
 		return errors.New("session windows overflow the address space")
 	case c.TenantMaxSessions <= 0 || c.TenantMaxDetached < 0 || c.MaxGrace < 0:
 		return errors.New("tenant session limits must be positive, detached limit and grace cap not negative")
+	case c.GuestKernels && c.MaxSessions != 1:
+		return errors.New("--guest.kernels needs --guest.max-sessions 1: a guest-built kernel reaches every session's memory in its process (run one primary per guest)")
 	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
 		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
+	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -397,6 +398,9 @@ func (s *Session) moduleLoad(r *abi.ModuleLoad) (abi.Body, error) {
 	if err != nil {
 		return nil, fail(abi.StatusInvalidValue, "%w", err)
 	}
+	if err := s.checkGuestKernels(img); err != nil {
+		return nil, err
+	}
 	if err := s.checkObjects(); err != nil {
 		return nil, err
 	}
@@ -410,6 +414,24 @@ func (s *Session) moduleLoad(r *abi.ModuleLoad) (abi.Body, error) {
 	}
 	s.moduleImages[h] = img
 	return &abi.HandleReply{Handle: uint64(h)}, nil
+}
+
+// checkGuestKernels refuses a module with a kernel that is not the
+// library's own (by name, signature and PTX) unless the node runs one guest
+// per process (Config.GuestKernels): the library's kernels have their
+// arguments checked, a guest's own kernel can dereference any address of
+// the process's contexts, other sessions' included.
+func (s *Session) checkGuestKernels(img *abi.ModuleImage) error {
+	if s.cfg.GuestKernels {
+		return nil
+	}
+	for _, spec := range img.Kernels {
+		if k, ok := kernels.Lookup(spec.Name); !ok || !k.Matches(spec) {
+			return fail(abi.StatusNotSupported, "kernel %q is not a library kernel; guest-built kernels need a primary per guest "+
+				"(--guest.kernels with --guest.max-sessions 1)", spec.Name)
+		}
+	}
+	return nil
 }
 
 func (s *Session) moduleUnload(r *abi.ModuleUnload) (abi.Body, error) {

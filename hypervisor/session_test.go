@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,5 +45,29 @@ func TestFailKeepsTheChain(t *testing.T) {
 	_, err = sess.handle(abi.OpAlloc, 2, false, []byte{1})
 	if !errors.Is(err, abi.StatusInvalidValue) || !errors.Is(err, abi.ErrTruncated) {
 		t.Errorf("truncated request: %v, want invalid value wrapping abi.ErrTruncated", err)
+	}
+}
+
+// TestGuestKernelsNeedAProcessPerGuest: a kernel that is not the library's
+// own is refused, naming the setting, unless the node serves one guest per
+// process; that setting with more sessions is refused at start.
+func TestGuestKernelsNeedAProcessPerGuest(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.GuestKernels = true
+	if _, err := NewServer(sim.New(1<<20), cfg, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil {
+		t.Fatal("guest kernels with 64 sessions per process accepted")
+	}
+	srv, err := NewServer(sim.New(1<<20), DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := srv.newSession(1, 0, sessionOpen{guest: "g"}, DefaultConfig().WindowBase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := &abi.ModuleImage{Kernels: []abi.KernelSpec{{Name: "read_other_windows", PTX: ".version 8.0\n.target sm_90\n"}}}
+	_, err = sess.handle(abi.OpModuleLoad, 1, false, (&abi.ModuleLoad{Image: img.Append(nil)}).Append(nil))
+	if !errors.Is(err, abi.StatusNotSupported) || !strings.Contains(err.Error(), "--guest.kernels") {
+		t.Fatalf("a guest-built kernel: %v, want not supported naming --guest.kernels", err)
 	}
 }

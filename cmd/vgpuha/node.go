@@ -63,6 +63,7 @@ func (b *backendFlags) open() (gpu.Backend, error) {
 func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	fs.Uint64Var(&cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, "device memory each guest may allocate")
 	fs.IntVar(&cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, "concurrent guest sessions")
+	fs.BoolVar(&cfg.GuestKernels, "guest.kernels", false, "let guests load their own kernels, not only the library's (needs --guest.max-sessions 1: one guest per primary process)")
 	fs.IntVar(&cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, "allocations plus handles each guest may hold")
 	fs.Uint64Var(&cfg.WindowBase, "va.base", cfg.WindowBase, "device virtual address of the first guest's window")
 	fs.Uint64Var(&cfg.WindowSize, "va.window-bytes", cfg.WindowSize, "size of each guest's device-address window")
