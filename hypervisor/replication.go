@@ -63,6 +63,21 @@ func (s *Server) mustWait(op abi.Opcode, err error) bool {
 	return false
 }
 
+// waitForStandby holds a reply until the mode's rule holds: in sync mode
+// the standby applied everything before it, in commit mode it holds
+// everything before it (and applies it before it could ever serve). It
+// reports false when the node is going down: the reply must not be sent.
+func (s *Server) waitForStandby(op abi.Opcode, err error) bool {
+	if !s.mustWait(op, err) {
+		return true
+	}
+	last := s.repl.Last()
+	if s.mode == replicate.ModeSync {
+		return s.repl.WaitApplied(last) || !s.repl.Closed()
+	}
+	return s.repl.WaitReceived(last) || !s.repl.Closed()
+}
+
 // stopTheWorld runs fn with the server and every session locked, so that
 // no request runs and the log does not move.
 func (s *Server) stopTheWorld(fn func(sessions []*Session)) {

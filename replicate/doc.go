@@ -25,7 +25,9 @@
 //	  |--- snapshot records (placed allocs, contents, handles)|  rebuild
 //	  |--- snapshot end {S} --------------------------------->|  applied = S
 //	  |--- record S+1, S+2, ... (live) ---------------------->|  validate, translate, apply
-//	  |<-- ack {applied seq} (when the stream pauses, >= 10/s)|
+//	  |<-- ack {held seq, applied seq} (pauses, >= 10/s) -----|  read and apply run apart
+//	  |    (commit-mode replies wait for held, sync for       |
+//	  |     applied; a promoted standby applies all it holds) |
 //	  |    (log releases acked records; guests waiting on the |
 //	  |     commit rule wake; a silent standby is dropped)    |
 //	  |--- verify {id} (in-stream, at one log position) ----->|

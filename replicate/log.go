@@ -59,6 +59,7 @@ type Log struct {
 	term     uint64
 	last     uint64   // last assigned sequence
 	acked    uint64   // last sequence the standby applied
+	received uint64   // last sequence the standby holds (applied or queued to apply)
 	pending  []Record // (first-1, last], when retaining
 	appended []time.Time
 	first    uint64 // sequence of pending[0]
@@ -144,6 +145,20 @@ func (l *Log) WaitApplied(seq uint64) bool {
 	return l.acked >= seq
 }
 
+// WaitReceived is WaitApplied for the commit rule: it waits until the
+// standby holds seq, applied or queued to apply. A standby applies all it
+// holds before it serves (a promotion drains its queue), so a guest told
+// of seq never loses it to a failover; and one guest's long kernel on the
+// standby does not hold back another guest's replies.
+func (l *Log) WaitReceived(seq uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for l.protected && l.received < seq && !l.closed {
+		l.cond.Wait()
+	}
+	return l.received >= seq
+}
+
 // BeginSnapshot is called with every session stopped: it drops what the log
 // holds, retains everything appended from now on, and returns the sequence
 // the snapshot stands for.
@@ -191,14 +206,14 @@ func (l *Log) resume(logID, seq uint64) bool {
 	return ok
 }
 
-// ack records that the standby applied through seq and releases what it no
-// longer needs.
-func (l *Log) ack(seq uint64) {
+// ack records that the standby holds through received and applied through
+// seq, and releases what it no longer needs (the log keeps what is not
+// applied: a standby that restarts resumes from what it applied).
+func (l *Log) ack(received, seq uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if seq > l.last {
-		seq = l.last
-	}
+	received, seq = min(received, l.last), min(seq, l.last)
+	l.received = max(l.received, received, seq)
 	if seq >= l.resyncAt && l.attached {
 		l.protected = true
 	}
@@ -246,7 +261,7 @@ func (l *Log) attach(up bool, applied uint64, resync bool) {
 	l.protected = false
 	l.snapshotPending = up && resync
 	if up {
-		l.acked = applied
+		l.acked, l.received = applied, applied
 		l.resyncAt = applied
 	}
 	l.cond.Broadcast()

@@ -62,6 +62,7 @@ type ReceiverStatus struct {
 	Primary         string `json:"primary,omitempty"`
 	Mode            string `json:"mode"`
 	Applied         uint64 `json:"applied_seq"`
+	Received        uint64 `json:"received_seq"`
 	Resyncing       bool   `json:"resyncing"`
 	SnapshotRecords uint64 `json:"snapshot_records_applied"`
 	EpochBuffered   int    `json:"epoch_buffered_records"`
@@ -85,8 +86,11 @@ type Receiver struct {
 
 	linkMu sync.Mutex // one link applies at a time
 
+	lender *lender // receive buffers lent to the applier
+
 	mu       sync.Mutex
 	logID    uint64
+	received uint64 // last sequence read off the link (queued or applied)
 	applied  uint64
 	mode     Mode
 	epochBuf []Record
@@ -108,15 +112,23 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Receiver{cfg: cfg}, nil
+	return &Receiver{cfg: cfg, lender: newLender(maxLentBytes)}, nil
 }
+
+// maxLentBytes bounds the record bytes read but not yet applied: past it
+// the standby stops reading and the primary's log bound slows its guests.
+const maxLentBytes = 256 << 20
+
+// lendAbove: a record body at least this large stays in the buffer it was
+// read into until applied; a smaller one is copied.
+const lendAbove = 64 << 10
 
 // Status reports the receiver's state.
 func (r *Receiver) Status() ReceiverStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.st
-	st.Applied, st.Mode, st.EpochBuffered = r.applied, r.mode.String(), len(r.epochBuf)
+	st.Applied, st.Received, st.Mode, st.EpochBuffered = r.applied, max(r.received, r.applied), r.mode.String(), len(r.epochBuf)
 	return st
 }
 
@@ -156,7 +168,7 @@ func (r *Receiver) serveConn(c net.Conn) {
 		log.Warn("refused replication peer", "err", err)
 		return
 	}
-	l.alloc, l.faults, l.out = r.cfg.HostBuffer, r.cfg.Faults, FromStandby
+	l.alloc, l.faults, l.out, l.lender = r.cfg.HostBuffer, r.cfg.Faults, FromStandby, r.lender
 	// Take over from any previous link (the primary reconnected); its
 	// goroutine then lets go of linkMu.
 	r.mu.Lock()
@@ -182,7 +194,7 @@ func (r *Receiver) serveConn(c net.Conn) {
 	if l.writeFlush(msgState, state) != nil {
 		return
 	}
-	r.stream(&linkRun{r: r, l: l, log: log, kick: make(chan struct{}, 1)})
+	r.stream(&linkRun{r: r, l: l, log: log, kick: make(chan struct{}, 1), queue: make(chan applyItem, applyQueue)})
 }
 
 // admit lets c's primary stream, unless a newer link replaced c meanwhile
@@ -209,13 +221,30 @@ func (r *Receiver) admit(c net.Conn, l *link, log *slog.Logger) ([]byte, bool) {
 	return state, true
 }
 
-// linkRun is one admitted link's stream phase.
+// linkRun is one admitted link's stream phase: this goroutine reads
+// messages, an applier goroutine applies records in order, and an acker
+// reports both positions. Reading and applying are apart so that the
+// standby acknowledges what it holds while one guest's long kernel is
+// being applied (the commit rule waits for what the standby holds, not
+// for what it applied).
 type linkRun struct {
-	r    *Receiver
-	l    *link
-	log  *slog.Logger
-	kick chan struct{} // the stream paused: ack now
+	r     *Receiver
+	l     *link
+	log   *slog.Logger
+	kick  chan struct{}  // the stream paused or the applier caught up: ack now
+	queue chan applyItem // records read, to apply in order
 }
+
+// applyItem is a record to apply and the lent buffer its body lies in
+// (nil when the body was copied).
+type applyItem struct {
+	rec Record
+	buf []byte
+}
+
+// applyQueue bounds the records waiting to be applied (their bytes are
+// bounded by maxLentBytes).
+const applyQueue = 4096
 
 // streamHandlers handle each message a primary may send once admitted.
 // A handler returns false to end the link.
@@ -232,6 +261,15 @@ func (r *Receiver) stream(lr *linkRun) {
 	done := make(chan struct{})
 	defer close(done)
 	go lr.acks(done)
+	applied := make(chan struct{})
+	go lr.applier(applied)
+	defer func() {
+		// Everything read is applied before the link's end is known to
+		// the node: a promotion (which waits for it) serves only once the
+		// replica holds all the old primary was told is held.
+		close(lr.queue)
+		<-applied
+	}()
 	for {
 		typ, payload, err := lr.l.read()
 		if err != nil {
@@ -268,9 +306,10 @@ func (lr *linkRun) acks(done <-chan struct{}) {
 		case <-lr.kick:
 		}
 		lr.r.mu.Lock()
-		seq := lr.r.applied
+		received, applied := max(lr.r.received, lr.r.applied), lr.r.applied
 		lr.r.mu.Unlock()
-		if lr.l.writeFlush(msgAck, binary.LittleEndian.AppendUint64(nil, seq)) != nil {
+		ack := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+macSize), received)
+		if lr.l.writeFlush(msgAck, binary.LittleEndian.AppendUint64(ack, applied)) != nil {
 			lr.l.c.Close()
 			return
 		}
@@ -307,12 +346,48 @@ func (lr *linkRun) onRecord(payload []byte) bool {
 		return false
 	}
 	lr.r.cfg.Replica.Heard(rec.Term)
-	reply, err := lr.r.handle(&rec)
-	if err != nil {
-		lr.log.Warn("dropping link", "err", err)
-		return false
+	item := applyItem{rec: rec}
+	if len(rec.Body) >= lendAbove {
+		item.buf = lr.l.detach()
+	} else {
+		item.rec.Body = append([]byte(nil), rec.Body...)
 	}
-	return reply == nil || lr.l.writeFlush(msgVerifyReply, reply) == nil
+	if rec.Seq != 0 {
+		lr.r.mu.Lock()
+		lr.r.received = max(lr.r.received, rec.Seq)
+		lr.r.mu.Unlock()
+	}
+	lr.queue <- item
+	return true
+}
+
+// applier applies queued records in order until the queue is closed. A
+// protocol violation (a gap) ends the link; what follows it is dropped.
+func (lr *linkRun) applier(done chan<- struct{}) {
+	defer close(done)
+	broken := false
+	for item := range lr.queue {
+		if !broken {
+			reply, err := lr.r.handle(&item.rec)
+			switch {
+			case err != nil:
+				lr.log.Warn("dropping link", "err", err)
+				broken = true
+				lr.l.c.Close()
+			case reply != nil && lr.l.writeFlush(msgVerifyReply, reply) != nil:
+				broken = true
+			}
+		}
+		if item.buf != nil {
+			lr.r.lender.give(item.buf)
+		}
+		if len(lr.queue) == 0 {
+			select {
+			case lr.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // onPromote: a planned switchover. The primary has stopped its guests and

@@ -146,7 +146,7 @@ func TestLogBackpressureAndAcks(t *testing.T) {
 	l := NewLog(100)
 	l.attach(true, 0, true)
 	l.BeginSnapshot() // an empty primary's snapshot
-	l.ack(0)          // the standby applied it: protected
+	l.ack(0, 0)       // the standby applied it: protected
 	done := make(chan uint64)
 	go func() {
 		for i := 0; i < 5; i++ {
@@ -159,19 +159,49 @@ func TestLogBackpressureAndAcks(t *testing.T) {
 		t.Fatal("five 88-byte records appended past a 100-byte bound with no acks")
 	case <-time.After(100 * time.Millisecond):
 	}
-	l.ack(l.Last())
+	l.ack(l.Last(), l.Last())
 	for l.Last() < 5 {
-		l.ack(l.Last())
+		l.ack(l.Last(), l.Last())
 		time.Sleep(time.Millisecond)
 	}
 	<-done
-	l.ack(l.Last())
+	l.ack(l.Last(), l.Last())
 	if !l.WaitApplied(l.Last()) {
 		t.Fatal("everything acked but WaitApplied says no")
 	}
 	l.attach(false, 0, false)
 	if l.WaitApplied(l.Last() + 100) {
 		t.Fatal("WaitApplied claims a future record applied")
+	}
+}
+
+// TestReceivedIsNotApplied: the commit rule waits for what the standby
+// holds, sync for what it applied, and the log keeps what is not applied.
+func TestReceivedIsNotApplied(t *testing.T) {
+	l := NewLog(1 << 20)
+	l.attach(true, 0, true)
+	l.BeginSnapshot()
+	l.ack(0, 0)
+	for i := 0; i < 3; i++ {
+		l.Append(Record{Op: OpEpoch, Body: make([]byte, 40)})
+	}
+	l.ack(3, 1) // all three held, one applied
+	if !l.WaitReceived(3) {
+		t.Fatal("WaitReceived(3) with 3 held: false")
+	}
+	applied := make(chan bool, 1)
+	go func() { applied <- l.WaitApplied(3) }()
+	select {
+	case <-applied:
+		t.Fatal("WaitApplied(3) returned with only 1 applied")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if st := l.Status(); st.Applied != 1 || st.LagOps != 2 || st.LagBytes == 0 {
+		t.Fatalf("the log must keep what is held but not applied: %+v", st)
+	}
+	l.ack(3, 3)
+	if !<-applied {
+		t.Fatal("WaitApplied(3) false once 3 applied")
 	}
 }
 

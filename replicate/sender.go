@@ -327,10 +327,10 @@ func (s *Sender) readAcks(l *link) error {
 		}
 		switch typ {
 		case msgAck:
-			if len(payload) != 8 {
+			if len(payload) != 16 {
 				return fmt.Errorf("%w: ack of %d bytes", ErrCorrupt, len(payload))
 			}
-			s.acked(binary.LittleEndian.Uint64(payload))
+			s.acked(binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:]))
 		case msgFenced:
 			return s.fenced(payload)
 		case msgVerifyReply:
@@ -345,9 +345,10 @@ func (s *Sender) readAcks(l *link) error {
 	}
 }
 
-// acked releases what the standby applied and notes the end of a resync.
-func (s *Sender) acked(seq uint64) {
-	s.cfg.Log.ack(seq)
+// acked records what the standby holds and applied, and notes the end of a
+// resync.
+func (s *Sender) acked(received, applied uint64) {
+	s.cfg.Log.ack(received, applied)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.resyncing && s.cfg.Log.Status().Protected {

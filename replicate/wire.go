@@ -42,7 +42,7 @@ var (
 const (
 	helloMagic    = "VGRA"
 	frameMagic    = 0x50524756 // "VGRP"
-	protoVersion  = 1
+	protoVersion  = 2          // 2: acks carry the received and the applied sequence
 	nonceSize     = 32
 	macSize       = 16
 	frameHeader   = 16
@@ -53,7 +53,7 @@ const (
 const (
 	msgRecord      uint16 = 1 + iota // primary -> standby: one Record
 	msgState                         // standby -> primary after auth: applied seq
-	msgAck                           // standby -> primary: applied seq
+	msgAck                           // standby -> primary: received seq, applied seq
 	msgVerifyReply                   // standby -> primary: checksums
 	msgMode                          // primary -> standby after state: the mode and the primary's term
 	msgHeartbeat                     // primary -> standby when idle: its term
@@ -110,6 +110,8 @@ type link struct {
 	// alloc makes the receive buffer; a standby on a GPU passes page-locked
 	// memory so replicated data is copied to the device at full speed.
 	alloc func(n int) []byte
+	// lender, when set, holds receive buffers lent out with detach.
+	lender *lender
 	// wmu serialises writers once more than one goroutine writes (see
 	// locked); faults and out are the fault hook and this end's direction.
 	wmu    sync.Mutex
@@ -238,6 +240,70 @@ func (l *link) write(typ uint16, payload []byte) error {
 
 func (l *link) flush() error { return l.w.Flush() }
 
+// detach hands the caller the buffer the last read's payload lies in; the
+// next read uses another (from the lender, or a new one). The caller gives
+// it back with the lender's give once done.
+func (l *link) detach() []byte {
+	b := l.rbuf
+	l.rbuf = nil
+	l.lender.lent(cap(b))
+	return b
+}
+
+// lender keeps receive buffers that were lent out (a record's body waiting
+// to be applied stays in the buffer it arrived in: no copy, and on a GPU
+// standby that buffer is page-locked) and bounds what is lent at once: past
+// maxLent bytes, the link stops reading until buffers come back, and TCP
+// pushes back to the primary.
+type lender struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	free    [][]byte
+	lentNow int
+	maxLent int
+}
+
+func newLender(maxLent int) *lender {
+	b := &lender{maxLent: maxLent}
+	b.cond = sync.NewCond(&b.mu)
+	return b
+}
+
+// lent counts n bytes lent out, waiting while too much is.
+func (b *lender) lent(n int) {
+	b.mu.Lock()
+	for b.lentNow > 0 && b.lentNow+n > b.maxLent {
+		b.cond.Wait()
+	}
+	b.lentNow += n
+	b.mu.Unlock()
+}
+
+// give returns a lent buffer.
+func (b *lender) give(buf []byte) {
+	b.mu.Lock()
+	b.lentNow -= cap(buf)
+	// Every buffer is kept (a page-locked one is never freed): how many
+	// exist is bounded, since a new one is made only when none free fits
+	// and at most maxLent bytes are lent at once.
+	b.free = append(b.free, buf[:cap(buf)])
+	b.cond.Broadcast()
+	b.mu.Unlock()
+}
+
+// take returns a free buffer of at least n bytes, or nil.
+func (b *lender) take(n int) []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, buf := range b.free {
+		if cap(buf) >= n {
+			b.free = append(b.free[:i], b.free[i+1:]...)
+			return buf
+		}
+	}
+	return nil
+}
+
 // locked runs fn (which writes and flushes) as the link's only writer.
 func (l *link) locked(fn func() error) error {
 	l.wmu.Lock()
@@ -268,6 +334,9 @@ func (l *link) read() (uint16, []byte, error) {
 	n := binary.LittleEndian.Uint32(h[8:])
 	if n > maxFrameBytes {
 		return 0, nil, fmt.Errorf("%w: %d-byte frame", ErrCorrupt, n)
+	}
+	if cap(l.rbuf) < int(n)+macSize && l.lender != nil {
+		l.rbuf = l.lender.take(int(n) + macSize)
 	}
 	if cap(l.rbuf) < int(n)+macSize {
 		size := int(n) + macSize

@@ -16,6 +16,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -303,3 +304,65 @@ type emptyNode struct{}
 func (emptyNode) Snapshot() ([]replicate.Record, time.Duration) { return nil, 0 }
 func (emptyNode) Term() uint64                                  { return 1 }
 func (emptyNode) PeerTerm(uint64)                               {}
+
+// TestLongKernelDoesNotHoldOthersReplies: in commit mode, while the standby
+// applies guest B's long kernel, guest A's small read returns at once: the
+// commit rule waits for what the standby holds, not for what it applied.
+func TestLongKernelDoesNotHoldOthersReplies(t *testing.T) {
+	c := newCluster(t, replicate.ModeCommit, 0, true)
+	c.waitProtected()
+	a, b := c.guest("a"), c.guest("b")
+	small := make([]byte, 4096)
+	pa, err := a.Alloc(uint64(len(small)))
+	if err != nil || a.CopyHtoD(pa, small) != nil {
+		t.Fatal("guest a's buffer", err)
+	}
+	const n = 448 // a matmul that keeps the software GPU busy for a while
+	img, _ := kernels.Image("matmul")
+	m, err := b.LoadModule(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := b.GetFunction(m, "matmul")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ptrs [3]pvdriver.DevicePtr
+	for i := range ptrs {
+		if ptrs[i], err = b.Alloc(4 * n * n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := pvdriver.LaunchConfig{Grid: pvdriver.Dim3((n+15)/16, (n+15)/16), Block: pvdriver.Dim3(16, 16)}
+	if err := b.Launch(f, cfg, pvdriver.Ptr(ptrs[0]), pvdriver.Ptr(ptrs[1]), pvdriver.Ptr(ptrs[2]), pvdriver.U32(n)); err != nil {
+		t.Fatal(err)
+	}
+	// The launch is pipelined: the primary runs it, logs it, and the
+	// standby starts applying it. Look once the standby is busy with it.
+	rcv := c.Standby.Agent().Receiver
+	busy := func() bool { st := rcv.Status(); return st.Received > st.Applied }
+	deadline := time.Now().Add(60 * time.Second)
+	for !busy() && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	busyFrom := time.Now()
+	if err := a.CopyDtoH(small, pa); err != nil {
+		t.Fatal(err)
+	}
+	read := time.Since(busyFrom)
+	for busy() && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	applying := time.Since(busyFrom)
+	t.Logf("guest a's 4 KiB read: %v, while the standby applied guest b's kernel for %v", read, applying)
+	if applying < 100*time.Millisecond {
+		t.Skipf("b's kernel took the standby only %v: too short to show anything", applying)
+	}
+	if read > 50*time.Millisecond {
+		t.Fatalf("a's read took %v behind b's kernel (%v on the standby)", read, applying)
+	}
+	if err := b.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	mustMatch(t, c.verify())
+}

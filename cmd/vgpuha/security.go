@@ -54,4 +54,3 @@ func adminTokenFlag(fs *flag.FlagSet) *string {
 	return fs.String("admin.token-file", "", "file holding the admin token: POST endpoints over tcp need it (Authorization: Bearer TOKEN), "+
 		"and /status shows session ids and guest names only with it (a unix:// admin socket is trusted by its file permissions)")
 }
-
