@@ -519,6 +519,9 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 			}
 		}
 	}
+	if err := s.checkFootprint(spec, r); err != nil {
+		return nil, err
+	}
 	args := r.Args
 	if s.delta != 0 { // pointer-typed arguments are translated; pointers stored in memory cannot be
 		args = append([]abi.Arg(nil), r.Args...)
@@ -530,6 +533,39 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	}
 	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes}
 	return nil, s.ctx.Launch(gpu.Function(f), cfg, args, st)
+}
+
+// checkFootprint checks, before any backend runs a library kernel, that
+// all the memory the launch reaches through its pointer arguments lies in
+// this session's allocations: a GPU runs the kernel's code unchecked. A
+// kernel that follows pointers stored in memory reaches further than that,
+// so it runs only where the backend checks every access or the process
+// serves one guest (Config.GuestKernels). Guest-built kernels (allowed only
+// with one guest per process) are not checked.
+// Precondition: s.mu must be locked.
+func (s *Session) checkFootprint(spec abi.KernelSpec, r *abi.Launch) error {
+	k, ok := kernels.Lookup(spec.Name)
+	if !ok || !k.Matches(spec) {
+		return nil // a guest's own kernel: checkGuestKernels let it in
+	}
+	l := kernels.Launch{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes, Args: r.Args}
+	// A launch that would reach outside is refused before it runs, with
+	// the status a GPU gives a kernel that faults (an illegal address).
+	extents, err := k.Footprint(l)
+	if err != nil {
+		return fail(abi.StatusLaunchFailed, "%w", err)
+	}
+	for _, e := range extents {
+		if _, ok := s.ranges.Find(r.Args[e.Arg].Bits, e.Bytes); e.Bytes != 0 && !ok {
+			return fail(abi.StatusLaunchFailed, "kernel %s: %s: %d bytes at %#x are not inside one of this session's allocations",
+				spec.Name, e.What, e.Bytes, r.Args[e.Arg].Bits)
+		}
+	}
+	if checker, ok := s.backend.(gpu.AccessChecker); k.FollowsPointers && !s.cfg.GuestKernels && (!ok || !checker.ChecksEveryAccess()) {
+		return fail(abi.StatusNotSupported, "kernel %s follows pointers stored in device memory, which this GPU does not check; "+
+			"it needs a primary per guest (--guest.kernels with --guest.max-sessions 1)", spec.Name)
+	}
+	return nil
 }
 
 func (s *Session) streamCreate(*abi.StreamCreate) (abi.Body, error) {

@@ -19,7 +19,7 @@ sleep 1
 	--replicate.key-file "$work/key" --admin-listen 127.0.0.1:9470 "${tok[@]}" --mode commit 2>"$work/primary.log" &
 for i in $(seq 100); do [ -S "$work/g.sock" ] && break; sleep 0.1; done
 for g in 1 2; do
-	"$B/vgpuha" guest --endpoint "unix://$work/g.sock" --workload all --hold --name "g$g" 2>"$work/guest$g.log" &
+	"$B/vgpuha" guest --endpoint "unix://$work/g.sock" --workload vadd,saxpy,matmul,reduce_sum,histogram --hold --name "g$g" 2>"$work/guest$g.log" &
 done
 for g in 1 2; do
 	for i in $(seq 300); do grep -q holding "$work/guest$g.log" && break; sleep 0.1; done

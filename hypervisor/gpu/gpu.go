@@ -93,6 +93,15 @@ type HostAllocator interface {
 	AllocHost(n int) ([]byte, error)
 }
 
+// AccessChecker is implemented by backends that check every memory access
+// a kernel makes against the launching context's allocations (the software
+// GPU does; a real GPU runs the kernel's code unchecked). Only on such a
+// backend may kernels that follow pointers stored in device memory run
+// beside other guests in one process.
+type AccessChecker interface {
+	ChecksEveryAccess() bool
+}
+
 // DeviceDescriber is implemented by backends that can describe their
 // device as CUDA's driver API does (name, memory, every CUdevice_attribute):
 // what a guest's libcuda reports to the program. The description must not

@@ -39,6 +39,10 @@ func New(memLimit uint64) *Backend { return &Backend{limit: memLimit} }
 // Name implements gpu.Backend.
 func (b *Backend) Name() string { return "sim" }
 
+// ChecksEveryAccess implements gpu.AccessChecker: every kernel reads and
+// writes through its context's View, which checks the allocation.
+func (b *Backend) ChecksEveryAccess() bool { return true }
+
 // Close implements gpu.Backend.
 func (b *Backend) Close() error { return nil }
 

@@ -47,6 +47,10 @@ type Options struct {
 	// GuestTCP serves guests over TCP on loopback instead of unix sockets
 	// (Endpoint and StandbyEndpoint are tcp:// then).
 	GuestTCP bool
+	// OneGuestPerProcess serves one guest per node process, which lets
+	// kernels that follow stored pointers run on a GPU that does not check
+	// every access (hypervisor.Config.GuestKernels).
+	OneGuestPerProcess bool
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -143,6 +147,9 @@ func (c *Cluster) nodeConfig(guests string) (node.Config, error) {
 		Logger: c.opts.Log, GuestListen: guests, Mode: c.opts.Mode, Key: Key, MaxLagBytes: c.opts.MaxLagBytes}
 	if c.opts.MMIO != nil {
 		cfg.Hypervisor.MMIO = *c.opts.MMIO
+	}
+	if c.opts.OneGuestPerProcess {
+		cfg.Hypervisor.GuestKernels, cfg.Hypervisor.MaxSessions = true, 1
 	}
 	return cfg, nil
 }

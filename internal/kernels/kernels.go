@@ -51,6 +51,10 @@ type Kernel struct {
 	Params []abi.ArgKind
 	PTX    string
 	Run    func(mem Memory, l Launch) error
+	// FollowsPointers: the kernel dereferences addresses it reads from
+	// device memory, so it reaches memory its Footprint cannot name.
+	FollowsPointers bool
+	footprint       func(l Launch) ([]Extent, error)
 }
 
 // Spec is the kernel's declaration in a module image.

@@ -273,12 +273,12 @@ DONE:
 
 func init() {
 	p, u32, f32 := abi.ArgPtr, abi.ArgU32, abi.ArgF32
-	register(&Kernel{Name: "vadd", Params: []abi.ArgKind{p, p, p, u32}, PTX: vaddPTX, Run: runVadd})
-	register(&Kernel{Name: "saxpy", Params: []abi.ArgKind{p, p, f32, u32}, PTX: saxpyPTX, Run: runSaxpy})
-	register(&Kernel{Name: "matmul", Params: []abi.ArgKind{p, p, p, u32}, PTX: matmulPTX, Run: runMatmul})
-	register(&Kernel{Name: "reduce_sum", Params: []abi.ArgKind{p, p, u32}, PTX: reduceSumPTX, Run: runReduceSum})
-	register(&Kernel{Name: "histogram", Params: []abi.ArgKind{p, u32, p, u32}, PTX: histogramPTX, Run: runHistogram})
-	register(&Kernel{Name: "pointer_chase", Params: []abi.ArgKind{p, u32, p}, PTX: pointerChasePTX, Run: runPointerChase})
+	register(&Kernel{Name: "vadd", Params: []abi.ArgKind{p, p, p, u32}, PTX: vaddPTX, Run: runVadd, footprint: vaddFootprint})
+	register(&Kernel{Name: "saxpy", Params: []abi.ArgKind{p, p, f32, u32}, PTX: saxpyPTX, Run: runSaxpy, footprint: saxpyFootprint})
+	register(&Kernel{Name: "matmul", Params: []abi.ArgKind{p, p, p, u32}, PTX: matmulPTX, Run: runMatmul, footprint: matmulFootprint})
+	register(&Kernel{Name: "reduce_sum", Params: []abi.ArgKind{p, p, u32}, PTX: reduceSumPTX, Run: runReduceSum, footprint: reduceSumFootprint})
+	register(&Kernel{Name: "histogram", Params: []abi.ArgKind{p, u32, p, u32}, PTX: histogramPTX, Run: runHistogram, footprint: histogramFootprint})
+	register(&Kernel{Name: "pointer_chase", Params: []abi.ArgKind{p, u32, p}, PTX: pointerChasePTX, Run: runPointerChase, footprint: pointerChaseFootprint, FollowsPointers: true})
 }
 
 func f32at(b []byte, i uint64) float32 {

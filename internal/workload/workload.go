@@ -15,6 +15,7 @@ import (
 	"hash/fnv"
 	"math"
 	"sort"
+	"strings"
 
 	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -67,11 +68,15 @@ func Select(name string) ([]Workload, error) {
 		}
 		return ws, nil
 	}
-	w, ok := all[name]
-	if !ok {
-		return nil, fmt.Errorf("unknown workload %q (have %v and all)", name, Names())
+	var ws []Workload
+	for _, n := range strings.Split(name, ",") {
+		w, ok := all[n]
+		if !ok {
+			return nil, fmt.Errorf("unknown workload %q (have %v, a comma-separated list of them, and all)", n, Names())
+		}
+		ws = append(ws, w)
 	}
-	return []Workload{w}, nil
+	return ws, nil
 }
 
 // Run runs w with the given size (zero for its default). An error means the
