@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +16,7 @@ const mmioGuestEnv = "VGPUHA_BENCH_MMIO_GUEST"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(mmioGuestEnv) != "" {
-		if err := mmioguest.Main(os.Args[1:], os.Stdout); err != nil {
+		if err := mmioguest.Main(flag.NewFlagSet("mmio-guest", flag.ContinueOnError), os.Args[1:], os.Stdout); err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
 			os.Exit(1)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 
@@ -13,6 +14,9 @@ func runBench(args []string) error {
 		return fmt.Errorf("usage: vgpuha bench pv|replicate|apply|mmio [flags]")
 	}
 	switch args[0] {
+	case "-h", "--help", "-help":
+		fmt.Println("Usage: vgpuha bench BENCHMARK [flags]\n\nBenchmarks: pv, replicate, apply, mmio.\nRun 'vgpuha bench BENCHMARK --help' for its flags.")
+		return flag.ErrHelp
 	case "pv":
 		return runBenchPV(args[1:])
 	case "replicate":

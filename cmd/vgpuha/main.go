@@ -3,8 +3,10 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sort"
@@ -27,59 +29,122 @@ var commands = map[string]command{
 	"drill":      {"inject faults into a primary/standby pair under a guest workload and measure", runDrill},
 	"run":        {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
 	"mmio-guest": {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
+	"version":    {"print the version and the commit it was built from", runVersion},
 }
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "vgpuha keeps a guest's GPU state alive when its host dies.\n\nUsage: vgpuha COMMAND [flags]\n\nCommands:\n")
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "vgpuha keeps a guest's GPU state alive when its host dies.\n\nUsage: vgpuha COMMAND [flags]\n\nCommands:\n")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(os.Stderr, "\nRun 'vgpuha COMMAND --help' for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun 'vgpuha help COMMAND' (or 'vgpuha COMMAND --help') for a command's flags.\n")
 }
 
-func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
-		os.Exit(2)
+func main() { os.Exit(run(os.Args[1:])) }
+
+// run runs one command line and returns the exit status: 0, 1 for a failed
+// command, 2 for a usage error. Help goes to stdout with status 0.
+func run(args []string) int {
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return 2
 	}
-	cmd, ok := commands[os.Args[1]]
-	if !ok {
-		fmt.Fprintf(os.Stderr, "vgpuha: unknown command %q\n\n", os.Args[1])
-		usage()
-		os.Exit(2)
-	}
-	if err := cmd.run(os.Args[2:]); err != nil {
-		if err == flag.ErrHelp {
-			os.Exit(2)
+	switch args[0] {
+	case "-h", "--help", "-help":
+		usage(os.Stdout)
+		return 0
+	case "--version", "-version":
+		args = []string{"version"}
+	case "help":
+		if len(args) == 1 {
+			usage(os.Stdout)
+			return 0
 		}
-		fmt.Fprintf(os.Stderr, "vgpuha %s: %v\n", os.Args[1], err)
-		os.Exit(1)
+		args = []string{args[1], "--help"}
 	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "vgpuha: unknown command %q\n\n", args[0])
+		usage(os.Stderr)
+		return 2
+	}
+	helpWanted = wantsHelp(args[1:])
+	if err := cmd.run(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			if helpWanted {
+				return 0
+			}
+			return 2
+		}
+		fmt.Fprintf(os.Stderr, "vgpuha %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
 }
 
-// newFlags returns a flag set whose --help names the command.
+// helpWanted: the command line asked for help, which then goes to stdout.
+var helpWanted bool
+
+// wantsHelp reports whether args ask for help before any "--".
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "--help", "-help":
+			return true
+		}
+	}
+	return false
+}
+
+// newFlags returns a flag set whose --help names the command and lists its
+// flags with two dashes, on stdout when help was asked for.
 func newFlags(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	if helpWanted {
+		fs.SetOutput(os.Stdout)
+	}
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: vgpuha %s %s\n\nFlags:\n", name, synopsis)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	return fs
 }
 
-// logFlag adds --log.level and returns a constructor for the logger.
-func logFlag(fs *flag.FlagSet) func() *slog.Logger {
-	level := fs.String("log.level", "info", "log level: debug, info, warn or error")
-	return func() *slog.Logger {
-		var l slog.Level
-		if err := l.UnmarshalText([]byte(strings.ToUpper(*level))); err != nil {
-			l = slog.LevelInfo
+// printFlags lists fs's flags as --name TYPE, usage and default.
+func printFlags(fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		typ, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if typ != "" {
+			line += " " + typ
 		}
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+		if d := f.DefValue; d != "" && d != "false" && d != "0" {
+			line += fmt.Sprintf(" (default %s)", d)
+		}
+		fmt.Fprintln(fs.Output(), line)
+	})
+}
+
+// logFlag adds --log.level (checked when the flags are parsed) and returns
+// a constructor for the logger.
+func logFlag(fs *flag.FlagSet) func() *slog.Logger {
+	level := slog.LevelInfo
+	fs.Func("log.level", "log level: debug, info, warn or error (default info)", func(v string) error {
+		switch v {
+		case "debug", "info", "warn", "error":
+			return level.UnmarshalText([]byte(strings.ToUpper(v)))
+		}
+		return fmt.Errorf("want debug, info, warn or error")
+	})
+	return func() *slog.Logger {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -345,6 +346,15 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 	waitStatus(t, standbyAdmin, "promoted", isRole("primary (promoted)"))
 	p.cmd.Process.Signal(syscall.SIGCONT)
 	st := waitStatus(t, adminAddr, "fenced", isRole("fenced"))
+	if resp, err := http.Get("http://" + adminAddr + "/healthz"); err != nil {
+		t.Fatal(err)
+	} else {
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "fenced") {
+			t.Errorf("a fenced node's /healthz: %s %q, want 503 saying fenced", resp.Status, body)
+		}
+	}
 	if st.Primary {
 		t.Fatalf("thawed primary still claims to be primary: %+v", st)
 	}
@@ -690,5 +700,41 @@ func TestStalledStandbyDoesNotDepose(t *testing.T) {
 			}
 			waitStatus(t, adminP, "still a protected primary", func(s nodeStatus) bool { return s.Role == "primary" && s.protected() })
 		})
+	}
+}
+
+// TestHelpAndBadValues: every command's --help goes to stdout with exit 0
+// and lists its flags with two dashes; a bad value exits non-zero naming
+// the flag.
+func TestHelpAndBadValues(t *testing.T) {
+	for name := range commands {
+		cmd := exec.Command(vgpuhaBin, name, "--help")
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			t.Errorf("vgpuha %s --help: %v (stderr %q)", name, err, stderr.String())
+		}
+		if !strings.Contains(stdout.String(), "Usage: vgpuha "+name) {
+			t.Errorf("vgpuha %s --help printed no usage on stdout: %q", name, stdout.String())
+		}
+		if regexp.MustCompile(`\n  -[^-]`).MatchString(stdout.String()) {
+			t.Errorf("vgpuha %s --help lists a flag with one dash", name)
+		}
+	}
+	for _, args := range [][]string{{"help"}, {"--help"}, {"help", "primary"}, {"version"}, {"--version"}} {
+		if out, err := exec.Command(vgpuhaBin, args...).Output(); err != nil || len(out) == 0 {
+			t.Errorf("vgpuha %v: %v, %q", args, err, out)
+		}
+	}
+	for _, c := range []struct{ args []string }{
+		{[]string{"primary", "--log.level", "bogus"}},
+		{[]string{"standby", "--failover.detector", "bogus", "--replicate.key-file", "/dev/null"}},
+		{[]string{"primary", "--mode", "bogus"}},
+	} {
+		out, err := exec.Command(vgpuhaBin, c.args...).CombinedOutput()
+		flagName := strings.TrimPrefix(c.args[1], "--")
+		if err == nil || !strings.Contains(string(out), flagName) && !strings.Contains(string(out), "bogus") {
+			t.Errorf("vgpuha %v: %v, %q; want a failure naming %s", c.args, err, out, flagName)
+		}
 	}
 }

@@ -27,6 +27,9 @@ func runRun(args []string) error {
 			break
 		}
 	}
+	if split < 0 && helpWanted {
+		return servePrimary(newFlags("run", "[primary flags] -- PROGRAM [ARGS]"), args, []string{})
+	}
 	if split < 0 || split == len(args)-1 {
 		return errors.New("usage: vgpuha run [primary flags] -- PROGRAM [ARGS]")
 	}
@@ -67,4 +70,6 @@ func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
 }
 
 // runMMIOGuest is `vgpuha mmio-guest`: the benchmark's guest program.
-func runMMIOGuest(args []string) error { return mmioguest.Main(args, os.Stdout) }
+func runMMIOGuest(args []string) error {
+	return mmioguest.Main(newFlags("mmio-guest", "--addr ENDPOINT [flags]"), args, os.Stdout)
+}

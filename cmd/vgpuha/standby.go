@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -32,6 +33,13 @@ func runStandby(args []string) error {
 		return err
 	}
 	log := newLog()
+	det, err := failover.New(*detector)
+	if err != nil {
+		return fmt.Errorf("--failover.detector: %w", err)
+	}
+	if _, err := replicate.ParseMode(*modeName); err != nil {
+		return fmt.Errorf("--mode: %w", err)
+	}
 	key, err := readKey(*keyFile)
 	if err != nil {
 		return err
@@ -47,9 +55,7 @@ func runStandby(args []string) error {
 	defer backend.Close()
 	reg := newRegistry()
 	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *guestListen, Key: key}
-	if ncfg.Detector, err = failover.New(*detector); err != nil {
-		return err
-	}
+	ncfg.Detector = det
 	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
 		return err
 	}

@@ -60,7 +60,12 @@ type Mux struct {
 	token   *[sha256.Size]byte // nil: no token; only unix-socket callers are trusted
 	log     *slog.Logger
 	refused *prometheus.CounterVec
+	health  func() error // nil: always healthy
 }
+
+// SetHealth makes /healthz answer 503 with health's error while it
+// returns one (a fenced node, say).
+func (m *Mux) SetHealth(health func() error) { m.health = health }
 
 type trustKey struct{}
 
@@ -81,6 +86,12 @@ func Handler(reg Registry, status func() any) *Mux {
 	reg.MustRegister(m.refused)
 	m.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	m.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if m.health != nil {
+			if err := m.health(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
 		w.Write([]byte("ok\n"))
 	})
 	m.mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {

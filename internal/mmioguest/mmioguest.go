@@ -206,8 +206,7 @@ func deviceMatches(c *pvdriver.Client, aps []*pvdriver.Aperture) (bool, error) {
 }
 
 // Main is `vgpuha mmio-guest`: flags, one run, the Result as JSON.
-func Main(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("mmio-guest", flag.ContinueOnError)
+func Main(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	opts := Options{}
 	fs.StringVar(&opts.Endpoint, "addr", os.Getenv("VGPUHA_ADDR"), "hypervisor endpoint (unix://PATH); default $VGPUHA_ADDR")
 	fs.StringVar(&opts.Workload, "workload", "seq", fmt.Sprintf("one of %v", Workloads))

@@ -3,6 +3,7 @@ package mmioguest
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) {
 	if args := os.Getenv("MMIOGUEST_ARGS"); args != "" {
 		var a []string
 		json.Unmarshal([]byte(args), &a)
-		if err := Main(a, os.Stdout); err != nil {
+		if err := Main(flag.NewFlagSet("mmio-guest", flag.ContinueOnError), a, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "mmio-guest:", err)
 			os.Exit(1)
 		}

@@ -97,6 +97,12 @@ func (n *Node) registerStandbyMetrics() error {
 func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
 	mux := admin.Handler(reg, n.Status)
 	mux.SetLogger(n.log)
+	mux.SetHealth(func() error {
+		if role, term := n.auth.role(); role == failover.Fenced {
+			return fmt.Errorf("fenced: a node under term %d took over; this node serves no guests", term)
+		}
+		return nil
+	})
 	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, r *http.Request) {
 		repair, _ := strconv.ParseBool(r.URL.Query().Get("repair"))
 		rep, err := n.Verify(repair, 30*time.Second)
