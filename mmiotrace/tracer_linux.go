@@ -301,10 +301,12 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 			}
 		}
 	}
-	if derr == nil {
+	if derr == nil && a.Bounded() && !a.stringOp {
+		// A read-modify-write of a proven range: the operand's bytes after
+		// the step are the store, recorded even where the value is
+		// unchanged (a doorbell write counts).
 		dst, size := a.Target(regs)
-		size = min(size, uint64(len(r.Mem))) // a REP count can be anything; dst+size must not wrap
-		if err := t.stepUnprotected(tid, r, addr); err != nil {
+		if _, err := t.stepUnprotected(tid, addr); err != nil {
 			return err == ErrGuestGone
 		}
 		t.recordRange(dst, size)
@@ -312,17 +314,19 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 		t.opts.Metrics.fallback(t.opts.Mode, "read_modify_write")
 		return true
 	}
-	// Undecodable: step and compare the faulting page and the next.
-	lo := addr &^ (pageSize - 1)
-	hi := min(lo+2*pageSize, r.GuestAddr+uint64(len(r.Mem)))
-	before := append([]byte(nil), r.Mem[lo-r.GuestAddr:hi-r.GuestAddr]...)
-	if err := t.stepUnprotected(tid, r, addr); err != nil {
+	// Unbounded, undecodable or a string op the emulator refused (one
+	// step is one element): step, then record exactly the bytes that
+	// changed on every page the step touched.
+	snaps, err := t.stepUnprotected(tid, addr)
+	if err != nil {
 		return err == ErrGuestGone
 	}
-	after := r.Mem[lo-r.GuestAddr : hi-r.GuestAddr]
-	diffRanges(before, after, func(off, n int) {
-		t.record(r, lo-r.GuestAddr+uint64(off), append([]byte(nil), after[off:off+n]...))
-	})
+	for _, sn := range snaps {
+		after := sn.r.Mem[sn.off : sn.off+pageSize]
+		diffRanges(sn.before, after, func(off, n int) {
+			t.record(sn.r, sn.off+uint64(off), append([]byte(nil), after[off:off+n]...))
+		})
+	}
 	t.stats.Undecodable++
 	t.opts.Metrics.fallback(t.opts.Mode, "undecodable")
 	return true
@@ -341,41 +345,59 @@ func (t *Tracer) read(addr uint64, b []byte) error {
 	return t.pt.readGuest(addr, b)
 }
 
+// pageSnap is a traced page as it was before a single-step made it
+// writable.
+type pageSnap struct {
+	r      *Region
+	off    uint64 // page offset in r
+	before []byte
+}
+
+// maxStepPages bounds the pages one stepped instruction may touch: an
+// AVX-512 scatter stores 16 elements, each maybe straddling two pages.
+const maxStepPages = 64
+
 // stepUnprotected single-steps the faulting instruction with the page it
 // faulted on writable and every other guest thread stopped, so no other
 // thread writes the page untraced meanwhile. Pages the step faults on next
-// (a store straddling a page boundary) are unprotected too.
+// (a store straddling a page boundary, a far bit, a scatter's elements)
+// are unprotected too. Each page is copied before it is unprotected, so
+// the caller can tell exactly what the instruction changed.
 // Precondition: t.mu must be locked.
-func (t *Tracer) stepUnprotected(tid int, r *Region, addr uint64) error {
+func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 	pt := t.pt
 	others := pt.stopOthers(tid)
 	defer pt.resumeOthers(others)
-	pages := []uint64{addr &^ (pageSize - 1)}
+	var snaps []pageSnap
 	defer func() {
-		for _, pg := range pages {
-			pt.mprotect(tid, pg, pageSize, unix.PROT_READ)
+		for _, sn := range snaps {
+			pt.mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, unix.PROT_READ)
 		}
 	}()
-	if err := pt.mprotect(tid, pages[0], pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
-		return err
+	open := func(at uint64) error {
+		r := t.regionAt(at)
+		off := (at - r.GuestAddr) &^ (pageSize - 1)
+		snaps = append(snaps, pageSnap{r: r, off: off, before: append([]byte(nil), r.Mem[off:off+pageSize]...)})
+		return pt.mprotect(tid, r.GuestAddr+off, pageSize, unix.PROT_READ|unix.PROT_WRITE)
 	}
-	for range 4 {
+	if err := open(addr); err != nil {
+		return snaps, err
+	}
+	for range maxStepPages {
 		err := pt.singleStep(tid)
 		var sf *stepFault
 		if !errors.As(err, &sf) {
-			return err
+			return snaps, err
 		}
 		if t.regionAt(sf.addr) == nil { // a genuine fault outside the regions: the guest gets it
 			pt.threads[tid].pending = int(unix.SIGSEGV)
-			return nil
+			return snaps, nil
 		}
-		pg := sf.addr &^ (pageSize - 1)
-		pages = append(pages, pg)
-		if err := pt.mprotect(tid, pg, pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
-			return err
+		if err := open(sf.addr); err != nil {
+			return snaps, err
 		}
 	}
-	return fmt.Errorf("instruction at fault %#x keeps faulting", addr)
+	return snaps, fmt.Errorf("instruction at fault %#x keeps faulting", addr)
 }
 
 // record appends one traced write.

@@ -100,6 +100,49 @@ static void fallback(void) {
 	}
 }
 
+__attribute__((target("avx512f"))) static void scatter(void) {
+	int idx[16], val[16];
+	for (int i = 0; i < 16; i++) { idx[i] = (i * 977 + 13) % (PAGES * 1024); val[i] = 0x5a000000 + i; }
+	__asm__ volatile("vmovdqu32 (%1), %%zmm1\n\tvmovdqu32 (%2), %%zmm2\n\tkxnorw %%k1, %%k1, %%k1\n\t"
+		"vpscatterdd %%zmm2, (%0,%%zmm1,4) %{%%k1%}\n\tvzeroupper"
+		::"r"(ap), "r"(idx), "r"(val) : "xmm1", "xmm2", "k1", "memory");
+}
+
+// torture: stores whose reach the operand does not tell. BTS with a
+// register bit offset sets a bit pages away from its operand (forwards
+// and backwards); an AVX-512 scatter stores 16 elements across pages.
+static void torture(void) {
+	unsigned char *p = ap + 8 * 4096;
+	long far = (5L * 4096 + 100) * 8 + 3, back = -(6L * 4096 - 7) * 8 + 6;
+	__asm__ volatile("lock btsq %1, (%0)" ::"r"(p), "r"(far) : "memory", "cc");
+	__asm__ volatile("btsq %1, (%0)" ::"r"(p), "r"(back) : "memory", "cc");
+	__asm__ volatile("lock btrq %1, (%0)" ::"r"(p), "r"(far) : "memory", "cc");
+	__asm__ volatile("lock btcq %1, (%0)" ::"r"(p), "r"(far + 9) : "memory", "cc");
+	if (__builtin_cpu_supports("avx512f")) {
+		scatter();
+		printf("scatter\n");
+	}
+}
+
+// movs: overlapping string moves (memmove up and down by a few bytes, and
+// a direction-flag copy), 3 pages each; prints the bytes it stored.
+static void movs(void) {
+	unsigned long stored = 0, n = 3 * 4096;
+	for (int i = 0; i < 3; i++) {
+		unsigned char *s = ap + 4096 + i, *d = s + 1 + 2 * i;
+		unsigned long c = n;
+		__asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(c) : : "memory");
+		stored += n;
+		s = ap + 6 * 4096 + 5; d = s - 3 - i; c = n;
+		__asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(c) : : "memory");
+		stored += n;
+		s = ap + 10 * 4096 + n - 1; d = s + 4; c = n;
+		__asm__ volatile("std\n\trep movsb\n\tcld" : "+D"(d), "+S"(s), "+c"(c) : : "memory");
+		stored += n;
+	}
+	printf("stored %lu\n", stored);
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -124,6 +167,8 @@ int main(void) {
 	while (fgets(line, sizeof line, stdin)) {
 		if (strncmp(line, "run forms", 9) == 0) forms();
 		else if (strncmp(line, "run fallback", 12) == 0) fallback();
+		else if (strncmp(line, "run torture", 11) == 0) torture();
+		else if (strncmp(line, "run movs", 8) == 0) movs();
 		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
 		else if (strncmp(line, "exit", 4) == 0) return 0;
 		printf("done\n");
