@@ -50,7 +50,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 		return nil, fail(abi.StatusNotSupported, "apertures need a unix-socket connection: the hypervisor shares memory with the guest process")
 	}
 	mode := s.cfg.MMIO.Mode
-	mem, guestAddr, err := mmiotrace.MapGuestFile(s.peerPID, int(r.FD), rg.Size)
+	region, err := mmiotrace.MapGuestFile(s.peerPID, int(r.FD), rg.Size, kind)
 	if err != nil {
 		return nil, fail(abi.StatusInvalidValue, "aperture: %w", err)
 	}
@@ -66,9 +66,8 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 			go s.flushTimer(s.mmio, s.cfg.MMIO.FlushEvery)
 		}
 	}
-	region := &mmiotrace.Region{GuestAddr: guestAddr, Mem: mem, Kind: kind}
 	if err := s.mmio.tracer.AddRegion(region); err != nil {
-		mmiotrace.UnmapGuestFile(mem)
+		mmiotrace.UnmapGuestFile(region.Mem)
 		if errors.Is(err, mmiotrace.ErrSelfTrace) {
 			return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process: %w", err)
 		}

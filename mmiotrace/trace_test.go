@@ -70,6 +70,7 @@ type testGuest struct {
 	out    *bufio.Scanner
 	mem    []byte // the test's mapping of the guest's memfd
 	addr   uint64
+	fd     int // the memfd in the guest
 }
 
 // goGuest is this test binary as a guest.
@@ -107,8 +108,7 @@ func startGuest(t *testing.T, cmd *exec.Cmd) *testGuest {
 	}
 	g := &testGuest{cmd: cmd, in: bufio.NewWriter(stdin), out: bufio.NewScanner(stdout)}
 	g.out.Scan()
-	var fd int
-	if _, err := fmt.Sscanf(g.out.Text(), "fd=%d addr=%d", &fd, &g.addr); err != nil {
+	if _, err := fmt.Sscanf(g.out.Text(), "fd=%d addr=%d", &g.fd, &g.addr); err != nil {
 		t.Fatalf("guest said %q", g.out.Text())
 	}
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
@@ -116,7 +116,7 @@ func startGuest(t *testing.T, cmd *exec.Cmd) *testGuest {
 		t.Fatal(err)
 	}
 	defer unix.Close(pidfd)
-	myfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	myfd, err := unix.PidfdGetfd(pidfd, g.fd, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,8 +172,13 @@ func (rp *replica) apply(r *Region, off uint64, data []byte) {
 // (whole-region) flush into a fresh replica.
 func trace(t *testing.T, g *testGuest, mode Mode, kind Kind) (*Tracer, *replica) {
 	t.Helper()
+	return traceRegion(t, g, mode, &Region{GuestAddr: g.addr, Mem: g.mem, Kind: kind})
+}
+
+func traceRegion(t *testing.T, g *testGuest, mode Mode, r *Region) (*Tracer, *replica) {
+	t.Helper()
 	tr := Attach(g.cmd.Process.Pid, Options{Mode: mode, Pin: true})
-	if err := tr.AddRegion(&Region{GuestAddr: g.addr, Mem: g.mem, Kind: kind}); err != nil {
+	if err := tr.AddRegion(r); err != nil {
 		t.Fatal(err)
 	}
 	rp := &replica{mem: make([]byte, len(g.mem))}
@@ -304,6 +309,71 @@ func TestTorture(t *testing.T) {
 				t.Fatalf("overlapping moves: %d bytes recorded for %d stored", recorded, stored)
 			}
 		})
+	}
+}
+
+// TestBypass tries, in every mode, the writes that bypass CPU stores to
+// the traced mapping. Each must fail in the guest at the call (EPERM: the
+// file is sealed once MapGuestFile took it; a forked child has no mapping
+// and faults), and the replica must still equal the guest's memory.
+func TestBypass(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, mode)
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			r, err := MapGuestFile(g.cmd.Process.Pid, g.fd, guestPages*pageSize, KindMemory)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer UnmapGuestFile(r.Mem)
+			tr, rp := traceRegion(t, g, mode, r)
+			defer tr.Close()
+			want := map[string]string{"pwrite": "-1 1", "punch": "-1 1", "remove": "-1 1", "reopen": "-1 1", "mmap": "-1 1", "fork": "signaled 11"}
+			for _, how := range []string{"pwrite", "punch", "remove", "reopen", "mmap", "fork"} {
+				g.do(t, "bypass "+how)
+				if got := strings.Join(g.said, ";"); got != "result "+how+" "+want[how] {
+					t.Errorf("%s: guest said %q, want %q", how, got, "result "+how+" "+want[how])
+				}
+				if err := tr.Flush(rp.apply); err != nil {
+					t.Fatal(err)
+				}
+				if string(rp.mem) != string(g.mem) {
+					t.Fatalf("%s: replica differs from the guest's memory at %d", how, firstDiff(rp.mem, g.mem))
+				}
+			}
+		})
+	}
+}
+
+// TestTakeOver: a node that takes over a guest's aperture file another node
+// already sealed against writes maps it read-only, and insn mode steps the
+// stores it would emulate: nothing is lost.
+func TestTakeOver(t *testing.T) {
+	skipUnlessTraceable(t, ModeInsn)
+	g := startGuest(t, cGuest(t))
+	defer g.stop()
+	first, err := MapGuestFile(g.cmd.Process.Pid, g.fd, guestPages*pageSize, KindMemory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	UnmapGuestFile(first.Mem)
+	r, err := MapGuestFile(g.cmd.Process.Pid, g.fd, guestPages*pageSize, KindMemory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer UnmapGuestFile(r.Mem)
+	if first.readOnly || !r.readOnly {
+		t.Fatalf("read-only: first %v, second %v", first.readOnly, r.readOnly)
+	}
+	tr, rp := traceRegion(t, g, ModeInsn, r)
+	defer tr.Close()
+	rp.run(t, g, tr, "forms")
+	if st := tr.Stats(); st.Emulated != 0 {
+		t.Fatalf("emulated into a read-only mapping: %+v", st)
 	}
 }
 

@@ -21,6 +21,8 @@ type Region struct {
 	Mem       []byte // the hypervisor's mapping of the same memory
 	Kind      Kind
 
+	readOnly bool // Mem cannot be written here (MapGuestFile): stores are stepped, never emulated
+
 	shadow []byte // contents as of the last flush, for sending changed ranges only
 	dirty  []bool // page mode: pages unprotected since the last flush
 	full   bool   // the next flush sends the whole region (just added)
@@ -281,7 +283,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	code := make([]byte, 16)
 	n, _ := t.pt.mem.ReadAt(code, int64(regs.RIP))
 	a, derr := Decode(code[:n])
-	if derr == nil && a.Emulated() && !t.opts.StepOnly {
+	if derr == nil && a.Emulated() && !t.opts.StepOnly && !r.readOnly {
 		if a.VectorSource() {
 			if err := readVectors(tid, regs); err != nil {
 				return false
