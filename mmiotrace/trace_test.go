@@ -377,6 +377,29 @@ func TestTakeOver(t *testing.T) {
 	}
 }
 
+// TestGuestMprotect: a guest that makes its aperture writable itself
+// (mprotect) stops faulting on it; its writes are found at the next flush
+// (the pages are compared and protected again) in every mode, and later
+// stores are traced as before.
+func TestGuestMprotect(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, mode)
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			tr, rp := trace(t, g, mode, KindMemory)
+			defer tr.Close()
+			rp.run(t, g, tr, "guestrw")
+			rp.run(t, g, tr, "forms") // traced as before
+			rp.run(t, g, tr, "guestrw")
+			t.Logf("%+v", tr.Stats())
+		})
+	}
+}
+
 // skipUnlessTraceable skips the traced-process tests under -short (they
 // start guest processes), where mode cannot work on this architecture,
 // and uffd mode where the kernel lacks what it needs.

@@ -55,6 +55,7 @@ type Stats struct {
 	Bytes          uint64 // bytes in those records
 	Flushes        uint64
 	DirtyPages     uint64 // pages found written at flushes (page, uffd)
+	GuestOpened    uint64 // protected pages found writable at flushes: the guest's own mprotect (compared, protected again)
 	PinnedCPU      int    // -1: not pinned
 	PtraceAttached bool
 }
@@ -69,6 +70,7 @@ type Tracer struct {
 	writes  []write // per-write records since the last flush, in program order
 	stats   Stats
 	pt      *ptracer     // nil until a region needs ptrace
+	maps    *os.File     // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
 	pagemap *os.File     // uffd mode
 	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
 }
@@ -168,12 +170,17 @@ func (t *Tracer) startPtrace() error {
 			}
 		}
 	}
+	maps, err := os.Open(fmt.Sprintf("/proc/%d/maps", t.pid))
+	if err != nil {
+		return fmt.Errorf("opening the guest's mappings: %w", err)
+	}
 	pt, err := startPtrace(t.pid, cpu, t.onFault)
 	if err != nil {
+		maps.Close()
 		return err
 	}
 	t.mu.Lock()
-	t.pt = pt
+	t.pt, t.maps = pt, maps
 	t.stats.PinnedCPU, t.stats.PtraceAttached = cpu, true
 	t.mu.Unlock()
 	return nil
@@ -218,6 +225,9 @@ func (t *Tracer) Close() error {
 	}
 	if t.pagemap != nil {
 		t.pagemap.Close()
+	}
+	if t.maps != nil {
+		t.maps.Close()
 	}
 	return err
 }
@@ -434,16 +444,26 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	t.stats.Flushes++
 	t.mu.Unlock()
 
+	opened, err := t.guestOpened(regions)
+	if err != nil {
+		return err
+	}
 	var dirty []dirtyPages
-	var err error
-	switch t.opts.Mode {
-	case ModePage:
+	switch {
+	case t.opts.Mode == ModePage || opened:
 		dirty, err = t.reprotectDirty(regions)
-	case ModeUffd:
+	case t.opts.Mode == ModeUffd:
 		dirty, err = t.scanWritten(regions)
 	}
 	if err != nil {
 		return err
+	}
+	if t.opts.Mode == ModeUffd && opened {
+		var scanned []dirtyPages
+		if scanned, err = t.scanWritten(regions); err != nil {
+			return err
+		}
+		dirty = append(dirty, scanned...)
 	}
 	var records, bytes, pages uint64
 	send := func(r *Region, off uint64, data []byte) {
@@ -458,16 +478,26 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 			send(r, 0, r.shadow)
 		}
 	}
-	for _, d := range dirty {
-		r := d.r
-		for _, pg := range d.pages {
-			pages++
-			r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+	// Page-batched regions' changed ranges; then per-write records (kept
+	// in the shadow, for the comparison after them); then the changed
+	// ranges of per-write pages the guest had opened itself.
+	sendPages := func(perWrite bool) {
+		for _, d := range dirty {
+			if t.perWrite(d.r) != perWrite {
+				continue
+			}
+			for _, pg := range d.pages {
+				pages++
+				d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+			}
 		}
 	}
+	sendPages(false)
 	for _, w := range t.takeWrites() {
+		copy(w.r.shadow[w.off:], w.data)
 		send(w.r, w.off, w.data)
 	}
+	sendPages(true)
 	t.mu.Lock()
 	t.stats.Records += records
 	t.stats.Bytes += bytes
@@ -475,6 +505,38 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	t.mu.Unlock()
 	t.opts.Metrics.flushed(t.opts.Mode, records, bytes, pages)
 	return nil
+}
+
+// guestOpened marks dirty the pages of ptrace-protected regions that the
+// guest made writable itself (mprotect), where its stores stopped
+// faulting: the flush compares them with what was last sent and protects
+// them again, so what the guest wrote there is caught and later stores
+// fault as before. It reports whether it found any.
+func (t *Tracer) guestOpened(regions []*Region) (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.maps == nil {
+		return false, nil
+	}
+	found := uint64(0)
+	for _, r := range regions {
+		if !t.usesPtrace(r) || r.full {
+			continue
+		}
+		err := writableRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), func(lo, hi uint64) {
+			for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr+pageSize-1)/pageSize; pg++ {
+				if !r.dirty[pg] { // under t.mu every page the tracer opened is dirty
+					r.dirty[pg] = true
+					found++
+				}
+			}
+		})
+		if err != nil {
+			return false, err
+		}
+	}
+	t.stats.GuestOpened += found
+	return found > 0, nil
 }
 
 // Drain is the last flush, for a guest that has stopped writing (it
@@ -485,15 +547,16 @@ func (t *Tracer) Drain(emit func(r *Region, off uint64, data []byte)) {
 	t.mu.Lock()
 	regions := append([]*Region(nil), t.regions...)
 	t.mu.Unlock()
-	writes := t.takeWrites()
-	for _, r := range regions {
-		if t.perWrite(r) || t.opts.Mode == ModeOff {
-			continue
-		}
-		r.sendChanged(0, uint64(len(r.Mem)), emit)
-	}
-	for _, w := range writes {
+	for _, w := range t.takeWrites() {
+		copy(w.r.shadow[w.off:], w.data)
 		emit(w.r, w.off, w.data)
+	}
+	// Then every region whole: per-write regions too, for stores that did
+	// not fault (pages the guest opened itself since the last flush).
+	for _, r := range regions {
+		if t.opts.Mode != ModeOff && !r.full {
+			r.sendChanged(0, uint64(len(r.Mem)), emit)
+		}
 	}
 }
 

@@ -177,6 +177,15 @@ static void bypass(const char *how) {
 	printf("result %s %ld %d\n", how, ret, ret < 0 ? errno : 0);
 }
 
+// guestrw: the guest makes part of its aperture writable itself and
+// writes it (a tracer that relies on its protection sees no fault), then
+// read-only again (as its own, with no handler) and read-write once more.
+static void guestrw(void) {
+	if (mprotect(ap + 2 * 4096, 3 * 4096, PROT_READ | PROT_WRITE)) perror("error: mprotect");
+	memset(ap + 2 * 4096 + 100, 0x3c, 3 * 4096 - 200);
+	ap[3 * 4096 + 1] = 0x42;
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -206,6 +215,7 @@ int main(void) {
 		else if (strncmp(line, "run fallback", 12) == 0) fallback();
 		else if (strncmp(line, "run torture", 11) == 0) torture();
 		else if (strncmp(line, "run movs", 8) == 0) movs();
+		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
 		else if (strncmp(line, "bypass ", 7) == 0) { line[strcspn(line, "\n")] = 0; bypass(line + 7); }
 		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
 		else if (strncmp(line, "exit", 4) == 0) return 0;
