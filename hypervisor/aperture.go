@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -185,6 +186,39 @@ func (s *Session) applyMMIO(body []byte) error {
 	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
 		return s.ctx.CopyHtoD(s.dev(ptr+off), data, 0)
 	})
+}
+
+// apertureSum is what verify reports for the allocation at addr when it is
+// one of this session's apertures: the checksum of the guest's file (what
+// the guest wrote is the truth the device copies must hold), inverted
+// where this node's own device copy differs from it, so that a write the
+// tracer lost shows as a mismatch whether it is missing on the primary,
+// the standby or both. ok is false for other allocations. The caller
+// flushed first; a guest still writing its aperture meanwhile may show
+// as a mismatch too (verify again).
+// Precondition: s.mu must be locked.
+func (s *Session) apertureSum(addr uint64) (sum uint64, ok bool) {
+	if s.mmio == nil || s.mmio.apertures[addr] == nil {
+		return 0, false
+	}
+	mem := s.mmio.apertures[addr].region.Mem
+	file := gpu.Checksum(mem)
+	if dev, err := s.checksum(addr, uint64(len(mem))); err != nil || dev != file {
+		return ^file, true
+	}
+	return file, true
+}
+
+// resendAperture is repair for an aperture: its file's whole contents
+// go to the device and the standby at once, as one more flush. ok is false
+// where addr is no aperture of this session.
+// Precondition: s.mu must be locked.
+func (s *Session) resendAperture(addr uint64) (ok bool, err error) {
+	if s.mmio == nil || s.mmio.apertures[addr] == nil {
+		return false, nil
+	}
+	s.mmio.tracer.Resend(s.mmio.apertures[addr].region)
+	return true, s.flushMMIO()
 }
 
 // mmioStatus reports the session's aperture tracing, or nil.

@@ -210,6 +210,14 @@ func (t *Tracer) RemoveRegion(r *Region) {
 	}
 }
 
+// Resend makes the next Flush report r whole, as when it was added (a
+// repair: whatever the device copies hold, they end equal to r.Mem).
+func (t *Tracer) Resend(r *Region) {
+	t.mu.Lock()
+	r.full = true
+	t.mu.Unlock()
+}
+
 // Close stops tracing: regions are unprotected and the guest runs on
 // untraced.
 func (t *Tracer) Close() error {
