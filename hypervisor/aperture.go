@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -50,7 +51,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 		return nil, fail(abi.StatusNotSupported, "apertures need a unix-socket connection: the hypervisor shares memory with the guest process")
 	}
 	mode := s.cfg.MMIO.Mode
-	mem, guestAddr, err := mmiotrace.MapGuestFile(s.peerPID, int(r.FD), rg.Size)
+	region, err := mmiotrace.MapGuestFile(s.peerPID, int(r.FD), rg.Size, kind)
 	if err != nil {
 		return nil, fail(abi.StatusInvalidValue, "aperture: %w", err)
 	}
@@ -66,9 +67,8 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 			go s.flushTimer(s.mmio, s.cfg.MMIO.FlushEvery)
 		}
 	}
-	region := &mmiotrace.Region{GuestAddr: guestAddr, Mem: mem, Kind: kind}
 	if err := s.mmio.tracer.AddRegion(region); err != nil {
-		mmiotrace.UnmapGuestFile(mem)
+		mmiotrace.UnmapGuestFile(region.Mem)
 		if errors.Is(err, mmiotrace.ErrSelfTrace) {
 			return nil, fail(abi.StatusNotSupported, "the guest is the hypervisor's own process: %w", err)
 		}
@@ -186,6 +186,39 @@ func (s *Session) applyMMIO(body []byte) error {
 	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
 		return s.ctx.CopyHtoD(s.dev(ptr+off), data, 0)
 	})
+}
+
+// apertureSum is what verify reports for the allocation at addr when it is
+// one of this session's apertures: the checksum of the guest's file (what
+// the guest wrote is the truth the device copies must hold), inverted
+// where this node's own device copy differs from it, so that a write the
+// tracer lost shows as a mismatch whether it is missing on the primary,
+// the standby or both. ok is false for other allocations. The caller
+// flushed first; a guest still writing its aperture meanwhile may show
+// as a mismatch too (verify again).
+// Precondition: s.mu must be locked.
+func (s *Session) apertureSum(addr uint64) (sum uint64, ok bool) {
+	if s.mmio == nil || s.mmio.apertures[addr] == nil {
+		return 0, false
+	}
+	mem := s.mmio.apertures[addr].region.Mem
+	file := gpu.Checksum(mem)
+	if dev, err := s.checksum(addr, uint64(len(mem))); err != nil || dev != file {
+		return ^file, true
+	}
+	return file, true
+}
+
+// resendAperture is repair for an aperture: its file's whole contents
+// go to the device and the standby at once, as one more flush. ok is false
+// where addr is no aperture of this session.
+// Precondition: s.mu must be locked.
+func (s *Session) resendAperture(addr uint64) (ok bool, err error) {
+	if s.mmio == nil || s.mmio.apertures[addr] == nil {
+		return false, nil
+	}
+	s.mmio.tracer.Resend(s.mmio.apertures[addr].region)
+	return true, s.flushMMIO()
 }
 
 // mmioStatus reports the session's aperture tracing, or nil.

@@ -161,6 +161,9 @@ func (s *Session) snapshot() []replicate.Record {
 func (s *Server) VerifyPoint(id uint64) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	s.stopTheWorld(func(sessions []*Session) {
+		for _, sess := range sessions {
+			sess.flushMMIO() // apertures are compared with their files (apertureSum)
+		}
 		if s.mode == replicate.ModeEpoch {
 			s.repl.Append(replicate.Record{Op: replicate.OpEpoch}) // apply what the standby holds
 		}
@@ -185,6 +188,9 @@ func checksums(sessions []*Session) []replicate.ObjectSum {
 			sum, err := sess.checksum(r.Addr, r.Size)
 			if err != nil {
 				sum = 0 // reported as a mismatch
+			}
+			if fileSum, ok := sess.apertureSum(r.Addr); ok {
+				sum = fileSum
 			}
 			sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
 		}
@@ -219,6 +225,9 @@ func (s *Server) Repair(session, addr uint64) error {
 	r, ok := sess.ranges.Find(addr, 0)
 	if !ok || r.Addr != addr {
 		return fmt.Errorf("session %d has no allocation at %#x", session, addr)
+	}
+	if ok, err := sess.resendAperture(addr); ok {
+		return err
 	}
 	recs, err := sess.contentRecords(r, replicate.FlagRepair)
 	if err != nil {

@@ -31,6 +31,11 @@ const (
 	// its value (a read-modify-write such as LOCK XADD): it single-steps
 	// the instruction and records the bytes at that range afterwards.
 	stepRange
+	// stepCompare: the decoder cannot bound what the instruction writes
+	// (BTS with a register bit offset reaches far beyond its operand): it
+	// is single-stepped like an undecodable one, and the pages it touched
+	// compared before and after.
+	stepCompare
 )
 
 // Access is a decoded instruction that stores to memory.
@@ -44,6 +49,11 @@ type Access struct {
 
 // Emulated reports whether the tracer writes the value itself.
 func (a *Access) Emulated() bool { return a.how == emulate }
+
+// Bounded reports whether the decoder proves where the store lands
+// (Target): true for emulated stores and plain read-modify-writes, false
+// for those the tracer must compare (a bit-test with a register offset).
+func (a *Access) Bounded() bool { return a.how != stepCompare }
 
 // VectorSource reports whether the stored value comes from an XMM or YMM
 // register, which the tracer must then read from the thread's XSAVE area.
@@ -88,13 +98,57 @@ func Decode(code []byte) (*Access, error) {
 		x86asm.MOVDQU, x86asm.MOVDQA, x86asm.MOVUPS, x86asm.MOVAPS, x86asm.MOVUPD, x86asm.MOVAPD,
 		x86asm.MOVNTDQ, x86asm.MOVNTPS, x86asm.MOVNTPD, x86asm.MOVQ, x86asm.MOVD, x86asm.MOVSD_XMM, x86asm.MOVSS,
 		x86asm.VMOVDQU, x86asm.VMOVDQA, x86asm.VMOVUPS, x86asm.VMOVAPS, x86asm.VMOVNTDQ:
-		if _, err := a.source(&Regs{}); err == nil {
+		if _, err := a.source(&Regs{}); err == nil && plainAddress(inst) {
 			a.how = emulate
 			return a, nil
 		}
 	}
 	a.how = stepRange
+	if !plainAddress(inst) {
+		// A vector index (VSIB: scatters store one element per lane, each
+		// at its own address) or an EVEX encoding (masked, broadcast):
+		// neither the address nor the bytes follow from the operand.
+		a.how = stepCompare
+		return a, nil
+	}
+	switch inst.Op {
+	case x86asm.BTS, x86asm.BTR, x86asm.BTC:
+		// BTS [mem], reg addresses the bit at mem + reg/8 (signed, up to
+		// ±2^60 bytes away): the operand says nothing about where it lands.
+		if _, isReg := inst.Args[1].(x86asm.Reg); isReg {
+			a.how = stepCompare
+		}
+	}
 	return a, nil
+}
+
+// plainAddress reports whether inst's memory operand is addressed by
+// general-purpose registers only and it has no EVEX prefix, so that Target
+// is where it stores.
+func plainAddress(inst x86asm.Inst) bool {
+	for _, p := range inst.Prefix {
+		if p == 0 {
+			break
+		}
+		if p.IsEVEX() {
+			return false
+		}
+	}
+	for _, arg := range inst.Args {
+		switch arg := arg.(type) {
+		case x86asm.Mem:
+			for _, reg := range []x86asm.Reg{arg.Base, arg.Index} {
+				if _, _, _, ok := gpr(reg); !ok && reg != 0 && reg != x86asm.RIP {
+					return false
+				}
+			}
+		case x86asm.Reg:
+			if arg >= x86asm.Z0 { // ZMM and mask registers: AVX-512 only
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func hasPrefix(inst x86asm.Inst, p x86asm.Prefix) bool {
@@ -308,13 +362,11 @@ func (a *Access) Emulate(r *Regs, read func(addr uint64, b []byte) error) (Store
 		if r.RFlags&flagDF != 0 {
 			src -= n - uint64(a.width)
 		}
-		st.Data = make([]byte, n)
-		if err := read(src, st.Data); err != nil {
-			return Store{}, fmt.Errorf("reading the source of %v: %w", a.Inst, err)
+		data, err := a.copyElements(r, src, addr, n, read)
+		if err != nil {
+			return Store{}, err
 		}
-		if overlaps(src, addr, n) && n > uint64(a.width) {
-			return Store{}, fmt.Errorf("%w: overlapping %v", ErrNotStore, a.Inst)
-		}
+		st.Data = data
 		a.advanceString(r, n, true)
 	case a.Inst.Op == x86asm.XCHG:
 		data, err := a.source(r)
@@ -339,6 +391,36 @@ func (a *Access) Emulate(r *Regs, read func(addr uint64, b []byte) error) (Store
 		r.RIP += uint64(a.Inst.Len)
 	}
 	return st, nil
+}
+
+// copyElements is what MOVS leaves at [dst, dst+n): its elements are
+// copied one at a time, in the direction flag's order, so where source and
+// destination overlap a later element reads what an earlier one stored
+// (as the CPU does); the result is exactly the bytes stored, once.
+func (a *Access) copyElements(r *Regs, src, dst, n uint64, read func(addr uint64, b []byte) error) ([]byte, error) {
+	if !overlaps(src, dst, n) || n <= uint64(a.width) {
+		data := make([]byte, n)
+		if err := read(src, data); err != nil {
+			return nil, fmt.Errorf("reading the source of %v: %w", a.Inst, err)
+		}
+		return data, nil
+	}
+	lo, hi := min(src, dst), max(src, dst)+n
+	buf := make([]byte, hi-lo)
+	if err := read(lo, buf); err != nil {
+		return nil, fmt.Errorf("reading the source of %v: %w", a.Inst, err)
+	}
+	w := uint64(a.width)
+	s, d := buf[src-lo:], buf[dst-lo:]
+	count := n / w
+	for k := uint64(0); k < count; k++ {
+		i := k
+		if r.RFlags&flagDF != 0 {
+			i = count - 1 - k
+		}
+		copy(d[i*w:(i+1)*w], s[i*w:(i+1)*w])
+	}
+	return d[:n:n], nil
 }
 
 func isStos(op x86asm.Op) bool {

@@ -19,11 +19,15 @@
 //   - insn: the regions stay write-protected; each store faults, the tracer
 //     (ptrace) reads the registers and the instruction, decodes it with
 //     x86asm and emulates it — writes the value through its own mapping and
-//     advances RIP — so the page is never writable for any thread. A
-//     read-modify-write (LOCK XADD…) is single-stepped with the page
-//     unprotected and the other threads stopped, and the bytes at the
-//     decoded address recorded; an instruction the decoder cannot describe
-//     is stepped the same way and the page compared before and after.
+//     advances RIP — so the page is never writable for any thread
+//     (overlapping REP MOVS element by element, as the CPU copies). A
+//     read-modify-write of a proven range (LOCK XADD…) is single-stepped
+//     with the page unprotected and the other threads stopped, and the
+//     operand's bytes recorded; anything whose reach the decoder cannot
+//     prove (undecodable, BTS with a register bit offset, AVX-512 scatters
+//     and other EVEX forms) is stepped the same way, every page the step
+//     touches copied before it is unprotected, and exactly the bytes that
+//     changed recorded.
 //   - page: the first write to a page after a flush faults; the tracer
 //     unprotects the page and marks it dirty. A flush re-protects the dirty
 //     pages (an mprotect injected into a stopped guest thread) and sends the
@@ -37,12 +41,34 @@
 // Register regions (doorbells) are traced one write at a time in every mode
 // but off. Reads are never trapped (write-protect, not unmap).
 //
+// The rule: a write reaches the device copy and the standby, or the guest
+// gets an error at the moment it tries. What happens, per mode (MapGuestFile
+// seals the file F_SEAL_FUTURE_WRITE and requires MADV_DONTFORK; each flush
+// of a ptrace mode asks the kernel which protected pages are writable):
+//
+//	guest does                          insn                      page                      uffd
+//	plain store, REP STOS/MOVS          emulated, recorded        page compared at flush    page compared at flush
+//	BTS reg far, scatter, undecodable   stepped, pages compared   page compared at flush    page compared at flush
+//	write/pwrite/fallocate PUNCH_HOLE,  EPERM                     EPERM                     EPERM
+//	  MADV_REMOVE, writable reopen/mmap
+//	fork, child touches the aperture    child: SIGSEGV            child: SIGSEGV            child: SIGSEGV
+//	mprotect(READ|WRITE) then stores    caught at the next flush  caught at the next flush  tracked (the kernel keeps write-protection)
+//	mprotect(READ) + own SIGSEGV        LIMIT: the tracer performs the store, the handler never runs; nothing lost
+//	  handler, then a store               (uffd: the guest's handler runs, as on a device)
+//	sigaltstack inside the aperture     LIMIT: a signal kills the guest (the kernel cannot write the frame); uffd: works
+//	read(2)/pread into the aperture     EFAULT at a protected     LIMIT: may return short   full result, tracked
+//	                                    page                      (stops at the first protected page); what it wrote is caught
+//	O_DIRECT read into the aperture     EFAULT (protected page)   LIMIT (page and uffd): a flush while the device
+//	                                                              writes pinned pages misses those bytes until the
+//	                                                              page is written again; verify shows them
+//
+// verify compares every aperture's file with both device copies, so
+// anything a row marked LIMIT loses is visible to an operator.
+//
 // The tracer runs in the hypervisor's process. Linux ties ptrace to the
 // thread that attached, so all ptrace work runs on one locked OS thread;
 // with Options.Pin that thread and the guest's threads share one CPU.
 // Limits: the guest must run in a process group of its own (the tracer
-// waits on that group only); a system call that writes into a protected
-// region (read(2) into an aperture) fails with EFAULT in the ptrace modes
-// (uffd mode has no such limit); the guest's job-control stops are not kept
+// waits on that group only); the guest's job-control stops are not kept
 // while it is traced.
 package mmiotrace

@@ -2,9 +2,11 @@ package mmiotrace
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -45,40 +47,62 @@ func PeerCred(conn net.Conn) (pid, uid int, ok bool) {
 // MapGuestFile takes file descriptor fd from process pid (pidfd_getfd),
 // checks it is a memory file of exactly size bytes sealed against resizing
 // (so it can never shrink under this process's mapping), finds where the
-// guest maps it, and maps it here. mem and guestAddr are a Region's Mem
-// and GuestAddr; release mem with UnmapGuestFile once the region is
-// removed.
-func MapGuestFile(pid, fd int, size uint64) (mem []byte, guestAddr uint64, err error) {
+// guest maps it, and maps it here, as a Region of the given kind to trace.
+// Release r.Mem with UnmapGuestFile once the region is removed.
+//
+// It then seals the file against writes other than through existing
+// mappings (F_SEAL_FUTURE_WRITE): write(2), pwrite(2),
+// fallocate(PUNCH_HOLE) and madvise(MADV_REMOVE) on it fail with EPERM in
+// the guest from then on, so nothing reaches the file behind the tracer.
+// A file sealed so already (taken over after a failover) can only be
+// mapped read-only here: the region is then traced without emulation.
+// The guest's mapping must not be inherited by children (MADV_DONTFORK),
+// whose writes no tracer would see: a child that touches it faults.
+func MapGuestFile(pid, fd int, size uint64, kind Kind) (*Region, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("guest process %d: %w", pid, err)
+		return nil, fmt.Errorf("guest process %d: %w", pid, err)
 	}
 	defer unix.Close(pidfd)
 	own, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("taking file %d from the guest: %w", fd, err)
+		return nil, fmt.Errorf("taking file %d from the guest: %w", fd, err)
 	}
 	defer unix.Close(own)
 	var st unix.Stat_t
 	if err := unix.Fstat(own, &st); err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != size {
-		return nil, 0, fmt.Errorf("file %d is not a %d-byte memory file", fd, size)
+		return nil, fmt.Errorf("file %d is not a %d-byte memory file", fd, size)
 	}
 	seals, err := unix.FcntlInt(uintptr(own), unix.F_GET_SEALS, 0)
 	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
-		return nil, 0, fmt.Errorf("file %d is not a memfd sealed against shrinking and growing", fd)
+		return nil, fmt.Errorf("file %d is not a memfd sealed against shrinking and growing", fd)
+	}
+	writeSealed := seals&(unix.F_SEAL_WRITE|unix.F_SEAL_FUTURE_WRITE) != 0
+	if !writeSealed && seals&unix.F_SEAL_SEAL != 0 {
+		return nil, fmt.Errorf("file %d is sealed against further seals: leave F_SEAL_SEAL off, the hypervisor seals it against writes that bypass its mapping", fd)
 	}
 	addr, err := guestMapping(pid, st, size)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	mem, err = unix.Mmap(own, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if writeSealed {
+		prot = unix.PROT_READ
+	}
+	mem, err := unix.Mmap(own, 0, int(size), prot, unix.MAP_SHARED)
 	if err != nil {
-		return nil, 0, fmt.Errorf("mapping the aperture: %w", err)
+		return nil, fmt.Errorf("mapping the aperture: %w", err)
 	}
-	return mem, addr, nil
+	if !writeSealed {
+		if _, err := unix.FcntlInt(uintptr(own), unix.F_ADD_SEALS, unix.F_SEAL_FUTURE_WRITE); err != nil {
+			unix.Munmap(mem)
+			return nil, fmt.Errorf("sealing the aperture file against writes: %w", err)
+		}
+	}
+	return &Region{GuestAddr: addr, Mem: mem, Kind: kind, readOnly: writeSealed}, nil
 }
 
 // UnmapGuestFile releases a mapping MapGuestFile made.
@@ -113,5 +137,32 @@ func guestMapping(pid int, st unix.Stat_t, size uint64) (uint64, error) {
 	if len(found) != 1 {
 		return 0, fmt.Errorf("the guest maps the aperture file %d times: map it exactly once", len(found))
 	}
+	if !dontFork(pid, found[0]) {
+		return 0, errors.New("the guest's aperture mapping would be inherited by its children, whose writes no tracer sees: madvise it MADV_DONTFORK")
+	}
 	return found[0], nil
+}
+
+// dontFork reports whether the guest's mapping at addr is left out of its
+// children (MADV_DONTFORK: "dc" in its smaps VmFlags).
+func dontFork(pid int, addr uint64) bool {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	head := fmt.Sprintf("%x-", addr)
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) == 0:
+		case !strings.HasSuffix(f[0], ":"): // a mapping's header line: start-end perms ...
+			in = strings.HasPrefix(f[0], head)
+		case in && f[0] == "VmFlags:":
+			return slices.Contains(f[1:], "dc")
+		}
+	}
+	return false
 }

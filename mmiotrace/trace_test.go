@@ -65,10 +65,12 @@ func guestMain() {
 type testGuest struct {
 	cmd    *exec.Cmd
 	expect []string // "OFFSET:HEX" lines the guest printed for its last command
+	said   []string // the other lines it printed for it
 	in     *bufio.Writer
 	out    *bufio.Scanner
 	mem    []byte // the test's mapping of the guest's memfd
 	addr   uint64
+	fd     int // the memfd in the guest
 }
 
 // goGuest is this test binary as a guest.
@@ -106,8 +108,7 @@ func startGuest(t *testing.T, cmd *exec.Cmd) *testGuest {
 	}
 	g := &testGuest{cmd: cmd, in: bufio.NewWriter(stdin), out: bufio.NewScanner(stdout)}
 	g.out.Scan()
-	var fd int
-	if _, err := fmt.Sscanf(g.out.Text(), "fd=%d addr=%d", &fd, &g.addr); err != nil {
+	if _, err := fmt.Sscanf(g.out.Text(), "fd=%d addr=%d", &g.fd, &g.addr); err != nil {
 		t.Fatalf("guest said %q", g.out.Text())
 	}
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
@@ -115,7 +116,7 @@ func startGuest(t *testing.T, cmd *exec.Cmd) *testGuest {
 		t.Fatal(err)
 	}
 	defer unix.Close(pidfd)
-	myfd, err := unix.PidfdGetfd(pidfd, fd, 0)
+	myfd, err := unix.PidfdGetfd(pidfd, g.fd, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func (g *testGuest) do(t *testing.T, cmd string) {
 	t.Helper()
 	fmt.Fprintln(g.in, cmd)
 	g.in.Flush()
-	g.expect = nil
+	g.expect, g.said = nil, nil
 	for g.out.Scan() && g.out.Text() != "done" {
 		var off int
 		var hex string
@@ -139,6 +140,8 @@ func (g *testGuest) do(t *testing.T, cmd string) {
 			g.expect = append(g.expect, fmt.Sprintf("%d:%s", off, hex))
 		} else if strings.HasPrefix(g.out.Text(), "error") {
 			t.Fatalf("guest: %s: %s", cmd, g.out.Text())
+		} else {
+			g.said = append(g.said, g.out.Text())
 		}
 	}
 	if g.out.Text() != "done" {
@@ -169,8 +172,13 @@ func (rp *replica) apply(r *Region, off uint64, data []byte) {
 // (whole-region) flush into a fresh replica.
 func trace(t *testing.T, g *testGuest, mode Mode, kind Kind) (*Tracer, *replica) {
 	t.Helper()
+	return traceRegion(t, g, mode, &Region{GuestAddr: g.addr, Mem: g.mem, Kind: kind})
+}
+
+func traceRegion(t *testing.T, g *testGuest, mode Mode, r *Region) (*Tracer, *replica) {
+	t.Helper()
 	tr := Attach(g.cmd.Process.Pid, Options{Mode: mode, Pin: true})
-	if err := tr.AddRegion(&Region{GuestAddr: g.addr, Mem: g.mem, Kind: kind}); err != nil {
+	if err := tr.AddRegion(r); err != nil {
 		t.Fatal(err)
 	}
 	rp := &replica{mem: make([]byte, len(g.mem))}
@@ -267,6 +275,127 @@ func TestStoreForms(t *testing.T) {
 				t.Fatalf("fallbacks not exercised: %+v", st)
 			}
 			t.Logf("%+v", st)
+		})
+	}
+}
+
+// TestTorture runs the stores whose reach their operand does not tell (BTS
+// with far register bit offsets, an AVX-512 scatter where the CPU has one)
+// and overlapping string moves in every mode: the replica must equal the
+// guest's memory, and insn mode must record no more than the bytes the
+// moves stored (not their operand range once per element).
+func TestTorture(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, mode)
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			tr, rp := trace(t, g, mode, KindMemory)
+			defer tr.Close()
+			rp.run(t, g, tr, "torture")
+			t.Logf("torture: guest said %q; %+v", g.said, tr.Stats())
+			before := tr.Stats().Bytes
+			rp.run(t, g, tr, "movs")
+			var stored uint64
+			for _, l := range g.said {
+				fmt.Sscanf(l, "stored %d", &stored)
+			}
+			recorded := tr.Stats().Bytes - before
+			t.Logf("movs: %d bytes stored, %d recorded", stored, recorded)
+			if mode == ModeInsn && (stored == 0 || recorded > 2*stored) {
+				t.Fatalf("overlapping moves: %d bytes recorded for %d stored", recorded, stored)
+			}
+		})
+	}
+}
+
+// TestBypass tries, in every mode, the writes that bypass CPU stores to
+// the traced mapping. Each must fail in the guest at the call (EPERM: the
+// file is sealed once MapGuestFile took it; a forked child has no mapping
+// and faults), and the replica must still equal the guest's memory.
+func TestBypass(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, mode)
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			r, err := MapGuestFile(g.cmd.Process.Pid, g.fd, guestPages*pageSize, KindMemory)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer UnmapGuestFile(r.Mem)
+			tr, rp := traceRegion(t, g, mode, r)
+			defer tr.Close()
+			want := map[string]string{"pwrite": "-1 1", "punch": "-1 1", "remove": "-1 1", "reopen": "-1 1", "mmap": "-1 1", "fork": "signaled 11"}
+			for _, how := range []string{"pwrite", "punch", "remove", "reopen", "mmap", "fork"} {
+				g.do(t, "bypass "+how)
+				if got := strings.Join(g.said, ";"); got != "result "+how+" "+want[how] {
+					t.Errorf("%s: guest said %q, want %q", how, got, "result "+how+" "+want[how])
+				}
+				if err := tr.Flush(rp.apply); err != nil {
+					t.Fatal(err)
+				}
+				if string(rp.mem) != string(g.mem) {
+					t.Fatalf("%s: replica differs from the guest's memory at %d", how, firstDiff(rp.mem, g.mem))
+				}
+			}
+		})
+	}
+}
+
+// TestTakeOver: a node that takes over a guest's aperture file another node
+// already sealed against writes maps it read-only, and insn mode steps the
+// stores it would emulate: nothing is lost.
+func TestTakeOver(t *testing.T) {
+	skipUnlessTraceable(t, ModeInsn)
+	g := startGuest(t, cGuest(t))
+	defer g.stop()
+	first, err := MapGuestFile(g.cmd.Process.Pid, g.fd, guestPages*pageSize, KindMemory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	UnmapGuestFile(first.Mem)
+	r, err := MapGuestFile(g.cmd.Process.Pid, g.fd, guestPages*pageSize, KindMemory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer UnmapGuestFile(r.Mem)
+	if first.readOnly || !r.readOnly {
+		t.Fatalf("read-only: first %v, second %v", first.readOnly, r.readOnly)
+	}
+	tr, rp := traceRegion(t, g, ModeInsn, r)
+	defer tr.Close()
+	rp.run(t, g, tr, "forms")
+	if st := tr.Stats(); st.Emulated != 0 {
+		t.Fatalf("emulated into a read-only mapping: %+v", st)
+	}
+}
+
+// TestGuestMprotect: a guest that makes its aperture writable itself
+// (mprotect) stops faulting on it; its writes are found at the next flush
+// (the pages are compared and protected again) in every mode, and later
+// stores are traced as before.
+func TestGuestMprotect(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, mode)
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			tr, rp := trace(t, g, mode, KindMemory)
+			defer tr.Close()
+			rp.run(t, g, tr, "guestrw")
+			rp.run(t, g, tr, "forms") // traced as before
+			rp.run(t, g, tr, "guestrw")
+			t.Logf("%+v", tr.Stats())
 		})
 	}
 }

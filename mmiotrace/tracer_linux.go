@@ -21,6 +21,8 @@ type Region struct {
 	Mem       []byte // the hypervisor's mapping of the same memory
 	Kind      Kind
 
+	readOnly bool // Mem cannot be written here (MapGuestFile): stores are stepped, never emulated
+
 	shadow []byte // contents as of the last flush, for sending changed ranges only
 	dirty  []bool // page mode: pages unprotected since the last flush
 	full   bool   // the next flush sends the whole region (just added)
@@ -53,6 +55,7 @@ type Stats struct {
 	Bytes          uint64 // bytes in those records
 	Flushes        uint64
 	DirtyPages     uint64 // pages found written at flushes (page, uffd)
+	GuestOpened    uint64 // protected pages found writable at flushes: the guest's own mprotect (compared, protected again)
 	PinnedCPU      int    // -1: not pinned
 	PtraceAttached bool
 }
@@ -67,6 +70,7 @@ type Tracer struct {
 	writes  []write // per-write records since the last flush, in program order
 	stats   Stats
 	pt      *ptracer     // nil until a region needs ptrace
+	maps    *os.File     // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
 	pagemap *os.File     // uffd mode
 	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
 }
@@ -166,12 +170,17 @@ func (t *Tracer) startPtrace() error {
 			}
 		}
 	}
+	maps, err := os.Open(fmt.Sprintf("/proc/%d/maps", t.pid))
+	if err != nil {
+		return fmt.Errorf("opening the guest's mappings: %w", err)
+	}
 	pt, err := startPtrace(t.pid, cpu, t.onFault)
 	if err != nil {
+		maps.Close()
 		return err
 	}
 	t.mu.Lock()
-	t.pt = pt
+	t.pt, t.maps = pt, maps
 	t.stats.PinnedCPU, t.stats.PtraceAttached = cpu, true
 	t.mu.Unlock()
 	return nil
@@ -201,6 +210,14 @@ func (t *Tracer) RemoveRegion(r *Region) {
 	}
 }
 
+// Resend makes the next Flush report r whole, as when it was added (a
+// repair: whatever the device copies hold, they end equal to r.Mem).
+func (t *Tracer) Resend(r *Region) {
+	t.mu.Lock()
+	r.full = true
+	t.mu.Unlock()
+}
+
 // Close stops tracing: regions are unprotected and the guest runs on
 // untraced.
 func (t *Tracer) Close() error {
@@ -216,6 +233,9 @@ func (t *Tracer) Close() error {
 	}
 	if t.pagemap != nil {
 		t.pagemap.Close()
+	}
+	if t.maps != nil {
+		t.maps.Close()
 	}
 	return err
 }
@@ -281,7 +301,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	code := make([]byte, 16)
 	n, _ := t.pt.mem.ReadAt(code, int64(regs.RIP))
 	a, derr := Decode(code[:n])
-	if derr == nil && a.Emulated() && !t.opts.StepOnly {
+	if derr == nil && a.Emulated() && !t.opts.StepOnly && !r.readOnly {
 		if a.VectorSource() {
 			if err := readVectors(tid, regs); err != nil {
 				return false
@@ -301,10 +321,12 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 			}
 		}
 	}
-	if derr == nil {
+	if derr == nil && a.Bounded() && !a.stringOp {
+		// A read-modify-write of a proven range: the operand's bytes after
+		// the step are the store, recorded even where the value is
+		// unchanged (a doorbell write counts).
 		dst, size := a.Target(regs)
-		size = min(size, uint64(len(r.Mem))) // a REP count can be anything; dst+size must not wrap
-		if err := t.stepUnprotected(tid, r, addr); err != nil {
+		if _, err := t.stepUnprotected(tid, addr); err != nil {
 			return err == ErrGuestGone
 		}
 		t.recordRange(dst, size)
@@ -312,17 +334,19 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 		t.opts.Metrics.fallback(t.opts.Mode, "read_modify_write")
 		return true
 	}
-	// Undecodable: step and compare the faulting page and the next.
-	lo := addr &^ (pageSize - 1)
-	hi := min(lo+2*pageSize, r.GuestAddr+uint64(len(r.Mem)))
-	before := append([]byte(nil), r.Mem[lo-r.GuestAddr:hi-r.GuestAddr]...)
-	if err := t.stepUnprotected(tid, r, addr); err != nil {
+	// Unbounded, undecodable or a string op the emulator refused (one
+	// step is one element): step, then record exactly the bytes that
+	// changed on every page the step touched.
+	snaps, err := t.stepUnprotected(tid, addr)
+	if err != nil {
 		return err == ErrGuestGone
 	}
-	after := r.Mem[lo-r.GuestAddr : hi-r.GuestAddr]
-	diffRanges(before, after, func(off, n int) {
-		t.record(r, lo-r.GuestAddr+uint64(off), append([]byte(nil), after[off:off+n]...))
-	})
+	for _, sn := range snaps {
+		after := sn.r.Mem[sn.off : sn.off+pageSize]
+		diffRanges(sn.before, after, func(off, n int) {
+			t.record(sn.r, sn.off+uint64(off), append([]byte(nil), after[off:off+n]...))
+		})
+	}
 	t.stats.Undecodable++
 	t.opts.Metrics.fallback(t.opts.Mode, "undecodable")
 	return true
@@ -341,41 +365,59 @@ func (t *Tracer) read(addr uint64, b []byte) error {
 	return t.pt.readGuest(addr, b)
 }
 
+// pageSnap is a traced page as it was before a single-step made it
+// writable.
+type pageSnap struct {
+	r      *Region
+	off    uint64 // page offset in r
+	before []byte
+}
+
+// maxStepPages bounds the pages one stepped instruction may touch: an
+// AVX-512 scatter stores 16 elements, each maybe straddling two pages.
+const maxStepPages = 64
+
 // stepUnprotected single-steps the faulting instruction with the page it
 // faulted on writable and every other guest thread stopped, so no other
 // thread writes the page untraced meanwhile. Pages the step faults on next
-// (a store straddling a page boundary) are unprotected too.
+// (a store straddling a page boundary, a far bit, a scatter's elements)
+// are unprotected too. Each page is copied before it is unprotected, so
+// the caller can tell exactly what the instruction changed.
 // Precondition: t.mu must be locked.
-func (t *Tracer) stepUnprotected(tid int, r *Region, addr uint64) error {
+func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 	pt := t.pt
 	others := pt.stopOthers(tid)
 	defer pt.resumeOthers(others)
-	pages := []uint64{addr &^ (pageSize - 1)}
+	var snaps []pageSnap
 	defer func() {
-		for _, pg := range pages {
-			pt.mprotect(tid, pg, pageSize, unix.PROT_READ)
+		for _, sn := range snaps {
+			pt.mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, unix.PROT_READ)
 		}
 	}()
-	if err := pt.mprotect(tid, pages[0], pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
-		return err
+	open := func(at uint64) error {
+		r := t.regionAt(at)
+		off := (at - r.GuestAddr) &^ (pageSize - 1)
+		snaps = append(snaps, pageSnap{r: r, off: off, before: append([]byte(nil), r.Mem[off:off+pageSize]...)})
+		return pt.mprotect(tid, r.GuestAddr+off, pageSize, unix.PROT_READ|unix.PROT_WRITE)
 	}
-	for range 4 {
+	if err := open(addr); err != nil {
+		return snaps, err
+	}
+	for range maxStepPages {
 		err := pt.singleStep(tid)
 		var sf *stepFault
 		if !errors.As(err, &sf) {
-			return err
+			return snaps, err
 		}
 		if t.regionAt(sf.addr) == nil { // a genuine fault outside the regions: the guest gets it
 			pt.threads[tid].pending = int(unix.SIGSEGV)
-			return nil
+			return snaps, nil
 		}
-		pg := sf.addr &^ (pageSize - 1)
-		pages = append(pages, pg)
-		if err := pt.mprotect(tid, pg, pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
-			return err
+		if err := open(sf.addr); err != nil {
+			return snaps, err
 		}
 	}
-	return fmt.Errorf("instruction at fault %#x keeps faulting", addr)
+	return snaps, fmt.Errorf("instruction at fault %#x keeps faulting", addr)
 }
 
 // record appends one traced write.
@@ -410,16 +452,26 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	t.stats.Flushes++
 	t.mu.Unlock()
 
+	opened, err := t.guestOpened(regions)
+	if err != nil {
+		return err
+	}
 	var dirty []dirtyPages
-	var err error
-	switch t.opts.Mode {
-	case ModePage:
+	switch {
+	case t.opts.Mode == ModePage || opened:
 		dirty, err = t.reprotectDirty(regions)
-	case ModeUffd:
+	case t.opts.Mode == ModeUffd:
 		dirty, err = t.scanWritten(regions)
 	}
 	if err != nil {
 		return err
+	}
+	if t.opts.Mode == ModeUffd && opened {
+		var scanned []dirtyPages
+		if scanned, err = t.scanWritten(regions); err != nil {
+			return err
+		}
+		dirty = append(dirty, scanned...)
 	}
 	var records, bytes, pages uint64
 	send := func(r *Region, off uint64, data []byte) {
@@ -434,16 +486,26 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 			send(r, 0, r.shadow)
 		}
 	}
-	for _, d := range dirty {
-		r := d.r
-		for _, pg := range d.pages {
-			pages++
-			r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+	// Page-batched regions' changed ranges; then per-write records (kept
+	// in the shadow, for the comparison after them); then the changed
+	// ranges of per-write pages the guest had opened itself.
+	sendPages := func(perWrite bool) {
+		for _, d := range dirty {
+			if t.perWrite(d.r) != perWrite {
+				continue
+			}
+			for _, pg := range d.pages {
+				pages++
+				d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+			}
 		}
 	}
+	sendPages(false)
 	for _, w := range t.takeWrites() {
+		copy(w.r.shadow[w.off:], w.data)
 		send(w.r, w.off, w.data)
 	}
+	sendPages(true)
 	t.mu.Lock()
 	t.stats.Records += records
 	t.stats.Bytes += bytes
@@ -451,6 +513,38 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	t.mu.Unlock()
 	t.opts.Metrics.flushed(t.opts.Mode, records, bytes, pages)
 	return nil
+}
+
+// guestOpened marks dirty the pages of ptrace-protected regions that the
+// guest made writable itself (mprotect), where its stores stopped
+// faulting: the flush compares them with what was last sent and protects
+// them again, so what the guest wrote there is caught and later stores
+// fault as before. It reports whether it found any.
+func (t *Tracer) guestOpened(regions []*Region) (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.maps == nil {
+		return false, nil
+	}
+	found := uint64(0)
+	for _, r := range regions {
+		if !t.usesPtrace(r) || r.full {
+			continue
+		}
+		err := writableRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), func(lo, hi uint64) {
+			for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr+pageSize-1)/pageSize; pg++ {
+				if !r.dirty[pg] { // under t.mu every page the tracer opened is dirty
+					r.dirty[pg] = true
+					found++
+				}
+			}
+		})
+		if err != nil {
+			return false, err
+		}
+	}
+	t.stats.GuestOpened += found
+	return found > 0, nil
 }
 
 // Drain is the last flush, for a guest that has stopped writing (it
@@ -461,15 +555,16 @@ func (t *Tracer) Drain(emit func(r *Region, off uint64, data []byte)) {
 	t.mu.Lock()
 	regions := append([]*Region(nil), t.regions...)
 	t.mu.Unlock()
-	writes := t.takeWrites()
-	for _, r := range regions {
-		if t.perWrite(r) || t.opts.Mode == ModeOff {
-			continue
-		}
-		r.sendChanged(0, uint64(len(r.Mem)), emit)
-	}
-	for _, w := range writes {
+	for _, w := range t.takeWrites() {
+		copy(w.r.shadow[w.off:], w.data)
 		emit(w.r, w.off, w.data)
+	}
+	// Then every region whole: per-write regions too, for stores that did
+	// not fault (pages the guest opened itself since the last flush).
+	for _, r := range regions {
+		if t.opts.Mode != ModeOff && !r.full {
+			r.sendChanged(0, uint64(len(r.Mem)), emit)
+		}
 	}
 }
 

@@ -7,7 +7,8 @@ import (
 )
 
 // mapFile creates the shared memory file, seals its size (so the
-// hypervisor's mapping can never lose pages under it) and maps it.
+// hypervisor's mapping can never lose pages under it) and maps it, out of
+// reach of children.
 func (a *Aperture) mapFile(size uint64) error {
 	fd, err := unix.MemfdCreate("vgpuha-aperture", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -17,11 +18,17 @@ func (a *Aperture) mapFile(size uint64) error {
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return fmt.Errorf("pvdriver: sizing the aperture: %w", err)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+	// F_SEAL_SEAL stays off: the hypervisor adds F_SEAL_FUTURE_WRITE once
+	// it mapped the file, so writes can only come through the mappings.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 		return fmt.Errorf("pvdriver: sealing the aperture: %w", err)
 	}
 	if a.Mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 		return fmt.Errorf("pvdriver: mapping the aperture: %w", err)
+	}
+	// A child would inherit a mapping no tracer watches.
+	if err := unix.Madvise(a.Mem, unix.MADV_DONTFORK); err != nil {
+		return fmt.Errorf("pvdriver: keeping the aperture from children: %w", err)
 	}
 	return nil
 }

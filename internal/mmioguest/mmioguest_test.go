@@ -155,3 +155,52 @@ func TestApertureSurvivesFailover(t *testing.T) {
 		})
 	}
 }
+
+// TestVerifyApertures: verify compares each aperture's file (the guest's
+// memory) with the device copies while the guest holds its session. In off
+// mode nothing the guest wrote after attaching reached either device copy
+// (primary and standby are equally stale, and equal to each other): verify
+// must still report the aperture, and repair must bring both to the file.
+// A traced mode matches.
+func TestVerifyApertures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts and traces guest processes")
+	}
+	for _, mode := range []mmiotrace.Mode{mmiotrace.ModeOff, mmiotrace.ModePage} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit,
+				MMIO: &hypervisor.MMIOConfig{Mode: mode, Pin: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			cmd := guestCommand("--addr", c.Endpoint, "--workload", "seq", "--writes", "3000", "--aperture-bytes", "65536", "--hold")
+			out, _ := cmd.StdoutPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cmd.Process.Kill(); mmiotrace.WaitExit(cmd) }()
+			sc := bufio.NewScanner(out)
+			var res Result
+			if !sc.Scan() || json.Unmarshal(sc.Bytes(), &res) != nil || res.Writes == 0 {
+				t.Fatalf("guest said %q", sc.Text())
+			}
+			rep, err := c.Verify()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stale := mode == mmiotrace.ModeOff; rep.Match == stale || stale && (len(rep.Mismatches) != 1 || !rep.Mismatches[0].Repairable) {
+				t.Fatalf("%s mode, the guest's aperture written: %+v", mode, rep)
+			}
+			if rep.Match {
+				return
+			}
+			if rep, err = c.PrimaryNode.Verify(true, 30*time.Second); err != nil || rep.Repaired != 1 {
+				t.Fatalf("repair: %+v, %v", rep, err)
+			}
+			if rep, err = c.Verify(); err != nil || !rep.Match {
+				t.Fatalf("after repair: %+v, %v", rep, err)
+			}
+		})
+	}
+}

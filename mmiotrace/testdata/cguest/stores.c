@@ -5,6 +5,8 @@
 // the tracer's per-write records must equal. Compiled by the Go test with gcc.
 #define _GNU_SOURCE
 #include <cpuid.h>
+#include <errno.h>
+#include <sys/wait.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,6 +29,7 @@
 
 #define PAGES 16
 static unsigned char *ap;
+static int apfd;
 
 static void expect(unsigned long off, unsigned long n) {
 	printf("expect %lu ", off);
@@ -100,6 +103,89 @@ static void fallback(void) {
 	}
 }
 
+__attribute__((target("avx512f"))) static void scatter(void) {
+	int idx[16], val[16];
+	for (int i = 0; i < 16; i++) { idx[i] = (i * 977 + 13) % (PAGES * 1024); val[i] = 0x5a000000 + i; }
+	__asm__ volatile("vmovdqu32 (%1), %%zmm1\n\tvmovdqu32 (%2), %%zmm2\n\tkxnorw %%k1, %%k1, %%k1\n\t"
+		"vpscatterdd %%zmm2, (%0,%%zmm1,4) %{%%k1%}\n\tvzeroupper"
+		::"r"(ap), "r"(idx), "r"(val) : "xmm1", "xmm2", "k1", "memory");
+}
+
+// torture: stores whose reach the operand does not tell. BTS with a
+// register bit offset sets a bit pages away from its operand (forwards
+// and backwards); an AVX-512 scatter stores 16 elements across pages.
+static void torture(void) {
+	unsigned char *p = ap + 8 * 4096;
+	long far = (5L * 4096 + 100) * 8 + 3, back = -(6L * 4096 - 7) * 8 + 6;
+	__asm__ volatile("lock btsq %1, (%0)" ::"r"(p), "r"(far) : "memory", "cc");
+	__asm__ volatile("btsq %1, (%0)" ::"r"(p), "r"(back) : "memory", "cc");
+	__asm__ volatile("lock btrq %1, (%0)" ::"r"(p), "r"(far) : "memory", "cc");
+	__asm__ volatile("lock btcq %1, (%0)" ::"r"(p), "r"(far + 9) : "memory", "cc");
+	if (__builtin_cpu_supports("avx512f")) {
+		scatter();
+		printf("scatter\n");
+	}
+}
+
+// movs: overlapping string moves (memmove up and down by a few bytes, and
+// a direction-flag copy), 3 pages each; prints the bytes it stored.
+static void movs(void) {
+	unsigned long stored = 0, n = 3 * 4096;
+	for (int i = 0; i < 3; i++) {
+		unsigned char *s = ap + 4096 + i, *d = s + 1 + 2 * i;
+		unsigned long c = n;
+		__asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(c) : : "memory");
+		stored += n;
+		s = ap + 6 * 4096 + 5; d = s - 3 - i; c = n;
+		__asm__ volatile("rep movsb" : "+D"(d), "+S"(s), "+c"(c) : : "memory");
+		stored += n;
+		s = ap + 10 * 4096 + n - 1; d = s + 4; c = n;
+		__asm__ volatile("std\n\trep movsb\n\tcld" : "+D"(d), "+S"(s), "+c"(c) : : "memory");
+		stored += n;
+	}
+	printf("stored %lu\n", stored);
+}
+
+// bypass: writes that do not go through a CPU store to the mapping. Each
+// prints "result NAME RET ERRNO" (or the child's fate for fork).
+static void bypass(const char *how) {
+	unsigned char buf[4096];
+	memset(buf, 0xee, sizeof buf);
+	long ret = 0;
+	errno = 0;
+	if (strcmp(how, "pwrite") == 0) ret = pwrite(apfd, buf, sizeof buf, 2 * 4096);
+	else if (strcmp(how, "punch") == 0) ret = fallocate(apfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 3 * 4096, 4096);
+	else if (strcmp(how, "remove") == 0) ret = madvise(ap + 4 * 4096, 4096, MADV_REMOVE);
+	else if (strcmp(how, "reopen") == 0) {
+		char path[64];
+		snprintf(path, sizeof path, "/proc/self/fd/%d", apfd);
+		int fd = open(path, O_RDWR);
+		ret = fd < 0 ? -1 : pwrite(fd, buf, 16, 5 * 4096);
+		if (fd >= 0) close(fd);
+	} else if (strcmp(how, "mmap") == 0) {
+		void *m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, apfd, 6 * 4096);
+		ret = m == MAP_FAILED ? -1 : 0;
+		if (m != MAP_FAILED) { memset(m, 0xee, 16); munmap(m, 4096); }
+	} else if (strcmp(how, "fork") == 0) {
+		pid_t pid = fork();
+		if (pid == 0) { ap[7 * 4096] = 0xee; _exit(0); }
+		int st = 0;
+		waitpid(pid, &st, 0);
+		printf("result fork %s %d\n", WIFSIGNALED(st) ? "signaled" : "exited", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+		return;
+	}
+	printf("result %s %ld %d\n", how, ret, ret < 0 ? errno : 0);
+}
+
+// guestrw: the guest makes part of its aperture writable itself and
+// writes it (a tracer that relies on its protection sees no fault), then
+// read-only again (as its own, with no handler) and read-write once more.
+static void guestrw(void) {
+	if (mprotect(ap + 2 * 4096, 3 * 4096, PROT_READ | PROT_WRITE)) perror("error: mprotect");
+	memset(ap + 2 * 4096 + 100, 0x3c, 3 * 4096 - 200);
+	ap[3 * 4096 + 1] = 0x42;
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -119,11 +205,18 @@ int main(void) {
 	if (fd < 0 || ftruncate(fd, PAGES * 4096) != 0) { perror("memfd"); return 1; }
 	ap = mmap(NULL, PAGES * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (ap == MAP_FAILED) { perror("mmap"); return 1; }
+	// As the guest driver does: size sealed, mapping kept from children.
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) || madvise(ap, PAGES * 4096, MADV_DONTFORK)) { perror("seal"); return 1; }
+	apfd = fd;
 	printf("fd=%d addr=%lu\n", fd, (unsigned long)ap);
 	char line[128];
 	while (fgets(line, sizeof line, stdin)) {
 		if (strncmp(line, "run forms", 9) == 0) forms();
 		else if (strncmp(line, "run fallback", 12) == 0) fallback();
+		else if (strncmp(line, "run torture", 11) == 0) torture();
+		else if (strncmp(line, "run movs", 8) == 0) movs();
+		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
+		else if (strncmp(line, "bypass ", 7) == 0) { line[strcspn(line, "\n")] = 0; bypass(line + 7); }
 		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
 		else if (strncmp(line, "exit", 4) == 0) return 0;
 		printf("done\n");
