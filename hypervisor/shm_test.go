@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,3 +138,53 @@ func TestScribblingGuestLosesOnlyItsSession(t *testing.T) {
 type keepMapped struct{ *shm.Conn }
 
 func (keepMapped) Close() error { return nil }
+
+// registering is the software GPU with page-locking counted.
+type registering struct {
+	*sim.Backend
+	registered, unregistered atomic.Int64 // bytes
+}
+
+func (r *registering) RegisterHost(mem []byte) (func() error, error) {
+	r.registered.Add(int64(len(mem)))
+	return func() error { r.unregistered.Add(int64(len(mem))); return nil }, nil
+}
+
+// TestSharedAreaRegistered: a backend that page-locks host memory gets a
+// shared-memory guest's whole area for the connection's life.
+func TestSharedAreaRegistered(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory needs Linux")
+	}
+	b := &registering{Backend: sim.New(1 << 30)}
+	srv, err := hypervisor.NewServer(b, hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	sock := filepath.Join(t.TempDir(), "g.sock")
+	ln, err := transport.Listen("shm+unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	c, err := pvdriver.Open(context.Background(), "shm+unix://"+sock, pvdriver.Options{GuestName: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	want := int64(4096 + 2*shm.DefaultRing)
+	if got := b.registered.Load(); got != want {
+		t.Fatalf("registered %d bytes, want the area's %d", got, want)
+	}
+	c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.unregistered.Load() != want && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := b.unregistered.Load(); got != want {
+		t.Fatalf("unregistered %d bytes after the guest left, want %d", got, want)
+	}
+}
