@@ -16,6 +16,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
@@ -23,13 +24,17 @@ import (
 
 // startShm serves guests on a shm+unix socket (shared memory and plain
 // unix on the same path).
-func startShm(t *testing.T) (*env, string) {
+func startShm(t *testing.T, cfg ...hypervisor.Config) (*env, string) {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("shared memory needs Linux")
 	}
 	e := &env{backend: sim.New(1 << 30), reg: prometheus.NewRegistry()}
-	srv, err := hypervisor.NewServer(e.backend, hypervisor.DefaultConfig(), e.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c := hypervisor.DefaultConfig()
+	if len(cfg) > 0 {
+		c = cfg[0]
+	}
+	srv, err := hypervisor.NewServer(e.backend, c, e.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,5 +191,29 @@ func TestSharedAreaRegistered(t *testing.T) {
 	}
 	if got := b.unregistered.Load(); got != want {
 		t.Fatalf("unregistered %d bytes after the guest left, want %d", got, want)
+	}
+}
+
+// TestApertureOverShm: a guest over shared memory maps apertures as over
+// a unix socket (the node finds the guest process through the socket).
+func TestApertureOverShm(t *testing.T) {
+	if mmiotrace.UffdAvailable() != nil {
+		t.Skip("uffd mode needs Linux 6.7+")
+	}
+	cfg := hypervisor.DefaultConfig()
+	cfg.MMIO.Mode = mmiotrace.ModeUffd
+	e, _ := startShm(t, cfg)
+	c := e.client(t, "self")
+	a, err := c.MapAperture(4096, pvdriver.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Mem[100] = 7
+	got := make([]byte, 4096)
+	if err := c.CopyDtoH(got, a.Ptr); err != nil || got[100] != 7 {
+		t.Fatalf("device copy after a write: %v %d", err, got[100])
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

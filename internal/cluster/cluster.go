@@ -44,6 +44,9 @@ type Options struct {
 	Detector string // "fixed" (default) or "phi"
 	// MMIO configures the primary's aperture tracing (nil: the default).
 	MMIO *hypervisor.MMIOConfig
+	// GuestScheme is the guests' endpoint scheme on both nodes: "unix"
+	// (default) or "shm+unix" (shared memory; plain unix is served too).
+	GuestScheme string
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -53,7 +56,7 @@ type Cluster struct {
 	Primary     *hypervisor.Server // PrimaryNode's server
 	Log         *replicate.Log     // PrimaryNode's log (nil without Replicate)
 	Sender      *replicate.Sender  // PrimaryNode's sender (nil without Replicate)
-	Endpoint    string             // guests' unix endpoint
+	Endpoint    string             // guests' endpoint (Options.GuestScheme)
 	// StandbyEndpoint is where a promoted standby serves guests.
 	StandbyEndpoint string
 	addr            string // standby's replication address
@@ -85,8 +88,12 @@ func Start(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c.dir = dir
-	c.StandbyEndpoint = "unix://" + filepath.Join(dir, "standby.sock")
-	c.Endpoint = "unix://" + filepath.Join(dir, "guest.sock")
+	scheme := opts.GuestScheme
+	if scheme == "" {
+		scheme = "unix"
+	}
+	c.StandbyEndpoint = scheme + "://" + filepath.Join(dir, "standby.sock")
+	c.Endpoint = scheme + "://" + filepath.Join(dir, "guest.sock")
 	cfg, err := c.nodeConfig(c.Endpoint)
 	if err != nil {
 		return nil, err
