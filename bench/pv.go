@@ -1,6 +1,6 @@
 // Package bench holds vgpuha's benchmark harnesses and renders their
 // reports. Each harness measures the configurations it compares side by side
-// in interleaved rounds (direct, unix, tcp, direct, unix, ...) and reports
+// in interleaved rounds (direct, unix, tcp, shm, direct, unix, ...) and reports
 // medians, so a noisy neighbour slows every configuration alike and the
 // ratios stay meaningful on a shared 2-core machine.
 //
@@ -13,9 +13,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -28,6 +28,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )
 
 // PVOptions sets how long the paravirtual-call benchmark runs.
@@ -38,6 +39,9 @@ type PVOptions struct {
 	Progress io.Writer
 	// NewBackend makes the GPU; nil means the software GPU.
 	NewBackend func() (gpu.Backend, error)
+	// BulkBytes is the size of one bulk host-to-device copy (default
+	// 16 MiB); each timing makes Batch/250 of them (at least one).
+	BulkBytes int
 }
 
 // PVRow is one measured configuration.
@@ -48,6 +52,9 @@ type PVRow struct {
 	// VsDirect is NsPerOp divided by the direct in-process figure for the
 	// same op: how many times slower the paravirtual path is.
 	VsDirect float64 `json:"vs_direct"`
+	// Bytes an op moves (bulk copies only) and the rate that makes.
+	Bytes    int     `json:"bytes,omitempty"`
+	MBPerSec float64 `json:"mb_per_sec,omitempty"`
 }
 
 // target is one way of issuing the benchmarked operations.
@@ -59,11 +66,14 @@ type target struct {
 	// launch queues one small kernel launch; flush waits for all of them.
 	launch func() error
 	flush  func() error
+	// bulk copies BulkBytes from host memory to the device and waits.
+	bulk func() error
 }
 
-// PV measures the paravirtual path against calling the software GPU
-// directly: the round trip of a small synchronous call, and the throughput
-// of pipelined asynchronous launches.
+// PV measures the paravirtual path against calling the backend directly:
+// the round trip of a small synchronous call, the throughput of pipelined
+// asynchronous launches and of a bulk host-to-device copy, over unix, tcp
+// and shared memory (shm+unix, Linux only) side by side.
 func PV(opts PVOptions) ([]PVRow, error) {
 	if opts.Rounds <= 0 {
 		opts.Rounds = 7
@@ -71,79 +81,33 @@ func PV(opts PVOptions) ([]PVRow, error) {
 	if opts.Batch <= 0 {
 		opts.Batch = 2000
 	}
+	if opts.BulkBytes <= 0 {
+		opts.BulkBytes = 16 << 20
+	}
 	dir, err := os.MkdirTemp("", "vgpuha-bench")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	if opts.NewBackend == nil {
-		opts.NewBackend = func() (gpu.Backend, error) { return sim.New(1 << 30), nil }
-	}
-	backend, err := opts.NewBackend()
+	targets, closeAll, err := pvTargets(opts, dir)
+	defer closeAll()
 	if err != nil {
 		return nil, err
 	}
-	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Close()
-	unixLn, err := net.Listen("unix", filepath.Join(dir, "g.sock"))
-	if err != nil {
-		return nil, err
-	}
-	tcpLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	go srv.Serve(unixLn)
-	go srv.Serve(tcpLn)
-
-	direct, err := directTarget(backend)
-	if err != nil {
-		return nil, err
-	}
-	targets := []target{direct}
-	for _, ep := range []string{"unix://" + unixLn.Addr().String(), "tcp://" + tcpLn.Addr().String()} {
-		t, closer, err := clientTarget(ep)
-		if err != nil {
-			return nil, err
-		}
-		defer closer()
-		targets = append(targets, t)
-	}
-
-	ops := []struct {
-		name string
-		run  func(t target, n int) error
-	}{
-		{"sync_call_64B", func(t target, n int) error {
-			for range n {
-				if err := t.syncCall(); err != nil {
-					return err
-				}
-			}
-			return nil
-		}},
-		{"async_launch", func(t target, n int) error {
-			for range n {
-				if err := t.launch(); err != nil {
-					return err
-				}
-			}
-			return t.flush()
-		}},
+	bulkOps := max(1, opts.Batch/250)
+	ops := []pvOp{
+		{name: "sync_call_64B", n: opts.Batch, run: func(t target) error { return t.syncCall() }},
+		{name: "async_launch", n: opts.Batch, run: func(t target) error { return t.launch() }, after: func(t target) error { return t.flush() }},
+		{name: fmt.Sprintf("bulk_htod_%dMiB", opts.BulkBytes>>20), n: bulkOps, bytes: opts.BulkBytes, run: func(t target) error { return t.bulk() }},
 	}
 	samples := map[[2]int][]float64{}
 	for round := 0; round < opts.Rounds; round++ {
 		for oi, op := range ops {
 			for ti, t := range targets {
-				start := time.Now()
-				if err := op.run(t, opts.Batch); err != nil {
+				ns, err := op.time(t)
+				if err != nil {
 					return nil, fmt.Errorf("%s over %s: %w", op.name, t.transport, err)
 				}
-				ns := float64(time.Since(start).Nanoseconds()) / float64(opts.Batch)
 				samples[[2]int{oi, ti}] = append(samples[[2]int{oi, ti}], ns)
 			}
 		}
@@ -156,10 +120,90 @@ func PV(opts PVOptions) ([]PVRow, error) {
 		base := median(samples[[2]int{oi, 0}])
 		for ti, t := range targets {
 			m := median(samples[[2]int{oi, ti}])
-			rows = append(rows, PVRow{Op: op.name, Transport: t.transport, NsPerOp: m, VsDirect: m / base})
+			r := PVRow{Op: op.name, Transport: t.transport, NsPerOp: m, VsDirect: m / base, Bytes: op.bytes}
+			if op.bytes > 0 {
+				r.MBPerSec = float64(op.bytes) / m * 1e3
+			}
+			rows = append(rows, r)
 		}
 	}
 	return rows, nil
+}
+
+// pvOp is one benchmarked operation: run n times, then after once.
+type pvOp struct {
+	name  string
+	n     int
+	bytes int
+	run   func(t target) error
+	after func(t target) error
+}
+
+// time runs op on t and returns nanoseconds per operation.
+func (op pvOp) time(t target) (float64, error) {
+	start := time.Now()
+	for range op.n {
+		if err := op.run(t); err != nil {
+			return 0, err
+		}
+	}
+	if op.after != nil {
+		if err := op.after(t); err != nil {
+			return 0, err
+		}
+	}
+	return float64(time.Since(start).Nanoseconds()) / float64(op.n), nil
+}
+
+// pvTargets starts a hypervisor on the backend and returns the direct
+// target and one client per transport; closeAll releases everything
+// (call it even on error).
+func pvTargets(opts PVOptions, dir string) (targets []target, closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	if opts.NewBackend == nil {
+		opts.NewBackend = func() (gpu.Backend, error) { return sim.New(1 << 30), nil }
+	}
+	backend, err := opts.NewBackend()
+	if err != nil {
+		return nil, closeAll, err
+	}
+	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		return nil, closeAll, err
+	}
+	closers = append(closers, func() { srv.Close() })
+	endpoints := []string{"unix://" + filepath.Join(dir, "g.sock"), "tcp://127.0.0.1:0"}
+	if runtime.GOOS == "linux" {
+		endpoints = append(endpoints, "shm+unix://"+filepath.Join(dir, "s.sock"))
+	}
+	direct, err := directTarget(backend, opts.BulkBytes)
+	if err != nil {
+		return nil, closeAll, err
+	}
+	targets = []target{direct}
+	for _, ep := range endpoints {
+		ln, err := transport.Listen(ep)
+		if err != nil {
+			return nil, closeAll, err
+		}
+		go srv.Serve(ln)
+		if strings.HasPrefix(ep, "tcp:") {
+			ep = "tcp://" + ln.Addr().String()
+		}
+		t, closer, err := clientTarget(ep, opts.BulkBytes)
+		if err != nil {
+			return nil, closeAll, err
+		}
+		closers = append(closers, closer)
+		targets = append(targets, t)
+	}
+	return targets, closeAll, nil
 }
 
 func median(v []float64) float64 {
@@ -170,8 +214,8 @@ func median(v []float64) float64 {
 
 // directTarget calls a backend context in-process: the floor any
 // paravirtual path is compared with.
-func directTarget(backend gpu.Backend) (target, error) {
-	ctx, err := backend.NewContext(0x7f0000000000, 1<<30)
+func directTarget(backend gpu.Backend, bulkBytes int) (target, error) {
+	ctx, err := backend.NewContext(0x7f0000000000, 1<<30+uint64(bulkBytes))
 	if err != nil {
 		return target{}, err
 	}
@@ -179,6 +223,11 @@ func directTarget(backend gpu.Backend) (target, error) {
 	if err := ctx.Alloc(base, 2<<20); err != nil {
 		return target{}, err
 	}
+	bulkAt := base + 4<<20
+	if err := ctx.Alloc(bulkAt, uint64(bulkBytes)); err != nil {
+		return target{}, err
+	}
+	bulk := make([]byte, bulkBytes)
 	img, _ := kernels.Image("vadd")
 	mi, _ := abi.DecodeModuleImage(img)
 	m, err := ctx.LoadModule(mi)
@@ -197,10 +246,11 @@ func directTarget(backend gpu.Backend) (target, error) {
 		syncCall:  func() error { return ctx.CopyHtoD(base, payload, 0) },
 		launch:    func() error { return ctx.Launch(f, cfg, args, 0) },
 		flush:     ctx.Sync,
+		bulk:      func() error { return ctx.CopyHtoD(bulkAt, bulk, 0) },
 	}, nil
 }
 
-func clientTarget(endpoint string) (target, func(), error) {
+func clientTarget(endpoint string, bulkBytes int) (target, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c, err := pvdriver.Open(ctx, endpoint, pvdriver.Options{GuestName: "bench"})
@@ -211,6 +261,11 @@ func clientTarget(endpoint string) (target, func(), error) {
 	if err != nil {
 		return target{}, nil, err
 	}
+	bulkAt, err := c.Alloc(uint64(bulkBytes))
+	if err != nil {
+		return target{}, nil, err
+	}
+	bulk := make([]byte, bulkBytes)
 	img, _ := kernels.Image("vadd")
 	m, err := c.LoadModule(img)
 	if err != nil {
@@ -228,15 +283,20 @@ func clientTarget(endpoint string) (target, func(), error) {
 		syncCall:  func() error { return c.CopyHtoD(p, payload) },
 		launch:    func() error { return c.Launch(f, cfg, args...) },
 		flush:     c.Synchronize,
+		bulk:      func() error { return c.CopyHtoD(bulkAt, bulk) },
 	}, func() { c.Close() }, nil
 }
 
 // PrintPV writes the report as a table.
 func PrintPV(w io.Writer, rows []PVRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "op\ttransport\tns/op\tops/s\tvs direct\t")
+	fmt.Fprintln(tw, "op\ttransport\tns/op\tops/s\tMB/s\tvs direct\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.1fx\t\n", r.Op, r.Transport, r.NsPerOp, 1e9/r.NsPerOp, r.VsDirect)
+		rate := "-"
+		if r.MBPerSec > 0 {
+			rate = fmt.Sprintf("%.0f", r.MBPerSec)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%s\t%.2fx\t\n", r.Op, r.Transport, r.NsPerOp, 1e9/r.NsPerOp, rate, r.VsDirect)
 	}
 	tw.Flush()
 }

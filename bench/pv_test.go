@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"runtime"
 	"testing"
 )
 
@@ -8,15 +9,19 @@ import (
 // configuration is measured and the direct row is the unit of the ratios.
 // It asserts nothing about speed.
 func TestPVRuns(t *testing.T) {
-	rows, err := PV(PVOptions{Rounds: 1, Batch: 20})
+	rows, err := PV(PVOptions{Rounds: 1, Batch: 20, BulkBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 6 {
-		t.Fatalf("got %d rows, want 2 ops x 3 transports", len(rows))
+	transports := 3 // direct, unix, tcp
+	if runtime.GOOS == "linux" {
+		transports++ // shm+unix
+	}
+	if len(rows) != 3*transports {
+		t.Fatalf("got %d rows, want 3 ops x %d transports", len(rows), transports)
 	}
 	for _, r := range rows {
-		if r.NsPerOp <= 0 || (r.Transport == "direct-sim" && r.VsDirect != 1) {
+		if r.NsPerOp <= 0 || (r.Transport == "direct-sim" && r.VsDirect != 1) || (r.Bytes > 0) != (r.MBPerSec > 0) {
 			t.Errorf("implausible row %+v", r)
 		}
 	}

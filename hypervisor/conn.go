@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -48,6 +49,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 	}
 	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
 	conn.SetReadDeadline(time.Now().Add(helloTimeout))
+	defer c.registerShared()() // before conn.Close unmaps the area
 	defer c.finish()
 	for {
 		f, err := c.fr.ReadFrame()
@@ -64,6 +66,32 @@ func (s *Server) ServeConn(conn net.Conn) {
 			if err := c.bw.Flush(); err != nil {
 				return
 			}
+		}
+	}
+}
+
+// sharedMemory is a transport whose bytes lie in memory shared with the
+// guest (pvdriver/transport/shm).
+type sharedMemory interface{ SharedMemory() []byte }
+
+// registerShared page-locks a shared-memory guest's area with a backend
+// that can (gpu.HostRegistrar), so device copies from it run at DMA rate.
+// It returns what undoes that. Failing to register costs speed, not
+// correctness: it is logged and the connection goes on.
+func (c *guestConn) registerShared() (unregister func()) {
+	sm, ok := c.conn.(sharedMemory)
+	reg, can := c.s.backend.(gpu.HostRegistrar)
+	if !ok || !can {
+		return func() {}
+	}
+	undo, err := reg.RegisterHost(sm.SharedMemory())
+	if err != nil {
+		c.log.Warn("page-locking a guest's shared memory", "err", err)
+		return func() {}
+	}
+	return func() {
+		if err := undo(); err != nil {
+			c.log.Warn("unlocking a guest's shared memory", "err", err)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -28,7 +29,7 @@ func PeerPID(conn net.Conn) int {
 // PeerCred is the process and user on the other end of a unix socket
 // (SO_PEERCRED); ok is false for other connections.
 func PeerCred(conn net.Conn) (pid, uid int, ok bool) {
-	uc, isUnix := conn.(*net.UnixConn)
+	uc, isUnix := conn.(syscall.Conn) // a unix socket, or a transport over one (shared memory)
 	if !isUnix {
 		return 0, 0, false
 	}

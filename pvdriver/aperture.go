@@ -8,6 +8,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/internal/uffd"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
 )
 
 // ApertureKind says how the hypervisor traces writes to an aperture.
@@ -92,6 +93,9 @@ func (c *Client) MapAperture(size uint64, kind ApertureKind) (*Aperture, error) 
 func (c *Client) attach(a *Aperture) (abi.ApertureMode, error) {
 	c.mu.Lock()
 	_, unixConn := c.conn.(*net.UnixConn)
+	if _, viaShm := c.conn.(*shm.Conn); viaShm {
+		unixConn = true // shared memory rides on a unix socket: the node finds this process the same way
+	}
 	c.mu.Unlock()
 	if !unixConn {
 		return 0, errors.New("pvdriver: apertures need a unix-socket connection to the hypervisor (shared memory)")

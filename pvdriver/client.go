@@ -1,6 +1,8 @@
 // Package pvdriver is the guest side of vgpuha: a paravirtual GPU driver with
 // a typed Go API (memory, copies, modules, launches, streams) whose calls
-// travel to the hypervisor over vsock, a unix socket or TCP.
+// travel to the hypervisor over vsock, a unix socket, TCP or, for a guest
+// on the hypervisor's own host, shared memory (shm+unix://; see
+// pvdriver/transport).
 //
 // Calls that return data or a handle wait for their reply. Launches and the
 // *Async copies are pipelined: they are queued and sent without waiting, and
@@ -10,7 +12,7 @@
 // calls were made.
 //
 // MapAperture maps device memory into the guest for direct writes (over a
-// unix socket: the memory is a file shared with the hypervisor, which traces
+// unix socket or shared memory: the memory is a file shared with the hypervisor, which traces
 // the writes; see aperture.go). Apertures need Linux; elsewhere the rest of
 // the driver works and MapAperture returns ErrAperturesUnsupported.
 package pvdriver

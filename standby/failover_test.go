@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -16,9 +17,13 @@ import (
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
-func failoverCluster(t *testing.T, mode replicate.Mode) *fixture {
+func failoverCluster(t *testing.T, mode replicate.Mode, scheme ...string) *fixture {
 	t.Helper()
-	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: mode, StartStandby: true, Failover: true})
+	opts := cluster.Options{Replicate: true, Mode: mode, StartStandby: true, Failover: true}
+	if len(scheme) > 0 {
+		opts.GuestScheme = scheme[0]
+	}
+	c, err := cluster.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,11 +36,21 @@ func failoverCluster(t *testing.T, mode replicate.Mode) *fixture {
 // TestFailoverExactlyOnce: a guest keeps launching a kernel that adds into
 // counters (so running a launch twice, or losing one, shows) while the
 // primary dies. The standby takes over, the guest resumes there, and the
-// counters say every launch ran exactly once.
+// counters say every launch ran exactly once. Guests talk over unix
+// sockets and over shared memory (shm+unix on both nodes).
 func TestFailoverExactlyOnce(t *testing.T) {
-	for _, mode := range []replicate.Mode{replicate.ModeSync, replicate.ModeCommit} {
-		t.Run(mode.String(), func(t *testing.T) {
-			c := failoverCluster(t, mode)
+	type run struct {
+		mode   replicate.Mode
+		scheme string
+	}
+	runs := []run{{replicate.ModeSync, "unix"}, {replicate.ModeCommit, "unix"}}
+	if runtime.GOOS == "linux" {
+		runs = append(runs, run{replicate.ModeCommit, "shm+unix"})
+	}
+	for _, r := range runs {
+		mode := r.mode
+		t.Run(mode.String()+"/"+r.scheme, func(t *testing.T) {
+			c := failoverCluster(t, mode, r.scheme)
 			g := c.guest("counter")
 			img, _ := kernels.Image("histogram")
 			m, err := g.LoadModule(img)

@@ -33,7 +33,8 @@ func runBenchPV(args []string) error {
 	fs := newFlags("bench pv", "[flags]")
 	var opts bench.PVOptions
 	fs.IntVar(&opts.Rounds, "rounds", 7, "interleaved rounds; the report gives each configuration's median")
-	fs.IntVar(&opts.Batch, "batch", 2000, "operations per timed batch")
+	fs.IntVar(&opts.Batch, "batch", 2000, "operations per timed batch (bulk copies: batch/250)")
+	fs.IntVar(&opts.BulkBytes, "bulk-bytes", 16<<20, "bytes per bulk host-to-device copy")
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
@@ -49,7 +50,7 @@ func runBenchPV(args []string) error {
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(rows)
 	}
-	fmt.Println("paravirtual call cost vs the same backend called in-process (medians of interleaved rounds)")
+	fmt.Println("paravirtual call cost over unix, tcp and shared memory (shm+unix) vs the same backend called in-process (medians of interleaved rounds)")
 	bench.PrintPV(os.Stdout, rows)
 	return nil
 }

@@ -506,18 +506,8 @@ func (b *Backend) PinnedCopy(ctx gpu.Context, dst uint64, n int) (copyFn func() 
 // memory usable by every context (CU_MEMHOSTALLOC_PORTABLE), from which
 // cuMemcpyHtoD runs at full DMA speed. The memory is never freed.
 func (b *Backend) AllocHost(n int) ([]byte, error) {
-	b.hostMu.Lock()
-	defer b.hostMu.Unlock()
 	var mem []byte
-	err := onThread(func() error {
-		if b.hostCtx == 0 {
-			if err := b.d.check("cuCtxCreate", b.d.cuCtxCreate(&b.hostCtx, 0, b.dev)); err != nil {
-				return err
-			}
-		}
-		if err := b.d.check("cuCtxSetCurrent", b.d.cuCtxSetCurrent(b.hostCtx)); err != nil {
-			return err
-		}
+	err := b.onHostCtx(func() error {
 		var r result
 		mem, r = b.d.memHostAlloc(n, 1)
 		return b.d.check("cuMemHostAlloc", r)
@@ -527,3 +517,47 @@ func (b *Backend) AllocHost(n int) ([]byte, error) {
 	}
 	return mem, nil
 }
+
+// RegisterHost implements gpu.HostRegistrar: it page-locks mem for every
+// context (cuMemHostRegister with CU_MEMHOSTREGISTER_PORTABLE, CUDA Driver
+// API "Memory Management"), so copies from it run at DMA rate. The driver
+// requires page-aligned memory of a page multiple for best results; a
+// shared-memory area is both.
+func (b *Backend) RegisterHost(mem []byte) (func() error, error) {
+	if len(mem) == 0 {
+		return func() error { return nil }, nil
+	}
+	if err := b.onHostCtx(func() error {
+		return b.d.check("cuMemHostRegister", b.d.memHostRegister(mem, 1))
+	}); err != nil {
+		return nil, err
+	}
+	return func() error {
+		return b.onHostCtx(func() error {
+			return b.d.check("cuMemHostUnregister", b.d.memHostUnregister(mem))
+		})
+	}, nil
+}
+
+// onHostCtx runs f on a locked thread with the backend's host-memory
+// context current (created on first use).
+func (b *Backend) onHostCtx(f func() error) error {
+	b.hostMu.Lock()
+	defer b.hostMu.Unlock()
+	return onThread(func() error {
+		if b.hostCtx == 0 {
+			if err := b.d.check("cuCtxCreate", b.d.cuCtxCreate(&b.hostCtx, 0, b.dev)); err != nil {
+				return err
+			}
+		}
+		if err := b.d.check("cuCtxSetCurrent", b.d.cuCtxSetCurrent(b.hostCtx)); err != nil {
+			return err
+		}
+		return f()
+	})
+}
+
+var (
+	_ gpu.HostAllocator = (*Backend)(nil)
+	_ gpu.HostRegistrar = (*Backend)(nil)
+)

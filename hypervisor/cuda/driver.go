@@ -82,6 +82,7 @@ func load() (*driver, error) {
 			{&d.cuStreamSynchronize, "cuStreamSynchronize"},
 			{&d.cuMemAlloc, "cuMemAlloc_v2"}, {&d.cuMemFree, "cuMemFree_v2"},
 			{&d.cuMemAllocHost, "cuMemAllocHost_v2"}, {&d.cuMemHostAlloc, "cuMemHostAlloc"}, {&d.cuMemFreeHost, "cuMemFreeHost"},
+			{&d.cuMemHostRegister, "cuMemHostRegister_v2"}, {&d.cuMemHostUnregister, "cuMemHostUnregister"},
 			{&d.cuGetErrorName, "cuGetErrorName"}, {&d.cuGetErrorString, "cuGetErrorString"},
 		}
 		for _, s := range syms {

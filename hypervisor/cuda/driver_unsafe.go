@@ -52,6 +52,8 @@ type driver struct {
 	cuMemAllocHost                func(p *unsafe.Pointer, n uint64) result
 	cuMemHostAlloc                func(p *unsafe.Pointer, n uint64, flags uint32) result
 	cuMemFreeHost                 func(p unsafe.Pointer) result
+	cuMemHostRegister             func(p unsafe.Pointer, n uint64, flags uint32) result
+	cuMemHostUnregister           func(p unsafe.Pointer) result
 	cuGetErrorName                func(r result, s **byte) result
 	cuGetErrorString              func(r result, s **byte) result
 }
@@ -108,6 +110,18 @@ func (d *driver) memHostAlloc(n int, flags uint32) ([]byte, result) {
 // memFreeHost frees memory from memAllocHost (cuMemFreeHost).
 func (d *driver) memFreeHost(b []byte) result {
 	return d.cuMemFreeHost(unsafe.Pointer(unsafe.SliceData(b)))
+}
+
+// memHostRegister page-locks b for the driver (cuMemHostRegister_v2,
+// flags e.g. CU_MEMHOSTREGISTER_PORTABLE = 1); undo with memHostUnregister
+// before b is unmapped.
+func (d *driver) memHostRegister(b []byte, flags uint32) result {
+	return d.cuMemHostRegister(unsafe.Pointer(unsafe.SliceData(b)), uint64(len(b)), flags)
+}
+
+// memHostUnregister undoes memHostRegister (cuMemHostUnregister).
+func (d *driver) memHostUnregister(b []byte) result {
+	return d.cuMemHostUnregister(unsafe.Pointer(unsafe.SliceData(b)))
 }
 
 // cstring copies the NUL-terminated C string at p (the driver's own

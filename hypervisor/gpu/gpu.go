@@ -114,6 +114,17 @@ type DeviceDescriber interface {
 // knows (CU_DEVICE_ATTRIBUTE_MAX in CUDA 13's cuda.h).
 const DeviceAttrCount = 144
 
+// HostRegistrar is implemented by backends that can page-lock host memory
+// they did not allocate (cuMemHostRegister on CUDA), so device copies from
+// it run at DMA rate. The hypervisor registers a shared-memory guest's
+// area with it for the connection's life. The memory's bytes may change
+// at any moment (a guest writes them): the backend must only ever copy
+// from it, never trust it. unregister must be called before the memory
+// is unmapped.
+type HostRegistrar interface {
+	RegisterHost(mem []byte) (unregister func() error, err error)
+}
+
 // Checksummer is implemented by backends that checksum device memory on the
 // device, so verify need not copy whole objects to the host. The result
 // must equal Checksum of the same bytes.

@@ -51,6 +51,9 @@ type Options struct {
 	// kernels that follow stored pointers run on a GPU that does not check
 	// every access (hypervisor.Config.GuestKernels).
 	OneGuestPerProcess bool
+	// GuestScheme is the guests' endpoint scheme on both nodes: "unix"
+	// (default) or "shm+unix" (shared memory; plain unix is served too).
+	GuestScheme string
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -60,7 +63,7 @@ type Cluster struct {
 	Primary     *hypervisor.Server // PrimaryNode's server
 	Log         *replicate.Log     // PrimaryNode's log (nil without Replicate)
 	Sender      *replicate.Sender  // PrimaryNode's sender (nil without Replicate)
-	Endpoint    string             // guests' unix endpoint
+	Endpoint    string             // guests' endpoint (Options.GuestScheme)
 	// StandbyEndpoint is where a promoted standby serves guests.
 	StandbyEndpoint string
 	addr            string // standby's replication address
@@ -92,8 +95,12 @@ func Start(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c.dir = dir
-	c.StandbyEndpoint = "unix://" + filepath.Join(dir, "standby.sock")
-	c.Endpoint = "unix://" + filepath.Join(dir, "guest.sock")
+	scheme := opts.GuestScheme
+	if scheme == "" {
+		scheme = "unix"
+	}
+	c.StandbyEndpoint = scheme + "://" + filepath.Join(dir, "standby.sock")
+	c.Endpoint = scheme + "://" + filepath.Join(dir, "guest.sock")
 	if opts.GuestTCP {
 		if c.Endpoint, err = freeTCP(); err == nil {
 			c.StandbyEndpoint, err = freeTCP()

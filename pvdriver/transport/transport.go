@@ -3,9 +3,20 @@
 // package abi's business.
 //
 //	unix:///run/vgpuha/guest.sock   a co-located guest (the default)
+//	shm+unix:///run/vgpuha/guest.sock
+//	                                a co-located guest over shared memory:
+//	                                request and reply rings in a sealed memory
+//	                                file the guest hands over that socket
+//	                                (package shm; Linux only). A node that
+//	                                listens on shm+unix serves plain unix
+//	                                guests on the same socket too.
 //	tcp://127.0.0.1:7070            a guest on another host, or tests
 //	vsock://2:7070                  a VM guest talking to its host (CID 2);
 //	                                a listener may use vsock://any:PORT
+//
+// A shared-memory connection carries the same frames as a socket, so a
+// session opened over shm+unix resumes after a failover on whatever the
+// guest's failover endpoints say (unix or tcp on another host).
 //
 // vsock uses github.com/mdlayher/vsock. It needs AF_VSOCK: inside a VM the
 // vmw_vsock_virtio_transport module, on a host vhost_vsock.
@@ -22,12 +33,13 @@ import (
 	"strings"
 
 	"github.com/mdlayher/vsock"
+	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
 )
 
 // Endpoint is a parsed endpoint URL.
 type Endpoint struct {
-	Scheme string // "unix", "tcp" or "vsock"
-	// Address is the socket path (unix) or host:port (tcp).
+	Scheme string // "unix", "shm+unix", "tcp" or "vsock"
+	// Address is the socket path (unix, shm+unix) or host:port (tcp).
 	Address string
 	// CID and Port address a vsock endpoint; AnyCID listens on every CID.
 	CID, Port uint32
@@ -36,8 +48,8 @@ type Endpoint struct {
 
 func (e Endpoint) String() string {
 	switch e.Scheme {
-	case "unix":
-		return "unix://" + e.Address
+	case "unix", "shm+unix":
+		return e.Scheme + "://" + e.Address
 	case "vsock":
 		if e.AnyCID {
 			return fmt.Sprintf("vsock://any:%d", e.Port)
@@ -57,15 +69,15 @@ func Parse(s string) (Endpoint, error) {
 		return Endpoint{}, fmt.Errorf("%w %q: %v", ErrEndpoint, s, err)
 	}
 	switch u.Scheme {
-	case "unix":
+	case "unix", "shm+unix":
 		p := u.Path
 		if u.Host != "" { // unix://relative/path
 			p = u.Host + u.Path
 		}
 		if p == "" {
-			return Endpoint{}, fmt.Errorf("%w %q: want unix:///path/to/socket", ErrEndpoint, s)
+			return Endpoint{}, fmt.Errorf("%w %q: want %s:///path/to/socket", ErrEndpoint, s, u.Scheme)
 		}
-		return Endpoint{Scheme: "unix", Address: p}, nil
+		return Endpoint{Scheme: u.Scheme, Address: p}, nil
 	case "tcp":
 		if _, _, err := net.SplitHostPort(u.Host); err != nil || u.Path != "" {
 			return Endpoint{}, fmt.Errorf("%w %q: want tcp://host:port", ErrEndpoint, s)
@@ -92,7 +104,7 @@ func Parse(s string) (Endpoint, error) {
 		e.CID = uint32(cid)
 		return e, nil
 	}
-	return Endpoint{}, fmt.Errorf("%w %q: scheme must be unix, tcp or vsock", ErrEndpoint, s)
+	return Endpoint{}, fmt.Errorf("%w %q: scheme must be unix, shm+unix, tcp or vsock", ErrEndpoint, s)
 }
 
 // Dial connects to endpoint.
@@ -119,6 +131,8 @@ func Dial(ctx context.Context, endpoint string) (net.Conn, error) {
 		}
 		c.(*net.TCPConn).SetNoDelay(true)
 		return c, nil
+	case "shm+unix":
+		return shm.Dial(ctx, e.Address, shm.Options{})
 	default:
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", e.Address)
@@ -146,17 +160,33 @@ func Listen(endpoint string) (net.Listener, error) {
 		return l, nil
 	case "tcp":
 		return net.Listen("tcp", e.Address)
-	default:
-		if fi, err := os.Lstat(e.Address); err == nil {
-			if fi.Mode()&os.ModeSocket == 0 {
-				return nil, fmt.Errorf("listening on %s: %s exists and is not a socket", e, e.Address)
-			}
-			if c, err := net.Dial("unix", e.Address); err == nil {
-				c.Close()
-				return nil, fmt.Errorf("listening on %s: another process is serving it", e)
-			}
-			os.Remove(e.Address)
+	case "shm+unix":
+		ln, err := listenUnix(e)
+		if err != nil {
+			return nil, err
 		}
-		return net.Listen("unix", e.Address)
+		sl, err := shm.NewListener(ln.(*net.UnixListener), 0)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("listening on %s: %w", e, err)
+		}
+		return sl, nil
+	default:
+		return listenUnix(e)
 	}
+}
+
+// listenUnix listens on a unix socket, replacing a stale socket file.
+func listenUnix(e Endpoint) (net.Listener, error) {
+	if fi, err := os.Lstat(e.Address); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("listening on %s: %s exists and is not a socket", e, e.Address)
+		}
+		if c, err := net.Dial("unix", e.Address); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listening on %s: another process is serving it", e)
+		}
+		os.Remove(e.Address)
+	}
+	return net.Listen("unix", e.Address)
 }

@@ -1,20 +1,24 @@
 package transport
 
 import (
+	"context"
 	"errors"
+	"io"
 	"net"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
 func TestParse(t *testing.T) {
 	good := map[string]Endpoint{
-		"unix:///run/v.sock":   {Scheme: "unix", Address: "/run/v.sock"},
-		"unix://rel/v.sock":    {Scheme: "unix", Address: "rel/v.sock"},
-		"tcp://127.0.0.1:7070": {Scheme: "tcp", Address: "127.0.0.1:7070"},
-		"tcp://[::1]:1":        {Scheme: "tcp", Address: "[::1]:1"},
-		"vsock://2:7070":       {Scheme: "vsock", CID: 2, Port: 7070},
-		"vsock://any:7070":     {Scheme: "vsock", Port: 7070, AnyCID: true},
+		"unix:///run/v.sock":     {Scheme: "unix", Address: "/run/v.sock"},
+		"unix://rel/v.sock":      {Scheme: "unix", Address: "rel/v.sock"},
+		"shm+unix:///run/v.sock": {Scheme: "shm+unix", Address: "/run/v.sock"},
+		"tcp://127.0.0.1:7070":   {Scheme: "tcp", Address: "127.0.0.1:7070"},
+		"tcp://[::1]:1":          {Scheme: "tcp", Address: "[::1]:1"},
+		"vsock://2:7070":         {Scheme: "vsock", CID: 2, Port: 7070},
+		"vsock://any:7070":       {Scheme: "vsock", Port: 7070, AnyCID: true},
 	}
 	for s, want := range good {
 		got, err := Parse(s)
@@ -25,7 +29,7 @@ func TestParse(t *testing.T) {
 			t.Errorf("String() = %q, want %q", got.String(), s)
 		}
 	}
-	for _, s := range []string{"", "unix://", "tcp://nohost", "tcp://h:1/x", "vsock://x:1", "vsock://1:x", "vsock://1:99999999999", "http://h:1", "::"} {
+	for _, s := range []string{"", "unix://", "shm+unix://", "tcp://nohost", "tcp://h:1/x", "vsock://x:1", "vsock://1:x", "vsock://1:99999999999", "http://h:1", "::"} {
 		if _, err := Parse(s); !errors.Is(err, ErrEndpoint) {
 			t.Errorf("Parse(%q): got %v, want ErrEndpoint", s, err)
 		}
@@ -48,4 +52,37 @@ func TestListenUnixReplacesStaleSocket(t *testing.T) {
 		t.Fatalf("listening over a stale socket: %v", err)
 	}
 	ln.Close()
+}
+
+// TestShmListenerServesBoth: a shm+unix listener takes shared-memory and
+// plain unix guests on the same socket.
+func TestShmListenerServesBoth(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory needs Linux")
+	}
+	path := filepath.Join(t.TempDir(), "s.sock")
+	ln, err := Listen("shm+unix://" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, ep := range []string{"shm+unix://" + path, "unix://" + path} {
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				io.Copy(c, c)
+				c.Close()
+			}
+		}()
+		c, err := Dial(context.Background(), ep)
+		if err != nil {
+			t.Fatalf("%s: %v", ep, err)
+		}
+		c.Write([]byte("ping"))
+		b := make([]byte, 4)
+		if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
+			t.Fatalf("%s: echo %q, %v", ep, b, err)
+		}
+		c.Close()
+	}
 }

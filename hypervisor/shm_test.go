@@ -1,0 +1,219 @@
+package hypervisor_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/mmiotrace"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
+)
+
+// startShm serves guests on a shm+unix socket (shared memory and plain
+// unix on the same path).
+func startShm(t *testing.T, cfg ...hypervisor.Config) (*env, string) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory needs Linux")
+	}
+	e := &env{backend: sim.New(1 << 30), reg: prometheus.NewRegistry()}
+	c := hypervisor.DefaultConfig()
+	if len(cfg) > 0 {
+		c = cfg[0]
+	}
+	srv, err := hypervisor.NewServer(e.backend, c, e.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "g.sock")
+	ln, err := transport.Listen("shm+unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	e.srv, e.endpoint = srv, "shm+unix://"+sock
+	return e, sock
+}
+
+func TestWorkloadsOverShm(t *testing.T) {
+	e, _ := startShm(t)
+	c := e.client(t, "g")
+	ws, _ := workload.Select("all")
+	for _, w := range ws {
+		r, err := w.Run(context.Background(), c, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.Verified {
+			t.Errorf("%s: wrong result: %s", r.Name, r.Detail)
+		}
+	}
+}
+
+// TestScribblingGuestLosesOnlyItsSession: one guest's rings and bytes are
+// overwritten with random bytes by a concurrent goroutine while it makes
+// calls; the node never crashes, and guests beside it (over shared memory
+// and over a plain unix socket) keep getting right answers.
+func TestScribblingGuestLosesOnlyItsSession(t *testing.T) {
+	e, sock := startShm(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := shm.Dial(ctx, sock, shm.Options{RequestRing: shm.MinRing, ReplyRing: shm.MinRing})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The client may close its connection when it breaks; the area stays
+	// mapped until the scribbler has stopped (below), or the scribbler
+	// would fault on its own unmapped memory.
+	bad, err := pvdriver.NewClient(keepMapped{conn}, pvdriver.Options{GuestName: "scribbler"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	defer bad.Close()
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() { // the hostile guest's other thread
+		defer close(stopped)
+		area, r := conn.SharedMemory(), rand.New(rand.NewPCG(7, 7))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for range 64 {
+				area[r.IntN(len(area))] = byte(r.Uint32())
+			}
+			runtime.Gosched()
+		}
+	}()
+	go func() { // and its calls, whatever becomes of them
+		p, err := bad.Alloc(1 << 20)
+		buf := make([]byte, 100<<10)
+		for err == nil {
+			if err = bad.CopyHtoD(p, buf); err == nil {
+				err = bad.CopyDtoH(buf, p)
+			}
+		}
+	}()
+	viaShm := e.client(t, "neighbour-shm")
+	e.endpoint = "unix://" + sock
+	viaUnix := e.client(t, "neighbour-unix")
+	for _, c := range []*pvdriver.Client{viaShm, viaUnix} {
+		p := mustAlloc(t, c, 1<<20, 0)
+		want := bytes.Repeat([]byte{0x5a, 0xa5, 3}, 300<<10/3)
+		got := make([]byte, len(want))
+		for range 30 {
+			if err := c.CopyHtoD(p, want); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.CopyDtoH(got, p); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatal("a neighbour's data changed")
+			}
+		}
+	}
+	close(stop)
+	<-stopped
+	conn.Close()
+	// The node still opens sessions.
+	e.endpoint = "shm+unix://" + sock
+	if _, err := e.client(t, "after").Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// keepMapped is a connection whose Close is left to the test.
+type keepMapped struct{ *shm.Conn }
+
+func (keepMapped) Close() error { return nil }
+
+// registering is the software GPU with page-locking counted.
+type registering struct {
+	*sim.Backend
+	registered, unregistered atomic.Int64 // bytes
+}
+
+func (r *registering) RegisterHost(mem []byte) (func() error, error) {
+	r.registered.Add(int64(len(mem)))
+	return func() error { r.unregistered.Add(int64(len(mem))); return nil }, nil
+}
+
+// TestSharedAreaRegistered: a backend that page-locks host memory gets a
+// shared-memory guest's whole area for the connection's life.
+func TestSharedAreaRegistered(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory needs Linux")
+	}
+	b := &registering{Backend: sim.New(1 << 30)}
+	srv, err := hypervisor.NewServer(b, hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	sock := filepath.Join(t.TempDir(), "g.sock")
+	ln, err := transport.Listen("shm+unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	c, err := pvdriver.Open(context.Background(), "shm+unix://"+sock, pvdriver.Options{GuestName: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	want := int64(4096 + 2*shm.DefaultRing)
+	if got := b.registered.Load(); got != want {
+		t.Fatalf("registered %d bytes, want the area's %d", got, want)
+	}
+	c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.unregistered.Load() != want && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := b.unregistered.Load(); got != want {
+		t.Fatalf("unregistered %d bytes after the guest left, want %d", got, want)
+	}
+}
+
+// TestApertureOverShm: a guest over shared memory maps apertures as over
+// a unix socket (the node finds the guest process through the socket).
+func TestApertureOverShm(t *testing.T) {
+	if mmiotrace.UffdAvailable() != nil {
+		t.Skip("uffd mode needs Linux 6.7+")
+	}
+	cfg := hypervisor.DefaultConfig()
+	cfg.MMIO.Mode = mmiotrace.ModeUffd
+	e, _ := startShm(t, cfg)
+	c := e.client(t, "self")
+	a, err := c.MapAperture(4096, pvdriver.Memory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Mem[100] = 7
+	got := make([]byte, 4096)
+	if err := c.CopyDtoH(got, a.Ptr); err != nil || got[100] != 7 {
+		t.Fatalf("device copy after a write: %v %d", err, got[100])
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,212 @@
+package shm
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Listener serves both kinds of guest on one unix socket: a connection
+// that opens with a shared-memory hello becomes a *Conn; any other is
+// handed on as a plain unix connection, its opening bytes replayed.
+type Listener struct {
+	ln       *net.UnixListener
+	conns    chan net.Conn
+	done     chan struct{}
+	once     sync.Once
+	err      error // why accepting stopped; read after done is closed
+	live     atomic.Int64
+	maxConns int64
+}
+
+// DefaultMaxConns bounds a listener's open shared-memory connections:
+// each maps an area of its guest's (up to 2*MaxRing bytes) into this
+// process.
+const DefaultMaxConns = 256
+
+// handshakeTimeout bounds how long a new connection may take to say what
+// it is (and, for shared memory, to hand its area over).
+const handshakeTimeout = 10 * time.Second
+
+// NewListener serves guests accepted on ln; at most maxConns shared-memory
+// connections are open at once (0: DefaultMaxConns).
+func NewListener(ln *net.UnixListener, maxConns int) (*Listener, error) {
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	l := &Listener{ln: ln, conns: make(chan net.Conn), done: make(chan struct{}), maxConns: int64(maxConns)}
+	go l.acceptLoop()
+	return l, nil
+}
+
+func (l *Listener) acceptLoop() {
+	for {
+		uc, err := l.ln.AcceptUnix()
+		if err != nil {
+			l.stop(err)
+			return
+		}
+		go func() {
+			c, err := l.handshake(uc)
+			if err != nil {
+				uc.Close()
+				return
+			}
+			select {
+			case l.conns <- c:
+			case <-l.done:
+				c.Close()
+			}
+		}()
+	}
+}
+
+func (l *Listener) stop(err error) {
+	l.once.Do(func() {
+		l.err = err
+		close(l.done)
+	})
+}
+
+// Accept returns the next guest connection: a *Conn or a plain unix one.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, l.err
+	}
+}
+
+// Close stops listening; open connections stay.
+func (l *Listener) Close() error {
+	err := l.ln.Close()
+	l.stop(net.ErrClosed)
+	return err
+}
+
+// Addr is the socket's address.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// handshake reads a new connection's opening bytes (with any descriptor
+// that came with them) and sets up shared memory if it asks for it.
+func (l *Listener) handshake(uc *net.UnixConn) (net.Conn, error) {
+	uc.SetDeadline(time.Now().Add(handshakeTimeout))
+	buf := make([]byte, helloBytes)
+	oob := make([]byte, unix.CmsgSpace(4)) // one descriptor; the kernel drops any more
+	got, fds := 0, []int(nil)
+	for got < 4 || (got < helloBytes && get32(buf, 0) == helloMagic) {
+		n, oobn, _, _, err := uc.ReadMsgUnix(buf[got:], oob)
+		fds = append(fds, rights(oob[:oobn])...)
+		got += n
+		if err != nil {
+			closeFDs(fds)
+			return nil, err
+		}
+	}
+	if get32(buf, 0) != helloMagic {
+		closeFDs(fds) // a plain guest has no business passing descriptors
+		uc.SetDeadline(time.Time{})
+		return &prefixConn{UnixConn: uc, pre: buf[:got]}, nil
+	}
+	c, err := l.accept(uc, buf, fds)
+	uc.Write(appendVerdict(nil, err))
+	if err != nil {
+		return nil, err
+	}
+	uc.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// accept checks a hello and its memory file and maps the area. It closes
+// every descriptor in fds.
+func (l *Listener) accept(uc *net.UnixConn, hello []byte, fds []int) (*Conn, error) {
+	defer closeFDs(fds)
+	req, rep, err := decodeHello(hello)
+	if err != nil {
+		return nil, err
+	}
+	if len(fds) != 1 {
+		return nil, fmt.Errorf("%w: want the area's memory file with the hello, got %d descriptors", ErrHandshake, len(fds))
+	}
+	area, err := mapGuestArea(fds[0], areaSize(req, rep))
+	if err != nil {
+		return nil, err
+	}
+	if l.live.Add(1) > l.maxConns {
+		l.live.Add(-1)
+		unix.Munmap(area)
+		return nil, fmt.Errorf("%w: this node already serves %d shared-memory guests; connect over unix:// instead", ErrHandshake, l.maxConns)
+	}
+	c, err := newConn(uc, area, req, rep, 0) // the hypervisor consumes requests
+	if err != nil {
+		l.live.Add(-1)
+		return nil, err
+	}
+	c.onClose = func() { l.live.Add(-1) }
+	return c, nil
+}
+
+// mapGuestArea maps a guest's memory file after checking it is a regular
+// file of exactly size bytes sealed against shrinking and growing: the
+// guest can change its bytes at will, but never take pages away from
+// under this mapping (a SIGBUS would kill the node).
+func mapGuestArea(fd int, size uint64) ([]byte, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("%w: fstat of the area: %v", ErrHandshake, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || uint64(st.Size) != size {
+		return nil, fmt.Errorf("%w: the area must be a memory file of exactly %d bytes", ErrHandshake, size)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		return nil, fmt.Errorf("%w: the area's memory file must be sealed against shrinking and growing (memfd_create with MFD_ALLOW_SEALING, then F_ADD_SEALS)", ErrHandshake)
+	}
+	area, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("%w: mapping the area: %v", ErrHandshake, err)
+	}
+	return area, nil
+}
+
+// prefixConn is a plain unix connection whose opening bytes were read to
+// tell it from a shared-memory one.
+type prefixConn struct {
+	*net.UnixConn
+	pre []byte
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) {
+	if len(p.pre) > 0 {
+		n := copy(b, p.pre)
+		p.pre = p.pre[n:]
+		return n, nil
+	}
+	return p.UnixConn.Read(b)
+}
+
+// rights returns the descriptors passed in a control message.
+func rights(oob []byte) []int {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var fds []int
+	for _, m := range msgs {
+		if f, err := unix.ParseUnixRights(&m); err == nil {
+			fds = append(fds, f...)
+		}
+	}
+	return fds
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}

@@ -1,0 +1,229 @@
+// Package shm is the shared-memory transport between a co-located guest and
+// the hypervisor: two byte rings in a memory file the guest creates and
+// hands over a unix socket (SCM_RIGHTS), with eventfd doorbells the
+// hypervisor creates and hands back. A Conn is a net.Conn: the rings carry
+// the same abi frames as a socket, so everything above the transport
+// (framing, checksums, validation, exactly-once, resume on another host
+// over unix or tcp) is unchanged.
+//
+// It owns the shared area's layout, the rings, the doorbells and the
+// handshake. It never parses frames, and it never trusts the peer's half of
+// the shared area: every index it reads from shared memory is loaded once
+// into private memory, checked (a ring can never hold more than its size),
+// and only the checked copy is used; its own indexes live in private memory
+// and are only ever stored to the area, never read back. Bytes are copied
+// out of the ring into the caller's private buffer before anyone looks at
+// them, so a guest that rewrites the ring while it is read can only garble
+// its own frames (caught by their checksums) or be told ErrCorrupt: either
+// way only its own connection ends.
+//
+// Layout of the area (little-endian; indexes are byte counts since the
+// ring was made, never wrapped; a ring of size S holds bytes at index&(S-1)):
+//
+//	offset      size  what
+//	0           256   request ring control (guest produces, hypervisor consumes)
+//	256         256   reply ring control (hypervisor produces, guest consumes)
+//	512         3584  reserved, zero
+//	4096        R     request ring bytes (R a power of two)
+//	4096+R      P     reply ring bytes (P a power of two)
+//
+// A ring's control block keeps each word on its own cache line: head
+// (uint64, the producer's index) at 0, tail (uint64, the consumer's index)
+// at 64, the consumer's "asleep" flag (uint32) at 128 and the producer's at
+// 192. A side that finds nothing to do spins a little (adaptively: about
+// twice its recent short waits, at most maxSpin), then raises its flag,
+// checks once more and sleeps on its eventfd; the other side writes that
+// eventfd only when the flag is up, so a busy pair makes no system call and
+// an idle guest costs no CPU. Doorbell eventfds are read through Go's
+// poller, so a sleeping side holds no OS thread.
+//
+// Shared memory exists on Linux only; elsewhere Dial and Listen return
+// ErrUnsupported.
+package shm
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+)
+
+// Layout constants (see the package doc).
+const (
+	ctlBytes      = 4096
+	ringCtlBytes  = 256
+	offHead       = 0
+	offTail       = 64
+	offDataSleep  = 128
+	offSpaceSleep = 192
+)
+
+// Ring sizes a guest may ask for.
+const (
+	MinRing     = 64 << 10
+	MaxRing     = 64 << 20
+	DefaultRing = 4 << 20
+)
+
+// chunkBytes bounds one copy into or out of a ring before its index is
+// published, so a large frame streams: the consumer copies the first chunk
+// while the producer writes the next.
+const chunkBytes = 256 << 10
+
+// Spin bounds (see adapt).
+const (
+	minSpin = 1 * time.Microsecond
+	maxSpin = 50 * time.Microsecond
+)
+
+// ErrCorrupt reports shared ring indexes no honest peer could have written.
+// The connection is over.
+var ErrCorrupt = errors.New("shm: the peer corrupted the shared ring indexes")
+
+// ring is one direction of the area, seen from one side.
+type ring struct {
+	head, tail            *atomic.Uint64 // in shared memory
+	dataSleep, spaceSleep *atomic.Uint32 // in shared memory
+	data                  []byte         // shared ring bytes, len == size
+	size                  uint64         // a power of two
+	// pos is this side's own index (tail when consuming, head when
+	// producing). It lives here, in private memory: the shared copy is
+	// written, never read back.
+	pos uint64
+	// spin is the adaptive spin budget before sleeping.
+	spin time.Duration
+}
+
+// newRing lays ring number i (0 request, 1 reply) over area, whose
+// request ring has reqSize bytes and reply ring repSize.
+func newRing(area []byte, i int, reqSize, repSize uint64) (*ring, error) {
+	ctl := area[i*ringCtlBytes : (i+1)*ringCtlBytes]
+	r := &ring{size: reqSize, spin: maxSpin / 2}
+	start := uint64(ctlBytes)
+	if i == 1 {
+		r.size, start = repSize, ctlBytes+reqSize
+	}
+	r.data = area[start : start+r.size]
+	var err error
+	if r.head, err = word64(ctl, offHead); err != nil {
+		return nil, err
+	}
+	r.tail, _ = word64(ctl, offTail)
+	r.dataSleep, _ = word32(ctl, offDataSleep)
+	r.spaceSleep, _ = word32(ctl, offSpaceSleep)
+	return r, nil
+}
+
+// readable is how many published bytes the consumer has not taken. The
+// shared head is loaded once; an impossible value is ErrCorrupt.
+func (r *ring) readable() (uint64, error) {
+	n := r.head.Load() - r.pos // wraps to a huge value if head < pos
+	if n > r.size {
+		return 0, ErrCorrupt
+	}
+	return n, nil
+}
+
+// writable is how many bytes the producer may write. The shared tail is
+// loaded once; an impossible value is ErrCorrupt.
+func (r *ring) writable() (uint64, error) {
+	used := r.pos - r.tail.Load() // wraps to a huge value if tail > pos
+	if used > r.size {
+		return 0, ErrCorrupt
+	}
+	return r.size - used, nil
+}
+
+// take copies up to min(len(p), avail, chunkBytes) bytes out of the ring
+// into p, then publishes the new tail. avail must come from readable.
+func (r *ring) take(p []byte, avail uint64) int {
+	n := min(uint64(len(p)), avail, chunkBytes)
+	off := r.pos & (r.size - 1)
+	k := copy(p[:n], r.data[off:])
+	copy(p[k:n], r.data)
+	r.pos += n
+	r.tail.Store(r.pos)
+	return int(n)
+}
+
+// put copies up to min(len(p), free, chunkBytes) bytes of p into the ring,
+// then publishes the new head. free must come from writable.
+func (r *ring) put(p []byte, free uint64) int {
+	n := min(uint64(len(p)), free, chunkBytes)
+	off := r.pos & (r.size - 1)
+	k := copy(r.data[off:], p[:n])
+	copy(r.data, p[k:n])
+	r.pos += n
+	r.head.Store(r.pos)
+	return int(n)
+}
+
+// adapt sets the spin budget from how long a wait took: twice a short
+// wait (so the next one like it is caught spinning), halved after a long
+// one (an idle peer: sleep at once).
+func adapt(spin *time.Duration, waited time.Duration) {
+	if waited <= maxSpin {
+		*spin = min(maxSpin, max(*spin, 2*waited, minSpin))
+		return
+	}
+	*spin = max(minSpin, *spin/2)
+}
+
+// Hello is the guest's opening message on the unix socket, sent with the
+// area's memory file attached (SCM_RIGHTS):
+//
+//	offset size field
+//	0      4    magic "VGSH"
+//	4      2    version (1)
+//	6      2    reserved, zero
+//	8      4    request ring bytes (power of two, MinRing..MaxRing)
+//	12     4    reply ring bytes (same rule)
+//	16     16   reserved, zero
+const (
+	helloMagic   = 0x48534756 // "VGSH" little-endian
+	helloVersion = 1
+	helloBytes   = 32
+)
+
+// ErrHandshake is wrapped by every handshake refusal.
+var ErrHandshake = errors.New("shm: bad handshake")
+
+func appendHello(b []byte, req, rep uint32) []byte {
+	b = le32(b, helloMagic)
+	b = le32(b, helloVersion)
+	b = le32(b, req)
+	b = le32(b, rep)
+	return append(b, make([]byte, 16)...)
+}
+
+// decodeHello checks a guest's hello and returns its ring sizes.
+func decodeHello(b []byte) (req, rep uint64, err error) {
+	if len(b) != helloBytes || get32(b, 0) != helloMagic {
+		return 0, 0, errors.Join(ErrHandshake, errors.New("not a shared-memory hello"))
+	}
+	if get32(b, 4) != helloVersion {
+		return 0, 0, errors.Join(ErrHandshake, errors.New("unsupported version or reserved bits set"))
+	}
+	for _, x := range b[16:] {
+		if x != 0 {
+			return 0, 0, errors.Join(ErrHandshake, errors.New("reserved bytes set"))
+		}
+	}
+	req, rep = uint64(get32(b, 8)), uint64(get32(b, 12))
+	if !validRing(req) || !validRing(rep) {
+		return 0, 0, errors.Join(ErrHandshake, errors.New("ring sizes must be powers of two between 64 KiB and 64 MiB"))
+	}
+	return req, rep, nil
+}
+
+func validRing(n uint64) bool { return n >= MinRing && n <= MaxRing && n&(n-1) == 0 }
+
+// areaSize is the size of an area with rings of req and rep bytes.
+func areaSize(req, rep uint64) uint64 { return ctlBytes + req + rep }
+
+func le32(b []byte, v uint32) []byte {
+	return append(b, byte(v), byte(v>>8), byte(v>>16), byte(v>>24))
+}
+
+func get32(b []byte, off int) uint32 {
+	return uint32(b[off]) | uint32(b[off+1])<<8 | uint32(b[off+2])<<16 | uint32(b[off+3])<<24
+}

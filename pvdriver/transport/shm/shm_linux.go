@@ -1,0 +1,152 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The system calls: the guest's sealed memory file (memfd_create, seals,
+// mmap, fstat), the descriptor passed over the unix socket (SCM_RIGHTS)
+// and the doorbell writes.
+
+// Options are a guest's ring sizes (zero: DefaultRing).
+type Options struct {
+	RequestRing, ReplyRing uint32
+}
+
+// Dial connects to the hypervisor's unix socket at path and sets up a
+// shared-memory connection over it: it makes the area, sends it with its
+// hello and waits for the hypervisor to accept.
+func Dial(ctx context.Context, path string, opts Options) (*Conn, error) {
+	req, rep := uint64(opts.RequestRing), uint64(opts.ReplyRing)
+	if req == 0 {
+		req = DefaultRing
+	}
+	if rep == 0 {
+		rep = DefaultRing
+	}
+	if !validRing(req) || !validRing(rep) {
+		return nil, fmt.Errorf("%w: ring sizes must be powers of two between %d and %d bytes", ErrHandshake, MinRing, MaxRing)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	uc := nc.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		uc.SetDeadline(dl)
+	}
+	c, err := dialArea(uc, req, rep)
+	if err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("setting up shared memory with %s: %w", path, err)
+	}
+	uc.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// dialArea makes the guest's area, sends it with the hello and reads the
+// hypervisor's answer.
+func dialArea(uc *net.UnixConn, req, rep uint64) (*Conn, error) {
+	size := areaSize(req, rep)
+	fd, err := unix.MemfdCreate("vgpuha-shm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	defer unix.Close(fd) // the mappings keep the memory
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return nil, fmt.Errorf("sizing the area: %w", err)
+	}
+	// Sealed, so the hypervisor's mapping can never lose pages under it.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return nil, fmt.Errorf("sealing the area: %w", err)
+	}
+	area, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mapping the area: %w", err)
+	}
+	if _, _, err := uc.WriteMsgUnix(appendHello(nil, uint32(req), uint32(rep)), unix.UnixRights(fd), nil); err != nil {
+		unix.Munmap(area)
+		return nil, err
+	}
+	if err := readVerdict(uc); err != nil {
+		unix.Munmap(area)
+		return nil, err
+	}
+	return newConn(uc, area, req, rep, 1) // the guest consumes replies
+}
+
+// The hypervisor's verdict: magic, status (0 accepted), message length
+// (at most 256), then the message.
+const verdictHeader = 12
+
+func appendVerdict(b []byte, err error) []byte {
+	b = le32(b, helloMagic)
+	if err == nil {
+		return append(le32(b, 0), 0, 0, 0, 0)
+	}
+	msg := err.Error()[:min(len(err.Error()), 256)]
+	b = le32(le32(b, 1), uint32(len(msg)))
+	return append(b, msg...)
+}
+
+func readVerdict(uc *net.UnixConn) error {
+	buf := make([]byte, verdictHeader+256)
+	got := 0
+	for got < verdictHeader {
+		n, err := uc.Read(buf[got:verdictHeader])
+		if err != nil {
+			return fmt.Errorf("reading the hypervisor's answer: %w", err)
+		}
+		got += n
+	}
+	if get32(buf, 0) != helloMagic {
+		return fmt.Errorf("%w: the socket's server does not speak shared memory", ErrHandshake)
+	}
+	if get32(buf, 4) == 0 {
+		return nil
+	}
+	want := verdictHeader + min(int(get32(buf, 8)), 256)
+	for got < want {
+		n, err := uc.Read(buf[got:want])
+		if err != nil {
+			break
+		}
+		got += n
+	}
+	return fmt.Errorf("%w: the hypervisor refused: %s", ErrHandshake, buf[verdictHeader:got])
+}
+
+// newConn builds a Conn over area; consume is the ring this side reads
+// (1 for the guest, 0 for the hypervisor). On error the area is unmapped.
+func newConn(uc *net.UnixConn, area []byte, req, rep uint64, consume int) (*Conn, error) {
+	in, err := newRing(area, consume, req, rep)
+	if err != nil {
+		unix.Munmap(area)
+		return nil, err
+	}
+	out, _ := newRing(area, 1-consume, req, rep)
+	c, err := newConnCore(uc, area, in, out)
+	if err != nil {
+		unix.Munmap(area)
+		return nil, err
+	}
+	c.unmap = func(b []byte) { unix.Munmap(b) }
+	return c, nil
+}
+
+// writeByte writes one doorbell byte to a non-blocking socket; a full
+// socket buffer drops it (the peer has wake-ups queued already).
+func writeByte(fd uintptr, b byte) {
+	unix.Write(int(fd), []byte{b})
+}
+
+// ErrUnsupported is returned by Dial and NewListener where there is no
+// shared-memory transport (not here: this is Linux).
+var ErrUnsupported = errors.New("shm: the shared-memory transport needs Linux (memfd, SCM_RIGHTS); use unix:// or tcp://")

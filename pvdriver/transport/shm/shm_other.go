@@ -1,0 +1,29 @@
+//go:build !linux
+
+package shm
+
+import (
+	"context"
+	"errors"
+	"net"
+)
+
+// ErrUnsupported is returned by Dial and NewListener where there is no
+// shared-memory transport.
+var ErrUnsupported = errors.New("shm: the shared-memory transport needs Linux (memfd, SCM_RIGHTS); use unix:// or tcp://")
+
+// Options are a guest's ring sizes (zero: DefaultRing).
+type Options struct {
+	RequestRing, ReplyRing uint32
+}
+
+// Dial fails: shared memory needs Linux.
+func Dial(context.Context, string, Options) (*Conn, error) { return nil, ErrUnsupported }
+
+// Listener is never made outside Linux.
+type Listener struct{ net.Listener }
+
+// NewListener fails: shared memory needs Linux.
+func NewListener(*net.UnixListener, int) (*Listener, error) { return nil, ErrUnsupported }
+
+func writeByte(uintptr, byte) {}
