@@ -245,6 +245,9 @@ func (c *Coordinator) Start(feed func(failover.Event)) {
 // TTL is the lease's time to live.
 func (c *Coordinator) TTL() time.Duration { return c.cfg.TTL }
 
+// Advertise is where this node takes a replication stream ("" for none).
+func (c *Coordinator) Advertise() string { return c.cfg.Advertise }
+
 // Group is the group's name.
 func (c *Coordinator) Group() string { return c.cfg.Group }
 

@@ -45,6 +45,7 @@ func Run(dir, name string, clientPort, peerPort int, cluster string) (*embed.Etc
 	}
 	cfg.InitialCluster = cluster
 	cfg.TickMs, cfg.ElectionMs = 10, 100 // leases down to 1 s
+	cfg.UnsafeNoFsync = true             // tests: a slow disk must not stall renewals
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
