@@ -27,6 +27,7 @@ var commands = map[string]command{
 	"drill":      {"inject faults into a primary/standby pair under a guest workload and measure", runDrill},
 	"run":        {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
 	"mmio-guest": {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
+	"status":     {"list replication groups, roles, terms, lag and pool members from the coordinator (etcd)", runStatus},
 }
 
 func usage() {

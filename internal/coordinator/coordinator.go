@@ -279,8 +279,10 @@ func (c *Coordinator) renew() {
 	}
 }
 
-// renewOnce sends one keepalive; a standby whose lease is gone takes a
-// new one (a leader never does: it fenced itself and stays out).
+// renewOnce sends one keepalive. A node whose lease is gone takes a new
+// one for its member record (status then shows a fenced leader as
+// fenced); that never makes it a leader again: only its authority's
+// Campaign does, and a fenced node never asks.
 func (c *Coordinator) renewOnce(timeout time.Duration) {
 	c.mu.Lock()
 	sess, lost, leader := c.sess, c.lost, c.leader
