@@ -259,23 +259,33 @@ func (c *Coordinator) prefix() string { return "/vgpuha/groups/" + c.cfg.Group +
 // renew keeps the lease alive on its own clock: a renewal every TTL/6,
 // each bounded by TTL/6, and a check every few milliseconds that the last
 // successful one was sent less than TTL/2 ago (the package doc says why).
+// The check runs on its own goroutine: a renewal stuck for its whole
+// timeout must not delay the fence.
 func (c *Coordinator) renew() {
 	every := c.cfg.TTL / 6
-	check := time.NewTicker(min(every/10, 10*time.Millisecond))
-	defer check.Stop()
-	next := time.Now()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		check := time.NewTicker(min(every/10, 10*time.Millisecond))
+		defer check.Stop()
+		for {
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-check.C:
+				c.checkMargin()
+			}
+		}
+	}()
+	t := time.NewTicker(every)
+	defer t.Stop()
 	for {
+		c.renewOnce(every)
 		select {
 		case <-c.ctx.Done():
 			return
-		case <-check.C:
+		case <-t.C:
 		}
-		c.checkMargin()
-		if time.Now().Before(next) {
-			continue
-		}
-		next = time.Now().Add(every)
-		c.renewOnce(every)
 	}
 }
 
