@@ -45,6 +45,17 @@ const (
 	// HandOver: the primary asks this standby to take over now (a planned
 	// switchover; it has stopped its guests and drained its log).
 	HandOver
+	// LeaseLost: a coordinated primary could not renew its lease for so
+	// long that the lease might expire soon (its coordinator's clock-safe
+	// margin ran out); it must stop serving before another node can win.
+	LeaseLost
+	// ElectionWon: a coordinated standby won its group's election; Term is
+	// the fencing token the coordinator derived from the leader key.
+	ElectionWon
+	// CampaignEnded: a coordinated standby's campaign ended without a
+	// usable win (the coordinator refused it or gave up); it may campaign
+	// again when its detector next suspects the primary.
+	CampaignEnded
 )
 
 // Event is one observation.
@@ -64,8 +75,16 @@ const (
 	// Promote: become the primary under Term (stop taking the old
 	// primary's stream, serve guests, stamp Term on every record).
 	Promote
-	// Fence: stop serving guests for good; a node with Term took over.
+	// Fence: stop serving guests for good; a node with Term took over
+	// (or, coordinated, this node's lease may no longer be trusted).
 	Fence
+	// Campaign: a coordinated standby asks its coordinator to run in the
+	// group's election; a win comes back as ElectionWon.
+	Campaign
+	// Resign: withdraw from the election, or give up a leadership this
+	// node must not use (it lost its complete replica, or the token is
+	// not above a term it already knows).
+	Resign
 )
 
 // Action is one decision for the node's owner to carry out.
@@ -81,13 +100,21 @@ type Action struct {
 // the outcome, they never decide). Golden scenario tests drive two of them
 // through crashes, freezes and partitions (testdata/roles).
 //
-// A coordinator (an external lease) plugs in as more event kinds: a lease
-// lost becomes a Fence, a lease won a precondition of Promote.
+// A coordinator (an external lease and election, Coordinated set) plugs
+// in as more event kinds: a lease lost becomes a Fence, and a standby that
+// suspects its primary no longer promotes itself: it asks to Campaign and
+// promotes only on ElectionWon, under the election's token, which must be
+// above every term it knows. Switchover (HandOver) is refused while
+// coordinated: the leadership moves only through the coordinator.
 type Node struct {
 	Role   Role
 	Term   uint64
 	InSync bool // a standby holds a complete replica: it may take over
 	det    Detector
+
+	// Coordinated: a coordinator owns leadership (see above).
+	Coordinated bool
+	campaigning bool
 
 	// A standby that was itself stalled (its ticks stopped for more than
 	// StallGap: SIGSTOP, a long GC or scheduling pause, a host hiccup)
@@ -125,6 +152,10 @@ func (n *Node) Step(e Event) []Action {
 		return n.heard(e.At, e.Term)
 	case Synced:
 		n.InSync = e.InSync
+		if !e.InSync && n.campaigning {
+			n.campaigning = false
+			return []Action{{Kind: Resign}}
+		}
 	case Tick:
 		if n.judges(e.At) && n.det.Suspect(e.At) {
 			return n.takeOver()
@@ -132,11 +163,36 @@ func (n *Node) Step(e Event) []Action {
 	case PeerTerm:
 		return n.sawTerm(e.Term)
 	case HandOver:
-		if n.Role == Standby && n.det != nil {
+		if n.Role == Standby && n.det != nil && !n.Coordinated {
 			return n.takeOver()
 		}
+	case LeaseLost:
+		if n.Role == Primary {
+			n.Role = Fenced
+			return []Action{{Kind: Fence, Term: n.Term}}
+		}
+	case ElectionWon:
+		return n.won(e.Term)
+	case CampaignEnded:
+		n.campaigning = false
 	}
 	return nil
+}
+
+// won: the coordinator says this node leads under term. Only a standby
+// with a complete replica may use it, and only under a term above every
+// term it has seen; otherwise it resigns.
+func (n *Node) won(term uint64) []Action {
+	if n.Role == Primary {
+		return nil // it already leads (a coordinated first primary)
+	}
+	if n.Role != Standby || !n.InSync || term <= n.Term {
+		n.campaigning = false
+		return []Action{{Kind: Resign}}
+	}
+	n.campaigning = false
+	n.Role, n.Term = Primary, term
+	return []Action{{Kind: Promote, Term: term}}
 }
 
 // judges reports whether a standby may judge its primary at t: it holds a
@@ -179,8 +235,16 @@ func (n *Node) sawTerm(term uint64) []Action {
 	return nil
 }
 
-// takeOver makes a standby the primary under a new term.
+// takeOver makes a standby the primary under a new term, or, coordinated,
+// asks to campaign (once per campaign).
 func (n *Node) takeOver() []Action {
+	if n.Coordinated {
+		if n.campaigning {
+			return nil
+		}
+		n.campaigning = true
+		return []Action{{Kind: Campaign}}
+	}
 	n.Role = Primary
 	n.Term++
 	return []Action{{Kind: Promote, Term: n.Term}}

@@ -20,11 +20,30 @@ import (
 //	crash|freeze|thaw node=P|S   (a frozen S reads P's heartbeats when it thaws)
 //	cut / heal               the P-S link
 //	switchover               P hands over to S
+//
+// testdata/coordinated runs the same commands with a coordinator (start
+// coordinated): P holds a lease of 1000 ms that it renews every step while
+// it reaches etcd, and stops serving once it went unrenewed for half the
+// TTL; S campaigns instead of taking over and wins once the lease expired.
+//
+//	isolate      cut P from S and from etcd (guests still reach it)
+//	cut-etcd     cut P from etcd only
+//
+// A run during which both nodes served says for how long.
 func TestRoles(t *testing.T) {
 	datadriven.RunTest(t, "testdata/roles", func(t *testing.T, td *datadriven.TestData) string {
 		return rolesCmd(t, td)
 	})
 }
+
+func TestCoordinatedRoles(t *testing.T) {
+	datadriven.RunTest(t, "testdata/coordinated", func(t *testing.T, td *datadriven.TestData) string {
+		return rolesCmd(t, td)
+	})
+}
+
+// leaseTTL is the modelled coordinator lease.
+const leaseTTL = 1000
 
 type world struct {
 	p, s            *Node
@@ -33,6 +52,13 @@ type world struct {
 	backlog         int // P's heartbeats queued in a frozen S's socket
 	cut             bool
 	events          []string
+
+	// coordinated worlds
+	etcdCut     bool // P cannot reach etcd
+	renewed     int  // when P last renewed its lease (ms)
+	campaigning bool // S waits in the election
+	rev         uint64
+	bothMS      int // time both nodes served during one run
 }
 
 var w *world
@@ -41,6 +67,11 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	switch td.Cmd {
 	case "start":
 		w = &world{p: NewPrimary(), s: NewStandby(mustNew("fixed"))}
+		if td.HasArg("coordinated") {
+			w.p.Coordinated, w.s.Coordinated = true, true
+			w.rev = 7 // the first primary's leader key revision
+			w.p.Term = w.rev
+		}
 		w.s.Step(Event{Kind: Synced, InSync: true})
 	case "unsynced":
 		w.s.Step(Event{Kind: Synced, InSync: false})
@@ -60,8 +91,12 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 		}
 	case "cut":
 		w.cut = true
+	case "isolate":
+		w.cut, w.etcdCut = true, true
+	case "cut-etcd":
+		w.etcdCut = true
 	case "heal":
-		w.cut = false
+		w.cut, w.etcdCut = false, false
 	case "switchover":
 		w.s.Step(Event{Kind: HandOver})
 		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
@@ -70,32 +105,11 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 		td.ScanArgs(t, "from", &from)
 		td.ScanArgs(t, "to", &to)
 		for ms := from; ms <= to; ms += 10 {
-			at := t0.Add(time.Duration(ms) * time.Millisecond)
-			pAlive := !w.crashed && !w.frozen
-			if w.sFrozen {
-				if pAlive && !w.cut && w.p.Role == Primary {
-					w.backlog++
-				}
-				continue
-			}
-			if w.backlog > 0 { // S wakes: its tick comes before it reads its socket
-				if promotes(w.s.Step(Event{Kind: Tick, At: at})) {
-					w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term))
-				}
-				for ; w.backlog > 0; w.backlog-- {
-					w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
-				}
-			}
-			if pAlive && !w.cut && w.p.Role == Primary {
-				w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
-			}
-			if promotes(w.s.Step(Event{Kind: Tick, At: at})) {
-				w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term))
-			}
-			if pAlive && !w.cut && w.s.Role == Primary && w.p.Role == Primary {
-				w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
-				w.events = append(w.events, fmt.Sprintf("%d ms: P learns term %d: %s", ms, w.s.Term, w.p.Role))
-			}
+			w.step(ms)
+		}
+		if w.bothMS > 0 {
+			w.events = append(w.events, fmt.Sprintf("both nodes served for %d ms", w.bothMS))
+			w.bothMS = 0
 		}
 	default:
 		return "unknown command " + td.Cmd
@@ -108,6 +122,74 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	return out + fmt.Sprintf("P: %s term %d; S: %s term %d", w.p.Role, w.p.Term, w.s.Role, w.s.Term)
 }
 
+// step advances the world to ms.
+func (w *world) step(ms int) {
+	at := t0.Add(time.Duration(ms) * time.Millisecond)
+	pAlive := !w.crashed && !w.frozen
+	if pAlive && w.p.Coordinated {
+		w.lease(ms)
+	}
+	if w.sFrozen {
+		if pAlive && !w.cut && w.p.Role == Primary {
+			w.backlog++
+		}
+		return
+	}
+	if w.backlog > 0 { // S wakes: its tick comes before it reads its socket
+		w.tickS(ms, at)
+		for ; w.backlog > 0; w.backlog-- {
+			w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
+		}
+	}
+	if pAlive && !w.cut && w.p.Role == Primary {
+		w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
+	}
+	w.tickS(ms, at)
+	if w.campaigning && ms-w.renewed >= leaseTTL { // the lease expired: S's key leads
+		w.campaigning = false
+		w.rev += 5
+		if promotes(w.s.Step(Event{Kind: ElectionWon, Term: w.rev})) {
+			w.events = append(w.events, fmt.Sprintf("%d ms: S wins the election, term %d", ms, w.s.Term))
+		}
+	}
+	if pAlive && !w.cut && w.s.Role == Primary && w.p.Role == Primary {
+		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
+		w.events = append(w.events, fmt.Sprintf("%d ms: P learns term %d: %s", ms, w.s.Term, w.p.Role))
+	}
+	if pAlive && w.p.Role == Primary && w.s.Role == Primary {
+		w.bothMS += 10
+	}
+}
+
+// lease renews P's lease when it reaches etcd, and tells P it lost the
+// lease once it went unrenewed for half the TTL (what the coordinator
+// does, on P's own clock, which may run after a freeze).
+func (w *world) lease(ms int) {
+	if w.p.Role != Primary {
+		return
+	}
+	if !w.etcdCut && ms-w.renewed < leaseTTL {
+		w.renewed = ms
+		return
+	}
+	if ms-w.renewed >= leaseTTL/2 && len(w.p.Step(Event{Kind: LeaseLost})) > 0 {
+		w.events = append(w.events, fmt.Sprintf("%d ms: P's lease unrenewed for %d ms: fenced", ms, ms-w.renewed))
+	}
+}
+
+// tickS ticks S's detector and carries out what it asks.
+func (w *world) tickS(ms int, at time.Time) {
+	for _, a := range w.s.Step(Event{Kind: Tick, At: at}) {
+		switch a.Kind {
+		case Promote:
+			w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term))
+		case Campaign:
+			w.campaigning = true
+			w.events = append(w.events, fmt.Sprintf("%d ms: S campaigns", ms))
+		}
+	}
+}
+
 func nodeArg(t *testing.T, td *datadriven.TestData) string {
 	node := "P"
 	if td.HasArg("node") {
@@ -118,4 +200,33 @@ func nodeArg(t *testing.T, td *datadriven.TestData) string {
 
 func promotes(acts []Action) bool {
 	return len(acts) == 1 && acts[0].Kind == Promote
+}
+
+// TestCoordinatedResigns: a coordinated standby resigns a win it must not
+// use (a token not above a term it knows, or no complete replica), and
+// withdraws a waiting campaign when a resync begins.
+func TestCoordinatedResigns(t *testing.T) {
+	n := NewStandby(mustNew("fixed"))
+	n.Coordinated = true
+	n.Step(Event{Kind: Synced, InSync: true})
+	n.Step(Event{Kind: Heard, At: at(0), Term: 9})
+	if acts := n.Step(Event{Kind: ElectionWon, Term: 9}); len(acts) != 1 || acts[0].Kind != Resign || n.Role != Standby {
+		t.Fatalf("won under a known term: %v, role %s; want a resignation", acts, n.Role)
+	}
+	if acts := n.Step(Event{Kind: Tick, At: at(1000)}); len(acts) != 1 || acts[0].Kind != Campaign {
+		t.Fatalf("silent primary: %v, want a campaign", acts)
+	}
+	if acts := n.Step(Event{Kind: Tick, At: at(1005)}); len(acts) != 0 {
+		t.Fatalf("campaigns twice: %v", acts)
+	}
+	if acts := n.Step(Event{Kind: Synced, InSync: false}); len(acts) != 1 || acts[0].Kind != Resign {
+		t.Fatalf("resync while campaigning: %v, want a resignation", acts)
+	}
+	if acts := n.Step(Event{Kind: ElectionWon, Term: 20}); len(acts) != 1 || acts[0].Kind != Resign {
+		t.Fatalf("won without a complete replica: %v, want a resignation", acts)
+	}
+	n.Step(Event{Kind: Synced, InSync: true})
+	if acts := n.Step(Event{Kind: ElectionWon, Term: 20}); len(acts) != 1 || acts[0].Kind != Promote || n.Term != 20 {
+		t.Fatalf("a good win: %v, term %d; want Promote(20)", acts, n.Term)
+	}
 }

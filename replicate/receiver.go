@@ -75,6 +75,10 @@ type ReceiverStatus struct {
 	// InSync: a snapshot or resume completed and records stream live, so
 	// the replica is a complete copy up to Applied.
 	InSync bool `json:"in_sync"`
+	// MinTerm: the node was told (by its coordinator) that a leader holds
+	// this term; links under a lower one are refused (StaleRefused).
+	MinTerm      uint64 `json:"min_term,omitempty"`
+	StaleRefused uint64 `json:"stale_term_refusals,omitempty"`
 }
 
 // Receiver accepts the primary's stream and applies it. A link goes
@@ -323,6 +327,9 @@ func (lr *linkRun) onMode(payload []byte) bool {
 		lr.log.Warn("bad mode message; dropping link")
 		return false
 	}
+	if lr.stale(binary.LittleEndian.Uint64(payload[8:])) {
+		return false
+	}
 	lr.r.mu.Lock()
 	lr.r.mode = Mode(binary.LittleEndian.Uint64(payload))
 	lr.r.mu.Unlock()
@@ -330,10 +337,39 @@ func (lr *linkRun) onMode(payload []byte) bool {
 	return true
 }
 
+// RefuseBelow tells the receiver that a leader holds term (its node's
+// coordinator saw it): a primary streaming under a lower term was deposed,
+// so its link is refused and it is told the term; nothing it sends is
+// applied.
+func (r *Receiver) RefuseBelow(term uint64) {
+	r.mu.Lock()
+	r.st.MinTerm = max(r.st.MinTerm, term)
+	r.mu.Unlock()
+}
+
+// stale reports (and answers) a message under a term below MinTerm.
+func (lr *linkRun) stale(term uint64) bool {
+	lr.r.mu.Lock()
+	low := term != 0 && term < lr.r.st.MinTerm
+	floor := lr.r.st.MinTerm
+	if low {
+		lr.r.st.StaleRefused++
+	}
+	lr.r.mu.Unlock()
+	if low {
+		lr.l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), floor))
+		lr.log.Warn("refused a deposed primary's stream", "term", term, "leader_term", floor)
+	}
+	return low
+}
+
 func (lr *linkRun) onHeartbeat(payload []byte) bool {
 	var term uint64
 	if len(payload) == 8 {
 		term = binary.LittleEndian.Uint64(payload)
+	}
+	if lr.stale(term) {
+		return false
 	}
 	lr.r.cfg.Replica.Heard(term)
 	return true
@@ -343,6 +379,9 @@ func (lr *linkRun) onRecord(payload []byte) bool {
 	rec, err := DecodeRecord(payload)
 	if err != nil {
 		lr.log.Warn("dropping link", "err", err)
+		return false
+	}
+	if lr.stale(rec.Term) {
 		return false
 	}
 	lr.r.cfg.Replica.Heard(rec.Term)

@@ -30,6 +30,7 @@ var commands = map[string]command{
 	"run":        {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
 	"mmio-guest": {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
 	"version":    {"print the version and the commit it was built from", runVersion},
+	"status":     {"list replication groups, roles, terms, lag and pool members from the coordinator (etcd)", runStatus},
 }
 
 func usage(w io.Writer) {

@@ -40,6 +40,8 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	modeName := fs.String("mode", "commit", "replication mode: sync, commit, async or epoch")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (at least 16 bytes)")
 	maxLag := fs.Int64("replicate.max-lag-bytes", 256<<20, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
+	var cf coordFlags
+	cf.register(fs, true)
 	cfg := hypervisor.DefaultConfig()
 	configFlags(fs, &cfg)
 	newLog := logFlag(fs)
@@ -65,6 +67,10 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
 		return err
 	}
+	if ncfg.Coordinator, err = cf.dial(log, reg, ""); err != nil {
+		return err
+	}
+	ncfg.StandbyLossAfter = cf.standbyLossAfter
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	n, err := node.StartPrimary(ncfg)

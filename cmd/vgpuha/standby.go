@@ -24,6 +24,9 @@ func runStandby(args []string) error {
 	next := fs.String("replicate-to", "", "once promoted, replicate to this next standby: tcp://HOST:PORT (same key)")
 	modeName := fs.String("mode", "commit", "replication mode once promoted")
 	detector := fs.String("failover.detector", "fixed", "failure detector: fixed (250 ms without a heartbeat) or phi (phi-accrual, threshold 8)")
+	advertise := fs.String("coordinator.advertise", "", "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
+	var cf coordFlags
+	cf.register(fs, true)
 	var bf backendFlags
 	bf.register(fs)
 	cfg := hypervisor.DefaultConfig()
@@ -63,6 +66,15 @@ func runStandby(args []string) error {
 		if ncfg.ReplicateTo, err = tcpFlag("replicate-to", *next); err != nil {
 			return err
 		}
+	}
+	adv := listenAddr
+	if *advertise != "" {
+		if adv, err = tcpFlag("coordinator.advertise", *advertise); err != nil {
+			return err
+		}
+	}
+	if ncfg.Coordinator, err = cf.dial(log, reg, adv); err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", listenAddr)
 	if err != nil {

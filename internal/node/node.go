@@ -26,6 +26,7 @@ import (
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/internal/coordinator"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/standby"
@@ -55,6 +56,13 @@ type Config struct {
 	// Faults, when set, sees every replication message this node sends
 	// (tests only).
 	Faults replicate.FaultHook
+	// Coordinator, when set, puts leadership in etcd (see package
+	// coordinator and coordinated.go): a primary leads before it serves, a
+	// standby campaigns instead of promoting itself, and a leader whose
+	// standby is gone for StandbyLossAfter (default 3 s) takes one from
+	// the group's pool. The node closes it.
+	Coordinator      *coordinator.Coordinator
+	StandbyLossAfter time.Duration
 }
 
 // Node is a running vgpuha node.
@@ -68,25 +76,37 @@ type Node struct {
 	agent  *standby.Agent // nil on a node started as primary
 	served chan error     // the guest listener's end
 
+	execMu sync.Mutex // role actions and standby replacement, one at a time
+
 	mu        sync.Mutex
 	repl      *replication // while primary and replicating
 	promotion *Promotion
 	guestLn   net.Listener
-	replLn    net.Listener // a standby's replication listener
-	wg        sync.WaitGroup
+	// servingFrom and servingUntil bound the time this node served guests
+	// (until zero: still serving, or never fenced).
+	servingFrom, servingUntil time.Time
+	replLn                    net.Listener // a standby's replication listener
+	wg                        sync.WaitGroup
 }
 
 // StartPrimary starts the first primary (term 1): it serves guests on
 // cfg.GuestListen and, with cfg.ReplicateTo, streams to that standby.
 func StartPrimary(cfg Config) (*Node, error) {
-	n, err := newNode(cfg, failover.NewPrimary())
+	role := failover.NewPrimary()
+	if cfg.Coordinator != nil {
+		if err := lead(cfg, role); err != nil {
+			return nil, err
+		}
+	}
+	n, err := newNode(cfg, role)
 	if err != nil {
 		return nil, err
 	}
-	if err := n.becomePrimary(1); err != nil {
+	if err := n.becomePrimary(role.Term); err != nil {
 		n.Close()
 		return nil, err
 	}
+	n.coordinate()
 	return n, nil
 }
 
@@ -98,7 +118,9 @@ func StartStandby(cfg Config, ln net.Listener) (*Node, error) {
 	if cfg.GuestListen == "" {
 		det = nil // a pure replica never takes over
 	}
-	n, err := newNode(cfg, failover.NewStandby(det))
+	role := failover.NewStandby(det)
+	role.Coordinated = cfg.Coordinator != nil
+	n, err := newNode(cfg, role)
 	if err != nil {
 		return nil, err
 	}
@@ -113,6 +135,10 @@ func StartStandby(cfg Config, ln net.Listener) (*Node, error) {
 	n.replLn = ln
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.agent.Serve(ln) }()
+	if cfg.Coordinator != nil {
+		cfg.Coordinator.WatchTerm(n.agent.Receiver.RefuseBelow)
+	}
+	n.coordinate()
 	return n, nil
 }
 
@@ -128,6 +154,9 @@ func newNode(cfg Config, role *failover.Node) (*Node, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.StandbyLossAfter == 0 {
+		cfg.StandbyLossAfter = 3 * time.Second
 	}
 	srv, err := hypervisor.NewServer(cfg.Backend, cfg.Hypervisor, cfg.Registry, cfg.Logger)
 	if err != nil {
@@ -151,6 +180,14 @@ func (n *Node) Agent() *standby.Agent { return n.agent }
 // Role is the node's role and term, as its authority decided.
 func (n *Node) Role() (failover.Role, uint64) { return n.auth.role() }
 
+// Serving reports when this node began serving guests and when it was
+// fenced (zero times: not yet, or not fenced).
+func (n *Node) Serving() (from, until time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.servingFrom, n.servingUntil
+}
+
 // Served delivers the guest listener's end: nil after Close or a fence,
 // else the accept error.
 func (n *Node) Served() <-chan error { return n.served }
@@ -162,7 +199,7 @@ func (n *Node) serveGuests() error {
 		return fmt.Errorf("listening for guests: %w", err)
 	}
 	n.mu.Lock()
-	n.guestLn = ln
+	n.guestLn, n.servingFrom = ln, n.cfg.Now()
 	n.mu.Unlock()
 	go func() { n.served <- n.srv.Serve(ln) }()
 	return nil
@@ -192,6 +229,9 @@ func (n *Node) Close() {
 		repl.stop()
 	}
 	n.wg.Wait()
+	if n.cfg.Coordinator != nil {
+		n.cfg.Coordinator.Close()
+	}
 	if ln != nil {
 		if e, err := transport.Parse(n.cfg.GuestListen); err == nil && e.Scheme == "unix" {
 			os.Remove(e.Address)

@@ -6,16 +6,49 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // replication is a primary's link to its standby.
 type replication struct {
-	log    *replicate.Log
-	sender *replicate.Sender
-	cancel context.CancelFunc
-	done   chan struct{}
+	log     *replicate.Log
+	sender  *replicate.Sender
+	metrics *registered // the sender's collectors, dropped when it is replaced
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// registered remembers what was registered through it, so that a sender
+// replaced by another (a standby taken from the pool) can take its
+// metrics away first.
+type registered struct {
+	prometheus.Registerer
+	cs []prometheus.Collector
+}
+
+func (r *registered) Register(c prometheus.Collector) error {
+	if err := r.Registerer.Register(c); err != nil {
+		return err
+	}
+	r.cs = append(r.cs, c)
+	return nil
+}
+
+func (r *registered) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *registered) unregisterAll() {
+	for _, c := range r.cs {
+		r.Unregister(c)
+	}
+	r.cs = nil
 }
 
 func (r *replication) stop() {
@@ -55,16 +88,17 @@ func (n *Node) becomePrimary(term uint64) error {
 // to date from a snapshot or the log.
 func (n *Node) replicate() error {
 	lg := replicate.NewLog(n.cfg.MaxLagBytes)
+	reg := &registered{Registerer: n.cfg.Registry}
 	sender, err := replicate.NewSender(replicate.SenderConfig{
 		Addr: n.cfg.ReplicateTo, Key: n.cfg.Key, Mode: n.cfg.Mode, Log: lg, Logger: n.log,
-		Registry: n.cfg.Registry, Faults: n.cfg.Faults,
+		Registry: reg, Faults: n.cfg.Faults,
 	}, protected{n})
 	if err != nil {
 		return err
 	}
 	n.srv.Replicate(lg, n.cfg.Mode)
 	ctx, cancel := context.WithCancel(n.ctx)
-	r := &replication{log: lg, sender: sender, cancel: cancel, done: make(chan struct{})}
+	r := &replication{log: lg, sender: sender, metrics: reg, cancel: cancel, done: make(chan struct{})}
 	n.mu.Lock()
 	n.repl = r
 	n.mu.Unlock()
@@ -89,16 +123,30 @@ func (p protected) Term() uint64 {
 
 // execute carries out one decision of the role authority.
 func (n *Node) execute(act failover.Action) {
+	n.execMu.Lock()
+	defer n.execMu.Unlock()
+	c := n.cfg.Coordinator
 	switch act.Kind {
+	case failover.Campaign:
+		c.Campaign()
+	case failover.Resign:
+		c.Resign()
 	case failover.Promote:
 		if err := n.promote(act.Term); err != nil {
 			n.log.Error("promotion failed", "err", err)
 		}
 	case failover.Fence:
 		n.srv.Fence(act.Term)
+		n.mu.Lock()
+		n.servingUntil = n.cfg.Now()
+		n.mu.Unlock()
 		if r := n.replication(); r != nil {
 			r.stop() // a fenced node has nothing left to protect
 		}
+		if c != nil {
+			c.Resign()
+		}
+		n.log.Warn("fenced: stopped serving guests", "term", act.Term)
 	}
 }
 

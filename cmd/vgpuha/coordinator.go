@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/internal/coordinator"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// coordFlags are the --coordinator flags (etcd's client options).
+type coordFlags struct {
+	url, group, id        string
+	ca, cert, key         string
+	user, passwordFile    string
+	ttl, standbyLossAfter time.Duration
+}
+
+func (f *coordFlags) register(fs *flag.FlagSet, withNode bool) {
+	fs.StringVar(&f.url, "coordinator", "", "etcd://HOST:2379[,HOST:2379...]: leadership, fencing and standby pools in etcd (off when empty: two-node mode)")
+	fs.StringVar(&f.ca, "coordinator.ca-file", "", "CA certificate that signs etcd's server certificate (TLS)")
+	fs.StringVar(&f.cert, "coordinator.cert-file", "", "client certificate for etcd (TLS)")
+	fs.StringVar(&f.key, "coordinator.key-file", "", "client certificate's key for etcd (TLS)")
+	fs.StringVar(&f.user, "coordinator.user", "", "etcd user (auth)")
+	fs.StringVar(&f.passwordFile, "coordinator.password-file", "", "file holding the etcd user's password")
+	if !withNode {
+		return
+	}
+	host, _ := os.Hostname()
+	fs.StringVar(&f.group, "coordinator.group", "default", "replication group (a guest VM's primary, standby and pool)")
+	fs.StringVar(&f.id, "coordinator.id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this node's name in the group (unique)")
+	fs.DurationVar(&f.ttl, "coordinator.ttl", coordinator.DefaultTTL, "lease TTL (whole seconds): a primary that cannot renew stops serving after TTL/2")
+	fs.DurationVar(&f.standbyLossAfter, "coordinator.standby-timeout", 3*time.Second, "a leader whose standby has not protected it this long takes one from the pool")
+}
+
+func (f *coordFlags) clientConfig() (clientv3.Config, error) {
+	eps, err := coordinator.ParseURL(f.url)
+	if err != nil {
+		return clientv3.Config{}, err
+	}
+	tlsCfg, err := coordinator.TLSFiles{CA: f.ca, Cert: f.cert, Key: f.key}.Config()
+	if err != nil {
+		return clientv3.Config{}, err
+	}
+	cfg := clientv3.Config{Endpoints: eps, TLS: tlsCfg, Username: f.user, DialTimeout: 5 * time.Second}
+	if f.passwordFile != "" {
+		b, err := os.ReadFile(f.passwordFile)
+		if err != nil {
+			return cfg, fmt.Errorf("reading coordinator password: %w", err)
+		}
+		cfg.Password = string(bytes.TrimSpace(b))
+	}
+	return cfg, nil
+}
+
+// dial connects the node's coordinator (nil without --coordinator);
+// advertise is where a standby takes a replication stream.
+func (f *coordFlags) dial(log *slog.Logger, reg prometheus.Registerer, advertise string) (*coordinator.Coordinator, error) {
+	if f.url == "" {
+		return nil, nil
+	}
+	cc, err := f.clientConfig()
+	if err != nil {
+		return nil, err
+	}
+	return coordinator.Dial(coordinator.Config{Endpoints: cc.Endpoints, Group: f.group, ID: f.id, Advertise: advertise,
+		TLS: cc.TLS, Username: cc.Username, Password: cc.Password, TTL: f.ttl, Registry: reg, Logger: log})
+}
+
+func runStatus(args []string) error {
+	fs := newFlags("status", "--coordinator etcd://HOST:2379 [--json]")
+	var cf coordFlags
+	cf.register(fs, false)
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cf.url == "" {
+		return fmt.Errorf("--coordinator is required (vgpuha status reads the groups from etcd)")
+	}
+	cc, err := cf.clientConfig()
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(cc)
+	if err != nil {
+		return fmt.Errorf("connecting to the coordinator: %w", err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	groups, err := coordinator.Groups(ctx, cli)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(groups)
+	}
+	printGroups(os.Stdout, groups, time.Now())
+	return nil
+}
+
+// printGroups writes one row per member: its group, role, term, whether it
+// leads or is the recorded standby, lag and age.
+func printGroups(out io.Writer, groups []coordinator.GroupStatus, now time.Time) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "GROUP\tNODE\tROLE\tTERM\tPART\tSERVING\tIN SYNC\tLAG OPS\tADDR\tAGE")
+	for _, g := range groups {
+		if len(g.Members) == 0 {
+			fmt.Fprintf(w, "%s\t-\t-\t%d\tno live members\t\t\t\t\t\n", g.Group, g.LeaderTerm)
+		}
+		for _, m := range g.Members {
+			var part []string
+			if m.ID == g.LeaderID {
+				part = append(part, "leader")
+			}
+			if m.Addr != "" && m.Addr == g.Standby.Addr {
+				part = append(part, "standby")
+			} else if m.Addr != "" {
+				part = append(part, "pool")
+			}
+			inSync := m.InSync
+			if m.ID == g.LeaderID {
+				inSync = g.Standby.InSync
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\t%v\t%d\t%s\t%s\n", g.Group, m.ID, m.Role, m.Term, strings.Join(part, ","),
+				m.Serving, inSync, m.LagOps, m.Addr, now.Sub(m.Updated).Round(time.Millisecond))
+		}
+	}
+	w.Flush()
+}

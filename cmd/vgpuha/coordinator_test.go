@@ -1,0 +1,55 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/etcdtest"
+)
+
+// TestCoordinatedProcesses: a primary and a standby process share an
+// (embedded) etcd. The primary freezes for longer than its 1 s lease: the
+// standby takes over only once it won the election; the thawed primary
+// finds itself fenced and serves nobody; `vgpuha status --coordinator`
+// shows the group.
+func TestCoordinatedProcesses(t *testing.T) {
+	skipShort(t)
+	etcd := "etcd://" + etcdtest.Start(t)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
+	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
+	co := []string{"--coordinator", etcd, "--coordinator.group", "vm7", "--coordinator.ttl", "1s"}
+	startNode(t, append([]string{"standby", "--listen", "tcp://" + replAddr, "--replicate.key-file", keyFile,
+		"--guest-listen", "unix://" + standbySock, "--admin-listen", standbyAdmin, "--coordinator.id", "s"}, co...)...)
+	p := startPrimary(t, append([]string{"--guest-listen", "unix://" + sock, "--admin-listen", adminAddr,
+		"--replicate-to", "tcp://" + replAddr, "--replicate.key-file", keyFile, "--coordinator.id", "p"}, co...)...)
+	waitStatus(t, adminAddr, "protected", nodeStatus.protected)
+	time.Sleep(300 * time.Millisecond) // the leader records its standby in sync
+	frozen := time.Now()
+	p.cmd.Process.Signal(syscall.SIGSTOP)
+	waitStatus(t, standbyAdmin, "promoted", isRole("primary (promoted)"))
+	t.Logf("primary frozen at 0; the standby serves after %v (lease 1 s)", time.Since(frozen).Round(time.Millisecond))
+	p.cmd.Process.Signal(syscall.SIGCONT)
+	waitStatus(t, adminAddr, "fenced", isRole("fenced"))
+	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err == nil {
+		t.Fatal("a fenced primary served a guest")
+	}
+	if _, err := runGuestProc("unix://"+standbySock, "vadd", 0); err != nil {
+		t.Fatalf("the promoted standby does not serve guests: %v", err)
+	}
+	out, err := exec.Command(vgpuhaBin, "status", "--coordinator", etcd).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "vm7") || !strings.Contains(string(out), "leader") {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	t.Logf("vgpuha status --coordinator:\n%s", out)
+	if !strings.Contains(p.stderr.String(), "fenced") {
+		t.Errorf("the old primary's log does not say it was fenced:\n%s", p.stderr.String())
+	}
+}

@@ -1,0 +1,173 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vgpuha/vgpuha/failover"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+func nopZap() *zap.Logger { return zap.NewNop() }
+
+// Lead campaigns for the group's leader key and returns the term (the
+// key's create revision) once this node leads: a first primary calls it
+// before it serves anyone. It fails when ctx ends first (another node
+// leads).
+func (c *Coordinator) Lead(ctx context.Context) (uint64, error) {
+	c.mu.Lock()
+	elect := c.elect
+	c.mu.Unlock()
+	if err := elect.Campaign(ctx, c.cfg.ID); err != nil {
+		c.metrics.elections.WithLabelValues("failed").Inc()
+		return 0, fmt.Errorf("campaigning for group %s: %w", c.cfg.Group, err)
+	}
+	c.mu.Lock()
+	c.leader = true
+	c.mu.Unlock()
+	c.metrics.elections.WithLabelValues("won").Inc()
+	term := uint64(elect.Rev())
+	c.log.Info("leading the group", "term", term)
+	return term, nil
+}
+
+// Campaign runs for leader in the background (the authority asked: the
+// standby suspects its primary). Only a standby the group's record names
+// as in sync may run, and the record is checked again once the key is won
+// (a deposed leader can no longer change it then). A usable win is fed as
+// ElectionWon under the term; anything else as CampaignEnded.
+func (c *Coordinator) Campaign() {
+	ctx, cancel := context.WithCancel(c.ctx)
+	c.mu.Lock()
+	if c.stopCamp != nil {
+		c.stopCamp()
+	}
+	c.stopCamp = cancel
+	elect, feed := c.elect, c.feed
+	c.mu.Unlock()
+	go func() {
+		term, err := c.campaign(ctx, elect, c.cfg.Advertise)
+		if err != nil {
+			c.log.Warn("campaign ended without a usable win", "err", err)
+			select { // a refused standby asks again at most every 200 ms
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+			feed(failover.Event{Kind: failover.CampaignEnded})
+			return
+		}
+		feed(failover.Event{Kind: failover.ElectionWon, Term: term})
+	}()
+}
+
+// errNotInSync: the group's record does not name this standby in sync.
+var errNotInSync = errors.New("the group's record does not name this standby as in sync")
+
+func (c *Coordinator) campaign(ctx context.Context, elect electionAPI, self string) (uint64, error) {
+	if err := c.checkInSync(ctx, self); err != nil {
+		c.metrics.elections.WithLabelValues("refused").Inc()
+		return 0, err
+	}
+	c.log.Info("campaigning: the primary is suspected")
+	if err := elect.Campaign(ctx, c.cfg.ID); err != nil {
+		c.metrics.elections.WithLabelValues("failed").Inc()
+		return 0, fmt.Errorf("campaigning: %w", err)
+	}
+	if err := c.checkInSync(ctx, self); err != nil {
+		c.metrics.elections.WithLabelValues("refused").Inc()
+		rctx, cancel := context.WithTimeout(c.ctx, time.Second)
+		elect.Resign(rctx)
+		cancel()
+		return 0, err
+	}
+	c.mu.Lock()
+	c.leader = true
+	c.mu.Unlock()
+	c.metrics.elections.WithLabelValues("won").Inc()
+	term := uint64(elect.Rev())
+	c.log.Warn("won the group's election", "term", term)
+	return term, nil
+}
+
+// electionAPI is what a campaign uses of concurrency.Election.
+type electionAPI interface {
+	Campaign(ctx context.Context, val string) error
+	Resign(ctx context.Context) error
+	Rev() int64
+}
+
+func (c *Coordinator) checkInSync(ctx context.Context, self string) error {
+	rec, _, err := c.standbyRecord(ctx)
+	if err != nil {
+		return err
+	}
+	if rec.Addr != self || !rec.InSync {
+		return fmt.Errorf("%w (record: %s in sync %v; this node: %s)", errNotInSync, rec.Addr, rec.InSync, self)
+	}
+	return nil
+}
+
+// Resign withdraws a campaign in progress, or gives up the leader key.
+func (c *Coordinator) Resign() {
+	c.mu.Lock()
+	if c.stopCamp != nil {
+		c.stopCamp()
+		c.stopCamp = nil
+	}
+	elect, leader := c.elect, c.leader
+	c.leader = false
+	c.mu.Unlock()
+	if leader {
+		ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+		defer cancel()
+		if err := elect.Resign(ctx); err != nil {
+			c.log.Warn("resigning the group's leadership", "err", err)
+		}
+	}
+}
+
+// Leader reports whether this node holds the group's leader key (as far
+// as it knows: LeaseLost clears it).
+func (c *Coordinator) Leader() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader && !c.lost
+}
+
+// WatchTerm calls fn with the term (create revision) of each leader the
+// group gets, from the current one on, until Close. A standby hands it to
+// its receiver: nothing below it is ever applied.
+func (c *Coordinator) WatchTerm(fn func(term uint64)) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		for c.ctx.Err() == nil {
+			c.mu.Lock()
+			elect := c.elect
+			c.mu.Unlock()
+			for resp := range elect.Observe(c.ctx) {
+				if len(resp.Kvs) > 0 {
+					fn(uint64(resp.Kvs[0].CreateRevision))
+				}
+			}
+			select {
+			case <-c.ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+// leaderCmp holds while this node's leader key still exists under its
+// revision: every write a leader makes is conditioned on it.
+func (c *Coordinator) leaderCmp() (clientv3.Cmp, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.leader || c.lost {
+		return clientv3.Cmp{}, errors.New("this node does not lead the group")
+	}
+	return clientv3.Compare(clientv3.CreateRevision(c.elect.Key()), "=", c.elect.Rev()), nil
+}

@@ -1,0 +1,141 @@
+package node_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/failover"
+	"github.com/vgpuha/vgpuha/internal/coordinator"
+	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/node"
+	"github.com/vgpuha/vgpuha/pvdriver"
+)
+
+func coord(t *testing.T, etcd, id, advertise string, reg prometheus.Registerer) *coordinator.Coordinator {
+	t.Helper()
+	c, err := coordinator.Dial(coordinator.Config{Endpoints: []string{etcd}, Group: "vm1", ID: id, Advertise: advertise,
+		TTL: time.Second, DialTimeout: 2 * time.Second, Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func inSyncRecorded(t *testing.T, etcd, addr string) func() bool {
+	c := coord(t, etcd, "reader", "", prometheus.NewRegistry())
+	t.Cleanup(c.Close)
+	return func() bool {
+		gs, err := coordinator.Groups(context.Background(), c.Client())
+		return err == nil && len(gs) == 1 && gs[0].Standby.Addr == addr && gs[0].Standby.InSync
+	}
+}
+
+// TestCoordinatedPartition: the primary is cut from its standby and from
+// etcd while its guests still reach it. It stops serving before its lease
+// can expire; the standby takes over only once it won the election, under
+// a higher term; the two never serve at once.
+func TestCoordinatedPartition(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	pEtcd := etcdtest.NewProxy(t, etcd)
+	dir := t.TempDir()
+	lnS := listen(t)
+	link := etcdtest.NewProxy(t, lnS.Addr().String()) // P's replication path to S
+	cfgS := config(t, "unix://"+filepath.Join(dir, "s.sock"))
+	cfgS.Coordinator = coord(t, etcd, "s", link.Addr(), prometheus.NewRegistry())
+	s, err := node.StartStandby(cfgS, lnS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
+	cfgP.ReplicateTo = link.Addr()
+	cfgP.Coordinator = coord(t, pEtcd.Addr(), "p", "", prometheus.NewRegistry())
+	p, err := node.StartPrimary(cfgP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "P protected and S recorded in sync", inSyncRecorded(t, etcd, link.Addr()))
+	_, pTerm := p.Role()
+	cut := time.Now()
+	pEtcd.Partition(true)
+	link.Partition(true)
+	waitFor(t, "P fenced", func() bool { r, _ := p.Role(); return r == failover.Fenced })
+	waitFor(t, "S promoted", func() bool { r, _ := s.Role(); return r == failover.Primary })
+	_, sTerm := s.Role()
+	_, pUntil := p.Serving()
+	sFrom, _ := s.Serving()
+	both := pUntil.Sub(sFrom)
+	t.Logf("partition at 0: P stopped serving at %v, S won and served at %v (takeover), gap with nobody serving %v; terms %d -> %d",
+		pUntil.Sub(cut).Round(time.Millisecond), sFrom.Sub(cut).Round(time.Millisecond), sFrom.Sub(pUntil).Round(time.Millisecond), pTerm, sTerm)
+	if both >= 0 {
+		t.Fatalf("both nodes served for %v", both)
+	}
+	if sTerm <= pTerm {
+		t.Fatalf("S took over under term %d, not above P's %d", sTerm, pTerm)
+	}
+	if pUntil.Sub(cut) > 700*time.Millisecond {
+		t.Fatalf("P served on for %v after losing etcd (lease 1 s)", pUntil.Sub(cut))
+	}
+}
+
+// TestStandbyLossHealedFromPool: the primary's standby dies; after
+// StandbyLossAfter the primary takes a free standby from the group's pool,
+// resyncs it and records it in sync.
+func TestStandbyLossHealedFromPool(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	dir := t.TempDir()
+	var standbys [2]*node.Node
+	var addrs [2]string
+	for i, name := range []string{"s1", "s2"} {
+		ln := listen(t)
+		addrs[i] = ln.Addr().String()
+		cfg := config(t, "unix://"+filepath.Join(dir, name+".sock"))
+		cfg.Coordinator = coord(t, etcd, name, addrs[i], prometheus.NewRegistry())
+		n, err := node.StartStandby(cfg, ln)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		standbys[i] = n
+	}
+	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
+	cfgP.ReplicateTo = addrs[0]
+	cfgP.StandbyLossAfter = 500 * time.Millisecond
+	cfgP.Coordinator = coord(t, etcd, "p", "", prometheus.NewRegistry())
+	p, err := node.StartPrimary(cfgP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "s1 recorded in sync", inSyncRecorded(t, etcd, addrs[0]))
+	lost := time.Now()
+	standbys[0].Close()
+	waitFor(t, "s2 recorded in sync", inSyncRecorded(t, etcd, addrs[1]))
+	t.Logf("standby lost at 0; pool standby in sync after %v (StandbyLossAfter 500 ms)", time.Since(lost).Round(time.Millisecond))
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "s2 applied the new allocation", func() bool {
+		return standbys[1].Agent().Receiver.Status().Applied == p.Log().Status().Last
+	})
+}
