@@ -172,6 +172,9 @@ func TestLostHandOverChangesNothing(t *testing.T) {
 	}
 	defer a.Close()
 	waitFor(t, "A protected", protected(a))
+	// A serving guests: its listener loop starts on its own goroutine, and
+	// a switchover holds the server while it waits.
+	waitFor(t, "A serving", a.Server().IsPrimary)
 	if _, _, err := a.Switchover(300 * time.Millisecond); err == nil {
 		t.Fatal("switchover succeeded although its request was dropped")
 	}
