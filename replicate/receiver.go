@@ -73,8 +73,13 @@ type ReceiverStatus struct {
 	Fenced     bool   `json:"fenced"`
 	FencedTerm uint64 `json:"fenced_term,omitempty"`
 	// InSync: a snapshot or resume completed and records stream live, so
-	// the replica is a complete copy up to Applied.
+	// the replica is a complete copy up to Applied. It is false from a
+	// resync's reset to its snapshot's end: a half-copied replica never
+	// takes over.
 	InSync bool `json:"in_sync"`
+	// Resync: the snapshot applied so far (record bytes, of about
+	// BytesTotal contents bytes).
+	Resync ResyncProgress `json:"resync"`
 }
 
 // Receiver accepts the primary's stream and applies it. A link goes
@@ -96,6 +101,7 @@ type Receiver struct {
 	epochBuf []Record
 	st       ReceiverStatus
 	current  net.Conn
+	progress progress
 }
 
 // NewReceiver returns a receiver.
@@ -129,6 +135,7 @@ func (r *Receiver) Status() ReceiverStatus {
 	defer r.mu.Unlock()
 	st := r.st
 	st.Applied, st.Received, st.Mode, st.EpochBuffered = r.applied, max(r.received, r.applied), r.mode.String(), len(r.epochBuf)
+	st.Resync = r.progress.status()
 	return st
 }
 
@@ -461,7 +468,9 @@ func (r *Receiver) reset(rec *Record) {
 	r.st.Resyncing, r.st.SnapshotRecords, r.st.InSync = true, 0, false
 	r.mu.Unlock()
 	r.cfg.Replica.Synced(false)
-	r.cfg.Logger.Info("resync started: replica reset")
+	total := resetTotal(rec.Body)
+	r.progress.begin(total)
+	r.cfg.Logger.Info("resync started: replica reset; not in sync until the snapshot ends", "bytes", total)
 }
 
 // snapshotRecord applies one record of a snapshot, or ends it.
@@ -471,8 +480,9 @@ func (r *Receiver) snapshotRecord(rec *Record) {
 		r.applied, r.st.Resyncing, r.st.InSync = rec.Result, false, true
 		n := r.st.SnapshotRecords
 		r.mu.Unlock()
+		r.progress.end()
 		r.cfg.Replica.Synced(true)
-		r.cfg.Logger.Info("resync snapshot applied; streaming live", "records", n, "position", rec.Result)
+		r.cfg.Logger.Info("resync snapshot applied; in sync, catching up from the log", "records", n, "position", rec.Result)
 		return
 	}
 	r.apply(rec)
@@ -480,8 +490,8 @@ func (r *Receiver) snapshotRecord(rec *Record) {
 	r.st.SnapshotRecords++
 	n := r.st.SnapshotRecords
 	r.mu.Unlock()
-	if n%1000 == 0 {
-		r.cfg.Logger.Info("resync in progress", "snapshot_records", n)
+	if r.progress.add(uint64(len(rec.Body))) {
+		r.cfg.Logger.Info("resync in progress", append(r.progress.status().logArgs(), "snapshot_records", n)...)
 	}
 }
 
