@@ -93,15 +93,16 @@ type Receiver struct {
 
 	lender *lender // receive buffers lent to the applier
 
-	mu       sync.Mutex
-	logID    uint64
-	received uint64 // last sequence read off the link (queued or applied)
-	applied  uint64
-	mode     Mode
-	epochBuf []Record
-	st       ReceiverStatus
-	current  net.Conn
-	progress progress
+	mu        sync.Mutex
+	logID     uint64
+	resyncLog uint64 // the log of the resync under way
+	received  uint64 // last sequence read off the link (queued or applied)
+	applied   uint64
+	mode      Mode
+	epochBuf  []Record
+	st        ReceiverStatus
+	current   net.Conn
+	progress  progress
 }
 
 // NewReceiver returns a receiver.
@@ -464,7 +465,10 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 func (r *Receiver) reset(rec *Record) {
 	r.apply(rec)
 	r.mu.Lock()
-	r.logID, r.applied, r.epochBuf = rec.Result, 0, nil
+	// The log's id is claimed only at the snapshot's end: a standby cut
+	// off mid-snapshot must resync again, never resume from a log whose
+	// start (a promoted primary's log begins at 0) it has not applied.
+	r.logID, r.resyncLog, r.applied, r.epochBuf = 0, rec.Result, 0, nil
 	r.st.Resyncing, r.st.SnapshotRecords, r.st.InSync = true, 0, false
 	r.mu.Unlock()
 	r.cfg.Replica.Synced(false)
@@ -477,7 +481,7 @@ func (r *Receiver) reset(rec *Record) {
 func (r *Receiver) snapshotRecord(rec *Record) {
 	if rec.Op == OpSnapshotEnd {
 		r.mu.Lock()
-		r.applied, r.st.Resyncing, r.st.InSync = rec.Result, false, true
+		r.logID, r.applied, r.st.Resyncing, r.st.InSync = r.resyncLog, rec.Result, false, true
 		n := r.st.SnapshotRecords
 		r.mu.Unlock()
 		r.progress.end()

@@ -47,6 +47,12 @@ type Options struct {
 	// GuestTCP serves guests over TCP on loopback instead of unix sockets
 	// (Endpoint and StandbyEndpoint are tcp:// then).
 	GuestTCP bool
+	// Faults sees every replication message the primary sends.
+	Faults replicate.FaultHook
+	// ResyncRate and ResyncBudgetBytes configure the primary's resync.
+	ResyncRate, ResyncBudgetBytes int64
+	// Hypervisor, when set, adjusts both nodes' hypervisor configuration.
+	Hypervisor func(*hypervisor.Config)
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -102,6 +108,7 @@ func Start(opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.Faults, cfg.ResyncRate, cfg.ResyncBudgetBytes = opts.Faults, opts.ResyncRate, opts.ResyncBudgetBytes
 	if opts.Replicate {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -143,6 +150,9 @@ func (c *Cluster) nodeConfig(guests string) (node.Config, error) {
 		Logger: c.opts.Log, GuestListen: guests, Mode: c.opts.Mode, Key: Key, MaxLagBytes: c.opts.MaxLagBytes}
 	if c.opts.MMIO != nil {
 		cfg.Hypervisor.MMIO = *c.opts.MMIO
+	}
+	if c.opts.Hypervisor != nil {
+		c.opts.Hypervisor(&cfg.Hypervisor)
 	}
 	return cfg, nil
 }
