@@ -81,8 +81,15 @@ type Log struct {
 	// lock the snapshot needs).
 	snapshotPending bool
 	// resyncing: a resync is under way (from attach until the standby
-	// protects): Append does not block, the resync budget applies.
-	resyncing bool
+	// protects). streaming: its snapshot is on the link; meanwhile Append
+	// does not block, the resync budget applies. Once it is sent, the
+	// log may not grow past what it held then (catchUpLimit, at least
+	// maxBytes), and each ack lowers that bound by half of what the
+	// standby drained: it catches up instead of chasing the guests, and
+	// guests slow down gradually, never all at once.
+	resyncing    bool
+	streaming    bool
+	catchUpLimit int64
 	// overBudget: the log dropped what a resync under way needed.
 	overBudget bool
 	closed     bool
@@ -122,7 +129,7 @@ func (l *Log) SetTerm(t uint64) {
 func (l *Log) Append(r Record) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.attached && !l.snapshotPending && !l.resyncing && l.bytes > l.maxBytes && !l.closed {
+	for l.attached && !l.snapshotPending && !l.streaming && l.bytes > l.limit() && !l.closed {
 		l.cond.Wait()
 	}
 	l.last++
@@ -136,13 +143,22 @@ func (l *Log) Append(r Record) uint64 {
 		case !l.attached && l.bytes > l.maxBytes:
 			l.dropPending() // the standby is gone too long: it will resync
 			l.retain = false
-		case l.resyncing && l.bytes > l.resyncBudget:
+		case l.streaming && l.bytes > l.resyncBudget:
 			l.dropPending() // the resync under way starts over
 			l.retain, l.overBudget = false, true
 		}
 	}
 	l.cond.Broadcast()
 	return r.Seq
+}
+
+// limit is what the log holds before Append blocks.
+// Precondition: l.mu must be locked.
+func (l *Log) limit() int64 {
+	if l.resyncing {
+		return max(l.maxBytes, l.catchUpLimit)
+	}
+	return l.maxBytes
 }
 
 // Precondition: l.mu must be locked.
@@ -206,6 +222,7 @@ func (l *Log) BeginSnapshot() uint64 {
 func (l *Log) snapshotSent() {
 	l.mu.Lock()
 	l.resyncAt = l.last
+	l.streaming, l.catchUpLimit = false, l.bytes
 	l.mu.Unlock()
 }
 
@@ -274,6 +291,10 @@ func (l *Log) ack(received, seq uint64) {
 		l.appended = l.appended[n:]
 		l.first += uint64(n)
 	}
+	if l.resyncing && !l.streaming {
+		// Guests get half of what the standby drained: the lag shrinks.
+		l.catchUpLimit = max(l.maxBytes, (l.catchUpLimit+l.bytes)/2)
+	}
 	if seq < l.resyncAt || !l.attached || l.protected {
 		return
 	}
@@ -311,7 +332,7 @@ func (l *Log) attach(up bool, applied uint64, resync bool) {
 	l.attached = up
 	l.protected = false
 	l.snapshotPending = up && resync
-	l.resyncing = up && resync
+	l.resyncing, l.streaming = up && resync, up && resync
 	l.overBudget = false
 	if up {
 		l.acked, l.received = applied, applied
