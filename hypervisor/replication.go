@@ -14,8 +14,9 @@ import (
 
 // This file connects sessions to replication. On the primary, every state
 // change a session makes is appended to a replicate.Log in execution order,
-// replies obey the mode's commit rule, and a resync snapshot or a verify
-// point is taken with every session stopped. On the standby, the same
+// replies obey the mode's commit rule, and a verify point is taken with
+// every session stopped (a resync snapshot too, but only for a moment:
+// resync.go). On the standby, the same
 // Session code applies the records (ApplyRecord): one implementation of
 // validation and execution for both sides, so a standby checks the stream
 // exactly as the primary checked the guest.
@@ -103,56 +104,6 @@ func (s *Server) stopTheWorld(fn func(sessions []*Session)) {
 		}
 	}
 	fn(live)
-}
-
-// snapshotChunk bounds the data in one resync record.
-const snapshotChunk = 1 << 20
-
-// Snapshot rebuilds the server's state as records for a resyncing standby.
-// Guests are stopped while device memory is copied; the pause is returned.
-func (s *Server) Snapshot() ([]replicate.Record, time.Duration) {
-	var recs []replicate.Record
-	var pause time.Duration
-	s.stopTheWorld(func(sessions []*Session) {
-		start := time.Now()
-		at := s.repl.BeginSnapshot()
-		for _, sess := range sessions {
-			recs = append(recs, sess.snapshot()...)
-		}
-		recs = append(recs, replicate.Record{Op: replicate.OpSnapshotEnd, Result: at})
-		pause = time.Since(start)
-	})
-	return recs, pause
-}
-
-func placed(session uint64, op abi.Opcode, body abi.Body, result uint64) replicate.Record {
-	return replicate.Record{Session: session, Op: replicate.Op(op), Flags: replicate.FlagPlaced, Result: result, Body: body.Append(nil)}
-}
-
-// snapshot returns records that rebuild this session.
-// Precondition: s.mu must be locked.
-func (s *Session) snapshot() []replicate.Record {
-	open := sessionOpen{guest: s.guest, token: s.token, tenant: s.tenantID}
-	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: open.append(nil)}}
-	for _, r := range s.ranges.All() {
-		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
-		contents, err := s.contentRecords(r, replicate.FlagPlaced)
-		if err != nil {
-			s.unsafe = fmt.Sprintf("reading allocation %#x for a snapshot: %v", r.Addr, err)
-		}
-		recs = append(recs, contents...)
-	}
-	s.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
-		switch k {
-		case handlemap.KindModule:
-			recs = append(recs, placed(s.id, abi.OpModuleLoad, &abi.ModuleLoad{Image: s.moduleImages[h].Append(nil)}, uint64(h)))
-		case handlemap.KindFunction:
-			recs = append(recs, placed(s.id, abi.OpGetFunction, &abi.GetFunction{Module: uint64(parent), Name: s.kernels[h].Name}, uint64(h)))
-		case handlemap.KindStream:
-			recs = append(recs, placed(s.id, abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
-		}
-	})
-	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next()), ReqID: s.lastReq})
 }
 
 // VerifyPoint computes checksums of every object and, at the same log

@@ -20,11 +20,17 @@
 //	  | same log id and the log still holds applied+1...:    |
 //	  |--- records applied+1 ... last ---------------------->|  catch up
 //	  | otherwise (fresh, restarted, or too far behind):     |
-//	  |    stop every session, BeginSnapshot (position S)    |  guest pause measured here
-//	  |--- reset {log id} ----------------------------------->|  drop the replica
-//	  |--- snapshot records (placed allocs, contents, handles)|  rebuild
-//	  |--- snapshot end {S} --------------------------------->|  applied = S
+//	  |    stop every session: BeginSnapshot (position S),   |  guest pause: O(objects),
+//	  |    objects, backend memory snapshot; guests resume   |  not O(memory)
+//	  |--- reset {log id, contents bytes} ------------------->|  drop the replica; not in sync
+//	  |--- objects (placed allocs, modules, handles) -------->|  rebuild
+//	  |--- contents, 1 MiB records, paced (guests running) -->|  state at S; progress logged
+//	  |    (the log keeps S+1... without blocking guests, up |
+//	  |     to the resync budget; past it: start over)       |
+//	  |--- snapshot end {S} --------------------------------->|  applied = S, in sync
 //	  |--- record S+1, S+2, ... (live) ---------------------->|  validate, translate, apply
+//	  |    (protected once the standby applied what the log  |
+//	  |     held at the snapshot's end and lags < 4 MiB)     |
 //	  |<-- ack {held seq, applied seq} (pauses, >= 10/s) -----|  read and apply run apart
 //	  |    (commit-mode replies wait for held, sync for       |
 //	  |     applied; a promoted standby applies all it holds) |
@@ -32,6 +38,20 @@
 //	  |     commit rule wake; a silent standby is dropped)    |
 //	  |--- verify {id} (in-stream, at one log position) ----->|
 //	  |<-- checksums {id, objects} ---------------------------|
+//
+// Resync (resync.go, Snapshot) is a point-in-time snapshot streamed while
+// guests run, not pre-copy: the node stops its guests only to fix S and
+// take a snapshot of device memory that the backend can keep cheaply
+// (copy-on-write on the software GPU, a device-to-device copy on CUDA), so
+// the pause is bounded by the number of objects, not the bytes. Pre-copy
+// (copy, then re-copy what changed) needs to know what a launch wrote,
+// which no one does for a kernel that writes through pointers it read
+// from memory; a snapshot at S plus the log after S is exact for every
+// kind of write, and the contents cross the link once. The price is the
+// backend's extra memory for pages written before they are sent, and a
+// log that holds everything after S until the standby catches up (the
+// resync budget). This package never reads device memory or knows what a
+// record's body means: it pulls records and counts bytes.
 //
 // Modes (Mode) decide what a guest waits for: sync, every synchronous reply
 // waits for the standby to apply everything before it; commit, only replies

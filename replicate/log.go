@@ -47,9 +47,14 @@ func ParseMode(s string) (Mode, error) {
 // While a standby is attached, Append blocks once MaxBytes of unapplied
 // records are held: guests slow down instead of the log growing. While none
 // is attached, the log keeps records only until the bound is reached, then
-// drops them and the next standby is resynced from a snapshot.
+// drops them and the next standby is resynced from a snapshot. While a
+// standby resyncs, Append never blocks: the log keeps everything after the
+// snapshot's position up to the resync budget, past which it drops it and
+// the resync starts over (ErrResyncBudget).
 type Log struct {
 	maxBytes int64
+	// resyncBudget bounds what the log keeps while a resync streams.
+	resyncBudget int64
 	// id names this log's lineage: a standby that applied records of
 	// another log (an earlier primary process) must resync, not resume.
 	id uint64
@@ -75,17 +80,40 @@ type Log struct {
 	// snapshot, so Append must not block (a blocked session would hold the
 	// lock the snapshot needs).
 	snapshotPending bool
-	closed          bool
-	epoch           uint64
+	// resyncing: a resync is under way (from attach until the standby
+	// protects). streaming: its snapshot is on the link; meanwhile Append
+	// does not block, the resync budget applies. Once it is sent, the
+	// log may not grow past what it held then (catchUpLimit, at least
+	// maxBytes), and each ack lowers that bound by half of what the
+	// standby drained: it catches up instead of chasing the guests, and
+	// guests slow down gradually, never all at once.
+	resyncing    bool
+	streaming    bool
+	catchUpLimit int64
+	// overBudget: the log dropped what a resync under way needed.
+	overBudget bool
+	closed     bool
+	epoch      uint64
 }
 
 // NewLog returns a log that holds at most maxBytes of unapplied records.
 func NewLog(maxBytes int64) *Log {
 	var id [8]byte
 	rand.Read(id[:])
-	l := &Log{maxBytes: maxBytes, first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1}
+	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1}
 	l.cond = sync.NewCond(&l.mu)
 	return l
+}
+
+// DefaultResyncBudget is the resync budget of a new log.
+const DefaultResyncBudget = 1 << 30
+
+// SetResyncBudget bounds the records kept while a resync streams (at least
+// the log's own bound).
+func (l *Log) SetResyncBudget(n int64) {
+	l.mu.Lock()
+	l.resyncBudget = max(n, l.maxBytes)
+	l.mu.Unlock()
 }
 
 // SetTerm sets the term stamped on new records.
@@ -101,7 +129,7 @@ func (l *Log) SetTerm(t uint64) {
 func (l *Log) Append(r Record) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.attached && !l.snapshotPending && l.bytes > l.maxBytes && !l.closed {
+	for l.attached && !l.snapshotPending && !l.streaming && l.bytes > l.limit() && !l.closed {
 		l.cond.Wait()
 	}
 	l.last++
@@ -111,13 +139,26 @@ func (l *Log) Append(r Record) uint64 {
 		l.pending = append(l.pending, r)
 		l.appended = append(l.appended, time.Now())
 		l.bytes += int64(r.Size())
-		if !l.attached && l.bytes > l.maxBytes {
+		switch {
+		case !l.attached && l.bytes > l.maxBytes:
 			l.dropPending() // the standby is gone too long: it will resync
 			l.retain = false
+		case l.streaming && l.bytes > l.resyncBudget:
+			l.dropPending() // the resync under way starts over
+			l.retain, l.overBudget = false, true
 		}
 	}
 	l.cond.Broadcast()
 	return r.Seq
+}
+
+// limit is what the log holds before Append blocks.
+// Precondition: l.mu must be locked.
+func (l *Log) limit() int64 {
+	if l.resyncing {
+		return max(l.maxBytes, l.catchUpLimit)
+	}
+	return l.maxBytes
 }
 
 // Precondition: l.mu must be locked.
@@ -169,9 +210,33 @@ func (l *Log) BeginSnapshot() uint64 {
 	l.retain = true
 	l.protected = false
 	l.snapshotPending = false
+	l.overBudget = false
 	l.resyncAt = l.last
 	return l.last
 }
+
+// snapshotSent: the whole snapshot is on the link. The standby protects
+// the primary once it has applied what the log holds now and lags by
+// less than catchUpBytes (guests then never wait for a long backlog);
+// until then Append does not block.
+func (l *Log) snapshotSent() {
+	l.mu.Lock()
+	l.resyncAt = l.last
+	l.streaming, l.catchUpLimit = false, l.bytes
+	l.mu.Unlock()
+}
+
+// resyncOverBudget reports whether the log dropped what the resync under
+// way needs.
+func (l *Log) resyncOverBudget() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.overBudget
+}
+
+// catchUpBytes: a resyncing standby protects once it lags by less than
+// this (or the log's bound, if smaller).
+const catchUpBytes = 4 << 20
 
 // CutEpoch records the end of an epoch and returns its number, once the
 // standby holds the cut (so the epoch is committed on both sides); durable
@@ -214,23 +279,30 @@ func (l *Log) ack(received, seq uint64) {
 	defer l.mu.Unlock()
 	received, seq = min(received, l.last), min(seq, l.last)
 	l.received = max(l.received, received, seq)
-	if seq >= l.resyncAt && l.attached {
-		l.protected = true
+	defer l.cond.Broadcast()
+	if seq > l.acked {
+		l.acked = seq
+		n := 0
+		for n < len(l.pending) && l.pending[n].Seq <= seq {
+			l.bytes -= int64(l.pending[n].Size())
+			n++
+		}
+		l.pending = l.pending[n:]
+		l.appended = l.appended[n:]
+		l.first += uint64(n)
 	}
-	if seq <= l.acked {
-		l.cond.Broadcast()
+	if l.resyncing && !l.streaming {
+		// Guests get half of what the standby drained: the lag shrinks.
+		l.catchUpLimit = max(l.maxBytes, (l.catchUpLimit+l.bytes)/2)
+	}
+	if seq < l.resyncAt || !l.attached || l.protected {
 		return
 	}
-	l.acked = seq
-	n := 0
-	for n < len(l.pending) && l.pending[n].Seq <= seq {
-		l.bytes -= int64(l.pending[n].Size())
-		n++
+	if l.resyncing && l.bytes > min(catchUpBytes, l.maxBytes) {
+		l.resyncAt = l.last // still catching up: another round
+		return
 	}
-	l.pending = l.pending[n:]
-	l.appended = l.appended[n:]
-	l.first += uint64(n)
-	l.cond.Broadcast()
+	l.protected, l.resyncing = true, false
 }
 
 // next waits for records after seq and returns them (nil when the log is
@@ -260,6 +332,8 @@ func (l *Log) attach(up bool, applied uint64, resync bool) {
 	l.attached = up
 	l.protected = false
 	l.snapshotPending = up && resync
+	l.resyncing, l.streaming = up && resync, up && resync
+	l.overBudget = false
 	if up {
 		l.acked, l.received = applied, applied
 		l.resyncAt = applied

@@ -41,6 +41,13 @@ func NewMetrics(reg prometheus.Registerer, status func() SenderStatus) (*Metrics
 		gauge("vgpuha_replication_lag_seconds", "Age of the oldest record the standby has not applied.", func(s SenderStatus) float64 { return s.LagSeconds }),
 		gauge("vgpuha_replication_last_sequence", "Sequence of the newest log record.", func(s SenderStatus) float64 { return float64(s.Last) }),
 		gauge("vgpuha_replication_applied_sequence", "Last sequence the standby acknowledged as applied.", func(s SenderStatus) float64 { return float64(s.Applied) }),
+		gauge("vgpuha_replication_resync_active", "1 while a resync snapshot streams to the standby.", func(s SenderStatus) float64 { return b2f(s.Resync.Active) }),
+		gauge("vgpuha_replication_resync_bytes", "Snapshot contents bytes sent in the current (or last) resync.", func(s SenderStatus) float64 { return float64(s.Resync.BytesDone) }),
+		gauge("vgpuha_replication_resync_total_bytes", "Snapshot contents bytes of the current (or last) resync.", func(s SenderStatus) float64 { return float64(s.Resync.BytesTotal) }),
+		gauge("vgpuha_replication_resync_rate_bytes_per_second", "Rate of the resync under way.", func(s SenderStatus) float64 { return s.Resync.BytesPerSec }),
+		gauge("vgpuha_replication_resync_eta_seconds", "Estimated time left in the resync under way.", func(s SenderStatus) float64 { return s.Resync.ETASeconds }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_replication_resync_restarts_total", Help: "Resyncs that started over (resync budget exceeded or snapshot unreadable)."},
+			func() float64 { return float64(status().ResyncRestarts) }),
 		gauge("vgpuha_replication_protected", "1 when a caught-up standby holds every acknowledged op.", func(s SenderStatus) float64 { return b2f(s.Protected) }),
 	} {
 		if err := reg.Register(c); err != nil {

@@ -73,12 +73,17 @@ type ReceiverStatus struct {
 	Fenced     bool   `json:"fenced"`
 	FencedTerm uint64 `json:"fenced_term,omitempty"`
 	// InSync: a snapshot or resume completed and records stream live, so
-	// the replica is a complete copy up to Applied.
+	// the replica is a complete copy up to Applied. It is false from a
+	// resync's reset to its snapshot's end: a half-copied replica never
+	// takes over.
 	InSync bool `json:"in_sync"`
 	// MinTerm: the node was told (by its coordinator) that a leader holds
 	// this term; links under a lower one are refused (StaleRefused).
 	MinTerm      uint64 `json:"min_term,omitempty"`
 	StaleRefused uint64 `json:"stale_term_refusals,omitempty"`
+	// Resync: the snapshot applied so far (record bytes, of about
+	// BytesTotal contents bytes).
+	Resync ResyncProgress `json:"resync"`
 }
 
 // Receiver accepts the primary's stream and applies it. A link goes
@@ -92,14 +97,16 @@ type Receiver struct {
 
 	lender *lender // receive buffers lent to the applier
 
-	mu       sync.Mutex
-	logID    uint64
-	received uint64 // last sequence read off the link (queued or applied)
-	applied  uint64
-	mode     Mode
-	epochBuf []Record
-	st       ReceiverStatus
-	current  net.Conn
+	mu        sync.Mutex
+	logID     uint64
+	resyncLog uint64 // the log of the resync under way
+	received  uint64 // last sequence read off the link (queued or applied)
+	applied   uint64
+	mode      Mode
+	epochBuf  []Record
+	st        ReceiverStatus
+	current   net.Conn
+	progress  progress
 }
 
 // NewReceiver returns a receiver.
@@ -133,6 +140,7 @@ func (r *Receiver) Status() ReceiverStatus {
 	defer r.mu.Unlock()
 	st := r.st
 	st.Applied, st.Received, st.Mode, st.EpochBuffered = r.applied, max(r.received, r.applied), r.mode.String(), len(r.epochBuf)
+	st.Resync = r.progress.status()
 	return st
 }
 
@@ -496,22 +504,28 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 func (r *Receiver) reset(rec *Record) {
 	r.apply(rec)
 	r.mu.Lock()
-	r.logID, r.applied, r.epochBuf = rec.Result, 0, nil
+	// The log's id is claimed only at the snapshot's end: a standby cut
+	// off mid-snapshot must resync again, never resume from a log whose
+	// start (a promoted primary's log begins at 0) it has not applied.
+	r.logID, r.resyncLog, r.applied, r.epochBuf = 0, rec.Result, 0, nil
 	r.st.Resyncing, r.st.SnapshotRecords, r.st.InSync = true, 0, false
 	r.mu.Unlock()
 	r.cfg.Replica.Synced(false)
-	r.cfg.Logger.Info("resync started: replica reset")
+	total := resetTotal(rec.Body)
+	r.progress.begin(total)
+	r.cfg.Logger.Info("resync started: replica reset; not in sync until the snapshot ends", "bytes", total)
 }
 
 // snapshotRecord applies one record of a snapshot, or ends it.
 func (r *Receiver) snapshotRecord(rec *Record) {
 	if rec.Op == OpSnapshotEnd {
 		r.mu.Lock()
-		r.applied, r.st.Resyncing, r.st.InSync = rec.Result, false, true
+		r.logID, r.applied, r.st.Resyncing, r.st.InSync = r.resyncLog, rec.Result, false, true
 		n := r.st.SnapshotRecords
 		r.mu.Unlock()
+		r.progress.end()
 		r.cfg.Replica.Synced(true)
-		r.cfg.Logger.Info("resync snapshot applied; streaming live", "records", n, "position", rec.Result)
+		r.cfg.Logger.Info("resync snapshot applied; in sync, catching up from the log", "records", n, "position", rec.Result)
 		return
 	}
 	r.apply(rec)
@@ -519,8 +533,8 @@ func (r *Receiver) snapshotRecord(rec *Record) {
 	r.st.SnapshotRecords++
 	n := r.st.SnapshotRecords
 	r.mu.Unlock()
-	if n%1000 == 0 {
-		r.cfg.Logger.Info("resync in progress", "snapshot_records", n)
+	if r.progress.add(uint64(len(rec.Body))) {
+		r.cfg.Logger.Info("resync in progress", append(r.progress.status().logArgs(), "snapshot_records", n)...)
 	}
 }
 

@@ -146,7 +146,8 @@ func TestLogBackpressureAndAcks(t *testing.T) {
 	l := NewLog(100)
 	l.attach(true, 0, true)
 	l.BeginSnapshot() // an empty primary's snapshot
-	l.ack(0, 0)       // the standby applied it: protected
+	l.snapshotSent()
+	l.ack(0, 0) // the standby applied it: protected
 	done := make(chan uint64)
 	go func() {
 		for i := 0; i < 5; i++ {
@@ -181,6 +182,7 @@ func TestReceivedIsNotApplied(t *testing.T) {
 	l := NewLog(1 << 20)
 	l.attach(true, 0, true)
 	l.BeginSnapshot()
+	l.snapshotSent()
 	l.ack(0, 0)
 	for i := 0; i < 3; i++ {
 		l.Append(Record{Op: OpEpoch, Body: make([]byte, 40)})

@@ -16,10 +16,12 @@ import (
 // Protected is the node a Sender protects. The sender reports what the
 // standby says; it never decides the node's role or term.
 type Protected interface {
-	// Snapshot builds a resync snapshot: with every session stopped it
-	// calls Log.BeginSnapshot and returns records (Seq 0, FlagPlaced) that
-	// rebuild the current state. It reports how long guests were stopped.
-	Snapshot() ([]Record, time.Duration)
+	// Snapshot takes a resync snapshot: with every session stopped, for a
+	// time bounded independently of the memory size, it calls
+	// Log.BeginSnapshot and captures the state at that position; the
+	// snapshot then yields records (Seq 0, FlagPlaced) that rebuild it,
+	// while guests run.
+	Snapshot() (Snapshot, error)
 	// Term is the node's term, stamped on heartbeats and the stream.
 	Term() uint64
 	// PeerTerm reports that the standby answered with its own term: it
@@ -41,6 +43,9 @@ type SenderConfig struct {
 	Registry prometheus.Registerer
 	// Faults, when set, sees every message on the link (tests only).
 	Faults FaultHook
+	// ResyncRate bounds a resync's snapshot stream in bytes per second
+	// (0: as fast as the link takes it).
+	ResyncRate int64
 }
 
 // SenderStatus is the primary's view of replication.
@@ -52,6 +57,10 @@ type SenderStatus struct {
 	LastPauseMS float64 `json:"last_resync_pause_ms"`
 	LastResync  float64 `json:"last_resync_seconds"`
 	LastError   string  `json:"last_error,omitempty"`
+	// ResyncRestarts counts resyncs that started over (the log outgrew
+	// its resync budget, or the snapshot could not be read).
+	ResyncRestarts uint64         `json:"resync_restarts"`
+	Resync         ResyncProgress `json:"resync"`
 	LogStatus
 }
 
@@ -75,6 +84,8 @@ type Sender struct {
 	link       *link       // the current link, for Handover
 	resyncing  bool
 	resyncFrom time.Time
+	restarts   uint64
+	progress   progress
 }
 
 // NewSender returns a sender protecting node; Run starts it.
@@ -132,7 +143,8 @@ func (s *Sender) Status() SenderStatus {
 	defer s.mu.Unlock()
 	st := SenderStatus{Mode: s.cfg.Mode.String(), Standby: s.cfg.Addr, Resyncs: s.resyncs,
 		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(),
-		LastError: s.lastErr, LogStatus: ls, State: "unprotected"}
+		LastError: s.lastErr, LogStatus: ls, State: "unprotected",
+		ResyncRestarts: s.restarts, Resync: s.progress.status()}
 	switch {
 	case ls.Protected:
 		st.State = "protected"
@@ -215,36 +227,78 @@ func (s *Sender) catchUp(l *link) (uint64, error) {
 	return s.resync(l)
 }
 
-// resync sends a snapshot that replaces the standby's replica.
+// resync sends a snapshot that replaces the standby's replica. Guests are
+// stopped only while the node takes it; its contents stream while they
+// run, and the log keeps what they change meanwhile, sent after it.
 func (s *Sender) resync(l *link) (uint64, error) {
 	lg := s.cfg.Log
 	lg.attach(true, 0, true)
 	start := time.Now()
-	recs, pause := s.node.Snapshot()
+	snap, err := s.node.Snapshot()
+	if err != nil {
+		return 0, fmt.Errorf("taking a resync snapshot: %w", err)
+	}
+	defer snap.Close()
+	pause := snap.Pause()
+	_, total := snap.Progress()
 	s.mu.Lock()
 	s.resyncs++
 	s.lastPause = pause
 	s.resyncing, s.resyncFrom = true, start
 	s.mu.Unlock()
+	s.progress.begin(total)
+	defer s.progress.end()
 	if m := s.metrics; m != nil {
 		m.resyncs.Inc()
 		m.pause.Observe(pause.Seconds())
 	}
-	s.log.Info("standby attached; resyncing from a snapshot", "records", len(recs), "guest_pause", pause)
-	head := Record{Op: OpReset, Result: lg.id}
+	s.log.Info("standby attached; resyncing from a snapshot while guests run", "position", snap.At(), "bytes", total, "guest_pause", pause)
+	head := Record{Op: OpReset, Result: lg.id, Body: resetBody(total)}
 	if err := s.send(l, &head); err != nil {
 		return 0, err
 	}
-	var after uint64
-	for i := range recs {
-		if err := s.send(l, &recs[i]); err != nil {
-			return 0, err
+	if err := s.streamSnapshot(l, snap); err != nil {
+		if errors.Is(err, ErrResyncBudget) || !errors.Is(err, errLink) {
+			s.mu.Lock()
+			s.restarts++
+			s.mu.Unlock()
+			s.log.Warn("resync restarts", "err", err)
 		}
-		if recs[i].Op == OpSnapshotEnd {
-			after = recs[i].Result
-		}
+		return 0, err
 	}
-	return after, l.flush()
+	lg.snapshotSent()
+	s.log.Info("resync snapshot sent; the standby catches up from the log", "took", time.Since(start).Round(time.Millisecond), "position", snap.At())
+	return snap.At(), l.flush()
+}
+
+// errLink marks a failure of the link itself while a snapshot streamed.
+var errLink = errors.New("replication link")
+
+// streamSnapshot sends the snapshot's records at the configured rate,
+// logging progress, until its end; it stops when the log outgrows its
+// resync budget.
+func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
+	pace := newPacer(s.cfg.ResyncRate)
+	lg := s.cfg.Log
+	for {
+		if lg.resyncOverBudget() {
+			return ErrResyncBudget
+		}
+		rec, ok, err := snap.Next()
+		if err != nil {
+			return fmt.Errorf("reading the snapshot: %w", err)
+		}
+		if !ok {
+			return nil
+		}
+		if err := s.send(l, &rec); err != nil {
+			return fmt.Errorf("%w: %w", errLink, err)
+		}
+		if done, _ := snap.Progress(); s.progress.set(done) {
+			s.log.Info("resync in progress", s.progress.status().logArgs()...)
+		}
+		pace.wait(len(rec.Body))
+	}
 }
 
 // stream sends live records after after until the link or ctx ends, with
@@ -268,6 +322,13 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 			}
 			if lg.Closed() {
 				return errors.New("log closed")
+			}
+			if lg.resyncOverBudget() {
+				s.mu.Lock()
+				s.restarts++
+				s.mu.Unlock()
+				s.log.Warn("resync restarts: the standby did not catch up within the resync budget")
+				return ErrResyncBudget
 			}
 			// The log dropped records this standby needed: resync.
 			return errors.New("standby fell behind what the log holds")

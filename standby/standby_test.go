@@ -3,6 +3,7 @@ package standby_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -301,9 +302,9 @@ func TestStandbyMetricsLint(t *testing.T) {
 // be refused.
 type emptyNode struct{}
 
-func (emptyNode) Snapshot() ([]replicate.Record, time.Duration) { return nil, 0 }
-func (emptyNode) Term() uint64                                  { return 1 }
-func (emptyNode) PeerTerm(uint64)                               {}
+func (emptyNode) Snapshot() (replicate.Snapshot, error) { return nil, errors.New("no snapshot") }
+func (emptyNode) Term() uint64                          { return 1 }
+func (emptyNode) PeerTerm(uint64)                       {}
 
 // TestLongKernelDoesNotHoldOthersReplies: in commit mode, while the standby
 // applies guest B's long kernel, guest A's small read returns at once: the

@@ -5,13 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/vgpuha/vgpuha/bench"
 )
 
 func runBench(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: vgpuha bench pv|replicate|apply|mmio [flags]")
+		return fmt.Errorf("usage: vgpuha bench pv|replicate|resync|apply|mmio [flags]")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help":
@@ -21,12 +24,65 @@ func runBench(args []string) error {
 		return runBenchPV(args[1:])
 	case "replicate":
 		return runBenchReplicate(args[1:])
+	case "resync":
+		return runBenchResync(args[1:])
 	case "apply":
 		return runBenchApply(args[1:])
 	case "mmio":
 		return runBenchMMIO(args[1:])
 	}
-	return fmt.Errorf("unknown benchmark %q (have: pv, replicate, apply, mmio)", args[0])
+	return fmt.Errorf("unknown benchmark %q (have: pv, replicate, resync, apply, mmio)", args[0])
+}
+
+func runBenchResync(args []string) error {
+	fs := newFlags("bench resync", "[flags]")
+	sizes := fs.String("sizes", "256MiB,1GiB,4GiB", "guest memory per row (all guests together), comma-separated, with KiB, MiB or GiB")
+	var opts bench.ResyncOptions
+	fs.IntVar(&opts.Guests, "guests", 2, "guests running the mixed workload")
+	fs.DurationVar(&opts.Baseline, "baseline", time.Second, "how long guests run before the standby joins (their throughput before)")
+	fs.Int64Var(&opts.Rate, "rate", 0, "bound on the resync stream in bytes per second (0: none)")
+	fs.BoolVar(&opts.StopTheWorld, "stop-the-world", false, "also resync each size the old way (every guest stopped while all memory is copied), for comparison")
+	var bf backendFlags
+	bf.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for _, f := range strings.Split(*sizes, ",") {
+		n, err := parseBytes(f)
+		if err != nil {
+			return fmt.Errorf("--sizes: %w", err)
+		}
+		opts.Sizes = append(opts.Sizes, n)
+	}
+	opts.Progress = os.Stderr
+	opts.NewBackend = bf.open
+	rows, err := bench.Resync(opts)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(rows)
+	}
+	fmt.Printf("a standby joins while %d guests run a mixed workload (copies, memsets, DtoD, pointer_chase) on loopback; commit mode\n", opts.Guests)
+	bench.PrintResync(os.Stdout, rows)
+	return nil
+}
+
+// parseBytes reads a size such as 4096, 256MiB or 4GiB.
+func parseBytes(s string) (uint64, error) {
+	s = strings.TrimSpace(s)
+	mult := uint64(1)
+	for suffix, m := range map[string]uint64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if strings.HasSuffix(s, suffix) {
+			s, mult = strings.TrimSuffix(s, suffix), m
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("bad size %q (want e.g. 256MiB or 4GiB)", s)
+	}
+	return n * mult, nil
 }
 
 func runBenchPV(args []string) error {

@@ -42,6 +42,8 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	maxLag := fs.Int64("replicate.max-lag-bytes", 256<<20, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
 	var cf coordFlags
 	cf.register(fs, true)
+	resyncBudget := fs.Int64("replicate.resync-budget-bytes", replicate.DefaultResyncBudget, "log bytes kept while a resync streams, without slowing guests; past it the resync restarts")
+	resyncRate := fs.Int64("replicate.resync-rate", 0, "bytes per second a resync streams at most (0: as fast as the link takes it)")
 	cfg := hypervisor.DefaultConfig()
 	configFlags(fs, &cfg)
 	newLog := logFlag(fs)
@@ -55,7 +57,8 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	}
 	defer backend.Close()
 	reg := newRegistry()
-	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *listen, MaxLagBytes: *maxLag}
+	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *listen, MaxLagBytes: *maxLag,
+		ResyncBudgetBytes: *resyncBudget, ResyncRate: *resyncRate}
 	if *replicateTo != "" {
 		if ncfg.ReplicateTo, err = tcpFlag("replicate-to", *replicateTo); err != nil {
 			return err

@@ -18,6 +18,9 @@
 // and mapped at the allocator's addresses with cuMemMap + cuMemSetAccess;
 // Free unmaps and releases them, returning the memory.
 //
+// Resync snapshots (gpu.Snapshotter) are device-to-device copies into
+// staging memory, taken with the session stopped (snapshot.go).
+//
 // Isolation note: contexts of one process share its GPU virtual address
 // space, so a kernel with a wild pointer could reach another session's
 // mapping in the same process. The hypervisor checks every pointer argument
@@ -174,6 +177,7 @@ type guestContext struct {
 	// The checksum kernel and its 8-byte result, made on first use.
 	sumMod, sumFn uintptr
 	sumOut        uint64
+	snap          *memSnapshot // the live memory snapshot (snapshot.go), if any
 }
 
 // do runs fn with the context current on the calling thread.

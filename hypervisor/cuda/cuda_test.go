@@ -129,3 +129,46 @@ func TestChecksumOnGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestMemorySnapshotOnGPU: a snapshot reads back the contents it was taken
+// with after the guest overwrote them (copy, memset, DtoD).
+func TestMemorySnapshotOnGPU(t *testing.T) {
+	b := backend(t)
+	ctx, err := b.NewContext(0x7d0000000000, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Close()
+	base, _ := ctx.Window()
+	const n = 6 << 20
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	if err := ctx.Alloc(base, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.CopyHtoD(base, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := ctx.(gpu.Snapshotter).SnapshotMemory([]gpu.Range{{Addr: base, Size: n}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Release()
+	if err := ctx.Memset(base, 4, 0xdeadbeef, n/8, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.CopyDtoD(base+n/2, base, n/2, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, n)
+	for off := 0; off < n; off += 1 << 20 {
+		if err := snap.ReadAt(got[off:off+1<<20], base+uint64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if string(got) != string(data) {
+		t.Fatal("the snapshot does not hold the contents it was taken with")
+	}
+}

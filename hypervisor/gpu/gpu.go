@@ -158,3 +158,35 @@ func FinishChecksum(sum, nwords uint64, tail []byte) uint64 {
 	n := nwords*8 + uint64(len(tail))
 	return sum ^ (n * 0x9e3779b97f4a7c15)
 }
+
+// Snapshotter is implemented by contexts that can take a point-in-time copy
+// of device memory far faster than it can be read out, so that a resync
+// stops guests only while the copy is taken, not while it is sent.
+type Snapshotter interface {
+	// SnapshotMemory captures the contents of ranges (each inside one
+	// allocation) as they are now. It is called like the context's other
+	// methods (never concurrently with them), must not wait for anything
+	// but the device, and must cost little more than O(len(ranges)) or a
+	// device-to-device copy. Taking a snapshot releases the context's
+	// previous one. A backend that cannot take one now (no memory for it)
+	// returns an error; the caller then copies the old way.
+	SnapshotMemory(ranges []Range) (MemorySnapshot, error)
+}
+
+// Range is a span of device addresses.
+type Range struct{ Addr, Size uint64 }
+
+// MemorySnapshot is device memory as it was when the snapshot was taken.
+// Its methods may be called from any goroutine, concurrently with the
+// context's methods (guests keep running while it is read), but not with
+// each other.
+type MemorySnapshot interface {
+	// ReadAt copies len(p) bytes at device address addr, as they were when
+	// the snapshot was taken, into p; the span must lie inside one of the
+	// captured ranges. Each byte is meant to be read once: once a whole
+	// page has been read the snapshot may let go of it, and a later read
+	// of it may see newer contents.
+	ReadAt(p []byte, addr uint64) error
+	// Release frees what the snapshot holds. It fails later reads.
+	Release()
+}

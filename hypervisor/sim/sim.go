@@ -8,6 +8,10 @@
 // declaration in the module image differs from the library's (it would run
 // the wrong code), and faults a launch that touches memory outside its own
 // context, as a GPU raises an illegal-address error.
+//
+// It takes memory snapshots for a resync (gpu.Snapshotter) by copy-on-write
+// in software (snapshot.go): every write to device memory, a kernel's
+// included, must go through a writable view, never through View.
 package sim
 
 import (
@@ -87,6 +91,7 @@ func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
 type allocation struct {
 	addr uint64
 	data []byte
+	cow  *cowAlloc // the live memory snapshot's view of it, if any (snapshot.go)
 }
 
 // guestContext is one guest session's gpu.Context on the software GPU: its
@@ -102,6 +107,7 @@ type guestContext struct {
 	fnModule  map[gpu.Function]gpu.Module
 	streams   map[gpu.Stream]bool
 	nextID    uint64
+	snap      *memSnapshot // the live memory snapshot, if any
 }
 
 func (c *guestContext) Window() (uint64, uint64) { return c.base, c.size }
@@ -116,20 +122,46 @@ func (c *guestContext) find(addr uint64) int {
 	return i
 }
 
-// View returns the n bytes at addr, which must lie inside one allocation.
+// View returns the n bytes at addr, which must lie inside one allocation,
+// for reading only.
 // Precondition: c.mu must be locked.
 func (c *guestContext) View(addr, n uint64) ([]byte, error) {
+	i, off, err := c.span(addr, n)
+	if err != nil {
+		return nil, err
+	}
+	return c.allocs[i].data[off : off+n : off+n], nil
+}
+
+// writable is View for a caller that may write through the slice: a live
+// memory snapshot first keeps the bytes it still needs (copy-on-write).
+// Precondition: c.mu must be locked.
+func (c *guestContext) writable(addr, n uint64) ([]byte, error) {
+	i, off, err := c.span(addr, n)
+	if err != nil {
+		return nil, err
+	}
+	a := &c.allocs[i]
+	if a.cow != nil {
+		a.cow.keep(off, n)
+	}
+	return a.data[off : off+n : off+n], nil
+}
+
+// span finds the allocation holding [addr, addr+n) and addr's offset in it.
+// Precondition: c.mu must be locked.
+func (c *guestContext) span(addr, n uint64) (int, uint64, error) {
 	i := c.find(addr)
 	if i < 0 {
-		return nil, fmt.Errorf("%w: %#x is not inside any allocation", abi.StatusOutOfRange, addr)
+		return 0, 0, fmt.Errorf("%w: %#x is not inside any allocation", abi.StatusOutOfRange, addr)
 	}
 	a := c.allocs[i]
 	off := addr - a.addr
 	if n > uint64(len(a.data))-off {
-		return nil, fmt.Errorf("%w: %d bytes at %#x overrun the %d-byte allocation at %#x",
+		return 0, 0, fmt.Errorf("%w: %d bytes at %#x overrun the %d-byte allocation at %#x",
 			abi.StatusOutOfRange, n, addr, len(a.data), a.addr)
 	}
-	return a.data[off : off+n : off+n], nil
+	return i, off, nil
 }
 
 func (c *guestContext) Alloc(addr, size uint64) error {
@@ -165,6 +197,7 @@ func (c *guestContext) Free(addr uint64) error {
 		return fmt.Errorf("%w: no allocation starts at %#x", abi.StatusInvalidValue, addr)
 	}
 	c.be.release(uint64(len(c.allocs[i].data)))
+	// A snapshot keeps the freed memory as it is: nothing writes it now.
 	c.allocs = append(c.allocs[:i], c.allocs[i+1:]...)
 	return nil
 }
@@ -183,7 +216,7 @@ func (c *guestContext) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 	if err := c.checkStream(s); err != nil {
 		return err
 	}
-	d, err := c.View(dst, uint64(len(src)))
+	d, err := c.writable(dst, uint64(len(src)))
 	if err != nil {
 		return err
 	}
@@ -215,7 +248,7 @@ func (c *guestContext) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
 	if err != nil {
 		return err
 	}
-	to, err := c.View(dst, size)
+	to, err := c.writable(dst, size)
 	if err != nil {
 		return err
 	}
@@ -235,7 +268,7 @@ func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64,
 	if count > (1<<63)/uint64(width) {
 		return fmt.Errorf("%w: memset of %d elements", abi.StatusInvalidValue, count)
 	}
-	d, err := c.View(dst, count*uint64(width))
+	d, err := c.writable(dst, count*uint64(width))
 	if err != nil {
 		return err
 	}
@@ -325,10 +358,12 @@ func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.A
 	return nil
 }
 
-// memory adapts a locked context to kernels.Memory.
+// memory adapts a locked context to kernels.Memory. A kernel may write
+// anything it views (through pointers it read from memory, too), so every
+// view is writable: a memory snapshot keeps what it covers.
 type memory struct{ c *guestContext }
 
-func (m memory) View(addr, n uint64) ([]byte, error) { return m.c.View(addr, n) }
+func (m memory) View(addr, n uint64) ([]byte, error) { return m.c.writable(addr, n) }
 
 func (c *guestContext) CreateStream() (gpu.Stream, error) {
 	c.mu.Lock()

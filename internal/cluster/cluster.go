@@ -54,6 +54,12 @@ type Options struct {
 	// GuestScheme is the guests' endpoint scheme on both nodes: "unix"
 	// (default) or "shm+unix" (shared memory; plain unix is served too).
 	GuestScheme string
+	// Faults sees every replication message the primary sends.
+	Faults replicate.FaultHook
+	// ResyncRate and ResyncBudgetBytes configure the primary's resync.
+	ResyncRate, ResyncBudgetBytes int64
+	// Hypervisor, when set, adjusts both nodes' hypervisor configuration.
+	Hypervisor func(*hypervisor.Config)
 }
 
 // Cluster is a running primary and, optionally, standby.
@@ -113,6 +119,7 @@ func Start(opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.Faults, cfg.ResyncRate, cfg.ResyncBudgetBytes = opts.Faults, opts.ResyncRate, opts.ResyncBudgetBytes
 	if opts.Replicate {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -157,6 +164,9 @@ func (c *Cluster) nodeConfig(guests string) (node.Config, error) {
 	}
 	if c.opts.OneGuestPerProcess {
 		cfg.Hypervisor.GuestKernels, cfg.Hypervisor.MaxSessions = true, 1
+	}
+	if c.opts.Hypervisor != nil {
+		c.opts.Hypervisor(&cfg.Hypervisor)
 	}
 	return cfg, nil
 }

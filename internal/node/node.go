@@ -49,6 +49,11 @@ type Config struct {
 	Key         []byte
 	// MaxLagBytes bounds the log's unapplied bytes (default 256 MiB).
 	MaxLagBytes int64
+	// ResyncBudgetBytes bounds what the log keeps while a resync streams
+	// (default replicate.DefaultResyncBudget); past it the resync restarts.
+	ResyncBudgetBytes int64
+	// ResyncRate bounds a resync's stream in bytes per second (0: none).
+	ResyncRate int64
 	// Detector watches the primary's heartbeats (standby only).
 	Detector failover.Detector
 	// Now is the clock (time.Now when nil).

@@ -88,10 +88,13 @@ func (n *Node) becomePrimary(term uint64) error {
 // to date from a snapshot or the log.
 func (n *Node) replicate() error {
 	lg := replicate.NewLog(n.cfg.MaxLagBytes)
+	if n.cfg.ResyncBudgetBytes > 0 {
+		lg.SetResyncBudget(n.cfg.ResyncBudgetBytes)
+	}
 	reg := &registered{Registerer: n.cfg.Registry}
 	sender, err := replicate.NewSender(replicate.SenderConfig{
 		Addr: n.cfg.ReplicateTo, Key: n.cfg.Key, Mode: n.cfg.Mode, Log: lg, Logger: n.log,
-		Registry: reg, Faults: n.cfg.Faults,
+		Registry: reg, Faults: n.cfg.Faults, ResyncRate: n.cfg.ResyncRate,
 	}, protected{n})
 	if err != nil {
 		return err
@@ -113,8 +116,8 @@ func (n *Node) replicate() error {
 // decision on a peer's term.
 type protected struct{ n *Node }
 
-func (p protected) Snapshot() ([]replicate.Record, time.Duration) { return p.n.srv.Snapshot() }
-func (p protected) PeerTerm(term uint64)                          { p.n.auth.PeerTerm(term) }
+func (p protected) Snapshot() (replicate.Snapshot, error) { return p.n.srv.Snapshot() }
+func (p protected) PeerTerm(term uint64)                  { p.n.auth.PeerTerm(term) }
 
 func (p protected) Term() uint64 {
 	_, term := p.n.auth.role()

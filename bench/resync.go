@@ -1,0 +1,370 @@
+package bench
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// ResyncOptions sets the resync benchmark's sizes.
+type ResyncOptions struct {
+	Sizes  []uint64 // guest memory per row, all guests together
+	Guests int
+	// Baseline is how long guests run before the standby joins.
+	Baseline time.Duration
+	// Rate bounds the resync stream (bytes/s; 0: none).
+	Rate int64
+	// StopTheWorld also measures each size the old way: every guest
+	// stopped while all of device memory is copied.
+	StopTheWorld bool
+	Progress     io.Writer
+	NewBackend   func() (gpu.Backend, error)
+}
+
+// ResyncBenchRow is one resync of a standby that joins while guests run.
+type ResyncBenchRow struct {
+	Method     string  `json:"method"` // concurrent or stop-the-world
+	GuestBytes uint64  `json:"guest_bytes"`
+	SnapshotMS float64 `json:"snapshot_pause_ms"` // guests stopped to take the snapshot
+	// LongestPauseMS is the slowest single guest call while the resync
+	// ran; BaselineMaxMS the slowest before it.
+	LongestPauseMS float64 `json:"longest_guest_pause_ms"`
+	BaselineMaxMS  float64 `json:"baseline_max_call_ms"`
+	// ResyncSeconds: the standby's attach to protected (the sender's
+	// reconnect backoff before it is not counted).
+	ResyncSeconds float64 `json:"resync_seconds"`
+	ResyncMBps    float64 `json:"resync_mb_per_s"`
+	LinkMBps      float64 `json:"link_mb_per_s"` // plain TCP copy on loopback, same run
+	VsLink        float64 `json:"vs_link"`
+	// Guest throughput: mixed-workload calls per second, before and while
+	// the resync ran.
+	OpsPerSecBefore float64 `json:"guest_ops_per_s_before"`
+	OpsPerSecDuring float64 `json:"guest_ops_per_s_during"`
+	VsBefore        float64 `json:"guest_throughput_vs_before"`
+	Restarts        uint64  `json:"resync_restarts"`
+	Verified        bool    `json:"verified"`
+}
+
+// Resync measures a standby joining a primary whose guests hold Sizes of
+// device memory and keep running a mixed workload: copies, memsets and
+// device-to-device copies into that memory, and pointer_chase launches.
+func Resync(opts ResyncOptions) ([]ResyncBenchRow, error) {
+	if opts.Guests <= 0 {
+		opts.Guests = 2
+	}
+	if opts.Baseline <= 0 {
+		opts.Baseline = time.Second
+	}
+	link, err := linkRate()
+	if err != nil {
+		return nil, err
+	}
+	var rows []ResyncBenchRow
+	for _, size := range opts.Sizes {
+		methods := []string{"concurrent"}
+		if opts.StopTheWorld {
+			methods = append(methods, "stop-the-world")
+		}
+		for _, m := range methods {
+			row, err := resyncOnce(opts, size, m)
+			if err != nil {
+				return rows, fmt.Errorf("%s resync of %d MiB: %w", m, size>>20, err)
+			}
+			row.LinkMBps = link / 1e6
+			row.VsLink = row.ResyncMBps * 1e6 / link
+			rows = append(rows, row)
+			if opts.Progress != nil {
+				fmt.Fprintf(opts.Progress, "%d MiB %s: pause %.1f ms, resync %.2f s\n", size>>20, m, row.LongestPauseMS, row.ResyncSeconds)
+			}
+		}
+	}
+	return rows, nil
+}
+
+// linkRate is a plain TCP copy's rate on loopback, in bytes per second
+// (the best of three 256 MiB copies).
+func linkRate() (float64, error) {
+	send, closeTCP, err := plainTCP()
+	if err != nil {
+		return 0, err
+	}
+	defer closeTCP()
+	data := make([]byte, 256<<20)
+	best := 0.0
+	for range 3 {
+		start := time.Now()
+		if err := send(data); err != nil {
+			return 0, err
+		}
+		best = max(best, float64(len(data))/time.Since(start).Seconds())
+	}
+	return best, nil
+}
+
+// resyncOnce runs one row: fill, baseline, join, measure, verify.
+func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow, error) {
+	row := ResyncBenchRow{Method: method, GuestBytes: size}
+	newBackend := opts.NewBackend
+	if method == "stop-the-world" {
+		newBackend = withoutSnapshots(opts.NewBackend)
+	}
+	perGuest := size / uint64(opts.Guests)
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend,
+		ResyncRate: opts.Rate, Hypervisor: func(h *hypervisor.Config) {
+			h.MemoryQuota = max(h.MemoryQuota, perGuest+256<<20)
+			h.TenantMemoryQuota = max(h.TenantMemoryQuota, size+uint64(opts.Guests)*256<<20)
+		}})
+	if err != nil {
+		return row, err
+	}
+	defer c.Close()
+	guests := make([]*mixedGuest, opts.Guests)
+	for i := range guests {
+		if guests[i], err = newMixedGuest(c, perGuest, uint64(i)); err != nil {
+			return row, err
+		}
+		defer guests[i].g.Close()
+	}
+	run := startMixed(guests)
+	time.Sleep(opts.Baseline)
+	before := run.cut()
+	if err := c.StartStandby(); err != nil {
+		run.stop()
+		return row, err
+	}
+	err = c.WaitProtected(10 * time.Minute)
+	during := run.cut()
+	if err := run.stop(); err != nil {
+		return row, err
+	}
+	if err != nil {
+		return row, err
+	}
+	time.Sleep(20 * time.Millisecond) // let the sender record the resync's end
+	st := c.Sender.Status()
+	row.SnapshotMS, row.ResyncSeconds, row.Restarts = st.LastPauseMS, st.LastResync, st.ResyncRestarts
+	row.ResyncMBps = float64(size) / st.LastResync / 1e6
+	row.LongestPauseMS, row.BaselineMaxMS = during.maxMS, before.maxMS
+	row.OpsPerSecBefore, row.OpsPerSecDuring = before.perSec, during.perSec
+	if before.perSec > 0 {
+		row.VsBefore = during.perSec / before.perSec
+	}
+	rep, err := c.Verify()
+	row.Verified = err == nil && rep.Match
+	return row, err
+}
+
+// withoutSnapshots hides the backend's memory snapshots, so the hypervisor
+// copies device memory with every guest stopped: the resync before it
+// could do otherwise.
+func withoutSnapshots(newBackend func() (gpu.Backend, error)) func() (gpu.Backend, error) {
+	return func() (gpu.Backend, error) {
+		b, err := newBackend()
+		if err != nil {
+			return nil, err
+		}
+		return plainBackend{b}, nil
+	}
+}
+
+type plainBackend struct{ gpu.Backend }
+
+// plainContext has only gpu.Context's methods.
+type plainContext struct{ gpu.Context }
+
+func (b plainBackend) NewContext(base, size uint64) (gpu.Context, error) {
+	ctx, err := b.Backend.NewContext(base, size)
+	if err != nil {
+		return nil, err
+	}
+	return plainContext{ctx}, nil
+}
+
+// mixedGuest is a guest holding its share of the memory (64 MiB buffers),
+// a ring of pointer_chase nodes and the kernel.
+type mixedGuest struct {
+	g     *pvdriver.Client
+	bufs  []pvdriver.DevicePtr
+	sizes []uint64
+	rng   *rand.Rand
+	chase pvdriver.Function
+	nodes pvdriver.DevicePtr
+}
+
+// chaseNodes is the length of a guest's pointer_chase ring.
+const chaseNodes = 256
+
+const mixedBuffer = 64 << 20
+
+func newMixedGuest(c *cluster.Cluster, bytes, seed uint64) (*mixedGuest, error) {
+	g, err := c.Guest(fmt.Sprintf("resync-bench-%d", seed))
+	if err != nil {
+		return nil, err
+	}
+	mg := &mixedGuest{g: g, rng: rand.New(rand.NewPCG(seed, 3))}
+	fill := make([]byte, 16<<20)
+	for left := bytes; left > 0; {
+		n := min(left, mixedBuffer)
+		p, err := g.Alloc(n)
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		for off := uint64(0); off < n; off += uint64(len(fill)) {
+			piece := fill[:min(uint64(len(fill)), n-off)]
+			binary.LittleEndian.PutUint64(piece, uint64(p)+off) // each piece marked with its address
+			if err := g.CopyHtoD(p+pvdriver.DevicePtr(off), piece); err != nil {
+				g.Close()
+				return nil, err
+			}
+		}
+		mg.bufs, mg.sizes = append(mg.bufs, p), append(mg.sizes, n)
+		left -= n
+	}
+	if err := mg.loadChase(); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return mg, nil
+}
+
+// loadChase loads pointer_chase and stores a ring of nodes {next, value}
+// for it to follow.
+func (mg *mixedGuest) loadChase() error {
+	img, err := kernels.Image("pointer_chase")
+	if err != nil {
+		return err
+	}
+	m, err := mg.g.LoadModule(img)
+	if err != nil {
+		return err
+	}
+	if mg.chase, err = mg.g.GetFunction(m, "pointer_chase"); err != nil {
+		return err
+	}
+	if mg.nodes, err = mg.g.Alloc(16 * chaseNodes); err != nil {
+		return err
+	}
+	ring := make([]byte, 0, 16*chaseNodes)
+	for i := range chaseNodes {
+		ring = binary.LittleEndian.AppendUint64(ring, uint64(mg.nodes)+16*uint64((i+1)%chaseNodes))
+		ring = binary.LittleEndian.AppendUint64(ring, uint64(i))
+	}
+	return mg.g.CopyHtoD(mg.nodes, ring)
+}
+
+// op makes one call of the mixed workload, chosen at random: a 256 KiB
+// copy in, a 64 KiB memset, a 256 KiB device-to-device copy, a
+// pointer_chase launch writing its result, all at random places in the
+// guest's memory, or a 4 KiB read (which waits for the commit rule).
+func (mg *mixedGuest) op(data []byte) error {
+	i := mg.rng.IntN(len(mg.bufs))
+	n := min(uint64(len(data)), mg.sizes[i])
+	at := mg.bufs[i] + pvdriver.DevicePtr(mg.rng.Uint64N(mg.sizes[i]-n+1)&^7)
+	switch mg.rng.IntN(5) {
+	case 0:
+		return mg.g.CopyHtoD(at, data[:n])
+	case 1:
+		return mg.g.Memset32(at, mg.rng.Uint32(), min(n, 64<<10)/4)
+	case 2:
+		j := mg.rng.IntN(len(mg.bufs))
+		m := min(n, mg.sizes[j])
+		return mg.g.CopyDtoD(at, mg.bufs[j]+pvdriver.DevicePtr(mg.rng.Uint64N(mg.sizes[j]-m+1)), m)
+	case 3:
+		one := abi.Dim3{X: 1, Y: 1, Z: 1}
+		start := uint64(mg.nodes) + 16*mg.rng.Uint64N(chaseNodes)
+		return mg.g.Launch(mg.chase, pvdriver.LaunchConfig{Grid: one, Block: one}, abi.Arg{Kind: abi.ArgPtr, Bits: start},
+			abi.Arg{Kind: abi.ArgU32, Bits: 64}, abi.Arg{Kind: abi.ArgPtr, Bits: uint64(at)})
+	}
+	return mg.g.CopyDtoH(data[:4096], at)
+}
+
+// mixedRun drives every guest's mixed workload until stopped, and cuts the
+// figures into phases.
+type mixedRun struct {
+	mu     sync.Mutex
+	ops    int
+	maxLat time.Duration
+	since  time.Time
+	err    error
+	quit   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// phase is one stretch of a mixed run.
+type phase struct {
+	perSec float64
+	maxMS  float64
+}
+
+func startMixed(guests []*mixedGuest) *mixedRun {
+	r := &mixedRun{since: time.Now(), quit: make(chan struct{})}
+	for _, mg := range guests {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			data := make([]byte, 256<<10)
+			for {
+				select {
+				case <-r.quit:
+					return
+				default:
+				}
+				start := time.Now()
+				err := mg.op(data)
+				lat := time.Since(start)
+				r.mu.Lock()
+				r.ops++
+				r.maxLat = max(r.maxLat, lat)
+				if err != nil && r.err == nil {
+					r.err = err
+				}
+				r.mu.Unlock()
+			}
+		}()
+	}
+	return r
+}
+
+// cut ends the current phase and starts the next.
+func (r *mixedRun) cut() phase {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := phase{perSec: float64(r.ops) / time.Since(r.since).Seconds(), maxMS: float64(r.maxLat.Microseconds()) / 1000}
+	r.ops, r.maxLat, r.since = 0, 0, time.Now()
+	return p
+}
+
+func (r *mixedRun) stop() error {
+	close(r.quit)
+	r.wg.Wait()
+	return r.err
+}
+
+// PrintResync writes the rows as a table.
+func PrintResync(w io.Writer, rows []ResyncBenchRow) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "method\tguest MiB\tsnapshot pause ms\tlongest guest call ms\t(before)\tresync s\tresync MB/s\tlink MB/s\tvs link\tguest ops/s before\tduring\tratio\trestarts\tverify\t")
+	for _, r := range rows {
+		v := "match"
+		if !r.Verified {
+			v = "DIFFERS"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.2f\t%d\t%s\t\n", r.Method, r.GuestBytes>>20,
+			r.SnapshotMS, r.LongestPauseMS, r.BaselineMaxMS, r.ResyncSeconds, r.ResyncMBps, r.LinkMBps, r.VsLink,
+			r.OpsPerSecBefore, r.OpsPerSecDuring, r.VsBefore, r.Restarts, v)
+	}
+	tw.Flush()
+}

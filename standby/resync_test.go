@@ -1,0 +1,315 @@
+package standby_test
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// scribbler makes random guest writes of every kind a guest can cause:
+// copies (sync and on a stream), memsets (8 and 32 bit), device-to-device
+// copies, pointer_chase launches (a kernel following pointers stored in
+// device memory, writing its result), and frees followed by allocations.
+type scribbler struct {
+	t      *testing.T
+	rng    *rand.Rand
+	guests []*scribbleGuest
+	ops    atomic.Int64
+}
+
+type scribbleGuest struct {
+	g      *pvdriver.Client
+	bufs   []pvdriver.DevicePtr
+	sizes  []uint64
+	chase  pvdriver.Function
+	stream pvdriver.Stream
+}
+
+func newScribbler(t *testing.T, c *fixture, seed uint64, guests, bufs int) *scribbler {
+	s := &scribbler{t: t, rng: rand.New(rand.NewPCG(seed, 19))}
+	img, err := kernels.Image("pointer_chase")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range guests {
+		sg := &scribbleGuest{g: c.guest("scribbler")}
+		m, err := sg.g.LoadModule(img)
+		if err == nil {
+			sg.chase, err = sg.g.GetFunction(m, "pointer_chase")
+		}
+		if err == nil {
+			sg.stream, err = sg.g.CreateStream()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range bufs {
+			s.alloc(sg)
+		}
+		s.guests = append(s.guests, sg)
+	}
+	return s
+}
+
+// alloc adds a buffer of random size and contents (up to 1.5 MiB, so a
+// buffer spans several snapshot records).
+func (s *scribbler) alloc(sg *scribbleGuest) {
+	n := 4096 + s.rng.Uint64N(3<<19)
+	p, err := sg.g.Alloc(n)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(s.rng.Uint32())
+	}
+	if err := sg.g.CopyHtoD(p, data); err != nil {
+		s.t.Fatal(err)
+	}
+	sg.bufs, sg.sizes = append(sg.bufs, p), append(sg.sizes, n)
+}
+
+// step makes one random write.
+func (s *scribbler) step() {
+	sg := s.guests[s.rng.IntN(len(s.guests))]
+	i := s.rng.IntN(len(sg.bufs))
+	n := 1 + s.rng.Uint64N(sg.sizes[i]/2)
+	at := sg.bufs[i] + pvdriver.DevicePtr(s.rng.Uint64N(sg.sizes[i]-n+1))
+	var err error
+	switch s.rng.IntN(8) {
+	case 0:
+		err = sg.g.CopyHtoD(at, randomBytes(s.rng, int(n)))
+	case 1:
+		err = sg.g.CopyHtoDAsync(at, randomBytes(s.rng, int(n)), sg.stream)
+	case 2:
+		err = sg.g.Memset8(at, byte(s.rng.Uint32()), n)
+	case 3:
+		err = sg.g.Memset32Async(at&^3, s.rng.Uint32(), n/4, sg.stream)
+	case 4:
+		j := s.rng.IntN(len(sg.bufs))
+		if m := min(n, sg.sizes[j]); m > 0 {
+			err = sg.g.CopyDtoD(at, sg.bufs[j]+pvdriver.DevicePtr(s.rng.Uint64N(sg.sizes[j]-m+1)), m)
+		}
+	case 5:
+		err = s.chase(sg)
+	case 7: // a copy whose source then changes: exact only if the copy read the old source
+		j := s.rng.IntN(len(sg.bufs))
+		m := min(n, sg.sizes[j])
+		src := sg.bufs[j] + pvdriver.DevicePtr(s.rng.Uint64N(sg.sizes[j]-m+1))
+		if err = sg.g.CopyDtoD(at, src, m); err == nil {
+			err = sg.g.Memset8(src, byte(s.rng.Uint32()), m)
+		}
+	case 6:
+		if err = sg.g.Free(sg.bufs[i]); err == nil {
+			sg.bufs = append(sg.bufs[:i], sg.bufs[i+1:]...)
+			sg.sizes = append(sg.sizes[:i], sg.sizes[i+1:]...)
+			s.alloc(sg)
+		}
+	}
+	if err != nil {
+		s.t.Errorf("guest write: %v", err)
+	}
+	s.ops.Add(1)
+}
+
+// chase stores a ring of three nodes {next, value} across the guest's
+// buffers and has pointer_chase walk it, writing the sum and the last
+// pointer into a random place.
+func (s *scribbler) chase(sg *scribbleGuest) error {
+	var at [3]pvdriver.DevicePtr
+	for k := range at {
+		j := s.rng.IntN(len(sg.bufs))
+		at[k] = sg.bufs[j] + pvdriver.DevicePtr(16*s.rng.Uint64N(sg.sizes[j]/16))
+	}
+	for k := range at {
+		node := binary.LittleEndian.AppendUint64(nil, uint64(at[(k+1)%3]))
+		if err := sg.g.CopyHtoD(at[k], binary.LittleEndian.AppendUint64(node, s.rng.Uint64())); err != nil {
+			return err
+		}
+	}
+	j := s.rng.IntN(len(sg.bufs))
+	out := sg.bufs[j] + pvdriver.DevicePtr(16*s.rng.Uint64N(sg.sizes[j]/16))
+	one := abi.Dim3{X: 1, Y: 1, Z: 1}
+	return sg.g.Launch(sg.chase, pvdriver.LaunchConfig{Grid: one, Block: one},
+		abi.Arg{Kind: abi.ArgPtr, Bits: uint64(at[0])}, abi.Arg{Kind: abi.ArgU32, Bits: uint64(1 + s.rng.IntN(7))}, abi.Arg{Kind: abi.ArgPtr, Bits: uint64(out)})
+}
+
+func randomBytes(rng *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// resyncHook returns a fault hook that, while a resync's snapshot streams,
+// calls onRecord before each snapshot record the primary sends (the
+// sender waits for it): guest writes land between resync steps.
+func resyncHook(sender func() *replicate.Sender, onRecord func(n int) bool) replicate.FaultHook {
+	var mu sync.Mutex
+	n := 0
+	return func(m replicate.Message) bool {
+		s := sender()
+		if m.From != replicate.FromPrimary || m.Type != "record" || s == nil || !s.Status().Resync.Active {
+			return true
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		return onRecord(n)
+	}
+}
+
+// startScribbled starts a primary with guests holding data and no standby,
+// with hook on its link.
+func startScribbled(t *testing.T, seed uint64, opts cluster.Options, onRecord func(c *fixture, s *scribbler, n int) bool) (*fixture, *scribbler) {
+	var c *fixture
+	var s *scribbler
+	var ready atomic.Bool
+	opts.Replicate, opts.Mode = true, replicate.ModeCommit
+	if opts.MaxLagBytes == 0 {
+		opts.MaxLagBytes = 8 << 20
+	}
+	opts.Faults = resyncHook(func() *replicate.Sender {
+		if !ready.Load() {
+			return nil
+		}
+		return c.Sender
+	}, func(n int) bool { return onRecord(c, s, n) })
+	cl, err := cluster.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	c = &fixture{Cluster: cl, t: t}
+	s = newScribbler(t, c, seed, 2, 4)
+	ready.Store(true)
+	return c, s
+}
+
+// TestResyncInterleavedWrites: guests write in every way between the
+// steps of a resync (before each snapshot record), and the replica is
+// identical at the next log position.
+func TestResyncInterleavedWrites(t *testing.T) {
+	for seed := uint64(1); seed <= 3; seed++ {
+		c, s := startScribbled(t, seed, cluster.Options{}, func(_ *fixture, s *scribbler, _ int) bool {
+			for range 1 + s.rng.IntN(3) {
+				s.step()
+			}
+			return true
+		})
+		c.startStandby()
+		mustMatch(t, c.verify())
+		st := c.Sender.Status()
+		if s.ops.Load() < 10 || st.Resyncs != 1 || st.ResyncRestarts != 0 {
+			t.Fatalf("seed %d: %d writes during the resync, %d resyncs, %d restarts", seed, s.ops.Load(), st.Resyncs, st.ResyncRestarts)
+		}
+		if rs := c.StandbyStatus().Replication; !rs.InSync || rs.Resync.BytesTotal == 0 || rs.Resync.BytesDone < rs.Resync.BytesTotal {
+			t.Errorf("seed %d: standby's resync status at the end: %+v", seed, rs)
+		}
+		c.Close()
+	}
+}
+
+// TestResyncInterrupted: a standby killed, or a link cut, in the middle of
+// a resync's snapshot is resynced again from a new snapshot and ends
+// identical.
+func TestResyncInterrupted(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		stop, stopped := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		c, s := startScribbled(t, 5, cluster.Options{}, func(c *fixture, s *scribbler, n int) bool {
+			s.step()
+			if n == 6 {
+				once.Do(func() {
+					close(stop)
+					select { // the standby goes meanwhile
+					case <-stopped:
+					case <-time.After(5 * time.Second):
+					}
+				})
+			}
+			return true
+		})
+		c.startStandby()
+		<-stop
+		if kill {
+			c.StopStandby()
+			close(stopped)
+			c.startStandby()
+		} else {
+			c.Standby.Agent().Receiver.Close()
+			close(stopped)
+		}
+		mustMatch(t, c.verify())
+		if st := c.Sender.Status(); st.Resyncs < 2 {
+			t.Errorf("kill %v: %d resyncs, want a second one after the interruption", kill, st.Resyncs)
+		}
+		if s.ops.Load() == 0 {
+			t.Error("no writes during the resync")
+		}
+		c.Close()
+	}
+}
+
+// TestResyncBudgetRestarts: guests that write more than the resync budget
+// while a snapshot streams make the resync start over, and it then
+// completes.
+func TestResyncBudgetRestarts(t *testing.T) {
+	big := make([]byte, 3<<20)
+	c, _ := startScribbled(t, 9, cluster.Options{MaxLagBytes: 1 << 20, ResyncBudgetBytes: 2 << 20}, func(c *fixture, s *scribbler, n int) bool {
+		if c.Sender.Status().Resyncs == 1 && n == 3 {
+			sg := s.guests[0]
+			for off := 0; off < len(big); off += int(sg.sizes[0]) {
+				if err := sg.g.CopyHtoD(sg.bufs[0], big[off:min(len(big), off+int(sg.sizes[0]))]); err != nil {
+					s.t.Error(err)
+				}
+			}
+		}
+		return true
+	})
+	c.startStandby()
+	mustMatch(t, c.verify())
+	if st := c.Sender.Status(); st.ResyncRestarts == 0 || st.Resyncs < 2 {
+		t.Errorf("resyncs %d, restarts %d: want a restart past the budget", st.Resyncs, st.ResyncRestarts)
+	}
+}
+
+// TestPrimaryDiesMidResync: a standby whose primary dies in the middle of
+// a resync holds half a replica: it is not in sync and never takes over.
+func TestPrimaryDiesMidResync(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: waits several detection timeouts")
+	}
+	var cut atomic.Bool
+	midway := make(chan struct{})
+	c, _ := startScribbled(t, 11, cluster.Options{Failover: true}, func(c *fixture, s *scribbler, n int) bool {
+		if n == 5 {
+			cut.Store(true)
+			close(midway)
+		}
+		return !cut.Load()
+	})
+	c.startStandby()
+	<-midway
+	if st := c.StandbyStatus().Replication; st.InSync {
+		t.Fatalf("in sync in the middle of a resync: %+v", st)
+	}
+	c.KillPrimary()
+	time.Sleep(time.Second) // several detection timeouts
+	if p := c.Standby.Promoted(); p != nil {
+		t.Fatalf("a half-resynced standby took over: %+v", p)
+	}
+	if st := c.StandbyStatus(); st.Replication.InSync || st.Role != "standby" {
+		t.Fatalf("after the primary died mid-resync: role %s, in sync %v", st.Role, st.Replication.InSync)
+	}
+}
