@@ -738,3 +738,28 @@ func TestHelpAndBadValues(t *testing.T) {
 		}
 	}
 }
+
+// TestDrillFailback: the primary dies, its host comes back as a standby of
+// the promoted node, is resynced and takes the role back; the guest follows
+// both moves and loses nothing.
+func TestDrillFailback(t *testing.T) {
+	skipShort(t)
+	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "2", "--faults", "failback", "--json", "--backend", "sim").Output()
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, out)
+	}
+	var rep struct {
+		Iterations, Passed int
+		LostRequests       int64 `json:"lost_requests"`
+		Records            []struct {
+			Failovers int
+			Fenced    bool `json:"old_primary_fenced"`
+		}
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("drill output %q: %v", out, err)
+	}
+	if rep.Iterations != 2 || rep.Passed != 2 || rep.LostRequests != 0 || rep.Records[0].Failovers != 2 || !rep.Records[0].Fenced {
+		t.Fatalf("failback drill: %+v", rep)
+	}
+}

@@ -51,6 +51,10 @@ var faults = []fault{
 		failovers: 1},
 	{name: "partition", help: "cut the primary-standby link, heal it after the takeover; needs namespaces", inject: partition, expect: partitionFenced,
 		failovers: anyFailovers, rollback: true, netns: true},
+	// The whole round trip: the old primary's host comes back as a
+	// standby of the new primary, is resynced, and takes the role back.
+	{name: "failback", help: "SIGKILL primary, rejoin its host as standby, switch back", inject: killPrimary, expect: failBack,
+		takeover: true, failovers: 2},
 }
 
 // lookup returns the row named name, nil if there is none.
@@ -130,6 +134,31 @@ func thawedPrimaryFenced(r *run) error {
 func oldPrimaryFenced(r *run) error {
 	if r.rec.Fenced = r.pair.primary.fenced(0); !r.rec.Fenced {
 		return errors.New("old primary still serving after the switchover")
+	}
+	return nil
+}
+
+// failBack brings the old primary's host back as a standby of the promoted
+// node, waits until it is resynced, and switches the primary role back to
+// it; the guest follows (its failover list leads there).
+func failBack(r *run) error {
+	if err := r.pair.rejoin(); err != nil {
+		return fmt.Errorf("rejoining the old primary's host: %w", err)
+	}
+	var st struct{ Protection *struct{ State string } }
+	if err := waitFor(20*time.Second, func() bool {
+		return r.pair.standby.status(&st) == nil && st.Protection != nil && st.Protection.State == "protected"
+	}); err != nil {
+		return fmt.Errorf("the rejoined standby was never resynced: %w", err)
+	}
+	if _, err := r.pair.standby.post("/switchover", 30*time.Second); err != nil {
+		return fmt.Errorf("switching back: %w", err)
+	}
+	if waitFor(5*time.Second, func() bool { return r.pair.rejoined.promotion() != nil }) != nil {
+		return errors.New("the rejoined host did not take the primary role back")
+	}
+	if r.rec.Fenced = r.pair.standby.fenced(5 * time.Second); !r.rec.Fenced {
+		return errors.New("the node that switched back still serves")
 	}
 	return nil
 }

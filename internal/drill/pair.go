@@ -116,6 +116,12 @@ type pair struct {
 	primary, standby     *agent
 	primaryEP, standbyEP string
 	netns                [2]string // primary's, standby's; empty on loopback
+	// rejoined is the old primary's host back as a standby of the promoted
+	// one (the failback fault), listening on rejoinAddr, where the standby
+	// replicates to once promoted.
+	rejoined              *agent
+	rejoinAddr            string
+	bin, backend, keyFile string
 }
 
 // NetnsAvailable reports whether network namespaces can be made here.
@@ -154,8 +160,11 @@ func startPair(bin, backend, mode string, netns bool) (*pair, error) {
 		p.stop()
 		return nil, err
 	}
+	p.bin, p.backend, p.keyFile = bin, backend, keyFile
+	// Once promoted, the standby protects itself with whatever listens at
+	// the old primary's host (the failback fault puts a standby there).
 	if err := p.start(p.standby, bin, "standby", p.netns[1], "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
-		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode()); err != nil {
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode(), "--replicate-to", "tcp://"+p.rejoinAddr); err != nil {
 		p.stop()
 		return nil, err
 	}
@@ -177,15 +186,23 @@ func startPair(bin, backend, mode string, netns bool) (*pair, error) {
 
 // replicationAddr returns where the standby listens for the primary: a
 // free loopback port, or an address on a fresh veth link between two new
-// namespaces.
+// namespaces. It sets p.rejoinAddr, the old primary's host's address for
+// a standby that rejoins there.
 func (p *pair) replicationAddr(netns bool) (string, error) {
 	if !netns {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		free := func() (string, error) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return "", err
+			}
+			defer ln.Close()
+			return ln.Addr().String(), nil
+		}
+		var err error
+		if p.rejoinAddr, err = free(); err != nil {
 			return "", err
 		}
-		defer ln.Close()
-		return ln.Addr().String(), nil
+		return free()
 	}
 	pairSeq++
 	id := fmt.Sprintf("%d-%d", os.Getpid()%100000, pairSeq)
@@ -209,7 +226,17 @@ func (p *pair) replicationAddr(netns bool) (string, error) {
 			return "", fmt.Errorf("ip %v: %v: %s", st, err, out)
 		}
 	}
+	p.rejoinAddr = subnet + ".1:7072"
 	return subnet + ".2:7071", nil
+}
+
+// rejoin starts a standby on the old primary's host (its namespace,
+// replication address and guest endpoint), for the promoted node to
+// resync and later hand the primary role back to.
+func (p *pair) rejoin() error {
+	p.rejoined = newAgent(filepath.Join(p.dir, "rejoined-admin.sock"))
+	return p.start(p.rejoined, p.bin, "standby", p.netns[0], "--backend", p.backend, "--listen", "tcp://"+p.rejoinAddr,
+		"--replicate.key-file", p.keyFile, "--guest-listen", p.primaryEP, "--admin-listen", p.rejoined.admin, "--mmio", mmioMode())
 }
 
 // start runs `bin role args...` as a, in namespace ns unless it is empty,
@@ -258,7 +285,10 @@ func (p *pair) stop() {
 // stopKeepingLogs kills both nodes and removes their namespaces; the
 // directory with their logs stays for whoever is told where it is.
 func (p *pair) stopKeepingLogs() {
-	for _, a := range []*agent{p.primary, p.standby} {
+	for _, a := range []*agent{p.primary, p.standby, p.rejoined} {
+		if a == nil {
+			continue
+		}
 		if c := a.cmd; c != nil && c.Process != nil {
 			c.Process.Signal(syscall.SIGCONT)
 			c.Process.Kill()
