@@ -763,3 +763,20 @@ func TestDrillFailback(t *testing.T) {
 		t.Fatalf("failback drill: %+v", rep)
 	}
 }
+
+// TestDrillStandbyFreezeAndLateGuest: a standby frozen 600 ms never deposes
+// the healthy primary, and a guest started after a takeover is served.
+func TestDrillStandbyFreezeAndLateGuest(t *testing.T) {
+	skipShort(t)
+	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "2", "--faults", "standby-freeze,guest-start-after-failover", "--json", "--backend", "sim").Output()
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, out)
+	}
+	var rep struct {
+		Iterations, Passed int
+		LostRequests       int64 `json:"lost_requests"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil || rep.Iterations != 2 || rep.Passed != 2 || rep.LostRequests != 0 {
+		t.Fatalf("drill report %s: %+v %v", out, rep, err)
+	}
+}

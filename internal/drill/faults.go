@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -55,6 +56,48 @@ var faults = []fault{
 	// standby of the new primary, is resynced, and takes the role back.
 	{name: "failback", help: "SIGKILL primary, rejoin its host as standby, switch back", inject: killPrimary, expect: failBack,
 		takeover: true, failovers: 2},
+	// A healthy primary is never deposed by its standby's own stall.
+	{name: "standby-freeze", help: "SIGSTOP standby 600 ms", inject: freezeStandby(600 * time.Millisecond), expect: standbyNotPromoted,
+		failovers: 0},
+	{name: "standby-freeze-2s", help: "SIGSTOP standby 2 s", inject: freezeStandby(2 * time.Second), expect: standbyNotPromoted,
+		failovers: 0},
+	// New guests start on the promoted node: their endpoint list leads there.
+	{name: "guest-start-after-failover", help: "SIGKILL primary, then start a new guest", inject: killPrimary, expect: newGuestServed,
+		takeover: true, unplanned: true, failovers: 1},
+}
+
+// freezeStandby stops the standby for d while the primary keeps sending.
+func freezeStandby(d time.Duration) func(*run) error {
+	return func(r *run) error {
+		r.pair.standby.signal(syscall.SIGSTOP)
+		time.Sleep(d) // the fault itself: how long the standby stalls
+		r.pair.standby.signal(syscall.SIGCONT)
+		return nil
+	}
+}
+
+// newGuestStartsWithin bounds how long after a takeover a new guest, given
+// the dead primary's endpoint first, waits to be served.
+const newGuestStartsWithin = time.Second
+
+// newGuestServed starts a guest after the takeover with the old primary's
+// endpoint first and the standby's second: it must be served at once.
+func newGuestServed(r *run) error {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, r.pair.primaryEP, pvdriver.Options{GuestName: "late", Failover: []string{r.pair.standbyEP}})
+	if err != nil {
+		return fmt.Errorf("a guest starting after the takeover: %w", err)
+	}
+	defer g.Close()
+	if _, err := g.Alloc(4096); err != nil {
+		return fmt.Errorf("a guest starting after the takeover: %w", err)
+	}
+	if d := time.Since(start); d > newGuestStartsWithin {
+		return fmt.Errorf("a guest starting after the takeover waited %v", d)
+	}
+	return nil
 }
 
 // lookup returns the row named name, nil if there is none.
