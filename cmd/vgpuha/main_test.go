@@ -471,7 +471,7 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--faults", "kill,bogus"}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition)`},
+		{[]string{"--faults", "kill,bogus"}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover)`},
 		{[]string{"--topology", "bogus"}, `unknown topology "bogus" (valid: auto, netns, loopback)`},
 		{[]string{"--iterations", "0"}, "--iterations must be at least 1"},
 		{[]string{"--mode", "epoch", "--faults", "freeze"}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},
