@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/coreos/go-systemd/v22/daemon"
 	"log/slog"
 	"net"
 	"net/http"
@@ -159,4 +160,12 @@ func serveAdmin(ctx context.Context, addr, tokenFile string, mux *admin.Mux, log
 	}()
 	log.Info("admin endpoint up", "addr", ln.Addr().String())
 	return ln.Addr().String(), nil
+}
+
+// notifyReady tells systemd (Type=notify units, contrib/systemd) that the
+// node serves; without $NOTIFY_SOCKET it does nothing.
+func notifyReady(log *slog.Logger) {
+	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		log.Warn("could not tell systemd the node is ready", "err", err)
+	}
 }

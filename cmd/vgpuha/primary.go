@@ -85,6 +85,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return err
 	}
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())
+	notifyReady(log)
 	var guestDone <-chan error
 	if guest != nil {
 		if guestDone, err = startGuestProgram(guest, *listen, cfg.MMIO); err != nil {

@@ -33,8 +33,10 @@ func TestDefaultFaults(t *testing.T) {
 		o    Options
 		want []string
 	}{
-		{Options{Mode: "commit"}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut"}},
-		{Options{Mode: "commit", Netns: true}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut", "partition"}},
+		{Options{Mode: "commit"}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut",
+			"failback", "standby-freeze", "standby-freeze-2s", "guest-start-after-failover"}},
+		{Options{Mode: "commit", Netns: true}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut", "partition",
+			"failback", "standby-freeze", "standby-freeze-2s", "guest-start-after-failover"}},
 		{Options{Mode: "epoch", Netns: true}, []string{"kill"}},
 		{Options{Mode: "sync", Faults: []string{"freeze"}}, []string{"freeze"}},
 	} {
@@ -52,7 +54,7 @@ func TestValidate(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition)`},
+		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover)`},
 		{Options{Mode: "commit", Faults: []string{""}}, `unknown fault ""`},
 		{Options{Mode: "epoch", Faults: []string{"freeze"}}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},
 		{Options{Mode: "commit", Faults: []string{"partition"}}, `fault "partition" needs network namespaces`},
