@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/vgpuha/vgpuha/internal/drill"
@@ -46,7 +49,16 @@ func runDrill(args []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "topology: %s\n", drill.Topology(netns))
+	// SIGTERM or SIGINT end the drill cleanly: the iteration under way
+	// tears down its agents, namespaces and directory.
+	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSignals()
+	o.Stop = ctx.Done()
 	rep, err := drill.Run(o)
+	if errors.Is(err, drill.ErrInterrupted) {
+		printDrill(rep)
+		return fmt.Errorf("interrupted after %d of %d iterations; every agent, namespace and directory it made is gone", rep.Iterations, *iterations)
+	}
 	if err != nil {
 		return err
 	}

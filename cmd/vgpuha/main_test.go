@@ -826,3 +826,54 @@ func TestSystemdReadiness(t *testing.T) {
 		}
 	}
 }
+
+// TestDrillSIGTERMLeavesNothing: a drill stopped by SIGTERM mid-run exits
+// non-zero saying so, and leaves no agent process, network namespace or
+// temporary directory behind.
+func TestDrillSIGTERMLeavesNothing(t *testing.T) {
+	skipShort(t)
+	tmp := t.TempDir()
+	cmd := exec.Command(vgpuhaBin, "drill", "--iterations", "50", "--backend", "sim")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stderr.String(), "iteration 1/50") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // into the second iteration's pair
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	if err == nil || !strings.Contains(stderr.String(), "interrupted") {
+		t.Fatalf("drill after SIGTERM: %v\n%s", err, stderr.String())
+	}
+	if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
+		t.Errorf("left behind in TMPDIR: %v", entries)
+	}
+	prefix := fmt.Sprintf("vgp-%d-", cmd.Process.Pid%100000)
+	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), prefix) ||
+		strings.Contains(string(out), strings.Replace(prefix, "vgp-", "vgs-", 1)) {
+		t.Errorf("network namespaces left behind:\n%s", out)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(tmp)) {
+			t.Errorf("an agent is still running: %s", bytes.ReplaceAll(b, []byte{0}, []byte{' '}))
+		}
+	}
+}
+
+// TestSIGHUPIgnored: SIGHUP neither kills a node nor stops it serving.
+func TestSIGHUPIgnored(t *testing.T) {
+	skipShort(t)
+	sock := filepath.Join(t.TempDir(), "g.sock")
+	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--backend", "sim")
+	p.cmd.Process.Signal(syscall.SIGHUP)
+	waitLog(t, p, "SIGHUP: nothing to reload")
+	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err != nil {
+		t.Fatalf("after SIGHUP the primary does not serve: %v", err)
+	}
+}

@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -168,4 +170,17 @@ func notifyReady(log *slog.Logger) {
 	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
 		log.Warn("could not tell systemd the node is ready", "err", err)
 	}
+}
+
+// ignoreHUP keeps SIGHUP (a closed terminal, a reload request) from
+// killing the node: everything it runs with is read at start, so there is
+// nothing to reload; it says so in the log.
+func ignoreHUP(log *slog.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			log.Info("SIGHUP: nothing to reload (flags are read at start); ignored")
+		}
+	}()
 }

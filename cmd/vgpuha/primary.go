@@ -85,6 +85,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return err
 	}
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())
+	ignoreHUP(log)
 	notifyReady(log)
 	var guestDone <-chan error
 	if guest != nil {

@@ -90,6 +90,7 @@ func runStandby(args []string) error {
 	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, n.AdminHandler(reg), log); err != nil {
 		return err
 	}
+	ignoreHUP(log)
 	notifyReady(log)
 	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name(), "takes_over_on", *guestListen)
 	<-ctx.Done()

@@ -36,6 +36,23 @@ type Options struct {
 	Seed       uint64 // seeds the launches at which faults strike
 	// Progress, if set, is called after each iteration.
 	Progress func(r Record, iterations int)
+	// Stop, when closed (SIGTERM), ends the drill at the next launch or
+	// between iterations; the iteration under way cleans up its processes,
+	// namespaces and directory as usual, and Run returns ErrInterrupted
+	// with the iterations that finished.
+	Stop <-chan struct{}
+}
+
+// ErrInterrupted: the drill was stopped before its last iteration.
+var ErrInterrupted = errors.New("drill interrupted")
+
+func (o Options) stopped() bool {
+	select {
+	case <-o.Stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // Record is one drill iteration.
@@ -128,9 +145,15 @@ func Run(o Options) (Report, error) {
 	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
 	var recs []Record
 	for i := 0; i < o.Iterations; i++ {
+		if o.stopped() {
+			return summarize(Topology(o.Netns), o.Mode, recs), ErrInterrupted
+		}
 		at := 60 + rng.IntN(280)
 		rec := once(o, lookup(names[i%len(names)]), at)
 		rec.Iteration = i + 1
+		if o.stopped() {
+			return summarize(Topology(o.Netns), o.Mode, recs), ErrInterrupted
+		}
 		recs = append(recs, rec)
 		if o.Progress != nil {
 			o.Progress(rec, o.Iterations)
@@ -185,11 +208,12 @@ type run struct {
 	ckpt       *checkpointer // epoch mode only
 	struck     time.Time     // when the fault was injected
 	rolledBack bool          // the guest was told its session was rolled back
+	stop       <-chan struct{}
 }
 
 // once is one iteration: f strikes at launch at of a fresh pair's workload.
 func once(o Options, f *fault, at int) Record {
-	r := &run{fault: f, rec: Record{Fault: f.name, AtLaunch: at}}
+	r := &run{fault: f, rec: Record{Fault: f.name, AtLaunch: at}, stop: o.Stop}
 	if o.Mode == "epoch" {
 		// Strike right after a synchronization, before the checkpointer's
 		// cut: the standby must discard that uncommitted epoch.
@@ -266,6 +290,11 @@ func (r *run) workload() error {
 		every = epochEvery
 	}
 	for i := 0; i < launches; i++ {
+		select {
+		case <-r.stop:
+			return ErrInterrupted
+		default:
+		}
 		if i == r.rec.AtLaunch && r.ckpt == nil {
 			if err := r.strike(); err != nil {
 				return err
