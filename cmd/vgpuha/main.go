@@ -134,8 +134,8 @@ func printFlags(fs *flag.FlagSet) {
 	})
 }
 
-// logFlag adds --log.level (checked when the flags are parsed) and returns
-// a constructor for the logger.
+// logFlag adds --log.level and --log.format (checked when the flags are
+// parsed) and returns a constructor for the logger.
 func logFlag(fs *flag.FlagSet) func() *slog.Logger {
 	level := slog.LevelInfo
 	fs.Func("log.level", "log level: debug, info, warn or error (default info)", func(v string) error {
@@ -145,7 +145,20 @@ func logFlag(fs *flag.FlagSet) func() *slog.Logger {
 		}
 		return fmt.Errorf("want debug, info, warn or error")
 	})
+	asJSON := false
+	fs.Func("log.format", "log format: text or json (default text)", func(v string) error {
+		switch v {
+		case "text", "json":
+			asJSON = v == "json"
+			return nil
+		}
+		return fmt.Errorf("want text or json")
+	})
 	return func() *slog.Logger {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		opts := &slog.HandlerOptions{Level: level}
+		if asJSON {
+			return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+		}
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
 	}
 }

@@ -728,6 +728,7 @@ func TestHelpAndBadValues(t *testing.T) {
 	}
 	for _, c := range []struct{ args []string }{
 		{[]string{"primary", "--log.level", "bogus"}},
+		{[]string{"primary", "--log.format", "bogus"}},
 		{[]string{"standby", "--failover.detector", "bogus", "--replicate.key-file", "/dev/null"}},
 		{[]string{"primary", "--mode", "bogus"}},
 	} {
@@ -866,13 +867,14 @@ func TestDrillSIGTERMLeavesNothing(t *testing.T) {
 	}
 }
 
-// TestSIGHUPIgnored: SIGHUP neither kills a node nor stops it serving.
+// TestSIGHUPIgnored: SIGHUP neither kills a node nor stops it serving (the
+// node logs as JSON here: --log.format json).
 func TestSIGHUPIgnored(t *testing.T) {
 	skipShort(t)
 	sock := filepath.Join(t.TempDir(), "g.sock")
-	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--backend", "sim")
+	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--backend", "sim", "--log.format", "json")
 	p.cmd.Process.Signal(syscall.SIGHUP)
-	waitLog(t, p, "SIGHUP: nothing to reload")
+	waitLog(t, p, `"msg":"SIGHUP: nothing to reload`)
 	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err != nil {
 		t.Fatalf("after SIGHUP the primary does not serve: %v", err)
 	}
