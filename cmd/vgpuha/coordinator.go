@@ -78,15 +78,20 @@ func (f *coordFlags) dial(log *slog.Logger, reg prometheus.Registerer, advertise
 }
 
 func runStatus(args []string) error {
-	fs := newFlags("status", "--coordinator etcd://HOST:2379 [--json]")
+	fs := newFlags("status", "--coordinator etcd://HOST:2379 | --admin HOST:PORT [--json]")
 	var cf coordFlags
 	cf.register(fs, false)
+	adminAddr := fs.String("admin", "", "one node's admin address (HOST:PORT or unix:///PATH): print that node's status")
+	tokenFile := adminTokenFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *adminAddr != "" {
+		return printNodeStatus(os.Stdout, *adminAddr, *tokenFile, *asJSON)
+	}
 	if cf.url == "" {
-		return fmt.Errorf("--coordinator is required (vgpuha status reads the groups from etcd)")
+		return fmt.Errorf("--coordinator or --admin is required (the groups from etcd, or one node's status)")
 	}
 	cc, err := cf.clientConfig()
 	if err != nil {

@@ -342,8 +342,16 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr,
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile)
 	waitStatus(t, adminAddr, "protected", nodeStatus.protected)
+	if out, err := exec.Command(vgpuhaBin, "status", "--admin", adminAddr).CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), "replicating: protected") || !strings.Contains(string(out), " primary ") {
+		t.Errorf("vgpuha status --admin on the primary: %v\n%s", err, out)
+	}
 	p.cmd.Process.Signal(syscall.SIGSTOP)
 	waitStatus(t, standbyAdmin, "promoted", isRole("primary (promoted)"))
+	if out, err := exec.Command(vgpuhaBin, "status", "--admin", standbyAdmin).CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), "primary (promoted)") {
+		t.Errorf("vgpuha status --admin on the promoted standby: %v\n%s", err, out)
+	}
 	p.cmd.Process.Signal(syscall.SIGCONT)
 	st := waitStatus(t, adminAddr, "fenced", isRole("fenced"))
 	if resp, err := http.Get("http://" + adminAddr + "/healthz"); err != nil {

@@ -76,8 +76,15 @@ func postAdmin(addr, path string, timeout time.Duration) ([]byte, error) {
 // postAdminToken is postAdmin presenting the admin token held in tokenFile
 // (none if empty: a unix:// admin socket needs none).
 func postAdminToken(addr, path, tokenFile string, timeout time.Duration) ([]byte, error) {
+	return adminRequest(http.MethodPost, addr, path, tokenFile, timeout)
+}
+
+// adminRequest sends one request to a node's admin endpoint, with the
+// admin token held in tokenFile if it is set, and returns the body of a
+// 200 reply, or the node's error.
+func adminRequest(method, addr, path, tokenFile string, timeout time.Duration) ([]byte, error) {
 	c, base := adminClient(addr, timeout)
-	req, err := http.NewRequest(http.MethodPost, base+path, nil)
+	req, err := http.NewRequest(method, base+path, nil)
 	if err != nil {
 		return nil, err
 	}

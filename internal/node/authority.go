@@ -38,7 +38,7 @@ func (a *authority) init(n *failover.Node, now func() time.Time, execute func(fa
 	a.kick = make(chan struct{}, 1)
 }
 
-// step feeds one event and queues the actions it yields. It returns the
+// stepLocked feeds one event and queues the actions it yields. It returns the
 // node's term after the event.
 // Precondition: a.mu must be locked.
 func (a *authority) stepLocked(e failover.Event) (uint64, int) {
