@@ -6,9 +6,11 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -143,12 +145,19 @@ func Start(opts Options) (*Cluster, error) {
 
 // freeTCP is a tcp:// endpoint on a loopback port that was free just now.
 func freeTCP() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	// A port the kernel hands out for outgoing connections could be taken
+	// by one (a replication link, say) before a standby listens on it at
+	// its promotion: pick below the ephemeral range.
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return "tcp://" + ln.Addr().String(), nil
 	}
-	defer ln.Close()
-	return "tcp://" + ln.Addr().String(), nil
+	return "", errors.New("no free TCP port below the ephemeral range")
 }
 
 // nodeConfig is a node's configuration serving guests on guests.
