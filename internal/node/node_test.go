@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -190,4 +191,42 @@ func TestLostHandOverChangesNothing(t *testing.T) {
 	if !a.Server().IsPrimary() {
 		t.Error("A stopped serving guests")
 	}
+}
+
+// TestPromotionRetriesABusyEndpoint: a standby whose guest endpoint cannot
+// be listened on when it takes over keeps trying, and serves once it can.
+func TestPromotionRetriesABusyEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	sockB := filepath.Join(dir, "b.sock")
+	if err := os.WriteFile(sockB, []byte("not a socket"), 0o600); err != nil { // Listen refuses to remove it
+		t.Fatal(err)
+	}
+	lnB := listen(t)
+	b, err := node.StartStandby(config(t, "unix://"+sockB), lnB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cfgA := config(t, "unix://"+filepath.Join(dir, "a.sock"))
+	cfgA.ReplicateTo = lnB.Addr().String()
+	a, err := node.StartPrimary(cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "A protected", protected(a))
+	a.Log().Close()
+	a.Close()
+	waitFor(t, "B promoted", func() bool { return b.Promoted() != nil })
+	if b.Server().IsPrimary() {
+		t.Fatal("B serves although its endpoint is a plain file")
+	}
+	os.Remove(sockB)
+	waitFor(t, "B serving once its endpoint is free", b.Server().IsPrimary)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, "unix://"+sockB, pvdriver.Options{GuestName: "late"})
+	if err != nil {
+		t.Fatalf("a guest on the promoted node: %v", err)
+	}
+	g.Close()
 }

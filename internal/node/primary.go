@@ -81,7 +81,33 @@ func (n *Node) becomePrimary(term uint64) error {
 			n.log.Error("cannot replicate to the next standby; serving unprotected", "err", err)
 		}
 	}
-	return n.serveGuests()
+	err := n.serveGuests()
+	if err == nil || n.agent == nil {
+		return err
+	}
+	// A promoted standby must not strand its guests over an endpoint that
+	// is busy for a moment: it keeps trying until it listens or stops.
+	n.log.Error("cannot listen for guests after promotion; retrying", "endpoint", n.cfg.GuestListen, "err", err)
+	go n.retryServeGuests()
+	return nil
+}
+
+// retryServeGuests tries to listen for guests every 100 ms until it does or
+// the node stops.
+func (n *Node) retryServeGuests() {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := n.serveGuests(); err == nil {
+			n.log.Warn("serving guests after promotion, at last", "endpoint", n.cfg.GuestListen)
+			return
+		}
+	}
 }
 
 // replicate starts streaming to cfg.ReplicateTo; the standby is brought up
