@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -137,28 +138,33 @@ func printFlags(fs *flag.FlagSet) {
 // logFlag adds --log.level and --log.format (checked when the flags are
 // parsed) and returns a constructor for the logger.
 func logFlag(fs *flag.FlagSet) func() *slog.Logger {
-	level := slog.LevelInfo
-	fs.Func("log.level", "log level: debug, info, warn or error (default info)", func(v string) error {
-		switch v {
-		case "debug", "info", "warn", "error":
-			return level.UnmarshalText([]byte(strings.ToUpper(v)))
-		}
-		return fmt.Errorf("want debug, info, warn or error")
-	})
-	asJSON := false
-	fs.Func("log.format", "log format: text or json (default text)", func(v string) error {
-		switch v {
-		case "text", "json":
-			asJSON = v == "json"
-			return nil
-		}
-		return fmt.Errorf("want text or json")
-	})
+	level := &choice{value: "info", allowed: []string{"debug", "info", "warn", "error"}}
+	format := &choice{value: "text", allowed: []string{"text", "json"}}
+	fs.Var(level, "log.level", "log level: debug, info, warn or error")
+	fs.Var(format, "log.format", "log format: text or json")
 	return func() *slog.Logger {
-		opts := &slog.HandlerOptions{Level: level}
-		if asJSON {
+		var l slog.Level
+		l.UnmarshalText([]byte(strings.ToUpper(level.value))) // one of the allowed names
+		opts := &slog.HandlerOptions{Level: l}
+		if format.value == "json" {
 			return slog.New(slog.NewJSONHandler(os.Stderr, opts))
 		}
 		return slog.New(slog.NewTextHandler(os.Stderr, opts))
 	}
+}
+
+// choice is a flag whose value is one of a fixed set of words.
+type choice struct {
+	value   string
+	allowed []string
+}
+
+func (c *choice) String() string { return c.value }
+
+func (c *choice) Set(v string) error {
+	if !slices.Contains(c.allowed, v) {
+		return fmt.Errorf("want %s", strings.Join(c.allowed, ", "))
+	}
+	c.value = v
+	return nil
 }

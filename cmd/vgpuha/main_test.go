@@ -887,3 +887,44 @@ func TestSIGHUPIgnored(t *testing.T) {
 		t.Fatalf("after SIGHUP the primary does not serve: %v", err)
 	}
 }
+
+// TestConfigFiles: a primary and a standby start from one TOML file each
+// (dotted flags as tables); the environment overrides the file, a flag
+// overrides both, --config.show says which won, and an unknown key is an
+// error naming it.
+func TestConfigFiles(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	repl, adminP, adminS := freePort(t), freePort(t), freePort(t)
+	standbyConf := filepath.Join(dir, "standby.toml")
+	os.WriteFile(standbyConf, []byte(fmt.Sprintf("listen = %q\nguest-listen = %q\nadmin-listen = %q\nbackend = \"sim\"\n\n[replicate]\nkey-file = %q\n",
+		"tcp://"+repl, "unix://"+filepath.Join(dir, "s.sock"), adminS, keyFile)), 0o600)
+	primaryConf := filepath.Join(dir, "primary.toml")
+	os.WriteFile(primaryConf, []byte(fmt.Sprintf("guest-listen = %q\nadmin-listen = %q\nreplicate-to = %q\nmode = \"sync\"\n\n[replicate]\nkey-file = %q\n\n[log]\nlevel = \"debug\"\n",
+		"unix://"+filepath.Join(dir, "g.sock"), adminP, "tcp://"+repl, keyFile)), 0o600)
+
+	show := exec.Command(vgpuhaBin, "primary", "--config", primaryConf, "--config.show", "--log.level", "warn")
+	show.Env = append(os.Environ(), "VGPUHA_MODE=commit")
+	out, err := show.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`--log.level\s+warn\s+flag`, `--mode\s+commit\s+env`, `--replicate-to\s+tcp://\S+\s+file`,
+		`--replicate.key-file\s+` + regexp.QuoteMeta(keyFile) + `\s+file`, `--guest.max-sessions\s+64\s+default`} {
+		if !regexp.MustCompile(want).Match(out) {
+			t.Errorf("--config.show does not match %s:\n%s", want, out)
+		}
+	}
+	bad := filepath.Join(dir, "bad.toml")
+	os.WriteFile(bad, []byte("gust-listen = \"unix:///x\"\n"), 0o600)
+	if out, err := exec.Command(vgpuhaBin, "primary", "--config", bad).CombinedOutput(); err == nil || !strings.Contains(string(out), "gust-listen") {
+		t.Errorf("an unknown key: %v %s", err, out)
+	}
+
+	startNode(t, "standby", "--config", standbyConf)
+	startNode(t, "primary", "--config", primaryConf)
+	waitStatus(t, adminP, "protected from its config file", nodeStatus.protected)
+	waitStatus(t, adminS, "answering", isRole("standby"))
+}

@@ -47,8 +47,15 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	cfg := hypervisor.DefaultConfig()
 	configFlags(fs, &cfg)
 	newLog := logFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	configPath := configFlag(fs)
+	showConfig := fs.Bool("config.show", false, "print every flag's effective value and where it came from (flag, env, file, default), then exit")
+	source, err := parseWithConfig(fs, args, configPath)
+	if err != nil {
 		return err
+	}
+	if *showConfig {
+		printConfig(fs, source)
+		return nil
 	}
 	log := newLog()
 	backend, err := bf.open()

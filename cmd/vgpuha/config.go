@@ -1,0 +1,117 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Every flag of a node has a key in a TOML config file (its name; the
+// dotted part of a name is a table, so "replicate.key-file" is key-file in
+// [replicate]) and an environment variable (VGPUHA_ and the name in upper
+// case, '.' and '-' as '_': VGPUHA_REPLICATE_KEY_FILE). Precedence: a flag
+// on the command line, then the environment, then the file, then the
+// default.
+
+// configFlag adds --config to fs.
+func configFlag(fs *flag.FlagSet) *string {
+	return fs.String("config", "", "TOML file with a key for any flag (flags and VGPUHA_* variables override it)")
+}
+
+// envName is the environment variable for flag name.
+func envName(name string) string {
+	return "VGPUHA_" + strings.NewReplacer(".", "_", "-", "_").Replace(strings.ToUpper(name))
+}
+
+// parseWithConfig parses args, then fills every flag not given on the
+// command line from the environment, then from the config file. It
+// returns where each flag's value came from.
+func parseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[string]string, error) {
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	source := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { source[f.Name] = "flag" })
+	file, err := readConfig(*configPath)
+	if err != nil {
+		return nil, err
+	}
+	var errs []string
+	for key := range file {
+		if fs.Lookup(key) == nil || key == "config" {
+			errs = append(errs, fmt.Sprintf("%s in %s: no such flag", key, *configPath))
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if source[f.Name] != "" || f.Name == "config" {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%q: %v", envName(f.Name), v, err))
+			}
+			source[f.Name] = "env"
+			return
+		}
+		if v, ok := file[f.Name]; ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Sprintf("%s in %s: %v", f.Name, *configPath, err))
+			}
+			source[f.Name] = "file"
+		}
+	})
+	if len(errs) > 0 {
+		sort.Strings(errs)
+		return nil, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
+	}
+	return source, nil
+}
+
+// readConfig reads a TOML file into flag name → value ("" path: none).
+func readConfig(path string) (map[string]string, error) {
+	out := map[string]string{}
+	if path == "" {
+		return out, nil
+	}
+	var doc map[string]any
+	if _, err := toml.DecodeFile(path, &doc); err != nil {
+		return nil, fmt.Errorf("reading the config file: %w", err)
+	}
+	flatten("", doc, out)
+	return out, nil
+}
+
+// flatten turns nested tables into dotted flag names.
+func flatten(prefix string, doc map[string]any, out map[string]string) {
+	for k, v := range doc {
+		name := k
+		if prefix != "" {
+			name = prefix + "." + k
+		}
+		if table, ok := v.(map[string]any); ok {
+			flatten(name, table, out)
+			continue
+		}
+		out[name] = fmt.Sprint(v)
+	}
+}
+
+// printConfig writes every flag's effective value and where it came from
+// (vgpuha COMMAND --config.show).
+func printConfig(fs *flag.FlagSet, source map[string]string) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "FLAG\tVALUE\tFROM\tENVIRONMENT")
+	fs.VisitAll(func(f *flag.Flag) {
+		from := source[f.Name]
+		if from == "" {
+			from = "default"
+		}
+		fmt.Fprintf(w, "--%s\t%s\t%s\t%s\n", f.Name, f.Value, from, envName(f.Name))
+	})
+	w.Flush()
+}
