@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -21,8 +20,7 @@ func TestCoordinatedProcesses(t *testing.T) {
 	skipShort(t)
 	etcd := "etcd://" + etcdtest.Start(t)
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key")
-	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	keyFile := writeKey(t, dir)
 	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
 	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
 	co := []string{"--coordinator", etcd, "--coordinator.group", "vm7", "--coordinator.ttl", "1s"}

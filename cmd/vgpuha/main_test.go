@@ -175,6 +175,16 @@ func isRole(role string) func(nodeStatus) bool {
 	return func(s nodeStatus) bool { return s.Role == role }
 }
 
+// writeKey writes the tests' replication key into dir and returns its path.
+func writeKey(t *testing.T, dir string) string {
+	t.Helper()
+	keyFile := filepath.Join(dir, "key")
+	if err := os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return keyFile
+}
+
 // waitLog waits until what appears in p's log.
 func waitLog(t *testing.T, p *proc, what string) {
 	t.Helper()
@@ -333,8 +343,7 @@ func TestDemo(t *testing.T) {
 func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 	skipShort(t)
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key")
-	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	keyFile := writeKey(t, dir)
 	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
 	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
 	startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile,
@@ -379,8 +388,7 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 func TestReplicationProcesses(t *testing.T) {
 	skipShort(t)
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key")
-	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	keyFile := writeKey(t, dir)
 	tokenFile := filepath.Join(dir, "admin-token") // verify is a POST: over tcp it needs the admin token
 	os.WriteFile(tokenFile, []byte("test-admin-token-0123456789\n"), 0o600)
 	replAddr, adminAddr := freePort(t), freePort(t)
@@ -506,8 +514,7 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 func TestDoubleFailover(t *testing.T) {
 	skipShort(t)
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key")
-	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	keyFile := writeKey(t, dir)
 	replB, replC, adminA, adminB, adminC := freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)
 	sockA, sockB, sockC := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock"), filepath.Join(dir, "c.sock")
 	startNode(t, "standby", "--listen", "tcp://"+replC, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockC, "--admin-listen", adminC)
@@ -639,8 +646,7 @@ func TestRun(t *testing.T) {
 func TestAperturePrimaryKilled(t *testing.T) {
 	skipShort(t)
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key")
-	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	keyFile := writeKey(t, dir)
 	repl := freePort(t)
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
 	b := startNode(t, "standby", "--listen", "tcp://"+repl, "--replicate.key-file", keyFile, "--guest-listen", "unix://"+sockB, "--mmio", "page")
@@ -688,8 +694,7 @@ func TestStalledStandbyDoesNotDepose(t *testing.T) {
 	for _, det := range []string{"fixed", "phi"} {
 		t.Run(det, func(t *testing.T) {
 			dir := t.TempDir()
-			keyFile := filepath.Join(dir, "key")
-			os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+			keyFile := writeKey(t, dir)
 			repl, adminP, adminS := freePort(t), freePort(t), freePort(t)
 			sb := startNode(t, "standby", "--listen", "tcp://"+repl, "--replicate.key-file", keyFile, "--failover.detector", det,
 				"--guest-listen", "unix://"+filepath.Join(dir, "s.sock"), "--admin-listen", adminS)
@@ -895,8 +900,7 @@ func TestSIGHUPIgnored(t *testing.T) {
 func TestConfigFiles(t *testing.T) {
 	skipShort(t)
 	dir := t.TempDir()
-	keyFile := filepath.Join(dir, "key")
-	os.WriteFile(keyFile, []byte("test-replication-key-0123456789\n"), 0o600)
+	keyFile := writeKey(t, dir)
 	repl, adminP, adminS := freePort(t), freePort(t), freePort(t)
 	standbyConf := filepath.Join(dir, "standby.toml")
 	os.WriteFile(standbyConf, []byte(fmt.Sprintf("listen = %q\nguest-listen = %q\nadmin-listen = %q\nbackend = \"sim\"\n\n[replicate]\nkey-file = %q\n",
