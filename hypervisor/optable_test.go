@@ -67,6 +67,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpMemset, func() abi.Body { return &abi.Memset{Dst: ptr, Width: 1, Value: 7, Count: 16} }, nil},
 		{abi.OpModuleLoad, func() abi.Body { return &abi.ModuleLoad{Image: img} }, &module},
 		{abi.OpGetFunction, func() abi.Body { return &abi.GetFunction{Module: module, Name: "vadd"} }, &function},
+		{abi.OpFunctionParams, func() abi.Body { return &abi.FunctionParams{Function: function} }, nil},
 		{abi.OpStreamCreate, func() abi.Body { return &abi.StreamCreate{} }, &stream},
 		{abi.OpLaunch, func() abi.Body {
 			return &abi.Launch{Function: function, Grid: one, Block: block, Stream: stream,

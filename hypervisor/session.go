@@ -151,6 +151,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpSync:           typed((*Session).sync),
 	abi.OpApertureAttach: typed((*Session).apertureAttach),
 	abi.OpDeviceInfo:     typed((*Session).deviceInfo),
+	abi.OpFunctionParams: typed((*Session).functionParams),
 }
 
 // handle runs one decoded request and returns its reply body. With async
@@ -425,8 +426,12 @@ func (s *Session) checkGuestKernels(img *abi.ModuleImage) error {
 	if s.cfg.GuestKernels {
 		return nil
 	}
+	if img.Format != abi.FormatKernels {
+		return fail(abi.StatusNotSupported, "a %v image holds the guest's own machine code; it needs a primary per guest "+
+			"(--guest.kernels with --guest.max-sessions 1)", img.Format)
+	}
 	for _, spec := range img.Kernels {
-		if k, ok := kernels.Lookup(spec.Name); !ok || !k.Matches(spec) {
+		if !kernels.IsLibrary(spec) {
 			return fail(abi.StatusNotSupported, "kernel %q is not a library kernel; guest-built kernels need a primary per guest "+
 				"(--guest.kernels with --guest.max-sessions 1)", spec.Name)
 		}
@@ -457,8 +462,9 @@ func (s *Session) getFunction(r *abi.GetFunction) (abi.Body, error) {
 	if err != nil {
 		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
-	spec, ok := s.moduleImages[mh].Kernel(r.Name)
-	if !ok {
+	img := s.moduleImages[mh]
+	spec, ok := img.Kernel(r.Name)
+	if !ok && img.Format == abi.FormatKernels {
 		return nil, fail(abi.StatusInvalidValue, "module %d has no kernel %q", mh, r.Name)
 	}
 	if err := s.checkObjects(); err != nil {
@@ -468,12 +474,46 @@ func (s *Session) getFunction(r *abi.GetFunction) (abi.Body, error) {
 	if err != nil {
 		return nil, err
 	}
+	if img.Format != abi.FormatKernels {
+		if spec, err = s.rawKernel(f, r.Name); err != nil {
+			return nil, err
+		}
+	}
 	h, err := s.handles.Insert(handlemap.KindFunction, uint64(f), mh)
 	if err != nil {
 		return nil, err
 	}
 	s.kernels[h] = spec
 	return &abi.HandleReply{Handle: uint64(h)}, nil
+}
+
+// rawKernel declares a function taken from a raw image: every parameter
+// is bytes, in the slots the backend that loaded the image reports.
+// Precondition: s.mu must be locked.
+func (s *Session) rawKernel(f gpu.Function, name string) (abi.KernelSpec, error) {
+	layouter, ok := s.ctx.(gpu.ParamLayouter)
+	if !ok {
+		return abi.KernelSpec{}, fail(abi.StatusNotSupported, "this GPU cannot report kernel %q's parameters", name)
+	}
+	slots, err := layouter.ParamSlots(f)
+	if err != nil {
+		return abi.KernelSpec{}, err
+	}
+	spec := abi.KernelSpec{Name: name, Slots: slots, Params: make([]abi.ArgKind, len(slots))}
+	for i := range spec.Params {
+		spec.Params[i] = abi.ArgBytes
+	}
+	return spec, nil
+}
+
+// functionParams reports a function's parameter slots (empty for a kernel
+// whose module declared its parameters).
+func (s *Session) functionParams(r *abi.FunctionParams) (abi.Body, error) {
+	fh := handlemap.Handle(r.Function)
+	if _, err := s.handles.Lookup(handlemap.KindFunction, fh); err != nil {
+		return nil, fail(abi.StatusInvalidHandle, "%w", err)
+	}
+	return &abi.FunctionParamsReply{Slots: s.kernels[fh].Slots}, nil
 }
 
 func checkDims(grid, block abi.Dim3, shared uint32) error {
@@ -513,6 +553,9 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 		if a.Kind != spec.Params[i] {
 			return nil, fail(abi.StatusInvalidValue, "kernel %s argument %d: want kind %d, got %d", spec.Name, i, spec.Params[i], a.Kind)
 		}
+		if spec.Slots != nil && uint32(len(a.Raw)) != spec.Slots[i].Size {
+			return nil, fail(abi.StatusInvalidValue, "kernel %s argument %d: %d bytes, the kernel takes %d", spec.Name, i, len(a.Raw), spec.Slots[i].Size)
+		}
 		if a.Kind == abi.ArgPtr && a.Bits != 0 {
 			if err := s.checkRange(a.Bits, 0, fmt.Sprintf("kernel %s argument %d", spec.Name, i)); err != nil {
 				return nil, err
@@ -521,6 +564,13 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	}
 	if err := s.checkFootprint(spec, r); err != nil {
 		return nil, err
+	}
+	if s.delta != 0 && !kernels.IsLibrary(spec) {
+		// Only a library kernel's pointers are known: a guest's own kernel
+		// would reach the primary's addresses, not this node's.
+		return nil, fail(abi.StatusNotSupported, "kernel %s is the guest's own and this node's addresses differ from the primary's "+
+			"(by %#x): its pointers cannot be translated; run each node in a process of its own, where windows get the same addresses",
+			spec.Name, s.delta)
 	}
 	args := r.Args
 	if s.delta != 0 { // pointer-typed arguments are translated; pointers stored in memory cannot be

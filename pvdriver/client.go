@@ -912,6 +912,15 @@ func (c *Client) GetFunction(m Module, name string) (Function, error) {
 	return Function(r.Handle), err
 }
 
+// FunctionParams returns where each parameter of f goes in its parameter
+// buffer, for a function taken from a raw (cubin or fatbin) image; empty
+// for a kernel its module declared.
+func (c *Client) FunctionParams(f Function) ([]abi.ParamSlot, error) {
+	var r abi.FunctionParamsReply
+	err := c.call(abi.OpFunctionParams, &abi.FunctionParams{Function: uint64(f)}, &r)
+	return r.Slots, err
+}
+
 // LaunchConfig is the shape of a launch.
 type LaunchConfig struct {
 	Grid, Block abi.Dim3

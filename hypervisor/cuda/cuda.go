@@ -131,7 +131,7 @@ func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
 	c := &guestContext{
 		b: b, d: b.d, size: size,
 		allocs:    map[uint64]mapping{},
-		modules:   map[gpu.Module]map[string]uintptr{},
+		modules:   map[gpu.Module]*loadedModule{},
 		functions: map[gpu.Function]uintptr{},
 		streams:   map[gpu.Stream]uintptr{},
 	}
@@ -170,7 +170,7 @@ type guestContext struct {
 	base      uint64
 	size      uint64
 	allocs    map[uint64]mapping
-	modules   map[gpu.Module]map[string]uintptr
+	modules   map[gpu.Module]*loadedModule
 	functions map[gpu.Function]uintptr
 	streams   map[gpu.Stream]uintptr
 	nextID    uint64
@@ -327,54 +327,98 @@ func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64,
 
 func cbytes(s string) []byte { return append([]byte(s), 0) }
 
+// loadedModule is one guest module as the driver holds it: a raw image is
+// one CUDA module; a kernel list is one CUDA module per distinct PTX text
+// (kernels declared with the same text share it, and so its globals).
+type loadedModule struct {
+	cuModules []uintptr
+	byKernel  map[string]uintptr // kernel list: the CUDA module of each kernel
+	raw       bool
+}
+
 func (c *guestContext) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
 	var id gpu.Module
 	err := c.do(func() error {
-		loaded := map[string]uintptr{}
-		for _, k := range img.Kernels {
-			ptx := cbytes(k.PTX)
-			var m uintptr
-			if err := c.d.check("cuModuleLoadData("+k.Name+")", c.d.cuModuleLoadData(&m, &ptx[0])); err != nil {
-				for _, m := range loaded {
-					c.d.cuModuleUnload(m)
-				}
+		lm := &loadedModule{byKernel: map[string]uintptr{}, raw: img.Format != abi.FormatKernels}
+		if lm.raw {
+			// A fresh copy: the driver wants the image aligned, a frame's
+			// bytes need not be.
+			m, err := c.loadImage(append(make([]byte, 0, len(img.Raw)), img.Raw...), img.Format.String())
+			if err != nil {
 				return err
 			}
-			loaded[k.Name] = m
+			lm.cuModules = append(lm.cuModules, m)
+		}
+		byText := map[string]uintptr{}
+		for _, k := range img.Kernels {
+			m, ok := byText[k.PTX]
+			if !ok {
+				var err error
+				if m, err = c.loadImage(cbytes(k.PTX), "PTX of "+k.Name); err != nil {
+					lm.unload(c.d)
+					return err
+				}
+				byText[k.PTX] = m
+				lm.cuModules = append(lm.cuModules, m)
+			}
+			lm.byKernel[k.Name] = m
 		}
 		c.nextID++
 		id = gpu.Module(c.nextID)
-		c.modules[id] = loaded
+		c.modules[id] = lm
 		return nil
 	})
 	return id, err
 }
 
+// loadImage loads one image (cuModuleLoadData).
+func (c *guestContext) loadImage(image []byte, what string) (uintptr, error) {
+	var m uintptr
+	err := c.d.check("cuModuleLoadData("+what+")", c.d.cuModuleLoadData(&m, &image[0]))
+	return m, err
+}
+
+func (lm *loadedModule) unload(d *driver) {
+	for _, m := range lm.cuModules {
+		d.cuModuleUnload(m)
+	}
+}
+
 func (c *guestContext) UnloadModule(m gpu.Module) error {
 	return c.do(func() error {
-		loaded, ok := c.modules[m]
+		lm, ok := c.modules[m]
 		if !ok {
 			return fmt.Errorf("%w: no module %d", abi.StatusInvalidHandle, m)
 		}
 		c.d.cuCtxSynchronize()
-		for _, cm := range loaded {
-			c.d.cuModuleUnload(cm)
-		}
+		lm.unload(c.d)
 		delete(c.modules, m)
 		return nil
 	})
 }
 
+// cudaErrorNotFound is CUDA_ERROR_NOT_FOUND: a module without that kernel.
+const cudaErrorNotFound = 500
+
 func (c *guestContext) Function(m gpu.Module, name string) (gpu.Function, error) {
 	var id gpu.Function
 	err := c.do(func() error {
-		cm, ok := c.modules[m][name]
+		lm, ok := c.modules[m]
+		if !ok {
+			return fmt.Errorf("%w: no module %d", abi.StatusInvalidHandle, m)
+		}
+		cm, ok := lm.byKernel[name]
+		if lm.raw {
+			cm, ok = lm.cuModules[0], true
+		}
 		if !ok {
 			return fmt.Errorf("%w: module %d has no kernel %q", abi.StatusInvalidValue, m, name)
 		}
 		var f uintptr
 		cname := cbytes(name)
-		if err := c.d.check("cuModuleGetFunction", c.d.cuModuleGetFunction(&f, cm, &cname[0])); err != nil {
+		if r := c.d.cuModuleGetFunction(&f, cm, &cname[0]); r == cudaErrorNotFound {
+			return fmt.Errorf("%w: module %d has no kernel %q", abi.StatusInvalidValue, m, name)
+		} else if err := c.d.check("cuModuleGetFunction", r); err != nil {
 			return err
 		}
 		c.nextID++
@@ -383,6 +427,38 @@ func (c *guestContext) Function(m gpu.Module, name string) (gpu.Function, error)
 		return nil
 	})
 	return id, err
+}
+
+// ParamSlots implements gpu.ParamLayouter: where each of f's parameters
+// lives, as the driver knows from the loaded image (cuFuncGetParamInfo,
+// CUDA 12.4 and later).
+func (c *guestContext) ParamSlots(f gpu.Function) ([]abi.ParamSlot, error) {
+	var slots []abi.ParamSlot
+	err := c.do(func() error {
+		fn, ok := c.functions[f]
+		if !ok {
+			return fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
+		}
+		if c.d.cuFuncGetParamInfo == nil {
+			return fmt.Errorf("%w: this NVIDIA driver lacks cuFuncGetParamInfo (CUDA 12.4 or later is needed for cubin and fatbin images)", abi.StatusNotSupported)
+		}
+		for i := uint64(0); ; i++ {
+			var off, size uint64
+			r := c.d.cuFuncGetParamInfo(fn, i, &off, &size)
+			if r == 1 { // CUDA_ERROR_INVALID_VALUE: past the last parameter
+				break
+			}
+			if err := c.d.check("cuFuncGetParamInfo", r); err != nil {
+				return err
+			}
+			if i == abi.MaxArgs || off > abi.MaxParamBytes || size > abi.MaxParamBytes {
+				return fmt.Errorf("%w: kernel parameters beyond %d or %d bytes", abi.StatusNotSupported, abi.MaxArgs, abi.MaxParamBytes)
+			}
+			slots = append(slots, abi.ParamSlot{Offset: uint32(off), Size: uint32(size)})
+		}
+		return abi.CheckSlots(slots)
+	})
+	return slots, err
 }
 
 func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
@@ -463,10 +539,8 @@ func (c *guestContext) Close() error {
 			d.cuStreamDestroy(h)
 			delete(c.streams, s)
 		}
-		for m, loaded := range c.modules {
-			for _, cm := range loaded {
-				d.cuModuleUnload(cm)
-			}
+		for m, lm := range c.modules {
+			lm.unload(d)
 			delete(c.modules, m)
 		}
 		for addr := range c.allocs {

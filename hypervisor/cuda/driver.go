@@ -92,6 +92,9 @@ func load() (*driver, error) {
 			}
 			purego.RegisterLibFunc(s.fn, lib, s.name)
 		}
+		if _, err := purego.Dlsym(lib, "cuFuncGetParamInfo"); err == nil {
+			purego.RegisterLibFunc(&d.cuFuncGetParamInfo, lib, "cuFuncGetParamInfo")
+		}
 		drv = d
 	})
 	return drv, loadErr

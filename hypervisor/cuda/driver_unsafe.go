@@ -43,6 +43,7 @@ type driver struct {
 	cuModuleLoadData              func(m *uintptr, image *byte) result
 	cuModuleUnload                func(m uintptr) result
 	cuModuleGetFunction           func(f *uintptr, m uintptr, name *byte) result
+	cuFuncGetParamInfo            func(f uintptr, index uint64, offset, size *uint64) result // nil before CUDA 12.4
 	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
 	cuStreamCreate                func(s *uintptr, flags uint32) result
 	cuStreamDestroy               func(s uintptr) result

@@ -102,6 +102,13 @@ type AccessChecker interface {
 	ChecksEveryAccess() bool
 }
 
+// ParamLayouter is implemented by contexts that load raw (cubin, fatbin)
+// images: they say where each parameter of a function taken from one
+// lives in its parameter buffer, as the loaded code expects it.
+type ParamLayouter interface {
+	ParamSlots(f Function) ([]abi.ParamSlot, error)
+}
+
 // DeviceDescriber is implemented by backends that can describe their
 // device as CUDA's driver API does (name, memory, every CUdevice_attribute):
 // what a guest's libcuda reports to the program. The description must not

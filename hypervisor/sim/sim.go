@@ -288,6 +288,10 @@ func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64,
 func (c *guestContext) newID() uint64 { c.nextID++; return c.nextID }
 
 func (c *guestContext) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
+	if img.Format != abi.FormatKernels {
+		return 0, fmt.Errorf("%w: the software GPU runs only the kernel library's kernels (as PTX, %v); a %v image needs --backend cuda",
+			abi.StatusNotSupported, kernels.Names(), img.Format)
+	}
 	for _, spec := range img.Kernels {
 		k, ok := kernels.Lookup(spec.Name)
 		if !ok {

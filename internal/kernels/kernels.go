@@ -109,6 +109,13 @@ func Lookup(name string) (*Kernel, bool) {
 	return k, ok
 }
 
+// IsLibrary reports whether spec declares one of the library's kernels
+// exactly; anything else is a guest's own kernel.
+func IsLibrary(spec abi.KernelSpec) bool {
+	k, ok := library[spec.Name]
+	return ok && k.Matches(spec)
+}
+
 // Names lists the library's kernels, sorted.
 func Names() []string {
 	names := make([]string, 0, len(library))

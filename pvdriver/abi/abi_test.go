@@ -36,6 +36,7 @@ func sampleRequests() map[Opcode]Body {
 		OpBye:            &Bye{},
 		OpApertureAttach: &ApertureAttach{Ptr: 0x7e0000001000, Kind: ApertureRegister, FD: 7},
 		OpDeviceInfo:     &DeviceInfo{},
+		OpFunctionParams: &FunctionParams{Function: 9},
 	}
 }
 

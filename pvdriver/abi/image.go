@@ -23,16 +23,22 @@ const MaxKernels = 64
 // ErrBadImage reports a malformed module image.
 var ErrBadImage = errors.New("abi: malformed module image")
 
-// KernelSpec declares one kernel of a module image.
+// KernelSpec declares one kernel of a module image. A raw image's kernel
+// has no PTX: its parameters are bytes in the slots the backend reported.
 type KernelSpec struct {
 	Name   string
 	Params []ArgKind
 	PTX    string
+	Slots  []ParamSlot
 }
 
-// ModuleImage is a decoded module image.
+// ModuleImage is a decoded module image: a kernel list, or a raw image
+// (Format cubin or fatbin, the bytes in Raw, no Kernels: the backend that
+// loads it names them).
 type ModuleImage struct {
 	Kernels []KernelSpec
+	Format  ImageFormat
+	Raw     []byte
 }
 
 // Kernel returns the kernel called name, if the image declares one.
@@ -47,6 +53,10 @@ func (m *ModuleImage) Kernel(name string) (KernelSpec, bool) {
 
 // Append encodes the image.
 func (m *ModuleImage) Append(b []byte) []byte {
+	if m.Format != FormatKernels {
+		b = append(b, rawImageMagic[:]...)
+		return appendBytes(append(b, byte(m.Format)), m.Raw)
+	}
 	b = append(b, imageMagic[:]...)
 	b = appendU16(b, uint16(len(m.Kernels)))
 	for _, k := range m.Kernels {
@@ -62,6 +72,9 @@ func (m *ModuleImage) Append(b []byte) []byte {
 
 // DecodeModuleImage parses and checks a module image.
 func DecodeModuleImage(b []byte) (*ModuleImage, error) {
+	if len(b) >= len(rawImageMagic) && string(b[:len(rawImageMagic)]) == string(rawImageMagic[:]) {
+		return decodeRawImage(b)
+	}
 	d := Decoder{b: b}
 	magic := d.take(len(imageMagic))
 	if d.err != nil || string(magic) != string(imageMagic[:]) {

@@ -95,6 +95,9 @@ type GetFunction struct {
 	Name   string
 }
 
+// FunctionParams asks for a function's parameter slots (OpFunctionParams).
+type FunctionParams struct{ Function uint64 }
+
 // Dim3 is a grid or block shape.
 type Dim3 struct{ X, Y, Z uint32 }
 
@@ -231,6 +234,10 @@ type DataReply struct{ Data []byte }
 // HandleReply carries a new guest handle (module, function or stream).
 type HandleReply struct{ Handle uint64 }
 
+// FunctionParamsReply lists a function's parameter slots in order; empty
+// for a function whose module declared its parameters (a kernel list).
+type FunctionParamsReply struct{ Slots []ParamSlot }
+
 // MaxDeviceAttrs bounds DeviceInfoReply.Attrs.
 const MaxDeviceAttrs = 1024
 
@@ -302,11 +309,19 @@ func (m *HelloReply) Append(b []byte) []byte {
 	b = appendU64(appendU64(appendU64(appendU64(appendU64(b, m.Session), m.WindowBase), m.WindowSize), m.Term), m.Applied)
 	return append(b, m.Token...)
 }
-func (m *AllocReply) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
-func (m *DataReply) Append(b []byte) []byte   { return appendBytes(b, m.Data) }
-func (m *HandleReply) Append(b []byte) []byte { return appendU64(b, m.Handle) }
-func (m *Empty) Append(b []byte) []byte       { return b }
-func (m *DeviceInfo) Append(b []byte) []byte  { return b }
+func (m *AllocReply) Append(b []byte) []byte     { return appendU64(b, m.Ptr) }
+func (m *DataReply) Append(b []byte) []byte      { return appendBytes(b, m.Data) }
+func (m *HandleReply) Append(b []byte) []byte    { return appendU64(b, m.Handle) }
+func (m *Empty) Append(b []byte) []byte          { return b }
+func (m *DeviceInfo) Append(b []byte) []byte     { return b }
+func (m *FunctionParams) Append(b []byte) []byte { return appendU64(b, m.Function) }
+func (m *FunctionParamsReply) Append(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Slots)))
+	for _, p := range m.Slots {
+		b = binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(b, p.Offset), p.Size)
+	}
+	return b
+}
 func (m *DeviceInfoReply) Append(b []byte) []byte {
 	b = appendU64(append(appendString(b, m.Name), m.UUID[:]...), m.TotalMem)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Attrs)))
@@ -379,12 +394,26 @@ func (m *Launch) decode(d *Decoder) {
 		d.fail(fmt.Errorf("%w: %d parameter bytes, limit %d", ErrBadArgument, total, MaxParamBytes))
 	}
 }
-func (m *StreamCreate) decode(d *Decoder)  {}
-func (m *StreamDestroy) decode(d *Decoder) { m.Stream = d.U64() }
-func (m *StreamSync) decode(d *Decoder)    { m.Stream = d.U64() }
-func (m *Sync) decode(d *Decoder)          {}
-func (m *Reject) decode(d *Decoder)        {}
-func (m *DeviceInfo) decode(d *Decoder)    {}
+func (m *StreamCreate) decode(d *Decoder)   {}
+func (m *StreamDestroy) decode(d *Decoder)  { m.Stream = d.U64() }
+func (m *StreamSync) decode(d *Decoder)     { m.Stream = d.U64() }
+func (m *Sync) decode(d *Decoder)           {}
+func (m *Reject) decode(d *Decoder)         {}
+func (m *DeviceInfo) decode(d *Decoder)     {}
+func (m *FunctionParams) decode(d *Decoder) { m.Function = d.U64() }
+func (m *FunctionParamsReply) decode(d *Decoder) {
+	n := int(d.U16())
+	if n > MaxArgs {
+		d.fail(fmt.Errorf("%w: %d parameter slots, limit %d", ErrBadArgument, n, MaxArgs))
+		return
+	}
+	for i := 0; i < n && d.err == nil; i++ {
+		m.Slots = append(m.Slots, ParamSlot{Offset: d.U32(), Size: d.U32()})
+	}
+	if err := CheckSlots(m.Slots); err != nil {
+		d.fail(err)
+	}
+}
 func (m *DeviceInfoReply) decode(d *Decoder) {
 	m.Name = d.String(MaxNameLen)
 	copy(m.UUID[:], d.take(len(m.UUID)))

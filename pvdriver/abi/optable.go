@@ -38,6 +38,11 @@ const (
 	// a guest takes it once, at session start, and keeps it, so a failover
 	// changes nothing it reports.
 	OpDeviceInfo
+	// OpFunctionParams reports where each parameter of a function taken
+	// from a raw (cubin or fatbin) image lives in its parameter buffer, as
+	// the backend that loaded the image says: the guest marshals launch
+	// arguments by it.
+	OpFunctionParams
 	opLimit
 )
 
@@ -134,6 +139,8 @@ var opTable = [opLimit]OpInfo{
 	OpApertureAttach: {Name: "aperture_attach", NewRequest: newBody[ApertureAttach], NewReply: newBody[ApertureReply],
 		Commits: true},
 	OpDeviceInfo: {Name: "device_info", NewRequest: newBody[DeviceInfo], NewReply: newBody[DeviceInfoReply], Commits: true},
+	OpFunctionParams: {Name: "function_params", NewRequest: newBody[FunctionParams], NewReply: newBody[FunctionParamsReply],
+		Commits: true},
 }
 
 // newBody is the constructor of an empty body of type T.

@@ -26,11 +26,7 @@ func (d *Driver) ParamLayout(f uint64) ([]int, Result) {
 	if fn == nil {
 		return nil, ErrorInvalidHandle
 	}
-	sizes := make([]int, len(fn.entry.Params))
-	for i, p := range fn.entry.Params {
-		sizes[i] = p.Size
-	}
-	return sizes, Success
+	return append([]int(nil), fn.sizes...), Success
 }
 
 // LaunchKernel is cuLaunchKernel. Exactly one of params (each parameter's
@@ -72,22 +68,21 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 
 // args builds the launch's arguments from either form.
 func (fn *function) args(params [][]byte, packed []byte) ([]abi.Arg, Result) {
-	offs, total := fn.entry.Offsets()
-	if params == nil && len(packed) < total || params != nil && len(params) != len(offs) {
+	if params == nil && len(packed) < fn.total || params != nil && len(params) != len(fn.offs) {
 		return nil, ErrorInvalidValue
 	}
-	args := make([]abi.Arg, len(offs))
-	for i, p := range fn.entry.Params {
+	args := make([]abi.Arg, len(fn.offs))
+	for i, size := range fn.sizes {
 		raw := packed
 		if params != nil {
 			raw = params[i]
 		} else {
-			raw = packed[offs[i]:]
+			raw = packed[fn.offs[i]:]
 		}
-		if len(raw) < p.Size {
+		if len(raw) < size {
 			return nil, ErrorInvalidValue
 		}
-		raw = raw[:p.Size]
+		raw = raw[:size]
 		switch kind := fn.kinds[i]; kind {
 		case abi.ArgBytes:
 			args[i] = abi.Bytes(append([]byte(nil), raw...))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -18,11 +19,14 @@ import (
 // PTX is exactly a library kernel's is declared as the library declares
 // it (pointer parameters as pointers), so the hypervisor checks its
 // arguments and the software GPU runs it. The software GPU refuses any
-// other kernel, naming it.
+// other kernel, naming it. A cubin or fatbin is sent whole (a raw image):
+// only the primary's GPU driver can read it, so the primary reports each
+// function's parameter slots and launches pass every parameter as bytes.
 
 type module struct {
 	ctx     uint64
 	remote  pvdriver.Module
+	raw     bool // a cubin or fatbin: no entries, the primary knows its kernels
 	entries map[string]abi.PTXEntry
 	kinds   map[string][]abi.ArgKind
 	globals map[string]bool
@@ -34,7 +38,9 @@ type function struct {
 	module  uint64
 	name    string
 	remote  pvdriver.Function
-	entry   abi.PTXEntry
+	offs    []int // each parameter's offset in a packed buffer
+	sizes   []int // and its size
+	total   int   // the packed buffer's size
 	kinds   []abi.ArgKind
 	ptxVer  int
 	maxDyn  int32 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -44,7 +50,7 @@ type function struct {
 // Image magics (cuda.h / fatbinary_section.h).
 const (
 	fatbinMagic        = 0xBA55ED50 // a fatbin container's header
-	fatbinWrapperMagic = 0x466243B1 // __fatBinC_Wrapper_t, around a fatbin
+	FatbinWrapperMagic = 0x466243B1 // __fatBinC_Wrapper_t, around a fatbin
 )
 
 // ImageSize is how many bytes of an image of unknown length (cuModuleLoadData
@@ -70,6 +76,38 @@ func ImageSize(head []byte) (n uint64, ptx, ok bool) {
 		return shoff + shentsize*shnum, false, true // cubins end with their section headers
 	}
 	return 0, true, false
+}
+
+// CubinEnd is where a cubin's last byte lies, from its section and program
+// headers (b must hold the section header table); ok is false when they
+// do not lie inside b.
+func CubinEnd(b []byte) (end uint64, ok bool) {
+	if len(b) < 64 {
+		return 0, false
+	}
+	le := binary.LittleEndian
+	table := func(off, entsize, n uint64) bool {
+		if entsize > 4096 || off > abi.MaxModuleImage || n*entsize > abi.MaxModuleImage {
+			return false
+		}
+		end = max(end, off+n*entsize)
+		return true
+	}
+	shoff, shentsize, shnum := le.Uint64(b[0x28:]), uint64(le.Uint16(b[0x3a:])), uint64(le.Uint16(b[0x3c:]))
+	if !table(le.Uint64(b[0x20:]), uint64(le.Uint16(b[0x36:])), uint64(le.Uint16(b[0x38:]))) ||
+		!table(shoff, shentsize, shnum) || end > uint64(len(b)) || shentsize < 40 {
+		return 0, false
+	}
+	for i := range shnum {
+		sh := b[shoff+i*shentsize:]
+		if typ, off, size := le.Uint32(sh[4:]), le.Uint64(sh[24:]), le.Uint64(sh[32:]); typ != 8 { // SHT_NOBITS has no bytes
+			if off > abi.MaxModuleImage || size > abi.MaxModuleImage {
+				return 0, false
+			}
+			end = max(end, off+size)
+		}
+	}
+	return end, true
 }
 
 // ModuleLoadFile is cuModuleLoad.
@@ -102,11 +140,7 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 		return 0, r
 	}
 	if !abi.IsPTX(img) {
-		if _, _, ok := ImageSize(img); ok {
-			fmt.Fprintln(os.Stderr, "vgpuha libcuda: cuModuleLoadData: cubin and fatbin images need a primary with the CUDA backend and raw images allowed; this build sends PTX only")
-			return 0, ErrorNotSupported
-		}
-		return 0, ErrorInvalidImage
+		return d.loadRaw(ctx, img)
 	}
 	text := strings.TrimSuffix(string(img), "\x00")
 	entries, err := abi.ParsePTX(text)
@@ -138,6 +172,33 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 	}
 	h := d.mint()
 	d.modules[h] = m
+	return h, Success
+}
+
+// loadRaw sends a cubin or fatbin whole.
+// Precondition: d.mu must be locked.
+func (d *Driver) loadRaw(ctx uint64, img []byte) (uint64, Result) {
+	n, _, ok := ImageSize(img)
+	if !ok || n > uint64(len(img)) {
+		return 0, ErrorInvalidImage
+	}
+	format := abi.FormatCubin
+	if binary.LittleEndian.Uint32(img) == fatbinMagic {
+		format = abi.FormatFatbin
+	} else if end, ok := CubinEnd(img); ok && end <= uint64(len(img)) {
+		n = end
+	}
+	wire, err := abi.RawImage(format, img[:n])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %v\n", err)
+		return 0, ErrorInvalidImage
+	}
+	remote, err := d.client.LoadModule(wire)
+	if err != nil {
+		return 0, resultOf("cuModuleLoadData", err, true)
+	}
+	h := d.mint()
+	d.modules[h] = &module{ctx: ctx, remote: remote, raw: true, funcs: map[string]uint64{}}
 	return h, Success
 }
 
@@ -204,6 +265,9 @@ func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
 	if f, ok := m.funcs[name]; ok {
 		return f, Success
 	}
+	if m.raw {
+		return d.rawFunction(h, m, name)
+	}
 	e, ok := m.entries[name]
 	if !ok {
 		return 0, ErrorNotFound
@@ -212,11 +276,44 @@ func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
 	if err != nil {
 		return 0, resultOf("cuModuleGetFunction", err, false)
 	}
+	fn := &function{module: h, name: name, remote: remote, kinds: m.kinds[name], ptxVer: m.ptxVer, maxDyn: d.attr(8), carveup: -1}
+	fn.offs, fn.total = e.Offsets()
+	for _, p := range e.Params {
+		fn.sizes = append(fn.sizes, p.Size)
+	}
+	return d.keepFunction(m, fn), Success
+}
+
+// rawFunction takes a function from a raw image: the primary says
+// whether the image has it and where its parameters go.
+// Precondition: d.mu must be locked.
+func (d *Driver) rawFunction(h uint64, m *module, name string) (uint64, Result) {
+	remote, err := d.client.GetFunction(m.remote, name)
+	if errors.Is(err, abi.StatusInvalidValue) {
+		return 0, ErrorNotFound
+	}
+	if err != nil {
+		return 0, resultOf("cuModuleGetFunction", err, false)
+	}
+	slots, err := d.client.FunctionParams(remote)
+	if err != nil {
+		return 0, resultOf("cuModuleGetFunction", err, true)
+	}
+	fn := &function{module: h, name: name, remote: remote, maxDyn: d.attr(8), carveup: -1}
+	for _, s := range slots {
+		fn.offs, fn.sizes, fn.kinds = append(fn.offs, int(s.Offset)), append(fn.sizes, int(s.Size)), append(fn.kinds, abi.ArgBytes)
+		fn.total = int(s.Offset + s.Size)
+	}
+	return d.keepFunction(m, fn), Success
+}
+
+// keepFunction mints a handle for fn, taken from m.
+// Precondition: d.mu must be locked.
+func (d *Driver) keepFunction(m *module, fn *function) uint64 {
 	f := d.mint()
-	d.funcs[f] = &function{module: h, name: name, remote: remote, entry: e, kinds: m.kinds[name],
-		ptxVer: m.ptxVer, maxDyn: d.attr(8), carveup: -1}
-	m.funcs[name] = f
-	return f, Success
+	d.funcs[f] = fn
+	m.funcs[fn.name] = f
+	return f
 }
 
 // ModuleGetGlobal is cuModuleGetGlobal_v2. Module-scope variables live in
@@ -232,6 +329,10 @@ func (d *Driver) ModuleGetGlobal(h uint64, name string) (uint64, uint64, Result)
 	m := d.modules[h]
 	if m == nil {
 		return 0, 0, ErrorInvalidHandle
+	}
+	if m.raw {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleGetGlobal_v2(%q): module-scope variables of cubin and fatbin images are not supported yet\n", name)
+		return 0, 0, ErrorNotSupported
 	}
 	if !m.globals[name] {
 		return 0, 0, ErrorNotFound

@@ -23,6 +23,7 @@ static inline int vg_extra2(void **extra, void **buf, size_t *size) {
 import "C"
 
 import (
+	"encoding/binary"
 	"unsafe"
 
 	"github.com/vgpuha/vgpuha/pvdriver/cuapi"
@@ -157,33 +158,52 @@ func vgModuleLoad(m *C.uintptr_t, fname *C.char) C.CUresult {
 }
 
 // vgModuleLoadData reads an image of unknown length: a fatbin or an ELF
-// cubin says its length in its header, PTX ends at its NUL.
+// cubin says its length in its headers, PTX ends at its NUL. A fatbin
+// wrapper (what nvcc embeds and cuModuleLoadFatBinary may be given) points
+// at its fatbin.
 //
 //export vgModuleLoadData
 func vgModuleLoadData(m *C.uintptr_t, image unsafe.Pointer) C.CUresult {
 	if m == nil || image == nil {
 		return errInvalid
 	}
-	var img []byte
-	if C.strnlen((*C.char)(image), 4) == 4 {
-		head := C.GoBytes(image, 4)
-		if n, ptx, ok := cuapi.ImageSize(append(head, make([]byte, 60)...)); !ptx {
-			head = C.GoBytes(image, 64)
-			if n, _, ok = cuapi.ImageSize(head); !ok || n < 64 || n > maxImage {
-				return res(cuapi.ErrorInvalidImage)
-			}
-			img = C.GoBytes(image, C.int(n))
-		}
-	}
-	if img == nil {
-		n := C.strnlen((*C.char)(image), maxImage+1)
-		if n > maxImage {
+	if C.strnlen((*C.char)(image), 4) == 4 && binary.LittleEndian.Uint32(C.GoBytes(image, 4)) == cuapi.FatbinWrapperMagic {
+		image = *(*unsafe.Pointer)(unsafe.Add(image, 8)) // __fatBinC_Wrapper_t.data
+		if image == nil {
 			return res(cuapi.ErrorInvalidImage)
 		}
-		img = C.GoBytes(image, C.int(n))
+	}
+	img, r := readImage(image)
+	if r != cuapi.Success {
+		return res(r)
 	}
 	h, r := drv.ModuleLoadData(thread{}, img)
 	return outHandle(m, h, r)
+}
+
+// readImage copies the image at p: its headers say how long a fatbin or
+// cubin is (a cubin's section table says where its last section ends),
+// PTX is a NUL-terminated string.
+func readImage(p unsafe.Pointer) ([]byte, cuapi.Result) {
+	if C.strnlen((*C.char)(p), 4) == 4 {
+		head := C.GoBytes(p, 4)
+		if _, ptx, _ := cuapi.ImageSize(append(head, make([]byte, 60)...)); !ptx {
+			n, _, ok := cuapi.ImageSize(C.GoBytes(p, 64))
+			if !ok || n < 64 || n > maxImage {
+				return nil, cuapi.ErrorInvalidImage
+			}
+			img := C.GoBytes(p, C.int(n))
+			if end, ok := cuapi.CubinEnd(img); ok && end > n && end <= maxImage {
+				img = C.GoBytes(p, C.int(end))
+			}
+			return img, cuapi.Success
+		}
+	}
+	n := C.strnlen((*C.char)(p), maxImage+1)
+	if n > maxImage {
+		return nil, cuapi.ErrorInvalidImage
+	}
+	return C.GoBytes(p, C.int(n)), cuapi.Success
 }
 
 //export vgModuleUnload
