@@ -276,6 +276,7 @@ for image in "${images[@]}"; do
 	done
 done
 echo "== isolation: a guest's own kernel reads another guest's memory"
+for n in plain replicated standby; do stop_node "$n"; done
 for image in cubin fatbin ptx; do isolation "$image"; done
 echo "== wall time of one run each (ms; sm_$arch; replicated: commit mode, verify pause left out)"
 table

@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
 	unsigned int n = N;
 	float ha[N], hb[N], hc[N];
 	if (argc < 2) FAIL("usage: procaddr KERNELDIR (images: VGTEST_IMAGE=ptx, cubin or fatbin)");
+	fn = &status; /* the driver must clear it */
 	EXPECT(CUDA_ERROR_NOT_FOUND, cuGetProcAddress_v2("cuNoSuchEntry", &fn, 13000, 0, &status));
 	if (fn != NULL || status != CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND) FAIL("unknown name: status %d", status);
 	if (!native()) { /* NVIDIA may hand out internal entries, keeps pre-3.2 ones and has graphs */
