@@ -38,7 +38,7 @@ bench: build ## run the benchmarks and print their reports
 	./bin/vgpuha bench pv
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/
 
-gpu-test: ## on a machine with an NVIDIA GPU: CUDA backend tests, two-process replication on the GPU, GPU benchmarks
+gpu-test: libcuda ## on a machine with an NVIDIA GPU: CUDA backend tests, two-process replication on the GPU, GPU benchmarks, C programs through bin/libcuda.so.1
 	CGO_ENABLED=0 $(GO) build -o bin/vgpuha ./cmd/vgpuha
 	CGO_ENABLED=0 $(GO) test -c -o bin/cuda.test ./hypervisor/cuda
 	./scripts/gpu-test.sh bin

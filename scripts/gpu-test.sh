@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, for a machine with an NVIDIA GPU. Takes a
 # directory holding prebuilt `vgpuha` and `cuda.test` (make gpu-test builds
-# them into bin/), so it also runs where Go is not installed.
+# them into bin/, and libcuda.so.1 for the last step), so it also runs where
+# Go is not installed.
 set -euo pipefail
 B=$(cd "${1:-bin}" && pwd)
 work=$(mktemp -d)
@@ -62,3 +63,10 @@ done
 
 echo "== MMIO tracing benchmark (tracer cost is CPU-side; software GPU)"
 "$B/vgpuha" bench mmio --plot "${PLOT_DIR:-$work}/mmio.png"
+
+echo "== the guest libcuda.so.1: C programs with nvcc-built kernels natively, through the library, replicated; isolation"
+if [ -f "$B/libcuda.so.1" ]; then
+	"$(dirname "$0")/gpu-libcuda.sh" "$B"
+else
+	echo "skipped: no $B/libcuda.so.1 (make libcuda builds it)"
+fi

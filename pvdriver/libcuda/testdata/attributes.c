@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
 	CUfunction f;
 	struct snapshot before, after;
 	int v, can, grid, block, blocks;
-	if (argc < 2) FAIL("usage: attributes PTXDIR");
+	if (argc < 2) FAIL("usage: attributes KERNELDIR (images: VGTEST_IMAGE=ptx, cubin or fatbin)");
 	CHECK(cuInit(0));
 	CHECK(cuDeviceGet(&dev, 0));
 	take(&before, dev);
@@ -40,19 +40,20 @@ int main(int argc, char **argv) {
 	if (before.attrs[CU_DEVICE_ATTRIBUTE_WARP_SIZE] != 32 || before.attrs[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK] < 256 ||
 	    before.attrs[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT] < 1 || before.major != before.attrs[CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR])
 		FAIL("implausible attributes");
-	EXPECT(CUDA_ERROR_INVALID_VALUE, cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX, dev));
+	EXPECT(CUDA_ERROR_INVALID_VALUE, cuDeviceGetAttribute(&v, NO_SUCH_DEVICE_ATTRIBUTE, dev));
 	EXPECT(CUDA_ERROR_INVALID_VALUE, cuDeviceGetAttribute(&v, 0, dev));
 	EXPECT(CUDA_ERROR_INVALID_DEVICE, cuDeviceGet(&other, 1));
 	EXPECT(CUDA_ERROR_INVALID_DEVICE, cuDeviceGetAttribute(&v, 1, 1));
 	CHECK(cuDeviceCanAccessPeer(&can, dev, dev));
 	CHECK(cuCtxCreate_v4(&ctx, NULL, 0, dev));
 	CHECK(cuCtxGetDevice(&other));
-	CHECK(cuModuleLoadData(&mod, read_file(argv[1], "vadd.ptx")));
+	CHECK(cuModuleLoadData(&mod, load_image(argv[1], "vadd")));
 	CHECK(cuModuleGetFunction(&f, mod, "vadd"));
 	CHECK(cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f));
 	if (v != before.attrs[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK]) FAIL("function max threads %d", v);
 	CHECK(cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_PTX_VERSION, f));
-	if (v != 70) FAIL("PTX version %d, want 70", v);
+	if (v <= 0 || (getenv("VGTEST_SIM") && v != 70)) FAIL("PTX version %d (the library's PTX is 7.0 for sm_70)", v);
+	printf("vadd PTX version %d\n", v);
 	CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
 	CHECK(cuFuncGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, f));
 	if (v != 1024) FAIL("dynamic shared %d", v);

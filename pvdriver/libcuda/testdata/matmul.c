@@ -14,13 +14,13 @@ int main(int argc, char **argv) {
 	CUdeviceptr a, b, c, pitched;
 	size_t pitch;
 	static float ha[N * N], hb[N * N], hc[N * N], want[N * N];
-	if (argc < 2) FAIL("usage: matmul PTXDIR");
+	if (argc < 2) FAIL("usage: matmul KERNELDIR (images: VGTEST_IMAGE=ptx, cubin or fatbin)");
 	CHECK(cuInit(0));
 	CHECK(cuDeviceGet(&dev, 0));
 	CHECK(cuCtxCreate(&ctx, 0, dev));
 	int opts[] = {CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES};
 	void *vals[] = {(void *)(uintptr_t)0};
-	CHECK(cuModuleLoadDataEx(&mod, read_file(argv[1], "matmul.ptx"), 1, opts, vals));
+	CHECK(cuModuleLoadDataEx(&mod, load_image(argv[1], "matmul"), 1, opts, vals));
 	CHECK(cuModuleGetFunction(&mm, mod, "matmul"));
 	for (int i = 0; i < N * N; i++) { ha[i] = (float)(i % 17) - 8.0f; hb[i] = (float)(i % 13) * 0.5f; }
 	for (int r = 0; r < N; r++)

@@ -1,4 +1,4 @@
-/* Kernels from a file (cuModuleLoad): a histogram with integer atomics,
+/* Kernels from a file (cuModuleLoad, any image format): a histogram with integer atomics,
  * context push/pop, 16- and 8-bit memsets, unified cuMemcpy. */
 #include "cudaapi.h"
 
@@ -14,7 +14,7 @@ int main(int argc, char **argv) {
 	size_t gsize;
 	unsigned int n = N, nbins = BINS, hd[N], hb[BINS], want[BINS] = {0};
 	char path[4096];
-	if (argc < 2) FAIL("usage: modfile PTXDIR");
+	if (argc < 2) FAIL("usage: modfile KERNELDIR (images: VGTEST_IMAGE=ptx, cubin or fatbin)");
 	CHECK(cuInit(0));
 	CHECK(cuDeviceGet(&dev, 0));
 	CHECK(cuCtxCreate(&ctx, 0, dev));
@@ -23,9 +23,9 @@ int main(int argc, char **argv) {
 	CHECK(cuCtxGetCurrent(&cur));
 	if (cur != NULL) FAIL("a context is still current");
 	CHECK(cuCtxPushCurrent(ctx));
-	snprintf(path, sizeof path, "%s/histogram.ptx", argv[1]);
+	image_path(path, sizeof path, argv[1], "histogram");
 	CHECK(cuModuleLoad(&mod, path));
-	snprintf(path, sizeof path, "%s/no-such.ptx", argv[1]);
+	image_path(path, sizeof path, argv[1], "no-such");
 	EXPECT(CUDA_ERROR_FILE_NOT_FOUND, cuModuleLoad(&bad, path));
 	EXPECT(CUDA_ERROR_NOT_FOUND, cuModuleGetGlobal(&g, &gsize, mod, "no_such_global"));
 	CHECK(cuModuleGetFunction(&hist, mod, "histogram"));
@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
 	for (int b = 0; b < BINS; b++)
 		if (hb[b] != want[b]) FAIL("bin %d = %u, want %u", b, hb[b], want[b]);
 	CHECK(cuModuleUnload(mod));
-	EXPECT(CUDA_ERROR_INVALID_HANDLE, cuLaunchKernel(hist, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+	if (!native()) EXPECT(CUDA_ERROR_INVALID_HANDLE, cuLaunchKernel(hist, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
 	CHECK(cuCtxDestroy(ctx));
 	printf("modfile ok: %d values in %d bins\n", N, BINS);
 	return 0;

@@ -1,5 +1,6 @@
 /* A pipeline over four streams: page-locked host buffers, async copies and
- * memsets, saxpy per chunk, events between streams, elapsed times. */
+ * memsets, saxpy per chunk, events between streams, elapsed times; a fatbin
+ * image is loaded by cuModuleLoadFatBinary. */
 #include "cudaapi.h"
 
 #define STREAMS 4
@@ -16,11 +17,12 @@ int main(int argc, char **argv) {
 	float *hx, *hy, *out;
 	float alpha = 2.0f;
 	unsigned int n = CHUNK;
-	if (argc < 2) FAIL("usage: pipeline PTXDIR");
+	if (argc < 2) FAIL("usage: pipeline KERNELDIR (images: VGTEST_IMAGE=ptx, cubin or fatbin)");
 	CHECK(cuInit(0));
 	CHECK(cuDeviceGet(&dev, 0));
 	CHECK(cuCtxCreate(&ctx, 0, dev));
-	CHECK(cuModuleLoadData(&mod, read_file(argv[1], "saxpy.ptx")));
+	if (strcmp(image_ext(), "fatbin") == 0) CHECK(cuModuleLoadFatBinary(&mod, load_image(argv[1], "saxpy")));
+	else CHECK(cuModuleLoadData(&mod, load_image(argv[1], "saxpy")));
 	CHECK(cuModuleGetFunction(&saxpy, mod, "saxpy"));
 	CHECK(cuMemAllocHost((void **)&hx, STREAMS * CHUNK * sizeof(float)));
 	CHECK(cuMemHostAlloc((void **)&hy, STREAMS * CHUNK * sizeof(float), 0));

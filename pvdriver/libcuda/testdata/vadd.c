@@ -12,12 +12,12 @@ int main(int argc, char **argv) {
 	size_t free_mem, total;
 	unsigned int n = N;
 	static float ha[N], hb[N], hc[N];
-	if (argc < 2) FAIL("usage: vadd PTXDIR");
+	if (argc < 2) FAIL("usage: vadd KERNELDIR (images: VGTEST_IMAGE=ptx, cubin or fatbin)");
 	CHECK(cuInit(0));
 	CHECK(cuDeviceGet(&dev, 0));
 	CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
 	CHECK(cuCtxSetCurrent(ctx));
-	CHECK(cuModuleLoadData(&mod, read_file(argv[1], "vadd.ptx")));
+	CHECK(cuModuleLoadData(&mod, load_image(argv[1], "vadd")));
 	CHECK(cuModuleGetFunction(&vadd, mod, "vadd"));
 	for (int i = 0; i < N; i++) { ha[i] = (float)i * 0.5f; hb[i] = (float)(N - i) * 0.25f; }
 	CHECK(cuMemAlloc(&a, sizeof ha));
