@@ -491,7 +491,7 @@ func (s *Session) getFunction(r *abi.GetFunction) (abi.Body, error) {
 // is bytes, in the slots the backend that loaded the image reports.
 // Precondition: s.mu must be locked.
 func (s *Session) rawKernel(f gpu.Function, name string) (abi.KernelSpec, error) {
-	layouter, ok := s.ctx.(gpu.ParamLayouter)
+	layouter, ok := s.ctx.(gpu.FunctionDescriber)
 	if !ok {
 		return abi.KernelSpec{}, fail(abi.StatusNotSupported, "this GPU cannot report kernel %q's parameters", name)
 	}
@@ -507,13 +507,21 @@ func (s *Session) rawKernel(f gpu.Function, name string) (abi.KernelSpec, error)
 }
 
 // functionParams reports a function's parameter slots (empty for a kernel
-// whose module declared its parameters).
+// whose module declared its parameters) and, where the GPU gives them, its
+// attributes.
 func (s *Session) functionParams(r *abi.FunctionParams) (abi.Body, error) {
 	fh := handlemap.Handle(r.Function)
-	if _, err := s.handles.Lookup(handlemap.KindFunction, fh); err != nil {
+	f, err := s.handles.Lookup(handlemap.KindFunction, fh)
+	if err != nil {
 		return nil, fail(abi.StatusInvalidHandle, "%w", err)
 	}
-	return &abi.FunctionParamsReply{Slots: s.kernels[fh].Slots}, nil
+	reply := &abi.FunctionParamsReply{Slots: s.kernels[fh].Slots}
+	if d, ok := s.ctx.(gpu.FunctionDescriber); ok {
+		if reply.Attrs, err = d.FunctionAttrs(gpu.Function(f)); err != nil {
+			return nil, err
+		}
+	}
+	return reply, nil
 }
 
 func checkDims(grid, block abi.Dim3, shared uint32) error {

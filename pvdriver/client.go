@@ -913,12 +913,14 @@ func (c *Client) GetFunction(m Module, name string) (Function, error) {
 }
 
 // FunctionParams returns where each parameter of f goes in its parameter
-// buffer, for a function taken from a raw (cubin or fatbin) image; empty
-// for a kernel its module declared.
-func (c *Client) FunctionParams(f Function) ([]abi.ParamSlot, error) {
+// buffer, for a function taken from a raw (cubin or fatbin) image (empty
+// for a kernel its module declared), and f's attributes.
+// The attributes are the GPU's CUfunction_attribute values, where the
+// primary's GPU reports them.
+func (c *Client) FunctionParams(f Function) ([]abi.ParamSlot, []int32, error) {
 	var r abi.FunctionParamsReply
 	err := c.call(abi.OpFunctionParams, &abi.FunctionParams{Function: uint64(f)}, &r)
-	return r.Slots, err
+	return r.Slots, r.Attrs, err
 }
 
 // LaunchConfig is the shape of a launch.

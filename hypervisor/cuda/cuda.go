@@ -126,8 +126,22 @@ func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
 	return r, err
 }
 
+// Healthy implements gpu.HealthReporter: an error once a guest's kernel
+// fault has ended this process's CUDA state (no new guest can be served;
+// the node must be restarted, which a supervisor does on its exit).
+func (b *Backend) Healthy() error {
+	if err := b.d.Lost(); err != nil {
+		return fmt.Errorf("%w: this process's CUDA state was lost to a guest kernel's fault (%v); CUDA cannot recover a process from that: restart the node",
+			abi.StatusNotSupported, err)
+	}
+	return nil
+}
+
 // NewContext implements gpu.Backend.
 func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
+	if err := b.Healthy(); err != nil {
+		return nil, err
+	}
 	c := &guestContext{
 		b: b, d: b.d, size: size,
 		allocs:    map[uint64]mapping{},
@@ -395,6 +409,26 @@ func (c *guestContext) UnloadModule(m gpu.Module) error {
 		delete(c.modules, m)
 		return nil
 	})
+}
+
+// funcAttrCount is CU_FUNC_ATTRIBUTE_MAX (cuda.h, CUDA 13).
+const funcAttrCount = 16
+
+// FunctionAttrs implements gpu.FunctionDescriber (cuFuncGetAttribute of
+// every attribute; zero for one this driver does not answer).
+func (c *guestContext) FunctionAttrs(f gpu.Function) ([]int32, error) {
+	attrs := make([]int32, funcAttrCount)
+	err := c.do(func() error {
+		fn, ok := c.functions[f]
+		if !ok {
+			return fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
+		}
+		for a := range attrs {
+			c.d.cuFuncGetAttribute(&attrs[a], int32(a), fn)
+		}
+		return nil
+	})
+	return attrs, err
 }
 
 // cudaErrorNotFound is CUDA_ERROR_NOT_FOUND: a module without that kernel.

@@ -77,7 +77,7 @@ func load() (*driver, error) {
 			{&d.cuMemsetD8Async, "cuMemsetD8Async"}, {&d.cuMemsetD32Async, "cuMemsetD32Async"},
 			{&d.cuMemsetD16Async, "cuMemsetD16Async"},
 			{&d.cuModuleLoadData, "cuModuleLoadData"}, {&d.cuModuleUnload, "cuModuleUnload"},
-			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
+			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuFuncGetAttribute, "cuFuncGetAttribute"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
 			{&d.cuStreamCreate, "cuStreamCreate"}, {&d.cuStreamDestroy, "cuStreamDestroy_v2"},
 			{&d.cuStreamSynchronize, "cuStreamSynchronize"},
 			{&d.cuMemAlloc, "cuMemAlloc_v2"}, {&d.cuMemFree, "cuMemFree_v2"},
@@ -137,5 +137,20 @@ func (d *driver) check(call string, r result) error {
 	case 400: // CUDA_ERROR_INVALID_HANDLE
 		st = abi.StatusInvalidHandle
 	}
-	return &Error{Call: call, Code: int32(r), Name: cstring(name), Detail: cstring(detail), Status: st}
+	e := &Error{Call: call, Code: int32(r), Name: cstring(name), Detail: cstring(detail), Status: st}
+	if r == 700 || r >= 714 && r <= 719 {
+		d.lost.CompareAndSwap(nil, e)
+	}
+	return e
+}
+
+// Lost reports the fault that corrupted this process's CUDA state, if
+// one did: after an illegal address, instruction or a failed launch (CUDA's
+// "sticky" errors) every later call in the process fails, every context's
+// included, until the process exits.
+func (d *driver) Lost() error {
+	if e := d.lost.Load(); e != nil {
+		return e
+	}
+	return nil
 }

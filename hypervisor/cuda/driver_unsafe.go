@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"runtime"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -13,6 +14,7 @@ import (
 type result int32
 
 type driver struct {
+	lost                          atomic.Pointer[Error] // the sticky error that ended this process's CUDA state
 	cuInit                        func(flags uint32) result
 	cuDriverGetVersion            func(v *int32) result
 	cuDeviceGet                   func(dev *int32, ordinal int32) result
@@ -43,6 +45,7 @@ type driver struct {
 	cuModuleLoadData              func(m *uintptr, image *byte) result
 	cuModuleUnload                func(m uintptr) result
 	cuModuleGetFunction           func(f *uintptr, m uintptr, name *byte) result
+	cuFuncGetAttribute            func(v *int32, attr int32, f uintptr) result
 	cuFuncGetParamInfo            func(f uintptr, index uint64, offset, size *uint64) result // nil before CUDA 12.4
 	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
 	cuStreamCreate                func(s *uintptr, flags uint32) result

@@ -92,6 +92,9 @@ func TestRawImages(t *testing.T) {
 			if err := c.WaitProtected(10 * time.Second); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := c.Verify(); err != nil { // waits until the standby applied everything
+				t.Fatal(err)
+			}
 			st := c.StandbyStatus()
 			if !strings.Contains(fmt.Sprintf("%+v", st), "addresses differ") {
 				t.Errorf("standby status does not say why the guest's kernel was not replayed: %+v", st)
@@ -118,9 +121,12 @@ func runRaw(t *testing.T, g *pvdriver.Client, format abi.ImageFormat, img []byte
 	if err != nil {
 		t.Fatal(err)
 	}
-	slots, err := g.FunctionParams(f)
+	slots, attrs, err := g.FunctionParams(f)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(attrs) < 7 || attrs[4] <= 0 || attrs[6] != 90 { // CU_FUNC_ATTRIBUTE_NUM_REGS, _BINARY_VERSION
+		t.Errorf("attributes %v: want registers and binary version 90", attrs)
 	}
 	want := []abi.ParamSlot{{Offset: 0, Size: 8}, {Offset: 8, Size: 16}, {Offset: 24, Size: 4}, {Offset: 28, Size: 4}}
 	if !slices.Equal(slots, want) {

@@ -102,11 +102,20 @@ type AccessChecker interface {
 	ChecksEveryAccess() bool
 }
 
-// ParamLayouter is implemented by contexts that load raw (cubin, fatbin)
-// images: they say where each parameter of a function taken from one
-// lives in its parameter buffer, as the loaded code expects it.
-type ParamLayouter interface {
+// FunctionDescriber is implemented by contexts that load raw (cubin,
+// fatbin) images: they say where each of a function's parameters lives in
+// its parameter buffer, as the loaded code expects it, and give the
+// function's attributes (CUfunction_attribute values, by index).
+type FunctionDescriber interface {
 	ParamSlots(f Function) ([]abi.ParamSlot, error)
+	FunctionAttrs(f Function) ([]int32, error)
+}
+
+// HealthReporter is implemented by backends that can break for good (a
+// CUDA process whose state a faulting kernel corrupted): Healthy is nil
+// while new guests can be served.
+type HealthReporter interface {
+	Healthy() error
 }
 
 // DeviceDescriber is implemented by backends that can describe their

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -100,6 +101,9 @@ func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
 	mux.SetHealth(func() error {
 		if role, term := n.auth.role(); role == failover.Fenced {
 			return fmt.Errorf("fenced: a node under term %d took over; this node serves no guests", term)
+		}
+		if h, ok := n.cfg.Backend.(gpu.HealthReporter); ok {
+			return h.Healthy()
 		}
 		return nil
 	})

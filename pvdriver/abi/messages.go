@@ -234,9 +234,17 @@ type DataReply struct{ Data []byte }
 // HandleReply carries a new guest handle (module, function or stream).
 type HandleReply struct{ Handle uint64 }
 
-// FunctionParamsReply lists a function's parameter slots in order; empty
-// for a function whose module declared its parameters (a kernel list).
-type FunctionParamsReply struct{ Slots []ParamSlot }
+// FunctionParamsReply lists a function's parameter slots in order (empty
+// for a function whose module declared its parameters, a kernel list) and
+// the function's attributes as the GPU reports them (CUfunction_attribute
+// values by index; empty where the GPU does not say).
+type FunctionParamsReply struct {
+	Slots []ParamSlot
+	Attrs []int32
+}
+
+// MaxFunctionAttrs bounds FunctionParamsReply.Attrs.
+const MaxFunctionAttrs = 64
 
 // MaxDeviceAttrs bounds DeviceInfoReply.Attrs.
 const MaxDeviceAttrs = 1024
@@ -319,6 +327,10 @@ func (m *FunctionParamsReply) Append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Slots)))
 	for _, p := range m.Slots {
 		b = binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(b, p.Offset), p.Size)
+	}
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Attrs)))
+	for _, v := range m.Attrs {
+		b = binary.LittleEndian.AppendUint32(b, uint32(v))
 	}
 	return b
 }
@@ -412,6 +424,15 @@ func (m *FunctionParamsReply) decode(d *Decoder) {
 	}
 	if err := CheckSlots(m.Slots); err != nil {
 		d.fail(err)
+		return
+	}
+	n = int(d.U16())
+	if n > MaxFunctionAttrs {
+		d.fail(fmt.Errorf("%w: %d function attributes, limit %d", ErrBadArgument, n, MaxFunctionAttrs))
+		return
+	}
+	for i := 0; i < n && d.err == nil; i++ {
+		m.Attrs = append(m.Attrs, int32(d.U32()))
 	}
 }
 func (m *DeviceInfoReply) decode(d *Decoder) {

@@ -68,7 +68,10 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 
 // args builds the launch's arguments from either form.
 func (fn *function) args(params [][]byte, packed []byte) ([]abi.Arg, Result) {
-	if params == nil && len(packed) < fn.total || params != nil && len(params) != len(fn.offs) {
+	if params == nil && len(packed) != fn.total {
+		return nil, ErrorLaunchResources // NVIDIA's answer to a buffer of another size than the parameters'
+	}
+	if params != nil && len(params) != len(fn.offs) {
 		return nil, ErrorInvalidValue
 	}
 	args := make([]abi.Arg, len(fn.offs))
@@ -124,6 +127,9 @@ func (d *Driver) FuncGetAttribute(attr int32, f uint64) (int32, Result) {
 	fn := d.funcs[f]
 	if fn == nil {
 		return 0, ErrorInvalidHandle
+	}
+	if attr >= 0 && int(attr) < len(fn.attrs) && attr != funcMaxDynamicShared && attr != funcCarveout {
+		return fn.attrs[attr], Success // the primary's GPU said
 	}
 	switch attr {
 	case funcMaxThreads:

@@ -38,9 +38,10 @@ type function struct {
 	module  uint64
 	name    string
 	remote  pvdriver.Function
-	offs    []int // each parameter's offset in a packed buffer
-	sizes   []int // and its size
-	total   int   // the packed buffer's size
+	offs    []int   // each parameter's offset in a packed buffer
+	sizes   []int   // and its size
+	total   int     // the packed buffer's size
+	attrs   []int32 // CUfunction_attribute values the primary's GPU gave, if it did
 	kinds   []abi.ArgKind
 	ptxVer  int
 	maxDyn  int32 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -76,6 +77,12 @@ func ImageSize(head []byte) (n uint64, ptx, ok bool) {
 		return shoff + shentsize*shnum, false, true // cubins end with their section headers
 	}
 	return 0, true, false
+}
+
+// IsBinaryImage reports whether an image's first four bytes start a
+// fatbin or an ELF file (a cubin) rather than PTX text.
+func IsBinaryImage(head []byte) bool {
+	return len(head) >= 4 && (binary.LittleEndian.Uint32(head) == fatbinMagic || bytes.HasPrefix(head, []byte(elf.ELFMAG)))
 }
 
 // CubinEnd is where a cubin's last byte lies, from its section and program
@@ -180,6 +187,7 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 func (d *Driver) loadRaw(ctx uint64, img []byte) (uint64, Result) {
 	n, _, ok := ImageSize(img)
 	if !ok || n > uint64(len(img)) {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %d bytes that are neither PTX nor a whole cubin or fatbin\n", len(img))
 		return 0, ErrorInvalidImage
 	}
 	format := abi.FormatCubin
@@ -281,6 +289,9 @@ func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
 	for _, p := range e.Params {
 		fn.sizes = append(fn.sizes, p.Size)
 	}
+	if _, fn.attrs, err = d.client.FunctionParams(remote); err != nil {
+		return 0, resultOf("cuModuleGetFunction", err, true)
+	}
 	return d.keepFunction(m, fn), Success
 }
 
@@ -295,11 +306,11 @@ func (d *Driver) rawFunction(h uint64, m *module, name string) (uint64, Result) 
 	if err != nil {
 		return 0, resultOf("cuModuleGetFunction", err, false)
 	}
-	slots, err := d.client.FunctionParams(remote)
+	slots, attrs, err := d.client.FunctionParams(remote)
 	if err != nil {
 		return 0, resultOf("cuModuleGetFunction", err, true)
 	}
-	fn := &function{module: h, name: name, remote: remote, maxDyn: d.attr(8), carveup: -1}
+	fn := &function{module: h, name: name, remote: remote, attrs: attrs, maxDyn: d.attr(8), carveup: -1}
 	for _, s := range slots {
 		fn.offs, fn.sizes, fn.kinds = append(fn.offs, int(s.Offset)), append(fn.sizes, int(s.Size)), append(fn.kinds, abi.ArgBytes)
 		fn.total = int(s.Offset + s.Size)

@@ -179,8 +179,10 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
 		known = 1;
 		if (vg_procs[i].version <= version && (best == NULL || vg_procs[i].version > best->version)) best = &vg_procs[i];
 	}
+	/* NVIDIA's driver (580) answers a name it lacks with CUDA_SUCCESS and
+	 * the reason in *status; without a status, CUDA_ERROR_NOT_FOUND. */
 	if (status) *status = best ? VG_SYMBOL_SUCCESS : known ? VG_VERSION_NOT_SUFFICIENT : VG_SYMBOL_NOT_FOUND;
-	if (!best) return CUDA_ERROR_NOT_FOUND;
+	if (!best) return status ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 	*pfn = best->fn;
 	return CUDA_SUCCESS;
 }

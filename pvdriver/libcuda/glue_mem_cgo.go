@@ -185,19 +185,16 @@ func vgModuleLoadData(m *C.uintptr_t, image unsafe.Pointer) C.CUresult {
 // cubin is (a cubin's section table says where its last section ends),
 // PTX is a NUL-terminated string.
 func readImage(p unsafe.Pointer) ([]byte, cuapi.Result) {
-	if C.strnlen((*C.char)(p), 4) == 4 {
-		head := C.GoBytes(p, 4)
-		if _, ptx, _ := cuapi.ImageSize(append(head, make([]byte, 60)...)); !ptx {
-			n, _, ok := cuapi.ImageSize(C.GoBytes(p, 64))
-			if !ok || n < 64 || n > maxImage {
-				return nil, cuapi.ErrorInvalidImage
-			}
-			img := C.GoBytes(p, C.int(n))
-			if end, ok := cuapi.CubinEnd(img); ok && end > n && end <= maxImage {
-				img = C.GoBytes(p, C.int(end))
-			}
-			return img, cuapi.Success
+	if C.strnlen((*C.char)(p), 4) == 4 && cuapi.IsBinaryImage(C.GoBytes(p, 4)) {
+		n, _, ok := cuapi.ImageSize(C.GoBytes(p, 64))
+		if !ok || n < 64 || n > maxImage {
+			return nil, cuapi.ErrorInvalidImage
 		}
+		img := C.GoBytes(p, C.int(n))
+		if end, ok := cuapi.CubinEnd(img); ok && end > n && end <= maxImage {
+			img = C.GoBytes(p, C.int(end))
+		}
+		return img, cuapi.Success
 	}
 	n := C.strnlen((*C.char)(p), maxImage+1)
 	if n > maxImage {

@@ -1,6 +1,7 @@
 /* Matrix multiply in 16x16 tiles of threads: a context of its own, PTX
  * through cuModuleLoadDataEx with JIT options, parameters packed in one
  * buffer (cuLaunchKernel's extra), a pitched allocation and D2D copies. */
+#include <stddef.h>
 #include "cudaapi.h"
 
 #define N 96
@@ -39,7 +40,7 @@ int main(int argc, char **argv) {
 	CHECK(cuMemcpyHtoD(b, hb, sizeof hb));
 	checkpoint();
 	struct { CUdeviceptr a, b, c; unsigned int n; } args = {a, b, c, N};
-	size_t size = sizeof args;
+	size_t size = offsetof(__typeof__(args), n) + sizeof args.n; /* the parameters' bytes: NVIDIA refuses the padded size */
 	void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &args, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
 	CHECK(cuLaunchKernel(mm, N / TILE, N / TILE, 1, TILE, TILE, 1, 0, NULL, NULL, extra));
 	CHECK(cuMemcpyDtoH(hc, c, sizeof hc));
