@@ -315,6 +315,11 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	if s.fenced {
 		return 0, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
 	}
+	if h, ok := s.backend.(gpu.HealthReporter); ok {
+		if err := h.Healthy(); err != nil {
+			return 0, nil, err
+		}
+	}
 	slot := -1
 	for i, used := range s.slots {
 		if !used {

@@ -26,7 +26,8 @@ import (
 type module struct {
 	ctx     uint64
 	remote  pvdriver.Module
-	raw     bool // a cubin or fatbin: no entries, the primary knows its kernels
+	raw     bool   // a cubin or fatbin: no entries, the primary knows its kernels
+	image   []byte // a raw image's bytes
 	entries map[string]abi.PTXEntry
 	kinds   map[string][]abi.ArgKind
 	globals map[string]bool
@@ -206,7 +207,7 @@ func (d *Driver) loadRaw(ctx uint64, img []byte) (uint64, Result) {
 		return 0, resultOf("cuModuleLoadData", err, true)
 	}
 	h := d.mint()
-	d.modules[h] = &module{ctx: ctx, remote: remote, raw: true, funcs: map[string]uint64{}}
+	d.modules[h] = &module{ctx: ctx, remote: remote, raw: true, image: img[:n], funcs: map[string]uint64{}}
 	return h, Success
 }
 
@@ -340,6 +341,9 @@ func (d *Driver) ModuleGetGlobal(h uint64, name string) (uint64, uint64, Result)
 	m := d.modules[h]
 	if m == nil {
 		return 0, 0, ErrorInvalidHandle
+	}
+	if m.raw && !bytes.Contains(m.image, append([]byte(name), 0)) {
+		return 0, 0, ErrorNotFound // not even a string of the image (a compressed fatbin's names are not seen either)
 	}
 	if m.raw {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleGetGlobal_v2(%q): module-scope variables of cubin and fatbin images are not supported yet\n", name)
