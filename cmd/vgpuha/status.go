@@ -47,7 +47,7 @@ func showNodeStatus(ctx context.Context, out io.Writer, o nodeStatusOptions) err
 		case err != nil && o.watch == 0:
 			return err
 		case err != nil:
-			fmt.Fprintf(out, "%s node=%s error=%q\n", time.Now().Format(time.RFC3339), o.addr, err.Error())
+			fmt.Fprintf(out, "%s node=%s error=%q\n", time.Now().Format(watchTime), o.addr, err.Error())
 		case o.asJSON:
 			out.Write(body)
 		case o.watch > 0 && !o.tty:
@@ -125,11 +125,15 @@ func resyncPlain(p node.Resync) string {
 		p.BytesDone, p.BytesTotal, p.RateBytesPerSecond, p.ETASeconds)
 }
 
+// watchTime stamps a watch's lines (milliseconds: polls may be closer
+// than a second).
+const watchTime = "2006-01-02T15:04:05.000Z07:00"
+
 // statusLine is one poll of a watch as one logfmt line, for a log file.
 func statusLine(now time.Time, addr string, st node.Status) string {
 	r := st.Replication
 	line := fmt.Sprintf("%s node=%s role=%s term=%d serving=%v sessions=%d replication=%s state=%s lag_records=%d lag_bytes=%d lag_seconds=%.3f",
-		now.Format(time.RFC3339), addr, st.Role, st.Term, st.Serving, len(st.Sessions), r.Direction, r.State, r.LagRecords, r.LagBytes, r.LagSeconds)
+		now.Format(watchTime), addr, st.Role, st.Term, st.Serving, len(st.Sessions), r.Direction, r.State, r.LagRecords, r.LagBytes, r.LagSeconds)
 	if p := r.Resync; p != nil {
 		line += fmt.Sprintf(" resync_bytes_done=%d resync_bytes_total=%d resync_rate_bytes_per_second=%.0f resync_eta_seconds=%.1f",
 			p.BytesDone, p.BytesTotal, p.RateBytesPerSecond, p.ETASeconds)
