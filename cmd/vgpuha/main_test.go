@@ -897,12 +897,62 @@ func TestDrillSIGTERMLeavesNothing(t *testing.T) {
 
 // TestSIGHUPIgnored: SIGHUP neither kills a node nor stops it serving (the
 // node logs as JSON here: --log.format json).
-func TestSIGHUPIgnored(t *testing.T) {
+// TestSIGHUPReloadsAdminTokens: SIGHUP never stops a node; it reloads the
+// admin token file, so a token is rotated without a restart (add the new
+// one, move clients, remove the old one), and a bad file keeps the tokens
+// in use.
+func TestSIGHUPReloadsAdminTokens(t *testing.T) {
 	skipShort(t)
-	sock := filepath.Join(t.TempDir(), "g.sock")
-	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--backend", "sim", "--log.format", "json")
-	p.cmd.Process.Signal(syscall.SIGHUP)
-	waitLog(t, p, `"msg":"SIGHUP: nothing to reload`)
+	dir := t.TempDir()
+	sock, tokens, adminAddr := filepath.Join(dir, "g.sock"), filepath.Join(dir, "tokens"), freePort(t)
+	const old, next = "the-old-admin-token-0123456789", "the-new-admin-token-0123456789"
+	os.WriteFile(tokens, []byte(old+"\n"), 0o600)
+	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--backend", "sim", "--log.format", "json",
+		"--admin-listen", adminAddr, "--admin.token-file", tokens)
+	// POST /epoch on a primary without a standby: 409 when the token is
+	// good, 401 when it is not.
+	code := func(tok string) int {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+adminAddr+"/epoch", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	reloads := 0
+	hup := func(content, logged string) {
+		t.Helper()
+		os.WriteFile(tokens, []byte(content), 0o600)
+		p.cmd.Process.Signal(syscall.SIGHUP)
+		reloads++
+		deadline := time.Now().Add(10 * time.Second)
+		for strings.Count(p.stderr.String(), `"msg":"SIGHUP: admin tokens`) < reloads {
+			if time.Now().After(deadline) {
+				t.Fatalf("no reload logged:\n%s", p.stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !strings.Contains(p.stderr.String(), logged) {
+			t.Fatalf("log lacks %q:\n%s", logged, p.stderr.String())
+		}
+	}
+	if code(old) != http.StatusConflict || code(next) != http.StatusUnauthorized {
+		t.Fatalf("before the rotation: old %d, new %d", code(old), code(next))
+	}
+	hup(next+"\n"+old+"\n", `"tokens":2`)
+	if code(old) != http.StatusConflict || code(next) != http.StatusConflict {
+		t.Fatalf("during the rotation: old %d, new %d", code(old), code(next))
+	}
+	hup(next+"\n", `"tokens":1`)
+	if code(old) != http.StatusUnauthorized || code(next) != http.StatusConflict {
+		t.Fatalf("after the rotation: old %d, new %d", code(old), code(next))
+	}
+	hup("short\n", "admin tokens not reloaded")
+	if code(next) != http.StatusConflict {
+		t.Fatal("a bad token file dropped the token in use")
+	}
 	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err != nil {
 		t.Fatalf("after SIGHUP the primary does not serve: %v", err)
 	}

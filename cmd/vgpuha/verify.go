@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
@@ -89,11 +89,11 @@ func adminRequest(method, addr, path, tokenFile string, timeout time.Duration) (
 		return nil, err
 	}
 	if tokenFile != "" {
-		tok, err := os.ReadFile(tokenFile)
+		toks, err := admin.ReadTokens(tokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("reading the admin token: %w", err)
+			return nil, err
 		}
-		req.Header.Set("Authorization", "Bearer "+string(bytes.TrimSpace(tok)))
+		req.Header.Set("Authorization", "Bearer "+string(toks[0]))
 	}
 	resp, err := c.Do(req)
 	if err != nil {
