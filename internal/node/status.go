@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -211,42 +212,68 @@ func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
 		}
 		return nil
 	})
-	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /verify", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
 		repair, _ := strconv.ParseBool(r.URL.Query().Get("repair"))
 		rep, err := n.Verify(repair, 30*time.Second)
-		if writeError(w, err) {
+		if n.writeError(w, err) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(rep)
-	})
-	mux.HandleFunc("POST /switchover", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.HandleFunc("POST /switchover", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
 		pause, term, err := n.Switchover(10 * time.Second)
-		if writeError(w, err) {
+		if n.writeError(w, err) {
 			return
 		}
-		fmt.Fprintf(w, "{\"guest_pause_ms\": %.3f, \"term\": %d}\n", float64(pause.Microseconds())/1000, term)
-	})
-	mux.HandleFunc("POST /epoch", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "{\"guest_pause_seconds\": %.6f, \"term\": %d}\n", pause.Seconds(), term)
+	}))
+	mux.HandleFunc("POST /epoch", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
 		epoch, durable, err := n.CutEpoch()
-		if writeError(w, err) {
+		if n.writeError(w, err) {
 			return
 		}
 		fmt.Fprintf(w, "{\"epoch\": %d, \"committed_on_standby\": %v}\n", epoch, durable)
-	})
+	}))
 	return mux
 }
 
-// writeError answers err, if any: 409 when the node cannot do it at all,
-// 503 when it failed.
-func writeError(w http.ResponseWriter, err error) bool {
+// primaryOnly answers 409 at once, saying what this node is, unless it is
+// the primary (a fenced node keeps its stopped link; it must not wait on
+// it).
+func (n *Node) primaryOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if role, _ := n.auth.role(); role != failover.Primary {
+			http.Error(w, n.notReplicating(), http.StatusConflict)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// writeError answers err, if any, in one line: 409 when the node cannot
+// do it at all (saying what the node is instead), 503 when it failed.
+func (n *Node) writeError(w http.ResponseWriter, err error) bool {
 	switch {
 	case err == nil:
 		return false
 	case IsNotReplicating(err):
-		http.Error(w, err.Error(), http.StatusConflict)
+		http.Error(w, n.notReplicating(), http.StatusConflict)
 	default:
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		http.Error(w, strings.Join(strings.Fields(err.Error()), " "), http.StatusServiceUnavailable)
 	}
 	return true
+}
+
+// notReplicating says why this node cannot verify, switch over or cut an
+// epoch, and where to go instead.
+func (n *Node) notReplicating() string {
+	role, term := n.auth.role()
+	switch role {
+	case failover.Standby:
+		return fmt.Sprintf("this node is a standby (term %d): verify, switchover and epoch go to the primary's admin address", term)
+	case failover.Fenced:
+		return fmt.Sprintf("this node is fenced (a node under term %d took over): verify, switchover and epoch go to the new primary's admin address", term)
+	}
+	return fmt.Sprintf("this primary (term %d) has no standby to verify against or hand over to (started without --replicate-to)", term)
 }
