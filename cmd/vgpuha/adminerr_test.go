@@ -43,3 +43,18 @@ func TestAdminCommandsSpeakPlainly(t *testing.T) {
 		}
 	}
 }
+
+// TestFailbackProcedure runs contrib/failback-loopback.sh, the fail-back
+// procedure of docs/OPERATIONS.md with its commands, on free loopback
+// ports: the documented commands work as written.
+func TestFailbackProcedure(t *testing.T) {
+	skipShort(t)
+	cmd := exec.Command("bash", "../../contrib/failback-loopback.sh")
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(vgpuhaBin)+":"+os.Getenv("PATH"),
+		"A_GUEST=tcp://"+freePort(t), "A_REPL=tcp://"+freePort(t), "A_ADMIN="+freePort(t),
+		"B_GUEST=tcp://"+freePort(t), "B_REPL=tcp://"+freePort(t), "B_ADMIN="+freePort(t))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "fail-back done") {
+		t.Fatalf("the fail-back procedure: %v\n%s", err, out)
+	}
+}

@@ -94,7 +94,7 @@ func printStatusTable(out io.Writer, addr string, st node.Status, tty bool) erro
 		fmt.Fprintf(out, "promoted to term %d at %s (%.3f s of silence, serving %.3f s later)\n",
 			p.Term, p.Serving.Format(time.RFC3339), p.DetectionSeconds, p.PromotionSeconds)
 	}
-	if r.LastError != "" {
+	if r.LastError != "" && r.State != "protected" && r.State != "in_sync" {
 		fmt.Fprintf(out, "last replication error: %s\n", r.LastError)
 	}
 	if r.Resync != nil {
