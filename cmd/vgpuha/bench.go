@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,26 +14,30 @@ import (
 	"github.com/vgpuha/vgpuha/bench"
 )
 
+// benchmarks are bench's subcommands.
+var benchmarks = map[string]command{
+	"pv":        {"guest calls through pvdriver over each transport", runBenchPV},
+	"replicate": {"replication throughput and latency per mode", runBenchReplicate},
+	"resync":    {"resyncing a standby under guest load", runBenchResync},
+	"apply":     {"the standby's apply rate", runBenchApply},
+	"mmio":      {"aperture write tracing per mode", runBenchMMIO},
+}
+
 func runBench(args []string) error {
+	names := strings.Join(slices.Sorted(maps.Keys(benchmarks)), ", ")
 	if len(args) == 0 {
-		return fmt.Errorf("usage: vgpuha bench pv|replicate|resync|apply|mmio [flags]")
+		return fmt.Errorf("usage: vgpuha bench BENCHMARK [flags] (benchmarks: %s)", names)
 	}
 	switch args[0] {
 	case "-h", "--help", "-help":
-		fmt.Println("Usage: vgpuha bench BENCHMARK [flags]\n\nBenchmarks: pv, replicate, apply, mmio.\nRun 'vgpuha bench BENCHMARK --help' for its flags.")
+		fmt.Printf("Usage: vgpuha bench BENCHMARK [flags]\n\nBenchmarks: %s.\nRun 'vgpuha bench BENCHMARK --help' for its flags.\n", names)
 		return flag.ErrHelp
-	case "pv":
-		return runBenchPV(args[1:])
-	case "replicate":
-		return runBenchReplicate(args[1:])
-	case "resync":
-		return runBenchResync(args[1:])
-	case "apply":
-		return runBenchApply(args[1:])
-	case "mmio":
-		return runBenchMMIO(args[1:])
 	}
-	return fmt.Errorf("unknown benchmark %q (have: pv, replicate, resync, apply, mmio)", args[0])
+	b, ok := benchmarks[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown benchmark %q (have: %s)", args[0], names)
+	}
+	return b.run(args[1:])
 }
 
 func runBenchResync(args []string) error {

@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -78,17 +80,24 @@ func (f *coordFlags) dial(log *slog.Logger, reg prometheus.Registerer, advertise
 }
 
 func runStatus(args []string) error {
-	fs := newFlags("status", "--coordinator etcd://HOST:2379 | --admin HOST:PORT [--json]")
+	fs := newFlags("status", "--coordinator etcd://HOST:2379 | --admin HOST:PORT [--json] [--watch 1s]")
 	var cf coordFlags
 	cf.register(fs, false)
 	adminAddr := fs.String("admin", "", "one node's admin address (HOST:PORT or unix:///PATH): print that node's status")
 	tokenFile := adminTokenFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	watch := fs.Duration("watch", 0, "with --admin: poll every this long until interrupted (a terminal is redrawn, with a resync's progress bar; anything else gets one plain line per poll)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *watch < 0 {
+		return fmt.Errorf("--watch must not be negative, got %v", *watch)
+	}
 	if *adminAddr != "" {
-		return printNodeStatus(os.Stdout, *adminAddr, *tokenFile, *asJSON)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return showNodeStatus(ctx, os.Stdout, nodeStatusOptions{addr: *adminAddr, tokenFile: *tokenFile, asJSON: *asJSON,
+			watch: *watch, tty: isTerminal(os.Stdout)})
 	}
 	if cf.url == "" {
 		return fmt.Errorf("--coordinator or --admin is required (the groups from etcd, or one node's status)")

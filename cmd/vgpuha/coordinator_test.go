@@ -32,7 +32,7 @@ func TestCoordinatedProcesses(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // the leader records its standby in sync
 	frozen := time.Now()
 	p.cmd.Process.Signal(syscall.SIGSTOP)
-	waitStatus(t, standbyAdmin, "promoted", isRole("primary (promoted)"))
+	waitStatus(t, standbyAdmin, "promoted", nodeStatus.promoted)
 	t.Logf("primary frozen at 0; the standby serves after %v (lease 1 s)", time.Since(frozen).Round(time.Millisecond))
 	p.cmd.Process.Signal(syscall.SIGCONT)
 	waitStatus(t, adminAddr, "fenced", isRole("fenced"))

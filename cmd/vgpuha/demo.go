@@ -42,7 +42,7 @@ func printDemo(res *drill.DemoResult, mode string) {
 	fmt.Printf("  t=0        primary killed\n")
 	if p := res.Promotion; p != nil {
 		fmt.Printf("  +%-8s  standby detected the silence (%.0f ms without a heartbeat) and was promoted to term %d in %.1f ms\n",
-			p.Serving.Sub(res.Killed).Round(time.Millisecond), p.DetectionMS, p.Term, p.PromotionMS)
+			p.Serving.Sub(res.Killed).Round(time.Millisecond), p.DetectionSeconds*1000, p.Term, p.PromotionSeconds*1000)
 	}
 	for _, f := range res.Failovers {
 		fmt.Printf("  +%-8s  guest resumed its session on %s (resent %d requests); guest paused for %v\n",

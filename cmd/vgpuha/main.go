@@ -23,7 +23,7 @@ var commands = map[string]command{
 	"primary":    {"serve guests' GPU calls on the local backend", runPrimary},
 	"guest":      {"run an example guest workload through pvdriver and verify it", runGuest},
 	"demo":       {"start a primary and run every workload against it on loopback", runDemo},
-	"bench":      {"run a benchmark (pv, replicate, apply, mmio)", runBench},
+	"bench":      {"run a benchmark ('vgpuha bench --help' lists them)", runBench},
 	"standby":    {"apply a primary's replication stream to a replica GPU", runStandby},
 	"verify":     {"compare every object on primary and standby (and repair)", runVerify},
 	"switchover": {"hand the primary role to the standby with nothing lost (maintenance, migration)", runSwitchover},
@@ -31,7 +31,7 @@ var commands = map[string]command{
 	"run":        {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
 	"mmio-guest": {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
 	"version":    {"print the version and the commit it was built from", runVersion},
-	"status":     {"list replication groups, roles, terms, lag and pool members from the coordinator (etcd)", runStatus},
+	"status":     {"one node's status (--admin), or every replication group's members from the coordinator (etcd)", runStatus},
 }
 
 func usage(w io.Writer) {
@@ -109,7 +109,11 @@ func wantsHelp(args []string) bool {
 // flags with two dashes, on stdout when help was asked for.
 func newFlags(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	if helpWanted {
+	switch {
+	case capturedFlags != nil:
+		*capturedFlags = append(*capturedFlags, fs)
+		fs.SetOutput(io.Discard)
+	case helpWanted:
 		fs.SetOutput(os.Stdout)
 	}
 	fs.Usage = func() {

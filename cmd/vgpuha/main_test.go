@@ -132,22 +132,28 @@ func startNode(t *testing.T, args ...string) *proc {
 	return p
 }
 
-// nodeStatus is what the tests read of a node's /status (a primary's or a
-// standby's shape).
+// nodeStatus is what the tests read of a node's /status (node.Status, the
+// one shape of every role).
 type nodeStatus struct {
 	Role        string `json:"role"`
-	Primary     bool   `json:"is_primary"`
+	Serving     bool   `json:"serving"`
 	Replication struct {
-		State string `json:"state"`
+		Direction string `json:"direction"`
+		State     string `json:"state"`
 	} `json:"replication"`
-	Protection *struct {
-		State string `json:"state"`
-	} `json:"protection"`
+	Promotion *struct {
+		Term uint64 `json:"term"`
+	} `json:"promotion"`
 }
 
 // protected: a primary (first or promoted) whose standby holds everything.
 func (s nodeStatus) protected() bool {
-	return s.Replication.State == "protected" || s.Protection != nil && s.Protection.State == "protected"
+	return s.Role == "primary" && s.Replication.State == "protected"
+}
+
+// promoted: a standby that took over and serves.
+func (s nodeStatus) promoted() bool {
+	return s.Role == "primary" && s.Promotion != nil && s.Serving
 }
 
 // waitStatus polls a node's admin /status until ok holds: readiness from
@@ -352,13 +358,21 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile)
 	waitStatus(t, adminAddr, "protected", nodeStatus.protected)
 	if out, err := exec.Command(vgpuhaBin, "status", "--admin", adminAddr).CombinedOutput(); err != nil ||
-		!strings.Contains(string(out), "replicating: protected") || !strings.Contains(string(out), " primary ") {
+		!regexp.MustCompile(` primary +1 +true +0 +to_standby +protected +`+replAddr).Match(out) {
 		t.Errorf("vgpuha status --admin on the primary: %v\n%s", err, out)
 	}
+	statusRow := func(addr, what, row string) {
+		t.Helper()
+		out, err := exec.Command(vgpuhaBin, "status", "--admin", addr).CombinedOutput()
+		if err != nil || !regexp.MustCompile(row).Match(out) {
+			t.Errorf("vgpuha status --admin on the %s: %v, want a row matching %q:\n%s", what, err, row, out)
+		}
+	}
+	statusRow(standbyAdmin, "standby", ` standby +1 +false +0 +from_primary +in_sync +127\.0\.0\.1:\d+ +0 +0 +0\.000 +0\.\d{3}\n`)
 	p.cmd.Process.Signal(syscall.SIGSTOP)
-	waitStatus(t, standbyAdmin, "promoted", isRole("primary (promoted)"))
+	waitStatus(t, standbyAdmin, "promoted", nodeStatus.promoted)
 	if out, err := exec.Command(vgpuhaBin, "status", "--admin", standbyAdmin).CombinedOutput(); err != nil ||
-		!strings.Contains(string(out), "primary (promoted)") {
+		!regexp.MustCompile(` primary +2 +true +0 +none +off `).Match(out) || !strings.Contains(string(out), "promoted to term 2") {
 		t.Errorf("vgpuha status --admin on the promoted standby: %v\n%s", err, out)
 	}
 	p.cmd.Process.Signal(syscall.SIGCONT)
@@ -372,7 +386,8 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 			t.Errorf("a fenced node's /healthz: %s %q, want 503 saying fenced", resp.Status, body)
 		}
 	}
-	if st.Primary {
+	statusRow(adminAddr, "fenced old primary", ` fenced +2 +false +0 +to_standby +unprotected `)
+	if st.Serving {
 		t.Fatalf("thawed primary still claims to be primary: %+v", st)
 	}
 	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err == nil {
@@ -548,11 +563,11 @@ func TestDoubleFailover(t *testing.T) {
 		case 0:
 			a.cmd.Process.Kill()
 			waitStatus(t, adminB, "promoted and protected by C", func(s nodeStatus) bool {
-				return s.Role == "primary (promoted)" && s.protected()
+				return s.promoted() && s.protected()
 			})
 		case 1:
 			b.cmd.Process.Kill()
-			waitStatus(t, adminC, "promoted", isRole("primary (promoted)"))
+			waitStatus(t, adminC, "promoted", nodeStatus.promoted)
 		}
 	}
 	if fo := g.Failovers(); len(fo) != 2 || fo[1].Term != 3 {
@@ -882,12 +897,62 @@ func TestDrillSIGTERMLeavesNothing(t *testing.T) {
 
 // TestSIGHUPIgnored: SIGHUP neither kills a node nor stops it serving (the
 // node logs as JSON here: --log.format json).
-func TestSIGHUPIgnored(t *testing.T) {
+// TestSIGHUPReloadsAdminTokens: SIGHUP never stops a node; it reloads the
+// admin token file, so a token is rotated without a restart (add the new
+// one, move clients, remove the old one), and a bad file keeps the tokens
+// in use.
+func TestSIGHUPReloadsAdminTokens(t *testing.T) {
 	skipShort(t)
-	sock := filepath.Join(t.TempDir(), "g.sock")
-	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--backend", "sim", "--log.format", "json")
-	p.cmd.Process.Signal(syscall.SIGHUP)
-	waitLog(t, p, `"msg":"SIGHUP: nothing to reload`)
+	dir := t.TempDir()
+	sock, tokens, adminAddr := filepath.Join(dir, "g.sock"), filepath.Join(dir, "tokens"), freePort(t)
+	const old, next = "the-old-admin-token-0123456789", "the-new-admin-token-0123456789"
+	os.WriteFile(tokens, []byte(old+"\n"), 0o600)
+	p := startPrimary(t, "--guest-listen", "unix://"+sock, "--backend", "sim", "--log.format", "json",
+		"--admin-listen", adminAddr, "--admin.token-file", tokens)
+	// POST /epoch on a primary without a standby: 409 when the token is
+	// good, 401 when it is not.
+	code := func(tok string) int {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+adminAddr+"/epoch", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	reloads := 0
+	hup := func(content, logged string) {
+		t.Helper()
+		os.WriteFile(tokens, []byte(content), 0o600)
+		p.cmd.Process.Signal(syscall.SIGHUP)
+		reloads++
+		deadline := time.Now().Add(10 * time.Second)
+		for strings.Count(p.stderr.String(), `"msg":"SIGHUP: admin tokens`) < reloads {
+			if time.Now().After(deadline) {
+				t.Fatalf("no reload logged:\n%s", p.stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !strings.Contains(p.stderr.String(), logged) {
+			t.Fatalf("log lacks %q:\n%s", logged, p.stderr.String())
+		}
+	}
+	if code(old) != http.StatusConflict || code(next) != http.StatusUnauthorized {
+		t.Fatalf("before the rotation: old %d, new %d", code(old), code(next))
+	}
+	hup(next+"\n"+old+"\n", `"tokens":2`)
+	if code(old) != http.StatusConflict || code(next) != http.StatusConflict {
+		t.Fatalf("during the rotation: old %d, new %d", code(old), code(next))
+	}
+	hup(next+"\n", `"tokens":1`)
+	if code(old) != http.StatusUnauthorized || code(next) != http.StatusConflict {
+		t.Fatalf("after the rotation: old %d, new %d", code(old), code(next))
+	}
+	hup("short\n", "admin tokens not reloaded")
+	if code(next) != http.StatusConflict {
+		t.Fatal("a bad token file dropped the token in use")
+	}
 	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err != nil {
 		t.Fatalf("after SIGHUP the primary does not serve: %v", err)
 	}

@@ -131,7 +131,7 @@ func serveAdmin(ctx context.Context, addr, tokenFile string, mux *admin.Mux, log
 	if addr == "" {
 		return "", nil
 	}
-	if err := mux.LoadToken(tokenFile); err != nil {
+	if _, err := mux.LoadToken(tokenFile); err != nil {
 		return "", err
 	}
 	mux.SetLogger(log)
@@ -172,15 +172,24 @@ func notifyReady(log *slog.Logger) {
 	}
 }
 
-// ignoreHUP keeps SIGHUP (a closed terminal, a reload request) from
-// killing the node: everything it runs with is read at start, so there is
-// nothing to reload; it says so in the log.
-func ignoreHUP(log *slog.Logger) {
+// reloadOnHUP makes SIGHUP (a reload request, or a closed terminal)
+// reload the admin token file, the one thing read again (token rotation:
+// docs/OPERATIONS.md); everything else is read at start. A file that
+// cannot be read keeps the tokens in use, and the log says why.
+func reloadOnHUP(log *slog.Logger, adminAddr, tokenFile string, mux *admin.Mux) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		for range hup {
-			log.Info("SIGHUP: nothing to reload (flags are read at start); ignored")
+			if adminAddr == "" || tokenFile == "" {
+				log.Info("SIGHUP: nothing to reload (no --admin.token-file; other flags are read at start); ignored")
+				continue
+			}
+			if n, err := mux.LoadToken(tokenFile); err != nil {
+				log.Error("SIGHUP: admin tokens not reloaded; the ones in use stay", "err", err)
+			} else {
+				log.Info("SIGHUP: admin tokens reloaded (other flags are read at start)", "file", tokenFile, "tokens", n)
+			}
 		}
 	}()
 }

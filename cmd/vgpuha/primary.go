@@ -88,11 +88,12 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return err
 	}
 	defer n.Close()
-	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, n.AdminHandler(reg), log); err != nil {
+	mux := n.AdminHandler(reg)
+	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, mux, log); err != nil {
 		return err
 	}
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())
-	ignoreHUP(log)
+	reloadOnHUP(log, *adminAddr, *adminToken, mux)
 	notifyReady(log)
 	var guestDone <-chan error
 	if guest != nil {

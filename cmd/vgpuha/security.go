@@ -52,5 +52,6 @@ func parseTenantQuota(v string) (string, hypervisor.TenantQuota, error) {
 // adminTokenFlag adds --admin.token-file.
 func adminTokenFlag(fs *flag.FlagSet) *string {
 	return fs.String("admin.token-file", "", "file holding the admin token: POST endpoints over tcp need it (Authorization: Bearer TOKEN), "+
-		"and /status shows session ids and guest names only with it (a unix:// admin socket is trusted by its file permissions)")
+		"and /status shows session ids and guest names only with it (a unix:// admin socket is trusted by its file permissions); "+
+		"a node accepts every line of its file and reads it again on SIGHUP, a client sends the first line")
 }

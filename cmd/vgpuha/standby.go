@@ -94,10 +94,11 @@ func runStandby(args []string) error {
 	defer n.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, n.AdminHandler(reg), log); err != nil {
+	mux := n.AdminHandler(reg)
+	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, mux, log); err != nil {
 		return err
 	}
-	ignoreHUP(log)
+	reloadOnHUP(log, *adminAddr, *adminToken, mux)
 	notifyReady(log)
 	log.Info("standby waiting for the primary's stream", "listen", ln.Addr().String(), "backend", backend.Name(), "takes_over_on", *guestListen)
 	<-ctx.Done()

@@ -1,15 +1,19 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
@@ -63,8 +67,30 @@ func runSwitchover(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("switched over: %s", body)
+	var rep struct {
+		Pause float64 `json:"guest_pause_seconds"`
+		Term  uint64  `json:"term"`
+	}
+	if err := json.Unmarshal(body, &rep); err != nil {
+		return fmt.Errorf("decoding %s's answer %q: %w", *adminAddr, body, err)
+	}
+	fmt.Printf("switched over: the standby serves under term %d; %s is fenced; guests paused %.1f ms\n", rep.Term, *adminAddr, rep.Pause*1000)
 	return nil
+}
+
+// unreachable is a failed admin request as one line that says what to
+// check.
+func unreachable(addr string, err error) error {
+	var op *net.OpError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("no admin endpoint at %s (connection refused): is the node running with --admin-listen %s?", addr, addr)
+	case errors.Is(err, os.ErrDeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout"):
+		return fmt.Errorf("%s did not answer in time (a node stopped or frozen, or a firewall dropping the admin port)", addr)
+	case errors.As(err, &op):
+		return fmt.Errorf("cannot reach the admin endpoint %s: %v", addr, op.Err)
+	}
+	return fmt.Errorf("cannot reach the admin endpoint %s: %v", addr, err)
 }
 
 // postAdmin POSTs to a node's admin endpoint and returns the body of a
@@ -89,20 +115,20 @@ func adminRequest(method, addr, path, tokenFile string, timeout time.Duration) (
 		return nil, err
 	}
 	if tokenFile != "" {
-		tok, err := os.ReadFile(tokenFile)
+		toks, err := admin.ReadTokens(tokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("reading the admin token: %w", err)
+			return nil, err
 		}
-		req.Header.Set("Authorization", "Bearer "+string(bytes.TrimSpace(tok)))
+		req.Header.Set("Authorization", "Bearer "+string(toks[0]))
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, unreachable(addr, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s: %s", addr, resp.Status, body)
+		return nil, fmt.Errorf("%s answered %s: %s", addr, resp.Status, strings.Join(strings.Fields(string(body)), " "))
 	}
 	return body, nil
 }

@@ -8,8 +8,10 @@
 // opens, can reach a TCP port):
 //   - a caller is trusted if it came over a unix socket (the socket file's
 //     permissions are the credential; the node creates it 0600) or presents
-//     the node's admin token as "Authorization: Bearer TOKEN", compared in
-//     constant time;
+//     one of the node's admin tokens as "Authorization: Bearer TOKEN",
+//     compared in constant time (a token file holds one token a line, so a
+//     new token can be added, clients moved to it and the old one removed,
+//     each step loaded again by LoadToken without a restart);
 //   - a request that may change something (any method but GET, HEAD,
 //     OPTIONS) from an untrusted caller gets 401 and reaches no handler;
 //   - a browser's cross-site request that may change something gets 403
@@ -33,6 +35,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -57,7 +60,7 @@ type Public interface {
 type Mux struct {
 	mux     *http.ServeMux
 	cop     *http.CrossOriginProtection
-	token   *[sha256.Size]byte // nil: no token; only unix-socket callers are trusted
+	tokens  atomic.Pointer[[][sha256.Size]byte] // nil or empty: only unix-socket callers are trusted
 	log     *slog.Logger
 	refused *prometheus.CounterVec
 	health  func() error // nil: always healthy
@@ -122,33 +125,54 @@ func (m *Mux) HandleFunc(pattern string, h func(http.ResponseWriter, *http.Reque
 // SetLogger sets where refusals are logged.
 func (m *Mux) SetLogger(log *slog.Logger) { m.log = log }
 
-// SetToken sets the admin token; nil trusts unix-socket callers only.
-func (m *Mux) SetToken(token []byte) {
-	if token == nil {
-		m.token = nil
-		return
+// SetToken sets the admin tokens a caller may present (any of them); none
+// trusts unix-socket callers only. Safe while requests are served.
+func (m *Mux) SetToken(tokens ...[]byte) {
+	sums := make([][sha256.Size]byte, len(tokens))
+	for i, t := range tokens {
+		sums[i] = sha256.Sum256(t)
 	}
-	sum := sha256.Sum256(token)
-	m.token = &sum
+	m.tokens.Store(&sums)
 }
 
-// LoadToken reads the admin token from a file (surrounding white space is
-// ignored); an empty path sets none.
-func (m *Mux) LoadToken(path string) error {
+// LoadToken reads the admin tokens from a file, one a line (surrounding
+// white space and empty lines are ignored), and returns how many it took;
+// an empty path sets none. On an error the tokens in use stay.
+func (m *Mux) LoadToken(path string) (int, error) {
 	if path == "" {
-		m.SetToken(nil)
-		return nil
+		m.SetToken()
+		return 0, nil
 	}
+	tokens, err := ReadTokens(path)
+	if err != nil {
+		return 0, err
+	}
+	m.SetToken(tokens...)
+	return len(tokens), nil
+}
+
+// ReadTokens reads a token file: one token a line, each at least
+// MinTokenBytes. A client presents the first.
+func ReadTokens(path string) ([][]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("reading the admin token: %w", err)
+		return nil, fmt.Errorf("reading the admin token: %w", err)
 	}
-	b = bytes.TrimSpace(b)
-	if len(b) < MinTokenBytes {
-		return fmt.Errorf("admin token in %s is %d bytes; need at least %d (try: head -c 32 /dev/urandom | base64 > %s)", path, len(b), MinTokenBytes, path)
+	var tokens [][]byte
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		if line = bytes.TrimSpace(line); len(line) == 0 {
+			continue
+		}
+		if len(line) < MinTokenBytes {
+			return nil, fmt.Errorf("admin token in %s (line %d) is %d bytes; need at least %d (try: head -c 32 /dev/urandom | base64 > %s)",
+				path, len(tokens)+1, len(line), MinTokenBytes, path)
+		}
+		tokens = append(tokens, line)
 	}
-	m.SetToken(b)
-	return nil
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("admin token file %s is empty (try: head -c 32 /dev/urandom | base64 > %s)", path, path)
+	}
+	return tokens, nil
 }
 
 // ServeHTTP implements http.Handler.
@@ -186,11 +210,16 @@ func (m *Mux) trusted(r *http.Request) bool {
 		return true
 	}
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || m.token == nil {
+	tokens := m.tokens.Load()
+	if !ok || tokens == nil {
 		return false
 	}
 	sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
-	return subtle.ConstantTimeCompare(sum[:], m.token[:]) == 1
+	match := 0
+	for _, t := range *tokens {
+		match |= subtle.ConstantTimeCompare(sum[:], t[:])
+	}
+	return match == 1
 }
 
 func safe(method string) bool {

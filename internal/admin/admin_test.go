@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -149,17 +150,53 @@ func TestUnixSocketTrusted(t *testing.T) {
 	}
 }
 
+// TestLoadToken: a token file holds one token a line; every one is
+// accepted, a reload replaces them while requests are served, and a bad
+// file leaves the tokens in use.
 func TestLoadToken(t *testing.T) {
-	m, _, _ := node(t)
-	short := filepath.Join(t.TempDir(), "short")
-	writeFile(t, short, "abc\n")
-	if err := m.LoadToken(short); err == nil {
-		t.Fatal("a 3-byte token accepted")
+	m, _, changed := node(t)
+	srv := httptest.NewServer(m)
+	defer srv.Close()
+	dir := t.TempDir()
+	for _, bad := range []string{"abc\n", token + "\nabc\n", "\n \n"} {
+		path := filepath.Join(dir, "bad")
+		writeFile(t, path, bad)
+		if _, err := m.LoadToken(path); err == nil {
+			t.Fatalf("token file %q accepted", bad)
+		}
 	}
-	good := filepath.Join(t.TempDir(), "good")
-	writeFile(t, good, "  "+token+"\n")
-	if err := m.LoadToken(good); err != nil {
-		t.Fatal(err)
+	post := func(tok string) int {
+		code, _ := do(t, srv.URL, http.MethodPost, "/switchover", map[string]string{"Authorization": "Bearer " + tok})
+		return code
+	}
+	if post(token) != http.StatusOK {
+		t.Fatal("a failed load dropped the token in use")
+	}
+	const second = "the-next-admin-token-0123456789"
+	path := filepath.Join(dir, "tokens")
+	writeFile(t, path, "  "+token+"\n\n"+second+"\n")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // requests while the tokens are replaced (go test -race)
+		defer wg.Done()
+		for range 50 {
+			post(token)
+		}
+	}()
+	if n, err := m.LoadToken(path); err != nil || n != 2 {
+		t.Fatalf("two tokens: %d, %v", n, err)
+	}
+	wg.Wait()
+	if post(token) != http.StatusOK || post(second) != http.StatusOK {
+		t.Fatal("one of two tokens refused")
+	}
+	writeFile(t, path, second+"\n")
+	if n, err := m.LoadToken(path); err != nil || n != 1 {
+		t.Fatalf("one token: %d, %v", n, err)
+	}
+	before := changed.Load()
+	if post(token) != http.StatusUnauthorized || post(second) != http.StatusOK || changed.Load() != before+1 {
+		t.Fatal("the removed token still works, or the kept one does not")
 	}
 }
 

@@ -209,9 +209,19 @@ func (c *Cluster) StartStandby() error {
 	return err
 }
 
-// StandbyStatus is the standby node's status.
-func (c *Cluster) StandbyStatus() node.StandbyStatus {
-	return c.Standby.Status().(node.StandbyStatus)
+// StandbyView is what tests read of the standby: its role, the stream
+// it takes and its replica.
+type StandbyView struct {
+	Role        string
+	Replication replicate.ReceiverStatus
+	Replica     hypervisor.Status
+}
+
+// StandbyStatus is the standby node's status, from the parts' own
+// accessors (the node's /status is node.Status).
+func (c *Cluster) StandbyStatus() StandbyView {
+	role, _ := c.Standby.Role()
+	return StandbyView{Role: role.String(), Replication: c.Standby.Agent().Receiver.Status(), Replica: c.Standby.Server().Status()}
 }
 
 // CutReplicationLink cuts the TCP replication path for good (the standby

@@ -332,7 +332,7 @@ func (r *run) check() error {
 		if waitFor(5*time.Second, func() bool { p = r.pair.standby.promotion(); return p != nil }) != nil {
 			return errors.New("standby was not promoted")
 		}
-		r.rec.DetectionMS = p.DetectionMS
+		r.rec.DetectionMS = p.DetectionSeconds * 1000
 		r.rec.PromotionMS = float64(p.Serving.Sub(r.struck).Microseconds()) / 1000
 	}
 	if r.fault.expect != nil {

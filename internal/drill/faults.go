@@ -188,9 +188,9 @@ func failBack(r *run) error {
 	if err := r.pair.rejoin(); err != nil {
 		return fmt.Errorf("rejoining the old primary's host: %w", err)
 	}
-	var st struct{ Protection *struct{ State string } }
+	var st struct{ Replication struct{ State string } }
 	if err := waitFor(20*time.Second, func() bool {
-		return r.pair.standby.status(&st) == nil && st.Protection != nil && st.Protection.State == "protected"
+		return r.pair.standby.status(&st) == nil && st.Replication.State == "protected"
 	}); err != nil {
 		return fmt.Errorf("the rejoined standby was never resynced: %w", err)
 	}

@@ -86,20 +86,18 @@ func (a *agent) promotion() *Promotion {
 
 // Promotion is the part of a standby's /status that records its takeover.
 type Promotion struct {
-	Term        uint64
-	DetectionMS float64 `json:"detection_ms"`
-	PromotionMS float64 `json:"promotion_ms"`
-	Serving     time.Time
+	Term             uint64
+	DetectionSeconds float64 `json:"detection_seconds"`
+	PromotionSeconds float64 `json:"promotion_seconds"`
+	Serving          time.Time
 }
 
 // fenced waits up to d (0: asks once) for the node to answer that it no
 // longer serves as the primary.
 func (a *agent) fenced(d time.Duration) bool {
 	return waitFor(d, func() bool {
-		var st struct {
-			Primary bool `json:"is_primary"`
-		}
-		return a.status(&st) == nil && !st.Primary
+		var st struct{ Serving bool }
+		return a.status(&st) == nil && !st.Serving
 	}) == nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,55 +16,163 @@ import (
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
-// PrimaryStatus is /status of a node started as primary.
-type PrimaryStatus struct {
+// Status is a node's /status: one shape for every role (a first primary,
+// a standby, a promoted standby, a fenced node), every key always present.
+// Units are seconds and bytes; names follow the Prometheus series they
+// mirror (docs/STATUS.md lists each field's series).
+type Status struct {
+	// Role is failover.Role's name: primary, standby or fenced.
 	Role string `json:"role"`
-	hypervisor.Status
-	Replication *replicate.SenderStatus `json:"replication,omitempty"`
+	// Term is the newest term this node knows (vgpuha_term on a serving
+	// node); a fenced node's is the term that fenced it.
+	Term uint64 `json:"term"`
+	// Serving: guests are served here now (vgpuha_is_primary).
+	Serving  bool                       `json:"serving"`
+	Backend  string                     `json:"backend"`
+	Sessions []hypervisor.SessionStatus `json:"sessions"`
+	// DetachedSessions are sessions no connection serves (kept for a
+	// resume, or a standby's replicas).
+	DetachedSessions  int         `json:"detached_sessions"`
+	DeviceObjects     int         `json:"device_objects"`
+	DeviceMemoryBytes uint64      `json:"device_memory_bytes"`
+	Replication       Replication `json:"replication"`
+	// Promotion is this node's takeover (null if it never took over).
+	Promotion *PromotionStatus `json:"promotion"`
 }
 
-// StandbyStatus is /status of a node started as standby.
-type StandbyStatus struct {
-	Role      string     `json:"role"`
-	Term      uint64     `json:"term"`
-	Promotion *Promotion `json:"promotion,omitempty"`
-	// Protection is the promoted node's own replication to the next standby.
-	Protection  *replicate.SenderStatus  `json:"protection,omitempty"`
-	Replication replicate.ReceiverStatus `json:"replication"`
-	Replica     hypervisor.Status        `json:"replica"`
+// Replication directions.
+const (
+	ToStandby   = "to_standby"   // this node streams its log to Peer (a primary)
+	FromPrimary = "from_primary" // this node applies Peer's stream (a standby)
+	NoPeer      = "none"         // neither: a primary without --replicate-to
+)
+
+// Replication is the node's one replication link, in either direction.
+type Replication struct {
+	Direction string `json:"direction"`
+	// Peer is the standby's address (to_standby) or the connected
+	// primary's (from_primary).
+	Peer string `json:"peer"`
+	// State: to_standby: unprotected, resyncing or protected;
+	// from_primary: disconnected, resyncing, catching_up or in_sync;
+	// none: off.
+	State     string `json:"state"`
+	Mode      string `json:"mode"`
+	Connected bool   `json:"connected"`
+	// InSync: the replica (the peer's, or this node's) is a complete
+	// copy up to AppliedSequence.
+	InSync bool `json:"in_sync"`
+	// Protected: a caught-up standby holds every acknowledged op
+	// (vgpuha_replication_protected; to_standby only).
+	Protected bool `json:"protected"`
+	// LastSequence is the newest record logged (to_standby) or received
+	// (from_primary); AppliedSequence the last one the replica applied.
+	LastSequence    uint64  `json:"last_sequence"`
+	AppliedSequence uint64  `json:"applied_sequence"`
+	LagRecords      uint64  `json:"lag_records"`
+	LagBytes        int64   `json:"lag_bytes"`
+	LagSeconds      float64 `json:"lag_seconds"`
+	// HeartbeatAgeSeconds: time since the primary was last heard
+	// (from_primary; null before it was heard, and on a primary).
+	HeartbeatAgeSeconds    *float64 `json:"heartbeat_age_seconds"`
+	Epoch                  uint64   `json:"epoch"`
+	ResyncsTotal           uint64   `json:"resyncs_total"`
+	ResyncRestartsTotal    uint64   `json:"resync_restarts_total"`
+	LastResyncPauseSeconds float64  `json:"last_resync_pause_seconds"`
+	LastResyncSeconds      float64  `json:"last_resync_seconds"`
+	ApplyErrorsTotal       uint64   `json:"apply_errors_total"`
+	RefusedPeersTotal      uint64   `json:"refused_peers_total"`
+	LastError              string   `json:"last_error"`
+	// Resync is the resync under way (null when none runs).
+	Resync *Resync `json:"resync"`
 }
 
-// Public is the primary's status for an admin caller without the token:
-// sessions without ids, guest names or tenants.
-func (s PrimaryStatus) Public() any {
-	s.Status = s.Status.Redacted()
+// Resync is a resync's progress in snapshot contents bytes.
+type Resync struct {
+	BytesDone          uint64  `json:"bytes_done"`
+	BytesTotal         uint64  `json:"bytes_total"`
+	RateBytesPerSecond float64 `json:"rate_bytes_per_second"`
+	ETASeconds         float64 `json:"eta_seconds"`
+}
+
+// PromotionStatus is a Promotion in seconds.
+type PromotionStatus struct {
+	Term      uint64    `json:"term"`
+	LastHeard time.Time `json:"last_heard"`
+	Detected  time.Time `json:"detected"`
+	Serving   time.Time `json:"serving"`
+	// DetectionSeconds: silence before the detector fired
+	// (vgpuha_last_detection_seconds); PromotionSeconds: detection to
+	// serving guests.
+	DetectionSeconds      float64 `json:"detection_seconds"`
+	PromotionSeconds      float64 `json:"promotion_seconds"`
+	DiscardedEpochRecords int     `json:"discarded_epoch_records"`
+}
+
+// Public is the status for an admin caller without the token: sessions
+// without ids, guest names or tenants.
+func (s Status) Public() any {
+	s.Sessions = hypervisor.Status{Sessions: s.Sessions}.Redacted().Sessions
 	return s
 }
 
-// Public is the standby's status for an admin caller without the token.
-func (s StandbyStatus) Public() any {
-	s.Replica = s.Replica.Redacted()
-	return s
-}
-
-// Status reports the node: a PrimaryStatus or a StandbyStatus, by how the
-// node was started.
-func (n *Node) Status() any {
+// Status reports the node in the one shape every role shares.
+func (n *Node) Status() Status {
 	role, term := n.auth.role()
-	var sender *replicate.SenderStatus
-	if r := n.replication(); r != nil {
-		ss := r.sender.Status()
-		sender = &ss
+	hs := n.srv.Status()
+	st := Status{Role: role.String(), Term: term, Serving: hs.Primary, Backend: hs.Backend, Sessions: hs.Sessions,
+		DetachedSessions: hs.Detached, DeviceObjects: hs.Objects, DeviceMemoryBytes: hs.Bytes,
+		Replication: Replication{Direction: NoPeer, State: "off"}}
+	if p := n.Promoted(); p != nil {
+		st.Promotion = &PromotionStatus{Term: p.Term, LastHeard: p.LastHeard, Detected: p.Detected, Serving: p.Serving,
+			DetectionSeconds: p.Detected.Sub(p.LastHeard).Seconds(), PromotionSeconds: p.Serving.Sub(p.Detected).Seconds(),
+			DiscardedEpochRecords: p.DiscardedEpoch}
 	}
-	if n.agent == nil {
-		return PrimaryStatus{Role: role.String(), Status: n.srv.Status(), Replication: sender}
-	}
-	st := StandbyStatus{Role: role.String(), Term: term, Promotion: n.Promoted(), Protection: sender,
-		Replication: n.agent.Receiver.Status(), Replica: n.srv.Status()}
-	if st.Promotion != nil && role == failover.Primary {
-		st.Role = "primary (promoted)"
+	switch r := n.replication(); {
+	case r != nil:
+		st.Replication = senderView(r.sender.Status())
+	case n.agent != nil && role == failover.Standby:
+		st.Replication = receiverView(n.agent.Receiver.Status())
+		if heard := n.auth.heardAt(); !heard.IsZero() {
+			age := n.cfg.Now().Sub(heard).Seconds()
+			st.Replication.HeartbeatAgeSeconds = &age
+		}
 	}
 	return st
+}
+
+// senderView is a primary's link to its standby.
+func senderView(s replicate.SenderStatus) Replication {
+	return Replication{Direction: ToStandby, Peer: s.Standby, State: s.State, Mode: s.Mode, Connected: s.Attached,
+		InSync: s.Protected, Protected: s.Protected, LastSequence: s.Last, AppliedSequence: s.Applied,
+		LagRecords: s.LagOps, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds, Epoch: s.Epoch,
+		ResyncsTotal: s.Resyncs, ResyncRestartsTotal: s.ResyncRestarts, LastResyncPauseSeconds: s.LastPauseMS / 1000,
+		LastResyncSeconds: s.LastResync, LastError: s.LastError, Resync: resyncView(s.Resync)}
+}
+
+// receiverView is a standby's stream from its primary.
+func receiverView(r replicate.ReceiverStatus) Replication {
+	v := Replication{Direction: FromPrimary, Peer: r.Primary, Mode: r.Mode, Connected: r.Connected, InSync: r.InSync,
+		LastSequence: r.Received, AppliedSequence: r.Applied, LagRecords: r.Received - min(r.Applied, r.Received),
+		ApplyErrorsTotal: r.ApplyErrors, RefusedPeersTotal: r.RefusedPeers, Resync: resyncView(r.Resync)}
+	switch {
+	case !r.Connected:
+		v.State = "disconnected"
+	case r.Resyncing:
+		v.State = "resyncing"
+	case r.InSync:
+		v.State = "in_sync"
+	default:
+		v.State = "catching_up"
+	}
+	return v
+}
+
+func resyncView(p replicate.ResyncProgress) *Resync {
+	if !p.Active {
+		return nil
+	}
+	return &Resync{BytesDone: p.BytesDone, BytesTotal: p.BytesTotal, RateBytesPerSecond: p.BytesPerSec, ETASeconds: p.ETASeconds}
 }
 
 // registerStandbyMetrics adds the takeover metrics of a node started as
@@ -96,7 +205,7 @@ func (n *Node) registerStandbyMetrics() error {
 // /status, and POST /verify[?repair=true], /switchover and /epoch, which
 // answer 409 on a node that is not a replicating primary.
 func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
-	mux := admin.Handler(reg, n.Status)
+	mux := admin.Handler(reg, func() any { return n.Status() })
 	mux.SetLogger(n.log)
 	mux.SetHealth(func() error {
 		if role, term := n.auth.role(); role == failover.Fenced {
@@ -107,42 +216,68 @@ func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
 		}
 		return nil
 	})
-	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /verify", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
 		repair, _ := strconv.ParseBool(r.URL.Query().Get("repair"))
 		rep, err := n.Verify(repair, 30*time.Second)
-		if writeError(w, err) {
+		if n.writeError(w, err) {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(rep)
-	})
-	mux.HandleFunc("POST /switchover", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.HandleFunc("POST /switchover", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
 		pause, term, err := n.Switchover(10 * time.Second)
-		if writeError(w, err) {
+		if n.writeError(w, err) {
 			return
 		}
-		fmt.Fprintf(w, "{\"guest_pause_ms\": %.3f, \"term\": %d}\n", float64(pause.Microseconds())/1000, term)
-	})
-	mux.HandleFunc("POST /epoch", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "{\"guest_pause_seconds\": %.6f, \"term\": %d}\n", pause.Seconds(), term)
+	}))
+	mux.HandleFunc("POST /epoch", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
 		epoch, durable, err := n.CutEpoch()
-		if writeError(w, err) {
+		if n.writeError(w, err) {
 			return
 		}
 		fmt.Fprintf(w, "{\"epoch\": %d, \"committed_on_standby\": %v}\n", epoch, durable)
-	})
+	}))
 	return mux
 }
 
-// writeError answers err, if any: 409 when the node cannot do it at all,
-// 503 when it failed.
-func writeError(w http.ResponseWriter, err error) bool {
+// primaryOnly answers 409 at once, saying what this node is, unless it is
+// the primary (a fenced node keeps its stopped link; it must not wait on
+// it).
+func (n *Node) primaryOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if role, _ := n.auth.role(); role != failover.Primary {
+			http.Error(w, n.notReplicating(), http.StatusConflict)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// writeError answers err, if any, in one line: 409 when the node cannot
+// do it at all (saying what the node is instead), 503 when it failed.
+func (n *Node) writeError(w http.ResponseWriter, err error) bool {
 	switch {
 	case err == nil:
 		return false
 	case IsNotReplicating(err):
-		http.Error(w, err.Error(), http.StatusConflict)
+		http.Error(w, n.notReplicating(), http.StatusConflict)
 	default:
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		http.Error(w, strings.Join(strings.Fields(err.Error()), " "), http.StatusServiceUnavailable)
 	}
 	return true
+}
+
+// notReplicating says why this node cannot verify, switch over or cut an
+// epoch, and where to go instead.
+func (n *Node) notReplicating() string {
+	role, term := n.auth.role()
+	switch role {
+	case failover.Standby:
+		return fmt.Sprintf("this node is a standby (term %d): verify, switchover and epoch go to the primary's admin address", term)
+	case failover.Fenced:
+		return fmt.Sprintf("this node is fenced (a node under term %d took over): verify, switchover and epoch go to the new primary's admin address", term)
+	}
+	return fmt.Sprintf("this primary (term %d) has no standby to verify against or hand over to (started without --replicate-to)", term)
 }
