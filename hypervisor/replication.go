@@ -74,9 +74,9 @@ func (s *Server) waitForStandby(op abi.Opcode, err error) bool {
 	}
 	last := s.repl.Last()
 	if s.mode == replicate.ModeSync {
-		return s.repl.WaitApplied(last) || !s.repl.Closed()
+		return s.repl.WaitApplied(last) || !s.repl.Closed() && s.mayAnswerUnprotected()
 	}
-	return s.repl.WaitReceived(last) || !s.repl.Closed()
+	return s.repl.WaitReceived(last) || !s.repl.Closed() && s.mayAnswerUnprotected()
 }
 
 // stopTheWorld runs fn with the server and every session locked, so that

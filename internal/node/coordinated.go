@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpuha/vgpuha/failover"
@@ -22,6 +23,42 @@ func lead(cfg Config, role *failover.Node) error {
 	}
 	role.Term, role.Coordinated = term, true
 	return nil
+}
+
+// coordState is what a coordinated node keeps beyond its authority.
+type coordState struct {
+	// lossRecorded: the group's standby record, as this leader last wrote
+	// it, names no standby in sync, so none can win an election with a
+	// replica that lacks what this node answers unprotected.
+	lossRecorded atomic.Bool
+	kick         chan struct{} // publish now (a reply waits for lossRecorded)
+}
+
+// guardLease makes the server answer only within this node's lease and,
+// once its standby is lost, only after the loss is on record (see
+// hypervisor.Server.SetLease).
+func (n *Node) guardLease() {
+	c := n.cfg.Coordinator
+	if c == nil {
+		return
+	}
+	n.srv.SetLease(func() time.Time { return c.LastRenewal().Add(c.TTL() / 2) }, n.answerUnprotected)
+}
+
+// answerUnprotected waits until this leader has recorded that its standby
+// is not in sync, or reports false once the node no longer leads.
+func (n *Node) answerUnprotected() bool {
+	for !n.coord.lossRecorded.Load() {
+		if role, _ := n.auth.role(); role != failover.Primary || n.ctx.Err() != nil {
+			return false
+		}
+		select {
+		case n.coord.kick <- struct{}{}:
+		default:
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
 
 // coordinate feeds the coordinator's events to the authority and runs the
@@ -46,6 +83,7 @@ func (n *Node) coordinate() {
 			case <-n.ctx.Done():
 				return
 			case <-t.C:
+			case <-n.coord.kick:
 			}
 			n.publish(c, w)
 		}
@@ -100,11 +138,15 @@ func (n *Node) recordStandby(ctx context.Context, c *coordinator.Coordinator, w 
 	}
 	if rec.Addr != w.written.Addr || rec.InSync != w.written.InSync || rec.Term != w.written.Term {
 		rec.Since = now
+		if rec.InSync {
+			n.coord.lossRecorded.Store(false) // before the record can name it
+		}
 		if err := c.SetStandby(ctx, rec); err != nil {
 			n.log.Warn("recording the group's standby", "err", err)
 			return
 		}
 		w.written = rec
+		n.coord.lossRecorded.Store(!rec.InSync)
 	}
 	if now.Sub(w.since) < n.cfg.StandbyLossAfter {
 		return

@@ -139,3 +139,40 @@ func TestStandbyLossHealedFromPool(t *testing.T) {
 		return standbys[1].Agent().Receiver.Status().Applied == p.Log().Status().Last
 	})
 }
+
+// TestRefuseBelow: once a standby's coordinator reports a leader under a
+// term above its primary's, nothing the primary streams is applied: its
+// link is refused and it is told the term, and fences itself.
+func TestRefuseBelow(t *testing.T) {
+	dir := t.TempDir()
+	lnS := listen(t)
+	s, err := node.StartStandby(config(t, ""), lnS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
+	cfgP.ReplicateTo = lnS.Addr().String()
+	p, err := node.StartPrimary(cfgP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "P protected", protected(p))
+	applied := s.Agent().Receiver.Status().Applied
+	s.Agent().Receiver.RefuseBelow(7)
+	go g.Alloc(4096) // streamed under term 1: must not be applied
+	waitFor(t, "P fenced under term 7", func() bool { r, term := p.Role(); return r == failover.Fenced && term == 7 })
+	st := s.Agent().Receiver.Status()
+	if st.Applied != applied || st.StaleRefused == 0 || st.MinTerm != 7 {
+		t.Fatalf("after RefuseBelow(7): applied %d (was %d), stale refusals %d, min term %d", st.Applied, applied, st.StaleRefused, st.MinTerm)
+	}
+}

@@ -73,6 +73,7 @@ type Promotion struct {
 // Both the first primary and a promoted standby are built here.
 func (n *Node) becomePrimary(term uint64) error {
 	n.srv.SetTerm(term)
+	n.guardLease()
 	if n.cfg.ReplicateTo != "" {
 		if err := n.replicate(); err != nil {
 			if n.agent == nil {
