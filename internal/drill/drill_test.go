@@ -39,7 +39,7 @@ func TestDefaultFaults(t *testing.T) {
 			"failback", "standby-freeze", "standby-freeze-2s", "guest-start-after-failover"}},
 		{Options{Mode: "epoch", Netns: true}, []string{"kill"}},
 		{Options{Mode: "sync", Faults: []string{"freeze"}}, []string{"freeze"}},
-		{Options{Mode: "commit", Coordinator: true}, []string{"kill", "freeze", "standby-kill", "guest-cut", "partition",
+		{Options{Mode: "commit", Coordinator: true}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut", "partition",
 			"standby-freeze", "standby-freeze-2s", "guest-start-after-failover", "standby-loss", "etcd-member-kill"}},
 		{Options{Mode: "sync", Coordinator: true, SideBySide: true, Faults: []string{"partition", "etcd-member-kill"}}, []string{"partition", "etcd-member-kill"}},
 	} {
@@ -63,7 +63,7 @@ func TestValidate(t *testing.T) {
 		{Options{Mode: "commit", Faults: []string{"partition"}}, `fault "partition" needs network namespaces`},
 		{Options{Mode: "bogus"}, `unknown replication mode "bogus"`},
 		{Options{Mode: "commit", Faults: []string{"standby-loss"}}, `fault "standby-loss" needs --coordinator`},
-		{Options{Mode: "commit", Coordinator: true, Faults: []string{"failback"}}, `fault "failback" is not drilled with --coordinator (valid there: kill, freeze, standby-kill, guest-cut, partition, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
+		{Options{Mode: "commit", Coordinator: true, Faults: []string{"failback"}}, `fault "failback" is not drilled with --coordinator (valid there: kill, freeze, standby-kill, switchover, guest-cut, partition, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
 		{Options{Mode: "epoch", Coordinator: true}, `--coordinator is not drilled in epoch mode`},
 		{Options{Mode: "commit", SideBySide: true}, `--side-by-side compares with --coordinator`},
 	} {

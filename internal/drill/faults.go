@@ -58,7 +58,7 @@ var faults = []fault{
 	{name: "standby-kill", help: "SIGKILL standby", inject: killStandby,
 		failovers: 0, setups: bothSetups},
 	{name: "switchover", help: "planned", inject: switchover, expect: oldPrimaryFenced,
-		takeover: true, failovers: 1, setups: twoNode},
+		takeover: true, failovers: 1, setups: bothSetups},
 	// The guest resumes on the same primary; nobody takes over.
 	{name: "guest-cut", help: "drop the guest's connections to the primary", inject: cutGuest, expect: standbyNotPromoted,
 		failovers: 1, setups: bothSetups},

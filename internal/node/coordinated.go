@@ -32,6 +32,7 @@ type coordState struct {
 	// replica that lacks what this node answers unprotected.
 	lossRecorded atomic.Bool
 	kick         chan struct{} // publish now (a reply waits for lossRecorded)
+	handedOff    atomic.Bool   // a switchover resigned the leader key
 }
 
 // guardLease makes the server answer only within this node's lease and,
@@ -42,7 +43,42 @@ func (n *Node) guardLease() {
 	if c == nil {
 		return
 	}
-	n.srv.SetLease(func() time.Time { return c.LastRenewal().Add(c.TTL() / 2) }, n.answerUnprotected)
+	n.srv.SetLease(func() time.Time {
+		if n.coord.handedOff.Load() {
+			return time.Time{} // gave its leader key away: answers nobody
+		}
+		return c.LastRenewal().Add(c.TTL() / 2)
+	}, n.answerUnprotected)
+}
+
+// handOffWithin bounds how long a coordinated primary waits for its
+// standby to campaign before a switchover fails (still leading).
+const handOffWithin = 2 * time.Second
+
+// coordinatedHandover is a switchover's handover under a coordinator,
+// with every guest stopped and the standby holding the whole log: the
+// standby is asked to take over (it campaigns), this node resigns once
+// the standby's key waits behind its own, and the standby answers with
+// the term it won. From the resignation on this node answers no guest;
+// if the standby then does not answer, it is fenced.
+func (n *Node) coordinatedHandover(r *replication, timeout time.Duration) (uint64, error) {
+	type answer struct {
+		term uint64
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() { t, err := r.sender.Handover(timeout); got <- answer{t, err} }()
+	ctx, cancel := context.WithTimeout(n.ctx, handOffWithin)
+	defer cancel()
+	if err := n.cfg.Coordinator.HandOff(ctx, r.sender.Status().Standby, func() { n.coord.handedOff.Store(true) }); err != nil {
+		return 0, fmt.Errorf("switchover: %w", err)
+	}
+	a := <-got
+	if a.err != nil {
+		n.auth.step(failover.Event{Kind: failover.LeaseLost, At: n.cfg.Now()})
+		return 0, fmt.Errorf("switchover: resigned, but the standby did not answer (%w); this node is fenced", a.err)
+	}
+	return a.term, nil
 }
 
 // answerUnprotected waits until this leader has recorded that its standby

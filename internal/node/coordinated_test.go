@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,4 +176,87 @@ func TestRefuseBelow(t *testing.T) {
 	if st.Applied != applied || st.StaleRefused == 0 || st.MinTerm != 7 {
 		t.Fatalf("after RefuseBelow(7): applied %d (was %d), stale refusals %d, min term %d", st.Applied, applied, st.StaleRefused, st.MinTerm)
 	}
+}
+
+// TestCoordinatedSwitchover: a planned handover under a coordinator moves
+// the leader key to the in-sync standby (it campaigns, the primary
+// resigns), the standby promotes under the new key's revision, the guest
+// continues there with its data, and no guest is answered by the old
+// primary once the standby serves.
+func TestCoordinatedSwitchover(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	dir := t.TempDir()
+	lnS := listen(t)
+	cfgS := config(t, "unix://"+filepath.Join(dir, "s.sock"))
+	cfgS.Coordinator = coord(t, etcd, "s", lnS.Addr().String(), prometheus.NewRegistry())
+	s, err := node.StartStandby(cfgS, lnS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
+	cfgP.ReplicateTo = lnS.Addr().String()
+	cfgP.Coordinator = coord(t, etcd, "p", "", prometheus.NewRegistry())
+	p, err := node.StartPrimary(cfgP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "vm", Failover: []string{cfgS.GuestListen}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ptr, err := g.Alloc(4096)
+	if err == nil {
+		err = g.Memset8(ptr, 0x5a, 4096)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "S recorded in sync", inSyncRecorded(t, etcd, lnS.Addr().String()))
+	probe, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	var lastP atomic.Int64 // when P last answered the probe
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := probe.DeviceInfo(); err != nil {
+				return
+			}
+			lastP.Store(time.Now().UnixNano())
+		}
+	}()
+	waitFor(t, "P answering the probe", func() bool { return lastP.Load() != 0 })
+	_, pTerm := p.Role()
+	pause, term, err := p.Switchover(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "S promoted", func() bool { r, _ := s.Role(); return r == failover.Primary })
+	close(stop)
+	<-done
+	sFrom, _ := s.Serving()
+	if rP, _ := p.Role(); rP != failover.Fenced || term <= pTerm {
+		t.Fatalf("after the switchover: P %v, term %d (P's was %d)", rP, term, pTerm)
+	}
+	if last := time.Unix(0, lastP.Load()); !last.Before(sFrom) {
+		t.Fatalf("P answered a guest %v after S began serving", last.Sub(sFrom))
+	}
+	out := make([]byte, 4096)
+	if err := g.CopyDtoH(out, ptr); err != nil || out[0] != 0x5a || out[4095] != 0x5a {
+		t.Fatalf("the guest on S: %v, data %#x..%#x", err, out[0], out[4095])
+	}
+	t.Logf("coordinated switchover: guests paused %v, term %d -> %d; P's last answer %v before S served",
+		pause.Round(time.Millisecond), pTerm, term, sFrom.Sub(time.Unix(0, lastP.Load())).Round(time.Millisecond))
 }
