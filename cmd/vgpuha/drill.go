@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/vgpuha/vgpuha/internal/drill"
 )
@@ -21,6 +22,7 @@ func runDrill(args []string) error {
 	topology := fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
 	mode := fs.String("mode", "commit", "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
 	coord := fs.Bool("coordinator", false, "decide roles in etcd: the drill starts a 3-member etcd cluster, a primary, a standby and a pool standby, all on loopback")
+	ttl := fs.Duration("coordinator.ttl", 2*time.Second, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
 	sideBySide := fs.Bool("side-by-side", false, "with --coordinator: run each iteration again by two nodes alone, where they can drill its fault")
 	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
@@ -41,7 +43,7 @@ func runDrill(args []string) error {
 		return err
 	}
 	o := drill.Options{Binary: bin, Backend: *backendName, Mode: *mode, Netns: netns, Iterations: *iterations, Seed: *seed,
-		Coordinator: *coord, SideBySide: *sideBySide,
+		Coordinator: *coord, CoordinatorTTL: *ttl, SideBySide: *sideBySide,
 		Progress: func(r drill.Record, n int) {
 			fmt.Fprintf(os.Stderr, "iteration %d/%d (%s): %s at launch %d: passed=%v %s\n", r.Iteration, n, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed, r.Problem)
 		}}

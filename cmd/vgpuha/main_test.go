@@ -525,6 +525,7 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 		{[]string{"--coordinator", "--faults", "failback"}, `fault "failback" is not drilled with --coordinator`},
 		{[]string{"--coordinator", "--mode", "epoch"}, `--coordinator is not drilled in epoch mode`},
 		{[]string{"--side-by-side"}, `--side-by-side compares with --coordinator`},
+		{[]string{"--coordinator", "--coordinator.ttl", "500ms"}, `--coordinator.ttl 500ms: want whole seconds`},
 		{[]string{"--topology", "bogus"}, `unknown topology "bogus" (valid: auto, netns, loopback)`},
 		{[]string{"--iterations", "0"}, "--iterations must be at least 1"},
 		{[]string{"--mode", "epoch", "--faults", "freeze"}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},

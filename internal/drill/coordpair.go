@@ -11,10 +11,9 @@ import (
 	"github.com/vgpuha/vgpuha/internal/etcdtest"
 )
 
-// Drill settings of a coordinated pair: the shortest lease etcd takes,
-// and a standby replaced from the pool after a second without it.
+// Drill settings of a coordinated pair: a standby replaced from the pool
+// after a second without it (the lease is Options.CoordinatorTTL).
 const (
-	drillTTL          = "1s"
 	drillStandbyAfter = "1s"
 	drillGroup        = "drill"
 )
@@ -31,17 +30,18 @@ type coordinated struct {
 	toEtcd   []*etcdtest.Proxy // primary → each etcd member
 	poolAddr string            // where the pair's pool standby takes a stream
 	poolEP   string            // its guest endpoint (it serves only if promoted)
+	ttl      time.Duration     // every node's lease
 }
 
 // startCoordinatedPair starts an etcd cluster, a standby and a pool
 // standby registered in the drill's group, and a primary that leads it,
 // and waits until the group records the standby in sync.
-func startCoordinatedPair(bin, backend, mode string) (*pair, error) {
+func startCoordinatedPair(bin, backend, mode string, ttl time.Duration) (*pair, error) {
 	p, err := newPair(bin, backend)
 	if err != nil {
 		return nil, err
 	}
-	c := &coordinated{poolEP: "unix://" + filepath.Join(p.dir, "pool.sock")}
+	c := &coordinated{poolEP: "unix://" + filepath.Join(p.dir, "pool.sock"), ttl: ttl}
 	p.coord, p.pool = c, newAgent(filepath.Join(p.dir, "pool-admin.sock"))
 	if err := c.connect(bin, p.dir); err != nil {
 		p.stop()
@@ -101,7 +101,7 @@ func (c *coordinated) connect(bin, dir string) error {
 
 // flags are a node's coordinator flags with etcd at url.
 func (c *coordinated) flags(url string) []string {
-	return []string{"--coordinator", url, "--coordinator.group", drillGroup, "--coordinator.ttl", drillTTL}
+	return []string{"--coordinator", url, "--coordinator.group", drillGroup, "--coordinator.ttl", c.ttl.String()}
 }
 
 // proxiedURL is etcd as the primary reaches it: through the proxies.

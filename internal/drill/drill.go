@@ -32,6 +32,8 @@ type Options struct {
 	// Coordinator: roles are decided in etcd (a 3-member cluster the drill
 	// starts, on loopback; see coordpair.go) instead of by two nodes.
 	Coordinator bool
+	// CoordinatorTTL is every coordinated node's lease (whole seconds).
+	CoordinatorTTL time.Duration
 	// SideBySide (with Coordinator): each iteration is run again by two
 	// nodes alone where they can drill its fault, for comparison.
 	SideBySide bool
@@ -172,6 +174,8 @@ func (o Options) Validate() error {
 		return errors.New("--side-by-side compares with --coordinator: give both")
 	case o.Coordinator && o.Mode == "epoch":
 		return errors.New("--coordinator is not drilled in epoch mode (valid there: sync, commit)")
+	case o.Coordinator && (o.CoordinatorTTL < time.Second || o.CoordinatorTTL%time.Second != 0):
+		return fmt.Errorf("--coordinator.ttl %v: want whole seconds, at least 1s", o.CoordinatorTTL)
 	}
 	for _, name := range o.faults() {
 		f := lookup(name)
@@ -327,7 +331,6 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 		r.rec.AtLaunch = at/epochEvery*epochEvery + epochEvery - 1
 	}
 	err := r.setUp(o, coordinated)
-	defer r.tearDown()
 	if err == nil {
 		err = r.workload()
 	}
@@ -347,6 +350,7 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 	} else {
 		r.rec.Passed = true
 	}
+	r.tearDown()
 	return r.rec
 }
 
@@ -354,7 +358,7 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 func (r *run) setUp(o Options, coordinated bool) error {
 	var err error
 	if coordinated {
-		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode)
+		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode, o.CoordinatorTTL)
 	} else {
 		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns)
 	}
@@ -381,6 +385,8 @@ func (r *run) setUp(o Options, coordinated bool) error {
 	return nil
 }
 
+// tearDown stops everything the iteration started; a failed iteration's
+// logs stay, and its record says where.
 func (r *run) tearDown() {
 	if r.serving != nil {
 		r.serving.end()
@@ -391,7 +397,12 @@ func (r *run) tearDown() {
 	if r.proxy != nil {
 		r.proxy.Close()
 	}
-	if r.pair != nil {
+	switch {
+	case r.pair == nil:
+	case r.rec.Problem != "":
+		r.pair.stopKeepingLogs() // the nodes' logs say why
+		r.rec.Problem += " (logs in " + r.pair.dir + ")"
+	default:
 		r.pair.stop()
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestFaultTable: every row can strike, has a name of its own and a help
@@ -39,9 +40,9 @@ func TestDefaultFaults(t *testing.T) {
 			"failback", "standby-freeze", "standby-freeze-2s", "guest-start-after-failover"}},
 		{Options{Mode: "epoch", Netns: true}, []string{"kill"}},
 		{Options{Mode: "sync", Faults: []string{"freeze"}}, []string{"freeze"}},
-		{Options{Mode: "commit", Coordinator: true}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut", "partition",
+		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: time.Second}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut", "partition",
 			"standby-freeze", "standby-freeze-2s", "guest-start-after-failover", "standby-loss", "etcd-member-kill"}},
-		{Options{Mode: "sync", Coordinator: true, SideBySide: true, Faults: []string{"partition", "etcd-member-kill"}}, []string{"partition", "etcd-member-kill"}},
+		{Options{Mode: "sync", Coordinator: true, CoordinatorTTL: time.Second, SideBySide: true, Faults: []string{"partition", "etcd-member-kill"}}, []string{"partition", "etcd-member-kill"}},
 	} {
 		if got := tc.o.faults(); !slices.Equal(got, tc.want) {
 			t.Errorf("%+v: %v, want %v", tc.o, got, tc.want)
@@ -63,9 +64,10 @@ func TestValidate(t *testing.T) {
 		{Options{Mode: "commit", Faults: []string{"partition"}}, `fault "partition" needs network namespaces`},
 		{Options{Mode: "bogus"}, `unknown replication mode "bogus"`},
 		{Options{Mode: "commit", Faults: []string{"standby-loss"}}, `fault "standby-loss" needs --coordinator`},
-		{Options{Mode: "commit", Coordinator: true, Faults: []string{"failback"}}, `fault "failback" is not drilled with --coordinator (valid there: kill, freeze, standby-kill, switchover, guest-cut, partition, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
-		{Options{Mode: "epoch", Coordinator: true}, `--coordinator is not drilled in epoch mode`},
+		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: time.Second, Faults: []string{"failback"}}, `fault "failback" is not drilled with --coordinator (valid there: kill, freeze, standby-kill, switchover, guest-cut, partition, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
+		{Options{Mode: "epoch", Coordinator: true, CoordinatorTTL: time.Second}, `--coordinator is not drilled in epoch mode`},
 		{Options{Mode: "commit", SideBySide: true}, `--side-by-side compares with --coordinator`},
+		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: 1500 * time.Millisecond}, `--coordinator.ttl 1.5s: want whole seconds`},
 	} {
 		if err := tc.o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.o, err, tc.want)
