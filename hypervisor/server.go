@@ -157,7 +157,7 @@ type Server struct {
 	fencedFlag atomic.Bool
 	// lease and unprotected guard a coordinated primary (SetLease).
 	lease       atomic.Pointer[func() time.Time]
-	unprotected atomic.Pointer[func() bool]
+	unprotected atomic.Pointer[func() (allow, stop bool)]
 	conns       map[net.Conn]struct{}
 	closed      bool
 	wg          sync.WaitGroup
@@ -435,11 +435,12 @@ func (s *Server) fenceLocked() {
 // is certainly its own: no request runs, no session opens and no reply is
 // sent once deadline() has passed, even before the node's fence has run
 // (a process frozen past its lease, or whose fence is still on its way).
-// Once its standby is lost, a reply that the standby may not hold is sent
-// only when unprotected() allows it (the group's record no longer names
-// that standby as in sync, so it can never take over without it), and is
-// dropped, ending the connection, when it reports false (the node stops).
-func (s *Server) SetLease(deadline func() time.Time, unprotected func() bool) {
+// Once its standby is lost, a reply that the standby may not hold waits
+// until unprotected() allows it (the group's record no longer names that
+// standby as in sync, so it can never take over without it) or the standby
+// holds it after all, and is dropped, ending the connection, when
+// unprotected() says stop (the node no longer leads).
+func (s *Server) SetLease(deadline func() time.Time, unprotected func() (allow, stop bool)) {
 	s.lease.Store(&deadline)
 	s.unprotected.Store(&unprotected)
 }
@@ -455,11 +456,23 @@ func errLeaseExpired() error {
 	return fail(abi.StatusUnavailable, "this node's coordinator lease ran out: it may no longer serve; the session continues on the new primary")
 }
 
-// mayAnswerUnprotected reports whether a reply the standby may not hold
-// can be sent (see SetLease).
-func (s *Server) mayAnswerUnprotected() bool {
+// mayAnswerUnprotected waits until a reply the standby may not hold can be
+// sent (see SetLease), or until held reports that the standby holds it.
+func (s *Server) mayAnswerUnprotected(held func() bool) bool {
 	f := s.unprotected.Load()
-	return f == nil || (*f)()
+	if f == nil {
+		return true
+	}
+	for {
+		allow, stop := (*f)()
+		switch {
+		case allow || held():
+			return true
+		case stop:
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // newSession creates a session whose guest sees the window at base, and

@@ -54,9 +54,13 @@ type Options struct {
 // ErrInterrupted: the drill was stopped before its last iteration.
 var ErrInterrupted = errors.New("drill interrupted")
 
-func (o Options) stopped() bool {
+func (o Options) stopped() bool { return stopped(o.Stop) }
+
+// stopped reports whether stop is closed (an interrupted drill cleans up
+// everything, logs included).
+func stopped(stop <-chan struct{}) bool {
 	select {
-	case <-o.Stop:
+	case <-stop:
 		return true
 	default:
 		return false
@@ -399,7 +403,7 @@ func (r *run) tearDown() {
 	}
 	switch {
 	case r.pair == nil:
-	case r.rec.Problem != "":
+	case r.rec.Problem != "" && !stopped(r.stop):
 		r.pair.stopKeepingLogs() // the nodes' logs say why
 		r.rec.Problem += " (logs in " + r.pair.dir + ")"
 	default:

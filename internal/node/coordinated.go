@@ -81,20 +81,21 @@ func (n *Node) coordinatedHandover(r *replication, timeout time.Duration) (uint6
 	return a.term, nil
 }
 
-// answerUnprotected waits until this leader has recorded that its standby
-// is not in sync, or reports false once the node no longer leads.
-func (n *Node) answerUnprotected() bool {
-	for !n.coord.lossRecorded.Load() {
-		if role, _ := n.auth.role(); role != failover.Primary || n.ctx.Err() != nil {
-			return false
-		}
-		select {
-		case n.coord.kick <- struct{}{}:
-		default:
-		}
-		time.Sleep(5 * time.Millisecond)
+// answerUnprotected allows a reply the standby lacks once this leader has
+// recorded that its standby is not in sync, stops it once the node no
+// longer leads, and meanwhile asks for the record to be written now.
+func (n *Node) answerUnprotected() (allow, stop bool) {
+	if n.coord.lossRecorded.Load() {
+		return true, false
 	}
-	return true
+	if role, _ := n.auth.role(); role != failover.Primary || n.ctx.Err() != nil {
+		return false, true
+	}
+	select {
+	case n.coord.kick <- struct{}{}:
+	default:
+	}
+	return false, false
 }
 
 // coordinate feeds the coordinator's events to the authority and runs the
