@@ -104,8 +104,9 @@ type Action struct {
 // in as more event kinds: a lease lost becomes a Fence, and a standby that
 // suspects its primary no longer promotes itself: it asks to Campaign and
 // promotes only on ElectionWon, under the election's token, which must be
-// above every term it knows. Switchover (HandOver) is refused while
-// coordinated: the leadership moves only through the coordinator.
+// above every term it knows. A switchover (HandOver) also moves the
+// leadership only through the coordinator: the standby campaigns, the
+// primary resigns, and the standby promotes on ElectionWon.
 type Node struct {
 	Role   Role
 	Term   uint64
@@ -163,8 +164,8 @@ func (n *Node) Step(e Event) []Action {
 	case PeerTerm:
 		return n.sawTerm(e.Term)
 	case HandOver:
-		if n.Role == Standby && n.det != nil && !n.Coordinated {
-			return n.takeOver()
+		if n.Role == Standby && n.det != nil {
+			return n.handOver()
 		}
 	case LeaseLost:
 		if n.Role == Primary {
@@ -233,6 +234,21 @@ func (n *Node) sawTerm(term uint64) []Action {
 		return []Action{{Kind: Fence, Term: term}}
 	}
 	return nil
+}
+
+// handOver: the primary asks this standby to take over. Coordinated, a
+// standby with a complete replica campaigns (again, if a campaign already
+// waits) and promotes only on ElectionWon: the primary resigns once this
+// node's key waits behind its own.
+func (n *Node) handOver() []Action {
+	if n.Coordinated {
+		if !n.InSync {
+			return nil
+		}
+		n.campaigning = true
+		return []Action{{Kind: Campaign}}
+	}
+	return n.takeOver()
 }
 
 // takeOver makes a standby the primary under a new term, or, coordinated,

@@ -98,7 +98,16 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	case "heal":
 		w.cut, w.etcdCut = false, false
 	case "switchover":
-		w.s.Step(Event{Kind: HandOver})
+		acts := w.s.Step(Event{Kind: HandOver})
+		if len(acts) == 1 && acts[0].Kind == Campaign {
+			// P resigns once S's key waits behind its own: S's leads next.
+			w.rev += 5
+			verdict := "S resigns the win"
+			if promotes(w.s.Step(Event{Kind: ElectionWon, Term: w.rev})) {
+				verdict = fmt.Sprintf("S promotes under term %d", w.s.Term)
+			}
+			w.events = append(w.events, "S campaigns, P resigns, S wins: "+verdict)
+		}
 		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
 	case "run":
 		var from, to int

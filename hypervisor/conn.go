@@ -200,10 +200,10 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	if f.Flags&abi.FlagAsync != 0 && (err == nil || errors.As(err, &deferred)) {
 		return true // no reply: the guest is pipelining; an error waits for its next sync
 	}
-	if !c.s.waitForStandby(f.Op, err) {
-		// The node is going down: this reply could tell the guest of a
-		// change the standby may never get. No reply; the guest resumes on
-		// the standby.
+	if !c.s.waitForStandby(f.Op, err) || c.s.leaseExpired() {
+		// The node is going down, or its lease ran out: this reply could
+		// tell the guest of a change the standby may never get. No reply;
+		// the guest resumes on the standby.
 		return false
 	}
 	st, msg := abi.StatusOK, ""

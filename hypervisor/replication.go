@@ -73,10 +73,11 @@ func (s *Server) waitForStandby(op abi.Opcode, err error) bool {
 		return true
 	}
 	last := s.repl.Last()
+	held := func() bool { return s.repl.WaitReceived(last) }
 	if s.mode == replicate.ModeSync {
-		return s.repl.WaitApplied(last) || !s.repl.Closed()
+		held = func() bool { return s.repl.WaitApplied(last) }
 	}
-	return s.repl.WaitReceived(last) || !s.repl.Closed()
+	return held() || !s.repl.Closed() && s.mayAnswerUnprotected(held)
 }
 
 // stopTheWorld runs fn with the server and every session locked, so that

@@ -155,9 +155,12 @@ type Server struct {
 	serving   bool // Serve was called: this node takes guests
 	// fencedFlag mirrors fenced for sessions, which must not take s.mu.
 	fencedFlag atomic.Bool
-	conns      map[net.Conn]struct{}
-	closed     bool
-	wg         sync.WaitGroup
+	// lease and unprotected guard a coordinated primary (SetLease).
+	lease       atomic.Pointer[func() time.Time]
+	unprotected atomic.Pointer[func() (allow, stop bool)]
+	conns       map[net.Conn]struct{}
+	closed      bool
+	wg          sync.WaitGroup
 }
 
 // NewServer returns a server running guests on backend. Metrics are
@@ -315,6 +318,9 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	if s.fenced {
 		return 0, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
 	}
+	if s.leaseExpired() {
+		return 0, nil, errLeaseExpired()
+	}
 	if h, ok := s.backend.(gpu.HealthReporter); ok {
 		if err := h.Healthy(); err != nil {
 			return 0, nil, err
@@ -349,6 +355,9 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	defer s.mu.Unlock()
 	if s.fenced {
 		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+	}
+	if s.leaseExpired() {
+		return nil, nil, errLeaseExpired()
 	}
 	sess := s.sessions[req.Resume]
 	if sess == nil {
@@ -424,6 +433,50 @@ func (s *Server) fenceLocked() {
 	}
 	for c := range s.conns {
 		c.Close()
+	}
+}
+
+// SetLease makes this node answer guests only while a coordinator's lease
+// is certainly its own: no request runs, no session opens and no reply is
+// sent once deadline() has passed, even before the node's fence has run
+// (a process frozen past its lease, or whose fence is still on its way).
+// Once its standby is lost, a reply that the standby may not hold waits
+// until unprotected() allows it (the group's record no longer names that
+// standby as in sync, so it can never take over without it) or the standby
+// holds it after all, and is dropped, ending the connection, when
+// unprotected() says stop (the node no longer leads).
+func (s *Server) SetLease(deadline func() time.Time, unprotected func() (allow, stop bool)) {
+	s.lease.Store(&deadline)
+	s.unprotected.Store(&unprotected)
+}
+
+// leaseExpired reports whether a lease set by SetLease has run out.
+func (s *Server) leaseExpired() bool {
+	d := s.lease.Load()
+	return d != nil && !time.Now().Before((*d)())
+}
+
+// errLeaseExpired refuses what a node whose lease ran out would do.
+func errLeaseExpired() error {
+	return fail(abi.StatusUnavailable, "this node's coordinator lease ran out: it may no longer serve; the session continues on the new primary")
+}
+
+// mayAnswerUnprotected waits until a reply the standby may not hold can be
+// sent (see SetLease), or until held reports that the standby holds it.
+func (s *Server) mayAnswerUnprotected(held func() bool) bool {
+	f := s.unprotected.Load()
+	if f == nil {
+		return true
+	}
+	for {
+		allow, stop := (*f)()
+		switch {
+		case allow || held():
+			return true
+		case stop:
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -177,6 +177,9 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	if s.fenced.Load() {
 		return nil, fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
 	}
+	if s.srv.leaseExpired() {
+		return nil, errLeaseExpired()
+	}
 	if s.failed != "" {
 		return nil, fail(abi.StatusInternal, "session %d has failed (%s); open a new session", s.id, s.failed)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/vgpuha/vgpuha/internal/drill"
 )
@@ -20,6 +21,9 @@ func runDrill(args []string) error {
 	faults := fs.String("faults", "", "faults to cycle through: "+drill.FaultHelp()+"; default: all that the topology allows")
 	topology := fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
 	mode := fs.String("mode", "commit", "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
+	coord := fs.Bool("coordinator", false, "decide roles in etcd: the drill starts a 3-member etcd cluster, a primary, a standby and a pool standby, all on loopback")
+	ttl := fs.Duration("coordinator.ttl", 2*time.Second, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
+	sideBySide := fs.Bool("side-by-side", false, "with --coordinator: run each iteration again by two nodes alone, where they can drill its fault")
 	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
 	asJSON := fs.Bool("json", false, "print one JSON object")
@@ -39,8 +43,9 @@ func runDrill(args []string) error {
 		return err
 	}
 	o := drill.Options{Binary: bin, Backend: *backendName, Mode: *mode, Netns: netns, Iterations: *iterations, Seed: *seed,
+		Coordinator: *coord, CoordinatorTTL: *ttl, SideBySide: *sideBySide,
 		Progress: func(r drill.Record, n int) {
-			fmt.Fprintf(os.Stderr, "iteration %d/%d: %s at launch %d: passed=%v %s\n", r.Iteration, n, r.Fault, r.AtLaunch, r.Passed, r.Problem)
+			fmt.Fprintf(os.Stderr, "iteration %d/%d (%s): %s at launch %d: passed=%v %s\n", r.Iteration, n, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed, r.Problem)
 		}}
 	if *faults != "" {
 		o.Faults = strings.Split(*faults, ",")
@@ -48,7 +53,7 @@ func runDrill(args []string) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "topology: %s\n", drill.Topology(netns))
+	fmt.Fprintf(os.Stderr, "topology: %s\n", o.Topology())
 	// SIGTERM or SIGINT end the drill cleanly: the iteration under way
 	// tears down its agents, namespaces and directory.
 	ctx, stopSignals := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -111,12 +116,26 @@ func writeDrillPlot(path string, rep drill.Report) error {
 
 func printDrill(rep drill.Report) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ITER\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tOLD PRIMARY FENCED\tROLLED BACK")
+	fmt.Fprintln(tw, "ITER\tSETUP\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tBOTH SERVING ms\tOLD PRIMARY FENCED\tROLLED BACK")
 	for _, r := range rep.Records {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%d\t%v\t%v\n", r.Iteration, r.Fault, r.AtLaunch, r.Passed, r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.Fenced, r.RolledBack)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%d\t%.1f\t%v\t%v\n", r.Iteration, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed,
+			r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.BothServingMS, r.Fenced, r.RolledBack)
 	}
 	tw.Flush()
 	fmt.Printf("\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
-	fmt.Printf("detection ms p50 %.0f p99 %.0f max %.0f; guest pause ms p50 %.0f p99 %.0f max %.0f\n",
+	fmt.Printf("detection ms p50 %.0f p99 %.0f max %.0f; guest pause ms p50 %.0f p99 %.0f max %.0f\n\n",
 		rep.DetectionMS.P50, rep.DetectionMS.P99, rep.DetectionMS.Max, rep.PauseMS.P50, rep.PauseMS.P99, rep.PauseMS.Max)
+	fmt.Fprintln(tw, "FAULT\tSETUP\tPASSED\tDETECTION ms p50/p99\tGUEST PAUSE ms p50/p99\tLOST\tBOTH SERVING ms p50/max")
+	for _, f := range rep.Faults {
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%.0f/%.0f\t%.0f/%.0f\t%d\t%.1f/%.1f\n", f.Fault, setupName(f.Coordinated), f.Passed, f.Iterations,
+			f.DetectionMS.P50, f.DetectionMS.P99, f.PauseMS.P50, f.PauseMS.P99, f.LostRequests, f.BothServingMS.P50, f.BothServingMS.Max)
+	}
+	tw.Flush()
+}
+
+func setupName(coordinated bool) string {
+	if coordinated {
+		return "etcd"
+	}
+	return "two nodes"
 }

@@ -20,18 +20,19 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"primary":    {"serve guests' GPU calls on the local backend", runPrimary},
-	"guest":      {"run an example guest workload through pvdriver and verify it", runGuest},
-	"demo":       {"start a primary and run every workload against it on loopback", runDemo},
-	"bench":      {"run a benchmark ('vgpuha bench --help' lists them)", runBench},
-	"standby":    {"apply a primary's replication stream to a replica GPU", runStandby},
-	"verify":     {"compare every object on primary and standby (and repair)", runVerify},
-	"switchover": {"hand the primary role to the standby with nothing lost (maintenance, migration)", runSwitchover},
-	"drill":      {"inject faults into a primary/standby pair under a guest workload and measure", runDrill},
-	"run":        {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
-	"mmio-guest": {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
-	"version":    {"print the version and the commit it was built from", runVersion},
-	"status":     {"one node's status (--admin), or every replication group's members from the coordinator (etcd)", runStatus},
+	"primary":     {"serve guests' GPU calls on the local backend", runPrimary},
+	"guest":       {"run an example guest workload through pvdriver and verify it", runGuest},
+	"demo":        {"start a primary and run every workload against it on loopback", runDemo},
+	"bench":       {"run a benchmark ('vgpuha bench --help' lists them)", runBench},
+	"standby":     {"apply a primary's replication stream to a replica GPU", runStandby},
+	"verify":      {"compare every object on primary and standby (and repair)", runVerify},
+	"switchover":  {"hand the primary role to the standby with nothing lost (maintenance, migration)", runSwitchover},
+	"drill":       {"inject faults into a primary/standby pair under a guest workload and measure", runDrill},
+	"run":         {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
+	"mmio-guest":  {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
+	"version":     {"print the version and the commit it was built from", runVersion},
+	"etcd-member": {"run one embedded etcd member on loopback (drill --coordinator starts three; not for production)", runEtcdMember},
+	"status":      {"one node's status (--admin), or every replication group's members from the coordinator (etcd)", runStatus},
 }
 
 func usage(w io.Writer) {

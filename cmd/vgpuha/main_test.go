@@ -494,6 +494,39 @@ func TestDrill(t *testing.T) {
 	}
 }
 
+// TestDrillCoordinated runs the coordinator's faults once each through
+// `vgpuha drill --coordinator` (a 3-member etcd cluster of processes): no
+// request lost, the standby takes over only where the primary failed, and
+// never did two nodes answer guests at once.
+func TestDrillCoordinated(t *testing.T) {
+	skipShort(t)
+	out, err := exec.Command(vgpuhaBin, "drill", "--coordinator", "--iterations", "5", "--faults", "kill,freeze,partition,standby-loss,etcd-member-kill",
+		"--json", "--backend", "sim").Output()
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, out)
+	}
+	var rep struct {
+		Iterations, Passed int
+		LostRequests       int64 `json:"lost_requests"`
+		Records            []struct {
+			Fault         string
+			Coordinated   bool
+			BothServingMS float64 `json:"both_serving_ms"`
+		}
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("drill output %q: %v", out, err)
+	}
+	if rep.Iterations != 5 || rep.Passed != 5 || rep.LostRequests != 0 {
+		t.Fatalf("drill report: %s", out)
+	}
+	for _, r := range rep.Records {
+		if !r.Coordinated || r.BothServingMS != 0 {
+			t.Errorf("%s: coordinated %v, both serving %v ms", r.Fault, r.Coordinated, r.BothServingMS)
+		}
+	}
+}
+
 // TestDrillRefusesBadFlags: what the drill cannot run is refused before
 // any iteration (no pair is started), naming what would be valid.
 func TestDrillRefusesBadFlags(t *testing.T) {
@@ -502,7 +535,12 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--faults", "kill,bogus"}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover)`},
+		{[]string{"--faults", "kill,bogus"}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
+		{[]string{"--faults", "etcd-member-kill"}, `fault "etcd-member-kill" needs --coordinator`},
+		{[]string{"--coordinator", "--faults", "failback"}, `fault "failback" is not drilled with --coordinator`},
+		{[]string{"--coordinator", "--mode", "epoch"}, `--coordinator is not drilled in epoch mode`},
+		{[]string{"--side-by-side"}, `--side-by-side compares with --coordinator`},
+		{[]string{"--coordinator", "--coordinator.ttl", "500ms"}, `--coordinator.ttl 500ms: want whole seconds`},
 		{[]string{"--topology", "bogus"}, `unknown topology "bogus" (valid: auto, netns, loopback)`},
 		{[]string{"--iterations", "0"}, "--iterations must be at least 1"},
 		{[]string{"--mode", "epoch", "--faults", "freeze"}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},

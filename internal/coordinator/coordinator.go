@@ -280,20 +280,28 @@ func (c *Coordinator) renew() {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		c.renewOnce(every)
+		next := t.C
+		if !c.renewOnce(every) {
+			// Try again soon, not at the next tick: after an etcd
+			// leader change the first renewal that can succeed counts.
+			next = time.After(min(every, renewRetry))
+		}
 		select {
 		case <-c.ctx.Done():
 			return
-		case <-t.C:
+		case <-next:
 		}
 	}
 }
 
-// renewOnce sends one keepalive. A node whose lease is gone takes a new
+// renewRetry is how soon a failed renewal is tried again.
+const renewRetry = 25 * time.Millisecond
+
+// renewOnce sends one keepalive and reports whether it succeeded. A node whose lease is gone takes a new
 // one for its member record (status then shows a fenced leader as
 // fenced); that never makes it a leader again: only its authority's
 // Campaign does, and a fenced node never asks.
-func (c *Coordinator) renewOnce(timeout time.Duration) {
+func (c *Coordinator) renewOnce(timeout time.Duration) bool {
 	c.mu.Lock()
 	sess, lost, leader := c.sess, c.lost, c.leader
 	c.mu.Unlock()
@@ -301,7 +309,7 @@ func (c *Coordinator) renewOnce(timeout time.Duration) {
 		if !leader && c.newSession() == nil {
 			c.log.Info("coordinator lease renewed after a loss")
 		}
-		return
+		return true
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, timeout)
 	defer cancel()
@@ -316,7 +324,7 @@ func (c *Coordinator) renewOnce(timeout time.Duration) {
 		if first {
 			c.log.Warn("coordinator lease renewal failed", "err", err)
 		}
-		return
+		return false
 	}
 	c.metrics.renewals.Inc()
 	c.mu.Lock()
@@ -324,6 +332,7 @@ func (c *Coordinator) renewOnce(timeout time.Duration) {
 		c.lastOK, c.lastFail = sent, time.Time{}
 	}
 	c.mu.Unlock()
+	return true
 }
 
 // checkMargin reports LeaseLost once TTL/2 passed since the last renewal

@@ -71,7 +71,7 @@ func (c *Coordinator) campaign(ctx context.Context, elect electionAPI, self stri
 		c.metrics.elections.WithLabelValues("refused").Inc()
 		return 0, err
 	}
-	c.log.Info("campaigning: the primary is suspected")
+	c.log.Info("campaigning for the group's leadership (the primary is suspected, or hands over)")
 	if err := elect.Campaign(ctx, c.cfg.ID); err != nil {
 		c.metrics.elections.WithLabelValues("failed").Inc()
 		return 0, fmt.Errorf("campaigning: %w", err)
@@ -170,4 +170,56 @@ func (c *Coordinator) leaderCmp() (clientv3.Cmp, error) {
 		return clientv3.Cmp{}, errors.New("this node does not lead the group")
 	}
 	return clientv3.Compare(clientv3.CreateRevision(c.elect.Key()), "=", c.elect.Rev()), nil
+}
+
+// HandOff gives the group's leadership to the standby that takes streams
+// at addr (a planned switchover, with every guest stopped): it waits until
+// that standby campaigns (its key waits behind this leader's), calls
+// beforeResign, and resigns, so that the standby's key leads next; no
+// other node can win in between (only the standby the record names in
+// sync may). It fails, still leading, when ctx ends first.
+func (c *Coordinator) HandOff(ctx context.Context, addr string, beforeResign func()) error {
+	if !c.Leader() {
+		return errors.New("this node does not lead the group")
+	}
+	for {
+		ok, err := c.campaigns(ctx, addr)
+		if ok {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the standby at %s did not campaign (%v): %w", addr, err, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	beforeResign()
+	c.Resign()
+	c.log.Warn("handed the group's leadership to its standby", "standby", addr)
+	return nil
+}
+
+// campaigns reports whether a member whose stream address is addr holds a
+// key in the group's election.
+func (c *Coordinator) campaigns(ctx context.Context, addr string) (bool, error) {
+	members, err := c.members(ctx, c.cfg.Group)
+	if err != nil {
+		return false, err
+	}
+	ids := map[string]bool{}
+	for _, m := range members {
+		if m.Addr == addr && m.ID != c.cfg.ID {
+			ids[m.ID] = true
+		}
+	}
+	resp, err := c.cli.Get(ctx, c.prefix()+"leader/", clientv3.WithPrefix())
+	if err != nil {
+		return false, err
+	}
+	for _, kv := range resp.Kvs {
+		if ids[string(kv.Value)] {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -28,7 +28,15 @@ type Options struct {
 	Binary  string // the vgpuha binary the agents run from
 	Backend string // GPU backend of both nodes
 	Mode    string // replication mode
-	Netns   bool   // each node in its own network namespace, veth between
+	Netns   bool   // each node in its own network namespace, veth between (two nodes)
+	// Coordinator: roles are decided in etcd (a 3-member cluster the drill
+	// starts, on loopback; see coordpair.go) instead of by two nodes.
+	Coordinator bool
+	// CoordinatorTTL is every coordinated node's lease (whole seconds).
+	CoordinatorTTL time.Duration
+	// SideBySide (with Coordinator): each iteration is run again by two
+	// nodes alone where they can drill its fault, for comparison.
+	SideBySide bool
 	// Faults are cycled through, one per iteration; empty: every fault
 	// the mode and topology allow.
 	Faults     []string
@@ -46,9 +54,13 @@ type Options struct {
 // ErrInterrupted: the drill was stopped before its last iteration.
 var ErrInterrupted = errors.New("drill interrupted")
 
-func (o Options) stopped() bool {
+func (o Options) stopped() bool { return stopped(o.Stop) }
+
+// stopped reports whether stop is closed (an interrupted drill cleans up
+// everything, logs included).
+func stopped(stop <-chan struct{}) bool {
 	select {
-	case <-o.Stop:
+	case <-stop:
 		return true
 	default:
 		return false
@@ -59,18 +71,25 @@ func (o Options) stopped() bool {
 type Record struct {
 	Iteration    int     `json:"iteration"`
 	Fault        string  `json:"fault"`
+	Coordinated  bool    `json:"coordinated"`
 	AtLaunch     int     `json:"at_launch"`
 	Passed       bool    `json:"passed"`
 	Failovers    int     `json:"failovers"`
 	DetectionMS  float64 `json:"detection_ms,omitempty"`
 	PromotionMS  float64 `json:"promotion_ms,omitempty"`
-	PauseMS      float64 `json:"pause_ms,omitempty"`
-	LostRequests int64   `json:"lost_requests"` // negative: applied twice
+	PauseMS      float64 `json:"pause_ms,omitempty"` // a takeover: from the fault to the guest resuming
+	LostRequests int64   `json:"lost_requests"`      // negative: applied twice
 	Fenced       bool    `json:"old_primary_fenced,omitempty"`
 	// RolledBack: the guest was told its session was rolled back (a
 	// partition: the old primary served on, unprotected, and was fenced).
-	RolledBack bool   `json:"rolled_back,omitempty"`
-	Problem    string `json:"problem,omitempty"`
+	RolledBack bool `json:"rolled_back,omitempty"`
+	// BothServingMS is how long the old primary answered guests after
+	// another node had begun to (see servingProbe).
+	BothServingMS float64 `json:"both_serving_ms"`
+	// ReprotectedMS: standby-loss, from the loss until the pool standby
+	// protected the primary.
+	ReprotectedMS float64 `json:"reprotected_ms,omitempty"`
+	Problem       string  `json:"problem,omitempty"`
 }
 
 // Quantiles summarize a measurement over iterations.
@@ -90,7 +109,21 @@ type Report struct {
 	LostRequests int64     `json:"lost_requests"`
 	DetectionMS  Quantiles `json:"detection_ms"` // unplanned takeovers (kill, freeze)
 	PauseMS      Quantiles `json:"pause_ms"`     // unplanned takeovers (kill, freeze)
-	Records      []Record  `json:"records"`
+	// Faults sums up each fault in each setup, in the order first drilled.
+	Faults  []FaultSummary `json:"faults"`
+	Records []Record       `json:"records"`
+}
+
+// FaultSummary is one fault in one setup over its iterations.
+type FaultSummary struct {
+	Fault         string    `json:"fault"`
+	Coordinated   bool      `json:"coordinated"`
+	Iterations    int       `json:"iterations"`
+	Passed        int       `json:"passed"`
+	LostRequests  int64     `json:"lost_requests"`
+	DetectionMS   Quantiles `json:"detection_ms"`    // iterations with a takeover
+	PauseMS       Quantiles `json:"pause_ms"`        // iterations where the guest moved
+	BothServingMS Quantiles `json:"both_serving_ms"` // every iteration
 }
 
 // Topology describes where the pair runs.
@@ -101,17 +134,36 @@ func Topology(netns bool) string {
 	return "processes on loopback (no network namespaces here: link partitions are not drilled)"
 }
 
+// coordinatedTopology describes a coordinated pair.
+const coordinatedTopology = "coordinated: 3 etcd members, primary, standby and a pool standby as processes on loopback, " +
+	"the primary's replication and etcd paths through proxies"
+
+// Topology describes where o's pairs run.
+func (o Options) Topology() string {
+	switch {
+	case o.SideBySide:
+		return coordinatedTopology + "; two nodes: " + Topology(o.Netns)
+	case o.Coordinator:
+		return coordinatedTopology
+	}
+	return Topology(o.Netns)
+}
+
 // faults returns the faults to cycle through.
 func (o Options) faults() []string {
 	if len(o.Faults) > 0 {
 		return o.Faults
 	}
-	return faultNames(func(f *fault) bool { return o.allows(f) })
+	return faultNames(func(f *fault) bool { return o.allows(f, o.Coordinator) })
 }
 
-// allows reports whether f can be drilled in o's mode and topology.
-func (o Options) allows(f *fault) bool {
-	return (o.Mode != "epoch" || f.epoch) && (o.Netns || !f.netns)
+// allows reports whether f can be drilled in o's mode and topology, with a
+// coordinator or by two nodes.
+func (o Options) allows(f *fault, coordinated bool) bool {
+	if coordinated {
+		return f.setups&withCoordinator != 0
+	}
+	return f.setups&twoNode != 0 && (o.Mode != "epoch" || f.epoch) && (o.Netns || !f.netns)
 }
 
 // Validate refuses, before any iteration, an unknown mode and faults that
@@ -121,11 +173,25 @@ func (o Options) Validate() error {
 	if _, err := replicate.ParseMode(o.Mode); err != nil {
 		return err
 	}
+	switch {
+	case o.SideBySide && !o.Coordinator:
+		return errors.New("--side-by-side compares with --coordinator: give both")
+	case o.Coordinator && o.Mode == "epoch":
+		return errors.New("--coordinator is not drilled in epoch mode (valid there: sync, commit)")
+	case o.Coordinator && (o.CoordinatorTTL < time.Second || o.CoordinatorTTL%time.Second != 0):
+		return fmt.Errorf("--coordinator.ttl %v: want whole seconds, at least 1s", o.CoordinatorTTL)
+	}
 	for _, name := range o.faults() {
 		f := lookup(name)
 		switch {
 		case f == nil:
 			return fmt.Errorf("unknown fault %q (valid: %s)", name, strings.Join(faultNames(func(*fault) bool { return true }), ", "))
+		case o.Coordinator && f.setups&withCoordinator == 0:
+			return fmt.Errorf("fault %q is not drilled with --coordinator (valid there: %s)", name,
+				strings.Join(faultNames(func(f *fault) bool { return f.setups&withCoordinator != 0 }), ", "))
+		case o.Coordinator:
+		case f.setups&twoNode == 0:
+			return fmt.Errorf("fault %q needs --coordinator", name)
 		case o.Mode == "epoch" && !f.epoch:
 			return fmt.Errorf("fault %q is not drilled in epoch mode (valid there: %s)", name, strings.Join(faultNames(func(f *fault) bool { return f.epoch }), ", "))
 		case f.netns && !o.Netns:
@@ -136,7 +202,9 @@ func (o Options) Validate() error {
 }
 
 // Run drills o.Iterations times, cycling through the faults, each striking
-// at a launch drawn from o.Seed.
+// at a launch drawn from o.Seed; with o.SideBySide each iteration is
+// followed by the same fault at the same launch with two nodes alone,
+// where they can drill it.
 func Run(o Options) (Report, error) {
 	if err := o.Validate(); err != nil {
 		return Report{}, err
@@ -145,21 +213,27 @@ func Run(o Options) (Report, error) {
 	rng := rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15))
 	var recs []Record
 	for i := 0; i < o.Iterations; i++ {
-		if o.stopped() {
-			return summarize(Topology(o.Netns), o.Mode, recs), ErrInterrupted
-		}
 		at := 60 + rng.IntN(280)
-		rec := once(o, lookup(names[i%len(names)]), at)
-		rec.Iteration = i + 1
-		if o.stopped() {
-			return summarize(Topology(o.Netns), o.Mode, recs), ErrInterrupted
-		}
-		recs = append(recs, rec)
-		if o.Progress != nil {
-			o.Progress(rec, o.Iterations)
+		f := lookup(names[i%len(names)])
+		for _, coordinated := range []bool{o.Coordinator, false} {
+			if o.stopped() {
+				return summarize(o.Topology(), o.Mode, recs), ErrInterrupted
+			}
+			rec := once(o, f, at, coordinated)
+			rec.Iteration = i + 1
+			if o.stopped() {
+				return summarize(o.Topology(), o.Mode, recs), ErrInterrupted
+			}
+			recs = append(recs, rec)
+			if o.Progress != nil {
+				o.Progress(rec, o.Iterations)
+			}
+			if !coordinated || !o.SideBySide || !o.allows(f, false) {
+				break
+			}
 		}
 	}
-	return summarize(Topology(o.Netns), o.Mode, recs), nil
+	return summarize(o.Topology(), o.Mode, recs), nil
 }
 
 // summarize totals the records.
@@ -182,7 +256,46 @@ func summarize(topology, mode string, recs []Record) Report {
 		}
 	}
 	rep.DetectionMS, rep.PauseMS = quantilesOf(det), quantilesOf(pause)
+	rep.Faults = summarizeFaults(recs)
 	return rep
+}
+
+// summarizeFaults sums up each fault in each setup.
+func summarizeFaults(recs []Record) []FaultSummary {
+	type key struct {
+		fault       string
+		coordinated bool
+	}
+	var order []key
+	type samples struct{ det, pause, both []float64 }
+	sums, vals := map[key]*FaultSummary{}, map[key]*samples{}
+	for _, r := range recs {
+		k := key{r.Fault, r.Coordinated}
+		if sums[k] == nil {
+			sums[k], vals[k] = &FaultSummary{Fault: r.Fault, Coordinated: r.Coordinated}, &samples{}
+			order = append(order, k)
+		}
+		s, v := sums[k], vals[k]
+		s.Iterations++
+		if r.Passed {
+			s.Passed++
+		}
+		s.LostRequests += max(r.LostRequests, -r.LostRequests)
+		if r.DetectionMS > 0 {
+			v.det = append(v.det, r.DetectionMS)
+		}
+		if r.Failovers > 0 {
+			v.pause = append(v.pause, r.PauseMS)
+		}
+		v.both = append(v.both, r.BothServingMS)
+	}
+	out := make([]FaultSummary, 0, len(order))
+	for _, k := range order {
+		s, v := sums[k], vals[k]
+		s.DetectionMS, s.PauseMS, s.BothServingMS = quantilesOf(v.det), quantilesOf(v.pause), quantilesOf(v.both)
+		out = append(out, *s)
+	}
+	return out
 }
 
 func quantilesOf(v []float64) Quantiles {
@@ -206,21 +319,22 @@ type run struct {
 	guest      *pvdriver.Client
 	ctr        *counters
 	ckpt       *checkpointer // epoch mode only
+	serving    *servingProbe // when each node answered guests
 	struck     time.Time     // when the fault was injected
 	rolledBack bool          // the guest was told its session was rolled back
 	stop       <-chan struct{}
 }
 
-// once is one iteration: f strikes at launch at of a fresh pair's workload.
-func once(o Options, f *fault, at int) Record {
-	r := &run{fault: f, rec: Record{Fault: f.name, AtLaunch: at}, stop: o.Stop}
+// once is one iteration: f strikes at launch at of a fresh pair's workload,
+// coordinated or by two nodes.
+func once(o Options, f *fault, at int, coordinated bool) Record {
+	r := &run{fault: f, rec: Record{Fault: f.name, AtLaunch: at, Coordinated: coordinated}, stop: o.Stop}
 	if o.Mode == "epoch" {
 		// Strike right after a synchronization, before the checkpointer's
 		// cut: the standby must discard that uncommitted epoch.
 		r.rec.AtLaunch = at/epochEvery*epochEvery + epochEvery - 1
 	}
-	err := r.setUp(o)
-	defer r.tearDown()
+	err := r.setUp(o, coordinated)
 	if err == nil {
 		err = r.workload()
 	}
@@ -229,20 +343,30 @@ func once(o Options, f *fault, at int) Record {
 	}
 	r.rec.RolledBack = r.rolledBack
 	if r.guest != nil {
-		r.rec.Failovers, r.rec.PauseMS = firstPause(r.guest)
+		var since time.Time
+		if r.fault.takeover {
+			since = r.struck
+		}
+		r.rec.Failovers, r.rec.PauseMS = firstPause(r.guest, since)
 	}
 	if err != nil {
 		r.rec.Problem = err.Error()
 	} else {
 		r.rec.Passed = true
 	}
+	r.tearDown()
 	return r.rec
 }
 
 // setUp starts the pair and a guest with the workload's state loaded.
-func (r *run) setUp(o Options) error {
+func (r *run) setUp(o Options, coordinated bool) error {
 	var err error
-	if r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns); err != nil {
+	if coordinated {
+		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode, o.CoordinatorTTL)
+	} else {
+		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns)
+	}
+	if err != nil {
 		return err
 	}
 	proxyEP := "unix://" + filepath.Join(r.pair.dir, "guest-proxy.sock")
@@ -258,18 +382,31 @@ func (r *run) setUp(o Options) error {
 	if o.Mode == "epoch" {
 		r.ckpt = &checkpointer{primary: r.pair.primary}
 	}
-	r.ctr, err = newCounters(r.guest)
-	return err
+	if r.ctr, err = newCounters(r.guest); err != nil {
+		return err
+	}
+	r.serving = watch(r.pair.servingEndpoints()...)
+	return nil
 }
 
+// tearDown stops everything the iteration started; a failed iteration's
+// logs stay, and its record says where.
 func (r *run) tearDown() {
+	if r.serving != nil {
+		r.serving.end()
+	}
 	if r.guest != nil {
 		r.guest.Close()
 	}
 	if r.proxy != nil {
 		r.proxy.Close()
 	}
-	if r.pair != nil {
+	switch {
+	case r.pair == nil:
+	case r.rec.Problem != "" && !stopped(r.stop):
+		r.pair.stopKeepingLogs() // the nodes' logs say why
+		r.rec.Problem += " (logs in " + r.pair.dir + ")"
+	default:
 		r.pair.stop()
 	}
 }
@@ -312,7 +449,7 @@ func (r *run) workload() error {
 				r.ckpt.cut(i + 1)
 			}
 		}
-		if errors.Is(err, pvdriver.ErrRolledBack) && (r.fault.rollback || r.ckpt != nil) {
+		if errors.Is(err, pvdriver.ErrRolledBack) && (r.fault.rollback && r.pair.coord == nil || r.ckpt != nil) {
 			r.rolledBack = true
 			return nil
 		}
@@ -342,6 +479,13 @@ func (r *run) check() error {
 	}
 	if err := r.compare(); err != nil {
 		return err
+	}
+	r.serving.end()
+	eps := r.pair.servingEndpoints()
+	both := r.serving.overlap(eps[0], eps[1:]...)
+	r.rec.BothServingMS = float64(both.Microseconds()) / 1000
+	if both > 0 && r.pair.coord != nil {
+		return fmt.Errorf("the old primary answered guests %v after another node had begun to", both)
 	}
 	if got, want := len(r.guest.Failovers()), r.fault.failovers; want != anyFailovers && got != want {
 		return fmt.Errorf("%d failovers, want %d", got, want)

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestFaultTable: every row can strike, has a name of its own and a help
@@ -39,6 +40,9 @@ func TestDefaultFaults(t *testing.T) {
 			"failback", "standby-freeze", "standby-freeze-2s", "guest-start-after-failover"}},
 		{Options{Mode: "epoch", Netns: true}, []string{"kill"}},
 		{Options{Mode: "sync", Faults: []string{"freeze"}}, []string{"freeze"}},
+		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: time.Second}, []string{"kill", "freeze", "standby-kill", "switchover", "guest-cut", "partition",
+			"standby-freeze", "standby-freeze-2s", "guest-start-after-failover", "standby-loss", "etcd-member-kill"}},
+		{Options{Mode: "sync", Coordinator: true, CoordinatorTTL: time.Second, SideBySide: true, Faults: []string{"partition", "etcd-member-kill"}}, []string{"partition", "etcd-member-kill"}},
 	} {
 		if got := tc.o.faults(); !slices.Equal(got, tc.want) {
 			t.Errorf("%+v: %v, want %v", tc.o, got, tc.want)
@@ -54,11 +58,16 @@ func TestValidate(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover)`},
+		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
 		{Options{Mode: "commit", Faults: []string{""}}, `unknown fault ""`},
 		{Options{Mode: "epoch", Faults: []string{"freeze"}}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},
 		{Options{Mode: "commit", Faults: []string{"partition"}}, `fault "partition" needs network namespaces`},
 		{Options{Mode: "bogus"}, `unknown replication mode "bogus"`},
+		{Options{Mode: "commit", Faults: []string{"standby-loss"}}, `fault "standby-loss" needs --coordinator`},
+		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: time.Second, Faults: []string{"failback"}}, `fault "failback" is not drilled with --coordinator (valid there: kill, freeze, standby-kill, switchover, guest-cut, partition, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
+		{Options{Mode: "epoch", Coordinator: true, CoordinatorTTL: time.Second}, `--coordinator is not drilled in epoch mode`},
+		{Options{Mode: "commit", SideBySide: true}, `--side-by-side compares with --coordinator`},
+		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: 1500 * time.Millisecond}, `--coordinator.ttl 1.5s: want whole seconds`},
 	} {
 		if err := tc.o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.o, err, tc.want)
@@ -84,6 +93,28 @@ func TestSummarize(t *testing.T) {
 	}
 	if rep.DetectionMS != (Quantiles{P50: 300, P99: 300, Max: 300}) || rep.PauseMS != (Quantiles{P50: 500, P99: 500, Max: 500}) {
 		t.Errorf("quantiles: detection %+v pause %+v", rep.DetectionMS, rep.PauseMS)
+	}
+}
+
+// TestSummarizeFaults: one row per fault and setup, in the order first
+// drilled; detection counts takeovers, pause counts failovers, and every
+// iteration's double-serving time counts.
+func TestSummarizeFaults(t *testing.T) {
+	got := summarizeFaults([]Record{
+		{Fault: "partition", Coordinated: true, Passed: true, Failovers: 1, DetectionMS: 1100, PauseMS: 700},
+		{Fault: "partition", Passed: true, Failovers: 1, DetectionMS: 250, PauseMS: 400, BothServingMS: 260, LostRequests: -1},
+		{Fault: "partition", Coordinated: true, Failovers: 1, DetectionMS: 1300, PauseMS: 900, BothServingMS: 5},
+		{Fault: "etcd-member-kill", Coordinated: true, Passed: true},
+	})
+	want := []FaultSummary{
+		{Fault: "partition", Coordinated: true, Iterations: 2, Passed: 1, DetectionMS: Quantiles{1300, 1300, 1300},
+			PauseMS: Quantiles{900, 900, 900}, BothServingMS: Quantiles{5, 5, 5}},
+		{Fault: "partition", Iterations: 1, Passed: 1, LostRequests: 1, DetectionMS: Quantiles{250, 250, 250},
+			PauseMS: Quantiles{400, 400, 400}, BothServingMS: Quantiles{260, 260, 260}},
+		{Fault: "etcd-member-kill", Coordinated: true, Iterations: 1, Passed: 1},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %+v\nwant %+v", got, want)
 	}
 }
 

@@ -26,10 +26,22 @@ type fault struct {
 	// pause go into the report's quantiles.
 	unplanned bool
 	failovers int  // the guest's failovers afterwards, or anyFailovers
-	rollback  bool // the guest may be told its session was rolled back
-	netns     bool // needs each node in its own network namespace
-	epoch     bool // drilled in epoch mode too (a simulated VM checkpointer)
+	rollback  bool // two nodes only: the guest may be told its session was rolled back
+	// netns: two nodes need each in its own network namespace for it (a
+	// coordinated pair cuts its proxies instead).
+	netns  bool
+	epoch  bool   // drilled in epoch mode too (a simulated VM checkpointer)
+	setups setups // with two nodes alone, with a coordinator, or both
 }
+
+// setups says where a row is drilled.
+type setups uint8
+
+const (
+	twoNode setups = 1 << iota
+	withCoordinator
+	bothSetups = twoNode | withCoordinator
+)
 
 // anyFailovers: the row does not check how often the guest moved.
 const anyFailovers = -1
@@ -40,30 +52,36 @@ const partitionOutlasts = 100 * time.Millisecond
 
 var faults = []fault{
 	{name: "kill", help: "SIGKILL primary", inject: killPrimary,
-		takeover: true, unplanned: true, failovers: 1, epoch: true},
+		takeover: true, unplanned: true, failovers: 1, epoch: true, setups: bothSetups},
 	{name: "freeze", help: "SIGSTOP primary, SIGCONT after the takeover", inject: freezePrimary, expect: thawedPrimaryFenced,
-		takeover: true, unplanned: true, failovers: 1},
+		takeover: true, unplanned: true, failovers: 1, setups: bothSetups},
 	{name: "standby-kill", help: "SIGKILL standby", inject: killStandby,
-		failovers: 0},
+		failovers: 0, setups: bothSetups},
 	{name: "switchover", help: "planned", inject: switchover, expect: oldPrimaryFenced,
-		takeover: true, failovers: 1},
+		takeover: true, failovers: 1, setups: bothSetups},
 	// The guest resumes on the same primary; nobody takes over.
 	{name: "guest-cut", help: "drop the guest's connections to the primary", inject: cutGuest, expect: standbyNotPromoted,
-		failovers: 1},
-	{name: "partition", help: "cut the primary-standby link, heal it after the takeover; needs namespaces", inject: partition, expect: partitionFenced,
-		failovers: anyFailovers, rollback: true, netns: true},
+		failovers: 1, setups: bothSetups},
+	{name: "partition", help: "cut the primary from the standby (and etcd) while its guest reaches it, heal after the takeover; two nodes need namespaces",
+		inject: partition, expect: partitionFenced, takeover: true, failovers: anyFailovers, rollback: true, netns: true, setups: bothSetups},
 	// The whole round trip: the old primary's host comes back as a
 	// standby of the new primary, is resynced, and takes the role back.
 	{name: "failback", help: "SIGKILL primary, rejoin its host as standby, switch back", inject: killPrimary, expect: failBack,
-		takeover: true, failovers: 2},
+		takeover: true, failovers: 2, setups: twoNode},
 	// A healthy primary is never deposed by its standby's own stall.
 	{name: "standby-freeze", help: "SIGSTOP standby 600 ms", inject: freezeStandby(600 * time.Millisecond), expect: standbyNotPromoted,
-		failovers: 0},
+		failovers: 0, setups: bothSetups},
 	{name: "standby-freeze-2s", help: "SIGSTOP standby 2 s", inject: freezeStandby(2 * time.Second), expect: standbyNotPromoted,
-		failovers: 0},
+		failovers: 0, setups: bothSetups},
 	// New guests start on the promoted node: their endpoint list leads there.
 	{name: "guest-start-after-failover", help: "SIGKILL primary, then start a new guest", inject: killPrimary, expect: newGuestServed,
-		takeover: true, unplanned: true, failovers: 1},
+		takeover: true, unplanned: true, failovers: 1, setups: bothSetups},
+	// The primary is re-protected without an operator.
+	{name: "standby-loss", help: "SIGKILL standby; a pool standby replaces it and is resynced (coordinator)", inject: killStandby, expect: poolStandbyProtects,
+		failovers: 0, setups: withCoordinator},
+	// etcd keeps a quorum: nothing may fail over.
+	{name: "etcd-member-kill", help: "SIGKILL the etcd leader member (coordinator)", inject: killEtcdLeader, expect: nothingMoved,
+		failovers: 0, setups: withCoordinator},
 }
 
 // freezeStandby stops the standby for d while the primary keeps sending.
@@ -150,17 +168,69 @@ func switchover(r *run) error {
 	return nil
 }
 
-// partition cuts the replication link and heals it once the standby has
-// taken over (or given up waiting for that).
+// partition cuts the primary's paths but its guests' and heals them once
+// the standby has taken over (or given up waiting for that).
 func partition(r *run) error {
-	if err := r.pair.link(false); err != nil {
+	if err := r.pair.partition(true); err != nil {
 		return fmt.Errorf("cutting the link: %w", err)
 	}
 	go func() {
 		waitFor(5*time.Second, func() bool { return r.pair.standby.promotion() != nil })
 		time.Sleep(partitionOutlasts)
-		r.pair.link(true)
+		r.pair.partition(false)
 	}()
+	return nil
+}
+
+// standbyReplacedWithin bounds how long after losing its standby a
+// coordinated primary is protected by the pool's (the drill's standby
+// timeout is 1 s; the rest is the resync).
+const standbyReplacedWithin = 10 * time.Second
+
+// poolStandbyProtects: the primary took the pool standby and is protected
+// by it again; nobody took over.
+func poolStandbyProtects(r *run) error {
+	var st struct {
+		Replication struct{ State, Standby string }
+	}
+	want := "tcp://" + r.pair.coord.poolAddr
+	err := waitFor(standbyReplacedWithin, func() bool {
+		return r.pair.primary.status(&st) == nil && st.Replication.State == "protected" &&
+			strings.TrimPrefix(st.Replication.Standby, "tcp://") == strings.TrimPrefix(want, "tcp://")
+	})
+	if err != nil {
+		return fmt.Errorf("the pool standby never protected the primary (replication %+v): %w", st.Replication, err)
+	}
+	r.rec.ReprotectedMS = float64(time.Since(r.struck).Microseconds()) / 1000
+	if r.pair.pool.promotion() != nil || r.pair.primary.fenced(0) {
+		return errors.New("a node took over, or the primary stopped, while only its standby was lost")
+	}
+	return nil
+}
+
+// killEtcdLeader kills the member leading etcd's raft.
+func killEtcdLeader(r *run) error {
+	i, err := r.pair.coord.etcd.leader()
+	if err != nil {
+		return err
+	}
+	return r.pair.coord.etcd.kill(i)
+}
+
+// etcdSettles is how long after an etcd member died the drill checks
+// that nothing moved: two leases.
+const etcdSettles = 2 * time.Second
+
+// nothingMoved: etcd lost a member and kept its quorum; the primary still
+// serves and nobody took over.
+func nothingMoved(r *run) error {
+	time.Sleep(time.Until(r.struck.Add(etcdSettles)))
+	if r.pair.primary.fenced(0) {
+		return errors.New("the primary stopped serving although etcd kept its quorum")
+	}
+	if r.pair.standby.promotion() != nil || r.pair.pool.promotion() != nil {
+		return errors.New("a standby took over although the primary was healthy")
+	}
 	return nil
 }
 
@@ -185,6 +255,7 @@ func oldPrimaryFenced(r *run) error {
 // node, waits until it is resynced, and switches the primary role back to
 // it; the guest follows (its failover list leads there).
 func failBack(r *run) error {
+	r.serving.end() // the old primary's endpoint is the rejoined node's from now on
 	if err := r.pair.rejoin(); err != nil {
 		return fmt.Errorf("rejoining the old primary's host: %w", err)
 	}
@@ -213,8 +284,10 @@ func standbyNotPromoted(r *run) error {
 	return nil
 }
 
-// partitionFenced is the two-node case: the standby took over while the
-// old primary, cut off, served the guest on unprotected. Once the link
+// partitionFenced: with a coordinator the old primary must have stopped
+// before the standby served (the drill checks that for every row), and
+// the guest lost nothing. The two-node case: the standby took over while
+// the old primary, cut off, served the guest on unprotected. Once the link
 // heals the old primary must learn the newer term and stop; the guest then
 // moves to the new primary and must be told that what it did during the
 // partition is not there (never lose it silently) — unless commit mode
@@ -223,6 +296,9 @@ func standbyNotPromoted(r *run) error {
 func partitionFenced(r *run) error {
 	if r.rec.Fenced = r.pair.primary.fenced(10 * time.Second); !r.rec.Fenced {
 		return errors.New("the old primary was not fenced after the partition healed")
+	}
+	if r.pair.coord != nil {
+		return nil
 	}
 	if r.rolledBack {
 		return nil

@@ -120,6 +120,10 @@ type pair struct {
 	rejoined              *agent
 	rejoinAddr            string
 	bin, backend, keyFile string
+	// coord is set when a coordinator decides the roles; pool is its
+	// third node.
+	coord *coordinated
+	pool  *agent
 }
 
 // NetnsAvailable reports whether network namespaces can be made here.
@@ -135,30 +139,40 @@ func NetnsAvailable() bool {
 // pairSeq numbers the pairs this process makes (namespace and veth names).
 var pairSeq int
 
-// startPair starts a standby and a primary from the vgpuha binary bin and
-// waits, on their admin endpoints, until the standby answers and the
-// primary says it is protected.
-func startPair(bin, backend, mode string, netns bool) (*pair, error) {
+// newPair makes a pair's directory, its agents' admin endpoints and a
+// fresh replication key; no node runs yet.
+func newPair(bin, backend string) (*pair, error) {
 	dir, err := os.MkdirTemp("", "vgpuha-pair")
 	if err != nil {
 		return nil, err
 	}
-	p := &pair{dir: dir,
+	p := &pair{dir: dir, bin: bin, backend: backend,
 		primary: newAgent(filepath.Join(dir, "primary-admin.sock")), standby: newAgent(filepath.Join(dir, "standby-admin.sock")),
 		primaryEP: "unix://" + filepath.Join(dir, "primary.sock"), standbyEP: "unix://" + filepath.Join(dir, "standby.sock")}
 	key := make([]byte, 32)
 	rand.Read(key)
-	keyFile := filepath.Join(dir, "key")
-	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
+	p.keyFile = filepath.Join(dir, "key")
+	if err := os.WriteFile(p.keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
 		p.stop()
 		return nil, err
 	}
+	return p, nil
+}
+
+// startPair starts a standby and a primary from the vgpuha binary bin and
+// waits, on their admin endpoints, until the standby answers and the
+// primary says it is protected.
+func startPair(bin, backend, mode string, netns bool) (*pair, error) {
+	p, err := newPair(bin, backend)
+	if err != nil {
+		return nil, err
+	}
+	keyFile := p.keyFile
 	repl, err := p.replicationAddr(netns)
 	if err != nil {
 		p.stop()
 		return nil, err
 	}
-	p.bin, p.backend, p.keyFile = bin, backend, keyFile
 	// Once promoted, the standby protects itself with whatever listens at
 	// the old primary's host (the failback fault puts a standby there).
 	if err := p.start(p.standby, bin, "standby", p.netns[1], "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
@@ -177,7 +191,7 @@ func startPair(bin, backend, mode string, netns bool) (*pair, error) {
 	})
 	if err != nil {
 		p.stopKeepingLogs()
-		return nil, fmt.Errorf("primary never became protected (logs in %s): %w", dir, err)
+		return nil, fmt.Errorf("primary never became protected (logs in %s): %w", p.dir, err)
 	}
 	return p, nil
 }
@@ -188,19 +202,11 @@ func startPair(bin, backend, mode string, netns bool) (*pair, error) {
 // a standby that rejoins there.
 func (p *pair) replicationAddr(netns bool) (string, error) {
 	if !netns {
-		free := func() (string, error) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return "", err
-			}
-			defer ln.Close()
-			return ln.Addr().String(), nil
-		}
 		var err error
-		if p.rejoinAddr, err = free(); err != nil {
+		if p.rejoinAddr, err = freeAddr(); err != nil {
 			return "", err
 		}
-		return free()
+		return freeAddr()
 	}
 	pairSeq++
 	id := fmt.Sprintf("%d-%d", os.Getpid()%100000, pairSeq)
@@ -228,6 +234,26 @@ func (p *pair) replicationAddr(netns bool) (string, error) {
 	return subnet + ".2:7071", nil
 }
 
+// servingEndpoints are the guest endpoints of the pair's nodes, the first
+// primary's first.
+func (p *pair) servingEndpoints() []string {
+	eps := []string{p.primaryEP, p.standbyEP}
+	if p.coord != nil {
+		eps = append(eps, p.coord.poolEP)
+	}
+	return eps
+}
+
+// freeAddr returns a loopback HOST:PORT nobody listens on now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
 // rejoin starts a standby on the old primary's host (its namespace,
 // replication address and guest endpoint), for the promoted node to
 // resync and later hand the primary role back to.
@@ -240,18 +266,33 @@ func (p *pair) rejoin() error {
 // start runs `bin role args...` as a, in namespace ns unless it is empty,
 // logging to role.log in the pair's directory.
 func (p *pair) start(a *agent, bin, role, ns string, args ...string) error {
+	return p.startNamed(a, role, bin, role, ns, args...)
+}
+
+// startNamed is start logging to name.log.
+func (p *pair) startNamed(a *agent, name, bin, role, ns string, args ...string) error {
 	args = append([]string{role}, args...)
 	a.cmd = exec.Command(bin, args...)
 	if ns != "" {
 		a.cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
 	}
-	logf, err := os.Create(filepath.Join(p.dir, role+".log"))
+	logf, err := os.Create(filepath.Join(p.dir, name+".log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close() // the child holds its own descriptor
 	a.cmd.Stderr = logf
 	return a.cmd.Start()
+}
+
+// partition cuts (or heals) the primary's paths to the standby and, with
+// a coordinator, to etcd; its guests still reach it.
+func (p *pair) partition(cut bool) error {
+	if p.coord != nil {
+		p.coord.partition(cut)
+		return nil
+	}
+	return p.link(!cut)
 }
 
 // link sets the primary's end of the replication link up or down (a
@@ -283,7 +324,7 @@ func (p *pair) stop() {
 // stopKeepingLogs kills both nodes and removes their namespaces; the
 // directory with their logs stays for whoever is told where it is.
 func (p *pair) stopKeepingLogs() {
-	for _, a := range []*agent{p.primary, p.standby, p.rejoined} {
+	for _, a := range []*agent{p.primary, p.standby, p.rejoined, p.pool} {
 		if a == nil {
 			continue
 		}
@@ -298,6 +339,9 @@ func (p *pair) stopKeepingLogs() {
 		if ns != "" {
 			exec.Command("ip", "netns", "del", ns).Run()
 		}
+	}
+	if p.coord != nil {
+		p.coord.stop()
 	}
 }
 

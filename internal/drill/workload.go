@@ -93,11 +93,17 @@ func (c *checkpointer) cut(launched int) {
 }
 
 // firstPause returns how many failovers the guest went through and the
-// pause of the first, in ms.
-func firstPause(g *pvdriver.Client) (int, float64) {
+// pause of the first, in ms: from since (the fault, for a takeover) to
+// the guest resuming, or, with since zero, from the guest losing its node.
+// (A guest stalled on a frozen node measures its loss from when its
+// watchdog looked elsewhere; a takeover's pause starts at the fault.)
+func firstPause(g *pvdriver.Client, since time.Time) (int, float64) {
 	fo := g.Failovers()
 	if len(fo) == 0 {
 		return 0, 0
 	}
-	return len(fo), float64(fo[0].Resumed.Sub(fo[0].Lost).Microseconds()) / 1000
+	if since.IsZero() {
+		since = fo[0].Lost
+	}
+	return len(fo), float64(fo[0].Resumed.Sub(since).Microseconds()) / 1000
 }

@@ -108,12 +108,50 @@ func (a *authority) Synced(inSync bool) {
 }
 
 // HandOver implements standby.Roles: the primary asks this node to take
-// over; the authority decides, and the new term is returned.
+// over; the authority decides, and the new term is returned. Coordinated,
+// the node campaigns and the term is the one it wins once the primary
+// resigned (see awaitElection).
 func (a *authority) HandOver() (uint64, bool) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	term, n := a.stepLocked(failover.Event{Kind: failover.HandOver})
-	return term, n > 0
+	coordinated := a.node.Coordinated
+	a.mu.Unlock()
+	if n == 0 || !coordinated {
+		return term, n > 0
+	}
+	return a.awaitElection(handOverWait)
+}
+
+// handOverWait bounds how long a coordinated standby waits for the
+// election a switchover started: longer than its primary waits for the
+// campaign before resigning (handOffWithin), so that it is never the
+// standby that gives up first.
+const handOverWait = 5 * time.Second
+
+// awaitElection waits until the authority made this node the primary (on
+// ElectionWon; the promotion itself runs later, on the authority's
+// goroutine, and may wait for the caller's link to end) and returns its
+// term. At timeout the campaign is withdrawn.
+func (a *authority) awaitElection(d time.Duration) (uint64, bool) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		switch role, term := a.role(); role {
+		case failover.Primary:
+			return term, true
+		case failover.Fenced:
+			return 0, false
+		}
+		time.Sleep(tickEvery)
+	}
+	a.mu.Lock()
+	a.stepLocked(failover.Event{Kind: failover.CampaignEnded})
+	a.pending = append(a.pending, failover.Action{Kind: failover.Resign}) // withdraw the waiting key
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+	return 0, false
 }
 
 // PeerTerm implements replicate.Protected: a standby answered with its

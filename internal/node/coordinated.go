@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpuha/vgpuha/failover"
@@ -22,6 +23,79 @@ func lead(cfg Config, role *failover.Node) error {
 	}
 	role.Term, role.Coordinated = term, true
 	return nil
+}
+
+// coordState is what a coordinated node keeps beyond its authority.
+type coordState struct {
+	// lossRecorded: the group's standby record, as this leader last wrote
+	// it, names no standby in sync, so none can win an election with a
+	// replica that lacks what this node answers unprotected.
+	lossRecorded atomic.Bool
+	kick         chan struct{} // publish now (a reply waits for lossRecorded)
+	handedOff    atomic.Bool   // a switchover resigned the leader key
+}
+
+// guardLease makes the server answer only within this node's lease and,
+// once its standby is lost, only after the loss is on record (see
+// hypervisor.Server.SetLease).
+func (n *Node) guardLease() {
+	c := n.cfg.Coordinator
+	if c == nil {
+		return
+	}
+	n.srv.SetLease(func() time.Time {
+		if n.coord.handedOff.Load() {
+			return time.Time{} // gave its leader key away: answers nobody
+		}
+		return c.LastRenewal().Add(c.TTL() / 2)
+	}, n.answerUnprotected)
+}
+
+// handOffWithin bounds how long a coordinated primary waits for its
+// standby to campaign before a switchover fails (still leading).
+const handOffWithin = 2 * time.Second
+
+// coordinatedHandover is a switchover's handover under a coordinator,
+// with every guest stopped and the standby holding the whole log: the
+// standby is asked to take over (it campaigns), this node resigns once
+// the standby's key waits behind its own, and the standby answers with
+// the term it won. From the resignation on this node answers no guest;
+// if the standby then does not answer, it is fenced.
+func (n *Node) coordinatedHandover(r *replication, timeout time.Duration) (uint64, error) {
+	type answer struct {
+		term uint64
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() { t, err := r.sender.Handover(timeout); got <- answer{t, err} }()
+	ctx, cancel := context.WithTimeout(n.ctx, handOffWithin)
+	defer cancel()
+	if err := n.cfg.Coordinator.HandOff(ctx, r.sender.Status().Standby, func() { n.coord.handedOff.Store(true) }); err != nil {
+		return 0, fmt.Errorf("switchover: %w", err)
+	}
+	a := <-got
+	if a.err != nil {
+		n.auth.step(failover.Event{Kind: failover.LeaseLost, At: n.cfg.Now()})
+		return 0, fmt.Errorf("switchover: resigned, but the standby did not answer (%w); this node is fenced", a.err)
+	}
+	return a.term, nil
+}
+
+// answerUnprotected allows a reply the standby lacks once this leader has
+// recorded that its standby is not in sync, stops it once the node no
+// longer leads, and meanwhile asks for the record to be written now.
+func (n *Node) answerUnprotected() (allow, stop bool) {
+	if n.coord.lossRecorded.Load() {
+		return true, false
+	}
+	if role, _ := n.auth.role(); role != failover.Primary || n.ctx.Err() != nil {
+		return false, true
+	}
+	select {
+	case n.coord.kick <- struct{}{}:
+	default:
+	}
+	return false, false
 }
 
 // coordinate feeds the coordinator's events to the authority and runs the
@@ -46,6 +120,7 @@ func (n *Node) coordinate() {
 			case <-n.ctx.Done():
 				return
 			case <-t.C:
+			case <-n.coord.kick:
 			}
 			n.publish(c, w)
 		}
@@ -100,11 +175,15 @@ func (n *Node) recordStandby(ctx context.Context, c *coordinator.Coordinator, w 
 	}
 	if rec.Addr != w.written.Addr || rec.InSync != w.written.InSync || rec.Term != w.written.Term {
 		rec.Since = now
+		if rec.InSync {
+			n.coord.lossRecorded.Store(false) // before the record can name it
+		}
 		if err := c.SetStandby(ctx, rec); err != nil {
 			n.log.Warn("recording the group's standby", "err", err)
 			return
 		}
 		w.written = rec
+		n.coord.lossRecorded.Store(!rec.InSync)
 	}
 	if now.Sub(w.since) < n.cfg.StandbyLossAfter {
 		return

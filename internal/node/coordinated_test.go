@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,10 +15,14 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
+// testTTL is the tests' lease: 2 s, so that a race-enabled suite on two
+// loaded cores does not starve a renewal for half of it.
+const testTTL = 2 * time.Second
+
 func coord(t *testing.T, etcd, id, advertise string, reg prometheus.Registerer) *coordinator.Coordinator {
 	t.Helper()
 	c, err := coordinator.Dial(coordinator.Config{Endpoints: []string{etcd}, Group: "vm1", ID: id, Advertise: advertise,
-		TTL: time.Second, DialTimeout: 2 * time.Second, Registry: reg})
+		TTL: testTTL, DialTimeout: 2 * time.Second, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,8 +90,8 @@ func TestCoordinatedPartition(t *testing.T) {
 	if sTerm <= pTerm {
 		t.Fatalf("S took over under term %d, not above P's %d", sTerm, pTerm)
 	}
-	if pUntil.Sub(cut) > 700*time.Millisecond {
-		t.Fatalf("P served on for %v after losing etcd (lease 1 s)", pUntil.Sub(cut))
+	if pUntil.Sub(cut) > testTTL/2+200*time.Millisecond {
+		t.Fatalf("P served on for %v after losing etcd (lease %v)", pUntil.Sub(cut), testTTL)
 	}
 }
 
@@ -138,4 +143,124 @@ func TestStandbyLossHealedFromPool(t *testing.T) {
 	waitFor(t, "s2 applied the new allocation", func() bool {
 		return standbys[1].Agent().Receiver.Status().Applied == p.Log().Status().Last
 	})
+}
+
+// TestRefuseBelow: once a standby's coordinator reports a leader under a
+// term above its primary's, nothing the primary streams is applied: its
+// link is refused and it is told the term, and fences itself.
+func TestRefuseBelow(t *testing.T) {
+	dir := t.TempDir()
+	lnS := listen(t)
+	s, err := node.StartStandby(config(t, ""), lnS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
+	cfgP.ReplicateTo = lnS.Addr().String()
+	p, err := node.StartPrimary(cfgP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "P protected", protected(p))
+	applied := s.Agent().Receiver.Status().Applied
+	s.Agent().Receiver.RefuseBelow(7)
+	go g.Alloc(4096) // streamed under term 1: must not be applied
+	waitFor(t, "P fenced under term 7", func() bool { r, term := p.Role(); return r == failover.Fenced && term == 7 })
+	st := s.Agent().Receiver.Status()
+	if st.Applied != applied || st.StaleRefused == 0 || st.MinTerm != 7 {
+		t.Fatalf("after RefuseBelow(7): applied %d (was %d), stale refusals %d, min term %d", st.Applied, applied, st.StaleRefused, st.MinTerm)
+	}
+}
+
+// TestCoordinatedSwitchover: a planned handover under a coordinator moves
+// the leader key to the in-sync standby (it campaigns, the primary
+// resigns), the standby promotes under the new key's revision, the guest
+// continues there with its data, and no guest is answered by the old
+// primary once the standby serves.
+func TestCoordinatedSwitchover(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	dir := t.TempDir()
+	lnS := listen(t)
+	cfgS := config(t, "unix://"+filepath.Join(dir, "s.sock"))
+	cfgS.Coordinator = coord(t, etcd, "s", lnS.Addr().String(), prometheus.NewRegistry())
+	s, err := node.StartStandby(cfgS, lnS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
+	cfgP.ReplicateTo = lnS.Addr().String()
+	cfgP.Coordinator = coord(t, etcd, "p", "", prometheus.NewRegistry())
+	p, err := node.StartPrimary(cfgP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "vm", Failover: []string{cfgS.GuestListen}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ptr, err := g.Alloc(4096)
+	if err == nil {
+		err = g.Memset8(ptr, 0x5a, 4096)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "S recorded in sync", inSyncRecorded(t, etcd, lnS.Addr().String()))
+	probe, err := pvdriver.Open(context.Background(), cfgP.GuestListen, pvdriver.Options{GuestName: "probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	var lastP atomic.Int64 // when P last answered the probe
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := probe.DeviceInfo(); err != nil {
+				return
+			}
+			lastP.Store(time.Now().UnixNano())
+		}
+	}()
+	waitFor(t, "P answering the probe", func() bool { return lastP.Load() != 0 })
+	_, pTerm := p.Role()
+	pause, term, err := p.Switchover(10 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "S promoted", func() bool { r, _ := s.Role(); return r == failover.Primary })
+	close(stop)
+	<-done
+	sFrom, _ := s.Serving()
+	if rP, _ := p.Role(); rP != failover.Fenced || term <= pTerm {
+		t.Fatalf("after the switchover: P %v, term %d (P's was %d)", rP, term, pTerm)
+	}
+	if last := time.Unix(0, lastP.Load()); !last.Before(sFrom) {
+		t.Fatalf("P answered a guest %v after S began serving", last.Sub(sFrom))
+	}
+	out := make([]byte, 4096)
+	if err := g.CopyDtoH(out, ptr); err != nil || out[0] != 0x5a || out[4095] != 0x5a {
+		t.Fatalf("the guest on S: %v, data %#x..%#x", err, out[0], out[4095])
+	}
+	t.Logf("coordinated switchover: guests paused %v, term %d -> %d; P's last answer %v before S served",
+		pause.Round(time.Millisecond), pTerm, term, sFrom.Sub(time.Unix(0, lastP.Load())).Round(time.Millisecond))
 }

@@ -82,6 +82,7 @@ type Node struct {
 	served chan error     // the guest listener's end
 
 	execMu sync.Mutex // role actions and standby replacement, one at a time
+	coord  coordState // with a coordinator (coordinated.go)
 
 	mu        sync.Mutex
 	repl      *replication // while primary and replicating
@@ -168,6 +169,7 @@ func newNode(cfg Config, role *failover.Node) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, srv: srv, log: cfg.Logger, served: make(chan error, 1)}
+	n.coord.kick = make(chan struct{}, 1)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.auth.init(role, cfg.Now, n.execute)
 	n.wg.Add(1)

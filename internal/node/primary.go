@@ -73,6 +73,7 @@ type Promotion struct {
 // Both the first primary and a promoted standby are built here.
 func (n *Node) becomePrimary(term uint64) error {
 	n.srv.SetTerm(term)
+	n.guardLease()
 	if n.cfg.ReplicateTo != "" {
 		if err := n.replicate(); err != nil {
 			if n.agent == nil {
@@ -260,9 +261,13 @@ func (n *Node) Switchover(timeout time.Duration) (time.Duration, uint64, error) 
 	}
 	var term uint64
 	pause, err := n.srv.Switchover(func() (uint64, error) {
-		t, err := r.sender.Handover(timeout)
-		term = t
-		return t, err
+		var err error
+		if n.cfg.Coordinator != nil {
+			term, err = n.coordinatedHandover(r, timeout)
+		} else {
+			term, err = r.sender.Handover(timeout)
+		}
+		return term, err
 	})
 	if err == nil {
 		n.auth.PeerTerm(term) // the authority records the fence

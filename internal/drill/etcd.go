@@ -1,0 +1,126 @@
+package drill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// etcdMembers is how many members the drill's etcd cluster has: one may
+// die and a quorum remains.
+const etcdMembers = 3
+
+// etcdCluster is the drill's etcd: etcdMembers `vgpuha etcd-member`
+// processes on loopback, each with its own data directory, so that a
+// member can be killed like any process.
+type etcdCluster struct {
+	members []etcdtest.Member
+	cmds    []*exec.Cmd
+	cli     *clientv3.Client
+}
+
+// startEtcd starts the cluster's members from bin, logging to
+// etcd-NAME.log in dir, and waits until it answers.
+func startEtcd(bin, dir string) (*etcdCluster, error) {
+	ms, err := etcdtest.Plan(etcdMembers)
+	if err != nil {
+		return nil, err
+	}
+	c := &etcdCluster{members: ms}
+	for _, m := range ms {
+		cmd := exec.Command(bin, "etcd-member", "--name", m.Name, "--dir", filepath.Join(dir, "etcd-"+m.Name),
+			"--client-port", strconv.Itoa(m.ClientPort), "--peer-port", strconv.Itoa(m.PeerPort), "--cluster", m.Cluster)
+		logf, err := os.Create(filepath.Join(dir, "etcd-"+m.Name+".log"))
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		cmd.Stderr = logf
+		err = cmd.Start()
+		logf.Close() // the child holds its own descriptor
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		c.cmds = append(c.cmds, cmd)
+	}
+	if c.cli, err = clientv3.New(clientv3.Config{Endpoints: c.endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()}); err != nil {
+		c.stop()
+		return nil, err
+	}
+	err = waitFor(20*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.cli.Put(ctx, "/vgpuha/drill/ready", "1")
+		return err == nil
+	})
+	if err != nil {
+		c.stop()
+		return nil, fmt.Errorf("the drill's etcd cluster never answered: %w", err)
+	}
+	return c, nil
+}
+
+// endpoints are the members' client HOST:PORTs.
+func (c *etcdCluster) endpoints() []string {
+	eps := make([]string, len(c.members))
+	for i, m := range c.members {
+		eps[i] = m.Endpoint()
+	}
+	return eps
+}
+
+// leader returns the index of the member that leads the cluster's raft.
+func (c *etcdCluster) leader() (int, error) {
+	for i, ep := range c.endpoints() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := c.cli.Status(ctx, ep)
+		cancel()
+		if err == nil && st.Leader == st.Header.MemberId {
+			return i, nil
+		}
+	}
+	return 0, errors.New("no etcd member says it leads")
+}
+
+// kill SIGKILLs member i.
+func (c *etcdCluster) kill(i int) error { return c.cmds[i].Process.Kill() }
+
+// stop kills every member.
+func (c *etcdCluster) stop() {
+	if c.cli != nil {
+		c.cli.Close()
+	}
+	for _, cmd := range c.cmds {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}
+}
+
+// RunEtcdMember runs one member of the drill's etcd cluster (`vgpuha
+// etcd-member`) until SIGTERM or SIGINT.
+func RunEtcdMember(dir, name string, clientPort, peerPort int, cluster string) error {
+	e, _, err := etcdtest.Run(dir, name, clientPort, peerPort, cluster)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	select {
+	case <-ctx.Done():
+	case err = <-e.Err():
+	}
+	e.Close()
+	return err
+}
