@@ -12,7 +12,7 @@ import (
 )
 
 // TestCoordinatedProcesses: a primary and a standby process share an
-// (embedded) etcd. The primary freezes for longer than its 1 s lease: the
+// (embedded) etcd. The primary freezes for longer than its 2 s lease: the
 // standby takes over only once it won the election; the thawed primary
 // finds itself fenced and serves nobody; `vgpuha status --coordinator`
 // shows the group.
@@ -23,7 +23,7 @@ func TestCoordinatedProcesses(t *testing.T) {
 	keyFile := writeKey(t, dir)
 	replAddr, adminAddr, standbyAdmin := freePort(t), freePort(t), freePort(t)
 	sock, standbySock := filepath.Join(dir, "g.sock"), filepath.Join(dir, "s.sock")
-	co := []string{"--coordinator", etcd, "--coordinator.group", "vm7", "--coordinator.ttl", "1s"}
+	co := []string{"--coordinator", etcd, "--coordinator.group", "vm7", "--coordinator.ttl", "2s"} // 2 s: a race-enabled suite on 2 cores starves 1 s leases
 	startNode(t, append([]string{"standby", "--listen", "tcp://" + replAddr, "--replicate.key-file", keyFile,
 		"--guest-listen", "unix://" + standbySock, "--admin-listen", standbyAdmin, "--coordinator.id", "s"}, co...)...)
 	p := startPrimary(t, append([]string{"--guest-listen", "unix://" + sock, "--admin-listen", adminAddr,
@@ -33,7 +33,7 @@ func TestCoordinatedProcesses(t *testing.T) {
 	frozen := time.Now()
 	p.cmd.Process.Signal(syscall.SIGSTOP)
 	waitStatus(t, standbyAdmin, "promoted", nodeStatus.promoted)
-	t.Logf("primary frozen at 0; the standby serves after %v (lease 1 s)", time.Since(frozen).Round(time.Millisecond))
+	t.Logf("primary frozen at 0; the standby serves after %v (lease 2 s)", time.Since(frozen).Round(time.Millisecond))
 	p.cmd.Process.Signal(syscall.SIGCONT)
 	waitStatus(t, adminAddr, "fenced", isRole("fenced"))
 	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err == nil {
