@@ -773,6 +773,7 @@ func TestStalledStandbyDoesNotDepose(t *testing.T) {
 // and lists its flags with two dashes; a bad value exits non-zero naming
 // the flag.
 func TestHelpAndBadValues(t *testing.T) {
+	skipShort(t)
 	for name := range commands {
 		cmd := exec.Command(vgpuhaBin, name, "--help")
 		var stdout, stderr bytes.Buffer

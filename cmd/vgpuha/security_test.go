@@ -19,6 +19,7 @@ import (
 // runs them with it (vgpuha verify presents it), and shows no session ids
 // or guest names in /status without it.
 func TestAdminToken(t *testing.T) {
+	skipShort(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "admin-token")
 	os.WriteFile(tokenFile, []byte("primary-admin-token-0123456789\n"), 0o600)
