@@ -52,7 +52,7 @@ func TestAdminToken(t *testing.T) {
 		t.Errorf("POST /epoch with the token: %d", code)
 	}
 	out, _ := exec.Command(vgpuhaBin, "verify", "--admin", adminAddr, "--admin.token-file", tokenFile).CombinedOutput()
-	if !strings.Contains(string(out), "not a replicating primary") { // past the token check
+	if !strings.Contains(string(out), "has no standby to verify against") { // past the token check
 		t.Errorf("vgpuha verify with the token: %s", out)
 	}
 	resp, err := http.Get("http://" + adminAddr + "/status")

@@ -131,6 +131,12 @@ func TestStatusWatchDuringResync(t *testing.T) {
 	if err := w.Wait(); err != nil {
 		t.Errorf("the watch did not stop cleanly on SIGINT: %v", err)
 	}
+	// The standby (a pure replica: it never takes over) in sync, holding
+	// the guest's session.
+	row := ` standby +1 +false +1 +from_primary +in_sync +127\.0\.0\.1:\d+ +0 +0 +0\.000 +\d+\.\d{3}\n`
+	if st, err := exec.Command(vgpuhaBin, "status", "--admin", adminS).CombinedOutput(); err != nil || !regexp.MustCompile(row).Match(st) {
+		t.Errorf("vgpuha status --admin on the standby: %v, want a row matching %q:\n%s", err, row, st)
+	}
 	out := all.String()
 	if !sawResync || !sawStandby || !strings.Contains(out, "state=protected") {
 		t.Errorf("watch output: resync seen %v (and on the standby %v), protected seen %v:\n%s", sawResync, sawStandby,
