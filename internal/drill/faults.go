@@ -191,12 +191,12 @@ const standbyReplacedWithin = 10 * time.Second
 // by it again; nobody took over.
 func poolStandbyProtects(r *run) error {
 	var st struct {
-		Replication struct{ State, Standby string }
+		Replication struct{ State, Peer string }
 	}
 	want := "tcp://" + r.pair.coord.poolAddr
 	err := waitFor(standbyReplacedWithin, func() bool {
 		return r.pair.primary.status(&st) == nil && st.Replication.State == "protected" &&
-			strings.TrimPrefix(st.Replication.Standby, "tcp://") == strings.TrimPrefix(want, "tcp://")
+			strings.TrimPrefix(st.Replication.Peer, "tcp://") == strings.TrimPrefix(want, "tcp://")
 	})
 	if err != nil {
 		return fmt.Errorf("the pool standby never protected the primary (replication %+v): %w", st.Replication, err)
