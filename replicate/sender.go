@@ -335,7 +335,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 		}
 		err := l.locked(func() error {
 			for i := range recs {
-				if err := s.send(l, &recs[i]); err != nil {
+				if err := s.sendEntry(l, &recs[i]); err != nil {
 					return err
 				}
 				after = recs[i].Seq
@@ -345,6 +345,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 		if err != nil {
 			return err
 		}
+		lg.sentThrough(after)
 	}
 }
 
@@ -370,13 +371,29 @@ func (s *Sender) heartbeats(l *link, stop <-chan struct{}) {
 // heartbeatEvery is how often an idle primary says it is alive.
 const heartbeatEvery = 50 * time.Millisecond
 
+// send sends a record that is not in the log (a snapshot's), encoded into
+// the link's reused buffer and sealed there.
 func (s *Sender) send(l *link, r *Record) error {
-	buf := AppendRecord(make([]byte, 0, r.Size()+macSize), r) // room for the seal's tag
+	if cap(l.plain) < r.Size()+macSize {
+		l.plain = make([]byte, 0, r.Size()+macSize) // room for the seal's tag
+	}
+	l.plain = AppendRecord(l.plain[:0], r)
+	s.count(len(l.plain))
+	return l.write(msgRecord, l.plain)
+}
+
+// sendEntry sends a record the log keeps encoded: the log's copy stays
+// as it is (a standby that reconnects may need it again).
+func (s *Sender) sendEntry(l *link, e *entry) error {
+	s.count(len(e.enc))
+	return l.writeCopy(msgRecord, e.enc)
+}
+
+func (s *Sender) count(n int) {
 	if m := s.metrics; m != nil {
-		m.sentBytes.Add(float64(len(buf)))
+		m.sentBytes.Add(float64(n))
 		m.sentOps.Inc()
 	}
-	return l.write(msgRecord, buf)
 }
 
 func (s *Sender) readAcks(l *link) error {
