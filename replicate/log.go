@@ -362,9 +362,10 @@ func (l *Log) ack(received, seq uint64) {
 	l.protected, l.resyncing = true, false
 }
 
-// next waits for records after seq and returns them (nil when the log is
-// closed or the link is being torn down).
-func (l *Log) next(after uint64, stop <-chan struct{}) []entry {
+// next waits for records after seq and returns them, as many as fit in
+// maxBytes but at least one (nil when the log is closed or the link is
+// being torn down).
+func (l *Log) next(after uint64, stop <-chan struct{}, maxBytes int) []entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for l.last <= after && !l.closed {
@@ -375,11 +376,16 @@ func (l *Log) next(after uint64, stop <-chan struct{}) []entry {
 		}
 		l.cond.Wait()
 	}
-	if l.closed || after+1 < l.first {
+	i := int(after + 1 - l.first)
+	if l.closed || after+1 < l.first || i >= len(l.pending) {
 		return nil
 	}
-	i := int(after + 1 - l.first)
-	return append([]entry(nil), l.pending[i:]...)
+	j, n := i+1, l.pending[i].Size()
+	for j < len(l.pending) && n+l.pending[j].Size() <= maxBytes {
+		n += l.pending[j].Size()
+		j++
+	}
+	return append([]entry(nil), l.pending[i:j]...)
 }
 
 // sentThrough tells the log that the sender is done with every entry up
