@@ -337,7 +337,9 @@ func (s *Session) apply(rec *replicate.Record) error {
 	if err == nil {
 		s.noteApplied(rec.ReqID, result)
 	}
-	s.noteContent(rec.ReqID, crc32.Checksum(rec.Body, castagnoli))
+	if rec.ReqID != 0 { // a resync's contents carry none: no checksum pass over them
+		s.noteContent(rec.ReqID, crc32.Checksum(rec.Body, castagnoli))
+	}
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {
 	case err != nil && !primaryFailed && s.delta != 0 && info.RunsKernel:

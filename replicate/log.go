@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,10 +63,10 @@ type Log struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	term     uint64
-	last     uint64   // last assigned sequence
-	acked    uint64   // last sequence the standby applied
-	received uint64   // last sequence the standby holds (applied or queued to apply)
-	pending  []Record // (first-1, last], when retaining
+	last     uint64  // last assigned sequence
+	acked    uint64  // last sequence the standby applied
+	received uint64  // last sequence the standby holds (applied or queued to apply)
+	pending  []entry // (first-1, last], when retaining
 	appended []time.Time
 	first    uint64 // sequence of pending[0]
 	bytes    int64  // encoded bytes in pending
@@ -94,6 +95,39 @@ type Log struct {
 	overBudget bool
 	closed     bool
 	epoch      uint64
+	// sent: the sender is done with every entry up to sent (it sealed
+	// them onto the link); an acked entry's buffer goes back to pool only
+	// then.
+	sent uint64
+	pool bufPool
+	// keeping mirrors retain for Append, which encodes a record before
+	// it takes the lock (a 16 MiB copy must not hold up acks and the
+	// sender).
+	keeping atomic.Bool
+}
+
+// entry is a record the log keeps, encoded once (AppendRecord) with room
+// for the link's tag after it: the sender seals it straight from enc into
+// its own buffer, so a record's bytes are copied once on the primary, when
+// appended. Body aliases enc.
+type entry struct {
+	Record
+	enc []byte
+}
+
+// newEntry encodes r into a buffer from pool (its Seq and Term are
+// stamped later, by stamp).
+func newEntry(pool *bufPool, r Record) entry {
+	enc := AppendRecord(pool.get(r.Size()+macSize), &r)
+	r.Body = enc[recordHeader:]
+	return entry{Record: r, enc: enc}
+}
+
+// stamp sets the entry's sequence and term, in the record and its encoding.
+func (e *entry) stamp(seq, term uint64) {
+	e.Seq, e.Term = seq, term
+	binary.LittleEndian.PutUint64(e.enc, seq)
+	binary.LittleEndian.PutUint64(e.enc[8:], term)
 }
 
 // NewLog returns a log that holds at most maxBytes of unapplied records.
@@ -101,9 +135,13 @@ func NewLog(maxBytes int64) *Log {
 	var id [8]byte
 	rand.Read(id[:])
 	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1}
+	l.pool.max = int(min(maxBytes, poolMaxIdle))
 	l.cond = sync.NewCond(&l.mu)
 	return l
 }
+
+// poolMaxIdle bounds the idle record buffers a log keeps for reuse.
+const poolMaxIdle = 64 << 20
 
 // DefaultResyncBudget is the resync budget of a new log.
 const DefaultResyncBudget = 1 << 30
@@ -125,31 +163,45 @@ func (l *Log) SetTerm(t uint64) {
 
 // Append numbers r, keeps it for the standby, and returns its sequence. It
 // blocks while an attached standby lags by more than the bound. r.Body is
-// copied.
+// copied (before the log's lock is taken).
 func (l *Log) Append(r Record) uint64 {
+	var e entry
+	if l.keeping.Load() {
+		e = newEntry(&l.pool, r)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for l.attached && !l.snapshotPending && !l.streaming && l.bytes > l.limit() && !l.closed {
 		l.cond.Wait()
 	}
 	l.last++
-	r.Seq, r.Term = l.last, l.term
+	seq := l.last
 	if l.retain {
-		r.Body = append([]byte(nil), r.Body...)
-		l.pending = append(l.pending, r)
+		if e.enc == nil { // the log began retaining meanwhile
+			e = newEntry(&l.pool, r)
+		}
+		e.stamp(seq, l.term)
+		l.pending = append(l.pending, e)
 		l.appended = append(l.appended, time.Now())
-		l.bytes += int64(r.Size())
+		l.bytes += int64(e.Size())
 		switch {
 		case !l.attached && l.bytes > l.maxBytes:
 			l.dropPending() // the standby is gone too long: it will resync
-			l.retain = false
+			l.setRetain(false)
 		case l.streaming && l.bytes > l.resyncBudget:
 			l.dropPending() // the resync under way starts over
-			l.retain, l.overBudget = false, true
+			l.setRetain(false)
+			l.overBudget = true
 		}
 	}
 	l.cond.Broadcast()
-	return r.Seq
+	return seq
+}
+
+// Precondition: l.mu must be locked.
+func (l *Log) setRetain(on bool) {
+	l.retain = on
+	l.keeping.Store(on)
 }
 
 // limit is what the log holds before Append blocks.
@@ -207,7 +259,7 @@ func (l *Log) BeginSnapshot() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.dropPending()
-	l.retain = true
+	l.setRetain(true)
 	l.protected = false
 	l.snapshotPending = false
 	l.overBudget = false
@@ -284,7 +336,12 @@ func (l *Log) ack(received, seq uint64) {
 		l.acked = seq
 		n := 0
 		for n < len(l.pending) && l.pending[n].Seq <= seq {
-			l.bytes -= int64(l.pending[n].Size())
+			e := &l.pending[n]
+			l.bytes -= int64(e.Size())
+			if e.Seq <= l.sent {
+				l.pool.put(e.enc)
+			}
+			*e = entry{}
 			n++
 		}
 		l.pending = l.pending[n:]
@@ -305,9 +362,10 @@ func (l *Log) ack(received, seq uint64) {
 	l.protected, l.resyncing = true, false
 }
 
-// next waits for records after seq and returns them (nil when the log is
-// closed or the link is being torn down).
-func (l *Log) next(after uint64, stop <-chan struct{}) []Record {
+// next waits for records after seq and returns them, as many as fit in
+// maxBytes but at least one (nil when the log is closed or the link is
+// being torn down).
+func (l *Log) next(after uint64, stop <-chan struct{}, maxBytes int) []entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for l.last <= after && !l.closed {
@@ -318,11 +376,24 @@ func (l *Log) next(after uint64, stop <-chan struct{}) []Record {
 		}
 		l.cond.Wait()
 	}
-	if l.closed || after+1 < l.first {
+	i := int(after + 1 - l.first)
+	if l.closed || after+1 < l.first || i >= len(l.pending) {
 		return nil
 	}
-	i := int(after + 1 - l.first)
-	return append([]Record(nil), l.pending[i:]...)
+	j, n := i+1, l.pending[i].Size()
+	for j < len(l.pending) && n+l.pending[j].Size() <= maxBytes {
+		n += l.pending[j].Size()
+		j++
+	}
+	return append([]entry(nil), l.pending[i:j]...)
+}
+
+// sentThrough tells the log that the sender is done with every entry up
+// to seq.
+func (l *Log) sentThrough(seq uint64) {
+	l.mu.Lock()
+	l.sent = max(l.sent, seq)
+	l.mu.Unlock()
 }
 
 // attach marks a standby link up (resuming at applied, or resyncing when
@@ -334,6 +405,7 @@ func (l *Log) attach(up bool, applied uint64, resync bool) {
 	l.snapshotPending = up && resync
 	l.resyncing, l.streaming = up && resync, up && resync
 	l.overBudget = false
+	l.sent = 0 // a new link's sender has sent nothing yet
 	if up {
 		l.acked, l.received = applied, applied
 		l.resyncAt = applied

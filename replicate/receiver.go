@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -410,9 +411,14 @@ func (lr *linkRun) onRecord(payload []byte) bool {
 
 // applier applies queued records in order until the queue is closed. A
 // protocol violation (a gap) ends the link; what follows it is dropped.
+// It asks for an ack whenever it caught up, and every ackEveryBytes of
+// log records applied while it works through a backlog: the primary's log
+// releases (and its waiting guests go on) as the standby applies, not
+// once per AckInterval.
 func (lr *linkRun) applier(done chan<- struct{}) {
 	defer close(done)
 	broken := false
+	sinceAck := 0
 	for item := range lr.queue {
 		if !broken {
 			reply, err := lr.r.handle(&item.rec)
@@ -428,14 +434,25 @@ func (lr *linkRun) applier(done chan<- struct{}) {
 		if item.buf != nil {
 			lr.r.lender.give(item.buf)
 		}
-		if len(lr.queue) == 0 {
+		if item.rec.Seq != 0 {
+			sinceAck += item.rec.Size()
+		}
+		if len(lr.queue) == 0 || sinceAck >= ackEveryBytes {
+			sinceAck = 0
 			select {
 			case lr.kick <- struct{}{}:
 			default:
 			}
 		}
+		if len(item.rec.Body) >= lendAbove {
+			runtime.Gosched() // a large apply lets others on this host run (a guest on a shared one)
+		}
 	}
 }
+
+// ackEveryBytes: while the applier works through a backlog it has an ack
+// sent each time it applied this many bytes of log records.
+const ackEveryBytes = 1 << 20
 
 // onPromote: a planned switchover. The primary has stopped its guests and
 // waited for us to apply everything; the node decides whether it takes

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,9 +52,15 @@ func runBenchResync(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stop, err := profile()
+	if err != nil {
+		return err
+	}
+	defer stop()
 	for _, f := range strings.Split(*sizes, ",") {
 		n, err := parseBytes(f)
 		if err != nil {
@@ -73,6 +80,26 @@ func runBenchResync(args []string) error {
 	fmt.Printf("a standby joins while %d guests run a mixed workload (copies, memsets, DtoD, pointer_chase) on loopback; commit mode\n", opts.Guests)
 	bench.PrintResync(os.Stdout, rows)
 	return nil
+}
+
+// profileFlag adds --cpuprofile; the returned function starts the profile
+// (when asked for) once the flags are parsed, and returns its stop.
+func profileFlag(fs *flag.FlagSet) func() (func(), error) {
+	path := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof FILE)")
+	return func() (func(), error) {
+		if *path == "" {
+			return func() {}, nil
+		}
+		f, err := os.Create(*path)
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, err
+		}
+		return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	}
 }
 
 // parseBytes reads a size such as 4096, 256MiB or 4GiB.
@@ -126,9 +153,15 @@ func runBenchReplicate(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
+	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stop, err := profile()
+	if err != nil {
+		return err
+	}
+	defer stop()
 	opts.Progress = os.Stderr
 	opts.NewBackend = bf.open
 	rep, err := bench.Replicate(opts)

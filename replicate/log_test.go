@@ -1,0 +1,153 @@
+package replicate
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestLogEntriesEncodedOnce: the log keeps each record encoded, stamped
+// with its sequence and term, and the body is the log's own copy.
+func TestLogEntriesEncodedOnce(t *testing.T) {
+	l := NewLog(1 << 30)
+	l.SetTerm(7)
+	l.attach(true, 0, true)
+	l.BeginSnapshot()
+	body := bytes.Repeat([]byte{5}, 100<<10)
+	l.Append(Record{Session: 3, ReqID: 9, Op: OpMMIO, Result: 4, Body: body})
+	body[0] = 6 // the guest's buffer is reused: the log must not see it
+	es := l.next(0, nil, 1<<30)
+	if len(es) != 1 {
+		t.Fatalf("%d entries", len(es))
+	}
+	got, err := DecodeRecord(es[0].enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Record{Seq: 1, Term: 7, Session: 3, ReqID: 9, Op: OpMMIO, Result: 4, Body: bytes.Repeat([]byte{5}, 100<<10)}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatal(diff)
+	}
+	if diff := cmp.Diff(want, es[0].Record); diff != "" {
+		t.Fatal(diff)
+	}
+	if cap(es[0].enc)-len(es[0].enc) < macSize {
+		t.Fatalf("no room for the link's tag: len %d cap %d", len(es[0].enc), cap(es[0].enc))
+	}
+}
+
+// TestLogReusesOnlySentBuffers: a record's buffer is reused once the
+// standby applied it and the sender is done with it, never before (an ack
+// that runs ahead of the sender must not hand a buffer being sealed to
+// the next Append).
+func TestLogReusesOnlySentBuffers(t *testing.T) {
+	l := NewLog(1 << 30)
+	l.attach(true, 0, true)
+	l.BeginSnapshot()
+	l.snapshotSent()
+	big := make([]byte, 1<<20)
+	l.Append(Record{Op: OpMMIO, Body: big})
+	first := &l.next(0, nil, 1<<30)[0].enc[0]
+	l.ack(1, 1) // applied, but the sender has not said it is done
+	l.Append(Record{Op: OpMMIO, Body: big})
+	if &l.next(1, nil, 1<<30)[0].enc[0] == first {
+		t.Fatal("a buffer the sender may still be sealing was reused")
+	}
+	l.sentThrough(2)
+	second := &l.next(1, nil, 1<<30)[0].enc[0]
+	l.ack(2, 2)
+	l.Append(Record{Op: OpMMIO, Body: big})
+	if &l.next(2, nil, 1<<30)[0].enc[0] != second {
+		t.Fatal("an applied, sent record's buffer was not reused")
+	}
+}
+
+func TestBufPool(t *testing.T) {
+	p := bufPool{max: 3 << 20}
+	a := p.get(1 << 20)
+	if cap(a) < 1<<20 || len(a) != 0 {
+		t.Fatalf("len %d cap %d", len(a), cap(a))
+	}
+	p.put(a)
+	if b := p.get(100 << 10); cap(b) == cap(a) {
+		t.Fatal("a 1 MiB buffer handed out for 100 KiB")
+	}
+	if b := p.get(1<<20 - 10); &b[:1][0] != &a[:1][0] {
+		t.Fatal("a fitting free buffer was not reused")
+	}
+	for range 4 {
+		p.put(make([]byte, 0, 1<<20))
+	}
+	if p.idle > p.max {
+		t.Fatalf("%d idle bytes kept, bound %d", p.idle, p.max)
+	}
+}
+
+// gatedReplica applies records as they come, except that it holds the
+// record numbered hold (saying so on held) until release is closed.
+type gatedReplica struct {
+	hold          uint64
+	held, release chan struct{}
+}
+
+func (g *gatedReplica) Apply(r *Record) error {
+	if r.Seq == g.hold {
+		close(g.held)
+		<-g.release
+	}
+	return nil
+}
+func (g *gatedReplica) Checksums() []ObjectSum   { return nil }
+func (g *gatedReplica) Heard(uint64)             {}
+func (g *gatedReplica) Synced(bool)              {}
+func (g *gatedReplica) HandOver() (uint64, bool) { return 0, false }
+
+// TestApplierAcksThroughABacklog: a standby working through a backlog has
+// an ack sent each ackEveryBytes it applies, not only once its queue is
+// empty: the primary's guests that wait for log space go on meanwhile.
+func TestApplierAcksThroughABacklog(t *testing.T) {
+	const n = 8
+	g := &gatedReplica{hold: 3, held: make(chan struct{}), release: make(chan struct{})}
+	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: g, AckInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mode = ModeCommit
+	lr := &linkRun{r: r, kick: make(chan struct{}, 1), queue: make(chan applyItem, n)}
+	for i := uint64(1); i <= n; i++ {
+		lr.queue <- applyItem{rec: Record{Seq: i, Op: OpMMIO, Body: make([]byte, ackEveryBytes/2)}}
+	}
+	done := make(chan struct{})
+	go lr.applier(done)
+	<-g.held // records 1 and 2 applied, 3 being applied, 4... queued
+	if len(lr.kick) == 0 {
+		t.Fatalf("no ack asked for after %d applied bytes with the queue still full", 2*ackEveryBytes/2)
+	}
+	close(g.release)
+	close(lr.queue)
+	<-done
+	if st := r.Status(); st.Applied != n {
+		t.Fatalf("applied %d of %d", st.Applied, n)
+	}
+}
+
+// TestLogNextBatches: the sender takes a backlog in pieces of at most
+// maxBytes, at least one record each.
+func TestLogNextBatches(t *testing.T) {
+	l := NewLog(1 << 30)
+	l.attach(true, 0, true)
+	l.BeginSnapshot()
+	for range 3 {
+		l.Append(Record{Op: OpMMIO, Body: make([]byte, 100<<10)})
+	}
+	for _, tc := range []struct{ max, want int }{{1, 1}, {250 << 10, 2}, {1 << 30, 3}} {
+		if got := len(l.next(0, nil, tc.max)); got != tc.want {
+			t.Errorf("next with %d bytes: %d records, want %d", tc.max, got, tc.want)
+		}
+	}
+	if got := l.next(1, nil, 1); len(got) != 1 || got[0].Seq != 2 {
+		t.Errorf("next after 1: %+v", got)
+	}
+}
