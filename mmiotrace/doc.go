@@ -53,14 +53,18 @@
 //	  MADV_REMOVE, writable reopen/mmap
 //	fork, child touches the aperture    child: SIGSEGV            child: SIGSEGV            child: SIGSEGV
 //	mprotect(READ|WRITE) then stores    caught at the next flush  caught at the next flush  tracked (the kernel keeps write-protection)
-//	mprotect(READ) + own SIGSEGV        LIMIT: the tracer performs the store, the handler never runs; nothing lost
-//	  handler, then a store               (uffd: the guest's handler runs, as on a device)
+//	mprotect(READ) then a store         the guest's SIGSEGV: its handler runs (or it is killed), as untraced, in every mode
 //	sigaltstack inside the aperture     LIMIT: a signal kills the guest (the kernel cannot write the frame); uffd: works
 //	read(2)/pread into the aperture     EFAULT at a protected     LIMIT: may return short   full result, tracked
 //	                                    page                      (stops at the first protected page); what it wrote is caught
 //	O_DIRECT read into the aperture     EFAULT (protected page)   LIMIT (page and uffd): a flush while the device
 //	                                                              writes pinned pages misses those bytes until the
 //	                                                              page is written again; verify shows them
+//
+// The ptrace modes protect traced pages PROT_READ|PROT_EXEC: a fault on a
+// page mapped otherwise read-only is the guest's own and is delivered to
+// it (a guest that forbids executable mappings gets plain read-only pages,
+// and its own read-only pages are then traced like the tracer's).
 //
 // verify compares every aperture's file with both device copies, so
 // anything a row marked LIMIT loses is visible to an operator.

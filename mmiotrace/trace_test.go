@@ -8,7 +8,9 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -417,5 +419,48 @@ func skipUnlessTraceable(t *testing.T, mode Mode) {
 		if err := UffdAvailable(); err != nil {
 			t.Skipf("uffd mode needs userfaultfd asynchronous write-protection (Linux 6.7+): %v", err)
 		}
+	}
+}
+
+// TestGuestProtection: a guest that makes a page of its aperture read-only
+// itself keeps its own signal semantics in every mode: its SIGSEGV handler
+// runs for a store there, which does not happen ("jump"), or happens once
+// the handler opened the page ("fix", replicated); with no handler the
+// store kills it, as untraced.
+func TestGuestProtection(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, mode)
+			g := startGuest(t, cGuest(t))
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			tr, rp := trace(t, g, mode, KindMemory)
+			want := map[string]string{"jump": "result guestro jump 20488 11", "fix": "result guestro fix 20488 77"}
+			for _, how := range []string{"jump", "fix"} {
+				rp.run(t, g, tr, "guestro "+how)
+				if got := strings.Join(g.said, ";"); got != want[how] {
+					t.Errorf("%s: guest said %q, want %q", how, got, want[how])
+				}
+			}
+			rp.run(t, g, tr, "forms") // traced as before
+			fmt.Fprintln(g.in, "run guestro die")
+			g.in.Flush()
+			exited := make(chan error, 1)
+			go func() { exited <- WaitExit(g.cmd) }()
+			var err error
+			select {
+			case err = <-exited:
+			case <-time.After(20 * time.Second): // it survived the store: fail instead of hanging
+				g.cmd.Process.Kill()
+				err = <-exited
+			}
+			tr.Close()
+			unix.Munmap(g.mem)
+			st, ok := g.cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if !ok || !st.Signaled() || st.Signal() != syscall.SIGSEGV {
+				t.Fatalf("guest with no handler: %v (%v), want killed by SIGSEGV", g.cmd.ProcessState, err)
+			}
+		})
 	}
 }

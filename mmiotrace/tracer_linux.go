@@ -15,6 +15,15 @@ const pageSize = 4096
 // faultAhead is how many pages page mode opens on one fault (64 KiB).
 const faultAhead = 16
 
+// protTraced is the protection the ptrace modes give the pages they trace:
+// readable and executable, so stores fault, and a page a guest made
+// read-only itself (never executable: no guest runs code from an
+// aperture) can be told from the tracer's by its mapping. A store there
+// is the guest's own fault, delivered to it. Where the guest forbids
+// executable mappings (MDWE, a seccomp filter) the tracer falls back to
+// plain read-only and cannot tell them apart.
+const protTraced = unix.PROT_READ | unix.PROT_EXEC
+
 // Region is memory the guest maps and writes directly (an aperture).
 type Region struct {
 	GuestAddr uint64 // where the guest process maps it (page-aligned)
@@ -56,6 +65,7 @@ type Stats struct {
 	Flushes        uint64
 	DirtyPages     uint64 // pages found written at flushes (page, uffd)
 	GuestOpened    uint64 // protected pages found writable at flushes: the guest's own mprotect (compared, protected again)
+	GuestFaults    uint64 // faults on pages the guest protected itself, delivered to it
 	PinnedCPU      int    // -1: not pinned
 	PtraceAttached bool
 }
@@ -70,6 +80,7 @@ type Tracer struct {
 	writes  []write // per-write records since the last flush, in program order
 	stats   Stats
 	pt      *ptracer     // nil until a region needs ptrace
+	prot    int          // with pt: the protection of traced pages, protTraced or PROT_READ
 	maps    *os.File     // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
 	pagemap *os.File     // uffd mode
 	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
@@ -120,14 +131,8 @@ func (t *Tracer) AddRegion(r *Region) error {
 		if err := t.startPtrace(); err != nil {
 			return err
 		}
-		var perr error
-		if err := t.pt.do(func(tid int) {
-			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ)
-		}); err != nil {
+		if err := t.protectNew(r); err != nil {
 			return err
-		}
-		if perr != nil {
-			return perr
 		}
 	case t.opts.Mode == ModeUffd:
 		if t.pagemap == nil {
@@ -142,6 +147,25 @@ func (t *Tracer) AddRegion(r *Region) error {
 	t.regions = append(t.regions, r)
 	t.mu.Unlock()
 	return nil
+}
+
+// protectNew write-protects a region being added, choosing the traced
+// pages' protection on the first one (see protTraced).
+func (t *Tracer) protectNew(r *Region) error {
+	var perr error
+	err := t.pt.do(func(tid int) {
+		if t.prot == 0 {
+			t.prot = protTraced
+			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
+			if errors.Is(perr, unix.EACCES) || errors.Is(perr, unix.EPERM) {
+				t.prot = unix.PROT_READ
+			}
+		}
+		if t.prot != protTraced || perr != nil {
+			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
+		}
+	})
+	return errors.Join(err, perr)
 }
 
 // ErrSelfTrace: a region that needs ptrace belongs to the tracer's own
@@ -206,7 +230,16 @@ func (t *Tracer) RemoveRegion(r *Region) {
 	pt := t.pt
 	t.mu.Unlock()
 	if pt != nil && t.usesPtrace(r) {
-		pt.do(func(tid int) { pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ|unix.PROT_WRITE) })
+		pt.do(func(tid int) {
+			// The pages the tracer protected; those the guest protected
+			// itself keep its protection.
+			lo, hi := r.GuestAddr, r.GuestAddr+uint64(len(r.Mem))
+			if t.prot != protTraced || vmaRanges(t.maps, lo, hi, tracerProtected, func(lo, hi uint64) {
+				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
+			}) != nil {
+				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
+			}
+		})
 	}
 }
 
@@ -267,6 +300,11 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	if r == nil {
 		return false
 	}
+	vmaEnd, ours := t.ownFault(addr)
+	if !ours {
+		t.stats.GuestFaults++
+		return false
+	}
 	t.stats.Faults++
 	t.opts.Metrics.fault(t.opts.Mode)
 	if !t.perWrite(r) {
@@ -276,7 +314,8 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 		// at the flush, a fault costs an injected system call.
 		first := (addr - r.GuestAddr) / pageSize
 		end := first + 1
-		for end < uint64(len(r.dirty)) && end < first+faultAhead && !r.dirty[end] {
+		last := (vmaEnd - r.GuestAddr + pageSize - 1) / pageSize // pages the guest protected itself stay so
+		for end < uint64(len(r.dirty)) && end < min(first+faultAhead, last) && !r.dirty[end] {
 			end++
 		}
 		if err := t.pt.mprotect(tid, r.GuestAddr+first*pageSize, (end-first)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
@@ -288,6 +327,19 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 		return true
 	}
 	return t.traceWrite(tid, r, addr)
+}
+
+// ownFault reports whether a write fault at addr, in a region, is the
+// tracer's (the page has protTraced, or is writable again: opened
+// meanwhile) rather than the guest's own protection, and where the
+// mapping with that protection ends.
+// Precondition: t.mu must be locked.
+func (t *Tracer) ownFault(addr uint64) (end uint64, ours bool) {
+	start, end, flags, ok, err := vmaAt(t.maps, addr)
+	if t.prot != protTraced || err != nil || !ok || start > addr {
+		return ^uint64(0), true // cannot tell: the tracer's, as it would be without the marker
+	}
+	return end, tracerProtected(flags) || writable(flags)
 }
 
 // traceWrite records the store that faulted at addr: emulated when the
@@ -391,7 +443,7 @@ func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 	var snaps []pageSnap
 	defer func() {
 		for _, sn := range snaps {
-			pt.mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, unix.PROT_READ)
+			pt.mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, t.prot)
 		}
 	}()
 	open := func(at uint64) error {
@@ -409,7 +461,9 @@ func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 		if !errors.As(err, &sf) {
 			return snaps, err
 		}
-		if t.regionAt(sf.addr) == nil { // a genuine fault outside the regions: the guest gets it
+		if _, ours := t.ownFault(sf.addr); t.regionAt(sf.addr) == nil || !ours {
+			// A genuine fault outside the regions, or on a page the guest
+			// protected itself: the guest gets it.
 			pt.threads[tid].pending = int(unix.SIGSEGV)
 			return snaps, nil
 		}
@@ -531,7 +585,7 @@ func (t *Tracer) guestOpened(regions []*Region) (bool, error) {
 		if !t.usesPtrace(r) || r.full {
 			continue
 		}
-		err := writableRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), func(lo, hi uint64) {
+		err := vmaRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), writable, func(lo, hi uint64) {
 			for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr+pageSize-1)/pageSize; pg++ {
 				if !r.dirty[pg] { // under t.mu every page the tracer opened is dirty
 					r.dirty[pg] = true
@@ -626,7 +680,14 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 					d.pages = append(d.pages, uint64(j))
 					j++
 				}
-				if err := t.pt.mprotect(tid, r.GuestAddr+uint64(i)*pageSize, uint64(j-i)*pageSize, unix.PROT_READ); err != nil && perr == nil {
+				// Only what is writable now: a page the guest protected
+				// itself since keeps its protection (compared all the same).
+				lo, hi := r.GuestAddr+uint64(i)*pageSize, r.GuestAddr+uint64(j)*pageSize
+				if err := vmaRanges(t.maps, lo, hi, writable, func(lo, hi uint64) {
+					if err := t.pt.mprotect(tid, lo, hi-lo, t.prot); err != nil && perr == nil {
+						perr = err
+					}
+				}); err != nil && perr == nil {
 					perr = err
 				}
 				i = j

@@ -5,6 +5,8 @@
 // the tracer's per-write records must equal. Compiled by the Go test with gcc.
 #define _GNU_SOURCE
 #include <cpuid.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <errno.h>
 #include <sys/wait.h>
 #include <fcntl.h>
@@ -186,6 +188,44 @@ static void guestrw(void) {
 	ap[3 * 4096 + 1] = 0x42;
 }
 
+// guestro: the guest makes a page of its aperture read-only itself and
+// stores to it, as it would to catch its own writes. "jump": its SIGSEGV
+// handler runs and jumps past the store (which must not happen); "fix":
+// its handler makes the page writable and returns (the store then
+// happens); "die": no handler, the store kills it. Prints "result guestro
+// HOW FAULT_OFFSET BYTE" (-1: no fault reached the handler).
+static sigjmp_buf segv_jump;
+static volatile long segv_off;
+static volatile int segv_fix;
+
+static void on_segv(int sig, siginfo_t *si, void *uc) {
+	(void)sig; (void)uc;
+	segv_off = (unsigned char *)si->si_addr - ap;
+	if (segv_fix) {
+		mprotect((void *)((unsigned long)si->si_addr & ~4095ul), 4096, PROT_READ | PROT_WRITE);
+		return;
+	}
+	siglongjmp(segv_jump, 1);
+}
+
+static void guestro(const char *how) {
+	unsigned char *pg = ap + 5 * 4096;
+	struct sigaction sa = {0};
+	sa.sa_sigaction = on_segv;
+	sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+	if (strcmp(how, "die") == 0) signal(SIGSEGV, SIG_DFL);
+	else sigaction(SIGSEGV, &sa, NULL);
+	segv_fix = strcmp(how, "fix") == 0;
+	segv_off = -1;
+	pg[8] = 0x11;
+	if (mprotect(pg, 4096, PROT_READ)) perror("error: mprotect");
+	if (sigsetjmp(segv_jump, 1) == 0) *(volatile unsigned char *)(pg + 8) = 0x77;
+	printf("result guestro %s %ld %02x\n", how, segv_off, pg[8]);
+	signal(SIGSEGV, SIG_DFL);
+	if (mprotect(pg, 4096, PROT_READ | PROT_WRITE)) perror("error: mprotect");
+	pg[9] = 0x22;
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -216,6 +256,7 @@ int main(void) {
 		else if (strncmp(line, "run torture", 11) == 0) torture();
 		else if (strncmp(line, "run movs", 8) == 0) movs();
 		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
+		else if (strncmp(line, "run guestro ", 12) == 0) { line[strcspn(line, "\n")] = 0; guestro(line + 12); }
 		else if (strncmp(line, "bypass ", 7) == 0) { line[strcspn(line, "\n")] = 0; bypass(line + 7); }
 		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
 		else if (strncmp(line, "exit", 4) == 0) return 0;
