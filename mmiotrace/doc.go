@@ -54,7 +54,8 @@
 //	fork, child touches the aperture    child: SIGSEGV            child: SIGSEGV            child: SIGSEGV
 //	mprotect(READ|WRITE) then stores    caught at the next flush  caught at the next flush  tracked (the kernel keeps write-protection)
 //	mprotect(READ) then a store         the guest's SIGSEGV: its handler runs (or it is killed), as untraced, in every mode
-//	sigaltstack inside the aperture     LIMIT: a signal kills the guest (the kernel cannot write the frame); uffd: works
+//	sigaltstack inside the aperture     frame pages opened before   frame pages opened before  works
+//	  (or a stack there)                  delivery, compared at flush delivery, compared at flush
 //	read(2)/pread into the aperture     EFAULT at a protected     LIMIT: may return short   full result, tracked
 //	                                    page                      (stops at the first protected page); what it wrote is caught
 //	O_DIRECT read into the aperture     EFAULT (protected page)   LIMIT (page and uffd): a flush while the device

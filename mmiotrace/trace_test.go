@@ -464,3 +464,28 @@ func TestGuestProtection(t *testing.T) {
 		})
 	}
 }
+
+// TestSigaltstack: a guest whose signal stack is in its aperture gets its
+// signals in every mode (the kernel must be able to write the frame), and
+// what the kernel and the handler wrote there is replicated.
+func TestSigaltstack(t *testing.T) {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+		t.Run(mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, mode)
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			tr, rp := trace(t, g, mode, KindMemory)
+			defer tr.Close()
+			for range 2 {
+				rp.run(t, g, tr, "altstack")
+				if got := strings.Join(g.said, ";"); got != "result altstack 1" {
+					t.Fatalf("guest said %q", got)
+				}
+			}
+			rp.run(t, g, tr, "forms") // traced as before
+		})
+	}
+}

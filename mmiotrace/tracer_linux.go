@@ -198,7 +198,7 @@ func (t *Tracer) startPtrace() error {
 	if err != nil {
 		return fmt.Errorf("opening the guest's mappings: %w", err)
 	}
-	pt, err := startPtrace(t.pid, cpu, t.onFault)
+	pt, err := startPtrace(t.pid, cpu, t.onFault, t.onSignal)
 	if err != nil {
 		maps.Close()
 		return err
@@ -327,6 +327,62 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 		return true
 	}
 	return t.traceWrite(tid, r, addr)
+}
+
+// sigFrameMax bounds what the kernel writes below a stack pointer to
+// deliver a signal: the frame with the largest XSAVE state (AMX tiles),
+// and the 128-byte red zone.
+const sigFrameMax = 16 << 10
+
+// onSignal runs on the tracer thread before a signal is delivered to
+// stopped thread tid. Where the kernel will write the signal frame into a
+// region (a sigaltstack there, or a thread already running on a stack
+// there), it opens those pages until the next flush, which compares them:
+// the kernel cannot write a protected page (it would kill the guest), and
+// its writes never fault to the tracer.
+func (t *Tracer) onSignal(tid int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	regs, _, err := t.pt.regs(tid, false)
+	if err != nil {
+		return
+	}
+	sp := regs.GPR[4]
+	lo, hi := sp-sigFrameMax, sp // on a stack in a region: the frame goes below it
+	if t.regionAt(sp-1) == nil {
+		scratch := (sp - 256) &^ 15 // below the red zone
+		if t.regionAt(scratch) != nil {
+			return
+		}
+		alo, ahi, ok := t.pt.altStack(tid, scratch)
+		if !ok {
+			return
+		}
+		lo, hi = max(alo, ahi-min(ahi, sigFrameMax)), ahi // frames go at its top
+	}
+	for _, r := range t.regions {
+		if r.contains(lo, 1) || r.contains(hi-1, 1) || (lo < r.GuestAddr && hi > r.GuestAddr) {
+			t.openPages(tid, r, max(lo, r.GuestAddr), min(hi, r.GuestAddr+uint64(len(r.Mem))))
+		}
+	}
+}
+
+// openPages makes the pages of r covering [lo, hi) writable until the next
+// flush (they are marked dirty), leaving those the guest protected itself.
+// Precondition: t.mu must be locked.
+func (t *Tracer) openPages(tid int, r *Region, lo, hi uint64) {
+	lo, hi = lo&^(pageSize-1), (hi+pageSize-1)&^(pageSize-1)
+	open := func(lo, hi uint64) {
+		if t.pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE) != nil {
+			return
+		}
+		for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr)/pageSize; pg++ {
+			r.dirty[pg] = true
+		}
+	}
+	if t.prot != protTraced || vmaRanges(t.maps, lo, hi, tracerProtected, open) != nil {
+		open(lo, hi)
+	}
 }
 
 // ownFault reports whether a write fault at addr, in a region, is the
@@ -464,7 +520,7 @@ func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 		if _, ours := t.ownFault(sf.addr); t.regionAt(sf.addr) == nil || !ours {
 			// A genuine fault outside the regions, or on a page the guest
 			// protected itself: the guest gets it.
-			pt.threads[tid].pending = int(unix.SIGSEGV)
+			pt.keepSignal(pt.threads[tid], int(unix.SIGSEGV))
 			return snaps, nil
 		}
 		if err := open(sf.addr); err != nil {
@@ -506,23 +562,19 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	t.stats.Flushes++
 	t.mu.Unlock()
 
-	opened, err := t.guestOpened(regions)
-	if err != nil {
+	if err := t.guestOpened(regions); err != nil {
 		return err
 	}
 	var dirty []dirtyPages
-	switch {
-	case t.opts.Mode == ModePage || opened:
-		dirty, err = t.reprotectDirty(regions)
-	case t.opts.Mode == ModeUffd:
-		dirty, err = t.scanWritten(regions)
+	var err error
+	if t.pt != nil { // page mode's dirty pages, and per-write pages opened for a signal frame or by the guest
+		if dirty, err = t.reprotectDirty(regions); err != nil {
+			return err
+		}
 	}
-	if err != nil {
-		return err
-	}
-	if t.opts.Mode == ModeUffd && opened {
-		var scanned []dirtyPages
-		if scanned, err = t.scanWritten(regions); err != nil {
+	if t.opts.Mode == ModeUffd {
+		scanned, err := t.scanWritten(regions)
+		if err != nil {
 			return err
 		}
 		dirty = append(dirty, scanned...)
@@ -573,12 +625,12 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 // guest made writable itself (mprotect), where its stores stopped
 // faulting: the flush compares them with what was last sent and protects
 // them again, so what the guest wrote there is caught and later stores
-// fault as before. It reports whether it found any.
-func (t *Tracer) guestOpened(regions []*Region) (bool, error) {
+// fault as before.
+func (t *Tracer) guestOpened(regions []*Region) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.maps == nil {
-		return false, nil
+		return nil
 	}
 	found := uint64(0)
 	for _, r := range regions {
@@ -594,11 +646,11 @@ func (t *Tracer) guestOpened(regions []*Region) (bool, error) {
 			}
 		})
 		if err != nil {
-			return false, err
+			return err
 		}
 	}
 	t.stats.GuestOpened += found
-	return found > 0, nil
+	return nil
 }
 
 // Drain is the last flush, for a guest that has stopped writing (it

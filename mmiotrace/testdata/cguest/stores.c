@@ -226,6 +226,31 @@ static void guestro(const char *how) {
 	pg[9] = 0x22;
 }
 
+// altstack: the guest's signal stack is in its aperture (pages 8-11), so
+// the kernel writes a signal frame there, and the handler its locals.
+// Prints "result altstack ONSTACK" (1: the handler ran on that stack).
+static volatile long alt_off = -1;
+
+static void on_usr1(int sig) {
+	volatile unsigned char local[64];
+	local[0] = (unsigned char)sig;
+	alt_off = (long)((unsigned char *)local - ap);
+}
+
+static void altstack(void) {
+	stack_t ss = {.ss_sp = ap + 8 * 4096, .ss_size = 4 * 4096};
+	struct sigaction sa = {0};
+	sa.sa_handler = on_usr1;
+	sa.sa_flags = SA_ONSTACK;
+	if (sigaltstack(&ss, NULL) || sigaction(SIGUSR1, &sa, NULL)) perror("error: altstack");
+	alt_off = -1;
+	raise(SIGUSR1);
+	printf("result altstack %d\n", alt_off >= 8 * 4096 && alt_off < 12 * 4096);
+	ss.ss_flags = SS_DISABLE;
+	sigaltstack(&ss, NULL);
+	signal(SIGUSR1, SIG_DFL);
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -256,6 +281,7 @@ int main(void) {
 		else if (strncmp(line, "run torture", 11) == 0) torture();
 		else if (strncmp(line, "run movs", 8) == 0) movs();
 		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
+		else if (strncmp(line, "run altstack", 12) == 0) altstack();
 		else if (strncmp(line, "run guestro ", 12) == 0) { line[strcspn(line, "\n")] = 0; guestro(line + 12); }
 		else if (strncmp(line, "bypass ", 7) == 0) { line[strcspn(line, "\n")] = 0; bypass(line + 7); }
 		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
