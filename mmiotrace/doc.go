@@ -29,9 +29,12 @@
 //     touches copied before it is unprotected, and exactly the bytes that
 //     changed recorded.
 //   - page: the first write to a page after a flush faults; the tracer
-//     unprotects the page and marks it dirty. A flush re-protects the dirty
-//     pages (an mprotect injected into a stopped guest thread) and sends the
-//     ranges that changed since the previous flush.
+//     unprotects that page and every page after it to the region's end, and
+//     marks them dirty (the open pages are always the end of the region, so
+//     a system call writing from an open page never meets a protected one).
+//     A flush re-protects the dirty pages (an mprotect injected into a
+//     stopped guest thread) and sends the ranges that changed since the
+//     previous flush.
 //   - uffd: page tracking by the kernel alone: the guest driver arms
 //     userfaultfd's asynchronous write-protection (ArmWriteTracking) and a
 //     flush collects and re-arms written pages with one PAGEMAP_SCAN ioctl
@@ -54,10 +57,10 @@
 //	fork, child touches the aperture    child: SIGSEGV            child: SIGSEGV            child: SIGSEGV
 //	mprotect(READ|WRITE) then stores    caught at the next flush  caught at the next flush  tracked (the kernel keeps write-protection)
 //	mprotect(READ) then a store         the guest's SIGSEGV: its handler runs (or it is killed), as untraced, in every mode
-//	sigaltstack inside the aperture     frame pages opened before   frame pages opened before  works
-//	  (or a stack there)                  delivery, compared at flush delivery, compared at flush
-//	read(2)/pread into the aperture     EFAULT at a protected     LIMIT: may return short   full result, tracked
-//	                                    page                      (stops at the first protected page); what it wrote is caught
+//	sigaltstack inside the aperture     frame pages opened before delivery, compared at flush    works
+//	  (or a stack there)                  (insn and page)
+//	read(2)/pread into the aperture     EFAULT                    full result from an open  full result, tracked
+//	                                                              page, else EFAULT; caught
 //	O_DIRECT read into the aperture     EFAULT (protected page)   LIMIT (page and uffd): a flush while the device
 //	                                                              writes pinned pages misses those bytes until the
 //	                                                              page is written again; verify shows them

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-const guestPages = 16
+const guestPages = 64
 
 func guestMain() {
 	size := guestPages * pageSize
@@ -486,6 +486,35 @@ func TestSigaltstack(t *testing.T) {
 				}
 			}
 			rp.run(t, g, tr, "forms") // traced as before
+		})
+	}
+}
+
+// TestSyscallInto: a pread(2) into the aperture returns the whole count or
+// fails (EFAULT: its first page is protected), never a short count, in
+// every mode; what it read is replicated. Page mode reads in full where
+// the guest has stored to the first page since the last flush.
+func TestSyscallInto(t *testing.T) {
+	full, efault := "result pread 81920 0", "result pread -1 14"
+	for _, tc := range []struct {
+		mode        Mode
+		touched, no string // after a store to the first page; without
+	}{{ModeInsn, efault, efault}, {ModePage, full, efault}, {ModeUffd, full, full}} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			skipUnlessTraceable(t, tc.mode)
+			g := startGuest(t, cGuest(t))
+			defer g.stop()
+			if tc.mode == ModeUffd {
+				g.do(t, "arm")
+			}
+			tr, rp := trace(t, g, tc.mode, KindMemory)
+			defer tr.Close()
+			for _, w := range []struct{ run, want string }{{"pread 40 1", tc.touched}, {"pread 20 0", tc.no}, {"pread 2 1", tc.touched}} {
+				rp.run(t, g, tr, w.run)
+				if got := strings.Join(g.said, ";"); got != w.want {
+					t.Errorf("%s: guest said %q, want %q", w.run, got, w.want)
+				}
+			}
 		})
 	}
 }

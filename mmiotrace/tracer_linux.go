@@ -12,9 +12,6 @@ import (
 
 const pageSize = 4096
 
-// faultAhead is how many pages page mode opens on one fault (64 KiB).
-const faultAhead = 16
-
 // protTraced is the protection the ptrace modes give the pages they trace:
 // readable and executable, so stores fault, and a page a guest made
 // read-only itself (never executable: no guest runs code from an
@@ -308,15 +305,19 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	t.stats.Faults++
 	t.opts.Metrics.fault(t.opts.Mode)
 	if !t.perWrite(r) {
-		// Page mode: let the guest write this page, and the next clean
-		// ones up to faultAhead, until the next flush. Writes run in
-		// streaks; a page opened but not written costs only a comparison
-		// at the flush, a fault costs an injected system call.
+		// Page mode: let the guest write this page and every page after
+		// it, up to the region's end (or a page it protected itself),
+		// until the next flush. So the open pages are always the end of
+		// the region: a system call writing into the region from an open
+		// page never meets a protected one (it would return a short
+		// count), and one starting at a protected page fails at once
+		// (EFAULT). Writes run in streaks; a page opened but not written
+		// costs only a comparison at the flush, a fault costs an injected
+		// system call.
 		first := (addr - r.GuestAddr) / pageSize
-		end := first + 1
-		last := (vmaEnd - r.GuestAddr + pageSize - 1) / pageSize // pages the guest protected itself stay so
-		for end < uint64(len(r.dirty)) && end < min(first+faultAhead, last) && !r.dirty[end] {
-			end++
+		end := uint64(len(r.dirty))
+		if vmaEnd < r.GuestAddr+uint64(len(r.Mem)) { // vmaEnd > addr
+			end = (vmaEnd - r.GuestAddr + pageSize - 1) / pageSize
 		}
 		if err := t.pt.mprotect(tid, r.GuestAddr+first*pageSize, (end-first)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
 			return false
@@ -687,6 +688,9 @@ func (t *Tracer) takeWrites() []write {
 // last flushed, and records them as flushed. data is the shadow copy.
 func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) {
 	cur, old := r.Mem[lo:hi], r.shadow[lo:hi]
+	if string(cur) == string(old) { // memcmp: most pages opened are not written
+		return
+	}
 	diffRanges(old, cur, func(o, n int) {
 		copy(old[o:o+n], cur[o:o+n])
 		emit(r, lo+uint64(o), old[o:o+n])

@@ -29,7 +29,7 @@
 #define UFFD_USER_MODE_ONLY 1
 #endif
 
-#define PAGES 16
+#define PAGES 64
 static unsigned char *ap;
 static int apfd;
 
@@ -251,6 +251,23 @@ static void altstack(void) {
 	signal(SIGUSR1, SIG_DFL);
 }
 
+// readinto: pread(2) of 20 pages from a file into the aperture at page
+// PAGE, after a store to that page if TOUCH is 1. Prints "result pread RET
+// ERRNO": the whole 81920 bytes or an error, never a short count.
+static void readinto(int page, int touch) {
+	static unsigned char data[20 * 4096];
+	char path[] = "/tmp/vgpuha-cguest-XXXXXX";
+	int fd = mkstemp(path);
+	for (unsigned i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 7 + page);
+	if (fd < 0 || write(fd, data, sizeof data) != sizeof data) { perror("error: temp file"); return; }
+	unlink(path);
+	if (touch) ap[page * 4096] = 1;
+	errno = 0;
+	long ret = pread(fd, ap + page * 4096, sizeof data, 0);
+	printf("result pread %ld %d\n", ret, ret < 0 ? errno : 0);
+	close(fd);
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -282,6 +299,7 @@ int main(void) {
 		else if (strncmp(line, "run movs", 8) == 0) movs();
 		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
 		else if (strncmp(line, "run altstack", 12) == 0) altstack();
+		else if (strncmp(line, "run pread ", 10) == 0) { int pg = 0, touch = 0; sscanf(line + 10, "%d %d", &pg, &touch); readinto(pg, touch); }
 		else if (strncmp(line, "run guestro ", 12) == 0) { line[strcspn(line, "\n")] = 0; guestro(line + 12); }
 		else if (strncmp(line, "bypass ", 7) == 0) { line[strcspn(line, "\n")] = 0; bypass(line + 7); }
 		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
