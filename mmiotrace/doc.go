@@ -61,9 +61,11 @@
 //	  (or a stack there)                  (insn and page)
 //	read(2)/pread into the aperture     EFAULT                    full result from an open  full result, tracked
 //	                                                              page, else EFAULT; caught
-//	O_DIRECT read into the aperture     EFAULT (protected page)   LIMIT (page and uffd): a flush while the device
-//	                                                              writes pinned pages misses those bytes until the
-//	                                                              page is written again; verify shows them
+//	O_DIRECT read into the aperture     EFAULT (protected page)   caught: a flush stops     second look: caught if the device
+//	  (the device writes pinned pages)                            every guest thread, so    is done before the flush after the
+//	                                                              no read is in flight      one that compared the page; LIMIT
+//	                                                                                        beyond that
+//	AIO, io_uring into the aperture     LIMIT (page and uffd): the device may write pinned pages after any flush; verify shows it
 //
 // The ptrace modes protect traced pages PROT_READ|PROT_EXEC: a fault on a
 // page mapped otherwise read-only is the guest's own and is delivered to

@@ -565,18 +565,23 @@ func (p *ptracer) stopThread(th *thread) error {
 }
 
 // stopOthers stops every guest thread but tid, for the time a page is
-// unprotected; resumeOthers lets them go on.
-func (p *ptracer) stopOthers(tid int) []*thread {
-	var stopped []*thread
+// unprotected or a flush collects pages; resumeOthers lets them go on. all
+// is false if a thread did not stop (within stopThread's deadline). A
+// thread stops only in user space: a system call it was in has returned,
+// or was interrupted to be restarted.
+func (p *ptracer) stopOthers(tid int) (stopped []*thread, all bool) {
+	all = true
 	for id, th := range p.threads {
 		if id == tid || th.stopped {
 			continue
 		}
-		if p.stopThread(th) == nil {
+		if err := p.stopThread(th); err == nil {
 			stopped = append(stopped, th)
+		} else if !errors.Is(err, ErrGuestGone) {
+			all = false
 		}
 	}
-	return stopped
+	return stopped, all
 }
 
 func (p *ptracer) resumeOthers(stopped []*thread) {

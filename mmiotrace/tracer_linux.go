@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -81,6 +82,7 @@ type Tracer struct {
 	maps    *os.File     // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
 	pagemap *os.File     // uffd mode
 	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
+	recheck []dirtyPages // uffd mode: pages the last flush found written, or changed on a second look
 }
 
 type write struct {
@@ -495,7 +497,7 @@ const maxStepPages = 64
 // Precondition: t.mu must be locked.
 func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 	pt := t.pt
-	others := pt.stopOthers(tid)
+	others, _ := pt.stopOthers(tid)
 	defer pt.resumeOthers(others)
 	var snaps []pageSnap
 	defer func() {
@@ -578,7 +580,8 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 		if err != nil {
 			return err
 		}
-		dirty = append(dirty, scanned...)
+		dirty = append(append(dirty, scanned...), t.takeRecheck(regions)...)
+		t.recheck = scanned
 	}
 	var records, bytes, pages uint64
 	send := func(r *Region, off uint64, data []byte) {
@@ -601,9 +604,15 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 			if t.perWrite(d.r) != perWrite {
 				continue
 			}
+			again := dirtyPages{r: d.r, again: true}
 			for _, pg := range d.pages {
 				pages++
-				d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+				if d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send) && d.again {
+					again.pages = append(again.pages, pg) // still changing: look once more
+				}
+			}
+			if len(again.pages) > 0 {
+				t.recheck = append(t.recheck, again)
 			}
 		}
 	}
@@ -685,21 +694,43 @@ func (t *Tracer) takeWrites() []write {
 }
 
 // sendChanged emits the ranges of r.Mem[lo:hi] that differ from what was
-// last flushed, and records them as flushed. data is the shadow copy.
-func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) {
+// last flushed, and records them as flushed; it reports whether there
+// were any. data is the shadow copy.
+func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) bool {
 	cur, old := r.Mem[lo:hi], r.shadow[lo:hi]
 	if string(cur) == string(old) { // memcmp: most pages opened are not written
-		return
+		return false
 	}
 	diffRanges(old, cur, func(o, n int) {
 		copy(old[o:o+n], cur[o:o+n])
 		emit(r, lo+uint64(o), old[o:o+n])
 	})
+	return true
 }
 
 type dirtyPages struct {
 	r     *Region
 	pages []uint64 // page indexes within the region
+	again bool     // uffd mode: a second look (see takeRecheck)
+}
+
+// takeRecheck hands over, in uffd mode, the pages to compare once more:
+// those the previous flush found written, and those a second look found
+// changed. A device writing pinned pages (an O_DIRECT read) writes through
+// no page table, so the scan reports a page once, when it was pinned; what
+// the device wrote after that flush's comparison is caught here, as long
+// as it lands before the flush after it. Pages of regions removed since
+// are dropped.
+func (t *Tracer) takeRecheck(regions []*Region) []dirtyPages {
+	var out []dirtyPages
+	for _, d := range t.recheck {
+		if slices.Contains(regions, d.r) {
+			d.again = true
+			out = append(out, d)
+		}
+	}
+	t.recheck = nil
+	return out
 }
 
 // reprotectDirty write-protects the pages written since the last flush (in
@@ -721,6 +752,14 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 	var out []dirtyPages
 	var perr error
 	err := t.pt.do(func(tid int) {
+		// With every guest thread stopped, no system call is in flight:
+		// an O_DIRECT read into open pages (the device writes them
+		// through no page table) has finished, and once they are
+		// protected none can pin them again. A thread that does not stop
+		// may still have one in flight: the pages then stay open and
+		// dirty, compared now and again at the next flush.
+		others, all := t.pt.stopOthers(tid)
+		defer t.pt.resumeOthers(others)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		for _, r := range regions {
@@ -732,9 +771,13 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 				}
 				j := i
 				for j < len(r.dirty) && r.dirty[j] {
-					r.dirty[j] = false
+					r.dirty[j] = !all
 					d.pages = append(d.pages, uint64(j))
 					j++
+				}
+				if !all {
+					i = j
+					continue
 				}
 				// Only what is writable now: a page the guest protected
 				// itself since keeps its protection (compared all the same).

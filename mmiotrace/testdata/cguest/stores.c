@@ -5,6 +5,7 @@
 // the tracer's per-write records must equal. Compiled by the Go test with gcc.
 #define _GNU_SOURCE
 #include <cpuid.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -268,6 +270,46 @@ static void readinto(int page, int touch) {
 	close(fd);
 }
 
+// odirect: ROUNDS O_DIRECT reads of 32 pages into the aperture at page 16
+// (the device writes pinned pages), from two files in turn, each after a
+// store to the first page, on a thread of its own (the main thread waits,
+// where a tracer's wake-up reaches it). Prints "result odirect OK EFAULT
+// OTHER".
+static void *odirect_reads(void *arg);
+
+static void odirect(int rounds) {
+	pthread_t th;
+	if (pthread_create(&th, NULL, odirect_reads, (void *)(long)rounds) || pthread_join(th, NULL)) perror("error: thread");
+}
+
+static void *odirect_reads(void *arg) {
+	int rounds = (int)(long)arg;
+	static unsigned char data[32 * 4096];
+	int fds[2];
+	for (int f = 0; f < 2; f++) {
+		char path[] = "/tmp/vgpuha-cguest-XXXXXX";
+		int fd = mkstemp(path);
+		for (unsigned i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 13 + f * 101 + 1);
+		if (fd < 0 || write(fd, data, sizeof data) != sizeof data || fsync(fd)) { perror("error: temp file"); return NULL; }
+		fds[f] = open(path, O_RDONLY | O_DIRECT);
+		unlink(path);
+		close(fd);
+		if (fds[f] < 0) { perror("error: O_DIRECT"); return NULL; }
+	}
+	int ok = 0, efault = 0, other = 0;
+	for (int i = 0; i < rounds; i++) {
+		ap[16 * 4096] = (unsigned char)i;
+		long ret = pread(fds[i % 2], ap + 16 * 4096, sizeof data, 0);
+		if (ret == sizeof data) ok++;
+		else if (ret < 0 && errno == EFAULT) efault++;
+		else other++;
+	}
+	printf("result odirect %d %d %d\n", ok, efault, other);
+	close(fds[0]);
+	close(fds[1]);
+	return NULL;
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -299,6 +341,7 @@ int main(void) {
 		else if (strncmp(line, "run movs", 8) == 0) movs();
 		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
 		else if (strncmp(line, "run altstack", 12) == 0) altstack();
+		else if (strncmp(line, "run odirect ", 12) == 0) odirect(atoi(line + 12));
 		else if (strncmp(line, "run pread ", 10) == 0) { int pg = 0, touch = 0; sscanf(line + 10, "%d %d", &pg, &touch); readinto(pg, touch); }
 		else if (strncmp(line, "run guestro ", 12) == 0) { line[strcspn(line, "\n")] = 0; guestro(line + 12); }
 		else if (strncmp(line, "bypass ", 7) == 0) { line[strcspn(line, "\n")] = 0; bypass(line + 7); }
