@@ -29,9 +29,12 @@
 //     touches copied before it is unprotected, and exactly the bytes that
 //     changed recorded.
 //   - page: the first write to a page after a flush faults; the tracer
-//     unprotects the page and marks it dirty. A flush re-protects the dirty
-//     pages (an mprotect injected into a stopped guest thread) and sends the
-//     ranges that changed since the previous flush.
+//     unprotects that page and every page after it to the region's end, and
+//     marks them dirty (the open pages are always the end of the region, so
+//     a system call writing from an open page never meets a protected one).
+//     A flush re-protects the dirty pages (an mprotect injected into a
+//     stopped guest thread) and sends the ranges that changed since the
+//     previous flush.
 //   - uffd: page tracking by the kernel alone: the guest driver arms
 //     userfaultfd's asynchronous write-protection (ArmWriteTracking) and a
 //     flush collects and re-arms written pages with one PAGEMAP_SCAN ioctl
@@ -53,14 +56,21 @@
 //	  MADV_REMOVE, writable reopen/mmap
 //	fork, child touches the aperture    child: SIGSEGV            child: SIGSEGV            child: SIGSEGV
 //	mprotect(READ|WRITE) then stores    caught at the next flush  caught at the next flush  tracked (the kernel keeps write-protection)
-//	mprotect(READ) + own SIGSEGV        LIMIT: the tracer performs the store, the handler never runs; nothing lost
-//	  handler, then a store               (uffd: the guest's handler runs, as on a device)
-//	sigaltstack inside the aperture     LIMIT: a signal kills the guest (the kernel cannot write the frame); uffd: works
-//	read(2)/pread into the aperture     EFAULT at a protected     LIMIT: may return short   full result, tracked
-//	                                    page                      (stops at the first protected page); what it wrote is caught
-//	O_DIRECT read into the aperture     EFAULT (protected page)   LIMIT (page and uffd): a flush while the device
-//	                                                              writes pinned pages misses those bytes until the
-//	                                                              page is written again; verify shows them
+//	mprotect(READ) then a store         the guest's SIGSEGV: its handler runs (or it is killed), as untraced, in every mode
+//	sigaltstack inside the aperture     frame pages opened before delivery, compared at flush    works
+//	  (or a stack there)                  (insn and page)
+//	read(2)/pread into the aperture     EFAULT                    full result from an open  full result, tracked
+//	                                                              page, else EFAULT; caught
+//	O_DIRECT read into the aperture     EFAULT (protected page)   caught: a flush stops     second look: caught if the device
+//	  (the device writes pinned pages)                            every guest thread, so    is done before the flush after the
+//	                                                              no read is in flight      one that compared the page; LIMIT
+//	                                                                                        beyond that
+//	AIO, io_uring into the aperture     LIMIT (page and uffd): the device may write pinned pages after any flush; verify shows it
+//
+// The ptrace modes protect traced pages PROT_READ|PROT_EXEC: a fault on a
+// page mapped otherwise read-only is the guest's own and is delivered to
+// it (a guest that forbids executable mappings gets plain read-only pages,
+// and its own read-only pages are then traced like the tracer's).
 //
 // verify compares every aperture's file with both device copies, so
 // anything a row marked LIMIT loses is visible to an operator.

@@ -13,7 +13,6 @@ import (
 // does not carry it; the number uses the asm-generic encoding.
 const (
 	procmapQuery          = 0xC0686611 // _IOWR('f', 17, struct procmap_query)
-	procmapWritable       = 1 << 1     // PROCMAP_QUERY_VMA_WRITABLE
 	procmapCoveringOrNext = 1 << 4     // PROCMAP_QUERY_COVERING_OR_NEXT_VMA
 )
 

@@ -2,6 +2,7 @@ package mmiotrace
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -30,6 +31,9 @@ type ptracer struct {
 	// fault handles a SIGSEGV at addr in thread tid; false means the fault
 	// is not the tracer's (the guest gets its SIGSEGV).
 	fault func(tid int, addr uint64) bool
+	// signal runs before a signal is delivered to stopped thread tid (the
+	// kernel then writes its frame).
+	signal func(tid int)
 
 	// Tracer-thread state.
 	threads  map[int]*thread
@@ -47,7 +51,8 @@ type ptracer struct {
 
 type thread struct {
 	tid     int
-	pending int // a signal to deliver when the thread is next resumed
+	pending int      // a signal to deliver when the thread is next resumed
+	info    *rawInfo // pending's siginfo
 	stopped bool
 }
 
@@ -66,7 +71,7 @@ var ErrGuestGone = errors.New("mmiotrace: guest process exited")
 
 // startPtrace attaches to every thread of pid and starts the tracer
 // thread. The guest must be in a process group of its own (see waitAny).
-func startPtrace(pid int, cpu int, fault func(tid int, addr uint64) bool) (*ptracer, error) {
+func startPtrace(pid int, cpu int, fault func(tid int, addr uint64) bool, signal func(tid int)) (*ptracer, error) {
 	pgid, err := unix.Getpgid(pid)
 	if err != nil {
 		return nil, fmt.Errorf("guest %d: %w", pid, err)
@@ -74,7 +79,7 @@ func startPtrace(pid int, cpu int, fault func(tid int, addr uint64) bool) (*ptra
 	if pgid == unix.Getpgrp() {
 		return nil, fmt.Errorf("guest %d is in the hypervisor's process group: start it in a group of its own (setpgid) so the tracer waits on its threads only", pid)
 	}
-	p := &ptracer{pid: pid, pgid: pgid, cpu: cpu, fault: fault, threads: map[int]*thread{}, done: make(chan struct{})}
+	p := &ptracer{pid: pid, pgid: pgid, cpu: cpu, fault: fault, signal: signal, threads: map[int]*thread{}, done: make(chan struct{})}
 	p.ourChild = parentOf(pid) == os.Getpid()
 	started := make(chan error, 1)
 	go p.loop(started)
@@ -284,31 +289,58 @@ func (p *ptracer) handle(ev event) error {
 			p.threads[int(msg)] = &thread{tid: int(msg)}
 			p.pin(int(msg))
 		}
-		return p.resume(th, 0)
+		return p.deliver(th, 0)
 	case ws.TrapCause() == unix.PTRACE_EVENT_STOP:
 		// An interrupt nobody waits for any more, or a group stop: the
 		// guest keeps running (job control stops are not kept while traced).
-		return p.resume(th, 0)
+		return p.deliver(th, 0)
 	case ws.TrapCause() > 0:
-		return p.resume(th, 0)
+		return p.deliver(th, 0)
 	}
 	info, err := getSiginfo(tid)
 	if err != nil {
-		return p.resume(th, int(sig))
+		return p.deliver(th, int(sig))
 	}
 	switch {
 	case sig == wakeSignal && info.code == siTKill && info.pid == int32(os.Getpid()):
 		p.runWork(tid)
-		return p.resume(th, 0)
+		return p.deliver(th, 0)
 	case sig == unix.SIGSEGV && info.code == segvAccErr && p.fault(tid, info.addr):
-		return p.resume(th, 0)
+		return p.deliver(th, 0)
 	}
-	return p.resume(th, int(sig))
+	return p.deliver(th, int(sig))
+}
+
+// deliver resumes th with signal sig (that of its current stop), or the
+// one it has pending, first letting the tracer prepare for the frame the
+// kernel writes. The signal keeps its siginfo (the fault address, the
+// sender) although the thread may have been stepped meanwhile.
+func (p *ptracer) deliver(th *thread, sig int) error {
+	info := th.info
+	if sig == 0 && th.pending != 0 {
+		sig, th.pending, th.info = th.pending, 0, nil
+	} else if sig != 0 {
+		info, _ = getRawSiginfo(th.tid)
+	}
+	if sig != 0 {
+		p.signal(th.tid)
+		if info != nil {
+			setRawSiginfo(th.tid, info)
+		}
+	}
+	return p.resume(th, sig)
+}
+
+// keepSignal makes the signal that stopped th (sig) pending: it is
+// delivered, with its siginfo, when th is next resumed.
+func (p *ptracer) keepSignal(th *thread, sig int) {
+	th.pending = sig
+	th.info, _ = getRawSiginfo(th.tid)
 }
 
 func (p *ptracer) resume(th *thread, sig int) error {
 	if sig == 0 && th.pending != 0 {
-		sig, th.pending = th.pending, 0
+		sig, th.pending, th.info = th.pending, 0, nil
 	}
 	th.stopped = false
 	err := unix.PtraceCont(th.tid, sig)
@@ -533,18 +565,23 @@ func (p *ptracer) stopThread(th *thread) error {
 }
 
 // stopOthers stops every guest thread but tid, for the time a page is
-// unprotected; resumeOthers lets them go on.
-func (p *ptracer) stopOthers(tid int) []*thread {
-	var stopped []*thread
+// unprotected or a flush collects pages; resumeOthers lets them go on. all
+// is false if a thread did not stop (within stopThread's deadline). A
+// thread stops only in user space: a system call it was in has returned,
+// or was interrupted to be restarted.
+func (p *ptracer) stopOthers(tid int) (stopped []*thread, all bool) {
+	all = true
 	for id, th := range p.threads {
 		if id == tid || th.stopped {
 			continue
 		}
-		if p.stopThread(th) == nil {
+		if err := p.stopThread(th); err == nil {
 			stopped = append(stopped, th)
+		} else if !errors.Is(err, ErrGuestGone) {
+			all = false
 		}
 	}
-	return stopped
+	return stopped, all
 }
 
 func (p *ptracer) resumeOthers(stopped []*thread) {
@@ -606,7 +643,7 @@ func (p *ptracer) singleStep(tid int) error {
 			}
 		}
 		if th != nil && sig != wakeSignal {
-			th.pending = int(sig)
+			p.keepSignal(th, int(sig))
 		} else if sig == wakeSignal {
 			p.runWorkLater()
 		}
@@ -642,6 +679,21 @@ func (p *ptracer) mprotect(tid int, addr, n uint64, prot int) error {
 		return fmt.Errorf("mprotect(%#x, %d) in the guest: %w", addr, n, syscall.Errno(-ret))
 	}
 	return nil
+}
+
+const ssDisable = 2 // SS_DISABLE: no signal stack
+
+// altStack returns thread tid's signal stack (sigaltstack(2), injected;
+// the kernel writes the answer at scratch, guest memory it may clobber)
+// and whether it has one enabled.
+func (p *ptracer) altStack(tid int, scratch uint64) (lo, hi uint64, ok bool) {
+	ret, err := p.inject(tid, unix.SYS_SIGALTSTACK, 0, scratch)
+	var ss [24]byte // stack_t: ss_sp, ss_flags (int, padded), ss_size
+	if err != nil || ret != 0 || p.readGuest(scratch, ss[:]) != nil {
+		return 0, 0, false
+	}
+	sp, flags, size := binary.LittleEndian.Uint64(ss[0:]), binary.LittleEndian.Uint32(ss[8:]), binary.LittleEndian.Uint64(ss[16:])
+	return sp, sp + size, flags&ssDisable == 0 && size > 0 && sp+size > sp
 }
 
 // readGuest reads guest memory (reads never fault on write-protected pages).

@@ -55,3 +55,22 @@ func getSiginfo(tid int) (siginfo, error) {
 		addr: *(*uint64)(unsafe.Pointer(&raw[16])),
 	}, nil
 }
+
+// rawInfo is a siginfo as the kernel keeps it.
+type rawInfo [128]byte
+
+// getRawSiginfo and setRawSiginfo read and replace the siginfo of the
+// signal that stopped thread tid (PTRACE_GETSIGINFO, PTRACE_SETSIGINFO):
+// the siginfo a signal kept while its thread was stepped is put back
+// before it is delivered.
+func getRawSiginfo(tid int) (*rawInfo, error) {
+	info := new(rawInfo)
+	if err := ptraceRaw(unix.PTRACE_GETSIGINFO, tid, 0, unsafe.Pointer(info)); err != nil {
+		return nil, err
+	}
+	return info, nil
+}
+
+func setRawSiginfo(tid int, info *rawInfo) error {
+	return ptraceRaw(unix.PTRACE_SETSIGINFO, tid, 0, unsafe.Pointer(info))
+}

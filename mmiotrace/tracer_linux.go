@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -12,8 +13,14 @@ import (
 
 const pageSize = 4096
 
-// faultAhead is how many pages page mode opens on one fault (64 KiB).
-const faultAhead = 16
+// protTraced is the protection the ptrace modes give the pages they trace:
+// readable and executable, so stores fault, and a page a guest made
+// read-only itself (never executable: no guest runs code from an
+// aperture) can be told from the tracer's by its mapping. A store there
+// is the guest's own fault, delivered to it. Where the guest forbids
+// executable mappings (MDWE, a seccomp filter) the tracer falls back to
+// plain read-only and cannot tell them apart.
+const protTraced = unix.PROT_READ | unix.PROT_EXEC
 
 // Region is memory the guest maps and writes directly (an aperture).
 type Region struct {
@@ -56,6 +63,7 @@ type Stats struct {
 	Flushes        uint64
 	DirtyPages     uint64 // pages found written at flushes (page, uffd)
 	GuestOpened    uint64 // protected pages found writable at flushes: the guest's own mprotect (compared, protected again)
+	GuestFaults    uint64 // faults on pages the guest protected itself, delivered to it
 	PinnedCPU      int    // -1: not pinned
 	PtraceAttached bool
 }
@@ -70,9 +78,11 @@ type Tracer struct {
 	writes  []write // per-write records since the last flush, in program order
 	stats   Stats
 	pt      *ptracer     // nil until a region needs ptrace
+	prot    int          // with pt: the protection of traced pages, protTraced or PROT_READ
 	maps    *os.File     // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
 	pagemap *os.File     // uffd mode
 	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
+	recheck []dirtyPages // uffd mode: pages the last flush found written, or changed on a second look
 }
 
 type write struct {
@@ -120,14 +130,8 @@ func (t *Tracer) AddRegion(r *Region) error {
 		if err := t.startPtrace(); err != nil {
 			return err
 		}
-		var perr error
-		if err := t.pt.do(func(tid int) {
-			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ)
-		}); err != nil {
+		if err := t.protectNew(r); err != nil {
 			return err
-		}
-		if perr != nil {
-			return perr
 		}
 	case t.opts.Mode == ModeUffd:
 		if t.pagemap == nil {
@@ -142,6 +146,25 @@ func (t *Tracer) AddRegion(r *Region) error {
 	t.regions = append(t.regions, r)
 	t.mu.Unlock()
 	return nil
+}
+
+// protectNew write-protects a region being added, choosing the traced
+// pages' protection on the first one (see protTraced).
+func (t *Tracer) protectNew(r *Region) error {
+	var perr error
+	err := t.pt.do(func(tid int) {
+		if t.prot == 0 {
+			t.prot = protTraced
+			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
+			if errors.Is(perr, unix.EACCES) || errors.Is(perr, unix.EPERM) {
+				t.prot = unix.PROT_READ
+			}
+		}
+		if t.prot != protTraced || perr != nil {
+			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
+		}
+	})
+	return errors.Join(err, perr)
 }
 
 // ErrSelfTrace: a region that needs ptrace belongs to the tracer's own
@@ -174,7 +197,7 @@ func (t *Tracer) startPtrace() error {
 	if err != nil {
 		return fmt.Errorf("opening the guest's mappings: %w", err)
 	}
-	pt, err := startPtrace(t.pid, cpu, t.onFault)
+	pt, err := startPtrace(t.pid, cpu, t.onFault, t.onSignal)
 	if err != nil {
 		maps.Close()
 		return err
@@ -206,7 +229,16 @@ func (t *Tracer) RemoveRegion(r *Region) {
 	pt := t.pt
 	t.mu.Unlock()
 	if pt != nil && t.usesPtrace(r) {
-		pt.do(func(tid int) { pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ|unix.PROT_WRITE) })
+		pt.do(func(tid int) {
+			// The pages the tracer protected; those the guest protected
+			// itself keep its protection.
+			lo, hi := r.GuestAddr, r.GuestAddr+uint64(len(r.Mem))
+			if t.prot != protTraced || vmaRanges(t.maps, lo, hi, tracerProtected, func(lo, hi uint64) {
+				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
+			}) != nil {
+				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
+			}
+		})
 	}
 }
 
@@ -267,17 +299,27 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	if r == nil {
 		return false
 	}
+	vmaEnd, ours := t.ownFault(addr)
+	if !ours {
+		t.stats.GuestFaults++
+		return false
+	}
 	t.stats.Faults++
 	t.opts.Metrics.fault(t.opts.Mode)
 	if !t.perWrite(r) {
-		// Page mode: let the guest write this page, and the next clean
-		// ones up to faultAhead, until the next flush. Writes run in
-		// streaks; a page opened but not written costs only a comparison
-		// at the flush, a fault costs an injected system call.
+		// Page mode: let the guest write this page and every page after
+		// it, up to the region's end (or a page it protected itself),
+		// until the next flush. So the open pages are always the end of
+		// the region: a system call writing into the region from an open
+		// page never meets a protected one (it would return a short
+		// count), and one starting at a protected page fails at once
+		// (EFAULT). Writes run in streaks; a page opened but not written
+		// costs only a comparison at the flush, a fault costs an injected
+		// system call.
 		first := (addr - r.GuestAddr) / pageSize
-		end := first + 1
-		for end < uint64(len(r.dirty)) && end < first+faultAhead && !r.dirty[end] {
-			end++
+		end := uint64(len(r.dirty))
+		if vmaEnd < r.GuestAddr+uint64(len(r.Mem)) { // vmaEnd > addr
+			end = (vmaEnd - r.GuestAddr + pageSize - 1) / pageSize
 		}
 		if err := t.pt.mprotect(tid, r.GuestAddr+first*pageSize, (end-first)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
 			return false
@@ -288,6 +330,75 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 		return true
 	}
 	return t.traceWrite(tid, r, addr)
+}
+
+// sigFrameMax bounds what the kernel writes below a stack pointer to
+// deliver a signal: the frame with the largest XSAVE state (AMX tiles),
+// and the 128-byte red zone.
+const sigFrameMax = 16 << 10
+
+// onSignal runs on the tracer thread before a signal is delivered to
+// stopped thread tid. Where the kernel will write the signal frame into a
+// region (a sigaltstack there, or a thread already running on a stack
+// there), it opens those pages until the next flush, which compares them:
+// the kernel cannot write a protected page (it would kill the guest), and
+// its writes never fault to the tracer.
+func (t *Tracer) onSignal(tid int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	regs, _, err := t.pt.regs(tid, false)
+	if err != nil {
+		return
+	}
+	sp := regs.GPR[4]
+	lo, hi := sp-sigFrameMax, sp // on a stack in a region: the frame goes below it
+	if t.regionAt(sp-1) == nil {
+		scratch := (sp - 256) &^ 15 // below the red zone
+		if t.regionAt(scratch) != nil {
+			return
+		}
+		alo, ahi, ok := t.pt.altStack(tid, scratch)
+		if !ok {
+			return
+		}
+		lo, hi = max(alo, ahi-min(ahi, sigFrameMax)), ahi // frames go at its top
+	}
+	for _, r := range t.regions {
+		if r.contains(lo, 1) || r.contains(hi-1, 1) || (lo < r.GuestAddr && hi > r.GuestAddr) {
+			t.openPages(tid, r, max(lo, r.GuestAddr), min(hi, r.GuestAddr+uint64(len(r.Mem))))
+		}
+	}
+}
+
+// openPages makes the pages of r covering [lo, hi) writable until the next
+// flush (they are marked dirty), leaving those the guest protected itself.
+// Precondition: t.mu must be locked.
+func (t *Tracer) openPages(tid int, r *Region, lo, hi uint64) {
+	lo, hi = lo&^(pageSize-1), (hi+pageSize-1)&^(pageSize-1)
+	open := func(lo, hi uint64) {
+		if t.pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE) != nil {
+			return
+		}
+		for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr)/pageSize; pg++ {
+			r.dirty[pg] = true
+		}
+	}
+	if t.prot != protTraced || vmaRanges(t.maps, lo, hi, tracerProtected, open) != nil {
+		open(lo, hi)
+	}
+}
+
+// ownFault reports whether a write fault at addr, in a region, is the
+// tracer's (the page has protTraced, or is writable again: opened
+// meanwhile) rather than the guest's own protection, and where the
+// mapping with that protection ends.
+// Precondition: t.mu must be locked.
+func (t *Tracer) ownFault(addr uint64) (end uint64, ours bool) {
+	start, end, flags, ok, err := vmaAt(t.maps, addr)
+	if t.prot != protTraced || err != nil || !ok || start > addr {
+		return ^uint64(0), true // cannot tell: the tracer's, as it would be without the marker
+	}
+	return end, tracerProtected(flags) || writable(flags)
 }
 
 // traceWrite records the store that faulted at addr: emulated when the
@@ -386,12 +497,12 @@ const maxStepPages = 64
 // Precondition: t.mu must be locked.
 func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 	pt := t.pt
-	others := pt.stopOthers(tid)
+	others, _ := pt.stopOthers(tid)
 	defer pt.resumeOthers(others)
 	var snaps []pageSnap
 	defer func() {
 		for _, sn := range snaps {
-			pt.mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, unix.PROT_READ)
+			pt.mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, t.prot)
 		}
 	}()
 	open := func(at uint64) error {
@@ -409,8 +520,10 @@ func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 		if !errors.As(err, &sf) {
 			return snaps, err
 		}
-		if t.regionAt(sf.addr) == nil { // a genuine fault outside the regions: the guest gets it
-			pt.threads[tid].pending = int(unix.SIGSEGV)
+		if _, ours := t.ownFault(sf.addr); t.regionAt(sf.addr) == nil || !ours {
+			// A genuine fault outside the regions, or on a page the guest
+			// protected itself: the guest gets it.
+			pt.keepSignal(pt.threads[tid], int(unix.SIGSEGV))
 			return snaps, nil
 		}
 		if err := open(sf.addr); err != nil {
@@ -452,26 +565,23 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	t.stats.Flushes++
 	t.mu.Unlock()
 
-	opened, err := t.guestOpened(regions)
-	if err != nil {
+	if err := t.guestOpened(regions); err != nil {
 		return err
 	}
 	var dirty []dirtyPages
-	switch {
-	case t.opts.Mode == ModePage || opened:
-		dirty, err = t.reprotectDirty(regions)
-	case t.opts.Mode == ModeUffd:
-		dirty, err = t.scanWritten(regions)
-	}
-	if err != nil {
-		return err
-	}
-	if t.opts.Mode == ModeUffd && opened {
-		var scanned []dirtyPages
-		if scanned, err = t.scanWritten(regions); err != nil {
+	var err error
+	if t.pt != nil { // page mode's dirty pages, and per-write pages opened for a signal frame or by the guest
+		if dirty, err = t.reprotectDirty(regions); err != nil {
 			return err
 		}
-		dirty = append(dirty, scanned...)
+	}
+	if t.opts.Mode == ModeUffd {
+		scanned, err := t.scanWritten(regions)
+		if err != nil {
+			return err
+		}
+		dirty = append(append(dirty, scanned...), t.takeRecheck(regions)...)
+		t.recheck = scanned
 	}
 	var records, bytes, pages uint64
 	send := func(r *Region, off uint64, data []byte) {
@@ -494,9 +604,15 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 			if t.perWrite(d.r) != perWrite {
 				continue
 			}
+			again := dirtyPages{r: d.r, again: true}
 			for _, pg := range d.pages {
 				pages++
-				d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+				if d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send) && d.again {
+					again.pages = append(again.pages, pg) // still changing: look once more
+				}
+			}
+			if len(again.pages) > 0 {
+				t.recheck = append(t.recheck, again)
 			}
 		}
 	}
@@ -519,19 +635,19 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 // guest made writable itself (mprotect), where its stores stopped
 // faulting: the flush compares them with what was last sent and protects
 // them again, so what the guest wrote there is caught and later stores
-// fault as before. It reports whether it found any.
-func (t *Tracer) guestOpened(regions []*Region) (bool, error) {
+// fault as before.
+func (t *Tracer) guestOpened(regions []*Region) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.maps == nil {
-		return false, nil
+		return nil
 	}
 	found := uint64(0)
 	for _, r := range regions {
 		if !t.usesPtrace(r) || r.full {
 			continue
 		}
-		err := writableRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), func(lo, hi uint64) {
+		err := vmaRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), writable, func(lo, hi uint64) {
 			for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr+pageSize-1)/pageSize; pg++ {
 				if !r.dirty[pg] { // under t.mu every page the tracer opened is dirty
 					r.dirty[pg] = true
@@ -540,11 +656,11 @@ func (t *Tracer) guestOpened(regions []*Region) (bool, error) {
 			}
 		})
 		if err != nil {
-			return false, err
+			return err
 		}
 	}
 	t.stats.GuestOpened += found
-	return found > 0, nil
+	return nil
 }
 
 // Drain is the last flush, for a guest that has stopped writing (it
@@ -578,18 +694,43 @@ func (t *Tracer) takeWrites() []write {
 }
 
 // sendChanged emits the ranges of r.Mem[lo:hi] that differ from what was
-// last flushed, and records them as flushed. data is the shadow copy.
-func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) {
+// last flushed, and records them as flushed; it reports whether there
+// were any. data is the shadow copy.
+func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) bool {
 	cur, old := r.Mem[lo:hi], r.shadow[lo:hi]
+	if string(cur) == string(old) { // memcmp: most pages opened are not written
+		return false
+	}
 	diffRanges(old, cur, func(o, n int) {
 		copy(old[o:o+n], cur[o:o+n])
 		emit(r, lo+uint64(o), old[o:o+n])
 	})
+	return true
 }
 
 type dirtyPages struct {
 	r     *Region
 	pages []uint64 // page indexes within the region
+	again bool     // uffd mode: a second look (see takeRecheck)
+}
+
+// takeRecheck hands over, in uffd mode, the pages to compare once more:
+// those the previous flush found written, and those a second look found
+// changed. A device writing pinned pages (an O_DIRECT read) writes through
+// no page table, so the scan reports a page once, when it was pinned; what
+// the device wrote after that flush's comparison is caught here, as long
+// as it lands before the flush after it. Pages of regions removed since
+// are dropped.
+func (t *Tracer) takeRecheck(regions []*Region) []dirtyPages {
+	var out []dirtyPages
+	for _, d := range t.recheck {
+		if slices.Contains(regions, d.r) {
+			d.again = true
+			out = append(out, d)
+		}
+	}
+	t.recheck = nil
+	return out
 }
 
 // reprotectDirty write-protects the pages written since the last flush (in
@@ -611,6 +752,14 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 	var out []dirtyPages
 	var perr error
 	err := t.pt.do(func(tid int) {
+		// With every guest thread stopped, no system call is in flight:
+		// an O_DIRECT read into open pages (the device writes them
+		// through no page table) has finished, and once they are
+		// protected none can pin them again. A thread that does not stop
+		// may still have one in flight: the pages then stay open and
+		// dirty, compared now and again at the next flush.
+		others, all := t.pt.stopOthers(tid)
+		defer t.pt.resumeOthers(others)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		for _, r := range regions {
@@ -622,11 +771,22 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 				}
 				j := i
 				for j < len(r.dirty) && r.dirty[j] {
-					r.dirty[j] = false
+					r.dirty[j] = !all
 					d.pages = append(d.pages, uint64(j))
 					j++
 				}
-				if err := t.pt.mprotect(tid, r.GuestAddr+uint64(i)*pageSize, uint64(j-i)*pageSize, unix.PROT_READ); err != nil && perr == nil {
+				if !all {
+					i = j
+					continue
+				}
+				// Only what is writable now: a page the guest protected
+				// itself since keeps its protection (compared all the same).
+				lo, hi := r.GuestAddr+uint64(i)*pageSize, r.GuestAddr+uint64(j)*pageSize
+				if err := vmaRanges(t.maps, lo, hi, writable, func(lo, hi uint64) {
+					if err := t.pt.mprotect(tid, lo, hi-lo, t.prot); err != nil && perr == nil {
+						perr = err
+					}
+				}); err != nil && perr == nil {
 					perr = err
 				}
 				i = j

@@ -5,11 +5,15 @@
 // the tracer's per-write records must equal. Compiled by the Go test with gcc.
 #define _GNU_SOURCE
 #include <cpuid.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <errno.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -27,7 +31,7 @@
 #define UFFD_USER_MODE_ONLY 1
 #endif
 
-#define PAGES 16
+#define PAGES 64
 static unsigned char *ap;
 static int apfd;
 
@@ -186,6 +190,126 @@ static void guestrw(void) {
 	ap[3 * 4096 + 1] = 0x42;
 }
 
+// guestro: the guest makes a page of its aperture read-only itself and
+// stores to it, as it would to catch its own writes. "jump": its SIGSEGV
+// handler runs and jumps past the store (which must not happen); "fix":
+// its handler makes the page writable and returns (the store then
+// happens); "die": no handler, the store kills it. Prints "result guestro
+// HOW FAULT_OFFSET BYTE" (-1: no fault reached the handler).
+static sigjmp_buf segv_jump;
+static volatile long segv_off;
+static volatile int segv_fix;
+
+static void on_segv(int sig, siginfo_t *si, void *uc) {
+	(void)sig; (void)uc;
+	segv_off = (unsigned char *)si->si_addr - ap;
+	if (segv_fix) {
+		mprotect((void *)((unsigned long)si->si_addr & ~4095ul), 4096, PROT_READ | PROT_WRITE);
+		return;
+	}
+	siglongjmp(segv_jump, 1);
+}
+
+static void guestro(const char *how) {
+	unsigned char *pg = ap + 5 * 4096;
+	struct sigaction sa = {0};
+	sa.sa_sigaction = on_segv;
+	sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+	if (strcmp(how, "die") == 0) signal(SIGSEGV, SIG_DFL);
+	else sigaction(SIGSEGV, &sa, NULL);
+	segv_fix = strcmp(how, "fix") == 0;
+	segv_off = -1;
+	pg[8] = 0x11;
+	if (mprotect(pg, 4096, PROT_READ)) perror("error: mprotect");
+	if (sigsetjmp(segv_jump, 1) == 0) *(volatile unsigned char *)(pg + 8) = 0x77;
+	printf("result guestro %s %ld %02x\n", how, segv_off, pg[8]);
+	signal(SIGSEGV, SIG_DFL);
+	if (mprotect(pg, 4096, PROT_READ | PROT_WRITE)) perror("error: mprotect");
+	pg[9] = 0x22;
+}
+
+// altstack: the guest's signal stack is in its aperture (pages 8-11), so
+// the kernel writes a signal frame there, and the handler its locals.
+// Prints "result altstack ONSTACK" (1: the handler ran on that stack).
+static volatile long alt_off = -1;
+
+static void on_usr1(int sig) {
+	volatile unsigned char local[64];
+	local[0] = (unsigned char)sig;
+	alt_off = (long)((unsigned char *)local - ap);
+}
+
+static void altstack(void) {
+	stack_t ss = {.ss_sp = ap + 8 * 4096, .ss_size = 4 * 4096};
+	struct sigaction sa = {0};
+	sa.sa_handler = on_usr1;
+	sa.sa_flags = SA_ONSTACK;
+	if (sigaltstack(&ss, NULL) || sigaction(SIGUSR1, &sa, NULL)) perror("error: altstack");
+	alt_off = -1;
+	raise(SIGUSR1);
+	printf("result altstack %d\n", alt_off >= 8 * 4096 && alt_off < 12 * 4096);
+	ss.ss_flags = SS_DISABLE;
+	sigaltstack(&ss, NULL);
+	signal(SIGUSR1, SIG_DFL);
+}
+
+// readinto: pread(2) of 20 pages from a file into the aperture at page
+// PAGE, after a store to that page if TOUCH is 1. Prints "result pread RET
+// ERRNO": the whole 81920 bytes or an error, never a short count.
+static void readinto(int page, int touch) {
+	static unsigned char data[20 * 4096];
+	char path[] = "/tmp/vgpuha-cguest-XXXXXX";
+	int fd = mkstemp(path);
+	for (unsigned i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 7 + page);
+	if (fd < 0 || write(fd, data, sizeof data) != sizeof data) { perror("error: temp file"); return; }
+	unlink(path);
+	if (touch) ap[page * 4096] = 1;
+	errno = 0;
+	long ret = pread(fd, ap + page * 4096, sizeof data, 0);
+	printf("result pread %ld %d\n", ret, ret < 0 ? errno : 0);
+	close(fd);
+}
+
+// odirect: ROUNDS O_DIRECT reads of 32 pages into the aperture at page 16
+// (the device writes pinned pages), from two files in turn, each after a
+// store to the first page, on a thread of its own (the main thread waits,
+// where a tracer's wake-up reaches it). Prints "result odirect OK EFAULT
+// OTHER".
+static void *odirect_reads(void *arg);
+
+static void odirect(int rounds) {
+	pthread_t th;
+	if (pthread_create(&th, NULL, odirect_reads, (void *)(long)rounds) || pthread_join(th, NULL)) perror("error: thread");
+}
+
+static void *odirect_reads(void *arg) {
+	int rounds = (int)(long)arg;
+	static unsigned char data[32 * 4096];
+	int fds[2];
+	for (int f = 0; f < 2; f++) {
+		char path[] = "/tmp/vgpuha-cguest-XXXXXX";
+		int fd = mkstemp(path);
+		for (unsigned i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 13 + f * 101 + 1);
+		if (fd < 0 || write(fd, data, sizeof data) != sizeof data || fsync(fd)) { perror("error: temp file"); return NULL; }
+		fds[f] = open(path, O_RDONLY | O_DIRECT);
+		unlink(path);
+		close(fd);
+		if (fds[f] < 0) { perror("error: O_DIRECT"); return NULL; }
+	}
+	int ok = 0, efault = 0, other = 0;
+	for (int i = 0; i < rounds; i++) {
+		ap[16 * 4096] = (unsigned char)i;
+		long ret = pread(fds[i % 2], ap + 16 * 4096, sizeof data, 0);
+		if (ret == sizeof data) ok++;
+		else if (ret < 0 && errno == EFAULT) efault++;
+		else other++;
+	}
+	printf("result odirect %d %d %d\n", ok, efault, other);
+	close(fds[0]);
+	close(fds[1]);
+	return NULL;
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -216,6 +340,10 @@ int main(void) {
 		else if (strncmp(line, "run torture", 11) == 0) torture();
 		else if (strncmp(line, "run movs", 8) == 0) movs();
 		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
+		else if (strncmp(line, "run altstack", 12) == 0) altstack();
+		else if (strncmp(line, "run odirect ", 12) == 0) odirect(atoi(line + 12));
+		else if (strncmp(line, "run pread ", 10) == 0) { int pg = 0, touch = 0; sscanf(line + 10, "%d %d", &pg, &touch); readinto(pg, touch); }
+		else if (strncmp(line, "run guestro ", 12) == 0) { line[strcspn(line, "\n")] = 0; guestro(line + 12); }
 		else if (strncmp(line, "bypass ", 7) == 0) { line[strcspn(line, "\n")] = 0; bypass(line + 7); }
 		else if (strncmp(line, "arm", 3) == 0 && arm() < 0) perror("error: arm");
 		else if (strncmp(line, "exit", 4) == 0) return 0;
