@@ -184,9 +184,17 @@ func TestPanicFailsRequestNotNode(t *testing.T) {
 	if err := c.WaitProtected(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range c.Standby.Server().Status().Sessions {
-		if s.ID == victim.Session() {
-			t.Fatalf("standby still holds the failed session %d", s.ID)
+	holds := func() bool { // the standby applies after it acknowledges: give it time
+		for _, s := range c.Standby.Server().Status().Sessions {
+			if s.ID == victim.Session() {
+				return true
+			}
+		}
+		return false
+	}
+	for wait := time.Now().Add(5 * time.Second); holds(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(wait) {
+			t.Fatalf("standby still holds the failed session %d", victim.Session())
 		}
 	}
 	if n := c.Standby.Agent().Receiver.Status().ApplyErrors; n != 0 {
