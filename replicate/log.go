@@ -82,14 +82,19 @@ type Log struct {
 	// lock the snapshot needs).
 	snapshotPending bool
 	// resyncing: a resync is under way (from attach until the standby
-	// protects). streaming: its snapshot is on the link; meanwhile Append
-	// does not block, the resync budget applies. Once it is sent, the
-	// log may not grow past what it held then (catchUpLimit, at least
-	// maxBytes), and each ack lowers that bound by half of what the
-	// standby drained: it catches up instead of chasing the guests, and
-	// guests slow down gradually, never all at once.
+	// protects). streaming: its snapshot is on the link or not yet
+	// applied (the standby reads up to maxLentBytes ahead of what it
+	// applies); meanwhile Append does not block, the resync budget
+	// applies. Once the standby applied the snapshot (through snapshotAt,
+	// after snapshotSent), the log may not grow past what it held then
+	// (catchUpLimit, at least maxBytes), and each ack lowers that bound
+	// by half of what the standby drained: it catches up instead of
+	// chasing the guests, and guests slow down gradually, never all at
+	// once, and never wait on a standby still applying the snapshot.
 	resyncing    bool
 	streaming    bool
+	sentAll      bool
+	snapshotAt   uint64
 	catchUpLimit int64
 	// overBudget: the log dropped what a resync under way needed.
 	overBudget bool
@@ -263,18 +268,18 @@ func (l *Log) BeginSnapshot() uint64 {
 	l.protected = false
 	l.snapshotPending = false
 	l.overBudget = false
-	l.resyncAt = l.last
+	l.resyncAt, l.snapshotAt, l.sentAll = l.last, l.last, false
 	return l.last
 }
 
 // snapshotSent: the whole snapshot is on the link. The standby protects
 // the primary once it has applied what the log holds now and lags by
 // less than catchUpBytes (guests then never wait for a long backlog);
-// until then Append does not block.
+// until then Append blocks only past the catch-up bound, which applies
+// once the standby has applied the snapshot.
 func (l *Log) snapshotSent() {
 	l.mu.Lock()
-	l.resyncAt = l.last
-	l.streaming, l.catchUpLimit = false, l.bytes
+	l.resyncAt, l.sentAll = l.last, true
 	l.mu.Unlock()
 }
 
@@ -332,6 +337,7 @@ func (l *Log) ack(received, seq uint64) {
 	received, seq = min(received, l.last), min(seq, l.last)
 	l.received = max(l.received, received, seq)
 	defer l.cond.Broadcast()
+	held := l.bytes
 	if seq > l.acked {
 		l.acked = seq
 		n := 0
@@ -348,9 +354,12 @@ func (l *Log) ack(received, seq uint64) {
 		l.appended = l.appended[n:]
 		l.first += uint64(n)
 	}
-	if l.resyncing && !l.streaming {
+	switch {
+	case l.streaming && l.sentAll && seq >= l.snapshotAt:
+		l.streaming, l.catchUpLimit = false, l.bytes // the snapshot is applied: catch up
+	case l.resyncing && !l.streaming:
 		// Guests get half of what the standby drained: the lag shrinks.
-		l.catchUpLimit = max(l.maxBytes, (l.catchUpLimit+l.bytes)/2)
+		l.catchUpLimit = max(l.maxBytes, l.catchUpLimit-(held-l.bytes)/2)
 	}
 	if seq < l.resyncAt || !l.attached || l.protected {
 		return
@@ -403,7 +412,7 @@ func (l *Log) attach(up bool, applied uint64, resync bool) {
 	l.attached = up
 	l.protected = false
 	l.snapshotPending = up && resync
-	l.resyncing, l.streaming = up && resync, up && resync
+	l.resyncing, l.streaming, l.sentAll = up && resync, up && resync, false
 	l.overBudget = false
 	l.sent = 0 // a new link's sender has sent nothing yet
 	if up {

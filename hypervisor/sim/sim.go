@@ -185,7 +185,7 @@ func (c *guestContext) Alloc(addr, size uint64) error {
 	}
 	c.allocs = append(c.allocs, allocation{})
 	copy(c.allocs[i+1:], c.allocs[i:])
-	c.allocs[i] = allocation{addr: addr, data: make([]byte, size)}
+	c.allocs[i] = allocation{addr: addr, data: deviceMemory(size)}
 	return nil
 }
 
