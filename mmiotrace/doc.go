@@ -65,6 +65,8 @@
 //	  (the device writes pinned pages)                            every guest thread, so    is done before the flush after the
 //	                                                              no read is in flight      one that compared the page; LIMIT
 //	                                                                                        beyond that
+//	munmap, other memory mapped at the  never protected nor emulated into: the tracer touches only mappings of
+//	  aperture's address                  the aperture's file (its inode), mapping by mapping
 //	AIO, io_uring into the aperture     LIMIT (page and uffd): the device may write pinned pages after any flush; verify shows it
 //
 // The ptrace modes protect traced pages PROT_READ|PROT_EXEC: a fault on a

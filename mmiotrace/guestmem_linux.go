@@ -103,7 +103,7 @@ func MapGuestFile(pid, fd int, size uint64, kind Kind) (*Region, error) {
 			return nil, fmt.Errorf("sealing the aperture file against writes: %w", err)
 		}
 	}
-	return &Region{GuestAddr: addr, Mem: mem, Kind: kind, readOnly: writeSealed}, nil
+	return &Region{GuestAddr: addr, Mem: mem, Kind: kind, readOnly: writeSealed, ino: st.Ino}, nil
 }
 
 // UnmapGuestFile releases a mapping MapGuestFile made.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -19,57 +20,63 @@ const (
 	vmaExecutable = 1 << 2
 )
 
+// vma is one guest mapping: its bounds, vma* flags and file (inode; 0 for
+// anonymous memory).
+type vma struct{ start, end, flags, ino uint64 }
+
 // vmaAt returns the guest mapping that contains addr or, if none does, the
-// next one above it: its bounds and vma* flags; ok is false when there is
-// none.
-func vmaAt(maps *os.File, addr uint64) (start, end, flags uint64, ok bool, err error) {
-	start, end, flags, e := queryVMA(maps.Fd(), addr)
+// next one above it; ok is false when there is none.
+func vmaAt(maps *os.File, addr uint64) (v vma, ok bool, err error) {
+	v, e := queryVMA(maps.Fd(), addr)
 	switch e {
 	case 0:
-		return start, end, flags, true, nil
+		return v, true, nil
 	case unix.ENOENT:
-		return 0, 0, 0, false, nil
+		return vma{}, false, nil
 	case unix.ENOTTY, unix.EINVAL:
 		return vmaFromText(maps, addr)
 	}
-	return 0, 0, 0, false, fmt.Errorf("querying the guest's mappings at %#x: %w", addr, e)
+	return vma{}, false, fmt.Errorf("querying the guest's mappings at %#x: %w", addr, e)
 }
 
-func vmaFromText(maps *os.File, addr uint64) (start, end, flags uint64, ok bool, err error) {
+func vmaFromText(maps *os.File, addr uint64) (v vma, ok bool, err error) {
 	if _, err := maps.Seek(0, 0); err != nil {
-		return 0, 0, 0, false, err
+		return vma{}, false, err
 	}
 	sc := bufio.NewScanner(maps)
 	for sc.Scan() {
+		// start-end perms offset dev inode path
 		f := strings.Fields(sc.Text())
-		if len(f) < 2 || len(f[1]) < 3 {
+		if len(f) < 5 || len(f[1]) < 3 {
 			continue
 		}
-		if _, err := fmt.Sscanf(f[0], "%x-%x", &start, &end); err != nil || end <= addr {
+		v = vma{}
+		if _, err := fmt.Sscanf(f[0], "%x-%x", &v.start, &v.end); err != nil || v.end <= addr {
 			continue
 		}
 		for i, bit := range []uint64{vmaReadable, vmaWritable, vmaExecutable} {
 			if f[1][i] != '-' {
-				flags |= bit
+				v.flags |= bit
 			}
 		}
-		return start, end, flags, true, nil
+		v.ino, _ = strconv.ParseUint(f[4], 10, 64)
+		return v, true, nil
 	}
-	return 0, 0, 0, false, sc.Err()
+	return vma{}, false, sc.Err()
 }
 
-// vmaRanges calls fn for each part of [lo, hi) that the guest maps with
-// flags for which match is true.
-func vmaRanges(maps *os.File, lo, hi uint64, match func(flags uint64) bool, fn func(lo, hi uint64)) error {
+// vmaRanges calls fn for each part of [lo, hi) that the guest maps with a
+// mapping for which match is true.
+func vmaRanges(maps *os.File, lo, hi uint64, match func(vma) bool, fn func(lo, hi uint64)) error {
 	for at := lo; at < hi; {
-		start, end, flags, ok, err := vmaAt(maps, at)
-		if err != nil || !ok || start >= hi {
+		v, ok, err := vmaAt(maps, at)
+		if err != nil || !ok || v.start >= hi {
 			return err
 		}
-		if match(flags) {
-			fn(max(start, lo), min(end, hi))
+		if match(v) {
+			fn(max(v.start, lo), min(v.end, hi))
 		}
-		at = end
+		at = v.end
 	}
 	return nil
 }
@@ -77,10 +84,20 @@ func vmaRanges(maps *os.File, lo, hi uint64, match func(flags uint64) bool, fn f
 // writable: stores to the mapping do not fault. The tracer protects what
 // it traces, so a writable part it did not open is one the guest opened
 // itself (its own mprotect).
-func writable(flags uint64) bool { return flags&vmaWritable != 0 }
+func writable(v vma) bool { return v.flags&vmaWritable != 0 }
 
 // tracerProtected: the mapping has the tracer's protection (protTraced),
 // not one the guest chose.
-func tracerProtected(flags uint64) bool {
-	return flags&(vmaReadable|vmaWritable|vmaExecutable) == vmaReadable|vmaExecutable
+func tracerProtected(v vma) bool {
+	return v.flags&(vmaReadable|vmaWritable|vmaExecutable) == vmaReadable|vmaExecutable
+}
+
+// mapped reports whether v maps r's file. Where the guest unmapped the
+// aperture and mapped something else at its address, the tracer must
+// never change that memory's protection, nor take its faults.
+func (r *Region) mapped(v vma) bool { return r.ino == 0 || v.ino == r.ino }
+
+// mappedAnd is match restricted to the mappings of r's file.
+func (r *Region) mappedAnd(match func(vma) bool) func(vma) bool {
+	return func(v vma) bool { return r.mapped(v) && match(v) }
 }

@@ -23,11 +23,11 @@ type procmapQueryArg struct {
 }
 
 // queryVMA returns the first mapping of the process whose maps file is fd
-// that ends above addr: its bounds and PROCMAP_QUERY_VMA_* flags.
+// that ends above addr: its bounds, PROCMAP_QUERY_VMA_* flags and file.
 // ENOENT: none; ENOTTY: the kernel has no PROCMAP_QUERY.
-func queryVMA(fd uintptr, addr uint64) (start, end, flags uint64, errno unix.Errno) {
+func queryVMA(fd uintptr, addr uint64) (vma, unix.Errno) {
 	q := &procmapQueryArg{queryFlags: procmapCoveringOrNext, queryAddr: addr}
 	q.size = uint64(unsafe.Sizeof(*q))
 	_, _, e := unix.Syscall(unix.SYS_IOCTL, fd, procmapQuery, uintptr(unsafe.Pointer(q)))
-	return q.vmaStart, q.vmaEnd, q.vmaFlags, e
+	return vma{start: q.vmaStart, end: q.vmaEnd, flags: q.vmaFlags, ino: q.inode}, e
 }

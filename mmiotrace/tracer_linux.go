@@ -28,7 +28,8 @@ type Region struct {
 	Mem       []byte // the hypervisor's mapping of the same memory
 	Kind      Kind
 
-	readOnly bool // Mem cannot be written here (MapGuestFile): stores are stepped, never emulated
+	readOnly bool   // Mem cannot be written here (MapGuestFile): stores are stepped, never emulated
+	ino      uint64 // the file's inode (MapGuestFile), 0 if unknown: only its mappings are the region's
 
 	shadow []byte // contents as of the last flush, for sending changed ranges only
 	dirty  []bool // page mode: pages unprotected since the last flush
@@ -232,12 +233,13 @@ func (t *Tracer) RemoveRegion(r *Region) {
 		pt.do(func(tid int) {
 			// The pages the tracer protected; those the guest protected
 			// itself keep its protection.
-			lo, hi := r.GuestAddr, r.GuestAddr+uint64(len(r.Mem))
-			if t.prot != protTraced || vmaRanges(t.maps, lo, hi, tracerProtected, func(lo, hi uint64) {
-				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
-			}) != nil {
-				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
+			match := r.mappedAnd(tracerProtected)
+			if t.prot != protTraced {
+				match = r.mapped
 			}
+			vmaRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), match, func(lo, hi uint64) {
+				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
+			})
 		})
 	}
 }
@@ -299,7 +301,7 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	if r == nil {
 		return false
 	}
-	vmaEnd, ours := t.ownFault(addr)
+	vmaEnd, ours := t.ownFault(r, addr)
 	if !ours {
 		t.stats.GuestFaults++
 		return false
@@ -383,22 +385,35 @@ func (t *Tracer) openPages(tid int, r *Region, lo, hi uint64) {
 			r.dirty[pg] = true
 		}
 	}
-	if t.prot != protTraced || vmaRanges(t.maps, lo, hi, tracerProtected, open) != nil {
-		open(lo, hi)
+	match := r.mappedAnd(tracerProtected)
+	if t.prot != protTraced {
+		match = r.mapped
 	}
+	vmaRanges(t.maps, lo, hi, match, open)
 }
 
-// ownFault reports whether a write fault at addr, in a region, is the
-// tracer's (the page has protTraced, or is writable again: opened
-// meanwhile) rather than the guest's own protection, and where the
-// mapping with that protection ends.
+// ownFault reports whether a write fault at addr, in region r, is the
+// tracer's (the page of r's file has protTraced, or is writable again:
+// opened meanwhile) rather than the guest's own protection or another
+// mapping at that address, and where the mapping ends.
 // Precondition: t.mu must be locked.
-func (t *Tracer) ownFault(addr uint64) (end uint64, ours bool) {
-	start, end, flags, ok, err := vmaAt(t.maps, addr)
-	if t.prot != protTraced || err != nil || !ok || start > addr {
+func (t *Tracer) ownFault(r *Region, addr uint64) (end uint64, ours bool) {
+	v, ok, err := vmaAt(t.maps, addr)
+	if err != nil || !ok || v.start > addr {
 		return ^uint64(0), true // cannot tell: the tracer's, as it would be without the marker
 	}
-	return end, tracerProtected(flags) || writable(flags)
+	if !r.mapped(v) {
+		return v.end, false
+	}
+	if t.prot != protTraced {
+		return v.end, true
+	}
+	return v.end, tracerProtected(v) || writable(v)
+}
+
+func (t *Tracer) ownFaultAt(r *Region, addr uint64) bool {
+	_, ours := t.ownFault(r, addr)
+	return ours
 }
 
 // traceWrite records the store that faulted at addr: emulated when the
@@ -520,7 +535,7 @@ func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 		if !errors.As(err, &sf) {
 			return snaps, err
 		}
-		if _, ours := t.ownFault(sf.addr); t.regionAt(sf.addr) == nil || !ours {
+		if r := t.regionAt(sf.addr); r == nil || !t.ownFaultAt(r, sf.addr) {
 			// A genuine fault outside the regions, or on a page the guest
 			// protected itself: the guest gets it.
 			pt.keepSignal(pt.threads[tid], int(unix.SIGSEGV))
@@ -647,7 +662,7 @@ func (t *Tracer) guestOpened(regions []*Region) error {
 		if !t.usesPtrace(r) || r.full {
 			continue
 		}
-		err := vmaRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), writable, func(lo, hi uint64) {
+		err := vmaRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), r.mappedAnd(writable), func(lo, hi uint64) {
 			for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr+pageSize-1)/pageSize; pg++ {
 				if !r.dirty[pg] { // under t.mu every page the tracer opened is dirty
 					r.dirty[pg] = true
@@ -782,7 +797,7 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 				// Only what is writable now: a page the guest protected
 				// itself since keeps its protection (compared all the same).
 				lo, hi := r.GuestAddr+uint64(i)*pageSize, r.GuestAddr+uint64(j)*pageSize
-				if err := vmaRanges(t.maps, lo, hi, writable, func(lo, hi uint64) {
+				if err := vmaRanges(t.maps, lo, hi, r.mappedAnd(writable), func(lo, hi uint64) {
 					if err := t.pt.mprotect(tid, lo, hi-lo, t.prot); err != nil && perr == nil {
 						perr = err
 					}

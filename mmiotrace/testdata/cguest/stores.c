@@ -310,6 +310,22 @@ static void *odirect_reads(void *arg) {
 	return NULL;
 }
 
+// remap: the guest unmaps its aperture and maps anonymous memory at the
+// upper half of its address (the tracer has not been told yet), then
+// stores there; again: stores there once more. Prints "result remap OK"
+// (1: the memory holds what it stored).
+static void remap(int again) {
+	static unsigned char v = 0x50;
+	unsigned char *half = ap + PAGES / 2 * 4096;
+	if (!again && (munmap(ap, PAGES * 4096) || mmap(half, PAGES / 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != half))
+		perror("error: remap");
+	v++;
+	memset(half, v, PAGES / 2 * 4096);
+	int ok = 1;
+	for (int i = 0; i < PAGES / 2 * 4096; i++) ok = ok && half[i] == v;
+	printf("result remap %d\n", ok);
+}
+
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
 static int arm(void) {
@@ -341,6 +357,7 @@ int main(void) {
 		else if (strncmp(line, "run movs", 8) == 0) movs();
 		else if (strncmp(line, "run guestrw", 11) == 0) guestrw();
 		else if (strncmp(line, "run altstack", 12) == 0) altstack();
+		else if (strncmp(line, "run remap", 9) == 0) remap(strncmp(line, "run remap again", 15) == 0);
 		else if (strncmp(line, "run odirect ", 12) == 0) odirect(atoi(line + 12));
 		else if (strncmp(line, "run pread ", 10) == 0) { int pg = 0, touch = 0; sscanf(line + 10, "%d %d", &pg, &touch); readinto(pg, touch); }
 		else if (strncmp(line, "run guestro ", 12) == 0) { line[strcspn(line, "\n")] = 0; guestro(line + 12); }
