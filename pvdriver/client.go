@@ -342,6 +342,7 @@ func (c *Client) lost(gen uint64, err error) {
 		return
 	}
 	c.gen++
+	next := c.gen // read under the lock: the watchdog bumps it too
 	c.conn.Close()
 	c.unprotectApertures()
 	c.mu.Unlock()
@@ -349,7 +350,7 @@ func (c *Client) lost(gen uint64, err error) {
 		c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
 		return
 	}
-	go c.resume(c.gen, err)
+	go c.resume(next, err)
 }
 
 // stallAfter is how long a call may wait before the client checks whether
