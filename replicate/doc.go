@@ -31,7 +31,7 @@
 //	  |--- record S+1, S+2, ... (live) ---------------------->|  validate, translate, apply
 //	  |    (protected once the standby applied what the log  |
 //	  |     held at the snapshot's end and lags < 4 MiB)     |
-//	  |<-- ack {held seq, applied seq} (pauses, each MiB) ------|  read and apply run apart
+//	  |<-- ack {held seq, applied seq} (pauses, each MiB) ----|  read and apply run apart
 //	  |    (commit-mode replies wait for held, sync for       |
 //	  |     applied; a promoted standby applies all it holds) |
 //	  |    (log releases acked records; guests waiting on the |
