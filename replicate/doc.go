@@ -11,8 +11,8 @@
 //
 //	primary (Sender, dials)                            standby (Receiver, listens)
 //	  |--- TCP connect ------------------------------------>|
-//	  |<-- "VGRA" v1, nonceS --------------------------------|
-//	  |--- "VGRA" v1, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
+//	  |<-- "VGRA" v3, nonceS --------------------------------|
+//	  |--- "VGRA" v3, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
 //	  |<-- HMAC(key, S|nonceP|nonceS) -----------------------|  primary refuses on mismatch
 //	  |        ... every frame below: AES-256-GCM, per-direction keys, counter nonces ...
 //	  |<-- state {log id, applied seq} ----------------------|
@@ -31,7 +31,7 @@
 //	  |--- record S+1, S+2, ... (live) ---------------------->|  validate, translate, apply
 //	  |    (protected once the standby applied what the log  |
 //	  |     held at the snapshot's end and lags < 4 MiB)     |
-//	  |<-- ack {held seq, applied seq} (pauses, >= 10/s) -----|  read and apply run apart
+//	  |<-- ack {held seq, applied seq} (pauses, each MiB) ----|  read and apply run apart
 //	  |    (commit-mode replies wait for held, sync for       |
 //	  |     applied; a promoted standby applies all it holds) |
 //	  |    (log releases acked records; guests waiting on the |
