@@ -11,6 +11,8 @@ command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 [ -x /bin/busybox ] && file /bin/busybox 2>/dev/null | grep -q static || [ -e /usr/share/doc/busybox-static ] || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
 command -v gcc >/dev/null || need+=(gcc)
+command -v zsh >/dev/null || need+=(zsh)   # shell completion scripts are syntax-checked
+command -v fish >/dev/null || need+=(fish)
 
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
