@@ -152,6 +152,7 @@ func runBenchReplicate(args []string) error {
 	fs.IntVar(&opts.Calls, "calls", 1000, "small calls per latency timing")
 	var bf backendFlags
 	bf.register(fs)
+	standbyBackend := fs.String("standby-backend", "", "the standbys' GPU backend when not --backend's: cuda:N (another device) or sim; on one GPU the standby's replay time-slices with the primary")
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -164,6 +165,11 @@ func runBenchReplicate(args []string) error {
 	defer stop()
 	opts.Progress = os.Stderr
 	opts.NewBackend = bf.open
+	if *standbyBackend != "" {
+		sb := bf
+		sb.name = *standbyBackend
+		opts.NewStandbyBackend = sb.open
+	}
 	rep, err := bench.Replicate(opts)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -32,25 +33,33 @@ type backendFlags struct {
 	name      string
 	simMemory uint64
 	simShift  uint64
+	ordinal   int // the CUDA device (cuda:N)
 }
 
 func (b *backendFlags) register(fs interface {
 	StringVar(*string, string, string, string)
 	Uint64Var(*uint64, string, uint64, string)
 }) {
-	fs.StringVar(&b.name, "backend", "auto", "GPU backend: cuda (NVIDIA GPU through the CUDA driver API), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
+	fs.StringVar(&b.name, "backend", "auto", "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
 	fs.Uint64Var(&b.simMemory, "sim.memory-bytes", 8<<30, "device memory of the software GPU")
 	fs.Uint64Var(&b.simShift, "sim.base-shift", 0, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
 }
 
 func (b *backendFlags) open() (gpu.Backend, error) {
+	if n, ok := strings.CutPrefix(b.name, "cuda:"); ok {
+		ord, err := strconv.Atoi(n)
+		if err != nil || ord < 0 {
+			return nil, fmt.Errorf("bad backend %q (want cuda:N, N a device ordinal)", b.name)
+		}
+		b.name, b.ordinal = "cuda", ord
+	}
 	switch b.name {
 	case "sim":
 		s := sim.New(b.simMemory)
 		s.BaseShift = b.simShift
 		return s, nil
 	case "cuda":
-		return cuda.New(0)
+		return cuda.New(b.ordinal)
 	case "auto":
 		c, err := cuda.New(0)
 		if err == nil {

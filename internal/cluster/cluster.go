@@ -40,6 +40,9 @@ type Options struct {
 	Log          *slog.Logger
 	// NewBackend makes each node's GPU; nil means a 1 GiB software GPU.
 	NewBackend func() (gpu.Backend, error)
+	// NewStandbyBackend, when set, makes the standby's GPU instead (a
+	// second device, so that primary and standby do not time-slice one).
+	NewStandbyBackend func() (gpu.Backend, error)
 	// Failover makes the standby watch the primary and take over, serving
 	// guests on StandbyEndpoint; guests opened with Guest resume there.
 	Failover bool
@@ -82,7 +85,10 @@ type Cluster struct {
 // Key is the replication key the fixture uses.
 var Key = []byte("cluster-fixture-key-0123456789ab")
 
-func (o *Options) backend() (gpu.Backend, error) {
+func (o *Options) backend(standby bool) (gpu.Backend, error) {
+	if standby && o.NewStandbyBackend != nil {
+		return o.NewStandbyBackend()
+	}
 	if o.NewBackend != nil {
 		return o.NewBackend()
 	}
@@ -117,7 +123,7 @@ func Start(opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	cfg, err := c.nodeConfig(c.Endpoint)
+	cfg, err := c.nodeConfig(c.Endpoint, false)
 	if err != nil {
 		return nil, err
 	}
@@ -161,8 +167,8 @@ func freeTCP() (string, error) {
 }
 
 // nodeConfig is a node's configuration serving guests on guests.
-func (c *Cluster) nodeConfig(guests string) (node.Config, error) {
-	be, err := c.opts.backend()
+func (c *Cluster) nodeConfig(guests string, standby bool) (node.Config, error) {
+	be, err := c.opts.backend(standby)
 	if err != nil {
 		return node.Config{}, err
 	}
@@ -182,7 +188,7 @@ func (c *Cluster) nodeConfig(guests string) (node.Config, error) {
 
 // StartStandby starts (or restarts, with a fresh replica) the standby.
 func (c *Cluster) StartStandby() error {
-	cfg, err := c.nodeConfig("")
+	cfg, err := c.nodeConfig("", true)
 	if err != nil {
 		return err
 	}
