@@ -108,7 +108,8 @@ type Client struct {
 	maxPayload int
 	opts       Options
 	endpoints  []string
-	sendq      chan *[]byte // frames; the writer returns unkept buffers to bufs
+	sendq      chan *outFrame // frames, each with a reference for the writer (frames.go)
+	frames     framePool
 	done       chan struct{}
 	nextID     atomic.Uint64
 	resumed    chan *bufio.Writer // a new connection, for the writer
@@ -142,7 +143,7 @@ type Client struct {
 type keptFrame struct {
 	id    uint64
 	op    abi.Opcode
-	frame *[]byte
+	frame *outFrame // the kept list holds a reference
 	sent  bool // handed to the writer (so it may have reached the old node)
 	sync  bool // a call waiting for its reply (not a pipelined request)
 }
@@ -212,7 +213,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 		opts:       opts,
 		endpoints:  endpoints,
 		maxPayload: opts.MaxPayload,
-		sendq:      make(chan *[]byte, 1024),
+		sendq:      make(chan *outFrame, 1024),
 		done:       make(chan struct{}),
 		resumed:    make(chan *bufio.Writer),
 		bye:        make(chan byeFrame),
@@ -427,7 +428,7 @@ func (c *Client) switchTo(gen uint64, conn net.Conn, ep string, hr abi.HelloRepl
 		// node either. The writer is parked until it gets the new
 		// connection below, so nobody else reads the queue now.
 		for len(c.sendq) > 0 {
-			<-c.sendq
+			(<-c.sendq).release()
 		}
 	}
 	c.conn = conn
@@ -564,9 +565,10 @@ func (c *Client) writeLoop(bw *bufio.Writer) {
 			bw = nw
 			c.mu.Lock()
 			gen = c.gen
-			var resend []*[]byte
+			var resend []*outFrame
 			for _, k := range c.kept {
 				if k.sent {
+					k.frame.hold() // the writer's, while it resends it
 					resend = append(resend, k.frame)
 					if _, waiting := c.pending[k.id]; k.sync && !waiting {
 						// Answered before the failover: the new node answers
@@ -577,7 +579,8 @@ func (c *Client) writeLoop(bw *bufio.Writer) {
 			}
 			c.mu.Unlock()
 			for _, f := range resend {
-				bw.Write(*f)
+				bw.Write(f.b)
+				f.release()
 			}
 			if err := bw.Flush(); err != nil {
 				c.lost(gen, err)
@@ -587,21 +590,17 @@ func (c *Client) writeLoop(bw *bufio.Writer) {
 			// Everything queued before Close goes first, then the bye.
 			for len(c.sendq) > 0 {
 				f := <-c.sendq
-				keep := c.markSent(f)
-				bw.Write(*f)
-				if !keep && cap(*f) <= maxPooled {
-					bufs.Put(f)
-				}
+				c.markSent(f)
+				bw.Write(f.b)
+				f.release()
 			}
 			bw.Write(b.frame)
 			bw.Flush()
 			close(b.done)
 		case f := <-queue:
-			keep := c.markSent(f)
-			_, err := bw.Write(*f)
-			if !keep && cap(*f) <= maxPooled {
-				bufs.Put(f)
-			}
+			c.markSent(f)
+			_, err := bw.Write(f.b)
+			f.release() // the writer is done with it; the kept list may still hold it
 			if err == nil && len(c.sendq) == 0 {
 				err = bw.Flush()
 			}
@@ -621,21 +620,20 @@ func byeQueue(c *Client, bw *bufio.Writer) chan byeFrame {
 	return c.bye
 }
 
-// markSent notes that f is being written and reports whether it is kept
-// for a resend (the writer must not recycle it then).
-func (c *Client) markSent(f *[]byte) bool {
+// markSent notes that f is being written (a kept frame is resent after a
+// failover from then on).
+func (c *Client) markSent(f *outFrame) {
 	if !c.failover() {
-		return false
+		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := len(c.kept) - 1; i >= 0; i-- {
 		if c.kept[i].frame == f {
 			c.kept[i].sent = true
-			return true
+			return
 		}
 	}
-	return false
 }
 
 // committed forgets kept frames up to id: a commit-point reply to id means
@@ -649,9 +647,7 @@ func (c *Client) committed(id uint64, failed bool) {
 		if c.kept[n].op.Info().Mutates && !(failed && c.kept[n].id == id) {
 			c.forgotten = max(c.forgotten, c.kept[n].id)
 		}
-		if cap(*c.kept[n].frame) <= maxPooled {
-			bufs.Put(c.kept[n].frame)
-		}
+		c.kept[n].frame.release()
 		n++
 	}
 	c.kept = c.kept[n:]
@@ -709,26 +705,24 @@ func (c *Client) answeredBefore(id uint64) bool {
 	if i == len(c.kept) || c.kept[i].id != id {
 		return false
 	}
-	f := *c.kept[i].frame
+	f := c.kept[i].frame.b
 	return len(f) >= abi.HeaderSize && binary.LittleEndian.Uint16(f[8:])&abi.FlagAsync == 0
 }
 
-// bufs recycles frame buffers: bulk copies would otherwise allocate (and
-// zero) a fresh multi-megabyte buffer per chunk.
-var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
-
-const maxPooled = 32 << 20
-
-// send queues a frame (keeping it for a resend when failover is on).
-func (c *Client) send(id uint64, op abi.Opcode, frame *[]byte, sync bool) error {
+// send hands a frame and the caller's reference to it to the writer
+// (keeping it for a resend, with a reference of its own, when failover is
+// on). The caller must not touch the frame afterwards.
+func (c *Client) send(id uint64, op abi.Opcode, frame *outFrame, sync bool) error {
 	if c.failover() {
 		c.mu.Lock()
 		if err := c.rolledBack; err != nil {
 			delete(c.pending, id)
 			delete(c.waiting, id)
 			c.mu.Unlock()
+			frame.release()
 			return err
 		}
+		frame.hold()
 		c.kept = append(c.kept, keptFrame{id: id, op: op, frame: frame, sync: sync})
 		c.mu.Unlock()
 	}
@@ -736,25 +730,39 @@ func (c *Client) send(id uint64, op abi.Opcode, frame *[]byte, sync bool) error 
 	case c.sendq <- frame:
 		return nil
 	case <-c.done:
+		// Nobody writes it now; a kept reference stays with the kept list.
+		frame.release()
 		return c.closedErr()
 	}
 }
 
-func (c *Client) frame(op abi.Opcode, flags uint16, req abi.Body) (uint64, *[]byte) {
+// frame encodes a request into a pooled buffer; sizeHint is the body's
+// size where known (a bulk copy's), so the buffer need not grow.
+func (c *Client) frame(op abi.Opcode, flags uint16, req abi.Body, sizeHint int) (uint64, *outFrame) {
 	id := c.nextID.Add(1)
-	b := bufs.Get().(*[]byte)
-	*b = abi.AppendBodyFrame((*b)[:0], op, flags, id, req)
-	return id, b
+	f := &outFrame{pool: &c.frames, b: c.frames.get(abi.HeaderSize + sizeHint)}
+	f.refs.Store(1)
+	f.b = abi.AppendBodyFrame(f.b, op, flags, id, req)
+	return id, f
 }
+
+// copyHeader bounds the encoding of a copy request without its data.
+const copyHeader = 64
 
 // call sends a request and waits for its reply, decoding the body into
 // reply (nil for none).
 func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
-	id, frame := c.frame(op, 0, req)
+	return c.callSized(op, req, reply, 0)
+}
+
+// callSized is call with the request body's size where known.
+func (c *Client) callSized(op abi.Opcode, req, reply abi.Body, sizeHint int) error {
+	id, frame := c.frame(op, 0, req, sizeHint)
 	ch := make(chan result, 1)
 	c.mu.Lock()
 	if c.pending == nil {
 		c.mu.Unlock()
+		frame.release()
 		return c.closedErr()
 	}
 	c.pending[id] = ch
@@ -781,7 +789,12 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 
 // post sends a pipelined request without waiting.
 func (c *Client) post(op abi.Opcode, req abi.Body) error {
-	id, frame := c.frame(op, abi.FlagAsync, req)
+	return c.postSized(op, req, 0)
+}
+
+// postSized is post with the request body's size where known.
+func (c *Client) postSized(op abi.Opcode, req abi.Body, sizeHint int) error {
+	id, frame := c.frame(op, abi.FlagAsync, req, sizeHint)
 	return c.send(id, op, frame, false)
 }
 
@@ -816,9 +829,9 @@ func (c *Client) copyHtoD(dst DevicePtr, src []byte, s Stream, async bool) error
 		req := &abi.CopyHtoD{Dst: uint64(dst) + uint64(off), Stream: uint64(s), Data: src[off:end]}
 		var err error
 		if async {
-			err = c.post(abi.OpCopyHtoD, req)
+			err = c.postSized(abi.OpCopyHtoD, req, copyHeader+end-off)
 		} else {
-			err = c.call(abi.OpCopyHtoD, req, nil)
+			err = c.callSized(abi.OpCopyHtoD, req, nil, copyHeader+end-off)
 		}
 		if err != nil {
 			return err
