@@ -42,6 +42,10 @@ type PVOptions struct {
 	// BulkBytes is the size of one bulk host-to-device copy (default
 	// 16 MiB); each timing makes Batch/250 of them (at least one).
 	BulkBytes int
+	// Endpoint, when set, is a running node (a live deployment) measured
+	// from this process, side by side with NewBackend called in-process,
+	// instead of a hypervisor started here on every transport.
+	Endpoint string
 }
 
 // PVRow is one measured configuration.
@@ -68,6 +72,10 @@ type target struct {
 	flush  func() error
 	// bulk copies BulkBytes from host memory to the device and waits.
 	bulk func() error
+	// read copies 64 bytes from the device (a reply that carries data:
+	// in commit mode it waits until the standby holds every change
+	// before it).
+	read func() error
 }
 
 // PV measures the paravirtual path against calling the backend directly:
@@ -172,6 +180,20 @@ func pvTargets(opts PVOptions, dir string) (targets []target, closeAll func(), e
 	if err != nil {
 		return nil, closeAll, err
 	}
+	direct, err := directTarget(backend, opts.BulkBytes)
+	if err != nil {
+		return nil, closeAll, err
+	}
+	targets = []target{direct}
+	if opts.Endpoint != "" {
+		t, closer, err := clientTarget(opts.Endpoint, opts.BulkBytes)
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("live endpoint %s: %w", opts.Endpoint, err)
+		}
+		t.transport = "live-" + t.transport
+		closers = append(closers, closer)
+		return append(targets, t), closeAll, nil
+	}
 	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -182,11 +204,6 @@ func pvTargets(opts PVOptions, dir string) (targets []target, closeAll func(), e
 	if runtime.GOOS == "linux" {
 		endpoints = append(endpoints, "shm+unix://"+filepath.Join(dir, "s.sock"))
 	}
-	direct, err := directTarget(backend, opts.BulkBytes)
-	if err != nil {
-		return nil, closeAll, err
-	}
-	targets = []target{direct}
 	for _, ep := range endpoints {
 		ln, err := transport.Listen(ep)
 		if err != nil {
@@ -247,6 +264,7 @@ func directTarget(backend gpu.Backend, bulkBytes int) (target, error) {
 		launch:    func() error { return ctx.Launch(f, cfg, args, 0) },
 		flush:     ctx.Sync,
 		bulk:      func() error { return ctx.CopyHtoD(bulkAt, bulk, 0) },
+		read:      func() error { return ctx.CopyDtoH(payload, base, 0) },
 	}, nil
 }
 
@@ -284,6 +302,7 @@ func clientTarget(endpoint string, bulkBytes int) (target, func(), error) {
 		launch:    func() error { return c.Launch(f, cfg, args...) },
 		flush:     c.Synchronize,
 		bulk:      func() error { return c.CopyHtoD(bulkAt, bulk) },
+		read:      func() error { return c.CopyDtoH(payload, p) },
 	}, func() { c.Close() }, nil
 }
 

@@ -124,6 +124,7 @@ func runBenchPV(args []string) error {
 	fs.IntVar(&opts.Rounds, "rounds", 7, "interleaved rounds; the report gives each configuration's median")
 	fs.IntVar(&opts.Batch, "batch", 2000, "operations per timed batch (bulk copies: batch/250)")
 	fs.IntVar(&opts.BulkBytes, "bulk-bytes", 16<<20, "bytes per bulk host-to-device copy")
+	fs.StringVar(&opts.Endpoint, "endpoint", "", "measure a running node at this guest endpoint (unix://, tcp://, vsock://, shm+unix://) from this process, beside --backend in-process")
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
@@ -139,7 +140,11 @@ func runBenchPV(args []string) error {
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(rows)
 	}
-	fmt.Println("paravirtual call cost over unix, tcp and shared memory (shm+unix) vs the same backend called in-process (medians of interleaved rounds)")
+	if opts.Endpoint != "" {
+		fmt.Printf("a live node at %s, called from this process, vs the %s backend called in-process (medians of interleaved rounds)\n", opts.Endpoint, bf.name)
+	} else {
+		fmt.Println("paravirtual call cost over unix, tcp and shared memory (shm+unix) vs the same backend called in-process (medians of interleaved rounds)")
+	}
 	bench.PrintPV(os.Stdout, rows)
 	return nil
 }
@@ -152,6 +157,7 @@ func runBenchReplicate(args []string) error {
 	fs.IntVar(&opts.Calls, "calls", 1000, "small calls per latency timing")
 	var bf backendFlags
 	bf.register(fs)
+	endpoint := fs.String("endpoint", "", "measure a running primary (and its standby, in the mode it runs) at this guest endpoint from this process, beside --backend in-process")
 	standbyBackend := fs.String("standby-backend", "", "the standbys' GPU backend when not --backend's: cuda:N (another device) or sim; on one GPU the standby's replay time-slices with the primary")
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	profile := profileFlag(fs)
@@ -170,14 +176,24 @@ func runBenchReplicate(args []string) error {
 		sb.name = *standbyBackend
 		opts.NewStandbyBackend = sb.open
 	}
-	rep, err := bench.Replicate(opts)
+	run := bench.Replicate
+	if *endpoint != "" {
+		run = func(o bench.ReplicateOptions) (bench.ReplicateReport, error) {
+			return bench.ReplicateLive(o, *endpoint)
+		}
+	}
+	rep, err := run(opts)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(rep)
 	}
-	fmt.Println("replication on loopback (primary, standby and guest in one process; medians of interleaved rounds)")
+	title := "replication on loopback (primary, standby and guest in one process; medians of interleaved rounds)"
+	if *endpoint != "" {
+		title = fmt.Sprintf("a live primary at %s (replicating as it was started), called from this process, vs the %s backend in-process (medians of interleaved rounds)", *endpoint, bf.name)
+	}
+	fmt.Println(title)
 	bench.PrintReplicate(os.Stdout, rep)
 	return nil
 }

@@ -14,12 +14,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/bench"
 	"github.com/vgpuha/vgpuha/internal/drill"
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/mmiotrace"
@@ -1034,4 +1036,70 @@ func TestConfigFiles(t *testing.T) {
 	startNode(t, "primary", "--config", primaryConf)
 	waitStatus(t, adminP, "protected from its config file", nodeStatus.protected)
 	waitStatus(t, adminS, "answering", isRole("standby"))
+}
+
+// TestLiveBenches: `bench pv --endpoint` and `bench replicate --endpoint`
+// run in their own process against a running primary (replicating in
+// commit mode to a standby process) and report the live rows beside the
+// in-process backend's, with figures.
+func TestLiveBenches(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	keyFile := writeKey(t, dir)
+	replAddr := freePort(t)
+	scheme := "unix"
+	if runtime.GOOS == "linux" {
+		scheme = "shm+unix"
+	}
+	endpoint := scheme + "://" + filepath.Join(dir, "g.sock")
+	startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile, "--backend", "sim")
+	startPrimary(t, "--guest-listen", endpoint, "--backend", "sim",
+		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile, "--mode", "commit")
+
+	out, err := exec.Command(vgpuhaBin, "bench", "pv", "--endpoint", endpoint, "--backend", "sim",
+		"--rounds", "1", "--batch", "50", "--bulk-bytes", "1048576", "--json").Output()
+	if err != nil {
+		t.Fatalf("bench pv --endpoint: %v\n%s", err, out)
+	}
+	var pv []bench.PVRow
+	if err := json.Unmarshal(out, &pv); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	seen := map[string]bool{}
+	for _, r := range pv {
+		if r.NsPerOp <= 0 {
+			t.Errorf("row without a figure: %+v", r)
+		}
+		seen[r.Op+"/"+r.Transport] = true
+	}
+	for _, op := range []string{"sync_call_64B", "async_launch", "bulk_htod_1MiB"} {
+		if !seen[op+"/direct-sim"] || !seen[op+"/live-"+scheme] {
+			t.Errorf("bench pv --endpoint lacks %s in-process or live: %s", op, out)
+		}
+	}
+
+	out, err = exec.Command(vgpuhaBin, "bench", "replicate", "--endpoint", endpoint, "--backend", "sim",
+		"--rounds", "1", "--calls", "50", "--bulk-bytes", "1048576", "--json").Output()
+	if err != nil {
+		t.Fatalf("bench replicate --endpoint: %v\n%s", err, out)
+	}
+	var rep bench.ReplicateReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(rep.Throughput) != 2 || rep.Throughput[1].Path != "live-"+scheme || rep.Throughput[1].MBPerSec <= 0 {
+		t.Errorf("bulk rows: %+v", rep.Throughput)
+	}
+	calls := map[string]bool{}
+	for _, r := range rep.Latency {
+		if r.NsPerOp <= 0 {
+			t.Errorf("latency row without a figure: %+v", r)
+		}
+		calls[r.Call+"/"+r.Mode] = true
+	}
+	for _, c := range []string{"copy_htod_64B", "copy_dtoh_64B"} {
+		if !calls[c+"/direct-sim"] || !calls[c+"/live-"+scheme] {
+			t.Errorf("bench replicate --endpoint lacks %s rows: %+v", c, rep.Latency)
+		}
+	}
 }
