@@ -172,6 +172,11 @@ func TestRefuseBelow(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "P protected", protected(p))
+	// protected means received; wait until the standby applied it too, or
+	// the alloc's late apply would look like a record of term 1 let in.
+	waitFor(t, "S applied everything", func() bool {
+		return s.Agent().Receiver.Status().Applied == p.Sender().Status().Last
+	})
 	applied := s.Agent().Receiver.Status().Applied
 	s.Agent().Receiver.RefuseBelow(7)
 	go g.Alloc(4096) // streamed under term 1: must not be applied
