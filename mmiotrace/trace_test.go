@@ -239,6 +239,11 @@ func TestTraceModes(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %+v", mode, tr.Stats())
+			// Options.Pin pins insn mode only: page mode would run a
+			// multi-threaded guest's threads one at a time.
+			if pinned := tr.Stats().PinnedCPU >= 0; pinned != (mode == ModeInsn) {
+				t.Fatalf("%s mode with Pin: pinned to CPU %d", mode, tr.Stats().PinnedCPU)
+			}
 		})
 	}
 }
