@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -31,7 +32,8 @@ import (
 // MMIOOptions configure the MMIO tracing benchmark.
 type MMIOOptions struct {
 	// Guest is the guest program's command line (vgpuha mmio-guest); the
-	// benchmark adds --addr, --workload and --writes.
+	// benchmark adds --addr, --workload, --writes, --aperture-bytes and
+	// --threads.
 	Guest []string
 	// Modes to measure; "insn-step" is insn mode with emulation turned
 	// off, so every store is single-stepped: the raw cost of a fault plus
@@ -40,31 +42,48 @@ type MMIOOptions struct {
 	// REP MOVS costs a fault per byte). "insn-unpinned" is insn mode with
 	// the tracer and guest free to run on any CPU (seq only), to show what
 	// pinning saves.
-	Modes     []string
+	Modes []string
+	// Workloads are mmio-guest workloads, each "NAME" or "NAME:PAGES"
+	// (the memory aperture's size in pages; default ApertureBytes).
 	Workloads []string
-	// Writes per workload run (bulk counts 8-byte words copied).
+	// Writes per workload run, by workload name (bulk counts 8-byte words
+	// copied; threads counts the stores of all threads together).
 	Writes map[string]int
-	Rounds int  // interleaved rounds; cells report medians
-	Pin    bool // pin the tracer and the guest's threads to one CPU
-	// ApertureBytes is the memory aperture's size.
+	// InsnWrites caps the writes of a cell in the insn modes, where every
+	// store is a fault (0: no cap). ns/write is per store all the same.
+	InsnWrites int
+	Threads    int  // OS threads of the threads workload
+	Rounds     int  // interleaved rounds; cells report medians
+	Pin        bool // pin the tracer and the guest's threads to one CPU
+	// ApertureBytes is the memory aperture's size where a workload names
+	// no page count.
 	ApertureBytes uint64
-	Progress      io.Writer
+	// Progress gets a line per cell measured; with Terminal the line is
+	// rewritten in place (\r) instead.
+	Progress io.Writer
+	Terminal bool
 }
 
-// DefaultMMIOOptions is the default run (under a minute on 2 cores); long
+// MMIOModes are every mode the benchmark knows, in the order it runs and
+// prints them.
+var MMIOModes = []string{"off", "page", "uffd", "insn", "insn-step", "insn-unpinned"}
+
+// DefaultMMIOOptions is the default run (a few minutes on 2 cores); long
 // gives more writes and rounds for careful figures.
 func DefaultMMIOOptions(guest []string, long bool) MMIOOptions {
 	o := MMIOOptions{
 		Guest:         guest,
-		Modes:         []string{"off", "insn", "page", "uffd", "insn-step", "insn-unpinned"},
-		Workloads:     []string{"seq", "random", "bulk", "doorbell"},
-		Writes:        map[string]int{"seq": 20000, "random": 20000, "bulk": 1 << 20, "doorbell": 5000},
+		Modes:         append([]string(nil), MMIOModes...),
+		Workloads:     []string{"seq", "random", "bulk", "doorbell", "threads:256", "threads:16"},
+		Writes:        map[string]int{"seq": 20000, "random": 20000, "bulk": 1 << 20, "doorbell": 5000, "threads": 4 * 5_000_000},
+		InsnWrites:    200_000,
+		Threads:       4,
 		Rounds:        3,
 		Pin:           true,
 		ApertureBytes: 4 << 20,
 	}
 	if mmiotrace.UffdAvailable() != nil { // Linux before 6.7
-		o.Modes = []string{"off", "insn", "page", "insn-step", "insn-unpinned"}
+		o.Modes = slices.DeleteFunc(o.Modes, func(m string) bool { return m == "uffd" })
 	}
 	if long {
 		o.Rounds = 7
@@ -75,12 +94,37 @@ func DefaultMMIOOptions(guest []string, long bool) MMIOOptions {
 	return o
 }
 
+// mmioCase is one workload at one aperture size.
+type mmioCase struct {
+	workload string
+	pages    int
+}
+
+func parseMMIOCase(s string, defaultBytes uint64) (mmioCase, error) {
+	name, pages, hasPages := strings.Cut(s, ":")
+	c := mmioCase{workload: name, pages: int(defaultBytes / 4096)}
+	if !slices.Contains(mmioguest.Workloads, name) {
+		return c, fmt.Errorf("unknown workload %q (have: %s)", name, strings.Join(mmioguest.Workloads, ", "))
+	}
+	if hasPages {
+		n, err := strconv.Atoi(pages)
+		if err != nil || n < 1 || n > 1<<20 {
+			return c, fmt.Errorf("workload %q: pages must be 1 to %d", s, 1<<20)
+		}
+		c.pages = n
+	}
+	return c, nil
+}
+
 // MMIOCell is one mode × workload measurement (medians over rounds).
 type MMIOCell struct {
 	Mode     string `json:"mode"`
 	Workload string `json:"workload"`
+	Pages    int    `json:"pages"`   // the memory aperture's size
+	Threads  int    `json:"threads"` // storing at once (1 but for threads)
 	// NsPerWrite is the guest's own time per store, calls included
-	// (doorbell makes one call per five stores).
+	// (doorbell makes one call per five stores). With several threads it
+	// is wall time over all their stores.
 	NsPerWrite float64 `json:"ns_per_write"`
 	// Slowdown is NsPerWrite over the off mode's in the same round.
 	Slowdown float64 `json:"slowdown"`
@@ -101,58 +145,93 @@ type MMIOCell struct {
 	Verified bool `json:"verified"`
 }
 
+// label names the cell's workload as the table and the plot show it.
+func (c MMIOCell) label() string {
+	if c.Threads > 1 {
+		return fmt.Sprintf("%s×%d/%dp", c.Workload, c.Threads, c.Pages)
+	}
+	return fmt.Sprintf("%s/%dp", c.Workload, c.Pages)
+}
+
 // MMIO runs every workload in every mode, each as a fresh guest process
-// served by a fresh primary (software GPU) in this process.
+// served by a fresh primary (software GPU) in this process. The modes of
+// one workload run back to back in each round, so each slowdown compares
+// runs made side by side.
 func MMIO(opts MMIOOptions) ([]MMIOCell, error) {
-	type key struct{ mode, workload string }
+	var cases []mmioCase
+	for _, w := range opts.Workloads {
+		c, err := parseMMIOCase(w, opts.ApertureBytes)
+		if err != nil {
+			return nil, err
+		}
+		cases = append(cases, c)
+	}
+	type key struct {
+		c    mmioCase
+		mode string
+	}
 	samples := map[key][]MMIOCell{}
 	for round := 0; round < opts.Rounds; round++ {
-		for _, w := range opts.Workloads {
+		for _, c := range cases {
 			var off float64
 			for _, m := range opts.Modes {
-				if strings.Contains(m, "-") && w != "seq" {
+				if strings.Contains(m, "-") && c.workload != "seq" {
 					continue
 				}
-				c, err := mmioCell(opts, m, w)
+				cell, err := mmioCell(opts, m, c)
 				if err != nil {
-					return nil, fmt.Errorf("%s/%s: %w", m, w, err)
+					return nil, fmt.Errorf("%s/%s: %w", m, c.workload, err)
 				}
 				if m == "off" {
-					off = c.NsPerWrite
+					off = cell.NsPerWrite
 				}
 				if off > 0 {
-					c.Slowdown = c.NsPerWrite / off
+					cell.Slowdown = cell.NsPerWrite / off
 				}
-				samples[key{m, w}] = append(samples[key{m, w}], c)
-				if opts.Progress != nil {
-					fmt.Fprintf(opts.Progress, "\rround %d/%d  %-9s %-9s %10.0f ns/write   ", round+1, opts.Rounds, m, w, c.NsPerWrite)
-				}
+				samples[key{c, m}] = append(samples[key{c, m}], cell)
+				opts.progress(round, cell)
 			}
 		}
 	}
-	if opts.Progress != nil {
+	if opts.Progress != nil && opts.Terminal {
 		fmt.Fprintln(opts.Progress)
 	}
 	var cells []MMIOCell
-	for _, w := range opts.Workloads {
+	for _, c := range cases {
 		for _, m := range opts.Modes {
-			s := samples[key{m, w}]
-			if len(s) == 0 {
-				continue
+			if s := samples[key{c, m}]; len(s) > 0 {
+				cells = append(cells, medianCell(s))
 			}
-			c := s[0]
-			c.NsPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.NsPerWrite })
-			c.Slowdown = medianOf(s, func(c MMIOCell) float64 { return c.Slowdown })
-			c.FaultsPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.FaultsPerWrite })
-			c.KernelFaultsPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.KernelFaultsPerWrite })
-			c.BytesPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.BytesPerWrite })
-			for _, x := range s {
-				c.Verified = c.Verified && x.Verified
-			}
-			cells = append(cells, c)
 		}
 	}
 	return cells, nil
+}
+
+func (o MMIOOptions) progress(round int, c MMIOCell) {
+	if o.Progress == nil {
+		return
+	}
+	line := fmt.Sprintf("round %d/%d  %-14s %-13s %10.1f ns/write", round+1, o.Rounds, c.label(), c.Mode, c.NsPerWrite)
+	if o.Terminal {
+		fmt.Fprintf(o.Progress, "\r%s   ", line)
+		return
+	}
+	fmt.Fprintln(o.Progress, line)
+}
+
+// medianCell is the first sample with every figure the median over the
+// samples, and verified only if every sample was.
+func medianCell(s []MMIOCell) MMIOCell {
+	c := s[0]
+	c.NsPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.NsPerWrite })
+	c.Slowdown = medianOf(s, func(c MMIOCell) float64 { return c.Slowdown })
+	c.FaultsPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.FaultsPerWrite })
+	c.KernelFaultsPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.KernelFaultsPerWrite })
+	c.BytesPerWrite = medianOf(s, func(c MMIOCell) float64 { return c.BytesPerWrite })
+	for _, x := range s {
+		c.Verified = c.Verified && x.Verified
+	}
+	return c
 }
 
 func medianOf(s []MMIOCell, f func(MMIOCell) float64) float64 {
@@ -164,7 +243,7 @@ func medianOf(s []MMIOCell, f func(MMIOCell) float64) float64 {
 }
 
 // mmioCell runs one guest under one mode and reads the tracer's counters.
-func mmioCell(opts MMIOOptions, mode, workload string) (MMIOCell, error) {
+func mmioCell(opts MMIOOptions, mode string, mc mmioCase) (MMIOCell, error) {
 	cfg := hypervisor.DefaultConfig()
 	base, variant, _ := strings.Cut(mode, "-")
 	m, err := mmiotrace.ParseMode(base)
@@ -190,50 +269,72 @@ func mmioCell(opts MMIOOptions, mode, workload string) (MMIOCell, error) {
 	}
 	go srv.Serve(ln)
 
-	writes := opts.Writes[workload]
+	writes := opts.Writes[mc.workload]
 	if cfg.MMIO.StepOnly {
 		writes = max(writes/10, 100)
 	}
-	args := append(append([]string(nil), opts.Guest[1:]...), "--addr", "unix://"+sock, "--workload", workload,
-		"--writes", strconv.Itoa(writes), "--aperture-bytes", strconv.FormatUint(opts.ApertureBytes, 10))
-	cmd := mmiotrace.GuestCommand(exec.Command(opts.Guest[0], args...))
+	if base == "insn" && opts.InsnWrites > 0 {
+		writes = min(writes, opts.InsnWrites)
+	}
+	threads := 1
+	if mc.workload == "threads" {
+		threads = max(opts.Threads, 1)
+	}
+	apertureBytes := uint64(mc.pages) * 4096
+	args := append(append([]string(nil), opts.Guest[1:]...), "--addr", "unix://"+sock, "--workload", mc.workload,
+		"--writes", strconv.Itoa(writes), "--aperture-bytes", strconv.FormatUint(apertureBytes, 10), "--threads", strconv.Itoa(threads))
+	res, kernelWrites, err := runMMIOGuest(opts.Guest[0], args)
+	if err != nil {
+		return MMIOCell{}, err
+	}
+	// The attach of each aperture copies it whole once; that is not the
+	// workload's traffic.
+	attached := float64(apertureBytes)
+	if mc.workload == "doorbell" {
+		attached += 4096
+	}
+	counters := SumCounters(reg)
+	w := float64(res.Writes)
+	kernel := -1.0
+	if kernelWrites >= 0 {
+		kernel = float64(kernelWrites) / w
+	}
+	return MMIOCell{
+		Mode: mode, Workload: mc.workload, Pages: mc.pages, Threads: threads, Writes: res.Writes, Verified: res.Verified,
+		NsPerWrite:           float64(res.Nanos) / w,
+		FaultsPerWrite:       counters["vgpuha_mmio_faults_total"] / w,
+		KernelFaultsPerWrite: kernel,
+		BytesPerWrite:        max(0, counters["vgpuha_mmio_bytes_total"]-attached) / w,
+	}, nil
+}
+
+// runMMIOGuest runs the guest program to its end and returns its result
+// and the write faults the kernel counted in it (-1: no eBPF counter).
+func runMMIOGuest(prog string, args []string) (mmioguest.Result, int64, error) {
+	cmd := mmiotrace.GuestCommand(exec.Command(prog, args...))
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
-		return MMIOCell{}, err
+		return mmioguest.Result{}, 0, err
 	}
 	kfaults, kerr := kmod.NewFaultCounter(cmd.Process.Pid, 0, 1<<47)
 	if kerr == nil {
 		defer kfaults.Close()
 	}
 	if err := mmiotrace.WaitExit(cmd); err != nil {
-		return MMIOCell{}, fmt.Errorf("guest: %v: %s", err, errOut.String())
+		return mmioguest.Result{}, 0, fmt.Errorf("guest: %v: %s", err, errOut.String())
 	}
 	var res mmioguest.Result
 	if err := json.Unmarshal(out.Bytes(), &res); err != nil || res.Writes == 0 {
-		return MMIOCell{}, fmt.Errorf("guest said %q: %v", out.String(), err)
+		return res, 0, fmt.Errorf("guest said %q: %v", out.String(), err)
 	}
-	// The attach of each aperture copies it whole once; that is not the
-	// workload's traffic.
-	attached := float64(opts.ApertureBytes)
-	if workload == "doorbell" {
-		attached += 4096
-	}
-	counters := SumCounters(reg)
-	w := float64(res.Writes)
-	kernel := -1.0
+	kernel := int64(-1)
 	if kerr == nil {
 		if _, writes, err := kfaults.Counts(); err == nil {
-			kernel = float64(writes) / w
+			kernel = int64(writes)
 		}
 	}
-	return MMIOCell{
-		Mode: mode, Workload: workload, Writes: res.Writes, Verified: res.Verified,
-		NsPerWrite:           float64(res.Nanos) / w,
-		FaultsPerWrite:       counters["vgpuha_mmio_faults_total"] / w,
-		KernelFaultsPerWrite: kernel,
-		BytesPerWrite:        max(0, counters["vgpuha_mmio_bytes_total"]-attached) / w,
-	}, nil
+	return res, kernel, nil
 }
 
 // SumCounters sums each counter family of reg over its labels.
@@ -248,16 +349,17 @@ func SumCounters(reg prometheus.Gatherer) map[string]float64 {
 	return out
 }
 
-// PrintMMIO writes the cells as a table, one row per workload and mode.
+// PrintMMIO writes the cells as a table, one row per workload and mode;
+// "vs off" is the slowdown against untraced stores, measured side by side.
 func PrintMMIO(w io.Writer, cells []MMIOCell) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "workload\tmode\tns/write\tslowdown\tfaults/write\tkernel faults/write\tbytes/write\tdevice copy ok\t")
+	fmt.Fprintln(tw, "workload\tmode\tstores\tns/store\tvs off\tfaults/store\tkernel faults/store\tbytes/store\tdevice copy ok\t")
 	for _, c := range cells {
 		kernel := "n/a"
 		if c.KernelFaultsPerWrite >= 0 {
-			kernel = fmt.Sprintf("%.3f", c.KernelFaultsPerWrite)
+			kernel = fmt.Sprintf("%.4f", c.KernelFaultsPerWrite)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.1fx\t%.3f\t%s\t%.1f\t%v\t\n", c.Workload, c.Mode, c.NsPerWrite, c.Slowdown, c.FaultsPerWrite, kernel, c.BytesPerWrite, c.Verified)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.1f\t%.2fx\t%.4f\t%s\t%.2f\t%v\t\n", c.label(), c.Mode, c.Writes, c.NsPerWrite, c.Slowdown, c.FaultsPerWrite, kernel, c.BytesPerWrite, c.Verified)
 	}
 	tw.Flush()
 }
@@ -280,9 +382,9 @@ func PlotMMIO(path string, cells []MMIOCell) error {
 	var workloads, modes []string
 	seen := map[string]bool{}
 	for _, c := range cells {
-		if !seen["w"+c.Workload] {
-			seen["w"+c.Workload] = true
-			workloads = append(workloads, c.Workload)
+		if !seen["w"+c.label()] {
+			seen["w"+c.label()] = true
+			workloads = append(workloads, c.label())
 		}
 		if !seen["m"+c.Mode] {
 			seen["m"+c.Mode] = true
@@ -294,7 +396,7 @@ func PlotMMIO(path string, cells []MMIOCell) error {
 		vals := make(plotter.Values, len(workloads))
 		for j, w := range workloads {
 			for _, c := range cells {
-				if c.Mode == m && c.Workload == w {
+				if c.Mode == m && c.label() == w {
 					vals[j] = math.Log10(max(c.NsPerWrite, 1))
 				}
 			}

@@ -35,15 +35,36 @@ func TestMMIORuns(t *testing.T) {
 	opts := DefaultMMIOOptions([]string{os.Args[0]}, false)
 	opts.Rounds = 1
 	opts.ApertureBytes = 256 << 10
-	opts.Writes = map[string]int{"seq": 2000, "random": 2000, "bulk": 1 << 16, "doorbell": 500}
+	opts.Workloads = []string{"seq", "random", "bulk", "doorbell", "threads:16"}
+	opts.Writes = map[string]int{"seq": 2000, "random": 2000, "bulk": 1 << 16, "doorbell": 500, "threads": 4 * 50000}
+	opts.InsnWrites = 4000
+	var progress strings.Builder
+	opts.Progress = &progress
 	cells, err := MMIO(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cells) != len(opts.Workloads)*(len(opts.Modes)-2)+2 {
+	variants := 0 // insn-step, insn-unpinned: seq only
+	for _, m := range opts.Modes {
+		if strings.Contains(m, "-") {
+			variants++
+		}
+	}
+	if len(cells) != len(opts.Workloads)*(len(opts.Modes)-variants)+variants {
 		t.Fatalf("%d cells", len(cells))
 	}
+	// Not a terminal: one line per cell, never a carriage return.
+	if strings.Contains(progress.String(), "\r") || strings.Count(progress.String(), "\n") != len(cells) {
+		t.Errorf("progress:\n%q", progress.String())
+	}
 	for _, c := range cells {
+		if c.Workload == "threads" && (c.Threads != 4 || c.Pages != 16) {
+			t.Errorf("threads cell: %+v", c)
+		}
+		if c.Mode == "insn" && c.Writes > uint64(opts.InsnWrites)+64<<10/8 { // bulk copies whole 64 KiB blocks
+
+			t.Errorf("insn cell over the cap: %+v", c)
+		}
 		if c.NsPerWrite <= 0 || c.Writes == 0 || c.Verified != (c.Mode != "off") {
 			t.Errorf("%+v", c)
 		}

@@ -79,7 +79,9 @@
 //
 // The tracer runs in the hypervisor's process. Linux ties ptrace to the
 // thread that attached, so all ptrace work runs on one locked OS thread;
-// with Options.Pin that thread and the guest's threads share one CPU.
+// with Options.Pin in insn mode that thread and the guest's threads share
+// one CPU (page mode never pins: it would run a multi-threaded guest's
+// threads one at a time).
 // Limits: the guest must run in a process group of its own (the tracer
 // waits on that group only); the guest's job-control stops are not kept
 // while it is traced.

@@ -522,15 +522,12 @@ func (p *ptracer) noteStop(ev event) {
 	}
 }
 
-// stopThread interrupts a running thread and waits until it is stopped. A
+// awaitStop waits until th, interrupted (PTRACE_INTERRUPT), is stopped. A
 // stop that is not the interrupt (a fault, a signal) is kept in deferred
 // and handled once the current work is done. The leader is polled, with a
 // deadline: an exiting thread-group leader reports nothing until every
 // other thread is gone.
-func (p *ptracer) stopThread(th *thread) error {
-	if err := unix.PtraceInterrupt(th.tid); err != nil {
-		return err
-	}
+func (p *ptracer) awaitStop(th *thread) error {
 	flags := unix.WALL
 	if th.tid == p.pid {
 		flags |= unix.WNOHANG
@@ -566,16 +563,26 @@ func (p *ptracer) stopThread(th *thread) error {
 
 // stopOthers stops every guest thread but tid, for the time a page is
 // unprotected or a flush collects pages; resumeOthers lets them go on. all
-// is false if a thread did not stop (within stopThread's deadline). A
+// is false if a thread did not stop (within awaitStop's deadline). A
 // thread stops only in user space: a system call it was in has returned,
-// or was interrupted to be restarted.
+// or was interrupted to be restarted. Every thread is interrupted before
+// the first is waited for, so they stop at once, each on its own CPU: the
+// time the guest stands still does not grow with its threads.
 func (p *ptracer) stopOthers(tid int) (stopped []*thread, all bool) {
 	all = true
+	var asked []*thread
 	for id, th := range p.threads {
 		if id == tid || th.stopped {
 			continue
 		}
-		if err := p.stopThread(th); err == nil {
+		if err := unix.PtraceInterrupt(th.tid); err != nil {
+			all = false
+			continue
+		}
+		asked = append(asked, th)
+	}
+	for _, th := range asked {
+		if err := p.awaitStop(th); err == nil {
 			stopped = append(stopped, th)
 		} else if !errors.Is(err, ErrGuestGone) {
 			all = false

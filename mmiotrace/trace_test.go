@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -238,8 +239,46 @@ func TestTraceModes(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %+v", mode, tr.Stats())
+			// Options.Pin pins insn mode only: page mode would run a
+			// multi-threaded guest's threads one at a time.
+			if pinned := tr.Stats().PinnedCPU >= 0; pinned != (mode == ModeInsn) {
+				t.Fatalf("%s mode with Pin: pinned to CPU %d", mode, tr.Stats().PinnedCPU)
+			}
 		})
 	}
+}
+
+// verdict compares the replica with the guest's memory after a torture
+// case and logs the case's line of the per-mode listing: "torture case
+// MODE CASE: N mismatched bytes", after "clear error: WHAT" where the
+// guest was refused at the call (got). The listing is this output:
+//
+//	go test -v -run 'StoreForms|Torture|Bypass|Guest|Sigaltstack|SyscallInto|ODirect|SecondLook' ./mmiotrace/ | grep 'torture case'
+func (rp *replica) verdict(t *testing.T, g *testGuest, mode Mode, name, got string) {
+	t.Helper()
+	n := 0
+	for i := range rp.mem {
+		if rp.mem[i] != g.mem[i] {
+			n++
+		}
+	}
+	line := fmt.Sprintf("%d mismatched bytes", n)
+	if got != "" {
+		line = "clear error: " + got + "; " + line
+	}
+	t.Logf("torture case %s %s: %s", mode, name, line)
+	if n > 0 {
+		t.Fatalf("%s: %d bytes of the replica differ from the guest's memory", name, n)
+	}
+}
+
+// errnoSaid reads a guest's "RET ERRNO" answer as what it was told.
+func errnoSaid(call, said string) string {
+	var ret, errno int
+	if _, err := fmt.Sscanf(said, "%d %d", &ret, &errno); err != nil || ret >= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s returns %d, %s", call, ret, unix.ErrnoName(syscall.Errno(errno)))
 }
 
 func firstDiff(a, b []byte) int {
@@ -272,6 +311,10 @@ func TestStoreForms(t *testing.T) {
 			perWrite := tc.mode == ModeInsn || tc.kind == KindRegister
 			for _, w := range []string{"forms", "fallback"} {
 				writes := rp.run(t, g, tr, w)
+				if tc.kind == KindMemory {
+					rp.verdict(t, g, tc.mode, map[string]string{"forms": "store forms (mov, movnti, stos, rep stos/movs, SSE/AVX, xchg, lock add/xadd/cmpxchg/or/and, page-straddling)",
+						"fallback": "undecodable stores (fxsave" + map[bool]string{true: ", movdiri)", false: "; no movdiri on this CPU)"}[strings.Contains(strings.Join(g.said, " "), "movdiri")]}[w], "")
+				}
 				if perWrite && w == "forms" {
 					if got, want := strings.Join(writes, "\n"), strings.Join(g.expect, "\n"); got != want {
 						t.Fatalf("recorded writes:\n%s\nthe program's stores:\n%s", got, want)
@@ -305,6 +348,12 @@ func TestTorture(t *testing.T) {
 			defer tr.Close()
 			rp.run(t, g, tr, "torture")
 			t.Logf("torture: guest said %q; %+v", g.said, tr.Stats())
+			rp.verdict(t, g, mode, "lock bts/bts/btr/btc with register bit offsets pages away", "")
+			if slices.Contains(g.said, "scatter") {
+				rp.verdict(t, g, mode, "AVX-512 vpscatterdd across pages", "")
+			} else {
+				t.Logf("torture case %s AVX-512 vpscatterdd across pages: not run (no AVX-512F on this CPU)", mode)
+			}
 			before := tr.Stats().Bytes
 			rp.run(t, g, tr, "movs")
 			var stored uint64
@@ -313,6 +362,7 @@ func TestTorture(t *testing.T) {
 			}
 			recorded := tr.Stats().Bytes - before
 			t.Logf("movs: %d bytes stored, %d recorded", stored, recorded)
+			rp.verdict(t, g, mode, fmt.Sprintf("overlapping rep movsb up/down/backwards (%d B stored, %d B recorded)", stored, recorded), "")
 			if mode == ModeInsn && (stored == 0 || recorded > 2*stored) {
 				t.Fatalf("overlapping moves: %d bytes recorded for %d stored", recorded, stored)
 			}
@@ -349,12 +399,21 @@ func TestBypass(t *testing.T) {
 				if err := tr.Flush(rp.apply); err != nil {
 					t.Fatal(err)
 				}
-				if string(rp.mem) != string(g.mem) {
-					t.Fatalf("%s: replica differs from the guest's memory at %d", how, firstDiff(rp.mem, g.mem))
+				said, _ := strings.CutPrefix(strings.Join(g.said, ";"), "result "+how+" ")
+				got := errnoSaid(bypassCalls[how], said)
+				if how == "fork" && said == "signaled 11" {
+					got = "the child is killed by SIGSEGV at its store (the aperture is not mapped in it)"
 				}
+				rp.verdict(t, g, mode, bypassCalls[how], got)
 			}
 		})
 	}
+}
+
+// bypassCalls name TestBypass's cases in the listing.
+var bypassCalls = map[string]string{
+	"pwrite": "pwrite(2) on the aperture's fd", "punch": "fallocate(PUNCH_HOLE)", "remove": "madvise(MADV_REMOVE)",
+	"reopen": "open(/proc/self/fd/N, O_RDWR) + pwrite", "mmap": "a second writable mmap of the fd", "fork": "fork, child stores to the aperture",
 }
 
 // TestTakeOver: a node that takes over a guest's aperture file another node
@@ -401,8 +460,10 @@ func TestGuestMprotect(t *testing.T) {
 			tr, rp := trace(t, g, mode, KindMemory)
 			defer tr.Close()
 			rp.run(t, g, tr, "guestrw")
+			rp.verdict(t, g, mode, "mprotect(READ|WRITE) by the guest, then stores", "")
 			rp.run(t, g, tr, "forms") // traced as before
 			rp.run(t, g, tr, "guestrw")
+			rp.verdict(t, g, mode, "mprotect(READ|WRITE) again after traced stores", "")
 			t.Logf("%+v", tr.Stats())
 		})
 	}
@@ -448,6 +509,8 @@ func TestGuestProtection(t *testing.T) {
 				if got := strings.Join(g.said, ";"); got != want[how] {
 					t.Errorf("%s: guest said %q, want %q", how, got, want[how])
 				}
+				rp.verdict(t, g, mode, "mprotect(READ) by the guest + its SIGSEGV handler ("+how+")",
+					map[string]string{"jump": "its own handler gets the SIGSEGV and skips the store", "fix": "its own handler gets the SIGSEGV, opens the page, the store runs"}[how])
 			}
 			rp.run(t, g, tr, "forms") // traced as before
 			fmt.Fprintln(g.in, "run guestro die")
@@ -467,6 +530,7 @@ func TestGuestProtection(t *testing.T) {
 			if !ok || !st.Signaled() || st.Signal() != syscall.SIGSEGV {
 				t.Fatalf("guest with no handler: %v (%v), want killed by SIGSEGV", g.cmd.ProcessState, err)
 			}
+			t.Logf("torture case %s mprotect(READ) by the guest, no handler (die): clear error: killed by SIGSEGV at the store, as untraced", mode)
 		})
 	}
 }
@@ -485,11 +549,12 @@ func TestSigaltstack(t *testing.T) {
 			}
 			tr, rp := trace(t, g, mode, KindMemory)
 			defer tr.Close()
-			for range 2 {
+			for round := range 2 {
 				rp.run(t, g, tr, "altstack")
 				if got := strings.Join(g.said, ";"); got != "result altstack 1" {
 					t.Fatalf("guest said %q", got)
 				}
+				rp.verdict(t, g, mode, fmt.Sprintf("sigaltstack in the aperture, signal delivered there (round %d)", round+1), "")
 			}
 			rp.run(t, g, tr, "forms") // traced as before
 		})
@@ -520,6 +585,9 @@ func TestSyscallInto(t *testing.T) {
 				if got := strings.Join(g.said, ";"); got != w.want {
 					t.Errorf("%s: guest said %q, want %q", w.run, got, w.want)
 				}
+				said, _ := strings.CutPrefix(strings.Join(g.said, ";"), "result pread ")
+				rp.verdict(t, g, tc.mode, "syscall into the aperture: "+map[string]string{"pread 40 1": "pread 20 pages after a store to the first",
+					"pread 20 0": "pread 20 pages, first page untouched", "pread 2 1": "pread 20 pages at page 2 after a store"}[w.run], errnoSaid("pread", said))
 			}
 		})
 	}
@@ -540,6 +608,7 @@ func TestODirect(t *testing.T) {
 			defer g.stop()
 			tr, rp := trace(t, g, mode, KindMemory)
 			defer tr.Close()
+			var okRounds, efaults int
 			for round := range 20 {
 				stop, flushed := make(chan struct{}), make(chan error, 1)
 				go func() {
@@ -575,7 +644,14 @@ func TestODirect(t *testing.T) {
 				if string(rp.mem) != string(g.mem) {
 					t.Fatalf("round %d (%s): replica differs from the guest's memory at %d", round, g.said[0], firstDiff(rp.mem, g.mem))
 				}
+				okRounds += ok
+				efaults += efault
 			}
+			got := ""
+			if efaults > 0 {
+				got = fmt.Sprintf("%d of %d reads return -1, EFAULT", efaults, okRounds+efaults)
+			}
+			rp.verdict(t, g, mode, fmt.Sprintf("O_DIRECT reads into the aperture under back-to-back flushes (%d completed)", okRounds), got)
 		})
 	}
 }
@@ -601,6 +677,7 @@ func TestSecondLook(t *testing.T) {
 			t.Fatalf("write %d after the flush: replica differs from the guest's memory at %d", i, firstDiff(rp.mem, g.mem))
 		}
 	}
+	rp.verdict(t, g, ModeUffd, "O_DIRECT: a device write after the flush that found the page written (second look)", "")
 }
 
 // TestRemapped: a guest that unmaps its aperture and maps other memory at

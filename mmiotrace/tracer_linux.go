@@ -43,9 +43,12 @@ func (r *Region) contains(addr, n uint64) bool {
 // Options configure a Tracer.
 type Options struct {
 	Mode Mode
-	// Pin puts the tracer thread and every guest thread on one CPU while
-	// ptrace is in use: a fault then wakes the tracer without crossing
-	// CPUs (3–4× cheaper per traced write on the machines we measured).
+	// Pin puts the tracer thread and every guest thread on one CPU in insn
+	// mode: a fault then wakes the tracer without crossing CPUs (3–4×
+	// cheaper per traced write on the machines we measured), and the
+	// guest's threads, each stopped at every store, run one at a time
+	// anyway. Page mode never pins: its faults are rare, and a guest whose
+	// threads share one CPU runs that many times slower.
 	Pin bool
 	// StepOnly single-steps every store instead of emulating it: the
 	// unprotect, step, re-protect path alone, for measurement.
@@ -183,7 +186,7 @@ func (t *Tracer) startPtrace() error {
 		return err
 	}
 	cpu := -1
-	if t.opts.Pin {
+	if t.opts.Pin && t.opts.Mode == ModeInsn {
 		cpu = runtime.NumCPU() - 1
 		var set unix.CPUSet
 		if unix.SchedGetaffinity(0, &set) == nil {
@@ -301,7 +304,7 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	if r == nil {
 		return false
 	}
-	vmaEnd, ours := t.ownFault(r, addr)
+	vmaEnd, open, ours := t.ownFault(r, addr)
 	if !ours {
 		t.stats.GuestFaults++
 		return false
@@ -319,6 +322,11 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 		// costs only a comparison at the flush, a fault costs an injected
 		// system call.
 		first := (addr - r.GuestAddr) / pageSize
+		if open && r.dirty[first] {
+			// Another thread's fault opened the page meanwhile (with the
+			// rest of the region): the store just runs again.
+			return true
+		}
 		end := uint64(len(r.dirty))
 		if vmaEnd < r.GuestAddr+uint64(len(r.Mem)) { // vmaEnd > addr
 			end = (vmaEnd - r.GuestAddr + pageSize - 1) / pageSize
@@ -395,24 +403,25 @@ func (t *Tracer) openPages(tid int, r *Region, lo, hi uint64) {
 // ownFault reports whether a write fault at addr, in region r, is the
 // tracer's (the page of r's file has protTraced, or is writable again:
 // opened meanwhile) rather than the guest's own protection or another
-// mapping at that address, and where the mapping ends.
+// mapping at that address, where the mapping ends, and whether the page
+// is writable now.
 // Precondition: t.mu must be locked.
-func (t *Tracer) ownFault(r *Region, addr uint64) (end uint64, ours bool) {
+func (t *Tracer) ownFault(r *Region, addr uint64) (end uint64, open, ours bool) {
 	v, ok, err := vmaAt(t.maps, addr)
 	if err != nil || !ok || v.start > addr {
-		return ^uint64(0), true // cannot tell: the tracer's, as it would be without the marker
+		return ^uint64(0), false, true // cannot tell: the tracer's, as it would be without the marker
 	}
 	if !r.mapped(v) {
-		return v.end, false
+		return v.end, false, false
 	}
 	if t.prot != protTraced {
-		return v.end, true
+		return v.end, writable(v), true
 	}
-	return v.end, tracerProtected(v) || writable(v)
+	return v.end, writable(v), tracerProtected(v) || writable(v)
 }
 
 func (t *Tracer) ownFaultAt(r *Region, addr uint64) bool {
-	_, ours := t.ownFault(r, addr)
+	_, _, ours := t.ownFault(r, addr)
 	return ours
 }
 

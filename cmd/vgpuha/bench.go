@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"math"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -221,23 +223,48 @@ func runBenchMMIO(args []string) error {
 	fs := newFlags("bench mmio", "[flags]")
 	long := fs.Bool("long", false, "more writes and rounds, for careful figures (several minutes)")
 	rounds := fs.Int("rounds", 0, "interleaved rounds (default 3, or 7 with --long)")
-	pin := fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU")
+	pin := fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU (insn mode; see the mmiotrace package doc)")
 	plotPath := fs.String("plot", "", "also draw ns per write by mode and workload to this file (.png or .svg)")
 	asJSON := fs.Bool("json", false, "print the cells as JSON instead of a table")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	opts := bench.DefaultMMIOOptions([]string{self, "mmio-guest"}, *long)
+	opts := bench.DefaultMMIOOptions([]string{self, "mmio-guest"}, false)
+	workloads := fs.String("workloads", strings.Join(opts.Workloads, ","), "mmio-guest workloads, each NAME or NAME:PAGES (aperture pages; default 1024)")
+	modes := fs.String("modes", strings.Join(opts.Modes, ","), "modes, side by side in each round: "+strings.Join(bench.MMIOModes, ", "))
+	fs.IntVar(&opts.Threads, "threads", opts.Threads, "OS threads storing at once in the threads workload")
+	perThread := fs.Int("thread-stores", opts.Writes["threads"]/opts.Threads, "stores per thread in the threads workload")
+	fs.IntVar(&opts.InsnWrites, "insn-writes", opts.InsnWrites, "at most this many stores per run in the insn modes, where each store faults (0: no cap)")
+	profile := profileFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *long {
+		fresh := bench.DefaultMMIOOptions(opts.Guest, true)
+		opts.Rounds, opts.Writes = fresh.Rounds, fresh.Writes
+	}
+	if *perThread < 1 || opts.Threads < 1 || *perThread > math.MaxInt/opts.Threads {
+		return fmt.Errorf("--threads and --thread-stores must be positive, their product an int")
+	}
+	opts.Writes["threads"] = *perThread * opts.Threads
 	opts.Pin = *pin
+	opts.Workloads, opts.Modes = strings.Split(*workloads, ","), strings.Split(*modes, ",")
+	for _, m := range opts.Modes {
+		if !slices.Contains(bench.MMIOModes, m) {
+			return fmt.Errorf("unknown mode %q (have: %s)", m, strings.Join(bench.MMIOModes, ", "))
+		}
+	}
 	if *rounds > 0 {
 		opts.Rounds = *rounds
 	}
-	opts.Progress = os.Stderr
+	opts.Progress, opts.Terminal = os.Stderr, isTerminal(os.Stderr)
+	stop, err := profile()
+	if err != nil {
+		return err
+	}
 	cells, err := bench.MMIO(opts)
+	stop()
 	if err != nil {
 		return err
 	}
@@ -249,11 +276,11 @@ func runBenchMMIO(args []string) error {
 	if *asJSON {
 		return json.NewEncoder(os.Stdout).Encode(cells)
 	}
-	pinned := "tracer and guest threads pinned to one CPU"
+	pinned := "insn mode's tracer and guest threads pinned to one CPU"
 	if !opts.Pin {
 		pinned = "not pinned"
 	}
-	fmt.Printf("MMIO tracing cost (software GPU; each cell a fresh guest process; medians of %d interleaved rounds; %s)\n", opts.Rounds, pinned)
+	fmt.Printf("MMIO tracing cost (software GPU; each cell a fresh guest process; medians of %d interleaved rounds; %s; %d CPUs)\n", opts.Rounds, pinned, runtime.NumCPU())
 	bench.PrintMMIO(os.Stdout, cells)
 	return nil
 }

@@ -84,7 +84,7 @@ func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 		cfg.MMIO.Mode = m
 		return err
 	})
-	fs.BoolVar(&cfg.MMIO.Pin, "mmio.pin", cfg.MMIO.Pin, "pin the tracer and the traced guest's threads to one CPU (per-write tracing is 3-4x cheaper)")
+	fs.BoolVar(&cfg.MMIO.Pin, "mmio.pin", cfg.MMIO.Pin, "insn mode: pin the tracer and the traced guest's threads to one CPU (per-write tracing is 3-4x cheaper; page mode never pins)")
 	fs.DurationVar(&cfg.MMIO.FlushEvery, "mmio.flush-every", cfg.MMIO.FlushEvery, "also flush aperture writes on this timer, for guests that write without calling")
 	tenantFlags(fs, cfg)
 }

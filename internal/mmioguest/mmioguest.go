@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 )
 
 // Workloads, as the benchmark names them.
-var Workloads = []string{"seq", "random", "bulk", "doorbell", "goroutines"}
+var Workloads = []string{"seq", "random", "bulk", "doorbell", "goroutines", "threads"}
 
 // The failover workload writes, makes a call, waits for Options.Pause (the
 // test kills the primary meanwhile), writes again and checks the device
@@ -49,6 +50,9 @@ type Options struct {
 	Workload      string
 	Writes        int    // stores to make (rounded to the workload's unit)
 	ApertureBytes uint64 // the memory aperture (the doorbell register aperture is one page)
+	// Threads is how many OS threads the threads workload stores from at
+	// once (default 4).
+	Threads int
 	// Hold keeps the session and its apertures after the run, until the
 	// process is killed (so an operator can verify the standby meanwhile).
 	Hold func(Result)
@@ -82,6 +86,8 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 		res.Writes = bulk(mem.Mem, opts.Writes)
 	case "goroutines":
 		res.Writes = goroutines(mem.Mem, opts.Writes, 4)
+	case "threads":
+		res.Writes = threads(mem.Mem, opts.Writes, max(opts.Threads, 1))
 	case "failover":
 		res.Writes = seq(mem.Mem, opts.Writes)
 		if err := c.Synchronize(); err != nil {
@@ -170,6 +176,32 @@ func goroutines(mem []byte, n, g int) uint64 {
 	return uint64(n / g * g)
 }
 
+// threads has n OS threads store 8-byte words at pseudo-random places
+// across every page at once, writes in all (each its own sequence): the
+// multi-threaded guest whose stores meet on the same pages.
+func threads(mem []byte, writes, n int) uint64 {
+	var wg sync.WaitGroup
+	words := uint64(len(mem) / 8)
+	per := writes / n
+	for k := 0; k < n; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // a thread of its own for the whole run
+			defer runtime.UnlockOSThread()
+			x := 0x9e3779b97f4a7c15 ^ uint64(k+1)*0xbf58476d1ce4e5b9
+			for i := 0; i < per; i++ {
+				x ^= x << 13
+				x ^= x >> 7
+				x ^= x << 17
+				*word(mem, int(8*(x%words))) = x
+			}
+		}()
+	}
+	wg.Wait()
+	return uint64(per * n)
+}
+
 // doorbell is a driver submitting work: four descriptor words into a ring
 // slot, one doorbell register store, then a call. Five stores per round.
 func doorbell(c *pvdriver.Client, ring, bell []byte, n int) (writes, calls uint64, err error) {
@@ -212,6 +244,7 @@ func Main(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Workload, "workload", "seq", fmt.Sprintf("one of %v", Workloads))
 	fs.IntVar(&opts.Writes, "writes", 20000, "stores to make")
 	fs.Uint64Var(&opts.ApertureBytes, "aperture-bytes", 4<<20, "size of the memory aperture")
+	fs.IntVar(&opts.Threads, "threads", 4, "OS threads storing at once (threads workload)")
 	hold := fs.Bool("hold", false, "after the run, print the result and keep the session and apertures until killed")
 	failoverTo := fs.String("failover", "", "a standby endpoint to resume on if the primary fails")
 	if err := fs.Parse(args); err != nil {
