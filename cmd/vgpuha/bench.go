@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -112,7 +113,7 @@ func parseBytes(s string) (uint64, error) {
 		}
 	}
 	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || n == 0 {
+	if err != nil || n == 0 || n > math.MaxUint64/mult {
 		return 0, fmt.Errorf("bad size %q (want e.g. 256MiB or 4GiB)", s)
 	}
 	return n * mult, nil
