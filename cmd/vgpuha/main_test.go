@@ -507,8 +507,8 @@ func TestDrillStateBytes(t *testing.T) {
 		}
 		var rep struct {
 			Iterations, Passed int
-			StateBytes         uint64 `json:"state_bytes"`
-			BytesVerified      uint64 `json:"bytes_verified"`
+			StateBytes         uint64                `json:"state_bytes"`
+			BytesVerified      uint64                `json:"bytes_verified"`
 			PauseMS            struct{ P99 float64 } `json:"pause_ms"`
 			Records            []struct {
 				Fault         string
