@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"os"
@@ -53,9 +54,13 @@ func runBenchResync(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second)")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *logNodes {
+		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	stop, err := profile()
 	if err != nil {
