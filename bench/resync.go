@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"text/tabwriter"
@@ -31,6 +32,9 @@ type ResyncOptions struct {
 	StopTheWorld bool
 	Progress     io.Writer
 	NewBackend   func() (gpu.Backend, error)
+	// Log, if set, receives both nodes' logs (the resync's progress lines
+	// among them).
+	Log *slog.Logger
 }
 
 // ResyncBenchRow is one resync of a standby that joins while guests run.
@@ -121,7 +125,7 @@ func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow,
 		newBackend = withoutSnapshots(opts.NewBackend)
 	}
 	perGuest := size / uint64(opts.Guests)
-	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend,
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend, Log: opts.Log,
 		ResyncRate: opts.Rate, Hypervisor: func(h *hypervisor.Config) {
 			h.MemoryQuota = max(h.MemoryQuota, perGuest+256<<20)
 			h.TenantMemoryQuota = max(h.TenantMemoryQuota, size+uint64(opts.Guests)*256<<20)

@@ -25,8 +25,9 @@
 //	  |--- reset {log id, contents bytes} ------------------->|  drop the replica; not in sync
 //	  |--- objects (placed allocs, modules, handles) -------->|  rebuild
 //	  |--- contents, 1 MiB records, paced (guests running) -->|  state at S; progress logged
-//	  |    (the log keeps S+1... without blocking guests, up |
-//	  |     to the resync budget; past it: start over)       |
+//	  |    (the log keeps S+1...: half the resync budget at   |
+//	  |     once, the rest as the snapshot goes out; guests   |
+//	  |     wait past it; a record larger than it: start over)|
 //	  |--- snapshot end {S} --------------------------------->|  applied = S, in sync
 //	  |--- record S+1, S+2, ... (live) ---------------------->|  validate, translate, apply
 //	  |    (protected once the standby applied what the log  |

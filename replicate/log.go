@@ -49,9 +49,14 @@ func ParseMode(s string) (Mode, error) {
 // records are held: guests slow down instead of the log growing. While none
 // is attached, the log keeps records only until the bound is reached, then
 // drops them and the next standby is resynced from a snapshot. While a
-// standby resyncs, Append never blocks: the log keeps everything after the
-// snapshot's position up to the resync budget, past which it drops it and
-// the resync starts over (ErrResyncBudget).
+// standby resyncs, the log keeps everything after the snapshot's position
+// within the resync budget: Append does not block while the log holds
+// less than half of it, and past that it waits for the snapshot stream
+// to earn the other half (in proportion to the bytes sent), so guests
+// that write faster than the link are slowed a little at a time instead
+// of making the resync start over and over. Only a single record that
+// does not fit in the budget drops the log and restarts the resync
+// (ErrResyncBudget).
 type Log struct {
 	maxBytes int64
 	// resyncBudget bounds what the log keeps while a resync streams.
@@ -96,6 +101,9 @@ type Log struct {
 	sentAll      bool
 	snapshotAt   uint64
 	catchUpLimit int64
+	// streamDone of streamTotal snapshot bytes are on the link (the
+	// sender's streamed): they earn guests their share of the budget.
+	streamDone, streamTotal uint64
 	// overBudget: the log dropped what a resync under way needed.
 	overBudget bool
 	closed     bool
@@ -176,7 +184,7 @@ func (l *Log) Append(r Record) uint64 {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.attached && !l.snapshotPending && !l.streaming && l.bytes > l.limit() && !l.closed {
+	for l.full(int64(r.Size())) {
 		l.cond.Wait()
 	}
 	l.last++
@@ -203,6 +211,22 @@ func (l *Log) Append(r Record) uint64 {
 	return seq
 }
 
+// full reports whether Append must wait before it adds size bytes: an
+// attached standby lags past the bound, or a snapshot streams and the log
+// holds what the stream has earned so far. A record always goes into an
+// empty log, and one larger than the whole budget, which could never fit,
+// goes in at once (and makes the resync start over).
+// Precondition: l.mu must be locked.
+func (l *Log) full(size int64) bool {
+	switch {
+	case l.closed || !l.attached || l.snapshotPending:
+		return false
+	case !l.streaming:
+		return l.bytes > l.limit()
+	}
+	return l.retain && l.bytes > 0 && size <= l.resyncBudget && l.bytes+size > l.streamAllowance()
+}
+
 // Precondition: l.mu must be locked.
 func (l *Log) setRetain(on bool) {
 	l.retain = on
@@ -216,6 +240,29 @@ func (l *Log) limit() int64 {
 		return max(l.maxBytes, l.catchUpLimit)
 	}
 	return l.maxBytes
+}
+
+// streamAllowance is what the log may hold while a snapshot streams: half
+// the resync budget at once, the other half as the snapshot's bytes go
+// out, all of it once they all did.
+// Precondition: l.mu must be locked.
+func (l *Log) streamAllowance() int64 {
+	half := l.resyncBudget / 2
+	switch {
+	case l.sentAll:
+		return l.resyncBudget
+	case l.streamTotal == 0:
+		return half
+	}
+	return half + int64(float64(l.resyncBudget-half)*float64(l.streamDone)/float64(l.streamTotal))
+}
+
+// streamed: done of total snapshot bytes are on the link.
+func (l *Log) streamed(done, total uint64) {
+	l.mu.Lock()
+	l.streamDone, l.streamTotal = done, total
+	l.cond.Broadcast()
+	l.mu.Unlock()
 }
 
 // Precondition: l.mu must be locked.
@@ -269,6 +316,7 @@ func (l *Log) BeginSnapshot() uint64 {
 	l.snapshotPending = false
 	l.overBudget = false
 	l.resyncAt, l.snapshotAt, l.sentAll = l.last, l.last, false
+	l.streamDone, l.streamTotal = 0, 0
 	return l.last
 }
 
@@ -280,6 +328,7 @@ func (l *Log) BeginSnapshot() uint64 {
 func (l *Log) snapshotSent() {
 	l.mu.Lock()
 	l.resyncAt, l.sentAll = l.last, true
+	l.cond.Broadcast() // guests may use the whole budget now
 	l.mu.Unlock()
 }
 

@@ -201,3 +201,36 @@ func TestCatchUpBoundStartsOnceSnapshotApplied(t *testing.T) {
 	}
 	l.Close()
 }
+
+// TestStreamingSnapshotEarnsTheBudget: while a snapshot streams, guests
+// may fill half the resync budget at once, and the other half as the
+// snapshot's bytes go out; nothing is dropped and the resync goes on.
+func TestStreamingSnapshotEarnsTheBudget(t *testing.T) {
+	l := NewLog(1000)
+	l.SetResyncBudget(4000)
+	l.attach(true, 0, true)
+	l.BeginSnapshot()
+	l.streamed(0, 100)
+	if !appendsWithin(l, 4, 452, time.Second) { // 500 bytes each: half the budget
+		t.Fatal("guests blocked within half the budget")
+	}
+	if appendsWithin(l, 2, 452, 100*time.Millisecond) {
+		t.Fatal("the log grew past half the budget before the snapshot streamed")
+	}
+	l.streamed(50, 100) // half sent: 3000 bytes allowed, the blocked append and one more
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Last() < 6 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := l.Status().LagBytes; got != 3000 {
+		t.Fatalf("half the snapshot sent: the log holds %d bytes, want 3000", got)
+	}
+	l.snapshotSent() // all of the budget
+	if !appendsWithin(l, 2, 452, time.Second) {
+		t.Fatal("guests blocked within the budget once the snapshot was sent")
+	}
+	if l.resyncOverBudget() {
+		t.Fatal("the log dropped what the resync needs")
+	}
+	l.Close()
+}

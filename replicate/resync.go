@@ -27,8 +27,8 @@ type Snapshot interface {
 	Close()
 }
 
-// ErrResyncBudget: while a resync streamed, the log grew past its resync
-// budget; the resync starts over.
+// ErrResyncBudget: while a resync streamed, a record larger than the whole
+// resync budget was appended; the resync starts over.
 var ErrResyncBudget = errors.New("the log outgrew its resync budget while the snapshot streamed")
 
 // ResyncProgress describes a resync under way, for logs, /status and

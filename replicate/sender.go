@@ -295,7 +295,9 @@ func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 		if err := s.send(l, &rec); err != nil {
 			return fmt.Errorf("%w: %w", errLink, err)
 		}
-		if done, _ := snap.Progress(); s.progress.set(done) {
+		done, total := snap.Progress()
+		lg.streamed(done, total)
+		if s.progress.set(done) {
 			s.log.Info("resync in progress", s.progress.status().logArgs()...)
 		}
 		pace.wait(len(rec.Body))

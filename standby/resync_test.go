@@ -261,18 +261,20 @@ func TestResyncInterrupted(t *testing.T) {
 	}
 }
 
-// TestResyncBudgetRestarts: guests that write more than the resync budget
-// while a snapshot streams make the resync start over, and it then
-// completes.
+// TestResyncBudgetRestarts: a single guest write larger than the whole
+// resync budget, made while a snapshot streams, makes the resync start
+// over, and it then completes.
 func TestResyncBudgetRestarts(t *testing.T) {
-	big := make([]byte, 3<<20)
-	c, _ := startScribbled(t, 9, cluster.Options{MaxLagBytes: 1 << 20, ResyncBudgetBytes: 2 << 20}, func(c *fixture, s *scribbler, n int) bool {
+	big := make([]byte, 2<<20)
+	c, _ := startScribbled(t, 9, cluster.Options{MaxLagBytes: 1 << 20, ResyncBudgetBytes: 1 << 20}, func(c *fixture, s *scribbler, n int) bool {
 		if c.Sender.Status().Resyncs == 1 && n == 3 {
-			sg := s.guests[0]
-			for off := 0; off < len(big); off += int(sg.sizes[0]) {
-				if err := sg.g.CopyHtoD(sg.bufs[0], big[off:min(len(big), off+int(sg.sizes[0]))]); err != nil {
-					s.t.Error(err)
-				}
+			g := s.guests[0].g
+			p, err := g.Alloc(uint64(len(big)))
+			if err == nil {
+				err = g.CopyHtoD(p, big)
+			}
+			if err != nil {
+				s.t.Error(err)
 			}
 		}
 		return true
@@ -281,6 +283,56 @@ func TestResyncBudgetRestarts(t *testing.T) {
 	mustMatch(t, c.verify())
 	if st := c.Sender.Status(); st.ResyncRestarts == 0 || st.Resyncs < 2 {
 		t.Errorf("resyncs %d, restarts %d: want a restart past the budget", st.Resyncs, st.ResyncRestarts)
+	}
+}
+
+// TestResyncSlowsWritersInsteadOfRestarting: guests that keep writing
+// faster than a resync streams (many times its budget over the resync)
+// are slowed while the snapshot streams, not frozen, and the resync ends
+// the first time. (It used to start over each time the log outgrew the
+// budget: with a steady writer, for ever; the 4 GiB row of bench resync
+// on a GPU never ended.)
+func TestResyncSlowsWritersInsteadOfRestarting(t *testing.T) {
+	const budget, write = 2 << 20, 128 << 10
+	c, s := startScribbled(t, 13, cluster.Options{MaxLagBytes: 1 << 20, ResyncBudgetBytes: budget, ResyncRate: 4 << 20},
+		func(*fixture, *scribbler, int) bool { return true })
+	sg := s.guests[0]
+	var writes atomic.Int64
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		data := make([]byte, write)
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			j := i % len(sg.bufs)
+			if err := sg.g.CopyHtoD(sg.bufs[j], data[:min(write, sg.sizes[j])]); err != nil {
+				t.Error(err)
+				return
+			}
+			writes.Add(1)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	before := writes.Load()
+	c.startStandby()
+	err := c.WaitProtected(20 * time.Second)
+	during := writes.Load() - before
+	close(quit)
+	<-done
+	if err != nil {
+		t.Fatalf("%v (resync status %+v)", err, c.Sender.Status())
+	}
+	mustMatch(t, c.verify())
+	st := c.Sender.Status()
+	if st.ResyncRestarts != 0 || st.Resyncs != 1 {
+		t.Errorf("resyncs %d, restarts %d: want one resync, no restart", st.Resyncs, st.ResyncRestarts)
+	}
+	if during*write < budget {
+		t.Errorf("guests wrote %d bytes while the standby resynced: frozen, not slowed", during*write)
 	}
 }
 

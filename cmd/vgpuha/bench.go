@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"os"
@@ -54,9 +55,13 @@ func runBenchResync(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second)")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *logNodes {
+		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	stop, err := profile()
 	if err != nil {
@@ -114,7 +119,7 @@ func parseBytes(s string) (uint64, error) {
 		}
 	}
 	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || n == 0 {
+	if err != nil || n == 0 || n > math.MaxUint64/mult {
 		return 0, fmt.Errorf("bad size %q (want e.g. 256MiB or 4GiB)", s)
 	}
 	return n * mult, nil

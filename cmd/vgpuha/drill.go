@@ -28,6 +28,13 @@ func runDrill(args []string) error {
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	plot := fs.String("plot", "", "write an SVG timeline of the iterations to this file")
+	var stateBytes uint64
+	fs.Func("state-bytes", "the drill's guest also holds this much device memory (e.g. 256MiB, 16GiB; whole MiB), filled with a pattern and read back after each iteration; "+
+		"two nodes: the standby joins once it is filled and is resynced before the faults", func(v string) error {
+		var err error
+		stateBytes, err = parseBytes(v)
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -43,7 +50,8 @@ func runDrill(args []string) error {
 		return err
 	}
 	o := drill.Options{Binary: bin, Backend: *backendName, Mode: *mode, Netns: netns, Iterations: *iterations, Seed: *seed,
-		Coordinator: *coord, CoordinatorTTL: *ttl, SideBySide: *sideBySide,
+		Coordinator: *coord, CoordinatorTTL: *ttl, SideBySide: *sideBySide, StateBytes: stateBytes,
+		Note: func(s string) { fmt.Fprintln(os.Stderr, s) },
 		Progress: func(r drill.Record, n int) {
 			fmt.Fprintf(os.Stderr, "iteration %d/%d (%s): %s at launch %d: passed=%v %s\n", r.Iteration, n, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed, r.Problem)
 		}}
@@ -123,8 +131,13 @@ func printDrill(rep drill.Report) {
 	}
 	tw.Flush()
 	fmt.Printf("\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
-	fmt.Printf("detection ms p50 %.0f p99 %.0f max %.0f; guest pause ms p50 %.0f p99 %.0f max %.0f\n\n",
+	fmt.Printf("detection ms p50 %.0f p99 %.0f max %.0f; guest pause ms p50 %.0f p99 %.0f max %.0f\n",
 		rep.DetectionMS.P50, rep.DetectionMS.P99, rep.DetectionMS.Max, rep.PauseMS.P50, rep.PauseMS.P99, rep.PauseMS.Max)
+	if rep.StateBytes > 0 {
+		fmt.Printf("state: the guest held %d MiB; %d MiB read back equal over %d iterations (%d MiB each)\n",
+			rep.StateBytes>>20, rep.BytesVerified>>20, rep.Iterations, rep.StateBytes>>20)
+	}
+	fmt.Println()
 	fmt.Fprintln(tw, "FAULT\tSETUP\tPASSED\tDETECTION ms p50/p99\tGUEST PAUSE ms p50/p99\tLOST\tBOTH SERVING ms p50/max")
 	for _, f := range rep.Faults {
 		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%.0f/%.0f\t%.0f/%.0f\t%d\t%.1f/%.1f\n", f.Fault, setupName(f.Coordinated), f.Passed, f.Iterations,

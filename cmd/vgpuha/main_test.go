@@ -495,6 +495,43 @@ func TestDrill(t *testing.T) {
 	}
 }
 
+// TestDrillStateBytes: `vgpuha drill --state-bytes` has its guest hold
+// 64 MiB while the standby is resynced and the faults strike (a takeover,
+// a fail-back that resyncs the old primary's host, a lost standby), and
+// every byte reads back equal after each iteration, wherever the guest
+// runs; with a coordinator too.
+func TestDrillStateBytes(t *testing.T) {
+	skipShort(t)
+	for _, args := range [][]string{{"--faults", "kill,failback,standby-kill", "--iterations", "3"}, {"--coordinator", "--faults", "kill,standby-loss", "--iterations", "2"}} {
+		out, err := exec.Command(vgpuhaBin, append([]string{"drill", "--state-bytes", "64MiB", "--json", "--backend", "sim", "--topology", "loopback"}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("drill %v: %v\n%s", args, err, out)
+		}
+		var rep struct {
+			Iterations, Passed int
+			StateBytes         uint64                `json:"state_bytes"`
+			BytesVerified      uint64                `json:"bytes_verified"`
+			PauseMS            struct{ P99 float64 } `json:"pause_ms"`
+			Records            []struct {
+				Fault         string
+				StateBytes    uint64 `json:"state_bytes"`
+				BytesVerified uint64 `json:"bytes_verified"`
+			}
+		}
+		if err := json.Unmarshal(out, &rep); err != nil {
+			t.Fatalf("drill output %q: %v", out, err)
+		}
+		if rep.Passed != rep.Iterations || rep.StateBytes != 64<<20 || rep.BytesVerified != uint64(rep.Iterations)*64<<20 || rep.PauseMS.P99 == 0 {
+			t.Fatalf("drill %v report: %s", args, out)
+		}
+		for _, r := range rep.Records {
+			if r.StateBytes != 64<<20 || r.BytesVerified != r.StateBytes {
+				t.Errorf("%s: %d of %d state bytes verified", r.Fault, r.BytesVerified, r.StateBytes)
+			}
+		}
+	}
+}
+
 // TestDrillCoordinated runs the coordinator's faults once each through
 // `vgpuha drill --coordinator` (a 3-member etcd cluster of processes): no
 // request lost, the standby takes over only where the primary failed, and
@@ -547,6 +584,8 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 		{[]string{"--mode", "epoch", "--faults", "freeze"}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},
 		{[]string{"--topology", "loopback", "--faults", "partition"}, `fault "partition" needs network namespaces`},
 		{[]string{"--mode", "bogus"}, `unknown replication mode "bogus"`},
+		{[]string{"--state-bytes", "1000"}, "--state-bytes must be a multiple of 1 MiB"},
+		{[]string{"--state-bytes", "99999999999GiB"}, `bad size`},
 	} {
 		cmd := exec.Command(vgpuhaBin, append([]string{"drill", "--backend", "sim"}, tc.args...)...)
 		var stderr bytes.Buffer

@@ -42,7 +42,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	maxLag := fs.Int64("replicate.max-lag-bytes", 256<<20, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
 	var cf coordFlags
 	cf.register(fs, true)
-	resyncBudget := fs.Int64("replicate.resync-budget-bytes", replicate.DefaultResyncBudget, "log bytes kept while a resync streams, without slowing guests; past it the resync restarts")
+	resyncBudget := fs.Int64("replicate.resync-budget-bytes", replicate.DefaultResyncBudget, "log bytes kept while a resync streams: guests write half of it freely, the rest as the snapshot goes out (they wait past that); only a single write larger than it restarts the resync")
 	resyncRate := fs.Int64("replicate.resync-rate", 0, "bytes per second a resync streams at most (0: as fast as the link takes it)")
 	cfg := hypervisor.DefaultConfig()
 	configFlags(fs, &cfg)

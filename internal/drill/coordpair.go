@@ -36,8 +36,8 @@ type coordinated struct {
 // startCoordinatedPair starts an etcd cluster, a standby and a pool
 // standby registered in the drill's group, and a primary that leads it,
 // and waits until the group records the standby in sync.
-func startCoordinatedPair(bin, backend, mode string, ttl time.Duration) (*pair, error) {
-	p, err := newPair(bin, backend)
+func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlags []string) (*pair, error) {
+	p, err := newPair(bin, backend, nodeFlags)
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,16 @@ type Options struct {
 	Seed       uint64 // seeds the launches at which faults strike
 	// Progress, if set, is called after each iteration.
 	Progress func(r Record, iterations int)
+	// StateBytes (a multiple of 1 MiB): the drill's guest also holds this
+	// much device memory, filled with a pattern, while the faults strike,
+	// and reads every byte back after each iteration (state.go). Two
+	// nodes: the primary starts alone, the guest fills its state, and the
+	// standby joins and is resynced before the workload; with a
+	// coordinator the fill is replicated as it happens.
+	StateBytes uint64
+	// Note, if set, is told what a long step is doing (the fill, a
+	// resync's progress).
+	Note func(string)
 	// Stop, when closed (SIGTERM), ends the drill at the next launch or
 	// between iterations; the iteration under way cleans up its processes,
 	// namespaces and directory as usual, and Run returns ErrInterrupted
@@ -55,6 +65,12 @@ type Options struct {
 var ErrInterrupted = errors.New("drill interrupted")
 
 func (o Options) stopped() bool { return stopped(o.Stop) }
+
+func (o Options) note(s string) {
+	if o.Note != nil {
+		o.Note(s)
+	}
+}
 
 // stopped reports whether stop is closed (an interrupted drill cleans up
 // everything, logs included).
@@ -89,7 +105,11 @@ type Record struct {
 	// ReprotectedMS: standby-loss, from the loss until the pool standby
 	// protected the primary.
 	ReprotectedMS float64 `json:"reprotected_ms,omitempty"`
-	Problem       string  `json:"problem,omitempty"`
+	// StateBytes the guest held; BytesVerified of them read back equal
+	// after the iteration.
+	StateBytes    uint64 `json:"state_bytes"`
+	BytesVerified uint64 `json:"bytes_verified"`
+	Problem       string `json:"problem,omitempty"`
 }
 
 // Quantiles summarize a measurement over iterations.
@@ -101,14 +121,17 @@ type Quantiles struct {
 
 // Report is a whole drill.
 type Report struct {
-	Topology     string    `json:"topology"`
-	Mode         string    `json:"mode"`
-	Iterations   int       `json:"iterations"`
-	Passed       int       `json:"passed"`
-	Failed       int       `json:"failed"`
-	LostRequests int64     `json:"lost_requests"`
-	DetectionMS  Quantiles `json:"detection_ms"` // unplanned takeovers (kill, freeze)
-	PauseMS      Quantiles `json:"pause_ms"`     // unplanned takeovers (kill, freeze)
+	Topology   string `json:"topology"`
+	Mode       string `json:"mode"`
+	StateBytes uint64 `json:"state_bytes"` // device memory the guest held
+	// BytesVerified sums every iteration's state read back equal.
+	BytesVerified uint64    `json:"bytes_verified"`
+	Iterations    int       `json:"iterations"`
+	Passed        int       `json:"passed"`
+	Failed        int       `json:"failed"`
+	LostRequests  int64     `json:"lost_requests"`
+	DetectionMS   Quantiles `json:"detection_ms"` // unplanned takeovers (kill, freeze)
+	PauseMS       Quantiles `json:"pause_ms"`     // unplanned takeovers (kill, freeze)
 	// Faults sums up each fault in each setup, in the order first drilled.
 	Faults  []FaultSummary `json:"faults"`
 	Records []Record       `json:"records"`
@@ -180,6 +203,8 @@ func (o Options) Validate() error {
 		return errors.New("--coordinator is not drilled in epoch mode (valid there: sync, commit)")
 	case o.Coordinator && (o.CoordinatorTTL < time.Second || o.CoordinatorTTL%time.Second != 0):
 		return fmt.Errorf("--coordinator.ttl %v: want whole seconds, at least 1s", o.CoordinatorTTL)
+	case o.StateBytes%stateChunk != 0:
+		return errStateSize
 	}
 	for _, name := range o.faults() {
 		f := lookup(name)
@@ -217,12 +242,12 @@ func Run(o Options) (Report, error) {
 		f := lookup(names[i%len(names)])
 		for _, coordinated := range []bool{o.Coordinator, false} {
 			if o.stopped() {
-				return summarize(o.Topology(), o.Mode, recs), ErrInterrupted
+				return summarize(o, recs), ErrInterrupted
 			}
 			rec := once(o, f, at, coordinated)
 			rec.Iteration = i + 1
 			if o.stopped() {
-				return summarize(o.Topology(), o.Mode, recs), ErrInterrupted
+				return summarize(o, recs), ErrInterrupted
 			}
 			recs = append(recs, rec)
 			if o.Progress != nil {
@@ -233,12 +258,12 @@ func Run(o Options) (Report, error) {
 			}
 		}
 	}
-	return summarize(o.Topology(), o.Mode, recs), nil
+	return summarize(o, recs), nil
 }
 
 // summarize totals the records.
-func summarize(topology, mode string, recs []Record) Report {
-	rep := Report{Topology: topology, Mode: mode, Records: recs}
+func summarize(o Options, recs []Record) Report {
+	rep := Report{Topology: o.Topology(), Mode: o.Mode, StateBytes: o.StateBytes, Records: recs}
 	var det, pause []float64
 	for _, r := range recs {
 		rep.Iterations++
@@ -248,6 +273,7 @@ func summarize(topology, mode string, recs []Record) Report {
 			rep.Failed++
 		}
 		rep.LostRequests += max(r.LostRequests, -r.LostRequests)
+		rep.BytesVerified += r.BytesVerified
 		// The quantiles describe unplanned takeovers; a switchover or a
 		// guest's own blip has nothing to detect and pauses far less.
 		if f := lookup(r.Fault); r.Failovers > 0 && f != nil && f.unplanned {
@@ -319,16 +345,18 @@ type run struct {
 	guest      *pvdriver.Client
 	ctr        *counters
 	ckpt       *checkpointer // epoch mode only
+	state      *state        // with Options.StateBytes
 	serving    *servingProbe // when each node answered guests
 	struck     time.Time     // when the fault was injected
 	rolledBack bool          // the guest was told its session was rolled back
 	stop       <-chan struct{}
+	note       func(string)
 }
 
 // once is one iteration: f strikes at launch at of a fresh pair's workload,
 // coordinated or by two nodes.
 func once(o Options, f *fault, at int, coordinated bool) Record {
-	r := &run{fault: f, rec: Record{Fault: f.name, AtLaunch: at, Coordinated: coordinated}, stop: o.Stop}
+	r := &run{fault: f, rec: Record{Fault: f.name, AtLaunch: at, Coordinated: coordinated, StateBytes: o.StateBytes}, stop: o.Stop, note: o.note}
 	if o.Mode == "epoch" {
 		// Strike right after a synchronization, before the checkpointer's
 		// cut: the standby must discard that uncommitted epoch.
@@ -340,6 +368,9 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 	}
 	if err == nil {
 		err = r.check()
+	}
+	if err == nil {
+		err = r.verifyState()
 	}
 	r.rec.RolledBack = r.rolledBack
 	if r.guest != nil {
@@ -361,10 +392,11 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 // setUp starts the pair and a guest with the workload's state loaded.
 func (r *run) setUp(o Options, coordinated bool) error {
 	var err error
+	flags, standbyLater := stateFlags(o.StateBytes), o.StateBytes > 0
 	if coordinated {
-		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode, o.CoordinatorTTL)
+		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode, o.CoordinatorTTL, flags)
 	} else {
-		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns)
+		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns, flags, standbyLater)
 	}
 	if err != nil {
 		return err
@@ -385,8 +417,42 @@ func (r *run) setUp(o Options, coordinated bool) error {
 	if r.ctr, err = newCounters(r.guest); err != nil {
 		return err
 	}
+	if err := r.holdState(o, standbyLater && !coordinated); err != nil {
+		return err
+	}
 	r.serving = watch(r.pair.servingEndpoints()...)
 	return nil
+}
+
+// holdState fills the guest's large state, if the drill has one; with
+// join, the pair's standby then joins and the drill waits for its resync.
+func (r *run) holdState(o Options, join bool) error {
+	if o.StateBytes == 0 {
+		return nil
+	}
+	var err error
+	if r.state, err = fillState(r.guest, o.StateBytes, o.Seed+uint64(r.rec.AtLaunch), r.note); err != nil {
+		return err
+	}
+	if !join {
+		return nil
+	}
+	if err := r.pair.startStandby(); err != nil {
+		return err
+	}
+	return waitResynced(r.pair.primary, o.StateBytes, r.note)
+}
+
+// verifyState reads the guest's large state back, wherever it now runs;
+// a guest told of a rollback with no checkpoint to restore has nothing
+// the drill could compare with.
+func (r *run) verifyState() error {
+	if r.state == nil || r.rolledBack && r.ckpt == nil {
+		return nil
+	}
+	var err error
+	r.rec.BytesVerified, err = r.state.verify()
+	return err
 }
 
 // tearDown stops everything the iteration started; a failed iteration's

@@ -81,7 +81,7 @@ func TestValidate(t *testing.T) {
 // TestSummarize: only unplanned takeovers that happened go into the
 // quantiles; lost and repeated requests both count.
 func TestSummarize(t *testing.T) {
-	rep := summarize("topo", "commit", []Record{
+	rep := summarize(Options{Mode: "commit"}, []Record{
 		{Fault: "kill", Passed: true, Failovers: 1, DetectionMS: 300, PauseMS: 400},
 		{Fault: "freeze", Passed: true, Failovers: 1, DetectionMS: 200, PauseMS: 500},
 		{Fault: "switchover", Passed: true, Failovers: 1, PauseMS: 5},
@@ -119,7 +119,7 @@ func TestSummarizeFaults(t *testing.T) {
 }
 
 func TestWriteSVG(t *testing.T) {
-	rep := summarize("topo", "commit", []Record{{Iteration: 1, Fault: "kill", Passed: true, Failovers: 1, PromotionMS: 310, PauseMS: 420}})
+	rep := summarize(Options{Mode: "commit"}, []Record{{Iteration: 1, Fault: "kill", Passed: true, Failovers: 1, PromotionMS: 310, PauseMS: 420}})
 	var b bytes.Buffer
 	if err := rep.WriteSVG(&b); err != nil {
 		t.Fatal(err)

@@ -184,7 +184,8 @@ func partition(r *run) error {
 
 // standbyReplacedWithin bounds how long after losing its standby a
 // coordinated primary is protected by the pool's (the drill's standby
-// timeout is 1 s; the rest is the resync).
+// timeout is 1 s; the rest is the resync), plus the resync of any large
+// state.
 const standbyReplacedWithin = 10 * time.Second
 
 // poolStandbyProtects: the primary took the pool standby and is protected
@@ -194,7 +195,7 @@ func poolStandbyProtects(r *run) error {
 		Replication struct{ State, Peer string }
 	}
 	want := "tcp://" + r.pair.coord.poolAddr
-	err := waitFor(standbyReplacedWithin, func() bool {
+	err := waitFor(standbyReplacedWithin+resyncTime(r.rec.StateBytes), func() bool {
 		return r.pair.primary.status(&st) == nil && st.Replication.State == "protected" &&
 			strings.TrimPrefix(st.Replication.Peer, "tcp://") == strings.TrimPrefix(want, "tcp://")
 	})
@@ -259,11 +260,8 @@ func failBack(r *run) error {
 	if err := r.pair.rejoin(); err != nil {
 		return fmt.Errorf("rejoining the old primary's host: %w", err)
 	}
-	var st struct{ Replication struct{ State string } }
-	if err := waitFor(20*time.Second, func() bool {
-		return r.pair.standby.status(&st) == nil && st.Replication.State == "protected"
-	}); err != nil {
-		return fmt.Errorf("the rejoined standby was never resynced: %w", err)
+	if err := waitResynced(r.pair.standby, r.rec.StateBytes, r.note); err != nil {
+		return fmt.Errorf("the rejoined standby: %w", err)
 	}
 	if _, err := r.pair.standby.post("/switchover", 30*time.Second); err != nil {
 		return fmt.Errorf("switching back: %w", err)

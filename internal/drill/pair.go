@@ -120,6 +120,11 @@ type pair struct {
 	rejoined              *agent
 	rejoinAddr            string
 	bin, backend, keyFile string
+	// nodeFlags are given to every node the pair starts (limits that
+	// let guests hold large state).
+	nodeFlags []string
+	// replAddr is where the standby listens for the primary (two nodes).
+	replAddr string
 	// coord is set when a coordinator decides the roles; pool is its
 	// third node.
 	coord *coordinated
@@ -140,13 +145,14 @@ func NetnsAvailable() bool {
 var pairSeq int
 
 // newPair makes a pair's directory, its agents' admin endpoints and a
-// fresh replication key; no node runs yet.
-func newPair(bin, backend string) (*pair, error) {
+// fresh replication key; no node runs yet. Every node it starts gets
+// nodeFlags.
+func newPair(bin, backend string, nodeFlags []string) (*pair, error) {
 	dir, err := os.MkdirTemp("", "vgpuha-pair")
 	if err != nil {
 		return nil, err
 	}
-	p := &pair{dir: dir, bin: bin, backend: backend,
+	p := &pair{dir: dir, bin: bin, backend: backend, nodeFlags: nodeFlags,
 		primary: newAgent(filepath.Join(dir, "primary-admin.sock")), standby: newAgent(filepath.Join(dir, "standby-admin.sock")),
 		primaryEP: "unix://" + filepath.Join(dir, "primary.sock"), standbyEP: "unix://" + filepath.Join(dir, "standby.sock")}
 	key := make([]byte, 32)
@@ -161,39 +167,52 @@ func newPair(bin, backend string) (*pair, error) {
 
 // startPair starts a standby and a primary from the vgpuha binary bin and
 // waits, on their admin endpoints, until the standby answers and the
-// primary says it is protected.
-func startPair(bin, backend, mode string, netns bool) (*pair, error) {
-	p, err := newPair(bin, backend)
+// primary says it is protected. With standbyLater only the primary runs
+// (unprotected) until joinStandby.
+func startPair(bin, backend, mode string, netns bool, nodeFlags []string, standbyLater bool) (*pair, error) {
+	p, err := newPair(bin, backend, nodeFlags)
 	if err != nil {
 		return nil, err
 	}
-	keyFile := p.keyFile
-	repl, err := p.replicationAddr(netns)
-	if err != nil {
+	if p.replAddr, err = p.replicationAddr(netns); err != nil {
 		p.stop()
 		return nil, err
 	}
-	// Once promoted, the standby protects itself with whatever listens at
-	// the old primary's host (the failback fault puts a standby there).
-	if err := p.start(p.standby, bin, "standby", p.netns[1], "--backend", backend, "--listen", "tcp://"+repl, "--replicate.key-file", keyFile,
-		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode(), "--replicate-to", "tcp://"+p.rejoinAddr); err != nil {
+	if !standbyLater {
+		if err := p.startStandby(); err != nil {
+			p.stop()
+			return nil, err
+		}
+	}
+	if err := p.start(p.primary, bin, "primary", p.netns[0], "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+p.replAddr,
+		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode()); err != nil {
 		p.stop()
 		return nil, err
 	}
-	if err := p.start(p.primary, bin, "primary", p.netns[0], "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+repl,
-		"--replicate.key-file", keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode()); err != nil {
-		p.stop()
-		return nil, err
+	if standbyLater {
+		err = waitFor(10*time.Second, p.primary.healthy)
+	} else {
+		err = waitFor(10*time.Second, func() bool { return p.standby.healthy() && p.protected() })
 	}
-	var st struct{ Replication struct{ State string } }
-	err = waitFor(10*time.Second, func() bool {
-		return p.standby.healthy() && p.primary.status(&st) == nil && st.Replication.State == "protected"
-	})
 	if err != nil {
 		p.stopKeepingLogs()
-		return nil, fmt.Errorf("primary never became protected (logs in %s): %w", p.dir, err)
+		return nil, fmt.Errorf("primary never became ready (logs in %s): %w", p.dir, err)
 	}
 	return p, nil
+}
+
+// startStandby starts the pair's standby. Once promoted, it protects
+// itself with whatever listens at the old primary's host (the failback
+// fault puts a standby there).
+func (p *pair) startStandby() error {
+	return p.start(p.standby, p.bin, "standby", p.netns[1], "--backend", p.backend, "--listen", "tcp://"+p.replAddr, "--replicate.key-file", p.keyFile,
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode(), "--replicate-to", "tcp://"+p.rejoinAddr)
+}
+
+// protected reports whether the pair's primary says it is protected.
+func (p *pair) protected() bool {
+	var st struct{ Replication struct{ State string } }
+	return p.primary.status(&st) == nil && st.Replication.State == "protected"
 }
 
 // replicationAddr returns where the standby listens for the primary: a
@@ -271,7 +290,7 @@ func (p *pair) start(a *agent, bin, role, ns string, args ...string) error {
 
 // startNamed is start logging to name.log.
 func (p *pair) startNamed(a *agent, name, bin, role, ns string, args ...string) error {
-	args = append([]string{role}, args...)
+	args = append(append([]string{role}, args...), p.nodeFlags...)
 	a.cmd = exec.Command(bin, args...)
 	if ns != "" {
 		a.cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)

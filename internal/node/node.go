@@ -50,7 +50,8 @@ type Config struct {
 	// MaxLagBytes bounds the log's unapplied bytes (default 256 MiB).
 	MaxLagBytes int64
 	// ResyncBudgetBytes bounds what the log keeps while a resync streams
-	// (default replicate.DefaultResyncBudget); past it the resync restarts.
+	// (default replicate.DefaultResyncBudget); guests writing past half of
+	// it wait for the snapshot stream to progress.
 	ResyncBudgetBytes int64
 	// ResyncRate bounds a resync's stream in bytes per second (0: none).
 	ResyncRate int64
