@@ -32,6 +32,9 @@ type ResyncOptions struct {
 	StopTheWorld bool
 	Progress     io.Writer
 	NewBackend   func() (gpu.Backend, error)
+	// NewStandbyBackend, when set, makes the standby's GPU instead (see
+	// ReplicateOptions.NewStandbyBackend).
+	NewStandbyBackend func() (gpu.Backend, error)
 	// Log, if set, receives both nodes' logs (the resync's progress lines
 	// among them).
 	Log *slog.Logger
@@ -59,6 +62,8 @@ type ResyncBenchRow struct {
 	VsBefore        float64 `json:"guest_throughput_vs_before"`
 	Restarts        uint64  `json:"resync_restarts"`
 	Verified        bool    `json:"verified"`
+	// Mismatches are what verify found different (none when Verified).
+	Mismatches []replicate.Mismatch `json:"mismatches,omitempty"`
 }
 
 // Resync measures a standby joining a primary whose guests hold Sizes of
@@ -120,12 +125,12 @@ func linkRate() (float64, error) {
 // resyncOnce runs one row: fill, baseline, join, measure, verify.
 func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow, error) {
 	row := ResyncBenchRow{Method: method, GuestBytes: size}
-	newBackend := opts.NewBackend
+	newBackend, newStandby := opts.NewBackend, opts.NewStandbyBackend
 	if method == "stop-the-world" {
 		newBackend = withoutSnapshots(opts.NewBackend)
 	}
 	perGuest := size / uint64(opts.Guests)
-	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend, Log: opts.Log,
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend, NewStandbyBackend: newStandby, Log: opts.Log,
 		ResyncRate: opts.Rate, Hypervisor: func(h *hypervisor.Config) {
 			h.MemoryQuota = max(h.MemoryQuota, perGuest+256<<20)
 			h.TenantMemoryQuota = max(h.TenantMemoryQuota, size+uint64(opts.Guests)*256<<20)
@@ -167,6 +172,7 @@ func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow,
 	}
 	rep, err := c.Verify()
 	row.Verified = err == nil && rep.Match
+	row.Mismatches = rep.Mismatches
 	return row, err
 }
 
@@ -371,4 +377,14 @@ func PrintResync(w io.Writer, rows []ResyncBenchRow) {
 			r.OpsPerSecBefore, r.OpsPerSecDuring, r.VsBefore, r.Restarts, v)
 	}
 	tw.Flush()
+	for _, r := range rows {
+		for i, m := range r.Mismatches {
+			if i == 3 {
+				fmt.Fprintf(w, "  ... %d more\n", len(r.Mismatches)-i)
+				break
+			}
+			fmt.Fprintf(w, "  %d MiB differs: session %d %s %s (%d bytes): primary %s, standby %s\n",
+				r.GuestBytes>>20, m.Session, m.Kind, m.ID, m.Size, m.Primary, m.Standby)
+		}
+	}
 }

@@ -583,6 +583,12 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 			"(by %#x): its pointers cannot be translated; run each node in a process of its own, where windows get the same addresses",
 			spec.Name, s.delta)
 	}
+	if k, ok := kernels.Lookup(spec.Name); ok && s.delta != 0 && k.Matches(spec) && k.FollowsPointers {
+		// The pointers it reads from memory are the primary's: here they
+		// would reach another node's memory, or none.
+		return nil, fail(abi.StatusNotSupported, "kernel %s follows pointers stored in device memory and this node's addresses differ from the primary's "+
+			"(by %#x): run each node in a process of its own, where windows get the same addresses", spec.Name, s.delta)
+	}
 	args := r.Args
 	if s.delta != 0 { // pointer-typed arguments are translated; pointers stored in memory cannot be
 		args = append([]abi.Arg(nil), r.Args...)

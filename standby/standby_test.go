@@ -197,6 +197,11 @@ func TestTranslatedBase(t *testing.T) {
 	if !strings.Contains(st[0].Unsafe, "translated") {
 		t.Errorf("pointer_chase on a translated replica not reported unsafe: %q", st[0].Unsafe)
 	}
+	// Refused before it runs (on a GPU in one process it would read the
+	// primary's memory through the stored pointers and seem to work).
+	if !strings.Contains(st[0].Unsafe, "follows pointers stored in device memory and this node's addresses differ") {
+		t.Errorf("the replica ran pointer_chase at translated addresses instead of refusing it: %q", st[0].Unsafe)
+	}
 }
 
 // TestRepair: a replica object changed behind replication's back is found

@@ -55,6 +55,8 @@ func runBenchResync(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	standbyBackend := fs.String("standby-backend", "", "the standby's GPU backend when not --backend's: cuda:N (another device) or sim; "+
+		"in one process a standby on the primary's GPU gets other addresses, so kernels that follow stored pointers cannot run there")
 	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second)")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -77,6 +79,11 @@ func runBenchResync(args []string) error {
 	}
 	opts.Progress = os.Stderr
 	opts.NewBackend = bf.open
+	if *standbyBackend != "" {
+		sb := bf
+		sb.name = *standbyBackend
+		opts.NewStandbyBackend = sb.open
+	}
 	rows, err := bench.Resync(opts)
 	if err != nil {
 		return err
