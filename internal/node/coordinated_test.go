@@ -34,7 +34,7 @@ func inSyncRecorded(t *testing.T, etcd, addr string) func() bool {
 	t.Cleanup(c.Close)
 	return func() bool {
 		gs, err := coordinator.Groups(context.Background(), c.Client())
-		return err == nil && len(gs) == 1 && gs[0].Standby.Addr == addr && gs[0].Standby.InSync
+		return err == nil && len(gs) == 1 && gs[0].Standby.InSync(addr)
 	}
 }
 
@@ -56,7 +56,7 @@ func TestCoordinatedPartition(t *testing.T) {
 	}
 	defer s.Close()
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = link.Addr()
+	cfgP.ReplicateTo = []string{link.Addr()}
 	cfgP.Coordinator = coord(t, pEtcd.Addr(), "p", "", prometheus.NewRegistry())
 	p, err := node.StartPrimary(cfgP)
 	if err != nil {
@@ -116,7 +116,7 @@ func TestStandbyLossHealedFromPool(t *testing.T) {
 		standbys[i] = n
 	}
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = addrs[0]
+	cfgP.ReplicateTo = []string{addrs[0]}
 	cfgP.StandbyLossAfter = 500 * time.Millisecond
 	cfgP.Coordinator = coord(t, etcd, "p", "", prometheus.NewRegistry())
 	p, err := node.StartPrimary(cfgP)
@@ -157,7 +157,7 @@ func TestRefuseBelow(t *testing.T) {
 	}
 	defer s.Close()
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = lnS.Addr().String()
+	cfgP.ReplicateTo = []string{lnS.Addr().String()}
 	p, err := node.StartPrimary(cfgP)
 	if err != nil {
 		t.Fatal(err)
@@ -199,7 +199,7 @@ func TestCoordinatedSwitchover(t *testing.T) {
 	}
 	defer s.Close()
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = lnS.Addr().String()
+	cfgP.ReplicateTo = []string{lnS.Addr().String()}
 	cfgP.Coordinator = coord(t, etcd, "p", "", prometheus.NewRegistry())
 	p, err := node.StartPrimary(cfgP)
 	if err != nil {

@@ -131,14 +131,14 @@ func TestOneStatusSchema(t *testing.T) {
 	defer c.Close()
 	regB, regA := prometheus.NewRegistry(), prometheus.NewRegistry()
 	cfgB := config(t, ep("b.sock"))
-	cfgB.ReplicateTo, cfgB.Registry = lnC.Addr().String(), regB
+	cfgB.ReplicateTo, cfgB.Registry = []string{lnC.Addr().String()}, regB
 	b, err := node.StartStandby(cfgB, lnB)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
 	cfgA := config(t, ep("a.sock"))
-	cfgA.ReplicateTo, cfgA.Registry = lnB.Addr().String(), regA
+	cfgA.ReplicateTo, cfgA.Registry = []string{lnB.Addr().String()}, regA
 	a, err := node.StartPrimary(cfgA)
 	if err != nil {
 		t.Fatal(err)
