@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -135,6 +134,7 @@ type standbyWatch struct {
 	inSync  map[string]time.Time // each standby was last in sync (or first seen) then
 	written coordinator.StandbyRecord
 	failed  []string // standbys given up on
+	adopted bool     // the record's standbys were taken over (adoptStandbys)
 }
 
 // publish writes the member record and, while leading, the standby record;
@@ -161,6 +161,11 @@ func (n *Node) publish(c *coordinator.Coordinator, w *standbyWatch) {
 	}
 	if role != failover.Primary || !c.Leader() || r == nil {
 		return
+	}
+	if !w.adopted {
+		if w.adopted = n.adoptStandbys(ctx, c, r); !w.adopted {
+			return
+		}
 	}
 	if n.recordStandbys(ctx, c, w, r, term) {
 		n.replaceStandbys(ctx, c, w, r)
@@ -251,26 +256,23 @@ func (n *Node) swapStandby(r *replication, old, pick string) {
 	}
 }
 
-// standbyTargets are the standbys a new primary streams to: the configured
-// ones and, coordinated, every other standby the group's record lists
-// (they follow the new primary; its pool refills the rest).
-func (n *Node) standbyTargets() []string {
-	targets := slices.Clone(n.cfg.ReplicateTo)
-	c := n.cfg.Coordinator
-	if c == nil {
-		return targets
-	}
-	ctx, cancel := context.WithTimeout(n.ctx, c.TTL()/2)
-	defer cancel()
+// adoptStandbys makes a new leader stream to every other standby the
+// group's record lists (they followed the old primary; now they follow
+// this one, resynced from it), before it first writes the record. It
+// reports whether the record was read.
+func (n *Node) adoptStandbys(ctx context.Context, c *coordinator.Coordinator, r *replication) bool {
 	rec, err := c.Standbys(ctx)
 	if err != nil {
-		n.log.Warn("reading the group's standbys; streaming to the configured ones", "err", err)
-		return targets
+		n.log.Warn("reading the group's standbys", "err", err)
+		return false
 	}
 	for _, s := range rec.Standbys {
-		if s.Addr != c.Advertise() && !slices.Contains(targets, s.Addr) {
-			targets = append(targets, s.Addr)
+		if s.Addr == c.Advertise() {
+			continue
+		}
+		if err := n.addStandby(r, s.Addr); err != nil {
+			n.log.Error("replicating to the group's standby", "standby", s.Addr, "err", err)
 		}
 	}
-	return targets
+	return true
 }

@@ -27,8 +27,8 @@ type Promotion struct {
 func (n *Node) becomePrimary(term uint64) error {
 	n.srv.SetTerm(term)
 	n.guardLease()
-	if targets := n.standbyTargets(); len(targets) > 0 || n.cfg.Coordinator != nil {
-		if err := n.replicate(targets); err != nil {
+	if len(n.cfg.ReplicateTo) > 0 || n.cfg.Coordinator != nil {
+		if err := n.replicate(n.cfg.ReplicateTo); err != nil {
 			if n.agent == nil {
 				return err
 			}
@@ -64,9 +64,10 @@ func (n *Node) retryServeGuests() {
 	}
 }
 
-// replicate starts streaming to every standby in cfg.ReplicateTo (and,
-// coordinated, every other standby the group's record lists); each is
-// brought up to date from a snapshot or the log.
+// replicate starts streaming to every standby in targets; each is brought
+// up to date from a snapshot or the log. Coordinated, the node replicates
+// even without one: the group's other standbys (adoptStandbys) and the
+// pool's join the log later.
 func (n *Node) replicate(targets []string) error {
 	lg := replicate.NewLog(n.cfg.MaxLagBytes)
 	if n.cfg.ResyncBudgetBytes > 0 {
