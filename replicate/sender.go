@@ -201,7 +201,7 @@ func (s *Sender) connect(ctx context.Context) (*link, error) {
 		c.Close()
 		return nil, err
 	}
-	l.faults, l.out = s.cfg.Faults, FromPrimary
+	l.faults, l.out, l.peer = s.cfg.Faults, FromPrimary, s.cfg.Addr
 	return l, nil
 }
 
