@@ -16,6 +16,27 @@ import (
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
+// primaryReplication sets a primary's standbys, key, mode and k from its
+// flags.
+func primaryReplication(ncfg *node.Config, replicateTo, keyFile, modeName string, minInSync int) error {
+	var err error
+	if replicateTo != "" {
+		if ncfg.ReplicateTo, err = tcpListFlag("replicate-to", replicateTo); err != nil {
+			return err
+		}
+		if ncfg.Key, err = readKey(keyFile); err != nil {
+			return err
+		}
+	}
+	if ncfg.Mode, err = replicate.ParseMode(modeName); err != nil {
+		return err
+	}
+	if ncfg.MinInSync = minInSync; minInSync < 1 {
+		return fmt.Errorf("--replicate.min-in-sync must be at least 1, got %d", minInSync)
+	}
+	return nil
+}
+
 func runPrimary(args []string) error {
 	return servePrimary(newFlags("primary", "--guest-listen ENDPOINT [flags]"), args, nil)
 }
@@ -68,19 +89,8 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	reg := newRegistry()
 	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *listen, MaxLagBytes: *maxLag,
 		ResyncBudgetBytes: *resyncBudget, ResyncRate: *resyncRate}
-	if *replicateTo != "" {
-		if ncfg.ReplicateTo, err = tcpListFlag("replicate-to", *replicateTo); err != nil {
-			return err
-		}
-		if ncfg.Key, err = readKey(*keyFile); err != nil {
-			return err
-		}
-	}
-	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
+	if err := primaryReplication(&ncfg, *replicateTo, *keyFile, *modeName, *minInSync); err != nil {
 		return err
-	}
-	if ncfg.MinInSync = *minInSync; *minInSync < 1 {
-		return fmt.Errorf("--replicate.min-in-sync must be at least 1, got %d", *minInSync)
 	}
 	if ncfg.Coordinator, err = cf.dial(log, reg, ""); err != nil {
 		return err

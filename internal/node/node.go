@@ -5,7 +5,10 @@
 // (failover.Node) deciding what the node does. A standby that takes over
 // becomes a primary through the same code a node started as primary runs
 // (becomePrimary), so a promoted node serves, replicates to the next
-// standby, verifies and hands over exactly like the first primary.
+// standbys (coordinated: also the group's other standbys, which follow
+// it), verifies and hands over exactly like the first primary. A primary
+// streams to each of its standbys with its own sender, from one log
+// (standbys.go).
 //
 // It owns the wiring and the execution of role decisions; it must never
 // decide a role itself: events go into the authority, actions come out
