@@ -21,8 +21,13 @@ const testTTL = 2 * time.Second
 
 func coord(t *testing.T, etcd, id, advertise string, reg prometheus.Registerer) *coordinator.Coordinator {
 	t.Helper()
+	return coordTTL(t, etcd, id, advertise, reg, testTTL)
+}
+
+func coordTTL(t *testing.T, etcd, id, advertise string, reg prometheus.Registerer, ttl time.Duration) *coordinator.Coordinator {
+	t.Helper()
 	c, err := coordinator.Dial(coordinator.Config{Endpoints: []string{etcd}, Group: "vm1", ID: id, Advertise: advertise,
-		TTL: testTTL, DialTimeout: 2 * time.Second, Registry: reg})
+		TTL: ttl, DialTimeout: 2 * time.Second, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +82,7 @@ func TestCoordinatedPartition(t *testing.T) {
 	pEtcd.Partition(true)
 	link.Partition(true)
 	waitFor(t, "P fenced", func() bool { r, _ := p.Role(); return r == failover.Fenced })
-	waitFor(t, "S promoted", func() bool { r, _ := s.Role(); return r == failover.Primary })
+	waitFor(t, "S promoted and serving", func() bool { from, _ := s.Serving(); return !from.IsZero() }) // its role changes first
 	_, sTerm := s.Role()
 	_, pUntil := p.Serving()
 	sFrom, _ := s.Serving()
@@ -247,7 +252,7 @@ func TestCoordinatedSwitchover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "S promoted", func() bool { r, _ := s.Role(); return r == failover.Primary })
+	waitFor(t, "S promoted and serving", func() bool { from, _ := s.Serving(); return !from.IsZero() }) // its role changes first
 	close(stop)
 	<-done
 	sFrom, _ := s.Serving()

@@ -78,16 +78,15 @@ func (n *Node) replicate(targets []string) error {
 		lg.RecordDepartures()
 	}
 	r := &replication{log: lg}
-	for _, addr := range targets {
-		if err := n.addStandby(r, addr); err != nil {
-			r.stop()
-			return err
-		}
-	}
-	n.srv.Replicate(lg, n.cfg.Mode)
+	n.srv.Replicate(lg, n.cfg.Mode) // before a sender can ask for a snapshot
 	n.mu.Lock()
 	n.repl = r
 	n.mu.Unlock()
+	for _, addr := range targets {
+		if err := n.addStandby(r, addr); err != nil {
+			return err
+		}
+	}
 	return n.registerLogMetrics(lg)
 }
 

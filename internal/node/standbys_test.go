@@ -18,6 +18,12 @@ import (
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
+// trioTTL is the trio's lease: three nodes and etcd in one race-enabled
+// process on two loaded cores starve a 2 s lease's renewals (measured: a
+// winner fenced by its own lease right after it won). A takeover does not
+// wait for it: a closed primary revokes its lease.
+const trioTTL = 5 * time.Second
+
 // trio is a coordinated primary with two standbys, k = 2.
 type trio struct {
 	etcd, dir string
@@ -36,7 +42,7 @@ func (tr *trio) startStandby(t *testing.T, i int, ln net.Listener) {
 	tr.regS[i] = prometheus.NewRegistry()
 	cfg := config(t, "unix://"+filepath.Join(tr.dir, name+".sock"))
 	cfg.MinInSync = 2
-	cfg.Coordinator = coord(t, tr.etcd, name, tr.addr[i], tr.regS[i])
+	cfg.Coordinator = coordTTL(t, tr.etcd, name, tr.addr[i], tr.regS[i], trioTTL)
 	n, err := node.StartStandby(cfg, ln)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +60,7 @@ func startTrio(t *testing.T, primary func(*node.Config)) *trio {
 	}
 	tr.cfgP = config(t, "unix://"+filepath.Join(tr.dir, "p.sock"))
 	tr.cfgP.ReplicateTo, tr.cfgP.MinInSync = tr.addr[:], 2
-	tr.cfgP.Coordinator = coord(t, tr.etcd, "p", "", prometheus.NewRegistry())
+	tr.cfgP.Coordinator = coordTTL(t, tr.etcd, "p", "", prometheus.NewRegistry(), trioTTL)
 	if primary != nil {
 		primary(&tr.cfgP)
 	}
