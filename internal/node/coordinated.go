@@ -116,7 +116,7 @@ func (n *Node) coordinate() {
 		every := min(c.TTL()/10, 100*time.Millisecond)
 		t := time.NewTicker(every)
 		defer t.Stop()
-		w := &standbyWatch{inSync: map[string]time.Time{}}
+		w := &standbyWatch{caughtUp: map[string]time.Time{}}
 		for {
 			select {
 			case <-n.ctx.Done():
@@ -131,14 +131,15 @@ func (n *Node) coordinate() {
 
 // standbyWatch is what a leader remembers of its standbys between rounds.
 type standbyWatch struct {
-	inSync  map[string]time.Time // each standby was last in sync (or first seen) then
-	written coordinator.StandbyRecord
-	failed  []string // standbys given up on
-	adopted bool     // the record's standbys were taken over (adoptStandbys)
+	// caughtUp: each standby was last caught up (or first seen) then.
+	caughtUp map[string]time.Time
+	written  coordinator.StandbyRecord
+	failed   []string // standbys given up on
+	adopted  bool     // the record's standbys were taken over (adoptStandbys)
 }
 
 // publish writes the member record and, while leading, the standby record;
-// a standby out of sync for StandbyLossAfter is replaced from the pool,
+// a standby not caught up for StandbyLossAfter is replaced from the pool,
 // and the pool fills the standbys up to k.
 func (n *Node) publish(c *coordinator.Coordinator, w *standbyWatch) {
 	ctx, cancel := context.WithTimeout(n.ctx, c.TTL()/2)
@@ -182,8 +183,8 @@ func (n *Node) recordStandbys(ctx context.Context, c *coordinator.Coordinator, w
 	for _, s := range r.senders() {
 		st := s.Status()
 		rec.Standbys = append(rec.Standbys, coordinator.RecordedStandby{Addr: st.Standby, InSync: st.InSync})
-		if st.InSync {
-			w.inSync[st.Standby] = now
+		if st.Protected { // caught up (in the sync set or beyond k)
+			w.caughtUp[st.Standby] = now
 		}
 	}
 	if rec.Same(w.written) {
@@ -204,16 +205,16 @@ func (n *Node) recordStandbys(ctx context.Context, c *coordinator.Coordinator, w
 	return true
 }
 
-// replaceStandbys replaces each standby that has not been in sync for
+// replaceStandbys replaces each standby that has not been caught up for
 // StandbyLossAfter with one from the group's pool, and takes standbys
 // from the pool until k are streamed to.
 func (n *Node) replaceStandbys(ctx context.Context, c *coordinator.Coordinator, w *standbyWatch, r *replication) {
 	now := n.cfg.Now()
 	addrs := r.addrs()
 	for _, addr := range addrs {
-		since, seen := w.inSync[addr]
+		since, seen := w.caughtUp[addr]
 		if !seen {
-			w.inSync[addr] = now
+			w.caughtUp[addr] = now
 		}
 		if !seen || now.Sub(since) < n.cfg.StandbyLossAfter {
 			continue
@@ -221,12 +222,12 @@ func (n *Node) replaceStandbys(ctx context.Context, c *coordinator.Coordinator, 
 		pick, err := c.PickStandby(ctx, append(w.failed, addrs...)...)
 		if err != nil {
 			n.log.Warn("standby lost and none to replace it", "standby", addr, "after", n.cfg.StandbyLossAfter, "err", err)
-			w.inSync[addr] = now // ask the pool again after another StandbyLossAfter
+			w.caughtUp[addr] = now // ask the pool again after another StandbyLossAfter
 			continue
 		}
 		w.failed = append(w.failed, addr)
-		delete(w.inSync, addr)
-		w.inSync[pick] = now
+		delete(w.caughtUp, addr)
+		w.caughtUp[pick] = now
 		n.swapStandby(r, addr, pick)
 	}
 	for len(r.addrs()) < max(n.cfg.MinInSync, 1) {
@@ -234,7 +235,7 @@ func (n *Node) replaceStandbys(ctx context.Context, c *coordinator.Coordinator, 
 		if err != nil {
 			return // fewer than k: the record says so; the pool is asked again next round
 		}
-		w.inSync[pick] = now
+		w.caughtUp[pick] = now
 		if err := n.addStandby(r, pick); err != nil {
 			n.log.Error("replicating to the pool standby", "standby", pick, "err", err)
 			return
