@@ -54,7 +54,19 @@
 // resync budget). This package never reads device memory or knows what a
 // record's body means: it pulls records and counts bytes.
 //
-// Modes (Mode) decide what a guest waits for: sync, every synchronous reply
+// A primary may stream to several standbys at once: one Log, one Sender
+// (and one cursor in the log) per standby, each going through the
+// exchange above on its own. The log keeps a record until every standby
+// that holds a position in it applied it, bounded as for one standby (a
+// standby that falls behind past the bound is dropped and resynced, never
+// waited for past it unless the commit rule counts it). The commit rule
+// waits for the sync set, the first k caught-up standbys in priority
+// order; peers.go says what happens with fewer than k, and why (the rule
+// operators know from PostgreSQL's synchronous_standby_names and Patroni's
+// synchronous_node_count).
+//
+// Modes (Mode) decide what a guest waits for ("the standby": every
+// standby of the sync set): sync, every synchronous reply
 // waits for the standby to apply everything before it; commit, only replies
 // that carry something out (data, handles, addresses, errors, syncs) wait;
 // async, nothing waits and the log bound limits the lag; epoch, the standby

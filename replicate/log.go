@@ -42,21 +42,27 @@ func ParseMode(s string) (Mode, error) {
 }
 
 // Log is the primary's operation log: it numbers every state change, keeps
-// the ones the standby has not yet applied (bounded), and tells waiting
-// guests when the standby has caught up.
+// the ones some attached standby has not yet applied (bounded), and tells
+// waiting guests when the standbys the commit rule counts have caught up.
 //
-// While a standby is attached, Append blocks once MaxBytes of unapplied
-// records are held: guests slow down instead of the log growing. While none
-// is attached, the log keeps records only until the bound is reached, then
-// drops them and the next standby is resynced from a snapshot. While a
-// standby resyncs, the log keeps everything after the snapshot's position
-// within the resync budget: Append does not block while the log holds
-// less than half of it, and past that it waits for the snapshot stream
-// to earn the other half (in proportion to the bytes sent), so guests
-// that write faster than the link are slowed a little at a time instead
-// of making the resync start over and over. Only a single record that
-// does not fit in the budget drops the log and restarts the resync
-// (ErrResyncBudget).
+// Each standby reads the log through its own cursor (one Sender each, see
+// peers.go): a record is kept until every standby that holds a position in
+// the log applied it. The commit rule waits for the sync set, the first k
+// (SetMinInSync, default 1) caught-up standbys in priority order.
+//
+// While a standby of the sync set is attached (or the set is not full),
+// Append blocks once that standby lags by MaxBytes: guests slow down
+// instead of the log growing. A standby outside a full sync set that lags
+// by more is dropped instead (it resyncs). A detached standby's position is
+// kept until it lags by the bound, then dropped and it is resynced from a
+// snapshot. While a standby resyncs, the log keeps everything after the
+// snapshot's position within the resync budget: Append does not block
+// while the log holds less than half of it for that standby, and past that
+// it waits for the snapshot stream to earn the other half (in proportion
+// to the bytes sent, streamAllowance), so guests that write faster than
+// the link are slowed a little at a time instead of making the resync
+// start over and over. Only a single record that does not fit in the
+// budget drops that position and restarts the resync (ErrResyncBudget).
 type Log struct {
 	maxBytes int64
 	// resyncBudget bounds what the log keeps while a resync streams.
@@ -69,50 +75,27 @@ type Log struct {
 	cond     *sync.Cond
 	term     uint64
 	last     uint64  // last assigned sequence
-	acked    uint64  // last sequence the standby applied
-	received uint64  // last sequence the standby holds (applied or queued to apply)
 	pending  []entry // (first-1, last], when retaining
 	appended []time.Time
 	first    uint64 // sequence of pending[0]
-	bytes    int64  // encoded bytes in pending
-	retain   bool   // pending is complete since first
-	attached bool   // a standby link is up: records are kept, Append may block
-	// protected: the attached standby holds everything up to resyncAt, so
-	// waiting for its acks is meaningful. A resyncing standby is attached
-	// but not yet protecting; guests are not held up for it.
-	protected bool
-	resyncAt  uint64
-	// snapshotPending: a resync is about to stop every session to take a
-	// snapshot, so Append must not block (a blocked session would hold the
-	// lock the snapshot needs).
-	snapshotPending bool
-	// resyncing: a resync is under way (from attach until the standby
-	// protects). streaming: its snapshot is on the link or not yet
-	// applied (the standby reads up to maxLentBytes ahead of what it
-	// applies); meanwhile Append does not block, the resync budget
-	// applies. Once the standby applied the snapshot (through snapshotAt,
-	// after snapshotSent), the log may not grow past what it held then
-	// (catchUpLimit, at least maxBytes), and each ack lowers that bound
-	// by half of what the standby drained: it catches up instead of
-	// chasing the guests, and guests slow down gradually, never all at
-	// once, and never wait on a standby still applying the snapshot.
-	resyncing    bool
-	streaming    bool
-	sentAll      bool
-	snapshotAt   uint64
-	catchUpLimit int64
-	// streamDone of streamTotal snapshot bytes are on the link (the
-	// sender's streamed): they earn guests their share of the budget.
-	streamDone, streamTotal uint64
-	// overBudget: the log dropped what a resync under way needed.
-	overBudget bool
-	closed     bool
-	epoch      uint64
-	// sent: the sender is done with every entry up to sent (it sealed
-	// them onto the link); an acked entry's buffer goes back to pool only
-	// then.
-	sent uint64
-	pool bufPool
+	// total counts the encoded bytes of every record retained so far;
+	// base those released (through first-1): a cursor's lag in bytes is
+	// total minus the running count at its position (lagOf).
+	total, base int64
+	retain      bool // pending is complete since first
+	closed      bool
+	epoch       uint64
+	// peers are the standbys' cursors in priority order (peers.go).
+	peers []*cursor
+	// minInSync is k: the sync set's size when enough standbys are
+	// caught up.
+	minInSync int
+	// departed names standbys that left the sync set while a coordinator
+	// may still record them as in sync (recordDepartures): the commit
+	// rule holds replies until Confirm clears them.
+	departed         map[string]bool
+	recordDepartures bool
+	pool             bufPool
 	// keeping mirrors retain for Append, which encodes a record before
 	// it takes the lock (a 16 MiB copy must not hold up acks and the
 	// sender).
@@ -126,6 +109,7 @@ type Log struct {
 type entry struct {
 	Record
 	enc []byte
+	end int64 // the log's total retained bytes through this entry
 }
 
 // newEntry encodes r into a buffer from pool (its Seq and Term are
@@ -143,11 +127,13 @@ func (e *entry) stamp(seq, term uint64) {
 	binary.LittleEndian.PutUint64(e.enc[8:], term)
 }
 
-// NewLog returns a log that holds at most maxBytes of unapplied records.
+// NewLog returns a log that holds at most maxBytes of unapplied records
+// for a standby that counts (see Log).
 func NewLog(maxBytes int64) *Log {
 	var id [8]byte
 	rand.Read(id[:])
-	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1}
+	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1,
+		minInSync: 1, departed: map[string]bool{}}
 	l.pool.max = int(min(maxBytes, poolMaxIdle))
 	l.cond = sync.NewCond(&l.mu)
 	return l
@@ -174,9 +160,9 @@ func (l *Log) SetTerm(t uint64) {
 	l.mu.Unlock()
 }
 
-// Append numbers r, keeps it for the standby, and returns its sequence. It
-// blocks while an attached standby lags by more than the bound. r.Body is
-// copied (before the log's lock is taken).
+// Append numbers r, keeps it for the standbys, and returns its sequence.
+// It blocks while a standby that counts lags by more than the bound. r.Body
+// is copied (before the log's lock is taken).
 func (l *Log) Append(r Record) uint64 {
 	var e entry
 	if l.keeping.Load() {
@@ -184,7 +170,7 @@ func (l *Log) Append(r Record) uint64 {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.full(int64(r.Size())) {
+	for l.mustWait(int64(r.Size())) {
 		l.cond.Wait()
 	}
 	l.last++
@@ -194,37 +180,14 @@ func (l *Log) Append(r Record) uint64 {
 			e = newEntry(&l.pool, r)
 		}
 		e.stamp(seq, l.term)
+		l.total += int64(e.Size())
+		e.end = l.total
 		l.pending = append(l.pending, e)
 		l.appended = append(l.appended, time.Now())
-		l.bytes += int64(e.Size())
-		switch {
-		case !l.attached && l.bytes > l.maxBytes:
-			l.dropPending() // the standby is gone too long: it will resync
-			l.setRetain(false)
-		case l.streaming && l.bytes > l.resyncBudget:
-			l.dropPending() // the resync under way starts over
-			l.setRetain(false)
-			l.overBudget = true
-		}
+		l.bound()
 	}
 	l.cond.Broadcast()
 	return seq
-}
-
-// full reports whether Append must wait before it adds size bytes: an
-// attached standby lags past the bound, or a snapshot streams and the log
-// holds what the stream has earned so far. A record always goes into an
-// empty log, and one larger than the whole budget, which could never fit,
-// goes in at once (and makes the resync start over).
-// Precondition: l.mu must be locked.
-func (l *Log) full(size int64) bool {
-	switch {
-	case l.closed || !l.attached || l.snapshotPending:
-		return false
-	case !l.streaming:
-		return l.bytes > l.limit()
-	}
-	return l.retain && l.bytes > 0 && size <= l.resyncBudget && l.bytes+size > l.streamAllowance()
 }
 
 // Precondition: l.mu must be locked.
@@ -233,41 +196,9 @@ func (l *Log) setRetain(on bool) {
 	l.keeping.Store(on)
 }
 
-// limit is what the log holds before Append blocks.
-// Precondition: l.mu must be locked.
-func (l *Log) limit() int64 {
-	if l.resyncing {
-		return max(l.maxBytes, l.catchUpLimit)
-	}
-	return l.maxBytes
-}
-
-// streamAllowance is what the log may hold while a snapshot streams: half
-// the resync budget at once, the other half as the snapshot's bytes go
-// out, all of it once they all did.
-// Precondition: l.mu must be locked.
-func (l *Log) streamAllowance() int64 {
-	half := l.resyncBudget / 2
-	switch {
-	case l.sentAll:
-		return l.resyncBudget
-	case l.streamTotal == 0:
-		return half
-	}
-	return half + int64(float64(l.resyncBudget-half)*float64(l.streamDone)/float64(l.streamTotal))
-}
-
-// streamed: done of total snapshot bytes are on the link.
-func (l *Log) streamed(done, total uint64) {
-	l.mu.Lock()
-	l.streamDone, l.streamTotal = done, total
-	l.cond.Broadcast()
-	l.mu.Unlock()
-}
-
 // Precondition: l.mu must be locked.
 func (l *Log) dropPending() {
-	l.pending, l.appended, l.bytes = nil, nil, 0
+	l.pending, l.appended, l.base = nil, nil, l.total
 	l.first = l.last + 1
 }
 
@@ -278,66 +209,70 @@ func (l *Log) Last() uint64 {
 	return l.last
 }
 
-// WaitApplied blocks until the standby has applied seq, or no standby is
-// attached (the primary is then unprotected and guests must not stall). It
-// reports whether seq is known applied.
+// WaitApplied blocks until every standby of the sync set has applied seq,
+// or the set is empty (the primary is then unprotected and guests must not
+// stall). It reports whether seq is known applied by a non-empty sync set
+// that no standby left unconfirmed (see Confirm).
 func (l *Log) WaitApplied(seq uint64) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for l.protected && l.acked < seq && !l.closed {
-		l.cond.Wait()
-	}
-	return l.acked >= seq
+	return l.waitSet(seq, func(c *cursor) uint64 { return c.acked })
 }
 
-// WaitReceived is WaitApplied for the commit rule: it waits until the
-// standby holds seq, applied or queued to apply. A standby applies all it
+// WaitReceived is WaitApplied for the commit rule: it waits until the sync
+// set holds seq, applied or queued to apply. A standby applies all it
 // holds before it serves (a promotion drains its queue), so a guest told
-// of seq never loses it to a failover; and one guest's long kernel on the
+// of seq never loses it to a failover; and one guest's long kernel on a
 // standby does not hold back another guest's replies.
 func (l *Log) WaitReceived(seq uint64) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for l.protected && l.received < seq && !l.closed {
-		l.cond.Wait()
-	}
-	return l.received >= seq
+	return l.waitSet(seq, func(c *cursor) uint64 { return c.received })
 }
 
-// BeginSnapshot is called with every session stopped: it drops what the log
-// holds, retains everything appended from now on, and returns the sequence
-// the snapshot stands for.
+func (l *Log) waitSet(seq uint64, pos func(*cursor) uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for !l.closed && l.setLacks(seq, pos) {
+		l.cond.Wait()
+	}
+	return !l.setLacks(seq, pos) && l.setSize() > 0 && len(l.departed) == 0
+}
+
+// BeginSnapshot is called with every session stopped: every standby about
+// to be resynced takes the current position, the log retains everything
+// appended from now on, and it returns the sequence the snapshot stands
+// for.
 func (l *Log) BeginSnapshot() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.dropPending()
-	l.setRetain(true)
-	l.protected = false
-	l.snapshotPending = false
-	l.overBudget = false
-	l.resyncAt, l.snapshotAt, l.sentAll = l.last, l.last, false
-	l.streamDone, l.streamTotal = 0, 0
+	if !l.retain {
+		l.dropPending()
+		l.setRetain(true)
+	}
+	for _, c := range l.peers {
+		if c.attached && c.snapshotPending {
+			c.snapshotTaken(l.last)
+		}
+	}
+	l.settle()
 	return l.last
 }
 
-// snapshotSent: the whole snapshot is on the link. The standby protects
+// snapshotSent: the whole snapshot is on c's link. The standby protects
 // the primary once it has applied what the log holds now and lags by
 // less than catchUpBytes (guests then never wait for a long backlog);
 // until then Append blocks only past the catch-up bound, which applies
 // once the standby has applied the snapshot.
-func (l *Log) snapshotSent() {
+func (l *Log) snapshotSent(c *cursor) {
 	l.mu.Lock()
-	l.resyncAt, l.sentAll = l.last, true
+	c.resyncAt, c.sentAll = l.last, true
 	l.cond.Broadcast() // guests may use the whole budget now
 	l.mu.Unlock()
 }
 
-// resyncOverBudget reports whether the log dropped what the resync under
+// resyncOverBudget reports whether the log dropped what c's resync under
 // way needs.
-func (l *Log) resyncOverBudget() bool {
+func (l *Log) resyncOverBudget(c *cursor) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.overBudget
+	return c.overBudget
 }
 
 // catchUpBytes: a resyncing standby protects once it lags by less than
@@ -345,8 +280,8 @@ func (l *Log) resyncOverBudget() bool {
 const catchUpBytes = 4 << 20
 
 // CutEpoch records the end of an epoch and returns its number, once the
-// standby holds the cut (so the epoch is committed on both sides); durable
-// is false when no standby is protecting the primary.
+// sync set holds the cut (so the epoch is committed on both sides);
+// durable is false when no standby is protecting the primary.
 func (l *Log) CutEpoch() (epoch uint64, durable bool) {
 	l.mu.Lock()
 	l.epoch++
@@ -364,69 +299,61 @@ func (l *Log) Close() {
 	l.mu.Unlock()
 }
 
-// resume attaches a standby that applied through seq of the log named
+// resume attaches c's standby that applied through seq of the log named
 // logID, if it can catch up from what the log holds; otherwise it reports
 // false and the standby must resync.
-func (l *Log) resume(logID, seq uint64) bool {
+func (l *Log) resume(c *cursor, logID, seq uint64) bool {
 	l.mu.Lock()
 	ok := logID == l.id && l.retain && seq+1 >= l.first && seq <= l.last
 	l.mu.Unlock()
 	if ok {
-		l.attach(true, seq, false)
+		l.attach(c, true, seq, false)
 	}
 	return ok
 }
 
-// ack records that the standby holds through received and applied through
-// seq, and releases what it no longer needs (the log keeps what is not
-// applied: a standby that restarts resumes from what it applied).
-func (l *Log) ack(received, seq uint64) {
+// ack records that c's standby holds through received and applied through
+// seq, and releases what no standby needs any more (the log keeps what is
+// not applied: a standby that restarts resumes from what it applied).
+func (l *Log) ack(c *cursor, received, seq uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	received, seq = min(received, l.last), min(seq, l.last)
-	l.received = max(l.received, received, seq)
-	defer l.cond.Broadcast()
-	held := l.bytes
-	if seq > l.acked {
-		l.acked = seq
-		n := 0
-		for n < len(l.pending) && l.pending[n].Seq <= seq {
-			e := &l.pending[n]
-			l.bytes -= int64(e.Size())
-			if e.Seq <= l.sent {
-				l.pool.put(e.enc)
-			}
-			*e = entry{}
-			n++
-		}
-		l.pending = l.pending[n:]
-		l.appended = l.appended[n:]
-		l.first += uint64(n)
-	}
+	c.received = max(c.received, received, seq)
+	held := l.lagOf(c)
+	c.acked = max(c.acked, seq)
 	switch {
-	case l.streaming && l.sentAll && seq >= l.snapshotAt:
-		l.streaming, l.catchUpLimit = false, l.bytes // the snapshot is applied: catch up
-	case l.resyncing && !l.streaming:
+	case c.streaming && c.sentAll && seq >= c.snapshotAt:
+		c.streaming, c.catchUpLimit = false, l.lagOf(c) // the snapshot is applied: catch up
+	case c.resyncing && !c.streaming:
 		// Guests get half of what the standby drained: the lag shrinks.
-		l.catchUpLimit = max(l.maxBytes, l.catchUpLimit-(held-l.bytes)/2)
+		c.catchUpLimit = max(l.maxBytes, c.catchUpLimit-(held-l.lagOf(c))/2)
 	}
-	if seq < l.resyncAt || !l.attached || l.protected {
+	l.protect(c, seq)
+	l.settle()
+}
+
+// protect makes c protecting once it applied through its resync point
+// and, resyncing, lags by less than catchUpBytes.
+// Precondition: l.mu must be locked.
+func (l *Log) protect(c *cursor, seq uint64) {
+	if seq < c.resyncAt || !c.attached || c.protected || c.dropped {
 		return
 	}
-	if l.resyncing && l.bytes > min(catchUpBytes, l.maxBytes) {
-		l.resyncAt = l.last // still catching up: another round
+	if c.resyncing && l.lagOf(c) > min(catchUpBytes, l.maxBytes) {
+		c.resyncAt = l.last // still catching up: another round
 		return
 	}
-	l.protected, l.resyncing = true, false
+	c.protected, c.resyncing = true, false
 }
 
 // next waits for records after seq and returns them, as many as fit in
-// maxBytes but at least one (nil when the log is closed or the link is
-// being torn down).
-func (l *Log) next(after uint64, stop <-chan struct{}, maxBytes int) []entry {
+// maxBytes but at least one (nil when the log is closed, c was dropped or
+// the link is being torn down).
+func (l *Log) next(c *cursor, after uint64, stop <-chan struct{}, maxBytes int) []entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.last <= after && !l.closed {
+	for l.last <= after && !l.closed && !c.dropped {
 		select {
 		case <-stop:
 			return nil
@@ -435,7 +362,7 @@ func (l *Log) next(after uint64, stop <-chan struct{}, maxBytes int) []entry {
 		l.cond.Wait()
 	}
 	i := int(after + 1 - l.first)
-	if l.closed || after+1 < l.first || i >= len(l.pending) {
+	if l.closed || c.dropped || after+1 < l.first || i >= len(l.pending) {
 		return nil
 	}
 	j, n := i+1, l.pending[i].Size()
@@ -446,29 +373,20 @@ func (l *Log) next(after uint64, stop <-chan struct{}, maxBytes int) []entry {
 	return append([]entry(nil), l.pending[i:j]...)
 }
 
-// sentThrough tells the log that the sender is done with every entry up
+// sentThrough tells the log that c's sender is done with every entry up
 // to seq.
-func (l *Log) sentThrough(seq uint64) {
+func (l *Log) sentThrough(c *cursor, seq uint64) {
 	l.mu.Lock()
-	l.sent = max(l.sent, seq)
+	c.sent = max(c.sent, seq)
 	l.mu.Unlock()
 }
 
-// attach marks a standby link up (resuming at applied, or resyncing when
+// attach marks c's link up (resuming at applied, or resyncing when
 // applied is older than what the log holds) or down.
-func (l *Log) attach(up bool, applied uint64, resync bool) {
+func (l *Log) attach(c *cursor, up bool, applied uint64, resync bool) {
 	l.mu.Lock()
-	l.attached = up
-	l.protected = false
-	l.snapshotPending = up && resync
-	l.resyncing, l.streaming, l.sentAll = up && resync, up && resync, false
-	l.overBudget = false
-	l.sent = 0 // a new link's sender has sent nothing yet
-	if up {
-		l.acked, l.received = applied, applied
-		l.resyncAt = applied
-	}
-	l.cond.Broadcast()
+	c.attach(up, applied, resync)
+	l.settle()
 	l.mu.Unlock()
 }
 
@@ -486,7 +404,8 @@ func (l *Log) Closed() bool {
 	return l.closed
 }
 
-// LogStatus describes the log for /status and metrics.
+// LogStatus describes the log, or one standby's position in it, for
+// /status and metrics.
 type LogStatus struct {
 	Last       uint64  `json:"last_seq"`
 	Applied    uint64  `json:"applied_seq"`
@@ -494,16 +413,36 @@ type LogStatus struct {
 	LagBytes   int64   `json:"lag_bytes"`
 	LagSeconds float64 `json:"lag_seconds"`
 	Attached   bool    `json:"standby_attached"`
-	Protected  bool    `json:"protected"`
-	Epoch      uint64  `json:"epoch"`
+	// Protected: the log as a whole: the sync set is full (k standbys);
+	// one standby's: it is caught up.
+	Protected bool `json:"protected"`
+	// InSync: the standby is in the sync set and holds every reply the
+	// commit rule let out (a coordinator may record it as in sync); the
+	// log as a whole: InSyncCount reaches MinInSync.
+	InSync      bool   `json:"in_sync"`
+	InSyncCount int    `json:"in_sync_count"`
+	MinInSync   int    `json:"min_in_sync"`
+	Epoch       uint64 `json:"epoch"`
 }
 
-// Status reports the log's position and the standby's lag.
+// Status reports the log's position and the sync set's lag: Applied is
+// what its slowest standby applied (without one, the slowest standby
+// that holds a position).
 func (l *Log) Status() LogStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := LogStatus{Last: l.last, Applied: l.acked, LagOps: l.last - l.acked, LagBytes: l.bytes, Attached: l.attached, Protected: l.protected, Epoch: l.epoch}
-	if len(l.appended) > 0 && l.attached {
+	st := LogStatus{Last: l.last, Applied: l.last, LagBytes: l.total - l.base, Epoch: l.epoch, MinInSync: l.minInSync}
+	for _, c := range l.peers {
+		st.Attached = st.Attached || c.attached
+		if c.inSync() {
+			st.InSyncCount++
+		}
+	}
+	st.Applied = l.slowest()
+	st.LagOps = l.last - st.Applied
+	st.Protected = l.setSize() >= l.minInSync
+	st.InSync = st.InSyncCount >= l.minInSync
+	if len(l.appended) > 0 && st.Attached {
 		st.LagSeconds = time.Since(l.appended[0]).Seconds()
 	}
 	return st

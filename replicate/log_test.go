@@ -12,13 +12,14 @@ import (
 // with its sequence and term, and the body is the log's own copy.
 func TestLogEntriesEncodedOnce(t *testing.T) {
 	l := NewLog(1 << 30)
+	c := l.addCursor("standby")
 	l.SetTerm(7)
-	l.attach(true, 0, true)
+	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
 	body := bytes.Repeat([]byte{5}, 100<<10)
 	l.Append(Record{Session: 3, ReqID: 9, Op: OpMMIO, Result: 4, Body: body})
 	body[0] = 6 // the guest's buffer is reused: the log must not see it
-	es := l.next(0, nil, 1<<30)
+	es := l.next(c, 0, nil, 1<<30)
 	if len(es) != 1 {
 		t.Fatalf("%d entries", len(es))
 	}
@@ -44,22 +45,23 @@ func TestLogEntriesEncodedOnce(t *testing.T) {
 // the next Append).
 func TestLogReusesOnlySentBuffers(t *testing.T) {
 	l := NewLog(1 << 30)
-	l.attach(true, 0, true)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
-	l.snapshotSent()
+	l.snapshotSent(c)
 	big := make([]byte, 1<<20)
 	l.Append(Record{Op: OpMMIO, Body: big})
-	first := &l.next(0, nil, 1<<30)[0].enc[0]
-	l.ack(1, 1) // applied, but the sender has not said it is done
+	first := &l.next(c, 0, nil, 1<<30)[0].enc[0]
+	l.ack(c, 1, 1) // applied, but the sender has not said it is done
 	l.Append(Record{Op: OpMMIO, Body: big})
-	if &l.next(1, nil, 1<<30)[0].enc[0] == first {
+	if &l.next(c, 1, nil, 1<<30)[0].enc[0] == first {
 		t.Fatal("a buffer the sender may still be sealing was reused")
 	}
-	l.sentThrough(2)
-	second := &l.next(1, nil, 1<<30)[0].enc[0]
-	l.ack(2, 2)
+	l.sentThrough(c, 2)
+	second := &l.next(c, 1, nil, 1<<30)[0].enc[0]
+	l.ack(c, 2, 2)
 	l.Append(Record{Op: OpMMIO, Body: big})
-	if &l.next(2, nil, 1<<30)[0].enc[0] != second {
+	if &l.next(c, 2, nil, 1<<30)[0].enc[0] != second {
 		t.Fatal("an applied, sent record's buffer was not reused")
 	}
 }
@@ -137,17 +139,18 @@ func TestApplierAcksThroughABacklog(t *testing.T) {
 // maxBytes, at least one record each.
 func TestLogNextBatches(t *testing.T) {
 	l := NewLog(1 << 30)
-	l.attach(true, 0, true)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
 	for range 3 {
 		l.Append(Record{Op: OpMMIO, Body: make([]byte, 100<<10)})
 	}
 	for _, tc := range []struct{ max, want int }{{1, 1}, {250 << 10, 2}, {1 << 30, 3}} {
-		if got := len(l.next(0, nil, tc.max)); got != tc.want {
+		if got := len(l.next(c, 0, nil, tc.max)); got != tc.want {
 			t.Errorf("next with %d bytes: %d records, want %d", tc.max, got, tc.want)
 		}
 	}
-	if got := l.next(1, nil, 1); len(got) != 1 || got[0].Seq != 2 {
+	if got := l.next(c, 1, nil, 1); len(got) != 1 || got[0].Seq != 2 {
 		t.Errorf("next after 1: %+v", got)
 	}
 }
@@ -176,22 +179,23 @@ func appendsWithin(l *Log, n, size int, d time.Duration) bool {
 // what it held, and each ack lets guests add half of what it drained.
 func TestCatchUpBoundStartsOnceSnapshotApplied(t *testing.T) {
 	l := NewLog(1000)
-	l.attach(true, 0, true)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
 	at := l.BeginSnapshot()
 	for range 5 {
 		l.Append(Record{Op: OpMMIO, Body: make([]byte, 452)}) // 500 bytes each, kept
 	}
-	l.snapshotSent()
+	l.snapshotSent(c)
 	if !appendsWithin(l, 5, 452, time.Second) {
 		t.Fatal("guests blocked while the standby had not applied the snapshot")
 	}
-	l.ack(at, at) // the snapshot is applied: 5000 bytes held
+	l.ack(c, at, at) // the snapshot is applied: 5000 bytes held
 	if appendsWithin(l, 2, 452, 100*time.Millisecond) {
 		t.Fatal("the log grew past what it held when the catch-up began")
 	}
 	// One append is blocked (and one more waits to start). The standby
 	// applies 4 records (2000 bytes): guests get 1000.
-	l.ack(at+4, at+4)
+	l.ack(c, at+4, at+4)
 	deadline := time.Now().Add(5 * time.Second)
 	for l.Last() < at+12 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -208,16 +212,17 @@ func TestCatchUpBoundStartsOnceSnapshotApplied(t *testing.T) {
 func TestStreamingSnapshotEarnsTheBudget(t *testing.T) {
 	l := NewLog(1000)
 	l.SetResyncBudget(4000)
-	l.attach(true, 0, true)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
-	l.streamed(0, 100)
+	l.streamed(c, 0, 100)
 	if !appendsWithin(l, 4, 452, time.Second) { // 500 bytes each: half the budget
 		t.Fatal("guests blocked within half the budget")
 	}
 	if appendsWithin(l, 2, 452, 100*time.Millisecond) {
 		t.Fatal("the log grew past half the budget before the snapshot streamed")
 	}
-	l.streamed(50, 100) // half sent: 3000 bytes allowed, the blocked append and one more
+	l.streamed(c, 50, 100) // half sent: 3000 bytes allowed, the blocked append and one more
 	deadline := time.Now().Add(5 * time.Second)
 	for l.Last() < 6 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -225,11 +230,11 @@ func TestStreamingSnapshotEarnsTheBudget(t *testing.T) {
 	if got := l.Status().LagBytes; got != 3000 {
 		t.Fatalf("half the snapshot sent: the log holds %d bytes, want 3000", got)
 	}
-	l.snapshotSent() // all of the budget
+	l.snapshotSent(c) // all of the budget
 	if !appendsWithin(l, 2, 452, time.Second) {
 		t.Fatal("guests blocked within the budget once the snapshot was sent")
 	}
-	if l.resyncOverBudget() {
+	if l.resyncOverBudget(c) {
 		t.Fatal("the log dropped what the resync needs")
 	}
 	l.Close()

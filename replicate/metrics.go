@@ -12,9 +12,11 @@ type Metrics struct {
 	heartbeatFailures prometheus.Counter
 }
 
-// NewMetrics registers the primary's replication metrics on reg; status is
-// read at scrape time.
-func NewMetrics(reg prometheus.Registerer, status func() SenderStatus) (*Metrics, error) {
+// NewMetrics registers the primary's replication metrics for the standby
+// at addr on reg, labelled standby=addr (a primary may stream to several);
+// status is read at scrape time.
+func NewMetrics(reg prometheus.Registerer, addr string, status func() SenderStatus) (*Metrics, error) {
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"standby": addr}, reg)
 	m := &Metrics{
 		sentBytes:         prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_bytes_total", Help: "Record bytes sent to the standby."}),
 		sentOps:           prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_records_total", Help: "Records sent to the standby, snapshots included."}),

@@ -182,6 +182,7 @@ func (r *Receiver) serveConn(c net.Conn) {
 		return
 	}
 	l.alloc, l.faults, l.out, l.lender = r.cfg.HostBuffer, r.cfg.Faults, FromStandby, r.lender
+	l.peer = c.RemoteAddr().String()
 	// Take over from any previous link (the primary reconnected); its
 	// goroutine then lets go of linkMu.
 	r.mu.Lock()

@@ -143,10 +143,11 @@ func TestCompare(t *testing.T) {
 
 func TestLogBackpressureAndAcks(t *testing.T) {
 	l := NewLog(100)
-	l.attach(true, 0, true)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
 	l.BeginSnapshot() // an empty primary's snapshot
-	l.snapshotSent()
-	l.ack(0, 0) // the standby applied it: protected
+	l.snapshotSent(c)
+	l.ack(c, 0, 0) // the standby applied it: protected
 	done := make(chan uint64)
 	go func() {
 		for i := 0; i < 5; i++ {
@@ -159,17 +160,17 @@ func TestLogBackpressureAndAcks(t *testing.T) {
 		t.Fatal("five 88-byte records appended past a 100-byte bound with no acks")
 	case <-time.After(100 * time.Millisecond):
 	}
-	l.ack(l.Last(), l.Last())
+	l.ack(c, l.Last(), l.Last())
 	for l.Last() < 5 {
-		l.ack(l.Last(), l.Last())
+		l.ack(c, l.Last(), l.Last())
 		time.Sleep(time.Millisecond)
 	}
 	<-done
-	l.ack(l.Last(), l.Last())
+	l.ack(c, l.Last(), l.Last())
 	if !l.WaitApplied(l.Last()) {
 		t.Fatal("everything acked but WaitApplied says no")
 	}
-	l.attach(false, 0, false)
+	l.attach(c, false, 0, false)
 	if l.WaitApplied(l.Last() + 100) {
 		t.Fatal("WaitApplied claims a future record applied")
 	}
@@ -179,14 +180,15 @@ func TestLogBackpressureAndAcks(t *testing.T) {
 // holds, sync for what it applied, and the log keeps what is not applied.
 func TestReceivedIsNotApplied(t *testing.T) {
 	l := NewLog(1 << 20)
-	l.attach(true, 0, true)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
-	l.snapshotSent()
-	l.ack(0, 0)
+	l.snapshotSent(c)
+	l.ack(c, 0, 0)
 	for i := 0; i < 3; i++ {
 		l.Append(Record{Op: OpEpoch, Body: make([]byte, 40)})
 	}
-	l.ack(3, 1) // all three held, one applied
+	l.ack(c, 3, 1) // all three held, one applied
 	if !l.WaitReceived(3) {
 		t.Fatal("WaitReceived(3) with 3 held: false")
 	}
@@ -200,7 +202,7 @@ func TestReceivedIsNotApplied(t *testing.T) {
 	if st := l.Status(); st.Applied != 1 || st.LagOps != 2 || st.LagBytes == 0 {
 		t.Fatalf("the log must keep what is held but not applied: %+v", st)
 	}
-	l.ack(3, 3)
+	l.ack(c, 3, 3)
 	if !<-applied {
 		t.Fatal("WaitApplied(3) false once 3 applied")
 	}
@@ -215,7 +217,10 @@ func refreshCRC(f []byte) []byte {
 
 func TestMetricsLint(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, func() SenderStatus { return SenderStatus{} })
+	m, err := NewMetrics(reg, "127.0.0.1:1", func() SenderStatus { return SenderStatus{} })
+	if _, err := NewMetrics(reg, "127.0.0.1:2", func() SenderStatus { return SenderStatus{} }); err != nil {
+		t.Fatalf("a second standby's metrics: %v", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

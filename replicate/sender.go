@@ -75,6 +75,7 @@ type Sender struct {
 	log      *slog.Logger
 	metrics  *Metrics
 	verifier Verifier
+	cur      *cursor // this standby's position in the log
 
 	mu         sync.Mutex
 	resyncs    uint64
@@ -102,23 +103,26 @@ func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
 	}
 	s := &Sender{cfg: cfg, node: node, log: cfg.Logger.With("standby", cfg.Addr)}
 	if cfg.Registry != nil {
-		m, err := NewMetrics(cfg.Registry, s.Status)
+		m, err := NewMetrics(cfg.Registry, cfg.Addr, s.Status)
 		if err != nil {
 			return nil, err
 		}
 		s.metrics = m
 	}
+	s.cur = cfg.Log.addCursor(cfg.Addr)
 	return s, nil
 }
 
-// Run connects and streams until ctx ends. Heartbeats also go out as UDP
-// datagrams to the same address (see heartbeat.go).
+// Run connects and streams until ctx ends; the standby then leaves the log
+// (and its sync set) for good. Heartbeats also go out as UDP datagrams to
+// the same address (see heartbeat.go).
 func (s *Sender) Run(ctx context.Context) {
+	defer s.cfg.Log.removeCursor(s.cur)
 	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, s.node.Term, heartbeatEvery, s.heartbeatFailed)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := s.session(ctx)
-		s.cfg.Log.attach(false, 0, false)
+		s.cfg.Log.attach(s.cur, false, 0, false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -139,7 +143,7 @@ func (s *Sender) Run(ctx context.Context) {
 
 // Status reports the link's state.
 func (s *Sender) Status() SenderStatus {
-	ls := s.cfg.Log.Status()
+	ls := s.cfg.Log.peerStatus(s.cur)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := SenderStatus{Mode: s.cfg.Mode.String(), Standby: s.cfg.Addr, Resyncs: s.resyncs,
@@ -197,7 +201,7 @@ func (s *Sender) connect(ctx context.Context) (*link, error) {
 		c.Close()
 		return nil, err
 	}
-	l.faults, l.out = s.cfg.Faults, FromPrimary
+	l.faults, l.out, l.peer = s.cfg.Faults, FromPrimary, s.cfg.Addr
 	return l, nil
 }
 
@@ -221,7 +225,7 @@ func (s *Sender) catchUp(l *link) (uint64, error) {
 	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(mode, s.node.Term())); err != nil {
 		return 0, err
 	}
-	if s.cfg.Log.resume(logID, applied) {
+	if s.cfg.Log.resume(s.cur, logID, applied) {
 		s.log.Info("standby attached; catching up from the log", "applied", applied)
 		return applied, l.flush()
 	}
@@ -233,7 +237,7 @@ func (s *Sender) catchUp(l *link) (uint64, error) {
 // run, and the log keeps what they change meanwhile, sent after it.
 func (s *Sender) resync(l *link) (uint64, error) {
 	lg := s.cfg.Log
-	lg.attach(true, 0, true)
+	lg.attach(s.cur, true, 0, true)
 	start := time.Now()
 	snap, err := s.node.Snapshot()
 	if err != nil {
@@ -267,7 +271,7 @@ func (s *Sender) resync(l *link) (uint64, error) {
 		}
 		return 0, err
 	}
-	lg.snapshotSent()
+	lg.snapshotSent(s.cur)
 	s.log.Info("resync snapshot sent; the standby catches up from the log", "took", time.Since(start).Round(time.Millisecond), "position", snap.At())
 	return snap.At(), l.flush()
 }
@@ -282,7 +286,7 @@ func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 	pace := newPacer(s.cfg.ResyncRate)
 	lg := s.cfg.Log
 	for {
-		if lg.resyncOverBudget() {
+		if lg.resyncOverBudget(s.cur) {
 			return ErrResyncBudget
 		}
 		rec, ok, err := snap.Next()
@@ -296,7 +300,7 @@ func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 			return fmt.Errorf("%w: %w", errLink, err)
 		}
 		done, total := snap.Progress()
-		lg.streamed(done, total)
+		lg.streamed(s.cur, done, total)
 		if s.progress.set(done) {
 			s.log.Info("resync in progress", s.progress.status().logArgs()...)
 		}
@@ -317,7 +321,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 	go func() { readErr <- s.readAcks(l); close(stop); lg.wake() }()
 	go s.heartbeats(l, stop)
 	for {
-		recs := lg.next(after, stop, batchBytes)
+		recs := lg.next(s.cur, after, stop, batchBytes)
 		if recs == nil {
 			select {
 			case err := <-readErr:
@@ -330,7 +334,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 			if lg.Closed() {
 				return errors.New("log closed")
 			}
-			if lg.resyncOverBudget() {
+			if lg.resyncOverBudget(s.cur) {
 				s.mu.Lock()
 				s.restarts++
 				s.mu.Unlock()
@@ -352,7 +356,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 		if err != nil {
 			return err
 		}
-		lg.sentThrough(after)
+		lg.sentThrough(s.cur, after)
 	}
 }
 
@@ -438,10 +442,10 @@ func (s *Sender) readAcks(l *link) error {
 // acked records what the standby holds and applied, and notes the end of a
 // resync.
 func (s *Sender) acked(received, applied uint64) {
-	s.cfg.Log.ack(received, applied)
+	s.cfg.Log.ack(s.cur, received, applied)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.resyncing && s.cfg.Log.Status().Protected {
+	if s.resyncing && s.cfg.Log.peerStatus(s.cur).Protected {
 		s.resyncing = false
 		s.lastResync = time.Since(s.resyncFrom)
 		s.log.Info("standby resynced; primary is protected", "took", s.lastResync)

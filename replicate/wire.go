@@ -79,6 +79,9 @@ const (
 type Message struct {
 	From Direction
 	Type string // record, state, ack, verify_reply, mode, heartbeat, fenced, promote
+	// Peer is the other end: the standby's address as configured (from
+	// a primary), the primary's remote address (from a standby).
+	Peer string
 }
 
 // FaultHook sees every message a link is about to send: it may block to
@@ -123,6 +126,7 @@ type link struct {
 	wmu    sync.Mutex
 	faults FaultHook
 	out    Direction
+	peer   string // for faults
 }
 
 func helloBytes(nonce []byte) []byte {
@@ -242,7 +246,7 @@ func (l *link) writeCopy(typ uint16, payload []byte) error {
 // seal encrypts payload into dst (which may be payload[:0]) and queues the
 // frame.
 func (l *link) seal(typ uint16, dst, payload []byte) error {
-	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ]}) {
+	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ], Peer: l.peer}) {
 		return nil
 	}
 	var h [frameHeader]byte

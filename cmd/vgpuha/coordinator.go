@@ -127,7 +127,8 @@ func runStatus(args []string) error {
 }
 
 // printGroups writes one row per member: its group, role, term, whether it
-// leads or is the recorded standby, lag and age.
+// leads or is a recorded standby, lag and age. IN SYNC is, for a standby,
+// its own replica's state; for the leader, whether k standbys are in sync.
 func printGroups(out io.Writer, groups []coordinator.GroupStatus, now time.Time) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "GROUP\tNODE\tROLE\tTERM\tPART\tSERVING\tIN SYNC\tLAG OPS\tADDR\tAGE")
@@ -140,14 +141,14 @@ func printGroups(out io.Writer, groups []coordinator.GroupStatus, now time.Time)
 			if m.ID == g.LeaderID {
 				part = append(part, "leader")
 			}
-			if m.Addr != "" && m.Addr == g.Standby.Addr {
+			if m.Addr != "" && g.Standby.Names(m.Addr) {
 				part = append(part, "standby")
 			} else if m.Addr != "" {
 				part = append(part, "pool")
 			}
 			inSync := m.InSync
 			if m.ID == g.LeaderID {
-				inSync = g.Standby.InSync
+				inSync = len(g.Standby.InSyncAddrs()) >= max(g.Standby.MinInSync, 1)
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%v\t%v\t%d\t%s\t%s\n", g.Group, m.ID, m.Role, m.Term, strings.Join(part, ","),
 				m.Serving, inSync, m.LagOps, m.Addr, now.Sub(m.Updated).Round(time.Millisecond))

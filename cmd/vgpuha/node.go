@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -96,6 +97,22 @@ func tcpFlag(name, value string) (string, error) {
 		return "", fmt.Errorf("--%s must be tcp://HOST:PORT, got %q", name, value)
 	}
 	return e.Address, nil
+}
+
+// tcpListFlag parses a comma-separated list of tcp://HOST:PORT endpoints.
+func tcpListFlag(name, value string) ([]string, error) {
+	var out []string
+	for _, v := range strings.Split(value, ",") {
+		addr, err := tcpFlag(name, strings.TrimSpace(v))
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(out, addr) {
+			return nil, fmt.Errorf("--%s names %s twice", name, addr)
+		}
+		out = append(out, addr)
+	}
+	return out, nil
 }
 
 // readKey reads a pre-shared replication key file.

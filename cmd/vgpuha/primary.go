@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -14,6 +15,27 @@ import (
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/replicate"
 )
+
+// primaryReplication sets a primary's standbys, key, mode and k from its
+// flags.
+func primaryReplication(ncfg *node.Config, replicateTo, keyFile, modeName string, minInSync int) error {
+	var err error
+	if replicateTo != "" {
+		if ncfg.ReplicateTo, err = tcpListFlag("replicate-to", replicateTo); err != nil {
+			return err
+		}
+		if ncfg.Key, err = readKey(keyFile); err != nil {
+			return err
+		}
+	}
+	if ncfg.Mode, err = replicate.ParseMode(modeName); err != nil {
+		return err
+	}
+	if ncfg.MinInSync = minInSync; minInSync < 1 {
+		return fmt.Errorf("--replicate.min-in-sync must be at least 1, got %d", minInSync)
+	}
+	return nil
+}
 
 func runPrimary(args []string) error {
 	return servePrimary(newFlags("primary", "--guest-listen ENDPOINT [flags]"), args, nil)
@@ -36,7 +58,8 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	bf.register(fs)
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
 	adminToken := adminTokenFlag(fs)
-	replicateTo := fs.String("replicate-to", "", "standby to stream every state change to: tcp://HOST:PORT (off when empty)")
+	replicateTo := fs.String("replicate-to", "", "standbys to stream every state change to, in priority order: tcp://HOST:PORT[,tcp://HOST:PORT...] (off when empty)")
+	minInSync := fs.Int("replicate.min-in-sync", 1, "k: replies the mode holds wait for the first k caught-up standbys; with fewer, for those there are (under --coordinator once etcd records it)")
 	modeName := fs.String("mode", "commit", "replication mode: sync, commit, async or epoch")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (at least 16 bytes)")
 	maxLag := fs.Int64("replicate.max-lag-bytes", 256<<20, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
@@ -66,15 +89,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	reg := newRegistry()
 	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *listen, MaxLagBytes: *maxLag,
 		ResyncBudgetBytes: *resyncBudget, ResyncRate: *resyncRate}
-	if *replicateTo != "" {
-		if ncfg.ReplicateTo, err = tcpFlag("replicate-to", *replicateTo); err != nil {
-			return err
-		}
-		if ncfg.Key, err = readKey(*keyFile); err != nil {
-			return err
-		}
-	}
-	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
+	if err := primaryReplication(&ncfg, *replicateTo, *keyFile, *modeName, *minInSync); err != nil {
 		return err
 	}
 	if ncfg.Coordinator, err = cf.dial(log, reg, ""); err != nil {

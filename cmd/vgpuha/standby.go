@@ -21,7 +21,8 @@ func runStandby(args []string) error {
 	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
 	adminToken := adminTokenFlag(fs)
 	guestListen := fs.String("guest-listen", "", "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
-	next := fs.String("replicate-to", "", "once promoted, replicate to this next standby: tcp://HOST:PORT (same key)")
+	next := fs.String("replicate-to", "", "once promoted, replicate to these next standbys: tcp://HOST:PORT[,...] (same key; under --coordinator also to the group's other standbys)")
+	minInSync := fs.Int("replicate.min-in-sync", 1, "k once promoted: replies the mode holds wait for the first k caught-up standbys")
 	modeName := fs.String("mode", "commit", "replication mode once promoted")
 	detector := fs.String("failover.detector", "fixed", "failure detector: fixed (250 ms without a heartbeat) or phi (phi-accrual, threshold 8)")
 	advertise := fs.String("coordinator.advertise", "", "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
@@ -69,8 +70,11 @@ func runStandby(args []string) error {
 	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
 		return err
 	}
+	if ncfg.MinInSync = *minInSync; *minInSync < 1 {
+		return fmt.Errorf("--replicate.min-in-sync must be at least 1, got %d", *minInSync)
+	}
 	if *next != "" {
-		if ncfg.ReplicateTo, err = tcpFlag("replicate-to", *next); err != nil {
+		if ncfg.ReplicateTo, err = tcpListFlag("replicate-to", *next); err != nil {
 			return err
 		}
 	}

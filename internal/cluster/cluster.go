@@ -140,7 +140,7 @@ func Start(opts Options) (*Cluster, error) {
 				return nil, err
 			}
 		}
-		cfg.ReplicateTo = c.addr
+		cfg.ReplicateTo = []string{c.addr}
 	}
 	if c.PrimaryNode, err = node.StartPrimary(cfg); err != nil {
 		return nil, err

@@ -1,7 +1,7 @@
 // Package coordinator connects a node to an etcd cluster that decides
 // which node of a replication group leads: a lease per node, one leader
 // key per group (an etcd election, go.etcd.io/etcd/client/v3/concurrency),
-// a record of the group's standby and whether it is in sync, and a pool of
+// a record of the group's standbys and which are in sync, and a pool of
 // registered standbys the leader may take a replacement from.
 //
 // It owns the etcd session and the keys under /vgpuha/groups/GROUP/. It
@@ -37,7 +37,7 @@
 // # Keys
 //
 //	/vgpuha/groups/G/leader/LEASE   election keys; the lowest create revision leads
-//	/vgpuha/groups/G/standby        the leader's standby: address, in sync (written only by the leader)
+//	/vgpuha/groups/G/standby        the leader's standbys: addresses, which are in sync, k (written only by the leader)
 //	/vgpuha/groups/G/members/ID     each node's record under its lease: role, term, lag, capacity
 package coordinator
 

@@ -130,8 +130,17 @@ func TestOnlyTheInSyncStandbyWins(t *testing.T) {
 	if ev, _ := sev.wait(t, failover.CampaignEnded, 2*time.Second); ev.Kind != failover.CampaignEnded {
 		t.Fatal("campaign without a record was not refused")
 	}
-	if err := p.SetStandby(ctx, StandbyRecord{Addr: "10.0.0.2:7071", InSync: true, Term: pterm}); err != nil {
+	// Two standbys recorded, one in sync: the other is refused.
+	rec := StandbyRecord{Standbys: []RecordedStandby{{Addr: "10.0.0.3:7071"}, {Addr: "10.0.0.2:7071", InSync: true}}, MinInSync: 2, Term: pterm}
+	if err := p.SetStandby(ctx, rec); err != nil {
 		t.Fatal(err)
+	}
+	behind := dial(t, ep, "behind", "10.0.0.3:7071", prometheus.NewRegistry())
+	bev := newEvents()
+	behind.Start(bev.feed)
+	behind.Campaign()
+	if ev, _ := bev.wait(t, failover.CampaignEnded, 2*time.Second); ev.Kind != failover.CampaignEnded {
+		t.Fatal("a standby recorded, but not in sync, was not refused")
 	}
 	s.Campaign()
 	select {
@@ -144,13 +153,13 @@ func TestOnlyTheInSyncStandbyWins(t *testing.T) {
 	if won.Term <= pterm {
 		t.Fatalf("won under term %d, not above the old leader's %d", won.Term, pterm)
 	}
-	if err := p.SetStandby(ctx, StandbyRecord{Addr: "x"}); err == nil {
+	if err := p.SetStandby(ctx, StandbyRecord{Standbys: []RecordedStandby{{Addr: "x"}}}); err == nil {
 		t.Fatal("a deposed leader rewrote the standby record")
 	}
 }
 
 // TestPickStandby: the leader takes a free, registered standby from the
-// pool and records it; attached ones and avoided ones are skipped.
+// pool; attached ones and avoided ones are skipped.
 func TestPickStandby(t *testing.T) {
 	ep := etcdtest.Start(t)
 	p := dial(t, ep, "p", "", prometheus.NewRegistry())
@@ -166,7 +175,7 @@ func TestPickStandby(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := p.PickStandby(ctx, term, "b:1")
+	got, err := p.PickStandby(ctx, "b:1")
 	if err != nil || got != "c:1" {
 		t.Fatalf("picked %q, %v; want c:1", got, err)
 	}
@@ -175,7 +184,7 @@ func TestPickStandby(t *testing.T) {
 		t.Fatalf("groups %v, %v", groups, err)
 	}
 	g := groups[0]
-	if g.LeaderID != "p" || g.LeaderTerm != term || g.Standby.Addr != "c:1" || len(g.Members) != 3 {
+	if g.LeaderID != "p" || g.LeaderTerm != term || len(g.Members) != 3 {
 		t.Fatalf("group status %+v", g)
 	}
 	if _, err := ParseURL("etcd://h1:2379,h2:2379"); err != nil {

@@ -36,7 +36,8 @@ func (c *Coordinator) Lead(ctx context.Context) (uint64, error) {
 
 // Campaign runs for leader in the background (the authority asked: the
 // standby suspects its primary). Only a standby the group's record names
-// as in sync may run, and the record is checked again once the key is won
+// as in sync may run (of several, the first to put its key wins; the
+// others wait behind it and follow the winner's stream), and the record is checked again once the key is won
 // (a deposed leader can no longer change it then). A usable win is fed as
 // ElectionWon under the term; anything else as CampaignEnded.
 func (c *Coordinator) Campaign() {
@@ -104,8 +105,8 @@ func (c *Coordinator) checkInSync(ctx context.Context, self string) error {
 	if err != nil {
 		return err
 	}
-	if rec.Addr != self || !rec.InSync {
-		return fmt.Errorf("%w (record: %s in sync %v; this node: %s)", errNotInSync, rec.Addr, rec.InSync, self)
+	if !rec.InSync(self) {
+		return fmt.Errorf("%w (record: in sync %v; this node: %s)", errNotInSync, rec.InSyncAddrs(), self)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -34,12 +35,59 @@ type Member struct {
 	Updated time.Time `json:"updated"`
 }
 
-// StandbyRecord is the group's standby as its leader last wrote it.
+// StandbyRecord is the group's standbys as its leader last wrote them:
+// every standby it streams to, in priority order, and which of them are in
+// sync (hold every reply the leader let out: only those may campaign).
 type StandbyRecord struct {
-	Addr   string    `json:"addr"`
-	InSync bool      `json:"in_sync"`
-	Term   uint64    `json:"term"` // the leader's term when written
-	Since  time.Time `json:"since"`
+	Standbys []RecordedStandby `json:"standbys"`
+	// MinInSync is k: how many in-sync standbys the leader's commit rule
+	// waits for when it has them.
+	MinInSync int       `json:"min_in_sync"`
+	Term      uint64    `json:"term"` // the leader's term when written
+	Since     time.Time `json:"since"`
+}
+
+// RecordedStandby is one standby in a StandbyRecord.
+type RecordedStandby struct {
+	Addr   string `json:"addr"`
+	InSync bool   `json:"in_sync"`
+}
+
+// InSync reports whether the record names the standby at addr in sync.
+func (r StandbyRecord) InSync(addr string) bool {
+	for _, s := range r.Standbys {
+		if s.Addr == addr {
+			return s.InSync
+		}
+	}
+	return false
+}
+
+// Names reports whether the record lists the standby at addr.
+func (r StandbyRecord) Names(addr string) bool {
+	for _, s := range r.Standbys {
+		if s.Addr == addr {
+			return true
+		}
+	}
+	return false
+}
+
+// InSyncAddrs lists the standbys the record names in sync.
+func (r StandbyRecord) InSyncAddrs() []string {
+	var out []string
+	for _, s := range r.Standbys {
+		if s.InSync {
+			out = append(out, s.Addr)
+		}
+	}
+	return out
+}
+
+// Same reports whether r and o name the same standbys, in the same
+// states, for the same k and term.
+func (r StandbyRecord) Same(o StandbyRecord) bool {
+	return r.Term == o.Term && r.MinInSync == o.MinInSync && slices.Equal(r.Standbys, o.Standbys)
 }
 
 // Publish writes this node's member record under its lease.
@@ -64,7 +112,7 @@ func (c *Coordinator) Publish(ctx context.Context, m Member) error {
 	return nil
 }
 
-// SetStandby records the group's standby; only the leader may write it
+// SetStandby records the group's standbys; only the leader may write it
 // (the write is conditioned on its leader key).
 func (c *Coordinator) SetStandby(ctx context.Context, rec StandbyRecord) error {
 	cmp, err := c.leaderCmp()
@@ -85,6 +133,12 @@ func (c *Coordinator) SetStandby(ctx context.Context, rec StandbyRecord) error {
 	return nil
 }
 
+// Standbys reads the group's standby record (zero when none).
+func (c *Coordinator) Standbys(ctx context.Context) (StandbyRecord, error) {
+	rec, _, err := c.standbyRecord(ctx)
+	return rec, err
+}
+
 // standbyRecord reads the group's standby record (zero when none) and its
 // modification revision.
 func (c *Coordinator) standbyRecord(ctx context.Context) (StandbyRecord, int64, error) {
@@ -102,14 +156,13 @@ func (c *Coordinator) standbyRecord(ctx context.Context) (StandbyRecord, int64, 
 	return rec, resp.Kvs[0].ModRevision, nil
 }
 
-// PickStandby takes a free standby from the group's pool (registered,
+// PickStandby chooses a free standby from the group's pool (registered,
 // with a replication address, not attached to a stream, and none of
-// avoid) and records it as the group's standby, not yet in sync. Only
-// the leader may.
-func (c *Coordinator) PickStandby(ctx context.Context, term uint64, avoid ...string) (string, error) {
-	cmp, err := c.leaderCmp()
-	if err != nil {
-		return "", err
+// avoid); the leader records it with its other standbys (not yet in sync)
+// when it next writes the record. Only the leader may.
+func (c *Coordinator) PickStandby(ctx context.Context, avoid ...string) (string, error) {
+	if !c.Leader() {
+		return "", errors.New("picking a pool standby: this node does not lead the group")
 	}
 	members, err := c.members(ctx, c.cfg.Group)
 	if err != nil {
@@ -118,14 +171,6 @@ func (c *Coordinator) PickStandby(ctx context.Context, term uint64, avoid ...str
 	for _, m := range members {
 		if m.Addr == "" || m.Attached || m.Role != "standby" || m.ID == c.cfg.ID || contains(avoid, m.Addr) {
 			continue
-		}
-		b, _ := json.Marshal(StandbyRecord{Addr: m.Addr, Term: term, Since: c.cfg.Now()})
-		resp, err := c.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(c.prefix()+"standby", string(b))).Commit()
-		if err != nil {
-			return "", fmt.Errorf("claiming pool standby %s: %w", m.ID, err)
-		}
-		if !resp.Succeeded {
-			return "", errors.New("claiming a pool standby: this node no longer leads")
 		}
 		c.metrics.replacements.Inc()
 		c.log.Warn("took a standby from the pool", "standby", m.ID, "addr", m.Addr)

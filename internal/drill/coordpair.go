@@ -133,7 +133,7 @@ func (c *coordinated) group() (coordinator.GroupStatus, error) {
 // standby.
 func (c *coordinated) standbyInSync(addr string) bool {
 	g, err := c.group()
-	return err == nil && g.Standby.Addr == addr && g.Standby.InSync
+	return err == nil && g.Standby.InSync(addr)
 }
 
 // partition cuts (or heals) every path of the primary's but its guests'.

@@ -31,7 +31,7 @@ type coordState struct {
 	// it, names no standby in sync, so none can win an election with a
 	// replica that lacks what this node answers unprotected.
 	lossRecorded atomic.Bool
-	kick         chan struct{} // publish now (a reply waits for lossRecorded)
+	kick         chan struct{} // publish now (a reply waits for the record)
 	handedOff    atomic.Bool   // a switchover resigned the leader key
 }
 
@@ -61,16 +61,16 @@ const handOffWithin = 2 * time.Second
 // the standby's key waits behind its own, and the standby answers with
 // the term it won. From the resignation on this node answers no guest;
 // if the standby then does not answer, it is fenced.
-func (n *Node) coordinatedHandover(r *replication, timeout time.Duration) (uint64, error) {
+func (n *Node) coordinatedHandover(to *replicate.Sender, timeout time.Duration) (uint64, error) {
 	type answer struct {
 		term uint64
 		err  error
 	}
 	got := make(chan answer, 1)
-	go func() { t, err := r.sender.Handover(timeout); got <- answer{t, err} }()
+	go func() { t, err := to.Handover(timeout); got <- answer{t, err} }()
 	ctx, cancel := context.WithTimeout(n.ctx, handOffWithin)
 	defer cancel()
-	if err := n.cfg.Coordinator.HandOff(ctx, r.sender.Status().Standby, func() { n.coord.handedOff.Store(true) }); err != nil {
+	if err := n.cfg.Coordinator.HandOff(ctx, to.Status().Standby, func() { n.coord.handedOff.Store(true) }); err != nil {
 		return 0, fmt.Errorf("switchover: %w", err)
 	}
 	a := <-got
@@ -81,9 +81,11 @@ func (n *Node) coordinatedHandover(r *replication, timeout time.Duration) (uint6
 	return a.term, nil
 }
 
-// answerUnprotected allows a reply the standby lacks once this leader has
-// recorded that its standby is not in sync, stops it once the node no
-// longer leads, and meanwhile asks for the record to be written now.
+// answerUnprotected allows a reply no standby holds once this leader has
+// recorded that none is in sync, stops it once the node no longer leads,
+// and meanwhile asks for the record to be written now (which also lets
+// the log forget a standby that left its sync set: replicate.Log.Confirm,
+// after which the reply waits for the standbys still in the set).
 func (n *Node) answerUnprotected() (allow, stop bool) {
 	if n.coord.lossRecorded.Load() {
 		return true, false
@@ -114,7 +116,7 @@ func (n *Node) coordinate() {
 		every := min(c.TTL()/10, 100*time.Millisecond)
 		t := time.NewTicker(every)
 		defer t.Stop()
-		w := &standbyWatch{since: n.cfg.Now()}
+		w := &standbyWatch{caughtUp: map[string]time.Time{}}
 		for {
 			select {
 			case <-n.ctx.Done():
@@ -127,15 +129,18 @@ func (n *Node) coordinate() {
 	}()
 }
 
-// standbyWatch is what a leader remembers of its standby between rounds.
+// standbyWatch is what a leader remembers of its standbys between rounds.
 type standbyWatch struct {
-	since   time.Time // the standby was last protecting us (or replication began)
-	written coordinator.StandbyRecord
-	failed  []string // standbys given up on
+	// caughtUp: each standby was last caught up (or first seen) then.
+	caughtUp map[string]time.Time
+	written  coordinator.StandbyRecord
+	failed   []string // standbys given up on
+	adopted  bool     // the record's standbys were taken over (adoptStandbys)
 }
 
 // publish writes the member record and, while leading, the standby record;
-// a standby gone for StandbyLossAfter is replaced from the pool.
+// a standby not caught up for StandbyLossAfter is replaced from the pool,
+// and the pool fills the standbys up to k.
 func (n *Node) publish(c *coordinator.Coordinator, w *standbyWatch) {
 	ctx, cancel := context.WithTimeout(n.ctx, c.TTL()/2)
 	defer cancel()
@@ -148,75 +153,127 @@ func (n *Node) publish(c *coordinator.Coordinator, w *standbyWatch) {
 	if role == failover.Primary {
 		m.Addr, m.Capacity = "", 0
 	}
-	var sender *replicate.SenderStatus
-	if r := n.replication(); r != nil {
-		ss := r.sender.Status()
-		sender, m.LagOps = &ss, ss.LagOps
+	r := n.replication()
+	if r != nil {
+		m.LagOps = r.log.Status().LagOps
 	}
 	if err := c.Publish(ctx, m); err != nil {
 		n.log.Debug("publishing member record", "err", err)
 	}
-	if role != failover.Primary || !c.Leader() {
+	if role != failover.Primary || !c.Leader() || r == nil {
 		return
 	}
-	n.recordStandby(ctx, c, w, term, sender)
-}
-
-// recordStandby keeps the group's standby record current and replaces a
-// standby that has not protected this leader for StandbyLossAfter.
-func (n *Node) recordStandby(ctx context.Context, c *coordinator.Coordinator, w *standbyWatch, term uint64, sender *replicate.SenderStatus) {
-	now := n.cfg.Now()
-	rec := coordinator.StandbyRecord{Term: term, Since: w.written.Since}
-	if sender != nil {
-		rec.Addr, rec.InSync = sender.Standby, sender.Protected
-	}
-	if rec.InSync {
-		w.since = now
-	}
-	if rec.Addr != w.written.Addr || rec.InSync != w.written.InSync || rec.Term != w.written.Term {
-		rec.Since = now
-		if rec.InSync {
-			n.coord.lossRecorded.Store(false) // before the record can name it
-		}
-		if err := c.SetStandby(ctx, rec); err != nil {
-			n.log.Warn("recording the group's standby", "err", err)
+	if !w.adopted {
+		if w.adopted = n.adoptStandbys(ctx, c, r); !w.adopted {
 			return
 		}
-		w.written = rec
-		n.coord.lossRecorded.Store(!rec.InSync)
 	}
-	if now.Sub(w.since) < n.cfg.StandbyLossAfter {
-		return
-	}
-	if rec.Addr != "" {
-		w.failed = append(w.failed, rec.Addr)
-	}
-	addr, err := c.PickStandby(ctx, term, w.failed...)
-	if err != nil {
-		n.log.Warn("standby lost and none to replace it", "after", n.cfg.StandbyLossAfter, "err", err)
-		w.since = now // ask the pool again after another StandbyLossAfter
-		return
-	}
-	w.since, w.written = now, coordinator.StandbyRecord{Addr: addr, Term: term, Since: now}
-	if err := n.retarget(addr); err != nil {
-		n.log.Error("replicating to the pool standby", "standby", addr, "err", err)
+	if n.recordStandbys(ctx, c, w, r, term) {
+		n.replaceStandbys(ctx, c, w, r)
 	}
 }
 
-// retarget replaces the primary's standby with addr: the old link stops,
-// and the new standby is resynced from a snapshot.
-func (n *Node) retarget(addr string) error {
+// recordStandbys keeps the group's standby record current: every standby
+// streamed to, and which are in sync. Once written, the log may forget
+// standbys that left its sync set and are no longer named in sync. It
+// reports whether the record is current.
+func (n *Node) recordStandbys(ctx context.Context, c *coordinator.Coordinator, w *standbyWatch, r *replication, term uint64) bool {
+	now := n.cfg.Now()
+	rec := coordinator.StandbyRecord{Term: term, MinInSync: max(n.cfg.MinInSync, 1), Since: w.written.Since}
+	for _, s := range r.senders() {
+		st := s.Status()
+		rec.Standbys = append(rec.Standbys, coordinator.RecordedStandby{Addr: st.Standby, InSync: st.InSync})
+		if st.Protected { // caught up (in the sync set or beyond k)
+			w.caughtUp[st.Standby] = now
+		}
+	}
+	if rec.Same(w.written) {
+		r.log.Confirm(rec.InSyncAddrs()) // a departure since the last write that the record already leaves out
+		return true
+	}
+	rec.Since = now
+	if len(rec.InSyncAddrs()) > 0 {
+		n.coord.lossRecorded.Store(false) // before the record can name one
+	}
+	if err := c.SetStandby(ctx, rec); err != nil {
+		n.log.Warn("recording the group's standbys", "err", err)
+		return false
+	}
+	w.written = rec
+	n.coord.lossRecorded.Store(len(rec.InSyncAddrs()) == 0)
+	r.log.Confirm(rec.InSyncAddrs())
+	return true
+}
+
+// replaceStandbys replaces each standby that has not been caught up for
+// StandbyLossAfter with one from the group's pool, and takes standbys
+// from the pool until k are streamed to.
+func (n *Node) replaceStandbys(ctx context.Context, c *coordinator.Coordinator, w *standbyWatch, r *replication) {
+	now := n.cfg.Now()
+	addrs := r.addrs()
+	for _, addr := range addrs {
+		since, seen := w.caughtUp[addr]
+		if !seen {
+			w.caughtUp[addr] = now
+		}
+		if !seen || now.Sub(since) < n.cfg.StandbyLossAfter {
+			continue
+		}
+		pick, err := c.PickStandby(ctx, append(w.failed, addrs...)...)
+		if err != nil {
+			n.log.Warn("standby lost and none to replace it", "standby", addr, "after", n.cfg.StandbyLossAfter, "err", err)
+			w.caughtUp[addr] = now // ask the pool again after another StandbyLossAfter
+			continue
+		}
+		w.failed = append(w.failed, addr)
+		delete(w.caughtUp, addr)
+		w.caughtUp[pick] = now
+		n.swapStandby(r, addr, pick)
+	}
+	for len(r.addrs()) < max(n.cfg.MinInSync, 1) {
+		pick, err := c.PickStandby(ctx, append(w.failed, r.addrs()...)...)
+		if err != nil {
+			return // fewer than k: the record says so; the pool is asked again next round
+		}
+		w.caughtUp[pick] = now
+		if err := n.addStandby(r, pick); err != nil {
+			n.log.Error("replicating to the pool standby", "standby", pick, "err", err)
+			return
+		}
+	}
+}
+
+// swapStandby replaces the standby at old with the one at pick (resynced
+// from a snapshot).
+func (n *Node) swapStandby(r *replication, old, pick string) {
 	n.execMu.Lock()
 	defer n.execMu.Unlock()
 	if role, _ := n.auth.role(); role != failover.Primary {
-		return fmt.Errorf("not primary any more")
+		return
 	}
-	if r := n.replication(); r != nil {
-		r.stop()
-		r.metrics.unregisterAll()
+	r.removeStandby(old)
+	if err := n.addStandby(r, pick); err != nil {
+		n.log.Error("replicating to the pool standby", "standby", pick, "err", err)
 	}
-	n.mu.Lock()
-	n.cfg.ReplicateTo = addr
-	n.mu.Unlock()
-	return n.replicate()
+}
+
+// adoptStandbys makes a new leader stream to every other standby the
+// group's record lists (they followed the old primary; now they follow
+// this one, resynced from it), before it first writes the record. It
+// reports whether the record was read.
+func (n *Node) adoptStandbys(ctx context.Context, c *coordinator.Coordinator, r *replication) bool {
+	rec, err := c.Standbys(ctx)
+	if err != nil {
+		n.log.Warn("reading the group's standbys", "err", err)
+		return false
+	}
+	for _, s := range rec.Standbys {
+		if s.Addr == c.Advertise() {
+			continue
+		}
+		if err := n.addStandby(r, s.Addr); err != nil {
+			n.log.Error("replicating to the group's standby", "standby", s.Addr, "err", err)
+		}
+	}
+	return true
 }

@@ -21,8 +21,13 @@ const testTTL = 2 * time.Second
 
 func coord(t *testing.T, etcd, id, advertise string, reg prometheus.Registerer) *coordinator.Coordinator {
 	t.Helper()
+	return coordTTL(t, etcd, id, advertise, reg, testTTL)
+}
+
+func coordTTL(t *testing.T, etcd, id, advertise string, reg prometheus.Registerer, ttl time.Duration) *coordinator.Coordinator {
+	t.Helper()
 	c, err := coordinator.Dial(coordinator.Config{Endpoints: []string{etcd}, Group: "vm1", ID: id, Advertise: advertise,
-		TTL: testTTL, DialTimeout: 2 * time.Second, Registry: reg})
+		TTL: ttl, DialTimeout: 2 * time.Second, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +39,7 @@ func inSyncRecorded(t *testing.T, etcd, addr string) func() bool {
 	t.Cleanup(c.Close)
 	return func() bool {
 		gs, err := coordinator.Groups(context.Background(), c.Client())
-		return err == nil && len(gs) == 1 && gs[0].Standby.Addr == addr && gs[0].Standby.InSync
+		return err == nil && len(gs) == 1 && gs[0].Standby.InSync(addr)
 	}
 }
 
@@ -56,7 +61,7 @@ func TestCoordinatedPartition(t *testing.T) {
 	}
 	defer s.Close()
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = link.Addr()
+	cfgP.ReplicateTo = []string{link.Addr()}
 	cfgP.Coordinator = coord(t, pEtcd.Addr(), "p", "", prometheus.NewRegistry())
 	p, err := node.StartPrimary(cfgP)
 	if err != nil {
@@ -77,7 +82,7 @@ func TestCoordinatedPartition(t *testing.T) {
 	pEtcd.Partition(true)
 	link.Partition(true)
 	waitFor(t, "P fenced", func() bool { r, _ := p.Role(); return r == failover.Fenced })
-	waitFor(t, "S promoted", func() bool { r, _ := s.Role(); return r == failover.Primary })
+	waitFor(t, "S promoted and serving", func() bool { from, _ := s.Serving(); return !from.IsZero() }) // its role changes first
 	_, sTerm := s.Role()
 	_, pUntil := p.Serving()
 	sFrom, _ := s.Serving()
@@ -116,7 +121,7 @@ func TestStandbyLossHealedFromPool(t *testing.T) {
 		standbys[i] = n
 	}
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = addrs[0]
+	cfgP.ReplicateTo = []string{addrs[0]}
 	cfgP.StandbyLossAfter = 500 * time.Millisecond
 	cfgP.Coordinator = coord(t, etcd, "p", "", prometheus.NewRegistry())
 	p, err := node.StartPrimary(cfgP)
@@ -157,7 +162,7 @@ func TestRefuseBelow(t *testing.T) {
 	}
 	defer s.Close()
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = lnS.Addr().String()
+	cfgP.ReplicateTo = []string{lnS.Addr().String()}
 	p, err := node.StartPrimary(cfgP)
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +209,7 @@ func TestCoordinatedSwitchover(t *testing.T) {
 	}
 	defer s.Close()
 	cfgP := config(t, "unix://"+filepath.Join(dir, "p.sock"))
-	cfgP.ReplicateTo = lnS.Addr().String()
+	cfgP.ReplicateTo = []string{lnS.Addr().String()}
 	cfgP.Coordinator = coord(t, etcd, "p", "", prometheus.NewRegistry())
 	p, err := node.StartPrimary(cfgP)
 	if err != nil {
@@ -252,7 +257,7 @@ func TestCoordinatedSwitchover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "S promoted", func() bool { r, _ := s.Role(); return r == failover.Primary })
+	waitFor(t, "S promoted and serving", func() bool { from, _ := s.Serving(); return !from.IsZero() }) // its role changes first
 	close(stop)
 	<-done
 	sFrom, _ := s.Serving()

@@ -5,7 +5,10 @@
 // (failover.Node) deciding what the node does. A standby that takes over
 // becomes a primary through the same code a node started as primary runs
 // (becomePrimary), so a promoted node serves, replicates to the next
-// standby, verifies and hands over exactly like the first primary.
+// standbys (coordinated: also the group's other standbys, which follow
+// it), verifies and hands over exactly like the first primary. A primary
+// streams to each of its standbys with its own sender, from one log
+// (standbys.go).
 //
 // It owns the wiring and the execution of role decisions; it must never
 // decide a role itself: events go into the authority, actions come out
@@ -42,11 +45,16 @@ type Config struct {
 	// primary, once promoted when started as standby ("": a standby that
 	// never takes over, a pure replica).
 	GuestListen string
-	// ReplicateTo is the standby (tcp host:port) the node streams to while
-	// it is primary ("": unprotected), in Mode, with Key.
-	ReplicateTo string
-	Mode        replicate.Mode
-	Key         []byte
+	// ReplicateTo are the standbys (tcp host:port), in priority order, the
+	// node streams to while it is primary (none: unprotected), in Mode,
+	// with Key.
+	ReplicateTo []string
+	// MinInSync is k: the commit rule waits for the first k caught-up
+	// standbys (default 1; replicate/peers.go says what happens with
+	// fewer).
+	MinInSync int
+	Mode      replicate.Mode
+	Key       []byte
 	// MaxLagBytes bounds the log's unapplied bytes (default 256 MiB).
 	MaxLagBytes int64
 	// ResyncBudgetBytes bounds what the log keeps while a resync streams
@@ -97,7 +105,7 @@ type Node struct {
 }
 
 // StartPrimary starts the first primary (term 1): it serves guests on
-// cfg.GuestListen and, with cfg.ReplicateTo, streams to that standby.
+// cfg.GuestListen and, with cfg.ReplicateTo, streams to those standbys.
 func StartPrimary(cfg Config) (*Node, error) {
 	role := failover.NewPrimary()
 	if cfg.Coordinator != nil {
@@ -162,6 +170,7 @@ func newNode(cfg Config, role *failover.Node) (*Node, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	cfg.MinInSync = max(cfg.MinInSync, 1)
 	if cfg.StandbyLossAfter == 0 {
 		cfg.StandbyLossAfter = 3 * time.Second
 	}

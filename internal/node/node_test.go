@@ -68,14 +68,14 @@ func TestPromotedNodeIsAFullPrimary(t *testing.T) {
 	}
 	defer c.Close()
 	cfgB := config(t, ep("b.sock"))
-	cfgB.ReplicateTo = lnC.Addr().String()
+	cfgB.ReplicateTo = []string{lnC.Addr().String()}
 	b, err := node.StartStandby(cfgB, lnB)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
 	cfgA := config(t, ep("a.sock"))
-	cfgA.ReplicateTo = lnB.Addr().String()
+	cfgA.ReplicateTo = []string{lnB.Addr().String()}
 	a, err := node.StartPrimary(cfgA)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +159,7 @@ func TestLostHandOverChangesNothing(t *testing.T) {
 	defer b.Close()
 	var dropped atomic.Int32
 	cfgA := config(t, "unix://"+filepath.Join(dir, "a.sock"))
-	cfgA.ReplicateTo = lnB.Addr().String()
+	cfgA.ReplicateTo = []string{lnB.Addr().String()}
 	cfgA.Faults = func(m replicate.Message) bool {
 		if m.Type == "promote" {
 			dropped.Add(1)
@@ -208,7 +208,7 @@ func TestPromotionRetriesABusyEndpoint(t *testing.T) {
 	}
 	defer b.Close()
 	cfgA := config(t, "unix://"+filepath.Join(dir, "a.sock"))
-	cfgA.ReplicateTo = lnB.Addr().String()
+	cfgA.ReplicateTo = []string{lnB.Addr().String()}
 	a, err := node.StartPrimary(cfgA)
 	if err != nil {
 		t.Fatal(err)

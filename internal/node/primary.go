@@ -1,61 +1,14 @@
 package node
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/replicate"
 )
-
-// replication is a primary's link to its standby.
-type replication struct {
-	log     *replicate.Log
-	sender  *replicate.Sender
-	metrics *registered // the sender's collectors, dropped when it is replaced
-	cancel  context.CancelFunc
-	done    chan struct{}
-}
-
-// registered remembers what was registered through it, so that a sender
-// replaced by another (a standby taken from the pool) can take its
-// metrics away first.
-type registered struct {
-	prometheus.Registerer
-	cs []prometheus.Collector
-}
-
-func (r *registered) Register(c prometheus.Collector) error {
-	if err := r.Registerer.Register(c); err != nil {
-		return err
-	}
-	r.cs = append(r.cs, c)
-	return nil
-}
-
-func (r *registered) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		if err := r.Register(c); err != nil {
-			panic(err)
-		}
-	}
-}
-
-func (r *registered) unregisterAll() {
-	for _, c := range r.cs {
-		r.Unregister(c)
-	}
-	r.cs = nil
-}
-
-func (r *replication) stop() {
-	r.cancel()
-	r.log.Close()
-	<-r.done
-}
 
 // Promotion records one takeover.
 type Promotion struct {
@@ -69,13 +22,13 @@ type Promotion struct {
 }
 
 // becomePrimary makes this node a primary under term: it replicates to
-// the configured standby (before any guest is served) and serves guests.
+// the configured standbys (before any guest is served) and serves guests.
 // Both the first primary and a promoted standby are built here.
 func (n *Node) becomePrimary(term uint64) error {
 	n.srv.SetTerm(term)
 	n.guardLease()
-	if n.cfg.ReplicateTo != "" {
-		if err := n.replicate(); err != nil {
+	if len(n.cfg.ReplicateTo) > 0 || n.cfg.Coordinator != nil {
+		if err := n.replicate(n.cfg.ReplicateTo); err != nil {
 			if n.agent == nil {
 				return err
 			}
@@ -111,29 +64,45 @@ func (n *Node) retryServeGuests() {
 	}
 }
 
-// replicate starts streaming to cfg.ReplicateTo; the standby is brought up
-// to date from a snapshot or the log.
-func (n *Node) replicate() error {
+// replicate starts streaming to every standby in targets; each is brought
+// up to date from a snapshot or the log. Coordinated, the node replicates
+// even without one: the group's other standbys (adoptStandbys) and the
+// pool's join the log later.
+func (n *Node) replicate(targets []string) error {
 	lg := replicate.NewLog(n.cfg.MaxLagBytes)
 	if n.cfg.ResyncBudgetBytes > 0 {
 		lg.SetResyncBudget(n.cfg.ResyncBudgetBytes)
 	}
-	reg := &registered{Registerer: n.cfg.Registry}
-	sender, err := replicate.NewSender(replicate.SenderConfig{
-		Addr: n.cfg.ReplicateTo, Key: n.cfg.Key, Mode: n.cfg.Mode, Log: lg, Logger: n.log,
-		Registry: reg, Faults: n.cfg.Faults, ResyncRate: n.cfg.ResyncRate,
-	}, protected{n})
-	if err != nil {
-		return err
+	lg.SetMinInSync(n.cfg.MinInSync)
+	if n.cfg.Coordinator != nil {
+		lg.RecordDepartures()
 	}
-	n.srv.Replicate(lg, n.cfg.Mode)
-	ctx, cancel := context.WithCancel(n.ctx)
-	r := &replication{log: lg, sender: sender, metrics: reg, cancel: cancel, done: make(chan struct{})}
+	r := &replication{log: lg}
+	n.srv.Replicate(lg, n.cfg.Mode) // before a sender can ask for a snapshot
 	n.mu.Lock()
 	n.repl = r
 	n.mu.Unlock()
-	go func() { defer close(r.done); sender.Run(ctx) }()
-	n.log.Info("replicating", "standby", n.cfg.ReplicateTo, "mode", n.cfg.Mode)
+	for _, addr := range targets {
+		if err := n.addStandby(r, addr); err != nil {
+			return err
+		}
+	}
+	return n.registerLogMetrics(lg)
+}
+
+// registerLogMetrics exports the sync set's size and k (a node becomes
+// primary once).
+func (n *Node) registerLogMetrics(lg *replicate.Log) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_replication_in_sync_standbys", Help: "Standbys in the sync set that hold every acknowledged op."},
+			func() float64 { return float64(lg.Status().InSyncCount) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_replication_min_in_sync", Help: "In-sync standbys the commit rule waits for (k)."},
+			func() float64 { return float64(lg.Status().MinInSync) }),
+	} {
+		if err := n.cfg.Registry.Register(c); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -216,10 +185,21 @@ func (n *Node) replication() *replication {
 	return n.repl
 }
 
-// Sender is the primary's replication sender (nil when not replicating).
+// Sender is the primary's sender to its first standby (nil when not
+// replicating).
 func (n *Node) Sender() *replicate.Sender {
 	if r := n.replication(); r != nil {
-		return r.sender
+		if ss := r.senders(); len(ss) > 0 {
+			return ss[0]
+		}
+	}
+	return nil
+}
+
+// Senders are the primary's senders, one per standby, in priority order.
+func (n *Node) Senders() []*replicate.Sender {
+	if r := n.replication(); r != nil {
+		return r.senders()
 	}
 	return nil
 }
@@ -237,10 +217,10 @@ func (n *Node) Log() *replicate.Log {
 // from the primary to the standby.
 func (n *Node) Verify(repair bool, timeout time.Duration) (replicate.Report, error) {
 	r := n.replication()
-	if r == nil {
+	if r == nil || r.first() == nil {
 		return replicate.Report{}, errNotReplicating
 	}
-	rep, err := r.sender.Verify(n.srv.VerifyPoint, timeout)
+	rep, err := r.first().Verify(n.srv.VerifyPoint, timeout)
 	if err != nil || !repair || rep.Match {
 		return rep, err
 	}
@@ -252,20 +232,22 @@ func (n *Node) Verify(repair bool, timeout time.Duration) (replicate.Report, err
 	return rep, nil
 }
 
-// Switchover hands the primary role to the standby with nothing lost and
-// returns how long guests were stopped and the standby's new term.
+// Switchover hands the primary role to the first in-sync standby with
+// nothing lost and returns how long guests were stopped and the standby's
+// new term. The other standbys follow the new primary.
 func (n *Node) Switchover(timeout time.Duration) (time.Duration, uint64, error) {
 	r := n.replication()
-	if r == nil {
+	if r == nil || r.first() == nil {
 		return 0, 0, errNotReplicating
 	}
 	var term uint64
 	pause, err := n.srv.Switchover(func() (uint64, error) {
 		var err error
+		to := r.first()
 		if n.cfg.Coordinator != nil {
-			term, err = n.coordinatedHandover(r, timeout)
+			term, err = n.coordinatedHandover(to, timeout)
 		} else {
-			term, err = r.sender.Handover(timeout)
+			term, err = to.Handover(timeout)
 		}
 		return term, err
 	})

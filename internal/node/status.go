@@ -47,24 +47,33 @@ const (
 	NoPeer      = "none"         // neither: a primary without --replicate-to
 )
 
-// Replication is the node's one replication link, in either direction.
+// Replication is the node's replication, in either direction: a
+// primary's log and its standbys (each in Standbys), or a standby's
+// stream from its primary.
 type Replication struct {
 	Direction string `json:"direction"`
-	// Peer is the standby's address (to_standby) or the connected
-	// primary's (from_primary).
+	// Peer is the standbys' addresses, comma-separated in priority order
+	// (to_standby), or the connected primary's (from_primary).
 	Peer string `json:"peer"`
-	// State: to_standby: unprotected, resyncing or protected;
-	// from_primary: disconnected, resyncing, catching_up or in_sync;
-	// none: off.
+	// State: to_standby: unprotected, resyncing, degraded (fewer than
+	// MinInSync standbys in the sync set) or protected; from_primary:
+	// disconnected, resyncing, catching_up or in_sync; none: off.
 	State     string `json:"state"`
 	Mode      string `json:"mode"`
 	Connected bool   `json:"connected"`
-	// InSync: the replica (the peer's, or this node's) is a complete
-	// copy up to AppliedSequence.
+	// InSync: the replica is a complete copy up to AppliedSequence
+	// (to_standby: MinInSync standbys are in sync).
 	InSync bool `json:"in_sync"`
-	// Protected: a caught-up standby holds every acknowledged op
-	// (vgpuha_replication_protected; to_standby only).
+	// Protected: MinInSync caught-up standbys hold every acknowledged op
+	// (to_standby only).
 	Protected bool `json:"protected"`
+	// MinInSync is k (to_standby; 0 on a standby); InSyncStandbys how
+	// many standbys are in sync now (vgpuha_replication_in_sync_standbys).
+	MinInSync      int `json:"min_in_sync"`
+	InSyncStandbys int `json:"in_sync_standbys"`
+	// Standbys: each standby this primary streams to (empty on a
+	// standby).
+	Standbys []StandbyLink `json:"standbys"`
 	// LastSequence is the newest record logged (to_standby) or received
 	// (from_primary); AppliedSequence the last one the replica applied.
 	LastSequence    uint64  `json:"last_sequence"`
@@ -85,6 +94,26 @@ type Replication struct {
 	LastError              string   `json:"last_error"`
 	// Resync is the resync under way (null when none runs).
 	Resync *Resync `json:"resync"`
+}
+
+// StandbyLink is a primary's link to one of its standbys (the series are
+// labelled standby=Peer).
+type StandbyLink struct {
+	Peer string `json:"peer"`
+	// State: unprotected (not connected), resyncing, protected.
+	State     string `json:"state"`
+	Connected bool   `json:"connected"`
+	// InSync: in the sync set and holding every acknowledged op (the
+	// group's record names it in sync: it may take over).
+	InSync              bool    `json:"in_sync"`
+	Protected           bool    `json:"protected"`
+	AppliedSequence     uint64  `json:"applied_sequence"`
+	LagRecords          uint64  `json:"lag_records"`
+	LagBytes            int64   `json:"lag_bytes"`
+	LagSeconds          float64 `json:"lag_seconds"`
+	ResyncsTotal        uint64  `json:"resyncs_total"`
+	ResyncRestartsTotal uint64  `json:"resync_restarts_total"`
+	LastError           string  `json:"last_error"`
 }
 
 // Resync is a resync's progress in snapshot contents bytes.
@@ -122,7 +151,7 @@ func (n *Node) Status() Status {
 	hs := n.srv.Status()
 	st := Status{Role: role.String(), Term: term, Serving: hs.Primary, Backend: hs.Backend, Sessions: hs.Sessions,
 		DetachedSessions: hs.Detached, DeviceObjects: hs.Objects, DeviceMemoryBytes: hs.Bytes,
-		Replication: Replication{Direction: NoPeer, State: "off"}}
+		Replication: Replication{Direction: NoPeer, State: "off", Standbys: []StandbyLink{}}}
 	if p := n.Promoted(); p != nil {
 		st.Promotion = &PromotionStatus{Term: p.Term, LastHeard: p.LastHeard, Detected: p.Detected, Serving: p.Serving,
 			DetectionSeconds: p.Detected.Sub(p.LastHeard).Seconds(), PromotionSeconds: p.Serving.Sub(p.Detected).Seconds(),
@@ -130,7 +159,11 @@ func (n *Node) Status() Status {
 	}
 	switch r := n.replication(); {
 	case r != nil:
-		st.Replication = senderView(r.sender.Status())
+		var senders []replicate.SenderStatus
+		for _, s := range r.senders() {
+			senders = append(senders, s.Status())
+		}
+		st.Replication = senderView(n.cfg.Mode.String(), r.log.Status(), senders)
 	case n.agent != nil && role == failover.Standby:
 		st.Replication = receiverView(n.agent.Receiver.Status())
 		if heard := n.auth.heardAt(); !heard.IsZero() {
@@ -141,18 +174,48 @@ func (n *Node) Status() Status {
 	return st
 }
 
-// senderView is a primary's link to its standby.
-func senderView(s replicate.SenderStatus) Replication {
-	return Replication{Direction: ToStandby, Peer: s.Standby, State: s.State, Mode: s.Mode, Connected: s.Attached,
-		InSync: s.Protected, Protected: s.Protected, LastSequence: s.Last, AppliedSequence: s.Applied,
-		LagRecords: s.LagOps, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds, Epoch: s.Epoch,
-		ResyncsTotal: s.Resyncs, ResyncRestartsTotal: s.ResyncRestarts, LastResyncPauseSeconds: s.LastPauseMS / 1000,
-		LastResyncSeconds: s.LastResync, LastError: s.LastError, Resync: resyncView(s.Resync)}
+// senderView is a primary's log and its links to its standbys.
+func senderView(mode string, ls replicate.LogStatus, senders []replicate.SenderStatus) Replication {
+	v := Replication{Direction: ToStandby, State: "unprotected", Mode: mode, Connected: ls.Attached, InSync: ls.InSync,
+		Protected: ls.Protected, MinInSync: ls.MinInSync, InSyncStandbys: ls.InSyncCount, LastSequence: ls.Last,
+		AppliedSequence: ls.Applied, LagRecords: ls.LagOps, LagBytes: ls.LagBytes, LagSeconds: ls.LagSeconds,
+		Epoch: ls.Epoch, Standbys: []StandbyLink{}}
+	var peers []string
+	protected := 0
+	for _, s := range senders {
+		peers = append(peers, s.Standby)
+		v.Standbys = append(v.Standbys, StandbyLink{Peer: s.Standby, State: s.State, Connected: s.Attached, InSync: s.InSync,
+			Protected: s.Protected, AppliedSequence: s.Applied, LagRecords: s.LagOps, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds,
+			ResyncsTotal: s.Resyncs, ResyncRestartsTotal: s.ResyncRestarts, LastError: s.LastError})
+		v.ResyncsTotal += s.Resyncs
+		v.ResyncRestartsTotal += s.ResyncRestarts
+		v.LastResyncPauseSeconds = max(v.LastResyncPauseSeconds, s.LastPauseMS/1000)
+		v.LastResyncSeconds = max(v.LastResyncSeconds, s.LastResync)
+		if v.LastError == "" {
+			v.LastError = s.LastError
+		}
+		if v.Resync == nil {
+			v.Resync = resyncView(s.Resync)
+		}
+		if s.Protected {
+			protected++
+		}
+	}
+	v.Peer = strings.Join(peers, ",")
+	switch {
+	case ls.Protected:
+		v.State = "protected"
+	case protected > 0:
+		v.State = "degraded"
+	case ls.Attached:
+		v.State = "resyncing"
+	}
+	return v
 }
 
 // receiverView is a standby's stream from its primary.
 func receiverView(r replicate.ReceiverStatus) Replication {
-	v := Replication{Direction: FromPrimary, Peer: r.Primary, Mode: r.Mode, Connected: r.Connected, InSync: r.InSync,
+	v := Replication{Direction: FromPrimary, Peer: r.Primary, Mode: r.Mode, Connected: r.Connected, InSync: r.InSync, Standbys: []StandbyLink{},
 		LastSequence: r.Received, AppliedSequence: r.Applied, LagRecords: r.Received - min(r.Applied, r.Received),
 		ApplyErrorsTotal: r.ApplyErrors, RefusedPeersTotal: r.RefusedPeers, Resync: resyncView(r.Resync)}
 	switch {

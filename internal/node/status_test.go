@@ -35,6 +35,8 @@ func docFields(t *testing.T) (fields map[string]bool, series []string) {
 			prefix = ""
 		case strings.HasPrefix(line, "#") && strings.Contains(line, " replication.resync"):
 			prefix = "replication.resync."
+		case strings.HasPrefix(line, "#") && strings.Contains(line, " replication.standbys"):
+			prefix = "replication.standbys."
 		case strings.HasPrefix(line, "## replication"):
 			prefix = "replication."
 		case strings.HasPrefix(line, "## promotion"):
@@ -67,6 +69,9 @@ func jsonFields(t *testing.T, st node.Status) map[string]bool {
 	walk = func(prefix string, m map[string]any) {
 		for k, v := range m {
 			out[prefix+k] = true
+			if list, ok := v.([]any); ok && k == "standbys" && len(list) > 0 {
+				v = list[0] // each element has the same keys
+			}
 			if sub, ok := v.(map[string]any); ok && k != "sessions" {
 				walk(prefix+k+".", sub)
 			}
@@ -103,11 +108,12 @@ func TestOneStatusSchema(t *testing.T) {
 	check := func(name string, st node.Status, want func(node.Status) bool) {
 		t.Helper()
 		got := jsonFields(t, st)
-		// resync and promotion may be null: their inner keys are checked
-		// where they are present.
+		// resync and promotion may be null, standbys empty: their inner
+		// keys are checked where they are present.
 		for f := range docs {
 			inner := strings.HasPrefix(f, "promotion.") && st.Promotion == nil ||
-				strings.HasPrefix(f, "replication.resync.") && st.Replication.Resync == nil
+				strings.HasPrefix(f, "replication.resync.") && st.Replication.Resync == nil ||
+				strings.HasPrefix(f, "replication.standbys.") && len(st.Replication.Standbys) == 0
 			if !got[f] && !inner {
 				t.Errorf("%s: /status lacks documented %s", name, f)
 			}
@@ -131,14 +137,14 @@ func TestOneStatusSchema(t *testing.T) {
 	defer c.Close()
 	regB, regA := prometheus.NewRegistry(), prometheus.NewRegistry()
 	cfgB := config(t, ep("b.sock"))
-	cfgB.ReplicateTo, cfgB.Registry = lnC.Addr().String(), regB
+	cfgB.ReplicateTo, cfgB.Registry = []string{lnC.Addr().String()}, regB
 	b, err := node.StartStandby(cfgB, lnB)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
 	cfgA := config(t, ep("a.sock"))
-	cfgA.ReplicateTo, cfgA.Registry = lnB.Addr().String(), regA
+	cfgA.ReplicateTo, cfgA.Registry = []string{lnB.Addr().String()}, regA
 	a, err := node.StartPrimary(cfgA)
 	if err != nil {
 		t.Fatal(err)
