@@ -124,29 +124,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 	defer c.rdMu.Unlock()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for {
-		if err := c.usable(); err != nil {
-			return 0, c.opError("read", err)
-		}
-		n, err := c.in.readable()
-		if err != nil {
-			return 0, c.opError("read", c.fail(err))
-		}
-		if n > 0 {
-			k := c.in.take(p, n)
-			if c.in.spaceSleep.Load() != 0 {
-				c.ring(bellSpace)
-			}
-			return k, nil
-		}
-		err = c.wait(c.in.readable, c.in.dataSleep, c.dataCh, &c.rdDeadline, &c.in.spin)
-		if err == errPeerGone {
-			return 0, io.EOF
-		}
-		if err != nil {
-			return 0, c.opError("read", err)
-		}
+	if err := c.awaitIn(1); err != nil {
+		return 0, err
 	}
+	n, err := c.in.readable()
+	if err != nil {
+		return 0, c.opError("read", c.fail(err))
+	}
+	k := c.in.take(p, n)
+	if c.in.spaceSleep.Load() != 0 {
+		c.ring(bellSpace)
+	}
+	return k, nil
 }
 
 // Write writes all of p into the shared ring, waiting for room as needed.
