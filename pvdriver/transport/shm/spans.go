@@ -74,7 +74,6 @@ func (c *Conn) awaitIn(want uint64) error {
 	}
 }
 
-
 // Buffered is how many bytes the peer has published that were not read
 // yet (at least; more may be arriving).
 func (c *Conn) Buffered() int {
