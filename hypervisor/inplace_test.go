@@ -2,13 +2,17 @@ package hypervisor_test
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/vgpuha/vgpuha/internal/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
 )
 
 // inPlaceSizes are copies around the in-place threshold, one that wraps
@@ -94,5 +98,77 @@ func TestInPlaceCopiesReplicated(t *testing.T) {
 	copyAndCheck(t, g, s)
 	if rep, err := c.Verify(); err != nil || !rep.Match {
 		t.Fatalf("verify: %v %+v", err, rep)
+	}
+}
+
+// TestScribbledInPlaceDataReplicated: a hostile guest of a replicated pair
+// keeps rewriting its request ring's bytes (frames and in-place copy data)
+// while it copies. Whatever it loses, a neighbour's data stays right, and
+// primary and standby stay identical (verify): the node read each copy's
+// data once, into the log's buffer, and wrote the device from that copy.
+func TestScribbledInPlaceDataReplicated(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory needs Linux")
+	}
+	c := startPair(t, cluster.Options{GuestScheme: "shm+unix"})
+	conn, err := shm.Dial(context.Background(), strings.TrimPrefix(c.Endpoint, "shm+unix://"), shm.Options{RequestRing: shm.MinRing, ReplyRing: shm.MinRing})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := pvdriver.NewClient(keepMapped{conn}, pvdriver.Options{GuestName: "scribbler"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	defer bad.Close()
+	p, err := bad.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() { // the guest's other thread: only the request ring's bytes
+		defer close(stopped)
+		ring, r := conn.SharedMemory()[4096:4096+shm.MinRing], rand.New(rand.NewPCG(3, 4))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for range 16 {
+				ring[r.IntN(len(ring))] = byte(r.Uint32())
+			}
+			runtime.Gosched()
+		}
+	}()
+	var copied atomic.Int64
+	go func() {
+		buf := make([]byte, 200<<10)
+		for err := error(nil); err == nil; copied.Add(1) {
+			if err = bad.CopyHtoD(p, buf); err == nil {
+				err = bad.CopyDtoH(buf[:4096], p)
+			}
+		}
+	}()
+	g := guest(t, c, "neighbour")
+	q := mustAlloc(t, g, 1<<20, 0)
+	want := bytes.Repeat([]byte{0x5a, 0xa5, 3}, 300<<10/3)
+	got := make([]byte, len(want))
+	for range 20 {
+		if err := g.CopyHtoD(q, want); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.CopyDtoH(got, q); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatal("a neighbour's data changed")
+		}
+	}
+	close(stop)
+	<-stopped
+	t.Logf("the scribbling guest made %d copies", copied.Load())
+	if rep, err := c.Verify(); err != nil || !rep.Match {
+		t.Fatalf("primary and standby differ: %v %+v", err, rep)
 	}
 }
