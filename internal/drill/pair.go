@@ -159,14 +159,16 @@ func newPair(bin, backend string) (*pair, error) {
 	return p, nil
 }
 
-// startPair starts a standby and a primary from the vgpuha binary bin and
-// waits, on their admin endpoints, until the standby answers and the
-// primary says it is protected.
-func startPair(bin, backend, mode string, netns bool) (*pair, error) {
+// startPair starts a standby and a primary from the vgpuha binary bin,
+// serving guests on endpoints of scheme (unix or shm+unix), and waits, on
+// their admin endpoints, until the standby answers and the primary says
+// it is protected.
+func startPair(bin, backend, mode string, netns bool, scheme string) (*pair, error) {
 	p, err := newPair(bin, backend)
 	if err != nil {
 		return nil, err
 	}
+	p.primaryEP, p.standbyEP = withScheme(p.primaryEP, scheme), withScheme(p.standbyEP, scheme)
 	keyFile := p.keyFile
 	repl, err := p.replicationAddr(netns)
 	if err != nil {
