@@ -31,7 +31,9 @@
 // (uint64, the producer's index) at 0, tail (uint64, the consumer's index)
 // at 64, the consumer's "asleep" flag (uint32) at 128 and the producer's at
 // 192. A side that finds nothing to do spins a little (adaptively: about
-// twice its recent short waits, at most maxSpin), then raises its flag,
+// twice its recent short waits, at most its connection's spin limit:
+// DefaultMaxSpin, or what Options.MaxSpin or Listener.SetMaxSpin say, up
+// to SpinLimit), then raises its flag,
 // checks once more and sleeps on its eventfd; the other side writes that
 // eventfd only when the flag is up, so a busy pair makes no system call and
 // an idle guest costs no CPU. Doorbell eventfds are read through Go's
@@ -69,10 +71,13 @@ const (
 // while the producer writes the next.
 const chunkBytes = 256 << 10
 
-// Spin bounds (see adapt).
+// Spin bounds (see adapt). A host with cores to spare (a GPU server) may
+// let its side spin longer between a guest's calls; SpinLimit bounds what
+// anyone may ask, so a waiting side always sleeps in the end.
 const (
-	minSpin = 1 * time.Microsecond
-	maxSpin = 50 * time.Microsecond
+	minSpin        = 1 * time.Microsecond
+	DefaultMaxSpin = 50 * time.Microsecond
+	SpinLimit      = 10 * time.Millisecond
 )
 
 // ErrCorrupt reports shared ring indexes no honest peer could have written.
@@ -97,7 +102,7 @@ type ring struct {
 // request ring has reqSize bytes and reply ring repSize.
 func newRing(area []byte, i int, reqSize, repSize uint64) (*ring, error) {
 	ctl := area[i*ringCtlBytes : (i+1)*ringCtlBytes]
-	r := &ring{size: reqSize, spin: maxSpin / 2}
+	r := &ring{size: reqSize, spin: DefaultMaxSpin / 2}
 	start := uint64(ctlBytes)
 	if i == 1 {
 		r.size, start = repSize, ctlBytes+reqSize
@@ -158,14 +163,23 @@ func (r *ring) put(p []byte, free uint64) int {
 }
 
 // adapt sets the spin budget from how long a wait took: twice a short
-// wait (so the next one like it is caught spinning), halved after a long
-// one (an idle peer: sleep at once).
-func adapt(spin *time.Duration, waited time.Duration) {
-	if waited <= maxSpin {
-		*spin = min(maxSpin, max(*spin, 2*waited, minSpin))
+// wait (so the next one like it is caught spinning), at most limit;
+// halved after a long one (an idle peer: sleep at once).
+func adapt(spin *time.Duration, waited, limit time.Duration) {
+	if waited <= limit {
+		*spin = min(limit, max(*spin, 2*waited, minSpin))
 		return
 	}
 	*spin = max(minSpin, *spin/2)
+}
+
+// clampSpin turns an asked-for spin limit into one to use (zero: the
+// default).
+func clampSpin(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultMaxSpin
+	}
+	return min(d, SpinLimit)
 }
 
 // Hello is the guest's opening message on the unix socket, sent with the
