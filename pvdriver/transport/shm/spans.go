@@ -1,6 +1,9 @@
 package shm
 
-import "io"
+import (
+	"io"
+	"time"
+)
 
 // ReadSpans hands fn the next n bytes of the stream where they lie in the
 // shared ring, in order, as spans that never wrap the ring's end and are
@@ -88,3 +91,6 @@ func (c *Conn) Buffered() int {
 	}
 	return int(n)
 }
+
+// MaxSpin is how long this side spins waiting before it sleeps.
+func (c *Conn) MaxSpin() time.Duration { return c.maxSpin }
