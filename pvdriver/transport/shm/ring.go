@@ -11,11 +11,14 @@
 // the shared area: every index it reads from shared memory is loaded once
 // into private memory, checked (a ring can never hold more than its size),
 // and only the checked copy is used; its own indexes live in private memory
-// and are only ever stored to the area, never read back. Bytes are copied
+// and are only ever stored to the area, never read back. Read copies bytes
 // out of the ring into the caller's private buffer before anyone looks at
 // them, so a guest that rewrites the ring while it is read can only garble
 // its own frames (caught by their checksums) or be told ErrCorrupt: either
-// way only its own connection ends.
+// way only its own connection ends. ReadSpans instead hands a reader the
+// bytes where they lie (a large copy's data, taken once by a device copy
+// or a copy into a log buffer: see abi.InPlace); the reader must decide
+// nothing from them.
 //
 // Layout of the area (little-endian; indexes are byte counts since the
 // ring was made, never wrapped; a ring of size S holds bytes at index&(S-1)):
