@@ -165,7 +165,7 @@ func (s *Session) emitMMIO(flush func(emit func(*mmiotrace.Region, uint64, []byt
 			continue // cannot happen: the tracer only reports writes inside the aperture
 		}
 		if s.record != nil {
-			s.record(replicate.OpMMIO, 0, b, 0, 0)
+			s.record.append(replicate.OpMMIO, 0, b, 0, 0, nil)
 		}
 	}
 }

@@ -20,7 +20,7 @@ import (
 type guestConn struct {
 	s      *Server
 	conn   net.Conn
-	br     *bufio.Reader // nil before hello: frames are read straight from conn
+	br     buffered // nil before hello: frames are read straight from conn
 	bw     *bufio.Writer
 	fr     *abi.FrameReader
 	log    *slog.Logger
@@ -96,6 +96,10 @@ func (c *guestConn) registerShared() (unregister func()) {
 	}
 }
 
+// buffered is a reader that knows how many bytes it could return at once
+// (a bufio.Reader, or a shared-memory connection: its ring).
+type buffered interface{ Buffered() int }
+
 // helloTimeout bounds how long a connection may take to say hello.
 const helloTimeout = 10 * time.Second
 
@@ -106,10 +110,25 @@ func (c *guestConn) upgrade() {
 	c.conn.SetReadDeadline(time.Time{})
 	c.bw.Flush()
 	c.bw = bufio.NewWriterSize(c.conn, 64<<10)
-	c.br = bufio.NewReaderSize(c.conn, 64<<10) // nothing read ahead so far
 	c.fr.Release()
-	c.fr = abi.NewFrameReader(c.br, c.s.cfg.MaxPayload)
+	if sr, ok := c.conn.(spanConn); ok {
+		// Shared memory: frames are copied out of the ring without a
+		// buffer between, and large copies' data is left there (inplace.go).
+		c.br = sr
+		c.fr = abi.NewFrameReader(sr, c.s.cfg.MaxPayload)
+		c.fr.SetSpanReader(sr)
+	} else {
+		br := bufio.NewReaderSize(c.conn, 64<<10) // nothing read ahead so far
+		c.br = br
+		c.fr = abi.NewFrameReader(br, c.s.cfg.MaxPayload)
+	}
 	c.fr.SetBudget(c.s.budget)
+}
+
+// spanConn is a transport whose bytes can be read where they lie.
+type spanConn interface {
+	abi.SpanReader
+	buffered
 }
 
 // finish lets go of the connection's session (kept for a resume, or freed).
@@ -191,6 +210,9 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	if end {
 		return false
 	}
+	if f.InPlace != nil && f.InPlace.Err() != nil {
+		return c.frameError(f, f.InPlace.Err()) // its data could not be read, or garbled
+	}
 	c.s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(err).String()).Inc()
 	var refused *refusedError
 	if errors.As(err, &refused) {
@@ -258,7 +280,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 	}
 	timer := prometheus.NewTimer(c.s.metrics.latency[f.Op])
 	defer timer.ObserveDuration()
-	reply, err = c.sess.handle(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload)
+	reply, err = c.sess.serve(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload, f.InPlace)
 	return reply, err, false
 }
 

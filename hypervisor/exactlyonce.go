@@ -29,15 +29,21 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // checkReqID decides what a state-changing request's id means: a resend
 // (done: answered from state, or refused if its content differs), an id too
 // far ahead (done: refused), or a new request (not done; its content's
-// checksum is kept for later resends).
+// checksum is kept for later resends). A copy streamed from shared memory
+// (inPlace) keeps no checksum: its data is read once, by the device copy;
+// a resend under its id is answered from state, as one whose checksum was
+// pruned.
 // Precondition: s.mu must be locked.
-func (s *Session) checkReqID(op abi.Opcode, reqID uint64, payload []byte) (reply abi.Body, err error, done bool) {
+func (s *Session) checkReqID(op abi.Opcode, reqID uint64, payload []byte, inPlace bool) (reply abi.Body, err error, done bool) {
 	if reqID == 0 {
 		return nil, nil, false
 	}
-	sum := crc32.Checksum(payload, castagnoli)
+	var sum uint32
+	if !inPlace {
+		sum = crc32.Checksum(payload, castagnoli)
+	}
 	if reqID <= s.lastReq {
-		if want, ok := s.sums[reqID]; ok && want != sum {
+		if want, ok := s.sums[reqID]; ok && !inPlace && want != sum {
 			return nil, refuse(refusedReplayMismatch, abi.StatusInvalidValue,
 				"request id %d was already applied with other content: a resend must repeat the request", reqID), true
 		}
@@ -47,7 +53,11 @@ func (s *Session) checkReqID(op abi.Opcode, reqID uint64, payload []byte) (reply
 		return nil, refuse(refusedRequestID, abi.StatusInvalidValue,
 			"request id %d is more than %d past the last applied request %d", reqID, uint64(maxIDJump), s.lastReq), true
 	}
-	s.noteContent(reqID, sum)
+	if inPlace {
+		delete(s.sums, reqID) // a sum left by an earlier attempt that failed is not this content's
+	} else {
+		s.noteContent(reqID, sum)
+	}
 	return nil, nil, false
 }
 

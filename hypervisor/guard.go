@@ -58,7 +58,7 @@ func (s *Session) failLocked(why string) {
 		s.failed = why
 	}
 	if s.record != nil {
-		s.record(replicate.OpSessionClose, 0, nil, 0, 0)
+		s.record.append(replicate.OpSessionClose, 0, nil, 0, 0, nil)
 		s.record = nil
 	}
 }

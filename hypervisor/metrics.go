@@ -11,6 +11,7 @@ type metrics struct {
 	frameErrors *prometheus.CounterVec
 	panics      *prometheus.CounterVec
 	refusals    *prometheus.CounterVec
+	inPlace     *prometheus.CounterVec
 	latency     map[abi.Opcode]prometheus.Observer
 	mmio        *mmiotrace.Metrics
 }
@@ -33,6 +34,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_guest_refusals_total",
 			Help: "Guest requests refused to protect the node or other guests, by reason (resume_token, tenant_memory, buffer_budget, ...).",
 		}, []string{"reason"}),
+		inPlace: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpuha_guest_inplace_copy_bytes_total",
+			Help: "Copy data taken from a guest's shared memory where it lay, by where it went: device (straight to the device), log (into a replication log buffer), private (a stream copy's private buffer).",
+		}, []string{"to"}),
 		latency: map[abi.Opcode]prometheus.Observer{},
 	}
 	for _, r := range refusalReasons {
@@ -50,7 +55,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		return func() float64 { return f(s.Status()) }
 	}
 	collectors := []prometheus.Collector{
-		m.requests, m.frameErrors, m.panics, m.refusals, hist,
+		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_is_primary", Help: "1 while this node serves guests (not fenced).",
 		}, func() float64 {

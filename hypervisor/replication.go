@@ -42,11 +42,27 @@ func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 
 // recorder returns the session's hook into the log.
 // Precondition: s.mu must be locked (or s.repl otherwise stable).
-func (s *Server) recorder(id uint64) func(replicate.Op, uint64, []byte, uint64, uint16) {
-	log := s.repl
-	return func(op replicate.Op, reqID uint64, payload []byte, result uint64, flags uint16) {
-		log.Append(replicate.Record{Session: id, ReqID: reqID, Op: op, Flags: flags, Result: result, Body: payload})
+func (s *Server) recorder(id uint64) *logHook {
+	return &logHook{log: s.repl, session: id}
+}
+
+// logHook is a session's way into the replication log: it appends the
+// session's state changes, and gives out drafts, log buffers that an
+// in-place payload is read into once (inplace.go).
+type logHook struct {
+	log     *replicate.Log
+	session uint64
+}
+
+// append logs one state change; payload is copied. With draft set,
+// payload is the draft's body and the log takes it without a copy.
+func (h *logHook) append(op replicate.Op, reqID uint64, payload []byte, result uint64, flags uint16, draft *replicate.Draft) {
+	r := replicate.Record{Session: h.session, ReqID: reqID, Op: op, Flags: flags, Result: result, Body: payload}
+	if draft != nil {
+		h.log.AppendDraft(r, draft)
+		return
 	}
+	h.log.Append(r)
 }
 
 // mustWait is the commit rule: whether the reply to a synchronous request

@@ -49,7 +49,7 @@ type Session struct {
 	unsafe string
 	// record, when set, is told of every state change (the primary's
 	// replication log). Called with mu held, in execution order.
-	record func(op replicate.Op, reqID uint64, payload []byte, result uint64, flags uint16)
+	record *logHook
 	// placed, when non-zero, is the address the next alloc must use (a
 	// resync rebuilding an allocation where the primary had it).
 	placed uint64
@@ -83,6 +83,9 @@ type Session struct {
 	deferred     map[handlemap.Handle]error          // first error of async work per stream (0: null stream)
 	moduleImages map[handlemap.Handle]*abi.ModuleImage
 	requests     uint64
+	// inPlace is the data of the copy being run when it goes from the
+	// guest's shared memory straight to the device (inplace.go).
+	inPlace *abi.InPlace
 
 	// peerPID is the guest process on the other end of a unix socket (zero
 	// otherwise); mmio holds its apertures (aperture.go).
@@ -161,6 +164,13 @@ var opTable = map[abi.Opcode]handler{
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
 func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte) (abi.Body, error) {
+	return s.serve(op, reqID, async, payload, nil)
+}
+
+// serve runs one request: payload is its body, or, with data set (an
+// in-place copy, inplace.go), the copy's fixed fields, its data still in
+// the memory the guest shares with the node.
+func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte, data *abi.InPlace) (abi.Body, error) {
 	run, info := opTable[op], op.Info()
 	if run == nil {
 		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
@@ -168,29 +178,29 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	if async && !info.Async {
 		return nil, fail(abi.StatusInvalidValue, "%s cannot be sent asynchronously", op)
 	}
-	req, err := abi.DecodeRequest(op, payload)
-	if err != nil {
-		return nil, fail(abi.StatusInvalidValue, "%w", err)
+	var req abi.Body
+	if data == nil {
+		var err error
+		if req, err = abi.DecodeRequest(op, payload); err != nil {
+			return nil, fail(abi.StatusInvalidValue, "%w", err)
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.fenced.Load() {
-		return nil, fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
+	if err := s.admit(); err != nil {
+		return nil, err
 	}
-	if s.srv.leaseExpired() {
-		return nil, errLeaseExpired()
-	}
-	if s.failed != "" {
-		return nil, fail(abi.StatusInternal, "session %d has failed (%s); open a new session", s.id, s.failed)
-	}
-	s.requests++
-	// Everything the guest wrote to its apertures before this call reaches
-	// the device and the log first (program order).
-	if err := s.flushMMIO(); err != nil {
-		return nil, fail(abi.StatusInternal, "flushing aperture writes: %w", err)
+	var in inPlaceCopy
+	if data != nil {
+		var err error
+		if in, err = s.takeInPlace(payload, data); err != nil {
+			return nil, err
+		}
+		defer in.done(s)
+		req, payload = in.req, in.payload
 	}
 	if info.Mutates {
-		if reply, err, done := s.checkReqID(op, reqID, payload); done {
+		if reply, err, done := s.checkReqID(op, reqID, payload, in.streamed()); done {
 			return reply, err
 		}
 	}
@@ -201,11 +211,11 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 	if info.Mutates && s.record != nil {
 		switch {
 		case err == nil:
-			s.record(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0)
+			s.record.append(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0, in.takeDraft())
 		case info.RunsKernel && !isRefusal(err):
 			// The kernel ran and faulted: it may have written memory
 			// before it did, and the standby must run it too.
-			s.record(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed)
+			s.record.append(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed, nil)
 		}
 	}
 	if err != nil && async {
@@ -213,6 +223,28 @@ func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte
 		return nil, deferredError{err}
 	}
 	return reply, err
+}
+
+// admit refuses a request the session must not run now, and otherwise
+// counts it and flushes the guest's aperture writes before it.
+// Precondition: s.mu must be locked.
+func (s *Session) admit() error {
+	if s.fenced.Load() {
+		return fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
+	}
+	if s.srv.leaseExpired() {
+		return errLeaseExpired()
+	}
+	if s.failed != "" {
+		return fail(abi.StatusInternal, "session %d has failed (%s); open a new session", s.id, s.failed)
+	}
+	s.requests++
+	// Everything the guest wrote to its apertures before this call reaches
+	// the device and the log first (program order).
+	if err := s.flushMMIO(); err != nil {
+		return fail(abi.StatusInternal, "flushing aperture writes: %w", err)
+	}
+	return nil
 }
 
 // noteApplied records that request reqID changed state and returned result.
@@ -339,8 +371,15 @@ func (s *Session) copyHtoD(r *abi.CopyHtoD) (abi.Body, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkRange(r.Dst, uint64(len(r.Data)), "copy to device"); err != nil {
+	n := uint64(len(r.Data))
+	if s.inPlace != nil {
+		n = uint64(s.inPlace.Len())
+	}
+	if err := s.checkRange(r.Dst, n, "copy to device"); err != nil {
 		return nil, err
+	}
+	if s.inPlace != nil {
+		return nil, s.copyInPlace(s.dev(r.Dst), st)
 	}
 	return nil, s.ctx.CopyHtoD(s.dev(r.Dst), r.Data, st)
 }

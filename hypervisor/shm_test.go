@@ -24,7 +24,7 @@ import (
 
 // startShm serves guests on a shm+unix socket (shared memory and plain
 // unix on the same path).
-func startShm(t *testing.T, cfg ...hypervisor.Config) (*env, string) {
+func startShm(t testing.TB, cfg ...hypervisor.Config) (*env, string) {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("shared memory needs Linux")
@@ -215,5 +215,23 @@ func TestApertureOverShm(t *testing.T) {
 	}
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// BenchmarkShmSyncCall64: one 64-byte synchronous copy over shared memory
+// to the software GPU (what stands between guest and backend).
+func BenchmarkShmSyncCall64(b *testing.B) {
+	e, _ := startShm(b)
+	c := e.client(b, "bench")
+	p, err := c.Alloc(4096)
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	b.ResetTimer()
+	for range b.N {
+		if err := c.CopyHtoD(p, buf); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -168,6 +168,12 @@ func (l *Log) Append(r Record) uint64 {
 	if l.keeping.Load() {
 		e = newEntry(&l.pool, r)
 	}
+	return l.add(r, e)
+}
+
+// add numbers r and keeps it, as e (r encoded; empty: encoded here if the
+// log retains records now).
+func (l *Log) add(r Record, e entry) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for l.mustWait(int64(r.Size())) {

@@ -25,6 +25,7 @@ func runDrill(args []string) error {
 	ttl := fs.Duration("coordinator.ttl", 2*time.Second, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
 	sideBySide := fs.Bool("side-by-side", false, "with --coordinator: run each iteration again by two nodes alone, where they can drill its fault")
 	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
+	guestTransport := fs.String("transport", drill.TransportUnix, "the guest's transport: unix (through a proxy the guest-cut fault cuts) or shm (shared-memory rings with the node, shm+unix; Linux)")
 	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	plot := fs.String("plot", "", "write an SVG timeline of the iterations to this file")
@@ -50,7 +51,7 @@ func runDrill(args []string) error {
 		return err
 	}
 	o := drill.Options{Binary: bin, Backend: *backendName, Mode: *mode, Netns: netns, Iterations: *iterations, Seed: *seed,
-		Coordinator: *coord, CoordinatorTTL: *ttl, SideBySide: *sideBySide, StateBytes: stateBytes,
+		Coordinator: *coord, CoordinatorTTL: *ttl, SideBySide: *sideBySide, StateBytes: stateBytes, Transport: *guestTransport,
 		Note: func(s string) { fmt.Fprintln(os.Stderr, s) },
 		Progress: func(r drill.Record, n int) {
 			fmt.Fprintf(os.Stderr, "iteration %d/%d (%s): %s at launch %d: passed=%v %s\n", r.Iteration, n, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed, r.Problem)

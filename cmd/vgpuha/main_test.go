@@ -532,6 +532,30 @@ func TestDrillStateBytes(t *testing.T) {
 	}
 }
 
+// TestDrillShm: the failover drill with its guest on shared-memory rings
+// (shm+unix on both nodes): every fault that does not need the guest's
+// proxy passes, and no request is lost.
+func TestDrillShm(t *testing.T) {
+	skipShort(t)
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory needs Linux")
+	}
+	out, err := exec.Command(vgpuhaBin, "drill", "--transport", "shm", "--iterations", "4", "--faults", "kill,freeze,standby-kill,switchover", "--json", "--backend", "sim").Output()
+	if err != nil {
+		t.Fatalf("drill: %v\n%s", err, out)
+	}
+	var rep struct {
+		Iterations, Passed int
+		LostRequests       int64 `json:"lost_requests"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("drill output %q: %v", out, err)
+	}
+	if rep.Iterations != 4 || rep.Passed != 4 || rep.LostRequests != 0 {
+		t.Fatalf("drill report: %+v", rep)
+	}
+}
+
 // TestDrillCoordinated runs the coordinator's faults once each through
 // `vgpuha drill --coordinator` (a 3-member etcd cluster of processes): no
 // request lost, the standby takes over only where the primary failed, and
@@ -586,6 +610,8 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 		{[]string{"--mode", "bogus"}, `unknown replication mode "bogus"`},
 		{[]string{"--state-bytes", "1000"}, "--state-bytes must be a multiple of 1 MiB"},
 		{[]string{"--state-bytes", "99999999999GiB"}, `bad size`},
+		{[]string{"--transport", "shm", "--faults", "guest-cut"}, `fault "guest-cut" is not drilled over --transport shm`},
+		{[]string{"--transport", "vsock"}, `unknown transport "vsock"`},
 	} {
 		cmd := exec.Command(vgpuhaBin, append([]string{"drill", "--backend", "sim"}, tc.args...)...)
 		var stderr bytes.Buffer

@@ -55,7 +55,7 @@ func (r *DemoResult) Passed() bool {
 // is nil when the demo could not run to the end; an error with a result
 // means it ran but failed.
 func Demo(o DemoOptions) (*DemoResult, error) {
-	p, err := startPair(o.Binary, o.Backend, o.Mode, false, nil, false)
+	p, err := startPair(o.Binary, o.Backend, o.Mode, false, "unix", nil, false)
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,9 @@ type Options struct {
 	Faults     []string
 	Iterations int
 	Seed       uint64 // seeds the launches at which faults strike
+	// Transport is the guest's: unix (default, through a proxy) or shm
+	// (shared memory, straight to the node; transport.go).
+	Transport string
 	// Progress, if set, is called after each iteration.
 	Progress func(r Record, iterations int)
 	// StateBytes (a multiple of 1 MiB): the drill's guest also holds this
@@ -186,7 +189,8 @@ func (o Options) allows(f *fault, coordinated bool) bool {
 	if coordinated {
 		return f.setups&withCoordinator != 0
 	}
-	return f.setups&twoNode != 0 && (o.Mode != "epoch" || f.epoch) && (o.Netns || !f.netns)
+	return f.setups&twoNode != 0 && (o.Mode != "epoch" || f.epoch) && (o.Netns || !f.netns) &&
+		(o.transport() != TransportShm || f.overShm())
 }
 
 // Validate refuses, before any iteration, an unknown mode and faults that
@@ -194,6 +198,9 @@ func (o Options) allows(f *fault, coordinated bool) bool {
 // the valid ones.
 func (o Options) Validate() error {
 	if _, err := replicate.ParseMode(o.Mode); err != nil {
+		return err
+	}
+	if err := o.validTransport(); err != nil {
 		return err
 	}
 	switch {
@@ -396,17 +403,20 @@ func (r *run) setUp(o Options, coordinated bool) error {
 	if coordinated {
 		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode, o.CoordinatorTTL, flags)
 	} else {
-		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns, flags, standbyLater)
+		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns, guestScheme(o.transport()), flags, standbyLater)
 	}
 	if err != nil {
 		return err
 	}
-	proxyEP := "unix://" + filepath.Join(r.pair.dir, "guest-proxy.sock")
-	if r.proxy, err = faultnet.Listen(proxyEP, r.pair.primaryEP); err != nil {
-		return err
+	guestEP := r.pair.primaryEP
+	if o.transport() == TransportUnix {
+		guestEP = "unix://" + filepath.Join(r.pair.dir, "guest-proxy.sock")
+		if r.proxy, err = faultnet.Listen(guestEP, r.pair.primaryEP); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	r.guest, err = pvdriver.Open(ctx, proxyEP, pvdriver.Options{GuestName: "drill", Failover: []string{r.pair.standbyEP}})
+	r.guest, err = pvdriver.Open(ctx, guestEP, pvdriver.Options{GuestName: "drill", Failover: []string{r.pair.standbyEP}})
 	cancel()
 	if err != nil {
 		return err

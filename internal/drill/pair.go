@@ -165,15 +165,17 @@ func newPair(bin, backend string, nodeFlags []string) (*pair, error) {
 	return p, nil
 }
 
-// startPair starts a standby and a primary from the vgpuha binary bin and
-// waits, on their admin endpoints, until the standby answers and the
-// primary says it is protected. With standbyLater only the primary runs
-// (unprotected) until joinStandby.
-func startPair(bin, backend, mode string, netns bool, nodeFlags []string, standbyLater bool) (*pair, error) {
+// startPair starts a standby and a primary from the vgpuha binary bin,
+// serving guests on endpoints of scheme (unix or shm+unix), and waits, on
+// their admin endpoints, until the standby answers and the primary says
+// it is protected. With standbyLater only the primary runs (unprotected)
+// until joinStandby.
+func startPair(bin, backend, mode string, netns bool, scheme string, nodeFlags []string, standbyLater bool) (*pair, error) {
 	p, err := newPair(bin, backend, nodeFlags)
 	if err != nil {
 		return nil, err
 	}
+	p.primaryEP, p.standbyEP = withScheme(p.primaryEP, scheme), withScheme(p.standbyEP, scheme)
 	if p.replAddr, err = p.replicationAddr(netns); err != nil {
 		p.stop()
 		return nil, err

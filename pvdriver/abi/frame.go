@@ -84,6 +84,9 @@ type Header struct {
 type Frame struct {
 	Header
 	Payload []byte
+	// InPlace, when set, is a copy's data left in the stream (inplace.go);
+	// Payload then holds the copy's fixed fields only.
+	InPlace *InPlace
 }
 
 // Errors returned by ReadFrame. A frame error other than ErrTooLarge means
@@ -200,6 +203,8 @@ type FrameReader struct {
 	held       int    // budget held for big
 	maxPayload int
 	budget     Budget
+	spans      SpanReader // set: large copies' data is left in place
+	inPlace    *InPlace   // the last frame's in-place data
 }
 
 // Budget bounds the frame bytes that many readers buffer together.
@@ -248,6 +253,9 @@ func (fr *FrameReader) Release() {
 // a stream cut inside a frame gives io.ErrUnexpectedEOF.
 func (fr *FrameReader) ReadFrame() (Frame, error) {
 	fr.Release()
+	if h, err := fr.settleInPlace(); err != nil {
+		return Frame{Header: h}, err
+	}
 	hdr := fr.buf[:HeaderSize]
 	if _, err := io.ReadFull(fr.r, hdr); err != nil {
 		return Frame{}, err
@@ -256,16 +264,20 @@ func (fr *FrameReader) ReadFrame() (Frame, error) {
 	if err != nil {
 		return Frame{Header: h}, err
 	}
+	f, got, inPlace, err := fr.readInPlace(h)
+	if err != nil || inPlace {
+		return f, err
+	}
 	n := HeaderSize + int(h.Length)
 	var buf []byte
 	if n <= smallFrame {
 		if cap(fr.buf) < n {
-			fr.buf = append(fr.buf[:HeaderSize], make([]byte, n-HeaderSize)...)
+			fr.buf = append(fr.buf[:got], make([]byte, n-got)...)
 		}
 		buf = fr.buf[:n]
-		_, err = io.ReadFull(fr.r, buf[HeaderSize:])
+		_, err = io.ReadFull(fr.r, buf[got:])
 	} else {
-		buf, err = fr.readLarge(n)
+		buf, err = fr.readLarge(n, got)
 	}
 	if err != nil {
 		if err == io.EOF {
@@ -282,14 +294,14 @@ func (fr *FrameReader) ReadFrame() (Frame, error) {
 	return Frame{Header: h, Payload: buf[HeaderSize:n]}, nil
 }
 
-// readLarge reads a frame of n bytes (its header already in fr.buf): the
-// first smallFrame bytes into fr.buf, then into pooled buffers each four
-// times what has arrived, until the frame is whole.
-func (fr *FrameReader) readLarge(n int) ([]byte, error) {
+// readLarge reads a frame of n bytes (its first got bytes already in
+// fr.buf): up to smallFrame bytes into fr.buf, then into pooled buffers
+// each four times what has arrived, until the frame is whole.
+func (fr *FrameReader) readLarge(n, got int) ([]byte, error) {
 	if cap(fr.buf) < smallFrame {
-		fr.buf = append(fr.buf[:HeaderSize], make([]byte, smallFrame-HeaderSize)...)
+		fr.buf = append(fr.buf[:got], make([]byte, smallFrame-got)...)
 	}
-	buf, got := fr.buf[:smallFrame], HeaderSize
+	buf := fr.buf[:smallFrame]
 	for {
 		k, err := io.ReadFull(fr.r, buf[got:min(n, len(buf))])
 		got += k

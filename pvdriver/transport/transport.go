@@ -10,6 +10,12 @@
 //	                                (package shm; Linux only). A node that
 //	                                listens on shm+unix serves plain unix
 //	                                guests on the same socket too.
+//	shm+unix:///run/vgpuha/guest.sock?spin=200us
+//	                                the same, this side spinning up to 200 µs
+//	                                waiting for the other before it sleeps
+//	                                (default 50 µs, at most 10 ms): a GPU
+//	                                host with cores to spare catches a
+//	                                guest's next call awake
 //	tcp://127.0.0.1:7070            a guest on another host, or tests
 //	vsock://2:7070                  a VM guest talking to its host (CID 2);
 //	                                a listener may use vsock://any:PORT
@@ -31,6 +37,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/mdlayher/vsock"
 	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
@@ -44,11 +51,19 @@ type Endpoint struct {
 	// CID and Port address a vsock endpoint; AnyCID listens on every CID.
 	CID, Port uint32
 	AnyCID    bool
+	// Spin is how long a shared-memory side spins before it sleeps (zero:
+	// the default).
+	Spin time.Duration
 }
 
 func (e Endpoint) String() string {
 	switch e.Scheme {
-	case "unix", "shm+unix":
+	case "unix":
+		return e.Scheme + "://" + e.Address
+	case "shm+unix":
+		if e.Spin != 0 {
+			return e.Scheme + "://" + e.Address + "?spin=" + e.Spin.String()
+		}
 		return e.Scheme + "://" + e.Address
 	case "vsock":
 		if e.AnyCID {
@@ -77,7 +92,15 @@ func Parse(s string) (Endpoint, error) {
 		if p == "" {
 			return Endpoint{}, fmt.Errorf("%w %q: want %s:///path/to/socket", ErrEndpoint, s, u.Scheme)
 		}
-		return Endpoint{Scheme: u.Scheme, Address: p}, nil
+		e := Endpoint{Scheme: u.Scheme, Address: p}
+		if spin := u.Query().Get("spin"); spin != "" && u.Scheme == "shm+unix" {
+			d, err := time.ParseDuration(spin)
+			if err != nil || d < 0 || d > shm.SpinLimit {
+				return Endpoint{}, fmt.Errorf("%w %q: spin wants a duration up to %v", ErrEndpoint, s, shm.SpinLimit)
+			}
+			e.Spin = d
+		}
+		return e, nil
 	case "tcp":
 		if _, _, err := net.SplitHostPort(u.Host); err != nil || u.Path != "" {
 			return Endpoint{}, fmt.Errorf("%w %q: want tcp://host:port", ErrEndpoint, s)
@@ -132,7 +155,7 @@ func Dial(ctx context.Context, endpoint string) (net.Conn, error) {
 		c.(*net.TCPConn).SetNoDelay(true)
 		return c, nil
 	case "shm+unix":
-		return shm.Dial(ctx, e.Address, shm.Options{})
+		return shm.Dial(ctx, e.Address, shm.Options{MaxSpin: e.Spin})
 	default:
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", e.Address)
@@ -170,6 +193,7 @@ func Listen(endpoint string) (net.Listener, error) {
 			ln.Close()
 			return nil, fmt.Errorf("listening on %s: %w", e, err)
 		}
+		sl.SetMaxSpin(e.Spin)
 		return sl, nil
 	default:
 		return listenUnix(e)

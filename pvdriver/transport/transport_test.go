@@ -8,17 +8,19 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
 	good := map[string]Endpoint{
-		"unix:///run/v.sock":     {Scheme: "unix", Address: "/run/v.sock"},
-		"unix://rel/v.sock":      {Scheme: "unix", Address: "rel/v.sock"},
-		"shm+unix:///run/v.sock": {Scheme: "shm+unix", Address: "/run/v.sock"},
-		"tcp://127.0.0.1:7070":   {Scheme: "tcp", Address: "127.0.0.1:7070"},
-		"tcp://[::1]:1":          {Scheme: "tcp", Address: "[::1]:1"},
-		"vsock://2:7070":         {Scheme: "vsock", CID: 2, Port: 7070},
-		"vsock://any:7070":       {Scheme: "vsock", Port: 7070, AnyCID: true},
+		"unix:///run/v.sock":              {Scheme: "unix", Address: "/run/v.sock"},
+		"unix://rel/v.sock":               {Scheme: "unix", Address: "rel/v.sock"},
+		"shm+unix:///run/v.sock":          {Scheme: "shm+unix", Address: "/run/v.sock"},
+		"shm+unix:///run/v.sock?spin=1ms": {Scheme: "shm+unix", Address: "/run/v.sock", Spin: time.Millisecond},
+		"tcp://127.0.0.1:7070":            {Scheme: "tcp", Address: "127.0.0.1:7070"},
+		"tcp://[::1]:1":                   {Scheme: "tcp", Address: "[::1]:1"},
+		"vsock://2:7070":                  {Scheme: "vsock", CID: 2, Port: 7070},
+		"vsock://any:7070":                {Scheme: "vsock", Port: 7070, AnyCID: true},
 	}
 	for s, want := range good {
 		got, err := Parse(s)
@@ -29,7 +31,7 @@ func TestParse(t *testing.T) {
 			t.Errorf("String() = %q, want %q", got.String(), s)
 		}
 	}
-	for _, s := range []string{"", "unix://", "shm+unix://", "tcp://nohost", "tcp://h:1/x", "vsock://x:1", "vsock://1:x", "vsock://1:99999999999", "http://h:1", "::"} {
+	for _, s := range []string{"", "unix://", "shm+unix://", "tcp://nohost", "tcp://h:1/x", "vsock://x:1", "vsock://1:x", "vsock://1:99999999999", "http://h:1", "::", "shm+unix:///v?spin=20s", "shm+unix:///v?spin=x"} {
 		if _, err := Parse(s); !errors.Is(err, ErrEndpoint) {
 			t.Errorf("Parse(%q): got %v, want ErrEndpoint", s, err)
 		}

@@ -41,7 +41,10 @@ type Conn struct {
 	rdMu     sync.Mutex // one reader at a time (like a socket's fd lock)
 	wrMu     sync.Mutex // one writer at a time
 	failMu   sync.Mutex
-	failed   error // set once the peer corrupted the area
+	failed   error       // set once the peer corrupted the area
+	broken   atomic.Bool // failed is set (read without the lock while spinning)
+	// maxSpin bounds how long a side spins before it sleeps (clampSpin).
+	maxSpin time.Duration
 }
 
 // Doorbell bytes on the socket. Each side writes them without blocking
@@ -64,6 +67,7 @@ func newConnCore(uc *net.UnixConn, area []byte, in, out *ring) (*Conn, error) {
 		ctl: uc, raw: raw, area: area, in: in, out: out,
 		dataCh: make(chan struct{}, 1), spaceCh: make(chan struct{}, 1),
 		gone: make(chan struct{}), closedCh: make(chan struct{}),
+		maxSpin: DefaultMaxSpin,
 	}
 	go c.watchPeer()
 	return c, nil
@@ -124,29 +128,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 	defer c.rdMu.Unlock()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	for {
-		if err := c.usable(); err != nil {
-			return 0, c.opError("read", err)
-		}
-		n, err := c.in.readable()
-		if err != nil {
-			return 0, c.opError("read", c.fail(err))
-		}
-		if n > 0 {
-			k := c.in.take(p, n)
-			if c.in.spaceSleep.Load() != 0 {
-				c.ring(bellSpace)
-			}
-			return k, nil
-		}
-		err = c.wait(c.in.readable, c.in.dataSleep, c.dataCh, &c.rdDeadline, &c.in.spin)
-		if err == errPeerGone {
-			return 0, io.EOF
-		}
-		if err != nil {
-			return 0, c.opError("read", err)
-		}
+	if err := c.awaitIn(1); err != nil {
+		return 0, err
 	}
+	n, err := c.in.readable()
+	if err != nil {
+		return 0, c.opError("read", c.fail(err))
+	}
+	k := c.in.take(p, n)
+	if c.in.spaceSleep.Load() != 0 {
+		c.ring(bellSpace)
+	}
+	return k, nil
 }
 
 // Write writes all of p into the shared ring, waiting for room as needed.
@@ -195,7 +188,7 @@ func (c *Conn) wait(ready func() (uint64, error), asleep *atomic.Uint32, bell ch
 			return false, c.fail(err)
 		}
 		if n > 0 {
-			adapt(spin, time.Since(start))
+			adapt(spin, time.Since(start), c.maxSpin)
 			return true, nil
 		}
 		if err := c.usable(); err != nil {
@@ -266,6 +259,9 @@ func (c *Conn) usable() error {
 	if c.closed.Load() {
 		return net.ErrClosed
 	}
+	if !c.broken.Load() {
+		return nil
+	}
 	c.failMu.Lock()
 	defer c.failMu.Unlock()
 	return c.failed
@@ -277,6 +273,7 @@ func (c *Conn) fail(err error) error {
 	c.failMu.Lock()
 	if c.failed == nil {
 		c.failed = err
+		c.broken.Store(true)
 	}
 	c.failMu.Unlock()
 	c.ctl.CloseWrite()

@@ -21,7 +21,14 @@ type Listener struct {
 	err      error // why accepting stopped; read after done is closed
 	live     atomic.Int64
 	maxConns int64
+	maxSpin  atomic.Int64 // nanoseconds; see SetMaxSpin
 }
+
+// SetMaxSpin sets how long the node's side of connections accepted from
+// now on spins waiting for a guest before it sleeps (zero: DefaultMaxSpin;
+// at most SpinLimit). A GPU host with cores to spare may spin longer, so a
+// guest's next call finds it awake.
+func (l *Listener) SetMaxSpin(d time.Duration) { l.maxSpin.Store(int64(clampSpin(d))) }
 
 // DefaultMaxConns bounds a listener's open shared-memory connections:
 // each maps an area of its guest's (up to 2*MaxRing bytes) into this
@@ -148,6 +155,9 @@ func (l *Listener) accept(uc *net.UnixConn, hello []byte, fds []int) (*Conn, err
 		return nil, err
 	}
 	c.onClose = func() { l.live.Add(-1) }
+	if d := l.maxSpin.Load(); d != 0 {
+		c.maxSpin = time.Duration(d)
+	}
 	return c, nil
 }
 

@@ -11,11 +11,14 @@
 // the shared area: every index it reads from shared memory is loaded once
 // into private memory, checked (a ring can never hold more than its size),
 // and only the checked copy is used; its own indexes live in private memory
-// and are only ever stored to the area, never read back. Bytes are copied
+// and are only ever stored to the area, never read back. Read copies bytes
 // out of the ring into the caller's private buffer before anyone looks at
 // them, so a guest that rewrites the ring while it is read can only garble
 // its own frames (caught by their checksums) or be told ErrCorrupt: either
-// way only its own connection ends.
+// way only its own connection ends. ReadSpans instead hands a reader the
+// bytes where they lie (a large copy's data, taken once by a device copy
+// or a copy into a log buffer: see abi.InPlace); the reader must decide
+// nothing from them.
 //
 // Layout of the area (little-endian; indexes are byte counts since the
 // ring was made, never wrapped; a ring of size S holds bytes at index&(S-1)):
@@ -31,7 +34,9 @@
 // (uint64, the producer's index) at 0, tail (uint64, the consumer's index)
 // at 64, the consumer's "asleep" flag (uint32) at 128 and the producer's at
 // 192. A side that finds nothing to do spins a little (adaptively: about
-// twice its recent short waits, at most maxSpin), then raises its flag,
+// twice its recent short waits, at most its connection's spin limit:
+// DefaultMaxSpin, or what Options.MaxSpin or Listener.SetMaxSpin say, up
+// to SpinLimit), then raises its flag,
 // checks once more and sleeps on its eventfd; the other side writes that
 // eventfd only when the flag is up, so a busy pair makes no system call and
 // an idle guest costs no CPU. Doorbell eventfds are read through Go's
@@ -69,10 +74,13 @@ const (
 // while the producer writes the next.
 const chunkBytes = 256 << 10
 
-// Spin bounds (see adapt).
+// Spin bounds (see adapt). A host with cores to spare (a GPU server) may
+// let its side spin longer between a guest's calls; SpinLimit bounds what
+// anyone may ask, so a waiting side always sleeps in the end.
 const (
-	minSpin = 1 * time.Microsecond
-	maxSpin = 50 * time.Microsecond
+	minSpin        = 1 * time.Microsecond
+	DefaultMaxSpin = 50 * time.Microsecond
+	SpinLimit      = 10 * time.Millisecond
 )
 
 // ErrCorrupt reports shared ring indexes no honest peer could have written.
@@ -97,7 +105,7 @@ type ring struct {
 // request ring has reqSize bytes and reply ring repSize.
 func newRing(area []byte, i int, reqSize, repSize uint64) (*ring, error) {
 	ctl := area[i*ringCtlBytes : (i+1)*ringCtlBytes]
-	r := &ring{size: reqSize, spin: maxSpin / 2}
+	r := &ring{size: reqSize, spin: DefaultMaxSpin / 2}
 	start := uint64(ctlBytes)
 	if i == 1 {
 		r.size, start = repSize, ctlBytes+reqSize
@@ -158,14 +166,23 @@ func (r *ring) put(p []byte, free uint64) int {
 }
 
 // adapt sets the spin budget from how long a wait took: twice a short
-// wait (so the next one like it is caught spinning), halved after a long
-// one (an idle peer: sleep at once).
-func adapt(spin *time.Duration, waited time.Duration) {
-	if waited <= maxSpin {
-		*spin = min(maxSpin, max(*spin, 2*waited, minSpin))
+// wait (so the next one like it is caught spinning), at most limit;
+// halved after a long one (an idle peer: sleep at once).
+func adapt(spin *time.Duration, waited, limit time.Duration) {
+	if waited <= limit {
+		*spin = min(limit, max(*spin, 2*waited, minSpin))
 		return
 	}
 	*spin = max(minSpin, *spin/2)
+}
+
+// clampSpin turns an asked-for spin limit into one to use (zero: the
+// default).
+func clampSpin(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultMaxSpin
+	}
+	return min(d, SpinLimit)
 }
 
 // Hello is the guest's opening message on the unix socket, sent with the

@@ -14,9 +14,12 @@ import (
 // mmap, fstat), the descriptor passed over the unix socket (SCM_RIGHTS)
 // and the doorbell writes.
 
-// Options are a guest's ring sizes (zero: DefaultRing).
+// Options are a guest's ring sizes (zero: DefaultRing) and how long its
+// side spins waiting before it sleeps (zero: DefaultMaxSpin; at most
+// SpinLimit).
 type Options struct {
 	RequestRing, ReplyRing uint32
+	MaxSpin                time.Duration
 }
 
 // Dial connects to the hypervisor's unix socket at path and sets up a
@@ -47,6 +50,7 @@ func Dial(ctx context.Context, path string, opts Options) (*Conn, error) {
 		uc.Close()
 		return nil, fmt.Errorf("setting up shared memory with %s: %w", path, err)
 	}
+	c.maxSpin = clampSpin(opts.MaxSpin)
 	uc.SetDeadline(time.Time{})
 	return c, nil
 }

@@ -6,15 +6,17 @@ import (
 	"context"
 	"errors"
 	"net"
+	"time"
 )
 
 // ErrUnsupported is returned by Dial and NewListener where there is no
 // shared-memory transport.
 var ErrUnsupported = errors.New("shm: the shared-memory transport needs Linux (memfd, SCM_RIGHTS); use unix:// or tcp://")
 
-// Options are a guest's ring sizes (zero: DefaultRing).
+// Options are a guest's ring sizes (zero: DefaultRing) and its spin limit.
 type Options struct {
 	RequestRing, ReplyRing uint32
+	MaxSpin                time.Duration
 }
 
 // Dial fails: shared memory needs Linux.
@@ -27,3 +29,6 @@ type Listener struct{ net.Listener }
 func NewListener(*net.UnixListener, int) (*Listener, error) { return nil, ErrUnsupported }
 
 func writeByte(uintptr, byte) {}
+
+// SetMaxSpin does nothing: shared memory needs Linux.
+func (l *Listener) SetMaxSpin(time.Duration) {}

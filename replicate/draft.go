@@ -1,0 +1,47 @@
+package replicate
+
+import "encoding/binary"
+
+// Draft is a record body filled in place before it is appended: a guest's
+// bulk payload is copied once, from the memory it shares with the node
+// straight into the buffer the log keeps and the sender seals, instead of
+// into a private buffer first and then into the log's (Append copies).
+type Draft struct {
+	enc  []byte // record header (written by AppendDraft), body, room for the link's tag
+	pool *bufPool
+}
+
+// NewDraft returns a draft for a body of n bytes.
+func (l *Log) NewDraft(n int) *Draft {
+	enc := l.pool.get(recordHeader + n + macSize)[:recordHeader+n]
+	return &Draft{enc: enc, pool: &l.pool}
+}
+
+// Body is the draft's body, for the caller to fill.
+func (d *Draft) Body() []byte { return d.enc[recordHeader:] }
+
+// Discard gives back the buffer of a draft that will not be appended.
+func (d *Draft) Discard() {
+	if d.enc != nil {
+		d.pool.put(d.enc)
+		d.enc = nil
+	}
+}
+
+// AppendDraft is Append of r with the draft's body, which the log takes
+// without copying; the draft is spent.
+func (l *Log) AppendDraft(r Record, d *Draft) uint64 {
+	r.Body = d.Body()
+	head := r
+	head.Body = nil
+	AppendRecord(d.enc[:0], &head)
+	binary.LittleEndian.PutUint32(d.enc[recordHeader-4:], uint32(len(r.Body)))
+	enc := d.enc
+	d.enc = nil
+	if !l.keeping.Load() {
+		seq := l.add(r, entry{}) // encodes r afresh if the log began retaining meanwhile
+		l.pool.put(enc)          // nobody else needs it
+		return seq
+	}
+	return l.add(r, entry{Record: r, enc: enc})
+}
