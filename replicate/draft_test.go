@@ -13,13 +13,14 @@ import (
 func TestDraftAppendsLikeAppend(t *testing.T) {
 	l := NewLog(1 << 30)
 	l.SetTerm(7)
-	l.attach(true, 0, true)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
 	d := l.NewDraft(100 << 10)
 	copy(d.Body(), bytes.Repeat([]byte{5}, 100<<10))
 	body := &d.Body()[0]
 	l.AppendDraft(Record{Session: 3, ReqID: 9, Op: OpMMIO, Result: 4}, d)
-	es := l.next(0, nil, 1<<30)
+	es := l.next(c, 0, nil, 1<<30)
 	if len(es) != 1 {
 		t.Fatalf("%d entries", len(es))
 	}
