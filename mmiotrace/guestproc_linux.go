@@ -2,7 +2,14 @@ package mmiotrace
 
 import (
 	"errors"
+	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -36,4 +43,65 @@ func WaitExit(cmd *exec.Cmd) error {
 		}
 	}
 	return cmd.Wait()
+}
+
+// waitSyscalls are the system calls a thread can be blocked in with no
+// memory pinned for a device or the kernel to write later: they wait (for
+// a futex, a descriptor, a timer, a child, a signal) and write the
+// caller's memory, if at all, through its page tables, where uffd mode's
+// tracking sees it. A read, an ioctl, a recvmsg (AF_ALG writes pinned
+// pages), io_uring_enter and the rest may pin; they are not here.
+var waitSyscalls = append([]int{
+	unix.SYS_FUTEX, unix.SYS_FUTEX_WAITV, unix.SYS_NANOSLEEP, unix.SYS_CLOCK_NANOSLEEP,
+	unix.SYS_EPOLL_PWAIT, unix.SYS_EPOLL_PWAIT2, unix.SYS_PPOLL, unix.SYS_PSELECT6,
+	unix.SYS_WAIT4, unix.SYS_WAITID, unix.SYS_RT_SIGSUSPEND, unix.SYS_RT_SIGTIMEDWAIT,
+	unix.SYS_SCHED_YIELD, unix.SYS_RESTART_SYSCALL,
+}, waitSyscallsArch...)
+
+// threadsInCalls lists the threads of process pid that may be inside a
+// system call other than a wait (waitSyscalls), per
+// /proc/PID/task/TID/syscall: those running (the kernel does not tell
+// user space from a call then) and those blocked in any other call.
+// Threads blocked outside any call, or waiting, are left out, and so are
+// threads that exited; when pid is this process, so is the calling thread
+// (it is running this function). Reading the file needs ptrace permission.
+func threadsInCalls(pid int) ([]int, error) {
+	self := 0
+	if pid == os.Getpid() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		self = unix.Gettid()
+	}
+	tids, err := taskIDs(pid)
+	if err != nil {
+		return nil, err
+	}
+	var busy []int
+	for _, tid := range tids {
+		if tid == self {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/syscall", pid, tid))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			continue // exited: its calls have returned
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading guest thread %d's system call: %w", tid, err)
+		}
+		if !waitingOrOutside(string(b)) {
+			busy = append(busy, tid)
+		}
+	}
+	return busy, nil
+}
+
+// waitingOrOutside reads a /proc/PID/task/TID/syscall line: "running",
+// "-1 SP PC" (blocked, in no system call) or "NR ARG1..ARG6 SP PC".
+func waitingOrOutside(line string) bool {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return false
+	}
+	nr, err := strconv.Atoi(f[0])
+	return err == nil && (nr == -1 || slices.Contains(waitSyscalls, nr))
 }
