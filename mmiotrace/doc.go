@@ -45,7 +45,8 @@
 //     that may pin memory: read, ioctl…) are stopped for a moment through
 //     ptrace, which uffd mode attaches where it can (not the tracer's own
 //     process, x86-64, permission). A page whose flush did not settle is
-//     compared again at every flush until one does.
+//     compared again at every flush until one does (a flush with at most
+//     16 such pages does not try: comparing them costs less).
 //   - off: nothing is traced.
 //
 // Register regions (doorbells) are traced one write at a time in every mode

@@ -10,17 +10,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestUnsettled: in uffd mode, a page the scan found written stays open —
+// TestUnsettled: in uffd mode, pages the scan found written stay open —
 // compared at every flush — while a guest thread may still be inside a
-// system call that pinned it (here a thread blocked in read(2) stands for
-// an O_DIRECT read in flight, and the test's second mapping for the
-// device), however many flushes pass; once the call returned, the flush
-// settles it. The guest is this process, which the tracer cannot ptrace,
+// system call that pinned them (here a thread blocked in read(2) stands
+// for an O_DIRECT read in flight, and the test's second mapping for the
+// device), however many flushes pass; once the call returned, a flush
+// settles them. The guest is this process, which the tracer cannot ptrace,
 // so only what /proc says settles it. (The second look this replaces
 // compared such a page twice and lost the device's write here.)
 func TestUnsettled(t *testing.T) {
 	skipUnlessTraceable(t, ModeUffd)
-	const pages = 4
+	const pages = 2 * settleAbove
 	fd, err := unix.MemfdCreate("vgpuha-test-unsettled", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,9 @@ func TestUnsettled(t *testing.T) {
 		runtime.Gosched()
 	}
 
-	guest[pageSize+8] = 1 // the store the scan finds (as a read pins the page)
+	for pg := 1; pg <= settleAbove+1; pg++ { // more than settleAbove, so flushes try to settle
+		guest[pg*pageSize+8] = 1 // the stores the scan finds (as a read pins the pages)
+	}
 	flush("the store")
 	flush("no change")
 	for i := range 3 {

@@ -91,7 +91,8 @@ type Tracer struct {
 	// uffd mode: pages found written that a system call in flight may
 	// still be writing (see settle), compared at every flush until settled.
 	unsettled   []dirtyPages
-	triedPtrace bool // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
+	triedPtrace bool         // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
+	watch       *threadWatch // uffd mode: the guest's threads, for settle
 }
 
 type write struct {
@@ -281,6 +282,9 @@ func (t *Tracer) Close() error {
 	}
 	if t.pagemap != nil {
 		t.pagemap.Close()
+	}
+	if t.watch != nil {
+		t.watch.close()
 	}
 	if t.maps != nil {
 		t.maps.Close()
@@ -774,6 +778,10 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 		// protected none can pin them again. A thread that does not stop
 		// may still have one in flight: the pages then stay open and
 		// dirty, compared now and again at the next flush.
+		// Threads seen waiting (futex, poll: see settle) are stopped
+		// too: one may wake before the mprotect and start a read(2) into
+		// the open pages, which would meet a page protected mid-copy and
+		// return a short count.
 		others, all := t.pt.stopOthers(tid)
 		defer t.pt.resumeOthers(others)
 		t.mu.Lock()

@@ -3,6 +3,7 @@ package mmiotrace
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 
 	"github.com/vgpuha/vgpuha/internal/uffd"
@@ -90,16 +91,23 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 // comparison. Its system call returns only once the device is done, so
 // when settle finds every guest thread out of the calls in flight at the
 // scan, comparing the pages after it catches everything; until then they
-// are compared again at every flush.
+// are compared again at every flush (a flush with few open pages does not
+// try: see settleAbove).
 func (t *Tracer) scanUnsettled(regions []*Region) ([]dirtyPages, error) {
 	scanned, err := t.scanWritten(regions)
 	if err != nil {
 		return nil, err
 	}
 	open := mergePages(regions, t.unsettled, scanned)
-	t.unsettled = nil
-	if len(open) > 0 && !t.settle() {
-		t.unsettled = open
+	t.unsettled = open
+	n := 0
+	for _, d := range open {
+		n += len(d.pages)
+	}
+	if n > settleAbove && t.settle() {
+		t.unsettled = nil
+	}
+	if t.unsettled != nil {
 		t.mu.Lock()
 		t.stats.Unsettled++
 		t.mu.Unlock()
@@ -107,13 +115,31 @@ func (t *Tracer) scanUnsettled(regions []*Region) ([]dirtyPages, error) {
 	return open, nil
 }
 
+// settleAbove: a flush settles only when more pages than this are open;
+// comparing fewer again at the next flush costs less than looking at the
+// guest's threads (a few microseconds per thread, more to stop one).
+const settleAbove = 16
+
 // settle reports whether every guest thread has left the system calls it
 // was in when settle began, or was in none but a wait (waitSyscalls):
 // threads running or in another call are stopped through ptrace, where
 // the tracer has it (a thread stops only in user space, once its call
 // returned or was interrupted to be restarted), and resumed at once.
 func (t *Tracer) settle() bool {
-	busy, err := threadsInCalls(t.pid)
+	if t.watch == nil {
+		w, err := newThreadWatch(t.pid)
+		if err != nil {
+			return false
+		}
+		t.watch = w
+	}
+	busy, err := t.watch.inCalls(nil)
+	// A thread seen running has often just made the call that brought the
+	// flush, and waits a moment later: look again before stopping it.
+	for look := 0; err == nil && len(busy) > 0 && look < settleLooks; look++ {
+		runtime.Gosched()
+		busy, err = t.watch.inCalls(busy)
+	}
 	if err != nil {
 		return false
 	}
@@ -134,6 +160,10 @@ func (t *Tracer) settle() bool {
 	t.mu.Unlock()
 	return err == nil && all
 }
+
+// settleLooks bounds how often settle looks again at threads it saw
+// running or in a call before it stops them.
+const settleLooks = 8
 
 // mergePages joins page lists, per region, in page order without
 // repeats; regions not in regions (removed) are dropped.
