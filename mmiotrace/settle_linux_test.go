@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestUnsettled: in uffd mode, pages the scan found written stay open —
+// TestODirectInFlight: in uffd mode, pages the scan found written stay open —
 // compared at every flush — while a guest thread may still be inside a
 // system call that pinned them (here a thread blocked in read(2) stands
 // for an O_DIRECT read in flight, and the test's second mapping for the
@@ -18,7 +18,7 @@ import (
 // settles them. The guest is this process, which the tracer cannot ptrace,
 // so only what /proc says settles it. (The second look this replaces
 // compared such a page twice and lost the device's write here.)
-func TestUnsettled(t *testing.T) {
+func TestODirectInFlight(t *testing.T) {
 	skipUnlessTraceable(t, ModeUffd)
 	const pages = 2 * settleAbove
 	fd, err := unix.MemfdCreate("vgpuha-test-unsettled", 0)
@@ -93,7 +93,7 @@ func TestUnsettled(t *testing.T) {
 	if st := tr.Stats(); st.Unsettled < 8 || st.PtraceAttached {
 		t.Fatalf("while a thread is in read(2): %+v, want every flush unsettled, no ptrace", st)
 	}
-	t.Logf("torture case uffd a device write while a system call is in flight, many flushes after the scan: 0 mismatched bytes")
+	t.Logf("torture case uffd O_DIRECT stand-in: a device write while the read(2) is in flight, many flushes after the scan: 0 mismatched bytes")
 
 	unix.Write(p[1], []byte{1})
 	<-returned

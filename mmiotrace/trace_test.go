@@ -253,7 +253,7 @@ func TestTraceModes(t *testing.T) {
 // MODE CASE: N mismatched bytes", after "clear error: WHAT" where the
 // guest was refused at the call (got). The listing is this output:
 //
-//	go test -v -run 'StoreForms|Torture|Bypass|Guest|Sigaltstack|SyscallInto|ODirect|SecondLook' ./mmiotrace/ | grep 'torture case'
+//	go test -v -run 'StoreForms|Torture|Bypass|Guest|Sigaltstack|SyscallInto|ODirect' ./mmiotrace/ | grep 'torture case'
 func (rp *replica) verdict(t *testing.T, g *testGuest, mode Mode, name, got string) {
 	t.Helper()
 	n := 0
