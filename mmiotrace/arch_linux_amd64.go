@@ -18,6 +18,12 @@ import (
 // architecture: they do on x86-64.
 func ptraceArchErr(Mode) error { return nil }
 
+// waitSyscallsArch are the waits (see waitSyscalls) that only some
+// architectures have. (A compat call made with INT 0x80 shows its i386
+// number: none of i386's calls that pin memory has the number of one of
+// these or waitSyscalls.)
+var waitSyscallsArch = []int{unix.SYS_EPOLL_WAIT, unix.SYS_POLL, unix.SYS_SELECT, unix.SYS_PAUSE}
+
 // findSyscallInsn finds the bytes of a SYSCALL instruction (0f 05) in the
 // guest's vDSO (or, failing that, any executable mapping): injected
 // system calls jump there.

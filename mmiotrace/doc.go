@@ -38,7 +38,15 @@
 //   - uffd: page tracking by the kernel alone: the guest driver arms
 //     userfaultfd's asynchronous write-protection (ArmWriteTracking) and a
 //     flush collects and re-arms written pages with one PAGEMAP_SCAN ioctl
-//     on /proc/PID/pagemap. No fault ever leaves the kernel.
+//     on /proc/PID/pagemap. No fault ever leaves the kernel. Before it
+//     compares those pages the flush settles: every guest thread is seen
+//     (/proc/PID/task/TID/syscall) waiting — futex, poll, epoll, sleep,
+//     wait — or in no system call, and the others (running, or in a call
+//     that may pin memory: read, ioctl…) are stopped for a moment through
+//     ptrace, which uffd mode attaches where it can (not the tracer's own
+//     process, x86-64, permission). A page whose flush did not settle is
+//     compared again at every flush until one does (a flush with at most
+//     16 such pages does not try: comparing them costs less).
 //   - off: nothing is traced.
 //
 // Register regions (doorbells) are traced one write at a time in every mode
@@ -61,13 +69,14 @@
 //	  (or a stack there)                  (insn and page)
 //	read(2)/pread into the aperture     EFAULT                    full result from an open  full result, tracked
 //	                                                              page, else EFAULT; caught
-//	O_DIRECT read into the aperture     EFAULT (protected page)   caught: a flush stops     second look: caught if the device
-//	  (the device writes pinned pages)                            every guest thread, so    is done before the flush after the
-//	                                                              no read is in flight      one that compared the page; LIMIT
-//	                                                                                        beyond that
+//	O_DIRECT read into the aperture     EFAULT (protected page)   caught: a flush stops     caught: the flush settles first (a
+//	  (the device writes pinned pages)                            every guest thread, so    read returns once the device is done),
+//	                                                              no read is in flight      or compares the page again at every
+//	                                                                                        flush until one settles
 //	munmap, other memory mapped at the  never protected nor emulated into: the tracer touches only mappings of
 //	  aperture's address                  the aperture's file (its inode), mapping by mapping
-//	AIO, io_uring into the aperture     LIMIT (page and uffd): the device may write pinned pages after any flush; verify shows it
+//	AIO, io_uring into the aperture     LIMIT (page and uffd): the device may write pinned pages after any flush (after the
+//	                                      call that pinned them returned); verify shows it
 //
 // The ptrace modes protect traced pages PROT_READ|PROT_EXEC: a fault on a
 // page mapped otherwise read-only is the guest's own and is delivered to

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -569,10 +570,22 @@ func (p *ptracer) awaitStop(th *thread) error {
 // the first is waited for, so they stop at once, each on its own CPU: the
 // time the guest stands still does not grow with its threads.
 func (p *ptracer) stopOthers(tid int) (stopped []*thread, all bool) {
+	return p.stopThreads(tid, nil)
+}
+
+// stopThreads is stopOthers for the threads in tids only (every thread
+// but tid when nil). all is also false if a thread of tids is not (yet)
+// known to the tracer.
+func (p *ptracer) stopThreads(tid int, tids []int) (stopped []*thread, all bool) {
 	all = true
+	for _, id := range tids {
+		if p.threads[id] == nil {
+			all = false
+		}
+	}
 	var asked []*thread
 	for id, th := range p.threads {
-		if id == tid || th.stopped {
+		if id == tid || th.stopped || (tids != nil && !slices.Contains(tids, id)) {
 			continue
 		}
 		if err := unix.PtraceInterrupt(th.tid); err != nil {

@@ -68,6 +68,8 @@ type Stats struct {
 	DirtyPages     uint64 // pages found written at flushes (page, uffd)
 	GuestOpened    uint64 // protected pages found writable at flushes: the guest's own mprotect (compared, protected again)
 	GuestFaults    uint64 // faults on pages the guest protected itself, delivered to it
+	Unsettled      uint64 // uffd mode: flushes after which written pages stay open (a guest thread may be in a system call writing them)
+	SettleStops    uint64 // uffd mode: guest threads stopped to settle a flush (they were running or in a call that may pin memory)
 	PinnedCPU      int    // -1: not pinned
 	PtraceAttached bool
 }
@@ -86,7 +88,11 @@ type Tracer struct {
 	maps    *os.File     // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
 	pagemap *os.File     // uffd mode
 	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
-	recheck []dirtyPages // uffd mode: pages the last flush found written, or changed on a second look
+	// uffd mode: pages found written that a system call in flight may
+	// still be writing (see settle), compared at every flush until settled.
+	unsettled   []dirtyPages
+	triedPtrace bool         // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
+	watch       *threadWatch // uffd mode: the guest's threads, for settle
 }
 
 type write struct {
@@ -144,6 +150,12 @@ func (t *Tracer) AddRegion(r *Region) error {
 				return fmt.Errorf("opening the guest's pagemap: %w", err)
 			}
 			t.pagemap = f
+		}
+		if !t.triedPtrace {
+			// Best effort (not this process, x86-64, permission): without
+			// it settle waits for the guest's threads to be seen waiting.
+			t.triedPtrace = true
+			t.startPtrace()
 		}
 	}
 	t.mu.Lock()
@@ -271,6 +283,9 @@ func (t *Tracer) Close() error {
 	if t.pagemap != nil {
 		t.pagemap.Close()
 	}
+	if t.watch != nil {
+		t.watch.close()
+	}
 	if t.maps != nil {
 		t.maps.Close()
 	}
@@ -302,6 +317,10 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	defer t.mu.Unlock()
 	r := t.regionAt(addr)
 	if r == nil {
+		return false
+	}
+	if !t.usesPtrace(r) { // uffd mode: the kernel resolves its own faults; this is the guest's protection
+		t.stats.GuestFaults++
 		return false
 	}
 	vmaEnd, open, ours := t.ownFault(r, addr)
@@ -356,6 +375,9 @@ const sigFrameMax = 16 << 10
 func (t *Tracer) onSignal(tid int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if !slices.ContainsFunc(t.regions, t.usesPtrace) {
+		return // uffd mode with memory regions only: nothing of the tracer's is protected
+	}
 	regs, _, err := t.pt.regs(tid, false)
 	if err != nil {
 		return
@@ -374,6 +396,9 @@ func (t *Tracer) onSignal(tid int) {
 		lo, hi = max(alo, ahi-min(ahi, sigFrameMax)), ahi // frames go at its top
 	}
 	for _, r := range t.regions {
+		if !t.usesPtrace(r) {
+			continue // uffd mode: the kernel writes a frame there as any store, tracked
+		}
 		if r.contains(lo, 1) || r.contains(hi-1, 1) || (lo < r.GuestAddr && hi > r.GuestAddr) {
 			t.openPages(tid, r, max(lo, r.GuestAddr), min(hi, r.GuestAddr+uint64(len(r.Mem))))
 		}
@@ -600,12 +625,11 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 		}
 	}
 	if t.opts.Mode == ModeUffd {
-		scanned, err := t.scanWritten(regions)
+		open, err := t.scanUnsettled(regions)
 		if err != nil {
 			return err
 		}
-		dirty = append(append(dirty, scanned...), t.takeRecheck(regions)...)
-		t.recheck = scanned
+		dirty = append(dirty, open...)
 	}
 	var records, bytes, pages uint64
 	send := func(r *Region, off uint64, data []byte) {
@@ -628,15 +652,9 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 			if t.perWrite(d.r) != perWrite {
 				continue
 			}
-			again := dirtyPages{r: d.r, again: true}
 			for _, pg := range d.pages {
 				pages++
-				if d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send) && d.again {
-					again.pages = append(again.pages, pg) // still changing: look once more
-				}
-			}
-			if len(again.pages) > 0 {
-				t.recheck = append(t.recheck, again)
+				d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
 			}
 		}
 	}
@@ -718,43 +736,21 @@ func (t *Tracer) takeWrites() []write {
 }
 
 // sendChanged emits the ranges of r.Mem[lo:hi] that differ from what was
-// last flushed, and records them as flushed; it reports whether there
-// were any. data is the shadow copy.
-func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) bool {
+// last flushed, and records them as flushed. data is the shadow copy.
+func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) {
 	cur, old := r.Mem[lo:hi], r.shadow[lo:hi]
 	if string(cur) == string(old) { // memcmp: most pages opened are not written
-		return false
+		return
 	}
 	diffRanges(old, cur, func(o, n int) {
 		copy(old[o:o+n], cur[o:o+n])
 		emit(r, lo+uint64(o), old[o:o+n])
 	})
-	return true
 }
 
 type dirtyPages struct {
 	r     *Region
 	pages []uint64 // page indexes within the region
-	again bool     // uffd mode: a second look (see takeRecheck)
-}
-
-// takeRecheck hands over, in uffd mode, the pages to compare once more:
-// those the previous flush found written, and those a second look found
-// changed. A device writing pinned pages (an O_DIRECT read) writes through
-// no page table, so the scan reports a page once, when it was pinned; what
-// the device wrote after that flush's comparison is caught here, as long
-// as it lands before the flush after it. Pages of regions removed since
-// are dropped.
-func (t *Tracer) takeRecheck(regions []*Region) []dirtyPages {
-	var out []dirtyPages
-	for _, d := range t.recheck {
-		if slices.Contains(regions, d.r) {
-			d.again = true
-			out = append(out, d)
-		}
-	}
-	t.recheck = nil
-	return out
 }
 
 // reprotectDirty write-protects the pages written since the last flush (in
@@ -782,6 +778,10 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 		// protected none can pin them again. A thread that does not stop
 		// may still have one in flight: the pages then stay open and
 		// dirty, compared now and again at the next flush.
+		// Threads seen waiting (futex, poll: see settle) are stopped
+		// too: one may wake before the mprotect and start a read(2) into
+		// the open pages, which would meet a page protected mid-copy and
+		// return a short count.
 		others, all := t.pt.stopOthers(tid)
 		defer t.pt.resumeOthers(others)
 		t.mu.Lock()

@@ -3,6 +3,8 @@ package mmiotrace
 import (
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
 
 	"github.com/vgpuha/vgpuha/internal/uffd"
 	"golang.org/x/sys/unix"
@@ -78,6 +80,111 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 		}
 	}
 	return out, nil
+}
+
+// scanUnsettled returns the pages a uffd-mode flush compares: those the
+// scan finds written, and those earlier flushes found that a system call
+// may still be writing. A device writing pages an O_DIRECT read pinned
+// (or the kernel copying into pages it pinned, as a write to
+// /proc/PID/mem does) writes through no page table: the scan reports such
+// a page once, when it was pinned, and the device may write it after the
+// comparison. Its system call returns only once the device is done, so
+// when settle finds every guest thread out of the calls in flight at the
+// scan, comparing the pages after it catches everything; until then they
+// are compared again at every flush (a flush with few open pages does not
+// try: see settleAbove).
+func (t *Tracer) scanUnsettled(regions []*Region) ([]dirtyPages, error) {
+	scanned, err := t.scanWritten(regions)
+	if err != nil {
+		return nil, err
+	}
+	open := mergePages(regions, t.unsettled, scanned)
+	t.unsettled = open
+	n := 0
+	for _, d := range open {
+		n += len(d.pages)
+	}
+	if n > settleAbove && t.settle() {
+		t.unsettled = nil
+	}
+	if t.unsettled != nil {
+		t.mu.Lock()
+		t.stats.Unsettled++
+		t.mu.Unlock()
+	}
+	return open, nil
+}
+
+// settleAbove: a flush settles only when more pages than this are open;
+// comparing fewer again at the next flush costs less than looking at the
+// guest's threads (a few microseconds per thread, more to stop one).
+const settleAbove = 16
+
+// settle reports whether every guest thread has left the system calls it
+// was in when settle began, or was in none but a wait (waitSyscalls):
+// threads running or in another call are stopped through ptrace, where
+// the tracer has it (a thread stops only in user space, once its call
+// returned or was interrupted to be restarted), and resumed at once.
+func (t *Tracer) settle() bool {
+	if t.watch == nil {
+		w, err := newThreadWatch(t.pid)
+		if err != nil {
+			return false
+		}
+		t.watch = w
+	}
+	busy, err := t.watch.inCalls(nil)
+	// A thread seen running has often just made the call that brought the
+	// flush, and waits a moment later: look again before stopping it.
+	for look := 0; err == nil && len(busy) > 0 && look < settleLooks; look++ {
+		runtime.Gosched()
+		busy, err = t.watch.inCalls(busy)
+	}
+	if err != nil {
+		return false
+	}
+	if len(busy) == 0 {
+		return true
+	}
+	if t.pt == nil {
+		return false
+	}
+	all := false
+	err = t.pt.do(func(tid int) {
+		var stopped []*thread
+		stopped, all = t.pt.stopThreads(tid, busy)
+		t.pt.resumeOthers(stopped)
+	})
+	t.mu.Lock()
+	t.stats.SettleStops += uint64(len(busy))
+	t.mu.Unlock()
+	return err == nil && all
+}
+
+// settleLooks bounds how often settle looks again at threads it saw
+// running or in a call before it stops them.
+const settleLooks = 8
+
+// mergePages joins page lists, per region, in page order without
+// repeats; regions not in regions (removed) are dropped.
+func mergePages(regions []*Region, lists ...[]dirtyPages) []dirtyPages {
+	var out []dirtyPages
+	for _, r := range regions {
+		d := dirtyPages{r: r}
+		for _, l := range lists {
+			for _, e := range l {
+				if e.r == r {
+					d.pages = append(d.pages, e.pages...)
+				}
+			}
+		}
+		if len(d.pages) > 0 {
+			slices.Sort(d.pages)
+			d.pages = slices.Compact(d.pages)
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // UffdAvailable reports whether this kernel offers what uffd mode needs
