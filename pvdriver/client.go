@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -115,9 +114,6 @@ type Client struct {
 	nextID     atomic.Uint64
 	resumed    chan *bufio.Writer // a new connection, for the writer
 	bye        chan byeFrame      // the last frame, from Close
-	// replySpin is how long a call polls for its reply before it sleeps
-	// (await); zero over sockets.
-	replySpin time.Duration
 
 	mu      sync.Mutex
 	conn    net.Conn
@@ -224,9 +220,6 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 		pending:    map[uint64]chan result{},
 		waiting:    map[uint64]time.Time{},
 		abandoned:  map[uint64]bool{},
-	}
-	if s, ok := conn.(spinner); ok {
-		c.replySpin = s.MaxSpin()
 	}
 	go c.writeLoop(bufio.NewWriterSize(conn, 256<<10))
 	if c.failover() {
@@ -780,7 +773,7 @@ func (c *Client) callSized(op abi.Opcode, req, reply abi.Body, sizeHint int) err
 	if err := c.send(id, op, frame, true); err != nil {
 		return err
 	}
-	r := c.await(ch)
+	r := <-ch
 	if r.err != nil {
 		return r.err
 	}
@@ -792,33 +785,6 @@ func (c *Client) callSized(op abi.Opcode, req, reply abi.Body, sizeHint int) err
 		return &Error{Op: op, Status: st, Message: msg}
 	}
 	return nil
-}
-
-// spinner is a transport whose waits spin before they sleep (shared
-// memory): its replies come within microseconds of a request.
-type spinner interface{ MaxSpin() time.Duration }
-
-// await waits for a call's reply. Over shared memory the caller first
-// polls for it for up to replySpin, yielding so that the reader and the
-// writer run: a reply that comes within microseconds then costs no
-// wake-up of a sleeping thread (several microseconds each, on the
-// writer's side and on the caller's). A later reply is slept for.
-func (c *Client) await(ch chan result) result {
-	if c.replySpin > 0 {
-		start := time.Now()
-		for i := 1; ; i++ {
-			select {
-			case r := <-ch:
-				return r
-			default:
-			}
-			if i%16 == 0 && time.Since(start) > c.replySpin {
-				break
-			}
-			runtime.Gosched()
-		}
-	}
-	return <-ch
 }
 
 // post sends a pipelined request without waiting.

@@ -155,7 +155,7 @@ func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
 			return err
 		}
 		var got uint64
-		if err := d.check("cuMemAddressReserve", d.cuMemAddressReserve(&got, size, 0, base, 0)); err != nil {
+		if err := d.check("cuMemAddressReserve", d.cuMemAddressReserve(&got, c.reserved(), 0, base, 0)); err != nil {
 			d.cuCtxDestroy(c.ctx)
 			return err
 		}
@@ -192,6 +192,14 @@ type guestContext struct {
 	sumMod, sumFn uintptr
 	sumOut        uint64
 	snap          *memSnapshot // the live memory snapshot (snapshot.go), if any
+}
+
+// reserved is the window's reservation: whole granules (the driver
+// answers INVALID_VALUE to any other size), while the guest keeps the size
+// it asked for (c.size).
+func (c *guestContext) reserved() uint64 {
+	g := max(c.b.gran, 1)
+	return (c.size + g - 1) / g * g
 }
 
 // do runs fn with the context current on the calling thread.
@@ -584,7 +592,7 @@ func (c *guestContext) Close() error {
 			d.cuMemFree(c.sumOut)
 			d.cuModuleUnload(c.sumMod)
 		}
-		d.cuMemAddressFree(c.base, c.size)
+		d.cuMemAddressFree(c.base, c.reserved())
 		return d.check("cuCtxDestroy", d.cuCtxDestroy(c.ctx))
 	})
 	return err
