@@ -1,9 +1,6 @@
 package shm
 
-import (
-	"io"
-	"time"
-)
+import "io"
 
 // ReadSpans hands fn the next n bytes of the stream where they lie in the
 // shared ring, in order, as spans that never wrap the ring's end and are
@@ -91,6 +88,3 @@ func (c *Conn) Buffered() int {
 	}
 	return int(n)
 }
-
-// MaxSpin is how long this side spins waiting before it sleeps.
-func (c *Conn) MaxSpin() time.Duration { return c.maxSpin }
