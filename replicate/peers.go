@@ -258,10 +258,12 @@ func (l *Log) mustWait(size int64) bool {
 		}
 	}
 	for _, c := range l.peers {
-		if c.attached && !c.dropped && !c.streaming && l.counts(c) && l.lagOf(c) > l.limit(c) {
-			return true
+		if !c.attached || c.dropped {
+			continue
 		}
-		if lag := l.lagOf(c); c.attached && !c.dropped && c.streaming && lag > 0 && size <= l.resyncBudget && lag+size > l.streamAllowance(c) {
+		lag := l.lagOf(c)
+		if c.streaming && lag > 0 && size <= l.resyncBudget && lag+size > l.streamAllowance(c) ||
+			!c.streaming && l.counts(c) && lag > l.limit(c) {
 			return true
 		}
 	}
