@@ -615,18 +615,10 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	if err := s.checkFootprint(spec, r); err != nil {
 		return nil, err
 	}
-	if s.delta != 0 && !kernels.IsLibrary(spec) {
-		// Only a library kernel's pointers are known: a guest's own kernel
-		// would reach the primary's addresses, not this node's.
-		return nil, fail(abi.StatusNotSupported, "kernel %s is the guest's own and this node's addresses differ from the primary's "+
-			"(by %#x): its pointers cannot be translated; run each node in a process of its own, where windows get the same addresses",
-			spec.Name, s.delta)
-	}
-	if k, ok := kernels.Lookup(spec.Name); ok && s.delta != 0 && k.Matches(spec) && k.FollowsPointers {
-		// The pointers it reads from memory are the primary's: here they
-		// would reach another node's memory, or none.
-		return nil, fail(abi.StatusNotSupported, "kernel %s follows pointers stored in device memory and this node's addresses differ from the primary's "+
-			"(by %#x): run each node in a process of its own, where windows get the same addresses", spec.Name, s.delta)
+	if why := untranslatable(spec); s.delta != 0 && why != "" {
+		return nil, fail(abi.StatusNotSupported, "kernel %s %s and this node's addresses differ from the primary's (by %#x): "+
+			"its pointers cannot be translated; run each node in a process of its own, where windows get the same addresses",
+			spec.Name, why, s.delta)
 	}
 	args := r.Args
 	if s.delta != 0 { // pointer-typed arguments are translated; pointers stored in memory cannot be
@@ -639,6 +631,23 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	}
 	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes}
 	return nil, s.ctx.Launch(gpu.Function(f), cfg, args, st)
+}
+
+// untranslatable says why a kernel cannot run on a node whose addresses
+// differ from the primary's ("" if it can): only pointer arguments are
+// translated, so a guest's own kernel (its pointers are unknown) and a
+// library kernel that follows pointers stored in memory (they are the
+// primary's; on one GPU in one process they would reach the primary's
+// memory) would reach the wrong memory, or none.
+func untranslatable(spec abi.KernelSpec) string {
+	k, ok := kernels.Lookup(spec.Name)
+	switch {
+	case !ok || !k.Matches(spec):
+		return "is the guest's own"
+	case k.FollowsPointers:
+		return "follows pointers stored in device memory"
+	}
+	return ""
 }
 
 // checkFootprint checks, before any backend runs a library kernel, that
