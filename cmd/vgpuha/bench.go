@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/bench"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 )
 
 // benchmarks are bench's subcommands.
@@ -55,8 +56,7 @@ func runBenchResync(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
-	standbyBackend := fs.String("standby-backend", "", "the standby's GPU backend when not --backend's: cuda:N (another device) or sim; "+
-		"in one process a standby on the primary's GPU gets other addresses, so kernels that follow stored pointers cannot run there")
+	standbyBackend := standbyBackendFlag(fs, &bf)
 	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second)")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -79,11 +79,7 @@ func runBenchResync(args []string) error {
 	}
 	opts.Progress = os.Stderr
 	opts.NewBackend = bf.open
-	if *standbyBackend != "" {
-		sb := bf
-		sb.name = *standbyBackend
-		opts.NewStandbyBackend = sb.open
-	}
+	opts.NewStandbyBackend = standbyBackend()
 	rows, err := bench.Resync(opts)
 	if err != nil {
 		return err
@@ -94,6 +90,22 @@ func runBenchResync(args []string) error {
 	fmt.Printf("a standby joins while %d guests run a mixed workload (copies, memsets, DtoD, pointer_chase) on loopback; commit mode\n", opts.Guests)
 	bench.PrintResync(os.Stdout, rows)
 	return nil
+}
+
+// standbyBackendFlag adds --standby-backend; the returned function gives
+// the standby's backend opener once the flags are parsed (nil: the same as
+// --backend's).
+func standbyBackendFlag(fs *flag.FlagSet, bf *backendFlags) func() func() (gpu.Backend, error) {
+	name := fs.String("standby-backend", "", "the standby's GPU backend when not --backend's: cuda:N (another device) or sim; "+
+		"on one GPU the standby's replay time-slices with the primary, and in one process it gets other addresses, so kernels that follow stored pointers cannot run there")
+	return func() func() (gpu.Backend, error) {
+		if *name == "" {
+			return nil
+		}
+		sb := *bf
+		sb.name = *name
+		return sb.open
+	}
 }
 
 // profileFlag adds --cpuprofile; the returned function starts the profile
@@ -172,7 +184,7 @@ func runBenchReplicate(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	endpoint := fs.String("endpoint", "", "measure a running primary (and its standby, in the mode it runs) at this guest endpoint from this process, beside --backend in-process")
-	standbyBackend := fs.String("standby-backend", "", "the standbys' GPU backend when not --backend's: cuda:N (another device) or sim; on one GPU the standby's replay time-slices with the primary")
+	standbyBackend := standbyBackendFlag(fs, &bf)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -185,11 +197,7 @@ func runBenchReplicate(args []string) error {
 	defer stop()
 	opts.Progress = os.Stderr
 	opts.NewBackend = bf.open
-	if *standbyBackend != "" {
-		sb := bf
-		sb.name = *standbyBackend
-		opts.NewStandbyBackend = sb.open
-	}
+	opts.NewStandbyBackend = standbyBackend()
 	run := bench.Replicate
 	if *endpoint != "" {
 		run = func(o bench.ReplicateOptions) (bench.ReplicateReport, error) {
