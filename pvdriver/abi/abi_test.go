@@ -37,6 +37,8 @@ func sampleRequests() map[Opcode]Body {
 		OpApertureAttach: &ApertureAttach{Ptr: 0x7e0000001000, Kind: ApertureRegister, FD: 7},
 		OpDeviceInfo:     &DeviceInfo{},
 		OpFunctionParams: &FunctionParams{Function: 9},
+		OpCopyHtoDHost:   &HostCopy{Dev: 0x7e0000000000, Offset: 4096, Size: 1 << 20, Stream: 2},
+		OpCopyDtoHHost:   &HostCopy{Dev: 0x7e0000001000, Offset: 0, Size: 99},
 	}
 }
 

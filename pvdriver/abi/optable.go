@@ -43,6 +43,10 @@ const (
 	// the backend that loaded the image says: the guest marshals launch
 	// arguments by it.
 	OpFunctionParams
+	// OpCopyHtoDHost and OpCopyDtoHHost copy between device memory and
+	// the connection's host-memory region (hostmem.go).
+	OpCopyHtoDHost
+	OpCopyDtoHHost
 	opLimit
 )
 
@@ -141,6 +145,8 @@ var opTable = [opLimit]OpInfo{
 	OpDeviceInfo: {Name: "device_info", NewRequest: newBody[DeviceInfo], NewReply: newBody[DeviceInfoReply], Commits: true},
 	OpFunctionParams: {Name: "function_params", NewRequest: newBody[FunctionParams], NewReply: newBody[FunctionParamsReply],
 		Commits: true},
+	OpCopyHtoDHost: {Name: "copy_htod_hostmem", NewRequest: newBody[HostCopy], Mutates: true, Commits: true},
+	OpCopyDtoHHost: {Name: "copy_dtoh_hostmem", NewRequest: newBody[HostCopy], Commits: true},
 }
 
 // newBody is the constructor of an empty body of type T.

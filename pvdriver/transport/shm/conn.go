@@ -45,6 +45,9 @@ type Conn struct {
 	broken   atomic.Bool // failed is set (read without the lock while spinning)
 	// maxSpin bounds how long a side spins before it sleeps (clampSpin).
 	maxSpin time.Duration
+	// host is the guest's host-memory region, if it handed one over
+	// (hostmem.go).
+	host hostRegion
 }
 
 // Doorbell bytes on the socket. Each side writes them without blocking

@@ -9,12 +9,14 @@ import (
 // FuzzHello: the hypervisor's decoder of a guest's opening message never
 // panics and accepts only sizes it can map.
 func FuzzHello(f *testing.F) {
-	f.Add(appendHello(nil, MinRing, MinRing))
-	f.Add(appendHello(nil, DefaultRing, MaxRing))
-	f.Add(appendHello(nil, MaxRing*2, MinRing))
+	f.Add(appendHello(nil, MinRing, MinRing, 0))
+	f.Add(appendHello(nil, DefaultRing, MaxRing, DefaultHostMemory))
+	f.Add(appendHello(nil, MaxRing*2, MinRing, 0))
+	f.Add(appendHello(nil, MinRing, MinRing, MaxHostMemory+hostMemoryAlign))
+	f.Add(appendHello(nil, MinRing, MinRing, 4097))
 	f.Add([]byte("VGPU"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		req, rep, err := decodeHello(b)
+		req, rep, host, err := decodeHello(b)
 		if err != nil {
 			if !errors.Is(err, ErrHandshake) {
 				t.Fatalf("error %v does not wrap ErrHandshake", err)
@@ -23,6 +25,9 @@ func FuzzHello(f *testing.F) {
 		}
 		if !validRing(req) || !validRing(rep) || areaSize(req, rep) > ctlBytes+2*MaxRing {
 			t.Fatalf("accepted rings %d, %d", req, rep)
+		}
+		if host > MaxHostMemory || host%hostMemoryAlign != 0 {
+			t.Fatalf("accepted a host-memory region of %d bytes", host)
 		}
 	})
 }

@@ -22,7 +22,22 @@ type Listener struct {
 	live     atomic.Int64
 	maxConns int64
 	maxSpin  atomic.Int64 // nanoseconds; see SetMaxSpin
+	host     hostBudget   // what the open connections' host-memory regions hold
 }
+
+// SetHostMemoryBudget bounds the host-memory regions (hostmem.go) that
+// connections accepted from now on may hold together, in bytes (zero: no
+// regions; negative: DefaultHostMemoryBudget). The hypervisor page-locks
+// them: this is what guests can make the node pin.
+func (l *Listener) SetHostMemoryBudget(n int64) {
+	if n < 0 {
+		n = DefaultHostMemoryBudget
+	}
+	l.host.limit.Store(n)
+}
+
+// HostMemoryInUse is what the open connections' regions hold, in bytes.
+func (l *Listener) HostMemoryInUse() int64 { return l.host.used.Load() }
 
 // SetMaxSpin sets how long the node's side of connections accepted from
 // now on spins waiting for a guest before it sleeps (zero: DefaultMaxSpin;
@@ -46,6 +61,7 @@ func NewListener(ln *net.UnixListener, maxConns int) (*Listener, error) {
 		maxConns = DefaultMaxConns
 	}
 	l := &Listener{ln: ln, conns: make(chan net.Conn), done: make(chan struct{}), maxConns: int64(maxConns)}
+	l.host.limit.Store(DefaultHostMemoryBudget)
 	go l.acceptLoop()
 	return l, nil
 }
@@ -104,7 +120,7 @@ func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 func (l *Listener) handshake(uc *net.UnixConn) (net.Conn, error) {
 	uc.SetDeadline(time.Now().Add(handshakeTimeout))
 	buf := make([]byte, helloBytes)
-	oob := make([]byte, unix.CmsgSpace(4)) // one descriptor; the kernel drops any more
+	oob := make([]byte, unix.CmsgSpace(8)) // two descriptors; the kernel drops any more
 	got, fds := 0, []int(nil)
 	for got < 4 || (got < helloBytes && get32(buf, 0) == helloMagic) {
 		n, oobn, _, _, err := uc.ReadMsgUnix(buf[got:], oob)
@@ -121,7 +137,11 @@ func (l *Listener) handshake(uc *net.UnixConn) (net.Conn, error) {
 		return &prefixConn{UnixConn: uc, pre: buf[:got]}, nil
 	}
 	c, err := l.accept(uc, buf, fds)
-	uc.Write(appendVerdict(nil, err))
+	var flags uint32
+	if c != nil && c.host.mem != nil {
+		flags = verdictHostMemory
+	}
+	uc.Write(appendVerdict(nil, flags, err))
 	if err != nil {
 		return nil, err
 	}
@@ -129,16 +149,17 @@ func (l *Listener) handshake(uc *net.UnixConn) (net.Conn, error) {
 	return c, nil
 }
 
-// accept checks a hello and its memory file and maps the area. It closes
-// every descriptor in fds.
+// accept checks a hello and its memory files and maps the area (and the
+// host-memory region, if the budget has room). It closes every descriptor
+// in fds.
 func (l *Listener) accept(uc *net.UnixConn, hello []byte, fds []int) (*Conn, error) {
 	defer closeFDs(fds)
-	req, rep, err := decodeHello(hello)
+	req, rep, host, err := decodeHello(hello)
 	if err != nil {
 		return nil, err
 	}
-	if len(fds) != 1 {
-		return nil, fmt.Errorf("%w: want the area's memory file with the hello, got %d descriptors", ErrHandshake, len(fds))
+	if want := 1 + min(host, 1); uint64(len(fds)) != want {
+		return nil, fmt.Errorf("%w: want %d memory files with the hello, got %d descriptors", ErrHandshake, want, len(fds))
 	}
 	area, err := mapGuestArea(fds[0], areaSize(req, rep))
 	if err != nil {
@@ -149,16 +170,46 @@ func (l *Listener) accept(uc *net.UnixConn, hello []byte, fds []int) (*Conn, err
 		unix.Munmap(area)
 		return nil, fmt.Errorf("%w: this node already serves %d shared-memory guests; connect over unix:// instead", ErrHandshake, l.maxConns)
 	}
+	region, err := l.mapHostMemory(fds, host)
+	if err != nil {
+		l.live.Add(-1)
+		unix.Munmap(area)
+		return nil, err
+	}
 	c, err := newConn(uc, area, req, rep, 0) // the hypervisor consumes requests
 	if err != nil {
 		l.live.Add(-1)
+		region.release()
 		return nil, err
+	}
+	c.host = region
+	c.unmap = func(b []byte) { // Close, with c.mu held
+		unix.Munmap(b)
+		c.host.dropUntaken()
 	}
 	c.onClose = func() { l.live.Add(-1) }
 	if d := l.maxSpin.Load(); d != 0 {
 		c.maxSpin = time.Duration(d)
 	}
 	return c, nil
+}
+
+// mapHostMemory maps the guest's host-memory region (fds[1], host bytes)
+// if the listener's budget has room for it. A region over the budget is
+// left unmapped, not refused: the guest's copies then travel inline.
+func (l *Listener) mapHostMemory(fds []int, host uint64) (hostRegion, error) {
+	if host == 0 || !l.host.take(int64(host)) {
+		return hostRegion{release: func() {}}, nil
+	}
+	mem, err := mapGuestArea(fds[1], host)
+	if err != nil {
+		l.host.give(int64(host))
+		return hostRegion{}, err
+	}
+	return hostRegion{mem: mem, release: sync.OnceFunc(func() {
+		unix.Munmap(mem)
+		l.host.give(int64(host))
+	})}, nil
 }
 
 // mapGuestArea maps a guest's memory file after checking it is a regular

@@ -30,6 +30,9 @@
 //	4096        R     request ring bytes (R a power of two)
 //	4096+R      P     reply ring bytes (P a power of two)
 //
+// A guest's host-memory region, for its page-locked allocations, is a
+// second memory file (hostmem.go).
+//
 // A ring's control block keeps each word on its own cache line: head
 // (uint64, the producer's index) at 0, tail (uint64, the consumer's index)
 // at 64, the consumer's "asleep" flag (uint32) at 128 and the producer's at
@@ -48,6 +51,7 @@ package shm
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -186,7 +190,8 @@ func clampSpin(d time.Duration) time.Duration {
 }
 
 // Hello is the guest's opening message on the unix socket, sent with the
-// area's memory file attached (SCM_RIGHTS):
+// area's memory file attached (SCM_RIGHTS), and after it the host-memory
+// region's file when the hello asks for one (hostmem.go):
 //
 //	offset size field
 //	0      4    magic "VGSH"
@@ -194,7 +199,12 @@ func clampSpin(d time.Duration) time.Duration {
 //	6      2    reserved, zero
 //	8      4    request ring bytes (power of two, MinRing..MaxRing)
 //	12     4    reply ring bytes (same rule)
-//	16     16   reserved, zero
+//	16     8    host-memory region bytes (zero: none; else a multiple of
+//	            4096, at most MaxHostMemory)
+//	24     8    reserved, zero
+//
+// (A node older than the host-memory region refuses a hello that asks for
+// one: the bytes were reserved.)
 const (
 	helloMagic   = 0x48534756 // "VGSH" little-endian
 	helloVersion = 1
@@ -204,32 +214,38 @@ const (
 // ErrHandshake is wrapped by every handshake refusal.
 var ErrHandshake = errors.New("shm: bad handshake")
 
-func appendHello(b []byte, req, rep uint32) []byte {
+func appendHello(b []byte, req, rep uint32, host uint64) []byte {
 	b = le32(b, helloMagic)
 	b = le32(b, helloVersion)
 	b = le32(b, req)
 	b = le32(b, rep)
-	return append(b, make([]byte, 16)...)
+	b = le32(le32(b, uint32(host)), uint32(host>>32))
+	return append(b, make([]byte, 8)...)
 }
 
-// decodeHello checks a guest's hello and returns its ring sizes.
-func decodeHello(b []byte) (req, rep uint64, err error) {
+// decodeHello checks a guest's hello and returns its ring sizes and the
+// size of the host-memory region it hands over (zero: none).
+func decodeHello(b []byte) (req, rep, host uint64, err error) {
 	if len(b) != helloBytes || get32(b, 0) != helloMagic {
-		return 0, 0, errors.Join(ErrHandshake, errors.New("not a shared-memory hello"))
+		return 0, 0, 0, errors.Join(ErrHandshake, errors.New("not a shared-memory hello"))
 	}
 	if get32(b, 4) != helloVersion {
-		return 0, 0, errors.Join(ErrHandshake, errors.New("unsupported version or reserved bits set"))
+		return 0, 0, 0, errors.Join(ErrHandshake, errors.New("unsupported version or reserved bits set"))
 	}
-	for _, x := range b[16:] {
+	for _, x := range b[24:] {
 		if x != 0 {
-			return 0, 0, errors.Join(ErrHandshake, errors.New("reserved bytes set"))
+			return 0, 0, 0, errors.Join(ErrHandshake, errors.New("reserved bytes set"))
 		}
 	}
 	req, rep = uint64(get32(b, 8)), uint64(get32(b, 12))
 	if !validRing(req) || !validRing(rep) {
-		return 0, 0, errors.Join(ErrHandshake, errors.New("ring sizes must be powers of two between 64 KiB and 64 MiB"))
+		return 0, 0, 0, errors.Join(ErrHandshake, errors.New("ring sizes must be powers of two between 64 KiB and 64 MiB"))
 	}
-	return req, rep, nil
+	host = uint64(get32(b, 16)) | uint64(get32(b, 20))<<32
+	if !validHostMemory(host) {
+		return 0, 0, 0, errors.Join(ErrHandshake, fmt.Errorf("a host-memory region must be a multiple of %d bytes, at most %d", hostMemoryAlign, uint64(MaxHostMemory)))
+	}
+	return req, rep, host, nil
 }
 
 func validRing(n uint64) bool { return n >= MinRing && n <= MaxRing && n&(n-1) == 0 }

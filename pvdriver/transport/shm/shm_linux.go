@@ -14,12 +14,13 @@ import (
 // mmap, fstat), the descriptor passed over the unix socket (SCM_RIGHTS)
 // and the doorbell writes.
 
-// Options are a guest's ring sizes (zero: DefaultRing) and how long its
+// Options are a guest's ring sizes (zero: DefaultRing), how long its
 // side spins waiting before it sleeps (zero: DefaultMaxSpin; at most
-// SpinLimit).
+// SpinLimit) and its host-memory region (nil: none; see hostmem.go).
 type Options struct {
 	RequestRing, ReplyRing uint32
 	MaxSpin                time.Duration
+	HostMemory             *HostMemory
 }
 
 // Dial connects to the hypervisor's unix socket at path and sets up a
@@ -45,7 +46,7 @@ func Dial(ctx context.Context, path string, opts Options) (*Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		uc.SetDeadline(dl)
 	}
-	c, err := dialArea(uc, req, rep)
+	c, err := dialArea(uc, req, rep, opts.HostMemory)
 	if err != nil {
 		uc.Close()
 		return nil, fmt.Errorf("setting up shared memory with %s: %w", path, err)
@@ -55,66 +56,120 @@ func Dial(ctx context.Context, path string, opts Options) (*Conn, error) {
 	return c, nil
 }
 
-// dialArea makes the guest's area, sends it with the hello and reads the
-// hypervisor's answer.
-func dialArea(uc *net.UnixConn, req, rep uint64) (*Conn, error) {
-	size := areaSize(req, rep)
-	fd, err := unix.MemfdCreate("vgpuha-shm", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+// dialArea makes the guest's area, sends it (and the host-memory region,
+// if any) with the hello and reads the hypervisor's answer.
+func dialArea(uc *net.UnixConn, req, rep uint64, host *HostMemory) (*Conn, error) {
+	fd, area, err := sealedFile("vgpuha-shm", areaSize(req, rep))
 	if err != nil {
-		return nil, fmt.Errorf("memfd_create: %w", err)
+		return nil, err
 	}
 	defer unix.Close(fd) // the mappings keep the memory
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return nil, fmt.Errorf("sizing the area: %w", err)
+	fds, hostBytes := []int{fd}, uint64(0)
+	if host != nil {
+		fds, hostBytes = append(fds, host.fd), uint64(len(host.mem))
 	}
-	// Sealed, so the hypervisor's mapping can never lose pages under it.
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		return nil, fmt.Errorf("sealing the area: %w", err)
+	if _, _, err := uc.WriteMsgUnix(appendHello(nil, uint32(req), uint32(rep), hostBytes), unix.UnixRights(fds...), nil); err != nil {
+		unix.Munmap(area)
+		return nil, err
 	}
-	area, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	flags, err := readVerdict(uc)
 	if err != nil {
-		return nil, fmt.Errorf("mapping the area: %w", err)
-	}
-	if _, _, err := uc.WriteMsgUnix(appendHello(nil, uint32(req), uint32(rep)), unix.UnixRights(fd), nil); err != nil {
 		unix.Munmap(area)
 		return nil, err
 	}
-	if err := readVerdict(uc); err != nil {
-		unix.Munmap(area)
+	c, err := newConn(uc, area, req, rep, 1) // the guest consumes replies
+	if err != nil {
 		return nil, err
 	}
-	return newConn(uc, area, req, rep, 1) // the guest consumes replies
+	c.host.shared = host != nil && flags&verdictHostMemory != 0
+	return c, nil
 }
 
-// The hypervisor's verdict: magic, status (0 accepted), message length
-// (at most 256), then the message.
-const verdictHeader = 12
+// sealedFile makes a memory file of size bytes, sealed against shrinking
+// and growing (so the hypervisor's mapping can never lose pages under it),
+// and maps it.
+func sealedFile(name string, size uint64) (fd int, mem []byte, err error) {
+	fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("sizing %s: %w", name, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("sealing %s: %w", name, err)
+	}
+	mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("mapping %s: %w", name, err)
+	}
+	return fd, mem, nil
+}
 
-func appendVerdict(b []byte, err error) []byte {
+// NewHostMemory makes a guest's host-memory region of size bytes (a
+// multiple of 4096, at most MaxHostMemory).
+func NewHostMemory(size uint64) (*HostMemory, error) {
+	if size == 0 || !validHostMemory(size) {
+		return nil, fmt.Errorf("shm: a host-memory region must be a multiple of %d bytes, at most %d", hostMemoryAlign, uint64(MaxHostMemory))
+	}
+	fd, mem, err := sealedFile("vgpuha-hostmem", size)
+	if err != nil {
+		return nil, err
+	}
+	return &HostMemory{fd: fd, mem: mem}, nil
+}
+
+// Close unmaps the region and closes its file: nothing may touch its
+// bytes afterwards. A hypervisor that mapped it keeps its own mapping
+// until its connection ends.
+func (h *HostMemory) Close() error {
+	if h.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(h.mem)
+	unix.Close(h.fd)
+	h.mem, h.fd = nil, -1
+	return err
+}
+
+// The hypervisor's verdict: magic, status (0 accepted), then for a
+// refusal the message's length (at most 256) and the message, for an
+// acceptance flags (verdictHostMemory: the host-memory region was mapped).
+const (
+	verdictHeader     = 12
+	verdictHostMemory = 1
+)
+
+func appendVerdict(b []byte, flags uint32, err error) []byte {
 	b = le32(b, helloMagic)
 	if err == nil {
-		return append(le32(b, 0), 0, 0, 0, 0)
+		return le32(le32(b, 0), flags)
 	}
 	msg := err.Error()[:min(len(err.Error()), 256)]
 	b = le32(le32(b, 1), uint32(len(msg)))
 	return append(b, msg...)
 }
 
-func readVerdict(uc *net.UnixConn) error {
+// readVerdict reads the hypervisor's answer: the acceptance's flags, or
+// why it refused.
+func readVerdict(uc *net.UnixConn) (flags uint32, err error) {
 	buf := make([]byte, verdictHeader+256)
 	got := 0
 	for got < verdictHeader {
 		n, err := uc.Read(buf[got:verdictHeader])
 		if err != nil {
-			return fmt.Errorf("reading the hypervisor's answer: %w", err)
+			return 0, fmt.Errorf("reading the hypervisor's answer: %w", err)
 		}
 		got += n
 	}
 	if get32(buf, 0) != helloMagic {
-		return fmt.Errorf("%w: the socket's server does not speak shared memory", ErrHandshake)
+		return 0, fmt.Errorf("%w: the socket's server does not speak shared memory", ErrHandshake)
 	}
 	if get32(buf, 4) == 0 {
-		return nil
+		return get32(buf, 8), nil
 	}
 	want := verdictHeader + min(int(get32(buf, 8)), 256)
 	for got < want {
@@ -124,7 +179,7 @@ func readVerdict(uc *net.UnixConn) error {
 		}
 		got += n
 	}
-	return fmt.Errorf("%w: the hypervisor refused: %s", ErrHandshake, buf[verdictHeader:got])
+	return 0, fmt.Errorf("%w: the hypervisor refused: %s", ErrHandshake, buf[verdictHeader:got])
 }
 
 // newConn builds a Conn over area; consume is the ring this side reads

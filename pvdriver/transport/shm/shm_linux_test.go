@@ -206,9 +206,9 @@ func TestHandshakeRefusals(t *testing.T) {
 	}
 	// A hello without its memory file is refused with a reason.
 	c, _ := net.Dial("unix", path)
-	c.Write(appendHello(nil, MinRing, MinRing))
+	c.Write(appendHello(nil, MinRing, MinRing, 0))
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	if err := readVerdict(c.(*net.UnixConn)); !errors.Is(err, ErrHandshake) {
+	if _, err := readVerdict(c.(*net.UnixConn)); !errors.Is(err, ErrHandshake) {
 		t.Fatalf("hello without a file: %v", err)
 	}
 	c.Close()
