@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -24,8 +23,9 @@ type guestConn struct {
 	bw     *bufio.Writer
 	fr     *abi.FrameReader
 	log    *slog.Logger
-	tenant string   // who the transport says the guest is (tenant.go)
-	sess   *Session // nil until hello
+	tenant string      // who the transport says the guest is (tenant.go)
+	sess   *Session    // nil until hello
+	host   *hostRegion // the guest's host-memory region, if any (hostmem.go)
 	out    []byte
 	// refusals counts this connection's refused requests: the first few
 	// are logged, then one in a thousand (each is counted in metrics).
@@ -50,6 +50,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
 	conn.SetReadDeadline(time.Now().Add(helloTimeout))
 	defer c.registerShared()() // before conn.Close unmaps the area
+	defer c.takeHostMemory()() // once the session is detached
 	defer c.finish()
 	for {
 		f, err := c.fr.ReadFrame()
@@ -80,20 +81,10 @@ type sharedMemory interface{ SharedMemory() []byte }
 // correctness: it is logged and the connection goes on.
 func (c *guestConn) registerShared() (unregister func()) {
 	sm, ok := c.conn.(sharedMemory)
-	reg, can := c.s.backend.(gpu.HostRegistrar)
-	if !ok || !can {
+	if !ok {
 		return func() {}
 	}
-	undo, err := reg.RegisterHost(sm.SharedMemory())
-	if err != nil {
-		c.log.Warn("page-locking a guest's shared memory", "err", err)
-		return func() {}
-	}
-	return func() {
-		if err := undo(); err != nil {
-			c.log.Warn("unlocking a guest's shared memory", "err", err)
-		}
-	}
+	return c.pageLock(sm.SharedMemory(), "shared memory")
 }
 
 // buffered is a reader that knows how many bytes it could return at once
@@ -288,6 +279,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 func (c *guestConn) opened() {
 	c.sess.mu.Lock()
 	c.sess.peerPID = mmiotrace.PeerPID(c.conn)
+	c.attachHostMemory()
 	c.sess.mu.Unlock()
 	c.log = c.log.With("session", c.sess.id, "guest", c.sess.guest)
 	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.base))

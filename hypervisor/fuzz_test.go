@@ -20,7 +20,7 @@ import (
 func framesFrom(data []byte) []byte {
 	out := hello(1)
 	for id := uint64(2); len(data) >= 3; id++ {
-		op, flags, n := abi.Opcode(data[0]%20), uint16(data[1]&3), int(data[2])
+		op, flags, n := abi.Opcode(data[0]%24), uint16(data[1]&3), int(data[2])
 		data = data[3:]
 		n = min(n, len(data))
 		out = abi.AppendFrame(out, op, flags, id, data[:n])

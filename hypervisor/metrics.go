@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		}, []string{"reason"}),
 		inPlace: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpuha_guest_inplace_copy_bytes_total",
-			Help: "Copy data taken from a guest's shared memory where it lay, by where it went: device (straight to the device), log (into a replication log buffer), private (a stream copy's private buffer).",
+			Help: "Copy data taken from a guest's shared memory where it lay, by where it went: device (straight to the device), log (into a replication log buffer), private (a stream copy's private buffer); from a host-memory region: hostmem_device (straight to the device), hostmem_log (into a replication log buffer).",
 		}, []string{"to"}),
 		latency: map[abi.Opcode]prometheus.Observer{},
 	}

@@ -78,8 +78,11 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpDeviceInfo, func() abi.Body { return &abi.DeviceInfo{} }, nil},
 		{abi.OpStreamDestroy, func() abi.Body { return &abi.StreamDestroy{Stream: stream} }, nil},
 		{abi.OpModuleUnload, func() abi.Body { return &abi.ModuleUnload{Module: module} }, nil},
+		{abi.OpCopyHtoDHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 4096, Size: 100} }, nil},
+		{abi.OpCopyDtoHHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 0, Size: 100} }, nil},
 		{abi.OpFree, func() abi.Body { return &abi.Free{Ptr: ptr} }, nil},
 	}
+	sess.host = &hostRegion{mem: make([]byte, 8192)} // as a shared-memory connection's region
 	ran := map[abi.Opcode]bool{}
 	for i, step := range steps {
 		op, info, reqID := step.op, step.op.Info(), uint64(i+1)

@@ -86,6 +86,9 @@ type Session struct {
 	// inPlace is the data of the copy being run when it goes from the
 	// guest's shared memory straight to the device (inplace.go).
 	inPlace *abi.InPlace
+	// host is the host-memory region of the connection serving the
+	// session, if it has one (hostmem.go).
+	host *hostRegion
 
 	// peerPID is the guest process on the other end of a unix socket (zero
 	// otherwise); mmio holds its apertures (aperture.go).
@@ -155,6 +158,8 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpApertureAttach: typed((*Session).apertureAttach),
 	abi.OpDeviceInfo:     typed((*Session).deviceInfo),
 	abi.OpFunctionParams: typed((*Session).functionParams),
+	abi.OpCopyHtoDHost:   typed((*Session).copyHtoDHost),
+	abi.OpCopyDtoHHost:   typed((*Session).copyDtoHHost),
 }
 
 // handle runs one decoded request and returns its reply body. With async
@@ -191,16 +196,18 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 		return nil, err
 	}
 	var in inPlaceCopy
-	if data != nil {
+	if data != nil || op == abi.OpCopyHtoDHost && s.record != nil && s.host != nil {
 		var err error
-		if in, err = s.takeInPlace(payload, data); err != nil {
+		if op, in, err = s.takeCopyData(op, req, payload, data); err != nil {
 			return nil, err
 		}
 		defer in.done(s)
-		req, payload = in.req, in.payload
+		run, req, payload = opTable[op], in.req, in.payload
 	}
 	if info.Mutates {
-		if reply, err, done := s.checkReqID(op, reqID, payload, in.streamed()); done {
+		// A host copy's content is where its data lies, not the data: no
+		// checksum (as for a copy streamed from shared memory).
+		if reply, err, done := s.checkReqID(op, reqID, payload, in.streamed() || op == abi.OpCopyHtoDHost); done {
 			return reply, err
 		}
 	}
@@ -223,6 +230,20 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 		return nil, deferredError{err}
 	}
 	return reply, err
+}
+
+// takeCopyData reads a copy's data from where the guest left it: the
+// shared ring (an in-place copy, inplace.go) or, for a replicated session,
+// its host-memory region (hostmem.go; the copy becomes an OpCopyHtoD). It
+// returns the op to run and log.
+// Precondition: s.mu must be locked.
+func (s *Session) takeCopyData(op abi.Opcode, req abi.Body, fixed []byte, data *abi.InPlace) (abi.Opcode, inPlaceCopy, error) {
+	if data != nil {
+		in, err := s.takeInPlace(fixed, data)
+		return op, in, err
+	}
+	in, err := s.takeHostCopy(req.(*abi.HostCopy))
+	return abi.OpCopyHtoD, in, err
 }
 
 // admit refuses a request the session must not run now, and otherwise

@@ -156,7 +156,8 @@ func (r *registering) RegisterHost(mem []byte) (func() error, error) {
 }
 
 // TestSharedAreaRegistered: a backend that page-locks host memory gets a
-// shared-memory guest's whole area for the connection's life.
+// shared-memory guest's whole area and its host-memory region for the
+// connection's life.
 func TestSharedAreaRegistered(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("shared memory needs Linux")
@@ -180,9 +181,9 @@ func TestSharedAreaRegistered(t *testing.T) {
 	if _, err := c.Alloc(4096); err != nil {
 		t.Fatal(err)
 	}
-	want := int64(4096 + 2*shm.DefaultRing)
+	want := int64(4096 + 2*shm.DefaultRing + shm.DefaultHostMemory)
 	if got := b.registered.Load(); got != want {
-		t.Fatalf("registered %d bytes, want the area's %d", got, want)
+		t.Fatalf("registered %d bytes, want the area's and the host-memory region's %d", got, want)
 	}
 	c.Close()
 	deadline := time.Now().Add(5 * time.Second)

@@ -32,6 +32,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
 )
 
 // Handle types a guest holds. They are virtual: they stay valid however the
@@ -137,6 +138,7 @@ type Client struct {
 	windowBase, window uint64
 	closeOnce          sync.Once
 	apertures          []*Aperture // mapped apertures, re-attached after a failover
+	host               *hostArena  // the host-memory region (hostmem.go); nil for none
 }
 
 // keptFrame is a request kept for resending after a failover.
@@ -167,10 +169,22 @@ type result struct {
 // (after a takeover, the promoted standby is the one that serves); the
 // session then fails over along the same list.
 func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
+	host, err := transport.NewHostMemory(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("pvdriver: host memory for %s: %w", endpoint, err)
+	}
+	c, err := open(ctx, endpoint, opts, host)
+	if err != nil && host != nil {
+		host.Close()
+	}
+	return c, err
+}
+
+func open(ctx context.Context, endpoint string, opts Options, host *shm.HostMemory) (*Client, error) {
 	endpoints := append([]string{endpoint}, opts.Failover...)
 	var failed []string
 	for i, ep := range endpoints {
-		conn, err := transport.Dial(ctx, ep)
+		conn, err := transport.DialWith(ctx, ep, host)
 		if err != nil {
 			failed = append(failed, fmt.Sprintf("connecting to %s: %v", ep, err))
 			if len(endpoints) == 1 {
@@ -181,7 +195,7 @@ func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
 		// The endpoint that served comes first; the others stay, in order,
 		// as places to resume.
 		order := append(append([]string{ep}, endpoints[i+1:]...), endpoints[:i]...)
-		c, err := newClient(conn, order, opts)
+		c, err := newClient(conn, order, opts, host)
 		if err != nil {
 			conn.Close()
 			if len(endpoints) == 1 || ctx.Err() != nil {
@@ -198,10 +212,10 @@ func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
 // NewClient opens a session over an established connection (no failover).
 func NewClient(conn net.Conn, opts Options) (*Client, error) {
 	opts.Failover = nil
-	return newClient(conn, nil, opts)
+	return newClient(conn, nil, opts, nil)
 }
 
-func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error) {
+func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMemory) (*Client, error) {
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = abi.DefaultMaxPayload
 	}
@@ -220,6 +234,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 		pending:    map[uint64]chan result{},
 		waiting:    map[uint64]time.Time{},
 		abandoned:  map[uint64]bool{},
+		host:       newHostArena(host),
 	}
 	go c.writeLoop(bufio.NewWriterSize(conn, 256<<10))
 	if c.failover() {
@@ -232,6 +247,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options) (*Client, error)
 		hello.Token = opts.ResumeToken
 	}
 	if err := c.call(abi.OpHello, hello, &hr); err != nil {
+		c.host = nil // the caller closes it
 		c.Close()
 		return nil, err
 	}
@@ -304,6 +320,7 @@ func (c *Client) Close() error {
 		}
 	}
 	c.shutdown(ErrClosed)
+	c.host.close()
 	return nil
 }
 
@@ -492,7 +509,7 @@ func (c *Client) resumeOn(ep string) (net.Conn, abi.HelloReply, error) {
 	var hr abi.HelloReply
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	conn, err := transport.Dial(ctx, ep)
+	conn, err := transport.DialWith(ctx, ep, c.host.memory())
 	if err != nil {
 		return nil, hr, err
 	}
@@ -817,12 +834,22 @@ func (c *Client) CopyHtoD(dst DevicePtr, src []byte) error {
 }
 
 // CopyHtoDAsync queues a copy of src to dst on stream s. src is copied
-// before the call returns, so the caller may reuse it.
+// before the call returns, so the caller may reuse it, unless it lies in
+// the host-memory region (AllocHost): then, as with CUDA's page-locked
+// memory, the device may read it until s is synchronised.
 func (c *Client) CopyHtoDAsync(dst DevicePtr, src []byte, s Stream) error {
 	return c.copyHtoD(dst, src, s, true)
 }
 
 func (c *Client) copyHtoD(dst DevicePtr, src []byte, s Stream, async bool) error {
+	if done, err := c.copyHtoDHost(dst, src, s, async); done {
+		return err
+	}
+	return c.copyHtoDFrames(dst, src, s, async)
+}
+
+// copyHtoDFrames sends src inline, in frames of at most chunk bytes.
+func (c *Client) copyHtoDFrames(dst DevicePtr, src []byte, s Stream, async bool) error {
 	n := c.chunk()
 	for off := 0; off < len(src) || off == 0; off += n {
 		end := min(off+n, len(src))
@@ -846,6 +873,14 @@ func (c *Client) copyHtoD(dst DevicePtr, src []byte, s Stream, async bool) error
 // CopyDtoH copies device memory at src into dst and waits for it. It orders
 // after all earlier work on the null stream.
 func (c *Client) CopyDtoH(dst []byte, src DevicePtr) error {
+	if done, err := c.copyDtoHHost(dst, src); done {
+		return err
+	}
+	return c.copyDtoHFrames(dst, src)
+}
+
+// copyDtoHFrames copies into dst through replies of at most chunk bytes.
+func (c *Client) copyDtoHFrames(dst []byte, src DevicePtr) error {
 	n := c.chunk()
 	for off := 0; off < len(dst) || off == 0; off += n {
 		end := min(off+n, len(dst))

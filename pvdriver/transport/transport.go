@@ -16,6 +16,15 @@
 //	                                (default 50 µs, at most 10 ms): a GPU
 //	                                host with cores to spare catches a
 //	                                guest's next call awake
+//	shm+unix:///run/vgpuha/guest.sock?hostmem=1GiB
+//	                                the same with a 1 GiB host-memory region
+//	                                (the guest's page-locked memory, which the
+//	                                node maps and page-locks with the GPU;
+//	                                shm's hostmem.go): on a guest, the region
+//	                                it asks for (default 256 MiB; 0 none); on
+//	                                a node, what its guests' regions may hold
+//	                                together (default 4 GiB; 0 none). Sizes
+//	                                in bytes or with KiB, MiB or GiB
 //	tcp://127.0.0.1:7070            a guest on another host, or tests
 //	vsock://2:7070                  a VM guest talking to its host (CID 2);
 //	                                a listener may use vsock://any:PORT
@@ -54,6 +63,9 @@ type Endpoint struct {
 	// Spin is how long a shared-memory side spins before it sleeps (zero:
 	// the default).
 	Spin time.Duration
+	// HostMemory is the hostmem parameter of a shared-memory endpoint, in
+	// bytes: zero when not given (the default), negative for none (0).
+	HostMemory int64
 }
 
 func (e Endpoint) String() string {
@@ -61,8 +73,15 @@ func (e Endpoint) String() string {
 	case "unix":
 		return e.Scheme + "://" + e.Address
 	case "shm+unix":
+		q := url.Values{}
 		if e.Spin != 0 {
-			return e.Scheme + "://" + e.Address + "?spin=" + e.Spin.String()
+			q.Set("spin", e.Spin.String())
+		}
+		if e.HostMemory != 0 {
+			q.Set("hostmem", strconv.FormatInt(max(e.HostMemory, 0), 10))
+		}
+		if len(q) > 0 {
+			return e.Scheme + "://" + e.Address + "?" + q.Encode()
 		}
 		return e.Scheme + "://" + e.Address
 	case "vsock":
@@ -100,6 +119,16 @@ func Parse(s string) (Endpoint, error) {
 			}
 			e.Spin = d
 		}
+		if hm := u.Query().Get("hostmem"); hm != "" && u.Scheme == "shm+unix" {
+			n, ok := parseSize(hm)
+			if !ok || n > 1<<62 {
+				return Endpoint{}, fmt.Errorf("%w %q: hostmem wants a size in bytes, KiB, MiB or GiB", ErrEndpoint, s)
+			}
+			e.HostMemory = int64(n)
+			if n == 0 {
+				e.HostMemory = -1
+			}
+		}
 		return e, nil
 	case "tcp":
 		if _, _, err := net.SplitHostPort(u.Host); err != nil || u.Path != "" {
@@ -130,8 +159,47 @@ func Parse(s string) (Endpoint, error) {
 	return Endpoint{}, fmt.Errorf("%w %q: scheme must be unix, shm+unix, tcp or vsock", ErrEndpoint, s)
 }
 
+// parseSize parses a byte count, optionally with a KiB, MiB or GiB suffix.
+func parseSize(s string) (uint64, bool) {
+	mult := uint64(1)
+	for suffix, m := range map[string]uint64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
+		if rest, ok := strings.CutSuffix(s, suffix); ok {
+			s, mult = rest, m
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n > (1<<63)/mult {
+		return 0, false
+	}
+	return n * mult, true
+}
+
+// NewHostMemory makes the host-memory region a guest dialling endpoint
+// asks for (its hostmem parameter, default shm.DefaultHostMemory, rounded
+// up to whole pages): nil for an endpoint that is not shm+unix or asks
+// for none. The guest keeps it for its life and dials every connection
+// with it (DialWith).
+func NewHostMemory(endpoint string) (*shm.HostMemory, error) {
+	e, err := Parse(endpoint)
+	if err != nil || e.Scheme != "shm+unix" || e.HostMemory < 0 {
+		return nil, err
+	}
+	n := uint64(e.HostMemory)
+	if n == 0 {
+		n = shm.DefaultHostMemory
+	}
+	const page = 4096
+	return shm.NewHostMemory((n + page - 1) / page * page)
+}
+
 // Dial connects to endpoint.
 func Dial(ctx context.Context, endpoint string) (net.Conn, error) {
+	return DialWith(ctx, endpoint, nil)
+}
+
+// DialWith connects to endpoint handing it the guest's host-memory region
+// (if the endpoint is shm+unix; other transports carry none).
+func DialWith(ctx context.Context, endpoint string, host *shm.HostMemory) (net.Conn, error) {
 	e, err := Parse(endpoint)
 	if err != nil {
 		return nil, err
@@ -155,7 +223,7 @@ func Dial(ctx context.Context, endpoint string) (net.Conn, error) {
 		c.(*net.TCPConn).SetNoDelay(true)
 		return c, nil
 	case "shm+unix":
-		return shm.Dial(ctx, e.Address, shm.Options{MaxSpin: e.Spin})
+		return shm.Dial(ctx, e.Address, shm.Options{MaxSpin: e.Spin, HostMemory: host})
 	default:
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", e.Address)
@@ -194,6 +262,12 @@ func Listen(endpoint string) (net.Listener, error) {
 			return nil, fmt.Errorf("listening on %s: %w", e, err)
 		}
 		sl.SetMaxSpin(e.Spin)
+		switch { // zero: the default budget
+		case e.HostMemory > 0:
+			sl.SetHostMemoryBudget(e.HostMemory)
+		case e.HostMemory < 0:
+			sl.SetHostMemoryBudget(0)
+		}
 		return sl, nil
 	default:
 		return listenUnix(e)

@@ -1,0 +1,197 @@
+package hypervisor
+
+import (
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Host-memory copies. A guest on the shared-memory transport may hand its
+// connection a host-memory region (pvdriver/transport/shm's hostmem.go):
+// the memory its page-locked allocations come from. The connection takes
+// the region for its life, page-locks it with a backend that can
+// (gpu.HostRegistrar), and its session copies straight between the region
+// and the device (abi.HostCopy: an offset and a length, checked against
+// the region this node mapped, never trusted):
+//   - unreplicated, a host-to-device copy is a device copy from the region,
+//     with no copy through the node's memory; on a stream it may still be
+//     running when the reply goes (CUDA's rule for page-locked memory: the
+//     guest synchronises before it reuses the bytes), so the connection
+//     waits for the session's device work before it lets the region go;
+//   - replicated, the region's bytes are read exactly once, into a log
+//     buffer (a replicate.Draft, as inplace.go does): the record is an
+//     ordinary OpCopyHtoD with the data, the device copy runs from that
+//     buffer, so primary and standby can never differ, and the standby
+//     needs no region;
+//   - a device-to-host copy writes into the region (no state changes).
+// A guest that rewrites the region while it is read garbles only its own
+// copy. A connection without a region answers StatusNotSupported, and the
+// guest sends the copy inline instead: after a failover onto a node that
+// serves it over unix or tcp, a resent host copy the session had already
+// applied is answered from its state (exactly once, by request id); one it
+// had not is refused and comes back inline under a new id.
+
+// hostRegion is a guest's host-memory region as its connection maps it.
+type hostRegion struct {
+	mem []byte
+	// queued: a device copy on a stream from mem may still be running.
+	// Guarded by the mu of the session that issued it.
+	queued bool
+}
+
+// hostMemoryConn is a transport that can hand over a guest's host-memory
+// region (shm.Conn).
+type hostMemoryConn interface {
+	TakeHostMemory() (mem []byte, release func())
+}
+
+// takeHostMemory takes the connection's host-memory region, if it has one,
+// and page-locks it. It returns what lets it go, to be called once the
+// connection's session is detached: it waits for the session's device
+// copies from the region, unlocks and unmaps it.
+func (c *guestConn) takeHostMemory() (release func()) {
+	hc, ok := c.conn.(hostMemoryConn)
+	if !ok {
+		return func() {}
+	}
+	mem, unmap := hc.TakeHostMemory()
+	if mem == nil {
+		return func() {}
+	}
+	region := &hostRegion{mem: mem}
+	unlock := c.pageLock(mem, "host-memory region")
+	c.host = region
+	return func() {
+		c.dropHostMemory(region)
+		unlock()
+		unmap()
+	}
+}
+
+// attachHostMemory gives the session (opened or resumed on this
+// connection) the connection's region, or none.
+// Precondition: c.sess.mu must be locked.
+func (c *guestConn) attachHostMemory() { c.sess.host = c.host }
+
+// dropHostMemory makes sure nothing uses region any more: the session
+// forgets it (unless a resume gave it another already) and its device work
+// is waited for if a copy from the region may still be running.
+func (c *guestConn) dropHostMemory(region *hostRegion) {
+	s := c.sess
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.host == region {
+		s.host = nil
+	}
+	if region.queued && !s.closed {
+		if err := s.ctx.Sync(); err != nil { // the copies are over either way
+			c.log.Warn("waiting for device copies from a host-memory region", "err", err)
+		}
+	}
+}
+
+// pageLock page-locks mem with a backend that can (gpu.HostRegistrar), so
+// device copies from it run at DMA rate, and returns what undoes that.
+// Failing costs speed, not correctness: it is logged and the connection
+// goes on.
+func (c *guestConn) pageLock(mem []byte, what string) (unlock func()) {
+	reg, can := c.s.backend.(gpu.HostRegistrar)
+	if !can {
+		return func() {}
+	}
+	undo, err := reg.RegisterHost(mem)
+	if err != nil {
+		c.log.Warn("page-locking a guest's "+what, "err", err)
+		return func() {}
+	}
+	return func() {
+		if err := undo(); err != nil {
+			c.log.Warn("unlocking a guest's "+what, "err", err)
+		}
+	}
+}
+
+// hostSpan is the part of the connection's region a host copy names,
+// checked against the region this node mapped and the frame limit (a copy
+// moves at most what an inline one may, so a replicated one is one record).
+// Precondition: s.mu must be locked.
+func (s *Session) hostSpan(r *abi.HostCopy) ([]byte, error) {
+	if s.host == nil {
+		return nil, fail(abi.StatusNotSupported, "this connection maps no host-memory region: send the copy inline")
+	}
+	if limit := uint64(s.cfg.MaxPayload - 64); r.Size > limit {
+		return nil, fail(abi.StatusInvalidValue, "host copy of %d bytes exceeds the %d-byte copy limit", r.Size, limit)
+	}
+	if n := uint64(len(s.host.mem)); r.Offset > n || r.Size > n-r.Offset {
+		return nil, fail(abi.StatusOutOfRange, "host copy of %d bytes at offset %d is outside the %d-byte host-memory region", r.Size, r.Offset, n)
+	}
+	return s.host.mem[r.Offset : r.Offset+r.Size], nil
+}
+
+// copyHtoDHost copies from the region to the device (unreplicated: a
+// replicated session's host copies become log records first, takeHostCopy).
+func (s *Session) copyHtoDHost(r *abi.HostCopy) (abi.Body, error) {
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	src, err := s.hostSpan(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkRange(r.Dev, r.Size, "copy to device"); err != nil {
+		return nil, err
+	}
+	if st != 0 {
+		s.host.queued = true
+	}
+	s.srv.metrics.inPlace.WithLabelValues("hostmem_device").Add(float64(len(src)))
+	return nil, s.ctx.CopyHtoD(s.dev(r.Dev), src, st)
+}
+
+// copyDtoHHost copies from the device into the region; it is complete
+// when the backend returns.
+func (s *Session) copyDtoHHost(r *abi.HostCopy) (abi.Body, error) {
+	st, err := s.stream(r.Stream)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := s.hostSpan(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkRange(r.Dev, r.Size, "copy from device"); err != nil {
+		return nil, err
+	}
+	return nil, s.ctx.CopyDtoH(dst, s.dev(r.Dev), st)
+}
+
+// takeHostCopy reads a replicated session's host-to-device copy out of the
+// region, once, into a log buffer holding the equivalent OpCopyHtoD body
+// (the copy then runs and is logged as that). The caller must call done.
+// Precondition: s.mu must be locked; s.record and s.host are set.
+func (s *Session) takeHostCopy(r *abi.HostCopy) (inPlaceCopy, error) {
+	src, err := s.hostSpan(r)
+	if err != nil {
+		return inPlaceCopy{}, err
+	}
+	n := abi.CopyPrefixSize + len(src)
+	if !s.srv.budget.Acquire(n) {
+		return inPlaceCopy{}, refuse(refusedBufferBudget, abi.StatusUnavailable,
+			"the node's request buffers are full (%d-byte budget): %d-byte copy refused; retry", s.cfg.RequestBufferBytes, n)
+	}
+	in := inPlaceCopy{held: n, draft: s.record.log.NewDraft(n)}
+	in.payload = in.draft.Body()
+	abi.AppendCopyHtoDPrefix(in.payload[:0], r.Dev, r.Stream, uint32(len(src)))
+	copy(in.payload[abi.CopyPrefixSize:], src) // the one read of the guest's bytes
+	req, err := abi.DecodeRequest(abi.OpCopyHtoD, in.payload)
+	if err != nil { // cannot be: the body was just built
+		in.done(s)
+		return inPlaceCopy{}, fail(abi.StatusInternal, "%w", err)
+	}
+	in.req = req
+	s.srv.metrics.inPlace.WithLabelValues("hostmem_log").Add(float64(len(src)))
+	return in, nil
+}
