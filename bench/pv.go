@@ -30,6 +30,7 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
 )
 
 // PVOptions sets how long the paravirtual-call benchmark runs.
@@ -73,6 +74,11 @@ type target struct {
 	flush  func() error
 	// bulk copies BulkBytes from host memory to the device and waits.
 	bulk func() error
+	// pinned does the same from page-locked host memory: in-process,
+	// cuMemcpyHtoD from cuMemAllocHost (the software GPU has no such
+	// memory: its plain copy); over shared memory, from the session's
+	// host-memory region (pvdriver.Client.AllocHost). Nil elsewhere.
+	pinned func() error
 	// read copies 64 bytes from the device (a reply that carries data:
 	// in commit mode it waits until the standby holds every change
 	// before it).
@@ -82,7 +88,9 @@ type target struct {
 // PV measures the paravirtual path against calling the backend directly:
 // the round trip of a small synchronous call, the throughput of pipelined
 // asynchronous launches and of a bulk host-to-device copy, over unix, tcp
-// and shared memory (shm+unix, Linux only) side by side.
+// and shared memory (shm+unix, Linux only) side by side; and a bulk copy
+// from page-locked memory: in-process from cuMemAllocHost's, over shared
+// memory from the session's host-memory region.
 func PV(opts PVOptions) ([]PVRow, error) {
 	if opts.Rounds <= 0 {
 		opts.Rounds = 7
@@ -108,11 +116,16 @@ func PV(opts PVOptions) ([]PVRow, error) {
 		{name: "sync_call_64B", n: opts.Batch, run: func(t target) error { return t.syncCall() }},
 		{name: "async_launch", n: opts.Batch, run: func(t target) error { return t.launch() }, after: func(t target) error { return t.flush() }},
 		{name: fmt.Sprintf("bulk_htod_%dMiB", opts.BulkBytes>>20), n: bulkOps, bytes: opts.BulkBytes, run: func(t target) error { return t.bulk() }},
+		{name: fmt.Sprintf("bulk_htod_pinned_%dMiB", opts.BulkBytes>>20), n: bulkOps, bytes: opts.BulkBytes,
+			run: func(t target) error { return t.pinned() }, skip: func(t target) bool { return t.pinned == nil }},
 	}
 	samples := map[[2]int][]float64{}
 	for round := 0; round < opts.Rounds; round++ {
 		for oi, op := range ops {
 			for ti, t := range targets {
+				if op.skip != nil && op.skip(t) {
+					continue
+				}
 				ns, err := op.time(t)
 				if err != nil {
 					return nil, fmt.Errorf("%s over %s: %w", op.name, t.transport, err)
@@ -128,6 +141,9 @@ func PV(opts PVOptions) ([]PVRow, error) {
 	for oi, op := range ops {
 		base := median(samples[[2]int{oi, 0}])
 		for ti, t := range targets {
+			if op.skip != nil && op.skip(t) {
+				continue
+			}
 			m := median(samples[[2]int{oi, ti}])
 			r := PVRow{Op: op.name, Transport: t.transport, NsPerOp: m, VsDirect: m / base, Bytes: op.bytes}
 			if op.bytes > 0 {
@@ -146,6 +162,7 @@ type pvOp struct {
 	bytes int
 	run   func(t target) error
 	after func(t target) error
+	skip  func(t target) bool // targets that cannot run it (nil: none)
 }
 
 // time runs op on t and returns nanoseconds per operation.
@@ -231,25 +248,22 @@ func median(v []float64) float64 {
 }
 
 // directTargets calls a backend context in-process: the floor any
-// paravirtual path is compared with. On CUDA a second target copies the
-// bulk data from page-locked memory (cuMemcpyHtoD from cuMemAllocHost),
-// the fastest a host-to-device copy runs; release frees its buffer.
+// paravirtual path is compared with. On CUDA its pinned copy is
+// cuMemcpyHtoD from cuMemAllocHost, the fastest a host-to-device copy
+// runs; release frees that buffer.
 func directTargets(backend gpu.Backend, bulkBytes int) (targets []target, release func(), err error) {
 	release = func() {}
 	t, ctx, bulkAt, err := directTarget(backend, bulkBytes)
 	if err != nil {
 		return nil, release, err
 	}
-	targets = []target{t}
+	t.pinned = t.bulk // the software GPU: no page-locked memory
 	if cb, ok := backend.(*cuda.Backend); ok {
-		pinned, free, err := cb.PinnedCopy(ctx, bulkAt, bulkBytes)
-		if err != nil {
-			return nil, release, err
+		if t.pinned, release, err = cb.PinnedCopy(ctx, bulkAt, bulkBytes); err != nil {
+			return nil, func() {}, err
 		}
-		t.transport, t.bulk, release = "direct-cuda-pinned", pinned, free
-		targets = append(targets, t)
 	}
-	return targets, release, nil
+	return []target{t}, release, nil
 }
 
 // directTarget is the in-process target on a fresh context of backend;
@@ -294,7 +308,7 @@ func directTarget(backend gpu.Backend, bulkBytes int) (t target, ctx gpu.Context
 func clientTarget(endpoint string, bulkBytes int) (target, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := pvdriver.Open(ctx, endpoint, pvdriver.Options{GuestName: "bench"})
+	c, err := pvdriver.Open(ctx, withHostMemory(endpoint, bulkBytes), pvdriver.Options{GuestName: "bench"})
 	if err != nil {
 		return target{}, nil, err
 	}
@@ -319,14 +333,30 @@ func clientTarget(endpoint string, bulkBytes int) (target, func(), error) {
 	payload := make([]byte, 64)
 	cfg := pvdriver.LaunchConfig{Grid: pvdriver.Dim(1), Block: pvdriver.Dim(256)}
 	args := []abi.Arg{pvdriver.Ptr(p), pvdriver.Ptr(p + 4096), pvdriver.Ptr(p + 8192), pvdriver.U32(256)}
-	return target{
+	t := target{
 		transport: endpoint[:strings.Index(endpoint, ":")],
 		syncCall:  func() error { return c.CopyHtoD(p, payload) },
 		launch:    func() error { return c.Launch(f, cfg, args...) },
 		flush:     c.Synchronize,
 		bulk:      func() error { return c.CopyHtoD(bulkAt, bulk) },
 		read:      func() error { return c.CopyDtoH(payload, p) },
-	}, func() { c.Close() }, nil
+	}
+	if pinned, err := c.AllocHost(bulkBytes); err == nil {
+		copy(pinned, bulk) // touched before it is timed
+		t.pinned = func() error { return c.CopyHtoD(bulkAt, pinned) }
+	}
+	return t, func() { c.Close() }, nil
+}
+
+// withHostMemory asks a shared-memory endpoint that names no host-memory
+// region for one that holds a bulk copy's buffer.
+func withHostMemory(endpoint string, bulkBytes int) string {
+	e, err := transport.Parse(endpoint)
+	if err != nil || e.Scheme != "shm+unix" || e.HostMemory != 0 {
+		return endpoint
+	}
+	e.HostMemory = int64(max(bulkBytes, shm.DefaultHostMemory))
+	return e.String()
 }
 
 // PrintPV writes the report as a table.

@@ -17,8 +17,12 @@ func TestPVRuns(t *testing.T) {
 	if runtime.GOOS == "linux" {
 		transports++ // shm+unix
 	}
-	if len(rows) != 3*transports {
-		t.Fatalf("got %d rows, want 3 ops x %d transports", len(rows), transports)
+	pinned := 1 // direct; shm+unix copies from its host-memory region
+	if runtime.GOOS == "linux" {
+		pinned++
+	}
+	if len(rows) != 3*transports+pinned {
+		t.Fatalf("got %d rows, want 3 ops x %d transports and %d pinned bulk copies", len(rows), transports, pinned)
 	}
 	for _, r := range rows {
 		if r.NsPerOp <= 0 || (r.Transport == "direct-sim" && r.VsDirect != 1) || (r.Bytes > 0) != (r.MBPerSec > 0) {

@@ -60,7 +60,7 @@ type Driver struct {
 	streams map[uint64]*stream
 	events  map[uint64]*event
 	used    uint64           // bytes allocated
-	hosts   map[uintptr]bool // host memory from cuMemAllocHost and cuMemHostAlloc
+	hosts   map[uintptr][]byte // host memory from cuMemAllocHost and cuMemHostAlloc: its region buffer, nil for ordinary memory
 }
 
 type ctxState struct {

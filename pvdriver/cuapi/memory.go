@@ -104,7 +104,9 @@ func (d *Driver) copyTarget(t Thread, s uint64) (*pvdriver.Client, pvdriver.Stre
 
 // MemcpyHtoD is cuMemcpyHtoD_v2 and, with async, cuMemcpyHtoDAsync_v2 on
 // stream s. src is copied before the call returns, so an async copy from
-// pageable memory is as safe as from pinned memory.
+// pageable memory is as safe as from pinned memory; from host memory of
+// the session's region (cuMemAllocHost) the device may read it until the
+// stream is synchronised, as CUDA's rule for pinned memory says.
 func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bool) Result {
 	c, st, r := d.copyTarget(t, s)
 	if r != Success || len(src) == 0 {
@@ -156,9 +158,9 @@ func (d *Driver) Memset(t Thread, dst uint64, width uint8, v uint32, count, s ui
 }
 
 // HostAllocCheck checks that n bytes of host memory may be allocated
-// (cuMemAllocHost_v2, cuMemHostAlloc): the C half allocates them, page
-// aligned, and notes them with NoteHost. Host memory is plain memory here:
-// copies from it cost what copies from any memory cost.
+// (cuMemAllocHost_v2, cuMemHostAlloc). The C half then asks
+// HostAllocRegion for them, else allocates ordinary memory, page aligned;
+// either way it notes them with NoteHost.
 func (d *Driver) HostAllocCheck(t Thread, n uint64) Result {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -171,27 +173,55 @@ func (d *Driver) HostAllocCheck(t Thread, n uint64) Result {
 	return Success
 }
 
-// NoteHost records host memory at p the C half allocated.
-func (d *Driver) NoteHost(p uintptr) {
+// HostAllocRegion returns n bytes of the session's host-memory region
+// (pvdriver.Client.AllocHost: over shared memory, memory the node
+// page-locks, so copies from and to it run at the GPU's DMA rate), or nil
+// when there is no region or no room in it: ordinary memory then serves,
+// and its copies travel inline.
+func (d *Driver) HostAllocRegion(n uint64) []byte {
+	d.mu.Lock()
+	c := d.client
+	d.mu.Unlock()
+	if c == nil || n > 1<<46 {
+		return nil
+	}
+	b, err := c.AllocHost(int(n))
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// NoteHost records host memory at p the C half allocated: region is the
+// buffer HostAllocRegion gave, nil for ordinary memory.
+func (d *Driver) NoteHost(p uintptr, region []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.hosts == nil {
-		d.hosts = map[uintptr]bool{}
+		d.hosts = map[uintptr][]byte{}
 	}
-	d.hosts[p] = true
+	d.hosts[p] = region
 }
 
-// HostFree checks and forgets host memory at p (cuMemFreeHost); the C half
-// frees it when this returns Success.
-func (d *Driver) HostFree(p uintptr) Result {
+// HostFree checks and forgets host memory at p (cuMemFreeHost); a buffer
+// of the region goes back to it, ordinary memory the C half frees when
+// cFree is set.
+func (d *Driver) HostFree(p uintptr) (r Result, cFree bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.ready(); r != Success {
-		return r
+		return r, false
 	}
-	if !d.hosts[p] {
-		return ErrorInvalidValue
+	region, ok := d.hosts[p]
+	if !ok {
+		return ErrorInvalidValue, false
 	}
 	delete(d.hosts, p)
-	return Success
+	if region != nil {
+		if err := d.client.FreeHost(region); err != nil {
+			return resultOf("cuMemFreeHost", err, false), false
+		}
+		return Success, false
+	}
+	return Success, true
 }

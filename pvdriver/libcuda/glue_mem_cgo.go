@@ -130,19 +130,27 @@ func vgMemAllocHost(pp *unsafe.Pointer, n C.size_t) C.CUresult {
 	if r := drv.HostAllocCheck(thread{}, uint64(n)); r != cuapi.Success {
 		return res(r)
 	}
+	// The session's host-memory region first (page-locked on the node),
+	// ordinary memory when it has no room.
+	if b := drv.HostAllocRegion(uint64(n)); b != nil {
+		p := unsafe.Pointer(unsafe.SliceData(b))
+		drv.NoteHost(uintptr(p), b)
+		*pp = p
+		return 0
+	}
 	var p unsafe.Pointer
 	if C.posix_memalign(&p, 4096, n) != 0 {
 		return res(cuapi.ErrorOutOfMemory)
 	}
-	drv.NoteHost(uintptr(p))
+	drv.NoteHost(uintptr(p), nil)
 	*pp = p
 	return 0
 }
 
 //export vgMemFreeHost
 func vgMemFreeHost(p unsafe.Pointer) C.CUresult {
-	r := drv.HostFree(uintptr(p))
-	if r == cuapi.Success {
+	r, cFree := drv.HostFree(uintptr(p))
+	if cFree {
 		C.free(p)
 	}
 	return res(r)

@@ -49,7 +49,8 @@ func build(t *testing.T) string {
 
 // TestPrograms runs every C program through the library against a primary
 // on the software GPU replicated to a standby (commit mode), over unix
-// sockets and TCP: once checking at the program's checkpoint that the
+// sockets, TCP and shared memory (where cuMemAllocHost's memory is the
+// session's host-memory region): once checking at the program's checkpoint that the
 // standby's copy verifies identical, once SIGKILL-like failing the primary
 // there. Each program must finish with correct results and exit code 0.
 func TestPrograms(t *testing.T) {
@@ -61,20 +62,27 @@ func TestPrograms(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, transport := range []string{"unix", "tcp"} {
+	for _, transport := range []string{"unix", "tcp", "shm+unix"} {
 		for _, kill := range []bool{false, true} {
 			for _, p := range programs {
 				name := fmt.Sprintf("%s/%s/%s", transport, map[bool]string{false: "verify", true: "failover"}[kill], p)
 				t.Run(name, func(t *testing.T) {
-					runProgram(t, filepath.Join(dir, p), dir, ptx, transport == "tcp", kill)
+					runProgram(t, filepath.Join(dir, p), dir, ptx, transport, kill)
 				})
 			}
 		}
 	}
 }
 
-func runProgram(t *testing.T, bin, libDir, ptx string, tcp, kill bool) {
-	c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Failover: true, GuestTCP: tcp, Mode: replicate.ModeCommit})
+func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
+	opts := cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit}
+	switch transport {
+	case "tcp":
+		opts.GuestTCP = true
+	case "shm+unix":
+		opts.GuestScheme = transport
+	}
+	c, err := cluster.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
