@@ -38,7 +38,7 @@ func sampleRequests() map[Opcode]Body {
 		OpDeviceInfo:     &DeviceInfo{},
 		OpFunctionParams: &FunctionParams{Function: 9},
 		OpCopyHtoDHost:   &HostCopy{Dev: 0x7e0000000000, Offset: 4096, Size: 1 << 20, Stream: 2},
-		OpCopyDtoHHost:   &HostCopy{Dev: 0x7e0000001000, Offset: 0, Size: 99},
+		OpCopyDtoHHost:   &HostCopy{Dev: 0x7e0000001000, Offset: 0, Size: 99, Stream: 1},
 	}
 }
 
