@@ -97,6 +97,13 @@ type Record struct {
 	DetectionMS  float64 `json:"detection_ms,omitempty"`
 	PromotionMS  float64 `json:"promotion_ms,omitempty"`
 	PauseMS      float64 `json:"pause_ms,omitempty"` // a takeover: from the fault to the guest resuming
+	// GuestLooks: the rounds in which the guest asked the nodes for its
+	// session on its first failover (more than one: it was looking before
+	// the new node served); GuestStalled: it went looking because a call
+	// waited on a node whose connection stayed open (freeze, partition),
+	// not because the connection ended.
+	GuestLooks   int  `json:"guest_looks,omitempty"`
+	GuestStalled bool `json:"guest_stalled,omitempty"`
 	LostRequests int64   `json:"lost_requests"`      // negative: applied twice
 	Fenced       bool    `json:"old_primary_fenced,omitempty"`
 	// RolledBack: the guest was told its session was rolled back (a
@@ -385,7 +392,7 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 		if r.fault.takeover {
 			since = r.struck
 		}
-		r.rec.Failovers, r.rec.PauseMS = firstPause(r.guest, since)
+		r.rec.noteFailovers(r.guest.Failovers(), since)
 	}
 	if err != nil {
 		r.rec.Problem = err.Error()
