@@ -118,7 +118,7 @@ type Client struct {
 	mu      sync.Mutex
 	conn    net.Conn
 	gen     uint64 // connection generation
-	serving string // the endpoint conn goes to (failover only)
+	serving string // the endpoint conn goes to; empty while a lost one is resumed (failover only)
 	term    uint64 // the term of the node that serves the session (failover.go)
 	pending map[uint64]chan result
 	waiting map[uint64]time.Time // when each pending call was made (failover only)

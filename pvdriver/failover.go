@@ -155,6 +155,7 @@ func (c *Client) lost(gen uint64, err error) {
 	}
 	c.gen++
 	next := c.gen // read under the lock: the watchdog bumps it too
+	c.serving = "" // the watchdog leaves the search to resume
 	c.conn.Close()
 	c.unprotectApertures()
 	c.mu.Unlock()
@@ -223,11 +224,15 @@ func (c *Client) watchdog() {
 }
 
 // stalled returns when the oldest call still waiting was made, if that is
-// more than stallAfter ago (else zero), with the connection's generation,
-// the term of the node serving it, and the other endpoints.
+// more than stallAfter ago on a connection that is up (else zero), with
+// the connection's generation, the term of the node serving it, and the
+// other endpoints.
 func (c *Client) stalled() (since time.Time, gen, term uint64, others []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.serving == "" {
+		return time.Time{}, 0, 0, nil
+	}
 	for _, at := range c.waiting {
 		if since.IsZero() || at.Before(since) {
 			since = at
