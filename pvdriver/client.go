@@ -100,8 +100,9 @@ type Options struct {
 // With Failover set, the client keeps every request it has sent since the
 // last commit point (a reply the hypervisor only sends once the standby has
 // applied everything before it; see abi.OpInfo.Commits). When the
-// connection breaks it resumes the session on the first endpoint that has
-// it, resends the kept requests with their original ids, and the node
+// connection breaks, or a call stalls on one that stays open (a frozen
+// node), it resumes the session on the endpoint that takes it under the
+// newest term (failover.go), resends the kept requests with their original ids, and the node
 // answers the ones it already applied from its state: each request takes
 // effect exactly once, and calls in flight simply complete.
 type Client struct {
