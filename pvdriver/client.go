@@ -101,8 +101,9 @@ type Options struct {
 // With Failover set, the client keeps every request it has sent since the
 // last commit point (a reply the hypervisor only sends once the standby has
 // applied everything before it; see abi.OpInfo.Commits). When the
-// connection breaks it resumes the session on the first endpoint that has
-// it, resends the kept requests with their original ids, and the node
+// connection breaks, or a call stalls on one that stays open (a frozen
+// node), it resumes the session on the endpoint that takes it under the
+// newest term (failover.go), resends the kept requests with their original ids, and the node
 // answers the ones it already applied from its state: each request takes
 // effect exactly once, and calls in flight simply complete.
 type Client struct {
@@ -119,6 +120,8 @@ type Client struct {
 	mu      sync.Mutex
 	conn    net.Conn
 	gen     uint64 // connection generation
+	serving string // the endpoint conn goes to; empty while a lost one is resumed (failover only)
+	term    uint64 // the term of the node that serves the session (failover.go)
 	pending map[uint64]chan result
 	waiting map[uint64]time.Time // when each pending call was made (failover only)
 	kept    []keptFrame          // sent since the last commit point, in order
@@ -148,15 +151,6 @@ type keptFrame struct {
 	frame *outFrame // the kept list holds a reference
 	sent  bool // handed to the writer (so it may have reached the old node)
 	sync  bool // a call waiting for its reply (not a pipelined request)
-}
-
-// Failover describes one resume after a lost connection.
-type Failover struct {
-	Lost     time.Time
-	Resumed  time.Time
-	Endpoint string
-	Term     uint64
-	Resent   int
 }
 
 type result struct {
@@ -236,6 +230,9 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 		abandoned:  map[uint64]bool{},
 		host:       newHostArena(host),
 	}
+	if len(endpoints) > 0 {
+		c.serving = endpoints[0]
+	}
 	go c.writeLoop(bufio.NewWriterSize(conn, 256<<10))
 	if c.failover() {
 		go c.watchdog()
@@ -252,6 +249,9 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 		return nil, err
 	}
 	c.session, c.windowBase, c.window, c.token = hr.Session, hr.WindowBase, hr.WindowSize, hr.Token
+	c.mu.Lock()
+	c.term = hr.Term
+	c.mu.Unlock()
 	if opts.ResumeSession != 0 {
 		// A restarted guest numbers on from what the session applied, or
 		// its first requests would be taken for resends.
@@ -351,220 +351,6 @@ func (c *Client) closedErr() error {
 	return c.err
 }
 
-// lost handles a broken connection of generation gen: resume elsewhere, or
-// fail every call.
-func (c *Client) lost(gen uint64, err error) {
-	c.mu.Lock()
-	if gen != c.gen || c.err != nil {
-		c.mu.Unlock()
-		return
-	}
-	c.gen++
-	next := c.gen // read under the lock: the watchdog bumps it too
-	c.conn.Close()
-	c.unprotectApertures()
-	c.mu.Unlock()
-	if !c.failover() {
-		c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
-		return
-	}
-	go c.resume(next, err)
-}
-
-// stallAfter is how long a call may wait before the client checks whether
-// another node has taken its session over. A frozen primary keeps its
-// connection open, so only a promoted standby accepting the session tells
-// the guest to move.
-const stallAfter = 300 * time.Millisecond
-
-// watchdog looks for a promoted node while a call is stalled.
-func (c *Client) watchdog() {
-	t := time.NewTicker(stallAfter / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.done:
-			return
-		case <-t.C:
-		}
-		c.mu.Lock()
-		stalled, gen := false, c.gen
-		for _, since := range c.waiting {
-			if time.Since(since) > stallAfter {
-				stalled = true
-				break
-			}
-		}
-		c.mu.Unlock()
-		if !stalled {
-			continue
-		}
-		// Only a node that was promoted serves guests, and it takes the
-		// session only if it holds it unattached: safe to ask.
-		for _, ep := range c.endpoints[1:] {
-			conn, hr, err := c.resumeOn(ep)
-			if err != nil {
-				continue
-			}
-			c.mu.Lock()
-			if gen != c.gen || c.err != nil {
-				c.mu.Unlock()
-				conn.Close()
-				break
-			}
-			c.gen++
-			old := c.conn
-			c.mu.Unlock()
-			old.Close()
-			c.switchTo(c.gen, conn, ep, hr, time.Now().Add(-stallAfter))
-			break
-		}
-	}
-}
-
-// switchTo makes conn (where the session was just resumed) the client's
-// connection: reads start there and the writer resends the kept requests.
-func (c *Client) switchTo(gen uint64, conn net.Conn, ep string, hr abi.HelloReply, lost time.Time) {
-	c.mu.Lock()
-	if hr.Applied < c.forgotten {
-		// The new node lacks changes the guest was told were done. Keep
-		// the session (a restarted guest may take it over), but refuse to
-		// carry on as if nothing happened: every call fails until the
-		// guest accepts the rollback.
-		c.rolledBack = fmt.Errorf("%w: %s holds the session only up to request %d, but request %d had completed (async or epoch replication, or the primary was unprotected)",
-			ErrRolledBack, ep, hr.Applied, c.forgotten)
-		c.rolledBackTo = hr.Applied
-		c.kept = nil
-		for id, ch := range c.pending {
-			ch <- result{err: c.rolledBack}
-			delete(c.pending, id)
-			delete(c.waiting, id)
-			c.abandoned[id] = true
-		}
-		// Requests queued before the rollback must not run on the new
-		// node either. The writer is parked until it gets the new
-		// connection below, so nobody else reads the queue now.
-		for len(c.sendq) > 0 {
-			(<-c.sendq).release()
-		}
-	}
-	c.conn = conn
-	n := 0
-	for _, k := range c.kept {
-		if k.sent {
-			n++
-		}
-	}
-	c.failures = append(c.failures, Failover{Lost: lost, Resumed: time.Now(), Endpoint: ep, Term: hr.Term, Resent: n})
-	for id := range c.waiting {
-		c.waiting[id] = time.Now()
-	}
-	c.mu.Unlock()
-	go c.readLoop(conn, gen)
-	select {
-	case c.resumed <- bufio.NewWriterSize(conn, 256<<10):
-	case <-c.done:
-	}
-}
-
-// resume finds a node holding the session, resumes it there, and hands the
-// new connection to the writer, which resends the kept requests.
-func (c *Client) resume(gen uint64, cause error) {
-	lostAt := time.Now()
-	deadline := lostAt.Add(c.opts.ResumeTimeout)
-	var lastErr error = cause
-	for attempt := 0; time.Now().Before(deadline); attempt++ {
-		select {
-		case <-c.done:
-			return
-		default:
-		}
-		// Try the other endpoints first: the one we lost is likely dead.
-		for i := 1; i <= len(c.endpoints); i++ {
-			ep := c.endpoints[i%len(c.endpoints)]
-			conn, hr, err := c.resumeOn(ep)
-			if err != nil {
-				lastErr = err
-				continue
-			}
-			c.mu.Lock()
-			stale := gen != c.gen
-			c.mu.Unlock()
-			if stale { // the watchdog moved the session meanwhile
-				conn.Close()
-				return
-			}
-			c.switchTo(gen, conn, ep, hr, lostAt)
-			return
-		}
-		// Poll briskly: a standby takes over about 250 ms after the primary
-		// went silent, and each ms here is guest pause.
-		time.Sleep(min(5*time.Millisecond*time.Duration(attempt+1), 50*time.Millisecond))
-	}
-	c.shutdown(fmt.Errorf("%w: no node resumed session %d within %v: %v", ErrClosed, c.session, c.opts.ResumeTimeout, lastErr))
-}
-
-// resumeOn dials ep and resumes the session there.
-func (c *Client) resumeOn(ep string) (net.Conn, abi.HelloReply, error) {
-	var hr abi.HelloReply
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	conn, err := transport.DialWith(ctx, ep, c.host.memory())
-	if err != nil {
-		return nil, hr, err
-	}
-	conn.SetDeadline(time.Now().Add(2 * time.Second))
-	hello := abi.AppendBodyFrame(nil, abi.OpHello, 0, 0, &abi.Hello{GuestName: c.opts.GuestName, Resume: c.session, GraceMS: c.graceMS(), Token: c.token})
-	if _, err := conn.Write(hello); err != nil {
-		conn.Close()
-		return nil, hr, err
-	}
-	f, err := abi.NewFrameReader(conn, 4096).ReadFrame()
-	if err == nil {
-		var st abi.Status
-		var msg string
-		st, msg, err = abi.DecodeReply(f.Payload, &hr)
-		if err == nil && st != abi.StatusOK {
-			err = &Error{Op: abi.OpHello, Status: st, Message: msg}
-		}
-	}
-	if err == nil {
-		err = c.reattach(conn)
-	}
-	if err != nil {
-		conn.Close()
-		return nil, hr, err
-	}
-	conn.SetDeadline(time.Time{})
-	return conn, hr, nil
-}
-
-// reattach hands the apertures to the node the session resumed on, before
-// anything else is sent there.
-func (c *Client) reattach(conn net.Conn) error {
-	c.mu.Lock()
-	frames := c.reattachFrames()
-	c.mu.Unlock()
-	fr := abi.NewFrameReader(conn, 4096)
-	for _, f := range frames {
-		if _, err := conn.Write(f); err != nil {
-			return err
-		}
-		reply, err := fr.ReadFrame()
-		if err != nil {
-			return err
-		}
-		st, msg, err := abi.DecodeReply(reply.Payload, &abi.ApertureReply{})
-		if err == nil && st != abi.StatusOK {
-			err = &Error{Op: abi.OpApertureAttach, Status: st, Message: msg}
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // writeLoop is the one goroutine that writes frames, across connections:
 // it flushes whenever the queue runs dry, so a burst of pipelined calls
 // goes out in few writes; after a resume it first resends the kept frames.
@@ -653,12 +439,11 @@ func (c *Client) markSent(f *outFrame) {
 	}
 }
 
-// committed forgets kept frames up to id: a commit-point reply to id means
-// the standby holds all of them. A refused request (failed) changed
+// committedLocked forgets kept frames up to id: a commit-point reply to id
+// means the standby holds all of them. A refused request (failed) changed
 // nothing, so the guest does not rely on it.
-func (c *Client) committed(id uint64, failed bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+// Precondition: c.mu must be locked.
+func (c *Client) committedLocked(id uint64, failed bool) {
 	n := 0
 	for n < len(c.kept) && c.kept[n].id <= id && c.kept[n].sent {
 		if c.kept[n].op.Info().Mutates && !(failed && c.kept[n].id == id) {
@@ -683,10 +468,17 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 			return
 		}
 		st, _, _ := abi.DecodeReply(f.Payload, nil)
-		if c.failover() && (f.Op.Info().Commits || st != abi.StatusOK) {
-			c.committed(f.RequestID, st != abi.StatusOK)
-		}
 		c.mu.Lock()
+		if gen != c.gen {
+			// A connection the client gave up (a stalled node it moved
+			// away from): what it still waits for comes from the new node,
+			// which also had every request kept since this reply's.
+			c.mu.Unlock()
+			return
+		}
+		if c.failover() && (f.Op.Info().Commits || st != abi.StatusOK) {
+			c.committedLocked(f.RequestID, st != abi.StatusOK)
+		}
 		ch := c.pending[f.RequestID]
 		delete(c.pending, f.RequestID)
 		delete(c.waiting, f.RequestID)

@@ -125,10 +125,10 @@ func writeDrillPlot(path string, rep drill.Report) error {
 
 func printDrill(rep drill.Report) {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ITER\tSETUP\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tLOST\tBOTH SERVING ms\tOLD PRIMARY FENCED\tROLLED BACK")
+	fmt.Fprintln(tw, "ITER\tSETUP\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tGUEST FOUND IT\tLOST\tBOTH SERVING ms\tOLD PRIMARY FENCED\tROLLED BACK")
 	for _, r := range rep.Records {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%d\t%.1f\t%v\t%v\n", r.Iteration, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed,
-			r.DetectionMS, r.PromotionMS, r.PauseMS, r.LostRequests, r.BothServingMS, r.Fenced, r.RolledBack)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%s\t%d\t%.1f\t%v\t%v\n", r.Iteration, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed,
+			r.DetectionMS, r.PromotionMS, r.PauseMS, guestFound(r), r.LostRequests, r.BothServingMS, r.Fenced, r.RolledBack)
 	}
 	tw.Flush()
 	fmt.Printf("\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
@@ -145,6 +145,19 @@ func printDrill(rep drill.Report) {
 			f.DetectionMS.P50, f.DetectionMS.P99, f.PauseMS.P50, f.PauseMS.P99, f.LostRequests, f.BothServingMS.P50, f.BothServingMS.Max)
 	}
 	tw.Flush()
+}
+
+// guestFound says how the guest found the node it resumed on: why it
+// looked (its connection ended, or a call stalled on an open one) and in
+// how many rounds of asking.
+func guestFound(r drill.Record) string {
+	switch {
+	case r.Failovers == 0:
+		return "-"
+	case r.GuestStalled:
+		return fmt.Sprintf("stall, %d looks", r.GuestLooks)
+	}
+	return fmt.Sprintf("lost, %d looks", r.GuestLooks)
 }
 
 func setupName(coordinated bool) string {

@@ -88,17 +88,24 @@ func stopped(stop <-chan struct{}) bool {
 
 // Record is one drill iteration.
 type Record struct {
-	Iteration    int     `json:"iteration"`
-	Fault        string  `json:"fault"`
-	Coordinated  bool    `json:"coordinated"`
-	AtLaunch     int     `json:"at_launch"`
-	Passed       bool    `json:"passed"`
-	Failovers    int     `json:"failovers"`
-	DetectionMS  float64 `json:"detection_ms,omitempty"`
-	PromotionMS  float64 `json:"promotion_ms,omitempty"`
-	PauseMS      float64 `json:"pause_ms,omitempty"` // a takeover: from the fault to the guest resuming
-	LostRequests int64   `json:"lost_requests"`      // negative: applied twice
-	Fenced       bool    `json:"old_primary_fenced,omitempty"`
+	Iteration   int     `json:"iteration"`
+	Fault       string  `json:"fault"`
+	Coordinated bool    `json:"coordinated"`
+	AtLaunch    int     `json:"at_launch"`
+	Passed      bool    `json:"passed"`
+	Failovers   int     `json:"failovers"`
+	DetectionMS float64 `json:"detection_ms,omitempty"`
+	PromotionMS float64 `json:"promotion_ms,omitempty"`
+	PauseMS     float64 `json:"pause_ms,omitempty"` // a takeover: from the fault to the guest resuming
+	// GuestLooks: the rounds in which the guest asked the nodes for its
+	// session on its first failover (more than one: it was looking before
+	// the new node served); GuestStalled: it went looking because a call
+	// waited on a node whose connection stayed open (freeze, partition),
+	// not because the connection ended.
+	GuestLooks   int   `json:"guest_looks,omitempty"`
+	GuestStalled bool  `json:"guest_stalled,omitempty"`
+	LostRequests int64 `json:"lost_requests"` // negative: applied twice
+	Fenced       bool  `json:"old_primary_fenced,omitempty"`
 	// RolledBack: the guest was told its session was rolled back (a
 	// partition: the old primary served on, unprotected, and was fenced).
 	RolledBack bool `json:"rolled_back,omitempty"`
@@ -385,7 +392,7 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 		if r.fault.takeover {
 			since = r.struck
 		}
-		r.rec.Failovers, r.rec.PauseMS = firstPause(r.guest, since)
+		r.rec.noteFailovers(r.guest.Failovers(), since)
 	}
 	if err != nil {
 		r.rec.Problem = err.Error()

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -114,6 +114,11 @@ type pair struct {
 	primary, standby     *agent
 	primaryEP, standbyEP string
 	netns                [2]string // primary's, standby's; empty on loopback
+	// links sets the primary's end of the veth link (veth) up or down: an
+	// `ip -batch` already running in its namespace, so that a cut takes
+	// effect when the drill strikes, not after ip has started.
+	links *linkControl
+	veth  string
 	// rejoined is the old primary's host back as a standby of the promoted
 	// one (the failback fault), listening on rejoinAddr, where the standby
 	// replicates to once promoted.
@@ -251,6 +256,11 @@ func (p *pair) replicationAddr(netns bool) (string, error) {
 			return "", fmt.Errorf("ip %v: %v: %s", st, err, out)
 		}
 	}
+	p.veth = vp
+	var err error
+	if p.links, err = startLinkControl(p.netns[0]); err != nil {
+		return "", err
+	}
 	p.rejoinAddr = subnet + ".1:7072"
 	return subnet + ".2:7071", nil
 }
@@ -317,23 +327,13 @@ func (p *pair) partition(cut bool) error {
 }
 
 // link sets the primary's end of the replication link up or down (a
-// partition between primary and standby; namespaces only).
+// partition between primary and standby; namespaces only) and checks that
+// it took effect.
 func (p *pair) link(up bool) error {
-	state := "down"
-	if up {
-		state = "up"
+	if p.links == nil {
+		return errors.New("no network namespaces: the link cannot be cut")
 	}
-	out, err := exec.Command("ip", "-n", p.netns[0], "-o", "link", "show", "type", "veth").Output()
-	if err != nil {
-		return err
-	}
-	// "7: vp123-1@if6: <BROADCAST,...": the name is the second field.
-	fields := strings.SplitN(string(out), ":", 3)
-	if len(fields) < 3 {
-		return fmt.Errorf("no veth link in namespace %s", p.netns[0])
-	}
-	name, _, _ := strings.Cut(strings.TrimSpace(fields[1]), "@")
-	return exec.Command("ip", "-n", p.netns[0], "link", "set", name, state).Run()
+	return p.links.set(p.veth, up)
 }
 
 // stop kills both nodes and removes their files and namespaces.
@@ -355,6 +355,9 @@ func (p *pair) stopKeepingLogs() {
 			c.Wait()
 		}
 		a.http.CloseIdleConnections()
+	}
+	if p.links != nil {
+		p.links.stop()
 	}
 	for _, ns := range p.netns {
 		if ns != "" {

@@ -92,18 +92,19 @@ func (c *checkpointer) cut(launched int) {
 	}
 }
 
-// firstPause returns how many failovers the guest went through and the
-// pause of the first, in ms: from since (the fault, for a takeover) to
-// the guest resuming, or, with since zero, from the guest losing its node.
-// (A guest stalled on a frozen node measures its loss from when its
-// watchdog looked elsewhere; a takeover's pause starts at the fault.)
-func firstPause(g *pvdriver.Client, since time.Time) (int, float64) {
-	fo := g.Failovers()
+// noteFailovers records how many failovers the guest went through and,
+// for the first, its pause in ms: from since (the fault, for a takeover)
+// to the guest resuming, or, with since zero, from the guest losing its
+// node (a guest stalled on a silent node lost it when it made the oldest
+// call it gave up waiting for); and how the guest found the new node.
+func (rec *Record) noteFailovers(fo []pvdriver.Failover, since time.Time) {
+	rec.Failovers = len(fo)
 	if len(fo) == 0 {
-		return 0, 0
+		return
 	}
 	if since.IsZero() {
 		since = fo[0].Lost
 	}
-	return len(fo), float64(fo[0].Resumed.Sub(since).Microseconds()) / 1000
+	rec.PauseMS = float64(fo[0].Resumed.Sub(since).Microseconds()) / 1000
+	rec.GuestLooks, rec.GuestStalled = fo[0].Looks, fo[0].Stalled
 }

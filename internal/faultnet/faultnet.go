@@ -1,14 +1,16 @@
 // Package faultnet injects network faults between a guest and a node: a
 // proxy that forwards stream connections to a target until Cut drops every
-// connection it carries (a network blip seen by both ends as a reset).
-// Tests and drills use it; the product never does.
+// connection it carries (a network blip seen by both ends as a reset), or
+// Freeze silences them (a frozen node, seen by the guest as a connection
+// that stays open and never answers). Tests and drills use it; the product
+// never does.
 package faultnet
 
 import (
 	"context"
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )
@@ -19,6 +21,7 @@ type Proxy struct {
 	target string
 	mu     sync.Mutex
 	conns  []net.Conn
+	frozen atomic.Bool
 }
 
 // Listen starts a proxy on listen (an endpoint URL) forwarding to target.
@@ -38,6 +41,12 @@ func (p *Proxy) serve() {
 		if err != nil {
 			return
 		}
+		if p.frozen.Load() { // taken, never answered
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			continue
+		}
 		u, err := transport.Dial(context.Background(), p.target)
 		if err != nil {
 			c.Close()
@@ -46,10 +55,43 @@ func (p *Proxy) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, u)
 		p.mu.Unlock()
-		go func() { io.Copy(u, c); u.Close() }()
-		go func() { io.Copy(c, u); c.Close() }()
+		go p.pipe(u, c)
+		go p.pipe(c, u)
 	}
 }
+
+// pipe forwards src to dst and closes dst when src ends, unless the proxy
+// is frozen: then what src sends is swallowed, and dst stays open even
+// after src ends.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		if p.frozen.Load() {
+			if err != nil {
+				return
+			}
+			continue
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if !p.frozen.Load() {
+		dst.Close()
+	}
+}
+
+// Freeze stops forwarding for good: every connection the proxy carries
+// stays open both ways and carries nothing more, even once the target
+// closes its end, and new ones are taken but never answered, as a frozen
+// (SIGSTOPped) node looks to its guests.
+func (p *Proxy) Freeze() { p.frozen.Store(true) }
 
 // Cut drops every connection the proxy carries; new ones are still taken.
 func (p *Proxy) Cut() {

@@ -1,0 +1,148 @@
+package pvdriver_test
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/faultnet"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// guestViaProxy starts a protected pair whose standby takes over, and a
+// guest that reaches the primary through a proxy (which can cut or freeze
+// what it carries) and fails over to the standby.
+func guestViaProxy(t *testing.T, opts cluster.Options) (*cluster.Cluster, *faultnet.Proxy, *pvdriver.Client) {
+	t.Helper()
+	opts.Replicate, opts.Mode, opts.StartStandby, opts.Failover = true, replicate.ModeCommit, true, true
+	c, err := cluster.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.WaitProtected(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	proxyEP := "unix://" + filepath.Join(t.TempDir(), "proxy.sock")
+	px, err := faultnet.Listen(proxyEP, c.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(px.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, proxyEP, pvdriver.Options{GuestName: "g", Failover: []string{c.StandbyEndpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return c, px, g
+}
+
+// TestFrozenPrimaryCostsWhatAKilledOneDoes: the primary dies; its guest
+// either learns it at once (kill: the connection ends) or sees a connection
+// that stays open and silent (freeze: the proxy keeps it open and carries
+// nothing, as a SIGSTOPped node's does). Either way the guest's next call
+// must complete on the promoted standby, exactly once, and the guest must
+// have been looking for the new primary before it began to serve, so that
+// it resumed on that node's first answer (Looks > 1), not after waiting
+// out a call timeout (a guest that starts looking late finds the node
+// already serving on its first look).
+func TestFrozenPrimaryCostsWhatAKilledOneDoes(t *testing.T) {
+	for _, fault := range []string{"kill", "freeze"} {
+		t.Run(fault, func(t *testing.T) {
+			c, px, g := guestViaProxy(t, cluster.Options{})
+			p, err := g.Alloc(4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := g.Memset8(p, 7, 4096); err != nil {
+				t.Fatal(err)
+			}
+			if fault == "freeze" {
+				px.Freeze()
+			}
+			struck := time.Now()
+			c.KillPrimary()
+			// Two calls: a memset that must apply once, and a read that
+			// sees it. The first waits on the dead (or frozen) primary.
+			if err := g.Memset8(p, 9, 4096); err != nil {
+				t.Fatalf("the call after the %s: %v", fault, err)
+			}
+			out := make([]byte, 4096)
+			if err := g.CopyDtoH(out, p); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(out, bytes.Repeat([]byte{9}, 4096)) {
+				t.Fatalf("after the %s the memory reads %v..., want 9s", fault, out[:8])
+			}
+			fo := g.Failovers()
+			promo := c.Standby.Promoted()
+			if len(fo) != 1 || promo == nil || fo[0].Term != promo.Term {
+				t.Fatalf("failovers %+v, promotion %+v: want one, to the promoted standby", fo, promo)
+			}
+			if fault == "freeze" && !fo[0].Stalled {
+				t.Errorf("failover %+v: the frozen primary's connection ended", fo[0])
+			}
+			if fo[0].Looks < 2 {
+				t.Errorf("the guest looked %d time(s): it began looking only after the standby served, so it waited for a timeout", fo[0].Looks)
+			}
+			t.Logf("%s: standby serving %v after the fault, guest resumed %v after it (%v after the standby served), %d looks",
+				fault, promo.Serving.Sub(struck).Round(time.Millisecond), fo[0].Resumed.Sub(struck).Round(time.Millisecond),
+				fo[0].Resumed.Sub(promo.Serving).Round(time.Millisecond), fo[0].Looks)
+		})
+	}
+}
+
+// TestSlowPrimaryKeepsItsGuests: a primary that is slow but alive (its
+// replies held while its standby's copy of the records is delayed, its
+// heartbeats flowing) makes the guest's call wait far longer than the
+// stall that sets the guest looking; the standby, not promoted, serves
+// nobody, so the guest stays: the call completes on the primary and the
+// guest never moves.
+func TestSlowPrimaryKeepsItsGuests(t *testing.T) {
+	const hold = 600 * time.Millisecond
+	var slow atomic.Bool
+	hook := func(m replicate.Message) bool {
+		if slow.Load() && m.From == replicate.FromPrimary && m.Type == "record" {
+			time.Sleep(hold)
+			slow.Store(false)
+		}
+		return true
+	}
+	c, _, g := guestViaProxy(t, cluster.Options{Faults: hook})
+	p, err := g.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow.Store(true)
+	start := time.Now()
+	if err := g.Memset8(p, 5, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Synchronize(); err != nil { // a commit point: waits for the standby
+		t.Fatal(err)
+	}
+	waited := time.Since(start)
+	if slow.Load() {
+		t.Fatal("the memset was never replicated")
+	}
+	if waited < hold {
+		t.Fatalf("the guest waited %v, less than the %v its standby was held: the test did not stall it", waited, hold)
+	}
+	if fo := g.Failovers(); len(fo) != 0 {
+		t.Fatalf("a slow primary made its guest move: %+v", fo)
+	}
+	if c.Standby.Promoted() != nil {
+		t.Fatal("the standby took over a live primary")
+	}
+	out := make([]byte, 4096)
+	if err := g.CopyDtoH(out, p); err != nil || !bytes.Equal(out, bytes.Repeat([]byte{5}, 4096)) {
+		t.Fatalf("reading back: %v, %v...", err, out[:8])
+	}
+}
