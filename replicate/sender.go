@@ -351,7 +351,7 @@ func readAhead(snap Snapshot, free chan []byte, out chan<- snapshotItem, quit <-
 		case <-quit:
 			return
 		}
-		rec, ok, err := snap.Next(buf[recordHeader:recordHeader:cap(buf)-macSize])
+		rec, ok, err := snap.Next(buf[recordHeader : recordHeader : cap(buf)-macSize])
 		item := snapshotItem{buf: buf, err: err}
 		if err == nil && !ok {
 			return
