@@ -352,6 +352,7 @@ func (s *Session) apply(rec *replicate.Record) error {
 	result := abi.ResultOf(reply)
 	if err == nil {
 		s.noteApplied(rec.ReqID, result)
+		s.prefaultPlaced(rec, req, result)
 	}
 	if rec.ReqID != 0 { // a resync's contents carry none: no checksum pass over them
 		s.noteContent(rec.ReqID, crc32.Checksum(rec.Body, castagnoli))
@@ -370,6 +371,17 @@ func (s *Session) apply(rec *replicate.Record) error {
 		return nil
 	}
 	return fmt.Errorf("session %d: %s", s.id, s.unsafe)
+}
+
+// prefaultPlaced asks the backend to make an allocation that a resync
+// recreated ready for its contents, which follow (gpu.Prefaulter).
+// Precondition: s.mu must be locked.
+func (s *Session) prefaultPlaced(rec *replicate.Record, req abi.Body, addr uint64) {
+	alloc, ok := req.(*abi.Alloc)
+	p, can := s.ctx.(gpu.Prefaulter)
+	if ok && can && rec.Flags&replicate.FlagPlaced != 0 {
+		p.Prefault(s.dev(addr), alloc.Size)
+	}
 }
 
 // place makes the object a resync record creates take the address or

@@ -1,6 +1,7 @@
 package hypervisor
 
 import (
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"time"
@@ -18,7 +19,8 @@ import (
 // memory), and asks the backend for a point-in-time copy of the sessions'
 // device memory (gpu.Snapshotter: copy-on-write on the software GPU, a
 // device-to-device copy on CUDA). Guests then run again, and the sender
-// pulls the contents out of that copy, snapshotChunk bytes a record, while
+// pulls the contents out of that copy, read straight into the buffer it
+// seals and sends (the bytes are copied once on the primary), while
 // the log keeps every change after S. The standby applies the state at S,
 // then the log after S: whatever a guest wrote meanwhile (a copy, a
 // memset, a device-to-device copy, an aperture flush, or a kernel writing
@@ -27,7 +29,9 @@ import (
 // all. A session whose backend cannot take such a copy is copied the old
 // way, with it stopped, into records held until sent.
 
-// snapshotChunk bounds the data in one resync record.
+// snapshotChunk bounds the data in one record of contents copied with the
+// session stopped (a backend without memory snapshots); a memory
+// snapshot's records are as large as the sender's buffers.
 const snapshotChunk = 1 << 20
 
 // resyncSnapshot implements replicate.Snapshot.
@@ -40,8 +44,6 @@ type resyncSnapshot struct {
 	total uint64
 	done  uint64
 	ended bool
-	data  []byte // the current record's contents
-	body  []byte // and its encoding
 }
 
 // contentPart is one allocation's contents to read from a memory snapshot.
@@ -155,9 +157,10 @@ func (rs *resyncSnapshot) Pause() time.Duration { return rs.pause }
 // Progress implements replicate.Snapshot.
 func (rs *resyncSnapshot) Progress() (uint64, uint64) { return rs.done, rs.total }
 
-// Next implements replicate.Snapshot: the objects, then the contents in
-// snapshotChunk pieces read from the memory snapshots, then the end.
-func (rs *resyncSnapshot) Next() (replicate.Record, bool, error) {
+// Next implements replicate.Snapshot: the objects, then the contents read
+// from the memory snapshots straight into body, as much as it has room
+// for, then the end.
+func (rs *resyncSnapshot) Next(body []byte) (replicate.Record, bool, error) {
 	if len(rs.meta) > 0 {
 		rec := rs.meta[0]
 		rs.meta[0] = replicate.Record{} // let it go
@@ -176,18 +179,31 @@ func (rs *resyncSnapshot) Next() (replicate.Record, bool, error) {
 		return replicate.Record{Op: replicate.OpSnapshotEnd, Result: rs.at}, true, nil
 	}
 	p := &rs.parts[0]
-	n := min(p.size-p.off, snapshotChunk)
-	if uint64(cap(rs.data)) < n {
-		rs.data = make([]byte, snapshotChunk)
+	if cap(body)-len(body) <= copyPrefix {
+		return replicate.Record{}, false, fmt.Errorf("no room for a resync record (%d bytes)", cap(body)-len(body))
 	}
-	data := rs.data[:n]
+	n := min(p.size-p.off, uint64(cap(body)-len(body)-copyPrefix))
+	body = appendCopyPrefix(body, p.addr+p.off, n)
+	data := body[len(body) : len(body)+int(n)]
 	if err := p.mem.ReadAt(data, p.dev+p.off); err != nil {
 		return replicate.Record{}, false, fmt.Errorf("session %d: reading %#x from its memory snapshot: %w", p.session, p.addr+p.off, err)
 	}
-	rs.body = (&abi.CopyHtoD{Dst: p.addr + p.off, Data: data}).Append(rs.body[:0])
 	p.off += n
 	rs.done += n
-	return replicate.Record{Session: p.session, Op: replicate.Op(abi.OpCopyHtoD), Flags: replicate.FlagPlaced, Body: rs.body}, true, nil
+	return replicate.Record{Session: p.session, Op: replicate.Op(abi.OpCopyHtoD), Flags: replicate.FlagPlaced, Body: body[:len(body)+int(n)]}, true, nil
+}
+
+// copyPrefix is the size of an abi.CopyHtoD body before its data.
+var copyPrefix = len((&abi.CopyHtoD{}).Append(nil))
+
+// appendCopyPrefix appends the fields of an abi.CopyHtoD body of n bytes
+// to dst (on the null stream) that come before its data, which the caller
+// then reads in place after them: the encoding's last field before the
+// data is the data's length.
+func appendCopyPrefix(b []byte, dst, n uint64) []byte {
+	b = (&abi.CopyHtoD{Dst: dst}).Append(b)
+	binary.LittleEndian.PutUint32(b[len(b)-4:], uint32(n))
+	return b
 }
 
 // Close implements replicate.Snapshot: the backends let go of their copies.

@@ -24,10 +24,12 @@
 //	  |    objects, backend memory snapshot; guests resume   |  not O(memory)
 //	  |--- reset {log id, contents bytes} ------------------->|  drop the replica; not in sync
 //	  |--- objects (placed allocs, modules, handles) -------->|  rebuild
-//	  |--- contents, 1 MiB records, paced (guests running) -->|  state at S; progress logged
-//	  |    (the log keeps S+1...: half the resync budget at   |
-//	  |     once, the rest as the snapshot goes out; guests   |
-//	  |     wait past it; a record larger than it: start over)|
+//	  |--- contents, 4 MiB records, paced (guests running) -->|  state at S; progress logged
+//	  |    (read ahead, device memory straight into the frame;|
+//	  |     the log keeps S+1...: half the resync budget at   |
+//	  |     once, the rest as the snapshot goes out; a write  |
+//	  |     past it waits at most the resync stall, at the    |
+//	  |     budget for the stream; one larger: start over)    |
 //	  |--- snapshot end {S} --------------------------------->|  applied = S, in sync
 //	  |--- record S+1, S+2, ... (live) ---------------------->|  validate, translate, apply
 //	  |    (protected once the standby applied what the log  |

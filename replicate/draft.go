@@ -1,7 +1,5 @@
 package replicate
 
-import "encoding/binary"
-
 // Draft is a record body filled in place before it is appended: a guest's
 // bulk payload is copied once, from the memory it shares with the node
 // straight into the buffer the log keeps and the sender seals, instead of
@@ -32,11 +30,7 @@ func (d *Draft) Discard() {
 // without copying; the draft is spent.
 func (l *Log) AppendDraft(r Record, d *Draft) uint64 {
 	r.Body = d.Body()
-	head := r
-	head.Body = nil
-	AppendRecord(d.enc[:0], &head)
-	binary.LittleEndian.PutUint32(d.enc[recordHeader-4:], uint32(len(r.Body)))
-	enc := d.enc
+	enc := encodeAt(d.enc, &r)
 	d.enc = nil
 	if !l.keeping.Load() {
 		seq := l.add(r, entry{}) // encodes r afresh if the log began retaining meanwhile

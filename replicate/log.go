@@ -59,14 +59,19 @@ func ParseMode(s string) (Mode, error) {
 // snapshot's position within the resync budget: Append does not block
 // while the log holds less than half of it for that standby, and past that
 // it waits for the snapshot stream to earn the other half (in proportion
-// to the bytes sent, streamAllowance), so guests that write faster than
-// the link are slowed a little at a time instead of making the resync
-// start over and over. Only a single record that does not fit in the
-// budget drops that position and restarts the resync (ErrResyncBudget).
+// to the bytes sent, streamAllowance), but at most the resync stall per
+// record (SetResyncStall), so guests that write faster than the link are
+// slowed a little at a time, each write by a bounded wait, instead of
+// making the resync start over and over. At the whole budget Append waits
+// for the stream; only a single record that does not fit in the budget
+// drops that position and restarts the resync (ErrResyncBudget).
 type Log struct {
 	maxBytes int64
-	// resyncBudget bounds what the log keeps while a resync streams.
+	// resyncBudget bounds what the log keeps while a resync streams;
+	// resyncStall bounds one record's wait for a resync's stream to earn
+	// it room (waitRoom).
 	resyncBudget int64
+	resyncStall  time.Duration
 	// id names this log's lineage: a standby that applied records of
 	// another log (an earlier primary process) must resync, not resume.
 	id uint64
@@ -132,7 +137,7 @@ func (e *entry) stamp(seq, term uint64) {
 func NewLog(maxBytes int64) *Log {
 	var id [8]byte
 	rand.Read(id[:])
-	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1,
+	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), resyncStall: DefaultResyncStall, first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1,
 		minInSync: 1, departed: map[string]bool{}}
 	l.pool.max = int(min(maxBytes, poolMaxIdle))
 	l.cond = sync.NewCond(&l.mu)
@@ -150,6 +155,17 @@ const DefaultResyncBudget = 1 << 30
 func (l *Log) SetResyncBudget(n int64) {
 	l.mu.Lock()
 	l.resyncBudget = max(n, l.maxBytes)
+	l.mu.Unlock()
+}
+
+// DefaultResyncStall is the resync stall of a new log.
+const DefaultResyncStall = 10 * time.Millisecond
+
+// SetResyncStall bounds how long one record waits for a resync's snapshot
+// stream to earn it room in the log (0: it never waits for that).
+func (l *Log) SetResyncStall(d time.Duration) {
+	l.mu.Lock()
+	l.resyncStall = max(d, 0)
 	l.mu.Unlock()
 }
 
@@ -176,9 +192,7 @@ func (l *Log) Append(r Record) uint64 {
 func (l *Log) add(r Record, e entry) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for l.mustWait(int64(r.Size())) {
-		l.cond.Wait()
-	}
+	l.waitRoom(int64(r.Size()))
 	l.last++
 	seq := l.last
 	if l.retain {
@@ -194,6 +208,42 @@ func (l *Log) add(r Record, e entry) uint64 {
 	}
 	l.cond.Broadcast()
 	return seq
+}
+
+// waitRoom blocks while Append of size bytes must wait (mustWait). A wait
+// for a resync's snapshot to earn the room lasts at most the resync stall:
+// then the record goes in, and only the resync budget bounds the log. So
+// a guest's write waits a bounded time (set by configuration, whatever the
+// memory size) while a resync streams, and guests that write faster than
+// the snapshot goes out are slowed by at most that much per record.
+// Precondition: l.mu must be locked.
+func (l *Log) waitRoom(size int64) {
+	var timer *time.Timer
+	expired := false
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		switch l.mustWait(size) {
+		case roomFree:
+			return
+		case roomEarned:
+			if expired || l.resyncStall <= 0 {
+				return
+			}
+			if timer == nil {
+				timer = time.AfterFunc(l.resyncStall, func() {
+					l.mu.Lock()
+					expired = true
+					l.cond.Broadcast()
+					l.mu.Unlock()
+				})
+			}
+		}
+		l.cond.Wait()
+	}
 }
 
 // Precondition: l.mu must be locked.

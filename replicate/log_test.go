@@ -212,6 +212,7 @@ func TestCatchUpBoundStartsOnceSnapshotApplied(t *testing.T) {
 func TestStreamingSnapshotEarnsTheBudget(t *testing.T) {
 	l := NewLog(1000)
 	l.SetResyncBudget(4000)
+	l.SetResyncStall(time.Hour) // waits for the stream, not for the stall
 	c := l.addCursor("standby")
 	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
@@ -236,6 +237,49 @@ func TestStreamingSnapshotEarnsTheBudget(t *testing.T) {
 	}
 	if l.resyncOverBudget(c) {
 		t.Fatal("the log dropped what the resync needs")
+	}
+	l.Close()
+}
+
+// TestResyncStallBoundsAWrite: a write that the snapshot stream has not
+// yet earned room for waits at most the resync stall, then goes in, while
+// the stream does not move at all; at the whole budget writes wait for the
+// stream, and nothing the resync needs is dropped.
+func TestResyncStallBoundsAWrite(t *testing.T) {
+	l := NewLog(1000)
+	l.SetResyncBudget(4000)
+	l.SetResyncStall(20 * time.Millisecond)
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
+	l.BeginSnapshot()
+	l.streamed(c, 0, 100)
+	if !appendsWithin(l, 4, 452, time.Second) { // half the budget: no wait
+		t.Fatal("guests blocked within half the budget")
+	}
+	start := time.Now()
+	if !appendsWithin(l, 4, 452, 5*time.Second) { // the other half, unearned
+		t.Fatal("writes past the stream's allowance waited for the stream, not the stall")
+	}
+	if waited := time.Since(start); waited < 4*20*time.Millisecond {
+		t.Fatalf("4 unearned writes went in after %v, want each to wait the 20ms stall", waited)
+	}
+	if got := l.Status().LagBytes; got != 4000 {
+		t.Fatalf("the log holds %d bytes, want the whole budget (4000)", got)
+	}
+	if appendsWithin(l, 1, 452, 100*time.Millisecond) {
+		t.Fatal("the log grew past its resync budget")
+	}
+	if l.resyncOverBudget(c) {
+		t.Fatal("the log dropped what the resync needs")
+	}
+	l.snapshotSent(c)
+	l.ack(c, 8, 8) // the standby applied everything: the blocked write goes in
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Last() < 9 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if l.Last() != 9 {
+		t.Fatal("the write blocked at the budget never went in")
 	}
 	l.Close()
 }

@@ -244,30 +244,47 @@ func (l *Log) limit(c *cursor) int64 {
 	return l.maxBytes
 }
 
-// mustWait reports whether Append of size bytes must wait: a standby that
-// counts lags past its limit, or a resync's snapshot has not yet earned
-// the room (streamAllowance); never while a snapshot is being taken.
+// room says whether Append may go on now, or what it waits for.
+type room int
+
+const (
+	roomFree room = iota
+	// roomEarned: a resync's snapshot has not yet earned the room
+	// (streamAllowance); Append waits for it at most the resync stall.
+	roomEarned
+	// roomFull: a standby that counts lags past its limit, or a resync
+	// would outgrow its budget; Append waits until it drains.
+	roomFull
+)
+
+// mustWait reports whether (and for what) Append of size bytes must wait:
+// a standby that counts lags past its limit, or a resync's snapshot has
+// not yet earned the room; never while a snapshot is being taken.
 // Precondition: l.mu must be locked.
-func (l *Log) mustWait(size int64) bool {
+func (l *Log) mustWait(size int64) room {
 	if l.closed {
-		return false
+		return roomFree
 	}
 	for _, c := range l.peers {
 		if c.attached && c.snapshotPending {
-			return false
+			return roomFree
 		}
 	}
+	why := roomFree
 	for _, c := range l.peers {
 		if !c.attached || c.dropped {
 			continue
 		}
 		lag := l.lagOf(c)
-		if c.streaming && lag > 0 && size <= l.resyncBudget && lag+size > l.streamAllowance(c) ||
-			!c.streaming && l.counts(c) && lag > l.limit(c) {
-			return true
+		switch {
+		case !c.streaming && l.counts(c) && lag > l.limit(c),
+			c.streaming && lag > 0 && size <= l.resyncBudget && lag+size > l.resyncBudget:
+			return roomFull
+		case c.streaming && lag > 0 && size <= l.resyncBudget && lag+size > l.streamAllowance(c):
+			why = roomEarned
 		}
 	}
-	return false
+	return why
 }
 
 // streamAllowance is what the log may hold for c while its snapshot

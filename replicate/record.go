@@ -118,6 +118,22 @@ func AppendRecord(b []byte, r *Record) []byte {
 	return append(b, r.Body...)
 }
 
+// encodeAt encodes r into buf (from its start, growing it if needed).
+// When r's body already lies at buf[recordHeader:] (it was built there in
+// place), only the header is written: the body is not copied.
+func encodeAt(buf []byte, r *Record) []byte {
+	n := r.Size()
+	if len(r.Body) == 0 || n > cap(buf) || &buf[:n][recordHeader] != &r.Body[0] {
+		return AppendRecord(buf[:0], r)
+	}
+	buf = buf[:n]
+	head := *r
+	head.Body = nil
+	AppendRecord(buf[:0], &head)
+	binary.LittleEndian.PutUint32(buf[recordHeader-4:], uint32(len(r.Body)))
+	return buf
+}
+
 // ErrBadRecord is wrapped by record decoding errors.
 var ErrBadRecord = errors.New("replicate: malformed record")
 

@@ -18,9 +18,12 @@ type Snapshot interface {
 	// Pause is how long guests were stopped to take it.
 	Pause() time.Duration
 	// Next returns the next record (Seq 0), or false after the last one.
-	// The record's Body is valid until the next call. An error ends the
-	// resync (the next attempt takes a new snapshot).
-	Next() (Record, bool, error)
+	// A record of device memory is built in body (appended to it, as much
+	// as its capacity holds), so the sender seals and sends it where it
+	// lies; another record's Body may be the snapshot's own, valid until
+	// the next call. An error ends the resync (the next attempt takes a
+	// new snapshot). Next and Progress are called from one goroutine.
+	Next(body []byte) (Record, bool, error)
 	// Progress reports the contents bytes returned so far, of total.
 	Progress() (done, total uint64)
 	// Close releases what the snapshot holds.

@@ -189,6 +189,17 @@ type Snapshotter interface {
 	SnapshotMemory(ranges []Range) (MemorySnapshot, error)
 }
 
+// Prefaulter is implemented by contexts whose fresh memory is slow to
+// write the first time (the software GPU's memory is host pages that the
+// kernel zeroes and maps on first touch). A standby being resynced, which
+// writes every byte of the allocations it recreates, asks for them to be
+// made ready in the background, ahead of the contents it applies.
+type Prefaulter interface {
+	// Prefault starts making [addr, addr+size) of an allocation ready to
+	// write; it returns at once and never changes the contents.
+	Prefault(addr, size uint64)
+}
+
 // Range is a span of device addresses.
 type Range struct{ Addr, Size uint64 }
 

@@ -24,3 +24,11 @@ func deviceMemory(n uint64) []byte {
 	}
 	return b
 }
+
+// populate maps b's pages writable without writing them
+// (MADV_POPULATE_WRITE, Linux 5.14): concurrent writers are unaffected. An
+// older kernel refuses it; the pages are then mapped on first write.
+func populate(b []byte) {
+	const madvPopulateWrite = 23
+	syscall.Madvise(b, madvPopulateWrite)
+}

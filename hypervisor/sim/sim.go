@@ -35,6 +35,9 @@ type Backend struct {
 	mu    sync.Mutex
 	limit uint64
 	used  uint64
+
+	prefaultOnce sync.Once
+	prefault     chan []byte // pieces of memory to populate (prefault.go)
 }
 
 // New returns a software GPU with memLimit bytes of device memory.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/internal/kernels"
@@ -133,5 +134,37 @@ func scribble(t *testing.T, c *guestContext, rng *rand.Rand, addrs, sizes []uint
 		if c.find(addrs[2]) >= 0 && rng.IntN(4) == 0 {
 			must(t, c.Free(addrs[2]))
 		}
+	}
+}
+
+// TestPrefaultKeepsContents: prefaulting an allocation while it is written
+// changes none of its bytes.
+func TestPrefaultKeepsContents(t *testing.T) {
+	ctx, err := New(64 << 20).NewContext(1<<32, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const base, n = 1 << 32, 32 << 20
+	if err := ctx.Alloc(base, n); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, n)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	ctx.(gpu.Prefaulter).Prefault(base, n)
+	for off := 0; off < n; off += 1 << 20 {
+		if err := ctx.CopyHtoD(base+uint64(off), want[off:off+1<<20], 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx.(gpu.Prefaulter).Prefault(base, n) // over written memory too
+	time.Sleep(50 * time.Millisecond)
+	got := make([]byte, n)
+	if err := ctx.CopyDtoH(got, base, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("prefaulting changed the allocation's contents")
 	}
 }

@@ -59,8 +59,10 @@ type Config struct {
 	MaxLagBytes int64
 	// ResyncBudgetBytes bounds what the log keeps while a resync streams
 	// (default replicate.DefaultResyncBudget); guests writing past half of
-	// it wait for the snapshot stream to progress.
+	// it wait for the snapshot stream to progress, each write at most
+	// ResyncStall (default replicate.DefaultResyncStall).
 	ResyncBudgetBytes int64
+	ResyncStall       time.Duration
 	// ResyncRate bounds a resync's stream in bytes per second (0: none).
 	ResyncRate int64
 	// Detector watches the primary's heartbeats (standby only).

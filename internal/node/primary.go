@@ -73,6 +73,9 @@ func (n *Node) replicate(targets []string) error {
 	if n.cfg.ResyncBudgetBytes > 0 {
 		lg.SetResyncBudget(n.cfg.ResyncBudgetBytes)
 	}
+	if n.cfg.ResyncStall > 0 {
+		lg.SetResyncStall(n.cfg.ResyncStall)
+	}
 	lg.SetMinInSync(n.cfg.MinInSync)
 	if n.cfg.Coordinator != nil {
 		lg.RecordDepartures()
