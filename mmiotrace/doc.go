@@ -94,8 +94,9 @@
 // it (a guest that forbids executable mappings gets plain read-only pages,
 // and its own read-only pages are then traced like the tracer's).
 //
-// verify compares every aperture's file with both device copies, so
-// anything a row marked LIMIT loses is visible to an operator.
+// verify compares every aperture's file with both device copies (a
+// checksum; with --apertures byte by byte, per node), so anything a row
+// marked LIMIT loses is visible to an operator.
 //
 // The tracer runs in the hypervisor's process. Linux ties ptrace to the
 // thread that attached, so all ptrace work runs on one locked OS thread;
