@@ -1,8 +1,10 @@
 package hypervisor
 
 import (
+	"cmp"
 	"errors"
 	"math/bits"
+	"slices"
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
@@ -174,18 +176,123 @@ func (s *Session) emitMMIO(flush func(emit func(*mmiotrace.Region, uint64, []byt
 // that every one lies inside one of the session's allocations.
 // Precondition: s.mu must be locked.
 func (s *Session) applyMMIO(body []byte) error {
-	check := func(ptr, off uint64, data []byte) error {
-		if _, carry := bits.Add64(ptr, off, 0); carry != 0 {
-			return fail(abi.StatusOutOfRange, "aperture write at %#x+%#x wraps the address space", ptr, off)
-		}
-		return s.checkRange(ptr+off, uint64(len(data)), "aperture write")
-	}
-	if err := replicate.DecodeMMIO(body, check); err != nil {
+	if err := s.checkMMIO(body); err != nil {
 		return err
 	}
 	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
 		return s.ctx.CopyHtoD(s.dev(ptr+off), data, 0)
 	})
+}
+
+// checkMMIO checks that every write of an OpMMIO body lies inside one of
+// the session's allocations.
+// Precondition: s.mu must be locked.
+func (s *Session) checkMMIO(body []byte) error {
+	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
+		if _, carry := bits.Add64(ptr, off, 0); carry != 0 {
+			return fail(abi.StatusOutOfRange, "aperture write at %#x+%#x wraps the address space", ptr, off)
+		}
+		return s.checkRange(ptr+off, uint64(len(data)), "aperture write")
+	})
+}
+
+// apertureVerify is a standby's byte comparisons of apertures for one
+// verification (verify --apertures), by device address.
+type apertureVerify struct {
+	id     uint64
+	checks map[uint64]*apertureDiff
+}
+
+type apertureDiff struct{ mismatched, first uint64 }
+
+func (d *apertureDiff) add(mismatched, first uint64) {
+	d.mismatched += mismatched
+	d.first = min(d.first, first)
+}
+
+// verifyApertures is verify --apertures on the primary: each aperture's
+// file compared byte by byte with this node's device copy (ObjAperture
+// sums), and the OpVerifyMMIO records that carry the file to the standby,
+// which compares it with its own copy.
+// Precondition: s.mu must be locked.
+func (s *Session) verifyApertures(id uint64) (sums []replicate.ObjectSum, recs []replicate.Record) {
+	if s.mmio == nil {
+		return nil, nil
+	}
+	ptrs := make([]uint64, 0, len(s.mmio.apertures))
+	for ptr := range s.mmio.apertures {
+		ptrs = append(ptrs, ptr)
+	}
+	slices.Sort(ptrs)
+	const chunk = replicate.MaxMMIOBody - 20 // header and one write's
+	for _, ptr := range ptrs {
+		file := s.mmio.apertures[ptr].region.Mem
+		d := apertureDiff{first: replicate.NoMismatch}
+		dev := make([]byte, min(len(file), chunk))
+		for off := 0; off < len(file); off += chunk {
+			part := file[off:min(off+chunk, len(file))]
+			d.add(s.compareDevice(ptr, uint64(off), part, dev[:len(part)]))
+			body := replicate.AppendMMIOWrite(replicate.AppendMMIOHeader(nil, ptr), uint64(off), part)
+			recs = append(recs, replicate.Record{Session: s.id, Op: replicate.OpVerifyMMIO, Result: id, Body: body})
+		}
+		sums = append(sums, replicate.ApertureSum(s.id, ptr, d.mismatched, d.first))
+	}
+	return sums, recs
+}
+
+// compareDevice compares want, an aperture's bytes at offset off, with
+// the device copy there (read into buf, as long as want) and returns the
+// mismatched bytes and the first mismatched offset in the aperture
+// (replicate.NoMismatch when none). An unreadable copy mismatches whole.
+// Precondition: s.mu must be locked.
+func (s *Session) compareDevice(ptr, off uint64, want, buf []byte) (mismatched, first uint64) {
+	if err := s.ctx.CopyDtoH(buf, s.dev(ptr+off), 0); err != nil {
+		return uint64(len(want)), off
+	}
+	if mismatched, first = replicate.DiffBytes(want, buf); first != replicate.NoMismatch {
+		first += off
+	}
+	return mismatched, first
+}
+
+// compareMMIO is a standby's part of verify --apertures: an OpVerifyMMIO
+// record's bytes (the primary's aperture file) compared with this node's
+// device copy, kept for the verification's answer (apertureSums). A write
+// outside the session's allocations fails the record, as in applyMMIO.
+// Precondition: s.mu must be locked.
+func (s *Session) compareMMIO(id uint64, body []byte) error {
+	if err := s.checkMMIO(body); err != nil {
+		return err
+	}
+	if s.verifyMMIO == nil || s.verifyMMIO.id != id {
+		s.verifyMMIO = &apertureVerify{id: id, checks: map[uint64]*apertureDiff{}}
+	}
+	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
+		d := s.verifyMMIO.checks[ptr]
+		if d == nil {
+			d = &apertureDiff{first: replicate.NoMismatch}
+			s.verifyMMIO.checks[ptr] = d
+		}
+		d.add(s.compareDevice(ptr, off, data, make([]byte, len(data))))
+		return nil
+	})
+}
+
+// apertureSums hands over a standby's aperture comparisons for the
+// verification it answers now (ObjAperture sums), in address order.
+// Precondition: s.mu must be locked.
+func (s *Session) apertureSums() []replicate.ObjectSum {
+	v := s.verifyMMIO
+	s.verifyMMIO = nil
+	if v == nil {
+		return nil
+	}
+	var sums []replicate.ObjectSum
+	for ptr, d := range v.checks {
+		sums = append(sums, replicate.ApertureSum(s.id, ptr, d.mismatched, d.first))
+	}
+	slices.SortFunc(sums, func(a, b replicate.ObjectSum) int { return cmp.Compare(a.ID, b.ID) })
+	return sums
 }
 
 // apertureSum is what verify reports for the allocation at addr when it is

@@ -126,16 +126,29 @@ func (s *Server) stopTheWorld(fn func(sessions []*Session)) {
 // VerifyPoint computes checksums of every object and, at the same log
 // position, appends a verify record asking the standby for its own. In
 // epoch mode it first cuts an epoch, so the standby applies what it holds.
-func (s *Server) VerifyPoint(id uint64) []replicate.ObjectSum {
+// With apertures, each aperture's file is also compared byte by byte with
+// the device copy here, and sent (OpVerifyMMIO) for the standby to compare
+// with its own.
+func (s *Server) VerifyPoint(id uint64, apertures bool) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	s.stopTheWorld(func(sessions []*Session) {
 		for _, sess := range sessions {
 			sess.flushMMIO() // apertures are compared with their files (apertureSum)
 		}
+		for _, sess := range sessions {
+			if !apertures {
+				break
+			}
+			apSums, recs := sess.verifyApertures(id)
+			sums = append(sums, apSums...)
+			for _, rec := range recs {
+				s.repl.Append(rec)
+			}
+		}
 		if s.mode == replicate.ModeEpoch {
 			s.repl.Append(replicate.Record{Op: replicate.OpEpoch}) // apply what the standby holds
 		}
-		sums = checksums(sessions)
+		sums = append(sums, checksums(sessions)...)
 		s.repl.Append(replicate.Record{Op: replicate.OpVerify, Result: id})
 	})
 	return sums
@@ -152,6 +165,7 @@ func checksums(sessions []*Session) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	for _, sess := range sessions {
 		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.base, Sum: replicate.Checksum([]byte(sess.guest))})
+		sums = append(sums, sess.apertureSums()...) // a standby's verify --apertures
 		for _, r := range sess.ranges.All() {
 			sum, err := sess.checksum(r.Addr, r.Size)
 			if err != nil {
@@ -259,6 +273,10 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 		sess.mu.Lock()
 		defer sess.mu.Unlock()
 		return sess.applyMMIO(rec.Body)
+	case replicate.OpVerifyMMIO:
+		sess.mu.Lock()
+		defer sess.mu.Unlock()
+		return sess.compareMMIO(rec.Result, rec.Body)
 	case replicate.OpSetNext:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()

@@ -95,6 +95,9 @@ type Session struct {
 	peerPID     int
 	mmio        *sessionMMIO
 	mmioMetrics *mmiotrace.Metrics
+	// verifyMMIO: a standby's aperture comparisons for the verification
+	// in progress (aperture.go), answered at its OpVerify.
+	verifyMMIO *apertureVerify
 }
 
 // opError is a request failure with the status the guest sees. It

@@ -28,25 +28,34 @@
 //     and other EVEX forms) is stepped the same way, every page the step
 //     touches copied before it is unprotected, and exactly the bytes that
 //     changed recorded.
-//   - page: the first write to a page after a flush faults; the tracer
+//   - page: the first write to a protected page faults; the tracer
 //     unprotects that page and every page after it to the region's end, and
-//     marks them dirty (the open pages are always the end of the region, so
-//     a system call writing from an open page never meets a protected one).
-//     A flush re-protects the dirty pages (an mprotect injected into a
-//     stopped guest thread) and sends the ranges that changed since the
-//     previous flush.
-//   - uffd: page tracking by the kernel alone: the guest driver arms
-//     userfaultfd's asynchronous write-protection (ArmWriteTracking) and a
-//     flush collects and re-arms written pages with one PAGEMAP_SCAN ioctl
-//     on /proc/PID/pagemap. No fault ever leaves the kernel. Before it
-//     compares those pages the flush settles: every guest thread is seen
+//     marks them open (the open pages are always the end of a run, so a
+//     system call writing from an open page never meets a protected one).
+//     Every flush compares the open pages with what it last sent and sends
+//     the ranges that changed. An open page stays open while it keeps
+//     changing; once a flush finds it unchanged (quiet), the next flush
+//     protects it again — the quiet pages at the start of each open run,
+//     by an mprotect injected into a stopped guest thread — and compares
+//     it once more. A flush with nothing to protect does not stop the
+//     guest, and a guest rewriting the same pages takes no fault per flush.
+//   - uffd: page tracking by the kernel alone: the guest driver registers
+//     its aperture for userfaultfd's asynchronous write-protection
+//     (ArmWriteTracking; every page starts open), and a flush finds the
+//     open pages — written since they were write-protected — with a
+//     PAGEMAP_SCAN ioctl on /proc/PID/pagemap that changes nothing, and
+//     compares them. As in page mode, a page stays open while it keeps
+//     changing; the next flush after one finds it quiet write-protects it
+//     (PAGEMAP_SCAN) and compares it once more. No fault ever leaves the
+//     kernel. Before pages stop being compared (they were write-protected)
+//     the flush settles: every guest thread is seen
 //     (/proc/PID/task/TID/syscall) waiting — futex, poll, epoll, sleep,
 //     wait — or in no system call, and the others (running, or in a call
 //     that may pin memory: read, ioctl…) are stopped for a moment through
 //     ptrace, which uffd mode attaches where it can (not the tracer's own
 //     process, x86-64, permission). A page whose flush did not settle is
-//     compared again at every flush until one does (a flush with at most
-//     16 such pages does not try: comparing them costs less).
+//     compared again at every flush until one does (a flush closing at
+//     most 16 such pages does not try: comparing them costs less).
 //   - off: nothing is traced.
 //
 // Register regions (doorbells) are traced one write at a time in every mode
@@ -69,10 +78,12 @@
 //	  (or a stack there)                  (insn and page)
 //	read(2)/pread into the aperture     EFAULT                    full result from an open  full result, tracked
 //	                                                              page, else EFAULT; caught
-//	O_DIRECT read into the aperture     EFAULT (protected page)   caught: a flush stops     caught: the flush settles first (a
-//	  (the device writes pinned pages)                            every guest thread, so    read returns once the device is done),
-//	                                                              no read is in flight      or compares the page again at every
-//	                                                                                        flush until one settles
+//	O_DIRECT read into the aperture     EFAULT (protected page)   caught: open pages are    caught: open pages are compared at
+//	  (the device writes pinned pages)                            compared at every flush;  every flush; closing them settles
+//	                                                              a flush closing pages     first (a read returns once the device
+//	                                                              stops every guest thread  is done), or compares them again at
+//	                                                              first, so no read is in   every flush until one settles
+//	                                                              flight
 //	munmap, other memory mapped at the  never protected nor emulated into: the tracer touches only mappings of
 //	  aperture's address                  the aperture's file (its inode), mapping by mapping
 //	AIO, io_uring into the aperture     LIMIT (page and uffd): the device may write pinned pages after any flush (after the
@@ -83,8 +94,9 @@
 // it (a guest that forbids executable mappings gets plain read-only pages,
 // and its own read-only pages are then traced like the tracer's).
 //
-// verify compares every aperture's file with both device copies, so
-// anything a row marked LIMIT loses is visible to an operator.
+// verify compares every aperture's file with both device copies (a
+// checksum; with --apertures byte by byte, per node), so anything a row
+// marked LIMIT loses is visible to an operator.
 //
 // The tracer runs in the hypervisor's process. Linux ties ptrace to the
 // thread that attached, so all ptrace work runs on one locked OS thread;

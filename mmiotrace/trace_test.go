@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/replicate"
 	"golang.org/x/sys/unix"
 )
 
@@ -256,12 +257,10 @@ func TestTraceModes(t *testing.T) {
 //	go test -v -run 'StoreForms|Torture|Bypass|Guest|Sigaltstack|SyscallInto|ODirect' ./mmiotrace/ | grep 'torture case'
 func (rp *replica) verdict(t *testing.T, g *testGuest, mode Mode, name, got string) {
 	t.Helper()
-	n := 0
-	for i := range rp.mem {
-		if rp.mem[i] != g.mem[i] {
-			n++
-		}
-	}
+	// The comparison verify --apertures makes on each node: the guest's
+	// memory (the aperture's file) against a device copy built only from
+	// Flush output, as both nodes' copies are.
+	n, _ := replicate.DiffBytes(g.mem, rp.mem)
 	line := fmt.Sprintf("%d mismatched bytes", n)
 	if got != "" {
 		line = "clear error: " + got + "; " + line

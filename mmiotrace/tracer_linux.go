@@ -32,8 +32,18 @@ type Region struct {
 	ino      uint64 // the file's inode (MapGuestFile), 0 if unknown: only its mappings are the region's
 
 	shadow []byte // contents as of the last flush, for sending changed ranges only
-	dirty  []bool // page mode: pages unprotected since the last flush
-	full   bool   // the next flush sends the whole region (just added)
+	// dirty: pages the guest may write without the tracer seeing it,
+	// compared at every flush: page mode's unprotected pages; uffd mode's
+	// pages the last scan found written (not write-protected).
+	dirty []bool
+	// quiet: open pages (dirty, page-batched) that the last flush compared
+	// and found unchanged. A page stays open while it keeps changing: the
+	// next flush closes a quiet page (protects it, or write-protects it in
+	// uffd mode) and then compares it once more, so a write made after the
+	// last comparison is caught either way. A guest writing the same pages
+	// again and again takes no fault per page per flush.
+	quiet []bool
+	full  bool // the next flush sends the whole region (just added)
 }
 
 func (r *Region) contains(addr, n uint64) bool {
@@ -134,6 +144,7 @@ func (t *Tracer) AddRegion(r *Region) error {
 	t.mu.Unlock()
 	r.shadow = make([]byte, len(r.Mem))
 	r.dirty = make([]bool, len(r.Mem)/pageSize)
+	r.quiet = make([]bool, len(r.Mem)/pageSize)
 	r.full = true
 	switch {
 	case t.usesPtrace(r):
@@ -647,17 +658,25 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	// Page-batched regions' changed ranges; then per-write records (kept
 	// in the shadow, for the comparison after them); then the changed
 	// ranges of per-write pages the guest had opened itself.
+	var changed [][]bool // per dirty entry, per page: found changed (page-batched regions)
 	sendPages := func(perWrite bool) {
-		for _, d := range dirty {
+		for i, d := range dirty {
 			if t.perWrite(d.r) != perWrite {
 				continue
 			}
-			for _, pg := range d.pages {
+			if !perWrite {
+				changed[i] = make([]bool, len(d.pages))
+			}
+			for j, pg := range d.pages {
 				pages++
-				d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+				c := d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+				if !perWrite {
+					changed[i][j] = c
+				}
 			}
 		}
 	}
+	changed = make([][]bool, len(dirty))
 	sendPages(false)
 	for _, w := range t.takeWrites() {
 		copy(w.r.shadow[w.off:], w.data)
@@ -665,6 +684,13 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	}
 	sendPages(true)
 	t.mu.Lock()
+	for i, d := range dirty {
+		for j, pg := range d.pages {
+			if changed[i] != nil {
+				d.r.quiet[pg] = d.r.dirty[pg] && !changed[i][j]
+			}
+		}
+	}
 	t.stats.Records += records
 	t.stats.Bytes += bytes
 	t.stats.DirtyPages += pages
@@ -736,16 +762,18 @@ func (t *Tracer) takeWrites() []write {
 }
 
 // sendChanged emits the ranges of r.Mem[lo:hi] that differ from what was
-// last flushed, and records them as flushed. data is the shadow copy.
-func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) {
+// last flushed, records them as flushed, and reports whether there were
+// any. data is the shadow copy.
+func (r *Region) sendChanged(lo, hi uint64, emit func(*Region, uint64, []byte)) bool {
 	cur, old := r.Mem[lo:hi], r.shadow[lo:hi]
 	if string(cur) == string(old) { // memcmp: most pages opened are not written
-		return
+		return false
 	}
 	diffRanges(old, cur, func(o, n int) {
 		copy(old[o:o+n], cur[o:o+n])
 		emit(r, lo+uint64(o), old[o:o+n])
 	})
+	return true
 }
 
 type dirtyPages struct {
@@ -753,21 +781,33 @@ type dirtyPages struct {
 	pages []uint64 // page indexes within the region
 }
 
-// reprotectDirty write-protects the pages written since the last flush (in
-// the guest, by an injected mprotect) and returns them. The pages are
-// protected before their contents are read, so a write racing with the
-// flush faults and lands in the next one.
+// reprotectDirty protects again (in the guest, by an injected mprotect)
+// the open pages due to close: every open page of a per-write region, and
+// the quiet pages of a page-batched one (see Region.quiet) that start an
+// open run, so the open pages stay the end of a run. It returns every open
+// page, closed now or not, for the flush to compare. Pages are protected
+// before their contents are read, so a write racing with the flush faults
+// and lands in the next one. Nothing to close: the guest is not stopped.
 func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 	t.mu.Lock()
-	any := false
+	anyOpen, anyClose := false, false
 	for _, r := range regions {
-		for _, d := range r.dirty {
-			any = any || d
+		if !t.usesPtrace(r) {
+			continue
 		}
+		t.openRuns(r, func(i, k, j int) {
+			anyOpen = true
+			anyClose = anyClose || k > i
+		})
 	}
 	t.mu.Unlock()
-	if !any {
+	if !anyOpen {
 		return nil, nil
+	}
+	if !anyClose {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.closePages(regions, 0, false)
 	}
 	var out []dirtyPages
 	var perr error
@@ -786,42 +826,74 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 		defer t.pt.resumeOthers(others)
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		for _, r := range regions {
-			d := dirtyPages{r: r}
-			for i := 0; i < len(r.dirty); {
-				if !r.dirty[i] {
-					i++
-					continue
-				}
-				j := i
-				for j < len(r.dirty) && r.dirty[j] {
-					r.dirty[j] = !all
-					d.pages = append(d.pages, uint64(j))
-					j++
-				}
-				if !all {
-					i = j
-					continue
-				}
-				// Only what is writable now: a page the guest protected
-				// itself since keeps its protection (compared all the same).
-				lo, hi := r.GuestAddr+uint64(i)*pageSize, r.GuestAddr+uint64(j)*pageSize
-				if err := vmaRanges(t.maps, lo, hi, r.mappedAnd(writable), func(lo, hi uint64) {
-					if err := t.pt.mprotect(tid, lo, hi-lo, t.prot); err != nil && perr == nil {
-						perr = err
-					}
-				}); err != nil && perr == nil {
-					perr = err
-				}
-				i = j
-			}
-			if len(d.pages) > 0 {
-				out = append(out, d)
-			}
-		}
+		out, perr = t.closePages(regions, tid, all)
 	})
 	if err != nil {
 		return nil, err
+	}
+	return out, perr
+}
+
+// openRuns calls fn for each run [i, j) of r's open pages, with [i, k)
+// the pages to close now: all of a per-write region's, a page-batched
+// region's quiet ones at the run's start.
+// Precondition: t.mu must be locked.
+func (t *Tracer) openRuns(r *Region, fn func(i, k, j int)) {
+	for i := 0; i < len(r.dirty); {
+		if !r.dirty[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < len(r.dirty) && r.dirty[j] {
+			j++
+		}
+		k := j
+		if !t.perWrite(r) {
+			for k = i; k < j && r.quiet[k]; k++ {
+			}
+		}
+		fn(i, k, j)
+		i = j
+	}
+}
+
+// closePages lists the open pages of the ptrace regions and, with protect
+// (every guest thread stopped, tid one of them), protects those due to
+// close.
+// Precondition: t.mu must be locked.
+func (t *Tracer) closePages(regions []*Region, tid int, protect bool) ([]dirtyPages, error) {
+	var out []dirtyPages
+	var perr error
+	for _, r := range regions {
+		if !t.usesPtrace(r) {
+			continue
+		}
+		d := dirtyPages{r: r}
+		t.openRuns(r, func(i, k, j int) {
+			for pg := i; pg < j; pg++ {
+				d.pages = append(d.pages, uint64(pg))
+			}
+			if !protect || k == i {
+				return
+			}
+			for pg := i; pg < k; pg++ {
+				r.dirty[pg], r.quiet[pg] = false, false
+			}
+			// Only what is writable now: a page the guest protected
+			// itself since keeps its protection (compared all the same).
+			lo, hi := r.GuestAddr+uint64(i)*pageSize, r.GuestAddr+uint64(k)*pageSize
+			if err := vmaRanges(t.maps, lo, hi, r.mappedAnd(writable), func(lo, hi uint64) {
+				if err := t.pt.mprotect(tid, lo, hi-lo, t.prot); err != nil && perr == nil {
+					perr = err
+				}
+			}); err != nil && perr == nil {
+				perr = err
+			}
+		})
+		if len(d.pages) > 0 {
+			out = append(out, d)
+		}
 	}
 	return out, perr
 }

@@ -36,11 +36,56 @@ func ArmWriteTracking(mem []byte) (int, error) { return uffd.ArmWriteTracking(me
 // after attaching it, before its next call.
 var ErrNotArmed = errors.New("mmiotrace: the guest has not armed userfaultfd write tracking")
 
-// scanWritten asks the kernel which pages of the regions the guest wrote
-// since the last scan, write-protecting them again in the same call, so a
-// write after the scan is caught by the next one.
-func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
-	var out []dirtyPages
+// scanWritten closes the regions' quiet pages (see Region.quiet): one
+// PAGEMAP_SCAN per run write-protects those the guest wrote; they are
+// returned as closed, for the flush to compare once more. Then a scan that
+// changes nothing finds the open pages: those the guest wrote since they
+// were write-protected (a write after the scan is caught by the next one).
+// They stay open, compared at every flush until one finds them quiet.
+func (t *Tracer) scanWritten(regions []*Region) (closed, open []dirtyPages, err error) {
+	for _, r := range regions {
+		if t.perWrite(r) || r.full {
+			continue // a region sent whole now is scanned from the next flush (the guest arms it after attaching)
+		}
+		c := dirtyPages{r: r}
+		for i := 0; i < len(r.quiet); i++ {
+			if !r.quiet[i] {
+				continue
+			}
+			j := i
+			for j < len(r.quiet) && r.quiet[j] {
+				r.quiet[j] = false
+				c.pages = append(c.pages, uint64(j))
+				j++
+			}
+			if err := t.scanRange(r, uint64(i), uint64(j), true, nil); err != nil {
+				return nil, nil, err
+			}
+			i = j
+		}
+		o := dirtyPages{r: r}
+		clear(r.dirty)
+		err := t.scanRange(r, 0, uint64(len(r.dirty)), false, func(pg uint64) {
+			r.dirty[pg] = true
+			o.pages = append(o.pages, pg)
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(c.pages) > 0 {
+			closed = append(closed, c)
+		}
+		if len(o.pages) > 0 {
+			open = append(open, o)
+		}
+	}
+	return closed, open, nil
+}
+
+// scanRange runs PAGEMAP_SCAN over pages [lo, hi) of r, write-protecting
+// the written ones with wp, and calls written (if set) for each written
+// page.
+func (t *Tracer) scanRange(r *Region, lo, hi uint64, wp bool, written func(pg uint64)) error {
 	// The kernel writes results through an address inside the ioctl's
 	// argument, which the garbage collector cannot see: the buffer must be
 	// on the heap (heap objects never move; a stack buffer may move with
@@ -48,60 +93,50 @@ func (t *Tracer) scanWritten(regions []*Region) ([]dirtyPages, error) {
 	if t.scanBuf == nil {
 		t.scanBuf = make([]pageRegion, 64)
 	}
-	vec := t.scanBuf
-	for _, r := range regions {
-		if t.perWrite(r) || r.full {
-			continue // a region sent whole now is scanned from the next flush (the guest arms it after attaching)
+	start, end := r.GuestAddr+lo*pageSize, r.GuestAddr+hi*pageSize
+	for start < end {
+		n, walkEnd, e := scanPagemap(t.pagemap.Fd(), start, end, wp, t.scanBuf)
+		switch {
+		case e == unix.ESRCH:
+			return ErrGuestGone
+		case e == unix.EPERM:
+			return fmt.Errorf("%w: region at %#x", ErrNotArmed, r.GuestAddr)
+		case e != 0:
+			return fmt.Errorf("PAGEMAP_SCAN of the guest's region at %#x: %w", r.GuestAddr, e)
 		}
-		d := dirtyPages{r: r}
-		start, end := r.GuestAddr, r.GuestAddr+uint64(len(r.Mem))
-		for start < end {
-			n, walkEnd, e := scanPagemap(t.pagemap.Fd(), start, end, vec)
-			switch {
-			case e == unix.ESRCH:
-				return nil, ErrGuestGone
-			case e == unix.EPERM:
-				return nil, fmt.Errorf("%w: region at %#x", ErrNotArmed, r.GuestAddr)
-			case e != 0:
-				return nil, fmt.Errorf("PAGEMAP_SCAN of the guest's region at %#x: %w", r.GuestAddr, e)
+		for _, pr := range t.scanBuf[:n] {
+			for pg := pr.start; pg < pr.end && written != nil; pg += pageSize {
+				written((pg - r.GuestAddr) / pageSize)
 			}
-			for _, pr := range vec[:n] {
-				for pg := pr.start; pg < pr.end; pg += pageSize {
-					d.pages = append(d.pages, (pg-r.GuestAddr)/pageSize)
-				}
-			}
-			if walkEnd <= start {
-				break
-			}
-			start = walkEnd
 		}
-		if len(d.pages) > 0 {
-			out = append(out, d)
+		if walkEnd <= start {
+			break
 		}
+		start = walkEnd
 	}
-	return out, nil
+	return nil
 }
 
-// scanUnsettled returns the pages a uffd-mode flush compares: those the
-// scan finds written, and those earlier flushes found that a system call
-// may still be writing. A device writing pages an O_DIRECT read pinned
-// (or the kernel copying into pages it pinned, as a write to
-// /proc/PID/mem does) writes through no page table: the scan reports such
-// a page once, when it was pinned, and the device may write it after the
-// comparison. Its system call returns only once the device is done, so
-// when settle finds every guest thread out of the calls in flight at the
-// scan, comparing the pages after it catches everything; until then they
-// are compared again at every flush (a flush with few open pages does not
-// try: see settleAbove).
+// scanUnsettled returns the pages a uffd-mode flush compares: the open
+// ones, those closed now, and those earlier flushes closed that a system
+// call may still be writing. A device writing pages an O_DIRECT read
+// pinned (or the kernel copying into pages it pinned, as a write to
+// /proc/PID/mem does) writes through no page table: a closed page may be
+// written after its last comparison. Its system call returns only once the
+// device is done, so when settle finds every guest thread out of the calls
+// in flight at the scan, comparing the pages after it catches everything;
+// until then the closed pages are compared again at every flush (a flush
+// closing few pages does not try: see settleAbove). Open pages need no
+// settling: they are compared at the next flush anyway.
 func (t *Tracer) scanUnsettled(regions []*Region) ([]dirtyPages, error) {
-	scanned, err := t.scanWritten(regions)
+	closed, open, err := t.scanWritten(regions)
 	if err != nil {
 		return nil, err
 	}
-	open := mergePages(regions, t.unsettled, scanned)
-	t.unsettled = open
+	leaving := mergePages(regions, t.unsettled, closed)
+	t.unsettled = leaving
 	n := 0
-	for _, d := range open {
+	for _, d := range leaving {
 		n += len(d.pages)
 	}
 	if n > settleAbove && t.settle() {
@@ -112,7 +147,7 @@ func (t *Tracer) scanUnsettled(regions []*Region) ([]dirtyPages, error) {
 		t.stats.Unsettled++
 		t.mu.Unlock()
 	}
-	return open, nil
+	return mergePages(regions, leaving, open), nil
 }
 
 // settleAbove: a flush settles only when more pages than this are open;

@@ -28,12 +28,16 @@ func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
 
 // scanPagemap runs one PAGEMAP_SCAN over [start, end) of the guest whose
 // /proc/PID/pagemap is open as fd: it returns the written pages in vec[:n],
-// write-protecting them again, and where the walk stopped (it stops early
+// write-protecting them again with wp, and where the walk stopped (it stops early
 // when vec is full). vec must be on the heap: the kernel writes it by
 // address.
-func scanPagemap(fd uintptr, start, end uint64, vec []pageRegion) (n int, walkEnd uint64, e unix.Errno) {
+func scanPagemap(fd uintptr, start, end uint64, wp bool, vec []pageRegion) (n int, walkEnd uint64, e unix.Errno) {
+	flags := uint64(pmScanCheckWPAsyn)
+	if wp {
+		flags |= pmScanWPMatching
+	}
 	arg := pmScanArg{
-		size: uint64(unsafe.Sizeof(pmScanArg{})), flags: pmScanWPMatching | pmScanCheckWPAsyn,
+		size: uint64(unsafe.Sizeof(pmScanArg{})), flags: flags,
 		start: start, end: end, vec: uint64(uintptr(unsafe.Pointer(&vec[0]))), vecLen: uint64(len(vec)),
 		categoryMask: pageIsWritten, returnMask: pageIsWritten,
 	}

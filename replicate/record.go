@@ -53,6 +53,11 @@ const (
 	// flushed into the log before the guest call that followed them. Body
 	// is built by AppendMMIO.
 	OpMMIO
+	// OpVerifyMMIO carries an aperture's current bytes (the guest's file)
+	// for verify --apertures, in an OpMMIO body; Result is the
+	// verification id. The standby compares them with its device copy
+	// and answers at the OpVerify that follows (ObjAperture).
+	OpVerifyMMIO
 )
 
 // Record flags.
@@ -96,6 +101,8 @@ func (o Op) String() string {
 		return "snapshot_end"
 	case OpMMIO:
 		return "mmio"
+	case OpVerifyMMIO:
+		return "verify_mmio"
 	}
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }
@@ -152,7 +159,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	if uint64(n) != uint64(len(b)-recordHeader) {
 		return Record{}, fmt.Errorf("%w: body length %d, frame holds %d", ErrBadRecord, n, len(b)-recordHeader)
 	}
-	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpMMIO) {
+	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpVerifyMMIO) {
 		return Record{}, fmt.Errorf("%w: unknown kind %#x", ErrBadRecord, uint16(r.Op))
 	}
 	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair) != 0 {

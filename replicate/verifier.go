@@ -27,12 +27,91 @@ type Report struct {
 	Objects    int        `json:"objects"`
 	Bytes      uint64     `json:"bytes"`
 	Mismatches []Mismatch `json:"mismatches"`
-	Repaired   int        `json:"repaired,omitempty"`
+	// Apertures: with --apertures, each aperture's file compared byte by
+	// byte with its device copy on each node.
+	Apertures []ApertureCheck `json:"apertures,omitempty"`
+	Repaired  int             `json:"repaired,omitempty"`
+}
+
+// ApertureCheck is one aperture's bytes (the guest's file, the truth)
+// compared with the device copy on the primary and on the standby.
+type ApertureCheck struct {
+	Session uint64       `json:"session"`
+	ID      string       `json:"id"`
+	Size    uint64       `json:"size"`
+	Primary ApertureSide `json:"primary"`
+	Standby ApertureSide `json:"standby"`
+}
+
+// ApertureSide is one node's device copy of an aperture against the file.
+type ApertureSide struct {
+	MismatchedBytes uint64 `json:"mismatched_bytes"`
+	// FirstOffset is the first mismatched byte's offset, -1 for none.
+	FirstOffset int64 `json:"first_offset"`
+	// Missing: the node did not compare this aperture (no answer for it).
+	Missing bool `json:"missing,omitempty"`
+}
+
+// Match reports whether the side holds the file's bytes.
+func (s ApertureSide) Match() bool { return !s.Missing && s.MismatchedBytes == 0 }
+
+func apertureSide(o ObjectSum, ok bool) ApertureSide {
+	if !ok {
+		return ApertureSide{Missing: true, FirstOffset: -1}
+	}
+	side := ApertureSide{MismatchedBytes: o.Size, FirstOffset: -1}
+	if o.Sum != NoMismatch {
+		side.FirstOffset = int64(min(o.Sum, 1<<62))
+	}
+	return side
+}
+
+// compareApertures pairs the primary's ObjAperture entries with the
+// standby's, in the primary's order, and returns the other entries of
+// each list.
+func compareApertures(primary, standby []ObjectSum) (checks []ApertureCheck, p, s []ObjectSum) {
+	type key struct{ s, id uint64 }
+	size := map[key]uint64{}
+	stby := map[key]ObjectSum{}
+	for _, o := range primary {
+		if o.Kind == ObjMemory {
+			size[key{o.Session, o.ID}] = o.Size
+		}
+	}
+	for _, o := range standby {
+		if o.Kind == ObjAperture {
+			stby[key{o.Session, o.ID}] = o
+		} else {
+			s = append(s, o)
+		}
+	}
+	for _, o := range primary {
+		if o.Kind != ObjAperture {
+			p = append(p, o)
+			continue
+		}
+		k := key{o.Session, o.ID}
+		so, ok := stby[k]
+		checks = append(checks, ApertureCheck{Session: o.Session, ID: fmt.Sprintf("%#x", o.ID), Size: size[k],
+			Primary: apertureSide(o, true), Standby: apertureSide(so, ok)})
+	}
+	return checks, p, s
 }
 
 // Compare matches the primary's checksums with the standby's, taken at the
-// same log position.
+// same log position, and reports each aperture both compared byte by byte
+// (ObjAperture entries).
 func Compare(primary, standby []ObjectSum) Report {
+	checks, primary, standby := compareApertures(primary, standby)
+	rep := compareSums(primary, standby)
+	rep.Apertures = checks
+	for _, c := range checks {
+		rep.Match = rep.Match && c.Primary.Match() && c.Standby.Match()
+	}
+	return rep
+}
+
+func compareSums(primary, standby []ObjectSum) Report {
 	type key struct {
 		s  uint64
 		k  ObjectKind

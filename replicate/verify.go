@@ -16,7 +16,15 @@ const (
 	ObjFunction
 	ObjStream
 	ObjSession
+	// ObjAperture is one node's byte comparison of an aperture's device
+	// copy with the guest's file (verify --apertures): ID is the
+	// aperture's device address, Size the mismatched bytes, Sum the first
+	// mismatched offset (NoMismatch when none).
+	ObjAperture
 )
+
+// NoMismatch is an ObjAperture's Sum when every byte matched.
+const NoMismatch = ^uint64(0)
 
 func (k ObjectKind) String() string {
 	switch k {
@@ -30,6 +38,8 @@ func (k ObjectKind) String() string {
 		return "stream"
 	case ObjSession:
 		return "session"
+	case ObjAperture:
+		return "aperture"
 	}
 	return fmt.Sprintf("kind(%d)", k)
 }
@@ -86,4 +96,35 @@ func decodeSums(b []byte) (uint64, []ObjectSum, error) {
 		}
 	}
 	return id, sums, nil
+}
+
+// DiffBytes compares want (an aperture's file) with got (a device copy of
+// it) and returns how many bytes differ and the first offset that does
+// (NoMismatch when none).
+func DiffBytes(want, got []byte) (mismatched, first uint64) {
+	first = NoMismatch
+	n := min(len(want), len(got))
+	for lo := 0; lo < n; lo += 4096 {
+		hi := min(lo+4096, n)
+		if string(want[lo:hi]) == string(got[lo:hi]) { // memcmp: most pages match
+			continue
+		}
+		for k := lo; k < hi; k++ {
+			if want[k] != got[k] {
+				mismatched++
+				first = min(first, uint64(k))
+			}
+		}
+	}
+	if len(want) != len(got) {
+		mismatched += uint64(max(len(want), len(got)) - n)
+		first = min(first, uint64(n))
+	}
+	return mismatched, first
+}
+
+// ApertureSum is one node's comparison of the aperture at ptr as verify
+// carries it: mismatched bytes, and the first mismatched offset.
+func ApertureSum(session, ptr, mismatched, first uint64) ObjectSum {
+	return ObjectSum{Session: session, Kind: ObjAperture, ID: ptr, Size: mismatched, Sum: first}
 }

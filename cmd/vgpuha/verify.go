@@ -18,15 +18,17 @@ import (
 )
 
 func runVerify(args []string) error {
-	fs := newFlags("verify", "--admin HOST:PORT [--json] [--repair]")
+	fs := newFlags("verify", "--admin HOST:PORT [--json] [--repair] [--apertures]")
 	adminAddr := fs.String("admin", "127.0.0.1:9470", "the primary's admin address")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	repair := fs.Bool("repair", false, "copy every diverged allocation from the primary to the standby")
+	apertures := fs.Bool("apertures", false, "also compare each aperture's bytes (the guest's file) with its device copy on the primary and on the standby, "+
+		"reporting mismatched bytes and the first mismatched offset per side (sends the apertures' bytes to the standby)")
 	tokenFile := adminTokenFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	body, err := postAdminToken(*adminAddr, fmt.Sprintf("/verify?repair=%v", *repair), *tokenFile, 60*time.Second)
+	body, err := postAdminToken(*adminAddr, fmt.Sprintf("/verify?repair=%v&apertures=%v", *repair, *apertures), *tokenFile, 60*time.Second)
 	if err != nil {
 		return err
 	}
@@ -46,6 +48,7 @@ func runVerify(args []string) error {
 			}
 			tw.Flush()
 		}
+		printApertures(rep.Apertures)
 		if rep.Repaired > 0 {
 			fmt.Printf("repaired %d objects; run verify again to confirm\n", rep.Repaired)
 		}
@@ -54,6 +57,29 @@ func runVerify(args []string) error {
 		return fmt.Errorf("replica differs from the primary")
 	}
 	return nil
+}
+
+// printApertures prints verify --apertures' table: per aperture and node,
+// the bytes of its device copy that differ from the guest's file.
+func printApertures(checks []replicate.ApertureCheck) {
+	if len(checks) == 0 {
+		return
+	}
+	side := func(s replicate.ApertureSide) string {
+		switch {
+		case s.Missing:
+			return "not compared"
+		case s.MismatchedBytes == 0:
+			return "match"
+		}
+		return fmt.Sprintf("%d bytes differ from offset %#x", s.MismatchedBytes, s.FirstOffset)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SESSION\tAPERTURE\tSIZE\tPRIMARY\tSTANDBY")
+	for _, c := range checks {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", c.Session, c.ID, c.Size, side(c.Primary), side(c.Standby))
+	}
+	tw.Flush()
 }
 
 func runSwitchover(args []string) error {

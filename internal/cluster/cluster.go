@@ -265,12 +265,13 @@ func (c *Cluster) WaitProtected(timeout time.Duration) error {
 	return nil
 }
 
-// Verify compares every object on primary and standby.
+// Verify compares every object on primary and standby, and each
+// aperture's file byte by byte with both device copies.
 func (c *Cluster) Verify() (replicate.Report, error) {
 	if err := c.WaitProtected(30 * time.Second); err != nil {
 		return replicate.Report{}, err
 	}
-	return c.PrimaryNode.Verify(false, 30*time.Second)
+	return c.PrimaryNode.Verify(node.VerifyOptions{Apertures: true}, 30*time.Second)
 }
 
 // Guest opens a guest session.

@@ -7,12 +7,17 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -83,13 +88,30 @@ func TestReplicaAperturesEqual(t *testing.T) {
 			}
 			defer c.Close()
 			for _, w := range Workloads {
-				res := runGuest(t, "--addr", c.Endpoint, "--workload", w, "--writes", "3000", "--aperture-bytes", "262144")
+				res, stop := holdGuest(t, "--addr", c.Endpoint, "--workload", w, "--writes", "3000", "--aperture-bytes", "262144")
 				if res.Mode != mode.String() || res.Writes == 0 {
 					t.Fatalf("%s: %+v", w, res)
 				}
 				if res.Verified != (mode != mmiotrace.ModeOff) {
 					t.Fatalf("%s in %s mode: device copy matches the guest's aperture: %v", w, mode, res.Verified)
 				}
+				// verify --apertures while the guest holds them: in off
+				// mode both device copies are stale.
+				rep, err := c.Verify()
+				if err != nil {
+					t.Fatal(err)
+				}
+				traced := mode != mmiotrace.ModeOff
+				for _, a := range rep.Apertures {
+					if a.Primary.Match() != traced || a.Standby.Match() != traced {
+						t.Fatalf("%s in %s mode: verify --apertures %+v", w, mode, rep.Apertures)
+					}
+				}
+				if len(rep.Apertures) == 0 || rep.Match != traced {
+					t.Fatalf("%s in %s mode: verify --apertures %+v", w, mode, rep)
+				}
+				t.Logf("%s mode, %s: verify --apertures %+v", mode, w, rep.Apertures)
+				stop()
 			}
 			rep, err := c.Verify()
 			if err != nil {
@@ -100,6 +122,26 @@ func TestReplicaAperturesEqual(t *testing.T) {
 			}
 		})
 	}
+}
+
+// holdGuest runs a guest with --hold: it returns the guest's result once
+// the run is done (the guest keeps its session and apertures) and a
+// function that ends the guest.
+func holdGuest(t *testing.T, args ...string) (Result, func()) {
+	t.Helper()
+	cmd := guestCommand(append(args, "--hold")...)
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop := func() { cmd.Process.Kill(); mmiotrace.WaitExit(cmd) }
+	sc := bufio.NewScanner(out)
+	var res Result
+	if !sc.Scan() || json.Unmarshal(sc.Bytes(), &res) != nil {
+		stop()
+		t.Fatalf("guest %v said %q", args, sc.Text())
+	}
+	return res, stop
 }
 
 // TestApertureSurvivesFailover kills the primary between two rounds of
@@ -196,7 +238,7 @@ func TestVerifyApertures(t *testing.T) {
 			if rep.Match {
 				return
 			}
-			if rep, err = c.PrimaryNode.Verify(true, 30*time.Second); err != nil || rep.Repaired != 1 {
+			if rep, err = c.PrimaryNode.Verify(node.VerifyOptions{Repair: true}, 30*time.Second); err != nil || rep.Repaired != 1 {
 				t.Fatalf("repair: %+v, %v", rep, err)
 			}
 			if rep, err = c.Verify(); err != nil || !rep.Match {
@@ -296,4 +338,98 @@ func mmioRecords(c *cluster.Cluster) uint64 {
 		}
 	}
 	return n
+}
+
+// tappedSim is the software GPU, keeping the contexts it hands out so a
+// test can write device memory behind the hypervisor's back: a lost write
+// injected on one node.
+type tappedSim struct {
+	*sim.Backend
+	mu   sync.Mutex
+	ctxs []gpu.Context
+}
+
+func (b *tappedSim) NewContext(base, size uint64) (gpu.Context, error) {
+	c, err := b.Backend.NewContext(base, size)
+	if err == nil {
+		b.mu.Lock()
+		b.ctxs = append(b.ctxs, c)
+		b.mu.Unlock()
+	}
+	return c, err
+}
+
+// loseWrite changes n bytes at off in the aperture at ptr on one node's
+// device (its newest context: the guest's session), as a write the tracer
+// lost there would leave them.
+func (b *tappedSim) loseWrite(t *testing.T, ptr, off uint64, n int) {
+	t.Helper()
+	b.mu.Lock()
+	ctx := b.ctxs[len(b.ctxs)-1]
+	b.mu.Unlock()
+	buf := make([]byte, n)
+	if err := ctx.CopyDtoH(buf, ptr+off, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range buf {
+		buf[i] ^= 0x5a
+	}
+	if err := ctx.CopyHtoD(ptr+off, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestVerifyAperturesLostWrite: verify --apertures compares each
+// aperture's file byte by byte with the device copy on each node. A write
+// lost on the primary's copy only, then on the standby's only, must show
+// on that side alone, with its byte count and first offset; repair brings
+// both back to the file.
+func TestVerifyAperturesLostWrite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: starts and traces a guest process")
+	}
+	primary, standby := &tappedSim{Backend: sim.New(1 << 30)}, &tappedSim{Backend: sim.New(1 << 30)}
+	c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit,
+		NewBackend:        func() (gpu.Backend, error) { return primary, nil },
+		NewStandbyBackend: func() (gpu.Backend, error) { return standby, nil },
+		MMIO:              &hypervisor.MMIOConfig{Mode: mmiotrace.ModePage, Pin: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, stop := holdGuest(t, "--addr", c.Endpoint, "--workload", "seq", "--writes", "3000", "--aperture-bytes", "65536")
+	defer stop()
+	rep, err := c.Verify()
+	if err != nil || !rep.Match || len(rep.Apertures) != 1 {
+		t.Fatalf("before any injection: %+v, %v", rep, err)
+	}
+	ptr, err := strconv.ParseUint(rep.Apertures[0].ID, 0, 64)
+	if err != nil || rep.Apertures[0].Size != 65536 {
+		t.Fatalf("aperture %+v: %v", rep.Apertures[0], err)
+	}
+	for _, side := range []struct {
+		name string
+		gpu  *tappedSim
+	}{{"primary", primary}, {"standby", standby}} {
+		side.gpu.loseWrite(t, ptr, 4100, 3)
+		rep, err := c.Verify()
+		if err != nil || rep.Match || len(rep.Apertures) != 1 {
+			t.Fatalf("write lost on the %s: %+v, %v", side.name, rep, err)
+		}
+		a := rep.Apertures[0]
+		lost, kept := a.Primary, a.Standby
+		if side.name == "standby" {
+			lost, kept = kept, lost
+		}
+		if lost.MismatchedBytes != 3 || lost.FirstOffset != 4100 || !kept.Match() {
+			t.Fatalf("write lost on the %s: verify --apertures says %+v", side.name, a)
+		}
+		t.Logf("write lost on the %s: %+v", side.name, a)
+		if rep, err = c.PrimaryNode.Verify(node.VerifyOptions{Repair: true}, 30*time.Second); err != nil || rep.Repaired != 1 {
+			t.Fatalf("repair: %+v, %v", rep, err)
+		}
+		if rep, err = c.Verify(); err != nil || !rep.Match || !rep.Apertures[0].Primary.Match() || !rep.Apertures[0].Standby.Match() {
+			t.Fatalf("after repair: %+v, %v", rep, err)
+		}
+	}
 }

@@ -118,7 +118,7 @@ func TestPromotedNodeIsAFullPrimary(t *testing.T) {
 	}
 	g2.Close()
 	waitFor(t, "B protected by C", protected(b))
-	rep, err := b.Verify(false, 10*time.Second)
+	rep, err := b.Verify(node.VerifyOptions{}, 10*time.Second)
 	if err != nil || !rep.Match || rep.Objects == 0 {
 		t.Fatalf("verify on the promoted node: %+v, %v", rep, err)
 	}

@@ -215,16 +215,26 @@ func (n *Node) Log() *replicate.Log {
 	return nil
 }
 
+// VerifyOptions choose what verify does beyond comparing checksums.
+type VerifyOptions struct {
+	// Repair copies every repairable diverged allocation from the primary
+	// to the standby.
+	Repair bool
+	// Apertures also compares each aperture's file byte by byte with its
+	// device copy on the primary and on the standby.
+	Apertures bool
+}
+
 // Verify compares every object on this primary and its standby at one log
-// position; with repair, every repairable diverged allocation is copied
-// from the primary to the standby.
-func (n *Node) Verify(repair bool, timeout time.Duration) (replicate.Report, error) {
+// position (see VerifyOptions).
+func (n *Node) Verify(opts VerifyOptions, timeout time.Duration) (replicate.Report, error) {
 	r := n.replication()
 	if r == nil || r.first() == nil {
 		return replicate.Report{}, errNotReplicating
 	}
-	rep, err := r.first().Verify(n.srv.VerifyPoint, timeout)
-	if err != nil || !repair || rep.Match {
+	point := func(id uint64) []replicate.ObjectSum { return n.srv.VerifyPoint(id, opts.Apertures) }
+	rep, err := r.first().Verify(point, timeout)
+	if err != nil || !opts.Repair || rep.Match {
 		return rep, err
 	}
 	for _, m := range rep.Mismatches {

@@ -265,7 +265,7 @@ func (n *Node) registerStandbyMetrics() error {
 
 // AdminHandler is the node's admin mux (package admin guards it):
 // /metrics (from reg), /healthz,
-// /status, and POST /verify[?repair=true], /switchover and /epoch, which
+// /status, and POST /verify[?repair=true][&apertures=true], /switchover and /epoch, which
 // answer 409 on a node that is not a replicating primary.
 func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
 	mux := admin.Handler(reg, func() any { return n.Status() })
@@ -280,8 +280,10 @@ func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
 		return nil
 	})
 	mux.HandleFunc("POST /verify", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
-		repair, _ := strconv.ParseBool(r.URL.Query().Get("repair"))
-		rep, err := n.Verify(repair, 30*time.Second)
+		var opts VerifyOptions
+		opts.Repair, _ = strconv.ParseBool(r.URL.Query().Get("repair"))
+		opts.Apertures, _ = strconv.ParseBool(r.URL.Query().Get("apertures"))
+		rep, err := n.Verify(opts, 30*time.Second)
 		if n.writeError(w, err) {
 			return
 		}

@@ -14,12 +14,10 @@ const (
 	userModeOnly = 1
 	apiVersion   = 0xAA
 
-	ioctlAPI          = 0xC018AA3F // _IOWR(0xAA, 0x3F, struct uffdio_api)
-	ioctlRegister     = 0xC020AA00 // _IOWR(0xAA, 0x00, struct uffdio_register)
-	ioctlWriteProtect = 0xC018AA06 // _IOWR(0xAA, 0x06, struct uffdio_writeprotect)
+	ioctlAPI      = 0xC018AA3F // _IOWR(0xAA, 0x3F, struct uffdio_api)
+	ioctlRegister = 0xC020AA00 // _IOWR(0xAA, 0x00, struct uffdio_register)
 
-	registerModeWP     = 1 << 1
-	writeProtectModeWP = 1 << 0
+	registerModeWP = 1 << 1
 
 	featureWPHugetlbfsShmem = 1 << 12
 	featureWPUnpopulated    = 1 << 13
@@ -30,13 +28,15 @@ type apiArg struct{ api, features, ioctls uint64 }
 
 type registerArg struct{ start, len, mode, ioctls uint64 }
 
-type writeProtectArg struct{ start, len, mode uint64 }
-
-// ArmWriteTracking write-protects mem (a shared mapping the caller's
-// process writes) through a userfaultfd in asynchronous mode, where the
-// kernel resolves each first write to a page itself and only marks the page
-// written, so no thread ever waits for a handler. The returned descriptor
-// must stay open while mem is tracked; closing it stops the tracking.
+// ArmWriteTracking registers mem (a shared mapping the caller's process
+// writes) for userfaultfd's asynchronous write-protection, where the
+// kernel resolves each first write to a write-protected page itself and
+// only marks the page written, so no thread ever waits for a handler.
+// Every page starts written (open): the tracer write-protects a page once
+// it has compared it and seen it stop changing, so a guest writing the
+// same pages again and again takes no fault for them. The returned
+// descriptor must stay open while mem is tracked; closing it stops the
+// tracking.
 func ArmWriteTracking(mem []byte) (int, error) {
 	if len(mem) == 0 {
 		return -1, fmt.Errorf("userfaultfd: nothing to track")
@@ -55,14 +55,13 @@ func ArmWriteTracking(mem []byte) (int, error) {
 	if err := ioctl(int(fd), ioctlAPI, unsafe.Pointer(&api)); err != nil {
 		return -1, fmt.Errorf("userfaultfd: asynchronous write-protection is not available (Linux 6.7 or later): %w", err)
 	}
+	// Map every page writable first (no byte changes), so no first write
+	// faults to map one. Best effort (Linux 5.14).
+	unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
 	start, n := uint64(uintptr(unsafe.Pointer(&mem[0]))), uint64(len(mem))
 	reg := registerArg{start: start, len: n, mode: registerModeWP}
 	if err := ioctl(int(fd), ioctlRegister, unsafe.Pointer(&reg)); err != nil {
 		return -1, fmt.Errorf("userfaultfd register: %w", err)
-	}
-	wp := writeProtectArg{start: start, len: n, mode: writeProtectModeWP}
-	if err := ioctl(int(fd), ioctlWriteProtect, unsafe.Pointer(&wp)); err != nil {
-		return -1, fmt.Errorf("userfaultfd write-protect: %w", err)
 	}
 	ok = true
 	return int(fd), nil
