@@ -117,12 +117,26 @@ type Client struct {
 	resumed    chan *bufio.Writer // a new connection, for the writer
 	bye        chan byeFrame      // the last frame, from Close
 
+	// orderMu is held from taking a request's id to its place in the
+	// stream (submit).
+	orderMu sync.Mutex
+	// The write path (frames.go): whoever writes to bw holds wmu. bw is
+	// the connection's writer (nil while it is down), wgen its
+	// generation, wring whether it is a ring (shared memory); queued
+	// counts frames in sendq not yet written.
+	wmu    sync.Mutex
+	bw     *bufio.Writer
+	wgen   uint64
+	wring  bool
+	queued atomic.Int64
+
 	mu      sync.Mutex
 	conn    net.Conn
 	gen     uint64 // connection generation
 	serving string // the endpoint conn goes to; empty while a lost one is resumed (failover only)
 	term    uint64 // the term of the node that serves the session (failover.go)
 	pending map[uint64]chan result
+	rd      *replyReader         // the connection's reply reader (replies.go)
 	waiting map[uint64]time.Time // when each pending call was made (failover only)
 	kept    []keptFrame          // sent since the last commit point, in order
 	// forgotten is the newest state-changing request dropped from kept at
@@ -149,8 +163,8 @@ type keptFrame struct {
 	id    uint64
 	op    abi.Opcode
 	frame *outFrame // the kept list holds a reference
-	sent  bool // handed to the writer (so it may have reached the old node)
-	sync  bool // a call waiting for its reply (not a pipelined request)
+	sent  bool      // handed to the writer (so it may have reached the old node)
+	sync  bool      // a call waiting for its reply (not a pipelined request)
 }
 
 type result struct {
@@ -233,7 +247,9 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 	if len(endpoints) > 0 {
 		c.serving = endpoints[0]
 	}
-	go c.writeLoop(bufio.NewWriterSize(conn, 256<<10))
+	_, c.wring = conn.(ringConn)
+	c.bw = bufio.NewWriterSize(conn, 256<<10)
+	go c.writeLoop()
 	if c.failover() {
 		go c.watchdog()
 	}
@@ -351,73 +367,99 @@ func (c *Client) closedErr() error {
 	return c.err
 }
 
-// writeLoop is the one goroutine that writes frames, across connections:
-// it flushes whenever the queue runs dry, so a burst of pipelined calls
-// goes out in few writes; after a resume it first resends the kept frames.
-func (c *Client) writeLoop(bw *bufio.Writer) {
-	var gen uint64
+// writeLoop is the goroutine that writes queued frames, across
+// connections: it flushes whenever the queue runs dry, so a burst of
+// pipelined calls goes out in few writes; after a resume it first resends
+// the kept frames. held is a frame taken from the queue just as the
+// connection went down: it goes out after the resend.
+func (c *Client) writeLoop() {
+	var held *outFrame
 	for {
+		c.wmu.Lock()
+		up := c.bw != nil
+		c.wmu.Unlock()
 		queue := c.sendq
-		if bw == nil {
+		if !up || held != nil {
 			queue = nil // connection lost: wait for the resume
 		}
 		select {
 		case <-c.done:
 			return
 		case nw := <-c.resumed:
-			bw = nw
-			c.mu.Lock()
-			gen = c.gen
-			var resend []*outFrame
-			for _, k := range c.kept {
-				if k.sent {
-					k.frame.hold() // the writer's, while it resends it
-					resend = append(resend, k.frame)
-					if _, waiting := c.pending[k.id]; k.sync && !waiting {
-						// Answered before the failover: the new node answers
-						// it again (from its state), and nobody waits for that.
-						c.abandoned[k.id] = true
-					}
-				}
+			c.wmu.Lock()
+			if c.useResumed(nw) && held != nil {
+				held.release() // queued before a rollback: it must not run (switchTo)
+				c.queued.Add(-1)
+				held = nil
 			}
-			c.mu.Unlock()
-			for _, f := range resend {
-				bw.Write(f.b)
-				f.release()
+			if held != nil && c.bw != nil {
+				c.writeFrame(held, true)
+				c.queued.Add(-1)
+				held = nil
 			}
-			if err := bw.Flush(); err != nil {
-				c.lost(gen, err)
-				bw = nil
-			}
-		case b := <-byeQueue(c, bw):
+			c.wmu.Unlock()
+		case b := <-byeQueue(c, up):
+			c.wmu.Lock()
 			// Everything queued before Close goes first, then the bye.
-			for len(c.sendq) > 0 {
-				f := <-c.sendq
-				c.markSent(f)
-				bw.Write(f.b)
-				f.release()
+			for c.bw != nil && len(c.sendq) > 0 {
+				c.writeFrame(<-c.sendq, false)
+				c.queued.Add(-1)
 			}
-			bw.Write(b.frame)
-			bw.Flush()
+			if c.bw != nil {
+				c.bw.Write(b.frame)
+				c.bw.Flush()
+			}
+			c.wmu.Unlock()
 			close(b.done)
 		case f := <-queue:
-			c.markSent(f)
-			_, err := bw.Write(f.b)
-			f.release() // the writer is done with it; the kept list may still hold it
-			if err == nil && len(c.sendq) == 0 {
-				err = bw.Flush()
+			c.wmu.Lock()
+			if c.bw == nil {
+				held = f // a caller's write just lost the connection
+			} else {
+				c.writeFrame(f, len(c.sendq) == 0)
+				c.queued.Add(-1)
 			}
-			if err != nil {
-				c.lost(gen, err)
-				bw = nil
-			}
+			c.wmu.Unlock()
 		}
 	}
 }
 
+// useResumed makes nw, a resumed connection's writer, the one frames go to,
+// and resends the kept frames on it. It reports whether the session was
+// rolled back. wmu must be held.
+func (c *Client) useResumed(nw *bufio.Writer) (rolledBack bool) {
+	c.bw = nw
+	c.mu.Lock()
+	c.wgen = c.gen
+	_, c.wring = c.conn.(ringConn)
+	rolledBack = c.rolledBack != nil
+	var resend []*outFrame
+	for _, k := range c.kept {
+		if k.sent {
+			k.frame.hold() // the writer's, while it resends it
+			resend = append(resend, k.frame)
+			if _, waiting := c.pending[k.id]; k.sync && !waiting {
+				// Answered before the failover: the new node answers
+				// it again (from its state), and nobody waits for that.
+				c.abandoned[k.id] = true
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, f := range resend {
+		c.bw.Write(f.b)
+		f.release()
+	}
+	if err := c.bw.Flush(); err != nil {
+		c.lost(c.wgen, err)
+		c.bw = nil
+	}
+	return rolledBack
+}
+
 // byeQueue is the bye channel while a connection is up, else nil.
-func byeQueue(c *Client, bw *bufio.Writer) chan byeFrame {
-	if bw == nil {
+func byeQueue(c *Client, up bool) chan byeFrame {
+	if !up {
 		return nil
 	}
 	return c.bye
@@ -455,54 +497,6 @@ func (c *Client) committedLocked(id uint64, failed bool) {
 	c.kept = c.kept[n:]
 }
 
-func (c *Client) readLoop(conn net.Conn, gen uint64) {
-	fr := abi.NewFrameReader(bufio.NewReaderSize(conn, 256<<10), c.maxPayload+4096)
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			c.lost(gen, err)
-			return
-		}
-		if f.Flags&abi.FlagReply == 0 {
-			c.lost(gen, errors.New("hypervisor sent a request frame"))
-			return
-		}
-		st, _, _ := abi.DecodeReply(f.Payload, nil)
-		c.mu.Lock()
-		if gen != c.gen {
-			// A connection the client gave up (a stalled node it moved
-			// away from): what it still waits for comes from the new node,
-			// which also had every request kept since this reply's.
-			c.mu.Unlock()
-			return
-		}
-		if c.failover() && (f.Op.Info().Commits || st != abi.StatusOK) {
-			c.committedLocked(f.RequestID, st != abi.StatusOK)
-		}
-		ch := c.pending[f.RequestID]
-		delete(c.pending, f.RequestID)
-		delete(c.waiting, f.RequestID)
-		abandoned := c.abandoned[f.RequestID]
-		delete(c.abandoned, f.RequestID)
-		c.mu.Unlock()
-		if abandoned {
-			continue
-		}
-		if ch != nil {
-			ch <- result{payload: append([]byte(nil), f.Payload...)}
-			continue
-		}
-		if c.answeredBefore(f.RequestID) {
-			continue
-		}
-		// A reply nobody waits for answers a pipelined request whose frame
-		// the hypervisor could not accept; it closes the connection next.
-		_, msg, _ := abi.DecodeReply(f.Payload, nil)
-		c.shutdown(fmt.Errorf("%w: hypervisor refused a pipelined %s: %s: %s", ErrClosed, f.Op, st, msg))
-		return
-	}
-}
-
 // answeredBefore reports whether id is a synchronous request kept for a
 // resend whose reply the caller already had: a node that took the session
 // over answers the resend again (from its state), and that second reply
@@ -535,11 +529,16 @@ func (c *Client) send(id uint64, op abi.Opcode, frame *outFrame, sync bool) erro
 		c.kept = append(c.kept, keptFrame{id: id, op: op, frame: frame, sync: sync})
 		c.mu.Unlock()
 	}
+	if c.writeDirect(frame, sync) {
+		return nil
+	}
+	c.queued.Add(1)
 	select {
 	case c.sendq <- frame:
 		return nil
 	case <-c.done:
 		// Nobody writes it now; a kept reference stays with the kept list.
+		c.queued.Add(-1)
 		frame.release()
 		return c.closedErr()
 	}
@@ -566,23 +565,12 @@ func (c *Client) call(op abi.Opcode, req, reply abi.Body) error {
 
 // callSized is call with the request body's size where known.
 func (c *Client) callSized(op abi.Opcode, req, reply abi.Body, sizeHint int) error {
-	id, frame := c.frame(op, 0, req, sizeHint)
 	ch := make(chan result, 1)
-	c.mu.Lock()
-	if c.pending == nil {
-		c.mu.Unlock()
-		frame.release()
-		return c.closedErr()
-	}
-	c.pending[id] = ch
-	if c.failover() {
-		c.waiting[id] = time.Now()
-	}
-	c.mu.Unlock()
-	if err := c.send(id, op, frame, true); err != nil {
+	rr, drive, err := c.submit(op, req, sizeHint, ch)
+	if err != nil {
 		return err
 	}
-	r := <-ch
+	r := c.awaitReply(rr, drive, ch)
 	if r.err != nil {
 		return r.err
 	}
@@ -603,8 +591,38 @@ func (c *Client) post(op abi.Opcode, req abi.Body) error {
 
 // postSized is post with the request body's size where known.
 func (c *Client) postSized(op abi.Opcode, req abi.Body, sizeHint int) error {
-	id, frame := c.frame(op, abi.FlagAsync, req, sizeHint)
-	return c.send(id, op, frame, false)
+	_, _, err := c.submit(op, req, sizeHint, nil)
+	return err
+}
+
+// submit encodes a request under the next id and sends it: a call (ch
+// set, for its reply, registered first) or a pipelined request. The id is
+// taken and the frame put in its place in the stream in one step, under
+// orderMu: the node takes a request whose id is not above the newest it
+// applied for a resend, answering it from its state without running it,
+// so no frame may overtake one with a lower id (goroutines calling at
+// once).
+func (c *Client) submit(op abi.Opcode, req abi.Body, sizeHint int, ch chan result) (rr *replyReader, drive bool, err error) {
+	flags := uint16(abi.FlagAsync)
+	if ch != nil {
+		flags = 0
+	}
+	c.orderMu.Lock()
+	defer c.orderMu.Unlock()
+	id, frame := c.frame(op, flags, req, sizeHint)
+	if ch != nil {
+		if rr, drive, err = c.register(id, ch); err != nil {
+			frame.release()
+			return nil, false, err
+		}
+	}
+	if err := c.send(id, op, frame, ch != nil); err != nil {
+		if drive {
+			c.releaseTurn(rr)
+		}
+		return nil, false, err
+	}
+	return rr, drive, nil
 }
 
 // chunk is the largest copy one frame carries.

@@ -154,7 +154,7 @@ func (c *Client) lost(gen uint64, err error) {
 		return
 	}
 	c.gen++
-	next := c.gen // read under the lock: the watchdog bumps it too
+	next := c.gen  // read under the lock: the watchdog bumps it too
 	c.serving = "" // the watchdog leaves the search to resume
 	c.conn.Close()
 	c.unprotectApertures()
@@ -316,6 +316,7 @@ func (c *Client) rollBackLocked(a *answer) {
 	// nobody else reads the queue now.
 	for len(c.sendq) > 0 {
 		(<-c.sendq).release()
+		c.queued.Add(-1)
 	}
 }
 

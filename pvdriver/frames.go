@@ -91,3 +91,51 @@ func (p *framePool) put(b []byte) {
 	p.free[c] = append(p.free[c], b)
 	p.idle += c
 }
+
+// Writing. Frames go out on the connection's buffered writer (Client.bw,
+// under wmu; nil while the connection is down), in the order their calls
+// were made. A small synchronous call's frame, and over shared memory a
+// small pipelined one, is written by its caller's own goroutine: handing
+// it to the writer goroutine would cost a wake-up of that goroutine per
+// call. Everything else, and every frame while others wait in the queue
+// (queued counts them until written), goes through the writer goroutine,
+// which batches a burst into few flushes and streams large frames while
+// their callers build the next.
+
+// directFrameMax is the largest frame a caller writes itself.
+const directFrameMax = 64 << 10
+
+// writeDirect writes f on the caller's goroutine if it may (see above),
+// reporting whether it did; the frame's reference is then used up.
+func (c *Client) writeDirect(f *outFrame, sync bool) bool {
+	if len(f.b) > directFrameMax {
+		return false
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.bw == nil || !(sync || c.wring) || c.queued.Load() != 0 {
+		return false
+	}
+	select {
+	case <-c.done:
+		return false // send reports why
+	default:
+	}
+	c.writeFrame(f, true)
+	return true
+}
+
+// writeFrame writes f and drops the writer's reference to it, flushing if
+// told; a failure loses the connection. wmu must be held and bw set.
+func (c *Client) writeFrame(f *outFrame, flush bool) {
+	c.markSent(f)
+	_, err := c.bw.Write(f.b)
+	f.release() // the kept list may still hold it
+	if err == nil && flush {
+		err = c.bw.Flush()
+	}
+	if err != nil {
+		c.lost(c.wgen, err)
+		c.bw = nil
+	}
+}

@@ -59,7 +59,7 @@ type Driver struct {
 	funcs   map[uint64]*function
 	streams map[uint64]*stream
 	events  map[uint64]*event
-	used    uint64           // bytes allocated
+	used    uint64             // bytes allocated
 	hosts   map[uintptr][]byte // host memory from cuMemAllocHost and cuMemHostAlloc: its region buffer, nil for ordinary memory
 }
 

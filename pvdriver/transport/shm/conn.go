@@ -114,6 +114,17 @@ func signal(ch chan struct{}) {
 	}
 }
 
+// wake rings bell if the peer sleeps on asleep, taking its flag down so
+// that a burst of writes (pipelined frames) rings it once: the peer wakes,
+// finds all of them, and raises the flag again only before its next sleep.
+// A peer that sets the flag to anything else is never rung: only its own
+// side then oversleeps (until its next poll of the ring).
+func (c *Conn) wake(asleep *atomic.Uint32, bell byte) {
+	if asleep.Load() == 1 && asleep.CompareAndSwap(1, 0) {
+		c.ring(bell)
+	}
+}
+
 // ring writes a doorbell byte without ever blocking.
 func (c *Conn) ring(b byte) {
 	c.raw.Write(func(fd uintptr) bool {
@@ -139,9 +150,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		return 0, c.opError("read", c.fail(err))
 	}
 	k := c.in.take(p, n)
-	if c.in.spaceSleep.Load() != 0 {
-		c.ring(bellSpace)
-	}
+	c.wake(c.in.spaceSleep, bellSpace)
 	return k, nil
 }
 
@@ -165,9 +174,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 		}
 		if free > 0 {
 			done += c.out.put(p[done:], free)
-			if c.out.dataSleep.Load() != 0 {
-				c.ring(bellData)
-			}
+			c.wake(c.out.dataSleep, bellData)
 			continue
 		}
 		err = c.wait(c.out.writable, c.out.spaceSleep, c.spaceCh, &c.wrDeadline, &c.out.spin)
@@ -312,6 +319,13 @@ func (c *Conn) Close() error {
 	}
 	return nil
 }
+
+// Done is closed once nothing more can arrive from the peer beyond what
+// the ring holds: it closed its end, the connection failed or was closed.
+// A reader that waits for it instead of sleeping in Read leaves the
+// peer's doorbell alone (pvdriver's reply reader, while its caller reads
+// for itself).
+func (c *Conn) Done() <-chan struct{} { return c.gone }
 
 // SharedMemory is the mapped area (control blocks and both rings), for a
 // GPU backend to page-lock. Its bytes belong to both sides: anyone reading

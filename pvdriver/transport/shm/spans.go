@@ -35,9 +35,7 @@ func (c *Conn) ReadSpans(n int, fn func(span []byte) error) error {
 		}
 		c.in.pos += k
 		c.in.tail.Store(c.in.pos)
-		if c.in.spaceSleep.Load() != 0 {
-			c.ring(bellSpace)
-		}
+		c.wake(c.in.spaceSleep, bellSpace)
 		left -= k
 	}
 	return fnErr
