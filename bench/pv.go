@@ -204,13 +204,23 @@ func pvTargets(opts PVOptions, dir string) (targets []target, closeAll func(), e
 	}
 	closers = append(closers, release)
 	if opts.Endpoint != "" {
-		t, closer, err := clientTarget(opts.Endpoint, opts.BulkBytes)
-		if err != nil {
-			return nil, closeAll, fmt.Errorf("live endpoint %s: %w", opts.Endpoint, err)
+		for _, spec := range strings.Split(opts.Endpoint, ",") {
+			name, ep, named := strings.Cut(spec, "=")
+			if !named {
+				ep = spec
+			}
+			t, closer, err := clientTarget(ep, opts.BulkBytes)
+			if err != nil {
+				return nil, closeAll, fmt.Errorf("live endpoint %s: %w", ep, err)
+			}
+			t.transport = "live-" + t.transport
+			if named {
+				t.transport = name
+			}
+			closers = append(closers, closer)
+			targets = append(targets, t)
 		}
-		t.transport = "live-" + t.transport
-		closers = append(closers, closer)
-		return append(targets, t), closeAll, nil
+		return targets, closeAll, nil
 	}
 	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
 		slog.New(slog.NewTextHandler(io.Discard, nil)))

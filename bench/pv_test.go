@@ -1,8 +1,18 @@
 package bench
 
 import (
+	"io"
+	"log/slog"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )
 
 // TestPVRuns checks the harness end to end on a tiny run: every
@@ -55,5 +65,48 @@ func TestReplicateRuns(t *testing.T) {
 		if r.MBPerSec <= 0 {
 			t.Errorf("implausible row %+v", r)
 		}
+	}
+}
+
+// TestReplicateLiveEndpoints measures two named live endpoints of one
+// running node side by side: each gets its rows under its own name, the
+// shared-memory one a pinned bulk row, and the raw TCP link is the unit of
+// the throughput ratios.
+func TestReplicateLiveEndpoints(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory is Linux only")
+	}
+	dir := t.TempDir()
+	srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	eps := []string{"unix://" + filepath.Join(dir, "g.sock"), "shm+unix://" + filepath.Join(dir, "s.sock")}
+	for _, ep := range eps {
+		ln, err := transport.Listen(ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(ln)
+	}
+	rep, err := ReplicateLive(ReplicateOptions{BulkBytes: 1 << 20, Rounds: 1, Calls: 5}, "sock="+eps[0]+",ring="+eps[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, r := range rep.Throughput {
+		paths = append(paths, r.Path)
+		if r.MBPerSec <= 0 {
+			t.Errorf("implausible row %+v", r)
+		}
+	}
+	want := "raw tcp link,direct-sim,direct-sim pinned,sock,ring,ring pinned"
+	if got := strings.Join(paths, ","); got != want {
+		t.Errorf("throughput rows %s, want %s", got, want)
+	}
+	if rep.Throughput[0].VsTCPCopy != 1 || len(rep.Latency) != 2*3 {
+		t.Errorf("report: %+v", rep)
 	}
 }

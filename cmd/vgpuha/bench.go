@@ -150,7 +150,7 @@ func runBenchPV(args []string) error {
 	fs.IntVar(&opts.Rounds, "rounds", 7, "interleaved rounds; the report gives each configuration's median")
 	fs.IntVar(&opts.Batch, "batch", 2000, "operations per timed batch (bulk copies: batch/250)")
 	fs.IntVar(&opts.BulkBytes, "bulk-bytes", 16<<20, "bytes per bulk host-to-device copy")
-	fs.StringVar(&opts.Endpoint, "endpoint", "", "measure a running node at this guest endpoint (unix://, tcp://, vsock://, shm+unix://) from this process, beside --backend in-process")
+	fs.StringVar(&opts.Endpoint, "endpoint", "", "measure running nodes at these guest endpoints (unix://, tcp://, vsock://, shm+unix://; comma-separated, each optionally NAME=URL to label its rows) from this process, beside --backend in-process")
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
@@ -183,7 +183,7 @@ func runBenchReplicate(args []string) error {
 	fs.IntVar(&opts.Calls, "calls", 1000, "small calls per latency timing")
 	var bf backendFlags
 	bf.register(fs)
-	endpoint := fs.String("endpoint", "", "measure a running primary (and its standby, in the mode it runs) at this guest endpoint from this process, beside --backend in-process")
+	endpoint := fs.String("endpoint", "", "measure running primaries (each with its standby, in the mode it runs) at these guest endpoints (comma-separated, each optionally NAME=URL, e.g. unreplicated=shm+unix:///a.sock,commit=shm+unix:///b.sock) from this process, beside --backend in-process and the raw TCP link")
 	standbyBackend := standbyBackendFlag(fs, &bf)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	profile := profileFlag(fs)
