@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
@@ -154,5 +155,44 @@ func TestHostMemoryReplicated(t *testing.T) {
 				t.Fatalf("failovers %+v, want one onto %s", f, standby)
 			}
 		})
+	}
+}
+
+// TestHostCopyInManyPieces: a copy of many frames' worth (more pieces than
+// the client keeps in flight) lands whole, each way, with a small frame
+// limit so the pieces are many.
+func TestHostCopyInManyPieces(t *testing.T) {
+	cfg := hypervisor.DefaultConfig()
+	cfg.MaxPayload = 64 << 10
+	e, _ := startShm(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := pvdriver.Open(ctx, e.endpoint, pvdriver.Options{GuestName: "g", MaxPayload: cfg.MaxPayload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 23*(64<<10) + 999 // more than 20 pieces
+	p := mustAlloc(t, c, n, 0)
+	src, err := c.AllocHost(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(src, pattern(n, 3)) // seed 3: this test's own
+	if err := c.CopyHtoD(p, src); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, c, p, n); !bytes.Equal(got, src) {
+		t.Fatal("device does not hold what the region held")
+	}
+	dst, err := c.AllocHost(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CopyDtoH(dst, p); err != nil || !bytes.Equal(dst, src) {
+		t.Fatalf("copy into the region: %v, equal %v", err, bytes.Equal(dst, src))
+	}
+	if got := hostmemBytes(t, e.reg, "hostmem_device"); got != n {
+		t.Fatalf("the node took %v bytes from the region, want %d", got, n)
 	}
 }

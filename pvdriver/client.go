@@ -570,6 +570,11 @@ func (c *Client) callSized(op abi.Opcode, req, reply abi.Body, sizeHint int) err
 	if err != nil {
 		return err
 	}
+	return c.finish(op, reply, rr, drive, ch)
+}
+
+// finish waits for a submitted call's reply and decodes it into reply.
+func (c *Client) finish(op abi.Opcode, reply abi.Body, rr *replyReader, drive bool, ch chan result) error {
 	r := c.awaitReply(rr, drive, ch)
 	if r.err != nil {
 		return r.err

@@ -188,17 +188,9 @@ func (c *Client) copyHtoDHost(dst DevicePtr, src []byte, s Stream, async bool) (
 	if !ok {
 		return false, nil
 	}
-	for k := 0; k < len(src); k += c.chunk() {
-		n := min(c.chunk(), len(src)-k)
-		err := c.call(abi.OpCopyHtoDHost, &abi.HostCopy{Dev: uint64(dst) + uint64(k), Offset: off + uint64(k), Size: uint64(n), Stream: uint64(s)}, nil)
-		if errors.Is(err, abi.StatusNotSupported) { // resumed where the region is not mapped
-			return true, c.copyHtoDFrames(dst+DevicePtr(k), src[k:], s, async)
-		}
-		if err != nil {
-			return true, err
-		}
-	}
-	return true, nil
+	return true, c.hostPieces(abi.OpCopyHtoDHost, dst, off, len(src), s, func(k, n int) error {
+		return c.copyHtoDFrames(dst+DevicePtr(k), src[k:k+n], s, async)
+	})
 }
 
 // copyDtoHHost copies from src into dst, which lies in the region, by host
@@ -208,15 +200,65 @@ func (c *Client) copyDtoHHost(dst []byte, src DevicePtr) (done bool, err error) 
 	if !ok {
 		return false, nil
 	}
-	for k := 0; k < len(dst); k += c.chunk() {
-		n := min(c.chunk(), len(dst)-k)
-		err := c.call(abi.OpCopyDtoHHost, &abi.HostCopy{Dev: uint64(src) + uint64(k), Offset: off + uint64(k), Size: uint64(n)}, nil)
+	return true, c.hostPieces(abi.OpCopyDtoHHost, src, off, len(dst), 0, func(k, n int) error {
+		return c.copyDtoHFrames(dst[k:k+n], src+DevicePtr(k))
+	})
+}
+
+// hostPieceWindow is how many pieces of one host copy are in flight at
+// once: enough to keep the node (and, replicated, the link) busy without a
+// round trip between pieces, few enough that their replies always fit the
+// reply ring.
+const hostPieceWindow = 8
+
+// hostPieces runs a host copy of size bytes at region offset off and
+// device address dev as pieces of one frame's size, up to hostPieceWindow
+// in flight (each is a call: the guest does not touch its buffer before the
+// last reply, so a resend after a failover reads the same bytes). A piece
+// the node cannot take from the region (resumed where it is not mapped)
+// goes inline through inline(k, n) instead.
+func (c *Client) hostPieces(op abi.Opcode, dev DevicePtr, off uint64, size int, s Stream, inline func(k, n int) error) error {
+	type piece struct {
+		k, n  int
+		ch    chan result
+		rr    *replyReader
+		drive bool
+	}
+	var flight []piece
+	var firstErr error
+	land := func(p piece) {
+		err := c.finish(op, nil, p.rr, p.drive, p.ch)
 		if errors.Is(err, abi.StatusNotSupported) {
-			return true, c.copyDtoHFrames(dst[k:], src+DevicePtr(k))
+			err = inline(p.k, p.n)
 		}
-		if err != nil {
-			return true, err
+		if firstErr == nil {
+			firstErr = err
 		}
 	}
-	return true, nil
+	for k := 0; k < size && firstErr == nil; k += c.chunk() {
+		if len(flight) == hostPieceWindow {
+			land(flight[0])
+			flight = flight[1:]
+		}
+		n := min(c.chunk(), size-k)
+		p := piece{k: k, n: n, ch: make(chan result, 1)}
+		var err error
+		p.rr, p.drive, err = c.submit(op, &abi.HostCopy{Dev: uint64(dev) + uint64(k), Offset: off + uint64(k), Size: uint64(n), Stream: uint64(s)}, 0, p.ch)
+		if err != nil {
+			firstErr = err
+			break
+		}
+		if p.drive {
+			// Replies to pieces in flight are read by the connection's
+			// reader: a turn held here while waiting for an earlier piece
+			// would leave that piece's reply unread.
+			c.releaseTurn(p.rr)
+			p.drive = false
+		}
+		flight = append(flight, p)
+	}
+	for _, p := range flight {
+		land(p)
+	}
+	return firstErr
 }
