@@ -83,6 +83,8 @@ type Session struct {
 	deferred     map[handlemap.Handle]error          // first error of async work per stream (0: null stream)
 	moduleImages map[handlemap.Handle]*abi.ModuleImage
 	requests     uint64
+	// footprint is checkFootprint's buffer, reused from launch to launch.
+	footprint []kernels.Extent
 	// inPlace is the data of the copy being run when it goes from the
 	// guest's shared memory straight to the device (inplace.go).
 	inPlace *abi.InPlace
@@ -690,7 +692,8 @@ func (s *Session) checkFootprint(spec abi.KernelSpec, r *abi.Launch) error {
 	l := kernels.Launch{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes, Args: r.Args}
 	// A launch that would reach outside is refused before it runs, with
 	// the status a GPU gives a kernel that faults (an illegal address).
-	extents, err := k.Footprint(l)
+	extents, err := k.Footprint(l, s.footprint)
+	s.footprint = extents
 	if err != nil {
 		return fail(abi.StatusLaunchFailed, "%w", err)
 	}
