@@ -25,7 +25,7 @@ type guestConn struct {
 	tenant string      // who the transport says the guest is (tenant.go)
 	sess   *Session    // nil until hello
 	host   *hostRegion // the guest's host-memory region, if any (hostmem.go)
-	out    []byte
+	out    []byte      // the reply frame being written, reused from reply to reply
 	// refusals counts this connection's refused requests: the first few
 	// are logged, then one in a thousand (each is counted in metrics).
 	refusals int
@@ -224,7 +224,7 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	}
 	// In the request's own ABI version: a guest of the previous version
 	// is served too.
-	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
+	c.out = abi.AppendReplyFrame(c.out[:0], f.Version, f.Op, f.RequestID, st, msg, reply)
 	_, werr := c.bw.Write(c.out)
 	if cap(c.out) > 1<<20 {
 		c.out = nil // a large reply's buffer is not kept for the connection's life
