@@ -9,7 +9,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -26,10 +25,11 @@ type guestConn struct {
 	tenant string      // who the transport says the guest is (tenant.go)
 	sess   *Session    // nil until hello
 	host   *hostRegion // the guest's host-memory region, if any (hostmem.go)
-	out    []byte
+	out    []byte      // the reply frame being written, reused from reply to reply
 	// refusals counts this connection's refused requests: the first few
 	// are logged, then one in a thousand (each is counted in metrics).
 	refusals int
+	counted  okCounters
 }
 
 // ServeConn serves one guest connection until it ends. A frame that cannot
@@ -204,13 +204,11 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	if f.InPlace != nil && f.InPlace.Err() != nil {
 		return c.frameError(f, f.InPlace.Err()) // its data could not be read, or garbled
 	}
-	c.s.metrics.requests.WithLabelValues(f.Op.String(), statusOf(err).String()).Inc()
-	var refused *refusedError
-	if errors.As(err, &refused) {
-		c.refused(f.Op, refused.reason, "err", err)
+	c.s.metrics.countRequest(&c.counted, f.Op, statusOf(err))
+	if err != nil {
+		c.noteFailure(f.Op, err)
 	}
-	var deferred deferredError
-	if f.Flags&abi.FlagAsync != 0 && (err == nil || errors.As(err, &deferred)) {
+	if f.Flags&abi.FlagAsync != 0 && (err == nil || isDeferred(err)) {
 		return true // no reply: the guest is pipelining; an error waits for its next sync
 	}
 	if !c.s.waitForStandby(f.Op, err) || c.s.leaseExpired() {
@@ -226,12 +224,28 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	}
 	// In the request's own ABI version: a guest of the previous version
 	// is served too.
-	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID, abi.AppendReply(nil, st, msg, reply))
+	c.out = abi.AppendReplyFrame(c.out[:0], f.Version, f.Op, f.RequestID, st, msg, reply)
 	_, werr := c.bw.Write(c.out)
 	if cap(c.out) > 1<<20 {
 		c.out = nil // a large reply's buffer is not kept for the connection's life
 	}
 	return werr == nil
+}
+
+// noteFailure counts and logs a request the node refused (err is not nil:
+// the checks below cost an allocation each).
+func (c *guestConn) noteFailure(op abi.Opcode, err error) {
+	var refused *refusedError
+	if errors.As(err, &refused) {
+		c.refused(op, refused.reason, "err", err)
+	}
+}
+
+// isDeferred reports whether err is a pipelined request's error kept for
+// the guest's next synchronization.
+func isDeferred(err error) bool {
+	var deferred deferredError
+	return errors.As(err, &deferred)
 }
 
 // refused counts a refused request and logs it (not every one: a guest
@@ -269,8 +283,8 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 		}
 		return reply, err, false
 	}
-	timer := prometheus.NewTimer(c.s.metrics.latency[f.Op])
-	defer timer.ObserveDuration()
+	start := time.Now()
+	defer c.s.metrics.observeLatency(f.Op, start)
 	reply, err = c.sess.serve(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload, f.InPlace)
 	return reply, err, false
 }

@@ -1,6 +1,8 @@
 package hypervisor
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -12,8 +14,10 @@ type metrics struct {
 	panics      *prometheus.CounterVec
 	refusals    *prometheus.CounterVec
 	inPlace     *prometheus.CounterVec
-	latency     map[abi.Opcode]prometheus.Observer
-	mmio        *mmiotrace.Metrics
+	// latency by opcode, made once: a request finds its child by index,
+	// not by hashing label values.
+	latency []prometheus.Observer
+	mmio    *mmiotrace.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -38,7 +42,6 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_guest_inplace_copy_bytes_total",
 			Help: "Copy data taken from a guest's shared memory where it lay, by where it went: device (straight to the device), log (into a replication log buffer), private (a stream copy's private buffer); from a host-memory region: hostmem_device (straight to the device), hostmem_log (into a replication log buffer).",
 		}, []string{"to"}),
-		latency: map[abi.Opcode]prometheus.Observer{},
 	}
 	for _, r := range refusalReasons {
 		m.refusals.WithLabelValues(r)
@@ -48,7 +51,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Help:    "Time to execute a guest request on the backend, by opcode.",
 		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
 	}, []string{"op"})
-	for _, op := range abi.Opcodes() {
+	ops := abi.Opcodes()
+	m.latency = make([]prometheus.Observer, ops[len(ops)-1]+1)
+	for _, op := range ops {
 		m.latency[op] = hist.WithLabelValues(op.String())
 	}
 	status := func(f func(Status) float64) func() float64 {
@@ -88,4 +93,32 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	var err error
 	m.mmio, err = mmiotrace.NewMetrics(reg)
 	return m, err
+}
+
+// okCounters holds one connection's counters of requests answered "ok",
+// by opcode, each made on its op's first success (a series appears once
+// it counts something): the connection finds its counter by index, not
+// by hashing label values per request. One goroutine uses it.
+type okCounters []prometheus.Counter
+
+// countRequest counts one request of op answered with st.
+func (m *metrics) countRequest(ok *okCounters, op abi.Opcode, st abi.Status) {
+	if st != abi.StatusOK || int(op) >= len(m.latency) {
+		m.requests.WithLabelValues(op.String(), st.String()).Inc()
+		return
+	}
+	if *ok == nil {
+		*ok = make(okCounters, len(m.latency))
+	}
+	if (*ok)[op] == nil {
+		(*ok)[op] = m.requests.WithLabelValues(op.String(), st.String())
+	}
+	(*ok)[op].Inc()
+}
+
+// observeLatency records how long a request of op took since start.
+func (m *metrics) observeLatency(op abi.Opcode, start time.Time) {
+	if int(op) < len(m.latency) && m.latency[op] != nil {
+		m.latency[op].Observe(time.Since(start).Seconds())
+	}
 }

@@ -83,6 +83,10 @@ type Session struct {
 	deferred     map[handlemap.Handle]error          // first error of async work per stream (0: null stream)
 	moduleImages map[handlemap.Handle]*abi.ModuleImage
 	requests     uint64
+	// decoder decodes the session's requests (serve); footprint is
+	// checkFootprint's buffer. Both are reused from request to request.
+	decoder   abi.RequestDecoder
+	footprint []kernels.Extent
 	// inPlace is the data of the copy being run when it goes from the
 	// guest's shared memory straight to the device (inplace.go).
 	inPlace *abi.InPlace
@@ -186,15 +190,15 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 	if async && !info.Async {
 		return nil, fail(abi.StatusInvalidValue, "%s cannot be sent asynchronously", op)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var req abi.Body
 	if data == nil {
 		var err error
-		if req, err = abi.DecodeRequest(op, payload); err != nil {
+		if req, err = s.decoder.Decode(op, payload); err != nil {
 			return nil, fail(abi.StatusInvalidValue, "%w", err)
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err := s.admit(); err != nil {
 		return nil, err
 	}
@@ -690,7 +694,8 @@ func (s *Session) checkFootprint(spec abi.KernelSpec, r *abi.Launch) error {
 	l := kernels.Launch{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes, Args: r.Args}
 	// A launch that would reach outside is refused before it runs, with
 	// the status a GPU gives a kernel that faults (an illegal address).
-	extents, err := k.Footprint(l)
+	extents, err := k.Footprint(l, s.footprint)
+	s.footprint = extents
 	if err != nil {
 		return fail(abi.StatusLaunchFailed, "%w", err)
 	}

@@ -14,15 +14,16 @@ type Extent struct {
 // software GPU also checks every access, a GPU runs the PTX unchecked. A
 // kernel that follows pointers stored in memory (FollowsPointers) reaches
 // more than its footprint says. The Go twins never view outside their
-// footprint (TestFootprintCoversRun).
-func (k *Kernel) Footprint(l Launch) ([]Extent, error) {
+// footprint (TestFootprintCoversRun). The extents are appended to dst
+// (whose buffer the caller may reuse from launch to launch).
+func (k *Kernel) Footprint(l Launch, dst []Extent) ([]Extent, error) {
 	if err := k.checkLaunch(l); err != nil {
 		return nil, err
 	}
 	if k.footprint == nil {
-		return nil, nil
+		return dst[:0], nil
 	}
-	return k.footprint(l)
+	return k.footprint(l, dst[:0])
 }
 
 // elems is an extent of count 4-byte elements.
@@ -31,8 +32,7 @@ func elems(arg int, count uint64, what string) (Extent, error) {
 	return Extent{Arg: arg, Bytes: n, What: what}, err
 }
 
-func extents(parts ...func() (Extent, error)) ([]Extent, error) {
-	var out []Extent
+func extents(out []Extent, parts ...func() (Extent, error)) ([]Extent, error) {
 	for _, p := range parts {
 		e, err := p()
 		if err != nil {
@@ -47,45 +47,45 @@ func arrayOf(arg int, count uint64, what string) func() (Extent, error) {
 	return func() (Extent, error) { return elems(arg, count, what) }
 }
 
-func vaddFootprint(l Launch) ([]Extent, error) {
+func vaddFootprint(l Launch, dst []Extent) ([]Extent, error) {
 	n := active(l, l.Args[3].U32())
-	return extents(arrayOf(0, n, "vadd a"), arrayOf(1, n, "vadd b"), arrayOf(2, n, "vadd c"))
+	return extents(dst, arrayOf(0, n, "vadd a"), arrayOf(1, n, "vadd b"), arrayOf(2, n, "vadd c"))
 }
 
-func saxpyFootprint(l Launch) ([]Extent, error) {
+func saxpyFootprint(l Launch, dst []Extent) ([]Extent, error) {
 	n := active(l, l.Args[3].U32())
-	return extents(arrayOf(0, n, "saxpy x"), arrayOf(1, n, "saxpy y"))
+	return extents(dst, arrayOf(0, n, "saxpy x"), arrayOf(1, n, "saxpy y"))
 }
 
-func matmulFootprint(l Launch) ([]Extent, error) {
+func matmulFootprint(l Launch, dst []Extent) ([]Extent, error) {
 	n := uint64(l.Args[3].U32())
 	if min(n, uint64(l.Grid.Y)*uint64(l.Block.Y)) == 0 || min(n, uint64(l.Grid.X)*uint64(l.Block.X)) == 0 {
-		return nil, nil
+		return dst, nil
 	}
 	count, err := span(n, n, "matmul n×n")
 	if err != nil {
 		return nil, err
 	}
-	return extents(arrayOf(0, count, "matmul A"), arrayOf(1, count, "matmul B"), arrayOf(2, count, "matmul C"))
+	return extents(dst, arrayOf(0, count, "matmul A"), arrayOf(1, count, "matmul B"), arrayOf(2, count, "matmul C"))
 }
 
-func reduceSumFootprint(l Launch) ([]Extent, error) {
-	return extents(arrayOf(0, active(l, l.Args[2].U32()), "reduce_sum in"), arrayOf(1, uint64(l.Grid.X), "reduce_sum out"))
+func reduceSumFootprint(l Launch, dst []Extent) ([]Extent, error) {
+	return extents(dst, arrayOf(0, active(l, l.Args[2].U32()), "reduce_sum in"), arrayOf(1, uint64(l.Grid.X), "reduce_sum out"))
 }
 
-func histogramFootprint(l Launch) ([]Extent, error) {
+func histogramFootprint(l Launch, dst []Extent) ([]Extent, error) {
 	nbins := uint64(l.Args[3].U32())
 	if nbins == 0 {
-		return nil, nil
+		return dst, nil
 	}
-	return extents(arrayOf(0, active(l, l.Args[1].U32()), "histogram data"), arrayOf(2, nbins, "histogram bins"))
+	return extents(dst, arrayOf(0, active(l, l.Args[1].U32()), "histogram data"), arrayOf(2, nbins, "histogram bins"))
 }
 
 // pointerChaseFootprint is the output and the first node; the nodes after
 // it are wherever the stored pointers lead (FollowsPointers).
-func pointerChaseFootprint(l Launch) ([]Extent, error) {
+func pointerChaseFootprint(l Launch, dst []Extent) ([]Extent, error) {
 	if l.Threads() == 0 {
-		return nil, nil
+		return dst, nil
 	}
-	return []Extent{{Arg: 2, Bytes: 16, What: "pointer_chase out"}, {Arg: 0, Bytes: 16, What: "pointer_chase first node"}}, nil
+	return append(dst, Extent{Arg: 2, Bytes: 16, What: "pointer_chase out"}, Extent{Arg: 0, Bytes: 16, What: "pointer_chase first node"}), nil
 }

@@ -25,7 +25,7 @@ func TestFootprintCoversRun(t *testing.T) {
 		checked := 0
 		for i := 0; i < 200; i++ {
 			l := randomLaunch(r, k)
-			fp, err := k.Footprint(l)
+			fp, err := k.Footprint(l, nil)
 			if err != nil {
 				continue
 			}

@@ -54,7 +54,7 @@ type Kernel struct {
 	// FollowsPointers: the kernel dereferences addresses it reads from
 	// device memory, so it reaches memory its Footprint cannot name.
 	FollowsPointers bool
-	footprint       func(l Launch) ([]Extent, error)
+	footprint       func(l Launch, dst []Extent) ([]Extent, error)
 }
 
 // Spec is the kernel's declaration in a module image.

@@ -183,6 +183,26 @@ func TestReplyRoundTrip(t *testing.T) {
 	}
 }
 
+// TestReplyFrameInPlace: a reply frame encoded in place is the frame of
+// the separately encoded reply, after what dst held, and a reader takes it.
+func TestReplyFrameInPlace(t *testing.T) {
+	for _, c := range []struct {
+		st   Status
+		msg  string
+		body Body
+	}{{StatusOK, "", &DataReply{Data: []byte("device bytes")}}, {StatusOK, "", nil}, {StatusOutOfRange, "nope", &AllocReply{Ptr: 5}}} {
+		want := AppendFrameVersion([]byte("xy"), Version-1, OpCopyDtoH, FlagReply, 7, AppendReply(nil, c.st, c.msg, c.body))
+		got := AppendReplyFrame([]byte("xy"), Version-1, OpCopyDtoH, 7, c.st, c.msg, c.body)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%v %q: in place %x, want %x", c.st, c.msg, got, want)
+		}
+		f, err := NewFrameReader(bytes.NewReader(got[2:]), 1<<10).ReadFrame()
+		if err != nil || f.RequestID != 7 || f.Flags != FlagReply {
+			t.Fatalf("reading it back: %+v %v", f, err)
+		}
+	}
+}
+
 func TestDim3CountSaturates(t *testing.T) {
 	if n := (Dim3{1 << 31, 1 << 31, 4}).Count(); n != math.MaxUint64 {
 		t.Fatalf("2^31·2^31·4 counted %d", n)

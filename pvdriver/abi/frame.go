@@ -148,12 +148,27 @@ func AppendBodyFrame(dst []byte, op Opcode, flags uint16, requestID uint64, body
 	start := len(dst)
 	dst = AppendFrame(dst, op, flags, requestID, nil)
 	dst = body.Append(dst)
-	h := dst[start:]
+	seal(dst[start:])
+	return dst
+}
+
+// AppendReplyFrame appends a complete reply frame in ABI version v whose
+// payload is AppendReply's encoding of st, msg and body, encoded in place.
+func AppendReplyFrame(dst []byte, v uint16, op Opcode, requestID uint64, st Status, msg string, body Body) []byte {
+	start := len(dst)
+	dst = AppendFrameVersion(dst, v, op, FlagReply, requestID, nil)
+	dst = AppendReply(dst, st, msg, body)
+	seal(dst[start:])
+	return dst
+}
+
+// seal fills in the length and checksum of frame h, whose payload was
+// appended after a header made for an empty one.
+func seal(h []byte) {
 	binary.LittleEndian.PutUint32(h[20:], uint32(len(h)-HeaderSize))
 	crc := crc32.Update(0, castagnoli, h[:24])
 	crc = crc32.Update(crc, castagnoli, h[HeaderSize:])
 	binary.LittleEndian.PutUint32(h[24:], crc)
-	return dst
 }
 
 // ParseHeader decodes and checks a frame header, without its checksum.

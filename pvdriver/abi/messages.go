@@ -490,7 +490,7 @@ func DecodeReply(payload []byte, body Body) (Status, string, error) {
 	st := Status(d.U32())
 	msg := d.String(1024)
 	if d.err == nil && st == StatusOK && body != nil {
-		body.decode(&d)
+		return st, msg, Unmarshal(d.b, body) // a decoder of its own: this one stays off the heap
 	}
 	return st, msg, d.Finish()
 }

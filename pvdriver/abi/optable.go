@@ -195,11 +195,25 @@ func NewRequest(op Opcode) Body {
 
 // DecodeRequest decodes the body of a request frame.
 func DecodeRequest(op Opcode, payload []byte) (Body, error) {
+	return new(RequestDecoder).Decode(op, payload)
+}
+
+// RequestDecoder decodes request bodies as DecodeRequest does, keeping its
+// decoder from one request to the next: a server decoding a request per
+// call saves an allocation each. One goroutine at a time may use it.
+type RequestDecoder struct{ d Decoder }
+
+// Decode decodes the body of a request frame of op.
+func (r *RequestDecoder) Decode(op Opcode, payload []byte) (Body, error) {
 	m := NewRequest(op)
 	if m == nil {
 		return nil, fmt.Errorf("%w %d", ErrBadOpcode, uint16(op))
 	}
-	if err := Unmarshal(payload, m); err != nil {
+	r.d = Decoder{b: payload}
+	m.decode(&r.d)
+	err := r.d.Finish()
+	r.d = Decoder{} // holds on to no payload
+	if err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", op, err)
 	}
 	return m, nil
