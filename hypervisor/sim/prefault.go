@@ -52,4 +52,3 @@ func (b *Backend) prefaultQueue() chan<- []byte {
 	})
 	return b.prefault
 }
-

@@ -140,7 +140,7 @@ func scribble(t *testing.T, c *guestContext, rng *rand.Rand, addrs, sizes []uint
 // TestPrefaultKeepsContents: prefaulting an allocation while it is written
 // changes none of its bytes.
 func TestPrefaultKeepsContents(t *testing.T) {
-	ctx, err := New(64 << 20).NewContext(1<<32, 64<<20)
+	ctx, err := New(64<<20).NewContext(1<<32, 64<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
