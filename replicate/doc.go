@@ -25,7 +25,8 @@
 //	  |--- reset {log id, contents bytes} ------------------->|  drop the replica; not in sync
 //	  |--- objects (placed allocs, modules, handles) -------->|  rebuild
 //	  |--- contents, 4 MiB records, paced (guests running) -->|  state at S; progress logged
-//	  |    (read ahead, device memory straight into the frame;|
+//	  |    (read ahead, device memory straight into the frame;|  opened on workers,
+//	  |     sealed on workers, written in counter order;      |  handled in order
 //	  |     the log keeps S+1...: half the resync budget at   |
 //	  |     once, the rest as the snapshot goes out; a write  |
 //	  |     past it waits at most the resync stall, at the    |

@@ -131,8 +131,10 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 // the standby stops reading and the primary's log bound slows its guests.
 const maxLentBytes = 256 << 20
 
-// lendAbove: a record body at least this large stays in the buffer it was
-// read into until applied; a smaller one is copied.
+// lendAbove: a frame at least this large is read into a buffer of its own
+// (lent until its record is applied), opened on a worker while the next
+// frames are read; a smaller one is read into the link's buffer, opened
+// by the reader, and its record's body copied.
 const lendAbove = 64 << 10
 
 // Status reports the receiver's state.
@@ -247,6 +249,9 @@ type linkRun struct {
 	log   *slog.Logger
 	kick  chan struct{}  // the stream paused or the applier caught up: ack now
 	queue chan applyItem // records read, to apply in order
+	// frames opens large frames on workers and hands every frame to its
+	// handler in the order read.
+	frames *inOrder
 }
 
 // applyItem is a record to apply and the lent buffer its body lies in
@@ -262,7 +267,7 @@ const applyQueue = 4096
 
 // streamHandlers handle each message a primary may send once admitted.
 // A handler returns false to end the link.
-var streamHandlers = map[uint16]func(lr *linkRun, payload []byte) bool{
+var streamHandlers = map[uint16]func(lr *linkRun, f *sealedFrame) bool{
 	msgMode:      (*linkRun).onMode,
 	msgHeartbeat: (*linkRun).onHeartbeat,
 	msgRecord:    (*linkRun).onRecord,
@@ -270,42 +275,78 @@ var streamHandlers = map[uint16]func(lr *linkRun, payload []byte) bool{
 }
 
 // stream reads and handles messages until the link ends, acking what was
-// applied whenever the stream pauses and at least every AckInterval.
+// applied whenever the stream pauses and at least every AckInterval. A
+// frame of lendAbove bytes or more is opened (decrypted, authenticated) on
+// a worker while the next ones are read; every frame is handled in the
+// order it was read, under the counter it was read with.
 func (r *Receiver) stream(lr *linkRun) {
 	done := make(chan struct{})
 	defer close(done)
 	go lr.acks(done)
 	applied := make(chan struct{})
 	go lr.applier(applied)
+	lr.frames = newInOrder(cryptoWorkers())
 	defer func() {
 		// Everything read is applied before the link's end is known to
 		// the node: a promotion (which waits for it) serves only once the
 		// replica holds all the old primary was told is held.
+		lr.frames.wait()
 		close(lr.queue)
 		<-applied
 	}()
-	for {
-		typ, payload, err := lr.l.read()
+	for !lr.frames.failed() {
+		f, err := lr.l.readSealed(lendAbove)
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				lr.log.Warn("replication link lost", "err", err)
 			}
 			return
 		}
-		h := streamHandlers[typ]
-		if h == nil {
-			lr.log.Warn("unexpected message from primary; dropping link", "type", typ)
-			return
+		var openErr error
+		open := func() { openErr = lr.l.open(&f) }
+		finish := func(ok bool) bool { return lr.finish(&f, openErr, ok) }
+		if f.lent {
+			lr.frames.submit(open, finish)
+			continue
 		}
-		if !h(lr, payload) {
-			return
-		}
+		lr.frames.inline(open, finish)
 		if lr.l.r.Buffered() == 0 {
-			select {
-			case lr.kick <- struct{}{}:
-			default:
-			}
+			lr.ackNow()
 		}
+	}
+}
+
+// finish handles one frame in its turn (ok: every frame before it was
+// handled), gives back its buffer unless a handler kept it, and reports
+// whether the link goes on. A frame opened on a worker has an ack sent
+// once handled, and closes the link when it ends it: the reader may be
+// waiting for the next frame.
+func (lr *linkRun) finish(f *sealedFrame, openErr error, ok bool) bool {
+	switch {
+	case !ok:
+	case openErr != nil:
+		lr.log.Warn("replication link lost", "err", openErr)
+		ok = false
+	case streamHandlers[f.typ()] == nil:
+		lr.log.Warn("unexpected message from primary; dropping link", "type", f.typ())
+		ok = false
+	default:
+		ok = streamHandlers[f.typ()](lr, f)
+	}
+	lr.l.giveBack(f)
+	if f.lent && ok {
+		lr.ackNow()
+	} else if f.lent {
+		lr.l.c.Close()
+	}
+	return ok
+}
+
+// ackNow asks the acker for an ack.
+func (lr *linkRun) ackNow() {
+	select {
+	case lr.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -332,7 +373,8 @@ func (lr *linkRun) acks(done <-chan struct{}) {
 
 // onMode: the primary's mode and term, known before any record, so that a
 // standby that takes over always does so under a term above the primary's.
-func (lr *linkRun) onMode(payload []byte) bool {
+func (lr *linkRun) onMode(f *sealedFrame) bool {
+	payload := f.payload
 	if len(payload) != 16 {
 		lr.log.Warn("bad mode message; dropping link")
 		return false
@@ -373,7 +415,8 @@ func (lr *linkRun) stale(term uint64) bool {
 	return low
 }
 
-func (lr *linkRun) onHeartbeat(payload []byte) bool {
+func (lr *linkRun) onHeartbeat(f *sealedFrame) bool {
+	payload := f.payload
 	var term uint64
 	if len(payload) == 8 {
 		term = binary.LittleEndian.Uint64(payload)
@@ -385,8 +428,12 @@ func (lr *linkRun) onHeartbeat(payload []byte) bool {
 	return true
 }
 
-func (lr *linkRun) onRecord(payload []byte) bool {
-	rec, err := DecodeRecord(payload)
+// onRecord queues a record to apply. A frame read into a lent buffer
+// keeps its body there until applied (no copy; on a GPU standby that
+// buffer is page-locked); a smaller one's body is copied out of the
+// link's buffer, which the next read reuses.
+func (lr *linkRun) onRecord(f *sealedFrame) bool {
+	rec, err := DecodeRecord(f.payload)
 	if err != nil {
 		lr.log.Warn("dropping link", "err", err)
 		return false
@@ -396,8 +443,8 @@ func (lr *linkRun) onRecord(payload []byte) bool {
 	}
 	lr.r.cfg.Replica.Heard(rec.Term)
 	item := applyItem{rec: rec}
-	if len(rec.Body) >= lendAbove {
-		item.buf = lr.l.detach()
+	if f.lent {
+		item.buf, f.buf = f.buf, nil
 	} else {
 		item.rec.Body = append([]byte(nil), rec.Body...)
 	}
@@ -458,7 +505,7 @@ const ackEveryBytes = 1 << 20
 // onPromote: a planned switchover. The primary has stopped its guests and
 // waited for us to apply everything; the node decides whether it takes
 // over, and the primary is told the new term.
-func (lr *linkRun) onPromote([]byte) bool {
+func (lr *linkRun) onPromote(*sealedFrame) bool {
 	lr.r.cfg.Replica.Heard(0)
 	term, ok := lr.r.cfg.Replica.HandOver()
 	if !ok {

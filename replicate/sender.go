@@ -282,18 +282,31 @@ var errLink = errors.New("replication link")
 // streamSnapshot sends the snapshot's records at the configured rate,
 // logging progress, until its end; it stops when the log outgrows its
 // resync budget. A reader goroutine (readAhead) pulls the records into a
-// few large buffers, device memory read straight into the frame, while
-// this one seals and sends the one before: reading the device, sealing
-// and the link overlap, and each byte is copied once on the primary.
+// few large buffers, device memory read straight into the frame; they are
+// sealed on several workers and written in order (bulkWriter): reading
+// the device, sealing and the link overlap, and each byte is copied once
+// on the primary.
 func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
-	free := make(chan []byte, snapshotBuffers)
-	for range snapshotBuffers {
-		free <- make([]byte, 0, recordHeader+resyncChunk+macSize)
+	bw := l.bulk()
+	buffers := cryptoWorkers() + 2 // one read ahead, one on the link
+	free := make(chan []byte, buffers)
+	for range buffers {
+		free <- make([]byte, 0, frameHeader+recordHeader+resyncChunk+macSize)
 	}
-	ready := make(chan snapshotItem, snapshotBuffers)
+	ready := make(chan snapshotItem, buffers)
 	quit, finished := make(chan struct{}), make(chan struct{})
 	go func() { readAhead(snap, free, ready, quit); close(finished) }()
 	defer func() { close(quit); <-finished }()
+	err := s.sendSnapshot(bw, ready, free)
+	if werr := bw.close(); werr != nil && err == nil {
+		err = fmt.Errorf("%w: %w", errLink, werr)
+	}
+	return err
+}
+
+// sendSnapshot hands the records read ahead to bw, each buffer back to
+// free once written, noting each record's progress as it goes out.
+func (s *Sender) sendSnapshot(bw *bulkWriter, ready <-chan snapshotItem, free chan<- []byte) error {
 	pace := newPacer(s.cfg.ResyncRate)
 	lg := s.cfg.Log
 	for item := range ready {
@@ -303,16 +316,18 @@ func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 		if item.err != nil {
 			return fmt.Errorf("reading the snapshot: %w", item.err)
 		}
-		s.count(len(item.enc))
-		if err := l.write(msgRecord, item.enc); err != nil {
+		s.count(len(item.frame) - frameHeader)
+		err := bw.write(msgRecord, item.frame, func() {
+			free <- item.buf
+			lg.streamed(s.cur, item.done, item.total)
+			if s.progress.set(item.done) {
+				s.log.Info("resync in progress", s.progress.status().logArgs()...)
+			}
+		})
+		if err != nil {
 			return fmt.Errorf("%w: %w", errLink, err)
 		}
-		free <- item.buf
-		lg.streamed(s.cur, item.done, item.total)
-		if s.progress.set(item.done) {
-			s.log.Info("resync in progress", s.progress.status().logArgs()...)
-		}
-		pace.wait(len(item.enc))
+		pace.wait(len(item.frame))
 		// Guests' requests that are ready to run go first: without this a
 		// guest's call could wait behind the stream for a whole scheduler
 		// time slice at every step (measured: calls of 40-200 ms).
@@ -326,15 +341,12 @@ func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 // page-locked receive buffers.
 const resyncChunk = 4<<20 - recordHeader - macSize - 64
 
-// snapshotBuffers is how many snapshot records may be read ahead of the
-// link, including the one being sent.
-const snapshotBuffers = 3
-
-// snapshotItem is a snapshot record read ahead: its encoding (in buf, or
-// in a larger buffer of its own), the snapshot's progress after it, or
-// the error that ended the reading.
+// snapshotItem is a snapshot record read ahead: its frame (room for the
+// frame header, then its encoding: in buf, or in a larger buffer of its
+// own), the snapshot's progress after it, or the error that ended the
+// reading.
 type snapshotItem struct {
-	buf, enc    []byte
+	buf, frame  []byte
 	done, total uint64
 	err         error
 }
@@ -351,13 +363,14 @@ func readAhead(snap Snapshot, free chan []byte, out chan<- snapshotItem, quit <-
 		case <-quit:
 			return
 		}
-		rec, ok, err := snap.Next(buf[recordHeader : recordHeader : cap(buf)-macSize])
+		const body = frameHeader + recordHeader
+		rec, ok, err := snap.Next(buf[body : body : cap(buf)-macSize])
 		item := snapshotItem{buf: buf, err: err}
 		if err == nil && !ok {
 			return
 		}
 		if err == nil {
-			item.enc = encodeAt(buf, &rec)
+			item.frame = frameAround(buf, encodeAt(buf[frameHeader:cap(buf)], &rec))
 			item.done, item.total = snap.Progress()
 		}
 		select {
@@ -369,6 +382,15 @@ func readAhead(snap Snapshot, free chan []byte, out chan<- snapshotItem, quit <-
 			return
 		}
 	}
+}
+
+// frameAround returns enc with frameHeader bytes of room before it: in buf
+// when enc was encoded in place there, else in a copy.
+func frameAround(buf, enc []byte) []byte {
+	if cap(buf) >= frameHeader+len(enc) && &buf[:frameHeader+1][frameHeader] == &enc[0] {
+		return buf[:frameHeader+len(enc)]
+	}
+	return append(make([]byte, frameHeader, frameHeader+len(enc)+macSize), enc...)
 }
 
 // stream sends live records after after until the link or ctx ends, with

@@ -24,7 +24,14 @@ import (
 // direction then gets its own AES-256-GCM key derived from the key and both
 // nonces, and every frame is sealed with a nonce that is the frame counter:
 // frames cannot be read, forged, replayed, reordered or spliced in from
-// another connection. A CRC32C over the frame header and the tag tells a
+// another connection. A resync's large frames are sealed and opened on
+// several workers (bulk.go): each takes its counter where it enters the
+// stream (the sender when it queues it, the standby when it reads it), so
+// no counter is used twice, frames are written in counter order, and each
+// is handled in the order read, after every frame before it opened; one
+// that fails ends the link and nothing after it is handled. Several TCP
+// connections would need counters and ordering across them for the same
+// guarantees, and more state to resume after a cut. A CRC32C over the frame header and the tag tells a
 // torn or misaligned stream from a forged frame in the logs; it does not
 // cover the payload (protocol 2 did): the tag already does, and a second
 // pass over every bulk byte cost as much as the encryption. AES-GCM rather
@@ -103,23 +110,23 @@ func mac(key []byte, parts ...[]byte) []byte {
 
 // link is an authenticated, framed connection.
 type link struct {
-	c      net.Conn
-	r      *bufio.Reader
-	w      *bufio.Writer
-	sendK  cipher.AEAD
-	recvK  cipher.AEAD
-	sendN  uint64
-	recvN  uint64
-	rbuf   []byte
-	header [frameHeader]byte
+	c     net.Conn
+	r     *bufio.Reader
+	w     *bufio.Writer
+	sendK cipher.AEAD
+	recvK cipher.AEAD
+	sendN uint64
+	recvN uint64
+	rbuf  []byte
 	// plain and sealed are the writer's reused buffers: a record encoded
 	// for sending, and a payload sealed by writeCopy.
 	plain  []byte
 	sealed []byte
-	// alloc makes the receive buffer; a standby on a GPU passes page-locked
-	// memory so replicated data is copied to the device at full speed.
+	// alloc makes the receive buffers of large frames; a standby on a GPU
+	// passes page-locked memory so replicated data is copied to the
+	// device at full speed.
 	alloc func(n int) []byte
-	// lender, when set, holds receive buffers lent out with detach.
+	// lender, when set, holds receive buffers lent out by readSealed.
 	lender *lender
 	// wmu serialises writers once more than one goroutine writes (see
 	// locked); faults and out are the fault hook and this end's direction.
@@ -249,13 +256,8 @@ func (l *link) seal(typ uint16, dst, payload []byte) error {
 	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ], Peer: l.peer}) {
 		return nil
 	}
-	var h [frameHeader]byte
-	binary.LittleEndian.PutUint32(h[0:], frameMagic)
-	binary.LittleEndian.PutUint16(h[4:], typ)
-	binary.LittleEndian.PutUint32(h[8:], uint32(len(payload)))
-	sealed := l.sendK.Seal(dst, nonce(l.sendN), payload, h[:12])
-	l.sendN++
-	binary.LittleEndian.PutUint32(h[12:], frameCRC(h[:], sealed))
+	h := l.frameHeader(typ, len(payload))
+	sealed := l.sealAt(&h, l.takeSendN(), dst, payload)
 	if _, err := l.w.Write(h[:]); err != nil {
 		return err
 	}
@@ -263,17 +265,33 @@ func (l *link) seal(typ uint16, dst, payload []byte) error {
 	return err
 }
 
-func (l *link) flush() error { return l.w.Flush() }
-
-// detach hands the caller the buffer the last read's payload lies in; the
-// next read uses another (from the lender, or a new one). The caller gives
-// it back with the lender's give once done.
-func (l *link) detach() []byte {
-	b := l.rbuf
-	l.rbuf = nil
-	l.lender.lent(cap(b))
-	return b
+// frameHeader starts a frame's header (its checksum comes with the seal).
+func (l *link) frameHeader(typ uint16, n int) [frameHeader]byte {
+	var h [frameHeader]byte
+	binary.LittleEndian.PutUint32(h[0:], frameMagic)
+	binary.LittleEndian.PutUint16(h[4:], typ)
+	binary.LittleEndian.PutUint32(h[8:], uint32(n))
+	return h
 }
+
+// takeSendN takes the next frame counter: the nonce of the frame sealed
+// with it. Frames go on the wire in the order of their counters.
+func (l *link) takeSendN() uint64 {
+	n := l.sendN
+	l.sendN++
+	return n
+}
+
+// sealAt seals payload into dst under counter n and completes h's
+// checksum. It touches nothing else of the link's: frames with counters
+// already taken are sealed on several goroutines at once.
+func (l *link) sealAt(h *[frameHeader]byte, n uint64, dst, payload []byte) []byte {
+	sealed := l.sendK.Seal(dst, nonce(n), payload, h[:12])
+	binary.LittleEndian.PutUint32(h[12:], frameCRC(h[:], sealed))
+	return sealed
+}
+
+func (l *link) flush() error { return l.w.Flush() }
 
 // lender keeps receive buffers that were lent out (a record's body waiting
 // to be applied stays in the buffer it arrived in: no copy, and on a GPU
@@ -294,14 +312,23 @@ func newLender(maxLent int) *lender {
 	return b
 }
 
-// lent counts n bytes lent out, waiting while too much is.
-func (b *lender) lent(n int) {
+// borrow lends a buffer of at least n bytes, waiting while too much is
+// lent: a free one that fits, else a new one from newBuf.
+func (b *lender) borrow(n int, newBuf func(int) []byte) []byte {
 	b.mu.Lock()
 	for b.lentNow > 0 && b.lentNow+n > b.maxLent {
 		b.cond.Wait()
 	}
+	buf := b.takeLocked(n)
 	b.lentNow += n
 	b.mu.Unlock()
+	if buf == nil {
+		buf = newBuf(n)
+	}
+	b.mu.Lock()
+	b.lentNow += cap(buf) - n
+	b.mu.Unlock()
+	return buf
 }
 
 // give returns a lent buffer.
@@ -316,10 +343,9 @@ func (b *lender) give(buf []byte) {
 	b.mu.Unlock()
 }
 
-// take returns a free buffer of at least n bytes, or nil.
-func (b *lender) take(n int) []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// takeLocked returns a free buffer of at least n bytes, or nil.
+// Precondition: b.mu must be locked.
+func (b *lender) takeLocked(n int) []byte {
 	for i, buf := range b.free {
 		if cap(buf) >= n {
 			b.free = append(b.free[:i], b.free[i+1:]...)
@@ -349,45 +375,106 @@ func (l *link) writeFlush(typ uint16, payload []byte) error {
 // read returns the next frame. The payload is valid until the next read.
 // Only one goroutine reads.
 func (l *link) read() (uint16, []byte, error) {
-	h := l.header[:]
-	if _, err := io.ReadFull(l.r, h); err != nil {
+	f, err := l.readSealed(0)
+	if err != nil {
 		return 0, nil, err
 	}
+	if err := l.open(&f); err != nil {
+		return 0, nil, err
+	}
+	return f.typ(), f.payload, nil
+}
+
+// sealedFrame is a frame read off the link: its header, its counter (its
+// nonce), the buffer its sealed bytes lie in and, once opened, its
+// payload (in the same buffer).
+type sealedFrame struct {
+	h       [frameHeader]byte
+	n       uint64
+	buf     []byte
+	sealed  []byte
+	payload []byte
+	// lent: buf was lent from l.lender and the frame holds it (whoever
+	// ends up with it gives it back); otherwise it is the link's own,
+	// reused by the next read.
+	lent bool
+}
+
+func (f *sealedFrame) typ() uint16 { return binary.LittleEndian.Uint16(f.h[4:]) }
+
+// readSealed reads the next frame, checks its header and checksum and
+// takes its counter, without opening it. A frame of at least lendFrom
+// payload bytes (0: none) is read into a buffer lent from l.lender, so
+// that it can be opened and handled while later frames are read; waiting,
+// when too much is lent, for buffers to come back. Only one goroutine
+// reads.
+func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
+	var f sealedFrame
+	h := f.h[:]
+	if _, err := io.ReadFull(l.r, h); err != nil {
+		return f, err
+	}
 	if binary.LittleEndian.Uint32(h) != frameMagic || binary.LittleEndian.Uint16(h[6:]) != 0 {
-		return 0, nil, fmt.Errorf("%w: bad frame header", ErrCorrupt)
+		return f, fmt.Errorf("%w: bad frame header", ErrCorrupt)
 	}
-	n := binary.LittleEndian.Uint32(h[8:])
+	n := int(binary.LittleEndian.Uint32(h[8:]))
 	if n > maxFrameBytes {
-		return 0, nil, fmt.Errorf("%w: %d-byte frame", ErrCorrupt, n)
+		return f, fmt.Errorf("%w: %d-byte frame", ErrCorrupt, n)
 	}
-	if cap(l.rbuf) < int(n)+macSize && l.lender != nil {
-		l.rbuf = l.lender.take(int(n) + macSize)
-	}
-	if cap(l.rbuf) < int(n)+macSize {
-		size := int(n) + macSize
-		if l.alloc != nil {
-			size = max(size, 4<<20) // grow in large steps: special buffers are never freed
-			l.rbuf = l.alloc(size)
-		} else {
-			l.rbuf = make([]byte, size)
+	f.lent = l.lender != nil && lendFrom > 0 && n >= lendFrom
+	if f.lent {
+		f.buf = l.lend(n + macSize)
+	} else {
+		if cap(l.rbuf) < n+macSize {
+			l.rbuf = make([]byte, n+macSize)
 		}
+		f.buf = l.rbuf
 	}
-	buf := l.rbuf[:int(n)+macSize]
-	if _, err := io.ReadFull(l.r, buf); err != nil {
+	f.sealed = f.buf[:n+macSize]
+	if _, err := io.ReadFull(l.r, f.sealed); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return 0, nil, err
+		l.giveBack(&f)
+		return f, err
 	}
-	if frameCRC(h, buf) != binary.LittleEndian.Uint32(h[12:]) {
-		return 0, nil, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
+	if frameCRC(h, f.sealed) != binary.LittleEndian.Uint32(h[12:]) {
+		l.giveBack(&f)
+		return f, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
-	payload, err := l.recvK.Open(buf[:0], nonce(l.recvN), buf, h[:12])
-	if err != nil {
-		return 0, nil, fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
-	}
+	f.n = l.recvN
 	l.recvN++
-	return binary.LittleEndian.Uint16(h[4:]), payload, nil
+	return f, nil
+}
+
+// lend returns a receive buffer of at least n bytes, counted as lent.
+func (l *link) lend(n int) []byte {
+	return l.lender.borrow(n, func(n int) []byte {
+		if l.alloc != nil {
+			return l.alloc(max(n, 4<<20)) // large steps: special buffers are never freed
+		}
+		return make([]byte, n)
+	})
+}
+
+// giveBack returns a frame's lent buffer, if it still holds one.
+func (l *link) giveBack(f *sealedFrame) {
+	if f.lent && f.buf != nil {
+		l.lender.give(f.buf)
+		f.buf = nil
+	}
+}
+
+// open authenticates and decrypts a frame in place. It touches nothing
+// else of the link's: frames read in order are opened on several
+// goroutines at once, each under the counter it was read with.
+func (l *link) open(f *sealedFrame) error {
+	payload, err := l.recvK.Open(f.sealed[:0], nonce(f.n), f.sealed, f.h[:12])
+	if err != nil {
+		return fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
+	}
+	f.payload = payload
+	return nil
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

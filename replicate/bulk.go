@@ -1,0 +1,178 @@
+package replicate
+
+import (
+	"runtime"
+	"sync"
+)
+
+// inOrder runs a link's bulk frames through two stages: work (sealing or
+// opening one frame) runs on up to workers goroutines at once, finish
+// (writing it to the link, or handling it) runs one frame at a time in the
+// order the frames were submitted. A frame's counter, and so its nonce, is
+// fixed when it is submitted, so parallel work changes neither what goes
+// on the wire nor the order it is read in. Once a finish fails, every
+// later finish is told so (to release what it holds) and its frame is not
+// written or handled.
+type inOrder struct {
+	slots chan struct{} // one per work running
+
+	mu       sync.Mutex
+	turn     *sync.Cond
+	next     uint64 // the frame whose finish runs next
+	admitted uint64 // frames submitted
+	ok       bool
+}
+
+// cryptoWorkers is how many frames a link seals or opens at once: one per
+// processor, at most maxCryptoWorkers (AES-GCM runs at 2-4 GB/s a core:
+// a few keep up with a fast link, more only take cores from guests).
+func cryptoWorkers() int { return max(1, min(runtime.GOMAXPROCS(0), maxCryptoWorkers)) }
+
+const maxCryptoWorkers = 4
+
+func newInOrder(workers int) *inOrder {
+	o := &inOrder{slots: make(chan struct{}, workers), ok: true}
+	o.turn = sync.NewCond(&o.mu)
+	return o
+}
+
+// submit runs work on its own goroutine, once fewer than workers run,
+// then finish in turn. finish gets whether every frame before it went
+// through, and returns whether its own did.
+func (o *inOrder) submit(work func(), finish func(ok bool) bool) {
+	t := o.admit()
+	o.slots <- struct{}{}
+	go func() {
+		work()
+		<-o.slots
+		o.finish(t, finish)
+	}()
+}
+
+// inline runs work and then finish on the caller, after every frame
+// submitted before it finished.
+func (o *inOrder) inline(work func(), finish func(ok bool) bool) {
+	t := o.admit()
+	work()
+	o.finish(t, finish)
+}
+
+func (o *inOrder) admit() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.admitted++
+	return o.admitted - 1
+}
+
+func (o *inOrder) finish(t uint64, finish func(ok bool) bool) {
+	o.mu.Lock()
+	for o.next != t {
+		o.turn.Wait()
+	}
+	ok := o.ok
+	o.mu.Unlock()
+	ok = finish(ok) && ok // only this frame's turn: no lock needed
+	o.mu.Lock()
+	o.ok, o.next = ok, o.next+1
+	o.turn.Broadcast()
+	o.mu.Unlock()
+}
+
+// wait returns once every frame submitted finished, and whether all went
+// through.
+func (o *inOrder) wait() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for o.next != o.admitted {
+		o.turn.Wait()
+	}
+	return o.ok
+}
+
+// failed reports whether a finish failed.
+func (o *inOrder) failed() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.ok
+}
+
+// bulkWriter writes a resync's snapshot: each frame is sealed in place
+// on a worker under the counter it was given when queued, and written in
+// counter order. Frames from fewer than sealApartFrom payload bytes are
+// sealed on the caller (a goroutine per small record costs more than it
+// saves) and buffered; larger ones go to the connection in one write each.
+// While a bulkWriter is in use it is the link's only writer.
+type bulkWriter struct {
+	l      *link
+	frames *inOrder
+	err    error // the first write error, set in turn
+}
+
+// sealApartFrom: a frame with at least this many payload bytes is sealed
+// on a worker.
+const sealApartFrom = 64 << 10
+
+func (l *link) bulk() *bulkWriter { return &bulkWriter{l: l, frames: newInOrder(cryptoWorkers())} }
+
+// write queues one frame. frame holds frameHeader bytes of room for the
+// header, then the payload, with macSize bytes of capacity past it (or
+// the seal copies it); the caller gets frame back through done, once it
+// is written or dropped. It returns an error once a write failed.
+func (b *bulkWriter) write(typ uint16, frame []byte, done func()) error {
+	if b.frames.failed() {
+		done()
+		return b.err
+	}
+	l := b.l
+	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ], Peer: l.peer}) {
+		done()
+		return nil
+	}
+	if cap(frame)-len(frame) < macSize {
+		frame = append(make([]byte, 0, len(frame)+macSize), frame...)
+	}
+	payload := frame[frameHeader:]
+	h := l.frameHeader(typ, len(payload))
+	n := l.takeSendN()
+	var out []byte
+	seal := func() {
+		sealed := l.sealAt(&h, n, payload[:0], payload) // in place: there is room for the tag
+		out = frame[:frameHeader+len(sealed)]
+		copy(out, h[:])
+	}
+	put := func(ok bool) bool {
+		if ok {
+			ok = b.put(out)
+		}
+		done()
+		return ok
+	}
+	if len(payload) < sealApartFrom {
+		b.frames.inline(seal, put)
+	} else {
+		b.frames.submit(seal, put)
+	}
+	return nil
+}
+
+// put writes one sealed frame, in turn: buffered when it fits the
+// writer's buffer, else in one write of its own after what is buffered.
+func (b *bulkWriter) put(frame []byte) bool {
+	w := b.l.w
+	if len(frame) > w.Available() && w.Buffered() > 0 {
+		if b.err = w.Flush(); b.err != nil {
+			return false
+		}
+	}
+	_, b.err = w.Write(frame)
+	return b.err == nil
+}
+
+// close waits for every queued frame and returns the first write error.
+// What is buffered is left for the link's next flush.
+func (b *bulkWriter) close() error {
+	if !b.frames.wait() {
+		return b.err
+	}
+	return nil
+}
