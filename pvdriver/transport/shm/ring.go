@@ -1,7 +1,7 @@
 // Package shm is the shared-memory transport between a co-located guest and
 // the hypervisor: two byte rings in a memory file the guest creates and
-// hands over a unix socket (SCM_RIGHTS), with eventfd doorbells the
-// hypervisor creates and hands back. A Conn is a net.Conn: the rings carry
+// hands over a unix socket (SCM_RIGHTS); that socket stays open for
+// identity, liveness and doorbell bytes. A Conn is a net.Conn: the rings carry
 // the same abi frames as a socket, so everything above the transport
 // (framing, checksums, validation, exactly-once, resume on another host
 // over unix or tcp) is unchanged.
@@ -40,9 +40,10 @@
 // twice its recent short waits, at most its connection's spin limit:
 // DefaultMaxSpin, or what Options.MaxSpin or Listener.SetMaxSpin say, up
 // to SpinLimit), then raises its flag,
-// checks once more and sleeps on its eventfd; the other side writes that
-// eventfd only when the flag is up, so a busy pair makes no system call and
-// an idle guest costs no CPU. Doorbell eventfds are read through Go's
+// checks once more and sleeps until a doorbell byte arrives on the socket;
+// the other side sends one only when the flag is up (and takes the flag
+// down as it rings, so a burst rings once), so a busy pair makes no system
+// call and an idle guest costs no CPU. The socket is read through Go's
 // poller, so a sleeping side holds no OS thread.
 //
 // Shared memory exists on Linux only; elsewhere Dial and Listen return
