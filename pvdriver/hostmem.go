@@ -141,7 +141,12 @@ func (c *Client) AllocHost(n int) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %d bytes wanted", ErrNoHostMemory, n)
 	}
-	return c.host.region.Bytes()[off : off+uint64(n) : off+uint64(n)], nil
+	mem := c.host.region.Bytes()
+	if mem == nil { // the client was closed
+		c.host.release(off)
+		return nil, c.closedErr()
+	}
+	return mem[off : off+uint64(n) : off+uint64(n)], nil
 }
 
 // FreeHost gives back a buffer AllocHost returned.

@@ -1,6 +1,9 @@
 package shm
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Host memory. Besides its rings a guest may hand the hypervisor a second
 // sealed memory file with its hello: a host-memory region, the memory its
@@ -47,13 +50,19 @@ func validHostMemory(n uint64) bool { return n <= MaxHostMemory && n%hostMemoryA
 // its mapping, handed to each connection dialled with it (Options). It is
 // valid until Close.
 type HostMemory struct {
+	mu  sync.RWMutex // Close takes it exclusively: Bytes may race with it
 	fd  int
 	mem []byte
 }
 
-// Bytes is the region. Copies to and from it may run on the device while
-// a call that started them is outstanding (like CUDA's page-locked memory).
-func (h *HostMemory) Bytes() []byte { return h.mem }
+// Bytes is the region (nil once closed). Copies to and from it may run on
+// the device while a call that started them is outstanding (like CUDA's
+// page-locked memory).
+func (h *HostMemory) Bytes() []byte {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.mem
+}
 
 // hostRegion is a connection's side of a host-memory region.
 //   - On the guest: shared says the hypervisor mapped the region.

@@ -66,6 +66,14 @@ func dialArea(uc *net.UnixConn, req, rep uint64, host *HostMemory) (*Conn, error
 	defer unix.Close(fd) // the mappings keep the memory
 	fds, hostBytes := []int{fd}, uint64(0)
 	if host != nil {
+		// Held until the hello is sent: a Close meanwhile must not close
+		// the file whose number goes with it.
+		host.mu.RLock()
+		defer host.mu.RUnlock()
+		if host.mem == nil {
+			unix.Munmap(area)
+			return nil, net.ErrClosed
+		}
 		fds, hostBytes = append(fds, host.fd), uint64(len(host.mem))
 	}
 	if _, _, err := uc.WriteMsgUnix(appendHello(nil, uint32(req), uint32(rep), hostBytes), unix.UnixRights(fds...), nil); err != nil {
@@ -126,6 +134,8 @@ func NewHostMemory(size uint64) (*HostMemory, error) {
 // bytes afterwards. A hypervisor that mapped it keeps its own mapping
 // until its connection ends.
 func (h *HostMemory) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.mem == nil {
 		return nil
 	}
