@@ -25,6 +25,9 @@ func startPair(t *testing.T, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
 	opts.Replicate, opts.StartStandby, opts.Failover = true, true, true
 	opts.Mode = replicate.ModeCommit
+	if opts.FailoverAfter == 0 { // a stall on a loaded CI machine is no dead primary
+		opts.FailoverAfter = 2 * time.Second
+	}
 	c, err := cluster.Start(opts)
 	if err != nil {
 		t.Fatal(err)

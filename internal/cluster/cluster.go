@@ -47,6 +47,11 @@ type Options struct {
 	// guests on StandbyEndpoint; guests opened with Guest resume there.
 	Failover bool
 	Detector string // "fixed" (default) or "phi"
+	// FailoverAfter, when set, is the fixed detector's silence before the
+	// standby takes over (default failover.DefaultTimeout). Tests that never
+	// kill the primary set it long, so that a scheduling stall under -race
+	// on a loaded machine is not taken for a dead primary.
+	FailoverAfter time.Duration
 	// MMIO configures the primary's aperture tracing (nil: the default).
 	MMIO *hypervisor.MMIOConfig
 	// GuestTCP serves guests over TCP on loopback instead of unix sockets
@@ -199,6 +204,9 @@ func (c *Cluster) StartStandby() error {
 		cfg.GuestListen = c.StandbyEndpoint
 		if cfg.Detector, err = failover.New(c.opts.Detector); err != nil {
 			return err
+		}
+		if f, ok := cfg.Detector.(*failover.Fixed); ok && c.opts.FailoverAfter > 0 {
+			f.Timeout = c.opts.FailoverAfter
 		}
 	}
 	var ln net.Listener
