@@ -61,6 +61,8 @@ type Driver struct {
 	events  map[uint64]*event
 	used    uint64             // bytes allocated
 	hosts   map[uintptr][]byte // host memory from cuMemAllocHost and cuMemHostAlloc: its region buffer, nil for ordinary memory
+
+	apertures map[uint64]*pvdriver.Aperture // by device address (aperture.go)
 }
 
 type ctxState struct {

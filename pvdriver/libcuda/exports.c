@@ -78,6 +78,9 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream s)
 CUresult cuMemAllocHost_v2(void **pp, size_t n) { return vgMemAllocHost(pp, n); }
 CUresult cuMemHostAlloc(void **pp, size_t n, unsigned int flags) { return flags & ~7u ? CUDA_ERROR_INVALID_VALUE : vgMemAllocHost(pp, n); }
 CUresult cuMemFreeHost(void *p) { return vgMemFreeHost(p); }
+/* vgpuha's extension (vgpuha.h): device memory mapped into the program. */
+CUresult vgpuhaMemMapAperture(CUdeviceptr *dptr, void **host, size_t bytes, unsigned int kind) { return vgMemMapAperture(dptr, host, bytes, kind); }
+CUresult vgpuhaMemUnmapAperture(CUdeviceptr dptr) { return vgMemUnmapAperture(dptr); }
 
 /* ---- Modules and launches. ---- */
 CUresult cuModuleLoad(CUmodule *m, const char *fname) { return vgModuleLoad(OUT(m), (char *)fname); }

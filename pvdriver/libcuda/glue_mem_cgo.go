@@ -364,3 +364,20 @@ func vgEventElapsedTime(ms *C.float, a, b C.uintptr_t) C.CUresult {
 
 //export vgEventDestroy
 func vgEventDestroy(e C.uintptr_t) C.CUresult { return res(drv.EventDestroy(uint64(e))) }
+
+//export vgMemMapAperture
+func vgMemMapAperture(dptr *C.CUdeviceptr, host *unsafe.Pointer, n C.size_t, kind C.uint) C.CUresult {
+	if dptr == nil || host == nil {
+		return errInvalid
+	}
+	p, mem, r := drv.MapAperture(thread{}, uint64(n), uint32(kind))
+	if r == cuapi.Success {
+		*dptr, *host = C.CUdeviceptr(p), unsafe.Pointer(unsafe.SliceData(mem))
+	}
+	return res(r)
+}
+
+//export vgMemUnmapAperture
+func vgMemUnmapAperture(dptr C.CUdeviceptr) C.CUresult {
+	return res(drv.UnmapAperture(thread{}, uint64(dptr)))
+}

@@ -10,6 +10,8 @@
 // VGPUHA_ENDPOINT (unix:///path or tcp://host:port) naming the primary;
 // VGPUHA_FAILOVER lists the endpoints to resume the session on after a
 // failover (comma-separated), VGPUHA_DEBUG=1 prints every refused call.
+// vgpuha.h declares the library's one extension, apertures (device memory
+// the program writes with plain stores; pvdriver/cuapi/aperture.go).
 package main
 
 func main() {}

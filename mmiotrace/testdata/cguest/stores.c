@@ -1,6 +1,8 @@
 // A test guest for the MMIO tracer: maps a memfd (its "aperture"), reports
 // where, and on command stores into it with every instruction form the
-// tracer's decoder must handle. After each store it prints the bytes the
+// tracer's decoder must handle. With VGPUHA_ENDPOINT set it is a CUDA
+// program instead: its aperture comes from vgpuha's libcuda.so.1
+// (vgpuhaMemMapAperture, through dlopen), so a node traces it. After each store it prints the bytes the
 // store left ("expect OFFSET HEX"): the program's own write sequence, which
 // the tracer's per-write records must equal. Compiled by the Go test with gcc.
 #define _GNU_SOURCE
@@ -18,6 +20,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <dlfcn.h>
 #include <sys/syscall.h>
 #include <linux/userfaultfd.h>
 
@@ -328,6 +333,8 @@ static void remap(int again) {
 
 // arm: what the guest driver does in uffd mode: asynchronous userfaultfd
 // write-protection of the aperture (the tracer then scans the pagemap).
+static int serve(void);
+
 static int arm(void) {
 	int uffd = syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY);
 	if (uffd < 0) return -1;
@@ -339,8 +346,45 @@ static int arm(void) {
 	return uffd;
 }
 
+// node_aperture maps the aperture through vgpuha's libcuda.so.1 and finds
+// the file behind it among the open descriptors (for the bypass cases).
+static int node_aperture(void) {
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+	if (!lib) { fprintf(stderr, "dlopen: %s\n", dlerror()); return -1; }
+	int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+	int (*devget)(int *, int) = (int (*)(int *, int))dlsym(lib, "cuDeviceGet");
+	int (*retain)(void **, int) = (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain");
+	int (*setcur)(void *) = (int (*)(void *))dlsym(lib, "cuCtxSetCurrent");
+	int (*map)(unsigned long long *, void **, size_t, unsigned) =
+		(int (*)(unsigned long long *, void **, size_t, unsigned))dlsym(lib, "vgpuhaMemMapAperture");
+	int dev; void *ctx, *host; unsigned long long dptr;
+	if (!init || !devget || !retain || !setcur || !map || init(0) || devget(&dev, 0) || retain(&ctx, dev) || setcur(ctx) ||
+		map(&dptr, &host, PAGES * 4096, 0)) { fprintf(stderr, "libcuda: no aperture\n"); return -1; }
+	ap = host;
+	char path[128];
+	struct stat want, st;
+	snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", (unsigned long)ap, (unsigned long)ap + PAGES * 4096);
+	if (stat(path, &want)) { perror(path); return -1; }
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	while (d && (e = readdir(d))) {
+		int fd = atoi(e->d_name);
+		if (e->d_name[0] != '.' && fstat(fd, &st) == 0 && st.st_ino == want.st_ino && st.st_dev == want.st_dev) {
+			closedir(d);
+			return fd;
+		}
+	}
+	fprintf(stderr, "the aperture's file is not among the open descriptors\n");
+	return -1;
+}
+
 int main(void) {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (getenv("VGPUHA_ENDPOINT")) {
+		if ((apfd = node_aperture()) < 0) return 1;
+		printf("fd=%d addr=%lu\n", apfd, (unsigned long)ap);
+		return serve();
+	}
 	int fd = memfd_create("vgpuha-test-aperture", MFD_ALLOW_SEALING);
 	if (fd < 0 || ftruncate(fd, PAGES * 4096) != 0) { perror("memfd"); return 1; }
 	ap = mmap(NULL, PAGES * 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -349,6 +393,11 @@ int main(void) {
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) || madvise(ap, PAGES * 4096, MADV_DONTFORK)) { perror("seal"); return 1; }
 	apfd = fd;
 	printf("fd=%d addr=%lu\n", fd, (unsigned long)ap);
+	return serve();
+}
+
+// serve runs the commands on stdin, one per line, each answered "done".
+static int serve(void) {
 	char line[128];
 	while (fgets(line, sizeof line, stdin)) {
 		if (strncmp(line, "run forms", 9) == 0) forms();
