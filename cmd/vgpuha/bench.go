@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,23 +110,39 @@ func standbyBackendFlag(fs *flag.FlagSet, bf *backendFlags) func() func() (gpu.B
 	}
 }
 
-// profileFlag adds --cpuprofile; the returned function starts the profile
-// (when asked for) once the flags are parsed, and returns its stop.
+// profileFlag adds --cpuprofile and --trace; the returned function starts
+// what was asked for once the flags are parsed, and returns its stop.
 func profileFlag(fs *flag.FlagSet) func() (func(), error) {
-	path := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof FILE)")
+	cpu := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof FILE)")
+	exec := fs.String("trace", "", "write a runtime execution trace of the whole run to this file (go tool trace FILE; -pprof=sync or sched for where goroutines waited)")
 	return func() (func(), error) {
-		if *path == "" {
-			return func() {}, nil
+		var stops []func()
+		stop := func() {
+			for _, s := range stops {
+				s()
+			}
 		}
-		f, err := os.Create(*path)
-		if err != nil {
-			return nil, err
+		for _, p := range []struct {
+			path         string
+			start        func(io.Writer) error
+			stopRecorder func()
+		}{{*cpu, pprof.StartCPUProfile, pprof.StopCPUProfile}, {*exec, trace.Start, trace.Stop}} {
+			if p.path == "" {
+				continue
+			}
+			f, err := os.Create(p.path)
+			if err == nil {
+				if err = p.start(f); err != nil {
+					f.Close()
+				}
+			}
+			if err != nil {
+				stop()
+				return nil, err
+			}
+			stops = append(stops, func() { p.stopRecorder(); f.Close() })
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return nil, err
-		}
-		return func() { pprof.StopCPUProfile(); f.Close() }, nil
+		return stop, nil
 	}
 }
 
