@@ -377,6 +377,23 @@ func TestConcurrentCallers(t *testing.T) {
 		e, _ := startShm(t)
 		concurrentCallers(t, e)
 	})
+	// Both sides spin 1 µs at most: nearly every wait ends asleep, so a
+	// lost wake-up would hang a call (caught at concurrentCallers'
+	// deadline).
+	t.Run("shm-sleeping", func(t *testing.T) {
+		e, _ := startShm(t)
+		ln, err := transport.Listen("shm+unix://" + filepath.Join(t.TempDir(), "s.sock") + "?spin=1us")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go e.srv.Serve(ln)
+		e.endpoint = "shm+unix://" + ln.Addr().String() + "?spin=1us"
+		before := shm.ReadStats()
+		concurrentCallers(t, e)
+		if after := shm.ReadStats(); after.GuestSleeps == before.GuestSleeps || after.NodeSleeps == before.NodeSleeps {
+			t.Fatalf("no side slept (%+v): the test did not exercise wake-ups", after)
+		}
+	})
 }
 
 func concurrentCallers(t *testing.T, e *env) {
@@ -386,9 +403,15 @@ func concurrentCallers(t *testing.T, e *env) {
 	for w := range workers {
 		go func() { errs <- shmWorker(c, uint32(w), rounds) }()
 	}
+	deadline := time.After(60 * time.Second)
 	for range workers {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatal("calls still hang after 60 s (a lost wake-up?)")
 		}
 	}
 }
