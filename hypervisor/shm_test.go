@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/cuda"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/internal/workload"
@@ -28,18 +31,27 @@ import (
 )
 
 // startShm serves guests on a shm+unix socket (shared memory and plain
-// unix on the same path).
+// unix on the same path), on the software GPU.
 func startShm(t testing.TB, cfg ...hypervisor.Config) (*env, string) {
+	t.Helper()
+	b := sim.New(1 << 30)
+	e, sock := startShmOn(t, b, cfg...)
+	e.backend = b
+	return e, sock
+}
+
+// startShmOn is startShm on any backend.
+func startShmOn(t testing.TB, backend gpu.Backend, cfg ...hypervisor.Config) (*env, string) {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("shared memory needs Linux")
 	}
-	e := &env{backend: sim.New(1 << 30), reg: prometheus.NewRegistry()}
+	e := &env{reg: prometheus.NewRegistry()}
 	c := hypervisor.DefaultConfig()
 	if len(cfg) > 0 {
 		c = cfg[0]
 	}
-	srv, err := hypervisor.NewServer(e.backend, c, e.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv, err := hypervisor.NewServer(backend, c, e.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,32 +236,97 @@ func TestApertureOverShm(t *testing.T) {
 	}
 }
 
-// BenchmarkShmSyncCall64: one 64-byte synchronous copy over shared memory
-// to the software GPU (what stands between guest and backend).
+// BenchmarkShmSyncCall64: one 64-byte synchronous copy over shared memory,
+// side by side with the same copy on the backend called in-process: each
+// iteration times one of each, so a noisy neighbour slows both alike. It
+// reports the medians and means of single calls of both, their ratios
+// (x-direct: shared memory's mean over the in-process one; what the
+// paravirtual path costs), and how often a side gave up spinning and
+// slept per call (each sleep costs a goroutine's wake-up). The backend is
+// the software GPU, or CUDA device 0 with VGPUHA_BENCH_BACKEND=cuda.
 func BenchmarkShmSyncCall64(b *testing.B) {
-	e, _ := startShm(b)
+	backend := benchBackend(b)
+	e, _ := startShmOn(b, backend)
+	direct := directCopy(b, backend)
 	c := e.client(b, "bench")
 	p, err := c.Alloc(4096)
 	if err != nil {
 		b.Fatal(err)
 	}
 	buf := make([]byte, 64)
-	took := make([]time.Duration, b.N)
+	shmTook, directTook := make([]time.Duration, b.N), make([]time.Duration, b.N)
+	before := shm.ReadStats()
 	b.ResetTimer()
 	for i := range b.N {
 		start := time.Now()
+		if err := direct(buf); err != nil {
+			b.Fatal(err)
+		}
+		mid := time.Now()
 		if err := c.CopyHtoD(p, buf); err != nil {
 			b.Fatal(err)
 		}
-		took[i] = time.Since(start)
+		shmTook[i], directTook[i] = time.Since(mid), mid.Sub(start)
 	}
 	b.StopTimer()
-	// The median and the 90th percentile of single calls: on a machine
-	// whose cores are shared, the mean is mostly the calls that found a
-	// side descheduled.
+	after := shm.ReadStats()
+	// Medians beside the means: on a machine whose cores are shared, the
+	// mean is mostly the calls that found a side descheduled.
+	sp50, smean := p50Mean(shmTook)
+	dp50, dmean := p50Mean(directTook)
+	b.ReportMetric(sp50, "shm-p50-ns")
+	b.ReportMetric(smean, "shm-mean-ns")
+	b.ReportMetric(dp50, "direct-p50-ns")
+	b.ReportMetric(dmean, "direct-mean-ns")
+	b.ReportMetric(smean/dmean, "x-direct")
+	b.ReportMetric(sp50/dp50, "x-direct-p50")
+	b.ReportMetric(float64(after.GuestSleeps-before.GuestSleeps)/float64(b.N), "guest-sleeps/op")
+	b.ReportMetric(float64(after.NodeSleeps-before.NodeSleeps)/float64(b.N), "node-sleeps/op")
+}
+
+// benchBackend is the backend a benchmark measures: the software GPU, or
+// CUDA device 0 when VGPUHA_BENCH_BACKEND=cuda.
+func benchBackend(b *testing.B) gpu.Backend {
+	switch name := os.Getenv("VGPUHA_BENCH_BACKEND"); name {
+	case "", "sim":
+		return sim.New(1 << 30)
+	case "cuda":
+		cb, err := cuda.New(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cb.Close() })
+		return cb
+	default:
+		b.Fatalf("VGPUHA_BENCH_BACKEND=%s: want sim or cuda", name)
+		return nil
+	}
+}
+
+// directCopy returns a 64-byte synchronous host-to-device copy on a fresh
+// context of backend, called in-process.
+func directCopy(b *testing.B, backend gpu.Backend) func([]byte) error {
+	ctx, err := backend.NewContext(0x7f0000000000, 1<<30)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ctx.Close() })
+	base, _ := ctx.Window()
+	if err := ctx.Alloc(base, 2<<20); err != nil {
+		b.Fatal(err)
+	}
+	return func(p []byte) error { return ctx.CopyHtoD(base, p, 0) }
+}
+
+// p50Mean is the median and the mean of took, in nanoseconds; it sorts
+// took.
+func p50Mean(took []time.Duration) (p50, mean float64) {
+	var sum time.Duration
+	for _, d := range took {
+		sum += d
+	}
 	slices.Sort(took)
-	b.ReportMetric(float64(took[b.N/2].Nanoseconds()), "p50-ns")
-	b.ReportMetric(float64(took[b.N*9/10].Nanoseconds()), "p90-ns")
+	return float64(took[len(took)/2].Nanoseconds()), float64(sum.Nanoseconds()) / float64(len(took))
 }
 
 // BenchmarkShmLaunch: pipelined kernel launches over shared memory to the
@@ -300,6 +377,23 @@ func TestConcurrentCallers(t *testing.T) {
 		e, _ := startShm(t)
 		concurrentCallers(t, e)
 	})
+	// Both sides spin 1 µs at most: nearly every wait ends asleep, so a
+	// lost wake-up would hang a call (caught at concurrentCallers'
+	// deadline).
+	t.Run("shm-sleeping", func(t *testing.T) {
+		e, _ := startShm(t)
+		ln, err := transport.Listen("shm+unix://" + filepath.Join(t.TempDir(), "s.sock") + "?spin=1us")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go e.srv.Serve(ln)
+		e.endpoint = "shm+unix://" + ln.Addr().String() + "?spin=1us"
+		before := shm.ReadStats()
+		concurrentCallers(t, e)
+		if after := shm.ReadStats(); after.GuestSleeps == before.GuestSleeps || after.NodeSleeps == before.NodeSleeps {
+			t.Fatalf("no side slept (%+v): the test did not exercise wake-ups", after)
+		}
+	})
 }
 
 func concurrentCallers(t *testing.T, e *env) {
@@ -309,9 +403,15 @@ func concurrentCallers(t *testing.T, e *env) {
 	for w := range workers {
 		go func() { errs <- shmWorker(c, uint32(w), rounds) }()
 	}
+	deadline := time.After(60 * time.Second)
 	for range workers {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatal("calls still hang after 60 s (a lost wake-up?)")
 		}
 	}
 }

@@ -48,6 +48,30 @@ type Conn struct {
 	// host is the guest's host-memory region, if it handed one over
 	// (hostmem.go).
 	host hostRegion
+	// stats is where this side's sleeps and doorbells are counted (the
+	// guest's or the node's half of the process's Stats).
+	stats *sideStats
+}
+
+// Stats counts, for the whole process, how often each side of its
+// shared-memory connections gave up spinning and slept, and how many
+// doorbells it rang to wake a sleeping peer. A busy pair does neither: a
+// synchronous call that costs a sleep costs a wake-up of a goroutine too.
+type Stats struct {
+	GuestSleeps, GuestDoorbells uint64 // on connections this process dialled
+	NodeSleeps, NodeDoorbells   uint64 // on connections it accepted
+}
+
+type sideStats struct{ sleeps, doorbells atomic.Uint64 }
+
+var guestStats, nodeStats sideStats
+
+// ReadStats returns the counts so far.
+func ReadStats() Stats {
+	return Stats{
+		GuestSleeps: guestStats.sleeps.Load(), GuestDoorbells: guestStats.doorbells.Load(),
+		NodeSleeps: nodeStats.sleeps.Load(), NodeDoorbells: nodeStats.doorbells.Load(),
+	}
 }
 
 // Doorbell bytes on the socket. Each side writes them without blocking
@@ -70,7 +94,7 @@ func newConnCore(uc *net.UnixConn, area []byte, in, out *ring) (*Conn, error) {
 		ctl: uc, raw: raw, area: area, in: in, out: out,
 		dataCh: make(chan struct{}, 1), spaceCh: make(chan struct{}, 1),
 		gone: make(chan struct{}), closedCh: make(chan struct{}),
-		maxSpin: DefaultMaxSpin,
+		maxSpin: DefaultMaxSpin, stats: &guestStats,
 	}
 	go c.watchPeer()
 	return c, nil
@@ -121,6 +145,7 @@ func signal(ch chan struct{}) {
 // side then oversleeps (until its next poll of the ring).
 func (c *Conn) wake(asleep *atomic.Uint32, bell byte) {
 	if asleep.Load() == 1 && asleep.CompareAndSwap(1, 0) {
+		c.stats.doorbells.Add(1)
 		c.ring(bell)
 	}
 }
@@ -231,6 +256,7 @@ func (c *Conn) wait(ready func() (uint64, error), asleep *atomic.Uint32, bell ch
 			asleep.Store(0)
 			return err
 		}
+		c.stats.sleeps.Add(1)
 		err = sleep(bell, c.gone, c.closedCh, deadline)
 		asleep.Store(0)
 		if err != nil {

@@ -182,7 +182,7 @@ func (l *Listener) accept(uc *net.UnixConn, hello []byte, fds []int) (*Conn, err
 		region.release()
 		return nil, err
 	}
-	c.host = region
+	c.host, c.stats = region, &nodeStats
 	c.unmap = func(b []byte) { // Close, with c.mu held
 		unix.Munmap(b)
 		c.host.dropUntaken()

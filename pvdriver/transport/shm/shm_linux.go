@@ -213,8 +213,17 @@ func newConn(uc *net.UnixConn, area []byte, req, rep uint64, consume int) (*Conn
 // writeByte writes one doorbell byte to a non-blocking socket; a full
 // socket buffer drops it (the peer has wake-ups queued already).
 func writeByte(fd uintptr, b byte) {
-	unix.Write(int(fd), []byte{b})
+	unix.Write(int(fd), bellBytes[b:b+1])
 }
+
+// bellBytes holds every byte value, so a doorbell's write needs no
+// allocation.
+var bellBytes = func() (b [256]byte) {
+	for i := range b {
+		b[i] = byte(i)
+	}
+	return b
+}()
 
 // ErrUnsupported is returned by Dial and NewListener where there is no
 // shared-memory transport (not here: this is Linux).
