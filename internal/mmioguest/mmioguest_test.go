@@ -113,6 +113,13 @@ func TestReplicaAperturesEqual(t *testing.T) {
 				t.Logf("%s mode, %s: verify --apertures %+v", mode, w, rep.Apertures)
 				stop()
 			}
+			// The last guest's session ends once the primary sees it gone;
+			// until then its aperture (stale in off mode) is still compared.
+			for deadline := time.Now().Add(10 * time.Second); len(c.Primary.Status().Sessions) > 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the guests' sessions outlived them: %+v", c.Primary.Status().Sessions)
+				}
+			}
 			rep, err := c.Verify()
 			if err != nil {
 				t.Fatal(err)
