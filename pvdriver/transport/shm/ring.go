@@ -39,7 +39,8 @@
 // 192. A side that finds nothing to do spins a little (adaptively: about
 // twice its recent short waits, at most its connection's spin limit:
 // DefaultMaxSpin, or what Options.MaxSpin or Listener.SetMaxSpin say, up
-// to SpinLimit), then raises its flag,
+// to SpinLimit; in its first few microseconds it polls without yielding
+// where the process has Ps to spare: busyPollSpan), then raises its flag,
 // checks once more and sleeps until a doorbell byte arrives on the socket;
 // the other side sends one only when the flag is up (and takes the flag
 // down as it rings, so a burst rings once), so a busy pair makes no system
@@ -89,6 +90,27 @@ const (
 	DefaultMaxSpin = 50 * time.Microsecond
 	SpinLimit      = 10 * time.Millisecond
 )
+
+// busyPollSpan is how long a waiting side polls before it first lets other
+// goroutines run (runtime.Gosched), where the process has more than two
+// Ps: a trivial call's reply comes within it. A Gosched puts the spinner
+// on the scheduler's global queue under its lock and, with Ps idle, wakes
+// another thread to look for work (a system call), several times per
+// round trip; polling alone costs nothing another goroutine needs while
+// Ps are idle, and where they are not, other goroutines wait at most this
+// long. With one or two Ps (the guest and the node in one process, or a
+// small VM), the peer or the goroutine that feeds it may be queued behind
+// the spinner: it yields at once.
+const busyPollSpan = 5 * time.Microsecond
+
+// pollWithoutYield is how long a wait polls before it first yields, in a
+// process with procs Ps.
+func pollWithoutYield(procs int) time.Duration {
+	if procs > 2 {
+		return busyPollSpan
+	}
+	return 0
+}
 
 // ErrCorrupt reports shared ring indexes no honest peer could have written.
 // The connection is over.
