@@ -126,6 +126,11 @@ type ring struct {
 	// producing). It lives here, in private memory: the shared copy is
 	// written, never read back.
 	pos uint64
+	// seenTail is the producer's private copy of the consumer's tail as
+	// last loaded (and checked): the shared tail is loaded again only once
+	// the room this copy leaves is used up, so a small write does not wait
+	// for the line the consumer last wrote to cross between cores.
+	seenTail uint64
 	// spin is the adaptive spin budget before sleeping.
 	spin time.Duration
 }
@@ -160,13 +165,19 @@ func (r *ring) readable() (uint64, error) {
 	return n, nil
 }
 
-// writable is how many bytes the producer may write. The shared tail is
-// loaded once; an impossible value is ErrCorrupt.
+// writable is how many bytes the producer may write: the room left by
+// the tail it saw last, or, if none, by the shared tail loaded once; an
+// impossible value is ErrCorrupt.
 func (r *ring) writable() (uint64, error) {
-	used := r.pos - r.tail.Load() // wraps to a huge value if tail > pos
+	if used := r.pos - r.seenTail; used < r.size {
+		return r.size - used, nil
+	}
+	tail := r.tail.Load()
+	used := r.pos - tail // wraps to a huge value if tail > pos
 	if used > r.size {
 		return 0, ErrCorrupt
 	}
+	r.seenTail = tail
 	return r.size - used, nil
 }
 
