@@ -237,11 +237,16 @@ func TestApertureOverShm(t *testing.T) {
 }
 
 // BenchmarkShmSyncCall64: one 64-byte synchronous copy over shared memory,
-// side by side with the same copy on the backend called in-process: each
-// iteration times one of each, so a noisy neighbour slows both alike. It
-// reports the medians and means of single calls of both, their ratios
-// (x-direct: shared memory's mean over the in-process one; what the
-// paravirtual path costs), and how often a side gave up spinning and
+// beside the same copy on the backend called in-process. The two legs run
+// in alternating runs of syncRun calls each, so a noisy neighbour slows
+// both alike while each leg's context stays current on the device: on
+// CUDA the in-process context and the node's are two contexts of one GPU,
+// and a copy in the other context than the last one pays for the device
+// switching between them (bench pv's rounds do the same). It reports the
+// medians and means of single calls of both, their ratios (x-direct:
+// shared memory's mean over the in-process one; what the paravirtual path
+// costs), the mean of each run's first in-process call (direct-first-ns:
+// what that switch costs), and how often a side gave up spinning and
 // slept per call (each sleep costs a goroutine's wake-up). The backend is
 // the software GPU, or CUDA device 0 with VGPUHA_BENCH_BACKEND=cuda.
 func BenchmarkShmSyncCall64(b *testing.B) {
@@ -255,21 +260,18 @@ func BenchmarkShmSyncCall64(b *testing.B) {
 	}
 	buf := make([]byte, 64)
 	shmTook, directTook := make([]time.Duration, b.N), make([]time.Duration, b.N)
+	var firstTook time.Duration
 	before := shm.ReadStats()
 	b.ResetTimer()
-	for i := range b.N {
-		start := time.Now()
-		if err := direct(buf); err != nil {
-			b.Fatal(err)
-		}
-		mid := time.Now()
-		if err := c.CopyHtoD(p, buf); err != nil {
-			b.Fatal(err)
-		}
-		shmTook[i], directTook[i] = time.Since(mid), mid.Sub(start)
+	for from := 0; from < b.N; from += syncRun {
+		run := min(syncRun, b.N-from)
+		timeEach(b, directTook[from:from+run], func() error { return direct(buf) })
+		timeEach(b, shmTook[from:from+run], func() error { return c.CopyHtoD(p, buf) })
+		firstTook += directTook[from]
 	}
 	b.StopTimer()
 	after := shm.ReadStats()
+	runs := float64((b.N + syncRun - 1) / syncRun)
 	// Medians beside the means: on a machine whose cores are shared, the
 	// mean is mostly the calls that found a side descheduled.
 	sp50, smean := p50Mean(shmTook)
@@ -278,10 +280,26 @@ func BenchmarkShmSyncCall64(b *testing.B) {
 	b.ReportMetric(smean, "shm-mean-ns")
 	b.ReportMetric(dp50, "direct-p50-ns")
 	b.ReportMetric(dmean, "direct-mean-ns")
+	b.ReportMetric(float64(firstTook.Nanoseconds())/runs, "direct-first-ns")
 	b.ReportMetric(smean/dmean, "x-direct")
 	b.ReportMetric(sp50/dp50, "x-direct-p50")
 	b.ReportMetric(float64(after.GuestSleeps-before.GuestSleeps)/float64(b.N), "guest-sleeps/op")
 	b.ReportMetric(float64(after.NodeSleeps-before.NodeSleeps)/float64(b.N), "node-sleeps/op")
+}
+
+// syncRun is how many calls BenchmarkShmSyncCall64 makes on one leg before
+// it turns to the other.
+const syncRun = 256
+
+// timeEach calls call once per element of took, timing each call.
+func timeEach(b *testing.B, took []time.Duration, call func() error) {
+	for i := range took {
+		start := time.Now()
+		if err := call(); err != nil {
+			b.Fatal(err)
+		}
+		took[i] = time.Since(start)
+	}
 }
 
 // benchBackend is the backend a benchmark measures: the software GPU, or

@@ -45,6 +45,9 @@ type Conn struct {
 	broken   atomic.Bool // failed is set (read without the lock while spinning)
 	// maxSpin bounds how long a side spins before it sleeps (clampSpin).
 	maxSpin time.Duration
+	// busyPoll is how long a wait polls before it first yields its P
+	// (pollWithoutYield).
+	busyPoll time.Duration
 	// host is the guest's host-memory region, if it handed one over
 	// (hostmem.go).
 	host hostRegion
@@ -95,6 +98,7 @@ func newConnCore(uc *net.UnixConn, area []byte, in, out *ring) (*Conn, error) {
 		dataCh: make(chan struct{}, 1), spaceCh: make(chan struct{}, 1),
 		gone: make(chan struct{}), closedCh: make(chan struct{}),
 		maxSpin: DefaultMaxSpin, stats: &guestStats,
+		busyPoll: pollWithoutYield(runtime.GOMAXPROCS(0)),
 	}
 	go c.watchPeer()
 	return c, nil
@@ -214,7 +218,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 }
 
 // wait returns once ready reports bytes (or room), after spinning for
-// *spin and then sleeping on bell with the asleep flag raised.
+// *spin and then sleeping on bell with the asleep flag raised. While it
+// spins it lets other goroutines run every few polls, except in its first
+// busyPoll.
 func (c *Conn) wait(ready func() (uint64, error), asleep *atomic.Uint32, bell chan struct{}, deadline *atomic.Int64, spin *time.Duration) error {
 	start := time.Now()
 	check := func() (bool, error) {
@@ -243,10 +249,13 @@ func (c *Conn) wait(ready func() (uint64, error), asleep *atomic.Uint32, bell ch
 			return err
 		}
 		if i%32 == 31 {
-			if time.Since(start) >= *spin {
+			waited := time.Since(start)
+			if waited >= *spin {
 				break
 			}
-			runtime.Gosched()
+			if waited >= c.busyPoll {
+				runtime.Gosched()
+			}
 		}
 	}
 	for {

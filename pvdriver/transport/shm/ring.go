@@ -39,7 +39,8 @@
 // 192. A side that finds nothing to do spins a little (adaptively: about
 // twice its recent short waits, at most its connection's spin limit:
 // DefaultMaxSpin, or what Options.MaxSpin or Listener.SetMaxSpin say, up
-// to SpinLimit), then raises its flag,
+// to SpinLimit; in its first few microseconds it polls without yielding
+// where the process has Ps to spare: busyPollSpan), then raises its flag,
 // checks once more and sleeps until a doorbell byte arrives on the socket;
 // the other side sends one only when the flag is up (and takes the flag
 // down as it rings, so a burst rings once), so a busy pair makes no system
@@ -90,6 +91,27 @@ const (
 	SpinLimit      = 10 * time.Millisecond
 )
 
+// busyPollSpan is how long a waiting side polls before it first lets other
+// goroutines run (runtime.Gosched), where the process has more than two
+// Ps: a trivial call's reply comes within it. A Gosched puts the spinner
+// on the scheduler's global queue under its lock and, with Ps idle, wakes
+// another thread to look for work (a system call), several times per
+// round trip; polling alone costs nothing another goroutine needs while
+// Ps are idle, and where they are not, other goroutines wait at most this
+// long. With one or two Ps (the guest and the node in one process, or a
+// small VM), the peer or the goroutine that feeds it may be queued behind
+// the spinner: it yields at once.
+const busyPollSpan = 5 * time.Microsecond
+
+// pollWithoutYield is how long a wait polls before it first yields, in a
+// process with procs Ps.
+func pollWithoutYield(procs int) time.Duration {
+	if procs > 2 {
+		return busyPollSpan
+	}
+	return 0
+}
+
 // ErrCorrupt reports shared ring indexes no honest peer could have written.
 // The connection is over.
 var ErrCorrupt = errors.New("shm: the peer corrupted the shared ring indexes")
@@ -104,6 +126,11 @@ type ring struct {
 	// producing). It lives here, in private memory: the shared copy is
 	// written, never read back.
 	pos uint64
+	// seenTail is the producer's private copy of the consumer's tail as
+	// last loaded (and checked): the shared tail is loaded again only once
+	// the room this copy leaves is used up, so a small write does not wait
+	// for the line the consumer last wrote to cross between cores.
+	seenTail uint64
 	// spin is the adaptive spin budget before sleeping.
 	spin time.Duration
 }
@@ -138,13 +165,19 @@ func (r *ring) readable() (uint64, error) {
 	return n, nil
 }
 
-// writable is how many bytes the producer may write. The shared tail is
-// loaded once; an impossible value is ErrCorrupt.
+// writable is how many bytes the producer may write: the room left by
+// the tail it saw last, or, if none, by the shared tail loaded once; an
+// impossible value is ErrCorrupt.
 func (r *ring) writable() (uint64, error) {
-	used := r.pos - r.tail.Load() // wraps to a huge value if tail > pos
+	if used := r.pos - r.seenTail; used < r.size {
+		return r.size - used, nil
+	}
+	tail := r.tail.Load()
+	used := r.pos - tail // wraps to a huge value if tail > pos
 	if used > r.size {
 		return 0, ErrCorrupt
 	}
+	r.seenTail = tail
 	return r.size - used, nil
 }
 
