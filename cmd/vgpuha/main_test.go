@@ -502,7 +502,7 @@ func TestDrill(t *testing.T) {
 // runs; with a coordinator too.
 func TestDrillStateBytes(t *testing.T) {
 	skipShort(t)
-	for _, args := range [][]string{{"--faults", "kill,failback,standby-kill", "--iterations", "3"}, {"--coordinator", "--faults", "kill,standby-loss", "--iterations", "2"}} {
+	for _, args := range [][]string{{"--faults", "kill,failback,standby-kill", "--iterations", "3"}, {"--coordinator", "--coordinator.ttl", "4s", "--faults", "kill,standby-loss", "--iterations", "2"}} {
 		out, err := exec.Command(vgpuhaBin, append([]string{"drill", "--state-bytes", "64MiB", "--json", "--backend", "sim", "--topology", "loopback"}, args...)...).Output()
 		if err != nil {
 			t.Fatalf("drill %v: %v\n%s", args, err, out)
@@ -562,7 +562,9 @@ func TestDrillShm(t *testing.T) {
 // never did two nodes answer guests at once.
 func TestDrillCoordinated(t *testing.T) {
 	skipShort(t)
-	out, err := exec.Command(vgpuhaBin, "drill", "--coordinator", "--iterations", "5", "--faults", "kill,freeze,partition,standby-loss,etcd-member-kill",
+	// 4 s leases: a race-built suite on 2 busy cores can miss a 2 s lease's
+	// renewal, and a healthy primary then rightly stands down mid-drill.
+	out, err := exec.Command(vgpuhaBin, "drill", "--coordinator", "--coordinator.ttl", "4s", "--iterations", "5", "--faults", "kill,freeze,partition,standby-loss,etcd-member-kill",
 		"--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
