@@ -12,6 +12,13 @@
 // failover (comma-separated), VGPUHA_DEBUG=1 prints every refused call.
 // vgpuha.h declares the library's one extension, apertures (device memory
 // the program writes with plain stores; pvdriver/cuapi/aperture.go).
+//
+// Being Go, the library inherits one rule of the Go runtime for threads
+// that call into it: such a thread may replace its signal stack
+// (sigaltstack) but must never disable it, or the next signal the
+// runtime gets on it aborts the program ("non-Go code disabled
+// sigaltstack"). Programs that switch stacks and put the old one back
+// are fine; the torture guest does exactly that.
 package main
 
 func main() {}

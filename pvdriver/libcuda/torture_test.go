@@ -72,7 +72,13 @@ func tortureUnderNode(t *testing.T, guest, libDir string, mode mmiotrace.Mode) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { in.Close(); mmiotrace.WaitExit(cmd) }()
+	ended := false
+	defer func() {
+		if !ended {
+			in.Close()
+			mmiotrace.WaitExit(cmd)
+		}
+	}()
 	sc := bufio.NewScanner(out)
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "fd=") {
 		cmd.Process.Kill()
@@ -95,6 +101,11 @@ func tortureUnderNode(t *testing.T, guest, libDir string, mode mmiotrace.Mode) {
 		}
 		t.Logf("torture case %s %q under a node: guest said %q; verify --apertures: %d bytes, primary and standby match",
 			mode, tc.cmd, said, rep.Apertures[0].Size)
+	}
+	ended = true
+	in.Close() // the guest exits on end of input, cleanly
+	if err := mmiotrace.WaitExit(cmd); err != nil {
+		t.Errorf("%s: the guest did not exit cleanly after the last case: %v", mode, err)
 	}
 }
 

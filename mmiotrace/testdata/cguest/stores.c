@@ -245,16 +245,17 @@ static void on_usr1(int sig) {
 }
 
 static void altstack(void) {
-	stack_t ss = {.ss_sp = ap + 8 * 4096, .ss_size = 4 * 4096};
+	stack_t ss = {.ss_sp = ap + 8 * 4096, .ss_size = 4 * 4096}, old;
 	struct sigaction sa = {0};
 	sa.sa_handler = on_usr1;
 	sa.sa_flags = SA_ONSTACK;
-	if (sigaltstack(&ss, NULL) || sigaction(SIGUSR1, &sa, NULL)) perror("error: altstack");
+	if (sigaltstack(&ss, &old) || sigaction(SIGUSR1, &sa, NULL)) perror("error: altstack");
 	alt_off = -1;
 	raise(SIGUSR1);
 	printf("result altstack %d\n", alt_off >= 8 * 4096 && alt_off < 12 * 4096);
-	ss.ss_flags = SS_DISABLE;
-	sigaltstack(&ss, NULL);
+	// Put back the stack there was (under libcuda.so.1 the Go runtime's:
+	// Go aborts on a signal to a thread whose stack was disabled).
+	sigaltstack(&old, NULL);
 	signal(SIGUSR1, SIG_DFL);
 }
 
