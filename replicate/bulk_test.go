@@ -22,7 +22,8 @@ func bulkPayloads() [][]byte {
 	return out
 }
 
-// TestBulkStreamIsTheSerialStream: frames sealed on several workers go on
+// TestBulkStreamIsTheSerialStream: frames sealed on several workers, in
+// place (a snapshot's) or into the writer's buffers (live records), go on
 // the wire byte for byte as the same frames sealed one after another:
 // same counters (nonces), same order.
 func TestBulkStreamIsTheSerialStream(t *testing.T) {
@@ -33,11 +34,22 @@ func TestBulkStreamIsTheSerialStream(t *testing.T) {
 	lp := newLink(nil, nil, key, key)
 	lp.w.Reset(&parallel)
 	bw := &bulkWriter{l: lp, frames: newInOrder(4)}
+	bw.bufs = make(chan []byte, 2)
+	bw.bufs <- nil
+	bw.bufs <- nil
 	given := 0
-	for range 3 {
+	var kept [][]byte // payloads sealed by writeCopy, which must not change
+	for round := range 4 {
 		for _, p := range bulkPayloads() {
 			if err := ls.write(msgRecord, append(make([]byte, 0, len(p)+macSize), p...)); err != nil {
 				t.Fatal(err)
+			}
+			if round%2 == 1 { // live records: the log's copy stays
+				kept = append(kept, p)
+				if err := bw.writeCopy(msgRecord, p, func() { given++ }); err != nil {
+					t.Fatal(err)
+				}
+				continue
 			}
 			frame := append(make([]byte, frameHeader, frameHeader+len(p)+macSize), p...)
 			if err := bw.write(msgRecord, frame, func() { given++ }); err != nil {
@@ -48,10 +60,15 @@ func TestBulkStreamIsTheSerialStream(t *testing.T) {
 	if err := bw.close(); err != nil {
 		t.Fatal(err)
 	}
+	for i, p := range kept {
+		if !bytes.Equal(p, bulkPayloads()[i%len(bulkPayloads())]) {
+			t.Fatalf("writeCopy changed payload %d", i)
+		}
+	}
 	ls.flush()
 	lp.flush()
-	if given != 3*len(bulkPayloads()) {
-		t.Fatalf("%d frames given back of %d", given, 3*len(bulkPayloads()))
+	if given != 4*len(bulkPayloads()) {
+		t.Fatalf("%d frames given back of %d", given, 4*len(bulkPayloads()))
 	}
 	if !bytes.Equal(serial.Bytes(), parallel.Bytes()) {
 		t.Fatalf("the parallel stream (%d bytes) differs from the serial one (%d bytes)", parallel.Len(), serial.Len())

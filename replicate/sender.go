@@ -401,6 +401,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 	readErr := make(chan error, 1)
 	go func() { readErr <- s.readAcks(l); close(stop); lg.wake() }()
 	go s.heartbeats(l, stop)
+	bw := l.bulk() // large records sealed on workers, written in order
 	for {
 		recs := lg.next(s.cur, after, stop, batchBytes)
 		if recs == nil {
@@ -427,10 +428,13 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 		}
 		err := l.locked(func() error {
 			for i := range recs {
-				if err := s.sendEntry(l, &recs[i]); err != nil {
+				if err := s.sendEntry(bw, &recs[i]); err != nil {
 					return err
 				}
 				after = recs[i].Seq
+			}
+			if err := bw.close(); err != nil {
+				return err
 			}
 			return l.flush()
 		})
@@ -479,11 +483,13 @@ func (s *Sender) send(l *link, r *Record) error {
 	return l.write(msgRecord, l.plain)
 }
 
-// sendEntry sends a record the log keeps encoded: the log's copy stays
-// as it is (a standby that reconnects may need it again).
-func (s *Sender) sendEntry(l *link, e *entry) error {
+// sendEntry queues a record the log keeps encoded: the log's copy stays
+// as it is (a standby that reconnects may need it again) and is sealed
+// into bw's buffers, a large one on a worker while the caller queues the
+// next. The entry must stay in the log until bw is closed.
+func (s *Sender) sendEntry(bw *bulkWriter, e *entry) error {
 	s.count(len(e.enc))
-	return l.writeCopy(msgRecord, e.enc)
+	return bw.writeCopy(msgRecord, e.enc, func() {})
 }
 
 func (s *Sender) count(n int) {

@@ -119,7 +119,7 @@ type link struct {
 	recvN uint64
 	rbuf  []byte
 	// plain and sealed are the writer's reused buffers: a record encoded
-	// for sending, and a payload sealed by writeCopy.
+	// for sending, and a small frame sealed by a bulkWriter's writeCopy.
 	plain  []byte
 	sealed []byte
 	// alloc makes the receive buffers of large frames; a standby on a GPU
@@ -239,15 +239,6 @@ func nonce(n uint64) []byte {
 // sends what is queued. Only one goroutine writes.
 func (l *link) write(typ uint16, payload []byte) error {
 	return l.seal(typ, payload[:0], payload)
-}
-
-// writeCopy queues one frame whose payload stays the caller's: it is sealed
-// into the link's own buffer (the encryption is the only pass over it).
-func (l *link) writeCopy(typ uint16, payload []byte) error {
-	if cap(l.sealed) < len(payload)+macSize {
-		l.sealed = make([]byte, 0, len(payload)+macSize)
-	}
-	return l.seal(typ, l.sealed[:0], payload)
 }
 
 // seal encrypts payload into dst (which may be payload[:0]) and queues the
