@@ -1,6 +1,8 @@
 package replicate
 
 import (
+	"encoding/binary"
+	"fmt"
 	"runtime"
 	"sync"
 )
@@ -100,11 +102,12 @@ func (o *inOrder) failed() bool {
 // under the counter it was given when queued, and written in counter
 // order. Frames from fewer than sealApartFrom payload bytes are sealed on
 // the caller (a goroutine per small record costs more than it saves) and
-// buffered; larger ones go to the connection in one write each. A
-// resync's snapshot frames are sealed in place (write); live records,
-// which the log keeps as they are, are sealed into the writer's own
-// buffers (writeCopy). While a bulkWriter is in use it is the link's only
-// writer.
+// buffered; larger ones go to the connection in one write each. A record
+// stays its owner's (the log keeps a live one for a standby that
+// reconnects; a snapshot's is in a read-ahead buffer): it is sealed into
+// the writer's own buffers, one per frame of at most partBytes, and
+// records above that go in parts (record). While a bulkWriter is in use
+// it is the link's only writer.
 type bulkWriter struct {
 	l      *link
 	frames *inOrder
@@ -128,19 +131,35 @@ func (l *link) bulk() *bulkWriter {
 	return b
 }
 
-// write queues one frame. frame holds frameHeader bytes of room for the
-// header, then the payload, with macSize bytes of capacity past it (or
-// the seal copies it); the caller gets frame back through done, once it
-// is written or dropped. It returns an error once a write failed.
-func (b *bulkWriter) write(typ uint16, frame []byte, done func()) error {
-	if send, err := b.admit(typ, done); !send {
+// record queues one record, enc (its encoding), which stays the
+// caller's until done is called, once it is written or dropped. A record
+// of more than partBytes goes as a msgRecordBegin frame (its size) and
+// then its encoding in parts of partBytes, each a frame sealed on a
+// worker: the parts of one record are sealed at once, like separate
+// records. It returns an error once a write failed, or for a record over
+// maxRecordBytes.
+func (b *bulkWriter) record(enc []byte, done func()) error {
+	if len(enc) <= partBytes {
+		return b.writeCopy(msgRecord, enc, done)
+	}
+	if len(enc) > maxRecordBytes {
+		done()
+		return fmt.Errorf("replicate: a %d-byte record exceeds the link's %d-byte bound", len(enc), maxRecordBytes)
+	}
+	if send, err := b.admit(msgRecord, done); !send {
 		return err
 	}
-	if cap(frame)-len(frame) < macSize {
-		frame = append(make([]byte, 0, len(frame)+macSize), frame...)
+	var size [8]byte
+	binary.LittleEndian.PutUint64(size[:], uint64(len(enc)))
+	b.sealCopy(msgRecordBegin, size[:], func() {}) // sealed and written before it returns
+	for off := 0; off < len(enc); off += partBytes {
+		part := enc[off:min(off+partBytes, len(enc))]
+		partDone := func() {}
+		if off+len(part) == len(enc) {
+			partDone = done
+		}
+		b.sealCopy(msgRecordPart, part, partDone)
 	}
-	payload := frame[frameHeader:]
-	b.queue(typ, payload, frame[:frameHeader], payload[:0], done)
 	return nil
 }
 
@@ -151,6 +170,13 @@ func (b *bulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
 	if send, err := b.admit(typ, done); !send {
 		return err
 	}
+	b.sealCopy(typ, payload, done)
+	return nil
+}
+
+// sealCopy seals one frame of the caller's payload (at most partBytes)
+// into a buffer of the writer's, or, when small, into the link's.
+func (b *bulkWriter) sealCopy(typ uint16, payload []byte, done func()) {
 	l := b.l
 	if len(payload) < sealApartFrom {
 		if need := frameHeader + len(payload) + macSize; cap(l.sealed) < need {
@@ -159,14 +185,13 @@ func (b *bulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
 		// Sealed and written before queue returns: the buffer is free
 		// for the next small frame.
 		b.queue(typ, payload, l.sealed[:frameHeader], l.sealed[frameHeader:frameHeader], done)
-		return nil
+		return
 	}
 	buf := <-b.bufs
 	if need := frameHeader + len(payload) + macSize; cap(buf) < need {
 		buf = make([]byte, 0, need)
 	}
 	b.queue(typ, payload, buf[:frameHeader], buf[frameHeader:frameHeader], func() { b.bufs <- buf; done() })
-	return nil
 }
 
 // admit reports whether a frame goes out: not once a write failed (it

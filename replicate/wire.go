@@ -51,11 +51,21 @@ var (
 const (
 	helloMagic    = "VGRA"
 	frameMagic    = 0x50524756 // "VGRP"
-	protoVersion  = 3          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag
+	protoVersion  = 4          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over partBytes go in parts
 	nonceSize     = 32
 	macSize       = 16
 	frameHeader   = 16
 	maxFrameBytes = 32 << 20
+	// partBytes bounds a record frame's payload: a larger record goes as
+	// a msgRecordBegin frame and then its encoding cut into parts of
+	// partBytes (the last one shorter), each a frame of its own, so that
+	// one record is sealed and opened on several workers.
+	partBytes = 1 << 20
+	// maxRecordBytes bounds a record sent in parts (a guest's record is
+	// bounded by the node's MaxPayload, 16 MiB by default); the standby
+	// receives it into a buffer of that size, lent until it is applied
+	// (below maxLentBytes: the parts after it must still be lent).
+	maxRecordBytes = 128 << 20
 )
 
 // Message types on an established link.
@@ -68,10 +78,13 @@ const (
 	msgHeartbeat                     // primary -> standby when idle: its term
 	msgFenced                        // standby -> primary: a promoted standby's term; stop serving
 	msgPromote                       // primary -> standby: planned switchover, take over now
+	msgRecordBegin                   // primary -> standby: a record of more than partBytes follows in parts; its size
+	msgRecordPart                    // primary -> standby: the next partBytes (or the last) of that record's encoding
 )
 
 var msgNames = map[uint16]string{msgRecord: "record", msgState: "state", msgAck: "ack", msgVerifyReply: "verify_reply",
-	msgMode: "mode", msgHeartbeat: "heartbeat", msgFenced: "fenced", msgPromote: "promote"}
+	msgMode: "mode", msgHeartbeat: "heartbeat", msgFenced: "fenced", msgPromote: "promote",
+	msgRecordBegin: "record_begin", msgRecordPart: "record_part"}
 
 // Direction says which way a message travels.
 type Direction int
@@ -85,7 +98,7 @@ const (
 // Message names one message a link is about to send, for a FaultHook.
 type Message struct {
 	From Direction
-	Type string // record, state, ack, verify_reply, mode, heartbeat, fenced, promote
+	Type string // record (once per record, even one sent in parts), state, ack, verify_reply, mode, heartbeat, fenced, promote
 	// Peer is the other end: the standby's address as configured (from
 	// a primary), the primary's remote address (from a standby).
 	Peer string
@@ -128,6 +141,9 @@ type link struct {
 	alloc func(n int) []byte
 	// lender, when set, holds receive buffers lent out by readSealed.
 	lender *lender
+	// parts, when set, holds the buffers record parts are read into
+	// (each opened straight into its record's buffer, then given back).
+	parts chan []byte
 	// wmu serialises writers once more than one goroutine writes (see
 	// locked); faults and out are the fault hook and this end's direction.
 	wmu    sync.Mutex
@@ -386,9 +402,9 @@ type sealedFrame struct {
 	sealed  []byte
 	payload []byte
 	// lent: buf was lent from l.lender and the frame holds it (whoever
-	// ends up with it gives it back); otherwise it is the link's own,
-	// reused by the next read.
-	lent bool
+	// ends up with it gives it back); part: buf came from l.parts;
+	// otherwise it is the link's own, reused by the next read.
+	lent, part bool
 }
 
 func (f *sealedFrame) typ() uint16 { return binary.LittleEndian.Uint16(f.h[4:]) }
@@ -397,8 +413,9 @@ func (f *sealedFrame) typ() uint16 { return binary.LittleEndian.Uint16(f.h[4:]) 
 // takes its counter, without opening it. A frame of at least lendFrom
 // payload bytes (0: none) is read into a buffer lent from l.lender, so
 // that it can be opened and handled while later frames are read; waiting,
-// when too much is lent, for buffers to come back. Only one goroutine
-// reads.
+// when too much is lent, for buffers to come back. A record part is read
+// into a buffer from l.parts (when set), waiting for one. Only one
+// goroutine reads.
 func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
 	var f sealedFrame
 	h := f.h[:]
@@ -409,13 +426,20 @@ func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
 		return f, fmt.Errorf("%w: bad frame header", ErrCorrupt)
 	}
 	n := int(binary.LittleEndian.Uint32(h[8:]))
-	if n > maxFrameBytes {
-		return f, fmt.Errorf("%w: %d-byte frame", ErrCorrupt, n)
+	if n > maxFrameBytes || n > partBytes && (f.typ() == msgRecord || f.typ() == msgRecordPart) {
+		return f, fmt.Errorf("%w: %d-byte %s frame", ErrCorrupt, n, msgNames[f.typ()])
 	}
-	f.lent = l.lender != nil && lendFrom > 0 && n >= lendFrom
-	if f.lent {
+	f.part = l.parts != nil && f.typ() == msgRecordPart
+	f.lent = !f.part && l.lender != nil && lendFrom > 0 && n >= lendFrom
+	switch {
+	case f.part:
+		f.buf = <-l.parts
+		if cap(f.buf) < n+macSize {
+			f.buf = make([]byte, partBytes+macSize)
+		}
+	case f.lent:
 		f.buf = l.lend(n + macSize)
-	} else {
+	default:
 		if cap(l.rbuf) < n+macSize {
 			l.rbuf = make([]byte, n+macSize)
 		}
@@ -448,12 +472,18 @@ func (l *link) lend(n int) []byte {
 	})
 }
 
-// giveBack returns a frame's lent buffer, if it still holds one.
+// giveBack returns a frame's lent or part buffer, if it still holds one.
 func (l *link) giveBack(f *sealedFrame) {
-	if f.lent && f.buf != nil {
+	switch {
+	case f.buf == nil:
+	case f.lent:
 		l.lender.give(f.buf)
-		f.buf = nil
+	case f.part:
+		l.parts <- f.buf
+	default:
+		return
 	}
+	f.buf = nil
 }
 
 // open authenticates and decrypts a frame in place. It touches nothing
@@ -465,6 +495,19 @@ func (l *link) open(f *sealedFrame) error {
 		return fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
 	}
 	f.payload = payload
+	return nil
+}
+
+// openInto authenticates and decrypts a frame into dst, which has room
+// for its payload (a record part into its place in the record's buffer:
+// no copy). Like open, it touches nothing else of the link's.
+func (l *link) openInto(f *sealedFrame, dst []byte) error {
+	if cap(dst) < len(f.sealed)-macSize {
+		return fmt.Errorf("%w: no room for a %d-byte payload", ErrCorrupt, len(f.sealed)-macSize)
+	}
+	if _, err := l.recvK.Open(dst[:0], nonce(f.n), f.sealed, f.h[:12]); err != nil {
+		return fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
+	}
 	return nil
 }
 
