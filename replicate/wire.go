@@ -24,12 +24,14 @@ import (
 // direction then gets its own AES-256-GCM key derived from the key and both
 // nonces, and every frame is sealed with a nonce that is the frame counter:
 // frames cannot be read, forged, replayed, reordered or spliced in from
-// another connection. A resync's large frames are sealed and opened on
-// several workers (bulk.go): each takes its counter where it enters the
-// stream (the sender when it queues it, the standby when it reads it), so
-// no counter is used twice, frames are written in counter order, and each
+// another connection. Large frames (a resync's and live records, and the
+// parts of a record over partBytes) are sealed and opened on several
+// workers (bulk.go): each takes its counter where it enters the stream
+// (the sender when it queues it, the standby when it reads it), so no
+// counter is used twice, frames are written in counter order, and each
 // is handled in the order read, after every frame before it opened; one
-// that fails ends the link and nothing after it is handled. Several TCP
+// that fails ends the link and nothing after it is handled. A record in
+// parts is handled only once all of them opened. Several TCP
 // connections would need counters and ordering across them for the same
 // guarantees, and more state to resume after a cut. A CRC32C over the frame header and the tag tells a
 // torn or misaligned stream from a forged frame in the logs; it does not
