@@ -1,6 +1,8 @@
 package replicate
 
 import (
+	"encoding/binary"
+	"fmt"
 	"runtime"
 	"sync"
 )
@@ -96,49 +98,132 @@ func (o *inOrder) failed() bool {
 	return !o.ok
 }
 
-// bulkWriter writes a resync's snapshot: each frame is sealed in place
-// on a worker under the counter it was given when queued, and written in
-// counter order. Frames from fewer than sealApartFrom payload bytes are
-// sealed on the caller (a goroutine per small record costs more than it
-// saves) and buffered; larger ones go to the connection in one write each.
-// While a bulkWriter is in use it is the link's only writer.
+// bulkWriter writes a link's records: each frame is sealed on a worker
+// under the counter it was given when queued, and written in counter
+// order. Frames from fewer than sealApartFrom payload bytes are sealed on
+// the caller (a goroutine per small record costs more than it saves) and
+// buffered; larger ones go to the connection in one write each. A record
+// stays its owner's (the log keeps a live one for a standby that
+// reconnects; a snapshot's is in a read-ahead buffer): it is sealed into
+// the writer's own buffers, one per frame of at most partBytes, and
+// records above that go in parts (record). While a bulkWriter is in use
+// it is the link's only writer.
 type bulkWriter struct {
 	l      *link
 	frames *inOrder
 	err    error // the first write error, set in turn
+	// bufs holds the buffers writeCopy seals large frames into, one per
+	// frame being sealed or written (a few more than workers: the
+	// caller seals the next while others are written).
+	bufs chan []byte
 }
 
 // sealApartFrom: a frame with at least this many payload bytes is sealed
 // on a worker.
 const sealApartFrom = 64 << 10
 
-func (l *link) bulk() *bulkWriter { return &bulkWriter{l: l, frames: newInOrder(cryptoWorkers())} }
+func (l *link) bulk() *bulkWriter {
+	workers := cryptoWorkers()
+	b := &bulkWriter{l: l, frames: newInOrder(workers), bufs: make(chan []byte, workers+2)}
+	for range cap(b.bufs) {
+		b.bufs <- nil // made on first use
+	}
+	return b
+}
 
-// write queues one frame. frame holds frameHeader bytes of room for the
-// header, then the payload, with macSize bytes of capacity past it (or
-// the seal copies it); the caller gets frame back through done, once it
-// is written or dropped. It returns an error once a write failed.
-func (b *bulkWriter) write(typ uint16, frame []byte, done func()) error {
+// record queues one record, enc (its encoding), which stays the
+// caller's until done is called, once it is written or dropped. A record
+// of more than partBytes goes as a msgRecordBegin frame (its size) and
+// then its encoding in parts of partBytes, each a frame sealed on a
+// worker: the parts of one record are sealed at once, like separate
+// records. It returns an error once a write failed, or for a record over
+// maxRecordBytes.
+func (b *bulkWriter) record(enc []byte, done func()) error {
+	if len(enc) <= partBytes {
+		return b.writeCopy(msgRecord, enc, done)
+	}
+	if len(enc) > maxRecordBytes {
+		done()
+		return fmt.Errorf("replicate: a %d-byte record exceeds the link's %d-byte bound", len(enc), maxRecordBytes)
+	}
+	if send, err := b.admit(msgRecord, done); !send {
+		return err
+	}
+	var size [8]byte
+	binary.LittleEndian.PutUint64(size[:], uint64(len(enc)))
+	b.sealCopy(msgRecordBegin, size[:], func() {}) // sealed and written before it returns
+	for off := 0; off < len(enc); off += partBytes {
+		part := enc[off:min(off+partBytes, len(enc))]
+		partDone := func() {}
+		if off+len(part) == len(enc) {
+			partDone = done
+		}
+		b.sealCopy(msgRecordPart, part, partDone)
+	}
+	return nil
+}
+
+// writeCopy queues one frame whose payload stays the caller's until done
+// is called: it is sealed into a buffer of the writer's (the encryption
+// is the only pass over it). It returns an error once a write failed.
+func (b *bulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
+	if send, err := b.admit(typ, done); !send {
+		return err
+	}
+	b.sealCopy(typ, payload, done)
+	return nil
+}
+
+// sealCopy seals one frame of the caller's payload (at most partBytes)
+// into a buffer of the writer's, or, when small, into the link's.
+func (b *bulkWriter) sealCopy(typ uint16, payload []byte, done func()) {
+	l := b.l
+	if len(payload) < sealApartFrom {
+		if need := frameHeader + len(payload) + macSize; cap(l.sealed) < need {
+			l.sealed = make([]byte, 0, need)
+		}
+		// Sealed and written before queue returns: the buffer is free
+		// for the next small frame.
+		b.queue(typ, payload, l.sealed[:frameHeader], l.sealed[frameHeader:frameHeader], done)
+		return
+	}
+	buf := <-b.bufs
+	if need := frameHeader + len(payload) + macSize; cap(buf) < need {
+		buf = make([]byte, 0, need)
+	}
+	b.queue(typ, payload, buf[:frameHeader], buf[frameHeader:frameHeader], func() { b.bufs <- buf; done() })
+}
+
+// admit reports whether a frame goes out: not once a write failed (it
+// returns the error), nor when the fault hook drops it. done is called at
+// once for a frame that does not go out.
+func (b *bulkWriter) admit(typ uint16, done func()) (bool, error) {
 	if b.frames.failed() {
 		done()
-		return b.err
+		return false, b.err // set before failed() turned true
 	}
 	l := b.l
 	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ], Peer: l.peer}) {
 		done()
-		return nil
+		return false, nil
 	}
-	if cap(frame)-len(frame) < macSize {
-		frame = append(make([]byte, 0, len(frame)+macSize), frame...)
-	}
-	payload := frame[frameHeader:]
+	return true, nil
+}
+
+// queue takes the next counter for a frame of payload, seals it into dst
+// (which may be payload[:0]; it needs macSize bytes of capacity past the
+// payload's length) behind head (frameHeader bytes right before dst), and
+// writes the frame in turn: on a worker for a large payload, else on the
+// caller before it returns.
+func (b *bulkWriter) queue(typ uint16, payload, head, dst []byte, done func()) {
+	l := b.l
 	h := l.frameHeader(typ, len(payload))
 	n := l.takeSendN()
 	var out []byte
 	seal := func() {
-		sealed := l.sealAt(&h, n, payload[:0], payload) // in place: there is room for the tag
-		out = frame[:frameHeader+len(sealed)]
-		copy(out, h[:])
+		sealed := l.sealAt(&h, n, dst, payload)
+		copy(head, h[:])
+		out = head[:frameHeader+len(sealed)]
 	}
 	put := func(ok bool) bool {
 		if ok {
@@ -152,7 +237,6 @@ func (b *bulkWriter) write(typ uint16, frame []byte, done func()) error {
 	} else {
 		b.frames.submit(seal, put)
 	}
-	return nil
 }
 
 // put writes one sealed frame, in turn: buffered when it fits the
@@ -169,7 +253,8 @@ func (b *bulkWriter) put(frame []byte) bool {
 }
 
 // close waits for every queued frame and returns the first write error.
-// What is buffered is left for the link's next flush.
+// What is buffered is left for the link's next flush. The writer may be
+// used again unless a write failed.
 func (b *bulkWriter) close() error {
 	if !b.frames.wait() {
 		return b.err

@@ -3,18 +3,20 @@ package replicate
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"net"
+	"slices"
 	"testing"
-	"time"
 )
 
 // bulkPayloads are record encodings of mixed sizes: small ones sealed on
-// the caller, large ones on workers.
+// the caller, large ones on workers, the largest in parts.
 func bulkPayloads() [][]byte {
 	var out [][]byte
-	for i, size := range []int{10, lendAbove, 3 << 20, 100, 1 << 20, sealApartFrom - 1, 2 << 20, 5} {
+	for i, size := range []int{10, lendAbove, 3 << 20, 100, partBytes - recordHeader, sealApartFrom - 1, 2 << 20, 5, partBytes - recordHeader + 1} {
 		body := make([]byte, size)
 		fillPattern(body, i)
 		out = append(out, AppendRecord(nil, &Record{Op: OpMMIO, Flags: FlagPlaced, Result: uint64(i), Body: body}))
@@ -22,9 +24,25 @@ func bulkPayloads() [][]byte {
 	return out
 }
 
-// TestBulkStreamIsTheSerialStream: frames sealed on several workers go on
-// the wire byte for byte as the same frames sealed one after another:
-// same counters (nonces), same order.
+// writeSerial writes a record's frames as the wire format says, one after
+// another on the caller: whole up to partBytes, else its size and then
+// its parts.
+func writeSerial(l *link, enc []byte) {
+	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+macSize), b...) }
+	if len(enc) <= partBytes {
+		l.write(msgRecord, withTag(enc))
+		return
+	}
+	l.write(msgRecordBegin, withTag(binary.LittleEndian.AppendUint64(nil, uint64(len(enc)))))
+	for off := 0; off < len(enc); off += partBytes {
+		l.write(msgRecordPart, withTag(enc[off:min(off+partBytes, len(enc))]))
+	}
+}
+
+// TestBulkStreamIsTheSerialStream: records sealed on several workers (in
+// parts above partBytes) go on the wire byte for byte as the same frames
+// sealed one after another: same counters (nonces), same order; and the
+// records themselves are left as they were.
 func TestBulkStreamIsTheSerialStream(t *testing.T) {
 	key := bytes.Repeat([]byte("k"), 32)
 	var serial, parallel bytes.Buffer
@@ -32,15 +50,15 @@ func TestBulkStreamIsTheSerialStream(t *testing.T) {
 	ls.w.Reset(&serial)
 	lp := newLink(nil, nil, key, key)
 	lp.w.Reset(&parallel)
-	bw := &bulkWriter{l: lp, frames: newInOrder(4)}
+	bw := lp.bulk()
+	bw.frames = newInOrder(4)
 	given := 0
+	var sent [][]byte
 	for range 3 {
 		for _, p := range bulkPayloads() {
-			if err := ls.write(msgRecord, append(make([]byte, 0, len(p)+macSize), p...)); err != nil {
-				t.Fatal(err)
-			}
-			frame := append(make([]byte, frameHeader, frameHeader+len(p)+macSize), p...)
-			if err := bw.write(msgRecord, frame, func() { given++ }); err != nil {
+			writeSerial(ls, p)
+			sent = append(sent, p)
+			if err := bw.record(p, func() { given++ }); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -50,8 +68,13 @@ func TestBulkStreamIsTheSerialStream(t *testing.T) {
 	}
 	ls.flush()
 	lp.flush()
-	if given != 3*len(bulkPayloads()) {
-		t.Fatalf("%d frames given back of %d", given, 3*len(bulkPayloads()))
+	if given != len(sent) {
+		t.Fatalf("%d records given back of %d", given, len(sent))
+	}
+	for i, p := range sent {
+		if !bytes.Equal(p, bulkPayloads()[i%len(bulkPayloads())]) {
+			t.Fatalf("sealing changed record %d", i)
+		}
 	}
 	if !bytes.Equal(serial.Bytes(), parallel.Bytes()) {
 		t.Fatalf("the parallel stream (%d bytes) differs from the serial one (%d bytes)", parallel.Len(), serial.Len())
@@ -107,24 +130,56 @@ func TestReceiverRefusesReorderedOrReplayedBulkFrames(t *testing.T) {
 	}
 }
 
-// streamFrames seals six 1 MiB snapshot records, sends their frames in
-// order (by counter) to a real receiver's stream, and returns the records
-// it applied once the link ended.
+// streamFrames seals six snapshot records of 1 MiB (whole frames,
+// opened on workers), sends their frames in order (by counter) to a real
+// receiver's stream, and returns the records it applied once the link
+// ended.
 func streamFrames(t *testing.T, order []int) []uint64 {
+	p, s := linkPair(t)
+	var frames [][]byte
+	for i := range 6 {
+		frames = append(frames, capture(p, func() { writeSerial(p, patternRecord(i, partBytes-recordHeader)) }))
+	}
+	var out [][]byte
+	for _, i := range order {
+		out = append(out, frames[i])
+	}
+	return receive(t, p, s, out).order
+}
+
+// linkPair returns two authenticated link ends over loopback TCP.
+func linkPair(t *testing.T) (p, s *link) {
 	p, s, perr, serr := pair(t, testKey, testKey)
 	if perr != nil || serr != nil {
 		t.Fatal(perr, serr)
 	}
-	var frames [][]byte
-	for i := range 6 {
-		body := make([]byte, 1<<20)
-		fillPattern(body, i)
-		var buf bytes.Buffer
-		p.w.Reset(&buf)
-		p.write(msgRecord, AppendRecord(make([]byte, 0, recordHeader+len(body)+macSize), &Record{Op: OpMMIO, Result: uint64(i), Body: body}))
-		p.flush()
-		frames = append(frames, buf.Bytes())
-	}
+	return p, s
+}
+
+// patternRecord is snapshot record i with a body of n pattern bytes,
+// encoded.
+func patternRecord(i, n int) []byte {
+	body := make([]byte, n)
+	fillPattern(body, i)
+	return AppendRecord(nil, &Record{Op: OpMMIO, Result: uint64(i), Body: body})
+}
+
+// capture returns the bytes write puts on p's link (sealed under p's next
+// counters) instead of sending them.
+func capture(p *link, write func()) []byte {
+	var buf bytes.Buffer
+	p.w.Reset(&buf)
+	write()
+	p.flush()
+	return buf.Bytes()
+}
+
+// receive runs a real receiver's stream on s, sends it frames from p,
+// then ends p's side, and returns the replica once the link ended (at a
+// bad frame, or at the end of the frames). Every buffer lent must have
+// come back by then.
+func receive(t *testing.T, p, s *link, frames [][]byte) *summingReplica {
+	t.Helper()
 	rep := &summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}
 	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -133,19 +188,133 @@ func streamFrames(t *testing.T, order []int) []uint64 {
 	s.lender = r.lender
 	lr := &linkRun{r: r, l: s, log: r.cfg.Logger, kick: make(chan struct{}, 1), queue: make(chan applyItem, applyQueue)}
 	ended := make(chan struct{})
-	go func() { r.stream(lr); close(ended) }()
+	go func() { r.stream(lr); s.c.Close(); close(ended) }() // as serveConn does
 	w := bufio.NewWriter(p.c)
-	for _, i := range order {
-		w.Write(frames[i])
+	for _, f := range frames {
+		if _, err := w.Write(f); err != nil {
+			break // the receiver ended the link
+		}
 	}
 	w.Flush()
-	select {
-	case <-ended: // a bad frame ended the link
-	case <-time.After(time.Second): // every frame was good: the link waits for more
-		p.c.Close()
-		<-ended
+	p.c.(*net.TCPConn).CloseWrite()
+	<-ended
+	r.lender.mu.Lock()
+	lent := r.lender.lentNow
+	r.lender.mu.Unlock()
+	if lent != 0 {
+		t.Fatalf("%d bytes still lent after the link ended", lent)
 	}
 	rep.mu.Lock()
 	defer rep.mu.Unlock()
-	return rep.order
+	return rep
+}
+
+// partedFrames returns the frames of three records sealed in order on
+// p: a small one (record 0), one of 3.5 MiB in parts (record 1: its
+// beginning, then parts 1 to 4) and a small one (record 2).
+func partedFrames(p *link) [][]byte {
+	frames := [][]byte{capture(p, func() { writeSerial(p, patternRecord(0, 100)) })}
+	enc := patternRecord(1, 7<<19)
+	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+macSize), b...) }
+	frames = append(frames, capture(p, func() {
+		p.write(msgRecordBegin, withTag(binary.LittleEndian.AppendUint64(nil, uint64(len(enc)))))
+	}))
+	for off := 0; off < len(enc); off += partBytes {
+		frames = append(frames, capture(p, func() { p.write(msgRecordPart, withTag(enc[off:min(off+partBytes, len(enc))])) }))
+	}
+	return append(frames, capture(p, func() { writeSerial(p, patternRecord(2, 100)) }))
+}
+
+// TestRecordParts: a record sent in parts is applied once whole and in
+// order, intact; a tampered, dropped, repeated, reordered, oversized or
+// cut-off part ends the link, and neither that record nor anything after
+// it is applied (every buffer lent for it comes back).
+func TestRecordParts(t *testing.T) {
+	tamper := func(f []byte) []byte { c := bytes.Clone(f); c[frameHeader+1000] ^= 1; return refreshCRC(c) }
+	oversize := func(f []byte) []byte {
+		c := bytes.Clone(f)
+		binary.LittleEndian.PutUint32(c[8:], partBytes+1)
+		return refreshCRC(c)
+	}
+	for _, tc := range []struct {
+		name   string
+		frames func(f [][]byte) [][]byte
+		want   []uint64
+	}{
+		{"whole and in order", func(f [][]byte) [][]byte { return f }, []uint64{0, 1, 2}},
+		{"tampered", func(f [][]byte) [][]byte { return [][]byte{f[0], f[1], f[2], tamper(f[3]), f[4], f[5], f[6]} }, []uint64{0}},
+		{"dropped", func(f [][]byte) [][]byte { return [][]byte{f[0], f[1], f[2], f[4], f[5], f[6]} }, []uint64{0}},
+		{"repeated", func(f [][]byte) [][]byte { return [][]byte{f[0], f[1], f[2], f[3], f[3], f[4], f[5], f[6]} }, []uint64{0}},
+		{"reordered", func(f [][]byte) [][]byte { return [][]byte{f[0], f[1], f[2], f[4], f[3], f[5], f[6]} }, []uint64{0}},
+		{"oversized", func(f [][]byte) [][]byte { return [][]byte{f[0], f[1], f[2], oversize(f[3])} }, []uint64{0}},
+		{"cut off", func(f [][]byte) [][]byte { return [][]byte{f[0], f[1], f[2], f[3], f[4][:len(f[4])/2]} }, []uint64{0}},
+		{"cut off between parts", func(f [][]byte) [][]byte { return f[:4] }, []uint64{0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, s := linkPair(t)
+			rep := receive(t, p, s, tc.frames(partedFrames(p)))
+			if !slices.Equal(rep.order, tc.want) {
+				t.Fatalf("applied records %v, want %v", rep.order, tc.want)
+			}
+			for _, i := range rep.order {
+				want := mustDecode(t, patternRecord(int(i), []int{100, 7 << 19, 100}[i]))
+				if rep.sums[i] != crc32.Checksum(want.Body, castagnoli) {
+					t.Fatalf("record %d applied with other bytes", i)
+				}
+			}
+		})
+	}
+}
+
+// mustDecode decodes an encoding the test made.
+func mustDecode(t *testing.T, enc []byte) Record {
+	r, err := DecodeRecord(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestRecordPartsOutOfShape: authentic frames (sealed with the key, in
+// counter order) that break the parts' shape end the link before
+// anything of the record is applied, and no buffer is lent for a size
+// out of bounds.
+func TestRecordPartsOutOfShape(t *testing.T) {
+	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+macSize), b...) }
+	size := func(n uint64) []byte { return withTag(binary.LittleEndian.AppendUint64(nil, n)) }
+	part := func(n int) []byte { return withTag(make([]byte, n)) }
+	small := func(i int) []byte { return withTag(patternRecord(i, 100)) }
+	type frame struct {
+		typ     uint16
+		payload []byte
+	}
+	for _, tc := range []struct {
+		name   string
+		frames []frame
+	}{
+		{"part without a beginning", []frame{{msgRecordPart, part(partBytes)}}},
+		{"record inside parts", []frame{{msgRecordBegin, size(3 << 20)}, {msgRecordPart, part(partBytes)}, {msgRecord, small(1)}}},
+		{"beginning inside parts", []frame{{msgRecordBegin, size(3 << 20)}, {msgRecordPart, part(partBytes)}, {msgRecordBegin, size(3 << 20)}}},
+		{"heartbeat inside parts", []frame{{msgRecordBegin, size(3 << 20)}, {msgHeartbeat, withTag(make([]byte, 8))}}},
+		{"size over the bound", []frame{{msgRecordBegin, size(maxRecordBytes + 1)}, {msgRecordPart, part(partBytes)}}},
+		{"size of 2^64-1", []frame{{msgRecordBegin, size(^uint64(0))}}},
+		{"size that fits one frame", []frame{{msgRecordBegin, size(partBytes)}, {msgRecordPart, part(partBytes)}}},
+		{"beginning of 4 bytes", []frame{{msgRecordBegin, withTag(make([]byte, 4))}}},
+		{"short part", []frame{{msgRecordBegin, size(3 << 20)}, {msgRecordPart, part(partBytes / 2)}}},
+		{"last part too long", []frame{{msgRecordBegin, size(partBytes + 10)}, {msgRecordPart, part(partBytes)}, {msgRecordPart, part(11)}}},
+		{"whole record over partBytes", []frame{{msgRecord, withTag(patternRecord(1, partBytes))}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, s := linkPair(t)
+			frames := [][]byte{capture(p, func() { p.write(msgRecord, small(0)) })}
+			for _, f := range tc.frames {
+				frames = append(frames, capture(p, func() { p.write(f.typ, f.payload) }))
+			}
+			frames = append(frames, capture(p, func() { p.write(msgRecord, small(2)) }))
+			rep := receive(t, p, s, frames)
+			if !slices.Equal(rep.order, []uint64{0}) {
+				t.Fatalf("applied records %v, want [0]", rep.order)
+			}
+		})
+	}
 }

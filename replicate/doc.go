@@ -11,10 +11,14 @@
 //
 //	primary (Sender, dials)                            standby (Receiver, listens)
 //	  |--- TCP connect ------------------------------------>|
-//	  |<-- "VGRA" v3, nonceS --------------------------------|
-//	  |--- "VGRA" v3, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
+//	  |<-- "VGRA" v4, nonceS --------------------------------|  another version: refused
+//	  |--- "VGRA" v4, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
 //	  |<-- HMAC(key, S|nonceP|nonceS) -----------------------|  primary refuses on mismatch
 //	  |        ... every frame below: AES-256-GCM, per-direction keys, counter nonces ...
+//	  |        ... a record over 1 MiB: record_begin {size}, then its encoding in 1 MiB
+//	  |            parts, one frame each, sealed on the sender's workers; the standby
+//	  |            opens them on workers straight into one buffer and handles the
+//	  |            record once its last part is (see "Records on the link" below) ...
 //	  |<-- state {log id, applied seq} ----------------------|
 //	  |--- mode --------------------------------------------->|
 //	  | same log id and the log still holds applied+1...:    |
@@ -25,14 +29,19 @@
 //	  |--- reset {log id, contents bytes} ------------------->|  drop the replica; not in sync
 //	  |--- objects (placed allocs, modules, handles) -------->|  rebuild
 //	  |--- contents, 4 MiB records, paced (guests running) -->|  state at S; progress logged
-//	  |    (read ahead, device memory straight into the frame;|  opened on workers,
-//	  |     sealed on workers, written in counter order;      |  handled in order
+//	  |    (read ahead, device memory straight into the      |  opened on workers,
+//	  |     record; sealed in parts on workers, written in    |  handled in order
+//	  |     counter order;                                    |
 //	  |     the log keeps S+1...: half the resync budget at   |
 //	  |     once, the rest as the snapshot goes out; a write  |
 //	  |     past it waits at most the resync stall, at the    |
 //	  |     budget for the stream; one larger: start over)    |
 //	  |--- snapshot end {S} --------------------------------->|  applied = S, in sync
 //	  |--- record S+1, S+2, ... (live) ---------------------->|  validate, translate, apply
+//	  |    (batches of up to 16 MiB taken from the log: large |
+//	  |     records sealed on workers, small ones on the      |
+//	  |     sender; written in counter order, flushed per     |
+//	  |     batch, so a lone small record goes out at once)   |
 //	  |    (protected once the standby applied what the log  |
 //	  |     held at the snapshot's end and lags < 4 MiB)     |
 //	  |<-- ack {held seq, applied seq} (pauses, each MiB) ----|  read and apply run apart
@@ -42,6 +51,25 @@
 //	  |     commit rule wake; a silent standby is dropped)    |
 //	  |--- verify {id} (in-stream, at one log position) ----->|
 //	  |<-- checksums {id, objects} ---------------------------|
+//
+// Records on the link (bulk.go, receiver.go): AES-GCM runs at 2-4 GB/s a
+// core, below a fast link, so one record must not be sealed or opened on
+// one core. The sender queues each batch's frames on a bulkWriter: a
+// frame of 64 KiB or more is sealed on one of up to four workers, out of
+// the log's copy (which stays, for a standby that reconnects) into the
+// writer's own buffers, and frames are written in the order of their
+// counters, which were fixed when queued. A record of more than 1 MiB
+// (partBytes) goes as a record_begin frame with its size and then its
+// encoding cut into 1 MiB parts, so its parts are sealed at once like
+// separate records. The standby reads frames in order; it opens a
+// record_begin at once (the size is authenticated and bounded by
+// maxRecordBytes before a buffer that large is lent), checks each part's
+// length as it reads it, opens parts on workers straight into their
+// place in the record's buffer, and handles the record when its last
+// part's turn comes, after every frame before it. A part that fails to
+// open, a part out of place, anything else between parts or a link cut
+// off mid-record ends the link, and the record is given back, never
+// applied.
 //
 // Resync (resync.go, Snapshot) is a point-in-time snapshot streamed while
 // guests run, not pre-copy: the node stops its guests only to fix S and

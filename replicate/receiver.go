@@ -252,6 +252,16 @@ type linkRun struct {
 	// frames opens large frames on workers and hands every frame to its
 	// handler in the order read.
 	frames *inOrder
+	// asm is the record being received in parts (the reader's alone).
+	asm assembly
+}
+
+// assembly is a record arriving in parts: the buffer it is opened into
+// (lent; nil when no record is under way), its size, and the bytes of
+// its parts read so far.
+type assembly struct {
+	buf        []byte
+	total, got int
 }
 
 // applyItem is a record to apply and the lent buffer its body lies in
@@ -285,35 +295,130 @@ func (r *Receiver) stream(lr *linkRun) {
 	go lr.acks(done)
 	applied := make(chan struct{})
 	go lr.applier(applied)
-	lr.frames = newInOrder(cryptoWorkers())
+	workers := cryptoWorkers()
+	lr.frames = newInOrder(workers)
+	lr.l.parts = make(chan []byte, workers+2) // bounds the parts read ahead
+	for range cap(lr.l.parts) {
+		lr.l.parts <- nil // made on first use
+	}
 	defer func() {
 		// Everything read is applied before the link's end is known to
 		// the node: a promotion (which waits for it) serves only once the
 		// replica holds all the old primary was told is held.
 		lr.frames.wait()
+		if lr.asm.buf != nil { // cut off inside a record: none of it is applied
+			lr.r.lender.give(lr.asm.buf)
+		}
 		close(lr.queue)
 		<-applied
 	}()
 	for !lr.frames.failed() {
 		f, err := lr.l.readSealed(lendAbove)
+		if err == nil {
+			err = lr.dispatch(&f)
+		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				lr.log.Warn("replication link lost", "err", err)
 			}
 			return
 		}
-		var openErr error
-		open := func() { openErr = lr.l.open(&f) }
-		finish := func(ok bool) bool { return lr.finish(&f, openErr, ok) }
-		if f.lent {
-			lr.frames.submit(open, finish)
-			continue
-		}
-		lr.frames.inline(open, finish)
-		if lr.l.r.Buffered() == 0 {
-			lr.ackNow()
-		}
 	}
+}
+
+// dispatch has frame f, just read, opened and handled: a record's
+// beginning and parts by the assembly (begin, part); a large frame on a
+// worker, in turn; a small one here. An error ends the link (frames read
+// before f are still handled).
+func (lr *linkRun) dispatch(f *sealedFrame) error {
+	switch typ := f.typ(); {
+	case typ == msgRecordBegin:
+		return lr.begin(f)
+	case typ == msgRecordPart:
+		return lr.part(f)
+	case lr.asm.buf != nil:
+		lr.l.giveBack(f)
+		return fmt.Errorf("%w: a frame of type %d inside a record's parts", ErrCorrupt, typ)
+	}
+	var openErr error
+	open := func() { openErr = lr.l.open(f) }
+	finish := func(ok bool) bool { return lr.finish(f, openErr, ok) }
+	if f.lent {
+		lr.frames.submit(open, finish)
+		return nil
+	}
+	lr.frames.inline(open, finish)
+	if lr.l.r.Buffered() == 0 {
+		lr.ackNow()
+	}
+	return nil
+}
+
+// begin starts a record that arrives in parts: its frame (the record's
+// size) is opened here, at once, so that the size is authenticated before
+// a buffer of that size is lent.
+func (lr *linkRun) begin(f *sealedFrame) error {
+	defer lr.l.giveBack(f)
+	if lr.asm.buf != nil {
+		return fmt.Errorf("%w: a record begins inside another's parts", ErrCorrupt)
+	}
+	if err := lr.l.open(f); err != nil {
+		return err
+	}
+	if len(f.payload) != 8 {
+		return fmt.Errorf("%w: a %d-byte record beginning", ErrCorrupt, len(f.payload))
+	}
+	total := binary.LittleEndian.Uint64(f.payload)
+	if total <= partBytes || total > maxRecordBytes {
+		return fmt.Errorf("%w: a record in parts of %d bytes (more than %d, at most %d)", ErrCorrupt, total, partBytes, maxRecordBytes)
+	}
+	lr.asm = assembly{buf: lr.l.lend(int(total)), total: int(total)}
+	return nil
+}
+
+// part queues the next part of the record under way: a worker opens it
+// straight into its place in the record's buffer (and gives its own
+// buffer back); in turn, the last part hands the whole record to onRecord.
+// A part that fails to open, or any frame before it that failed, ends
+// the link and the record is given back unapplied.
+func (lr *linkRun) part(f *sealedFrame) error {
+	a := lr.asm
+	n := len(f.sealed) - macSize
+	switch {
+	case a.buf == nil:
+		lr.l.giveBack(f)
+		return fmt.Errorf("%w: a record part without a record", ErrCorrupt)
+	case n != min(partBytes, a.total-a.got):
+		lr.l.giveBack(f)
+		return fmt.Errorf("%w: a %d-byte record part after %d of %d bytes", ErrCorrupt, n, a.got, a.total)
+	}
+	dst := a.buf[a.got : a.got : a.got+n] // this part's place, only
+	lr.asm.got += n
+	last := lr.asm.got == a.total
+	if last {
+		lr.asm = assembly{} // the last part's finish holds the buffer now
+	}
+	var openErr error
+	open := func() {
+		openErr = lr.l.openInto(f, dst)
+		lr.l.giveBack(f)
+	}
+	lr.frames.submit(open, func(ok bool) bool {
+		if !last {
+			if ok && openErr != nil {
+				lr.log.Warn("replication link lost", "err", openErr)
+				ok = false
+			}
+			if !ok {
+				lr.l.c.Close() // the reader may be waiting for the next frame
+			}
+			return ok
+		}
+		rec := sealedFrame{buf: a.buf, payload: a.buf[:a.total], lent: true}
+		binary.LittleEndian.PutUint16(rec.h[4:], msgRecord)
+		return lr.finish(&rec, openErr, ok)
+	})
+	return nil
 }
 
 // finish handles one frame in its turn (ok: every frame before it was

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -314,5 +316,31 @@ func TestCompareApertures(t *testing.T) {
 	}
 	if rep := Compare(p, []ObjectSum{mem}); rep.Match || !rep.Apertures[0].Standby.Missing {
 		t.Fatalf("not compared on the standby: %+v", rep)
+	}
+}
+
+// TestOlderProtocolRefused: a peer that speaks the protocol before record
+// parts (3) is refused at the handshake by either end, with an error that
+// names both versions, before any key material is used.
+func TestOlderProtocolRefused(t *testing.T) {
+	old := append([]byte(helloMagic), 3, 0)
+	old = append(old, make([]byte, nonceSize)...)
+	for _, side := range []string{"standby", "primary"} {
+		t.Run("by the "+side, func(t *testing.T) {
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			go io.Copy(io.Discard, b) // the old peer reads what comes
+			go b.Write(old)           // and says hello
+			var err error
+			if side == "standby" {
+				_, err = serverHandshake(a, testKey, 2*time.Second)
+			} else {
+				_, err = clientHandshake(a, testKey, 2*time.Second)
+			}
+			if err == nil || !strings.Contains(err.Error(), "protocol 3, this side 4") {
+				t.Fatalf("an old peer was not refused: %v", err)
+			}
+		})
 	}
 }

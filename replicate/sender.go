@@ -282,16 +282,17 @@ var errLink = errors.New("replication link")
 // streamSnapshot sends the snapshot's records at the configured rate,
 // logging progress, until its end; it stops when the log outgrows its
 // resync budget. A reader goroutine (readAhead) pulls the records into a
-// few large buffers, device memory read straight into the frame; they are
-// sealed on several workers and written in order (bulkWriter): reading
-// the device, sealing and the link overlap, and each byte is copied once
-// on the primary.
+// few large buffers, device memory read straight into the record; they
+// are sealed in parts on several workers, out of those buffers into the
+// writer's, and written in order (bulkWriter): reading the device,
+// sealing and the link overlap, and each byte is copied once on the
+// primary (the seal is the copy).
 func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 	bw := l.bulk()
 	buffers := cryptoWorkers() + 2 // one read ahead, one on the link
 	free := make(chan []byte, buffers)
 	for range buffers {
-		free <- make([]byte, 0, frameHeader+recordHeader+resyncChunk+macSize)
+		free <- make([]byte, 0, recordHeader+resyncChunk)
 	}
 	ready := make(chan snapshotItem, buffers)
 	quit, finished := make(chan struct{}), make(chan struct{})
@@ -316,8 +317,8 @@ func (s *Sender) sendSnapshot(bw *bulkWriter, ready <-chan snapshotItem, free ch
 		if item.err != nil {
 			return fmt.Errorf("reading the snapshot: %w", item.err)
 		}
-		s.count(len(item.frame) - frameHeader)
-		err := bw.write(msgRecord, item.frame, func() {
+		s.count(len(item.enc))
+		err := bw.record(item.enc, func() {
 			free <- item.buf
 			lg.streamed(s.cur, item.done, item.total)
 			if s.progress.set(item.done) {
@@ -327,7 +328,7 @@ func (s *Sender) sendSnapshot(bw *bulkWriter, ready <-chan snapshotItem, free ch
 		if err != nil {
 			return fmt.Errorf("%w: %w", errLink, err)
 		}
-		pace.wait(len(item.frame))
+		pace.wait(len(item.enc))
 		// Guests' requests that are ready to run go first: without this a
 		// guest's call could wait behind the stream for a whole scheduler
 		// time slice at every step (measured: calls of 40-200 ms).
@@ -336,17 +337,17 @@ func (s *Sender) sendSnapshot(bw *bulkWriter, ready <-chan snapshotItem, free ch
 	return nil
 }
 
-// resyncChunk is the device memory in one snapshot record: a large frame
-// pays a seal, a write and an apply once per 4 MiB, and fits the standby's
+// resyncChunk is the device memory in one snapshot record: a record pays
+// a read of the device and an apply once per 4 MiB (it goes in parts of
+// partBytes, sealed and opened on workers), and fits the standby's
 // page-locked receive buffers.
 const resyncChunk = 4<<20 - recordHeader - macSize - 64
 
-// snapshotItem is a snapshot record read ahead: its frame (room for the
-// frame header, then its encoding: in buf, or in a larger buffer of its
-// own), the snapshot's progress after it, or the error that ended the
-// reading.
+// snapshotItem is a snapshot record read ahead: its encoding (in buf, or
+// in a larger buffer of its own), the snapshot's progress after it, or
+// the error that ended the reading.
 type snapshotItem struct {
-	buf, frame  []byte
+	buf, enc    []byte
 	done, total uint64
 	err         error
 }
@@ -363,14 +364,13 @@ func readAhead(snap Snapshot, free chan []byte, out chan<- snapshotItem, quit <-
 		case <-quit:
 			return
 		}
-		const body = frameHeader + recordHeader
-		rec, ok, err := snap.Next(buf[body : body : cap(buf)-macSize])
+		rec, ok, err := snap.Next(buf[recordHeader:recordHeader:cap(buf)])
 		item := snapshotItem{buf: buf, err: err}
 		if err == nil && !ok {
 			return
 		}
 		if err == nil {
-			item.frame = frameAround(buf, encodeAt(buf[frameHeader:cap(buf)], &rec))
+			item.enc = encodeAt(buf[:cap(buf)], &rec)
 			item.done, item.total = snap.Progress()
 		}
 		select {
@@ -384,15 +384,6 @@ func readAhead(snap Snapshot, free chan []byte, out chan<- snapshotItem, quit <-
 	}
 }
 
-// frameAround returns enc with frameHeader bytes of room before it: in buf
-// when enc was encoded in place there, else in a copy.
-func frameAround(buf, enc []byte) []byte {
-	if cap(buf) >= frameHeader+len(enc) && &buf[:frameHeader+1][frameHeader] == &enc[0] {
-		return buf[:frameHeader+len(enc)]
-	}
-	return append(make([]byte, frameHeader, frameHeader+len(enc)+macSize), enc...)
-}
-
 // stream sends live records after after until the link or ctx ends, with
 // heartbeats while idle and a reader for the standby's acks and answers.
 func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
@@ -401,6 +392,7 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 	readErr := make(chan error, 1)
 	go func() { readErr <- s.readAcks(l); close(stop); lg.wake() }()
 	go s.heartbeats(l, stop)
+	bw := l.bulk() // large records sealed on workers, written in order
 	for {
 		recs := lg.next(s.cur, after, stop, batchBytes)
 		if recs == nil {
@@ -427,10 +419,13 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 		}
 		err := l.locked(func() error {
 			for i := range recs {
-				if err := s.sendEntry(l, &recs[i]); err != nil {
+				if err := s.sendEntry(bw, &recs[i]); err != nil {
 					return err
 				}
 				after = recs[i].Seq
+			}
+			if err := bw.close(); err != nil {
+				return err
 			}
 			return l.flush()
 		})
@@ -479,11 +474,14 @@ func (s *Sender) send(l *link, r *Record) error {
 	return l.write(msgRecord, l.plain)
 }
 
-// sendEntry sends a record the log keeps encoded: the log's copy stays
-// as it is (a standby that reconnects may need it again).
-func (s *Sender) sendEntry(l *link, e *entry) error {
+// sendEntry queues a record the log keeps encoded: the log's copy stays
+// as it is (a standby that reconnects may need it again) and is sealed
+// into bw's buffers, a large one on workers (in parts above partBytes)
+// while the caller queues the next. The entry must stay in the log until
+// bw is closed.
+func (s *Sender) sendEntry(bw *bulkWriter, e *entry) error {
 	s.count(len(e.enc))
-	return l.writeCopy(msgRecord, e.enc)
+	return bw.record(e.enc, func() {})
 }
 
 func (s *Sender) count(n int) {

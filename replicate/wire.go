@@ -24,12 +24,14 @@ import (
 // direction then gets its own AES-256-GCM key derived from the key and both
 // nonces, and every frame is sealed with a nonce that is the frame counter:
 // frames cannot be read, forged, replayed, reordered or spliced in from
-// another connection. A resync's large frames are sealed and opened on
-// several workers (bulk.go): each takes its counter where it enters the
-// stream (the sender when it queues it, the standby when it reads it), so
-// no counter is used twice, frames are written in counter order, and each
+// another connection. Large frames (a resync's and live records, and the
+// parts of a record over partBytes) are sealed and opened on several
+// workers (bulk.go): each takes its counter where it enters the stream
+// (the sender when it queues it, the standby when it reads it), so no
+// counter is used twice, frames are written in counter order, and each
 // is handled in the order read, after every frame before it opened; one
-// that fails ends the link and nothing after it is handled. Several TCP
+// that fails ends the link and nothing after it is handled. A record in
+// parts is handled only once all of them opened. Several TCP
 // connections would need counters and ordering across them for the same
 // guarantees, and more state to resume after a cut. A CRC32C over the frame header and the tag tells a
 // torn or misaligned stream from a forged frame in the logs; it does not
@@ -51,11 +53,21 @@ var (
 const (
 	helloMagic    = "VGRA"
 	frameMagic    = 0x50524756 // "VGRP"
-	protoVersion  = 3          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag
+	protoVersion  = 4          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over partBytes go in parts
 	nonceSize     = 32
 	macSize       = 16
 	frameHeader   = 16
 	maxFrameBytes = 32 << 20
+	// partBytes bounds a record frame's payload: a larger record goes as
+	// a msgRecordBegin frame and then its encoding cut into parts of
+	// partBytes (the last one shorter), each a frame of its own, so that
+	// one record is sealed and opened on several workers.
+	partBytes = 1 << 20
+	// maxRecordBytes bounds a record sent in parts (a guest's record is
+	// bounded by the node's MaxPayload, 16 MiB by default); the standby
+	// receives it into a buffer of that size, lent until it is applied
+	// (below maxLentBytes: the parts after it must still be lent).
+	maxRecordBytes = 128 << 20
 )
 
 // Message types on an established link.
@@ -68,10 +80,13 @@ const (
 	msgHeartbeat                     // primary -> standby when idle: its term
 	msgFenced                        // standby -> primary: a promoted standby's term; stop serving
 	msgPromote                       // primary -> standby: planned switchover, take over now
+	msgRecordBegin                   // primary -> standby: a record of more than partBytes follows in parts; its size
+	msgRecordPart                    // primary -> standby: the next partBytes (or the last) of that record's encoding
 )
 
 var msgNames = map[uint16]string{msgRecord: "record", msgState: "state", msgAck: "ack", msgVerifyReply: "verify_reply",
-	msgMode: "mode", msgHeartbeat: "heartbeat", msgFenced: "fenced", msgPromote: "promote"}
+	msgMode: "mode", msgHeartbeat: "heartbeat", msgFenced: "fenced", msgPromote: "promote",
+	msgRecordBegin: "record_begin", msgRecordPart: "record_part"}
 
 // Direction says which way a message travels.
 type Direction int
@@ -85,7 +100,7 @@ const (
 // Message names one message a link is about to send, for a FaultHook.
 type Message struct {
 	From Direction
-	Type string // record, state, ack, verify_reply, mode, heartbeat, fenced, promote
+	Type string // record (once per record, even one sent in parts), state, ack, verify_reply, mode, heartbeat, fenced, promote
 	// Peer is the other end: the standby's address as configured (from
 	// a primary), the primary's remote address (from a standby).
 	Peer string
@@ -119,7 +134,7 @@ type link struct {
 	recvN uint64
 	rbuf  []byte
 	// plain and sealed are the writer's reused buffers: a record encoded
-	// for sending, and a payload sealed by writeCopy.
+	// for sending, and a small frame sealed by a bulkWriter's writeCopy.
 	plain  []byte
 	sealed []byte
 	// alloc makes the receive buffers of large frames; a standby on a GPU
@@ -128,6 +143,9 @@ type link struct {
 	alloc func(n int) []byte
 	// lender, when set, holds receive buffers lent out by readSealed.
 	lender *lender
+	// parts, when set, holds the buffers record parts are read into
+	// (each opened straight into its record's buffer, then given back).
+	parts chan []byte
 	// wmu serialises writers once more than one goroutine writes (see
 	// locked); faults and out are the fault hook and this end's direction.
 	wmu    sync.Mutex
@@ -239,15 +257,6 @@ func nonce(n uint64) []byte {
 // sends what is queued. Only one goroutine writes.
 func (l *link) write(typ uint16, payload []byte) error {
 	return l.seal(typ, payload[:0], payload)
-}
-
-// writeCopy queues one frame whose payload stays the caller's: it is sealed
-// into the link's own buffer (the encryption is the only pass over it).
-func (l *link) writeCopy(typ uint16, payload []byte) error {
-	if cap(l.sealed) < len(payload)+macSize {
-		l.sealed = make([]byte, 0, len(payload)+macSize)
-	}
-	return l.seal(typ, l.sealed[:0], payload)
 }
 
 // seal encrypts payload into dst (which may be payload[:0]) and queues the
@@ -395,9 +404,9 @@ type sealedFrame struct {
 	sealed  []byte
 	payload []byte
 	// lent: buf was lent from l.lender and the frame holds it (whoever
-	// ends up with it gives it back); otherwise it is the link's own,
-	// reused by the next read.
-	lent bool
+	// ends up with it gives it back); part: buf came from l.parts;
+	// otherwise it is the link's own, reused by the next read.
+	lent, part bool
 }
 
 func (f *sealedFrame) typ() uint16 { return binary.LittleEndian.Uint16(f.h[4:]) }
@@ -406,8 +415,9 @@ func (f *sealedFrame) typ() uint16 { return binary.LittleEndian.Uint16(f.h[4:]) 
 // takes its counter, without opening it. A frame of at least lendFrom
 // payload bytes (0: none) is read into a buffer lent from l.lender, so
 // that it can be opened and handled while later frames are read; waiting,
-// when too much is lent, for buffers to come back. Only one goroutine
-// reads.
+// when too much is lent, for buffers to come back. A record part is read
+// into a buffer from l.parts (when set), waiting for one. Only one
+// goroutine reads.
 func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
 	var f sealedFrame
 	h := f.h[:]
@@ -418,13 +428,20 @@ func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
 		return f, fmt.Errorf("%w: bad frame header", ErrCorrupt)
 	}
 	n := int(binary.LittleEndian.Uint32(h[8:]))
-	if n > maxFrameBytes {
-		return f, fmt.Errorf("%w: %d-byte frame", ErrCorrupt, n)
+	if n > maxFrameBytes || n > partBytes && (f.typ() == msgRecord || f.typ() == msgRecordPart) {
+		return f, fmt.Errorf("%w: %d-byte %s frame", ErrCorrupt, n, msgNames[f.typ()])
 	}
-	f.lent = l.lender != nil && lendFrom > 0 && n >= lendFrom
-	if f.lent {
+	f.part = l.parts != nil && f.typ() == msgRecordPart
+	f.lent = !f.part && l.lender != nil && lendFrom > 0 && n >= lendFrom
+	switch {
+	case f.part:
+		f.buf = <-l.parts
+		if cap(f.buf) < n+macSize {
+			f.buf = make([]byte, partBytes+macSize)
+		}
+	case f.lent:
 		f.buf = l.lend(n + macSize)
-	} else {
+	default:
 		if cap(l.rbuf) < n+macSize {
 			l.rbuf = make([]byte, n+macSize)
 		}
@@ -457,12 +474,18 @@ func (l *link) lend(n int) []byte {
 	})
 }
 
-// giveBack returns a frame's lent buffer, if it still holds one.
+// giveBack returns a frame's lent or part buffer, if it still holds one.
 func (l *link) giveBack(f *sealedFrame) {
-	if f.lent && f.buf != nil {
+	switch {
+	case f.buf == nil:
+	case f.lent:
 		l.lender.give(f.buf)
-		f.buf = nil
+	case f.part:
+		l.parts <- f.buf
+	default:
+		return
 	}
+	f.buf = nil
 }
 
 // open authenticates and decrypts a frame in place. It touches nothing
@@ -474,6 +497,19 @@ func (l *link) open(f *sealedFrame) error {
 		return fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
 	}
 	f.payload = payload
+	return nil
+}
+
+// openInto authenticates and decrypts a frame into dst, which has room
+// for its payload (a record part into its place in the record's buffer:
+// no copy). Like open, it touches nothing else of the link's.
+func (l *link) openInto(f *sealedFrame, dst []byte) error {
+	if cap(dst) < len(f.sealed)-macSize {
+		return fmt.Errorf("%w: no room for a %d-byte payload", ErrCorrupt, len(f.sealed)-macSize)
+	}
+	if _, err := l.recvK.Open(dst[:0], nonce(f.n), f.sealed, f.h[:12]); err != nil {
+		return fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
+	}
 	return nil
 }
 
