@@ -6,13 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"sort"
 	"sync"
 	"text/tabwriter"
 	"time"
 
-	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/drill"
 	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -38,6 +38,10 @@ type ResyncOptions struct {
 	// Log, if set, receives both nodes' logs (the resync's progress lines
 	// among them).
 	Log *slog.Logger
+	// Processes, when set, runs the primary and the standby as processes
+	// of their own (the backends named there; NewBackend and Log unused):
+	// the figures a deployment sees.
+	Processes *drill.NodesOptions
 }
 
 // ResyncBenchRow is one resync of a standby that joins while guests run.
@@ -49,12 +53,23 @@ type ResyncBenchRow struct {
 	// ran; BaselineMaxMS the slowest before it.
 	LongestPauseMS float64 `json:"longest_guest_pause_ms"`
 	BaselineMaxMS  float64 `json:"baseline_max_call_ms"`
+	// LongestCall is the slowest call's kind, LongestAtS when it began
+	// (seconds after the standby was started).
+	LongestCall string  `json:"longest_call"`
+	LongestAtS  float64 `json:"longest_call_at_s"`
+	// Slowest are the slowest calls while the resync ran, slowest first
+	// (their wall-clock times line up with the nodes' log lines).
+	Slowest []SlowCall `json:"slowest_calls"`
 	// ResyncSeconds: the standby's attach to protected (the sender's
 	// reconnect backoff before it is not counted).
 	ResyncSeconds float64 `json:"resync_seconds"`
-	ResyncMBps    float64 `json:"resync_mb_per_s"`
-	LinkMBps      float64 `json:"link_mb_per_s"` // plain TCP copy on loopback, same run
+	ResyncMBps    float64 `json:"resync_mb_per_s"` // guest memory / ResyncSeconds
+	LinkMBps      float64 `json:"link_mb_per_s"`   // plain TCP copy on loopback, same run
 	VsLink        float64 `json:"vs_link"`
+	// CarriedMBps: all the link carried during the resync (the snapshot
+	// and the records guests wrote meanwhile) / ResyncSeconds.
+	CarriedMBps   float64 `json:"carried_mb_per_s"`
+	CarriedVsLink float64 `json:"carried_vs_link"`
 	// Guest throughput: mixed-workload calls per second, before and while
 	// the resync ran.
 	OpsPerSecBefore float64 `json:"guest_ops_per_s_before"`
@@ -93,9 +108,13 @@ func Resync(opts ResyncOptions) ([]ResyncBenchRow, error) {
 			}
 			row.LinkMBps = link / 1e6
 			row.VsLink = row.ResyncMBps * 1e6 / link
+			row.CarriedVsLink = row.CarriedMBps * 1e6 / link
 			rows = append(rows, row)
 			if opts.Progress != nil {
 				fmt.Fprintf(opts.Progress, "%d MiB %s: pause %.1f ms, resync %.2f s\n", size>>20, m, row.LongestPauseMS, row.ResyncSeconds)
+				for _, c := range row.Slowest {
+					fmt.Fprintf(opts.Progress, "  slow call: %s %s %.1f ms\n", c.Began.UTC().Format("15:04:05.000"), c.Kind, c.MS)
+				}
 			}
 		}
 	}
@@ -125,23 +144,15 @@ func linkRate() (float64, error) {
 // resyncOnce runs one row: fill, baseline, join, measure, verify.
 func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow, error) {
 	row := ResyncBenchRow{Method: method, GuestBytes: size}
-	newBackend, newStandby := opts.NewBackend, opts.NewStandbyBackend
-	if method == "stop-the-world" {
-		newBackend = withoutSnapshots(opts.NewBackend)
-	}
-	perGuest := size / uint64(opts.Guests)
-	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend, NewStandbyBackend: newStandby, Log: opts.Log,
-		ResyncRate: opts.Rate, Hypervisor: func(h *hypervisor.Config) {
-			h.MemoryQuota = max(h.MemoryQuota, perGuest+256<<20)
-			h.TenantMemoryQuota = max(h.TenantMemoryQuota, size+uint64(opts.Guests)*256<<20)
-		}})
+	nodes, err := startResyncNodes(opts, size, method)
 	if err != nil {
 		return row, err
 	}
-	defer c.Close()
+	defer nodes.close()
+	perGuest := size / uint64(opts.Guests)
 	guests := make([]*mixedGuest, opts.Guests)
 	for i := range guests {
-		if guests[i], err = newMixedGuest(c, perGuest, uint64(i)); err != nil {
+		if guests[i], err = newMixedGuest(nodes, perGuest, uint64(i)); err != nil {
 			return row, err
 		}
 		defer guests[i].g.Close()
@@ -149,11 +160,11 @@ func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow,
 	run := startMixed(guests)
 	time.Sleep(opts.Baseline)
 	before := run.cut()
-	if err := c.StartStandby(); err != nil {
+	if err := nodes.startStandby(); err != nil {
 		run.stop()
 		return row, err
 	}
-	err = c.WaitProtected(10 * time.Minute)
+	err = nodes.waitProtected(10 * time.Minute)
 	during := run.cut()
 	if err := run.stop(); err != nil {
 		return row, err
@@ -162,15 +173,20 @@ func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow,
 		return row, err
 	}
 	time.Sleep(20 * time.Millisecond) // let the sender record the resync's end
-	st := c.Sender.Status()
-	row.SnapshotMS, row.ResyncSeconds, row.Restarts = st.LastPauseMS, st.LastResync, st.ResyncRestarts
-	row.ResyncMBps = float64(size) / st.LastResync / 1e6
+	st, err := nodes.lastResync()
+	if err != nil {
+		return row, err
+	}
+	row.SnapshotMS, row.ResyncSeconds, row.Restarts = st.PauseSeconds*1000, st.Seconds, st.Restarts
+	row.ResyncMBps = float64(size) / st.Seconds / 1e6
+	row.CarriedMBps = float64(st.Bytes) / st.Seconds / 1e6
 	row.LongestPauseMS, row.BaselineMaxMS = during.maxMS, before.maxMS
+	row.LongestCall, row.LongestAtS, row.Slowest = during.maxOp, during.maxAt.Seconds(), during.slow
 	row.OpsPerSecBefore, row.OpsPerSecDuring = before.perSec, during.perSec
 	if before.perSec > 0 {
 		row.VsBefore = during.perSec / before.perSec
 	}
-	rep, err := c.Verify()
+	rep, err := nodes.verify()
 	row.Verified = err == nil && rep.Match
 	row.Mismatches = rep.Mismatches
 	return row, err
@@ -218,8 +234,8 @@ const chaseNodes = 256
 
 const mixedBuffer = 64 << 20
 
-func newMixedGuest(c *cluster.Cluster, bytes, seed uint64) (*mixedGuest, error) {
-	g, err := c.Guest(fmt.Sprintf("resync-bench-%d", seed))
+func newMixedGuest(nodes resyncNodes, bytes, seed uint64) (*mixedGuest, error) {
+	g, err := nodes.guest(fmt.Sprintf("resync-bench-%d", seed))
 	if err != nil {
 		return nil, err
 	}
@@ -279,26 +295,49 @@ func (mg *mixedGuest) loadChase() error {
 // copy in, a 64 KiB memset, a 256 KiB device-to-device copy, a
 // pointer_chase launch writing its result, all at random places in the
 // guest's memory, or a 4 KiB read (which waits for the commit rule).
-func (mg *mixedGuest) op(data []byte) error {
+func (mg *mixedGuest) op(data []byte) (string, error) {
 	i := mg.rng.IntN(len(mg.bufs))
 	n := min(uint64(len(data)), mg.sizes[i])
 	at := mg.bufs[i] + pvdriver.DevicePtr(mg.rng.Uint64N(mg.sizes[i]-n+1)&^7)
 	switch mg.rng.IntN(5) {
 	case 0:
-		return mg.g.CopyHtoD(at, data[:n])
+		return "copy_htod", mg.g.CopyHtoD(at, data[:n])
 	case 1:
-		return mg.g.Memset32(at, mg.rng.Uint32(), min(n, 64<<10)/4)
+		return "memset", mg.g.Memset32(at, mg.rng.Uint32(), min(n, 64<<10)/4)
 	case 2:
 		j := mg.rng.IntN(len(mg.bufs))
 		m := min(n, mg.sizes[j])
-		return mg.g.CopyDtoD(at, mg.bufs[j]+pvdriver.DevicePtr(mg.rng.Uint64N(mg.sizes[j]-m+1)), m)
+		return "copy_dtod", mg.g.CopyDtoD(at, mg.bufs[j]+pvdriver.DevicePtr(mg.rng.Uint64N(mg.sizes[j]-m+1)), m)
 	case 3:
 		one := abi.Dim3{X: 1, Y: 1, Z: 1}
 		start := uint64(mg.nodes) + 16*mg.rng.Uint64N(chaseNodes)
-		return mg.g.Launch(mg.chase, pvdriver.LaunchConfig{Grid: one, Block: one}, abi.Arg{Kind: abi.ArgPtr, Bits: start},
+		return "launch", mg.g.Launch(mg.chase, pvdriver.LaunchConfig{Grid: one, Block: one}, abi.Arg{Kind: abi.ArgPtr, Bits: start},
 			abi.Arg{Kind: abi.ArgU32, Bits: 64}, abi.Arg{Kind: abi.ArgPtr, Bits: uint64(at)})
 	}
-	return mg.g.CopyDtoH(data[:4096], at)
+	return "copy_dtoh", mg.g.CopyDtoH(data[:4096], at)
+}
+
+// SlowCall is one slow guest call.
+type SlowCall struct {
+	Kind  string    `json:"kind"`
+	Began time.Time `json:"began"`
+	MS    float64   `json:"ms"`
+}
+
+// slowKept is how many slowest calls a phase keeps.
+const slowKept = 8
+
+// keepSlow adds c to slow (slowest first) if it is among the slowKept
+// slowest.
+func keepSlow(slow []SlowCall, c SlowCall) []SlowCall {
+	i := sort.Search(len(slow), func(i int) bool { return slow[i].MS < c.MS })
+	if i >= slowKept {
+		return slow
+	}
+	slow = append(slow, SlowCall{})
+	copy(slow[i+1:], slow[i:])
+	slow[i] = c
+	return slow[:min(len(slow), slowKept)]
 }
 
 // mixedRun drives every guest's mixed workload until stopped, and cuts the
@@ -307,6 +346,9 @@ type mixedRun struct {
 	mu     sync.Mutex
 	ops    int
 	maxLat time.Duration
+	maxOp  string        // the slowest call's kind
+	maxAt  time.Duration // when it began, from since
+	slow   []SlowCall
 	since  time.Time
 	err    error
 	quit   chan struct{}
@@ -317,6 +359,9 @@ type mixedRun struct {
 type phase struct {
 	perSec float64
 	maxMS  float64
+	maxOp  string
+	maxAt  time.Duration
+	slow   []SlowCall
 }
 
 func startMixed(guests []*mixedGuest) *mixedRun {
@@ -333,11 +378,14 @@ func startMixed(guests []*mixedGuest) *mixedRun {
 				default:
 				}
 				start := time.Now()
-				err := mg.op(data)
+				kind, err := mg.op(data)
 				lat := time.Since(start)
 				r.mu.Lock()
 				r.ops++
-				r.maxLat = max(r.maxLat, lat)
+				r.slow = keepSlow(r.slow, SlowCall{Kind: kind, Began: start, MS: float64(lat.Microseconds()) / 1000})
+				if lat > r.maxLat {
+					r.maxLat, r.maxOp, r.maxAt = lat, kind, start.Sub(r.since)
+				}
 				if err != nil && r.err == nil {
 					r.err = err
 				}
@@ -352,8 +400,9 @@ func startMixed(guests []*mixedGuest) *mixedRun {
 func (r *mixedRun) cut() phase {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := phase{perSec: float64(r.ops) / time.Since(r.since).Seconds(), maxMS: float64(r.maxLat.Microseconds()) / 1000}
-	r.ops, r.maxLat, r.since = 0, 0, time.Now()
+	p := phase{perSec: float64(r.ops) / time.Since(r.since).Seconds(), maxMS: float64(r.maxLat.Microseconds()) / 1000,
+		maxOp: r.maxOp, maxAt: r.maxAt, slow: r.slow}
+	r.ops, r.maxLat, r.maxOp, r.slow, r.since = 0, 0, "", nil, time.Now()
 	return p
 }
 
@@ -366,14 +415,14 @@ func (r *mixedRun) stop() error {
 // PrintResync writes the rows as a table.
 func PrintResync(w io.Writer, rows []ResyncBenchRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "method\tguest MiB\tsnapshot pause ms\tlongest guest call ms\t(before)\tresync s\tresync MB/s\tlink MB/s\tvs link\tguest ops/s before\tduring\tratio\trestarts\tverify\t")
+	fmt.Fprintln(tw, "method\tguest MiB\tsnapshot pause ms\tlongest guest call ms\t(which, at s)\t(before)\tresync s\tresync MB/s\tcarried MB/s\tlink MB/s\tvs link\tcarried vs link\tguest ops/s before\tduring\tratio\trestarts\tverify\t")
 	for _, r := range rows {
 		v := "match"
 		if !r.Verified {
 			v = "DIFFERS"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.2f\t%d\t%s\t\n", r.Method, r.GuestBytes>>20,
-			r.SnapshotMS, r.LongestPauseMS, r.BaselineMaxMS, r.ResyncSeconds, r.ResyncMBps, r.LinkMBps, r.VsLink,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%s %.2f\t%.1f\t%.2f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\t%.0f\t%.2f\t%d\t%s\t\n", r.Method, r.GuestBytes>>20,
+			r.SnapshotMS, r.LongestPauseMS, r.LongestCall, r.LongestAtS, r.BaselineMaxMS, r.ResyncSeconds, r.ResyncMBps, r.CarriedMBps, r.LinkMBps, r.VsLink, r.CarriedVsLink,
 			r.OpsPerSecBefore, r.OpsPerSecDuring, r.VsBefore, r.Restarts, v)
 	}
 	tw.Flush()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -57,7 +58,11 @@ type SenderStatus struct {
 	Resyncs     uint64  `json:"resyncs"`
 	LastPauseMS float64 `json:"last_resync_pause_ms"`
 	LastResync  float64 `json:"last_resync_seconds"`
-	LastError   string  `json:"last_error,omitempty"`
+	// LastResyncBytes is what the link carried during the last resync, from
+	// the standby's attach until it protected: the snapshot and the records
+	// guests wrote meanwhile.
+	LastResyncBytes uint64 `json:"last_resync_bytes"`
+	LastError       string `json:"last_error,omitempty"`
 	// ResyncRestarts counts resyncs that started over (the log outgrew
 	// its resync budget, or the snapshot could not be read).
 	ResyncRestarts uint64         `json:"resync_restarts"`
@@ -88,6 +93,12 @@ type Sender struct {
 	resyncFrom time.Time
 	restarts   uint64
 	progress   progress
+	// sent counts the record bytes sent (all links); resyncSent is its
+	// value when the resync under way began, lastResyncBytes what the
+	// last one carried.
+	sent            atomic.Uint64
+	resyncSent      uint64
+	lastResyncBytes uint64
 }
 
 // NewSender returns a sender protecting node; Run starts it.
@@ -147,7 +158,7 @@ func (s *Sender) Status() SenderStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := SenderStatus{Mode: s.cfg.Mode.String(), Standby: s.cfg.Addr, Resyncs: s.resyncs,
-		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(),
+		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(), LastResyncBytes: s.lastResyncBytes,
 		LastError: s.lastErr, LogStatus: ls, State: "unprotected",
 		ResyncRestarts: s.restarts, Resync: s.progress.status()}
 	switch {
@@ -249,7 +260,7 @@ func (s *Sender) resync(l *link) (uint64, error) {
 	s.mu.Lock()
 	s.resyncs++
 	s.lastPause = pause
-	s.resyncing, s.resyncFrom = true, start
+	s.resyncing, s.resyncFrom, s.resyncSent = true, start, s.sent.Load()
 	s.mu.Unlock()
 	s.progress.begin(total)
 	defer s.progress.end()
@@ -485,6 +496,7 @@ func (s *Sender) sendEntry(bw *bulkWriter, e *entry) error {
 }
 
 func (s *Sender) count(n int) {
+	s.sent.Add(uint64(n))
 	if m := s.metrics; m != nil {
 		m.sentBytes.Add(float64(n))
 		m.sentOps.Inc()
@@ -527,6 +539,7 @@ func (s *Sender) acked(received, applied uint64) {
 	if s.resyncing && s.cfg.Log.peerStatus(s.cur).Protected {
 		s.resyncing = false
 		s.lastResync = time.Since(s.resyncFrom)
+		s.lastResyncBytes = s.sent.Load() - s.resyncSent
 		s.log.Info("standby resynced; primary is protected", "took", s.lastResync)
 	}
 }

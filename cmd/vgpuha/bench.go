@@ -19,6 +19,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/bench"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/internal/drill"
 )
 
 // benchmarks are bench's subcommands.
@@ -60,9 +61,20 @@ func runBenchResync(args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
 	standbyBackend := standbyBackendFlag(fs, &bf)
 	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second)")
+	processes := fs.Bool("processes", false, "run the primary and the standby as processes of their own, as a deployment does, "+
+		"instead of inside the benchmark's (whose address space, cores and garbage collector they would share with the guests); "+
+		"their logs are kept (and named) only when a standby never protects its primary")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *processes {
+		bin, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		opts.Processes = &drill.NodesOptions{Binary: bin, Backend: bf.name, StandbyBackend: fs.Lookup("standby-backend").Value.String(),
+			Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.simMemory, 10)}}
 	}
 	if *logNodes {
 		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))

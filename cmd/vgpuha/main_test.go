@@ -1178,3 +1178,32 @@ func TestLiveBenches(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchResync: `bench resync` with its nodes inside its own process
+// and, with --processes, as processes of their own; each row's standby is
+// verified identical, carried every snapshot byte (and the guests' writes
+// meanwhile) and names its slowest calls.
+func TestBenchResync(t *testing.T) {
+	skipShort(t)
+	for _, placement := range [][]string{nil, {"--processes"}} {
+		args := append([]string{"bench", "resync", "--backend", "sim", "--sizes", "64MiB", "--baseline", "300ms", "--json"}, placement...)
+		out, err := exec.Command(vgpuhaBin, args...).Output()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		var rows []bench.ResyncBenchRow
+		if err := json.Unmarshal(out, &rows); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if len(rows) != 1 {
+			t.Fatalf("%v: %d rows: %s", placement, len(rows), out)
+		}
+		r := rows[0]
+		if !r.Verified || r.ResyncSeconds <= 0 || r.OpsPerSecDuring <= 0 || len(r.Slowest) == 0 || r.LongestCall == "" {
+			t.Errorf("%v: %+v", placement, r)
+		}
+		if r.CarriedMBps < r.ResyncMBps || r.CarriedVsLink <= 0 {
+			t.Errorf("%v: the link carried %.0f MB/s, less than the snapshot's %.0f", placement, r.CarriedMBps, r.ResyncMBps)
+		}
+	}
+}

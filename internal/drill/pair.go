@@ -125,6 +125,10 @@ type pair struct {
 	rejoined              *agent
 	rejoinAddr            string
 	bin, backend, keyFile string
+	// standbyBackend is the standby's backend when not backend's;
+	// primaryFlags go to the primary only.
+	standbyBackend string
+	primaryFlags   []string
 	// nodeFlags are given to every node the pair starts (limits that
 	// let guests hold large state).
 	nodeFlags []string
@@ -180,21 +184,29 @@ func startPair(bin, backend, mode string, netns bool, scheme string, nodeFlags [
 	if err != nil {
 		return nil, err
 	}
+	return p, p.launch(mode, netns, scheme, standbyLater)
+}
+
+// launch starts a new pair's nodes as startPair says; on failure the
+// pair is stopped.
+func (p *pair) launch(mode string, netns bool, scheme string, standbyLater bool) error {
 	p.primaryEP, p.standbyEP = withScheme(p.primaryEP, scheme), withScheme(p.standbyEP, scheme)
+	var err error
 	if p.replAddr, err = p.replicationAddr(netns); err != nil {
 		p.stop()
-		return nil, err
+		return err
 	}
 	if !standbyLater {
 		if err := p.startStandby(); err != nil {
 			p.stop()
-			return nil, err
+			return err
 		}
 	}
-	if err := p.start(p.primary, bin, "primary", p.netns[0], "--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://"+p.replAddr,
-		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode()); err != nil {
+	args := append([]string{"--backend", p.backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://" + p.replAddr,
+		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode()}, p.primaryFlags...)
+	if err := p.start(p.primary, p.bin, "primary", p.netns[0], args...); err != nil {
 		p.stop()
-		return nil, err
+		return err
 	}
 	if standbyLater {
 		err = waitFor(10*time.Second, p.primary.healthy)
@@ -203,16 +215,20 @@ func startPair(bin, backend, mode string, netns bool, scheme string, nodeFlags [
 	}
 	if err != nil {
 		p.stopKeepingLogs()
-		return nil, fmt.Errorf("primary never became ready (logs in %s): %w", p.dir, err)
+		return fmt.Errorf("primary never became ready (logs in %s): %w", p.dir, err)
 	}
-	return p, nil
+	return nil
 }
 
 // startStandby starts the pair's standby. Once promoted, it protects
 // itself with whatever listens at the old primary's host (the failback
 // fault puts a standby there).
 func (p *pair) startStandby() error {
-	return p.start(p.standby, p.bin, "standby", p.netns[1], "--backend", p.backend, "--listen", "tcp://"+p.replAddr, "--replicate.key-file", p.keyFile,
+	backend := p.backend
+	if p.standbyBackend != "" {
+		backend = p.standbyBackend
+	}
+	return p.start(p.standby, p.bin, "standby", p.netns[1], "--backend", backend, "--listen", "tcp://"+p.replAddr, "--replicate.key-file", p.keyFile,
 		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode(), "--replicate-to", "tcp://"+p.rejoinAddr)
 }
 

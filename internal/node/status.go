@@ -89,6 +89,7 @@ type Replication struct {
 	ResyncRestartsTotal    uint64   `json:"resync_restarts_total"`
 	LastResyncPauseSeconds float64  `json:"last_resync_pause_seconds"`
 	LastResyncSeconds      float64  `json:"last_resync_seconds"`
+	LastResyncBytes        uint64   `json:"last_resync_bytes"`
 	ApplyErrorsTotal       uint64   `json:"apply_errors_total"`
 	RefusedPeersTotal      uint64   `json:"refused_peers_total"`
 	LastError              string   `json:"last_error"`
@@ -191,6 +192,7 @@ func senderView(mode string, ls replicate.LogStatus, senders []replicate.SenderS
 		v.ResyncRestartsTotal += s.ResyncRestarts
 		v.LastResyncPauseSeconds = max(v.LastResyncPauseSeconds, s.LastPauseMS/1000)
 		v.LastResyncSeconds = max(v.LastResyncSeconds, s.LastResync)
+		v.LastResyncBytes = max(v.LastResyncBytes, s.LastResyncBytes)
 		if v.LastError == "" {
 			v.LastError = s.LastError
 		}

@@ -1,0 +1,102 @@
+package drill
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// Nodes is a primary and a standby running as processes of their own on
+// loopback, as a deployment runs them, for benchmarks that must not
+// measure one process's address space, scheduler and garbage collector
+// shared by both nodes and the guests (bench resync --processes). The
+// primary starts alone; the standby joins on StartStandby.
+type Nodes struct {
+	p *pair
+	// keepLogs: something failed; Close leaves the nodes' logs.
+	keepLogs bool
+}
+
+// NodesOptions says how to start Nodes.
+type NodesOptions struct {
+	Binary         string // the vgpuha binary
+	Backend        string // --backend of both nodes
+	StandbyBackend string // the standby's, when not Backend's
+	Mode           string // replication mode (default commit)
+	// Flags go to both nodes (quotas, the software GPU's size),
+	// PrimaryFlags to the primary only (resync settings).
+	Flags, PrimaryFlags []string
+}
+
+// StartNodes starts the primary and waits until it serves guests.
+func StartNodes(o NodesOptions) (*Nodes, error) {
+	if o.Mode == "" {
+		o.Mode = "commit"
+	}
+	p, err := newPair(o.Binary, o.Backend, o.Flags)
+	if err != nil {
+		return nil, err
+	}
+	p.standbyBackend, p.primaryFlags = o.StandbyBackend, o.PrimaryFlags
+	if err := p.launch(o.Mode, false, "unix", true); err != nil {
+		return nil, err
+	}
+	return &Nodes{p: p}, nil
+}
+
+// Endpoints are where guests reach the primary, and the standby after a
+// failover.
+func (n *Nodes) Endpoints() (primary string, failover []string) {
+	return n.p.primaryEP, []string{n.p.standbyEP}
+}
+
+// StartStandby starts the standby; the primary begins resyncing it.
+func (n *Nodes) StartStandby() error { return n.p.startStandby() }
+
+// WaitProtected waits until the primary says its standby protects it.
+func (n *Nodes) WaitProtected(d time.Duration) error {
+	if err := waitFor(d, n.p.protected); err != nil {
+		n.keepLogs = true
+		return fmt.Errorf("the standby never protected the primary (logs in %s): %w", n.p.dir, err)
+	}
+	return nil
+}
+
+// ResyncFigures are the primary's figures of its last resync (its
+// /status replication section).
+type ResyncFigures struct {
+	PauseSeconds float64 `json:"last_resync_pause_seconds"`
+	Seconds      float64 `json:"last_resync_seconds"`
+	Bytes        uint64  `json:"last_resync_bytes"`
+	Restarts     uint64  `json:"resync_restarts_total"`
+}
+
+// LastResync reads the primary's figures of its last resync.
+func (n *Nodes) LastResync() (ResyncFigures, error) {
+	var st struct{ Replication ResyncFigures }
+	err := n.p.primary.status(&st)
+	return st.Replication, err
+}
+
+// Verify asks the primary to compare every object with the standby's.
+func (n *Nodes) Verify(timeout time.Duration) (replicate.Report, error) {
+	var rep replicate.Report
+	body, err := n.p.primary.do(http.MethodPost, "/verify", timeout)
+	if err != nil {
+		return rep, err
+	}
+	return rep, json.Unmarshal(body, &rep)
+}
+
+// Close stops both nodes and removes their files (but the logs, after
+// WaitProtected failed).
+func (n *Nodes) Close() {
+	if n.keepLogs {
+		n.p.stopKeepingLogs()
+		return
+	}
+	n.p.stop()
+}
