@@ -25,8 +25,9 @@ type ResyncOptions struct {
 	Guests int
 	// Baseline is how long guests run before the standby joins.
 	Baseline time.Duration
-	// Rate bounds the resync stream (bytes/s; 0: none).
-	Rate int64
+	// Rate bounds the resync stream (bytes/s; 0: none); Budget is the
+	// primary's resync budget (0: the default).
+	Rate, Budget int64
 	// StopTheWorld also measures each size the old way: every guest
 	// stopped while all of device memory is copied.
 	StopTheWorld bool

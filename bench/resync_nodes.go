@@ -40,6 +40,9 @@ func startResyncNodes(opts ResyncOptions, size uint64, method string) (resyncNod
 		o.Flags = append([]string{"--guest.memory-quota-bytes", strconv.FormatUint(guestQuota, 10),
 			"--tenant.memory-quota-bytes", strconv.FormatUint(tenantQuota, 10)}, o.Flags...)
 		o.PrimaryFlags = append([]string{"--replicate.resync-rate", strconv.FormatInt(opts.Rate, 10)}, o.PrimaryFlags...)
+		if opts.Budget > 0 {
+			o.PrimaryFlags = append(o.PrimaryFlags, "--replicate.resync-budget-bytes", strconv.FormatInt(opts.Budget, 10))
+		}
 		n, err := drill.StartNodes(o)
 		if err != nil {
 			return nil, err
@@ -51,7 +54,7 @@ func startResyncNodes(opts ResyncOptions, size uint64, method string) (resyncNod
 		newBackend = withoutSnapshots(opts.NewBackend)
 	}
 	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend,
-		NewStandbyBackend: opts.NewStandbyBackend, Log: opts.Log, ResyncRate: opts.Rate, Hypervisor: func(h *hypervisor.Config) {
+		NewStandbyBackend: opts.NewStandbyBackend, Log: opts.Log, ResyncRate: opts.Rate, ResyncBudgetBytes: opts.Budget, Hypervisor: func(h *hypervisor.Config) {
 			h.MemoryQuota = max(h.MemoryQuota, guestQuota)
 			h.TenantMemoryQuota = max(h.TenantMemoryQuota, tenantQuota)
 		}})

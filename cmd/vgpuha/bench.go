@@ -55,6 +55,7 @@ func runBenchResync(args []string) error {
 	fs.IntVar(&opts.Guests, "guests", 2, "guests running the mixed workload")
 	fs.DurationVar(&opts.Baseline, "baseline", time.Second, "how long guests run before the standby joins (their throughput before)")
 	fs.Int64Var(&opts.Rate, "rate", 0, "bound on the resync stream in bytes per second (0: none)")
+	budget := fs.String("resync-budget", "", "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (default: the primary's default)")
 	fs.BoolVar(&opts.StopTheWorld, "stop-the-world", false, "also resync each size the old way (every guest stopped while all memory is copied), for comparison")
 	var bf backendFlags
 	bf.register(fs)
@@ -67,6 +68,16 @@ func runBenchResync(args []string) error {
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *budget != "" {
+		n, err := parseBytes(*budget)
+		if err == nil && n > math.MaxInt64 {
+			err = fmt.Errorf("%d bytes is too large", n)
+		}
+		if err != nil {
+			return fmt.Errorf("--resync-budget: %w", err)
+		}
+		opts.Budget = int64(n)
 	}
 	if *processes {
 		bin, err := os.Executable()

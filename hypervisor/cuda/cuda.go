@@ -576,6 +576,9 @@ func (c *guestContext) Sync() error {
 func (c *guestContext) Close() error {
 	err := c.do(func() error {
 		d := c.d
+		if c.snap != nil {
+			c.snap.releaseLocked() // after any read under way
+		}
 		d.cuCtxSynchronize()
 		for s, h := range c.streams {
 			d.cuStreamDestroy(h)

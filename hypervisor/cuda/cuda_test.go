@@ -1,8 +1,12 @@
 package cuda_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/vgpuha/vgpuha/hypervisor/cuda"
@@ -182,5 +186,72 @@ func TestMemorySnapshotOnGPU(t *testing.T) {
 	}
 	if string(got) != string(data) {
 		t.Fatal("the snapshot does not hold the contents it was taken with")
+	}
+}
+
+// TestSnapshotReadsBesideGuestAndRelease: reads of a snapshot run while
+// the guest copies, and while the snapshot (then the context) goes away:
+// every read returns the snapshot's bytes or says it was released,
+// and release waits for the reads under way.
+func TestSnapshotReadsBesideGuestAndRelease(t *testing.T) {
+	b := backend(t)
+	ctx, err := b.NewContext(0x7d0000000000, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := ctx.Window()
+	const n = 64 << 20
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*13 + i>>17)
+	}
+	if err := ctx.Alloc(base, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.CopyHtoD(base, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := ctx.(gpu.Snapshotter).SnapshotMemory([]gpu.Range{{Addr: base, Size: n}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got := make([]byte, 4<<20)
+			for i := 0; ; i++ {
+				off := uint64((w*7+i)%16) * uint64(len(got))
+				err := snap.ReadAt(got, base+off)
+				if err != nil && strings.Contains(err.Error(), "snapshot released") {
+					return
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(got, data[off:off+uint64(len(got))]) {
+					errs <- fmt.Errorf("a read at +%d returned other bytes than the snapshot's", off)
+					return
+				}
+			}
+		}()
+	}
+	zero := make([]byte, 1<<20)
+	for i := range 32 { // the guest writes meanwhile
+		if err := ctx.CopyHtoD(base+uint64(i)<<20, zero, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap.Release()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := ctx.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

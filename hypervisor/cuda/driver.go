@@ -73,7 +73,7 @@ func load() (*driver, error) {
 			{&d.cuMemMap, "cuMemMap"}, {&d.cuMemUnmap, "cuMemUnmap"}, {&d.cuMemSetAccess, "cuMemSetAccess"},
 			{&d.cuMemcpyHtoD, "cuMemcpyHtoD_v2"}, {&d.cuMemcpyDtoH, "cuMemcpyDtoH_v2"},
 			{&d.cuMemcpyDtoD, "cuMemcpyDtoD_v2"}, {&d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
-			{&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
+			{&d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"}, {&d.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
 			{&d.cuMemsetD8Async, "cuMemsetD8Async"}, {&d.cuMemsetD32Async, "cuMemsetD32Async"},
 			{&d.cuMemsetD16Async, "cuMemsetD16Async"},
 			{&d.cuModuleLoadData, "cuModuleLoadData"}, {&d.cuModuleUnload, "cuModuleUnload"},

@@ -38,6 +38,7 @@ type driver struct {
 	cuMemcpyDtoH                  func(dst unsafe.Pointer, src uint64, n uint64) result
 	cuMemcpyDtoD                  func(dst, src, n uint64) result
 	cuMemcpyHtoDAsync             func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) result
+	cuMemcpyDtoHAsync             func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) result
 	cuMemcpyDtoDAsync             func(dst, src, n uint64, s uintptr) result
 	cuMemsetD8Async               func(dst uint64, v uint8, n uint64, s uintptr) result
 	cuMemsetD16Async              func(dst uint64, v uint16, n uint64, s uintptr) result
@@ -75,6 +76,13 @@ func (d *driver) memcpyHtoDAsync(dst uint64, src []byte, s uintptr) result {
 // memcpyDtoH copies len(dst) bytes from device address src (cuMemcpyDtoH_v2).
 func (d *driver) memcpyDtoH(dst []byte, src uint64) result {
 	return d.cuMemcpyDtoH(unsafe.Pointer(unsafe.SliceData(dst)), src, uint64(len(dst)))
+}
+
+// memcpyDtoHAsync copies len(dst) bytes from device address src on
+// stream s (cuMemcpyDtoHAsync_v2); dst must stay put until s is
+// synchronised.
+func (d *driver) memcpyDtoHAsync(dst []byte, src uint64, s uintptr) result {
+	return d.cuMemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), src, uint64(len(dst)), s)
 }
 
 // launchKernel launches f (cuLaunchKernel). params[i] holds the bytes of

@@ -3,7 +3,9 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
+	"sync"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -18,19 +20,29 @@ import (
 // for the staging copy, SnapshotMemory fails and the hypervisor copies
 // that session the old way, with it stopped.
 //
-// Reads (cuMemcpyDtoH from staging) take the context's lock like any call.
-// They are on the legacy null stream, so a read waits for work queued on
-// the guest's blocking streams; a non-blocking stream and
-// cuMemcpyDtoHAsync into page-locked memory would let reads overlap a
-// guest's kernels. Not yet measured on a GPU.
+// Reads copy from staging on a non-blocking stream of the snapshot's own
+// (cuMemcpyDtoHAsync, then cuStreamSynchronize), without the context's
+// lock: a guest's calls neither wait for a read nor are waited for by one
+// (the legacy null stream would order a read after every blocking stream's
+// work and take the lock for the whole copy). Measured on an H100 with
+// primary and standby as processes of their own, 16 GiB: guests kept 0.26
+// of their call rate during a resync with reads under the lock on the
+// null stream. The lock is taken only to look the range up and to count
+// the read; releasing the snapshot (or closing the context) waits until
+// no read is under way before it frees the staging memory.
 
 var errReleased = errors.New("cuda: memory snapshot released")
 
 // memSnapshot implements gpu.MemorySnapshot.
 type memSnapshot struct {
-	c        *guestContext
-	parts    []stagedRange // sorted by addr
-	released bool          // guarded by c.mu
+	c      *guestContext
+	parts  []stagedRange // sorted by addr
+	stream uintptr       // non-blocking, for reads
+	// released, and reading (reads under way), are guarded by c.mu;
+	// idle is signalled when reading drops to 0.
+	released bool
+	reading  int
+	idle     *sync.Cond
 }
 
 // stagedRange is a range's contents at the snapshot, in staging memory.
@@ -41,12 +53,15 @@ type stagedRange struct {
 
 // SnapshotMemory implements gpu.Snapshotter.
 func (c *guestContext) SnapshotMemory(ranges []gpu.Range) (gpu.MemorySnapshot, error) {
-	s := &memSnapshot{c: c}
+	s := &memSnapshot{c: c, idle: sync.NewCond(&c.mu)}
 	err := c.do(func() error {
 		if c.snap != nil {
 			c.snap.releaseLocked()
 		}
 		d := c.d
+		if err := d.check("cuStreamCreate(snapshot)", d.cuStreamCreate(&s.stream, streamNonBlocking)); err != nil {
+			return err
+		}
 		if err := d.check("cuCtxSynchronize", d.cuCtxSynchronize()); err != nil {
 			return err
 		}
@@ -76,19 +91,51 @@ func (c *guestContext) SnapshotMemory(ranges []gpu.Range) (gpu.MemorySnapshot, e
 	return s, nil
 }
 
+// streamNonBlocking is CU_STREAM_NON_BLOCKING: the stream does not
+// synchronise with the legacy null stream.
+const streamNonBlocking = 1
+
 // ReadAt implements gpu.MemorySnapshot.
 func (s *memSnapshot) ReadAt(p []byte, addr uint64) error {
-	return s.c.do(func() error {
-		if s.released {
-			return errReleased
-		}
-		i := sort.Search(len(s.parts), func(i int) bool { return s.parts[i].addr > addr }) - 1
-		if i < 0 || addr-s.parts[i].addr+uint64(len(p)) > s.parts[i].size {
-			return fmt.Errorf("%w: %d bytes at %#x are not in the snapshot", abi.StatusOutOfRange, len(p), addr)
-		}
-		part := s.parts[i]
-		return s.c.d.check("cuMemcpyDtoH(snapshot)", s.c.d.memcpyDtoH(p, part.staging+addr-part.addr))
-	})
+	src, err := s.startRead(addr, len(p))
+	if err != nil {
+		return err
+	}
+	defer s.endRead()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d := s.c.d
+	if err := d.check("cuCtxSetCurrent", d.cuCtxSetCurrent(s.c.ctx)); err != nil {
+		return err
+	}
+	if err := d.check("cuMemcpyDtoHAsync(snapshot)", d.memcpyDtoHAsync(p, src, s.stream)); err != nil {
+		return err
+	}
+	return d.check("cuStreamSynchronize(snapshot)", d.cuStreamSynchronize(s.stream))
+}
+
+// startRead finds the staging address of n bytes at addr and counts a
+// read under way (endRead ends it).
+func (s *memSnapshot) startRead(addr uint64, n int) (uint64, error) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.released {
+		return 0, errReleased
+	}
+	i := sort.Search(len(s.parts), func(i int) bool { return s.parts[i].addr > addr }) - 1
+	if i < 0 || addr-s.parts[i].addr+uint64(n) > s.parts[i].size {
+		return 0, fmt.Errorf("%w: %d bytes at %#x are not in the snapshot", abi.StatusOutOfRange, n, addr)
+	}
+	s.reading++
+	return s.parts[i].staging + addr - s.parts[i].addr, nil
+}
+
+func (s *memSnapshot) endRead() {
+	s.c.mu.Lock()
+	if s.reading--; s.reading == 0 {
+		s.idle.Broadcast()
+	}
+	s.c.mu.Unlock()
 }
 
 // Release implements gpu.MemorySnapshot.
@@ -96,14 +143,22 @@ func (s *memSnapshot) Release() {
 	s.c.do(func() error { s.releaseLocked(); return nil })
 }
 
-// releaseLocked frees the staging memory (a context already destroyed took
-// it with it; the errors are then expected and ignored).
+// releaseLocked waits until no read is under way, then frees the staging
+// memory and the stream (a context already destroyed took them with it;
+// the errors are then expected and ignored). It may unlock s.c.mu while it
+// waits; the calling thread keeps the context current.
 // Precondition: s.c.mu must be locked, the context current.
 func (s *memSnapshot) releaseLocked() {
 	if s.released {
 		return
 	}
 	s.released = true
+	for s.reading > 0 {
+		s.idle.Wait()
+	}
+	if s.stream != 0 {
+		s.c.d.cuStreamDestroy(s.stream)
+	}
 	for _, part := range s.parts {
 		s.c.d.cuMemFree(part.staging)
 	}
