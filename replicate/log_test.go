@@ -283,3 +283,33 @@ func TestResyncStallBoundsAWrite(t *testing.T) {
 	}
 	l.Close()
 }
+
+// TestAutomaticResyncBudget: by default the budget grows to a quarter of
+// each snapshot (never below the default); a budget set by the operator
+// stays as set.
+func TestAutomaticResyncBudget(t *testing.T) {
+	l := NewLog(1000)
+	defer l.Close()
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
+	l.BeginSnapshot()
+	budget := func() int64 { l.mu.Lock(); defer l.mu.Unlock(); return l.resyncBudget }
+	l.streamed(c, 0, 1<<30)
+	if got := budget(); got != DefaultResyncBudget {
+		t.Fatalf("a 1 GiB snapshot: budget %d, want the default %d", got, DefaultResyncBudget)
+	}
+	l.streamed(c, 0, 16<<30)
+	if got := budget(); got != 4<<30 {
+		t.Fatalf("a 16 GiB snapshot: budget %d, want 4 GiB", got)
+	}
+	l.SetResyncBudget(2 << 30)
+	l.streamed(c, 0, 64<<30)
+	if got := budget(); got != 2<<30 {
+		t.Fatalf("a budget set to 2 GiB became %d", got)
+	}
+	l.SetResyncBudget(0)
+	l.streamed(c, 0, 64<<30)
+	if got := budget(); got != 16<<30 {
+		t.Fatalf("automatic again, a 64 GiB snapshot: budget %d, want 16 GiB", got)
+	}
+}

@@ -1,6 +1,7 @@
 package replicate
 
 import (
+	"math"
 	"slices"
 	"time"
 )
@@ -304,10 +305,14 @@ func (l *Log) streamAllowance(c *cursor) int64 {
 	return half + int64(float64(l.resyncBudget-half)*float64(c.streamDone)/float64(c.streamTotal))
 }
 
-// streamed: done of total bytes of c's snapshot are on the link.
+// streamed: done of total bytes of c's snapshot are on the link. An
+// automatic resync budget grows to its share of the snapshot.
 func (l *Log) streamed(c *cursor, done, total uint64) {
 	l.mu.Lock()
 	c.streamDone, c.streamTotal = done, total
+	if l.autoBudget {
+		l.resyncBudget = max(l.resyncBudget, int64(min(total/resyncBudgetShare, math.MaxInt64/2)))
+	}
 	l.cond.Broadcast()
 	l.mu.Unlock()
 }

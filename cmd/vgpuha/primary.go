@@ -65,7 +65,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	maxLag := fs.Int64("replicate.max-lag-bytes", 256<<20, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
 	var cf coordFlags
 	cf.register(fs, true)
-	resyncBudget := fs.Int64("replicate.resync-budget-bytes", replicate.DefaultResyncBudget, "log bytes kept while a resync streams: guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
+	resyncBudget := fs.Int64("replicate.resync-budget-bytes", 0, "log bytes kept while a resync streams (0: a quarter of the snapshot, at least 1 GiB): guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
 	resyncStall := fs.Duration("replicate.resync-stall", replicate.DefaultResyncStall, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
 	resyncRate := fs.Int64("replicate.resync-rate", 0, "bytes per second a resync streams at most (0: as fast as the link takes it)")
 	cfg := hypervisor.DefaultConfig()

@@ -58,7 +58,7 @@ type Config struct {
 	// MaxLagBytes bounds the log's unapplied bytes (default 256 MiB).
 	MaxLagBytes int64
 	// ResyncBudgetBytes bounds what the log keeps while a resync streams
-	// (default replicate.DefaultResyncBudget); guests writing past half of
+	// (0: a quarter of each snapshot, at least replicate.DefaultResyncBudget); guests writing past half of
 	// it wait for the snapshot stream to progress, each write at most
 	// ResyncStall (default replicate.DefaultResyncStall).
 	ResyncBudgetBytes int64
