@@ -82,7 +82,9 @@
 // kind of write, and the contents cross the link once. The price is the
 // backend's extra memory for pages written before they are sent, and a
 // log that holds everything after S until the standby catches up (the
-// resync budget). This package never reads device memory or knows what a
+// resync budget: by default a quarter of the snapshot, at least 1 GiB, so
+// that guests writing while a large snapshot streams keep a share of the
+// link instead of waiting for it; see DefaultResyncBudget). This package never reads device memory or knows what a
 // record's body means: it pulls records and counts bytes.
 //
 // A primary may stream to several standbys at once: one Log, one Sender
