@@ -181,8 +181,10 @@ func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow,
 	row.SnapshotMS, row.ResyncSeconds, row.Restarts = st.PauseSeconds*1000, st.Seconds, st.Restarts
 	row.ResyncMBps = float64(size) / st.Seconds / 1e6
 	row.CarriedMBps = float64(st.Bytes) / st.Seconds / 1e6
-	row.LongestPauseMS, row.BaselineMaxMS = during.maxMS, before.maxMS
-	row.LongestCall, row.LongestAtS, row.Slowest = during.maxOp, during.maxAt.Seconds(), during.slow
+	row.LongestPauseMS, row.BaselineMaxMS, row.Slowest = during.maxMS(), before.maxMS(), during.slow
+	if len(during.slow) > 0 {
+		row.LongestCall, row.LongestAtS = during.slow[0].Kind, during.slow[0].Began.Sub(during.since).Seconds()
+	}
 	row.OpsPerSecBefore, row.OpsPerSecDuring = before.perSec, during.perSec
 	if before.perSec > 0 {
 		row.VsBefore = during.perSec / before.perSec
@@ -344,25 +346,28 @@ func keepSlow(slow []SlowCall, c SlowCall) []SlowCall {
 // mixedRun drives every guest's mixed workload until stopped, and cuts the
 // figures into phases.
 type mixedRun struct {
-	mu     sync.Mutex
-	ops    int
-	maxLat time.Duration
-	maxOp  string        // the slowest call's kind
-	maxAt  time.Duration // when it began, from since
-	slow   []SlowCall
-	since  time.Time
-	err    error
-	quit   chan struct{}
-	wg     sync.WaitGroup
+	mu    sync.Mutex
+	ops   int
+	slow  []SlowCall // slowest first
+	since time.Time
+	err   error
+	quit  chan struct{}
+	wg    sync.WaitGroup
 }
 
 // phase is one stretch of a mixed run.
 type phase struct {
 	perSec float64
-	maxMS  float64
-	maxOp  string
-	maxAt  time.Duration
-	slow   []SlowCall
+	since  time.Time  // when it began
+	slow   []SlowCall // slowest first
+}
+
+// maxMS is the phase's slowest call in milliseconds (0: none).
+func (p phase) maxMS() float64 {
+	if len(p.slow) == 0 {
+		return 0
+	}
+	return p.slow[0].MS
 }
 
 func startMixed(guests []*mixedGuest) *mixedRun {
@@ -384,9 +389,6 @@ func startMixed(guests []*mixedGuest) *mixedRun {
 				r.mu.Lock()
 				r.ops++
 				r.slow = keepSlow(r.slow, SlowCall{Kind: kind, Began: start, MS: float64(lat.Microseconds()) / 1000})
-				if lat > r.maxLat {
-					r.maxLat, r.maxOp, r.maxAt = lat, kind, start.Sub(r.since)
-				}
 				if err != nil && r.err == nil {
 					r.err = err
 				}
@@ -401,9 +403,8 @@ func startMixed(guests []*mixedGuest) *mixedRun {
 func (r *mixedRun) cut() phase {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := phase{perSec: float64(r.ops) / time.Since(r.since).Seconds(), maxMS: float64(r.maxLat.Microseconds()) / 1000,
-		maxOp: r.maxOp, maxAt: r.maxAt, slow: r.slow}
-	r.ops, r.maxLat, r.maxOp, r.slow, r.since = 0, 0, "", nil, time.Now()
+	p := phase{perSec: float64(r.ops) / time.Since(r.since).Seconds(), since: r.since, slow: r.slow}
+	r.ops, r.slow, r.since = 0, nil, time.Now()
 	return p
 }
 
