@@ -92,18 +92,13 @@ func (s *summingReplica) Synced(in bool) {
 	}
 }
 
-// resyncOverLoopback runs a real sender and receiver over loopback TCP
-// until the standby applied a snapshot of records 4 MiB records, and
-// returns the replica and how long the snapshot took.
-func resyncOverLoopback(tb testing.TB, records int, withSums bool) (*summingReplica, time.Duration) {
+// runLink starts a real Receiver applying to rep and a real Sender of lg
+// protecting node, over loopback TCP, and returns what stops both (the
+// sender ends once its context is done and its link dropped).
+func runLink(tb testing.TB, mode Mode, rep Replica, lg *Log, node Protected) (stop func()) {
 	tb.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rep := &summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}
-	var applier Replica = rep
-	if !withSums {
-		applier = &countingReplica{synced: rep.synced}
-	}
-	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: applier, Logger: quiet})
+	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: quiet})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -112,18 +107,32 @@ func resyncOverLoopback(tb testing.TB, records int, withSums bool) (*summingRepl
 		tb.Fatal(err)
 	}
 	go r.Serve(ln)
-	lg := NewLog(64 << 20)
-	s, err := NewSender(SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: ModeCommit, Log: lg, Logger: quiet},
-		&patternNode{log: lg, records: records})
+	s, err := NewSender(SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: mode, Log: lg, Logger: quiet}, node)
 	if err != nil {
+		ln.Close()
+		r.Close()
 		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	start := time.Now()
 	go func() { s.Run(ctx); close(done) }()
-	// The sender ends once its context is done and its link dropped.
-	defer func() { cancel(); ln.Close(); r.Close(); <-done }()
+	return func() { cancel(); lg.Close(); ln.Close(); r.Close(); <-done }
+}
+
+// resyncOverLoopback runs a real sender and receiver over loopback TCP
+// until the standby applied a snapshot of records 4 MiB records, and
+// returns the replica and how long the snapshot took.
+func resyncOverLoopback(tb testing.TB, records int, withSums bool) (*summingReplica, time.Duration) {
+	tb.Helper()
+	rep := &summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}
+	var applier Replica = rep
+	if !withSums {
+		applier = &countingReplica{synced: rep.synced}
+	}
+	lg := NewLog(64 << 20)
+	start := time.Now()
+	stop := runLink(tb, ModeCommit, applier, lg, &patternNode{log: lg, records: records})
+	defer stop()
 	select {
 	case <-rep.synced:
 	case <-time.After(2 * time.Minute):
@@ -228,26 +237,8 @@ func (discardReplica) Synced(bool)              {}
 // standby protects it (records appended from then on go out live).
 func liveOverLoopback(tb testing.TB, mode Mode, rep Replica) *Log {
 	tb.Helper()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: quiet})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	go r.Serve(ln)
 	lg := NewLog(256 << 20)
-	s, err := NewSender(SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: mode, Log: lg, Logger: quiet},
-		&patternNode{log: lg})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	tb.Cleanup(func() { cancel(); lg.Close(); ln.Close(); r.Close(); <-done })
+	tb.Cleanup(runLink(tb, mode, rep, lg, &patternNode{log: lg}))
 	for deadline := time.Now().Add(time.Minute); !lg.Status().Protected; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			tb.Fatal("the standby did not protect the log within a minute")
