@@ -155,22 +155,12 @@ func TestMemorySnapshotOnGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ctx.Close()
-	base, _ := ctx.Window()
 	const n = 6 << 20
 	data := make([]byte, n)
 	for i := range data {
 		data[i] = byte(i*7 + i>>11)
 	}
-	if err := ctx.Alloc(base, 8<<20); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctx.CopyHtoD(base, data, 0); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := ctx.(gpu.Snapshotter).SnapshotMemory([]gpu.Range{{Addr: base, Size: n}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	base, snap := snapshotOf(t, ctx, data, 8<<20)
 	defer snap.Release()
 	if err := ctx.Memset(base, 4, 0xdeadbeef, n/8, 0); err != nil {
 		t.Fatal(err)
@@ -189,6 +179,24 @@ func TestMemorySnapshotOnGPU(t *testing.T) {
 	}
 }
 
+// snapshotOf allocates alloc bytes at the start of ctx's window, writes
+// data there and takes a memory snapshot of it.
+func snapshotOf(t *testing.T, ctx gpu.Context, data []byte, alloc uint64) (uint64, gpu.MemorySnapshot) {
+	t.Helper()
+	base, _ := ctx.Window()
+	if err := ctx.Alloc(base, alloc); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.CopyHtoD(base, data, 0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := ctx.(gpu.Snapshotter).SnapshotMemory([]gpu.Range{{Addr: base, Size: uint64(len(data))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base, snap
+}
+
 // TestSnapshotReadsBesideGuestAndRelease: reads of a snapshot run while
 // the guest copies, and while the snapshot (then the context) goes away:
 // every read returns the snapshot's bytes or says it was released,
@@ -199,22 +207,12 @@ func TestSnapshotReadsBesideGuestAndRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, _ := ctx.Window()
 	const n = 64 << 20
 	data := make([]byte, n)
 	for i := range data {
 		data[i] = byte(i*13 + i>>17)
 	}
-	if err := ctx.Alloc(base, n); err != nil {
-		t.Fatal(err)
-	}
-	if err := ctx.CopyHtoD(base, data, 0); err != nil {
-		t.Fatal(err)
-	}
-	snap, err := ctx.(gpu.Snapshotter).SnapshotMemory([]gpu.Range{{Addr: base, Size: n}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	base, snap := snapshotOf(t, ctx, data, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for w := range 4 {
