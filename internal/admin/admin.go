@@ -1,7 +1,9 @@
 // Package admin serves a node's operator endpoints: /metrics (Prometheus
 // text from the node's own registry), /healthz, and /status (JSON from the
-// node's status function), plus whatever the node adds (POST /verify,
-// /switchover, /epoch on a primary). It renders; it owns no state.
+// node's status function), /debug/pprof/ (Go's profiles, for trusted
+// callers only: a profile names the code and costs CPU while it runs), plus
+// whatever the node adds (POST /verify, /switchover, /epoch on a primary).
+// It renders; it owns no state.
 //
 // Every endpoint goes through Mux, which is where the admin port's trust
 // boundary lies (any local process, and any web page a local browser
@@ -33,6 +35,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -111,7 +114,25 @@ func Handler(reg Registry, status func() any) *Mux {
 		enc.SetIndent("", "  ")
 		enc.Encode(v)
 	})
+	m.mux.Handle("GET /debug/pprof/", trustedOnly(http.HandlerFunc(pprof.Index)))
+	for name, h := range map[string]http.HandlerFunc{
+		"cmdline": pprof.Cmdline, "profile": pprof.Profile, "symbol": pprof.Symbol, "trace": pprof.Trace,
+	} {
+		m.mux.Handle("GET /debug/pprof/"+name, trustedOnly(h))
+	}
 	return m
+}
+
+// trustedOnly answers 401 to an untrusted caller instead of running h.
+func trustedOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !Trusted(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="vgpuha admin"`)
+			http.Error(w, "profiles need the node's admin token or a unix:// admin socket", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Handle registers a handler (see http.ServeMux).

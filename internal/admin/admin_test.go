@@ -206,3 +206,23 @@ func writeFile(t *testing.T, path, s string) {
 		t.Fatal(err)
 	}
 }
+
+// TestProfilesNeedTrust: over tcp, Go's profiles answer only a caller with
+// the token; the index and a heap profile come back to one that has it.
+func TestProfilesNeedTrust(t *testing.T) {
+	m, _, _ := node(t)
+	srv := httptest.NewServer(m)
+	defer srv.Close()
+	bearer := map[string]string{"Authorization": "Bearer " + token}
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/cmdline", "/debug/pprof/profile?seconds=1"} {
+		if code, _ := do(t, srv.URL, http.MethodGet, path, nil); code != http.StatusUnauthorized {
+			t.Errorf("%s without the token: %d, want 401", path, code)
+		}
+	}
+	if code, body := do(t, srv.URL, http.MethodGet, "/debug/pprof/", bearer); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Errorf("index with the token: %d %q", code, body)
+	}
+	if code, body := do(t, srv.URL, http.MethodGet, "/debug/pprof/heap", bearer); code != http.StatusOK || len(body) == 0 {
+		t.Errorf("heap profile with the token: %d, %d bytes", code, len(body))
+	}
+}
