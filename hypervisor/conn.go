@@ -30,6 +30,7 @@ type guestConn struct {
 	// are logged, then one in a thousand (each is counted in metrics).
 	refusals int
 	counted  okCounters
+	replies  replyQueue // replies waiting for the commit rule (replies.go)
 }
 
 // ServeConn serves one guest connection until it ends. A frame that cannot
@@ -47,6 +48,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 		bw:     bufio.NewWriterSize(conn, 4096),
 		tenant: tenantOf(conn),
 	}
+	c.replies.cond.L = &c.replies.mu
 	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
 	conn.SetReadDeadline(time.Now().Add(helloTimeout))
 	defer c.registerShared()() // before conn.Close unmaps the area
@@ -63,8 +65,8 @@ func (s *Server) ServeConn(conn net.Conn) {
 		if !more {
 			return
 		}
-		if c.br == nil || c.br.Buffered() == 0 {
-			if err := c.bw.Flush(); err != nil {
+		if !c.moreToRead() {
+			if err := c.settle(); err != nil {
 				return
 			}
 		}
@@ -124,6 +126,7 @@ type spanConn interface {
 
 // finish lets go of the connection's session (kept for a resume, or freed).
 func (c *guestConn) finish() {
+	c.drainReplies()
 	c.fr.Release()
 	if c.sess != nil {
 		c.s.detach(c.sess, c.log)
@@ -149,8 +152,9 @@ func (c *guestConn) frameError(f abi.Frame, err error) bool {
 		}
 		c.out = abi.AppendFrame(c.out[:0], op, abi.FlagReply, f.RequestID,
 			abi.AppendReply(nil, abi.StatusBadFrame, err.Error(), nil))
-		c.bw.Write(c.out)
-		c.bw.Flush()
+		if c.reply(c.out, nil) {
+			c.settle()
+		}
 	}
 	return false
 }
@@ -170,8 +174,7 @@ func (c *guestConn) overBudget(f abi.Frame) bool {
 	}
 	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID,
 		abi.AppendReply(nil, abi.StatusUnavailable, err.Error(), nil))
-	_, werr := c.bw.Write(c.out)
-	return werr == nil
+	return c.reply(c.out, nil)
 }
 
 func frameErrorReason(err error) string {
@@ -211,10 +214,11 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	if f.Flags&abi.FlagAsync != 0 && (err == nil || isDeferred(err)) {
 		return true // no reply: the guest is pipelining; an error waits for its next sync
 	}
-	if !c.s.waitForStandby(f.Op, err) || c.s.leaseExpired() {
-		// The node is going down, or its lease ran out: this reply could
-		// tell the guest of a change the standby may never get. No reply;
-		// the guest resumes on the standby.
+	held := c.s.replyGate(f.Op, err)
+	if held == nil && c.s.leaseExpired() {
+		// Its lease ran out: this reply could tell the guest of a change
+		// the standby may never get. No reply; the guest resumes on the
+		// standby. (A held reply checks when it may go: replies.go.)
 		return false
 	}
 	st, msg := abi.StatusOK, ""
@@ -225,11 +229,11 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	// In the request's own ABI version: a guest of the previous version
 	// is served too.
 	c.out = abi.AppendReplyFrame(c.out[:0], f.Version, f.Op, f.RequestID, st, msg, reply)
-	_, werr := c.bw.Write(c.out)
+	ok := c.reply(c.out, held)
 	if cap(c.out) > 1<<20 {
 		c.out = nil // a large reply's buffer is not kept for the connection's life
 	}
-	return werr == nil
+	return ok
 }
 
 // noteFailure counts and logs a request the node refused (err is not nil:

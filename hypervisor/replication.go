@@ -80,20 +80,23 @@ func (s *Server) mustWait(op abi.Opcode, err error) bool {
 	return false
 }
 
-// waitForStandby holds a reply until the mode's rule holds: in sync mode
-// the standby applied everything before it, in commit mode it holds
-// everything before it (and applies it before it could ever serve). It
-// reports false when the node is going down: the reply must not be sent.
-func (s *Server) waitForStandby(op abi.Opcode, err error) bool {
+// replyGate returns what a reply to op (which ended in err) waits for
+// under the mode's rule, or nil if it may go at once: in sync mode the
+// standby applied everything before it, in commit mode it holds
+// everything before it (and applies it before it could ever serve). The
+// returned function reports false when the node is going down: the reply
+// must not be sent. It is called after the request ran, so "before it"
+// is the log as it stands now.
+func (s *Server) replyGate(op abi.Opcode, err error) func() bool {
 	if !s.mustWait(op, err) {
-		return true
+		return nil
 	}
-	last := s.repl.Last()
-	held := func() bool { return s.repl.WaitReceived(last) }
+	repl, last := s.repl, s.repl.Last()
+	held := func() bool { return repl.WaitReceived(last) }
 	if s.mode == replicate.ModeSync {
-		held = func() bool { return s.repl.WaitApplied(last) }
+		held = func() bool { return repl.WaitApplied(last) }
 	}
-	return held() || !s.repl.Closed() && s.mayAnswerUnprotected(held)
+	return func() bool { return held() || !repl.Closed() && s.mayAnswerUnprotected(held) }
 }
 
 // stopTheWorld runs fn with the server and every session locked, so that

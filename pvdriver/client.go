@@ -630,8 +630,18 @@ func (c *Client) submit(op abi.Opcode, req abi.Body, sizeHint int, ch chan resul
 	return rr, drive, nil
 }
 
-// chunk is the largest copy one frame carries.
-func (c *Client) chunk() int { return c.maxPayload - 64 }
+// chunk is the largest copy one frame carries: whole pages where it can
+// be (a large copy's pieces stay page-aligned on the device), and small
+// enough that the frame, header and all, fits within the payload limit,
+// so that a full frame takes a buffer of the limit's size class (16 MiB
+// by default), not one twice that.
+func (c *Client) chunk() int {
+	n := c.maxPayload - copyHeader - abi.HeaderSize
+	if pages := n &^ (4096 - 1); pages > 0 {
+		return pages
+	}
+	return max(n, 1)
+}
 
 // Alloc allocates size bytes of device memory.
 func (c *Client) Alloc(size uint64) (DevicePtr, error) {
@@ -663,23 +673,28 @@ func (c *Client) copyHtoD(dst DevicePtr, src []byte, s Stream, async bool) error
 	return c.copyHtoDFrames(dst, src, s, async)
 }
 
-// copyHtoDFrames sends src inline, in frames of at most chunk bytes.
+// copyHtoDFrames sends src inline, in frames of at most chunk bytes: a
+// pipelined copy posts them, a synchronous one has up to pieceWindow of
+// them in flight as calls (inlineWindow).
 func (c *Client) copyHtoDFrames(dst DevicePtr, src []byte, s Stream, async bool) error {
-	n := c.chunk()
-	for off := 0; off < len(src) || off == 0; off += n {
-		end := min(off+n, len(src))
-		req := &abi.CopyHtoD{Dst: uint64(dst) + uint64(off), Stream: uint64(s), Data: src[off:end]}
-		var err error
+	piece := func(k, n int) *abi.CopyHtoD {
+		return &abi.CopyHtoD{Dst: uint64(dst) + uint64(k), Stream: uint64(s), Data: src[k : k+n]}
+	}
+	if len(src) == 0 {
 		if async {
-			err = c.postSized(abi.OpCopyHtoD, req, copyHeader+end-off)
-		} else {
-			err = c.callSized(abi.OpCopyHtoD, req, nil, copyHeader+end-off)
+			return c.postSized(abi.OpCopyHtoD, piece(0, 0), copyHeader)
 		}
-		if err != nil {
+		return c.callSized(abi.OpCopyHtoD, piece(0, 0), nil, copyHeader)
+	}
+	if !async {
+		return c.callPieces(abi.OpCopyHtoD, len(src), inlineWindow, func(k, n int, ch chan result) (*replyReader, bool, error) {
+			return c.submit(abi.OpCopyHtoD, piece(k, n), copyHeader+n, ch)
+		}, nil)
+	}
+	for k := 0; k < len(src); k += c.chunk() {
+		n := min(c.chunk(), len(src)-k)
+		if err := c.postSized(abi.OpCopyHtoD, piece(k, n), copyHeader+n); err != nil {
 			return err
-		}
-		if end == len(src) {
-			return nil
 		}
 	}
 	return nil

@@ -210,60 +210,19 @@ func (c *Client) copyDtoHHost(dst []byte, src DevicePtr) (done bool, err error) 
 	})
 }
 
-// hostPieceWindow is how many pieces of one host copy are in flight at
-// once: enough to keep the node (and, replicated, the link) busy without a
-// round trip between pieces, few enough that their replies always fit the
-// reply ring.
-const hostPieceWindow = 8
-
 // hostPieces runs a host copy of size bytes at region offset off and
-// device address dev as pieces of one frame's size, up to hostPieceWindow
-// in flight (each is a call: the guest does not touch its buffer before the
+// device address dev as pieces of one frame's size, up to hostWindow in
+// flight (each is a call: the guest does not touch its buffer before the
 // last reply, so a resend after a failover reads the same bytes). A piece
 // the node cannot take from the region (resumed where it is not mapped)
 // goes inline through inline(k, n) instead.
 func (c *Client) hostPieces(op abi.Opcode, dev DevicePtr, off uint64, size int, s Stream, inline func(k, n int) error) error {
-	type piece struct {
-		k, n  int
-		ch    chan result
-		rr    *replyReader
-		drive bool
-	}
-	var flight []piece
-	var firstErr error
-	land := func(p piece) {
-		err := c.finish(op, nil, p.rr, p.drive, p.ch)
+	return c.callPieces(op, size, hostWindow, func(k, n int, ch chan result) (*replyReader, bool, error) {
+		return c.submit(op, &abi.HostCopy{Dev: uint64(dev) + uint64(k), Offset: off + uint64(k), Size: uint64(n), Stream: uint64(s)}, 0, ch)
+	}, func(k, n int, err error) error {
 		if errors.Is(err, abi.StatusNotSupported) {
-			err = inline(p.k, p.n)
+			return inline(k, n)
 		}
-		if firstErr == nil {
-			firstErr = err
-		}
-	}
-	for k := 0; k < size && firstErr == nil; k += c.chunk() {
-		if len(flight) == hostPieceWindow {
-			land(flight[0])
-			flight = flight[1:]
-		}
-		n := min(c.chunk(), size-k)
-		p := piece{k: k, n: n, ch: make(chan result, 1)}
-		var err error
-		p.rr, p.drive, err = c.submit(op, &abi.HostCopy{Dev: uint64(dev) + uint64(k), Offset: off + uint64(k), Size: uint64(n), Stream: uint64(s)}, 0, p.ch)
-		if err != nil {
-			firstErr = err
-			break
-		}
-		if p.drive {
-			// Replies to pieces in flight are read by the connection's
-			// reader: a turn held here while waiting for an earlier piece
-			// would leave that piece's reply unread.
-			c.releaseTurn(p.rr)
-			p.drive = false
-		}
-		flight = append(flight, p)
-	}
-	for _, p := range flight {
-		land(p)
-	}
-	return firstErr
+		return err
+	})
 }
