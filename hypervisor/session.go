@@ -203,7 +203,8 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 		return nil, err
 	}
 	var in inPlaceCopy
-	if data != nil || op == abi.OpCopyHtoDHost && s.record != nil && s.host != nil {
+	hostCopy := op == abi.OpCopyHtoDHost // still one after takeCopyData made it an OpCopyHtoD
+	if data != nil || hostCopy && s.record != nil && s.host != nil {
 		var err error
 		if op, in, err = s.takeCopyData(op, req, payload, data); err != nil {
 			return nil, err
@@ -213,8 +214,9 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 	}
 	if info.Mutates {
 		// A host copy's content is where its data lies, not the data: no
-		// checksum (as for a copy streamed from shared memory).
-		if reply, err, done := s.checkReqID(op, reqID, payload, in.streamed() || op == abi.OpCopyHtoDHost); done {
+		// checksum (as for a copy streamed from shared memory), also when
+		// a replicated node read the data into its log record.
+		if reply, err, done := s.checkReqID(op, reqID, payload, in.streamed() || hostCopy); done {
 			return reply, err
 		}
 	}

@@ -9,10 +9,23 @@ type Draft struct {
 	pool *bufPool
 }
 
-// NewDraft returns a draft for a body of n bytes.
+// NewDraft returns a draft for a body of n bytes, in a host buffer where
+// the log has one (SetHostBuffers).
 func (l *Log) NewDraft(n int) *Draft {
-	enc := l.pool.get(recordHeader + n + macSize)[:recordHeader+n]
+	enc := l.pool.getHost(recordHeader + n + macSize)[:recordHeader+n]
 	return &Draft{enc: enc, pool: &l.pool}
+}
+
+// SetHostBuffers makes large drafts come from alloc, up to limit bytes in
+// all: the primary's GPU backend allocates page-locked memory there, and a
+// guest's bulk write, read once into its draft, is copied to the device
+// from that buffer at DMA rate rather than through the driver's staging
+// copy of pageable memory. The buffers are reused for as long as the log
+// lives and never freed. Call before the log is used.
+func (l *Log) SetHostBuffers(alloc func(n int) ([]byte, error), limit int) {
+	l.pool.mu.Lock()
+	defer l.pool.mu.Unlock()
+	l.pool.hostAlloc, l.pool.hostLimit, l.pool.hostBufs = alloc, limit, map[*byte]bool{}
 }
 
 // Body is the draft's body, for the caller to fill.

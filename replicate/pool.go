@@ -8,12 +8,31 @@ import "sync"
 // 12.9 GB/s. The log takes each retained record's buffer from here and
 // gives it back once the standby applied it and the sender is done with
 // it; at most max idle bytes are kept.
+//
+// With host buffers set (Log.SetHostBuffers), large drafts come from
+// their allocator instead: page-locked memory the GPU copies from at DMA
+// rate. Those are made once, up to a limit in all, and kept for reuse
+// however many are idle (the allocator's memory is never freed).
 type bufPool struct {
 	mu   sync.Mutex
 	free [][]byte
 	idle int
 	max  int
+
+	hostAlloc func(n int) ([]byte, error) // nil: no host buffers
+	hostLimit int                         // bytes of host buffers made at most
+	hostMade  int
+	hostFree  [][]byte
+	hostBufs  map[*byte]bool // every host buffer made, by its first byte
 }
+
+// hostAbove: drafts of at least this many bytes may be host buffers (a
+// bulk copy's pieces); smaller ones copy fast enough from any memory.
+const hostAbove = 1 << 20
+
+// poolStep rounds pooled buffers' sizes: sizes of one kind (a bulk copy's
+// 16 MiB pieces) share buffers.
+const poolStep = 64 << 10
 
 // poolAbove: buffers smaller than this come from the allocator (Go keeps
 // small objects in reused spans).
@@ -36,8 +55,47 @@ func (p *bufPool) get(n int) []byte {
 		}
 	}
 	p.mu.Unlock()
-	const step = 64 << 10 // sizes of one kind (16 MiB copies) share buffers
-	return make([]byte, 0, (n+step-1)/step*step)
+	return make([]byte, 0, (n+poolStep-1)/poolStep*poolStep)
+}
+
+// getHost is get for a draft: a host buffer while there are any to be
+// had, else an ordinary one.
+func (p *bufPool) getHost(n int) []byte {
+	if n >= hostAbove {
+		if b := p.takeHost(n); b != nil {
+			return b
+		}
+	}
+	return p.get(n)
+}
+
+// takeHost returns a free or new host buffer with room for n bytes, or nil
+// when there is none to be had.
+func (p *bufPool) takeHost(n int) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.hostAlloc == nil {
+		return nil
+	}
+	for i, b := range p.hostFree {
+		if c := cap(b); c >= n && c-n <= n/4 {
+			p.hostFree[i] = p.hostFree[len(p.hostFree)-1]
+			p.hostFree = p.hostFree[:len(p.hostFree)-1]
+			return b[:0]
+		}
+	}
+	size := (n + poolStep - 1) / poolStep * poolStep
+	if p.hostMade+size > p.hostLimit {
+		return nil
+	}
+	b, err := p.hostAlloc(size)
+	if err != nil || cap(b) < n {
+		p.hostLimit = p.hostMade // the allocator refused: make no more
+		return nil
+	}
+	p.hostMade += cap(b)
+	p.hostBufs[&b[:1][0]] = true
+	return b[:0]
 }
 
 // put gives b back for reuse; the caller must not touch it again.
@@ -47,6 +105,10 @@ func (p *bufPool) put(b []byte) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.hostBufs[&b[:1][0]] {
+		p.hostFree = append(p.hostFree, b[:0])
+		return
+	}
 	if p.idle+cap(b) > p.max {
 		return // the garbage collector takes it
 	}

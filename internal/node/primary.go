@@ -3,10 +3,12 @@ package node
 import (
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/vgpuha/vgpuha/failover"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
@@ -77,6 +79,11 @@ func (n *Node) replicate(targets []string) error {
 		lg.SetResyncStall(n.cfg.ResyncStall)
 	}
 	lg.SetMinInSync(n.cfg.MinInSync)
+	if ha, ok := n.cfg.Backend.(gpu.HostAllocator); ok {
+		// A guest's bulk copy goes to the device from its log buffer:
+		// page-locked, for as many as may be unapplied or in flight.
+		lg.SetHostBuffers(ha.AllocHost, int(n.cfg.MaxLagBytes)+hostBuffersInFlight)
+	}
 	if n.cfg.Coordinator != nil {
 		lg.RecordDepartures()
 	}
@@ -92,6 +99,11 @@ func (n *Node) replicate(targets []string) error {
 	}
 	return n.registerLogMetrics(lg)
 }
+
+// hostBuffersInFlight is the page-locked log memory a primary keeps
+// beyond its lag bound: a guest's large copy has a few pieces in flight
+// that the standby has not yet received.
+const hostBuffersInFlight = 128 << 20
 
 // registerLogMetrics exports the sync set's size and k (a node becomes
 // primary once).
