@@ -57,7 +57,7 @@ func (c *guestConn) reply(frame []byte, held func() bool) bool {
 		// Nothing queued before it, and nothing to run meanwhile: wait
 		// here, as the sending goroutine would, without handing over.
 		q.mu.Unlock()
-		if held != nil && (!held() || c.s.leaseExpired()) {
+		if held != nil && !c.mayGo(held) {
 			return false
 		}
 		_, err := c.bw.Write(frame)
@@ -71,6 +71,13 @@ func (c *guestConn) reply(frame []byte, held func() bool) bool {
 	q.cond.Broadcast()
 	q.mu.Unlock()
 	return true
+}
+
+// mayGo waits until a reply held by held (nil: nothing) may be sent and
+// reports whether it may: its rule holds and the node's lease has not run
+// out meanwhile.
+func (c *guestConn) mayGo(held func() bool) bool {
+	return (held == nil || held()) && !c.s.leaseExpired()
 }
 
 // moreToRead reports whether the guest has sent more than the connection
@@ -118,7 +125,7 @@ func (c *guestConn) sendQueued() {
 		}
 		r := q.pending[0]
 		q.mu.Unlock()
-		ok := (r.held == nil || r.held()) && !c.s.leaseExpired()
+		ok := c.mayGo(r.held)
 		if ok {
 			_, err := c.bw.Write(r.frame)
 			ok = err == nil

@@ -45,18 +45,30 @@ func (p *bufPool) get(n int) []byte {
 		return make([]byte, 0, n)
 	}
 	p.mu.Lock()
-	for i, b := range p.free {
+	b := takeFit(&p.free, n)
+	p.idle -= cap(b)
+	p.mu.Unlock()
+	if b != nil {
+		return b
+	}
+	return make([]byte, 0, pooledSize(n))
+}
+
+// takeFit removes and returns (empty) a buffer of free with room for n
+// bytes and not much more, or nil.
+func takeFit(free *[][]byte, n int) []byte {
+	for i, b := range *free {
 		if c := cap(b); c >= n && c-n <= n/4 {
-			p.free[i] = p.free[len(p.free)-1]
-			p.free = p.free[:len(p.free)-1]
-			p.idle -= c
-			p.mu.Unlock()
+			(*free)[i] = (*free)[len(*free)-1]
+			*free = (*free)[:len(*free)-1]
 			return b[:0]
 		}
 	}
-	p.mu.Unlock()
-	return make([]byte, 0, (n+poolStep-1)/poolStep*poolStep)
+	return nil
 }
+
+// pooledSize is the capacity a new pooled buffer for n bytes gets.
+func pooledSize(n int) int { return (n + poolStep - 1) / poolStep * poolStep }
 
 // getHost is get for a draft: a host buffer while there are any to be
 // had, else an ordinary one.
@@ -77,14 +89,10 @@ func (p *bufPool) takeHost(n int) []byte {
 	if p.hostAlloc == nil {
 		return nil
 	}
-	for i, b := range p.hostFree {
-		if c := cap(b); c >= n && c-n <= n/4 {
-			p.hostFree[i] = p.hostFree[len(p.hostFree)-1]
-			p.hostFree = p.hostFree[:len(p.hostFree)-1]
-			return b[:0]
-		}
+	if b := takeFit(&p.hostFree, n); b != nil {
+		return b
 	}
-	size := (n + poolStep - 1) / poolStep * poolStep
+	size := pooledSize(n)
 	if p.hostMade+size > p.hostLimit {
 		return nil
 	}
