@@ -27,14 +27,15 @@ func (c *Client) callPieces(op abi.Opcode, size, window int,
 	settle func(k, n int, err error) error,
 ) error {
 	type piece struct {
-		k, n int
-		ch   chan result
-		rr   *replyReader
+		k, n  int
+		ch    chan result
+		rr    *replyReader
+		drive bool // the caller reads replies itself (a lone piece)
 	}
 	var flight []piece
 	var firstErr error
 	land := func(p piece) {
-		err := c.finish(op, nil, p.rr, false, p.ch)
+		err := c.finish(op, nil, p.rr, p.drive, p.ch)
 		if settle != nil {
 			err = settle(p.k, p.n, err)
 		}
@@ -48,17 +49,20 @@ func (c *Client) callPieces(op abi.Opcode, size, window int,
 			flight = flight[1:]
 		}
 		p := piece{k: k, n: min(c.chunk(), size-k), ch: make(chan result, 1)}
-		var drive bool
 		var err error
-		if p.rr, drive, err = submit(p.k, p.n, p.ch); err != nil {
+		if p.rr, p.drive, err = submit(p.k, p.n, p.ch); err != nil {
 			firstErr = err
 			break
 		}
-		if drive {
+		if p.drive && (len(flight) > 0 || p.k+p.n < size) {
 			// Replies to pieces in flight are read by the connection's
 			// reader: a turn held here while waiting for an earlier piece
-			// would leave that piece's reply unread.
+			// would leave that piece's reply unread. A lone piece (a
+			// small copy) keeps it and reads its own reply, as a call
+			// does: a hand-off from the reader goroutine costs a
+			// wake-up.
 			c.releaseTurn(p.rr)
+			p.drive = false
 		}
 		flight = append(flight, p)
 	}

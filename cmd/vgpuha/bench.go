@@ -195,9 +195,15 @@ func runBenchPV(args []string) error {
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stop, err := profile()
+	if err != nil {
+		return err
+	}
+	defer stop()
 	opts.Progress = os.Stderr
 	opts.NewBackend = bf.open
 	rows, err := bench.PV(opts)
