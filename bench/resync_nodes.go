@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 
@@ -47,7 +48,7 @@ func startResyncNodes(opts ResyncOptions, size uint64, method string) (resyncNod
 		if err != nil {
 			return nil, err
 		}
-		return processNodes{n}, nil
+		return processNodes{n, opts.Progress}, nil
 	}
 	newBackend := opts.NewBackend
 	if method == "stop-the-world" {
@@ -80,7 +81,10 @@ func (n clusterNodes) lastResync() (drill.ResyncFigures, error) {
 }
 
 // processNodes are a primary and a standby process.
-type processNodes struct{ n *drill.Nodes }
+type processNodes struct {
+	n        *drill.Nodes
+	progress io.Writer // told where logs were kept, if any (nil: nobody)
+}
 
 func (n processNodes) guest(name string) (*pvdriver.Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -93,4 +97,10 @@ func (n processNodes) startStandby() error                      { return n.n.Sta
 func (n processNodes) waitProtected(d time.Duration) error      { return n.n.WaitProtected(d) }
 func (n processNodes) lastResync() (drill.ResyncFigures, error) { return n.n.LastResync() }
 func (n processNodes) verify() (replicate.Report, error)        { return n.n.Verify(5 * time.Minute) }
-func (n processNodes) close()                                   { n.n.Close() }
+
+func (n processNodes) close() {
+	n.n.Close()
+	if dir := n.n.KeptLogs(); dir != "" && n.progress != nil {
+		fmt.Fprintf(n.progress, "  the nodes' logs are in %s\n", dir)
+	}
+}

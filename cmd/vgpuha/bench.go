@@ -61,7 +61,7 @@ func runBenchResync(args []string) error {
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
 	standbyBackend := standbyBackendFlag(fs, &bf)
-	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second)")
+	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second); with --processes, keep their log files and say where")
 	processes := fs.Bool("processes", false, "run the primary and the standby as processes of their own, as a deployment does, "+
 		"instead of inside the benchmark's (whose address space, cores and garbage collector they would share with the guests); "+
 		"their logs are kept (and named) only when a standby never protects its primary")
@@ -85,7 +85,7 @@ func runBenchResync(args []string) error {
 			return err
 		}
 		opts.Processes = &drill.NodesOptions{Binary: bin, Backend: bf.name, StandbyBackend: fs.Lookup("standby-backend").Value.String(),
-			Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.simMemory, 10)}}
+			Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.simMemory, 10)}, KeepLogs: *logNodes}
 	}
 	if *logNodes {
 		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -192,6 +192,7 @@ type guestContext struct {
 	sumMod, sumFn uintptr
 	sumOut        uint64
 	snap          *memSnapshot // the live memory snapshot (snapshot.go), if any
+	moveBuf       uint64       // staging for overlapping copies (move.go), made on first use
 }
 
 // reserved is the window's reservation: whole granules (the driver
@@ -324,6 +325,9 @@ func (c *guestContext) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
 		st, err := c.stream(s)
 		if err != nil {
 			return err
+		}
+		if overlaps(dst, src, size) && dst != src {
+			return c.moveDtoD(dst, src, size, st) // move.go
 		}
 		return c.d.check("cuMemcpyDtoDAsync", c.d.cuMemcpyDtoDAsync(dst, src, size, st))
 	})
@@ -590,6 +594,9 @@ func (c *guestContext) Close() error {
 		}
 		for addr := range c.allocs {
 			c.free(addr)
+		}
+		if c.moveBuf != 0 {
+			d.cuMemFree(c.moveBuf)
 		}
 		if c.sumOut != 0 {
 			d.cuMemFree(c.sumOut)

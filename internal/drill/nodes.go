@@ -29,6 +29,9 @@ type NodesOptions struct {
 	// Flags go to both nodes (quotas, the software GPU's size),
 	// PrimaryFlags to the primary only (resync settings).
 	Flags, PrimaryFlags []string
+	// KeepLogs leaves the nodes' logs after Close (LogDir says where);
+	// they are kept anyway when something failed.
+	KeepLogs bool
 }
 
 // StartNodes starts the primary and waits until it serves guests.
@@ -44,7 +47,16 @@ func StartNodes(o NodesOptions) (*Nodes, error) {
 	if err := p.launch(o.Mode, false, "unix", true); err != nil {
 		return nil, err
 	}
-	return &Nodes{p: p}, nil
+	return &Nodes{p: p, keepLogs: o.KeepLogs}, nil
+}
+
+// KeptLogs is where the nodes' logs stay after Close, or "" when Close
+// removes them.
+func (n *Nodes) KeptLogs() string {
+	if n.keepLogs {
+		return n.p.dir
+	}
+	return ""
 }
 
 // Endpoints are where guests reach the primary, and the standby after a
@@ -85,14 +97,17 @@ func (n *Nodes) LastResync() (ResyncFigures, error) {
 func (n *Nodes) Verify(timeout time.Duration) (replicate.Report, error) {
 	var rep replicate.Report
 	body, err := n.p.primary.do(http.MethodPost, "/verify", timeout)
-	if err != nil {
-		return rep, err
+	if err == nil {
+		err = json.Unmarshal(body, &rep)
 	}
-	return rep, json.Unmarshal(body, &rep)
+	if err != nil || !rep.Match {
+		n.keepLogs = true // what each node applied is the first thing to read
+	}
+	return rep, err
 }
 
-// Close stops both nodes and removes their files (but the logs, after
-// WaitProtected failed).
+// Close stops both nodes and removes their files (but the logs, when
+// asked to keep them, or after WaitProtected or Verify failed).
 func (n *Nodes) Close() {
 	if n.keepLogs {
 		n.p.stopKeepingLogs()
