@@ -645,13 +645,13 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	if err := s.checkFootprint(spec, r); err != nil {
 		return nil, err
 	}
-	if why := untranslatable(spec); s.delta != 0 && why != "" {
-		return nil, fail(abi.StatusNotSupported, "kernel %s %s and this node's addresses differ from the primary's (by %#x): "+
-			"its pointers cannot be translated; run each node in a process of its own, where windows get the same addresses",
-			spec.Name, why, s.delta)
-	}
 	args := r.Args
 	if s.delta != 0 { // pointer-typed arguments are translated; pointers stored in memory cannot be
+		if why := untranslatable(spec); why != "" {
+			return nil, fail(abi.StatusNotSupported, "kernel %s %s and this node's addresses differ from the primary's (by %#x): "+
+				"its pointers cannot be translated; run each node in a process of its own, where windows get the same addresses",
+				spec.Name, why, s.delta)
+		}
 		args = append([]abi.Arg(nil), r.Args...)
 		for i := range args {
 			if args[i].Kind == abi.ArgPtr && args[i].Bits != 0 {
