@@ -93,15 +93,21 @@ const (
 
 // busyPollSpan is how long a waiting side polls before it first lets other
 // goroutines run (runtime.Gosched), where the process has more than two
-// Ps: a trivial call's reply comes within it. A Gosched puts the spinner
+// Ps: a small synchronous call's reply comes within it, the device's time
+// included (a 64-byte cuMemcpyHtoD takes 3-4 µs on an H100, and the reply
+// 8-9 µs after the request). A Gosched puts the spinner
 // on the scheduler's global queue under its lock and, with Ps idle, wakes
 // another thread to look for work (a system call), several times per
 // round trip; polling alone costs nothing another goroutine needs while
 // Ps are idle, and where they are not, other goroutines wait at most this
 // long. With one or two Ps (the guest and the node in one process, or a
 // small VM), the peer or the goroutine that feeds it may be queued behind
-// the spinner: it yields at once.
-const busyPollSpan = 5 * time.Microsecond
+// the spinner: it yields at once. Measured on an H100 host (bench pv
+// --backend cuda, the two spans alternating, three runs each): a 64-byte
+// synchronous copy over shared memory cost 1.62/1.70/1.59× the in-process
+// call with 5 µs, 1.36/1.36/1.22× with 25 µs (the reply came while the
+// guest was off its P).
+const busyPollSpan = 25 * time.Microsecond
 
 // pollWithoutYield is how long a wait polls before it first yields, in a
 // process with procs Ps.
