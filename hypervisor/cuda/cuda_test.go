@@ -8,12 +8,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
 func backend(t *testing.T) *cuda.Backend {
@@ -314,4 +317,64 @@ func firstDiff(a, b []byte) int {
 		}
 	}
 	return -1
+}
+
+// BenchmarkReplicaSetup times what a standby does on the GPU to recreate
+// one session from a resync snapshot, step by step: a context with its
+// window, two 64 MiB allocations, the library's module (its PTX compiled
+// by the driver), 64 MiB of contents in 4 MiB copies from ordinary
+// memory, and the context's end. Reported in ms per step.
+func BenchmarkReplicaSetup(b *testing.B) {
+	cb, err := cuda.New(0)
+	if err != nil {
+		b.Skipf("no CUDA here: %v", err)
+	}
+	raw, err := kernels.Image("pointer_chase")
+	if err != nil {
+		b.Fatal(err)
+	}
+	img, err := abi.DecodeModuleImage(raw)
+	if err != nil {
+		b.Fatal(err)
+	}
+	piece := make([]byte, 4<<20)
+	steps := []string{"context", "alloc-2x64MiB", "module", "htod-64MiB", "close"}
+	took := make([]time.Duration, len(steps))
+	for range b.N {
+		t0 := time.Now()
+		mark := func(i int) { took[i] += time.Since(t0); t0 = time.Now() }
+		ctx, err := cb.NewContext(0x7d0000000000, 1<<30)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mark(0)
+		base, _ := ctx.Window()
+		for i := range uint64(2) {
+			if err := ctx.Alloc(base+i<<26, 64<<20); err != nil {
+				b.Fatal(err)
+			}
+		}
+		mark(1)
+		m, err := ctx.LoadModule(img)
+		if err == nil {
+			_, err = ctx.Function(m, "pointer_chase")
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		mark(2)
+		for off := uint64(0); off < 64<<20; off += uint64(len(piece)) {
+			if err := ctx.CopyHtoD(base+off, piece, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
+		mark(3)
+		if err := ctx.Close(); err != nil {
+			b.Fatal(err)
+		}
+		mark(4)
+	}
+	for i, s := range steps {
+		b.ReportMetric(float64(took[i].Microseconds())/1e3/float64(b.N), s+"-ms")
+	}
 }
