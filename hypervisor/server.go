@@ -302,8 +302,7 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 		return nil, nil, err
 	}
 	sess.mu.Lock()
-	sess.attached = true
-	sess.grace = grace
+	sess.attach(grace)
 	sess.mu.Unlock()
 	reply := &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
 	if p.version >= 2 { // a version-1 guest's decoder knows no token
@@ -373,8 +372,7 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	case sess.attached || sess.closed:
 		return nil, nil, refuse(refusedResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
 	}
-	sess.attached = true
-	sess.grace = grace
+	sess.attach(grace)
 	if sess.kept {
 		sess.kept = false
 		if sess.tenant != nil {

@@ -309,6 +309,18 @@ func isRefusal(err error) bool {
 // dev translates a guest device address to the backend's.
 func (s *Session) dev(addr uint64) uint64 { return addr + s.delta }
 
+// attach marks the session served on a guest's connection, kept for
+// grace once that ends. A guest drives the session: a context that can
+// pipeline launches does from now on (a replica's context, applying a
+// log, never does: gpu.LaunchPipeliner).
+// Precondition: s.mu must be locked.
+func (s *Session) attach(grace time.Duration) {
+	s.attached, s.grace = true, grace
+	if p, ok := s.ctx.(gpu.LaunchPipeliner); ok {
+		p.PipelineLaunches()
+	}
+}
+
 // Precondition: s.mu must be locked.
 func (s *Session) deferError(stream handlemap.Handle, err error) {
 	if _, seen := s.deferred[stream]; !seen {

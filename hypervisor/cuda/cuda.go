@@ -29,7 +29,6 @@
 package cuda
 
 import (
-	"encoding/binary"
 	"fmt"
 	"runtime"
 	"sync"
@@ -193,6 +192,7 @@ type guestContext struct {
 	sumOut        uint64
 	snap          *memSnapshot // the live memory snapshot (snapshot.go), if any
 	moveBuf       uint64       // staging for overlapping copies (move.go), made on first use
+	launches      *launcher    // queued launches' thread, once PipelineLaunches (launcher.go)
 }
 
 // reserved is the window's reservation: whole granules (the driver
@@ -203,10 +203,14 @@ func (c *guestContext) reserved() uint64 {
 	return (c.size + g - 1) / g * g
 }
 
-// do runs fn with the context current on the calling thread.
+// do runs fn with the context current on the calling thread, after every
+// queued launch (launcher.go).
 func (c *guestContext) do(fn func() error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.launches != nil {
+		c.launches.drain()
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := c.d.check("cuCtxSetCurrent", c.d.cuCtxSetCurrent(c.ctx)); err != nil {
@@ -508,6 +512,12 @@ func (c *guestContext) ParamSlots(f gpu.Function) ([]abi.ParamSlot, error) {
 }
 
 func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
+	c.mu.Lock()
+	if c.launches != nil { // the launcher submits it (launcher.go)
+		defer c.mu.Unlock()
+		return c.queueLaunch(f, cfg, args, s)
+	}
+	c.mu.Unlock()
 	return c.do(func() error {
 		fn, ok := c.functions[f]
 		if !ok {
@@ -517,22 +527,8 @@ func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.A
 		if err != nil {
 			return err
 		}
-		// Each parameter's value: a byte argument's own bytes, else 8 bytes
-		// holding the scalar (zero for an empty byte argument).
-		values := make([]byte, 8*len(args))
-		params := make([][]byte, len(args))
-		for i, a := range args {
-			v := values[8*i : 8*i+8]
-			switch {
-			case a.Kind == abi.ArgBytes && len(a.Raw) > 0:
-				v = a.Raw
-			case a.Kind != abi.ArgBytes:
-				binary.NativeEndian.PutUint64(v, a.Bits)
-			}
-			params[i] = v
-		}
 		r := c.d.launchKernel(fn, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
-			cfg.SharedBytes, st, params)
+			cfg.SharedBytes, st, launchParams(args, false))
 		return c.d.check("cuLaunchKernel", r)
 	})
 }
@@ -569,17 +565,31 @@ func (c *guestContext) SyncStream(s gpu.Stream) error {
 		if err != nil {
 			return err
 		}
-		return c.d.check("cuStreamSynchronize", c.d.cuStreamSynchronize(h))
+		return c.launchFailure(c.d.check("cuStreamSynchronize", c.d.cuStreamSynchronize(h)))
 	})
 }
 
 func (c *guestContext) Sync() error {
-	return c.do(func() error { return c.d.check("cuCtxSynchronize", c.d.cuCtxSynchronize()) })
+	return c.do(func() error { return c.launchFailure(c.d.check("cuCtxSynchronize", c.d.cuCtxSynchronize())) })
+}
+
+// launchFailure is err, or else a queued launch's submission error not
+// yet returned (launcher.go).
+// Precondition: c.mu must be locked.
+func (c *guestContext) launchFailure(err error) error {
+	if c.launches == nil || err != nil {
+		return err
+	}
+	return c.launches.takeFailure()
 }
 
 func (c *guestContext) Close() error {
 	err := c.do(func() error {
 		d := c.d
+		if c.launches != nil {
+			c.launches.close()
+			c.launches = nil
+		}
 		if c.snap != nil {
 			c.snap.releaseLocked() // after any read under way
 		}

@@ -3,8 +3,10 @@ package cuda_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -377,4 +379,120 @@ func BenchmarkReplicaSetup(b *testing.B) {
 	for i, s := range steps {
 		b.ReportMetric(float64(took[i].Microseconds())/1e3/float64(b.N), s+"-ms")
 	}
+}
+
+// TestPipelinedLaunches: with launches pipelined (gpu.LaunchPipeliner),
+// kernels queued between copies and memsets that feed on each other leave
+// exactly what the same calls leave made inline, and on the software GPU:
+// the context's calls reach the driver in order. A launch the driver
+// refuses when the launcher submits it does not fail the calls after it;
+// the next Sync reports it, once.
+func TestPipelinedLaunches(t *testing.T) {
+	b := backend(t)
+	inline := chain(t, b, false)
+	if got := chain(t, b, true); !bytes.Equal(got, inline) {
+		t.Fatalf("pipelined launches left other bytes than inline ones (first differing byte %d)", firstDiff(got, inline))
+	}
+	if onSim := chain(t, sim.New(1<<30), false); !bytes.Equal(onSim, inline) {
+		t.Fatalf("the GPU and the software GPU differ (first differing byte %d)", firstDiff(onSim, inline))
+	}
+
+	ctx, f, base := vaddContext(t, b)
+	ctx.(gpu.LaunchPipeliner).PipelineLaunches()
+	args := []abi.Arg{abi.Ptr(base), abi.Ptr(base + 4096), abi.Ptr(base + 8192), abi.U32(256)}
+	tooWide := gpu.LaunchConfig{Grid: abi.Dim3{X: 1, Y: 1, Z: 1}, Block: abi.Dim3{X: 4096, Y: 1, Z: 1}}
+	if err := ctx.Launch(f, tooWide, args, 0); err != nil {
+		t.Fatalf("a queued launch failed at once: %v", err)
+	}
+	if err := ctx.Memset(base, 4, 7, 1024, 0); err != nil {
+		t.Fatalf("a memset after a refused launch: %v", err)
+	}
+	word := make([]byte, 4)
+	if err := ctx.CopyDtoH(word, base+4092, 0); err != nil || binary.LittleEndian.Uint32(word) != 7 {
+		t.Fatalf("the memset after a refused launch: %v, word %x", err, word)
+	}
+	if err := ctx.Sync(); err == nil || !strings.Contains(err.Error(), "cuLaunchKernel") {
+		t.Fatalf("Sync after a refused launch: %v, want the launch's error", err)
+	}
+	if err := ctx.Sync(); err != nil {
+		t.Fatalf("a second Sync reported it again: %v", err)
+	}
+}
+
+// vaddContext makes a context holding three pages and vadd.
+func vaddContext(t *testing.T, b gpu.Backend) (gpu.Context, gpu.Function, uint64) {
+	t.Helper()
+	ctx, err := b.NewContext(0x7d0000000000, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctx.Close() })
+	base, _ := ctx.Window()
+	if err := ctx.Alloc(base, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := kernels.Image("vadd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := abi.DecodeModuleImage(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ctx.LoadModule(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ctx.Function(m, "vadd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, f, base
+}
+
+// chain runs 300 rounds of vadd, each feeding the next through a
+// device-to-device copy, with memsets and copies in between, and returns
+// the three vectors.
+func chain(t *testing.T, b gpu.Backend, pipelined bool) []byte {
+	ctx, f, base := vaddContext(t, b)
+	if pipelined {
+		ctx.(gpu.LaunchPipeliner).PipelineLaunches()
+	}
+	a, bv, c := base, base+4096, base+8192
+	init := make([]byte, 4096)
+	for i := range 1024 {
+		binary.LittleEndian.PutUint32(init[4*i:], math.Float32bits(float32(i)/8))
+	}
+	for _, p := range []uint64{a, bv} {
+		if err := ctx.CopyHtoD(p, init, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := gpu.LaunchConfig{Grid: abi.Dim3{X: 4, Y: 1, Z: 1}, Block: abi.Dim3{X: 256, Y: 1, Z: 1}}
+	for r := range 300 {
+		if err := ctx.Launch(f, cfg, []abi.Arg{abi.Ptr(a), abi.Ptr(bv), abi.Ptr(c), abi.U32(1024)}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := ctx.CopyDtoD(a, c, 4096, 0); err != nil {
+			t.Fatal(err)
+		}
+		if r%7 == 0 {
+			if err := ctx.Memset(bv+uint64(4*r), 4, math.Float32bits(float32(r)), 64, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r%50 == 0 {
+			if err := ctx.CopyHtoD(bv+2048, init[:1024], 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := ctx.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, 3*4096)
+	if err := ctx.CopyDtoH(out, a, 0); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

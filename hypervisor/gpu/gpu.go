@@ -118,6 +118,17 @@ type HealthReporter interface {
 	Healthy() error
 }
 
+// LaunchPipeliner is implemented by contexts that can hand their launches
+// to a thread of their own, so the caller goes on to its next request
+// while the driver submits this one. A launch the driver then refuses is
+// reported by the context's next Sync or SyncStream, as a GPU reports an
+// asynchronous launch's failure. The hypervisor turns it on for sessions
+// a guest drives; a replica applying a log leaves it off, so a launch that
+// fails there fails in place.
+type LaunchPipeliner interface {
+	PipelineLaunches()
+}
+
 // DeviceDescriber is implemented by backends that can describe their
 // device as CUDA's driver API does (name, memory, every CUdevice_attribute):
 // what a guest's libcuda reports to the program. The description must not
