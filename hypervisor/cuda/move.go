@@ -1,5 +1,7 @@
 package cuda
 
+import "slices"
+
 // Overlapping device-to-device copies. CUDA leaves a cuMemcpyDtoD whose
 // source and destination overlap undefined (the copy engines move pieces
 // in parallel), and on an H100 a replica that replayed such a copy ended
@@ -35,27 +37,34 @@ func (c *guestContext) moveDtoD(dst, src, n uint64, st uintptr) error {
 			return err
 		}
 	}
-	piece := func(off uint64) error {
-		k := min(moveChunk, n-off)
-		if err := d.check("cuMemcpyDtoDAsync(move in)", d.cuMemcpyDtoDAsync(c.moveBuf, src+off, k, st)); err != nil {
-			return err
-		}
-		return d.check("cuMemcpyDtoDAsync(move out)", d.cuMemcpyDtoDAsync(dst+off, c.moveBuf, k, st))
-	}
 	var err error
-	if dst < src {
-		for off := uint64(0); off < n && err == nil; off += moveChunk {
-			err = piece(off)
+	for _, off := range movePieces(dst, src, n, moveChunk) {
+		k := min(moveChunk, n-off)
+		if err = d.check("cuMemcpyDtoDAsync(move in)", d.cuMemcpyDtoDAsync(c.moveBuf, src+off, k, st)); err != nil {
+			break
 		}
-	} else {
-		for off := (n - 1) / moveChunk * moveChunk; err == nil; off -= moveChunk {
-			if err = piece(off); off == 0 {
-				break
-			}
+		if err = d.check("cuMemcpyDtoDAsync(move out)", d.cuMemcpyDtoDAsync(dst+off, c.moveBuf, k, st)); err != nil {
+			break
 		}
 	}
 	if serr := d.check("cuStreamSynchronize(move)", d.cuStreamSynchronize(st)); err == nil {
 		err = serr
 	}
 	return err
+}
+
+// movePieces is the order in which a move of n bytes from src to dst goes
+// through a staging buffer of chunk bytes: the offsets of its pieces,
+// front to back when dst lies below src, back to front otherwise, so that
+// no piece of the source is read after a piece of the destination
+// overwrote it.
+func movePieces(dst, src, n, chunk uint64) []uint64 {
+	offs := make([]uint64, 0, (n+chunk-1)/chunk)
+	for off := uint64(0); off < n; off += chunk {
+		offs = append(offs, off)
+	}
+	if dst > src {
+		slices.Reverse(offs)
+	}
+	return offs
 }
