@@ -519,11 +519,7 @@ func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.A
 	}
 	c.mu.Unlock()
 	return c.do(func() error {
-		fn, ok := c.functions[f]
-		if !ok {
-			return fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
-		}
-		st, err := c.stream(s)
+		fn, st, err := c.launchTarget(f, s)
 		if err != nil {
 			return err
 		}
@@ -531,6 +527,17 @@ func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.A
 			cfg.SharedBytes, st, launchParams(args, false))
 		return c.d.check("cuLaunchKernel", r)
 	})
+}
+
+// launchTarget is the driver's function and stream for a launch of f on s.
+// Precondition: c.mu must be locked.
+func (c *guestContext) launchTarget(f gpu.Function, s gpu.Stream) (fn, st uintptr, err error) {
+	fn, ok := c.functions[f]
+	if !ok {
+		return 0, 0, fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
+	}
+	st, err = c.stream(s)
+	return fn, st, err
 }
 
 func (c *guestContext) CreateStream() (gpu.Stream, error) {

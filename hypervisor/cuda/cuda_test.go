@@ -331,14 +331,7 @@ func BenchmarkReplicaSetup(b *testing.B) {
 	if err != nil {
 		b.Skipf("no CUDA here: %v", err)
 	}
-	raw, err := kernels.Image("pointer_chase")
-	if err != nil {
-		b.Fatal(err)
-	}
-	img, err := abi.DecodeModuleImage(raw)
-	if err != nil {
-		b.Fatal(err)
-	}
+	img := libraryImage(b, "pointer_chase")
 	piece := make([]byte, 4<<20)
 	steps := []string{"context", "alloc-2x64MiB", "module", "htod-64MiB", "close"}
 	took := make([]time.Duration, len(steps))
@@ -431,15 +424,7 @@ func vaddContext(t *testing.T, b gpu.Backend) (gpu.Context, gpu.Function, uint64
 	if err := ctx.Alloc(base, 2<<20); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := kernels.Image("vadd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := abi.DecodeModuleImage(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := ctx.LoadModule(img)
+	m, err := ctx.LoadModule(libraryImage(t, "vadd"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,4 +480,18 @@ func chain(t *testing.T, b gpu.Backend, pipelined bool) []byte {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// libraryImage is the kernel library's module image holding kernel.
+func libraryImage(tb testing.TB, kernel string) *abi.ModuleImage {
+	tb.Helper()
+	raw, err := kernels.Image(kernel)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	img, err := abi.DecodeModuleImage(raw)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return img
 }

@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"encoding/binary"
-	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -76,11 +75,7 @@ func (c *guestContext) PipelineLaunches() {
 // queueLaunch resolves a launch's handles and queues it.
 // Precondition: c.mu must be locked and c.launches set.
 func (c *guestContext) queueLaunch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.Arg, s gpu.Stream) error {
-	fn, ok := c.functions[f]
-	if !ok {
-		return fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
-	}
-	st, err := c.stream(s)
+	fn, st, err := c.launchTarget(f, s)
 	if err != nil {
 		return err
 	}
