@@ -10,7 +10,10 @@
 // goroutine per context fed through a channel, was measured on an H100:
 // that hand-off between threads cost more than the CUDA calls themselves,
 // 31 µs for a 64-byte cuMemcpyHtoD, while cuCtxSetCurrent is a
-// thread-local store.)
+// thread-local store.) Launches are the exception once a guest drives the
+// context (gpu.LaunchPipeliner): they go to a launcher thread of the
+// context's own, which every other call waits for (launcher.go). An
+// overlapping device-to-device copy moves as memmove does (move.go).
 // The session's device-address window is reserved with cuMemAddressReserve at
 // the base the hypervisor asks for; the driver treats that address as a hint,
 // so the base it really got is reported by Window and the caller translates
