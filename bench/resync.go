@@ -31,8 +31,13 @@ type ResyncOptions struct {
 	// StopTheWorld also measures each size the old way: every guest
 	// stopped while all of device memory is copied.
 	StopTheWorld bool
-	Progress     io.Writer
-	NewBackend   func() (gpu.Backend, error)
+	// IdleGuests also measures each size with the guests holding their
+	// memory but making no calls while the standby joins (method
+	// "idle-guests"): the snapshot stream alone, to tell its own rate
+	// from what the guests' load costs it.
+	IdleGuests bool
+	Progress   io.Writer
+	NewBackend func() (gpu.Backend, error)
 	// NewStandbyBackend, when set, makes the standby's GPU instead (see
 	// ReplicateOptions.NewStandbyBackend).
 	NewStandbyBackend func() (gpu.Backend, error)
@@ -102,6 +107,9 @@ func Resync(opts ResyncOptions) ([]ResyncBenchRow, error) {
 		if opts.StopTheWorld {
 			methods = append(methods, "stop-the-world")
 		}
+		if opts.IdleGuests {
+			methods = append(methods, "idle-guests")
+		}
 		for _, m := range methods {
 			row, err := resyncOnce(opts, size, m)
 			if err != nil {
@@ -161,6 +169,11 @@ func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow,
 	run := startMixed(guests)
 	time.Sleep(opts.Baseline)
 	before := run.cut()
+	if method == "idle-guests" {
+		if err := run.stop(); err != nil {
+			return row, err
+		}
+	}
 	if err := nodes.startStandby(); err != nil {
 		run.stop()
 		return row, err
@@ -346,13 +359,14 @@ func keepSlow(slow []SlowCall, c SlowCall) []SlowCall {
 // mixedRun drives every guest's mixed workload until stopped, and cuts the
 // figures into phases.
 type mixedRun struct {
-	mu    sync.Mutex
-	ops   int
-	slow  []SlowCall // slowest first
-	since time.Time
-	err   error
-	quit  chan struct{}
-	wg    sync.WaitGroup
+	mu       sync.Mutex
+	ops      int
+	slow     []SlowCall // slowest first
+	since    time.Time
+	err      error
+	quit     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 }
 
 // phase is one stretch of a mixed run.
@@ -408,8 +422,10 @@ func (r *mixedRun) cut() phase {
 	return p
 }
 
+// stop ends the guests' calls (again: nothing more) and returns the
+// first error one of them met.
 func (r *mixedRun) stop() error {
-	close(r.quit)
+	r.stopOnce.Do(func() { close(r.quit) })
 	r.wg.Wait()
 	return r.err
 }

@@ -34,7 +34,7 @@ func startResyncNodes(opts ResyncOptions, size uint64, method string) (resyncNod
 	perGuest := size / uint64(opts.Guests)
 	guestQuota, tenantQuota := perGuest+256<<20, size+uint64(opts.Guests)*256<<20
 	if p := opts.Processes; p != nil {
-		if method != "concurrent" {
+		if method == "stop-the-world" {
 			return nil, fmt.Errorf("a %s resync runs only inside this process", method)
 		}
 		o := *p
