@@ -38,8 +38,12 @@ import (
 // microseconds).
 const launchSpin = 50 * time.Microsecond
 
-// launcher is a context's launch thread and queue.
+// launcher is a context's launch thread and queue. begin runs once on
+// the thread before any launch (it makes the context current there);
+// submit hands one launch to the driver.
 type launcher struct {
+	begin   func() error
+	submit  func(q *queuedLaunch) error
 	mu      sync.Mutex
 	idle    sync.Cond // broadcast when the queue is empty and nothing is being submitted
 	queue   []queuedLaunch
@@ -66,10 +70,21 @@ func (c *guestContext) PipelineLaunches() {
 	if c.launches != nil {
 		return
 	}
-	l := &launcher{wake: make(chan struct{}, 1), done: make(chan struct{})}
+	d, ctx := c.d, c.ctx
+	c.launches = startLauncher(
+		func() error { return d.check("cuCtxSetCurrent(launcher)", d.cuCtxSetCurrent(ctx)) },
+		func(q *queuedLaunch) error {
+			return d.check("cuLaunchKernel", d.launchKernel(q.fn, q.cfg.Grid.X, q.cfg.Grid.Y, q.cfg.Grid.Z,
+				q.cfg.Block.X, q.cfg.Block.Y, q.cfg.Block.Z, q.cfg.SharedBytes, q.stream, q.params))
+		})
+}
+
+// startLauncher starts a launcher thread (see launcher).
+func startLauncher(begin func() error, submit func(q *queuedLaunch) error) *launcher {
+	l := &launcher{begin: begin, submit: submit, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	l.idle.L = &l.mu
-	c.launches = l
-	go l.run(c.d, c.ctx)
+	go l.run()
+	return l
 }
 
 // queueLaunch resolves a launch's handles and queues it.
@@ -80,8 +95,12 @@ func (c *guestContext) queueLaunch(f gpu.Function, cfg gpu.LaunchConfig, args []
 		return err
 	}
 	// The request's bytes are the node's to reuse once this returns.
-	q := queuedLaunch{fn: fn, stream: st, cfg: cfg, params: launchParams(args, true)}
-	l := c.launches
+	c.launches.add(queuedLaunch{fn: fn, stream: st, cfg: cfg, params: launchParams(args, true)})
+	return nil
+}
+
+// add queues q and wakes the launcher.
+func (l *launcher) add(q queuedLaunch) {
 	l.mu.Lock()
 	l.queue = append(l.queue, q)
 	l.queued.Store(int32(len(l.queue)))
@@ -90,7 +109,6 @@ func (c *guestContext) queueLaunch(f gpu.Function, cfg gpu.LaunchConfig, args []
 	case l.wake <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // launchParams lays out each parameter's value: a byte argument's own
@@ -114,13 +132,13 @@ func launchParams(args []abi.Arg, own bool) [][]byte {
 	return params
 }
 
-// run is the launcher thread: it submits queued launches in order, with
-// ctx current on its locked OS thread.
-func (l *launcher) run(d *driver, ctx uintptr) {
+// run is the launcher thread: it submits queued launches in order, on
+// its locked OS thread.
+func (l *launcher) run() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	defer close(l.done)
-	current := d.check("cuCtxSetCurrent(launcher)", d.cuCtxSetCurrent(ctx))
+	current := l.begin()
 	var batch []queuedLaunch
 	for {
 		l.mu.Lock()
@@ -144,9 +162,7 @@ func (l *launcher) run(d *driver, ctx uintptr) {
 		for i := range batch {
 			err := current
 			if err == nil {
-				q := &batch[i]
-				err = d.check("cuLaunchKernel", d.launchKernel(q.fn, q.cfg.Grid.X, q.cfg.Grid.Y, q.cfg.Grid.Z,
-					q.cfg.Block.X, q.cfg.Block.Y, q.cfg.Block.Z, q.cfg.SharedBytes, q.stream, q.params))
+				err = l.submit(&batch[i])
 			}
 			if err != nil {
 				l.mu.Lock()
