@@ -91,6 +91,13 @@ func (o *inOrder) wait() bool {
 	return o.ok
 }
 
+// pending reports whether frames submitted before have yet to finish.
+func (o *inOrder) pending() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.next != o.admitted
+}
+
 // failed reports whether a finish failed.
 func (o *inOrder) failed() bool {
 	o.mu.Lock()
@@ -178,20 +185,31 @@ func (b *bulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
 // into a buffer of the writer's, or, when small, into the link's.
 func (b *bulkWriter) sealCopy(typ uint16, payload []byte, done func()) {
 	l := b.l
-	if len(payload) < sealApartFrom {
-		if need := frameHeader + len(payload) + macSize; cap(l.sealed) < need {
+	need := frameHeader + len(payload) + macSize
+	switch {
+	case len(payload) < sealApartFrom && !b.frames.pending():
+		if cap(l.sealed) < need {
 			l.sealed = make([]byte, 0, need)
 		}
-		// Sealed and written before queue returns: the buffer is free
-		// for the next small frame.
-		b.queue(typ, payload, l.sealed[:frameHeader], l.sealed[frameHeader:frameHeader], done)
-		return
+		// Nothing ahead of it: sealed and written before queue returns,
+		// so the buffer is free for the next small frame.
+		b.queue(typ, payload, l.sealed[:frameHeader], l.sealed[frameHeader:frameHeader], false, done)
+	case len(payload) < sealApartFrom:
+		// Frames ahead of it are still being sealed or written. Waiting
+		// for them here would hold the caller up: a record's parts,
+		// queued after its begin frame, could only start sealing once
+		// the last record's parts were written (on the H100 host a gap
+		// of ~0.5 ms on the link after every 4 MiB of a resync). Sealed
+		// into a buffer of its own, it waits for its turn on a worker.
+		buf := make([]byte, 0, need)
+		b.queue(typ, payload, buf[:frameHeader], buf[frameHeader:frameHeader], true, done)
+	default:
+		buf := <-b.bufs
+		if cap(buf) < need {
+			buf = make([]byte, 0, need)
+		}
+		b.queue(typ, payload, buf[:frameHeader], buf[frameHeader:frameHeader], true, func() { b.bufs <- buf; done() })
 	}
-	buf := <-b.bufs
-	if need := frameHeader + len(payload) + macSize; cap(buf) < need {
-		buf = make([]byte, 0, need)
-	}
-	b.queue(typ, payload, buf[:frameHeader], buf[frameHeader:frameHeader], func() { b.bufs <- buf; done() })
 }
 
 // admit reports whether a frame goes out: not once a write failed (it
@@ -213,9 +231,9 @@ func (b *bulkWriter) admit(typ uint16, done func()) (bool, error) {
 // queue takes the next counter for a frame of payload, seals it into dst
 // (which may be payload[:0]; it needs macSize bytes of capacity past the
 // payload's length) behind head (frameHeader bytes right before dst), and
-// writes the frame in turn: on a worker for a large payload, else on the
-// caller before it returns.
-func (b *bulkWriter) queue(typ uint16, payload, head, dst []byte, done func()) {
+// writes the frame in turn: on a worker (apart), else on the caller before
+// it returns.
+func (b *bulkWriter) queue(typ uint16, payload, head, dst []byte, apart bool, done func()) {
 	l := b.l
 	h := l.frameHeader(typ, len(payload))
 	n := l.takeSendN()
@@ -232,10 +250,10 @@ func (b *bulkWriter) queue(typ uint16, payload, head, dst []byte, done func()) {
 		done()
 		return ok
 	}
-	if len(payload) < sealApartFrom {
-		b.frames.inline(seal, put)
-	} else {
+	if apart {
 		b.frames.submit(seal, put)
+	} else {
+		b.frames.inline(seal, put)
 	}
 }
 
