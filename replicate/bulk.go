@@ -109,7 +109,9 @@ func (o *inOrder) failed() bool {
 // under the counter it was given when queued, and written in counter
 // order. Frames from fewer than sealApartFrom payload bytes are sealed on
 // the caller (a goroutine per small record costs more than it saves) and
-// buffered; larger ones go to the connection in one write each. A record
+// buffered, unless larger frames ahead of them are still in flight: then
+// they too wait for their turn on a worker, so the caller goes on
+// (sealCopy). Larger frames go to the connection in one write each. A record
 // stays its owner's (the log keeps a live one for a standby that
 // reconnects; a snapshot's is in a read-ahead buffer): it is sealed into
 // the writer's own buffers, one per frame of at most partBytes, and
