@@ -184,7 +184,8 @@ func (b *bulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
 }
 
 // sealCopy seals one frame of the caller's payload (at most partBytes)
-// into a buffer of the writer's, or, when small, into the link's.
+// into a buffer of the writer's, or, when small, into the link's (or one
+// of its own while larger frames are in flight).
 func (b *bulkWriter) sealCopy(typ uint16, payload []byte, done func()) {
 	l := b.l
 	need := frameHeader + len(payload) + macSize

@@ -65,7 +65,7 @@ func runBenchResync(args []string) error {
 	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second); with --processes, keep their log files and say where")
 	processes := fs.Bool("processes", false, "run the primary and the standby as processes of their own, as a deployment does, "+
 		"instead of inside the benchmark's (whose address space, cores and garbage collector they would share with the guests); "+
-		"their logs are kept (and named) only when a standby never protects its primary")
+		"their logs are kept (and named) when a standby never protects its primary, when verify finds them different, or with --log-nodes")
 	profile := profileFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err

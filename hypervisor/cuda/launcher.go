@@ -22,7 +22,7 @@ import (
 // the node validates the next launch while the driver takes this one.
 //
 // Order: every other call on the context first waits until the queue is
-// empty and the launcher idle (drainLaunches, under the context's lock,
+// empty and the launcher idle (drain, under the context's lock,
 // which Launch also takes to queue), so the driver sees the context's
 // calls in the order the node made them, and never from two threads at
 // once. A launch the driver refuses when the launcher submits it (out of

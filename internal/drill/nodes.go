@@ -29,7 +29,7 @@ type NodesOptions struct {
 	// Flags go to both nodes (quotas, the software GPU's size),
 	// PrimaryFlags to the primary only (resync settings).
 	Flags, PrimaryFlags []string
-	// KeepLogs leaves the nodes' logs after Close (LogDir says where);
+	// KeepLogs leaves the nodes' logs after Close (KeptLogs says where);
 	// they are kept anyway when something failed.
 	KeepLogs bool
 }
