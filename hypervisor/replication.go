@@ -2,7 +2,6 @@ package hypervisor
 
 import (
 	"fmt"
-	"hash/crc32"
 	"sort"
 	"time"
 
@@ -242,7 +241,10 @@ func (s *Session) contentRecords(r handlemap.Range, flags uint16) ([]replicate.R
 
 // ApplyRecord applies one replicated record to this (standby) server. It
 // never trusts the record: guest operations go through the same validation
-// as on the primary, and the result must match what the primary got.
+// as on the primary, and the result must match what the primary got. Once
+// QueueReplayedCopies was called, a copy the record makes from its body
+// may still be queued on the device when it returns: the caller keeps
+// rec.Body unchanged until Settle returns.
 func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 	defer s.recoverApply(rec, &err)
 	switch rec.Op {
@@ -287,6 +289,61 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 		return sess.handles.SetNext(handlemap.Handle(rec.Result))
 	}
 	return sess.apply(rec)
+}
+
+// QueueReplayedCopies lets ApplyRecord leave a record's host-to-device
+// copy queued on the device (gpu.QueuedCopier) instead of waiting for it:
+// the caller promises to keep each record's body unchanged until it has
+// settled the copies (Mark, then Settle). A replica then applies runs of
+// records while the device works through them, rather than one device
+// round trip per copy.
+func (s *Server) QueueReplayedCopies() { s.queueReplay.Store(true) }
+
+// Mark notes how far every session's queued copies have come and returns
+// the mark, for Settle.
+func (s *Server) Mark() uint64 {
+	mark := s.replayMark.Add(1)
+	s.eachQueued(func(sess *Session, q gpu.QueuedCopier) error {
+		if !sess.copiesQueued {
+			return nil
+		}
+		sess.copiesQueued = false
+		return q.Mark(mark)
+	})
+	return mark
+}
+
+// Settle returns once no copy queued before Mark returned upTo (or an
+// earlier mark) reads a record's body any more. An error is a queued
+// copy's failure (the replica may differ from the primary); every session
+// is settled all the same.
+func (s *Server) Settle(upTo uint64) error {
+	return s.eachQueued(func(_ *Session, q gpu.QueuedCopier) error { return q.Settle(upTo) })
+}
+
+// eachQueued runs fn on every open session whose context queues copies,
+// under the session's lock, and returns the first error.
+func (s *Server) eachQueued(fn func(*Session, gpu.QueuedCopier) error) error {
+	s.mu.Lock()
+	all := make([]*Session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		all = append(all, sess)
+	}
+	s.mu.Unlock()
+	var first error
+	for _, sess := range all {
+		sess.mu.Lock()
+		q, ok := sess.ctx.(gpu.QueuedCopier)
+		var err error
+		if ok && !sess.closed { // closing waited for the device
+			err = fn(sess, q)
+		}
+		sess.mu.Unlock()
+		if err != nil && first == nil {
+			first = fmt.Errorf("session %d: %w", sess.id, err)
+		}
+	}
+	return first
 }
 
 // openReplica creates a standby's copy of a primary session, asking the
@@ -368,15 +425,16 @@ func (s *Session) apply(rec *replicate.Record) error {
 			return err
 		}
 	}
+	s.replaying = true
 	reply, err := run(s, req)
-	s.placed = 0
+	s.replaying, s.placed = false, 0
 	result := abi.ResultOf(reply)
 	if err == nil {
 		s.noteApplied(rec.ReqID, result)
 		s.prefaultPlaced(rec, req, result)
 	}
 	if rec.ReqID != 0 { // a resync's contents carry none: no checksum pass over them
-		s.noteContent(rec.ReqID, crc32.Checksum(rec.Body, castagnoli))
+		s.noteContent(rec.ReqID, rec.BodyCRC())
 	}
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {

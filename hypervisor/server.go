@@ -160,6 +160,10 @@ type Server struct {
 	unprotected atomic.Pointer[func() (allow, stop bool)]
 	conns       map[net.Conn]struct{}
 	closed      bool
+	// queueReplay: replayed copies may stay queued (QueueReplayedCopies);
+	// replayMark is the last mark of them (Mark).
+	queueReplay atomic.Bool
+	replayMark  atomic.Uint64
 	wg          sync.WaitGroup
 }
 

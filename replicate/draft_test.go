@@ -29,10 +29,10 @@ func TestDraftAppendsLikeAppend(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Record{Seq: 1, Term: 7, Session: 3, ReqID: 9, Op: OpMMIO, Result: 4, Body: bytes.Repeat([]byte{5}, 100<<10)}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(Record{})); diff != "" {
 		t.Fatal(diff)
 	}
-	if diff := cmp.Diff(want, es[0].Record); diff != "" {
+	if diff := cmp.Diff(want, es[0].Record, cmp.AllowUnexported(Record{})); diff != "" {
 		t.Fatal(diff)
 	}
 	if &es[0].Body[0] != body {

@@ -28,10 +28,10 @@ func TestLogEntriesEncodedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Record{Seq: 1, Term: 7, Session: 3, ReqID: 9, Op: OpMMIO, Result: 4, Body: bytes.Repeat([]byte{5}, 100<<10)}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(Record{})); diff != "" {
 		t.Fatal(diff)
 	}
-	if diff := cmp.Diff(want, es[0].Record); diff != "" {
+	if diff := cmp.Diff(want, es[0].Record, cmp.AllowUnexported(Record{})); diff != "" {
 		t.Fatal(diff)
 	}
 	if cap(es[0].enc)-len(es[0].enc) < macSize {

@@ -51,7 +51,8 @@ type ReceiverConfig struct {
 	// Observe, when set, receives each record's apply time.
 	Observe func(op Op, d time.Duration)
 	// HostBuffer, when set, allocates the buffer records are received into
-	// (see gpu.HostAllocator).
+	// (see gpu.HostAllocator); NewReceiver makes maxLentBytes of them at
+	// once (~0.3 s of page-locking on a GPU host).
 	HostBuffer func(n int) []byte
 	// Faults, when set, sees every message the standby sends (tests only).
 	Faults FaultHook
@@ -124,7 +125,14 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Receiver{cfg: cfg, lender: newLender(maxLentBytes)}, nil
+	r := &Receiver{cfg: cfg, lender: newLender(maxLentBytes)}
+	if cfg.HostBuffer != nil {
+		// Made now rather than while the first resync waits for them,
+		// and before a primary can connect: page-locking memory holds a
+		// driver lock that a primary's calls on the same host wait for.
+		r.lender.prefill(maxLentBytes/hostBufferStep, hostBufferStep, cfg.HostBuffer)
+	}
+	return r, nil
 }
 
 // maxLentBytes bounds the record bytes read but not yet applied: past it
@@ -341,9 +349,23 @@ func (lr *linkRun) dispatch(f *sealedFrame) error {
 		return fmt.Errorf("%w: a frame of type %d inside a record's parts", ErrCorrupt, typ)
 	}
 	var openErr error
-	open := func() { openErr = lr.l.open(f) }
+	open := func() {
+		if openErr = lr.l.open(f); openErr == nil && f.lent && f.typ() == msgRecord {
+			f.sumRecordBody() // on the worker, not the applier
+		}
+	}
 	finish := func(ok bool) bool { return lr.finish(f, openErr, ok) }
 	if f.lent {
+		lr.frames.submit(open, finish)
+		return nil
+	}
+	if f.typ() == msgRecord && lr.frames.pending() {
+		// A small record behind large ones still being opened takes a
+		// buffer of its own and waits for its turn on a worker, so the
+		// link reads on (waiting here for the large ones held a guest's
+		// mix of copies and small calls to one record at a time).
+		f.buf = append([]byte(nil), f.sealed...)
+		f.sealed, f.owned = f.buf, true
 		lr.frames.submit(open, finish)
 		return nil
 	}
@@ -439,10 +461,10 @@ func (lr *linkRun) finish(f *sealedFrame, openErr error, ok bool) bool {
 		ok = streamHandlers[f.typ()](lr, f)
 	}
 	lr.l.giveBack(f)
-	if f.lent && ok {
+	if (f.lent || f.owned) && ok {
 		lr.ackNow()
-	} else if f.lent {
-		lr.l.c.Close()
+	} else if f.lent || f.owned {
+		lr.l.c.Close() // the reader may be reading on
 	}
 	return ok
 }
@@ -546,6 +568,7 @@ func (lr *linkRun) onRecord(f *sealedFrame) bool {
 	if lr.stale(rec.Term) {
 		return false
 	}
+	rec.bodyCRC, rec.hasCRC = f.bodyCRC, f.hasCRC
 	lr.r.cfg.Replica.Heard(rec.Term)
 	item := applyItem{rec: rec}
 	if f.lent {
@@ -567,9 +590,12 @@ func (lr *linkRun) onRecord(f *sealedFrame) bool {
 // It asks for an ack whenever it caught up, and every ackEveryBytes of
 // log records applied while it works through a backlog: the primary's log
 // releases (and its waiting guests go on) as the standby applies, not
-// once per AckInterval.
+// once per AckInterval. A replica that queues copies (Settler) keeps the
+// buffers they read until it settled them (see settling).
 func (lr *linkRun) applier(done chan<- struct{}) {
 	defer close(done)
+	held := newSettling(lr.r)
+	defer held.settle()
 	broken := false
 	sinceAck := 0
 	for item := range lr.queue {
@@ -584,9 +610,7 @@ func (lr *linkRun) applier(done chan<- struct{}) {
 				broken = true
 			}
 		}
-		if item.buf != nil {
-			lr.r.lender.give(item.buf)
-		}
+		held.add(item.buf, len(lr.queue) == 0)
 		if item.rec.Seq != 0 {
 			sinceAck += item.rec.Size()
 		}
@@ -600,6 +624,99 @@ func (lr *linkRun) applier(done chan<- struct{}) {
 		if len(item.rec.Body) >= lendAbove {
 			runtime.Gosched() // a large apply lets others on this host run (a guest on a shared one)
 		}
+	}
+}
+
+// Settler is an Applier whose Apply may leave device work queued that
+// still reads the record's body (a copy from the page-locked buffer it
+// arrived in). The receiver keeps those buffers unchanged until the work
+// is settled: it marks the work every settleEveryBytes of buffers and
+// settles the mark before the last, so the device works through one run
+// of records while the applier queues the next; once caught up, it
+// settles all. A Settle error means queued work failed: the replica may
+// differ from the primary (counted and logged as a failed apply).
+type Settler interface {
+	// Mark notes how far the queued work has come.
+	Mark() uint64
+	// Settle returns once no work queued before Mark returned upTo (or
+	// an earlier mark) reads a record's body.
+	Settle(upTo uint64) error
+}
+
+// settleEveryBytes is the receive buffers in one marked run of a
+// Settler's queued work; the applier holds at most two runs (well below
+// maxLentBytes, so the link keeps reading while they wait).
+const settleEveryBytes = 32 << 20
+
+// settling holds the lent buffers of records applied since the replica
+// last settled their queued work; a replica that queues none gets each
+// back at once.
+type settling struct {
+	r       *Receiver
+	run     [][]byte // buffers since the last mark
+	bytes   int      // in run
+	marked  [][]byte // buffers of the last mark's run, not yet settled
+	mark    uint64   // that mark
+	settler Settler  // nil: the replica queues nothing
+}
+
+func newSettling(r *Receiver) *settling {
+	s := &settling{r: r}
+	s.settler, _ = r.cfg.Replica.(Settler)
+	return s
+}
+
+// add holds buffer buf (nil: none) until the work that reads it is
+// settled; idle says the applier caught up.
+func (s *settling) add(buf []byte, idle bool) {
+	switch {
+	case buf == nil:
+	case s.settler == nil:
+		s.r.lender.give(buf)
+	default:
+		s.run, s.bytes = append(s.run, buf), s.bytes+cap(buf)
+	}
+	switch {
+	case idle:
+		s.settle()
+	case s.bytes >= settleEveryBytes:
+		s.settleTo(s.mark) // the run before: the device has likely done it
+		s.mark = s.settler.Mark()
+		s.marked, s.run, s.bytes = s.run, s.marked[:0], 0
+	}
+}
+
+// settle waits for all the replica's queued work and gives every buffer
+// back.
+func (s *settling) settle() {
+	if len(s.run)+len(s.marked) == 0 {
+		return
+	}
+	s.settleTo(s.settler.Mark())
+	s.give(s.run)
+	s.run, s.bytes = s.run[:0], 0
+}
+
+// settleTo settles the replica's work up to mark and gives the marked
+// run's buffers back.
+func (s *settling) settleTo(mark uint64) {
+	if len(s.marked) == 0 && len(s.run) == 0 {
+		return
+	}
+	if err := s.settler.Settle(mark); err != nil {
+		s.r.mu.Lock()
+		s.r.st.ApplyErrors++
+		s.r.mu.Unlock()
+		s.r.cfg.Logger.Warn("replica diverged: queued work failed", "err", err)
+	}
+	s.give(s.marked)
+	s.marked = s.marked[:0]
+}
+
+func (s *settling) give(bufs [][]byte) {
+	for i, buf := range bufs {
+		s.r.lender.give(buf)
+		bufs[i] = nil
 	}
 }
 

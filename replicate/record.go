@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -24,6 +25,21 @@ type Record struct {
 	// module, function or stream, a session's window slot.
 	Result uint64
 	Body   []byte
+	// bodyCRC is Body's CRC-32C when hasCRC: a standby's receiver takes it
+	// on the worker that opened the record, off the applier's path. Never
+	// on the wire.
+	bodyCRC uint32
+	hasCRC  bool
+}
+
+// BodyCRC is the CRC-32C (Castagnoli) of r.Body, the sum the hypervisor
+// keeps of each request for exactly-once (taken on arrival where it could
+// be).
+func (r *Record) BodyCRC() uint32 {
+	if r.hasCRC {
+		return r.bodyCRC
+	}
+	return crc32.Checksum(r.Body, castagnoli)
 }
 
 // Op is a record kind: a guest opcode (abi.Opcode values) or a control kind.

@@ -24,7 +24,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(r, got); diff != "" {
+	if diff := cmp.Diff(r, got, cmp.AllowUnexported(Record{})); diff != "" {
 		t.Fatal(diff)
 	}
 	b := AppendRecord(nil, &r)

@@ -50,6 +50,13 @@ type Agent struct {
 // Apply implements replicate.Applier on the replica server.
 func (a *Agent) Apply(r *replicate.Record) error { return a.Server.ApplyRecord(r) }
 
+// Mark implements replicate.Settler: the replica's copies from receive
+// buffers may stay queued on its GPU until settled (QueueReplayedCopies).
+func (a *Agent) Mark() uint64 { return a.Server.Mark() }
+
+// Settle implements replicate.Settler.
+func (a *Agent) Settle(upTo uint64) error { return a.Server.Settle(upTo) }
+
 // Checksums implements replicate.Applier.
 func (a *Agent) Checksums() []replicate.ObjectSum { return a.Server.Checksums() }
 
@@ -66,6 +73,7 @@ func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, roles Roles, r
 		return nil, err
 	}
 	a := &Agent{Server: srv, Roles: roles, log: log, key: key}
+	srv.QueueReplayedCopies() // the receiver settles them (replicate.Settler)
 	rcfg := replicate.ReceiverConfig{
 		Key: key, Replica: a, Logger: log,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },

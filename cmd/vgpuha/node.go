@@ -35,15 +35,18 @@ type backendFlags struct {
 	simMemory uint64
 	simShift  uint64
 	ordinal   int // the CUDA device (cuda:N)
+	spares    int // CUDA contexts made ahead
 }
 
 func (b *backendFlags) register(fs interface {
 	StringVar(*string, string, string, string)
 	Uint64Var(*uint64, string, uint64, string)
+	IntVar(*int, string, int, string)
 }) {
 	fs.StringVar(&b.name, "backend", "auto", "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
 	fs.Uint64Var(&b.simMemory, "sim.memory-bytes", 8<<30, "device memory of the software GPU")
 	fs.Uint64Var(&b.simShift, "sim.base-shift", 0, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
+	fs.IntVar(&b.spares, "cuda.spare-contexts", 2, "CUDA contexts to keep made ahead, so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory")
 }
 
 func (b *backendFlags) open() (gpu.Backend, error) {
@@ -60,10 +63,16 @@ func (b *backendFlags) open() (gpu.Backend, error) {
 		s.BaseShift = b.simShift
 		return s, nil
 	case "cuda":
-		return cuda.New(b.ordinal)
+		c, err := cuda.New(b.ordinal)
+		if err != nil {
+			return nil, err
+		}
+		c.KeepSpareContexts(b.spares)
+		return c, nil
 	case "auto":
 		c, err := cuda.New(0)
 		if err == nil {
+			c.KeepSpareContexts(b.spares)
 			return c, nil
 		}
 		b.name = "sim"

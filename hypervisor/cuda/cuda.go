@@ -49,6 +49,7 @@ type Backend struct {
 	gran    uint64
 	devName string
 	version int32
+	spares  *spares // contexts made ahead (spares.go), if kept
 }
 
 // New opens CUDA device ordinal. It fails with ErrNoDriver where libcuda is
@@ -102,8 +103,12 @@ func (b *Backend) Device() string {
 	return fmt.Sprintf("%s (driver API %d.%d, allocation granularity %d KiB)", b.devName, b.version/1000, b.version%1000/10, b.gran>>10)
 }
 
-// Close implements gpu.Backend.
-func (b *Backend) Close() error { return nil }
+// Close implements gpu.Backend: spare contexts are destroyed (those given
+// out are their sessions' to close).
+func (b *Backend) Close() error {
+	b.closeSpares()
+	return nil
+}
 
 // DeviceInfo implements gpu.DeviceDescriber: the device's name, memory,
 // UUID and every CUdevice_attribute the driver answers (cuDeviceGetAttribute;
@@ -152,8 +157,14 @@ func (b *Backend) NewContext(base, size uint64) (gpu.Context, error) {
 		streams:   map[gpu.Stream]uintptr{},
 	}
 	d := b.d
+	c.ctx = b.takeSpare() // spares.go
 	err := onThread(func() error {
-		if err := d.check("cuCtxCreate", d.cuCtxCreate(&c.ctx, 0, b.dev)); err != nil {
+		if c.ctx == 0 {
+			if err := d.check("cuCtxCreate", d.cuCtxCreate(&c.ctx, 0, b.dev)); err != nil {
+				return err
+			}
+		} else if err := d.check("cuCtxSetCurrent", d.cuCtxSetCurrent(c.ctx)); err != nil {
+			d.cuCtxDestroy(c.ctx)
 			return err
 		}
 		var got uint64
@@ -196,6 +207,10 @@ type guestContext struct {
 	snap          *memSnapshot // the live memory snapshot (snapshot.go), if any
 	moveBuf       uint64       // staging for overlapping copies (move.go), made on first use
 	launches      *launcher    // queued launches' thread, once PipelineLaunches (launcher.go)
+	// queued: a copy was queued since the last mark (QueueCopyHtoD);
+	// marks are events recorded after queued copies (queued.go).
+	queued bool
+	marks  []queuedMark
 }
 
 // reserved is the window's reservation: whole granules (the driver
@@ -305,6 +320,25 @@ func (c *guestContext) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 		}
 		// From pageable memory this returns once src has been staged
 		// (CUDA Runtime API, "API synchronization behavior").
+		return c.d.check("cuMemcpyHtoDAsync", c.d.memcpyHtoDAsync(dst, src, st))
+	})
+}
+
+// QueueCopyHtoD implements gpu.QueuedCopier: cuMemcpyHtoDAsync, on the
+// null stream too, so a copy from page-locked memory returns at once and
+// runs in its stream's order (from pageable memory the driver still stages
+// src before returning: CUDA Runtime API, "API synchronization behavior").
+// Mark and Settle are in queued.go.
+func (c *guestContext) QueueCopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
+	if len(src) == 0 {
+		return nil
+	}
+	return c.do(func() error {
+		st, err := c.stream(s)
+		if err != nil {
+			return err
+		}
+		c.queued = true
 		return c.d.check("cuMemcpyHtoDAsync", c.d.memcpyHtoDAsync(dst, src, st))
 	})
 }
@@ -604,6 +638,7 @@ func (c *guestContext) Close() error {
 			c.snap.releaseLocked() // after any read under way
 		}
 		d.cuCtxSynchronize()
+		c.dropMarks() // queued.go
 		for s, h := range c.streams {
 			d.cuStreamDestroy(h)
 			delete(c.streams, s)
@@ -710,4 +745,5 @@ func (b *Backend) onHostCtx(f func() error) error {
 var (
 	_ gpu.HostAllocator = (*Backend)(nil)
 	_ gpu.HostRegistrar = (*Backend)(nil)
+	_ gpu.QueuedCopier  = (*guestContext)(nil)
 )

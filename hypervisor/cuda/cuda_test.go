@@ -495,3 +495,80 @@ func libraryImage(tb testing.TB, kernel string) *abi.ModuleImage {
 	}
 	return img
 }
+
+// TestQueuedCopiesKeepOrder: copies a replica leaves queued
+// (gpu.QueuedCopier), from page-locked buffers, on the null stream and on
+// a stream of the context's, land in order with the memsets and
+// device-to-device copies around them; once their mark is settled the
+// buffers may be reused without changing what the device holds.
+func TestQueuedCopiesKeepOrder(t *testing.T) {
+	b := backend(t)
+	ctx, err := b.NewContext(0x7d4000000000, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Close()
+	q := ctx.(gpu.QueuedCopier)
+	base, _ := ctx.Window()
+	const size, piece = 32 << 20, 1 << 20
+	if err := ctx.Alloc(base, size); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ctx.CreateStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, size)
+	src, err := b.AllocHost(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 4 {
+		if err := ctx.Memset(base, 1, uint32(round), size, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			want[i] = byte(round)
+		}
+		for off := 0; off < size; off += 2 * piece {
+			s := gpu.Stream(0)
+			if off/(2*piece)%2 == 1 {
+				s = st
+			}
+			chunk := src[off : off+piece]
+			for i := range chunk {
+				chunk[i] = byte(i*3 + off>>20 + round)
+			}
+			if err := q.QueueCopyHtoD(base+uint64(off), chunk, s); err != nil {
+				t.Fatal(err)
+			}
+			copy(want[off:], chunk)
+			// the next piece: a device copy of this one, after it
+			if err := ctx.CopyDtoD(base+uint64(off+piece), base+uint64(off), piece, s); err != nil {
+				t.Fatal(err)
+			}
+			copy(want[off+piece:], chunk)
+		}
+		// two marks, the second with nothing new queued: settling the
+		// first waits for every copy
+		if err := q.Mark(uint64(2*round + 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Mark(uint64(2*round + 2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Settle(uint64(2*round + 1)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range src {
+			src[i] = 0xee // reused once settled: the device keeps what was copied
+		}
+		got := make([]byte, size)
+		if err := ctx.CopyDtoH(got, base, 0); err != nil {
+			t.Fatal(err)
+		}
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("round %d: byte %d is %#x, want %#x", round, i, got[i], want[i])
+		}
+	}
+}

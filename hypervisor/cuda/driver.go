@@ -80,6 +80,8 @@ func load() (*driver, error) {
 			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuFuncGetAttribute, "cuFuncGetAttribute"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
 			{&d.cuStreamCreate, "cuStreamCreate"}, {&d.cuStreamDestroy, "cuStreamDestroy_v2"},
 			{&d.cuStreamSynchronize, "cuStreamSynchronize"},
+			{&d.cuEventCreate, "cuEventCreate"}, {&d.cuEventRecord, "cuEventRecord"},
+			{&d.cuEventSynchronize, "cuEventSynchronize"}, {&d.cuEventDestroy, "cuEventDestroy_v2"},
 			{&d.cuMemAlloc, "cuMemAlloc_v2"}, {&d.cuMemFree, "cuMemFree_v2"},
 			{&d.cuMemAllocHost, "cuMemAllocHost_v2"}, {&d.cuMemHostAlloc, "cuMemHostAlloc"}, {&d.cuMemFreeHost, "cuMemFreeHost"},
 			{&d.cuMemHostRegister, "cuMemHostRegister_v2"}, {&d.cuMemHostUnregister, "cuMemHostUnregister"},

@@ -52,6 +52,10 @@ type driver struct {
 	cuStreamCreate                func(s *uintptr, flags uint32) result
 	cuStreamDestroy               func(s uintptr) result
 	cuStreamSynchronize           func(s uintptr) result
+	cuEventCreate                 func(ev *uintptr, flags uint32) result
+	cuEventRecord                 func(ev, s uintptr) result
+	cuEventSynchronize            func(ev uintptr) result
+	cuEventDestroy                func(ev uintptr) result
 	cuMemAlloc                    func(p *uint64, n uint64) result
 	cuMemFree                     func(p uint64) result
 	cuMemAllocHost                func(p *unsafe.Pointer, n uint64) result

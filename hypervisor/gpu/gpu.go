@@ -129,6 +129,27 @@ type LaunchPipeliner interface {
 	PipelineLaunches()
 }
 
+// QueuedCopier is implemented by contexts that can leave a host-to-device
+// copy queued on the device, its source read after the call returned
+// (cuMemcpyHtoDAsync from page-locked memory). A standby replaying a log
+// uses it for records that arrived in such memory: it keeps each record's
+// bytes unchanged until the copies that read them are settled, so it
+// queues runs of records on the device instead of waiting for every copy,
+// and waits for one run while the device works through the next.
+type QueuedCopier interface {
+	// QueueCopyHtoD is CopyHtoD that may return before src was read; the
+	// copy keeps its place in s's order (0: the null stream) as
+	// CopyHtoD's would.
+	QueueCopyHtoD(dst uint64, src []byte, s Stream) error
+	// Mark notes how far the context's queued work has come, as mark
+	// (each mark larger than the last).
+	Mark(mark uint64) error
+	// Settle returns once no copy queued before Mark(upTo), or any
+	// earlier mark, reads host memory. An error is a queued copy's
+	// failure (or the device's).
+	Settle(upTo uint64) error
+}
+
 // DeviceDescriber is implemented by backends that can describe their
 // device as CUDA's driver API does (name, memory, every CUdevice_attribute):
 // what a guest's libcuda reports to the program. The description must not
