@@ -90,10 +90,9 @@ type Session struct {
 	// inPlace is the data of the copy being run when it goes from the
 	// guest's shared memory straight to the device (inplace.go).
 	inPlace *abi.InPlace
-	// replaying: a replicated record is being applied (Session.apply);
-	// copiesQueued: one of them left a copy queued since the last settle
-	// (Server.QueueReplayedCopies).
-	replaying, copiesQueued bool
+	// replaying: a replicated record is being applied (Session.apply),
+	// whose copies may stay queued (Server.QueueReplayedCopies).
+	replaying bool
 	// host is the host-memory region of the connection serving the
 	// session, if it has one (hostmem.go).
 	host *hostRegion
@@ -428,8 +427,7 @@ func (s *Session) copyHtoD(r *abi.CopyHtoD) (abi.Body, error) {
 		return nil, s.copyInPlace(s.dev(r.Dst), st)
 	}
 	if q, ok := s.ctx.(gpu.QueuedCopier); ok && s.replaying && s.srv.queueReplay.Load() {
-		s.copiesQueued = true // the record's body stays put until Server.Settle
-		return nil, q.QueueCopyHtoD(s.dev(r.Dst), r.Data, st)
+		return nil, q.QueueCopyHtoD(s.dev(r.Dst), r.Data, st) // the record's body stays put until Server.Settle
 	}
 	return nil, s.ctx.CopyHtoD(s.dev(r.Dst), r.Data, st)
 }

@@ -69,7 +69,23 @@
 // part's turn comes, after every frame before it. A part that fails to
 // open, a part out of place, anything else between parts or a link cut
 // off mid-record ends the link, and the record is given back, never
-// applied.
+// applied. A record frame below 64 KiB is opened by the reader, unless
+// frames before it are still being opened: then it is copied into a
+// buffer of its own and waits for its turn like them (a guest's mix of
+// large copies and small calls otherwise held the reader to one record at
+// a time). The worker that opens a guest request's record also takes the
+// CRC-32C of its body (Record.BodyCRC), the exactly-once sum the
+// hypervisor keeps, so the applier does not.
+//
+// Applying (receiver.go): one applier applies records in order. A record
+// read into a lent buffer (page-locked on a GPU standby) may be applied
+// with its copy left queued on the device (a Settler replica): the
+// receiver keeps the buffer until that work is settled, marking it every
+// 32 MiB of buffers and settling the mark before the last, so the device
+// works through one run while the applier queues the next, and settling
+// everything when it catches up. Queued work counts as applied for acks:
+// the replica's device runs it in order before anything after it, as it
+// runs the memsets and launches that never waited.
 //
 // Resync (resync.go, Snapshot) is a point-in-time snapshot streamed while
 // guests run, not pre-copy: the node stops its guests only to fix S and

@@ -610,17 +610,18 @@ func (lr *linkRun) applier(done chan<- struct{}) {
 				broken = true
 			}
 		}
-		held.add(item.buf, len(lr.queue) == 0)
+		idle := len(lr.queue) == 0
 		if item.rec.Seq != 0 {
 			sinceAck += item.rec.Size()
 		}
-		if len(lr.queue) == 0 || sinceAck >= ackEveryBytes {
+		if idle || sinceAck >= ackEveryBytes {
 			sinceAck = 0
 			select {
 			case lr.kick <- struct{}{}:
 			default:
 			}
 		}
+		held.add(item.buf, idle) // after the ack: queued work counts as applied
 		if len(item.rec.Body) >= lendAbove {
 			runtime.Gosched() // a large apply lets others on this host run (a guest on a shared one)
 		}

@@ -22,7 +22,10 @@
 // Free unmaps and releases them, returning the memory.
 //
 // Resync snapshots (gpu.Snapshotter) are device-to-device copies into
-// staging memory, taken with the session stopped (snapshot.go).
+// staging memory, taken with the session stopped (snapshot.go). A replica
+// may leave its copies queued and settle them later (gpu.QueuedCopier,
+// queued.go). A backend can keep contexts made ahead, so a new session
+// does not wait ~100 ms for cuCtxCreate (spares.go).
 //
 // Isolation note: contexts of one process share its GPU virtual address
 // space, so a kernel with a wild pointer could reach another session's
@@ -307,29 +310,15 @@ func (c *guestContext) stream(s gpu.Stream) (uintptr, error) {
 }
 
 func (c *guestContext) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
-	if len(src) == 0 {
-		return nil
-	}
-	return c.do(func() error {
-		st, err := c.stream(s)
-		if err != nil {
-			return err
-		}
-		if st == 0 {
-			return c.d.check("cuMemcpyHtoD", c.d.memcpyHtoD(dst, src))
-		}
-		// From pageable memory this returns once src has been staged
-		// (CUDA Runtime API, "API synchronization behavior").
-		return c.d.check("cuMemcpyHtoDAsync", c.d.memcpyHtoDAsync(dst, src, st))
-	})
+	return c.copyHtoD(dst, src, s, false)
 }
 
-// QueueCopyHtoD implements gpu.QueuedCopier: cuMemcpyHtoDAsync, on the
-// null stream too, so a copy from page-locked memory returns at once and
-// runs in its stream's order (from pageable memory the driver still stages
-// src before returning: CUDA Runtime API, "API synchronization behavior").
-// Mark and Settle are in queued.go.
-func (c *guestContext) QueueCopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
+// copyHtoD copies src to dst: on the null stream with cuMemcpyHtoD, which
+// waits for the copy, unless queued (QueueCopyHtoD, queued.go); on a stream
+// with cuMemcpyHtoDAsync, which from pageable memory returns once src has
+// been staged (CUDA Runtime API, "API synchronization behavior") and from
+// page-locked memory at once.
+func (c *guestContext) copyHtoD(dst uint64, src []byte, s gpu.Stream, queued bool) error {
 	if len(src) == 0 {
 		return nil
 	}
@@ -338,7 +327,10 @@ func (c *guestContext) QueueCopyHtoD(dst uint64, src []byte, s gpu.Stream) error
 		if err != nil {
 			return err
 		}
-		c.queued = true
+		if st == 0 && !queued {
+			return c.d.check("cuMemcpyHtoD", c.d.memcpyHtoD(dst, src))
+		}
+		c.queued = c.queued || queued
 		return c.d.check("cuMemcpyHtoDAsync", c.d.memcpyHtoDAsync(dst, src, st))
 	})
 }

@@ -1,11 +1,20 @@
 package cuda
 
+import "github.com/vgpuha/vgpuha/hypervisor/gpu"
+
 // Marks in a context's queued work (gpu.QueuedCopier): an event recorded
 // on the legacy null stream, which completes only once all work queued
 // before it has, on every blocking stream too (the guests' streams are
 // blocking; CUDA Driver API, "Stream synchronization behavior"). Settle
 // waits for events, oldest first, so a replica waits for the run of copies
 // before the one the device is working on, not for the device to go idle.
+
+// QueueCopyHtoD implements gpu.QueuedCopier: cuMemcpyHtoDAsync, on the
+// null stream too, so a copy from page-locked memory returns at once and
+// runs in its stream's order.
+func (c *guestContext) QueueCopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
+	return c.copyHtoD(dst, src, s, true)
+}
 
 // queuedMark is a mark's event.
 type queuedMark struct {
@@ -18,23 +27,26 @@ type queuedMark struct {
 const eventDisableTiming = 2
 
 // Mark implements gpu.QueuedCopier: an event after the copies queued since
-// the last mark (none when there were none).
+// the last mark (none when there were none). Where the driver gives no
+// event it waits for the context instead, so nothing queued is left
+// unmarked, and reports why.
 func (c *guestContext) Mark(mark uint64) error {
 	return c.do(func() error {
 		if !c.queued {
 			return nil
 		}
-		var ev uintptr
-		if err := c.d.check("cuEventCreate", c.d.cuEventCreate(&ev, eventDisableTiming)); err != nil {
-			return err
-		}
-		if err := c.d.check("cuEventRecord", c.d.cuEventRecord(ev, 0)); err != nil {
-			c.d.cuEventDestroy(ev)
-			return err
-		}
 		c.queued = false
-		c.marks = append(c.marks, queuedMark{mark: mark, ev: ev})
-		return nil
+		var ev uintptr
+		err := c.d.check("cuEventCreate", c.d.cuEventCreate(&ev, eventDisableTiming))
+		if err == nil {
+			if err = c.d.check("cuEventRecord", c.d.cuEventRecord(ev, 0)); err == nil {
+				c.marks = append(c.marks, queuedMark{mark: mark, ev: ev})
+				return nil
+			}
+			c.d.cuEventDestroy(ev)
+		}
+		c.d.cuCtxSynchronize()
+		return err
 	})
 }
 
