@@ -46,7 +46,7 @@ func (b *backendFlags) register(fs interface {
 	fs.StringVar(&b.name, "backend", "auto", "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
 	fs.Uint64Var(&b.simMemory, "sim.memory-bytes", 8<<30, "device memory of the software GPU")
 	fs.Uint64Var(&b.simShift, "sim.base-shift", 0, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
-	fs.IntVar(&b.spares, "cuda.spare-contexts", 2, "CUDA contexts to keep made ahead, so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory")
+	fs.IntVar(&b.spares, "cuda.spare-contexts", 2, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
 }
 
 func (b *backendFlags) open() (gpu.Backend, error) {

@@ -82,6 +82,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return nil
 	}
 	log := newLog()
+	bf.spares = min(bf.spares, cfg.MaxSessions) // no more contexts ahead than sessions that could take them
 	backend, err := bf.open()
 	if err != nil {
 		return err

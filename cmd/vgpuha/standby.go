@@ -59,6 +59,7 @@ func runStandby(args []string) error {
 	if err != nil {
 		return err
 	}
+	bf.spares = min(bf.spares, cfg.MaxSessions) // no more contexts ahead than sessions that could take them
 	backend, err := bf.open()
 	if err != nil {
 		return err
