@@ -311,6 +311,13 @@ func (p *ptracer) handle(ev event) error {
 	case sig == wakeSignal && info.code == siTKill && info.pid == int32(os.Getpid()):
 		p.runWork(tid)
 		return p.deliver(th, 0)
+	case sig == wakeSignal && p.wakeAwaited():
+		// The guest's own SIGURG (a Go runtime preempting itself), with
+		// which ours may have merged: a standard signal pending twice is
+		// delivered once, with the first sender's siginfo. The work runs
+		// now, or it would wait for a stop that may never come.
+		p.runWork(tid)
+		return p.deliver(th, int(sig))
 	case sig == unix.SIGSEGV && info.code == segvAccErr && p.fault(tid, info.addr):
 		return p.deliver(th, 0)
 	}
@@ -421,6 +428,13 @@ func (p *ptracer) runWork(tid int) {
 	for _, fn := range work {
 		fn(tid)
 	}
+}
+
+// wakeAwaited reports whether a wake-up signal was sent for queued work.
+func (p *ptracer) wakeAwaited() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waiting
 }
 
 // stopRequested is set by close: the loop detaches after its current event.

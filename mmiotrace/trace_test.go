@@ -34,6 +34,28 @@ func TestMain(m *testing.M) {
 
 const guestPages = 64
 
+// A guest's main goroutine runs on its main thread, the one the tracer's
+// wake-up signal goes to first (TestWakeMergedWithGuestsOwn).
+func init() {
+	if os.Getenv(guestEnv) != "" {
+		runtime.LockOSThread()
+	}
+}
+
+// holdURG, in the guest: hold blocks SIGURG on this thread and sends it
+// one of its own (pending, with the guest's siginfo), as a Go runtime
+// preempting itself does; release unblocks it.
+func holdURG(hold bool) {
+	var set unix.Sigset_t
+	set.Val[0] = 1 << (uint(unix.SIGURG) - 1)
+	if !hold {
+		unix.PthreadSigmask(unix.SIG_UNBLOCK, &set, nil)
+		return
+	}
+	unix.PthreadSigmask(unix.SIG_BLOCK, &set, nil)
+	unix.Tgkill(unix.Getpid(), unix.Gettid(), unix.SIGURG)
+}
+
 func guestMain() {
 	size := guestPages * pageSize
 	fd, err := unix.MemfdCreate("vgpuha-test-aperture", unix.MFD_ALLOW_SEALING)
@@ -59,6 +81,8 @@ func guestMain() {
 			}
 		case "run":
 			guestWorkload(f[1], mem)
+		case "urg-hold", "urg-release":
+			holdURG(f[0] == "urg-hold")
 		case "exit":
 			return
 		}
@@ -697,5 +721,31 @@ func TestRemapped(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWakeMergedWithGuestsOwn: the tracer's wake-up signal can merge with a
+// SIGURG the guest sent itself (a standard signal pending twice is
+// delivered once, with the first sender's siginfo); the stop it brings
+// still runs the tracer's queued work, and the guest still gets its
+// signal. Before, the work waited for a stop that never came: Close hung
+// (seen once as a 10-minute hang of a verify in internal/mmioguest).
+func TestWakeMergedWithGuestsOwn(t *testing.T) {
+	skipUnlessTraceable(t, ModeInsn)
+	g := startGuest(t, goGuest())
+	defer g.stop()
+	tr, _ := trace(t, g, ModeInsn, KindMemory)
+	g.do(t, "urg-hold")
+	closed := make(chan error, 1)
+	go func() { closed <- tr.Close() }()
+	time.Sleep(200 * time.Millisecond) // the wake-up is sent, into the pending SIGURG
+	g.do(t, "urg-release")
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tracer's work never ran: its wake-up was taken for the guest's own signal")
 	}
 }
