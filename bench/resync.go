@@ -69,9 +69,13 @@ type ResyncBenchRow struct {
 	// ResyncSeconds: the standby's attach to protected (the sender's
 	// reconnect backoff before it is not counted).
 	ResyncSeconds float64 `json:"resync_seconds"`
-	ResyncMBps    float64 `json:"resync_mb_per_s"` // guest memory / ResyncSeconds
-	LinkMBps      float64 `json:"link_mb_per_s"`   // plain TCP copy on loopback, same run
-	VsLink        float64 `json:"vs_link"`
+	// SnapshotSeconds of it went to putting the snapshot on the link,
+	// CatchUpSeconds to the standby catching up from the log after it.
+	SnapshotSeconds float64 `json:"snapshot_seconds"`
+	CatchUpSeconds  float64 `json:"catch_up_seconds"`
+	ResyncMBps      float64 `json:"resync_mb_per_s"` // guest memory / ResyncSeconds
+	LinkMBps        float64 `json:"link_mb_per_s"`   // plain TCP copy on loopback, same run
+	VsLink          float64 `json:"vs_link"`
 	// CarriedMBps: all the link carried during the resync (the snapshot
 	// and the records guests wrote meanwhile) / ResyncSeconds.
 	CarriedMBps   float64 `json:"carried_mb_per_s"`
@@ -192,6 +196,7 @@ func resyncOnce(opts ResyncOptions, size uint64, method string) (ResyncBenchRow,
 		return row, err
 	}
 	row.SnapshotMS, row.ResyncSeconds, row.Restarts = st.PauseSeconds*1000, st.Seconds, st.Restarts
+	row.SnapshotSeconds, row.CatchUpSeconds = st.SnapshotSeconds, max(0, st.Seconds-st.SnapshotSeconds)
 	row.ResyncMBps = float64(size) / st.Seconds / 1e6
 	row.CarriedMBps = float64(st.Bytes) / st.Seconds / 1e6
 	row.LongestPauseMS, row.BaselineMaxMS, row.Slowest = during.maxMS(), before.maxMS(), during.slow
@@ -433,14 +438,14 @@ func (r *mixedRun) stop() error {
 // PrintResync writes the rows as a table.
 func PrintResync(w io.Writer, rows []ResyncBenchRow) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "method\tguest MiB\tsnapshot pause ms\tlongest guest call ms\t(which, at s)\t(before)\tresync s\tresync MB/s\tcarried MB/s\tlink MB/s\tvs link\tcarried vs link\tguest ops/s before\tduring\tratio\trestarts\tverify\t")
+	fmt.Fprintln(tw, "method\tguest MiB\tsnapshot pause ms\tlongest guest call ms\t(which, at s)\t(before)\tresync s\t(snapshot s\tcatch-up s)\tresync MB/s\tcarried MB/s\tlink MB/s\tvs link\tcarried vs link\tguest ops/s before\tduring\tratio\trestarts\tverify\t")
 	for _, r := range rows {
 		v := "match"
 		if !r.Verified {
 			v = "DIFFERS"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%s %.2f\t%.1f\t%.2f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\t%.0f\t%.2f\t%d\t%s\t\n", r.Method, r.GuestBytes>>20,
-			r.SnapshotMS, r.LongestPauseMS, r.LongestCall, r.LongestAtS, r.BaselineMaxMS, r.ResyncSeconds, r.ResyncMBps, r.CarriedMBps, r.LinkMBps, r.VsLink, r.CarriedVsLink,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%s %.2f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.0f\t%.0f\t%.2f\t%d\t%s\t\n", r.Method, r.GuestBytes>>20,
+			r.SnapshotMS, r.LongestPauseMS, r.LongestCall, r.LongestAtS, r.BaselineMaxMS, r.ResyncSeconds, r.SnapshotSeconds, r.CatchUpSeconds, r.ResyncMBps, r.CarriedMBps, r.LinkMBps, r.VsLink, r.CarriedVsLink,
 			r.OpsPerSecBefore, r.OpsPerSecDuring, r.VsBefore, r.Restarts, v)
 	}
 	tw.Flush()

@@ -77,7 +77,7 @@ func (n clusterNodes) close()                                      { n.c.Close()
 func (n clusterNodes) lastResync() (drill.ResyncFigures, error) {
 	st := n.c.Sender.Status()
 	return drill.ResyncFigures{PauseSeconds: st.LastPauseMS / 1000, Seconds: st.LastResync, Bytes: st.LastResyncBytes,
-		Restarts: st.ResyncRestarts}, nil
+		SnapshotSeconds: st.LastSnapshot, Restarts: st.ResyncRestarts}, nil
 }
 
 // processNodes are a primary and a standby process.

@@ -62,7 +62,10 @@ type SenderStatus struct {
 	// the standby's attach until it protected: the snapshot and the records
 	// guests wrote meanwhile.
 	LastResyncBytes uint64 `json:"last_resync_bytes"`
-	LastError       string `json:"last_error,omitempty"`
+	// LastSnapshot is how long the last resync took to put its snapshot
+	// on the link (the rest of LastResync was catching up from the log).
+	LastSnapshot float64 `json:"last_resync_snapshot_seconds"`
+	LastError    string  `json:"last_error,omitempty"`
 	// ResyncRestarts counts resyncs that started over (the log outgrew
 	// its resync budget, or the snapshot could not be read).
 	ResyncRestarts uint64         `json:"resync_restarts"`
@@ -99,6 +102,9 @@ type Sender struct {
 	sent            atomic.Uint64
 	resyncSent      uint64
 	lastResyncBytes uint64
+	// lastSnapshot: the last resync's start to its snapshot's end on the
+	// link.
+	lastSnapshot time.Duration
 }
 
 // NewSender returns a sender protecting node; Run starts it.
@@ -159,7 +165,8 @@ func (s *Sender) Status() SenderStatus {
 	defer s.mu.Unlock()
 	st := SenderStatus{Mode: s.cfg.Mode.String(), Standby: s.cfg.Addr, Resyncs: s.resyncs,
 		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(), LastResyncBytes: s.lastResyncBytes,
-		LastError: s.lastErr, LogStatus: ls, State: "unprotected",
+		LastSnapshot: s.lastSnapshot.Seconds(),
+		LastError:    s.lastErr, LogStatus: ls, State: "unprotected",
 		ResyncRestarts: s.restarts, Resync: s.progress.status()}
 	switch {
 	case ls.Protected:
@@ -283,7 +290,11 @@ func (s *Sender) resync(l *link) (uint64, error) {
 		return 0, err
 	}
 	lg.snapshotSent(s.cur)
-	s.log.Info("resync snapshot sent; the standby catches up from the log", "took", time.Since(start).Round(time.Millisecond), "position", snap.At())
+	took := time.Since(start)
+	s.mu.Lock()
+	s.lastSnapshot = took
+	s.mu.Unlock()
+	s.log.Info("resync snapshot sent; the standby catches up from the log", "took", took.Round(time.Millisecond), "position", snap.At())
 	return snap.At(), l.flush()
 }
 

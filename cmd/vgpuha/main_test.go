@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -1204,6 +1205,9 @@ func TestBenchResync(t *testing.T) {
 		}
 		if r.CarriedMBps < r.ResyncMBps || r.CarriedVsLink <= 0 {
 			t.Errorf("%v: the link carried %.0f MB/s, less than the snapshot's %.0f", placement, r.CarriedMBps, r.ResyncMBps)
+		}
+		if r.SnapshotSeconds <= 0 || r.SnapshotSeconds > r.ResyncSeconds || math.Abs(r.SnapshotSeconds+r.CatchUpSeconds-r.ResyncSeconds) > 1e-9 {
+			t.Errorf("%v: resync %.3f s split into snapshot %.3f s and catch-up %.3f s", placement, r.ResyncSeconds, r.SnapshotSeconds, r.CatchUpSeconds)
 		}
 	}
 }

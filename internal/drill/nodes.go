@@ -83,7 +83,9 @@ type ResyncFigures struct {
 	PauseSeconds float64 `json:"last_resync_pause_seconds"`
 	Seconds      float64 `json:"last_resync_seconds"`
 	Bytes        uint64  `json:"last_resync_bytes"`
-	Restarts     uint64  `json:"resync_restarts_total"`
+	// SnapshotSeconds: of Seconds, until the snapshot was on the link.
+	SnapshotSeconds float64 `json:"last_resync_snapshot_seconds"`
+	Restarts        uint64  `json:"resync_restarts_total"`
 }
 
 // LastResync reads the primary's figures of its last resync.

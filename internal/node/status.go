@@ -90,6 +90,7 @@ type Replication struct {
 	LastResyncPauseSeconds float64  `json:"last_resync_pause_seconds"`
 	LastResyncSeconds      float64  `json:"last_resync_seconds"`
 	LastResyncBytes        uint64   `json:"last_resync_bytes"`
+	LastResyncSnapshot     float64  `json:"last_resync_snapshot_seconds"`
 	ApplyErrorsTotal       uint64   `json:"apply_errors_total"`
 	RefusedPeersTotal      uint64   `json:"refused_peers_total"`
 	LastError              string   `json:"last_error"`
@@ -193,6 +194,7 @@ func senderView(mode string, ls replicate.LogStatus, senders []replicate.SenderS
 		v.LastResyncPauseSeconds = max(v.LastResyncPauseSeconds, s.LastPauseMS/1000)
 		v.LastResyncSeconds = max(v.LastResyncSeconds, s.LastResync)
 		v.LastResyncBytes = max(v.LastResyncBytes, s.LastResyncBytes)
+		v.LastResyncSnapshot = max(v.LastResyncSnapshot, s.LastSnapshot)
 		if v.LastError == "" {
 			v.LastError = s.LastError
 		}
