@@ -427,9 +427,7 @@ func (s *Session) apply(rec *replicate.Record) error {
 			return err
 		}
 	}
-	s.replaying = true
-	reply, err := run(s, req)
-	s.replaying, s.placed = false, 0
+	reply, err := s.replay(run, req)
 	result := abi.ResultOf(reply)
 	if err == nil {
 		s.noteApplied(rec.ReqID, result)
@@ -452,6 +450,16 @@ func (s *Session) apply(rec *replicate.Record) error {
 		return nil
 	}
 	return fmt.Errorf("session %d: %s", s.id, s.unsafe)
+}
+
+// replay runs a replicated request's handler with the session replaying
+// (its copies may stay queued), and ends that and any placement however
+// the handler ends, a panic included.
+// Precondition: s.mu must be locked.
+func (s *Session) replay(run handler, req abi.Body) (abi.Body, error) {
+	s.replaying = true
+	defer func() { s.replaying, s.placed = false, 0 }()
+	return run(s, req)
 }
 
 // prefaultPlaced asks the backend to make an allocation that a resync
