@@ -250,7 +250,7 @@ func (s *Session) contentRecords(r handlemap.Range, flags uint16) ([]replicate.R
 // as on the primary, and the result must match what the primary got. Once
 // QueueReplayedCopies was called, a copy the record makes from its body
 // may still be queued on the device when it returns: the caller keeps
-// rec.Body unchanged until Settle returns.
+// rec.Body unchanged until a Settle of a later Mark returns.
 func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 	defer s.recoverApply(rec, &err)
 	switch rec.Op {

@@ -427,7 +427,7 @@ func (s *Session) copyHtoD(r *abi.CopyHtoD) (abi.Body, error) {
 		return nil, s.copyInPlace(s.dev(r.Dst), st)
 	}
 	if q, ok := s.ctx.(gpu.QueuedCopier); ok && s.replaying && s.srv.queueReplay.Load() {
-		return nil, q.QueueCopyHtoD(s.dev(r.Dst), r.Data, st) // the record's body stays put until Server.Settle
+		return nil, q.QueueCopyHtoD(s.dev(r.Dst), r.Data, st) // the record's body stays put until it is settled (Server.Mark, Settle)
 	}
 	return nil, s.ctx.CopyHtoD(s.dev(r.Dst), r.Data, st)
 }
