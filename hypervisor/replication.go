@@ -255,13 +255,7 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 	defer s.recoverApply(rec, &err)
 	switch rec.Op {
 	case replicate.OpReset:
-		s.mu.Lock()
-		all := make([]*Session, 0, len(s.sessions))
-		for _, sess := range s.sessions {
-			all = append(all, sess)
-		}
-		s.mu.Unlock()
-		for _, sess := range all {
+		for _, sess := range s.sessionList() {
 			s.closeSession(sess)
 		}
 		return nil
@@ -326,14 +320,8 @@ func (s *Server) Settle(upTo uint64) error {
 // eachQueued runs fn on every open session whose context queues copies,
 // under the session's lock, and returns the first error.
 func (s *Server) eachQueued(fn func(gpu.QueuedCopier) error) error {
-	s.mu.Lock()
-	all := make([]*Session, 0, len(s.sessions))
-	for _, sess := range s.sessions {
-		all = append(all, sess)
-	}
-	s.mu.Unlock()
 	var first error
-	for _, sess := range all {
+	for _, sess := range s.sessionList() {
 		sess.mu.Lock()
 		q, ok := sess.ctx.(gpu.QueuedCopier)
 		var err error

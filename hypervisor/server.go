@@ -561,6 +561,18 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	})
 }
 
+// sessionList returns the open sessions, in no order, for a caller that
+// goes through them without holding s.mu.
+func (s *Server) sessionList() []*Session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	all := make([]*Session, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		all = append(all, sess)
+	}
+	return all
+}
+
 func (s *Server) closeSession(sess *Session) {
 	sess.mu.Lock()
 	if sess.closed { // already closed (a failed session's guest leaving, a reset)
@@ -652,12 +664,7 @@ func (st Status) Redacted() Status {
 
 // Status reports the server's sessions and totals.
 func (s *Server) Status() Status {
-	s.mu.Lock()
-	sessions := make([]*Session, 0, len(s.sessions))
-	for _, sess := range s.sessions {
-		sessions = append(sessions, sess)
-	}
-	s.mu.Unlock()
+	sessions := s.sessionList()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
 	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary()}
 	for _, sess := range sessions {
