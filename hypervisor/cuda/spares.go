@@ -58,7 +58,7 @@ func (b *Backend) makeSpare(s *spares) {
 	}
 	select {
 	case <-s.stop: // closed while it was being made
-		onThread(func() error { return b.d.check("cuCtxDestroy", b.d.cuCtxDestroy(ctx)) })
+		b.destroySpare(ctx)
 	default:
 		s.ready <- ctx // never blocks: at most n tokens are out
 	}
@@ -90,9 +90,14 @@ func (b *Backend) closeSpares() {
 	for {
 		select {
 		case ctx := <-s.ready:
-			onThread(func() error { return b.d.check("cuCtxDestroy", b.d.cuCtxDestroy(ctx)) })
+			b.destroySpare(ctx)
 		default:
 			return
 		}
 	}
+}
+
+// destroySpare destroys a spare context nobody took.
+func (b *Backend) destroySpare(ctx uintptr) {
+	onThread(func() error { return b.d.check("cuCtxDestroy", b.d.cuCtxDestroy(ctx)) })
 }
