@@ -681,7 +681,10 @@ func (s *settling) add(buf []byte, idle bool) {
 	case idle:
 		s.settle()
 	case s.bytes >= settleEveryBytes:
-		s.settleTo(s.mark) // the run before: the device has likely done it
+		if len(s.marked) > 0 { // the run before: the device has likely done it
+			s.wait(s.mark)
+			s.give(s.marked)
+		}
 		s.mark = s.settler.Mark()
 		s.marked, s.run, s.bytes = s.run, s.marked[:0], 0
 	}
@@ -693,25 +696,21 @@ func (s *settling) settle() {
 	if len(s.run)+len(s.marked) == 0 {
 		return
 	}
-	s.settleTo(s.settler.Mark())
+	s.wait(s.settler.Mark())
+	s.give(s.marked)
 	s.give(s.run)
-	s.run, s.bytes = s.run[:0], 0
+	s.marked, s.run, s.bytes = s.marked[:0], s.run[:0], 0
 }
 
-// settleTo settles the replica's work up to mark and gives the marked
-// run's buffers back.
-func (s *settling) settleTo(mark uint64) {
-	if len(s.marked) == 0 && len(s.run) == 0 {
-		return
-	}
+// wait settles the replica's work up to mark; a failure is counted and
+// logged as a failed apply.
+func (s *settling) wait(mark uint64) {
 	if err := s.settler.Settle(mark); err != nil {
 		s.r.mu.Lock()
 		s.r.st.ApplyErrors++
 		s.r.mu.Unlock()
 		s.r.cfg.Logger.Warn("replica diverged: queued work failed", "err", err)
 	}
-	s.give(s.marked)
-	s.marked = s.marked[:0]
 }
 
 func (s *settling) give(bufs [][]byte) {
