@@ -438,6 +438,22 @@ func (l *Log) next(c *cursor, after uint64, stop <-chan struct{}, maxBytes int) 
 		}
 		l.cond.Wait()
 	}
+	return l.takeLocked(c, after, maxBytes)
+}
+
+// ready is next without the wait: the records after seq the log holds
+// now (nil when there are none).
+func (l *Log) ready(c *cursor, after uint64, maxBytes int) []entry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.takeLocked(c, after, maxBytes)
+}
+
+// takeLocked returns the records after seq, as many as fit in maxBytes
+// but at least one (nil when there are none, the log is closed or c was
+// dropped).
+// Precondition: l.mu must be locked.
+func (l *Log) takeLocked(c *cursor, after uint64, maxBytes int) []entry {
 	i := int(after + 1 - l.first)
 	if l.closed || c.dropped || after+1 < l.first || i >= len(l.pending) {
 		return nil

@@ -440,13 +440,12 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 			return errors.New("standby fell behind what the log holds")
 		}
 		err := l.locked(func() error {
-			for i := range recs {
-				if err := s.sendEntry(bw, &recs[i]); err != nil {
-					return err
-				}
-				after = recs[i].Seq
+			var err error
+			after, err = s.sendBacklog(ctx, bw, recs, after, stop)
+			if cerr := bw.close(); err == nil {
+				err = cerr
 			}
-			if err := bw.close(); err != nil {
+			if err != nil {
 				return err
 			}
 			return l.flush()
@@ -454,13 +453,47 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 		if err != nil {
 			return err
 		}
-		lg.sentThrough(s.cur, after)
 	}
 }
 
-// batchBytes bounds the records the sender takes from the log at once: a
-// backlog goes out in pieces, each flushed and marked sent (so their
-// buffers can be reused once applied), with heartbeats between them.
+// sendBacklog queues recs (the records after after) and then whatever
+// else the log holds, a batch at a time, until it holds no more or the
+// link or ctx ends, and returns the last sequence queued. A record the
+// log keeps encoded stays as it is (a standby that reconnects may need
+// it again): it is sealed into bw's buffers, a large one on workers (in
+// parts above partBytes) while the next is queued, and each batch is
+// marked sent once written (the log may then reuse its buffers once
+// applied). The link is not drained between batches: draining every 16
+// MiB left it idle part of each batch while a standby caught up.
+func (s *Sender) sendBacklog(ctx context.Context, bw *bulkWriter, recs []entry, after uint64, stop <-chan struct{}) (uint64, error) {
+	lg := s.cfg.Log
+	for len(recs) > 0 {
+		for i := range recs {
+			done := func() {}
+			if i == len(recs)-1 {
+				seq := recs[i].Seq
+				done = func() { lg.sentThrough(s.cur, seq) }
+			}
+			s.count(len(recs[i].enc))
+			if err := bw.record(recs[i].enc, done); err != nil {
+				return after, err
+			}
+			after = recs[i].Seq
+		}
+		select {
+		case <-stop:
+			return after, nil
+		default:
+		}
+		if ctx.Err() != nil {
+			return after, nil
+		}
+		recs = lg.ready(s.cur, after, batchBytes)
+	}
+	return after, nil
+}
+
+// batchBytes bounds the records the sender takes from the log at once.
 const batchBytes = 16 << 20
 
 // heartbeats tells the standby this primary is alive until stop, so it can
@@ -494,16 +527,6 @@ func (s *Sender) send(l *link, r *Record) error {
 	l.plain = AppendRecord(l.plain[:0], r)
 	s.count(len(l.plain))
 	return l.write(msgRecord, l.plain)
-}
-
-// sendEntry queues a record the log keeps encoded: the log's copy stays
-// as it is (a standby that reconnects may need it again) and is sealed
-// into bw's buffers, a large one on workers (in parts above partBytes)
-// while the caller queues the next. The entry must stay in the log until
-// bw is closed.
-func (s *Sender) sendEntry(bw *bulkWriter, e *entry) error {
-	s.count(len(e.enc))
-	return bw.record(e.enc, func() {})
 }
 
 func (s *Sender) count(n int) {
