@@ -97,8 +97,14 @@ func (s *summingReplica) Synced(in bool) {
 // sender ends once its context is done and its link dropped).
 func runLink(tb testing.TB, mode Mode, rep Replica, lg *Log, node Protected) (stop func()) {
 	tb.Helper()
+	return runLinkWith(tb, mode, rep, lg, node, nil)
+}
+
+// runLinkWith is runLink with hostBuffer as the receiver's HostBuffer.
+func runLinkWith(tb testing.TB, mode Mode, rep Replica, lg *Log, node Protected, hostBuffer func(int) []byte) (stop func()) {
+	tb.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: quiet})
+	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: quiet, HostBuffer: hostBuffer})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -272,8 +278,8 @@ func liveMix(body int) (large, small []Record, total int64) {
 func BenchmarkLiveLink(b *testing.B) {
 	// 64 MiB records go in parts (protocol 4); before it, a record frame
 	// was bounded by maxFrameBytes (32 MiB).
-	for _, body := range []int{4 << 20, 16 << 20, 64 << 20} {
-		b.Run(fmt.Sprintf("body=%dMiB", body>>20), func(b *testing.B) {
+	for _, body := range []int{256 << 10, 4 << 20, 16 << 20, 64 << 20} {
+		b.Run(fmt.Sprintf("body=%dKiB", body>>10), func(b *testing.B) {
 			lg := liveOverLoopback(b, ModeAsync, discardReplica{})
 			large, small, total := liveMix(body)
 			b.SetBytes(total)

@@ -137,11 +137,9 @@ type link struct {
 	// for sending, and a small frame sealed by a bulkWriter's writeCopy.
 	plain  []byte
 	sealed []byte
-	// alloc makes the receive buffers of large frames; a standby on a GPU
-	// passes page-locked memory so replicated data is copied to the
-	// device at full speed.
-	alloc func(n int) []byte
-	// lender, when set, holds receive buffers lent out by readSealed.
+	// lender, when set, holds receive buffers lent out by readSealed (on
+	// a GPU standby page-locked, so replicated data is copied to the
+	// device at full speed).
 	lender *lender
 	// parts, when set, holds the buffers record parts are read into
 	// (each opened straight into its record's buffer, then given back).
@@ -302,81 +300,6 @@ func (l *link) sealAt(h *[frameHeader]byte, n uint64, dst, payload []byte) []byt
 
 func (l *link) flush() error { return l.w.Flush() }
 
-// lender keeps receive buffers that were lent out (a record's body waiting
-// to be applied stays in the buffer it arrived in: no copy, and on a GPU
-// standby that buffer is page-locked) and bounds what is lent at once: past
-// maxLent bytes, the link stops reading until buffers come back, and TCP
-// pushes back to the primary.
-type lender struct {
-	mu      sync.Mutex
-	cond    *sync.Cond
-	free    [][]byte
-	lentNow int
-	maxLent int
-}
-
-func newLender(maxLent int) *lender {
-	b := &lender{maxLent: maxLent}
-	b.cond = sync.NewCond(&b.mu)
-	return b
-}
-
-// borrow lends a buffer of at least n bytes, waiting while too much is
-// lent: a free one that fits, else a new one from newBuf.
-func (b *lender) borrow(n int, newBuf func(int) []byte) []byte {
-	b.mu.Lock()
-	for b.lentNow > 0 && b.lentNow+n > b.maxLent {
-		b.cond.Wait()
-	}
-	buf := b.takeLocked(n)
-	b.lentNow += n
-	b.mu.Unlock()
-	if buf == nil {
-		buf = newBuf(n)
-	}
-	b.mu.Lock()
-	b.lentNow += cap(buf) - n
-	b.mu.Unlock()
-	return buf
-}
-
-// prefill makes n free buffers of size bytes with newBuf, so that the
-// first records received need not wait for them (page-locked memory takes
-// ~1 ms per MiB to allocate: 256 ms for a resync's worth).
-func (b *lender) prefill(n, size int, newBuf func(int) []byte) {
-	for range n {
-		buf := newBuf(size)
-		b.mu.Lock()
-		b.free = append(b.free, buf[:cap(buf)])
-		b.cond.Broadcast()
-		b.mu.Unlock()
-	}
-}
-
-// give returns a lent buffer.
-func (b *lender) give(buf []byte) {
-	b.mu.Lock()
-	b.lentNow -= cap(buf)
-	// Every buffer is kept (a page-locked one is never freed): how many
-	// exist is bounded, since a new one is made only when none free fits
-	// and at most maxLent bytes are lent at once.
-	b.free = append(b.free, buf[:cap(buf)])
-	b.cond.Broadcast()
-	b.mu.Unlock()
-}
-
-// takeLocked returns a free buffer of at least n bytes, or nil.
-// Precondition: b.mu must be locked.
-func (b *lender) takeLocked(n int) []byte {
-	for i, buf := range b.free {
-		if cap(buf) >= n {
-			b.free = append(b.free[:i], b.free[i+1:]...)
-			return buf
-		}
-	}
-	return nil
-}
-
 // locked runs fn (which writes and flushes) as the link's only writer.
 func (l *link) locked(fn func() error) error {
 	l.wmu.Lock()
@@ -491,19 +414,8 @@ func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
 	return f, nil
 }
 
-// hostBufferStep is the smallest receive buffer made with a
-// ReceiverConfig.HostBuffer: a resync record fits one.
-const hostBufferStep = 4 << 20
-
 // lend returns a receive buffer of at least n bytes, counted as lent.
-func (l *link) lend(n int) []byte {
-	return l.lender.borrow(n, func(n int) []byte {
-		if l.alloc != nil {
-			return l.alloc(max(n, hostBufferStep)) // large steps: special buffers are never freed
-		}
-		return make([]byte, n)
-	})
-}
+func (l *link) lend(n int) []byte { return l.lender.borrow(n) }
 
 // giveBack returns a frame's lent or part buffer, if it still holds one.
 func (l *link) giveBack(f *sealedFrame) {
