@@ -74,7 +74,7 @@ type ResyncBenchRow struct {
 	SnapshotSeconds float64 `json:"snapshot_seconds"`
 	CatchUpSeconds  float64 `json:"catch_up_seconds"`
 	ResyncMBps      float64 `json:"resync_mb_per_s"` // guest memory / ResyncSeconds
-	LinkMBps        float64 `json:"link_mb_per_s"`   // plain TCP copy on loopback, same run
+	LinkMBps        float64 `json:"link_mb_per_s"`   // plain TCP copy on loopback, right before the row
 	VsLink          float64 `json:"vs_link"`
 	// CarriedMBps: all the link carried during the resync (the snapshot
 	// and the records guests wrote meanwhile) / ResyncSeconds.
@@ -101,10 +101,6 @@ func Resync(opts ResyncOptions) ([]ResyncBenchRow, error) {
 	if opts.Baseline <= 0 {
 		opts.Baseline = time.Second
 	}
-	link, err := linkRate()
-	if err != nil {
-		return nil, err
-	}
 	var rows []ResyncBenchRow
 	for _, size := range opts.Sizes {
 		methods := []string{"concurrent"}
@@ -115,6 +111,12 @@ func Resync(opts ResyncOptions) ([]ResyncBenchRow, error) {
 			methods = append(methods, "idle-guests")
 		}
 		for _, m := range methods {
+			// The link is measured right before each row: on the H200 host
+			// loopback TCP read 3.1-5.4 GB/s in runs minutes apart.
+			link, err := linkRate()
+			if err != nil {
+				return rows, err
+			}
 			row, err := resyncOnce(opts, size, m)
 			if err != nil {
 				return rows, fmt.Errorf("%s resync of %d MiB: %w", m, size>>20, err)
@@ -135,7 +137,7 @@ func Resync(opts ResyncOptions) ([]ResyncBenchRow, error) {
 }
 
 // linkRate is a plain TCP copy's rate on loopback, in bytes per second
-// (the best of three 256 MiB copies).
+// (the best of five 256 MiB copies).
 func linkRate() (float64, error) {
 	send, closeTCP, err := plainTCP()
 	if err != nil {
@@ -144,7 +146,7 @@ func linkRate() (float64, error) {
 	defer closeTCP()
 	data := make([]byte, 256<<20)
 	best := 0.0
-	for range 3 {
+	for range 5 {
 		start := time.Now()
 		if err := send(data); err != nil {
 			return 0, err
