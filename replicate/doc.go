@@ -58,7 +58,9 @@
 // frame of 64 KiB or more is sealed on one of up to four workers, out of
 // the log's copy (which stays, for a standby that reconnects) into the
 // writer's own buffers, and frames are written in the order of their
-// counters, which were fixed when queued. A record of more than 1 MiB
+// counters, which were fixed when queued, by one goroutine (inOrder); a
+// backlog streams batch after batch without draining the link between
+// them. A record of more than 1 MiB
 // (partBytes) goes as a record_begin frame with its size and then its
 // encoding cut into 1 MiB parts, so its parts are sealed at once like
 // separate records. The standby reads frames in order; it opens a
@@ -77,13 +79,15 @@
 // CRC-32C of its body (Record.BodyCRC), the exactly-once sum the
 // hypervisor keeps, so the applier does not.
 //
-// Applying (receiver.go): one applier applies records in order. A record
-// read into a lent buffer (page-locked on a GPU standby) may be applied
-// with its copy left queued on the device (a Settler replica): the
-// receiver keeps the buffer until that work is settled, marking it every
-// 32 MiB of buffers and settling the mark before the last, so the device
-// works through one run while the applier queues the next, and settling
-// everything when it catches up. Queued work counts as applied for acks:
+// Applying (receiver.go, lender.go): one applier applies records in
+// order. A record of 64 KiB or more is read into a lent buffer: from the
+// heap, or on a GPU standby carved from one page-locked region used as a
+// ring, exactly as large as the record. It may be applied with its copy
+// left queued on the device (a Settler replica): the receiver keeps the
+// buffer until that work is settled, marking it every 32 MiB of buffers
+// and settling the mark before the last, so the device works through one
+// run while the applier queues the next, and settling everything once no
+// record came for 1 ms. Queued work counts as applied for acks:
 // the replica's device runs it in order before anything after it, as it
 // runs the memsets and launches that never waited.
 //
