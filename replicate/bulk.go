@@ -135,6 +135,14 @@ func (o *inOrder) pending() bool {
 	return len(o.queue) > 0
 }
 
+// last reports, from a finish, whether no frame was submitted after its
+// own.
+func (o *inOrder) last() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.queue) <= 1
+}
+
 // failed reports whether a finish failed.
 func (o *inOrder) failed() bool {
 	o.mu.Lock()

@@ -462,7 +462,15 @@ func (lr *linkRun) finish(f *sealedFrame, openErr error, ok bool) bool {
 	}
 	lr.l.giveBack(f)
 	if (f.lent || f.owned) && ok {
-		lr.ackNow()
+		// Only the last frame read asks for an ack: one behind it asks
+		// when its turn comes, and the applier every ackEveryBytes. An
+		// ack per large record (12,000 a second while a standby caught
+		// up on the H200 host, each waking every waiter on the primary's
+		// log) cost the standby 0.55 s of write calls a second; 0.15 s
+		// now, the resync as fast.
+		if lr.frames.last() {
+			lr.ackNow()
+		}
 	} else if f.lent || f.owned {
 		lr.l.c.Close() // the reader may be reading on
 	}
@@ -480,16 +488,23 @@ func (lr *linkRun) ackNow() {
 func (lr *linkRun) acks(done <-chan struct{}) {
 	t := time.NewTicker(lr.r.cfg.AckInterval)
 	defer t.Stop()
+	var lastReceived, lastApplied uint64
 	for {
+		tick := false
 		select {
 		case <-done:
 			return
 		case <-t.C:
+			tick = true // the primary hears from us even when nothing moved
 		case <-lr.kick:
 		}
 		lr.r.mu.Lock()
 		received, applied := max(lr.r.received, lr.r.applied), lr.r.applied
 		lr.r.mu.Unlock()
+		if !tick && received == lastReceived && applied == lastApplied {
+			continue
+		}
+		lastReceived, lastApplied = received, applied
 		ack := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+macSize), received)
 		if lr.l.writeFlush(msgAck, binary.LittleEndian.AppendUint64(ack, applied)) != nil {
 			lr.l.c.Close()
