@@ -51,8 +51,10 @@ type ReceiverConfig struct {
 	// Observe, when set, receives each record's apply time.
 	Observe func(op Op, d time.Duration)
 	// HostBuffer, when set, allocates the region records are received
-	// into (see gpu.HostAllocator); NewReceiver makes one of maxLentBytes
-	// at once (~0.3 s of page-locking on a GPU host).
+	// into (see gpu.HostAllocator); NewReceiver asks it for one of
+	// maxLentBytes at once (~0.3 s of page-locking on a GPU host) and uses
+	// what it returns, smaller or not (a record larger than the region is
+	// received on the heap).
 	HostBuffer func(n int) []byte
 	// Faults, when set, sees every message the standby sends (tests only).
 	Faults FaultHook
