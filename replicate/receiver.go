@@ -655,8 +655,9 @@ func (lr *linkRun) applier(done chan<- struct{}) {
 // is settled: it marks the work every settleEveryBytes of buffers and
 // settles the mark before the last, so the device works through one run
 // of records while the applier queues the next; once no record came for
-// settleIdle, it settles all. A Settle error means queued work failed: the replica may
-// differ from the primary (counted and logged as a failed apply).
+// settleIdle, it settles all. A Settle error means queued work failed:
+// the replica may differ from the primary (counted and logged as a
+// failed apply).
 type Settler interface {
 	// Mark notes how far the queued work has come.
 	Mark() uint64
