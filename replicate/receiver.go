@@ -675,8 +675,8 @@ const settleEveryBytes = 32 << 20
 // record before it settles all it holds (and gives the buffers back).
 // Settling at once each time it caught up had it wait for the device
 // after nearly every record while a standby caught up over a fast link
-// (a quarter of its time, measured on the H200 host), since records then
-// come a little slower than it applies them.
+// (37% of its time, measured on the H200 host), since records then come
+// a little slower than it applies them.
 const settleIdle = time.Millisecond
 
 // settling holds the lent buffers of records applied since the replica
