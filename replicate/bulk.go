@@ -74,10 +74,16 @@ func (o *inOrder) inline(work func(), finish func(ok bool) bool) {
 	// Nothing queued, and only this goroutine submits: no frame can come
 	// between, so work and finish run here, with no goroutine handoff.
 	work()
+	o.runFinish(finish)
+}
+
+// runFinish runs one frame's finish, telling it whether every frame
+// before it went through, and notes whether its own did.
+func (o *inOrder) runFinish(finish func(ok bool) bool) {
 	o.mu.Lock()
 	ok := o.ok
 	o.mu.Unlock()
-	ok = finish(ok) && ok
+	ok = finish(ok) && ok // only this frame's turn: no lock needed
 	o.mu.Lock()
 	o.ok = ok
 	o.mu.Unlock()
@@ -103,12 +109,11 @@ func (o *inOrder) enqueue(finish func(ok bool) bool) *orderedFrame {
 func (o *inOrder) finishAll() {
 	o.mu.Lock()
 	for len(o.queue) > 0 {
-		f, ok := o.queue[0], o.ok
+		f := o.queue[0]
 		o.mu.Unlock()
 		<-f.worked
-		ok = f.finish(ok) && ok
+		o.runFinish(f.finish)
 		o.mu.Lock()
-		o.ok = ok
 		o.queue[0] = nil
 		o.queue = o.queue[1:]
 	}
