@@ -24,12 +24,22 @@ func cpuTime(t *testing.T) time.Duration {
 
 // idleCPU is the CPU time the process uses over window while nothing is
 // meant to run: far less than the window when every side sleeps, about
-// the window for each side that spins.
+// the window for each side that spins. It is the least of two windows one
+// after the other: a side that spins spins through both, while the noise
+// of a loaded machine (the race detector's and the runtime's work, with
+// other packages' tests on the same two cores) rarely fills both; one
+// window alone read 26 ms of 200 once in CI, over the 25 ms allowed.
 func idleCPU(t *testing.T, window time.Duration) time.Duration {
 	t.Helper()
-	before := cpuTime(t)
-	time.Sleep(window)
-	return cpuTime(t) - before
+	least := time.Duration(-1)
+	for range 2 {
+		before := cpuTime(t)
+		time.Sleep(window)
+		if used := cpuTime(t) - before; least < 0 || used < least {
+			least = used
+		}
+	}
+	return least
 }
 
 // idleBudget is the CPU an idle process may use over idleWindow: the
