@@ -63,22 +63,26 @@ func (b *backendFlags) open() (gpu.Backend, error) {
 		s.BaseShift = b.simShift
 		return s, nil
 	case "cuda":
-		c, err := cuda.New(b.ordinal)
-		if err != nil {
-			return nil, err
-		}
-		c.KeepSpareContexts(b.spares)
-		return c, nil
+		return b.openCUDA()
 	case "auto":
-		c, err := cuda.New(0)
-		if err == nil {
-			c.KeepSpareContexts(b.spares)
+		if c, err := b.openCUDA(); err == nil {
 			return c, nil
 		}
 		b.name = "sim"
 		return b.open()
 	}
 	return nil, fmt.Errorf("unknown backend %q (have: cuda, sim, auto)", b.name)
+}
+
+// openCUDA opens CUDA device b.ordinal (0 unless cuda:N was given), keeping
+// b.spares contexts made ahead.
+func (b *backendFlags) openCUDA() (gpu.Backend, error) {
+	c, err := cuda.New(b.ordinal)
+	if err != nil {
+		return nil, err
+	}
+	c.KeepSpareContexts(b.spares)
+	return c, nil
 }
 
 // configFlags registers the hypervisor's limits.
