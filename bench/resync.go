@@ -26,8 +26,10 @@ type ResyncOptions struct {
 	// Baseline is how long guests run before the standby joins.
 	Baseline time.Duration
 	// Rate bounds the resync stream (bytes/s; 0: none); Budget is the
-	// primary's resync budget (0: the default).
+	// primary's resync budget (0: the default); GuestShare the most of the
+	// link guests' writes take meanwhile (0: the primary's default rule).
 	Rate, Budget int64
+	GuestShare   float64
 	// StopTheWorld also measures each size the old way: every guest
 	// stopped while all of device memory is copied.
 	StopTheWorld bool

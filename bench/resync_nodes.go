@@ -44,6 +44,9 @@ func startResyncNodes(opts ResyncOptions, size uint64, method string) (resyncNod
 		if opts.Budget > 0 {
 			o.PrimaryFlags = append(o.PrimaryFlags, "--replicate.resync-budget-bytes", strconv.FormatInt(opts.Budget, 10))
 		}
+		if opts.GuestShare > 0 {
+			o.PrimaryFlags = append(o.PrimaryFlags, "--replicate.resync-guest-share", strconv.FormatFloat(opts.GuestShare, 'g', -1, 64))
+		}
 		n, err := drill.StartNodes(o)
 		if err != nil {
 			return nil, err
@@ -55,7 +58,7 @@ func startResyncNodes(opts ResyncOptions, size uint64, method string) (resyncNod
 		newBackend = withoutSnapshots(opts.NewBackend)
 	}
 	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, NewBackend: newBackend,
-		NewStandbyBackend: opts.NewStandbyBackend, Log: opts.Log, ResyncRate: opts.Rate, ResyncBudgetBytes: opts.Budget, Hypervisor: func(h *hypervisor.Config) {
+		NewStandbyBackend: opts.NewStandbyBackend, Log: opts.Log, ResyncRate: opts.Rate, ResyncBudgetBytes: opts.Budget, ResyncGuestShare: opts.GuestShare, Hypervisor: func(h *hypervisor.Config) {
 			h.MemoryQuota = max(h.MemoryQuota, guestQuota)
 			h.TenantMemoryQuota = max(h.TenantMemoryQuota, tenantQuota)
 		}})

@@ -74,6 +74,9 @@ type Log struct {
 	resyncBudget int64
 	autoBudget   bool
 	resyncStall  time.Duration
+	// guestShare, when above 0, is the most of the link guests' writes
+	// take while a standby joins (SetResyncGuestShare).
+	guestShare float64
 	// id names this log's lineage: a standby that applied records of
 	// another log (an earlier primary process) must resync, not resume.
 	id uint64
@@ -189,6 +192,26 @@ func (l *Log) SetResyncStall(d time.Duration) {
 	l.resyncStall = max(d, 0)
 	l.mu.Unlock()
 }
+
+// SetResyncGuestShare bounds the share of the link that guests' writes
+// take while a standby joins (0 < f < 1): while its snapshot streams they
+// earn f/(1-f) bytes of log for each snapshot byte sent, after a first
+// resyncBurst (each write waits at most the resync stall for it), and
+// while it catches up they may add f of what it drains. f <= 0 goes back
+// to the default rule: half the resync budget at once, the rest as the
+// snapshot goes out, and half of what a catching-up standby drains.
+func (l *Log) SetResyncGuestShare(f float64) {
+	l.mu.Lock()
+	l.guestShare = 0
+	if f > 0 && f < 1 {
+		l.guestShare = f
+	}
+	l.mu.Unlock()
+}
+
+// resyncBurst is what guests may write at once, with a guest share set,
+// before the snapshot stream has earned them any room.
+const resyncBurst = 32 << 20
 
 // SetTerm sets the term stamped on new records.
 func (l *Log) SetTerm(t uint64) {
@@ -403,8 +426,14 @@ func (l *Log) ack(c *cursor, received, seq uint64) {
 	case c.streaming && c.sentAll && seq >= c.snapshotAt:
 		c.streaming, c.catchUpLimit = false, l.lagOf(c) // the snapshot is applied: catch up
 	case c.resyncing && !c.streaming:
-		// Guests get half of what the standby drained: the lag shrinks.
-		c.catchUpLimit = max(l.maxBytes, c.catchUpLimit-(held-l.lagOf(c))/2)
+		// Guests get their share of what the standby drained (half by
+		// default): the lag shrinks.
+		drained := held - l.lagOf(c)
+		keep := drained / 2
+		if l.guestShare > 0 {
+			keep = int64(float64(drained) * l.guestShare)
+		}
+		c.catchUpLimit = max(l.maxBytes, c.catchUpLimit-(drained-keep))
 	}
 	l.protect(c, seq)
 	l.settle()

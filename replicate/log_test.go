@@ -313,3 +313,61 @@ func TestAutomaticResyncBudget(t *testing.T) {
 		t.Fatalf("automatic again, a 64 GiB snapshot: budget %d, want 16 GiB", got)
 	}
 }
+
+// TestGuestShareBoundsWritesWhileAStandbyJoins: with a guest share f,
+// guests write resyncBurst at once (at most half the budget), then earn
+// f/(1-f) of each snapshot byte sent; while the standby catches up they
+// may add f of what it drains.
+func TestGuestShareBoundsWritesWhileAStandbyJoins(t *testing.T) {
+	l := NewLog(1000)
+	l.SetResyncBudget(8000)
+	l.SetResyncStall(time.Hour) // waits for the stream, not for the stall
+	l.SetResyncGuestShare(0.2)  // a quarter of each byte sent
+	c := l.addCursor("standby")
+	l.attach(c, true, 0, true)
+	at := l.BeginSnapshot()
+	l.streamed(c, 0, 1<<20)
+	if !appendsWithin(l, 8, 452, time.Second) { // 500 bytes each: the burst, half the budget
+		t.Fatal("guests blocked within the burst")
+	}
+	if appendsWithin(l, 2, 452, 100*time.Millisecond) {
+		t.Fatal("the log grew past the burst before the snapshot streamed")
+	}
+	l.streamed(c, 4000, 1<<20) // 4000 bytes sent earn 1000: the blocked append and one more
+	waitLast(t, l, at+10)
+	if got := l.Status().LagBytes; got != 5000 {
+		t.Fatalf("4000 snapshot bytes sent: the log holds %d bytes, want 5000", got)
+	}
+	l.snapshotSent(c) // the whole budget
+	if !appendsWithin(l, 1, 452, time.Second) {
+		t.Fatal("guests blocked within the budget once the snapshot was sent")
+	}
+	waitLast(t, l, at+11)
+	l.ack(c, at, at) // the snapshot is applied: 5500 bytes held, the catch-up bound
+	if appendsWithin(l, 2, 452, 100*time.Millisecond) {
+		t.Fatal("the log grew past what it held when the catch-up began")
+	}
+	appendsWithin(l, 2, 452, 10*time.Millisecond) // three writes wait now
+	// The standby applies 5 records (2500 bytes): the bound falls by four
+	// fifths of that to 3500, and a write goes in while the log holds no
+	// more than the bound: one (with half of each drain, two: 4500).
+	l.ack(c, at+5, at+5)
+	waitLast(t, l, at+13)
+	time.Sleep(50 * time.Millisecond)
+	if got := l.Status().LagBytes; got != 4000 {
+		t.Fatalf("after draining 2500 bytes the log holds %d, want 4000 (a fifth of the drain let in)", got)
+	}
+	l.Close()
+}
+
+// waitLast waits until the log's last sequence reaches seq.
+func waitLast(t *testing.T, l *Log, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Last() < seq && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if l.Last() < seq {
+		t.Fatalf("the log reached %d, want %d", l.Last(), seq)
+	}
+}

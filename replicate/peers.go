@@ -290,15 +290,20 @@ func (l *Log) mustWait(size int64) room {
 
 // streamAllowance is what the log may hold for c while its snapshot
 // streams: half the resync budget at once, the other half as the
-// snapshot's bytes go out, all of it once they all did. Guests that write
-// faster than the link are slowed a little at a time instead of making the
-// resync start over and over (with a steady writer, for ever).
+// snapshot's bytes go out, all of it once they all did; with a guest
+// share, resyncBurst at once and then the share's part of each byte sent.
+// Guests that write faster than the link are slowed a little at a time
+// instead of making the resync start over and over (with a steady writer,
+// for ever).
 // Precondition: l.mu must be locked.
 func (l *Log) streamAllowance(c *cursor) int64 {
 	half := l.resyncBudget / 2
 	switch {
 	case c.sentAll:
 		return l.resyncBudget
+	case l.guestShare > 0:
+		earned := float64(c.streamDone) * l.guestShare / (1 - l.guestShare)
+		return min(l.resyncBudget, min(half, resyncBurst)+int64(min(earned, math.MaxInt64/4)))
 	case c.streamTotal == 0:
 		return half
 	}

@@ -56,6 +56,7 @@ func runBenchResync(args []string) error {
 	fs.DurationVar(&opts.Baseline, "baseline", time.Second, "how long guests run before the standby joins (their throughput before)")
 	fs.Int64Var(&opts.Rate, "rate", 0, "bound on the resync stream in bytes per second (0: none)")
 	budget := fs.String("resync-budget", "", "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (default: the primary's default)")
+	fs.Float64Var(&opts.GuestShare, "guest-share", 0, "the primary's --replicate.resync-guest-share: the most of the link guests' writes take while the standby joins (0: the primary's default rule)")
 	fs.BoolVar(&opts.StopTheWorld, "stop-the-world", false, "also resync each size the old way (every guest stopped while all memory is copied), for comparison")
 	fs.BoolVar(&opts.IdleGuests, "idle-guests", false, "also resync each size with the guests making no calls while the standby joins (the snapshot stream alone), for comparison")
 	var bf backendFlags

@@ -66,6 +66,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	var cf coordFlags
 	cf.register(fs, true)
 	resyncBudget := fs.Int64("replicate.resync-budget-bytes", 0, "log bytes kept while a resync streams (0: a quarter of the snapshot, at least 1 GiB): guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
+	guestShare := fs.Float64("replicate.resync-guest-share", 0, "most of the link guests' writes take while a standby joins, 0 to 1 (0: half the resync budget at once, the rest as the snapshot goes out)")
 	resyncStall := fs.Duration("replicate.resync-stall", replicate.DefaultResyncStall, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
 	resyncRate := fs.Int64("replicate.resync-rate", 0, "bytes per second a resync streams at most (0: as fast as the link takes it)")
 	cfg := hypervisor.DefaultConfig()
@@ -81,6 +82,9 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		printConfig(fs, source)
 		return nil
 	}
+	if *guestShare < 0 || *guestShare >= 1 {
+		return fmt.Errorf("--replicate.resync-guest-share %v: want 0 (the default rule) or a share below 1", *guestShare)
+	}
 	log := newLog()
 	bf.spares = min(bf.spares, cfg.MaxSessions) // no more contexts ahead than sessions that could take them
 	backend, err := bf.open()
@@ -90,7 +94,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	defer backend.Close()
 	reg := newRegistry()
 	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *listen, MaxLagBytes: *maxLag,
-		ResyncBudgetBytes: *resyncBudget, ResyncStall: *resyncStall, ResyncRate: *resyncRate}
+		ResyncBudgetBytes: *resyncBudget, ResyncStall: *resyncStall, ResyncGuestShare: *guestShare, ResyncRate: *resyncRate}
 	if err := primaryReplication(&ncfg, *replicateTo, *keyFile, *modeName, *minInSync); err != nil {
 		return err
 	}

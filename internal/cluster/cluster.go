@@ -66,8 +66,10 @@ type Options struct {
 	GuestScheme string
 	// Faults sees every replication message the primary sends.
 	Faults replicate.FaultHook
-	// ResyncRate and ResyncBudgetBytes configure the primary's resync.
+	// ResyncRate, ResyncBudgetBytes and ResyncGuestShare configure the
+	// primary's resync.
 	ResyncRate, ResyncBudgetBytes int64
+	ResyncGuestShare              float64
 	// Hypervisor, when set, adjusts both nodes' hypervisor configuration.
 	Hypervisor func(*hypervisor.Config)
 }
@@ -132,7 +134,7 @@ func Start(opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.Faults, cfg.ResyncRate, cfg.ResyncBudgetBytes = opts.Faults, opts.ResyncRate, opts.ResyncBudgetBytes
+	cfg.Faults, cfg.ResyncRate, cfg.ResyncBudgetBytes, cfg.ResyncGuestShare = opts.Faults, opts.ResyncRate, opts.ResyncBudgetBytes, opts.ResyncGuestShare
 	if opts.Replicate {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -63,6 +63,9 @@ type Config struct {
 	// ResyncStall (default replicate.DefaultResyncStall).
 	ResyncBudgetBytes int64
 	ResyncStall       time.Duration
+	// ResyncGuestShare, when above 0, is the most of the link guests'
+	// writes take while a standby joins (replicate.Log.SetResyncGuestShare).
+	ResyncGuestShare float64
 	// ResyncRate bounds a resync's stream in bytes per second (0: none).
 	ResyncRate int64
 	// Detector watches the primary's heartbeats (standby only).

@@ -78,6 +78,7 @@ func (n *Node) replicate(targets []string) error {
 	if n.cfg.ResyncStall > 0 {
 		lg.SetResyncStall(n.cfg.ResyncStall)
 	}
+	lg.SetResyncGuestShare(n.cfg.ResyncGuestShare)
 	lg.SetMinInSync(n.cfg.MinInSync)
 	if ha, ok := n.cfg.Backend.(gpu.HostAllocator); ok {
 		// A guest's bulk copy goes to the device from its log buffer:
