@@ -2,6 +2,7 @@ package standby_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -198,10 +199,15 @@ func startScribbled(t *testing.T, seed uint64, opts cluster.Options, onRecord fu
 
 // TestResyncInterleavedWrites: guests write in every way between the
 // steps of a resync (before each snapshot record), and the replica is
-// identical at the next log position.
+// identical at the next log position; the last seed with a guest share
+// set (their writes then wait for the stream to earn them room).
 func TestResyncInterleavedWrites(t *testing.T) {
-	for seed := uint64(1); seed <= 3; seed++ {
-		c, s := startScribbled(t, seed, cluster.Options{}, func(_ *fixture, s *scribbler, _ int) bool {
+	for seed := uint64(1); seed <= 4; seed++ {
+		opts := cluster.Options{}
+		if seed == 4 {
+			opts.ResyncGuestShare = 0.1
+		}
+		c, s := startScribbled(t, seed, opts, func(_ *fixture, s *scribbler, _ int) bool {
 			for range 1 + s.rng.IntN(3) {
 				s.step()
 			}
@@ -293,8 +299,14 @@ func TestResyncBudgetRestarts(t *testing.T) {
 // budget: with a steady writer, for ever; the 4 GiB row of bench resync
 // on a GPU never ended.)
 func TestResyncSlowsWritersInsteadOfRestarting(t *testing.T) {
+	for _, share := range []float64{0, 0.1} {
+		t.Run(fmt.Sprintf("guest share %v", share), func(t *testing.T) { slowsWritersInsteadOfRestarting(t, share) })
+	}
+}
+
+func slowsWritersInsteadOfRestarting(t *testing.T, share float64) {
 	const budget, write = 2 << 20, 128 << 10
-	c, s := startScribbled(t, 13, cluster.Options{MaxLagBytes: 1 << 20, ResyncBudgetBytes: budget, ResyncRate: 4 << 20},
+	c, s := startScribbled(t, 13, cluster.Options{MaxLagBytes: 1 << 20, ResyncBudgetBytes: budget, ResyncRate: 4 << 20, ResyncGuestShare: share},
 		func(*fixture, *scribbler, int) bool { return true })
 	sg := s.guests[0]
 	var writes atomic.Int64
