@@ -196,10 +196,7 @@ func TestCatchUpBoundStartsOnceSnapshotApplied(t *testing.T) {
 	// One append is blocked (and one more waits to start). The standby
 	// applies 4 records (2000 bytes): guests get 1000.
 	l.ack(c, at+4, at+4)
-	deadline := time.Now().Add(5 * time.Second)
-	for l.Last() < at+12 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitLast(t, l, at+12)
 	if got := l.Status().LagBytes; got != 4000 {
 		t.Fatalf("after draining 2000 bytes the log holds %d, want 4000 (half of the drain let in)", got)
 	}
@@ -224,10 +221,7 @@ func TestStreamingSnapshotEarnsTheBudget(t *testing.T) {
 		t.Fatal("the log grew past half the budget before the snapshot streamed")
 	}
 	l.streamed(c, 50, 100) // half sent: 3000 bytes allowed, the blocked append and one more
-	deadline := time.Now().Add(5 * time.Second)
-	for l.Last() < 6 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitLast(t, l, 6)
 	if got := l.Status().LagBytes; got != 3000 {
 		t.Fatalf("half the snapshot sent: the log holds %d bytes, want 3000", got)
 	}
@@ -274,10 +268,7 @@ func TestResyncStallBoundsAWrite(t *testing.T) {
 	}
 	l.snapshotSent(c)
 	l.ack(c, 8, 8) // the standby applied everything: the blocked write goes in
-	deadline := time.Now().Add(5 * time.Second)
-	for l.Last() < 9 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitLast(t, l, 9)
 	if l.Last() != 9 {
 		t.Fatal("the write blocked at the budget never went in")
 	}
