@@ -145,12 +145,17 @@ func NewLog(maxBytes int64) *Log {
 	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), autoBudget: true, resyncStall: DefaultResyncStall, first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1,
 		minInSync: 1, departed: map[string]bool{}}
 	l.pool.max = int(min(maxBytes, poolMaxIdle))
+	l.pool.ahead = poolAhead
 	l.cond = sync.NewCond(&l.mu)
 	return l
 }
 
-// poolMaxIdle bounds the idle record buffers a log keeps for reuse.
-const poolMaxIdle = 64 << 20
+// poolMaxIdle bounds the idle record buffers a log keeps for reuse;
+// poolAhead is how many bytes of them a refill makes ready.
+const (
+	poolMaxIdle = 64 << 20
+	poolAhead   = 32 << 20
+)
 
 // DefaultResyncBudget is the least resync budget of a new log; it grows to
 // a resyncBudgetShare of each snapshot.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -388,11 +387,7 @@ type snapshotItem struct {
 func newReadAheadBufs() [][]byte {
 	bufs := make([][]byte, cryptoWorkers()+2)
 	for i := range bufs {
-		bufs[i] = make([]byte, 0, recordHeader+resyncChunk)
-		all := bufs[i][:cap(bufs[i])]
-		for off := 0; off < len(all); off += os.Getpagesize() {
-			all[off] = 1
-		}
+		bufs[i] = touched(make([]byte, 0, recordHeader+resyncChunk))
 	}
 	return bufs
 }
