@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -52,11 +51,11 @@ func runBenchResync(args []string) error {
 	fs := newFlags("bench resync", "[flags]")
 	sizes := fs.String("sizes", "256MiB,1GiB,4GiB", "guest memory per row (all guests together), comma-separated, with KiB, MiB or GiB")
 	var opts bench.ResyncOptions
-	fs.IntVar(&opts.Guests, "guests", 2, "guests running the mixed workload")
-	fs.DurationVar(&opts.Baseline, "baseline", time.Second, "how long guests run before the standby joins (their throughput before)")
-	fs.Int64Var(&opts.Rate, "rate", 0, "bound on the resync stream in bytes per second (0: none)")
-	budget := fs.String("resync-budget", "", "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (default: the primary's default)")
-	fs.Float64Var(&opts.GuestShare, "guest-share", 0, "the primary's --replicate.resync-guest-share: the most of the link guests' writes take while the standby joins (0: the primary's default rule)")
+	intVar(fs, &opts.Guests, "guests", 2, 1, 1024, "guests running the mixed workload")
+	durationVar(fs, &opts.Baseline, "baseline", time.Second, time.Millisecond, time.Hour, "how long guests run before the standby joins (their throughput before)")
+	sizeVar(fs, &opts.Rate, "rate", 0, 0, maxInt64, "bound on the resync stream in bytes per second (0: none)")
+	sizeVar(fs, &opts.Budget, "resync-budget", 0, 0, maxInt64, "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (0: the primary's default)")
+	fractionVar(fs, &opts.GuestShare, "guest-share", 0, 0, 1, "the primary's --replicate.resync-guest-share: the most of the link guests' writes take while the standby joins (0: the primary's default rule)")
 	fs.BoolVar(&opts.StopTheWorld, "stop-the-world", false, "also resync each size the old way (every guest stopped while all memory is copied), for comparison")
 	fs.BoolVar(&opts.IdleGuests, "idle-guests", false, "also resync each size with the guests making no calls while the standby joins (the snapshot stream alone), for comparison")
 	var bf backendFlags
@@ -68,18 +67,8 @@ func runBenchResync(args []string) error {
 		"instead of inside the benchmark's (whose address space, cores and garbage collector they would share with the guests); "+
 		"their logs are kept (and named) when a standby never protects its primary, when verify finds them different, or with --log-nodes")
 	profile := profileFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if *budget != "" {
-		n, err := parseBytes(*budget)
-		if err == nil && n > math.MaxInt64 {
-			err = fmt.Errorf("%d bytes is too large", n)
-		}
-		if err != nil {
-			return fmt.Errorf("--resync-budget: %w", err)
-		}
-		opts.Budget = int64(n)
 	}
 	if *processes {
 		bin, err := os.Executable()
@@ -171,34 +160,18 @@ func profileFlag(fs *flag.FlagSet) func() (func(), error) {
 	}
 }
 
-// parseBytes reads a size such as 4096, 256MiB or 4GiB.
-func parseBytes(s string) (uint64, error) {
-	s = strings.TrimSpace(s)
-	mult := uint64(1)
-	for suffix, m := range map[string]uint64{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
-		if strings.HasSuffix(s, suffix) {
-			s, mult = strings.TrimSuffix(s, suffix), m
-		}
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || n == 0 || n > math.MaxUint64/mult {
-		return 0, fmt.Errorf("bad size %q (want e.g. 256MiB or 4GiB)", s)
-	}
-	return n * mult, nil
-}
-
 func runBenchPV(args []string) error {
 	fs := newFlags("bench pv", "[flags]")
 	var opts bench.PVOptions
-	fs.IntVar(&opts.Rounds, "rounds", 7, "interleaved rounds; the report gives each configuration's median")
-	fs.IntVar(&opts.Batch, "batch", 2000, "operations per timed batch (bulk copies: batch/250)")
-	fs.IntVar(&opts.BulkBytes, "bulk-bytes", 16<<20, "bytes per bulk host-to-device copy")
+	intVar(fs, &opts.Rounds, "rounds", 7, 1, 1000, "interleaved rounds; the report gives each configuration's median")
+	intVar(fs, &opts.Batch, "batch", 2000, 1, maxInt, "operations per timed batch (bulk copies: batch/250)")
+	sizeVar(fs, &opts.BulkBytes, "bulk-bytes", 16<<20, 1, 1<<34, "bytes per bulk host-to-device copy")
 	fs.StringVar(&opts.Endpoint, "endpoint", "", "measure running nodes at these guest endpoints (unix://, tcp://, vsock://, shm+unix://; comma-separated, each optionally NAME=URL to label its rows) from this process, beside --backend in-process")
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
 	profile := profileFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	stop, err := profile()
@@ -227,16 +200,16 @@ func runBenchPV(args []string) error {
 func runBenchReplicate(args []string) error {
 	fs := newFlags("bench replicate", "[flags]")
 	var opts bench.ReplicateOptions
-	fs.IntVar(&opts.BulkBytes, "bulk-bytes", 256<<20, "bytes per bulk copy timing")
-	fs.IntVar(&opts.Rounds, "rounds", 5, "interleaved rounds; the report gives medians")
-	fs.IntVar(&opts.Calls, "calls", 1000, "small calls per latency timing")
+	sizeVar(fs, &opts.BulkBytes, "bulk-bytes", 256<<20, 1, 1<<34, "bytes per bulk copy timing")
+	intVar(fs, &opts.Rounds, "rounds", 5, 1, 1000, "interleaved rounds; the report gives medians")
+	intVar(fs, &opts.Calls, "calls", 1000, 1, maxInt, "small calls per latency timing")
 	var bf backendFlags
 	bf.register(fs)
 	endpoint := fs.String("endpoint", "", "measure running primaries (each with its standby, in the mode it runs) at these guest endpoints (comma-separated, each optionally NAME=URL, e.g. unreplicated=shm+unix:///a.sock,commit=shm+unix:///b.sock) from this process, beside --backend in-process and the raw TCP link")
 	standbyBackend := standbyBackendFlag(fs, &bf)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	profile := profileFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	stop, err := profile()
@@ -271,12 +244,12 @@ func runBenchReplicate(args []string) error {
 
 func runBenchApply(args []string) error {
 	fs := newFlags("bench apply", "[flags]")
-	chunk := fs.Int("chunk-bytes", 16<<20, "bytes per record (pvdriver splits copies at 16 MiB)")
-	total := fs.Int("total-bytes", 1<<30, "bytes per timing")
-	rounds := fs.Int("rounds", 5, "interleaved rounds; the report gives medians")
+	chunk := sizeFlag(fs, "chunk-bytes", 16<<20, 1, 1<<30, "bytes per record (pvdriver splits copies at 16 MiB)")
+	total := sizeFlag(fs, "total-bytes", 1<<30, 1, 1<<40, "bytes per timing")
+	rounds := intFlag(fs, "rounds", 5, 1, 1000, "interleaved rounds; the report gives medians")
 	var bf backendFlags
 	bf.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	rows, err := bench.Apply(bf.open, *chunk, *total, *rounds, os.Stderr)
@@ -291,7 +264,7 @@ func runBenchApply(args []string) error {
 func runBenchMMIO(args []string) error {
 	fs := newFlags("bench mmio", "[flags]")
 	long := fs.Bool("long", false, "more writes and rounds, for careful figures (several minutes)")
-	rounds := fs.Int("rounds", 0, "interleaved rounds (default 3, or 7 with --long)")
+	rounds := intFlag(fs, "rounds", 0, 0, 1000, "interleaved rounds (default 3, or 7 with --long)")
 	pin := fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU (insn mode; see the mmiotrace package doc)")
 	plotPath := fs.String("plot", "", "also draw ns per write by mode and workload to this file (.png or .svg)")
 	asJSON := fs.Bool("json", false, "print the cells as JSON instead of a table")
@@ -302,19 +275,16 @@ func runBenchMMIO(args []string) error {
 	opts := bench.DefaultMMIOOptions([]string{self, "mmio-guest"}, false)
 	workloads := fs.String("workloads", strings.Join(opts.Workloads, ","), "mmio-guest workloads, each NAME or NAME:PAGES (aperture pages; default 1024)")
 	modes := fs.String("modes", strings.Join(opts.Modes, ","), "modes, side by side in each round: "+strings.Join(bench.MMIOModes, ", "))
-	fs.IntVar(&opts.Threads, "threads", opts.Threads, "OS threads storing at once in the threads workload")
-	perThread := fs.Int("thread-stores", opts.Writes["threads"]/opts.Threads, "stores per thread in the threads workload")
-	fs.IntVar(&opts.InsnWrites, "insn-writes", opts.InsnWrites, "at most this many stores per run in the insn modes, where each store faults (0: no cap)")
+	intVar(fs, &opts.Threads, "threads", opts.Threads, 1, 1024, "OS threads storing at once in the threads workload")
+	perThread := intFlag(fs, "thread-stores", opts.Writes["threads"]/opts.Threads, 1, 1<<30, "stores per thread in the threads workload")
+	intVar(fs, &opts.InsnWrites, "insn-writes", opts.InsnWrites, 0, maxInt, "at most this many stores per run in the insn modes, where each store faults (0: no cap)")
 	profile := profileFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *long {
 		fresh := bench.DefaultMMIOOptions(opts.Guest, true)
 		opts.Rounds, opts.Writes = fresh.Rounds, fresh.Writes
-	}
-	if *perThread < 1 || opts.Threads < 1 || *perThread > math.MaxInt/opts.Threads {
-		return fmt.Errorf("--threads and --thread-stores must be positive, their product an int")
 	}
 	opts.Writes["threads"] = *perThread * opts.Threads
 	opts.Pin = *pin

@@ -32,7 +32,7 @@ func envName(name string) string {
 // command line from the environment, then from the config file. It
 // returns where each flag's value came from.
 func parseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[string]string, error) {
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	source := map[string]string{}
@@ -44,7 +44,11 @@ func parseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[s
 	var errs []string
 	for key := range file {
 		if fs.Lookup(key) == nil || key == "config" {
-			errs = append(errs, fmt.Sprintf("%s in %s: no such flag", key, *configPath))
+			msg := fmt.Sprintf("%s in %s: no such flag", key, *configPath)
+			if s := suggestFlag(fs, key); s != "" {
+				msg += fmt.Sprintf(" (did you mean %s?)", s)
+			}
+			errs = append(errs, msg)
 		}
 	}
 	fs.VisitAll(func(f *flag.Flag) {
@@ -53,21 +57,21 @@ func parseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[s
 		}
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Sprintf("%s=%q: %v", envName(f.Name), v, err))
+				errs = append(errs, fmt.Sprintf("%s=%q (from the environment, for --%s): %v", envName(f.Name), v, f.Name, err))
 			}
 			source[f.Name] = "env"
 			return
 		}
 		if v, ok := file[f.Name]; ok {
 			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Sprintf("%s in %s: %v", f.Name, *configPath, err))
+				errs = append(errs, fmt.Sprintf("%s in the config file %s: %v", f.Name, *configPath, err))
 			}
 			source[f.Name] = "file"
 		}
 	})
 	if len(errs) > 0 {
 		sort.Strings(errs)
-		return nil, fmt.Errorf("configuration: %s", strings.Join(errs, "; "))
+		return nil, usageError{fmt.Errorf("configuration: %s", strings.Join(errs, "; "))}
 	}
 	return source, nil
 }
@@ -80,7 +84,7 @@ func readConfig(path string) (map[string]string, error) {
 	}
 	var doc map[string]any
 	if _, err := toml.DecodeFile(path, &doc); err != nil {
-		return nil, fmt.Errorf("reading the config file: %w", err)
+		return nil, usageError{fmt.Errorf("reading the config file: %w", err)}
 	}
 	flatten("", doc, out)
 	return out, nil

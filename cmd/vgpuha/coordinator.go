@@ -41,8 +41,8 @@ func (f *coordFlags) register(fs *flag.FlagSet, withNode bool) {
 	host, _ := os.Hostname()
 	fs.StringVar(&f.group, "coordinator.group", "default", "replication group (a guest VM's primary, standby and pool)")
 	fs.StringVar(&f.id, "coordinator.id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this node's name in the group (unique)")
-	fs.DurationVar(&f.ttl, "coordinator.ttl", coordinator.DefaultTTL, "lease TTL (whole seconds): a primary that cannot renew stops serving after TTL/2")
-	fs.DurationVar(&f.standbyLossAfter, "coordinator.standby-timeout", 3*time.Second, "a leader whose standby has not protected it this long takes one from the pool")
+	durationVar(fs, &f.ttl, "coordinator.ttl", coordinator.DefaultTTL, time.Second, time.Hour, "lease TTL (whole seconds): a primary that cannot renew stops serving after TTL/2")
+	durationVar(fs, &f.standbyLossAfter, "coordinator.standby-timeout", 3*time.Second, time.Millisecond, time.Hour, "a leader whose standby has not protected it this long takes one from the pool")
 }
 
 func (f *coordFlags) clientConfig() (clientv3.Config, error) {
@@ -83,15 +83,12 @@ func runStatus(args []string) error {
 	fs := newFlags("status", "--coordinator etcd://HOST:2379 | --admin HOST:PORT [--json] [--watch 1s]")
 	var cf coordFlags
 	cf.register(fs, false)
-	adminAddr := fs.String("admin", "", "one node's admin address (HOST:PORT or unix:///PATH): print that node's status")
+	adminAddr := stringFlag(fs, "admin", "", checkAdminAddr, "one node's admin address (HOST:PORT or unix:///PATH): print that node's status")
 	tokenFile := adminTokenFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	watch := fs.Duration("watch", 0, "with --admin: poll every this long until interrupted (a terminal is redrawn, with a resync's progress bar; anything else gets one plain line per poll)")
-	if err := fs.Parse(args); err != nil {
+	watch := durationFlag(fs, "watch", 0, 0, maxDuration, "with --admin: poll every this long until interrupted (a terminal is redrawn, with a resync's progress bar; anything else gets one plain line per poll)")
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if *watch < 0 {
-		return fmt.Errorf("--watch must not be negative, got %v", *watch)
 	}
 	if *adminAddr != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -16,9 +16,9 @@ import (
 // and the guest finishes on the promoted standby with verified results.
 func runDemo(args []string) error {
 	fs := newFlags("demo", "[flags]")
-	backendName := fs.String("backend", "auto", "GPU backend for both nodes: auto, cuda or sim")
-	mode := fs.String("mode", "commit", "replication mode")
-	if err := fs.Parse(args); err != nil {
+	backendName := stringFlag(fs, "backend", "auto", checkBackend, "GPU backend for both nodes: auto, cuda or sim")
+	mode := choiceFlag(fs, "mode", "commit", replicationModes, "replication mode: sync, commit, async or epoch")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	bin, err := os.Executable()

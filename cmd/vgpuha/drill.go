@@ -17,30 +17,23 @@ import (
 
 func runDrill(args []string) error {
 	fs := newFlags("drill", "[flags]")
-	iterations := fs.Int("iterations", 3, "iterations")
+	iterations := intFlag(fs, "iterations", 3, 1, 1<<20, "iterations")
 	faults := fs.String("faults", "", "faults to cycle through: "+drill.FaultHelp()+"; default: all that the topology allows")
 	topology := fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
-	mode := fs.String("mode", "commit", "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
+	mode := choiceFlag(fs, "mode", "commit", []string{"sync", "commit", "epoch"}, "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
 	coord := fs.Bool("coordinator", false, "decide roles in etcd: the drill starts a 3-member etcd cluster, a primary, a standby and a pool standby, all on loopback")
-	ttl := fs.Duration("coordinator.ttl", 2*time.Second, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
+	ttl := durationFlag(fs, "coordinator.ttl", 2*time.Second, time.Second, time.Hour, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
 	sideBySide := fs.Bool("side-by-side", false, "with --coordinator: run each iteration again by two nodes alone, where they can drill its fault")
-	seed := fs.Uint64("seed", 1, "seed for the moments faults strike")
+	seed := intFlag[uint64](fs, "seed", 1, 0, maxUint64, "seed for the moments faults strike")
 	guestTransport := fs.String("transport", drill.TransportUnix, "the guest's transport: unix (through a proxy the guest-cut fault cuts) or shm (shared-memory rings with the node, shm+unix; Linux)")
-	backendName := fs.String("backend", "auto", "GPU backend of both nodes")
+	backendName := stringFlag(fs, "backend", "auto", checkBackend, "GPU backend of both nodes")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	plot := fs.String("plot", "", "write an SVG timeline of the iterations to this file")
 	var stateBytes uint64
-	fs.Func("state-bytes", "the drill's guest also holds this much device memory (e.g. 256MiB, 16GiB; whole MiB), filled with a pattern and read back after each iteration; "+
-		"two nodes: the standby joins once it is filled and is resynced before the faults", func(v string) error {
-		var err error
-		stateBytes, err = parseBytes(v)
+	sizeVar(fs, &stateBytes, "state-bytes", 0, 0, maxUint64, "the drill's guest also holds this much device memory (e.g. 256MiB, 16GiB; whole MiB), filled with a pattern and read back after each iteration; "+
+		"two nodes: the standby joins once it is filled and is resynced before the faults")
+	if err := parseFlags(fs, args); err != nil {
 		return err
-	})
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *iterations < 1 {
-		return fmt.Errorf("--iterations must be at least 1, not %d", *iterations)
 	}
 	netns, err := drillTopology(*topology)
 	if err != nil {

@@ -13,10 +13,10 @@ func runEtcdMember(args []string) error {
 	fs := newFlags("etcd-member", "--name NAME --dir DIR --client-port N --peer-port N --cluster NAME=http://127.0.0.1:PORT,...")
 	name := fs.String("name", "", "member name")
 	dir := fs.String("dir", "", "data directory")
-	clientPort := fs.Int("client-port", 0, "loopback port for clients")
-	peerPort := fs.Int("peer-port", 0, "loopback port for peers")
+	clientPort := intFlag(fs, "client-port", 0, 0, 65535, "loopback port for clients")
+	peerPort := intFlag(fs, "peer-port", 0, 0, 65535, "loopback port for peers")
 	cluster := fs.String("cluster", "", "initial cluster: NAME=http://127.0.0.1:PORT,... (empty: this member alone)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *name == "" || *dir == "" || *clientPort <= 0 || *peerPort <= 0 {

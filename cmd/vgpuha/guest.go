@@ -26,14 +26,14 @@ type guestReport struct {
 
 func runGuest(args []string) error {
 	fs := newFlags("guest", "--endpoint ENDPOINT --workload NAME [flags]")
-	endpoint := fs.String("endpoint", "unix:///tmp/vgpuha.sock", "hypervisor endpoint")
+	endpoint := stringFlag(fs, "endpoint", "unix:///tmp/vgpuha.sock", checkEndpoint, "hypervisor endpoint (the primary's --guest-listen)")
 	name := fs.String("workload", "all", fmt.Sprintf("workload to run: one of %v, or all", workload.Names()))
-	size := fs.Int("size", 0, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
+	size := intFlag(fs, "size", 0, 0, 1<<30, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	guestName := fs.String("name", "guest", "guest name shown in the hypervisor's status")
 	failoverTo := fs.String("failover", "", "comma-separated endpoints (the standby's) to resume the session on if the hypervisor is lost")
 	hold := fs.Bool("hold", false, "keep the session (and its device memory) open after the workloads until SIGINT/SIGTERM")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	ws, err := workload.Select(*name)

@@ -51,7 +51,8 @@ func usage(w io.Writer) {
 func main() { os.Exit(run(os.Args[1:])) }
 
 // run runs one command line and returns the exit status: 0, 1 for a failed
-// command, 2 for a usage error. Help goes to stdout with status 0.
+// command, 2 for a usage error (an unknown flag, a refused value: one line
+// on stderr). Help goes to stdout with status 0.
 func run(args []string) int {
 	if len(args) == 0 {
 		usage(os.Stderr)
@@ -72,8 +73,11 @@ func run(args []string) int {
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "vgpuha: unknown command %q\n\n", args[0])
-		usage(os.Stderr)
+		hint := ""
+		if s := closest(args[0], commandNames()); s != "" {
+			hint = fmt.Sprintf(" (did you mean %s?)", s)
+		}
+		fmt.Fprintf(os.Stderr, "vgpuha: unknown command %q%s; 'vgpuha help' lists the commands\n", args[0], hint)
 		return 2
 	}
 	helpWanted = wantsHelp(args[1:])
@@ -85,6 +89,13 @@ func run(args []string) int {
 			return 2
 		}
 		fmt.Fprintf(os.Stderr, "vgpuha %s: %v\n", args[0], err)
+		if errors.As(err, new(usageError)) {
+			return 2
+		}
+		var exit exitError
+		if errors.As(err, &exit) {
+			return exit.code
+		}
 		return 1
 	}
 	return 0
@@ -107,13 +118,14 @@ func wantsHelp(args []string) bool {
 }
 
 // newFlags returns a flag set whose --help names the command and lists its
-// flags with two dashes, on stdout when help was asked for.
+// flags with two dashes, on stdout when help was asked for. A refused flag
+// prints nothing here: parseFlags words it, and run prints that one line.
 func newFlags(name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	switch {
 	case capturedFlags != nil:
 		*capturedFlags = append(*capturedFlags, fs)
-		fs.SetOutput(io.Discard)
 	case helpWanted:
 		fs.SetOutput(os.Stdout)
 	}
@@ -157,6 +169,16 @@ func logFlag(fs *flag.FlagSet) func() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, opts))
 	}
 }
+
+// exitError ends vgpuha with its own exit status (a deposed primary's
+// refusal to start: contrib/systemd keeps it from restarting).
+type exitError struct {
+	err  error
+	code int
+}
+
+func (e exitError) Error() string { return e.err.Error() }
+func (e exitError) Unwrap() error { return e.err }
 
 // choice is a flag whose value is one of a fixed set of words.
 type choice struct {

@@ -38,15 +38,26 @@ type backendFlags struct {
 	spares    int // CUDA contexts made ahead
 }
 
-func (b *backendFlags) register(fs interface {
-	StringVar(*string, string, string, string)
-	Uint64Var(*uint64, string, uint64, string)
-	IntVar(*int, string, int, string)
-}) {
-	fs.StringVar(&b.name, "backend", "auto", "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
-	fs.Uint64Var(&b.simMemory, "sim.memory-bytes", 8<<30, "device memory of the software GPU")
-	fs.Uint64Var(&b.simShift, "sim.base-shift", 0, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
-	fs.IntVar(&b.spares, "cuda.spare-contexts", 2, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
+func (b *backendFlags) register(fs *flag.FlagSet) {
+	stringVar(fs, &b.name, "backend", "auto", checkBackend, "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
+	sizeVar(fs, &b.simMemory, "sim.memory-bytes", 8<<30, 1<<20, maxUint64, "device memory of the software GPU")
+	sizeVar(fs, &b.simShift, "sim.base-shift", 0, 0, 1<<46, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
+	intVar(fs, &b.spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
+}
+
+// checkBackend accepts the --backend names open knows.
+func checkBackend(name string) error {
+	if n, ok := strings.CutPrefix(name, "cuda:"); ok {
+		if ord, err := strconv.Atoi(n); err != nil || ord < 0 {
+			return fmt.Errorf("bad backend %q (want cuda:N, N a device ordinal)", name)
+		}
+		return nil
+	}
+	switch name {
+	case "sim", "cuda", "auto":
+		return nil
+	}
+	return fmt.Errorf("unknown backend %q (have: cuda, cuda:N, sim, auto)", name)
 }
 
 func (b *backendFlags) open() (gpu.Backend, error) {
@@ -87,26 +98,67 @@ func (b *backendFlags) openCUDA() (gpu.Backend, error) {
 
 // configFlags registers the hypervisor's limits.
 func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
-	fs.Uint64Var(&cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, "device memory each guest may allocate")
-	fs.IntVar(&cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, "concurrent guest sessions")
+	sizeVar(fs, &cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, 1, maxUint64, "device memory each guest may allocate")
+	intVar(fs, &cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, 1, 1<<16, "concurrent guest sessions")
 	fs.BoolVar(&cfg.GuestKernels, "guest.kernels", false, "let guests load their own kernels, not only the library's (needs --guest.max-sessions 1: one guest per primary process)")
-	fs.IntVar(&cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, "allocations plus handles each guest may hold")
-	fs.Uint64Var(&cfg.WindowBase, "va.base", cfg.WindowBase, "device virtual address of the first guest's window")
-	fs.Uint64Var(&cfg.WindowSize, "va.window-bytes", cfg.WindowSize, "size of each guest's device-address window")
+	intVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, maxInt, "allocations plus handles each guest may hold")
+	intVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")
+	sizeVar(fs, &cfg.WindowSize, "va.window-bytes", cfg.WindowSize, cfg.AllocAlign, 1<<46, "size of each guest's device-address window (a multiple of 2 MiB)")
 	fs.Func("mmio", "how guest writes to apertures are traced: off, insn, page or uffd (default "+cfg.MMIO.Mode.String()+")", func(v string) error {
 		m, err := mmiotrace.ParseMode(v)
 		cfg.MMIO.Mode = m
 		return err
 	})
 	fs.BoolVar(&cfg.MMIO.Pin, "mmio.pin", cfg.MMIO.Pin, "insn mode: pin the tracer and the traced guest's threads to one CPU (per-write tracing is 3-4x cheaper; page mode never pins)")
-	fs.DurationVar(&cfg.MMIO.FlushEvery, "mmio.flush-every", cfg.MMIO.FlushEvery, "also flush aperture writes on this timer, for guests that write without calling")
+	durationVar(fs, &cfg.MMIO.FlushEvery, "mmio.flush-every", cfg.MMIO.FlushEvery, 0, time.Hour, "also flush aperture writes on this timer, for guests that write without calling (0: only at calls)")
 	tenantFlags(fs, cfg)
+}
+
+// replicationModes are --mode's words (replicate.ParseMode's).
+var replicationModes = []string{"sync", "commit", "async", "epoch"}
+
+// checkEndpoint accepts a guest endpoint (unix://, tcp://, vsock://,
+// shm+unix://).
+func checkEndpoint(v string) error {
+	_, err := transport.Parse(v)
+	return err
+}
+
+// checkTCP accepts tcp://HOST:PORT; checkTCPList a comma-separated list.
+func checkTCP(v string) error {
+	if v == "" {
+		return nil
+	}
+	_, err := tcpFlag("", v)
+	return err
+}
+
+func checkTCPList(v string) error {
+	if v == "" {
+		return nil
+	}
+	_, err := tcpListFlag("", v)
+	return err
+}
+
+// checkAdminAddr accepts HOST:PORT or unix:///PATH.
+func checkAdminAddr(v string) error {
+	if v == "" || strings.HasPrefix(v, "unix:///") {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(v); err != nil || strings.Contains(v, "://") {
+		return fmt.Errorf("want HOST:PORT or unix:///PATH, got %q", v)
+	}
+	return nil
 }
 
 // tcpFlag checks that a flag holds tcp://HOST:PORT and returns HOST:PORT.
 func tcpFlag(name, value string) (string, error) {
 	e, err := transport.Parse(value)
 	if err != nil || e.Scheme != "tcp" {
+		if name == "" {
+			return "", fmt.Errorf("want tcp://HOST:PORT, got %q", value)
+		}
 		return "", fmt.Errorf("--%s must be tcp://HOST:PORT, got %q", name, value)
 	}
 	return e.Address, nil
@@ -121,7 +173,7 @@ func tcpListFlag(name, value string) ([]string, error) {
 			return nil, err
 		}
 		if slices.Contains(out, addr) {
-			return nil, fmt.Errorf("--%s names %s twice", name, addr)
+			return nil, fmt.Errorf("%s is named twice", addr)
 		}
 		out = append(out, addr)
 	}

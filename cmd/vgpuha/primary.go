@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"net"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
@@ -31,9 +31,7 @@ func primaryReplication(ncfg *node.Config, replicateTo, keyFile, modeName string
 	if ncfg.Mode, err = replicate.ParseMode(modeName); err != nil {
 		return err
 	}
-	if ncfg.MinInSync = minInSync; minInSync < 1 {
-		return fmt.Errorf("--replicate.min-in-sync must be at least 1, got %d", minInSync)
-	}
+	ncfg.MinInSync = minInSync
 	return nil
 }
 
@@ -53,22 +51,23 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		defer os.RemoveAll(dir)
 		defaultListen = "unix://" + dir + "/guest.sock"
 	}
-	listen := fs.String("guest-listen", defaultListen, "endpoint guests connect to: unix:///PATH, tcp://HOST:PORT or vsock://CID|any:PORT")
+	listen := stringFlag(fs, "guest-listen", defaultListen, checkEndpoint, "endpoint guests connect to: unix:///PATH, tcp://HOST:PORT or vsock://CID|any:PORT")
 	var bf backendFlags
 	bf.register(fs)
-	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
+	adminAddr := stringFlag(fs, "admin-listen", "", checkAdminAddr, "HOST:PORT for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
 	adminToken := adminTokenFlag(fs)
-	replicateTo := fs.String("replicate-to", "", "standbys to stream every state change to, in priority order: tcp://HOST:PORT[,tcp://HOST:PORT...] (off when empty)")
-	minInSync := fs.Int("replicate.min-in-sync", 1, "k: replies the mode holds wait for the first k caught-up standbys; with fewer, for those there are (under --coordinator once etcd records it)")
-	modeName := fs.String("mode", "commit", "replication mode: sync, commit, async or epoch")
+	replicateTo := stringFlag(fs, "replicate-to", "", checkTCPList, "standbys to stream every state change to, in priority order: tcp://HOST:PORT[,tcp://HOST:PORT...] (off when empty)")
+	minInSync := intFlag(fs, "replicate.min-in-sync", 1, 1, 64, "k: replies the mode holds wait for the first k caught-up standbys; with fewer, for those there are (under --coordinator once etcd records it)")
+	modeName := choiceFlag(fs, "mode", "commit", replicationModes, "replication mode: sync, commit, async or epoch")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (at least 16 bytes)")
-	maxLag := fs.Int64("replicate.max-lag-bytes", 256<<20, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
+	maxLag := sizeFlag[int64](fs, "replicate.max-lag-bytes", 256<<20, 1<<20, maxInt64, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
 	var cf coordFlags
 	cf.register(fs, true)
-	resyncBudget := fs.Int64("replicate.resync-budget-bytes", 0, "log bytes kept while a resync streams (0: a quarter of the snapshot, at least 1 GiB): guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
-	guestShare := fs.Float64("replicate.resync-guest-share", 0, "most of the link guests' writes take while a standby joins, 0 to 1 (0: half the resync budget at once, the rest as the snapshot goes out)")
-	resyncStall := fs.Duration("replicate.resync-stall", replicate.DefaultResyncStall, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
-	resyncRate := fs.Int64("replicate.resync-rate", 0, "bytes per second a resync streams at most (0: as fast as the link takes it)")
+	resyncBudget := sizeFlag[int64](fs, "replicate.resync-budget-bytes", 0, 0, maxInt64, "log bytes kept while a resync streams (0: a quarter of the snapshot, at least 1 GiB): guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
+	guestShare := new(float64)
+	fractionVar(fs, guestShare, "replicate.resync-guest-share", 0, 0, 1, "most of the link guests' writes take while a standby joins, 0 to 1 (0: half the resync budget at once, the rest as the snapshot goes out)")
+	resyncStall := durationFlag(fs, "replicate.resync-stall", replicate.DefaultResyncStall, time.Millisecond, time.Minute, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
+	resyncRate := sizeFlag[int64](fs, "replicate.resync-rate", 0, 0, maxInt64, "bytes per second a resync streams at most (0: as fast as the link takes it)")
 	cfg := hypervisor.DefaultConfig()
 	configFlags(fs, &cfg)
 	newLog := logFlag(fs)
@@ -81,9 +80,6 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	if *showConfig {
 		printConfig(fs, source)
 		return nil
-	}
-	if *guestShare < 0 || *guestShare >= 1 {
-		return fmt.Errorf("--replicate.resync-guest-share %v: want 0 (the default rule) or a share below 1", *guestShare)
 	}
 	log := newLog()
 	bf.spares = min(bf.spares, cfg.MaxSessions) // no more contexts ahead than sessions that could take them

@@ -3,8 +3,8 @@ package main
 import (
 	"flag"
 	"fmt"
-	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
 )
@@ -12,16 +12,17 @@ import (
 // tenantFlags registers the limits that keep one guest (or tenant) from
 // starving the others.
 func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
-	fs.Int64Var(&cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes,
+	sizeVar(fs, &cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes, 1<<20, maxInt64,
 		"request bytes all guest connections may buffer together; a frame over it is refused")
-	fs.DurationVar(&cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace,
+	durationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
 		"longest a session is kept for its guest to resume after its connection drops (a guest may ask for less)")
-	fs.Uint64Var(&cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota,
-		"device memory all sessions of one tenant (vsock CID, local uid, or remote IP) may allocate together")
-	fs.IntVar(&cfg.TenantMaxSessions, "tenant.max-sessions", cfg.TenantMaxSessions, "sessions one tenant may have open")
-	fs.IntVar(&cfg.TenantMaxDetached, "tenant.max-detached", cfg.TenantMaxDetached,
+	sizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, maxUint64,
+		"device memory all sessions of one tenant (vsock CID, local uid, or remote IP) may allocate together; "+
+			"also what the device reserves for each tenant it admits (--tenant.overcommit)")
+	intVar(fs, &cfg.TenantMaxSessions, "tenant.max-sessions", cfg.TenantMaxSessions, 1, maxInt, "sessions one tenant may have open")
+	intVar(fs, &cfg.TenantMaxDetached, "tenant.max-detached", cfg.TenantMaxDetached, 0, maxInt,
 		"sessions one tenant may leave detached (kept for a resume); one more is freed when its connection drops")
-	fs.Func("tenant.quota", "limits for one tenant, repeatable: ID=MEMORY_BYTES,SESSIONS,DETACHED (ID: cid:N, uid:N or ip:ADDR)", func(v string) error {
+	fs.Func("tenant.quota", "limits for one tenant, repeatable: ID=MEMORY,SESSIONS,DETACHED (ID: cid:N, uid:N or ip:ADDR; MEMORY a size: 8GiB)", func(v string) error {
 		id, q, err := parseTenantQuota(v)
 		if err != nil {
 			return err
@@ -38,15 +39,22 @@ func parseTenantQuota(v string) (string, hypervisor.TenantQuota, error) {
 	id, rest, ok := strings.Cut(v, "=")
 	f := strings.Split(rest, ",")
 	if !ok || id == "" || len(f) != 3 {
-		return "", hypervisor.TenantQuota{}, fmt.Errorf("want ID=MEMORY_BYTES,SESSIONS,DETACHED, got %q", v)
+		return "", hypervisor.TenantQuota{}, fmt.Errorf("want ID=MEMORY,SESSIONS,DETACHED (MEMORY a size: 4GiB), got %q", v)
 	}
-	mem, err1 := strconv.ParseUint(f[0], 0, 64)
-	sessions, err2 := strconv.Atoi(f[1])
-	detached, err3 := strconv.Atoi(f[2])
-	if err1 != nil || err2 != nil || err3 != nil || sessions <= 0 || detached < 0 {
-		return "", hypervisor.TenantQuota{}, fmt.Errorf("bad numbers in %q", v)
+	var q hypervisor.TenantQuota
+	for _, field := range []struct {
+		value string
+		set   flag.Value
+	}{
+		{f[0], &intValue[uint64]{p: &q.Memory, min: 1, max: maxUint64, bytes: true}},
+		{f[1], &intValue[int]{p: &q.Sessions, min: 1, max: maxInt}},
+		{f[2], &intValue[int]{p: &q.Detached, min: 0, max: maxInt}},
+	} {
+		if err := field.set.Set(field.value); err != nil {
+			return "", q, fmt.Errorf("%q: %w", v, err)
+		}
 	}
-	return id, hypervisor.TenantQuota{Memory: mem, Sessions: sessions, Detached: detached}, nil
+	return id, q, nil
 }
 
 // adminTokenFlag adds --admin.token-file.

@@ -16,16 +16,16 @@ import (
 
 func runStandby(args []string) error {
 	fs := newFlags("standby", "--listen tcp://HOST:PORT --replicate.key-file FILE [flags]")
-	listen := fs.String("listen", "tcp://127.0.0.1:7071", "where the primary's replication stream connects: tcp://HOST:PORT")
+	listen := stringFlag(fs, "listen", "tcp://127.0.0.1:7071", checkTCP, "where the primary's replication stream connects: tcp://HOST:PORT")
 	keyFile := fs.String("replicate.key-file", "", "file holding the pre-shared replication key (the primary's)")
-	adminAddr := fs.String("admin-listen", "", "HOST:PORT for /metrics, /healthz and /status (off when empty)")
+	adminAddr := stringFlag(fs, "admin-listen", "", checkAdminAddr, "HOST:PORT for /metrics, /healthz and /status (off when empty)")
 	adminToken := adminTokenFlag(fs)
-	guestListen := fs.String("guest-listen", "", "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
-	next := fs.String("replicate-to", "", "once promoted, replicate to these next standbys: tcp://HOST:PORT[,...] (same key; under --coordinator also to the group's other standbys)")
-	minInSync := fs.Int("replicate.min-in-sync", 1, "k once promoted: replies the mode holds wait for the first k caught-up standbys")
-	modeName := fs.String("mode", "commit", "replication mode once promoted")
-	detector := fs.String("failover.detector", "fixed", "failure detector: fixed (250 ms without a heartbeat) or phi (phi-accrual, threshold 8)")
-	advertise := fs.String("coordinator.advertise", "", "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
+	guestListen := stringFlag(fs, "guest-listen", "", checkEndpoint, "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
+	next := stringFlag(fs, "replicate-to", "", checkTCPList, "once promoted, replicate to these next standbys: tcp://HOST:PORT[,...] (same key; under --coordinator also to the group's other standbys)")
+	minInSync := intFlag(fs, "replicate.min-in-sync", 1, 1, 64, "k once promoted: replies the mode holds wait for the first k caught-up standbys")
+	modeName := choiceFlag(fs, "mode", "commit", replicationModes, "replication mode once promoted")
+	detector := choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "failure detector: fixed (250 ms without a heartbeat) or phi (phi-accrual, threshold 8)")
+	advertise := stringFlag(fs, "coordinator.advertise", "", checkTCP, "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
 	var cf coordFlags
 	cf.register(fs, true)
 	var bf backendFlags
@@ -71,9 +71,7 @@ func runStandby(args []string) error {
 	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
 		return err
 	}
-	if ncfg.MinInSync = *minInSync; *minInSync < 1 {
-		return fmt.Errorf("--replicate.min-in-sync must be at least 1, got %d", *minInSync)
-	}
+	ncfg.MinInSync = *minInSync
 	if *next != "" {
 		if ncfg.ReplicateTo, err = tcpListFlag("replicate-to", *next); err != nil {
 			return err

@@ -19,13 +19,13 @@ import (
 
 func runVerify(args []string) error {
 	fs := newFlags("verify", "--admin HOST:PORT [--json] [--repair] [--apertures]")
-	adminAddr := fs.String("admin", "127.0.0.1:9470", "the primary's admin address")
+	adminAddr := stringFlag(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	repair := fs.Bool("repair", false, "copy every diverged allocation from the primary to the standby")
 	apertures := fs.Bool("apertures", false, "also compare each aperture's bytes (the guest's file) with its device copy on the primary and on the standby, "+
 		"reporting mismatched bytes and the first mismatched offset per side (sends the apertures' bytes to the standby)")
 	tokenFile := adminTokenFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	body, err := postAdminToken(*adminAddr, fmt.Sprintf("/verify?repair=%v&apertures=%v", *repair, *apertures), *tokenFile, 60*time.Second)
@@ -84,9 +84,9 @@ func printApertures(checks []replicate.ApertureCheck) {
 
 func runSwitchover(args []string) error {
 	fs := newFlags("switchover", "--admin HOST:PORT")
-	adminAddr := fs.String("admin", "127.0.0.1:9470", "the primary's admin address")
+	adminAddr := stringFlag(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
 	tokenFile := adminTokenFlag(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	body, err := postAdminToken(*adminAddr, "/switchover", *tokenFile, 30*time.Second)

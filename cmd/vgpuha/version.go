@@ -32,7 +32,7 @@ func buildInfo() (version, commit string) {
 
 func runVersion(args []string) error {
 	fs := newFlags("version", "")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	version, commit := buildInfo()
