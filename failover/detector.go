@@ -59,20 +59,31 @@ func (f *Fixed) Suspect(t time.Time) bool {
 // distribution fitted to the recent intervals. MinStdDev keeps a very
 // regular sender from making it hair-trigger; MinSilence is a floor under
 // which it never suspects.
+//
+// It is calibrated for a primary that is heard from more often than it
+// promises: every replication record counts as a sign of life, but the
+// primary only promises a heartbeat every HeartbeatEvery. An interval
+// shorter than that is learned as HeartbeatEvery, so a stream of records
+// (intervals far below a millisecond under guest load) does not teach the
+// detector to expect a silence of a millisecond: its threshold is the same
+// under load as on an idle link, and only intervals longer than promised
+// (a jittery network, a primary's pauses) make it more patient.
 type PhiAccrual struct {
-	Threshold  float64
-	MinStdDev  time.Duration
-	MinSilence time.Duration
-	Window     int
+	Threshold      float64
+	MinStdDev      time.Duration
+	MinSilence     time.Duration
+	HeartbeatEvery time.Duration
+	Window         int
 
 	last      time.Time
 	intervals []float64 // seconds
 }
 
-// Heartbeat implements Detector.
+// Heartbeat implements Detector: the primary was heard from at t (a
+// heartbeat or any other message).
 func (p *PhiAccrual) Heartbeat(t time.Time) {
 	if !p.last.IsZero() && t.After(p.last) {
-		p.intervals = append(p.intervals, t.Sub(p.last).Seconds())
+		p.intervals = append(p.intervals, max(t.Sub(p.last), p.HeartbeatEvery).Seconds())
 		if w := max(p.Window, 2); len(p.intervals) > w {
 			p.intervals = p.intervals[len(p.intervals)-w:]
 		}
@@ -115,10 +126,15 @@ func (p *PhiAccrual) Suspect(t time.Time) bool {
 // Defaults for a LAN with heartbeats every 50 ms: the fixed detector
 // suspects after 250 ms of silence (five missed heartbeats: a single lost or
 // late packet, or a 100 ms GC or scheduling hiccup, does not trip it); the
-// phi detector suspects at phi 8 (a one-in-10^8 silence) with a 25 ms
-// standard-deviation floor and a 150 ms minimum, which on a steady 50 ms
-// stream comes to about 200 ms.
+// phi detector suspects at phi 8 (a one-in-10^8 silence) with a 35 ms
+// standard-deviation floor and a 200 ms minimum, which on a steady 50 ms
+// heartbeat stream, with or without records between the heartbeats, comes
+// to about 245 ms, and later on a link whose heartbeats come late.
 const DefaultTimeout = 250 * time.Millisecond
+
+// HeartbeatEvery is how often a primary sends a heartbeat, on its
+// replication link and over UDP (package replicate's heartbeatEvery).
+const HeartbeatEvery = 50 * time.Millisecond
 
 // DetectorNames lists the names New accepts.
 var DetectorNames = []string{"fixed", "phi"}
@@ -131,7 +147,8 @@ func New(kind string) (Detector, error) {
 	case "fixed", "":
 		return &Fixed{Timeout: DefaultTimeout}, nil
 	case "phi":
-		return &PhiAccrual{Threshold: 8, MinStdDev: 25 * time.Millisecond, MinSilence: 150 * time.Millisecond, Window: 100}, nil
+		return &PhiAccrual{Threshold: 8, MinStdDev: 35 * time.Millisecond, MinSilence: 200 * time.Millisecond,
+			HeartbeatEvery: HeartbeatEvery, Window: 100}, nil
 	}
 	return nil, fmt.Errorf("unknown failure detector %q (want fixed or phi)", kind)
 }

@@ -49,14 +49,16 @@ func TestPhiAccrual(t *testing.T) {
 	if first < 150 || first > 300 {
 		t.Fatalf("steady 50 ms heartbeats: suspected after %d ms of silence, want 150..300", first)
 	}
-	// A jittery sender widens the distribution: the same silence is less
-	// suspicious.
+	// A jittery sender widens the distribution: the same silence after
+	// its last heartbeat is less suspicious.
 	j := mustNew("phi").(*PhiAccrual)
+	last := 0
 	for i, ms := 0, 0; ms <= 5000; i++ {
 		j.Heartbeat(at(ms))
+		last = ms
 		ms += 20 + (i%5)*30 // 20..140 ms
 	}
-	if j.Phi(at(5000+first)) >= d.Phi(at(5000+first)) {
+	if j.Phi(at(last+first)) >= d.Phi(at(5000+first)) {
 		t.Error("jittery heartbeats not treated more leniently than steady ones")
 	}
 }
@@ -94,5 +96,50 @@ func mustNew(kind string) Detector {
 func TestNewRefusesUnknownDetector(t *testing.T) {
 	if _, err := New("bogus"); err == nil {
 		t.Fatal("New(bogus) returned a detector; want an error")
+	}
+}
+
+// TestDetectorsUnderRecordTraffic drives a standby's Node as the node
+// does under guest load: a heartbeat every 50 ms, a replication record
+// every half millisecond between them, each heard, and a tick every 5 ms.
+// A 200 ms blackout of everything promotes with neither detector; a 600 ms
+// one does, about 250 ms into it, as the docs say.
+func TestDetectorsUnderRecordTraffic(t *testing.T) {
+	for _, kind := range []string{"fixed", "phi"} {
+		n := NewStandby(mustNew(kind))
+		n.Step(Event{Kind: Synced, InSync: true})
+		step := 500 * time.Microsecond
+		now := t0
+		// traffic runs for d; it returns the first promotion, if any.
+		traffic := func(d time.Duration, heard bool) (time.Duration, bool) {
+			start := now
+			for end := now.Add(d); now.Before(end); now = now.Add(step) {
+				since := now.Sub(start)
+				if heard {
+					n.Step(Event{Kind: Heard, At: now, Term: 1})
+				}
+				if since%(5*time.Millisecond) == 0 {
+					for _, a := range n.Step(Event{Kind: Tick, At: now}) {
+						if a.Kind == Promote {
+							return since, true
+						}
+					}
+				}
+			}
+			return 0, false
+		}
+		if at, promoted := traffic(2*time.Second, true); promoted {
+			t.Fatalf("%s: promoted %v into steady traffic", kind, at)
+		}
+		if at, promoted := traffic(200*time.Millisecond, false); promoted {
+			t.Fatalf("%s: a 200 ms blackout under load promoted %v into it", kind, at)
+		}
+		if at, promoted := traffic(2*time.Second, true); promoted {
+			t.Fatalf("%s: promoted %v after the blackout", kind, at)
+		}
+		at, promoted := traffic(600*time.Millisecond, false)
+		if !promoted || at < 200*time.Millisecond || at > 300*time.Millisecond {
+			t.Fatalf("%s: a 600 ms blackout under load: promoted %v, %v into it; want about 250 ms", kind, promoted, at)
+		}
 	}
 }

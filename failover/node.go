@@ -32,7 +32,9 @@ type EventKind int
 const (
 	_ EventKind = iota
 	// Heard: the primary was heard from (a heartbeat or a record) at At,
-	// under Term (0 when the message carries none).
+	// under Term (0 when the message carries none). Any message proves the
+	// primary alive; the detector knows the primary's heartbeat period and
+	// learns no shorter interval from a burst of records (PhiAccrual).
 	Heard
 	// Synced: the standby's replica became a complete copy (InSync) or
 	// stopped being one (a resync began).
