@@ -215,33 +215,20 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
-// serveAdmin serves mux on addr (HOST:PORT, or unix:///path) until ctx
-// ends; it returns the bound address. tokenFile holds the admin token
-// (package admin says what it guards).
-func serveAdmin(ctx context.Context, addr, tokenFile string, mux *admin.Mux, log *slog.Logger) (string, error) {
-	if addr == "" {
-		return "", nil
+// serveAdmin serves mux on ln (listenAdmin's; nil: no admin endpoint)
+// until ctx ends. tokenFile holds the admin token (package admin says
+// what it guards).
+func serveAdmin(ctx context.Context, ln net.Listener, tokenFile string, mux *admin.Mux, log *slog.Logger) error {
+	if ln == nil {
+		return nil
 	}
 	if _, err := mux.LoadToken(tokenFile); err != nil {
-		return "", err
+		ln.Close()
+		return err
 	}
 	mux.SetLogger(log)
-	var ln net.Listener
-	var err error
-	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
-		if ln, err = transport.Listen(addr); err == nil {
-			if err = os.Chmod(path, 0o600); err != nil { // who may connect is who may administer
-				ln.Close()
-			}
-		}
-	} else {
-		if tokenFile == "" {
-			log.Warn("no --admin.token-file: POST endpoints are refused over tcp and /status hides session details")
-		}
-		ln, err = net.Listen("tcp", addr)
-	}
-	if err != nil {
-		return "", fmt.Errorf("admin listener: %w", err)
+	if ln.Addr().Network() == "tcp" && tokenFile == "" {
+		log.Warn("no --admin.token-file: POST endpoints are refused over tcp and /status hides session details")
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
@@ -252,7 +239,7 @@ func serveAdmin(ctx context.Context, addr, tokenFile string, mux *admin.Mux, log
 		cancel()
 	}()
 	log.Info("admin endpoint up", "addr", ln.Addr().String())
-	return ln.Addr().String(), nil
+	return nil
 }
 
 // notifyReady tells systemd (Type=notify units, contrib/systemd) that the

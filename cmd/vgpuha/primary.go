@@ -82,6 +82,13 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return nil
 	}
 	log := newLog()
+	if err := tryListen("guest-listen", *listen); err != nil {
+		return err
+	}
+	adminLn, err := listenAdmin(*adminAddr)
+	if err != nil {
+		return err
+	}
 	bf.spares = min(bf.spares, cfg.MaxSessions) // no more contexts ahead than sessions that could take them
 	backend, err := bf.open()
 	if err != nil {
@@ -106,7 +113,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	}
 	defer n.Close()
 	mux := n.AdminHandler(reg)
-	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, mux, log); err != nil {
+	if err := serveAdmin(ctx, adminLn, *adminToken, mux, log); err != nil {
 		return err
 	}
 	log.Info("primary serving guests", "endpoint", *listen, "backend", backend.Name())

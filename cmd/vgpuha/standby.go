@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -59,6 +58,19 @@ func runStandby(args []string) error {
 	if err != nil {
 		return err
 	}
+	if *guestListen != "" {
+		if err := tryListen("guest-listen", *guestListen); err != nil {
+			return err
+		}
+	}
+	ln, err := listenTCP("listen", listenAddr)
+	if err != nil {
+		return err
+	}
+	adminLn, err := listenAdmin(*adminAddr)
+	if err != nil {
+		return err
+	}
 	bf.spares = min(bf.spares, cfg.MaxSessions) // no more contexts ahead than sessions that could take them
 	backend, err := bf.open()
 	if err != nil {
@@ -86,10 +98,6 @@ func runStandby(args []string) error {
 	if ncfg.Coordinator, err = cf.dial(log, reg, adv); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", listenAddr)
-	if err != nil {
-		return err
-	}
 	n, err := node.StartStandby(ncfg, ln)
 	if err != nil {
 		return err
@@ -98,7 +106,7 @@ func runStandby(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	mux := n.AdminHandler(reg)
-	if _, err := serveAdmin(ctx, *adminAddr, *adminToken, mux, log); err != nil {
+	if err := serveAdmin(ctx, adminLn, *adminToken, mux, log); err != nil {
 		return err
 	}
 	reloadOnHUP(log, *adminAddr, *adminToken, mux)

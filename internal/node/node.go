@@ -105,6 +105,9 @@ type Node struct {
 	// servingFrom and servingUntil bound the time this node served guests
 	// (until zero: still serving, or never fenced).
 	servingFrom, servingUntil time.Time
+	// guestListenErr is why a promoted standby does not serve guests yet
+	// (its endpoint is taken; health.go reports it).
+	guestListenErr error
 	replLn                    net.Listener // a standby's replication listener
 	wg                        sync.WaitGroup
 }

@@ -44,6 +44,9 @@ func (n *Node) becomePrimary(term uint64) error {
 	// A promoted standby must not strand its guests over an endpoint that
 	// is busy for a moment: it keeps trying until it listens or stops.
 	n.log.Error("cannot listen for guests after promotion; retrying", "endpoint", n.cfg.GuestListen, "err", err)
+	n.mu.Lock()
+	n.guestListenErr = err
+	n.mu.Unlock()
 	go n.retryServeGuests()
 	return nil
 }
@@ -59,7 +62,11 @@ func (n *Node) retryServeGuests() {
 			return
 		case <-t.C:
 		}
-		if err := n.serveGuests(); err == nil {
+		err := n.serveGuests()
+		n.mu.Lock()
+		n.guestListenErr = err
+		n.mu.Unlock()
+		if err == nil {
 			n.log.Warn("serving guests after promotion, at last", "endpoint", n.cfg.GuestListen)
 			return
 		}

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -274,15 +273,7 @@ func (n *Node) registerStandbyMetrics() error {
 func (n *Node) AdminHandler(reg admin.Registry) *admin.Mux {
 	mux := admin.Handler(reg, func() any { return n.Status() })
 	mux.SetLogger(n.log)
-	mux.SetHealth(func() error {
-		if role, term := n.auth.role(); role == failover.Fenced {
-			return fmt.Errorf("fenced: a node under term %d took over; this node serves no guests", term)
-		}
-		if h, ok := n.cfg.Backend.(gpu.HealthReporter); ok {
-			return h.Healthy()
-		}
-		return nil
-	})
+	mux.SetHealth(n.health)
 	mux.HandleFunc("POST /verify", n.primaryOnly(func(w http.ResponseWriter, r *http.Request) {
 		var opts VerifyOptions
 		opts.Repair, _ = strconv.ParseBool(r.URL.Query().Get("repair"))

@@ -27,6 +27,7 @@
 package abi
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -101,6 +102,22 @@ var (
 	ErrBadOpcode   = errors.New("abi: invalid opcode")
 	ErrBadArgument = errors.New("abi: malformed argument")
 )
+
+// NotFrameError reports bytes that do not open a vgpuha frame: the peer
+// speaks another protocol (an HTTP server answers "HTTP/1.1 ...", a
+// replication port its own handshake), or the stream is out of step. It
+// is ErrBadMagic under errors.Is, and says what arrived.
+type NotFrameError struct{ Head []byte }
+
+func (e *NotFrameError) Error() string {
+	if bytes.HasPrefix(e.Head, []byte("HTTP/")) {
+		line, _, _ := bytes.Cut(e.Head, []byte("\r"))
+		return fmt.Sprintf("%v: the peer answered %q: an HTTP server, not a vgpuha endpoint", ErrBadMagic, line)
+	}
+	return fmt.Sprintf("%v: the peer sent %q, which opens no vgpuha frame (another protocol on this port?)", ErrBadMagic, e.Head[:min(len(e.Head), 12)])
+}
+
+func (e *NotFrameError) Is(target error) bool { return target == ErrBadMagic }
 
 // VersionError reports a frame of an unsupported ABI version.
 type VersionError struct{ Got uint16 }
@@ -177,7 +194,7 @@ func ParseHeader(b []byte, maxPayload int) (Header, error) {
 		return Header{}, ErrTruncated
 	}
 	if binary.LittleEndian.Uint32(b[0:]) != Magic {
-		return Header{}, ErrBadMagic
+		return Header{}, &NotFrameError{Head: bytes.Clone(b[:HeaderSize])}
 	}
 	h := Header{
 		Version:   binary.LittleEndian.Uint16(b[4:]),

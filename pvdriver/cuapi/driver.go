@@ -60,7 +60,9 @@ type Driver struct {
 	streams map[uint64]*stream
 	events  map[uint64]*event
 	used    uint64             // bytes allocated
-	hosts   map[uintptr][]byte // host memory from cuMemAllocHost and cuMemHostAlloc: its region buffer, nil for ordinary memory
+	hosts   map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc
+
+	primaryFlags uint32 // cuDevicePrimaryCtxSetFlags
 
 	apertures map[uint64]*pvdriver.Aperture // by device address (aperture.go)
 }
@@ -69,6 +71,13 @@ type ctxState struct {
 	handle uint64
 	flags  uint32
 	refs   int // primary context: retains; others: 1 until destroyed
+	limits map[int32]uint64 // cuCtxSetLimit's values (runtime.go)
+}
+
+// hostAlloc is host memory the program got from this driver.
+type hostAlloc struct {
+	size   uint64
+	region []byte // the session region's buffer; nil for ordinary memory
 }
 
 type allocation struct {

@@ -192,15 +192,15 @@ func (d *Driver) HostAllocRegion(n uint64) []byte {
 	return b
 }
 
-// NoteHost records host memory at p the C half allocated: region is the
-// buffer HostAllocRegion gave, nil for ordinary memory.
-func (d *Driver) NoteHost(p uintptr, region []byte) {
+// NoteHost records n bytes of host memory at p the C half allocated:
+// region is the buffer HostAllocRegion gave, nil for ordinary memory.
+func (d *Driver) NoteHost(p uintptr, n uint64, region []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.hosts == nil {
-		d.hosts = map[uintptr][]byte{}
+		d.hosts = map[uintptr]hostAlloc{}
 	}
-	d.hosts[p] = region
+	d.hosts[p] = hostAlloc{size: n, region: region}
 }
 
 // HostFree checks and forgets host memory at p (cuMemFreeHost); a buffer
@@ -212,13 +212,13 @@ func (d *Driver) HostFree(p uintptr) (r Result, cFree bool) {
 	if r := d.ready(); r != Success {
 		return r, false
 	}
-	region, ok := d.hosts[p]
+	h, ok := d.hosts[p]
 	if !ok {
 		return ErrorInvalidValue, false
 	}
 	delete(d.hosts, p)
-	if region != nil {
-		if err := d.client.FreeHost(region); err != nil {
+	if h.region != nil {
+		if err := d.client.FreeHost(h.region); err != nil {
 			return resultOf("cuMemFreeHost", err, false), false
 		}
 		return Success, false

@@ -17,6 +17,7 @@ type Result int32
 const (
 	Success               Result = 0
 	ErrorInvalidValue     Result = 1
+	ErrorUnsupportedLimit Result = 215
 	ErrorOutOfMemory      Result = 2
 	ErrorNotInitialized   Result = 3
 	ErrorDeinitialized    Result = 4
@@ -49,6 +50,7 @@ var resultText = map[Result][2]string{
 	ErrorInvalidDevice:    {"CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
 	ErrorInvalidImage:     {"CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
 	ErrorInvalidContext:   {"CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+	ErrorUnsupportedLimit: {"CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"},
 	ErrorNoBinaryForGPU:   {"CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
 	ErrorInvalidPTX:       {"CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
 	ErrorFileNotFound:     {"CUDA_ERROR_FILE_NOT_FOUND", "file not found"},

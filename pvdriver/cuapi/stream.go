@@ -24,6 +24,7 @@ const eventDisableTiming = 0x2
 
 type stream struct {
 	ctx    uint64
+	flags  uint32
 	remote pvdriver.Stream
 	sticky Result // an error a record reported, for the next synchronization
 }
@@ -65,7 +66,7 @@ func (d *Driver) StreamCreate(t Thread, flags uint32) (uint64, Result) {
 		return 0, resultOf("cuStreamCreate", err, false)
 	}
 	h := d.mint()
-	d.streams[h] = &stream{ctx: ctx, remote: s}
+	d.streams[h] = &stream{ctx: ctx, flags: flags, remote: s}
 	return h, Success
 }
 

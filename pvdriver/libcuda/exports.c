@@ -45,7 +45,7 @@ CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) { retur
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { return vgCtxCreate(OUT(pctx), flags, dev, 0); }
 CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags, CUdevice dev) { return vgCtxCreate(OUT(pctx), flags, dev, p != NULL && n > 0); }
 CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev) { return vgCtxCreate(OUT(pctx), flags, dev, p != NULL && (p->numExecAffinityParams > 0 || p->cigParams != NULL)); }
-CUresult cuCtxDestroy_v2(CUcontext ctx) { return vgCtxDestroy(H(ctx)); }
+CUresult cuCtxDestroy_v2(CUcontext ctx) { if (ctx != NULL) vg_cls_drop(H(ctx)); return vgCtxDestroy(H(ctx)); }
 CUresult cuCtxSetCurrent(CUcontext ctx) { return vgCtxSetCurrent(H(ctx)); }
 CUresult cuCtxGetCurrent(CUcontext *pctx) { return vgCtxGetCurrent(OUT(pctx)); }
 CUresult cuCtxPushCurrent_v2(CUcontext ctx) { return vgCtxPushCurrent(H(ctx)); }
@@ -53,8 +53,28 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx) { return vgCtxPopCurrent(OUT(pctx))
 CUresult cuCtxSynchronize(void) { return vgCtxSynchronize(); }
 CUresult cuCtxGetDevice(CUdevice *dev) { return vgCtxGetDevice(dev); }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { return vgPrimaryCtxRetain(OUT(pctx), dev); }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return vgPrimaryCtxRelease(dev); }
-CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { return vgPrimaryCtxReset(dev); }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { uintptr_t p = vgPrimaryCtxHandle(); CUresult r = vgPrimaryCtxRelease(dev); if (r == CUDA_SUCCESS && p && !vgPrimaryCtxHandle()) vg_cls_drop(p); return r; }
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { uintptr_t p = vgPrimaryCtxHandle(); if (p) vg_cls_drop(p); return vgPrimaryCtxReset(dev); }
+/* The first versions of release and reset (CUDA 7.0) behave as _v2 here. */
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return vgPrimaryCtxSetFlags(dev, flags); }
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) { return vgPrimaryCtxGetState(dev, flags, active); }
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) { return vgPrimaryCtxSetFlags(dev, flags); }
+CUresult cuCtxGetLimit(size_t *v, CUlimit limit) { return vgCtxGetLimit(v, limit); }
+CUresult cuCtxSetLimit(CUlimit limit, size_t v) { return vgCtxSetLimit(limit, v); }
+CUresult cuCtxGetFlags(unsigned int *flags) { return vgCtxGetFlags(flags); }
+CUresult cuCtxSetFlags(unsigned int flags) { return vgCtxSetFlags(flags); }
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) { uintptr_t c; CUresult r = id ? vgCtxLive(H(ctx), &c) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *id = c; return r; }
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *v) { uintptr_t c; CUresult r = v ? vgCtxLive(H(ctx), &c) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *v = 3020; return r; }
+/* Cache and shared-memory preferences are hints CUDA may ignore; this
+ * driver has one configuration (CU_FUNC_CACHE_PREFER_NONE, default bank size). */
+CUresult cuCtxGetCacheConfig(CUfunc_cache *c) { if (!c) return CUDA_ERROR_INVALID_VALUE; *c = 0; return CUDA_SUCCESS; }
+CUresult cuCtxSetCacheConfig(CUfunc_cache c) { return c >= 0 && c <= 3 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+CUresult cuCtxGetSharedMemConfig(CUsharedconfig *c) { if (!c) return CUDA_ERROR_INVALID_VALUE; *c = 0; return CUDA_SUCCESS; }
+CUresult cuCtxSetSharedMemConfig(CUsharedconfig c) { return c >= 0 && c <= 2 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+/* Streams have one priority here: the range is [0, 0]. */
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) { if (least) *least = 0; if (greatest) *greatest = 0; return CUDA_SUCCESS; }
 
 /* ---- Memory. ---- */
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return vgMemAlloc(p, n); }
@@ -93,17 +113,33 @@ CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *n, CUmodule m, const char 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, extra); }
 CUresult cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction f) { return vgFuncGetAttribute(v, attr, H(f)); }
 CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int v) { return vgFuncSetAttribute(H(f), attr, v); }
+CUresult cuFuncGetName(const char **name, CUfunction f) { return vgFuncGetName((char **)name, H(f)); }
+CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size) { return vgFuncGetParamInfo(H(f), index, offset, size); }
+CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c) { const char *n; CUresult r = vgFuncGetName((char **)&n, H(f)); return r != CUDA_SUCCESS ? r : c >= 0 && c <= 3 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+/* Modules load whole and at once here (CU_MODULE_EAGER_LOADING). */
+CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) { if (!mode) return CUDA_ERROR_INVALID_VALUE; *mode = 1; return CUDA_SUCCESS; }
+CUresult cuFuncIsLoaded(int *state, CUfunction f) { const char *n; CUresult r = state ? vgFuncGetName((char **)&n, H(f)) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *state = 1; return r; }
+CUresult cuFuncLoad(CUfunction f) { const char *n; return vgFuncGetName((char **)&n, H(f)); }
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int bs, size_t smem) { return vgOccupancyMaxActiveBlocks(n, H(f), bs, smem); }
 CUresult cuOccupancyMaxPotentialBlockSize(int *minGrid, int *bs, CUfunction f, CUoccupancyB2DSize cb, size_t smem, int limit) { return vgOccupancyMaxPotentialBlockSize(minGrid, bs, H(f), cb, smem, limit); }
+/* CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE changes nothing this driver computes. */
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f, int bs, size_t smem, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgOccupancyMaxActiveBlocks(n, H(f), bs, smem); }
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGrid, int *bs, CUfunction f, CUoccupancyB2DSize cb, size_t smem, int limit, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgOccupancyMaxPotentialBlockSize(minGrid, bs, H(f), cb, smem, limit); }
 
 /* ---- Streams and events. ---- */
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) { return vgStreamCreate(OUT(s), flags); }
+CUresult cuStreamCreateWithPriority(CUstream *s, unsigned int flags, int priority) { (void)priority; return vgStreamCreate(OUT(s), flags); }
+CUresult cuStreamGetPriority(CUstream s, int *p) { CUresult r = p ? vgStreamInfo(H(s), NULL, NULL) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *p = 0; return r; }
+CUresult cuStreamGetFlags(CUstream s, unsigned int *flags) { return flags ? vgStreamInfo(H(s), flags, NULL) : CUDA_ERROR_INVALID_VALUE; }
+CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx) { return ctx ? vgStreamInfo(H(s), NULL, OUT(ctx)) : CUDA_ERROR_INVALID_VALUE; }
+CUresult cuStreamGetId(CUstream s, unsigned long long *id) { CUresult r = id ? vgStreamInfo(H(s), NULL, NULL) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *id = H(s); return r; }
 CUresult cuStreamDestroy_v2(CUstream s) { return vgStreamDestroy(H(s)); }
 CUresult cuStreamSynchronize(CUstream s) { return vgStreamSynchronize(H(s)); }
 CUresult cuStreamQuery(CUstream s) { return vgStreamSynchronize(H(s)); }
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) { return vgStreamWaitEvent(H(s), H(e), flags); }
 CUresult cuEventCreate(CUevent *e, unsigned int flags) { return vgEventCreate(OUT(e), flags); }
 CUresult cuEventRecord(CUevent e, CUstream s) { return vgEventRecord(H(e), H(s)); }
+CUresult cuEventRecordWithFlags(CUevent e, CUstream s, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgEventRecord(H(e), H(s)); }
 CUresult cuEventQuery(CUevent e) { return vgEventQuery(H(e)); }
 CUresult cuEventSynchronize(CUevent e) { return vgEventQuery(H(e)); }
 CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return vgEventElapsedTime(ms, H(a), H(b)); }
@@ -129,6 +165,7 @@ static void vg_unsupported(const char *name, int *said) {
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, CUdriverProcAddressQueryResult *status);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
 struct vg_proc { const char *name; int version; void *fn; };
+#include "runtime.h"
 #define E(name, version, sym) { #name, version, (void *)sym },
 #define STUB(base, sym) { #base, 0, (void *)sym },
 static const struct vg_proc vg_procs[] = {
@@ -163,6 +200,35 @@ static const struct vg_proc vg_procs[] = {
 	E(cuEventElapsedTime, 2000, cuEventElapsedTime) E(cuEventElapsedTime, 12080, cuEventElapsedTime_v2)
 	E(cuEventDestroy, 4000, cuEventDestroy_v2) E(cuGetErrorName, 6000, cuGetErrorName) E(cuGetErrorString, 6000, cuGetErrorString)
 	E(cuGetProcAddress, 11030, cuGetProcAddress) E(cuGetProcAddress, 12000, cuGetProcAddress_v2)
+	E(cuGetExportTable, 3000, cuGetExportTable)
+	/* What the CUDA runtime and the libraries over it call (exports_runtime.c). */
+	E(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState) E(cuDevicePrimaryCtxSetFlags, 11000, cuDevicePrimaryCtxSetFlags_v2)
+	E(cuDevicePrimaryCtxSetFlags, 7000, cuDevicePrimaryCtxSetFlags) E(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease)
+	E(cuDevicePrimaryCtxReset, 7000, cuDevicePrimaryCtxReset) E(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags)
+	E(cuCtxGetLimit, 3010, cuCtxGetLimit) E(cuCtxSetLimit, 3010, cuCtxSetLimit) E(cuCtxGetFlags, 7000, cuCtxGetFlags)
+	E(cuCtxSetFlags, 12010, cuCtxSetFlags) E(cuCtxGetId, 12000, cuCtxGetId) E(cuCtxGetApiVersion, 3020, cuCtxGetApiVersion)
+	E(cuCtxGetCacheConfig, 3020, cuCtxGetCacheConfig) E(cuCtxSetCacheConfig, 3020, cuCtxSetCacheConfig)
+	E(cuCtxGetSharedMemConfig, 4020, cuCtxGetSharedMemConfig) E(cuCtxSetSharedMemConfig, 4020, cuCtxSetSharedMemConfig)
+	E(cuCtxGetStreamPriorityRange, 5050, cuCtxGetStreamPriorityRange)
+	E(cuStreamCreateWithPriority, 5050, cuStreamCreateWithPriority) E(cuStreamGetPriority, 5050, cuStreamGetPriority)
+	E(cuStreamGetFlags, 5050, cuStreamGetFlags) E(cuStreamGetCtx, 9020, cuStreamGetCtx) E(cuStreamGetId, 12000, cuStreamGetId)
+	E(cuStreamIsCapturing, 10000, cuStreamIsCapturing) E(cuStreamGetCaptureInfo, 10010, cuStreamGetCaptureInfo)
+	E(cuStreamGetCaptureInfo, 11030, cuStreamGetCaptureInfo_v2) E(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo_v3)
+	E(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode)
+	E(cuEventRecordWithFlags, 11010, cuEventRecordWithFlags) E(cuLaunchKernelEx, 11060, cuLaunchKernelEx)
+	E(cuFuncGetName, 12030, cuFuncGetName) E(cuFuncGetParamInfo, 12040, cuFuncGetParamInfo)
+	E(cuFuncSetCacheConfig, 3000, cuFuncSetCacheConfig) E(cuFuncIsLoaded, 12040, cuFuncIsLoaded) E(cuFuncLoad, 12040, cuFuncLoad)
+	E(cuModuleGetLoadingMode, 11070, cuModuleGetLoadingMode)
+	E(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 7000, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
+	E(cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
+	E(cuLibraryLoadData, 12000, cuLibraryLoadData) E(cuLibraryLoadFromFile, 12000, cuLibraryLoadFromFile)
+	E(cuLibraryUnload, 12000, cuLibraryUnload) E(cuLibraryGetModule, 12000, cuLibraryGetModule)
+	E(cuLibraryGetKernel, 12000, cuLibraryGetKernel) E(cuLibraryGetGlobal, 12000, cuLibraryGetGlobal)
+	E(cuKernelGetFunction, 12000, cuKernelGetFunction) E(cuKernelGetName, 12030, cuKernelGetName)
+	E(cuKernelGetAttribute, 12000, cuKernelGetAttribute) E(cuKernelSetAttribute, 12000, cuKernelSetAttribute)
+	E(cuKernelSetCacheConfig, 12000, cuKernelSetCacheConfig)
+	E(cuPointerGetAttribute, 4000, cuPointerGetAttribute) E(cuPointerGetAttributes, 7000, cuPointerGetAttributes)
+	E(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2) E(cuDeviceGetPCIBusId, 4010, cuDeviceGetPCIBusId)
 #include "stubs.h"
 };
 #undef STUB
@@ -184,6 +250,9 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
 	}
 	/* NVIDIA's driver (580) answers a name it lacks with CUDA_SUCCESS and
 	 * the reason in *status; without a status, CUDA_ERROR_NOT_FOUND. */
+	if (vg_debug_enabled() > 1 || (!best && vg_debug_enabled()))
+		fprintf(stderr, "vgpuha libcuda: cuGetProcAddress %s %d flags %llu: %s\n", symbol, version, (unsigned long long)flags,
+			best ? "found" : known ? "newer than asked (CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)" : "no such entry (CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)");
 	if (status) *status = best ? VG_SYMBOL_SUCCESS : known ? VG_VERSION_NOT_SUFFICIENT : VG_SYMBOL_NOT_FOUND;
 	if (!best) return status ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 	*pfn = best->fn;

@@ -134,7 +134,7 @@ func vgMemAllocHost(pp *unsafe.Pointer, n C.size_t) C.CUresult {
 	// ordinary memory when it has no room.
 	if b := drv.HostAllocRegion(uint64(n)); b != nil {
 		p := unsafe.Pointer(unsafe.SliceData(b))
-		drv.NoteHost(uintptr(p), b)
+		drv.NoteHost(uintptr(p), uint64(n), b)
 		*pp = p
 		return 0
 	}
@@ -142,7 +142,7 @@ func vgMemAllocHost(pp *unsafe.Pointer, n C.size_t) C.CUresult {
 	if C.posix_memalign(&p, 4096, n) != 0 {
 		return res(cuapi.ErrorOutOfMemory)
 	}
-	drv.NoteHost(uintptr(p), nil)
+	drv.NoteHost(uintptr(p), uint64(n), nil)
 	*pp = p
 	return 0
 }
@@ -175,12 +175,6 @@ func vgModuleLoadData(m *C.uintptr_t, image unsafe.Pointer) C.CUresult {
 	if m == nil || image == nil {
 		return errInvalid
 	}
-	if C.strnlen((*C.char)(image), 4) == 4 && binary.LittleEndian.Uint32(C.GoBytes(image, 4)) == cuapi.FatbinWrapperMagic {
-		image = *(*unsafe.Pointer)(unsafe.Add(image, 8)) // __fatBinC_Wrapper_t.data
-		if image == nil {
-			return res(cuapi.ErrorInvalidImage)
-		}
-	}
 	img, r := readImage(image)
 	if r != cuapi.Success {
 		return res(r)
@@ -191,8 +185,16 @@ func vgModuleLoadData(m *C.uintptr_t, image unsafe.Pointer) C.CUresult {
 
 // readImage copies the image at p: its headers say how long a fatbin or
 // cubin is (a cubin's section table says where its last section ends),
-// PTX is a NUL-terminated string.
+// PTX is a NUL-terminated string. A fatbin wrapper (what the CUDA runtime
+// hands cuModuleLoadData and cuLibraryLoadData) stands for the fatbin it
+// points at.
 func readImage(p unsafe.Pointer) ([]byte, cuapi.Result) {
+	if C.strnlen((*C.char)(p), 4) == 4 && binary.LittleEndian.Uint32(C.GoBytes(p, 4)) == cuapi.FatbinWrapperMagic {
+		p = *(*unsafe.Pointer)(unsafe.Add(p, 8)) // __fatBinC_Wrapper_t.data
+		if p == nil {
+			return nil, cuapi.ErrorInvalidImage
+		}
+	}
 	if C.strnlen((*C.char)(p), 4) == 4 && cuapi.IsBinaryImage(C.GoBytes(p, 4)) {
 		n, _, ok := cuapi.ImageSize(C.GoBytes(p, 64))
 		if !ok || n < 64 || n > maxImage {

@@ -8,7 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum cudaError_enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_NOT_FOUND = 500, CUDA_ERROR_NOT_SUPPORTED = 801 } CUresult;
+typedef enum cudaError_enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_INVALID_DEVICE = 101, CUDA_ERROR_INVALID_IMAGE = 200,
+	CUDA_ERROR_INVALID_HANDLE = 400, CUDA_ERROR_NOT_FOUND = 500, CUDA_ERROR_NOT_SUPPORTED = 801 } CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef uint64_t cuuint64_t;
@@ -31,10 +32,42 @@ typedef struct CUctxCreateParams_st {
 	CUctxCigParam *cigParams;
 } CUctxCreateParams;
 
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUkern_st *CUkernel;
+typedef int CUlimit;
+typedef int CUfunc_cache;
+typedef int CUsharedconfig;
+typedef int CUpointer_attribute;
+typedef int CUstreamCaptureStatus;
+typedef int CUstreamCaptureMode;
+typedef int CUmoduleLoadingMode;
+typedef int CUlibraryOption;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+/* CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union. */
+typedef struct CUlaunchAttribute_st {
+	int id;
+	char pad[4];
+	union { char bytes[64]; int i; unsigned u; } value;
+} CUlaunchAttribute;
+typedef struct CUlaunchConfig_st {
+	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned int numAttrs;
+} CUlaunchConfig;
+
 /* The calling thread's stack of current contexts (exports.c). */
 uintptr_t vg_ctx_top(void);
 void vg_ctx_set_top(uintptr_t ctx);
 int vg_ctx_push(uintptr_t ctx);
 uintptr_t vg_ctx_pop(void);
+
+/* Context-local storage (darkapi.c): runs the destructors of ctx's values. */
+void vg_cls_drop(uintptr_t ctx);
+
+/* VGPUHA_DEBUG=1: name every refused call on stderr (darkapi.c). */
+int vg_debug_enabled(void);
 
 #endif

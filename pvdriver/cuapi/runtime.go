@@ -1,0 +1,244 @@
+package cuapi
+
+// What the CUDA runtime (cudart) and the libraries over it (cuBLAS,
+// PyTorch) ask of the driver beyond NVIDIA's driver-API samples: context
+// flags and limits, the primary context's state, stream attributes,
+// libraries and kernels (CUDA 12's context-independent modules), pointer
+// attributes. Where this driver keeps a value the GPU never sees (a limit,
+// a stream priority), the function says so.
+
+// Context limits (CUlimit) and the values a fresh CUDA 13 context reports
+// on an H100 (CUDA Driver API reference, cuCtxGetLimit).
+var defaultLimits = map[int32]uint64{
+	0: 1024,    // CU_LIMIT_STACK_SIZE
+	1: 1 << 20, // CU_LIMIT_PRINTF_FIFO_SIZE
+	2: 8 << 20, // CU_LIMIT_MALLOC_HEAP_SIZE
+	3: 2,       // CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH
+	4: 2048,    // CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT
+	5: 32,      // CU_LIMIT_MAX_L2_FETCH_GRANULARITY
+	6: 0,       // CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+}
+
+// CtxGetLimit is cuCtxGetLimit.
+func (d *Driver) CtxGetLimit(t Thread, limit int32) (uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, r := d.current(t)
+	if r != Success {
+		return 0, r
+	}
+	v, ok := defaultLimits[limit]
+	if !ok {
+		return 0, ErrorUnsupportedLimit
+	}
+	if set, ok := d.ctxs[ctx].limits[limit]; ok {
+		v = set
+	}
+	return v, Success
+}
+
+// CtxSetLimit is cuCtxSetLimit. The value is kept and reported back; the
+// primary's GPU runs kernels with its own context's limits, so a kernel
+// that needs a larger stack or heap than the defaults fails there.
+func (d *Driver) CtxSetLimit(t Thread, limit int32, v uint64) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, r := d.current(t)
+	if r != Success {
+		return r
+	}
+	if _, ok := defaultLimits[limit]; !ok {
+		return ErrorUnsupportedLimit
+	}
+	c := d.ctxs[ctx]
+	if c.limits == nil {
+		c.limits = map[int32]uint64{}
+	}
+	c.limits[limit] = v
+	return Success
+}
+
+// CtxGetFlags is cuCtxGetFlags.
+func (d *Driver) CtxGetFlags(t Thread) (uint32, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, r := d.current(t)
+	if r != Success {
+		return 0, r
+	}
+	return d.ctxs[ctx].flags, Success
+}
+
+// CtxSetFlags is cuCtxSetFlags (scheduling flags only, as in CUDA).
+func (d *Driver) CtxSetFlags(t Thread, flags uint32) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, r := d.current(t)
+	if r != Success {
+		return r
+	}
+	if flags&^ctxSchedMask != 0 {
+		return ErrorInvalidValue
+	}
+	d.ctxs[ctx].flags = flags
+	return Success
+}
+
+// CU_CTX_SCHED_MASK and CU_CTX_MAP_HOST | CU_CTX_LMEM_RESIZE_TO_MAX, the
+// flags a primary context may be given.
+const (
+	ctxSchedMask    = 0x07
+	ctxPrimaryFlags = ctxSchedMask | 0x08 | 0x10
+)
+
+// CtxLive checks that ctx is a context of this process (zero: the calling
+// thread's current one) and returns it.
+func (d *Driver) CtxLive(t Thread, ctx uint64) (uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ctx == 0 {
+		return d.current(t)
+	}
+	return ctx, d.context(ctx, false)
+}
+
+// PrimaryCtxGetState is cuDevicePrimaryCtxGetState.
+func (d *Driver) PrimaryCtxGetState(dev int32) (flags uint32, active bool, r Result) {
+	if r := d.device(dev); r != Success {
+		return 0, false, r
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.primaryFlags, d.primary != nil, Success
+}
+
+// PrimaryCtxSetFlags is cuDevicePrimaryCtxSetFlags_v2: the flags the
+// primary context has now or gets when it is made.
+func (d *Driver) PrimaryCtxSetFlags(dev int32, flags uint32) Result {
+	if r := d.device(dev); r != Success {
+		return r
+	}
+	if flags&^ctxPrimaryFlags != 0 {
+		return ErrorInvalidValue
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.primaryFlags = flags
+	if d.primary != nil {
+		d.primary.flags = flags
+	}
+	return Success
+}
+
+// StreamInfo is what cuStreamGetFlags, cuStreamGetCtx and cuStreamGetId
+// answer for s (the null, legacy and per-thread streams: the calling
+// thread's context, flags 0, and their own handle values as ids).
+func (d *Driver) StreamInfo(t Thread, s uint64) (flags uint32, ctx uint64, r Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s == 0 || s == streamLegacy || s == streamPerThread {
+		ctx, r = d.current(t)
+		return 0, ctx, r
+	}
+	if r := d.ready(); r != Success {
+		return 0, 0, r
+	}
+	st := d.streams[s]
+	if st == nil {
+		return 0, 0, ErrorInvalidHandle
+	}
+	return st.flags, st.ctx, Success
+}
+
+// LibraryLoadData is cuLibraryLoadData: a library is a module loaded into
+// the calling thread's context or, where the thread has none yet, into the
+// device's primary context (CUDA loads libraries into every context; this
+// driver's processes have one device and use one context each for their
+// kernels). Its kernels are its functions.
+func (d *Driver) LibraryLoadData(t Thread, img []byte) (uint64, Result) {
+	if t.Top() == 0 {
+		d.mu.Lock()
+		p := d.primary
+		d.mu.Unlock()
+		if p == nil {
+			return 0, ErrorInvalidContext
+		}
+		t.Push(p.handle)
+		defer t.Pop()
+	}
+	return d.ModuleLoadData(t, img)
+}
+
+// Memory kinds (CUmemorytype) and pointer attributes (CUpointer_attribute).
+const (
+	MemoryHost   = 1
+	MemoryDevice = 2
+)
+
+// PointerInfo describes what p points into: device memory this process
+// allocated, or host memory it got from cuMemAllocHost/cuMemHostAlloc.
+type PointerInfo struct {
+	Kind       uint32 // MemoryHost or MemoryDevice; 0: memory this driver does not know
+	Ctx        uint64
+	Base, Size uint64 // the allocation holding p
+}
+
+// Pointer is what cuPointerGetAttribute(s) know of p.
+func (d *Driver) Pointer(p uint64) (PointerInfo, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return PointerInfo{}, r
+	}
+	for base, a := range d.allocs {
+		if p >= base && p-base < a.size {
+			return PointerInfo{Kind: MemoryDevice, Ctx: a.ctx, Base: base, Size: a.size}, Success
+		}
+	}
+	for base, h := range d.hosts {
+		if b := uint64(base); p >= b && p-b < h.size {
+			return PointerInfo{Kind: MemoryHost, Base: b, Size: h.size}, Success
+		}
+	}
+	return PointerInfo{}, Success
+}
+
+// FuncName is cuFuncGetName: the name f was taken by.
+func (d *Driver) FuncName(f uint64) (string, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return "", r
+	}
+	fn := d.funcs[f]
+	if fn == nil {
+		return "", ErrorInvalidHandle
+	}
+	return fn.name, Success
+}
+
+// ParamInfo is cuFuncGetParamInfo's answer for every parameter of f: its
+// offset and size in the packed parameter buffer.
+func (d *Driver) ParamInfo(f uint64) (offs, sizes []int, r Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return nil, nil, r
+	}
+	fn := d.funcs[f]
+	if fn == nil {
+		return nil, nil, ErrorInvalidHandle
+	}
+	return append([]int(nil), fn.offs...), append([]int(nil), fn.sizes...), Success
+}
+
+// PrimaryCtxHandle is the primary context's handle, zero while it does
+// not exist.
+func (d *Driver) PrimaryCtxHandle() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.primary == nil {
+		return 0
+	}
+	return d.primary.handle
+}

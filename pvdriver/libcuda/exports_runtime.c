@@ -1,0 +1,182 @@
+/* Driver API entries the CUDA runtime and the libraries over it (cuBLAS,
+ * PyTorch) call beyond the driver-API samples' set: libraries and kernels,
+ * launches with a config, pointer attributes, stream capture state, the
+ * PCI bus id. NVIDIA's names and C signatures (CUDA Driver API reference,
+ * cuda.h of CUDA 13); each hands its arguments to the Go entries in
+ * glue_runtime_cgo.go or to the ones exports.c uses. */
+#include <stdio.h>
+#include <string.h>
+#include "vgcuda.h"
+#include "_cgo_export.h"
+#include "runtime.h"
+
+#define H(x) ((uintptr_t)(x))
+#define OUT(p) ((uintptr_t *)(p))
+
+
+/* ---- Libraries and kernels (CUDA 12): a library is a module, its
+ * kernels are its functions (pvdriver/cuapi/runtime.go). JIT and library
+ * options do not apply to the images this driver loads. ---- */
+CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int njo, CUlibraryOption *lo, void **lv, unsigned int nlo) {
+	(void)jo, (void)jv, (void)njo, (void)lo, (void)lv, (void)nlo;
+	return vgLibraryLoadData(OUT(lib), (void *)code);
+}
+CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, CUjit_option *jo, void **jv, unsigned int njo, CUlibraryOption *lo, void **lv, unsigned int nlo) {
+	(void)jo, (void)jv, (void)njo, (void)lo, (void)lv, (void)nlo;
+	return vgModuleLoad(OUT(lib), (char *)path);
+}
+CUresult cuLibraryUnload(CUlibrary lib) { return vgModuleUnload(H(lib)); }
+CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib) { if (!m || !lib) return CUDA_ERROR_INVALID_VALUE; *m = (CUmodule)lib; return CUDA_SUCCESS; }
+CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name) { return vgModuleGetFunction(OUT(k), H(lib), (char *)name); }
+CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *n, CUlibrary lib, const char *name) { return vgModuleGetGlobal(p, n, H(lib), (char *)name); }
+CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
+	const char *name;
+	CUresult r = f ? vgFuncGetName((char **)&name, H(k)) : CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) *f = (CUfunction)k;
+	return r;
+}
+CUresult cuKernelGetName(const char **name, CUkernel k) { return vgFuncGetName((char **)name, H(k)); }
+CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUdevice dev) { return dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncGetAttribute(v, attr, H(k)); }
+CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev) { return dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncSetAttribute(H(k), attr, v); }
+CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev) { return dev ? CUDA_ERROR_INVALID_DEVICE : cuFuncSetCacheConfig((CUfunction)k, c); }
+
+/* ---- cuLaunchKernelEx: the config's shape and stream; of its
+ * attributes, those that ask nothing of this driver are taken (IGNORE,
+ * PRIORITY: streams have one priority here, PROGRAMMATIC_STREAM_SERIALIZATION
+ * off), any other is refused and named with VGPUHA_DEBUG=1. ---- */
+enum { VG_LAUNCH_ATTR_IGNORE = 0, VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6, VG_LAUNCH_ATTR_PRIORITY = 8 };
+static int vg_launch_attr_ok(const CUlaunchAttribute *a) {
+	switch (a->id) {
+	case VG_LAUNCH_ATTR_IGNORE:
+	case VG_LAUNCH_ATTR_PRIORITY: return 1;
+	case VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION: return a->value.i == 0;
+	}
+	return 0;
+}
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+	unsigned int i;
+	if (c == NULL || (c->numAttrs > 0 && c->attrs == NULL)) return CUDA_ERROR_INVALID_VALUE;
+	for (i = 0; i < c->numAttrs; i++) {
+		if (!vg_launch_attr_ok(&c->attrs[i])) {
+			if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: cuLaunchKernelEx: launch attribute %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", c->attrs[i].id);
+			return CUDA_ERROR_NOT_SUPPORTED;
+		}
+	}
+	return vgLaunchKernel(H(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, H(c->hStream), params, extra);
+}
+
+/* ---- Pointer attributes (CUpointer_attribute): what the driver knows of
+ * an address — device memory the process allocated, host memory it got
+ * from cuMemAllocHost/cuMemHostAlloc, or neither. Booleans are one byte. ---- */
+enum {
+	VG_PA_CONTEXT = 1, VG_PA_MEMORY_TYPE = 2, VG_PA_DEVICE_POINTER = 3, VG_PA_HOST_POINTER = 4, VG_PA_SYNC_MEMOPS = 6,
+	VG_PA_BUFFER_ID = 7, VG_PA_IS_MANAGED = 8, VG_PA_DEVICE_ORDINAL = 9, VG_PA_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+	VG_PA_RANGE_START_ADDR = 11, VG_PA_RANGE_SIZE = 12, VG_PA_MAPPED = 13,
+};
+struct vg_pointer { unsigned int kind; uintptr_t ctx; CUdeviceptr base; size_t size; };
+
+/* vg_pointer_attr writes one attribute of p (known: described by d) to
+ * data; an unknown address has only a memory type (0) and no context. */
+static CUresult vg_pointer_attr(void *data, CUpointer_attribute attr, CUdeviceptr p, const struct vg_pointer *d) {
+	int known = d->kind != 0, device = d->kind == 2;
+	switch (attr) {
+	case VG_PA_MEMORY_TYPE: *(unsigned int *)data = d->kind; return CUDA_SUCCESS;
+	case VG_PA_CONTEXT: *(uintptr_t *)data = d->ctx; return CUDA_SUCCESS;
+	case VG_PA_IS_MANAGED: *(unsigned char *)data = 0; return CUDA_SUCCESS;
+	case VG_PA_IS_LEGACY_CUDA_IPC_CAPABLE: *(unsigned char *)data = 0; return CUDA_SUCCESS;
+	}
+	if (!known) return CUDA_ERROR_INVALID_VALUE;
+	switch (attr) {
+	case VG_PA_DEVICE_POINTER: *(CUdeviceptr *)data = p; return device ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	case VG_PA_HOST_POINTER: *(void **)data = (void *)(uintptr_t)p; return device ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+	case VG_PA_SYNC_MEMOPS: *(unsigned char *)data = 1; return CUDA_SUCCESS;
+	case VG_PA_BUFFER_ID: *(unsigned long long *)data = d->base; return CUDA_SUCCESS;
+	case VG_PA_DEVICE_ORDINAL: *(int *)data = 0; return CUDA_SUCCESS;
+	case VG_PA_RANGE_START_ADDR: *(CUdeviceptr *)data = d->base; return CUDA_SUCCESS;
+	case VG_PA_RANGE_SIZE: *(size_t *)data = d->size; return CUDA_SUCCESS;
+	case VG_PA_MAPPED: *(unsigned char *)data = 1; return CUDA_SUCCESS;
+	}
+	if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: pointer attribute %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", attr);
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
+	struct vg_pointer d;
+	CUresult r;
+	if (data == NULL) return CUDA_ERROR_INVALID_VALUE;
+	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return r;
+	if (d.kind == 0) return CUDA_ERROR_INVALID_VALUE; /* memory the driver does not know */
+	return vg_pointer_attr(data, attr, p, &d);
+}
+
+/* cuPointerGetAttributes answers every attribute; for an address the
+ * driver does not know, those that need one are left alone, as CUDA does. */
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p) {
+	struct vg_pointer d;
+	unsigned int i;
+	CUresult r;
+	if (n == 0 || attrs == NULL || data == NULL) return CUDA_ERROR_INVALID_VALUE;
+	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return r;
+	for (i = 0; i < n; i++) {
+		if (data[i] == NULL) continue;
+		r = vg_pointer_attr(data[i], attrs[i], p, &d);
+		if (r == CUDA_ERROR_NOT_SUPPORTED) return r;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+	struct vg_pointer d;
+	CUresult r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size);
+	if (r != CUDA_SUCCESS) return r;
+	if (d.kind != 2) return CUDA_ERROR_NOT_FOUND;
+	if (base) *base = d.base;
+	if (size) *size = d.size;
+	return CUDA_SUCCESS;
+}
+
+/* ---- Stream capture (graphs): no stream of this driver ever captures,
+ * so every stream reports CU_STREAM_CAPTURE_STATUS_NONE; the calling
+ * thread's capture mode is kept and exchanged as CUDA does. ---- */
+static __thread CUstreamCaptureMode vg_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+	CUstreamCaptureMode old;
+	if (mode == NULL || *mode < 0 || *mode > 2) return CUDA_ERROR_INVALID_VALUE;
+	old = vg_capture_mode, vg_capture_mode = *mode, *mode = old;
+	return CUDA_SUCCESS;
+}
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
+	CUresult r = status ? vgStreamInfo(H(s), NULL, NULL) : CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) *status = 0;
+	return r;
+}
+CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id) {
+	CUresult r = cuStreamIsCapturing(s, status);
+	if (r == CUDA_SUCCESS && id) *id = 0;
+	return r;
+}
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps) {
+	CUresult r = cuStreamGetCaptureInfo(s, status, id);
+	if (r != CUDA_SUCCESS) return r;
+	if (graph) *graph = NULL;
+	if (deps) *deps = NULL;
+	if (ndeps) *ndeps = 0;
+	return r;
+}
+CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
+	CUresult r = cuStreamGetCaptureInfo_v2(s, status, id, graph, deps, ndeps);
+	if (r == CUDA_SUCCESS && edges) *edges = NULL;
+	return r;
+}
+
+/* ---- The device's PCI location, as cuDeviceGetPCIBusId formats it. ---- */
+CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
+	int domain, bus, slot;
+	CUresult r;
+	if (id == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+	if ((r = vgDeviceGetAttribute(&domain, 50, dev)) != CUDA_SUCCESS || (r = vgDeviceGetAttribute(&bus, 33, dev)) != CUDA_SUCCESS ||
+	    (r = vgDeviceGetAttribute(&slot, 34, dev)) != CUDA_SUCCESS)
+		return r;
+	snprintf(id, (size_t)len, "%04x:%02x:%02x.0", domain, bus, slot);
+	return CUDA_SUCCESS;
+}

@@ -1,0 +1,31 @@
+/* The entries exports_runtime.c and darkapi.c define, for cuGetProcAddress's
+ * table in exports.c (and so each definition is checked against its
+ * declaration). */
+#ifndef VG_RUNTIME_H
+#define VG_RUNTIME_H
+#include "vgcuda.h"
+
+CUresult cuGetExportTable(const void **table, const CUuuid *id);
+CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int njo, CUlibraryOption *lo, void **lv, unsigned int nlo);
+CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, CUjit_option *jo, void **jv, unsigned int njo, CUlibraryOption *lo, void **lv, unsigned int nlo);
+CUresult cuLibraryUnload(CUlibrary lib);
+CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib);
+CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name);
+CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *n, CUlibrary lib, const char *name);
+CUresult cuKernelGetFunction(CUfunction *f, CUkernel k);
+CUresult cuKernelGetName(const char **name, CUkernel k);
+CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUdevice dev);
+CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev);
+CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra);
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p);
+CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status);
+CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id);
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps);
+CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps);
+CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev);
+CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c);
+#endif
