@@ -7,18 +7,25 @@
 // builds snapshots, the standby applies them through the Applier interface.
 // It must never apply anything from a peer that has not proved it holds the
 // pre-shared key, nor a frame that fails its checksum or authentication tag
-// (see wire.go).
+// (see wire.go), nor let a primary it does not follow touch its replica: a
+// standby follows one pair's primaries, under rising terms, and refuses
+// every other one before it lets go of its link (see identity.go).
 //
 //	primary (Sender, dials)                            standby (Receiver, listens)
 //	  |--- TCP connect ------------------------------------>|
-//	  |<-- "VGRA" v4, nonceS --------------------------------|  another version: refused
-//	  |--- "VGRA" v4, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
+//	  |<-- "VGRA" v5, nonceS --------------------------------|  another version: refused
+//	  |--- "VGRA" v5, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
 //	  |<-- HMAC(key, S|nonceP|nonceS) -----------------------|  primary refuses on mismatch
 //	  |        ... every frame below: AES-256-GCM, per-direction keys, counter nonces ...
 //	  |        ... a record over 1 MiB: record_begin {size}, then its encoding in 1 MiB
 //	  |            parts, one frame each, sealed on the sender's workers; the standby
 //	  |            opens them on workers straight into one buffer and handles the
 //	  |            record once its last part is (see "Records on the link" below) ...
+//	  |--- identity {group, primary id, term, last seq} --->|  admission rules (admission.go):
+//	  |<-- refused {reason, whom it follows} ----------------|  another group, a lower term,
+//	  |    (counted, logged; a lower term fences the node)   |  another primary at the term,
+//	  |<-- fenced {term} (a promoted standby) ---------------|  a rewound log: refused, the
+//	  |    or, admitted (the previous link, if any, closed): |  replica and link untouched
 //	  |<-- state {log id, applied seq} ----------------------|
 //	  |--- mode --------------------------------------------->|
 //	  | same log id and the log still holds applied+1...:    |

@@ -100,3 +100,43 @@ func FuzzRecordParts(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeIdentity: arbitrary bytes never panic the identity decoder (a
+// primary's msgIdentity), an accepted identity re-encodes to its input,
+// and its group passes CheckGroup.
+func FuzzDecodeIdentity(f *testing.F) {
+	f.Add(appendIdentity(nil, Identity{Group: "pair", Primary: 7, Term: 3, Last: 9}))
+	f.Add(appendIdentity(nil, Identity{}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		id, err := decodeIdentity(b)
+		if err != nil {
+			return
+		}
+		if CheckGroup(id.Group) != nil {
+			t.Fatalf("accepted group %q", id.Group)
+		}
+		if !bytes.Equal(appendIdentity(nil, id), b) {
+			t.Fatal("accepted identity does not re-encode to its input")
+		}
+	})
+}
+
+// FuzzDecodeRefusal: arbitrary bytes never panic the refusal decoder (a
+// standby's msgRefused); an accepted refusal has a known reason and
+// re-encodes to its input.
+func FuzzDecodeRefusal(f *testing.F) {
+	f.Add(appendRefusal(nil, RefusedOtherGroup, Identity{Group: "pair", Primary: 7, Term: 3}))
+	f.Add([]byte{byte(refuseReasons)})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		reason, id, err := decodeRefusal(b)
+		if err != nil {
+			return
+		}
+		if reason == 0 || reason >= refuseReasons {
+			t.Fatalf("accepted reason %d", reason)
+		}
+		if !bytes.Equal(appendRefusal(nil, reason, id), b) {
+			t.Fatal("accepted refusal does not re-encode to its input")
+		}
+	})
+}

@@ -14,13 +14,16 @@ import (
 // Heartbeats also travel on a second path, UDP datagrams to the standby's
 // replication address, so that losing the TCP link alone (a stuck socket, a
 // half-open connection) does not make the standby take over from a live
-// primary. A datagram is magic, boot id, counter, term and an HMAC-SHA256 tag
-// (truncated to 16 bytes) under the replication key: without the key nobody
-// can keep a dead primary looking alive, and old datagrams replayed are
-// ignored (the counter must grow within one boot of the primary).
+// primary. A datagram is magic, boot id, the primary's id, counter, term and
+// an HMAC-SHA256 tag (truncated to 16 bytes) under the replication key:
+// without the key nobody can keep a dead primary looking alive, old
+// datagrams replayed are ignored (the counter must grow within one boot of
+// the primary), and a standby hears only the primary it follows (another
+// primary holding the key, a stray, must not keep it from taking over).
+// Protocol 5 added the primary's id (a datagram of the old size is bad).
 
 const udpMagic = "VGHB"
-const udpSize = 4 + 8 + 8 + 8 + macSize
+const udpSize = 4 + 8 + 8 + 8 + 8 + macSize
 
 func heartbeatTag(key []byte, body []byte) []byte {
 	m := hmac.New(sha256.New, key)
@@ -29,9 +32,10 @@ func heartbeatTag(key []byte, body []byte) []byte {
 	return m.Sum(nil)[:macSize]
 }
 
-// SendUDPHeartbeats sends a heartbeat datagram to addr every interval until
-// ctx ends; failed sends are counted through failed (may be nil).
-func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func() uint64, interval time.Duration, failed func()) error {
+// SendUDPHeartbeats sends primary's heartbeat datagram to addr every
+// interval until ctx ends; failed sends are counted through failed (may
+// be nil).
+func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, primary uint64, term func() uint64, interval time.Duration, failed func()) error {
 	c, err := net.Dial("udp", addr)
 	if err != nil {
 		return err
@@ -43,6 +47,7 @@ func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func()
 	defer t.Stop()
 	for n := uint64(1); ; n++ {
 		b := append([]byte(udpMagic), boot[:]...)
+		b = binary.LittleEndian.AppendUint64(b, primary)
 		b = binary.LittleEndian.AppendUint64(b, n)
 		b = binary.LittleEndian.AppendUint64(b, term())
 		b = append(b, heartbeatTag(key, b)...)
@@ -57,10 +62,10 @@ func SendUDPHeartbeats(ctx context.Context, addr string, key []byte, term func()
 	}
 }
 
-// ListenUDPHeartbeats calls heard for every authentic, fresh heartbeat
-// datagram arriving on addr, and bad (may be nil) for every other datagram,
-// until ctx ends.
-func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard func(term uint64), bad func()) error {
+// ListenUDPHeartbeats calls heard with the sender's primary id and term
+// for every authentic, fresh heartbeat datagram arriving on addr, and bad
+// (may be nil) for every other datagram, until ctx ends.
+func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard func(primary, term uint64), bad func()) error {
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
 		return err
@@ -87,7 +92,7 @@ func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard fun
 		}
 		var boot [8]byte
 		copy(boot[:], b[4:12])
-		count := binary.LittleEndian.Uint64(b[12:])
+		primary, count := binary.LittleEndian.Uint64(b[12:]), binary.LittleEndian.Uint64(b[20:])
 		mu.Lock()
 		fresh := boot != lastBoot || count > lastN
 		if fresh {
@@ -95,7 +100,7 @@ func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard fun
 		}
 		mu.Unlock()
 		if fresh {
-			heard(binary.LittleEndian.Uint64(b[20:]))
+			heard(primary, binary.LittleEndian.Uint64(b[28:]))
 		} else if bad != nil {
 			bad() // a replay
 		}

@@ -10,6 +10,7 @@ type Metrics struct {
 	pause     prometheus.Histogram
 
 	heartbeatFailures prometheus.Counter
+	refused           *prometheus.CounterVec
 }
 
 // NewMetrics registers the primary's replication metrics for the standby
@@ -22,10 +23,15 @@ func NewMetrics(reg prometheus.Registerer, addr string, status func() SenderStat
 		sentOps:           prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_sent_records_total", Help: "Records sent to the standby, snapshots included."}),
 		resyncs:           prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_replication_resyncs_total", Help: "Standby resyncs from a snapshot."}),
 		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_heartbeat_send_failures_total", Help: "Heartbeats to the standby that could not be sent (TCP or UDP)."}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpuha_replication_refused_peers_total",
+			Help: "Times the standby refused this primary's stream, by reason (stale_term, other_group, other_primary, rewound)."}, []string{"reason"}),
 		pause: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "vgpuha_replication_resync_pause_seconds", Help: "Time guests were stopped to take a resync snapshot.",
 			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 10),
 		}),
+	}
+	for _, r := range []RefuseReason{RefusedStaleTerm, RefusedOtherGroup, RefusedOtherPrimary, RefusedRewound} {
+		m.refused.WithLabelValues(r.String()) // every series from the start, at 0
 	}
 	gauge := func(name, help string, f func(SenderStatus) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(status()) })
@@ -37,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer, addr string, status func() SenderStat
 		return 0
 	}
 	for _, c := range []prometheus.Collector{
-		m.sentBytes, m.sentOps, m.resyncs, m.pause, m.heartbeatFailures,
+		m.sentBytes, m.sentOps, m.resyncs, m.pause, m.heartbeatFailures, m.refused,
 		gauge("vgpuha_replication_lag_records", "Records the standby has not yet applied.", func(s SenderStatus) float64 { return float64(s.LagOps) }),
 		gauge("vgpuha_replication_lag_bytes", "Bytes of records the standby has not yet applied.", func(s SenderStatus) float64 { return float64(s.LagBytes) }),
 		gauge("vgpuha_replication_lag_seconds", "Age of the oldest record the standby has not applied.", func(s SenderStatus) float64 { return s.LagSeconds }),

@@ -58,6 +58,11 @@ type ReceiverConfig struct {
 	HostBuffer func(n int) []byte
 	// Faults, when set, sees every message the standby sends (tests only).
 	Faults FaultHook
+	// Group, when set, is the only group whose primaries this standby
+	// follows (identity.go); Adopt arms an adoption: the first primary to
+	// connect is followed whatever its group.
+	Group string
+	Adopt bool
 }
 
 // ReceiverStatus is the standby's view of replication.
@@ -71,7 +76,12 @@ type ReceiverStatus struct {
 	SnapshotRecords uint64 `json:"snapshot_records_applied"`
 	EpochBuffered   int    `json:"epoch_buffered_records"`
 	ApplyErrors     uint64 `json:"apply_errors"`
-	RefusedPeers    uint64 `json:"refused_peers"`
+	// RefusedPeers counts the primaries refused, for any reason;
+	// Refused by reason (RefuseReason's names).
+	RefusedPeers uint64            `json:"refused_peers"`
+	Refused      map[string]uint64 `json:"refused_by_reason,omitempty"`
+	// Follows is the primary this standby follows (nil: none yet).
+	Follows *Identity `json:"follows,omitempty"`
 	// Fenced: this node was promoted (under FencedTerm); it no longer
 	// takes a stream and answers a returning primary with that term.
 	Fenced     bool   `json:"fenced"`
@@ -111,6 +121,11 @@ type Receiver struct {
 	st        ReceiverStatus
 	current   net.Conn
 	progress  progress
+	// follows is the primary followed, adopt an armed adoption, refused
+	// the refusals by reason (identity.go).
+	follows *Identity
+	adopt   bool
+	refused [refuseReasons]uint64
 }
 
 // NewReceiver returns a receiver.
@@ -127,7 +142,10 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	r := &Receiver{cfg: cfg, lender: newLender(maxLentBytes)}
+	if err := CheckGroup(cfg.Group); err != nil {
+		return nil, err
+	}
+	r := &Receiver{cfg: cfg, lender: newLender(maxLentBytes), adopt: cfg.Adopt}
 	if cfg.HostBuffer != nil {
 		// Made now rather than while the first resync waits for them,
 		// and before a primary can connect: page-locking memory holds a
@@ -154,6 +172,18 @@ func (r *Receiver) Status() ReceiverStatus {
 	st := r.st
 	st.Applied, st.Received, st.Mode, st.EpochBuffered = r.applied, max(r.received, r.applied), r.mode.String(), len(r.epochBuf)
 	st.Resync = r.progress.status()
+	if r.follows != nil {
+		f := *r.follows
+		st.Follows = &f
+	}
+	for reason, n := range r.refused {
+		if n > 0 {
+			if st.Refused == nil {
+				st.Refused = map[string]uint64{}
+			}
+			st.Refused[RefuseReason(reason).String()] = n
+		}
+	}
 	return st
 }
 
@@ -186,23 +216,23 @@ func (r *Receiver) serveConn(c net.Conn) {
 	defer c.Close()
 	log := r.cfg.Logger.With("primary", c.RemoteAddr().String())
 	l, err := serverHandshake(c, r.cfg.Key, 5*time.Second)
+	var hello Identity
+	if err == nil {
+		hello, err = readIdentity(l, 5*time.Second)
+	}
 	if err != nil {
-		r.mu.Lock()
-		r.st.RefusedPeers++
-		r.mu.Unlock()
-		log.Warn("refused replication peer", "err", err)
+		r.count(RefusedAuth)
+		log.Warn("refused replication peer", "reason", RefusedAuth, "err", err)
 		return
 	}
 	l.faults, l.out, l.lender = r.cfg.Faults, FromStandby, r.lender
 	l.peer = c.RemoteAddr().String()
-	// Take over from any previous link (the primary reconnected); its
-	// goroutine then lets go of linkMu.
-	r.mu.Lock()
-	if r.current != nil {
-		r.current.Close()
+	// Only an admitted primary takes over from the previous link (the
+	// primary reconnected, or its successor); its goroutine then lets go
+	// of linkMu.
+	if !r.judge(c, l, hello, log) {
+		return
 	}
-	r.current = c
-	r.mu.Unlock()
 	r.linkMu.Lock()
 	defer r.linkMu.Unlock()
 	state, ok := r.admit(c, l, log)
@@ -221,6 +251,90 @@ func (r *Receiver) serveConn(c net.Conn) {
 		return
 	}
 	r.stream(&linkRun{r: r, l: l, log: log, kick: make(chan struct{}, 1), queue: make(chan applyItem, applyQueue)})
+}
+
+// readIdentity reads the primary's identity, the first frame on an
+// authenticated link.
+func readIdentity(l *link, timeout time.Duration) (Identity, error) {
+	l.c.SetReadDeadline(time.Now().Add(timeout))
+	defer l.c.SetReadDeadline(time.Time{})
+	typ, payload, err := l.read()
+	if err != nil {
+		return Identity{}, fmt.Errorf("reading the primary's identity: %w", err)
+	}
+	if typ != msgIdentity {
+		return Identity{}, fmt.Errorf("%w: a %s message where the primary's identity belongs", ErrCorrupt, msgNames[typ])
+	}
+	return decodeIdentity(payload)
+}
+
+// judge decides whether the primary presenting hello on c may stream
+// (admissionRules). Admitted, it is followed and c replaces the current
+// link; refused, it is told why (a promoted node's term, or the reason
+// and whom this standby follows), and the refusal is counted and logged.
+// Nothing of the replica changes either way.
+func (r *Receiver) judge(c net.Conn, l *link, hello Identity, log *slog.Logger) bool {
+	r.mu.Lock()
+	v := admissionView{fenced: r.st.Fenced, minTerm: r.st.MinTerm, pinned: r.cfg.Group, adopt: r.adopt,
+		follows: r.follows, logID: r.logID, applied: r.applied}
+	verdict := v.admit(&hello)
+	var follows Identity
+	if r.follows != nil {
+		follows = *r.follows
+	}
+	follows.Term = max(follows.Term, r.st.MinTerm)
+	fencedTerm := r.st.FencedTerm
+	if verdict.refuse == 0 {
+		r.follows = &Identity{Group: hello.Group, Primary: hello.Primary, Term: hello.Term}
+		r.adopt = r.adopt && !verdict.adopts
+		if r.current != nil {
+			r.current.Close()
+		}
+		r.current = c
+	}
+	r.mu.Unlock()
+	args := []any{"group", hello.Group, "primary_id", fmt.Sprintf("%016x", hello.Primary), "term", hello.Term}
+	switch {
+	case verdict.refuse == RefusedFenced:
+		r.count(RefusedFenced)
+		l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), fencedTerm))
+		log.Warn("refused a primary's stream: this node was promoted", append(args, "our_term", fencedTerm)...)
+		return false
+	case verdict.refuse != 0:
+		r.count(verdict.refuse)
+		l.writeFlush(msgRefused, appendRefusal(make([]byte, 0, 1+identityFixed+len(follows.Group)+macSize), verdict.refuse, follows))
+		log.Warn("refused a primary's stream; the replica is unchanged", append(args, "reason", verdict.refuse,
+			"follows_group", follows.Group, "follows_primary_id", fmt.Sprintf("%016x", follows.Primary), "follows_term", follows.Term)...)
+		return false
+	case verdict.how != "":
+		log.Info("following a primary", append(args, "as", verdict.how)...)
+	}
+	return true
+}
+
+// count counts one refusal.
+func (r *Receiver) count(reason RefuseReason) {
+	r.mu.Lock()
+	r.st.RefusedPeers++
+	r.refused[reason]++
+	r.mu.Unlock()
+}
+
+// Following reports whether primary is the one this standby follows: its
+// heartbeats are heard, any other's are not.
+func (r *Receiver) Following(primary uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.follows != nil && r.follows.Primary == primary
+}
+
+// Adopt arms an adoption: the next primary to connect is followed
+// whatever its group or id (its replica replaced), unless it is below a
+// term this standby knows.
+func (r *Receiver) Adopt() {
+	r.mu.Lock()
+	r.adopt = true
+	r.mu.Unlock()
 }
 
 // admit lets c's primary stream, unless a newer link replaced c meanwhile
@@ -550,6 +664,8 @@ func (lr *linkRun) stale(term uint64) bool {
 	floor := lr.r.st.MinTerm
 	if low {
 		lr.r.st.StaleRefused++
+		lr.r.st.RefusedPeers++
+		lr.r.refused[RefusedStaleTerm]++
 	}
 	lr.r.mu.Unlock()
 	if low {

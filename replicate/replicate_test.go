@@ -248,15 +248,20 @@ func TestUDPHeartbeats(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	heard := make(chan uint64, 100)
-	go ListenUDPHeartbeats(ctx, addr, testKey, func(term uint64) { heard <- term }, nil)
+	go ListenUDPHeartbeats(ctx, addr, testKey, func(primary, term uint64) {
+		if primary != 7 {
+			t.Errorf("heartbeat from primary %d, want 7", primary)
+		}
+		heard <- term
+	}, nil)
 	time.Sleep(50 * time.Millisecond)
-	go SendUDPHeartbeats(ctx, addr, []byte("wrong key, wrong key, wrong key!"), func() uint64 { return 9 }, 5*time.Millisecond, nil)
+	go SendUDPHeartbeats(ctx, addr, []byte("wrong key, wrong key, wrong key!"), 7, func() uint64 { return 9 }, 5*time.Millisecond, nil)
 	select {
 	case term := <-heard:
 		t.Fatalf("heard a forged heartbeat (term %d)", term)
 	case <-time.After(100 * time.Millisecond):
 	}
-	go SendUDPHeartbeats(ctx, addr, testKey, func() uint64 { return 4 }, 5*time.Millisecond, nil)
+	go SendUDPHeartbeats(ctx, addr, testKey, 7, func() uint64 { return 4 }, 5*time.Millisecond, nil)
 	select {
 	case term := <-heard:
 		if term != 4 {
@@ -267,6 +272,7 @@ func TestUDPHeartbeats(t *testing.T) {
 	}
 	// A replayed datagram is ignored.
 	b := append([]byte(udpMagic), make([]byte, 8)...)
+	b = binary.LittleEndian.AppendUint64(b, 7)
 	b = binary.LittleEndian.AppendUint64(b, 1)
 	b = binary.LittleEndian.AppendUint64(b, 5)
 	b = append(b, heartbeatTag(testKey, b)...)
@@ -319,11 +325,11 @@ func TestCompareApertures(t *testing.T) {
 	}
 }
 
-// TestOlderProtocolRefused: a peer that speaks the protocol before record
-// parts (3) is refused at the handshake by either end, with an error that
-// names both versions, before any key material is used.
+// TestOlderProtocolRefused: a peer that speaks the protocol before the
+// primary's identity (4) is refused at the handshake by either end, with
+// an error that names both versions, before any key material is used.
 func TestOlderProtocolRefused(t *testing.T) {
-	old := append([]byte(helloMagic), 3, 0)
+	old := append([]byte(helloMagic), 4, 0)
 	old = append(old, make([]byte, nonceSize)...)
 	for _, side := range []string{"standby", "primary"} {
 		t.Run("by the "+side, func(t *testing.T) {
@@ -338,7 +344,7 @@ func TestOlderProtocolRefused(t *testing.T) {
 			} else {
 				_, err = clientHandshake(a, testKey, 2*time.Second)
 			}
-			if err == nil || !strings.Contains(err.Error(), "protocol 3, this side 4") {
+			if err == nil || !strings.Contains(err.Error(), "protocol 4, this side 5") {
 				t.Fatalf("an old peer was not refused: %v", err)
 			}
 		})

@@ -48,6 +48,9 @@ type SenderConfig struct {
 	// ResyncRate bounds a resync's snapshot stream in bytes per second
 	// (0: as fast as the link takes it).
 	ResyncRate int64
+	// Group names the pair this primary belongs to (identity.go); empty:
+	// this primary's id, as the first primary of a new group.
+	Group string
 }
 
 // SenderStatus is the primary's view of replication.
@@ -70,6 +73,12 @@ type SenderStatus struct {
 	// its resync budget, or the snapshot could not be read).
 	ResyncRestarts uint64         `json:"resync_restarts"`
 	Resync         ResyncProgress `json:"resync"`
+	// Refused counts the standby's refusals of this primary by reason
+	// (RefuseReason's names).
+	Refused map[string]uint64 `json:"refused_by_reason,omitempty"`
+	// Group and Primary are this primary's identity on the link.
+	Group   string `json:"group"`
+	Primary uint64 `json:"primary_id"`
 	LogStatus
 }
 
@@ -108,6 +117,8 @@ type Sender struct {
 	// readAheadBufs are the buffers every resync reads the snapshot into
 	// (one resync at a time per sender).
 	readAheadBufs [][]byte
+	// refused counts the standby's refusals by reason.
+	refused [refuseReasons]uint64
 }
 
 // NewSender returns a sender protecting node; Run starts it.
@@ -120,6 +131,12 @@ func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Group == "" {
+		cfg.Group = fmt.Sprintf("%016x", cfg.Log.id)
+	}
+	if err := CheckGroup(cfg.Group); err != nil {
+		return nil, err
 	}
 	s := &Sender{cfg: cfg, node: node, log: cfg.Logger.With("standby", cfg.Addr), readAheadBufs: newReadAheadBufs()}
 	if cfg.Registry != nil {
@@ -138,7 +155,7 @@ func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
 // the same address (see heartbeat.go).
 func (s *Sender) Run(ctx context.Context) {
 	defer s.cfg.Log.removeCursor(s.cur)
-	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, s.node.Term, heartbeatEvery, s.heartbeatFailed)
+	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, s.cfg.Log.id, s.node.Term, heartbeatEvery, s.heartbeatFailed)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := s.session(ctx)
@@ -170,7 +187,15 @@ func (s *Sender) Status() SenderStatus {
 		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(), LastResyncBytes: s.lastResyncBytes,
 		LastSnapshot: s.lastSnapshot.Seconds(),
 		LastError:    s.lastErr, LogStatus: ls, State: "unprotected",
-		ResyncRestarts: s.restarts, Resync: s.progress.status()}
+		ResyncRestarts: s.restarts, Resync: s.progress.status(), Group: s.cfg.Group, Primary: s.cfg.Log.id}
+	for reason, n := range s.refused {
+		if n > 0 {
+			if st.Refused == nil {
+				st.Refused = map[string]uint64{}
+			}
+			st.Refused[RefuseReason(reason).String()] = n
+		}
+	}
 	switch {
 	case ls.Protected:
 		st.State = "protected"
@@ -226,17 +251,30 @@ func (s *Sender) connect(ctx context.Context) (*link, error) {
 	return l, nil
 }
 
-// catchUp reads the standby's position, tells it the mode and term, and
-// brings it up to date: from the log when it holds what the standby lacks,
-// else from a snapshot. It returns the sequence streaming continues after.
+// identity is who this primary says it is on a new link.
+func (s *Sender) identity() Identity {
+	return Identity{Group: s.cfg.Group, Primary: s.cfg.Log.id, Term: s.node.Term(), Last: s.cfg.Log.Last()}
+}
+
+// catchUp introduces this primary, reads the standby's position (or its
+// refusal), tells it the mode and term, and brings it up to date: from
+// the log when it holds what the standby lacks, else from a snapshot. It
+// returns the sequence streaming continues after.
 func (s *Sender) catchUp(l *link) (uint64, error) {
+	self := s.identity()
+	if err := l.writeFlush(msgIdentity, appendIdentity(make([]byte, 0, identityFixed+len(self.Group)+macSize), self)); err != nil {
+		return 0, err
+	}
 	l.c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
 	typ, payload, err := l.read()
 	if err != nil {
 		return 0, fmt.Errorf("reading standby state: %w", err)
 	}
-	if typ == msgFenced {
+	switch typ {
+	case msgFenced:
 		return 0, s.fenced(payload)
+	case msgRefused:
+		return 0, s.refusedBy(payload, self)
 	}
 	if typ != msgState || len(payload) != 16 {
 		return 0, fmt.Errorf("%w: expected standby state", ErrCorrupt)
@@ -612,6 +650,26 @@ func (s *Sender) fenced(payload []byte) error {
 	s.log.Warn("the standby answers that it was promoted under a newer term", "term", term)
 	s.node.PeerTerm(term)
 	return fmt.Errorf("fenced by term %d", term)
+}
+
+// refusedBy handles the standby's refusal of this primary: counted and
+// returned (Run logs it); one for a term below the standby's tells the
+// node that term, whose authority fences a primary under it.
+func (s *Sender) refusedBy(payload []byte, self Identity) error {
+	reason, follows, err := decodeRefusal(payload)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.refused[reason]++
+	s.mu.Unlock()
+	if m := s.metrics; m != nil {
+		m.refused.WithLabelValues(reason.String()).Inc()
+	}
+	if reason == RefusedStaleTerm {
+		s.node.PeerTerm(follows.Term)
+	}
+	return &RefusedError{Reason: reason, Follows: follows, Self: self}
 }
 
 // Handover asks the standby to take over now (a planned switchover) and

@@ -53,7 +53,7 @@ var (
 const (
 	helloMagic    = "VGRA"
 	frameMagic    = 0x50524756 // "VGRP"
-	protoVersion  = 4          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over partBytes go in parts
+	protoVersion  = 5          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over partBytes go in parts; 5: the primary's identity first, refusals (identity.go)
 	nonceSize     = 32
 	macSize       = 16
 	frameHeader   = 16
@@ -82,11 +82,13 @@ const (
 	msgPromote                       // primary -> standby: planned switchover, take over now
 	msgRecordBegin                   // primary -> standby: a record of more than partBytes follows in parts; its size
 	msgRecordPart                    // primary -> standby: the next partBytes (or the last) of that record's encoding
+	msgIdentity                      // primary -> standby, first after auth: group, id, term, log position (identity.go)
+	msgRefused                       // standby -> primary instead of state: why it may not stream, whom the standby follows
 )
 
 var msgNames = map[uint16]string{msgRecord: "record", msgState: "state", msgAck: "ack", msgVerifyReply: "verify_reply",
 	msgMode: "mode", msgHeartbeat: "heartbeat", msgFenced: "fenced", msgPromote: "promote",
-	msgRecordBegin: "record_begin", msgRecordPart: "record_part"}
+	msgRecordBegin: "record_begin", msgRecordPart: "record_part", msgIdentity: "identity", msgRefused: "refused"}
 
 // Direction says which way a message travels.
 type Direction int
@@ -100,7 +102,7 @@ const (
 // Message names one message a link is about to send, for a FaultHook.
 type Message struct {
 	From Direction
-	Type string // record (once per record, even one sent in parts), state, ack, verify_reply, mode, heartbeat, fenced, promote
+	Type string // record (once per record, even one sent in parts), identity, state, refused, ack, verify_reply, mode, heartbeat, fenced, promote
 	// Peer is the other end: the standby's address as configured (from
 	// a primary), the primary's remote address (from a standby).
 	Peer string

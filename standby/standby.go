@@ -60,10 +60,20 @@ func (a *Agent) Settle(upTo uint64) error { return a.Server.Settle(upTo) }
 // Checksums implements replicate.Applier.
 func (a *Agent) Checksums() []replicate.ObjectSum { return a.Server.Checksums() }
 
+// Admission says which primaries a standby follows
+// (replicate.ReceiverConfig's Group and Adopt).
+type Admission struct {
+	// Group, when set, is the only group whose primaries it follows.
+	Group string
+	// Adopt: the first primary to connect is followed whatever its
+	// group.
+	Adopt bool
+}
+
 // New returns a standby applying to srv's backend, authenticating
-// primaries with key and telling roles what it observes. Metrics are
-// registered on reg.
-func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, roles Roles, reg prometheus.Registerer, log *slog.Logger) (*Agent, error) {
+// primaries with key, admitting them by adm and telling roles what it
+// observes. Metrics are registered on reg.
+func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, adm Admission, roles Roles, reg prometheus.Registerer, log *slog.Logger) (*Agent, error) {
 	applyTime := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "vgpuha_standby_apply_duration_seconds",
 		Help:    "Time to apply one replicated record on the replica, by record kind.",
@@ -75,7 +85,7 @@ func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, roles Roles, r
 	a := &Agent{Server: srv, Roles: roles, log: log, key: key}
 	srv.QueueReplayedCopies() // the receiver settles them (replicate.Settler)
 	rcfg := replicate.ReceiverConfig{
-		Key: key, Replica: a, Logger: log,
+		Key: key, Replica: a, Logger: log, Group: adm.Group, Adopt: adm.Adopt,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
 	}
 	if ha, ok := backend.(gpu.HostAllocator); ok {
@@ -106,7 +116,7 @@ func (a *Agent) registerMetrics(reg prometheus.Registerer) error {
 		return 0
 	}
 	a.badHeartbeats = prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_heartbeat_receive_failures_total",
-		Help: "Heartbeat datagrams refused: wrong key, malformed, or replayed."})
+		Help: "Heartbeat datagrams refused: wrong key, malformed, replayed, or from a primary this standby does not follow."})
 	for _, c := range []prometheus.Collector{
 		a.badHeartbeats,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "vgpuha_standby_applied_sequence", Help: "Last log sequence applied (or buffered, in epoch mode)."},
@@ -123,9 +133,17 @@ func (a *Agent) registerMetrics(reg prometheus.Registerer) error {
 			func() float64 { return rcv.Status().Resync.ETASeconds }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_apply_errors_total", Help: "Records the replica could not apply as the primary did."},
 			func() float64 { return float64(rcv.Status().ApplyErrors) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_refused_peers_total", Help: "Replication connections refused for failing authentication."},
-			func() float64 { return float64(rcv.Status().RefusedPeers) }),
 	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	for _, reason := range replicate.RefuseReasons() {
+		name := reason.String()
+		c := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_refused_peers_total",
+			Help:        "Replication connections refused, by reason: auth (failed the handshake), fenced (this node was promoted), stale_term, other_group, other_primary, rewound (replicate/identity.go).",
+			ConstLabels: prometheus.Labels{"reason": name}},
+			func() float64 { return float64(rcv.Status().Refused[name]) })
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -141,11 +159,22 @@ func (a *Agent) Serve(ln net.Listener) error {
 	a.stopUDP = cancel
 	a.mu.Unlock()
 	go func() {
-		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, a.Heard, a.badHeartbeats.Inc); err != nil {
+		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, a.heardDatagram, a.badHeartbeats.Inc); err != nil {
 			a.log.Warn("no UDP heartbeat path; failure detection relies on the TCP link alone", "err", err)
 		}
 	}()
 	return a.Receiver.Serve(ln)
+}
+
+// heardDatagram: a heartbeat datagram from primary under term. Only the
+// primary this standby follows is heard: a stray one holding the key must
+// not keep it from taking over when its own primary dies.
+func (a *Agent) heardDatagram(primary, term uint64) {
+	if !a.Receiver.Following(primary) {
+		a.badHeartbeats.Inc()
+		return
+	}
+	a.Heard(term)
 }
 
 // Fence stops applying the primary's stream for good (this node took over

@@ -82,6 +82,14 @@ type Config struct {
 	// the group's pool. The node closes it.
 	Coordinator      *coordinator.Coordinator
 	StandbyLossAfter time.Duration
+	// Group names the pair (replicate/identity.go): a primary streams
+	// under it, a standby follows only its primaries. Empty: the
+	// coordinator's group with one, else the first primary's id, which a
+	// promoted standby carries on.
+	Group string
+	// Adopt: a standby follows the first primary that connects whatever
+	// its group (the operator's --adopt).
+	Adopt bool
 }
 
 // Node is a running vgpuha node.
@@ -147,7 +155,8 @@ func StartStandby(cfg Config, ln net.Listener) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.agent, err = standby.New(n.srv, n.cfg.Backend, n.cfg.Key, &n.auth, n.cfg.Registry, n.log)
+	adm := standby.Admission{Group: n.configuredGroup(), Adopt: cfg.Adopt}
+	n.agent, err = standby.New(n.srv, n.cfg.Backend, n.cfg.Key, adm, &n.auth, n.cfg.Registry, n.log)
 	if err == nil {
 		err = n.registerStandbyMetrics()
 	}
@@ -193,6 +202,30 @@ func newNode(cfg Config, role *failover.Node) (*Node, error) {
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.auth.run(n.ctx) }()
 	return n, nil
+}
+
+// configuredGroup is the pair's group as configured: Config.Group, else
+// the coordinator's group ("" without either).
+func (n *Node) configuredGroup() string {
+	if n.cfg.Group == "" && n.cfg.Coordinator != nil {
+		return n.cfg.Coordinator.Group()
+	}
+	return n.cfg.Group
+}
+
+// pairGroup is the group this node streams under as primary: as
+// configured, else, promoted, the group of the primary it followed; ""
+// on a first primary without one (its senders name the group by its id).
+func (n *Node) pairGroup() string {
+	if g := n.configuredGroup(); g != "" {
+		return g
+	}
+	if n.agent != nil {
+		if f := n.agent.Receiver.Status().Follows; f != nil {
+			return f.Group
+		}
+	}
+	return ""
 }
 
 // Server is the node's hypervisor server.

@@ -89,7 +89,7 @@ func (n *Node) addStandby(r *replication, addr string) error {
 	reg := &registered{Registerer: n.cfg.Registry}
 	sender, err := replicate.NewSender(replicate.SenderConfig{
 		Addr: addr, Key: n.cfg.Key, Mode: n.cfg.Mode, Log: r.log, Logger: n.log,
-		Registry: reg, Faults: n.cfg.Faults, ResyncRate: n.cfg.ResyncRate,
+		Registry: reg, Faults: n.cfg.Faults, ResyncRate: n.cfg.ResyncRate, Group: n.pairGroup(),
 	}, protected{n})
 	if err != nil {
 		return err

@@ -91,10 +91,42 @@ type Replication struct {
 	LastResyncBytes        uint64   `json:"last_resync_bytes"`
 	LastResyncSnapshot     float64  `json:"last_resync_snapshot_seconds"`
 	ApplyErrorsTotal       uint64   `json:"apply_errors_total"`
-	RefusedPeersTotal      uint64   `json:"refused_peers_total"`
-	LastError              string   `json:"last_error"`
+	// RefusedPeersTotal: on a standby, the primaries it refused; on a
+	// primary, its standbys' refusals of it. RefusedPeers by reason.
+	RefusedPeersTotal uint64       `json:"refused_peers_total"`
+	RefusedPeers      RefusedPeers `json:"refused_peers"`
+	// Group and PrimaryID: the pair's group and the primary's id, this
+	// node's own (to_standby) or the primary's it follows (from_primary;
+	// "" before it followed one). replicate/identity.go says what they
+	// mean.
+	Group     string `json:"group"`
+	PrimaryID string `json:"primary_id"`
+	LastError string `json:"last_error"`
 	// Resync is the resync under way (null when none runs).
 	Resync *Resync `json:"resync"`
+}
+
+// RefusedPeers counts refused replication links by reason
+// (replicate.RefuseReason; vgpuha_standby_refused_peers_total and
+// vgpuha_replication_refused_peers_total carry it as the reason label).
+type RefusedPeers struct {
+	Auth         uint64 `json:"auth"`
+	Fenced       uint64 `json:"fenced"`
+	StaleTerm    uint64 `json:"stale_term"`
+	OtherGroup   uint64 `json:"other_group"`
+	OtherPrimary uint64 `json:"other_primary"`
+	Rewound      uint64 `json:"rewound"`
+}
+
+// add adds counts by reason name.
+func (r *RefusedPeers) add(byReason map[string]uint64) {
+	fields := map[string]*uint64{"auth": &r.Auth, "fenced": &r.Fenced, "stale_term": &r.StaleTerm,
+		"other_group": &r.OtherGroup, "other_primary": &r.OtherPrimary, "rewound": &r.Rewound}
+	for name, n := range byReason {
+		if f := fields[name]; f != nil {
+			*f += n
+		}
+	}
 }
 
 // StandbyLink is a primary's link to one of its standbys (the series are
@@ -114,7 +146,9 @@ type StandbyLink struct {
 	LagSeconds          float64 `json:"lag_seconds"`
 	ResyncsTotal        uint64  `json:"resyncs_total"`
 	ResyncRestartsTotal uint64  `json:"resync_restarts_total"`
-	LastError           string  `json:"last_error"`
+	// RefusedPeersTotal: times this standby refused this primary.
+	RefusedPeersTotal uint64 `json:"refused_peers_total"`
+	LastError         string `json:"last_error"`
 }
 
 // Resync is a resync's progress in snapshot contents bytes.
@@ -187,7 +221,10 @@ func senderView(mode string, ls replicate.LogStatus, senders []replicate.SenderS
 		peers = append(peers, s.Standby)
 		v.Standbys = append(v.Standbys, StandbyLink{Peer: s.Standby, State: s.State, Connected: s.Attached, InSync: s.InSync,
 			Protected: s.Protected, AppliedSequence: s.Applied, LagRecords: s.LagOps, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds,
-			ResyncsTotal: s.Resyncs, ResyncRestartsTotal: s.ResyncRestarts, LastError: s.LastError})
+			ResyncsTotal: s.Resyncs, ResyncRestartsTotal: s.ResyncRestarts, RefusedPeersTotal: sum(s.Refused), LastError: s.LastError})
+		v.RefusedPeersTotal += sum(s.Refused)
+		v.RefusedPeers.add(s.Refused)
+		v.Group, v.PrimaryID = s.Group, fmt.Sprintf("%016x", s.Primary)
 		v.ResyncsTotal += s.Resyncs
 		v.ResyncRestartsTotal += s.ResyncRestarts
 		v.LastResyncPauseSeconds = max(v.LastResyncPauseSeconds, s.LastPauseMS/1000)
@@ -221,6 +258,10 @@ func receiverView(r replicate.ReceiverStatus) Replication {
 	v := Replication{Direction: FromPrimary, Peer: r.Primary, Mode: r.Mode, Connected: r.Connected, InSync: r.InSync, Standbys: []StandbyLink{},
 		LastSequence: r.Received, AppliedSequence: r.Applied, LagRecords: r.Received - min(r.Applied, r.Received),
 		ApplyErrorsTotal: r.ApplyErrors, RefusedPeersTotal: r.RefusedPeers, Resync: resyncView(r.Resync)}
+	v.RefusedPeers.add(r.Refused)
+	if r.Follows != nil {
+		v.Group, v.PrimaryID = r.Follows.Group, fmt.Sprintf("%016x", r.Follows.Primary)
+	}
 	switch {
 	case !r.Connected:
 		v.State = "disconnected"
@@ -232,6 +273,15 @@ func receiverView(r replicate.ReceiverStatus) Replication {
 		v.State = "catching_up"
 	}
 	return v
+}
+
+// sum adds up counts by reason.
+func sum(byReason map[string]uint64) uint64 {
+	var n uint64
+	for _, c := range byReason {
+		n += c
+	}
+	return n
 }
 
 func resyncView(p replicate.ResyncProgress) *Resync {

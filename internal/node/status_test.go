@@ -37,6 +37,8 @@ func docFields(t *testing.T) (fields map[string]bool, series []string) {
 			prefix = "replication.resync."
 		case strings.HasPrefix(line, "#") && strings.Contains(line, " replication.standbys"):
 			prefix = "replication.standbys."
+		case strings.HasPrefix(line, "#") && strings.Contains(line, " replication.refused_peers"):
+			prefix = "replication.refused_peers."
 		case strings.HasPrefix(line, "## replication"):
 			prefix = "replication."
 		case strings.HasPrefix(line, "## promotion"):

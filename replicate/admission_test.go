@@ -1,0 +1,245 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestAdmissionRules: every stale-node story against the rule table.
+func TestAdmissionRules(t *testing.T) {
+	pair := &Identity{Group: "pair", Primary: 0xa1, Term: 3}
+	followsAt := func(term uint64) *Identity { return &Identity{Group: "pair", Primary: 0xa1, Term: term} }
+	for _, tc := range []struct {
+		story string
+		view  admissionView
+		p     Identity
+		want  RefuseReason
+	}{
+		{"a standby started empty adopts the first primary", admissionView{},
+			Identity{Group: "anything", Primary: 9, Term: 1}, 0},
+		{"an empty standby given --group refuses another group", admissionView{pinned: "pair"},
+			Identity{Group: "other", Primary: 9, Term: 1}, RefusedOtherGroup},
+		{"an empty standby given --group takes its group", admissionView{pinned: "pair"},
+			Identity{Group: "pair", Primary: 9, Term: 1}, 0},
+		{"the same primary reconnects", admissionView{follows: pair, logID: 0xa1, applied: 50},
+			Identity{Group: "pair", Primary: 0xa1, Term: 3, Last: 50}, 0},
+		{"a successor under a higher term (failover, switchover)", admissionView{follows: pair},
+			Identity{Group: "pair", Primary: 0xb2, Term: 4}, 0},
+		{"the old primary's command line again, group named: deposed", admissionView{follows: pair},
+			Identity{Group: "pair", Primary: 0xc3, Term: 1}, RefusedStaleTerm},
+		{"the old primary's command line again, group unnamed (its own id)", admissionView{follows: pair},
+			Identity{Group: "00000000000000c3", Primary: 0xc3, Term: 1}, RefusedOtherGroup},
+		{"a stray started with the pair's configuration, same term", admissionView{follows: followsAt(1)},
+			Identity{Group: "pair", Primary: 0xc3, Term: 1}, RefusedOtherPrimary},
+		{"two pairs share one standby by mistake", admissionView{follows: pair},
+			Identity{Group: "other-pair", Primary: 0xd4, Term: 1}, RefusedOtherGroup},
+		{"another pair's primary at a higher term", admissionView{follows: pair},
+			Identity{Group: "other-pair", Primary: 0xd4, Term: 9}, RefusedOtherGroup},
+		{"a primary restored from an image (its process and log with it)", admissionView{follows: pair, logID: 0xa1, applied: 1000},
+			Identity{Group: "pair", Primary: 0xa1, Term: 3, Last: 100}, RefusedRewound},
+		{"a primary restored from an image of an earlier term", admissionView{follows: pair, logID: 0xa1, applied: 1000},
+			Identity{Group: "pair", Primary: 0x99, Term: 2, Last: 5000}, RefusedStaleTerm},
+		{"a primary restored from an image whose process restarted", admissionView{follows: followsAt(1)},
+			Identity{Group: "pair", Primary: 0xe5, Term: 1}, RefusedOtherPrimary},
+		{"--adopt takes another group", admissionView{follows: pair, adopt: true},
+			Identity{Group: "other-pair", Primary: 0xd4, Term: 1}, 0},
+		{"--adopt overrides --group", admissionView{pinned: "pair", adopt: true},
+			Identity{Group: "other-pair", Primary: 0xd4, Term: 1}, 0},
+		{"--adopt does not undo a term", admissionView{follows: pair, adopt: true},
+			Identity{Group: "pair", Primary: 0xc3, Term: 2}, RefusedStaleTerm},
+		{"coordinated: below the leader of record", admissionView{minTerm: 40, adopt: true},
+			Identity{Group: "pair", Primary: 0xc3, Term: 39}, RefusedStaleTerm},
+		{"coordinated: the leader of record adopts", admissionView{minTerm: 40, follows: &Identity{Group: "old", Primary: 1, Term: 12}},
+			Identity{Group: "pair", Primary: 0xc3, Term: 40}, 0},
+		{"a promoted standby refuses everyone", admissionView{fenced: true},
+			Identity{Group: "pair", Primary: 0xa1, Term: 99}, RefusedFenced},
+	} {
+		if got := tc.view.admit(&tc.p); got.refuse != tc.want {
+			t.Errorf("%s: %v, want %v", tc.story, got.refuse, tc.want)
+		}
+	}
+}
+
+// TestRefuseReasonNames: every reason has a name (the metrics' label and
+// the status fields).
+func TestRefuseReasonNames(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range RefuseReasons() {
+		name := r.String()
+		if name == "" || seen[name] || name[0] == 'r' && name != "rewound" {
+			t.Errorf("reason %d named %q", r, name)
+		}
+		seen[name] = true
+	}
+	if len(seen) != int(refuseReasons)-1 {
+		t.Errorf("%d names for %d reasons", len(seen), refuseReasons-1)
+	}
+}
+
+// TestIdentityRoundTrip: identities and refusals decode as encoded; a
+// truncated or padded one, or a bad group, does not decode.
+func TestIdentityRoundTrip(t *testing.T) {
+	id := Identity{Group: "gpu-pair-7", Primary: 0xdeadbeef, Term: 3, Last: 77}
+	b := appendIdentity(nil, id)
+	if got, err := decodeIdentity(b); err != nil || got != id {
+		t.Fatalf("identity: %+v, %v", got, err)
+	}
+	for _, bad := range [][]byte{b[:len(b)-1], append(b, 0), b[:identityFixed-1], appendIdentity(nil, Identity{Group: "two words"})} {
+		if _, err := decodeIdentity(bad); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%x decoded: %v", bad, err)
+		}
+	}
+	reason, follows, err := decodeRefusal(appendRefusal(nil, RefusedOtherGroup, id))
+	if err != nil || reason != RefusedOtherGroup || follows != id {
+		t.Fatalf("refusal: %v %+v %v", reason, follows, err)
+	}
+	if _, _, err := decodeRefusal(appendRefusal(nil, 0, id)); err == nil {
+		t.Error("refusal without a reason decoded")
+	}
+}
+
+// termNode is a primary under a fixed term that records the terms its
+// standby tells it.
+type termNode struct {
+	patternNode
+	term uint64
+	mu   sync.Mutex
+	told []uint64
+}
+
+func (n *termNode) Term() uint64 { return n.term }
+func (n *termNode) PeerTerm(t uint64) {
+	n.mu.Lock()
+	n.told = append(n.told, t)
+	n.mu.Unlock()
+}
+
+// resetCounter counts the resets and snapshots a replica saw.
+type resetCounter struct {
+	mu      sync.Mutex
+	resets  int
+	applied int
+	synced  chan struct{}
+	once    sync.Once
+}
+
+func (c *resetCounter) Apply(r *Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r.Op == OpReset {
+		c.resets++
+	}
+	c.applied++
+	return nil
+}
+func (c *resetCounter) Checksums() []ObjectSum   { return nil }
+func (c *resetCounter) Heard(uint64)             {}
+func (c *resetCounter) HandOver() (uint64, bool) { return 0, false }
+func (c *resetCounter) Synced(in bool) {
+	if in {
+		c.once.Do(func() { close(c.synced) })
+	}
+}
+
+func (c *resetCounter) resetsSoFar() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.resets
+}
+
+// TestStrayPrimaryRefused: over real sockets, a standby following a
+// primary refuses a second one (another group, the same group at a lower
+// term, another primary at its term), never resets its replica for it,
+// and both ends count the refusal; the real primary stays attached, and
+// the one it follows reconnects as before.
+func TestStrayPrimaryRefused(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rep := &resetCounter{synced: make(chan struct{})}
+	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go r.Serve(ln)
+	defer r.Close()
+	start := func(group string, term uint64) (*Sender, *termNode, func()) {
+		lg := NewLog(64 << 20)
+		node := &termNode{patternNode: patternNode{log: lg, records: 2}, term: term}
+		s, err := NewSender(SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: ModeCommit, Log: lg, Logger: quiet, Group: group}, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Run(ctx); close(done) }()
+		return s, node, func() { cancel(); lg.Close(); <-done }
+	}
+	real, _, stopReal := start("pair", 3)
+	defer stopReal()
+	select {
+	case <-rep.synced:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the real primary never synced its standby")
+	}
+	waitFor(t, "protected", func() bool { return real.Status().Protected })
+	for _, tc := range []struct {
+		story string
+		group string
+		term  uint64
+		want  RefuseReason
+	}{
+		{"another group", "", 1, RefusedOtherGroup},
+		{"the same group, deposed", "pair", 2, RefusedStaleTerm},
+		{"another primary at the term", "pair", 3, RefusedOtherPrimary},
+	} {
+		before := r.Status().Refused[tc.want.String()]
+		stray, node, stop := start(tc.group, tc.term)
+		waitFor(t, tc.story+": refused by the standby", func() bool { return r.Status().Refused[tc.want.String()] > before })
+		waitFor(t, tc.story+": refusal counted by the stray", func() bool { return stray.Status().Refused[tc.want.String()] > 0 })
+		stop()
+		if msg := stray.Status().LastError; !strings.Contains(msg, "refused this primary ("+tc.want.String()+")") {
+			t.Errorf("%s: the stray's last error: %q", tc.story, msg)
+		}
+		node.mu.Lock()
+		told := node.told
+		node.mu.Unlock()
+		if tc.want == RefusedStaleTerm && (len(told) == 0 || told[0] != 3) {
+			t.Errorf("%s: the deposed primary was told %v, want term 3", tc.story, told)
+		}
+		if tc.want != RefusedStaleTerm && len(told) > 0 {
+			t.Errorf("%s: a primary refused for %v was told terms %v", tc.story, tc.want, told)
+		}
+	}
+	if n := rep.resetsSoFar(); n != 1 {
+		t.Errorf("the replica was reset %d times, want once (the real primary's resync)", n)
+	}
+	if st := real.Status(); !st.Protected || st.Resyncs != 1 {
+		t.Errorf("the real primary: protected %v after %d resyncs, want protected after 1", st.Protected, st.Resyncs)
+	}
+	if f := r.Status().Follows; f == nil || f.Group != "pair" || f.Term != 3 {
+		t.Errorf("the standby follows %+v", f)
+	}
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
