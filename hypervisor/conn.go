@@ -124,12 +124,40 @@ type spanConn interface {
 	buffered
 }
 
-// finish lets go of the connection's session (kept for a resume, or freed).
+// finish lets go of the connection's session (kept for a resume, or
+// freed). Until it has, a hello that finds no free slot waits for it
+// (Server.takeSlot).
 func (c *guestConn) finish() {
+	if c.sess != nil {
+		defer c.s.sessionEnding()()
+	}
 	c.drainReplies()
 	c.fr.Release()
 	if c.sess != nil {
 		c.s.detach(c.sess, c.log)
+	}
+}
+
+// goodbye ends the session of a guest that is done (OpBye): the replies
+// before the bye go out, the session is freed, and then, if the guest
+// waits for it (a bye sent as a call), the bye is answered, so that its
+// slot is free by the time the guest's process exits.
+func (c *guestConn) goodbye(f abi.Frame) {
+	c.sess.mu.Lock()
+	c.sess.grace = 0 // the guest is done: free the session now
+	c.sess.mu.Unlock()
+	if err := c.settle(); err != nil {
+		return // finish frees the session
+	}
+	done := c.s.sessionEnding()
+	c.s.detach(c.sess, c.log)
+	c.sess = nil
+	done()
+	if f.Flags&abi.FlagAsync == 0 {
+		c.out = abi.AppendReplyFrame(c.out[:0], f.Version, f.Op, f.RequestID, abi.StatusOK, "", nil)
+		if c.reply(c.out, nil) {
+			c.settle()
+		}
 	}
 }
 
@@ -202,6 +230,9 @@ func frameErrorReason(err error) string {
 func (c *guestConn) serve(f abi.Frame) bool {
 	reply, err, end := c.dispatch(f)
 	if end {
+		if f.Op == abi.OpBye && c.sess != nil {
+			c.goodbye(f)
+		}
 		return false
 	}
 	if f.InPlace != nil && f.InPlace.Err() != nil {
@@ -272,10 +303,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 	case c.sess == nil && f.Op != abi.OpHello:
 		return nil, fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op), false
 	case f.Op == abi.OpBye && c.sess != nil:
-		c.sess.mu.Lock()
-		c.sess.grace = 0 // the guest is done: free the session now
-		c.sess.mu.Unlock()
-		return nil, nil, true
+		return nil, nil, true // goodbye
 	case f.Op == abi.OpHello:
 		if c.sess != nil {
 			return nil, fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.id), false

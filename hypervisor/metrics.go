@@ -14,6 +14,9 @@ type metrics struct {
 	panics      *prometheus.CounterVec
 	refusals    *prometheus.CounterVec
 	inPlace     *prometheus.CounterVec
+	// resumed and expired count detached sessions taken back by their
+	// guest, and freed at the end of their grace period (lifetime.go).
+	resumed, expired prometheus.Counter
 	// latency by opcode, made once: a request finds its child by index,
 	// not by hashing label values.
 	latency []prometheus.Observer
@@ -42,6 +45,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_guest_inplace_copy_bytes_total",
 			Help: "Copy data taken from a guest's shared memory where it lay, by where it went: device (straight to the device), log (into a replication log buffer), private (a stream copy's private buffer); from a host-memory region: hostmem_device (straight to the device), hostmem_log (into a replication log buffer).",
 		}, []string{"to"}),
+		resumed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vgpuha_guest_sessions_resumed_total",
+			Help: "Sessions a guest took back after their connection ended (here, or on the node that served before this one took over).",
+		}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vgpuha_guest_sessions_expired_total",
+			Help: "Detached sessions freed because no guest resumed them within their grace period.",
+		}),
 	}
 	for _, r := range refusalReasons {
 		m.refusals.WithLabelValues(r)
@@ -60,7 +71,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		return func() float64 { return f(s.Status()) }
 	}
 	collectors := []prometheus.Collector{
-		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist,
+		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.resumed, m.expired,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_is_primary", Help: "1 while this node serves guests (not fenced).",
 		}, func() float64 {
@@ -78,6 +89,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_guest_sessions", Help: "Open guest sessions.",
 		}, status(func(st Status) float64 { return float64(len(st.Sessions)) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_guest_sessions_detached", Help: "Guest sessions no connection serves: kept for a resume, or a standby's replicas.",
+		}, status(func(st Status) float64 { return float64(st.Detached) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vgpuha_guest_sessions_detached_oldest_seconds", Help: "How long the oldest detached session has been kept without a connection on this node (0: none; a standby's replicas are its primary's to time).",
+		}, status(func(st Status) float64 { return st.OldestDetachedSeconds })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_device_memory_bytes", Help: "Device memory allocated by guests.",
 		}, status(func(st Status) float64 { return float64(st.Bytes) })),

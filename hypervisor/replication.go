@@ -285,7 +285,11 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 	case replicate.OpSetNext:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()
-		sess.lastReq = max(sess.lastReq, rec.ReqID)
+		applied, err := decodeAppliedIDs(rec.Body)
+		if err != nil {
+			return err
+		}
+		sess.lastReq, sess.applied = max(sess.lastReq, rec.ReqID), applied
 		return sess.handles.SetNext(handlemap.Handle(rec.Result))
 	}
 	return sess.apply(rec)
@@ -364,13 +368,7 @@ func (s *Server) openReplica(id, base uint64, body []byte) error {
 	s.mu.Unlock()
 	sess, err := s.newSession(id, slot, open, base)
 	if err != nil {
-		s.mu.Lock()
-		s.slots[slot] = false
-		if t != nil {
-			t.sessions--
-			s.dropTenantLocked(t)
-		}
-		s.mu.Unlock()
+		s.giveSlotBack(slot, t)
 		return err
 	}
 	if sess.delta != 0 {

@@ -126,7 +126,7 @@ func sumSizes(rs []handlemap.Range) uint64 {
 // the addresses and handles they have, without their memory's contents.
 // Precondition: s.mu must be locked.
 func (s *Session) objectRecords() []replicate.Record {
-	open := sessionOpen{guest: s.guest, token: s.token, tenant: s.tenantID}
+	open := sessionOpen{guest: s.guest, token: s.token, tenant: s.tenantID, grace: s.grace, graceKnown: true}
 	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: open.append(nil)}}
 	for _, r := range s.ranges.All() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
@@ -141,7 +141,8 @@ func (s *Session) objectRecords() []replicate.Record {
 			recs = append(recs, placed(s.id, abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
 		}
 	})
-	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next()), ReqID: s.lastReq})
+	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next()), ReqID: s.lastReq,
+		Body: s.applied.append(nil)})
 }
 
 func placed(session uint64, op abi.Opcode, body abi.Body, result uint64) replicate.Record {

@@ -3,8 +3,10 @@
 // against that guest's own allocations and handles, and executes it on a
 // gpu.Backend.
 //
-// It owns: sessions, the guest device-address windows and the deterministic
-// allocator inside them, per-guest quotas and isolation, the handler table
+// It owns: sessions and their lifetimes (lifetime.go: the serving node's
+// clock frees a session no guest resumes within its grace period, and a
+// node that begins to serve adopts the sessions no connection serves),
+// the guest device-address windows and the deterministic allocator inside them, per-guest quotas and isolation, the handler table
 // (opTable: one handler per row of abi's opcode table, which says what each
 // opcode is), and a guest's apertures (aperture.go): the memory files it writes
 // directly, whose writes it collects through package mmiotrace at every
@@ -76,6 +78,9 @@ type Config struct {
 	MaxGrace time.Duration
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
+	// Clock tells the time detached sessions are kept by (lifetime.go);
+	// nil is time.Now.
+	Clock func() time.Time
 }
 
 // MMIOConfig configures aperture tracing (package mmiotrace).
@@ -160,6 +165,11 @@ type Server struct {
 	unprotected atomic.Pointer[func() (allow, stop bool)]
 	conns       map[net.Conn]struct{}
 	closed      bool
+	// ending counts sessions whose connection has ended and that are
+	// being let go (freed, or kept for a resume); slotFreed is closed and
+	// replaced whenever one is done or a slot is freed (lifetime.go).
+	ending    int
+	slotFreed chan struct{}
 	// queueReplay: replayed copies may stay queued (QueueReplayedCopies);
 	// replayMark is the last mark of them (Mark).
 	queueReplay atomic.Bool
@@ -182,6 +192,10 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
 		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
+		slotFreed: make(chan struct{}),
+	}
+	if s.cfg.Clock == nil {
+		s.cfg.Clock = time.Now
 	}
 	m, err := newMetrics(reg, s)
 	if err != nil {
@@ -201,7 +215,10 @@ func (s *Server) Serve(ln net.Listener) error {
 		return nil
 	}
 	s.listeners[ln] = struct{}{}
-	s.serving = true
+	if !s.serving {
+		s.serving = true
+		s.adoptDetachedLocked()
+	}
 	s.mu.Unlock()
 	for {
 		conn, err := ln.Accept()
@@ -283,26 +300,14 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	if req.Resume != 0 {
 		return s.resume(&req, grace)
 	}
-	s.mu.Lock()
-	slot, t, err := s.takeSlotLocked(p.tenant)
+	slot, t, id, err := s.takeSlot(p.tenant)
 	if err != nil {
-		s.mu.Unlock()
 		return nil, nil, err
 	}
-	s.nextID++
-	id := s.nextID
-	s.mu.Unlock()
-
-	open := sessionOpen{guest: req.GuestName, token: newToken(), tenant: p.tenant}
+	open := sessionOpen{guest: req.GuestName, token: newToken(), tenant: p.tenant, grace: grace, graceKnown: true}
 	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
 	if err != nil {
-		s.mu.Lock()
-		s.slots[slot] = false
-		if t != nil {
-			t.sessions--
-			s.dropTenantLocked(t)
-		}
-		s.mu.Unlock()
+		s.giveSlotBack(slot, t)
 		return nil, nil, err
 	}
 	sess.mu.Lock()
@@ -329,13 +334,7 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 			return 0, nil, err
 		}
 	}
-	slot := -1
-	for i, used := range s.slots {
-		if !used {
-			slot = i
-			break
-		}
-	}
+	slot := s.freeSlotLocked()
 	if slot < 0 || s.closed {
 		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
 	}
@@ -383,6 +382,7 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 			sess.tenant.detached--
 		}
 	}
+	s.metrics.resumed.Inc()
 	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 }
 
@@ -492,8 +492,8 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	got, _ := ctx.Window()
 	sess := &Session{
 		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
-		tenantID: open.tenant,
-		ctx:      ctx, backend: s.backend, base: base, size: s.cfg.WindowSize,
+		tenantID: open.tenant, grace: open.graceOr(s.cfg.MaxGrace),
+		ctx: ctx, backend: s.backend, base: base, size: s.cfg.WindowSize,
 		// A primary's guest sees whatever base its backend gave; only a
 		// standby, bound to the primary's addresses, translates.
 		delta:        got - base,
@@ -514,53 +514,6 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	return sess, nil
 }
 
-// detach handles the end of a session's connection: the session is freed,
-// or, if its guest asked for a grace period (it can fail over), kept that
-// long for the guest to resume it here or on a promoted standby.
-func (s *Server) detach(sess *Session, log *slog.Logger) {
-	sess.mu.Lock()
-	sess.stopMMIO()
-	grace := sess.grace
-	if sess.failed != "" {
-		grace = 0 // nothing to resume: free it now
-	}
-	sess.mu.Unlock()
-	s.mu.Lock()
-	sess.mu.Lock()
-	sess.attached = false
-	keep := grace > 0 && !s.closed && !s.fenced
-	t := sess.tenant
-	over := keep && t != nil && t.detached >= t.quota.Detached
-	if keep && !over {
-		sess.kept = true
-		if t != nil {
-			t.detached++
-		}
-	}
-	sess.mu.Unlock()
-	s.mu.Unlock()
-	if over {
-		s.metrics.refusals.WithLabelValues(refusedTenantDetached).Inc()
-		log.Warn("guest connection lost; not keeping the session: its tenant keeps the most detached sessions it may",
-			"tenant", t.id, "limit", t.quota.Detached)
-	}
-	if !keep || over {
-		s.closeSession(sess)
-		log.Info("guest session closed", "requests", sess.requests)
-		return
-	}
-	log.Info("guest connection lost; keeping the session for it to resume", "grace", grace)
-	time.AfterFunc(grace, func() {
-		sess.mu.Lock()
-		expired := !sess.attached && !sess.closed
-		sess.mu.Unlock()
-		if expired {
-			s.closeSession(sess)
-			log.Info("guest session closed: not resumed within its grace period", "requests", sess.requests)
-		}
-	})
-}
-
 // sessionList returns the open sessions, in no order, for a caller that
 // goes through them without holding s.mu.
 func (s *Server) sessionList() []*Session {
@@ -573,13 +526,18 @@ func (s *Server) sessionList() []*Session {
 	return all
 }
 
-func (s *Server) closeSession(sess *Session) {
+func (s *Server) closeSession(sess *Session) { s.closeSessionIf(sess, nil) }
+
+// closeSessionIf frees sess if still(sess), checked under its lock (nil:
+// always), and reports whether it did.
+func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 	sess.mu.Lock()
-	if sess.closed { // already closed (a failed session's guest leaving, a reset)
+	if sess.closed || still != nil && !still(sess) { // already closed (a failed session's guest leaving, a reset)
 		sess.mu.Unlock()
-		return
+		return false
 	}
 	sess.stopMMIO()
+	sess.stopGrace()
 	sess.closed = true
 	if sess.record != nil {
 		s.repl.Append(replicate.Record{Session: sess.id, Op: replicate.OpSessionClose})
@@ -603,7 +561,9 @@ func (s *Server) closeSession(sess *Session) {
 		}
 		s.dropTenantLocked(t)
 	}
+	s.signalSlotFreedLocked()
 	s.mu.Unlock()
+	return true
 }
 
 // SessionStatus is one session in Status.
@@ -623,6 +583,14 @@ type SessionStatus struct {
 	Unsafe     string `json:"unsafe,omitempty"`
 	// Failed says why the session stopped serving (guard.go).
 	Failed string `json:"failed,omitempty"`
+	// Detached: no connection serves the session. DetachedSeconds is how
+	// long this node has kept it so (since its connection ended here, or
+	// since this node began to serve), ExpiresInSeconds how long it still
+	// keeps it unless a guest resumes it; both 0 on a standby, whose
+	// primary keeps the time (lifetime.go).
+	Detached         bool    `json:"detached"`
+	DetachedSeconds  float64 `json:"detached_seconds"`
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
 	// MMIO describes the session's traced apertures, if it has any.
 	MMIO *MMIOStatus `json:"mmio,omitempty"`
 }
@@ -648,8 +616,10 @@ type Status struct {
 	Term     uint64          `json:"term"`
 	Primary  bool            `json:"is_primary"`
 	// Detached counts sessions no connection serves (kept for a resume, or
-	// a standby's replicas).
-	Detached int `json:"detached_sessions"`
+	// a standby's replicas); OldestDetachedSeconds is the longest any of
+	// them has been kept so on this node's clock.
+	Detached              int     `json:"detached_sessions"`
+	OldestDetachedSeconds float64 `json:"oldest_detached_seconds"`
 }
 
 // Redacted is the status without what identifies a session (its id, its
@@ -667,6 +637,7 @@ func (s *Server) Status() Status {
 	sessions := s.sessionList()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
 	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary()}
+	now := s.now()
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{
@@ -681,6 +652,12 @@ func (s *Server) Status() Status {
 		}
 		if !sess.attached {
 			st.Detached++
+			ss.Detached = true
+		}
+		if !sess.detachedAt.IsZero() {
+			ss.DetachedSeconds = now.Sub(sess.detachedAt).Seconds()
+			ss.ExpiresInSeconds = max(sess.expires.Sub(now).Seconds(), 0)
+			st.OldestDetachedSeconds = max(st.OldestDetachedSeconds, ss.DetachedSeconds)
 		}
 		sess.mu.Unlock()
 		st.Sessions = append(st.Sessions, ss)

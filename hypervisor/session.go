@@ -63,12 +63,22 @@ type Session struct {
 	// kept: it does so now, counted in its tenant's detached sessions.
 	grace time.Duration
 	kept  bool
+	// detachedAt is when this node began to keep the session without a
+	// connection (its connection ended here, or this node began to serve
+	// with the session unattached); it is freed at expires unless resumed,
+	// and expiry wakes the server then (lifetime.go). All zero while a
+	// connection serves it, and on a standby, whose primary owns its clock.
+	detachedAt, expires time.Time
+	expiry              *time.Timer
 	// lastReq is the guest's newest request whose state change this
 	// session holds; results keeps what recent ones returned. A request
 	// resent after a failover with an id up to lastReq is answered from
 	// here instead of being run twice (exactly once).
 	lastReq uint64
 	results map[uint64]uint64
+	// applied remembers which of the latest ids it applied: an id at or
+	// below lastReq that it did not apply is refused (exactlyonce.go).
+	applied appliedIDs
 	// sums holds a checksum of each recent request's payload, so that a
 	// resend under an applied id with other content is refused
 	// (exactlyonce.go).
@@ -287,6 +297,7 @@ func (s *Session) noteApplied(reqID, result uint64) {
 		return
 	}
 	s.lastReq = max(s.lastReq, reqID)
+	s.applied.mark(reqID)
 	if result != 0 {
 		if s.results == nil {
 			s.results = map[uint64]uint64{}
@@ -319,6 +330,7 @@ func (s *Session) dev(addr uint64) uint64 { return addr + s.delta }
 // Precondition: s.mu must be locked.
 func (s *Session) attach(grace time.Duration) {
 	s.attached, s.grace = true, grace
+	s.stopGrace()
 	if p, ok := s.ctx.(gpu.LaunchPipeliner); ok {
 		p.PipelineLaunches()
 	}

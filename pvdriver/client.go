@@ -148,7 +148,11 @@ type Client struct {
 	rolledBackTo uint64
 	abandoned    map[uint64]bool // calls failed by a rollback; their late replies are dropped
 	err          error           // why the client ended
-	failures     []Failover
+	// opened: the hello was answered, so there is a session to resume
+	// after a lost connection; closing: Close is ending it, so there is
+	// none to resume any more.
+	opened, closing bool
+	failures        []Failover
 
 	session            uint64
 	token              []byte // the session's resume token: a secret
@@ -188,15 +192,43 @@ func Open(ctx context.Context, endpoint string, opts Options) (*Client, error) {
 	return c, err
 }
 
+// open opens a session on the first endpoint that serves one. With
+// failover endpoints, a round in which every endpoint was down, lost the
+// connection before its hello was answered, or said it does not serve now
+// (a node being promoted or fenced) is tried again, a round every
+// probeEvery, until ctx ends or ResumeTimeout: a guest started during a
+// takeover gets its session on the new primary.
 func open(ctx context.Context, endpoint string, opts Options, host *shm.HostMemory) (*Client, error) {
 	endpoints := append([]string{endpoint}, opts.Failover...)
-	var failed []string
+	start := time.Now()
+	for {
+		c, failed, transient, err := openRound(ctx, endpoints, opts, host)
+		if c != nil || len(endpoints) == 1 {
+			return c, err
+		}
+		looking := time.Since(start)
+		if !transient || ctx.Err() != nil || looking >= resumeTimeout(opts) {
+			return nil, fmt.Errorf("pvdriver: no endpoint serves guests (%s)", strings.Join(failed, "; "))
+		}
+		select {
+		case <-time.After(probeEvery(looking)):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// openRound tries each endpoint once, in order. It returns the client of
+// the first that opened a session, or what each said and whether every
+// failure may pass (see open); err is the one endpoint's error when there
+// is only one.
+func openRound(ctx context.Context, endpoints []string, opts Options, host *shm.HostMemory) (c *Client, failed []string, transient bool, err error) {
+	transient = true
 	for i, ep := range endpoints {
 		conn, err := transport.DialWith(ctx, ep, host)
 		if err != nil {
 			failed = append(failed, fmt.Sprintf("connecting to %s: %v", ep, err))
 			if len(endpoints) == 1 {
-				return nil, fmt.Errorf("pvdriver: connecting to %s: %w", ep, err)
+				return nil, nil, false, fmt.Errorf("pvdriver: connecting to %s: %w", ep, err)
 			}
 			continue
 		}
@@ -207,15 +239,27 @@ func open(ctx context.Context, endpoint string, opts Options, host *shm.HostMemo
 		if err != nil {
 			conn.Close()
 			if len(endpoints) == 1 || ctx.Err() != nil {
-				return nil, err
+				return nil, nil, false, err
 			}
 			failed = append(failed, fmt.Sprintf("opening a session on %s: %v", ep, err))
+			transient = transient && (errors.Is(err, ErrClosed) || errors.Is(err, abi.StatusUnavailable))
 			continue
 		}
-		return c, nil
+		return c, nil, false, nil
 	}
-	return nil, fmt.Errorf("pvdriver: no endpoint serves guests (%s)", strings.Join(failed, "; "))
+	return nil, failed, transient, nil
 }
+
+// resumeTimeout is opts.ResumeTimeout or its default.
+func resumeTimeout(opts Options) time.Duration {
+	if opts.ResumeTimeout == 0 {
+		return defaultResumeTimeout
+	}
+	return opts.ResumeTimeout
+}
+
+// defaultResumeTimeout is Options.ResumeTimeout's default.
+const defaultResumeTimeout = 30 * time.Second
 
 // NewClient opens a session over an established connection (no failover).
 func NewClient(conn net.Conn, opts Options) (*Client, error) {
@@ -227,9 +271,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = abi.DefaultMaxPayload
 	}
-	if opts.ResumeTimeout == 0 {
-		opts.ResumeTimeout = 30 * time.Second
-	}
+	opts.ResumeTimeout = resumeTimeout(opts)
 	c := &Client{
 		conn:       conn,
 		opts:       opts,
@@ -266,7 +308,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 	}
 	c.session, c.windowBase, c.window, c.token = hr.Session, hr.WindowBase, hr.WindowSize, hr.Token
 	c.mu.Lock()
-	c.term = hr.Term
+	c.term, c.opened = hr.Term, true
 	c.mu.Unlock()
 	if opts.ResumeSession != 0 {
 		// A restarted guest numbers on from what the session applied, or
@@ -320,24 +362,67 @@ func (c *Client) AcceptRollback() uint64 {
 }
 
 // Close ends the session; the hypervisor frees everything it held at once
-// (it does not keep it for a resume).
+// (it does not keep it for a resume). Close waits, up to byeWait, until
+// the hypervisor says it has freed the session, so that the session's slot
+// is free by the time the guest's process exits (a program started right
+// after this one gets it). A lost connection is not resumed once Close
+// has begun.
 func (c *Client) Close() error {
-	if c.session != 0 && c.closedErr() == nil {
-		bye := abi.AppendBodyFrame(nil, abi.OpBye, abi.FlagAsync, c.nextID.Add(1), &abi.Bye{})
-		done := make(chan struct{})
-		select {
-		case c.bye <- byeFrame{frame: bye, done: done}:
-			select { // best effort: the writer sends it after what is queued
-			case <-done:
-			case <-time.After(time.Second):
-			}
-		case <-c.done:
-		case <-time.After(time.Second):
-		}
+	if c.beginClose() {
+		c.sayBye()
 	}
 	c.shutdown(ErrClosed)
 	c.host.close()
 	return nil
+}
+
+// byeWait bounds how long Close waits for the hypervisor to free the
+// session.
+const byeWait = 2 * time.Second
+
+// beginClose marks the client closing and reports whether it has a
+// session to say bye to.
+func (c *Client) beginClose() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	had := c.opened && !c.closing && c.err == nil
+	c.closing = true
+	return had
+}
+
+// sayBye sends the bye after everything queued, as a call, and waits for
+// its answer, the connection's end (a hypervisor that answers no bye
+// closes it), or byeWait. The bye is never kept for a resend: a session
+// that is closing is not resumed.
+func (c *Client) sayBye() {
+	id := c.nextID.Add(1)
+	answered := make(chan result, 1)
+	c.mu.Lock()
+	if c.pending == nil {
+		c.mu.Unlock()
+		return
+	}
+	c.pending[id] = answered
+	rr := c.rd
+	c.mu.Unlock()
+	if rr != nil {
+		signal(rr.kick) // over shared memory, the reader goroutine reads for it
+	}
+	timeout := time.NewTimer(byeWait)
+	defer timeout.Stop()
+	bye := abi.AppendBodyFrame(nil, abi.OpBye, 0, id, &abi.Bye{})
+	select {
+	case c.bye <- byeFrame{frame: bye, done: make(chan struct{})}:
+	case <-c.done:
+		return
+	case <-timeout.C:
+		return
+	}
+	select {
+	case <-answered:
+	case <-c.done:
+	case <-timeout.C:
+	}
 }
 
 type byeFrame struct {

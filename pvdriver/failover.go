@@ -158,8 +158,12 @@ func (c *Client) lost(gen uint64, err error) {
 	c.serving = "" // the watchdog leaves the search to resume
 	c.conn.Close()
 	c.unprotectApertures()
+	// Before its hello was answered the guest has no session to resume
+	// (a resume would open a second one; Open tries the next endpoint),
+	// and after Close began it wants none.
+	resumable := c.failover() && c.opened && !c.closing
 	c.mu.Unlock()
-	if !c.failover() {
+	if !resumable {
 		c.shutdown(fmt.Errorf("%w: %v", ErrClosed, err))
 		return
 	}
@@ -230,7 +234,7 @@ func (c *Client) watchdog() {
 func (c *Client) stalled() (since time.Time, gen, term uint64, others []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.serving == "" {
+	if c.serving == "" || !c.opened || c.closing {
 		return time.Time{}, 0, 0, nil
 	}
 	for _, at := range c.waiting {

@@ -29,7 +29,9 @@ const (
 	// know its opcode. It is only ever sent as a reply.
 	OpReject
 	// OpBye ends a session on purpose: the node frees it at once instead of
-	// keeping it for a resume (sent async, no reply).
+	// keeping it for a resume. Sent async it has no reply; sent as a call
+	// it is answered once the session is freed (its slot is free for the
+	// next guest), and the node then ends the connection.
 	OpBye
 	// OpApertureAttach makes a memory file the guest maps the contents of
 	// one of its allocations (an aperture, written directly by the guest).

@@ -1,0 +1,23 @@
+package hypervisor
+
+import (
+	"time"
+
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// ExpireDetached frees the sessions whose grace has run out by the
+// server's clock (what each session's timer does), for tests that move
+// their own clock.
+func (s *Server) ExpireDetached() { s.expireDetached() }
+
+// SessionEnding notes a session being let go (what a connection's end
+// does) until the returned function is called.
+func (s *Server) SessionEnding() func() { return s.sessionEnding() }
+
+// SessionOpenRecord is the record a primary logs when a guest opens
+// session id at base with the given resume token and grace period.
+func SessionOpenRecord(id, base uint64, guest, tenant string, token []byte, grace time.Duration) replicate.Record {
+	open := sessionOpen{guest: guest, token: token, tenant: tenant, grace: grace, graceKnown: true}
+	return replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)}
+}
