@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -964,6 +965,13 @@ func TestSystemdReadiness(t *testing.T) {
 		os.WriteFile(path, bytes.ReplaceAll(text, []byte("/usr/local/bin/vgpuha"), []byte(bin)), 0o644)
 		if out, err := exec.Command("systemd-analyze", "verify", path).CombinedOutput(); err != nil {
 			t.Errorf("systemd-analyze verify %s: %v\n%s", unit, err, out)
+		}
+		out, _ := exec.Command("systemd-analyze", "security", "--offline=yes", path).CombinedOutput()
+		m := regexp.MustCompile(`Overall exposure level for .*: ([0-9.]+)`).FindSubmatch(out)
+		if m == nil {
+			t.Errorf("systemd-analyze security %s: no score in\n%s", unit, out)
+		} else if score, _ := strconv.ParseFloat(string(m[1]), 64); score > 5.0 {
+			t.Errorf("systemd-analyze security %s: exposure %.1f, want at most 5.0\n%s", unit, score, out)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -35,20 +36,16 @@ func runStandby(args []string) error {
 	configPath := configFlag(fs)
 	showConfig := fs.Bool("config.show", false, "print every flag's effective value and where it came from (flag, env, file, default), then exit")
 	source, err := parseWithConfig(fs, args, configPath)
-	if err != nil {
+	if err != nil || *showConfig {
+		if err == nil {
+			printConfig(fs, source)
+		}
 		return err
-	}
-	if *showConfig {
-		printConfig(fs, source)
-		return nil
 	}
 	log := newLog()
 	det, err := failover.New(*detector)
 	if err != nil {
 		return fmt.Errorf("--failover.detector: %w", err)
-	}
-	if _, err := replicate.ParseMode(*modeName); err != nil {
-		return fmt.Errorf("--mode: %w", err)
 	}
 	key, err := readKey(*keyFile)
 	if err != nil {
@@ -58,16 +55,7 @@ func runStandby(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *guestListen != "" {
-		if err := tryListen("guest-listen", *guestListen); err != nil {
-			return err
-		}
-	}
-	ln, err := listenTCP("listen", listenAddr)
-	if err != nil {
-		return err
-	}
-	adminLn, err := listenAdmin(*adminAddr)
+	ln, adminLn, err := bindStandbyAddresses(*guestListen, listenAddr, *adminAddr)
 	if err != nil {
 		return err
 	}
@@ -116,4 +104,22 @@ func runStandby(args []string) error {
 	n.Close()
 	log.Info("standby stopped")
 	return nil
+}
+
+// bindStandbyAddresses binds a standby's replication and admin addresses
+// and tries its guest endpoint (served once promoted; listen.go).
+func bindStandbyAddresses(guestListen, replicationAddr, adminAddr string) (replication, admin net.Listener, err error) {
+	if guestListen != "" {
+		if err := tryListen("guest-listen", guestListen); err != nil {
+			return nil, nil, err
+		}
+	}
+	if replication, err = listenTCP("listen", replicationAddr); err != nil {
+		return nil, nil, err
+	}
+	if admin, err = listenAdmin(adminAddr); err != nil {
+		replication.Close()
+		return nil, nil, err
+	}
+	return replication, admin, nil
 }
