@@ -301,7 +301,17 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 	if opts.ResumeSession != 0 {
 		hello.Token = opts.ResumeToken
 	}
-	if err := c.call(abi.OpHello, hello, &hr); err != nil {
+	var unanswered *time.Timer
+	if c.failover() {
+		// A node that does not answer the hello (frozen, or deposed and
+		// holding the reply) is left for the next endpoint (open).
+		unanswered = time.AfterFunc(helloWait, func() { c.lost(0, errHelloUnanswered) })
+	}
+	err := c.call(abi.OpHello, hello, &hr)
+	if unanswered != nil && !unanswered.Stop() && err == nil {
+		err = fmt.Errorf("%w: %v", ErrClosed, errHelloUnanswered) // answered as the client gave up
+	}
+	if err != nil {
 		c.host = nil // the caller closes it
 		c.Close()
 		return nil, err
@@ -322,6 +332,13 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 }
 
 func (c *Client) failover() bool { return len(c.opts.Failover) > 0 }
+
+// helloWait bounds how long a failover client waits for a node to answer
+// its hello: longer than a node waits for a slot a session is giving back
+// (2 s).
+const helloWait = 3 * time.Second
+
+var errHelloUnanswered = fmt.Errorf("no answer to hello within %v", helloWait)
 
 // graceMS asks nodes to keep the session while this client looks for a
 // way back (failover clients only).

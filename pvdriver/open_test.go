@@ -1,0 +1,77 @@
+package pvdriver_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// TestHelloCutOffMovesOn: a node that takes a guest's hello and dies
+// before it answers (a primary killed mid-hello) leaves the guest with no
+// session to resume: Open goes on to the next endpoint and opens one
+// session there, instead of "resuming" session 0 (which opened a second
+// session and then failed: "session N is already open on this
+// connection").
+func TestHelloCutOffMovesOn(t *testing.T) {
+	dir := t.TempDir()
+	dying, err := net.Listen("unix", filepath.Join(dir, "dying.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dying.Close()
+	var hellos atomic.Int32
+	go func() {
+		for {
+			conn, err := dying.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := abi.NewFrameReader(conn, 4096).ReadFrame(); err == nil {
+				hellos.Add(1)
+			}
+			conn.Close()
+		}
+	}()
+	srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	next, err := net.Listen("unix", filepath.Join(dir, "next.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(next)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, "unix://"+dying.Addr().String(), pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + next.Addr().String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	if n := hellos.Load(); n != 1 {
+		t.Fatalf("the dying node got %d hellos, want 1", n)
+	}
+	if st := srv.Status(); len(st.Sessions) != 1 || st.Sessions[0].ID != g.Session() {
+		t.Fatalf("the next node holds %+v, want the guest's one session %d", st.Sessions, g.Session())
+	}
+	g.Close()
+	if st := srv.Status(); len(st.Sessions) != 0 {
+		t.Fatalf("Close returned before the node freed the session: %+v", st.Sessions)
+	}
+}
