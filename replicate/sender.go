@@ -225,6 +225,7 @@ func (s *Sender) session(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.link = l
+	s.lastErr = "" // the standby is caught up: what broke the last link is gone
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()

@@ -142,6 +142,9 @@ func TestStandbyLateAndRestarted(t *testing.T) {
 	c.runGuests(1, 0) // while the standby is down
 	c.startStandby()
 	mustMatch(t, c.verify())
+	if e := c.Sender.Status().LastError; e != "" {
+		t.Errorf("status keeps the error of the link that broke while the standby was down: %q", e)
+	}
 	c.runGuests(1, 0)
 	mustMatch(t, c.verify())
 }
