@@ -116,7 +116,7 @@ const (
 
 var refusalReasons = []string{refusedSessionFailed, refusedReplayMismatch, refusedRequestID, refusedResumeToken,
 	refusedResumeAttached, refusedBufferBudget, refusedTenantMemory, refusedTenantSessions, refusedTenantDetached,
-	refusedGraceCapped}
+	refusedGraceCapped, refusedTenantAdmission}
 
 // refusedError is a request refused for a reason operators count and see
 // in the log (a guest probing the node leaves a trace).

@@ -74,6 +74,13 @@ type Config struct {
 	TenantMaxSessions int
 	TenantMaxDetached int
 	Tenants           map[string]TenantQuota
+	// TenantOvercommit admits every tenant; without it a new tenant whose
+	// memory quota no longer fits in DeviceMemory beside the admitted
+	// tenants' is refused (tenant.go, Admission).
+	TenantOvercommit bool
+	// DeviceMemory is the device memory tenants' quotas are reserved from
+	// (0: the backend's, where it says; else no admission).
+	DeviceMemory uint64
 	// MaxGrace caps the grace period a guest may ask for.
 	MaxGrace time.Duration
 	// MMIO is how guest writes to apertures are traced.
@@ -197,6 +204,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 	if s.cfg.Clock == nil {
 		s.cfg.Clock = time.Now
 	}
+	s.cfg.DeviceMemory = deviceMemory(backend, cfg.DeviceMemory)
 	m, err := newMetrics(reg, s)
 	if err != nil {
 		return nil, err
@@ -338,7 +346,10 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	if slot < 0 || s.closed {
 		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
 	}
-	t := s.tenantLocked(id)
+	t, err := s.admitLocked(id)
+	if err != nil {
+		return 0, nil, err
+	}
 	if t != nil && t.sessions >= t.quota.Sessions {
 		return 0, nil, refuse(refusedTenantSessions, abi.StatusOutOfMemory,
 			"tenant %s already has %d sessions open, its limit", t.id, t.sessions)
@@ -620,6 +631,9 @@ type Status struct {
 	// them has been kept so on this node's clock.
 	Detached              int     `json:"detached_sessions"`
 	OldestDetachedSeconds float64 `json:"oldest_detached_seconds"`
+	// Tenancy: the device memory reserved for each tenant and what it
+	// uses (tenant.go).
+	Tenancy TenancyStatus `json:"tenancy"`
 }
 
 // Redacted is the status without what identifies a session (its id, its
@@ -629,6 +643,10 @@ func (st Status) Redacted() Status {
 	for i := range st.Sessions {
 		st.Sessions[i].ID, st.Sessions[i].Guest, st.Sessions[i].Tenant = 0, "", ""
 	}
+	st.Tenancy.Tenants = append([]TenantStatus{}, st.Tenancy.Tenants...)
+	for i := range st.Tenancy.Tenants {
+		st.Tenancy.Tenants[i].Tenant = ""
+	}
 	return st
 }
 
@@ -636,7 +654,7 @@ func (st Status) Redacted() Status {
 func (s *Server) Status() Status {
 	sessions := s.sessionList()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
-	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary()}
+	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary(), Tenancy: s.tenancy()}
 	now := s.now()
 	for _, sess := range sessions {
 		sess.mu.Lock()

@@ -3,14 +3,20 @@ package hypervisor
 import (
 	"fmt"
 	"net"
+	"sort"
 	"sync"
 	"time"
 
 	"github.com/mdlayher/vsock"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
+
+// refusedTenantAdmission: a new tenant whose quota no longer fits in the
+// device (counted in vgpuha_guest_refusals_total{reason}).
+const refusedTenantAdmission = "tenant_admission"
 
 // Tenancy: a guest is its sessions, but one guest may open many. Quotas
 // therefore also hold per tenant, the identity the transport vouches for
@@ -63,11 +69,7 @@ func (s *Server) tenantLocked(id string) *tenant {
 	}
 	t := s.tenants[id]
 	if t == nil {
-		q, ok := s.cfg.Tenants[id]
-		if !ok {
-			q = TenantQuota{Memory: s.cfg.TenantMemoryQuota, Sessions: s.cfg.TenantMaxSessions, Detached: s.cfg.TenantMaxDetached}
-		}
-		t = &tenant{id: id, quota: q}
+		t = &tenant{id: id, quota: s.quotaOf(id)}
 		s.tenants[id] = t
 	}
 	return t
@@ -85,6 +87,109 @@ func (s *Server) dropTenantLocked(t *tenant) {
 	if empty {
 		delete(s.tenants, t.id)
 	}
+}
+
+// Admission: a tenant's memory quota is also what the device reserves
+// for it while it holds a session or memory, so that an operator can
+// guarantee every admitted tenant its whole quota. A new tenant whose
+// reservation no longer fits in the device's memory beside the others'
+// is refused at its first hello (refusals{reason="tenant_admission"}),
+// unless Config.TenantOvercommit admits it anyway; then allocations are
+// first come, first served, and a device that runs out refuses the next
+// allocation, never taking back one made. A reservation is the quota, or
+// the whole device where the quota is larger (one tenant is always
+// admitted). A standby's replicas of the primary's sessions are admitted
+// by the primary.
+
+// deviceMemory is the device memory admission shares out: configured, or
+// the backend's (gpu.DeviceDescriber); 0 where unknown (no admission).
+func deviceMemory(backend gpu.Backend, configured uint64) uint64 {
+	if configured > 0 {
+		return configured
+	}
+	if d, ok := backend.(gpu.DeviceDescriber); ok {
+		if info, err := d.DeviceInfo(); err == nil {
+			return info.TotalMem
+		}
+	}
+	return 0
+}
+
+// reservation is what the device keeps for a tenant with quota q.
+func (s *Server) reservation(q TenantQuota) uint64 {
+	if s.cfg.DeviceMemory == 0 {
+		return q.Memory
+	}
+	return min(q.Memory, s.cfg.DeviceMemory)
+}
+
+// reservedLocked sums the reservations of the tenants present.
+// Precondition: s.mu must be locked.
+func (s *Server) reservedLocked() uint64 {
+	var sum uint64
+	for _, t := range s.tenants {
+		sum += s.reservation(t.quota)
+	}
+	return sum
+}
+
+// admitLocked returns tenant id's entry, admitting it first if it is new
+// and its reservation fits beside the others' (or overcommit is set).
+// Precondition: s.mu must be locked.
+func (s *Server) admitLocked(id string) (*tenant, error) {
+	if id == "" || s.tenants[id] != nil || s.cfg.TenantOvercommit || s.cfg.DeviceMemory == 0 {
+		return s.tenantLocked(id), nil
+	}
+	q := s.quotaOf(id)
+	reserved, want := s.reservedLocked(), s.reservation(q)
+	if reserved+want > s.cfg.DeviceMemory || reserved+want < reserved {
+		return nil, refuse(refusedTenantAdmission, abi.StatusOutOfMemory,
+			"tenant %s refused at admission: its quota of %d bytes does not fit in the device's %d bytes beside the %d reserved for %d other tenants "+
+				"(each is guaranteed its quota; --tenant.overcommit admits it anyway)", id, want, s.cfg.DeviceMemory, reserved, len(s.tenants))
+	}
+	return s.tenantLocked(id), nil
+}
+
+// quotaOf is tenant id's quota: its own, or the default.
+func (s *Server) quotaOf(id string) TenantQuota {
+	if q, ok := s.cfg.Tenants[id]; ok {
+		return q
+	}
+	return TenantQuota{Memory: s.cfg.TenantMemoryQuota, Sessions: s.cfg.TenantMaxSessions, Detached: s.cfg.TenantMaxDetached}
+}
+
+// TenantStatus is one tenant in /status: what the device reserves for it
+// and what its sessions hold.
+type TenantStatus struct {
+	Tenant        string `json:"tenant,omitempty"`
+	Sessions      int    `json:"sessions"`
+	ReservedBytes uint64 `json:"reserved_bytes"`
+	UsedBytes     uint64 `json:"used_bytes"`
+}
+
+// TenancyStatus is the device's share-out among tenants.
+type TenancyStatus struct {
+	DeviceMemoryBytes uint64         `json:"device_memory_bytes"`
+	ReservedBytes     uint64         `json:"reserved_bytes"`
+	Overcommit        bool           `json:"overcommit"`
+	Tenants           []TenantStatus `json:"tenants"`
+}
+
+// tenancy reports every tenant present, by id.
+func (s *Server) tenancy() TenancyStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts := TenancyStatus{DeviceMemoryBytes: s.cfg.DeviceMemory, Overcommit: s.cfg.TenantOvercommit, Tenants: []TenantStatus{}}
+	for _, t := range s.tenants {
+		t.mu.Lock()
+		used := t.bytes
+		t.mu.Unlock()
+		r := s.reservation(t.quota)
+		ts.ReservedBytes += r
+		ts.Tenants = append(ts.Tenants, TenantStatus{Tenant: t.id, Sessions: t.sessions, ReservedBytes: r, UsedBytes: used})
+	}
+	sort.Slice(ts.Tenants, func(i, j int) bool { return ts.Tenants[i].Tenant < ts.Tenants[j].Tenant })
+	return ts
 }
 
 // reserve takes n bytes of the tenant's memory quota; a nil tenant has none.

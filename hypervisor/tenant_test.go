@@ -111,6 +111,7 @@ func TestTenantMemoryQuota(t *testing.T) {
 func TestTenantSessionLimit(t *testing.T) {
 	cfg := hypervisor.DefaultConfig()
 	cfg.TenantMaxSessions = 2
+	cfg.TenantOvercommit = true // two tenants with the whole 1 GiB device each
 	cfg.Tenants = map[string]hypervisor.TenantQuota{"ip:127.0.0.3": {Memory: 1 << 30, Sessions: 3}}
 	e, addr := startTCP(t, cfg)
 	for i := 0; i < 2; i++ {
@@ -179,4 +180,81 @@ func TestTenantDetachedLimit(t *testing.T) {
 		t.Fatalf("%d sessions, %d detached; want 2 and 2", len(st.Sessions), st.Detached)
 	}
 	served(t, e.client(t, "fresh"), "the tenant's new session")
+}
+
+// startTCPDevice is startTCP on a software GPU of mem bytes.
+func startTCPDevice(t *testing.T, cfg hypervisor.Config, mem uint64) (*env, string) {
+	t.Helper()
+	e := &env{backend: sim.New(mem), reg: prometheus.NewRegistry()}
+	srv, err := hypervisor.NewServer(e.backend, cfg, e.reg, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	e.srv = srv
+	return e, ln.Addr().String()
+}
+
+// TestTenantAdmission: two tenants with 4 GiB quotas on a 6 GiB device:
+// the second is refused at admission (counted, and shown in the status
+// with what the first reserves and uses); with overcommit both are
+// admitted, the device runs out for the second, and the first keeps every
+// byte it allocated.
+func TestTenantAdmission(t *testing.T) {
+	cfg := hypervisor.DefaultConfig()
+	cfg.MemoryQuota, cfg.TenantMemoryQuota = 4<<30, 4<<30
+	e, addr := startTCPDevice(t, cfg, 6<<30)
+	a, err := tenantGuest(t, addr, "127.0.0.2", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Alloc(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tenantGuest(t, addr, "127.0.0.3", "b")
+	if err == nil || !errors.Is(err, abi.StatusOutOfMemory) || !strings.Contains(err.Error(), "refused at admission") {
+		t.Fatalf("a second 4 GiB tenant on a 6 GiB device: %v; want a refusal at admission", err)
+	}
+	if refusals(t, e, "tenant_admission") != 1 {
+		t.Error("the refusal was not counted")
+	}
+	ten := e.srv.Status().Tenancy
+	if ten.DeviceMemoryBytes != 6<<30 || ten.ReservedBytes != 4<<30 || len(ten.Tenants) != 1 ||
+		ten.Tenants[0] != (hypervisor.TenantStatus{Tenant: "ip:127.0.0.2", Sessions: 1, ReservedBytes: 4 << 30, UsedBytes: 1 << 30}) {
+		t.Errorf("tenancy status: %+v", ten)
+	}
+	if red := e.srv.Status().Redacted().Tenancy.Tenants; len(red) != 1 || red[0].Tenant != "" {
+		t.Errorf("redacted tenancy names its tenants: %+v", red)
+	}
+
+	cfg.TenantOvercommit = true
+	_, addr = startTCPDevice(t, cfg, 6<<30)
+	a, err = tenantGuest(t, addr, "127.0.0.2", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := tenantGuest(t, addr, "127.0.0.3", "b")
+	if err != nil {
+		t.Fatalf("overcommit: the second tenant was refused: %v", err)
+	}
+	p, err := a.Alloc(4 << 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pattern := []byte("the first tenant's bytes")
+	if err := a.CopyHtoD(p+(4<<30)-pvdriver.DevicePtr(len(pattern)), pattern); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Alloc(4 << 30); err == nil {
+		t.Fatal("overcommit: 8 GiB allocated on a 6 GiB device")
+	}
+	got := make([]byte, len(pattern))
+	if err := a.CopyDtoH(got, p+(4<<30)-pvdriver.DevicePtr(len(pattern))); err != nil || string(got) != string(pattern) {
+		t.Fatalf("the first tenant lost its allocation: %q, %v", got, err)
+	}
 }

@@ -45,10 +45,10 @@ func runPrimary(args []string) error {
 // them).
 type primaryFlags struct {
 	listen, adminAddr, adminToken, replicateTo, modeName, keyFile, stateDir *string
-	minInSync                                                              *int
-	maxLag, resyncBudget, resyncRate                                       *int64
-	guestShare                                                             float64
-	resyncStall                                                            *time.Duration
+	minInSync                                                               *int
+	maxLag, resyncBudget, resyncRate                                        *int64
+	guestShare                                                              float64
+	resyncStall                                                             *time.Duration
 }
 
 func (p *primaryFlags) register(fs *flag.FlagSet, defaultListen string) {

@@ -19,6 +19,8 @@ func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	sizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, maxUint64,
 		"device memory all sessions of one tenant (vsock CID, local uid, or remote IP) may allocate together; "+
 			"also what the device reserves for each tenant it admits (--tenant.overcommit)")
+	fs.BoolVar(&cfg.TenantOvercommit, "tenant.overcommit", false,
+		"admit every tenant; without it a tenant whose --tenant.memory-quota-bytes no longer fits in the device's memory beside the admitted tenants' is refused at its first session, so each admitted tenant is guaranteed its quota")
 	intVar(fs, &cfg.TenantMaxSessions, "tenant.max-sessions", cfg.TenantMaxSessions, 1, maxInt, "sessions one tenant may have open")
 	intVar(fs, &cfg.TenantMaxDetached, "tenant.max-detached", cfg.TenantMaxDetached, 0, maxInt,
 		"sessions one tenant may leave detached (kept for a resume); one more is freed when its connection drops")

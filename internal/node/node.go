@@ -116,8 +116,8 @@ type Node struct {
 	// guestListenErr is why a promoted standby does not serve guests yet
 	// (its endpoint is taken; health.go reports it).
 	guestListenErr error
-	replLn                    net.Listener // a standby's replication listener
-	wg                        sync.WaitGroup
+	replLn         net.Listener // a standby's replication listener
+	wg             sync.WaitGroup
 }
 
 // StartPrimary starts the first primary (term 1): it serves guests on

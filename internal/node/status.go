@@ -31,10 +31,13 @@ type Status struct {
 	Sessions []hypervisor.SessionStatus `json:"sessions"`
 	// DetachedSessions are sessions no connection serves (kept for a
 	// resume, or a standby's replicas).
-	DetachedSessions  int         `json:"detached_sessions"`
-	DeviceObjects     int         `json:"device_objects"`
-	DeviceMemoryBytes uint64      `json:"device_memory_bytes"`
-	Replication       Replication `json:"replication"`
+	DetachedSessions  int    `json:"detached_sessions"`
+	DeviceObjects     int    `json:"device_objects"`
+	DeviceMemoryBytes uint64 `json:"device_memory_bytes"`
+	// Tenancy: the device memory reserved for each tenant (its quota)
+	// and what its sessions use (hypervisor/tenant.go).
+	Tenancy     hypervisor.TenancyStatus `json:"tenancy"`
+	Replication Replication              `json:"replication"`
 	// Promotion is this node's takeover (null if it never took over).
 	Promotion *PromotionStatus `json:"promotion"`
 }
@@ -176,7 +179,8 @@ type PromotionStatus struct {
 // Public is the status for an admin caller without the token: sessions
 // without ids, guest names or tenants.
 func (s Status) Public() any {
-	s.Sessions = hypervisor.Status{Sessions: s.Sessions}.Redacted().Sessions
+	red := hypervisor.Status{Sessions: s.Sessions, Tenancy: s.Tenancy}.Redacted()
+	s.Sessions, s.Tenancy = red.Sessions, red.Tenancy
 	return s
 }
 
@@ -185,7 +189,7 @@ func (n *Node) Status() Status {
 	role, term := n.auth.role()
 	hs := n.srv.Status()
 	st := Status{Role: role.String(), Term: term, Serving: hs.Primary, Backend: hs.Backend, Sessions: hs.Sessions,
-		DetachedSessions: hs.Detached, DeviceObjects: hs.Objects, DeviceMemoryBytes: hs.Bytes,
+		DetachedSessions: hs.Detached, DeviceObjects: hs.Objects, DeviceMemoryBytes: hs.Bytes, Tenancy: hs.Tenancy,
 		Replication: Replication{Direction: NoPeer, State: "off", Standbys: []StandbyLink{}}}
 	if p := n.Promoted(); p != nil {
 		st.Promotion = &PromotionStatus{Term: p.Term, LastHeard: p.LastHeard, Detected: p.Detected, Serving: p.Serving,

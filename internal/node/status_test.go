@@ -39,6 +39,10 @@ func docFields(t *testing.T) (fields map[string]bool, series []string) {
 			prefix = "replication.standbys."
 		case strings.HasPrefix(line, "#") && strings.Contains(line, " replication.refused_peers"):
 			prefix = "replication.refused_peers."
+		case strings.HasPrefix(line, "## tenancy"):
+			prefix = "tenancy."
+		case strings.HasPrefix(line, "#") && strings.Contains(line, " tenancy.tenants"):
+			prefix = "-" // a list: its elements' keys are not walked
 		case strings.HasPrefix(line, "## replication"):
 			prefix = "replication."
 		case strings.HasPrefix(line, "## promotion"):
