@@ -1,6 +1,8 @@
 package hypervisor
 
 import (
+	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -14,7 +16,14 @@ import (
 //     resend, so a new id may lead the last applied one by at most
 //     maxIDJump (a guest's ids grow by one per request);
 //   - a resend under an applied id with other content is not a resend: it
-//     is refused, counted and logged, not silently answered "done".
+//     is refused, counted and logged, not silently answered "done";
+//   - an id at or below the last applied one that the session never applied
+//     (never sent, sent out of order, or refused when it was) is refused:
+//     answering it "done" would tell the guest of a change that never
+//     happened (an allocation answered with pointer 0). The session
+//     remembers which of its latest appliedWindow ids it applied
+//     (appliedIDs); an older id is refused too: resends follow a failover
+//     closely, and a guest's ids grow by one per request.
 
 // maxIDJump bounds how far past the last applied request a new request's
 // id may be.
@@ -43,6 +52,9 @@ func (s *Session) checkReqID(op abi.Opcode, reqID uint64, payload []byte, inPlac
 		sum = crc32.Checksum(payload, castagnoli)
 	}
 	if reqID <= s.lastReq {
+		if applied, remembered := s.applied.knows(reqID); !applied {
+			return nil, refuse(refusedUnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, s.lastReq, remembered)), true
+		}
 		if want, ok := s.sums[reqID]; ok && !inPlace && want != sum {
 			return nil, refuse(refusedReplayMismatch, abi.StatusInvalidValue,
 				"request id %d was already applied with other content: a resend must repeat the request", reqID), true
@@ -78,4 +90,84 @@ func (s *Session) noteContent(reqID uint64, sum uint32) {
 			}
 		}
 	}
+}
+
+// unknownRequest says why a request id at or below the last applied one
+// is refused.
+func unknownRequest(reqID, last uint64, remembered bool) string {
+	if !remembered {
+		return fmt.Sprintf("request id %d is older than the %d latest requests this session remembers (its last applied is %d): it cannot say whether it applied it", reqID, appliedWindow, last)
+	}
+	return fmt.Sprintf("request id %d was never applied by this session (its last applied is %d): a resend must repeat a request that was sent, a new request needs an id past %d", reqID, last, last)
+}
+
+// appliedWindow is how many of its latest request ids a session
+// remembers as applied or not.
+const appliedWindow = sumsKept
+
+// appliedIDs remembers which of the ids (top-appliedWindow, top] a
+// session applied: bit id%appliedWindow of bits.
+type appliedIDs struct {
+	top  uint64
+	bits [appliedWindow / 64]uint64
+}
+
+// mark notes that request id was applied.
+func (a *appliedIDs) mark(id uint64) {
+	switch {
+	case id == 0 || id <= a.top && a.top-id >= appliedWindow:
+		return
+	case id > a.top && id-a.top >= appliedWindow:
+		a.bits = [appliedWindow / 64]uint64{} // none of the window's ids was applied
+		a.top = id
+	case id > a.top:
+		for i := a.top + 1; i < id; i++ { // the ids skipped were not applied
+			a.bits[i%appliedWindow/64] &^= 1 << (i % 64)
+		}
+		a.top = id
+	}
+	a.bits[id%appliedWindow/64] |= 1 << (id % 64)
+}
+
+// knows reports whether id was applied, and whether it is recent enough
+// to be remembered at all (an id past top was not applied).
+func (a *appliedIDs) knows(id uint64) (applied, remembered bool) {
+	switch {
+	case id > a.top:
+		return false, true
+	case a.top-id >= appliedWindow:
+		return false, false
+	}
+	return a.bits[id%appliedWindow/64]&(1<<(id%64)) != 0, true
+}
+
+// appliedIDsBytes is an encoded appliedIDs' size: top, then the bits.
+const appliedIDsBytes = 8 + appliedWindow/8
+
+// append encodes a into b (the body of a snapshot's OpSetNext record: a
+// standby that resyncs knows what the primary applied).
+func (a *appliedIDs) append(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint64(b, a.top)
+	for _, w := range a.bits {
+		b = binary.LittleEndian.AppendUint64(b, w)
+	}
+	return b
+}
+
+// decodeAppliedIDs decodes an encoded appliedIDs; an empty body knows of
+// no request.
+func decodeAppliedIDs(b []byte) (appliedIDs, error) {
+	var a appliedIDs
+	switch len(b) {
+	case 0:
+		return a, nil
+	case appliedIDsBytes:
+	default:
+		return a, fmt.Errorf("applied request ids of %d bytes, want %d", len(b), appliedIDsBytes)
+	}
+	a.top = binary.LittleEndian.Uint64(b)
+	for i := range a.bits {
+		a.bits[i] = binary.LittleEndian.Uint64(b[8+8*i:])
+	}
+	return a, nil
 }

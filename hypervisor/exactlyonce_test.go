@@ -2,6 +2,7 @@ package hypervisor_test
 
 import (
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,6 +108,36 @@ func TestRequestIDs(t *testing.T) {
 	}
 	if refusals(t, e, "request_id") != 1 || refusals(t, e, "replay_mismatch") != 1 {
 		t.Fatal("refusals not counted")
+	}
+}
+
+// TestUnknownRequestIDRefused: an id at or below the last applied one
+// that the session never applied is refused with a clear error, not
+// answered "done" (an allocation answered with pointer 0 that allocated
+// nothing); a resend of one it applied is still answered from state.
+func TestUnknownRequestIDRefused(t *testing.T) {
+	e := start(t, hypervisor.DefaultConfig())
+	r := dialRaw(t, e)
+	if st, msg := r.send(abi.OpHello, 0, 1, &abi.Hello{GuestName: "ids"}, &abi.HelloReply{}); st != abi.StatusOK {
+		t.Fatal(msg)
+	}
+	var a, again abi.AllocReply
+	if st, msg := r.send(abi.OpAlloc, 0, 10, &abi.Alloc{Size: 4096}, &a); st != abi.StatusOK || a.Ptr == 0 {
+		t.Fatalf("alloc with id 10: %v %s", st, msg)
+	}
+	var never abi.AllocReply
+	st, msg := r.send(abi.OpAlloc, 0, 5, &abi.Alloc{Size: 4096}, &never)
+	if st != abi.StatusInvalidValue || !strings.Contains(msg, "request id 5 was never applied") {
+		t.Fatalf("alloc under an id never used, below the last applied: %v %q (pointer %#x)", st, msg, never.Ptr)
+	}
+	if st, _ := r.send(abi.OpAlloc, 0, 10, &abi.Alloc{Size: 4096}, &again); st != abi.StatusOK || again.Ptr != a.Ptr {
+		t.Fatalf("resent alloc: %v %#x, want the first reply %#x", st, again.Ptr, a.Ptr)
+	}
+	if got := e.srv.Status().Sessions[0].Allocations; got != 1 {
+		t.Fatalf("%d allocations, want 1", got)
+	}
+	if refusals(t, e, "unknown_request") != 1 {
+		t.Fatal("refusal not counted")
 	}
 }
 

@@ -105,6 +105,7 @@ const (
 	refusedSessionFailed  = "session_failed"  // a request after its session failed
 	refusedReplayMismatch = "replay_mismatch" // an applied id resent with other content
 	refusedRequestID      = "request_id"      // an id too far past the last applied one
+	refusedUnknownRequest = "unknown_request" // an id at or below the last applied one, never applied
 	refusedResumeToken    = "resume_token"    // resume with a missing or wrong token
 	refusedResumeAttached = "resume_attached" // resume of a session served elsewhere
 	refusedBufferBudget   = "buffer_budget"   // request bytes over the node's budget
@@ -114,7 +115,7 @@ const (
 	refusedGraceCapped    = "grace_capped"    // grace asked above the cap (granted the cap)
 )
 
-var refusalReasons = []string{refusedSessionFailed, refusedReplayMismatch, refusedRequestID, refusedResumeToken,
+var refusalReasons = []string{refusedSessionFailed, refusedReplayMismatch, refusedRequestID, refusedUnknownRequest, refusedResumeToken,
 	refusedResumeAttached, refusedBufferBudget, refusedTenantMemory, refusedTenantSessions, refusedTenantDetached,
 	refusedGraceCapped, refusedTenantAdmission}
 

@@ -285,7 +285,11 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 	case replicate.OpSetNext:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()
-		sess.lastReq = max(sess.lastReq, rec.ReqID)
+		applied, err := decodeAppliedIDs(rec.Body)
+		if err != nil {
+			return err
+		}
+		sess.lastReq, sess.applied = max(sess.lastReq, rec.ReqID), applied
 		return sess.handles.SetNext(handlemap.Handle(rec.Result))
 	}
 	return sess.apply(rec)

@@ -76,6 +76,9 @@ type Session struct {
 	// here instead of being run twice (exactly once).
 	lastReq uint64
 	results map[uint64]uint64
+	// applied remembers which of the latest ids it applied: an id at or
+	// below lastReq that it did not apply is refused (exactlyonce.go).
+	applied appliedIDs
 	// sums holds a checksum of each recent request's payload, so that a
 	// resend under an applied id with other content is refused
 	// (exactlyonce.go).
@@ -294,6 +297,7 @@ func (s *Session) noteApplied(reqID, result uint64) {
 		return
 	}
 	s.lastReq = max(s.lastReq, reqID)
+	s.applied.mark(reqID)
 	if result != 0 {
 		if s.results == nil {
 			s.results = map[uint64]uint64{}
