@@ -33,7 +33,7 @@ var benchmarks = map[string]command{
 func runBench(args []string) error {
 	names := strings.Join(slices.Sorted(maps.Keys(benchmarks)), ", ")
 	if len(args) == 0 {
-		return fmt.Errorf("usage: vgpuha bench BENCHMARK [flags] (benchmarks: %s)", names)
+		return usageError{fmt.Errorf("usage: vgpuha bench BENCHMARK [flags] (benchmarks: %s)", names)}
 	}
 	switch args[0] {
 	case "-h", "--help", "-help":
@@ -42,7 +42,11 @@ func runBench(args []string) error {
 	}
 	b, ok := benchmarks[args[0]]
 	if !ok {
-		return fmt.Errorf("unknown benchmark %q (have: %s)", args[0], names)
+		hint := ""
+		if s := closest(args[0], slices.Sorted(maps.Keys(benchmarks))); s != "" {
+			hint = fmt.Sprintf("did you mean %s? ", s)
+		}
+		return usageError{fmt.Errorf("unknown benchmark %q (%shave: %s)", args[0], hint, names)}
 	}
 	return b.run(args[1:])
 }

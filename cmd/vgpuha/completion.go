@@ -50,7 +50,7 @@ func runCompletion(args []string) error {
 		return flag.ErrHelp
 	}
 	if len(args) != 1 || completionShells[args[0]] == nil {
-		return fmt.Errorf("usage: vgpuha completion SHELL (one of %s)", shells)
+		return usageError{fmt.Errorf("usage: vgpuha completion SHELL (one of %s)", shells)}
 	}
 	completionShells[args[0]](os.Stdout, completionTable())
 	return nil

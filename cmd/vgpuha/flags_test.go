@@ -96,9 +96,6 @@ func TestEveryNumericFlagIsRanged(t *testing.T) {
 	unranged := map[string]bool{"*flag.intValue": true, "*flag.int64Value": true, "*flag.uintValue": true,
 		"*flag.uint64Value": true, "*flag.float64Value": true, "*flag.durationValue": true}
 	for _, c := range completionTable() {
-		if c.name == "mmio-guest" {
-			continue // the MMIO benchmark's own guest program (internal/mmioguest), not an operator's command
-		}
 		var sets []*flag.FlagSet
 		capturedFlags, helpWanted = &sets, true
 		run := commands[c.name].run

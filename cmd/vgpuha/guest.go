@@ -27,7 +27,8 @@ type guestReport struct {
 func runGuest(args []string) error {
 	fs := newFlags("guest", "--endpoint ENDPOINT --workload NAME [flags]")
 	endpoint := stringFlag(fs, "endpoint", "unix:///tmp/vgpuha.sock", checkEndpoint, "hypervisor endpoint (the primary's --guest-listen)")
-	name := fs.String("workload", "all", fmt.Sprintf("workload to run: one of %v, or all", workload.Names()))
+	name := stringFlag(fs, "workload", "all", func(v string) error { _, err := workload.Select(v); return err },
+		fmt.Sprintf("workload to run: one of %v, a comma-separated list of them, or all", workload.Names()))
 	size := intFlag(fs, "size", 0, 0, 1<<30, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	guestName := fs.String("name", "guest", "guest name shown in the hypervisor's status")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 
@@ -31,7 +32,7 @@ func runRun(args []string) error {
 		return servePrimary(newFlags("run", "[primary flags] -- PROGRAM [ARGS]"), args, []string{})
 	}
 	if split < 0 || split == len(args)-1 {
-		return errors.New("usage: vgpuha run [primary flags] -- PROGRAM [ARGS]")
+		return usageError{errors.New("usage: vgpuha run [primary flags] -- PROGRAM [ARGS]")}
 	}
 	fs := newFlags("run", "[primary flags] -- PROGRAM [ARGS]")
 	return servePrimary(fs, args[:split], args[split+1:])
@@ -71,5 +72,19 @@ func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
 
 // runMMIOGuest is `vgpuha mmio-guest`: the benchmark's guest program.
 func runMMIOGuest(args []string) error {
-	return mmioguest.Main(newFlags("mmio-guest", "--addr ENDPOINT [flags]"), args, os.Stdout)
+	fs := newFlags("mmio-guest", "--addr ENDPOINT [flags]")
+	var opts mmioguest.Options
+	stringVar(fs, &opts.Endpoint, "addr", os.Getenv("VGPUHA_ADDR"), checkEndpoint, "hypervisor endpoint (unix://PATH); default $VGPUHA_ADDR")
+	workloads := append(slices.Clone(mmioguest.Workloads), "failover")
+	workloadName := choiceFlag(fs, "workload", "seq", workloads, "one of "+strings.Join(workloads, ", ")+" (failover: pauses for a line on stdin halfway)")
+	intVar(fs, &opts.Writes, "writes", 20000, 1, 1<<30, "stores to make")
+	sizeVar(fs, &opts.ApertureBytes, "aperture-bytes", 4<<20, 4096, 1<<34, "size of the memory aperture")
+	intVar(fs, &opts.Threads, "threads", 4, 1, 1024, "OS threads storing at once (threads workload)")
+	hold := fs.Bool("hold", false, "after the run, print the result and keep the session and apertures until killed")
+	failoverTo := stringFlag(fs, "failover", "", checkEndpoint, "a standby endpoint to resume on if the primary fails")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	opts.Workload = *workloadName
+	return mmioguest.Main(opts, *hold, *failoverTo, os.Stdout)
 }

@@ -10,7 +10,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -237,27 +236,18 @@ func deviceMatches(c *pvdriver.Client, aps []*pvdriver.Aperture) (bool, error) {
 	return true, nil
 }
 
-// Main is `vgpuha mmio-guest`: flags, one run, the Result as JSON.
-func Main(fs *flag.FlagSet, args []string, stdout io.Writer) error {
-	opts := Options{}
-	fs.StringVar(&opts.Endpoint, "addr", os.Getenv("VGPUHA_ADDR"), "hypervisor endpoint (unix://PATH); default $VGPUHA_ADDR")
-	fs.StringVar(&opts.Workload, "workload", "seq", fmt.Sprintf("one of %v", Workloads))
-	fs.IntVar(&opts.Writes, "writes", 20000, "stores to make")
-	fs.Uint64Var(&opts.ApertureBytes, "aperture-bytes", 4<<20, "size of the memory aperture")
-	fs.IntVar(&opts.Threads, "threads", 4, "OS threads storing at once (threads workload)")
-	hold := fs.Bool("hold", false, "after the run, print the result and keep the session and apertures until killed")
-	failoverTo := fs.String("failover", "", "a standby endpoint to resume on if the primary fails")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *failoverTo != "" {
-		opts.Failover = []string{*failoverTo}
+// Main is `vgpuha mmio-guest`: one run of opts (cmd/vgpuha parses its
+// flags into them), the Result as JSON; with hold, the session is kept
+// until the process is killed; failoverTo is a standby to resume on.
+func Main(opts Options, hold bool, failoverTo string, stdout io.Writer) error {
+	if failoverTo != "" {
+		opts.Failover = []string{failoverTo}
 	}
 	opts.Pause = func() { // the failover workload: wait for a line on stdin
 		fmt.Fprintln(stdout, `{"paused":true}`)
 		bufio.NewReader(os.Stdin).ReadString('\n')
 	}
-	if *hold {
+	if hold {
 		opts.Hold = func(res Result) {
 			json.NewEncoder(stdout).Encode(res)
 			fmt.Fprintln(os.Stderr, "mmio-guest: holding the session; kill to end")
