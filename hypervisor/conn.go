@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/vgpuha/vgpuha/mmiotrace"
@@ -31,6 +32,12 @@ type guestConn struct {
 	refusals int
 	counted  okCounters
 	replies  replyQueue // replies waiting for the commit rule (replies.go)
+	// helloUnanswered: the hello opened a new session whose reply has
+	// not gone out (its commit rule did not hold yet, or it was not
+	// flushed); helloWritten: that reply may go and is being written. If
+	// the connection ends before it went out, the guest never learned of
+	// the session and nobody can resume it: it is freed at once (finish).
+	helloUnanswered, helloWritten atomic.Bool
 }
 
 // ServeConn serves one guest connection until it ends. A frame that cannot
@@ -133,9 +140,38 @@ func (c *guestConn) finish() {
 	}
 	c.drainReplies()
 	c.fr.Release()
-	if c.sess != nil {
-		c.s.detach(c.sess, c.log)
+	if c.sess == nil {
+		return
 	}
+	if c.helloUnanswered.Load() {
+		c.sess.mu.Lock()
+		c.sess.grace = 0
+		c.sess.mu.Unlock()
+		c.log.Info("guest connection ended before its new session could be answered; freeing the session")
+	}
+	c.s.detach(c.sess, c.log)
+}
+
+// answeringHello wraps what the reply to a hello that opened a session
+// waits for (nil: nothing), noting that the guest has not been told of
+// the session (helloUnanswered) until the reply may go and a flush after
+// it succeeds (flush).
+func (c *guestConn) answeringHello(held func() bool) func() bool {
+	c.helloUnanswered.Store(true)
+	return func() bool {
+		if held != nil && !held() {
+			return false
+		}
+		c.helloWritten.Store(true)
+		return true
+	}
+}
+
+// opensSession reports whether a hello's payload asks for a new session
+// (not a resume).
+func opensSession(payload []byte) bool {
+	var req abi.Hello
+	return abi.Unmarshal(payload, &req) == nil && req.Resume == 0
 }
 
 // goodbye ends the session of a guest that is done (OpBye): the replies
@@ -246,6 +282,9 @@ func (c *guestConn) serve(f abi.Frame) bool {
 		return true // no reply: the guest is pipelining; an error waits for its next sync
 	}
 	held := c.s.replyGate(f.Op, err)
+	if f.Op == abi.OpHello && err == nil && opensSession(f.Payload) {
+		held = c.answeringHello(held)
+	}
 	if held == nil && c.s.leaseExpired() {
 		// Its lease ran out: this reply could tell the guest of a change
 		// the standby may never get. No reply; the guest resumes on the

@@ -5,7 +5,9 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,8 +15,10 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
+	"github.com/vgpuha/vgpuha/internal/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // fakeClock is a clock a test moves by hand.
@@ -256,4 +260,51 @@ func TestHelloWaitsForClosingSlot(t *testing.T) {
 		t.Fatalf("the next guest was refused while the slot was being freed: %v", err)
 	}
 	done()
+}
+
+// TestUnansweredHelloLeavesNothing: a hello whose reply waits for the
+// standby (commit mode: the standby must hold the new session first) is
+// given up by its guest before it may go (a guest that stops waiting for
+// a frozen or deposed primary, or dies mid-hello). Nobody knows of that
+// session, so the node frees it at once instead of keeping it for the
+// grace period the guest asked for.
+func TestUnansweredHelloLeavesNothing(t *testing.T) {
+	var holdRecords atomic.Bool
+	release := make(chan struct{})
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, StartStandby: true,
+		Faults: func(m replicate.Message) bool {
+			if m.From == replicate.FromPrimary && m.Type == "record" && holdRecords.Load() {
+				<-release
+			}
+			return true
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitProtected(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	holdRecords.Store(true)
+	conn, err := net.Dial("unix", strings.TrimPrefix(c.Endpoint, "unix://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello := abi.AppendBodyFrame(nil, abi.OpHello, 0, 1, &abi.Hello{GuestName: "impatient", GraceMS: 60000})
+	if _, err := conn.Write(hello); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(c.Primary.Status().Sessions) != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the hello opened no session")
+		}
+	}
+	conn.Close() // before the standby holds the session, so before its reply may go
+	holdRecords.Store(false)
+	close(release)
+	for deadline := time.Now().Add(10 * time.Second); len(c.Primary.Status().Sessions) != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a session nobody was told of is kept (for its 60 s grace): %+v", c.Primary.Status())
+		}
+	}
 }

@@ -101,7 +101,17 @@ func (c *guestConn) settle() error {
 	if dead {
 		return errRepliesStopped
 	}
-	return c.bw.Flush()
+	return c.flush()
+}
+
+// flush flushes the connection's writer; once the reply to a hello that
+// opened a session has gone out, the guest knows of the session.
+func (c *guestConn) flush() error {
+	err := c.bw.Flush()
+	if err == nil && c.helloWritten.Load() {
+		c.helloUnanswered.Store(false)
+	}
+	return err
 }
 
 // errRepliesStopped: a reply could not be sent, and the connection ends.
@@ -134,7 +144,7 @@ func (c *guestConn) sendQueued() {
 		q.pending[0] = queuedReply{}
 		q.pending = q.pending[1:]
 		if ok && len(q.pending) == 0 {
-			ok = c.bw.Flush() == nil
+			ok = c.flush() == nil
 		}
 		q.cond.Broadcast() // a settle may be waiting for the queue to empty
 		if !ok {
