@@ -23,11 +23,14 @@ import (
 //     new primary, and a session whose guest died with the old primary, or
 //     whose hello never got its reply there, is freed as on the primary.
 //
-// A guest that is done says bye: its session is freed before the bye is
-// answered (guestConn.goodbye), so a program's slot is free once its
-// process has exited. A hello that finds every slot taken while some
-// session is still being let go waits for that, up to closingSlotWait
-// (takeSlot), instead of refusing the guest.
+// A session whose hello reply never went out (held for the standby, and
+// the guest gave up or died first) is freed when its connection ends:
+// nobody was told of it (guestConn.answeringHello). A guest that is done
+// says bye: its session is freed before the bye is answered
+// (guestConn.goodbye), so a program's slot is free once its process has
+// exited. A hello that finds every slot taken while some session is still
+// being let go waits for that, up to closingSlotWait (takeSlot), instead
+// of refusing the guest.
 
 // closingSlotWait bounds how long a hello waits for a slot that a session
 // whose connection ended is about to free.
