@@ -85,6 +85,8 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 	bf.register(fs)
 	var cf coordFlags
 	cf.register(fs, true)
+	var pair pairFlags
+	pair.register(fs, false)
 	cfg := hypervisor.DefaultConfig()
 	configFlags(fs, &cfg)
 	newLog := logFlag(fs)
@@ -125,6 +127,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return err
 	}
 	ncfg.StandbyLossAfter = cf.standbyLossAfter
+	pair.apply(&ncfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	n, err := node.StartPrimary(ncfg)

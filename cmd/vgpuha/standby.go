@@ -28,6 +28,8 @@ func runStandby(args []string) error {
 	advertise := stringFlag(fs, "coordinator.advertise", "", checkTCP, "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
 	var cf coordFlags
 	cf.register(fs, true)
+	var pair pairFlags
+	pair.register(fs, true)
 	var bf backendFlags
 	bf.register(fs)
 	cfg := hypervisor.DefaultConfig()
@@ -68,6 +70,7 @@ func runStandby(args []string) error {
 	reg := newRegistry()
 	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *guestListen, Key: key}
 	ncfg.Detector = det
+	pair.apply(&ncfg)
 	if ncfg.Mode, err = replicate.ParseMode(*modeName); err != nil {
 		return err
 	}
