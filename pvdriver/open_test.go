@@ -75,3 +75,41 @@ func TestHelloCutOffMovesOn(t *testing.T) {
 		t.Fatalf("Close returned before the node freed the session: %+v", st.Sessions)
 	}
 }
+
+// TestDeposedNodeSendsGuestOn: a node whose coordinator lease ran out (it
+// was deposed, though not yet fenced) refuses a new guest's hello at
+// once as unavailable, and the guest opens its session on the next
+// endpoint in the same round.
+func TestDeposedNodeSendsGuestOn(t *testing.T) {
+	dir := t.TempDir()
+	serve := func(name string) (*hypervisor.Server, string) {
+		srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		ln, err := net.Listen("unix", filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(ln)
+		return srv, "unix://" + ln.Addr().String()
+	}
+	deposed, deposedEP := serve("deposed.sock")
+	expired := time.Now().Add(-time.Second)
+	deposed.SetLease(func() time.Time { return expired }, func() (bool, bool) { return false, true })
+	next, nextEP := serve("next.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, deposedEP, pvdriver.Options{GuestName: "g", Failover: []string{nextEP}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if n, m := len(deposed.Status().Sessions), len(next.Status().Sessions); n != 0 || m != 1 {
+		t.Fatalf("sessions: %d on the deposed node, %d on the next; want 0 and 1", n, m)
+	}
+	if f := g.Failovers(); len(f) != 0 {
+		t.Fatalf("the guest counts a failover it never made: %+v", f)
+	}
+}
