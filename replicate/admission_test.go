@@ -156,9 +156,11 @@ func (c *resetCounter) resetsSoFar() int {
 
 // TestStrayPrimaryRefused: over real sockets, a standby following a
 // primary refuses a second one (another group, the same group at a lower
-// term, another primary at its term), never resets its replica for it,
-// and both ends count the refusal; the real primary stays attached, and
-// the one it follows reconnects as before.
+// term, another primary at its term, the same primary restored from an
+// image behind the replica), never resets its replica for it, and both
+// ends count the refusal; a deposed one is told the term; the real primary
+// stays attached. An operator's adoption lets another group's primary in
+// once, and the old pair is refused after it.
 func TestStrayPrimaryRefused(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	rep := &resetCounter{synced: make(chan struct{})}
@@ -173,8 +175,11 @@ func TestStrayPrimaryRefused(t *testing.T) {
 	defer ln.Close()
 	go r.Serve(ln)
 	defer r.Close()
-	start := func(group string, term uint64) (*Sender, *termNode, func()) {
+	start := func(group string, term uint64, sameLogAs ...*Log) (*Sender, *termNode, func()) {
 		lg := NewLog(64 << 20)
+		if len(sameLogAs) > 0 {
+			lg.id = sameLogAs[0].id // the same primary, its log restored from an image
+		}
 		node := &termNode{patternNode: patternNode{log: lg, records: 2}, term: term}
 		s, err := NewSender(SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: ModeCommit, Log: lg, Logger: quiet, Group: group}, node)
 		if err != nil {
@@ -186,7 +191,7 @@ func TestStrayPrimaryRefused(t *testing.T) {
 		return s, node, func() { cancel(); lg.Close(); <-done }
 	}
 	real, _, stopReal := start("pair", 3)
-	defer stopReal()
+	defer func() { stopReal() }()
 	select {
 	case <-rep.synced:
 	case <-time.After(10 * time.Second):
@@ -221,6 +226,14 @@ func TestStrayPrimaryRefused(t *testing.T) {
 			t.Errorf("%s: a primary refused for %v was told terms %v", tc.story, tc.want, told)
 		}
 	}
+	// The real primary's image restored: its id and term, a log that ends
+	// before what the replica applied.
+	real.cfg.Log.Append(Record{Op: OpMMIO, Body: []byte("x")})
+	waitFor(t, "the record applied", func() bool { return r.Status().Applied >= 1 })
+	before := r.Status().Refused[RefusedRewound.String()]
+	_, _, stop := start("pair", 3, real.cfg.Log)
+	waitFor(t, "the rewound primary refused", func() bool { return r.Status().Refused[RefusedRewound.String()] > before })
+	stop()
 	if n := rep.resetsSoFar(); n != 1 {
 		t.Errorf("the replica was reset %d times, want once (the real primary's resync)", n)
 	}
@@ -229,6 +242,26 @@ func TestStrayPrimaryRefused(t *testing.T) {
 	}
 	if f := r.Status().Follows; f == nil || f.Group != "pair" || f.Term != 3 {
 		t.Errorf("the standby follows %+v", f)
+	}
+
+	// An operator's adoption: the next primary, of another group, is
+	// followed (its resync replaces the replica), and the old pair's
+	// primary is refused from then on.
+	r.Adopt()
+	adopted, _, stopAdopted := start("new-pair", 1)
+	defer stopAdopted()
+	waitFor(t, "the adopted primary protected", func() bool { return adopted.Status().Protected })
+	if f := r.Status().Follows; f == nil || f.Group != "new-pair" {
+		t.Errorf("after the adoption the standby follows %+v", f)
+	}
+	stopReal()
+	stopReal = func() {}
+	before = r.Status().Refused[RefusedOtherGroup.String()]
+	_, _, stopOld := start("pair", 3)
+	waitFor(t, "the old pair's primary refused", func() bool { return r.Status().Refused[RefusedOtherGroup.String()] > before })
+	stopOld()
+	if n := rep.resetsSoFar(); n != 2 {
+		t.Errorf("the replica was reset %d times, want twice (the real primary's and the adopted one's resyncs)", n)
 	}
 }
 
