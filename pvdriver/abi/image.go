@@ -87,7 +87,7 @@ func DecodeModuleImage(b []byte) (*ModuleImage, error) {
 	m := &ModuleImage{}
 	seen := map[string]bool{}
 	for i := 0; i < n && d.err == nil; i++ {
-		k := KernelSpec{Name: d.String(MaxNameLen)}
+		k := KernelSpec{Name: d.String(MaxKernelName)}
 		np := int(d.U16())
 		if np > MaxArgs {
 			return nil, fmt.Errorf("%w: kernel %q declares %d params, limit %d", ErrBadImage, k.Name, np, MaxArgs)

@@ -9,10 +9,17 @@ import (
 
 // Limits on request fields, checked by the decoders.
 const (
-	MaxNameLen     = 256     // kernel and guest names
-	MaxArgs        = 64      // kernel arguments per launch
-	MaxParamBytes  = 4096    // total bytes of kernel arguments, as in CUDA
-	MaxModuleImage = 4 << 20 // module image bytes
+	MaxNameLen = 256 // guest names
+	// MaxKernelName bounds a kernel's (mangled) name: C++ templates give
+	// long ones (PyTorch's run to a few thousand bytes).
+	MaxKernelName = 16 << 10
+	MaxArgs       = 64   // kernel arguments per launch
+	MaxParamBytes = 4096 // total bytes of kernel arguments, as in CUDA
+	// MaxModuleImage bounds a module image: one frame's payload less room
+	// for the request around it. The largest fatbins of PyTorch 2.11's CUDA
+	// 13 libraries are 4.6 MiB (cuBLAS), 6.0 (cuBLASLt), 6.6 (libtorch_cuda)
+	// and 6.9 (cuDNN); NCCL's one 56 MiB image is beyond it.
+	MaxModuleImage = 15 << 20
 )
 
 // Body is a request or reply body. Append encodes it; decode reads it back
@@ -374,7 +381,7 @@ func (m *Memset) decode(d *Decoder) {
 }
 func (m *ModuleLoad) decode(d *Decoder)   { m.Image = d.Bytes(MaxModuleImage) }
 func (m *ModuleUnload) decode(d *Decoder) { m.Module = d.U64() }
-func (m *GetFunction) decode(d *Decoder)  { m.Module = d.U64(); m.Name = d.String(MaxNameLen) }
+func (m *GetFunction) decode(d *Decoder)  { m.Module = d.U64(); m.Name = d.String(MaxKernelName) }
 func (m *Launch) decode(d *Decoder) {
 	m.Function = d.U64()
 	m.Grid = d.dim3()

@@ -119,7 +119,7 @@ func ParsePTX(text string) ([]PTXEntry, error) {
 			return nil, fmt.Errorf("%w: .entry without a name", ErrBadPTX)
 		}
 		e := PTXEntry{Name: toks[i+1]}
-		if len(e.Name) > MaxNameLen || seen[e.Name] {
+		if len(e.Name) > MaxKernelName || seen[e.Name] {
 			return nil, fmt.Errorf("%w: entry name %.40q too long or repeated", ErrBadPTX, e.Name)
 		}
 		seen[e.Name] = true

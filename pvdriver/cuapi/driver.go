@@ -59,10 +59,11 @@ type Driver struct {
 	funcs   map[uint64]*function
 	streams map[uint64]*stream
 	events  map[uint64]*event
-	used    uint64             // bytes allocated
+	used    uint64                // bytes allocated
 	hosts   map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc
 
 	primaryFlags uint32 // cuDevicePrimaryCtxSetFlags
+	closed       bool   // the session ended with the process (Shutdown): every call is CUDA_ERROR_DEINITIALIZED
 
 	apertures map[uint64]*pvdriver.Aperture // by device address (aperture.go)
 }
@@ -70,7 +71,7 @@ type Driver struct {
 type ctxState struct {
 	handle uint64
 	flags  uint32
-	refs   int // primary context: retains; others: 1 until destroyed
+	refs   int              // primary context: retains; others: 1 until destroyed
 	limits map[int32]uint64 // cuCtxSetLimit's values (runtime.go)
 }
 
@@ -147,6 +148,9 @@ func (d *Driver) Shutdown() {
 	if c != nil {
 		c.Close()
 	}
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
 }
 
 // mint returns a fresh handle. Handles are multiples of 16 from 0x1000, so
@@ -166,6 +170,9 @@ func (d *Driver) ready() Result {
 	if d.client == nil {
 		return ErrorNotInitialized
 	}
+	if d.closed {
+		return ErrorDeinitialized
+	}
 	return Success
 }
 
@@ -173,8 +180,8 @@ func (d *Driver) ready() Result {
 // and returns it.
 // Precondition: d.mu must be locked.
 func (d *Driver) current(t Thread) (uint64, Result) {
-	if d.client == nil {
-		return 0, ErrorNotInitialized
+	if r := d.ready(); r != Success {
+		return 0, r
 	}
 	c := t.Top()
 	if c == 0 {

@@ -48,11 +48,12 @@ func (d *Driver) MemAllocPitch(t Thread, width, height uint64, elemSize uint32) 
 	return ptr, pitch, r
 }
 
-// MemFree is cuMemFree_v2.
+// MemFree is cuMemFree_v2; freeing 0 does nothing, as in CUDA (the
+// runtime's cudaFree(0), the usual way to make a context, comes here).
 func (d *Driver) MemFree(t Thread, p uint64) Result {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, r := d.current(t); r != Success {
+	if _, r := d.current(t); r != Success || p == 0 {
 		return r
 	}
 	a, ok := d.allocs[p]

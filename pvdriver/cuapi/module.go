@@ -33,6 +33,14 @@ type module struct {
 	globals map[string]bool
 	ptxVer  int
 	funcs   map[string]uint64 // functions taken from it, by name
+
+	// lazy is a library's image (cuLibraryLoadData) not yet loaded on
+	// the primary: it is loaded at the first kernel or global taken from
+	// it, as CUDA's lazy loading does, so the hundreds of images a
+	// framework registers at start cost nothing until used, and an image
+	// with no code for this GPU fails only if a kernel of it is asked for.
+	lazy    []byte
+	lazyErr Result // the lazy load's failure, answered to every later use
 }
 
 type function struct {
@@ -147,6 +155,18 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 	if r != Success {
 		return 0, r
 	}
+	m, r := d.loadImage(ctx, img)
+	if r != Success {
+		return 0, r
+	}
+	h := d.mint()
+	d.modules[h] = m
+	return h, Success
+}
+
+// loadImage loads img on the primary as a module of ctx.
+// Precondition: d.mu must be locked.
+func (d *Driver) loadImage(ctx uint64, img []byte) (*module, Result) {
 	if !abi.IsPTX(img) {
 		return d.loadRaw(ctx, img)
 	}
@@ -154,7 +174,7 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 	entries, err := abi.ParsePTX(text)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %v\n", err)
-		return 0, ErrorInvalidPTX
+		return nil, ErrorInvalidPTX
 	}
 	m := &module{ctx: ctx, entries: map[string]abi.PTXEntry{}, kinds: map[string][]abi.ArgKind{},
 		globals: ptxGlobals(text), ptxVer: abi.PTXVersion(text), funcs: map[string]uint64{}}
@@ -173,23 +193,20 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 	}
 	encoded := image.Append(nil)
 	if len(encoded) > abi.MaxModuleImage {
-		return 0, ErrorInvalidImage
+		return nil, ErrorInvalidImage
 	}
 	if m.remote, err = d.client.LoadModule(encoded); err != nil {
-		return 0, resultOf("cuModuleLoadData", err, true)
+		return nil, resultOf("cuModuleLoadData", err, true)
 	}
-	h := d.mint()
-	d.modules[h] = m
-	return h, Success
+	return m, Success
 }
 
 // loadRaw sends a cubin or fatbin whole.
 // Precondition: d.mu must be locked.
-func (d *Driver) loadRaw(ctx uint64, img []byte) (uint64, Result) {
-	n, _, ok := ImageSize(img)
-	if !ok || n > uint64(len(img)) {
-		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %d bytes that are neither PTX nor a whole cubin or fatbin\n", len(img))
-		return 0, ErrorInvalidImage
+func (d *Driver) loadRaw(ctx uint64, img []byte) (*module, Result) {
+	n, ok := rawSize(img)
+	if !ok {
+		return nil, ErrorInvalidImage
 	}
 	format := abi.FormatCubin
 	if binary.LittleEndian.Uint32(img) == fatbinMagic {
@@ -200,15 +217,58 @@ func (d *Driver) loadRaw(ctx uint64, img []byte) (uint64, Result) {
 	wire, err := abi.RawImage(format, img[:n])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %v\n", err)
-		return 0, ErrorInvalidImage
+		return nil, ErrorInvalidImage
 	}
 	remote, err := d.client.LoadModule(wire)
 	if err != nil {
-		return 0, resultOf("cuModuleLoadData", err, true)
+		return nil, resultOf("cuModuleLoadData", err, true)
+	}
+	return &module{ctx: ctx, remote: remote, raw: true, image: img[:n], funcs: map[string]uint64{}}, Success
+}
+
+// rawSize is how many bytes of img a cubin or fatbin holds, checked.
+func rawSize(img []byte) (uint64, bool) {
+	n, _, ok := ImageSize(img)
+	if !ok || n > uint64(len(img)) {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %d bytes that are neither PTX nor a whole cubin or fatbin\n", len(img))
+		return 0, false
+	}
+	return n, true
+}
+
+// LoadLibrary is cuLibraryLoadData's part in ctx: the image is checked
+// now and loaded on the primary when first used (module.lazy).
+func (d *Driver) LoadLibrary(ctx uint64, img []byte) (uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.context(ctx, false); r != Success {
+		return 0, r
+	}
+	if !abi.IsPTX(img) {
+		if _, ok := rawSize(img); !ok {
+			return 0, ErrorInvalidImage
+		}
 	}
 	h := d.mint()
-	d.modules[h] = &module{ctx: ctx, remote: remote, raw: true, image: img[:n], funcs: map[string]uint64{}}
+	d.modules[h] = &module{ctx: ctx, lazy: img, funcs: map[string]uint64{}}
 	return h, Success
+}
+
+// loaded makes sure m (handle h) is loaded on the primary: a library's
+// first use loads it.
+// Precondition: d.mu must be locked.
+func (d *Driver) loaded(m *module) Result {
+	if m.lazy == nil {
+		return m.lazyErr
+	}
+	got, r := d.loadImage(m.ctx, m.lazy)
+	if r != Success {
+		m.lazy, m.lazyErr = nil, r
+		return r
+	}
+	got.funcs = m.funcs
+	*m = *got
+	return Success
 }
 
 // ptxGlobals lists the module-scope .global and .const variables of PTX.
@@ -256,6 +316,9 @@ func (d *Driver) unloadModule(h uint64, m *module) error {
 		delete(d.funcs, f)
 	}
 	delete(d.modules, h)
+	if m.lazy != nil || m.lazyErr != Success {
+		return nil // never loaded on the primary
+	}
 	return d.client.UnloadModule(m.remote)
 }
 
@@ -273,6 +336,12 @@ func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
 	}
 	if f, ok := m.funcs[name]; ok {
 		return f, Success
+	}
+	if len(name) > abi.MaxKernelName {
+		return 0, ErrorNotFound
+	}
+	if r := d.loaded(m); r != Success {
+		return 0, r
 	}
 	if m.raw {
 		return d.rawFunction(h, m, name)
@@ -341,6 +410,9 @@ func (d *Driver) ModuleGetGlobal(h uint64, name string) (uint64, uint64, Result)
 	m := d.modules[h]
 	if m == nil {
 		return 0, 0, ErrorInvalidHandle
+	}
+	if r := d.loaded(m); r != Success {
+		return 0, 0, r
 	}
 	if m.raw && !bytes.Contains(m.image, append([]byte(name), 0)) {
 		return 0, 0, ErrorNotFound // not even a string of the image (a compressed fatbin's names are not seen either)

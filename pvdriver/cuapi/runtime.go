@@ -156,17 +156,14 @@ func (d *Driver) StreamInfo(t Thread, s uint64) (flags uint32, ctx uint64, r Res
 // driver's processes have one device and use one context each for their
 // kernels). Its kernels are its functions.
 func (d *Driver) LibraryLoadData(t Thread, img []byte) (uint64, Result) {
-	if t.Top() == 0 {
-		d.mu.Lock()
-		p := d.primary
-		d.mu.Unlock()
-		if p == nil {
-			return 0, ErrorInvalidContext
-		}
-		t.Push(p.handle)
-		defer t.Pop()
+	ctx := t.Top()
+	if ctx == 0 {
+		ctx = d.PrimaryCtxHandle()
 	}
-	return d.ModuleLoadData(t, img)
+	if ctx == 0 {
+		return 0, ErrorInvalidContext
+	}
+	return d.LoadLibrary(ctx, img)
 }
 
 // Memory kinds (CUmemorytype) and pointer attributes (CUpointer_attribute).

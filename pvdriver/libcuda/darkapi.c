@@ -169,7 +169,7 @@ struct vg_table {
 	unsigned char id[16];
 	int len;                    /* slots */
 	int sized;                  /* slot 0 holds the table's size in bytes */
-	struct vg_slot served[8];   /* index 0 ends the list where sized */
+	struct vg_slot served[8];   /* slots served: functions, or sizes the caller reads; the first empty entry ends the list */
 	void *slots[VG_MAX_SLOTS];  /* built at first use */
 };
 
@@ -188,6 +188,11 @@ static struct vg_table vg_tables[] = {
 	 {{1, (void *)bypass_ctx_create}}},
 	{"integrity", {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}, 3, 1,
 	 {{1, (void *)integrity_answer}}},
+	/* Opened by cuBLAS, which fails to initialise without it; no slot of it
+	 * is known to be called. Its 16 slots hold sizes at 0, 4, 6, 10 and 14,
+	 * as NVIDIA's driver 580 lays it out; every other slot is a refusal. */
+	{"cublas-support", {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9}, 16, 0,
+	 {{0, (void *)0x18}, {4, (void *)0x10}, {6, (void *)0x20}, {10, (void *)0x10}, {14, (void *)0x38}}},
 };
 enum { VG_NTABLES = sizeof vg_tables / sizeof vg_tables[0] };
 
@@ -201,10 +206,10 @@ static CUresult vg_refuse(int table, int slot) {
 	R(t, 11) R(t, 12) R(t, 13) R(t, 14) R(t, 15) R(t, 16) R(t, 17) R(t, 18) R(t, 19) R(t, 20) R(t, 21) \
 	R(t, 22) R(t, 23) R(t, 24) R(t, 25) R(t, 26) R(t, 27) R(t, 28) R(t, 29) R(t, 30) R(t, 31)
 #define R(t, s) static CUresult vg_refuse_##t##_##s(void) { return vg_refuse(t, s); }
-SLOTS(0) SLOTS(1) SLOTS(2) SLOTS(3) SLOTS(4) SLOTS(5) SLOTS(6)
+SLOTS(0) SLOTS(1) SLOTS(2) SLOTS(3) SLOTS(4) SLOTS(5) SLOTS(6) SLOTS(7)
 #undef R
 #define R(t, s) (void *)vg_refuse_##t##_##s,
-static void *const vg_refusals[][VG_MAX_SLOTS] = {{SLOTS(0)}, {SLOTS(1)}, {SLOTS(2)}, {SLOTS(3)}, {SLOTS(4)}, {SLOTS(5)}, {SLOTS(6)}};
+static void *const vg_refusals[][VG_MAX_SLOTS] = {{SLOTS(0)}, {SLOTS(1)}, {SLOTS(2)}, {SLOTS(3)}, {SLOTS(4)}, {SLOTS(5)}, {SLOTS(6)}, {SLOTS(7)}};
 #undef R
 #undef SLOTS
 _Static_assert(sizeof vg_refusals / sizeof vg_refusals[0] == VG_NTABLES, "a refusal row per table");
@@ -233,6 +238,7 @@ CUresult cuGetExportTable(const void **table, const CUuuid *id) {
 	pthread_once(&vg_tables_once, vg_build_tables);
 	for (t = 0; t < VG_NTABLES; t++) {
 		if (memcmp(vg_tables[t].id, id->bytes, 16) == 0) {
+			if (vg_debug_enabled() > 1) fprintf(stderr, "vgpuha libcuda: cuGetExportTable: %s\n", vg_tables[t].name);
 			*table = vg_tables[t].slots;
 			return CUDA_SUCCESS;
 		}
@@ -251,6 +257,8 @@ CUresult cuGetExportTable(const void **table, const CUuuid *id) {
  * function lie. */
 static CUresult integrity_answer(unsigned version, unsigned long long unix_seconds, unsigned char *answer) {
 	struct vg_table *rt = vg_table_named("runtime-interface"), *it = vg_table_named("integrity");
-	return vgIntegrityAnswer(version, unix_seconds, (unsigned)getpid(), (unsigned)(uintptr_t)pthread_self(),
+	CUresult r = vgIntegrityAnswer(version, unix_seconds, (unsigned)getpid(), (unsigned)(uintptr_t)pthread_self(),
 		(uintptr_t)rt->slots, (uintptr_t)it->slots, (uintptr_t)it->slots[1], answer);
+	if (vg_debug_enabled() > 1) fprintf(stderr, "vgpuha libcuda: integrity check for runtime %u: %d\n", version, r);
+	return r;
 }

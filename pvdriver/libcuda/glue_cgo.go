@@ -10,7 +10,10 @@ package main
 import "C"
 
 import (
+	"fmt"
 	"math"
+	"os"
+	"runtime"
 	"sync"
 	"unsafe"
 
@@ -27,13 +30,28 @@ var drv = cuapi.New()
 // storage (a cgo callback runs on the thread that called).
 type thread struct{}
 
-func (thread) Top() uint64          { return uint64(C.vg_ctx_top()) }
-func (thread) SetTop(c uint64)      { C.vg_ctx_set_top(C.uintptr_t(c)) }
-func (thread) Push(c uint64) bool   { return C.vg_ctx_push(C.uintptr_t(c)) == 0 }
-func (thread) Pop() uint64          { return uint64(C.vg_ctx_pop()) }
-func res(r cuapi.Result) C.CUresult { return C.CUresult(r) }
+func (thread) Top() uint64        { return uint64(C.vg_ctx_top()) }
+func (thread) SetTop(c uint64)    { C.vg_ctx_set_top(C.uintptr_t(c)) }
+func (thread) Push(c uint64) bool { return C.vg_ctx_push(C.uintptr_t(c)) == 0 }
+func (thread) Pop() uint64        { return uint64(C.vg_ctx_pop()) }
+func res(r cuapi.Result) C.CUresult {
+	if r != cuapi.Success && C.vg_debug_enabled() > 1 {
+		traceFailure(r)
+	}
+	return C.CUresult(r)
+}
 
-var errInvalid = res(cuapi.ErrorInvalidValue)
+// traceFailure names, with VGPUHA_DEBUG=2, the entry that returns r.
+func traceFailure(r cuapi.Result) {
+	name := "?"
+	if pc, _, _, ok := runtime.Caller(2); ok {
+		name = runtime.FuncForPC(pc).Name()
+	}
+	text, _ := r.Name()
+	fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: %s (%d)\n", name, text, r)
+}
+
+var errInvalid = C.CUresult(cuapi.ErrorInvalidValue)
 
 // hostBytes is the n bytes of host memory at p, or false when they cannot
 // be addressed (nil, or a range that wraps or exceeds Go's int).
