@@ -320,12 +320,15 @@ func (r *Receiver) count(reason RefuseReason) {
 	r.mu.Unlock()
 }
 
-// Following reports whether primary is the one this standby follows: its
-// heartbeats are heard, any other's are not.
-func (r *Receiver) Following(primary uint64) bool {
+// Followed returns the id of the primary this standby follows (false:
+// none yet). Its heartbeats are heard, any other's are not.
+func (r *Receiver) Followed() (primary uint64, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.follows != nil && r.follows.Primary == primary
+	if r.follows == nil {
+		return 0, false
+	}
+	return r.follows.Primary, true
 }
 
 // Adopt arms an adoption: the next primary to connect is followed

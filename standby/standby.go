@@ -168,13 +168,17 @@ func (a *Agent) Serve(ln net.Listener) error {
 
 // heardDatagram: a heartbeat datagram from primary under term. Only the
 // primary this standby follows is heard: a stray one holding the key must
-// not keep it from taking over when its own primary dies.
+// not keep it from taking over when its own primary dies (its datagrams
+// are counted as refused). Before a primary's link was admitted none is
+// heard, nor counted: the standby has no replica to judge with yet.
 func (a *Agent) heardDatagram(primary, term uint64) {
-	if !a.Receiver.Following(primary) {
+	switch followed, ok := a.Receiver.Followed(); {
+	case !ok:
+	case primary != followed:
 		a.badHeartbeats.Inc()
-		return
+	default:
+		a.Heard(term)
 	}
-	a.Heard(term)
 }
 
 // Fence stops applying the primary's stream for good (this node took over
