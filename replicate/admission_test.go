@@ -247,7 +247,7 @@ func TestStrayPrimaryRefused(t *testing.T) {
 	// An operator's adoption: the next primary, of another group, is
 	// followed (its resync replaces the replica), and the old pair's
 	// primary is refused from then on.
-	r.Adopt()
+	r.armAdoption()
 	adopted, _, stopAdopted := start("new-pair", 1)
 	defer stopAdopted()
 	waitFor(t, "the adopted primary protected", func() bool { return adopted.Status().Protected })

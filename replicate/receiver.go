@@ -331,10 +331,10 @@ func (r *Receiver) Followed() (primary uint64, ok bool) {
 	return r.follows.Primary, true
 }
 
-// Adopt arms an adoption: the next primary to connect is followed
-// whatever its group or id (its replica replaced), unless it is below a
-// term this standby knows.
-func (r *Receiver) Adopt() {
+// armAdoption arms an adoption, as ReceiverConfig.Adopt does at start:
+// the next primary to connect is followed whatever its group or id (its
+// replica replaced), unless it is below a term this standby knows.
+func (r *Receiver) armAdoption() {
 	r.mu.Lock()
 	r.adopt = true
 	r.mu.Unlock()
