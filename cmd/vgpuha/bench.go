@@ -53,7 +53,8 @@ func runBench(args []string) error {
 
 func runBenchResync(args []string) error {
 	fs := newFlags("bench resync", "[flags]")
-	sizes := fs.String("sizes", "256MiB,1GiB,4GiB", "guest memory per row (all guests together), comma-separated, with KiB, MiB or GiB")
+	sizes := stringFlag(fs, "sizes", "256MiB,1GiB,4GiB", func(v string) error { _, err := parseSizeList(v); return err },
+		"guest memory per row (all guests together), comma-separated, with KiB, MiB or GiB")
 	var opts bench.ResyncOptions
 	intVar(fs, &opts.Guests, "guests", 2, 1, 1024, "guests running the mixed workload")
 	durationVar(fs, &opts.Baseline, "baseline", time.Second, time.Millisecond, time.Hour, "how long guests run before the standby joins (their throughput before)")
@@ -90,13 +91,7 @@ func runBenchResync(args []string) error {
 		return err
 	}
 	defer stop()
-	for _, f := range strings.Split(*sizes, ",") {
-		n, err := parseBytes(f)
-		if err != nil {
-			return fmt.Errorf("--sizes: %w", err)
-		}
-		opts.Sizes = append(opts.Sizes, n)
-	}
+	opts.Sizes, _ = parseSizeList(*sizes) // checked when set
 	opts.Progress = os.Stderr
 	opts.NewBackend = bf.open
 	opts.NewStandbyBackend = standbyBackend()

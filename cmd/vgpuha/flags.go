@@ -246,6 +246,19 @@ func parseBytes(s string) (uint64, error) {
 	return n, nil
 }
 
+// parseSizeList reads a comma-separated list of positive sizes.
+func parseSizeList(s string) ([]uint64, error) {
+	var out []uint64
+	for _, f := range strings.Split(s, ",") {
+		n, err := parseBytes(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 // durationValue is a duration flag that refuses values outside [min, max].
 type durationValue struct {
 	p        *time.Duration

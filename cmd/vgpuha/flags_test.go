@@ -140,7 +140,10 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"standby", "--listen", "127.0.0.1:7071"}, "", "--listen: want tcp://HOST:PORT"},
 		{[]string{"primary", "--replicate.max-lag-bytes", "-1"}, "", "--replicate.max-lag-bytes: out of range"},
 		{[]string{"primary", "--guest.max-grace", "-1s"}, "", "--guest.max-grace: out of range"},
-		{[]string{"primary", "--tenant.quota", "uid:1=4GiB,0,1"}, "", "--tenant.quota"},
+		{[]string{"primary", "--tenant.quota", "uid:1=4GiB,0,1"}, "", "--tenant.quota: SESSIONS 0"},
+		{[]string{"bench", "resync", "--sizes", "1GiB,4GB"}, "", "--sizes: \"4GB\" is not a size"},
+		{[]string{"guest", "--workload", "vaddd"}, "", "--workload: unknown workload"},
+		{[]string{"bench", "pvv"}, "", "did you mean pv?"},
 	} {
 		cmd := exec.Command(vgpuhaBin, c.args...)
 		if c.env != "" {

@@ -45,15 +45,15 @@ func parseTenantQuota(v string) (string, hypervisor.TenantQuota, error) {
 	}
 	var q hypervisor.TenantQuota
 	for _, field := range []struct {
-		value string
-		set   flag.Value
+		name, value string
+		set         flag.Value
 	}{
-		{f[0], &intValue[uint64]{p: &q.Memory, min: 1, max: maxUint64, bytes: true}},
-		{f[1], &intValue[int]{p: &q.Sessions, min: 1, max: maxInt}},
-		{f[2], &intValue[int]{p: &q.Detached, min: 0, max: maxInt}},
+		{"MEMORY", f[0], &intValue[uint64]{p: &q.Memory, min: 1, max: maxUint64, bytes: true}},
+		{"SESSIONS", f[1], &intValue[int]{p: &q.Sessions, min: 1, max: maxInt}},
+		{"DETACHED", f[2], &intValue[int]{p: &q.Detached, min: 0, max: maxInt}},
 	} {
 		if err := field.set.Set(field.value); err != nil {
-			return "", q, fmt.Errorf("%q: %w", v, err)
+			return "", q, fmt.Errorf("%s %s in %q: %w", field.name, field.value, v, err)
 		}
 	}
 	return id, q, nil

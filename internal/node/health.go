@@ -29,8 +29,8 @@ func (n *Node) health() error {
 		}
 	case failover.Standby:
 		if n.agent != nil && n.cfg.Coordinator == nil && !n.agent.Receiver.Status().Connected {
-			return fmt.Errorf("standby under term %d applying nothing: no primary's stream is connected to %s (is the primary up, and its --replicate-to this address?)",
-				term, n.replLn.Addr())
+			return fmt.Errorf("standby applying nothing: no primary's stream is connected to %s (is the primary up, and its --replicate-to this address?)",
+				n.replLn.Addr())
 		}
 	}
 	if h, ok := n.cfg.Backend.(gpu.HealthReporter); ok {
