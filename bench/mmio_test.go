@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,7 +15,7 @@ const mmioGuestEnv = "VGPUHA_BENCH_MMIO_GUEST"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(mmioGuestEnv) != "" {
-		if err := mmioguest.Main(flag.NewFlagSet("mmio-guest", flag.ContinueOnError), os.Args[1:], os.Stdout); err != nil {
+		if err := mmioguest.MainArgs(os.Args[1:], os.Stdout); err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
 			os.Exit(1)
 		}

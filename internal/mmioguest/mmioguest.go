@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -234,6 +235,24 @@ func deviceMatches(c *pvdriver.Client, aps []*pvdriver.Aperture) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// MainArgs is Main with `vgpuha mmio-guest`'s flags, unchecked: for test
+// binaries that act as the guest (vgpuha mmio-guest checks every value).
+func MainArgs(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("mmio-guest", flag.ContinueOnError)
+	var opts Options
+	fs.StringVar(&opts.Endpoint, "addr", os.Getenv("VGPUHA_ADDR"), "")
+	fs.StringVar(&opts.Workload, "workload", "seq", "")
+	fs.IntVar(&opts.Writes, "writes", 20000, "")
+	fs.Uint64Var(&opts.ApertureBytes, "aperture-bytes", 4<<20, "")
+	fs.IntVar(&opts.Threads, "threads", 4, "")
+	hold := fs.Bool("hold", false, "")
+	failoverTo := fs.String("failover", "", "")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	return Main(opts, *hold, *failoverTo, stdout)
 }
 
 // Main is `vgpuha mmio-guest`: one run of opts (cmd/vgpuha parses its

@@ -3,7 +3,6 @@ package mmioguest
 import (
 	"bufio"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,31 +27,13 @@ func TestMain(m *testing.M) {
 	if args := os.Getenv("MMIOGUEST_ARGS"); args != "" {
 		var a []string
 		json.Unmarshal([]byte(args), &a)
-		if err := mainWithArgs(a); err != nil {
+		if err := MainArgs(a, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "mmio-guest:", err)
 			os.Exit(1)
 		}
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
-}
-
-// mainWithArgs is Main with `vgpuha mmio-guest`'s flags (cmd/vgpuha
-// checks their values; the tests pass good ones).
-func mainWithArgs(args []string) error {
-	fs := flag.NewFlagSet("mmio-guest", flag.ContinueOnError)
-	var opts Options
-	fs.StringVar(&opts.Endpoint, "addr", "", "")
-	fs.StringVar(&opts.Workload, "workload", "seq", "")
-	fs.IntVar(&opts.Writes, "writes", 20000, "")
-	fs.Uint64Var(&opts.ApertureBytes, "aperture-bytes", 4<<20, "")
-	fs.IntVar(&opts.Threads, "threads", 4, "")
-	hold := fs.Bool("hold", false, "")
-	failoverTo := fs.String("failover", "", "")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	return Main(opts, *hold, *failoverTo, os.Stdout)
 }
 
 // guestCommand is this test binary as the guest, with args for Main.
