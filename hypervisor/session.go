@@ -180,6 +180,9 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpFunctionParams: typed((*Session).functionParams),
 	abi.OpCopyHtoDHost:   typed((*Session).copyHtoDHost),
 	abi.OpCopyDtoHHost:   typed((*Session).copyDtoHHost),
+	abi.OpModuleGlobal:   typed((*Session).moduleGlobal),
+	abi.OpGlobalWrite:    typed((*Session).globalWrite),
+	abi.OpGlobalRead:     typed((*Session).globalRead),
 }
 
 // handle runs one decoded request and returns its reply body. With async

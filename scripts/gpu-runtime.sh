@@ -25,7 +25,7 @@ work=$(mktemp -d)
 logs=${LOGS:-$work/logs.txt}
 : >"$logs"
 declare -A out_ok rc secs
-failures=0 pids=()
+failures=0 pids=() verified="" pause_us=0
 cleanup() {
 	local p
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
@@ -80,18 +80,46 @@ run() { # MODE PROGRAM
 	library) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/plain.sock") ;;
 	replicated) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock") ;;
 	esac
+	verified="" pause_us=0
 	t0=${EPOCHREALTIME/[.,]/}
-	env "${env[@]}" timeout 300 "$work/bin/$p" >"$work/$p.$mode.out" 2>"$work/$p.$mode.err" || status=$?
-	local us=$((${EPOCHREALTIME/[.,]/} - t0))
+	if [ "$mode" = replicated ]; then
+		checkpointed "$work/$p.$mode.out" "$work/$p.$mode.err" env "${env[@]}" VGTEST_CHECKPOINT=1 timeout 300 "$work/bin/$p" || status=$?
+	else
+		env "${env[@]}" timeout 300 "$work/bin/$p" >"$work/$p.$mode.out" 2>"$work/$p.$mode.err" || status=$?
+	fi
+	local us=$((${EPOCHREALTIME/[.,]/} - t0 - pause_us))
 	secs[$p.$mode]=$((us / 1000000)).$(printf '%03d' $((us / 1000 % 1000)))
 	rc[$p.$mode]=$status
 	{ echo "==== $p ($mode): exit $status"; cat "$work/$p.$mode.out"; echo "---- stderr"; cat "$work/$p.$mode.err"; } >>"$logs"
 	if [ "$mode" = replicated ] && [ "$status" = 0 ]; then
-		local v
-		v=$("$B/vgpuha" verify --admin "unix://$work/admin.sock" 2>&1)
-		echo "verify: $v" >>"$logs"
-		[[ $v =~ match=true ]] || rc[$p.$mode]="verify: $v"
+		echo "verify at the checkpoint: $verified" >>"$logs"
+		[[ $verified =~ ^verified\ [1-9][0-9]*\ objects.*match=true ]] || rc[$p.$mode]="verify: ${verified:-no checkpoint}"
 	fi
+}
+
+# checkpointed OUT ERR CMD...: runs CMD, whose stdout says "checkpoint" when
+# the standby's replica should be verified (it then waits for a line on its
+# stdin); `vgpuha verify`'s answer goes to $verified, the time it took to
+# pause_us (left out of the program's time), every other line to OUT.
+checkpointed() {
+	local out=$1 err=$2 line t1 status=0
+	shift 2
+	pause_us=0
+	: >"$out"
+	coproc PROG { "$@" 2>"$err"; }
+	local rd=${PROG[0]} wr=${PROG[1]} pid=$PROG_PID
+	while IFS= read -r -u "$rd" line; do
+		if [ "$line" != checkpoint ]; then
+			printf '%s\n' "$line" >>"$out"
+			continue
+		fi
+		t1=${EPOCHREALTIME/[.,]/}
+		verified=$("$B/vgpuha" verify --admin "unix://$work/admin.sock" 2>&1 | tr '\n' ' ')
+		pause_us=$((pause_us + ${EPOCHREALTIME/[.,]/} - t1))
+		printf '\n' >&"$wr"
+	done
+	wait "$pid" || status=$?
+	return "$status"
 }
 
 build

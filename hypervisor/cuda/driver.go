@@ -27,6 +27,13 @@ type memAllocationProp struct {
 	allocFlags           [8]byte
 }
 
+// Dynamic shared memory: what a function may use without raising its
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8).
+const (
+	defaultDynamicShared     = 48 << 10
+	funcAttrMaxDynamicShared = 8
+)
+
 // CUmemAccessDesc (cuda.h): 12 bytes.
 type memAccessDesc struct {
 	locationType int32
@@ -77,7 +84,7 @@ func load() (*driver, error) {
 			{&d.cuMemsetD8Async, "cuMemsetD8Async"}, {&d.cuMemsetD32Async, "cuMemsetD32Async"},
 			{&d.cuMemsetD16Async, "cuMemsetD16Async"},
 			{&d.cuModuleLoadData, "cuModuleLoadData"}, {&d.cuModuleUnload, "cuModuleUnload"},
-			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuFuncGetAttribute, "cuFuncGetAttribute"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
+			{&d.cuModuleGetFunction, "cuModuleGetFunction"}, {&d.cuModuleGetGlobal, "cuModuleGetGlobal_v2"}, {&d.cuFuncGetAttribute, "cuFuncGetAttribute"}, {&d.cuFuncSetAttribute, "cuFuncSetAttribute"}, {&d.cuLaunchKernel, "cuLaunchKernel"},
 			{&d.cuStreamCreate, "cuStreamCreate"}, {&d.cuStreamDestroy, "cuStreamDestroy_v2"},
 			{&d.cuStreamSynchronize, "cuStreamSynchronize"},
 			{&d.cuEventCreate, "cuEventCreate"}, {&d.cuEventRecord, "cuEventRecord"},

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"math"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
@@ -47,6 +48,8 @@ type driver struct {
 	cuModuleUnload                func(m uintptr) result
 	cuModuleGetFunction           func(f *uintptr, m uintptr, name *byte) result
 	cuFuncGetAttribute            func(v *int32, attr int32, f uintptr) result
+	cuFuncSetAttribute            func(f uintptr, attr int32, v int32) result
+	cuModuleGetGlobal             func(addr, size *uint64, m uintptr, name *byte) result
 	cuFuncGetParamInfo            func(f uintptr, index uint64, offset, size *uint64) result // nil before CUDA 12.4
 	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
 	cuStreamCreate                func(s *uintptr, flags uint32) result
@@ -92,8 +95,18 @@ func (d *driver) memcpyDtoHAsync(dst []byte, src uint64, s uintptr) result {
 // launchKernel launches f (cuLaunchKernel). params[i] holds the bytes of
 // the kernel's parameter i; kernelParams is an array of pointers, one per
 // parameter, each to the parameter's value (CUDA Driver API), and the
-// driver copies the values before it returns.
+// driver copies the values before it returns. A launch asking for more
+// dynamic shared memory than a function gets by default (48 KiB) first
+// raises the function's limit to it, as a program does with
+// cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+// before such a launch (the guest's library checked it against the
+// device's opt-in maximum and the guest's own setting).
 func (d *driver) launchKernel(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params [][]byte) result {
+	if shared > defaultDynamicShared {
+		if r := d.cuFuncSetAttribute(f, funcAttrMaxDynamicShared, int32(min(shared, math.MaxInt32))); r != 0 {
+			return r
+		}
+	}
 	ptrs := make([]unsafe.Pointer, len(params)+1)
 	for i, p := range params {
 		ptrs[i] = unsafe.Pointer(unsafe.SliceData(p))

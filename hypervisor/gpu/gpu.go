@@ -249,3 +249,16 @@ type MemorySnapshot interface {
 	// Release frees what the snapshot holds. It fails later reads.
 	Release()
 }
+
+// GlobalAccessor is implemented by contexts whose modules' variables
+// (__device__ and __constant__ globals) can be found and copied by name
+// (cuModuleGetGlobal). A variable lives where the backend loaded its
+// module, outside the session's window; its address is the backend's own.
+type GlobalAccessor interface {
+	// Global is where variable name of m lies and its size.
+	Global(m Module, name string) (addr, size uint64, err error)
+	// WriteGlobal and ReadGlobal copy into and out of [addr, addr+len)
+	// of a variable Global found, after the context's earlier work.
+	WriteGlobal(addr uint64, src []byte) error
+	ReadGlobal(dst []byte, addr uint64) error
+}

@@ -39,6 +39,9 @@ func sampleRequests() map[Opcode]Body {
 		OpFunctionParams: &FunctionParams{Function: 9},
 		OpCopyHtoDHost:   &HostCopy{Dev: 0x7e0000000000, Offset: 4096, Size: 1 << 20, Stream: 2},
 		OpCopyDtoHHost:   &HostCopy{Dev: 0x7e0000001000, Offset: 0, Size: 99, Stream: 1},
+		OpModuleGlobal:   &ModuleGlobal{Module: 3, Name: "_ZN6cublas9constantsE"},
+		OpGlobalWrite:    &GlobalWrite{Module: 3, Name: "step", Offset: 4, Data: []byte{1, 2, 3, 4}},
+		OpGlobalRead:     &GlobalRead{Module: 3, Name: "counter", Offset: 0, Length: 4},
 	}
 }
 

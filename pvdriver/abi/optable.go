@@ -49,6 +49,11 @@ const (
 	// the connection's host-memory region (hostmem.go).
 	OpCopyHtoDHost
 	OpCopyDtoHHost
+	// OpModuleGlobal, OpGlobalWrite and OpGlobalRead find and copy a
+	// module's variables by name (globals.go).
+	OpModuleGlobal
+	OpGlobalWrite
+	OpGlobalRead
 	opLimit
 )
 
@@ -149,6 +154,9 @@ var opTable = [opLimit]OpInfo{
 		Commits: true},
 	OpCopyHtoDHost: {Name: "copy_htod_hostmem", NewRequest: newBody[HostCopy], Mutates: true, Commits: true},
 	OpCopyDtoHHost: {Name: "copy_dtoh_hostmem", NewRequest: newBody[HostCopy], Commits: true},
+	OpModuleGlobal: {Name: "module_global", NewRequest: newBody[ModuleGlobal], NewReply: newBody[GlobalReply], Commits: true},
+	OpGlobalWrite:  {Name: "global_write", NewRequest: newBody[GlobalWrite], Mutates: true},
+	OpGlobalRead:   {Name: "global_read", NewRequest: newBody[GlobalRead], NewReply: newBody[DataReply], Commits: true},
 }
 
 // newBody is the constructor of an empty body of type T.

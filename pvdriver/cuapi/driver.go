@@ -62,8 +62,9 @@ type Driver struct {
 	used    uint64                // bytes allocated
 	hosts   map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc
 
-	primaryFlags uint32 // cuDevicePrimaryCtxSetFlags
-	closed       bool   // the session ended with the process (Shutdown): every call is CUDA_ERROR_DEINITIALIZED
+	globals      map[uint64]moduleGlobal // module variables by their address on the node (globals.go)
+	primaryFlags uint32                  // cuDevicePrimaryCtxSetFlags
+	closed       bool                    // the session ended with the process (Shutdown): every call is CUDA_ERROR_DEINITIALIZED
 
 	apertures map[uint64]*pvdriver.Aperture // by device address (aperture.go)
 }
@@ -241,7 +242,25 @@ func (d *Driver) DeviceAttribute(attr, dev int32) (int32, Result) {
 	if attr <= 0 || int(attr) >= len(d.dev.Attrs) {
 		return 0, ErrorInvalidValue
 	}
+	if v, ok := unservedFeatures[attr]; ok {
+		return v, Success
+	}
 	return d.dev.Attrs[attr], Success
+}
+
+// unservedFeatures are the device attributes that announce a feature this
+// driver does not serve (its entries answer CUDA_ERROR_NOT_SUPPORTED):
+// they say 0 whatever the primary's GPU has, so libraries that look
+// before they leap (cuBLAS picks kernels without thread-block clusters,
+// PyTorch's allocator keeps to cuMemAlloc) choose what is served.
+var unservedFeatures = map[int32]int32{
+	83:  0, // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
+	89:  0, // CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+	95:  0, // CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
+	99:  0, // CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED
+	102: 0, // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+	115: 0, // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+	120: 0, // CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH
 }
 
 // attr is device attribute a (zero when the node did not report it).

@@ -111,6 +111,9 @@ const (
 	funcMaxDynamicShared
 	funcCarveout
 	funcAttrCount = 16 // CU_FUNC_ATTRIBUTE_MAX
+
+	funcNonPortableCluster      = 14 // CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+	funcClusterSchedulingPolicy = 15 // CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
 )
 
 // regsPerThread is what this driver says a kernel uses (the software GPU
@@ -168,6 +171,9 @@ func (d *Driver) FuncSetAttribute(f uint64, attr, v int32) Result {
 		fn.maxDyn = v
 	case attr == funcCarveout && v >= -1 && v <= 100:
 		fn.carveup = v
+	case attr == funcNonPortableCluster && (v == 0 || v == 1), attr == funcClusterSchedulingPolicy && v >= 0 && v <= 2:
+		// Kept only: this driver launches no clusters (cuLaunchKernelEx
+		// refuses a cluster dimension), so neither changes a launch.
 	default:
 		return ErrorInvalidValue
 	}

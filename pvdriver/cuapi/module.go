@@ -316,6 +316,7 @@ func (d *Driver) unloadModule(h uint64, m *module) error {
 		delete(d.funcs, f)
 	}
 	delete(d.modules, h)
+	d.forgetGlobals(h)
 	if m.lazy != nil || m.lazyErr != Success {
 		return nil // never loaded on the primary
 	}
@@ -397,10 +398,9 @@ func (d *Driver) keepFunction(m *module, fn *function) uint64 {
 	return f
 }
 
-// ModuleGetGlobal is cuModuleGetGlobal_v2. Module-scope variables live in
-// the module the backend loaded, outside the session's window: this driver
-// cannot hand out their addresses yet (CUDA_ERROR_NOT_SUPPORTED, said on
-// stderr); a name the module does not declare is CUDA_ERROR_NOT_FOUND.
+// ModuleGetGlobal is cuModuleGetGlobal_v2: the address the node's GPU
+// gave the module's variable, and its size (globals.go says how copies
+// reach it); CUDA_ERROR_NOT_FOUND for a name the module does not have.
 func (d *Driver) ModuleGetGlobal(h uint64, name string) (uint64, uint64, Result) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -414,16 +414,13 @@ func (d *Driver) ModuleGetGlobal(h uint64, name string) (uint64, uint64, Result)
 	if r := d.loaded(m); r != Success {
 		return 0, 0, r
 	}
-	if m.raw && !bytes.Contains(m.image, append([]byte(name), 0)) {
-		return 0, 0, ErrorNotFound // not even a string of the image (a compressed fatbin's names are not seen either)
-	}
-	if m.raw {
-		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleGetGlobal_v2(%q): module-scope variables of cubin and fatbin images are not supported yet\n", name)
-		return 0, 0, ErrorNotSupported
-	}
-	if !m.globals[name] {
+	if !m.raw && !m.globals[name] {
 		return 0, 0, ErrorNotFound
 	}
-	fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleGetGlobal_v2(%q): module-scope variables are not supported yet\n", name)
-	return 0, 0, ErrorNotSupported
+	for base, g := range d.globals {
+		if g.module == h && g.name == name {
+			return base, g.size, Success
+		}
+	}
+	return d.moduleGetGlobal(h, m, name)
 }

@@ -7,6 +7,9 @@ package cuapi
 // attributes. Where this driver keeps a value the GPU never sees (a limit,
 // a stream priority), the function says so.
 
+// CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: a function's static shared memory.
+const funcSharedSizeBytes = 1
+
 // Context limits (CUlimit) and the values a fresh CUDA 13 context reports
 // on an H100 (CUDA Driver API reference, cuCtxGetLimit).
 var defaultLimits = map[int32]uint64{
@@ -238,4 +241,43 @@ func (d *Driver) PrimaryCtxHandle() uint64 {
 		return 0
 	}
 	return d.primary.handle
+}
+
+// OccupancyAvailableDynamicSMem is cuOccupancyAvailableDynamicSMemPerBlock:
+// the most dynamic shared memory each of numBlocks blocks of blockSize
+// threads may use with all of them resident on one multiprocessor (0 when
+// they cannot all be: too many threads), by the same limits as
+// activeBlocks, less the function's static shared memory, at most the
+// per-block opt-in maximum.
+func (d *Driver) OccupancyAvailableDynamicSMem(f uint64, numBlocks, blockSize int32) (uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return 0, r
+	}
+	fn := d.funcs[f]
+	if fn == nil {
+		return 0, ErrorInvalidHandle
+	}
+	if numBlocks <= 0 || blockSize <= 0 {
+		return 0, ErrorInvalidValue
+	}
+	if d.activeBlocks(blockSize, 0) < numBlocks {
+		return 0, Success
+	}
+	var static uint64
+	if len(fn.attrs) > funcSharedSizeBytes {
+		static = uint64(max(fn.attrs[funcSharedSizeBytes], 0)) // the primary's GPU said
+	}
+	perBlock := uint64(d.attr(81)) / uint64(numBlocks) // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+	if reserved := uint64(max(d.attr(111), 0)); perBlock > reserved {
+		perBlock -= reserved // CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK
+	} else {
+		perBlock = 0
+	}
+	perBlock = min(perBlock, uint64(max(d.attr(97), 0))) // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+	if perBlock < static {
+		return 0, Success
+	}
+	return perBlock - static, Success
 }

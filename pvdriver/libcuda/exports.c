@@ -123,6 +123,9 @@ CUresult cuFuncLoad(CUfunction f) { const char *n; return vgFuncGetName((char **
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int bs, size_t smem) { return vgOccupancyMaxActiveBlocks(n, H(f), bs, smem); }
 CUresult cuOccupancyMaxPotentialBlockSize(int *minGrid, int *bs, CUfunction f, CUoccupancyB2DSize cb, size_t smem, int limit) { return vgOccupancyMaxPotentialBlockSize(minGrid, bs, H(f), cb, smem, limit); }
 /* CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE changes nothing this driver computes. */
+/* This driver launches no thread-block clusters (CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH is 0). */
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c) { const char *name; CUresult r = n && c ? vgFuncGetName((char **)&name, H(f)) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *n = 0; return r; }
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *n, CUfunction f, int numBlocks, int blockSize) { return vgOccupancyAvailableDynamicSMem(n, H(f), numBlocks, blockSize); }
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f, int bs, size_t smem, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgOccupancyMaxActiveBlocks(n, H(f), bs, smem); }
 CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGrid, int *bs, CUfunction f, CUoccupancyB2DSize cb, size_t smem, int limit, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgOccupancyMaxPotentialBlockSize(minGrid, bs, H(f), cb, smem, limit); }
 
@@ -221,6 +224,7 @@ static const struct vg_proc vg_procs[] = {
 	E(cuModuleGetLoadingMode, 11070, cuModuleGetLoadingMode)
 	E(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 7000, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
 	E(cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
+	E(cuOccupancyAvailableDynamicSMemPerBlock, 10020, cuOccupancyAvailableDynamicSMemPerBlock) E(cuOccupancyMaxActiveClusters, 11070, cuOccupancyMaxActiveClusters)
 	E(cuLibraryLoadData, 12000, cuLibraryLoadData) E(cuLibraryLoadFromFile, 12000, cuLibraryLoadFromFile)
 	E(cuLibraryUnload, 12000, cuLibraryUnload) E(cuLibraryGetModule, 12000, cuLibraryGetModule)
 	E(cuLibraryGetKernel, 12000, cuLibraryGetKernel) E(cuLibraryGetGlobal, 12000, cuLibraryGetGlobal)

@@ -99,7 +99,8 @@ func vgMemcpyDtoD(dst, src C.CUdeviceptr, n C.size_t, s C.uintptr_t, async C.int
 //export vgMemcpy
 func vgMemcpy(dst, src C.CUdeviceptr, dstp, srcp unsafe.Pointer, n C.size_t, s C.uintptr_t, async C.int) C.CUresult {
 	t, nn := thread{}, uint64(n)
-	dDev, sDev := drv.IsDevice(uint64(dst), nn), drv.IsDevice(uint64(src), nn)
+	dDev := drv.IsDevice(uint64(dst), nn) || drv.IsGlobal(uint64(dst), nn)
+	sDev := drv.IsDevice(uint64(src), nn) || drv.IsGlobal(uint64(src), nn)
 	switch {
 	case dDev && sDev:
 		return res(drv.MemcpyDtoD(t, uint64(dst), uint64(src), nn, uint64(s), async != 0))

@@ -205,3 +205,15 @@ func vgFuncGetParamInfo(f C.uintptr_t, index C.size_t, offset, size *C.size_t) C
 
 //export vgPrimaryCtxHandle
 func vgPrimaryCtxHandle() C.uintptr_t { return C.uintptr_t(drv.PrimaryCtxHandle()) }
+
+//export vgOccupancyAvailableDynamicSMem
+func vgOccupancyAvailableDynamicSMem(n *C.size_t, f C.uintptr_t, numBlocks, blockSize C.int) C.CUresult {
+	if n == nil {
+		return errInvalid
+	}
+	v, r := drv.OccupancyAvailableDynamicSMem(uint64(f), int32(numBlocks), int32(blockSize))
+	if r == cuapi.Success {
+		*n = C.size_t(v)
+	}
+	return res(r)
+}

@@ -15,12 +15,23 @@ __global__ void bump(int n) {
 	if (blockIdx.x * blockDim.x + threadIdx.x < n) atomicAdd(&counter, step);
 }
 
+// checkpoint lets a test verify the standby's replica while this program
+// still holds its memory (VGTEST_CHECKPOINT=1): it says "checkpoint" and
+// waits for a line on stdin.
+static void checkpoint() {
+	if (!getenv("VGTEST_CHECKPOINT")) return;
+	printf("checkpoint\n");
+	fflush(stdout);
+	getchar();
+}
+
 int main() {
 	int k = 3, got = 0;
 	CHECK(cudaMemcpyToSymbol(step, &k, sizeof k));
 	bump<<<4, 64>>>(200);
 	CHECK(cudaGetLastError());
 	CHECK(cudaMemcpyFromSymbol(&got, counter, sizeof got));
+	checkpoint();
 	printf("counter=%d\n", got);
 	printf("rt_global %s\n", got == 600 ? "ok" : "FAILED");
 	return got == 600 ? 0 : 1;

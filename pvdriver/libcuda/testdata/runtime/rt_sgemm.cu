@@ -13,6 +13,16 @@
 #define BLAS(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { \
 	fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #x, (int)s_); exit(1); } } while (0)
 
+// checkpoint lets a test verify the standby's replica while this program
+// still holds its memory (VGTEST_CHECKPOINT=1): it says "checkpoint" and
+// waits for a line on stdin.
+static void checkpoint() {
+	if (!getenv("VGTEST_CHECKPOINT")) return;
+	printf("checkpoint\n");
+	fflush(stdout);
+	getchar();
+}
+
 static void report(const char *what, const std::vector<float> &c, int n) {
 	double sum = 0;
 	for (float v : c) sum += v;
@@ -58,6 +68,7 @@ int main() {
 	BLAS(cublasLtMatmul(lt, op, &one, a, la, b, lb, &zero, c, lc, c, lc, &algo.algo, ws, wsBytes, 0));
 	CHECK(cudaMemcpy(hc.data(), c, n * n * sizeof(float), cudaMemcpyDeviceToHost));
 	report("cublasLt", hc, n);
+	checkpoint();
 	cublasLtMatmulPreferenceDestroy(pref);
 	cublasLtMatrixLayoutDestroy(la);
 	cublasLtMatrixLayoutDestroy(lb);

@@ -19,6 +19,16 @@ __global__ void scale(float *x, float k, int n) {
 	if (i < n) x[i] *= k;
 }
 
+// checkpoint lets a test verify the standby's replica while this program
+// still holds its memory (VGTEST_CHECKPOINT=1): it says "checkpoint" and
+// waits for a line on stdin.
+static void checkpoint() {
+	if (!getenv("VGTEST_CHECKPOINT")) return;
+	printf("checkpoint\n");
+	fflush(stdout);
+	getchar();
+}
+
 int main() {
 	const int n = 1 << 20;
 	int count = 0;
@@ -61,6 +71,7 @@ int main() {
 		if (hc[i] != (ha[i] + hb[i]) * 0.5f) bad++;
 	}
 	printf("vadd: n=%d sum=%.6f mismatches=%d\n", n, sum, bad);
+	checkpoint();
 	CHECK(cudaFree(a));
 	CHECK(cudaFree(b));
 	CHECK(cudaFree(c));
