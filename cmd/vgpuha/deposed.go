@@ -71,6 +71,9 @@ func (p pairState) refuseIfDeposed() error {
 	if p.path == "" {
 		return nil
 	}
+	if fi, err := os.Stat(filepath.Dir(p.path)); err != nil || !fi.IsDir() {
+		return fmt.Errorf("--state-dir %s: not a directory this node can keep its record in (%v)", filepath.Dir(p.path), err)
+	}
 	b, err := os.ReadFile(p.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -124,6 +124,14 @@ func TestDeposedPrimaryDoesNotServeAgain(t *testing.T) {
 		p.restartRefused(t, "it was fenced at")
 		waitStatus(t, p.standbyAdmin, "still the serving primary", nodeStatus.promoted)
 	})
+	t.Run("no state directory", func(t *testing.T) {
+		missing := filepath.Join(t.TempDir(), "missing")
+		out, err := exec.Command(vgpuhaBin, "primary", "--replicate-to", "tcp://"+freePort(t), "--replicate.key-file", writeKey(t, t.TempDir()),
+			"--state-dir", missing, "--guest-listen", "tcp://"+freePort(t), "--backend", "sim").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "--state-dir "+missing+": not a directory") {
+			t.Fatalf("a primary whose state directory is missing: %v\n%s", err, out)
+		}
+	})
 	t.Run("killed", func(t *testing.T) {
 		p := startDeposedPair(t, t.TempDir())
 		p.primary.cmd.Process.Signal(syscall.SIGKILL)
