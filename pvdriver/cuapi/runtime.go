@@ -176,7 +176,8 @@ const (
 )
 
 // PointerInfo describes what p points into: device memory this process
-// allocated, or host memory it got from cuMemAllocHost/cuMemHostAlloc.
+// allocated, a module variable it took the address of, or host memory it
+// got from cuMemAllocHost/cuMemHostAlloc.
 type PointerInfo struct {
 	Kind       uint32 // MemoryHost or MemoryDevice; 0: memory this driver does not know
 	Ctx        uint64
@@ -194,6 +195,9 @@ func (d *Driver) Pointer(p uint64) (PointerInfo, Result) {
 		if p >= base && p-base < a.size {
 			return PointerInfo{Kind: MemoryDevice, Ctx: a.ctx, Base: base, Size: a.size}, Success
 		}
+	}
+	if g, off, ok := d.globalAt(p, 1); ok {
+		return PointerInfo{Kind: MemoryDevice, Ctx: d.modules[g.module].ctx, Base: p - off, Size: g.size}, Success
 	}
 	for base, h := range d.hosts {
 		if b := uint64(base); p >= b && p-b < h.size {

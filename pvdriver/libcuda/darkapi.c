@@ -34,6 +34,11 @@ int vg_debug_enabled(void) {
 	return v;
 }
 
+CUresult vg_traced(const char *fn, CUresult r) {
+	if (r != CUDA_SUCCESS && vg_debug_enabled() > 1) fprintf(stderr, "vgpuha libcuda: %s: error %d\n", fn, r);
+	return r;
+}
+
 /* ---- Runtime interface {6bd5fb6c-5bf4-e74a-8987-d93912fd9df9}. ---- */
 
 /* __fatBinC_Wrapper_t (fatbinary_section.h): the runtime hands modules

@@ -19,26 +19,26 @@
  * options do not apply to the images this driver loads. ---- */
 CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jo, void **jv, unsigned int njo, CUlibraryOption *lo, void **lv, unsigned int nlo) {
 	(void)jo, (void)jv, (void)njo, (void)lo, (void)lv, (void)nlo;
-	return vgLibraryLoadData(OUT(lib), (void *)code);
+	return vg_traced(__func__, vgLibraryLoadData(OUT(lib), (void *)code));
 }
 CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, CUjit_option *jo, void **jv, unsigned int njo, CUlibraryOption *lo, void **lv, unsigned int nlo) {
 	(void)jo, (void)jv, (void)njo, (void)lo, (void)lv, (void)nlo;
-	return vgModuleLoad(OUT(lib), (char *)path);
+	return vg_traced(__func__, vgModuleLoad(OUT(lib), (char *)path));
 }
-CUresult cuLibraryUnload(CUlibrary lib) { return vgModuleUnload(H(lib)); }
-CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib) { if (!m || !lib) return CUDA_ERROR_INVALID_VALUE; *m = (CUmodule)lib; return CUDA_SUCCESS; }
-CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name) { return vgModuleGetFunction(OUT(k), H(lib), (char *)name); }
-CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *n, CUlibrary lib, const char *name) { return vgModuleGetGlobal(p, n, H(lib), (char *)name); }
+CUresult cuLibraryUnload(CUlibrary lib) { return vg_traced(__func__, vgModuleUnload(H(lib))); }
+CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib) { if (!m || !lib) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE); *m = (CUmodule)lib; return vg_traced(__func__, CUDA_SUCCESS); }
+CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name) { return vg_traced(__func__, vgModuleGetFunction(OUT(k), H(lib), (char *)name)); }
+CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *n, CUlibrary lib, const char *name) { return vg_traced(__func__, vgModuleGetGlobal(p, n, H(lib), (char *)name)); }
 CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
 	const char *name;
 	CUresult r = f ? vgFuncGetName((char **)&name, H(k)) : CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) *f = (CUfunction)k;
-	return r;
+	return vg_traced(__func__, r);
 }
-CUresult cuKernelGetName(const char **name, CUkernel k) { return vgFuncGetName((char **)name, H(k)); }
-CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUdevice dev) { return dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncGetAttribute(v, attr, H(k)); }
-CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev) { return dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncSetAttribute(H(k), attr, v); }
-CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev) { return dev ? CUDA_ERROR_INVALID_DEVICE : cuFuncSetCacheConfig((CUfunction)k, c); }
+CUresult cuKernelGetName(const char **name, CUkernel k) { return vg_traced(__func__, vgFuncGetName((char **)name, H(k))); }
+CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncGetAttribute(v, attr, H(k))); }
+CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncSetAttribute(H(k), attr, v)); }
+CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : cuFuncSetCacheConfig((CUfunction)k, c)); }
 
 /* ---- cuLaunchKernelEx: the config's shape and stream; of its
  * attributes, those that ask nothing of this driver are taken (IGNORE,
@@ -55,14 +55,14 @@ static int vg_launch_attr_ok(const CUlaunchAttribute *a) {
 }
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
 	unsigned int i;
-	if (c == NULL || (c->numAttrs > 0 && c->attrs == NULL)) return CUDA_ERROR_INVALID_VALUE;
+	if (c == NULL || (c->numAttrs > 0 && c->attrs == NULL)) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	for (i = 0; i < c->numAttrs; i++) {
 		if (!vg_launch_attr_ok(&c->attrs[i])) {
 			if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: cuLaunchKernelEx: launch attribute %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", c->attrs[i].id);
-			return CUDA_ERROR_NOT_SUPPORTED;
+			return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
 		}
 	}
-	return vgLaunchKernel(H(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, H(c->hStream), params, extra);
+	return vg_traced(__func__, vgLaunchKernel(H(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, H(c->hStream), params, extra));
 }
 
 /* ---- Pointer attributes (CUpointer_attribute): what the driver knows of
@@ -103,10 +103,10 @@ static CUresult vg_pointer_attr(void *data, CUpointer_attribute attr, CUdevicept
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p) {
 	struct vg_pointer d;
 	CUresult r;
-	if (data == NULL) return CUDA_ERROR_INVALID_VALUE;
-	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return r;
-	if (d.kind == 0) return CUDA_ERROR_INVALID_VALUE; /* memory the driver does not know */
-	return vg_pointer_attr(data, attr, p, &d);
+	if (data == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return vg_traced(__func__, r);
+	if (d.kind == 0) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE); /* memory the driver does not know */
+	return vg_traced(__func__, vg_pointer_attr(data, attr, p, &d));
 }
 
 /* cuPointerGetAttributes answers every attribute; for an address the
@@ -115,24 +115,24 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void
 	struct vg_pointer d;
 	unsigned int i;
 	CUresult r;
-	if (n == 0 || attrs == NULL || data == NULL) return CUDA_ERROR_INVALID_VALUE;
-	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return r;
+	if (n == 0 || attrs == NULL || data == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return vg_traced(__func__, r);
 	for (i = 0; i < n; i++) {
 		if (data[i] == NULL) continue;
 		r = vg_pointer_attr(data[i], attrs[i], p, &d);
-		if (r == CUDA_ERROR_NOT_SUPPORTED) return r;
+		if (r == CUDA_ERROR_NOT_SUPPORTED) return vg_traced(__func__, r);
 	}
-	return CUDA_SUCCESS;
+	return vg_traced(__func__, CUDA_SUCCESS);
 }
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
 	struct vg_pointer d;
 	CUresult r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size);
-	if (r != CUDA_SUCCESS) return r;
-	if (d.kind != 2) return CUDA_ERROR_NOT_FOUND;
+	if (r != CUDA_SUCCESS) return vg_traced(__func__, r);
+	if (d.kind != 2) return vg_traced(__func__, CUDA_ERROR_NOT_FOUND);
 	if (base) *base = d.base;
 	if (size) *size = d.size;
-	return CUDA_SUCCESS;
+	return vg_traced(__func__, CUDA_SUCCESS);
 }
 
 /* ---- Stream capture (graphs): no stream of this driver ever captures,
@@ -141,42 +141,42 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 static __thread CUstreamCaptureMode vg_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
 	CUstreamCaptureMode old;
-	if (mode == NULL || *mode < 0 || *mode > 2) return CUDA_ERROR_INVALID_VALUE;
+	if (mode == NULL || *mode < 0 || *mode > 2) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	old = vg_capture_mode, vg_capture_mode = *mode, *mode = old;
-	return CUDA_SUCCESS;
+	return vg_traced(__func__, CUDA_SUCCESS);
 }
 CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
 	CUresult r = status ? vgStreamInfo(H(s), NULL, NULL) : CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) *status = 0;
-	return r;
+	return vg_traced(__func__, r);
 }
 CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id) {
 	CUresult r = cuStreamIsCapturing(s, status);
 	if (r == CUDA_SUCCESS && id) *id = 0;
-	return r;
+	return vg_traced(__func__, r);
 }
 CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps) {
 	CUresult r = cuStreamGetCaptureInfo(s, status, id);
-	if (r != CUDA_SUCCESS) return r;
+	if (r != CUDA_SUCCESS) return vg_traced(__func__, r);
 	if (graph) *graph = NULL;
 	if (deps) *deps = NULL;
 	if (ndeps) *ndeps = 0;
-	return r;
+	return vg_traced(__func__, r);
 }
 CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
 	CUresult r = cuStreamGetCaptureInfo_v2(s, status, id, graph, deps, ndeps);
 	if (r == CUDA_SUCCESS && edges) *edges = NULL;
-	return r;
+	return vg_traced(__func__, r);
 }
 
 /* ---- The device's PCI location, as cuDeviceGetPCIBusId formats it. ---- */
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
 	int domain, bus, slot;
 	CUresult r;
-	if (id == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+	if (id == NULL || len <= 0) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	if ((r = vgDeviceGetAttribute(&domain, 50, dev)) != CUDA_SUCCESS || (r = vgDeviceGetAttribute(&bus, 33, dev)) != CUDA_SUCCESS ||
 	    (r = vgDeviceGetAttribute(&slot, 34, dev)) != CUDA_SUCCESS)
-		return r;
+		return vg_traced(__func__, r);
 	snprintf(id, (size_t)len, "%04x:%02x:%02x.0", domain, bus, slot);
-	return CUDA_SUCCESS;
+	return vg_traced(__func__, CUDA_SUCCESS);
 }

@@ -70,4 +70,8 @@ void vg_cls_drop(uintptr_t ctx);
 /* VGPUHA_DEBUG=1: name every refused call on stderr (darkapi.c). */
 int vg_debug_enabled(void);
 
+/* vg_traced returns r, naming fn on stderr when r is an error and
+ * VGPUHA_DEBUG=2 (darkapi.c). */
+CUresult vg_traced(const char *fn, CUresult r);
+
 #endif
