@@ -67,6 +67,8 @@ echo "== MMIO tracing benchmark (tracer cost is CPU-side; software GPU)"
 echo "== the guest libcuda.so.1: C programs with nvcc-built kernels natively, through the library, replicated; isolation"
 if [ -f "$B/libcuda.so.1" ]; then
 	"$(dirname "$0")/gpu-libcuda.sh" "$B"
+	echo "== CUDA runtime programs, cuBLAS and PyTorch through the library (gpu-runtime.sh)"
+	"$(dirname "$0")/gpu-runtime.sh" "$B"
 else
 	echo "skipped: no $B/libcuda.so.1 (make libcuda builds it)"
 fi
