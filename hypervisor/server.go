@@ -344,7 +344,7 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	}
 	slot := s.freeSlotLocked()
 	if slot < 0 || s.closed {
-		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests", s.cfg.MaxSessions)
+		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests (its --guest.max-sessions)", s.cfg.MaxSessions)
 	}
 	t, err := s.admitLocked(id)
 	if err != nil {
@@ -352,7 +352,7 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	}
 	if t != nil && t.sessions >= t.quota.Sessions {
 		return 0, nil, refuse(refusedTenantSessions, abi.StatusOutOfMemory,
-			"tenant %s already has %d sessions open, its limit", t.id, t.sessions)
+			"tenant %s already has %d sessions open, its limit (--tenant.max-sessions)", t.id, t.sessions)
 	}
 	s.slots[slot] = true
 	if t != nil {

@@ -382,7 +382,7 @@ func (s *Session) alloc(r *abi.Alloc) (abi.Body, error) {
 		return nil, fail(abi.StatusInvalidValue, "alloc of zero bytes")
 	}
 	if r.Size > s.cfg.MemoryQuota-s.ranges.Total() {
-		return nil, fail(abi.StatusOutOfMemory, "alloc of %d bytes exceeds the session quota (%d of %d bytes in use)",
+		return nil, fail(abi.StatusOutOfMemory, "alloc of %d bytes exceeds the session quota (%d of %d bytes in use; --guest.memory-quota-bytes)",
 			r.Size, s.ranges.Total(), s.cfg.MemoryQuota)
 	}
 	if err := s.checkObjects(); err != nil {

@@ -201,7 +201,7 @@ func (t *tenant) reserve(n uint64) error {
 	defer t.mu.Unlock()
 	if n > t.quota.Memory-min(t.bytes, t.quota.Memory) {
 		return refuse(refusedTenantMemory, abi.StatusOutOfMemory,
-			"alloc of %d bytes exceeds the quota of tenant %s (%d of %d bytes in use by its sessions)", n, t.id, t.bytes, t.quota.Memory)
+			"alloc of %d bytes exceeds the quota of tenant %s (%d of %d bytes in use by its sessions; --tenant.memory-quota-bytes)", n, t.id, t.bytes, t.quota.Memory)
 	}
 	t.bytes += n
 	return nil

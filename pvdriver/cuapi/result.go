@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -85,12 +86,15 @@ func Results() []Result {
 // resultOf maps a pvdriver error to the CUresult CUDA gives for the same
 // failure. A failed request's message goes to stderr when VGPUHA_DEBUG is
 // set, or always when loud is (module loads: the program cannot otherwise
-// learn why its kernel was refused).
+// learn why its kernel was refused). A refusal its user can fix on the
+// node (a quota, a session limit, a feature the node was not started
+// with: out of memory or not supported, the node's message naming the
+// setting) is said once per call, even without VGPUHA_DEBUG.
 func resultOf(call string, err error, loud bool) Result {
 	if err == nil {
 		return Success
 	}
-	if loud || os.Getenv("VGPUHA_DEBUG") != "" {
+	if loud || os.Getenv("VGPUHA_DEBUG") != "" || fixable(err) && firstTime(call) {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: %v\n", call, err)
 	}
 	var st abi.Status
@@ -114,4 +118,16 @@ func resultOf(call string, err error, loud bool) Result {
 		return ErrorLaunchFailed
 	}
 	return ErrorUnknown
+}
+
+// fixable reports whether err is a refusal an operator's setting decides.
+func fixable(err error) bool {
+	return errors.Is(err, abi.StatusOutOfMemory) || errors.Is(err, abi.StatusNotSupported)
+}
+
+var said sync.Map // call name -> true: its fixable refusal was said
+
+func firstTime(call string) bool {
+	_, done := said.LoadOrStore(call, true)
+	return !done
 }
