@@ -30,6 +30,12 @@ func (d *Driver) CtxGetLimit(t Thread, limit int32) (uint64, Result) {
 	if r != Success {
 		return 0, r
 	}
+	switch limit {
+	case limitShmemSize: // an ordinary context's kernels have the device's shared memory
+		return uint64(max(d.attr(97), 0)), Success // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+	case limitCIGEnabled, limitCIGShmemFallback: // no context here shares the GPU with graphics (CIG)
+		return 0, Success
+	}
 	v, ok := defaultLimits[limit]
 	if !ok {
 		return 0, ErrorUnsupportedLimit
@@ -39,6 +45,15 @@ func (d *Driver) CtxGetLimit(t Thread, limit int32) (uint64, Result) {
 	}
 	return v, Success
 }
+
+// The limits CUDA 12.4 added for contexts in graphics interop (CIG):
+// CU_LIMIT_SHMEM_SIZE, CU_LIMIT_CIG_ENABLED,
+// CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED. They are read-only here.
+const (
+	limitShmemSize        = 7
+	limitCIGEnabled       = 8
+	limitCIGShmemFallback = 9
+)
 
 // CtxSetLimit is cuCtxSetLimit. The value is kept and reported back; the
 // primary's GPU runs kernels with its own context's limits, so a kernel

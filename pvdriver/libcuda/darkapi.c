@@ -21,7 +21,7 @@
 #include "_cgo_export.h"
 #include "runtime.h"
 
-#define VG_MAX_SLOTS 32
+#define VG_MAX_SLOTS 96
 
 /* vg_debug_enabled is VGPUHA_DEBUG's level: 1 names refused calls, 2 also
  * every cuGetProcAddress lookup. */
@@ -73,6 +73,15 @@ static uintptr_t vg_hooks_buffer1[1024];
 static uintptr_t vg_hooks_buffer2[16];
 static void hooks_buffer1(void **p, size_t *n) { if (p) *p = vg_hooks_buffer1; if (n) *n = 1024; }
 static void hooks_buffer2(void **p, size_t *n) { if (p) *p = vg_hooks_buffer2; if (n) *n = 14; }
+
+/* ---- Tools thread-local state {42d85a81-23f6-cb47-8298-f6e78a3aecdc}:
+ * slot 2 hands out the calling thread's record of an attached tool
+ * (a profiler); no tool attaches to this driver, so there is none. ---- */
+static CUresult tools_tls_record(void **record) {
+	if (record == NULL) return CUDA_ERROR_INVALID_VALUE;
+	*record = NULL;
+	return CUDA_SUCCESS;
+}
 
 /* ---- Context-local storage {c693336e-1121-df11-a8c3-68f355d89593}: a
  * value per (context, key) with a destructor run when the context goes
@@ -164,6 +173,41 @@ static unsigned checks_slot3(void) { return 0; }
 /* ---- Context creation bypass {0ca50b8c-1004-929a-89a7-d0df10e77286}. ---- */
 static CUresult bypass_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev) { return vgCtxCreate((uintptr_t *)pctx, flags, dev, 0); }
 
+/* ---- Tools' view of contexts {21318c60-9714-3248-8ca6-41ff7324c8f2}. ---- */
+static CUresult tools_ctx_device(CUcontext c, CUdevice *dev) {
+	uintptr_t ctx;
+	CUresult r = dev ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) *dev = 0; /* one device per session */
+	return r;
+}
+/* Slot 51 takes (context, handle, out) and writes a pointer to a record
+ * about the context; cuBLASLt asks it for the current context (both
+ * NULL) before it launches a GEMM. What the record holds is not public:
+ * a zeroed one (as SCUDA serves it) lets cuBLASLt go on, and its GEMMs
+ * then print what they print natively (scripts/gpu-runtime.sh). */
+static uint64_t vg_tools_ctx_record[64];
+static CUresult tools_ctx_record(CUcontext c, void *handle, void **record) {
+	uintptr_t ctx;
+	CUresult r = record ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS && handle == (void *)UINTPTR_MAX) r = CUDA_ERROR_INVALID_HANDLE;
+	if (r == CUDA_SUCCESS) *record = vg_tools_ctx_record;
+	return r;
+}
+/* Slot 39 takes (context, handle, out) and writes a word that is 0 for an
+ * ordinary context, as SCUDA observed; no tool state exists here. */
+static CUresult tools_ctx_word(CUcontext c, void *handle, unsigned long long *word) {
+	uintptr_t ctx;
+	CUresult r = handle && word ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) *word = 0;
+	return r;
+}
+static CUresult tools_ctx_number(CUcontext c, unsigned long long *n) {
+	uintptr_t ctx;
+	CUresult r = n ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) *n = ctx;
+	return r;
+}
+
 /* ---- Integrity {d4082055-bde6-704b-8d34-ba123c66e1f2}. ---- */
 static CUresult integrity_answer(unsigned version, unsigned long long unix_seconds, unsigned char *answer);
 
@@ -182,7 +226,8 @@ static struct vg_table vg_tables[] = {
 	{"runtime-interface", {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9}, 10, 1,
 	 {{1, (void *)rt_module_from_wrapper}, {2, (void *)rt_primary_context}, {6, (void *)rt_module_from_wrapper_ext},
 	  {7, (void *)rt_slot7}, {8, (void *)rt_module_from_fatbin_ext}}},
-	{"tools-tls", {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc}, 4, 1, {{0, 0}}},
+	{"tools-tls", {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc}, 4, 1,
+	 {{2, (void *)tools_tls_record}}},
 	{"tools-callback-hooks", {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66}, 7, 1,
 	 {{2, (void *)hooks_buffer1}, {6, (void *)hooks_buffer2}}},
 	{"context-local-storage", {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93}, 4, 0,
@@ -198,6 +243,12 @@ static struct vg_table vg_tables[] = {
 	 * as NVIDIA's driver 580 lays it out; every other slot is a refusal. */
 	{"cublas-support", {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9}, 16, 0,
 	 {{0, (void *)0x18}, {4, (void *)0x10}, {6, (void *)0x20}, {10, (void *)0x10}, {14, (void *)0x38}}},
+	/* The tools' view of contexts, asked by cuBLASLt when it picks a GEMM
+	 * kernel: 95 slots as NVIDIA's driver 595 serves it; slots 3 and 4 give
+	 * a context's device and its number (cuCtxGetId's), 51 a record about
+	 * a context (below), the rest refuse. */
+	{"tools-context", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}, 95, 1,
+	 {{3, (void *)tools_ctx_device}, {4, (void *)tools_ctx_number}, {39, (void *)tools_ctx_word}, {51, (void *)tools_ctx_record}}},
 };
 enum { VG_NTABLES = sizeof vg_tables / sizeof vg_tables[0] };
 
@@ -207,14 +258,20 @@ static CUresult vg_refuse(int table, int slot) {
 		fprintf(stderr, "vgpuha libcuda: export table %s slot %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", vg_tables[table].name, slot);
 	return CUDA_ERROR_NOT_SUPPORTED;
 }
-#define SLOTS(t) R(t, 0) R(t, 1) R(t, 2) R(t, 3) R(t, 4) R(t, 5) R(t, 6) R(t, 7) R(t, 8) R(t, 9) R(t, 10) \
-	R(t, 11) R(t, 12) R(t, 13) R(t, 14) R(t, 15) R(t, 16) R(t, 17) R(t, 18) R(t, 19) R(t, 20) R(t, 21) \
-	R(t, 22) R(t, 23) R(t, 24) R(t, 25) R(t, 26) R(t, 27) R(t, 28) R(t, 29) R(t, 30) R(t, 31)
+#define SLOTS(t) \
+	R(t, 0) R(t, 1) R(t, 2) R(t, 3) R(t, 4) R(t, 5) R(t, 6) R(t, 7) R(t, 8) R(t, 9) R(t, 10) R(t, 11) \
+	R(t, 12) R(t, 13) R(t, 14) R(t, 15) R(t, 16) R(t, 17) R(t, 18) R(t, 19) R(t, 20) R(t, 21) R(t, 22) R(t, 23) \
+	R(t, 24) R(t, 25) R(t, 26) R(t, 27) R(t, 28) R(t, 29) R(t, 30) R(t, 31) R(t, 32) R(t, 33) R(t, 34) R(t, 35) \
+	R(t, 36) R(t, 37) R(t, 38) R(t, 39) R(t, 40) R(t, 41) R(t, 42) R(t, 43) R(t, 44) R(t, 45) R(t, 46) R(t, 47) \
+	R(t, 48) R(t, 49) R(t, 50) R(t, 51) R(t, 52) R(t, 53) R(t, 54) R(t, 55) R(t, 56) R(t, 57) R(t, 58) R(t, 59) \
+	R(t, 60) R(t, 61) R(t, 62) R(t, 63) R(t, 64) R(t, 65) R(t, 66) R(t, 67) R(t, 68) R(t, 69) R(t, 70) R(t, 71) \
+	R(t, 72) R(t, 73) R(t, 74) R(t, 75) R(t, 76) R(t, 77) R(t, 78) R(t, 79) R(t, 80) R(t, 81) R(t, 82) R(t, 83) \
+	R(t, 84) R(t, 85) R(t, 86) R(t, 87) R(t, 88) R(t, 89) R(t, 90) R(t, 91) R(t, 92) R(t, 93) R(t, 94) R(t, 95)
 #define R(t, s) static CUresult vg_refuse_##t##_##s(void) { return vg_refuse(t, s); }
-SLOTS(0) SLOTS(1) SLOTS(2) SLOTS(3) SLOTS(4) SLOTS(5) SLOTS(6) SLOTS(7)
+SLOTS(0) SLOTS(1) SLOTS(2) SLOTS(3) SLOTS(4) SLOTS(5) SLOTS(6) SLOTS(7) SLOTS(8)
 #undef R
 #define R(t, s) (void *)vg_refuse_##t##_##s,
-static void *const vg_refusals[][VG_MAX_SLOTS] = {{SLOTS(0)}, {SLOTS(1)}, {SLOTS(2)}, {SLOTS(3)}, {SLOTS(4)}, {SLOTS(5)}, {SLOTS(6)}, {SLOTS(7)}};
+static void *const vg_refusals[][VG_MAX_SLOTS] = {{SLOTS(0)}, {SLOTS(1)}, {SLOTS(2)}, {SLOTS(3)}, {SLOTS(4)}, {SLOTS(5)}, {SLOTS(6)}, {SLOTS(7)}, {SLOTS(8)}};
 #undef R
 #undef SLOTS
 _Static_assert(sizeof vg_refusals / sizeof vg_refusals[0] == VG_NTABLES, "a refusal row per table");
