@@ -6,11 +6,15 @@
 # Builds pvdriver/libcuda/testdata/runtime/*.cu with nvcc (static and shared
 # cudart), then runs every program natively, through the library against an
 # unreplicated CUDA primary, and replicated (commit mode, the standby on the
-# second GPU when there is one) with `vgpuha verify` at the end; a program's
-# stdout must be the same all three ways. Prints a table; every program's
-# stderr goes to $LOGS (default: a temporary file, printed on failure).
+# second GPU when there is one) with `vgpuha verify` at its checkpoint, and
+# across a failover (the replicated primary SIGKILLed when the program's
+# output first matches KILL_AT; the program finishes on the promoted
+# standby); a program's stdout must be the same every way. Prints a table;
+# every program's stderr goes to $LOGS (default: a temporary file, printed
+# on failure). VGTEST_DETERMINISTIC=1 runs PyTorch in its deterministic mode.
 #
-# Knobs: MODES (native library replicated), PROGRAMS (the list below),
+# Knobs: MODES (native library replicated failover), PROGRAMS (the list below),
+# KILL_AT (a regex: '^step 100 |^checkpoint$'),
 # TORCH_STEPS (200), VGPUHA_DEBUG (passed to the library: 1 names refused
 # calls, 2 also every cuGetProcAddress lookup), LOGS.
 set -uo pipefail
@@ -18,16 +22,19 @@ B=$(cd "${1:-bin}" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
 src=$root/pvdriver/libcuda/testdata/runtime
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-read -r -a modes <<<"${MODES:-native library replicated}"
+read -r -a modes <<<"${MODES:-native library replicated failover}"
+kill_at=${KILL_AT:-'^step 100 |^checkpoint$'}
+fault=${FAULT:-KILL} # the signal the primary gets: KILL, or STOP (a freeze)
 read -r -a programs <<<"${PROGRAMS:-rt_vadd rt_vadd_shared rt_global rt_sgemm torch}"
 steps=${TORCH_STEPS:-200}
 work=$(mktemp -d)
 logs=${LOGS:-$work/logs.txt}
 : >"$logs"
-declare -A out_ok rc secs
-failures=0 pids=() verified="" pause_us=0
+declare -A out_ok rc secs node_pid
+failures=0 pids=() frozen=() verified="" pause_us=0
 cleanup() {
 	local p
+	for p in "${frozen[@]}"; do kill -9 "$p" 2>/dev/null; done
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
 	wait 2>/dev/null
 	rm -rf "$work"
@@ -49,8 +56,17 @@ build() {
 start_node() { # NAME ARGS...
 	local name=$1
 	shift
-	"$B/vgpuha" "$@" 2>"$work/$name.log" &
+	"$B/vgpuha" "$@" 2>>"$work/$name.log" &
 	pids+=($!)
+	node_pid[$name]=$!
+}
+
+stop_node() {
+	local pid=${node_pid[$1]:-}
+	[ -n "$pid" ] || return 0
+	kill "$pid" 2>/dev/null
+	wait "$pid" 2>/dev/null
+	unset "node_pid[$1]"
 }
 
 wait_socket() {
@@ -61,16 +77,31 @@ wait_socket() {
 
 protected() { "$B/vgpuha" status --admin "unix://$work/admin.sock" --json 2>/dev/null | grep -Eq '"protected": *true'; }
 
+gflags=(--backend cuda --guest.kernels --guest.max-sessions 1)
+
 start_nodes() {
-	local gflags=(--backend cuda --guest.kernels --guest.max-sessions 1) port=$((7300 + RANDOM % 500)) standby_gpu=0 _
-	[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
-	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key"
 	CUDA_VISIBLE_DEVICES=0 start_node plain primary "${gflags[@]}" --guest-listen "unix://$work/plain.sock"
-	CUDA_VISIBLE_DEVICES=$standby_gpu start_node standby standby "${gflags[@]}" --listen "tcp://127.0.0.1:$port" --replicate.key-file "$work/key"
+	wait_socket "$work/plain.sock" || exit 1
+	start_pair
+}
+
+# start_pair (re)starts the replicated pair: the primary on GPU 0, its
+# standby on GPU 1 where there is one, serving guests once promoted.
+start_pair() {
+	local port=$((7300 + RANDOM % 500)) standby_gpu=0 _
+	[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
+	stop_node replicated
+	stop_node standby
+	rm -rf "$work/repl.sock" "$work/standby.sock" "$work/admin.sock" "$work/state"
+	mkdir -p "$work/state"
+	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key"
+	CUDA_VISIBLE_DEVICES=$standby_gpu start_node standby standby "${gflags[@]}" --listen "tcp://127.0.0.1:$port" \
+		--replicate.key-file "$work/key" --guest-listen "unix://$work/standby.sock"
 	CUDA_VISIBLE_DEVICES=0 start_node replicated primary "${gflags[@]}" --guest-listen "unix://$work/repl.sock" --mode commit \
-		--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$work/key" --admin-listen "unix://$work/admin.sock"
-	wait_socket "$work/plain.sock" && wait_socket "$work/repl.sock" || exit 1
-	for _ in $(seq 200); do protected && return 0; sleep 0.05; done
+		--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$work/key" --admin-listen "unix://$work/admin.sock" \
+		--state-dir "$work/state"
+	wait_socket "$work/repl.sock" || exit 1
+	for _ in $(seq 400); do protected && return 0; sleep 0.05; done
 	echo "the replicated pair never became protected"; tail -20 "$work"/*.log; exit 1
 }
 
@@ -79,11 +110,16 @@ run() { # MODE PROGRAM
 	case $mode in
 	library) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/plain.sock") ;;
 	replicated) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock") ;;
+	failover)
+		start_pair
+		env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock" "VGPUHA_FAILOVER=unix://$work/standby.sock")
+		;;
 	esac
+	[ "$p" = torch ] && env+=(CUBLAS_WORKSPACE_CONFIG=:4096:8)
 	verified="" pause_us=0
 	t0=${EPOCHREALTIME/[.,]/}
-	if [ "$mode" = replicated ]; then
-		checkpointed "$work/$p.$mode.out" "$work/$p.$mode.err" env "${env[@]}" VGTEST_CHECKPOINT=1 timeout 300 "$work/bin/$p" || status=$?
+	if [ "$mode" = replicated ] || [ "$mode" = failover ]; then
+		checkpointed "$mode" "$work/$p.$mode.out" "$work/$p.$mode.err" env "${env[@]}" VGTEST_CHECKPOINT=1 timeout 300 "$work/bin/$p" || status=$?
 	else
 		env "${env[@]}" timeout 300 "$work/bin/$p" >"$work/$p.$mode.out" 2>"$work/$p.$mode.err" || status=$?
 	fi
@@ -91,24 +127,38 @@ run() { # MODE PROGRAM
 	secs[$p.$mode]=$((us / 1000000)).$(printf '%03d' $((us / 1000 % 1000)))
 	rc[$p.$mode]=$status
 	{ echo "==== $p ($mode): exit $status"; cat "$work/$p.$mode.out"; echo "---- stderr"; cat "$work/$p.$mode.err"; } >>"$logs"
+	if [ "$mode" = failover ] && [ "$status" = 0 ] && [ -n "${node_pid[replicated]:-}" ]; then
+		rc[$p.$mode]="the primary was never killed"
+	fi
+	[ "$mode" = failover ] && start_pair # the next run gets a fresh pair
 	if [ "$mode" = replicated ] && [ "$status" = 0 ]; then
 		echo "verify at the checkpoint: $verified" >>"$logs"
 		[[ $verified =~ ^verified\ [1-9][0-9]*\ objects.*match=true ]] || rc[$p.$mode]="verify: ${verified:-no checkpoint}"
 	fi
 }
 
-# checkpointed OUT ERR CMD...: runs CMD, whose stdout says "checkpoint" when
-# the standby's replica should be verified (it then waits for a line on its
-# stdin); `vgpuha verify`'s answer goes to $verified, the time it took to
-# pause_us (left out of the program's time), every other line to OUT.
+# checkpointed MODE OUT ERR CMD...: runs CMD, whose stdout says "checkpoint"
+# when the standby's replica should be verified (it then waits for a line on
+# its stdin); `vgpuha verify`'s answer goes to $verified, the time it took to
+# pause_us (left out of the program's time), every other line to OUT. In
+# failover mode the first line matching KILL_AT SIGKILLs the primary instead.
 checkpointed() {
-	local out=$1 err=$2 line t1 status=0
-	shift 2
+	local mode=$1 out=$2 err=$3 line t1 status=0
+	shift 3
 	pause_us=0
 	: >"$out"
 	coproc PROG { "$@" 2>"$err"; }
 	local rd=${PROG[0]} wr=${PROG[1]} pid=$PROG_PID
 	while IFS= read -r -u "$rd" line; do
+		if [ "$mode" = failover ] && [ -n "${node_pid[replicated]:-}" ] && [[ $line =~ $kill_at ]]; then
+			kill -"$fault" "${node_pid[replicated]}"
+			frozen+=("${node_pid[replicated]}")
+			unset "node_pid[replicated]"
+		fi
+		if [ "$line" = checkpoint ] && [ "$mode" = failover ]; then
+			printf '\n' >&"$wr"
+			continue
+		fi
 		if [ "$line" != checkpoint ]; then
 			printf '%s\n' "$line" >>"$out"
 			continue

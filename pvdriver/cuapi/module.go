@@ -155,7 +155,7 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 	if r != Success {
 		return 0, r
 	}
-	m, r := d.loadImage(ctx, img)
+	m, r := d.loadImage(ctx, img, true)
 	if r != Success {
 		return 0, r
 	}
@@ -164,11 +164,14 @@ func (d *Driver) ModuleLoadData(t Thread, img []byte) (uint64, Result) {
 	return h, Success
 }
 
-// loadImage loads img on the primary as a module of ctx.
+// loadImage loads img on the primary as a module of ctx; loud says a
+// refusal on stderr (a library's lazy load fails quietly, as CUDA's does:
+// frameworks register images for GPUs other than this one and never use
+// them).
 // Precondition: d.mu must be locked.
-func (d *Driver) loadImage(ctx uint64, img []byte) (*module, Result) {
+func (d *Driver) loadImage(ctx uint64, img []byte, loud bool) (*module, Result) {
 	if !abi.IsPTX(img) {
-		return d.loadRaw(ctx, img)
+		return d.loadRaw(ctx, img, loud)
 	}
 	text := strings.TrimSuffix(string(img), "\x00")
 	entries, err := abi.ParsePTX(text)
@@ -196,14 +199,14 @@ func (d *Driver) loadImage(ctx uint64, img []byte) (*module, Result) {
 		return nil, ErrorInvalidImage
 	}
 	if m.remote, err = d.client.LoadModule(encoded); err != nil {
-		return nil, resultOf("cuModuleLoadData", err, true)
+		return nil, resultOf("cuModuleLoadData", err, loud)
 	}
 	return m, Success
 }
 
 // loadRaw sends a cubin or fatbin whole.
 // Precondition: d.mu must be locked.
-func (d *Driver) loadRaw(ctx uint64, img []byte) (*module, Result) {
+func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 	n, ok := rawSize(img)
 	if !ok {
 		return nil, ErrorInvalidImage
@@ -221,7 +224,7 @@ func (d *Driver) loadRaw(ctx uint64, img []byte) (*module, Result) {
 	}
 	remote, err := d.client.LoadModule(wire)
 	if err != nil {
-		return nil, resultOf("cuModuleLoadData", err, true)
+		return nil, resultOf("cuModuleLoadData", err, loud)
 	}
 	return &module{ctx: ctx, remote: remote, raw: true, image: img[:n], funcs: map[string]uint64{}}, Success
 }
@@ -261,7 +264,7 @@ func (d *Driver) loaded(m *module) Result {
 	if m.lazy == nil {
 		return m.lazyErr
 	}
-	got, r := d.loadImage(m.ctx, m.lazy)
+	got, r := d.loadImage(m.ctx, m.lazy, false)
 	if r != Success {
 		m.lazy, m.lazyErr = nil, r
 		return r

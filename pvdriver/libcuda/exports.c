@@ -159,7 +159,9 @@ static void vg_unsupported(const char *name, int *said) {
 		fprintf(stderr, "vgpuha libcuda: %s is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", name);
 }
 #define STUB(base, sym) CUresult sym(void) { static int said; vg_unsupported(#sym, &said); return CUDA_ERROR_NOT_SUPPORTED; }
+#define DLSYM_STUB(sym) STUB(sym, sym)
 #include "stubs.h"
+#undef DLSYM_STUB
 #undef STUB
 
 /* ---- cuGetProcAddress: a name and the CUDA version the caller was built
@@ -171,6 +173,7 @@ struct vg_proc { const char *name; int version; void *fn; };
 #include "runtime.h"
 #define E(name, version, sym) { #name, version, (void *)sym },
 #define STUB(base, sym) { #base, 0, (void *)sym },
+#define DLSYM_STUB(sym)
 static const struct vg_proc vg_procs[] = {
 	E(cuInit, 2000, cuInit) E(cuDriverGetVersion, 2020, cuDriverGetVersion) E(cuDeviceGet, 2000, cuDeviceGet)
 	E(cuDeviceGetCount, 2000, cuDeviceGetCount) E(cuDeviceGetName, 2000, cuDeviceGetName)
@@ -235,6 +238,7 @@ static const struct vg_proc vg_procs[] = {
 	E(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2) E(cuDeviceGetPCIBusId, 4010, cuDeviceGetPCIBusId)
 #include "stubs.h"
 };
+#undef DLSYM_STUB
 #undef STUB
 #undef E
 

@@ -35,7 +35,7 @@ w = torch.randn(8, 3, 3, 3, device=dev)
 show("conv2d", F.conv2d(x, w, padding=1))
 show("cumsum", torch.cumsum(a, dim=1))
 show("sort", torch.sort(a[0]).values)
-print(f"setup {time.time() - t0:.3f} s", flush=True)
+print(f"setup {time.time() - t0:.3f} s", file=sys.stderr, flush=True)
 
 class Net(nn.Module):
     def __init__(self):
