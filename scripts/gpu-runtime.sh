@@ -116,6 +116,7 @@ run() { # MODE PROGRAM
 		;;
 	esac
 	[ "$p" = torch ] && env+=(CUBLAS_WORKSPACE_CONFIG=:4096:8)
+	env+=(CUDA_VISIBLE_DEVICES=0) # natively the program sees the primary's GPU alone, as through the library
 	verified="" pause_us=0
 	t0=${EPOCHREALTIME/[.,]/}
 	if [ "$mode" = replicated ] || [ "$mode" = failover ]; then
