@@ -23,15 +23,7 @@ func isGlobalOp(op abi.Opcode) bool {
 // invalid handle, an over-long read is refused before anything is
 // allocated, and none of it changes the session.
 func TestModuleVariablesRefusedHere(t *testing.T) {
-	cfg := DefaultConfig()
-	srv, err := NewServer(sim.New(1<<30), cfg, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess, err := srv.newSession(1, 0, sessionOpen{guest: "g"}, cfg.WindowBase)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess := newSimSession(t)
 	img, err := kernels.Image("vadd")
 	if err != nil {
 		t.Fatal(err)
@@ -63,3 +55,19 @@ func TestModuleVariablesRefusedHere(t *testing.T) {
 		}
 	}
 }
+
+// newSimSession is a session of a server on a 1 GiB software GPU.
+func newSimSession(t *testing.T) *Session {
+	t.Helper()
+	cfg := DefaultConfig()
+	srv, err := NewServer(sim.New(1<<30), cfg, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := srv.newSession(1, 0, sessionOpen{guest: "g"}, cfg.WindowBase)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sess
+}
+

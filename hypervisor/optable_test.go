@@ -1,13 +1,9 @@
 package hypervisor
 
 import (
-	"io"
-	"log/slog"
 	"reflect"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -40,15 +36,7 @@ func TestOpTableCoversABI(t *testing.T) {
 // with the same request id gets the same reply, rebuilt from the recorded
 // result.
 func TestHandlersAgreeWithABI(t *testing.T) {
-	cfg := DefaultConfig()
-	srv, err := NewServer(sim.New(1<<30), cfg, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess, err := srv.newSession(1, 0, sessionOpen{guest: "g"}, cfg.WindowBase)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sess := newSimSession(t)
 	img, err := kernels.Image("vadd")
 	if err != nil {
 		t.Fatal(err)

@@ -17,16 +17,8 @@ type Launch struct {
 // ParamLayout is the byte size of each of f's parameters: what the C half
 // reads behind each kernelParams pointer.
 func (d *Driver) ParamLayout(f uint64) ([]int, Result) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if r := d.ready(); r != Success {
-		return nil, r
-	}
-	fn := d.funcs[f]
-	if fn == nil {
-		return nil, ErrorInvalidHandle
-	}
-	return append([]int(nil), fn.sizes...), Success
+	_, sizes, r := d.ParamInfo(f)
+	return sizes, r
 }
 
 // LaunchKernel is cuLaunchKernel. Exactly one of params (each parameter's

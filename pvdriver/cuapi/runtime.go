@@ -226,12 +226,9 @@ func (d *Driver) Pointer(p uint64) (PointerInfo, Result) {
 func (d *Driver) FuncName(f uint64) (string, Result) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.ready(); r != Success {
+	fn, r := d.function(f)
+	if r != Success {
 		return "", r
-	}
-	fn := d.funcs[f]
-	if fn == nil {
-		return "", ErrorInvalidHandle
 	}
 	return fn.name, Success
 }
@@ -241,12 +238,9 @@ func (d *Driver) FuncName(f uint64) (string, Result) {
 func (d *Driver) ParamInfo(f uint64) (offs, sizes []int, r Result) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.ready(); r != Success {
+	fn, r := d.function(f)
+	if r != Success {
 		return nil, nil, r
-	}
-	fn := d.funcs[f]
-	if fn == nil {
-		return nil, nil, ErrorInvalidHandle
 	}
 	return append([]int(nil), fn.offs...), append([]int(nil), fn.sizes...), Success
 }
@@ -271,12 +265,9 @@ func (d *Driver) PrimaryCtxHandle() uint64 {
 func (d *Driver) OccupancyAvailableDynamicSMem(f uint64, numBlocks, blockSize int32) (uint64, Result) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.ready(); r != Success {
+	fn, r := d.function(f)
+	if r != Success {
 		return 0, r
-	}
-	fn := d.funcs[f]
-	if fn == nil {
-		return 0, ErrorInvalidHandle
 	}
 	if numBlocks <= 0 || blockSize <= 0 {
 		return 0, ErrorInvalidValue
@@ -299,4 +290,17 @@ func (d *Driver) OccupancyAvailableDynamicSMem(f uint64, numBlocks, blockSize in
 		return 0, Success
 	}
 	return perBlock - static, Success
+}
+
+// function resolves a CUfunction (or CUkernel) handle.
+// Precondition: d.mu must be locked.
+func (d *Driver) function(f uint64) (*function, Result) {
+	if r := d.ready(); r != Success {
+		return nil, r
+	}
+	fn := d.funcs[f]
+	if fn == nil {
+		return nil, ErrorInvalidHandle
+	}
+	return fn, Success
 }

@@ -4,25 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
-
-#define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-	fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+#include "check.h"
 
 __device__ int counter;
 __constant__ int step;
 
 __global__ void bump(int n) {
 	if (blockIdx.x * blockDim.x + threadIdx.x < n) atomicAdd(&counter, step);
-}
-
-// checkpoint lets a test verify the standby's replica while this program
-// still holds its memory (VGTEST_CHECKPOINT=1): it says "checkpoint" and
-// waits for a line on stdin.
-static void checkpoint() {
-	if (!getenv("VGTEST_CHECKPOINT")) return;
-	printf("checkpoint\n");
-	fflush(stdout);
-	getchar();
 }
 
 int main() {

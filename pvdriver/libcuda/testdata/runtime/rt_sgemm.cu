@@ -5,23 +5,12 @@
 #include <cstdlib>
 #include <vector>
 #include <cuda_runtime.h>
+#include "check.h"
 #include <cublas_v2.h>
 #include <cublasLt.h>
 
-#define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-	fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
 #define BLAS(x) do { cublasStatus_t s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { \
 	fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #x, (int)s_); exit(1); } } while (0)
-
-// checkpoint lets a test verify the standby's replica while this program
-// still holds its memory (VGTEST_CHECKPOINT=1): it says "checkpoint" and
-// waits for a line on stdin.
-static void checkpoint() {
-	if (!getenv("VGTEST_CHECKPOINT")) return;
-	printf("checkpoint\n");
-	fflush(stdout);
-	getchar();
-}
 
 static void report(const char *what, const std::vector<float> &c, int n) {
 	double sum = 0;

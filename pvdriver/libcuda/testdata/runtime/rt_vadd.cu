@@ -5,9 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
-
-#define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
-	fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+#include "check.h"
 
 __global__ void vadd(const float *a, const float *b, float *c, int n) {
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -17,16 +15,6 @@ __global__ void vadd(const float *a, const float *b, float *c, int n) {
 __global__ void scale(float *x, float k, int n) {
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
 	if (i < n) x[i] *= k;
-}
-
-// checkpoint lets a test verify the standby's replica while this program
-// still holds its memory (VGTEST_CHECKPOINT=1): it says "checkpoint" and
-// waits for a line on stdin.
-static void checkpoint() {
-	if (!getenv("VGTEST_CHECKPOINT")) return;
-	printf("checkpoint\n");
-	fflush(stdout);
-	getchar();
 }
 
 int main() {
