@@ -117,3 +117,37 @@ func leU64(b []byte) uint64 {
 	}
 	return v
 }
+
+// TestProgramsBackToBack runs the vadd program 20 times, each started as
+// the last one exits, against a replicated primary that serves one guest
+// at a time (--guest.max-sessions 1, as guest-built kernels require): the
+// library's exit frees the session's slot before the process is gone.
+func TestProgramsBackToBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: builds libcuda.so.1 and runs a C program 20 times")
+	}
+	dir := build(t)
+	ptx, err := filepath.Abs(filepath.Join("..", "..", "internal", "kernels", "ptx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit, OneGuestPerProcess: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.WaitProtected(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for i := 0; i < 20; i++ {
+		cmd := exec.Command(filepath.Join(dir, "vadd"), ptx)
+		cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+dir, "VGPUHA_ENDPOINT="+c.Endpoint, "VGTEST_SIM=1",
+			"VGPUHA_FAILOVER="+c.StandbyEndpoint) // a session a failover could resume is kept for a grace unless closed
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), " ok") {
+			t.Fatalf("program %d of 20: %v\n%s", i+1, err, out)
+		}
+	}
+	t.Logf("20 programs back to back in %v", time.Since(start).Round(time.Millisecond))
+}
