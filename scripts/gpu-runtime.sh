@@ -30,7 +30,7 @@ steps=${TORCH_STEPS:-200}
 work=$(mktemp -d)
 logs=${LOGS:-$work/logs.txt}
 : >"$logs"
-declare -A out_ok rc secs node_pid
+declare -A rc secs node_pid
 failures=0 pids=() frozen=() verified="" pause_us=0
 cleanup() {
 	local p

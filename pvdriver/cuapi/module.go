@@ -257,8 +257,8 @@ func (d *Driver) LoadLibrary(ctx uint64, img []byte) (uint64, Result) {
 	return h, Success
 }
 
-// loaded makes sure m (handle h) is loaded on the primary: a library's
-// first use loads it.
+// loaded makes sure m is loaded on the primary: a library's first use
+// loads it.
 // Precondition: d.mu must be locked.
 func (d *Driver) loaded(m *module) Result {
 	if m.lazy == nil {

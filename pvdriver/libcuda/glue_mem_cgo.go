@@ -173,15 +173,21 @@ func vgModuleLoad(m *C.uintptr_t, fname *C.char) C.CUresult {
 //
 //export vgModuleLoadData
 func vgModuleLoadData(m *C.uintptr_t, image unsafe.Pointer) C.CUresult {
-	if m == nil || image == nil {
+	return loadFrom(m, image, drv.ModuleLoadData)
+}
+
+// loadFrom reads the image at image and hands it to load (a module's or a
+// library's), storing the handle in *out.
+func loadFrom(out *C.uintptr_t, image unsafe.Pointer, load func(cuapi.Thread, []byte) (uint64, cuapi.Result)) C.CUresult {
+	if out == nil || image == nil {
 		return errInvalid
 	}
 	img, r := readImage(image)
 	if r != cuapi.Success {
 		return res(r)
 	}
-	h, r := drv.ModuleLoadData(thread{}, img)
-	return outHandle(m, h, r)
+	h, r := load(thread{}, img)
+	return outHandle(out, h, r)
 }
 
 // readImage copies the image at p: its headers say how long a fatbin or

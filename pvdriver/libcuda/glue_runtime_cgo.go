@@ -142,15 +142,7 @@ func vgStreamInfo(s C.uintptr_t, flags *C.uint, ctx *C.uintptr_t) C.CUresult {
 
 //export vgLibraryLoadData
 func vgLibraryLoadData(lib *C.uintptr_t, image unsafe.Pointer) C.CUresult {
-	if lib == nil || image == nil {
-		return errInvalid
-	}
-	img, r := readImage(image)
-	if r != cuapi.Success {
-		return res(r)
-	}
-	h, r := drv.LibraryLoadData(thread{}, img)
-	return outHandle(lib, h, r)
+	return loadFrom(lib, image, drv.LibraryLoadData)
 }
 
 //export vgPointerInfo
@@ -167,20 +159,23 @@ func vgPointerInfo(p C.CUdeviceptr, kind *C.uint, ctx *C.uintptr_t, base *C.CUde
 // while the function's module is loaded; these for the process's life.
 var funcNames sync.Map // function handle -> *C.char
 
+// vgFuncGetName checks f on every call, also when its name is kept: the C
+// half uses it as its check of a function handle, and a function of an
+// unloaded module is no longer one.
+//
 //export vgFuncGetName
 func vgFuncGetName(name **C.char, f C.uintptr_t) C.CUresult {
 	if name == nil {
 		return errInvalid
 	}
-	if s, ok := funcNames.Load(uint64(f)); ok {
-		*name = s.(*C.char)
-		return 0
-	}
 	n, r := drv.FuncName(uint64(f))
 	if r != cuapi.Success {
 		return res(r)
 	}
-	s, _ := funcNames.LoadOrStore(uint64(f), C.CString(n))
+	s, ok := funcNames.Load(uint64(f))
+	if !ok {
+		s, _ = funcNames.LoadOrStore(uint64(f), C.CString(n))
+	}
 	*name = s.(*C.char)
 	return 0
 }

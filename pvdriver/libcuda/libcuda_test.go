@@ -58,10 +58,7 @@ func TestPrograms(t *testing.T) {
 		t.Skip("slow: builds libcuda.so.1 and the C programs, runs each against replicated primaries")
 	}
 	dir := build(t)
-	ptx, err := filepath.Abs(filepath.Join("..", "..", "internal", "kernels", "ptx"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ptx := kernelDir(t)
 	for _, transport := range []string{"unix", "tcp", "shm+unix"} {
 		for _, kill := range []bool{false, true} {
 			for _, p := range programs {
@@ -82,14 +79,7 @@ func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
 	case "shm+unix":
 		opts.GuestScheme = transport
 	}
-	c, err := cluster.Start(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitProtected(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	c := protectedPair(t, opts)
 	cmd := exec.Command(bin, ptx)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, "VGPUHA_ENDPOINT="+c.Endpoint,
 		"VGPUHA_FAILOVER="+c.StandbyEndpoint, "VGTEST_CHECKPOINT=1", "VGTEST_SIM=1", "VGPUHA_DEBUG=1")
@@ -131,4 +121,29 @@ func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
 		t.Fatal("the program finished, but the standby was never promoted: it did not run there")
 	}
 	t.Logf("%s in %v", last, time.Since(start).Round(time.Millisecond))
+}
+
+// kernelDir is the kernel library's PTX, which the C programs load.
+func kernelDir(t *testing.T) string {
+	t.Helper()
+	ptx, err := filepath.Abs(filepath.Join("..", "..", "internal", "kernels", "ptx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ptx
+}
+
+// protectedPair starts a primary and its standby on the software GPU and
+// waits until the standby protects the primary; the test closes them.
+func protectedPair(t *testing.T, opts cluster.Options) *cluster.Cluster {
+	t.Helper()
+	c, err := cluster.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.WaitProtected(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -33,18 +33,8 @@ func TestRuntimeView(t *testing.T) {
 		"-L"+dir, "-lcuda", "-lpthread").CombinedOutput(); err != nil {
 		t.Fatalf("building runtime_view: %v\n%s", err, out)
 	}
-	ptx, err := filepath.Abs(filepath.Join("..", "..", "internal", "kernels", "ptx"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitProtected(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	ptx := kernelDir(t)
+	c := protectedPair(t, cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit})
 	procs, err := os.Open(filepath.Join("testdata", "runtime", "cudart13-procs.txt"))
 	if err != nil {
 		t.Fatal(err)
@@ -127,18 +117,8 @@ func TestProgramsBackToBack(t *testing.T) {
 		t.Skip("slow: builds libcuda.so.1 and runs a C program 20 times")
 	}
 	dir := build(t)
-	ptx, err := filepath.Abs(filepath.Join("..", "..", "internal", "kernels", "ptx"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit, OneGuestPerProcess: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.WaitProtected(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	ptx := kernelDir(t)
+	c := protectedPair(t, cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit, OneGuestPerProcess: true})
 	start := time.Now()
 	for i := 0; i < 20; i++ {
 		cmd := exec.Command(filepath.Join(dir, "vadd"), ptx)
