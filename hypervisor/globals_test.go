@@ -70,4 +70,3 @@ func newSimSession(t *testing.T) *Session {
 	}
 	return sess
 }
-

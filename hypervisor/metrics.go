@@ -17,6 +17,9 @@ type metrics struct {
 	// resumed and expired count detached sessions taken back by their
 	// guest, and freed at the end of their grace period (lifetime.go).
 	resumed, expired prometheus.Counter
+	// readBackRepairs counts a standby's read-backs that found its bytes
+	// different from what the guest read on the primary (readback.go).
+	readBackRepairs prometheus.Counter
 	// latency by opcode, made once: a request finds its child by index,
 	// not by hashing label values.
 	latency []prometheus.Observer
@@ -53,6 +56,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_guest_sessions_expired_total",
 			Help: "Detached sessions freed because no guest resumed them within their grace period.",
 		}),
+		readBackRepairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vgpuha_replica_read_back_repairs_total",
+			Help: "Guest reads whose bytes this standby held differently (a kernel that is not reproducible, such as one with floating-point atomics) and took from the primary's read-back.",
+		}),
 	}
 	for _, r := range refusalReasons {
 		m.refusals.WithLabelValues(r)
@@ -71,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		return func() float64 { return f(s.Status()) }
 	}
 	collectors := []prometheus.Collector{
-		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.resumed, m.expired,
+		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.resumed, m.expired, m.readBackRepairs,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_is_primary", Help: "1 while this node serves guests (not fenced).",
 		}, func() float64 {

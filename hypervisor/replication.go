@@ -413,6 +413,9 @@ func (s *Session) apply(rec *replicate.Record) error {
 			return err
 		}
 	}
+	if rec.Flags&replicate.FlagReadBack != 0 {
+		s.noteReadBack(req)
+	}
 	reply, err := s.replay(run, req)
 	result := abi.ResultOf(reply)
 	if err == nil {

@@ -250,6 +250,9 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 			s.record.append(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed, nil)
 		}
 	}
+	if err == nil && s.record != nil {
+		s.recordReadBack(op, req, reply)
+	}
 	if err != nil && async {
 		s.deferError(handlemap.Handle(abi.StreamOf(req)), err)
 		return nil, deferredError{err}

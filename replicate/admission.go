@@ -80,7 +80,9 @@ func belowFollowedTerm(v *admissionView, p *Identity) bool {
 
 func adoptionArmed(v *admissionView, _ *Identity) bool { return v.adopt }
 
-func outsidePinnedGroup(v *admissionView, p *Identity) bool { return v.pinned != "" && p.Group != v.pinned }
+func outsidePinnedGroup(v *admissionView, p *Identity) bool {
+	return v.pinned != "" && p.Group != v.pinned
+}
 
 // followsNone: a standby that never followed a primary has nothing to
 // lose.

@@ -86,6 +86,10 @@ const (
 	FlagPlaced
 	// FlagRepair: a copy of the primary's contents sent by verify --repair.
 	FlagRepair
+	// FlagReadBack: bytes a guest read from the primary's device, written
+	// on the standby so that it holds what the guest saw even where a
+	// kernel is not reproducible (floating-point atomics).
+	FlagReadBack
 )
 
 // Guest returns the record's guest opcode, or false for a control kind.
@@ -178,7 +182,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpVerifyMMIO) {
 		return Record{}, fmt.Errorf("%w: unknown kind %#x", ErrBadRecord, uint16(r.Op))
 	}
-	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair) != 0 {
+	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair|FlagReadBack) != 0 {
 		return Record{}, fmt.Errorf("%w: unknown flags %#x", ErrBadRecord, r.Flags)
 	}
 	r.Body = b[recordHeader:]
