@@ -20,6 +20,9 @@ type metrics struct {
 	// readBackRepairs counts a standby's read-backs that found its bytes
 	// different from what the guest read on the primary (readback.go).
 	readBackRepairs prometheus.Counter
+	// imageBytes counts module image bytes loaded, by where they came
+	// from: sent by the guest, or the node's image cache (images.go).
+	imageBytes *prometheus.CounterVec
 	// latency by opcode, made once: a request finds its child by index,
 	// not by hashing label values.
 	latency []prometheus.Observer
@@ -60,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_replica_read_back_repairs_total",
 			Help: "Guest reads whose bytes this standby held differently (a kernel that is not reproducible, such as one with floating-point atomics) and took from the primary's read-back.",
 		}),
+		imageBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vgpuha_module_image_bytes_total",
+			Help: "Module image bytes loaded, by where they came from: guest (sent with the load) or cache (named by hash, already on this node).",
+		}, []string{"from"}),
 	}
 	for _, r := range refusalReasons {
 		m.refusals.WithLabelValues(r)
@@ -78,7 +85,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		return func() float64 { return f(s.Status()) }
 	}
 	collectors := []prometheus.Collector{
-		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.resumed, m.expired, m.readBackRepairs,
+		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.resumed, m.expired, m.readBackRepairs, m.imageBytes,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_is_primary", Help: "1 while this node serves guests (not fenced).",
 		}, func() float64 {

@@ -66,6 +66,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpDeviceInfo, func() abi.Body { return &abi.DeviceInfo{} }, nil},
 		{abi.OpStreamDestroy, func() abi.Body { return &abi.StreamDestroy{Stream: stream} }, nil},
 		{abi.OpModuleUnload, func() abi.Body { return &abi.ModuleUnload{Module: module} }, nil},
+		{abi.OpModuleLoadCached, func() abi.Body { return &abi.ModuleLoadCached{Hash: abi.HashImage(img)} }, &module},
 		{abi.OpCopyHtoDHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 4096, Size: 100} }, nil},
 		{abi.OpCopyDtoHHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 0, Size: 100} }, nil},
 		{abi.OpFree, func() abi.Body { return &abi.Free{Ptr: ptr} }, nil},

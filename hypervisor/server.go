@@ -83,6 +83,9 @@ type Config struct {
 	DeviceMemory uint64
 	// MaxGrace caps the grace period a guest may ask for.
 	MaxGrace time.Duration
+	// ImageCacheBytes bounds the module images kept for the next process
+	// that loads them by hash (images.go); 0 keeps none.
+	ImageCacheBytes int64
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
 	// Clock tells the time detached sessions are kept by (lifetime.go);
@@ -122,6 +125,7 @@ func DefaultConfig() Config {
 		TenantMaxSessions: 16,
 		TenantMaxDetached: 4,
 		MaxGrace:          2 * time.Minute,
+		ImageCacheBytes:   1 << 30,
 		MMIO:              MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
@@ -153,6 +157,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	budget  *byteBudget // buffered request bytes, all connections
+	images  *imageCache // module images by content (images.go)
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
@@ -199,6 +204,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
 		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
+		images:    newImageCache(cfg.ImageCacheBytes),
 		slotFreed: make(chan struct{}),
 	}
 	if s.cfg.Clock == nil {
@@ -634,6 +640,8 @@ type Status struct {
 	// Tenancy: the device memory reserved for each tenant and what it
 	// uses (tenant.go).
 	Tenancy TenancyStatus `json:"tenancy"`
+	// Images: the module images this node keeps by content (images.go).
+	Images ImageStatus `json:"images"`
 }
 
 // Redacted is the status without what identifies a session (its id, its
@@ -654,7 +662,8 @@ func (st Status) Redacted() Status {
 func (s *Server) Status() Status {
 	sessions := s.sessionList()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
-	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary(), Tenancy: s.tenancy()}
+	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary(), Tenancy: s.tenancy(),
+		Images: s.images.status()}
 	now := s.now()
 	for _, sess := range sessions {
 		sess.mu.Lock()

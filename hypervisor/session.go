@@ -161,28 +161,29 @@ func typed[T abi.Body](fn func(*Session, T) (abi.Body, error)) handler {
 // the connection's). What an op is (async, mutating, committing, its
 // result and stream) is abi's row; handle and apply join the two.
 var opTable = map[abi.Opcode]handler{
-	abi.OpAlloc:          typed((*Session).alloc),
-	abi.OpFree:           typed((*Session).free),
-	abi.OpCopyHtoD:       typed((*Session).copyHtoD),
-	abi.OpCopyDtoH:       typed((*Session).copyDtoH),
-	abi.OpCopyDtoD:       typed((*Session).copyDtoD),
-	abi.OpMemset:         typed((*Session).memset),
-	abi.OpModuleLoad:     typed((*Session).moduleLoad),
-	abi.OpModuleUnload:   typed((*Session).moduleUnload),
-	abi.OpGetFunction:    typed((*Session).getFunction),
-	abi.OpLaunch:         typed((*Session).launch),
-	abi.OpStreamCreate:   typed((*Session).streamCreate),
-	abi.OpStreamDestroy:  typed((*Session).streamDestroy),
-	abi.OpStreamSync:     typed((*Session).streamSync),
-	abi.OpSync:           typed((*Session).sync),
-	abi.OpApertureAttach: typed((*Session).apertureAttach),
-	abi.OpDeviceInfo:     typed((*Session).deviceInfo),
-	abi.OpFunctionParams: typed((*Session).functionParams),
-	abi.OpCopyHtoDHost:   typed((*Session).copyHtoDHost),
-	abi.OpCopyDtoHHost:   typed((*Session).copyDtoHHost),
-	abi.OpModuleGlobal:   typed((*Session).moduleGlobal),
-	abi.OpGlobalWrite:    typed((*Session).globalWrite),
-	abi.OpGlobalRead:     typed((*Session).globalRead),
+	abi.OpAlloc:            typed((*Session).alloc),
+	abi.OpFree:             typed((*Session).free),
+	abi.OpCopyHtoD:         typed((*Session).copyHtoD),
+	abi.OpCopyDtoH:         typed((*Session).copyDtoH),
+	abi.OpCopyDtoD:         typed((*Session).copyDtoD),
+	abi.OpMemset:           typed((*Session).memset),
+	abi.OpModuleLoad:       typed((*Session).moduleLoad),
+	abi.OpModuleUnload:     typed((*Session).moduleUnload),
+	abi.OpGetFunction:      typed((*Session).getFunction),
+	abi.OpLaunch:           typed((*Session).launch),
+	abi.OpStreamCreate:     typed((*Session).streamCreate),
+	abi.OpStreamDestroy:    typed((*Session).streamDestroy),
+	abi.OpStreamSync:       typed((*Session).streamSync),
+	abi.OpSync:             typed((*Session).sync),
+	abi.OpApertureAttach:   typed((*Session).apertureAttach),
+	abi.OpDeviceInfo:       typed((*Session).deviceInfo),
+	abi.OpFunctionParams:   typed((*Session).functionParams),
+	abi.OpCopyHtoDHost:     typed((*Session).copyHtoDHost),
+	abi.OpCopyDtoHHost:     typed((*Session).copyDtoHHost),
+	abi.OpModuleGlobal:     typed((*Session).moduleGlobal),
+	abi.OpGlobalWrite:      typed((*Session).globalWrite),
+	abi.OpGlobalRead:       typed((*Session).globalRead),
+	abi.OpModuleLoadCached: typed((*Session).moduleLoadCached),
 }
 
 // handle runs one decoded request and returns its reply body. With async
@@ -507,22 +508,11 @@ func (s *Session) moduleLoad(r *abi.ModuleLoad) (abi.Body, error) {
 	if err != nil {
 		return nil, fail(abi.StatusInvalidValue, "%w", err)
 	}
-	if err := s.checkGuestKernels(img); err != nil {
-		return nil, err
+	reply, err := s.loadImage(img)
+	if err == nil {
+		s.keepImage(r.Image, img)
 	}
-	if err := s.checkObjects(); err != nil {
-		return nil, err
-	}
-	m, err := s.ctx.LoadModule(img)
-	if err != nil {
-		return nil, err
-	}
-	h, err := s.handles.Insert(handlemap.KindModule, uint64(m), 0)
-	if err != nil {
-		return nil, err
-	}
-	s.moduleImages[h] = img
-	return &abi.HandleReply{Handle: uint64(h)}, nil
+	return reply, err
 }
 
 // checkGuestKernels refuses a module with a kernel that is not the

@@ -94,6 +94,9 @@ type Options struct {
 	// token (Client.ResumeToken, saved with the checkpoint).
 	ResumeSession uint64
 	ResumeToken   []byte
+	// HashImagesFrom is the size from which a module image is named by its
+	// hash before its bytes are sent (LoadModule); 0 means 16 KiB.
+	HashImagesFrom int
 }
 
 // Client is an open session with the hypervisor.
@@ -874,12 +877,27 @@ func (c *Client) DeviceInfo() (abi.DeviceInfoReply, error) {
 	return r, err
 }
 
-// LoadModule loads a module image (see internal/kernels.Image).
+// LoadModule loads a module image (see internal/kernels.Image). An image
+// of Options.HashImagesFrom bytes or more is named by its hash first: the node
+// loads it from its cache when this guest's tenant sent it before (an
+// earlier process, usually), and the bytes go only when it answers
+// StatusUnknownImage.
 func (c *Client) LoadModule(image []byte) (Module, error) {
 	var r abi.HandleReply
+	from := c.opts.HashImagesFrom
+	if from <= 0 {
+		from = 16 << 10 // below it, the bytes cost about as much as the round trip
+	}
+	if len(image) >= from {
+		err := c.call(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: abi.HashImage(image)}, &r)
+		if !errors.Is(err, abi.StatusUnknownImage) {
+			return Module(r.Handle), err
+		}
+	}
 	err := c.call(abi.OpModuleLoad, &abi.ModuleLoad{Image: image}, &r)
 	return Module(r.Handle), err
 }
+
 
 // UnloadModule unloads m; functions taken from it become invalid.
 func (c *Client) UnloadModule(m Module) error {

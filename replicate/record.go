@@ -74,6 +74,10 @@ const (
 	// verification id. The standby compares them with its device copy
 	// and answers at the OpVerify that follows (ObjAperture).
 	OpVerifyMMIO
+	// OpImage carries a module image (an OpModuleLoad body) that later
+	// OpModuleLoadCached records name by hash: the standby keeps it until
+	// the next OpReset.
+	OpImage
 )
 
 // Record flags.
@@ -123,6 +127,8 @@ func (o Op) String() string {
 		return "mmio"
 	case OpVerifyMMIO:
 		return "verify_mmio"
+	case OpImage:
+		return "image"
 	}
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }
@@ -179,7 +185,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	if uint64(n) != uint64(len(b)-recordHeader) {
 		return Record{}, fmt.Errorf("%w: body length %d, frame holds %d", ErrBadRecord, n, len(b)-recordHeader)
 	}
-	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpVerifyMMIO) {
+	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpImage) {
 		return Record{}, fmt.Errorf("%w: unknown kind %#x", ErrBadRecord, uint16(r.Op))
 	}
 	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair|FlagReadBack) != 0 {

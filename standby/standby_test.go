@@ -267,6 +267,44 @@ func TestReadBackRepairsWhatTheGuestRead(t *testing.T) {
 	mustMatch(t, c.verify())
 }
 
+// TestModuleImagesByHash: a second process of the same tenant loads an
+// image by its hash from the primary's cache, the log carries the image to
+// the standby once, and the standby's replica loads it from there.
+func TestModuleImagesByHash(t *testing.T) {
+	c := newCluster(t, replicate.ModeCommit, 0, true)
+	c.waitProtected()
+	w, _ := workload.Lookup("vadd")
+	for i, name := range []string{"first", "second", "third"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		g, err := pvdriver.Open(ctx, c.Endpoint, pvdriver.Options{GuestName: name, HashImagesFrom: 1})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := w.Run(context.Background(), g, 0); err != nil || !r.Verified {
+			t.Fatalf("%s: %v %+v", name, err, r)
+		}
+		mustMatch(t, c.verify())
+		if i < 2 {
+			g.Close()
+		} else {
+			defer g.Close()
+		}
+	}
+	if st := c.Primary.Status().Images; st.Cached != 1 || st.Shipped != 1 {
+		t.Errorf("primary's images after three processes loading one: %+v (want 1 cached, shipped once)", st)
+	}
+	sv := c.StandbyStatus()
+	if sv.Replica.Images.Received != 1 || sv.Replication.ApplyErrors != 0 {
+		t.Errorf("standby: images %+v, apply errors %d", sv.Replica.Images, sv.Replication.ApplyErrors)
+	}
+	for _, ss := range sv.Replica.Sessions {
+		if ss.Unsafe != "" {
+			t.Errorf("replica session %d: %s", ss.ID, ss.Unsafe)
+		}
+	}
+}
+
 func appendCopy(dst uint64, data []byte) []byte {
 	b := make([]byte, 0, 20+len(data))
 	for i := 0; i < 8; i++ {

@@ -14,6 +14,8 @@ import (
 func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	sizeVar(fs, &cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes, 1<<20, maxInt64,
 		"request bytes all guest connections may buffer together; a frame over it is refused")
+	sizeVar(fs, &cfg.ImageCacheBytes, "guest.image-cache-bytes", cfg.ImageCacheBytes, 0, maxInt64,
+		"module images (cubins, fatbins) kept for the next process of the same tenant that loads them, named by hash instead of sent again (0: none)")
 	durationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
 		"longest a session is kept for its guest to resume after its connection drops (a guest may ask for less)")
 	sizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, maxUint64,

@@ -54,6 +54,9 @@ const (
 	OpModuleGlobal
 	OpGlobalWrite
 	OpGlobalRead
+	// OpModuleLoadCached loads a module image the node already holds, named
+	// by its content's hash (images.go), without sending its bytes.
+	OpModuleLoadCached
 	opLimit
 )
 
@@ -157,6 +160,8 @@ var opTable = [opLimit]OpInfo{
 	OpModuleGlobal: {Name: "module_global", NewRequest: newBody[ModuleGlobal], NewReply: newBody[GlobalReply], Commits: true},
 	OpGlobalWrite:  {Name: "global_write", NewRequest: newBody[GlobalWrite], Mutates: true},
 	OpGlobalRead:   {Name: "global_read", NewRequest: newBody[GlobalRead], NewReply: newBody[DataReply], Commits: true},
+	OpModuleLoadCached: {Name: "module_load_cached", NewRequest: newBody[ModuleLoadCached], NewReply: newBody[HandleReply],
+		Mutates: true, Commits: true, Result: ResultHandle},
 }
 
 // newBody is the constructor of an empty body of type T.

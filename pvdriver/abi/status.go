@@ -19,6 +19,7 @@ const (
 	StatusBadFrame             // the frame itself could not be parsed
 	StatusInternal             // a hypervisor-side failure; nothing was changed
 	StatusUnavailable          // the node does not serve guests (standby, fenced)
+	StatusUnknownImage         // the node holds no image with that hash for this guest: send its bytes
 	statusLimit
 )
 
@@ -27,6 +28,7 @@ var statusNames = [...]string{
 	StatusOutOfRange: "address out of range", StatusOutOfMemory: "out of memory",
 	StatusNotSupported: "not supported", StatusLaunchFailed: "launch failed",
 	StatusBadFrame: "bad frame", StatusInternal: "internal error", StatusUnavailable: "unavailable",
+	StatusUnknownImage: "unknown image",
 }
 
 func (s Status) Error() string {
