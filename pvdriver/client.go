@@ -127,11 +127,15 @@ type Client struct {
 	// the connection's writer (nil while it is down), wgen its
 	// generation, wring whether it is a ring (shared memory); queued
 	// counts frames in sendq not yet written.
-	wmu    sync.Mutex
-	bw     *bufio.Writer
-	wgen   uint64
-	wring  bool
-	queued atomic.Int64
+	wmu sync.Mutex
+	bw  *bufio.Writer
+	// writingSince is when the write in progress began (Unix ns; 0: none):
+	// a frozen node stops reading, and a guest that only pipelines
+	// requests then waits on this write, not on a reply (stalled).
+	writingSince atomic.Int64
+	wgen         uint64
+	wring        bool
+	queued       atomic.Int64
 
 	mu      sync.Mutex
 	conn    net.Conn
@@ -897,7 +901,6 @@ func (c *Client) LoadModule(image []byte) (Module, error) {
 	err := c.call(abi.OpModuleLoad, &abi.ModuleLoad{Image: image}, &r)
 	return Module(r.Handle), err
 }
-
 
 // UnloadModule unloads m; functions taken from it become invalid.
 func (c *Client) UnloadModule(m Module) error {

@@ -227,7 +227,8 @@ func (c *Client) watchdog() {
 	}
 }
 
-// stalled returns when the oldest call still waiting was made, if that is
+// stalled returns when the oldest call still waiting was made (or the write
+// in progress began, if earlier), if that is
 // more than stallAfter ago on a connection that is up (else zero), with
 // the connection's generation, the term of the node serving it, and the
 // other endpoints.
@@ -241,6 +242,9 @@ func (c *Client) stalled() (since time.Time, gen, term uint64, others []string) 
 		if since.IsZero() || at.Before(since) {
 			since = at
 		}
+	}
+	if w := c.writingSince.Load(); w != 0 && (since.IsZero() || w < since.UnixNano()) {
+		since = time.Unix(0, w)
 	}
 	if since.IsZero() || time.Since(since) < stallAfter || c.err != nil {
 		return time.Time{}, 0, 0, nil

@@ -99,6 +99,51 @@ func TestFrozenPrimaryCostsWhatAKilledOneDoes(t *testing.T) {
 	}
 }
 
+// TestFrozenPrimaryUnderPipelinedWrites: a guest that only pipelines
+// (async copies, no call waiting for a reply) into a frozen primary fills
+// the connection's buffers and blocks in its write; the blocked write is a
+// stall like a call's, so the guest moves to the promoted standby and its
+// copies land there, each once. (More copies than the client queues, so
+// the guest blocks before it could make a call.)
+func TestFrozenPrimaryUnderPipelinedWrites(t *testing.T) {
+	c, px, g := guestViaProxy(t, cluster.Options{})
+	const chunk, chunks = 16 << 10, 4000
+	p, err := g.Alloc(chunk * chunks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Freeze()
+	c.KillPrimary()
+	done := make(chan error, 1)
+	go func() {
+		for i := range chunks {
+			if err := g.CopyHtoDAsync(p+pvdriver.DevicePtr(i*chunk), bytes.Repeat([]byte{byte(i%251 + 1)}, chunk), 0); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- g.Synchronize()
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the guest's pipelined copies into a frozen primary never completed: its blocked write was not taken for a stall")
+	}
+	out := make([]byte, chunk)
+	if err := g.CopyDtoH(out, p+pvdriver.DevicePtr((chunks-1)*chunk)); err != nil {
+		t.Fatal(err)
+	}
+	if want := byte((chunks-1)%251 + 1); !bytes.Equal(out, bytes.Repeat([]byte{want}, chunk)) {
+		t.Fatalf("the last chunk reads %v..., want %ds", out[:8], want)
+	}
+	if fo := g.Failovers(); len(fo) != 1 || !fo[0].Stalled {
+		t.Fatalf("failovers %+v: want one, from a stall", fo)
+	}
+}
+
 // TestSlowPrimaryKeepsItsGuests: a primary that is slow but alive (its
 // replies held while its standby's copy of the records is delayed, its
 // heartbeats flowing) makes the guest's call wait far longer than the

@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // outFrame is one encoded request frame on its way out. Its buffer has
@@ -129,11 +130,13 @@ func (c *Client) writeDirect(f *outFrame, sync bool) bool {
 // told; a failure loses the connection. wmu must be held and bw set.
 func (c *Client) writeFrame(f *outFrame, flush bool) {
 	c.markSent(f)
+	c.writingSince.Store(time.Now().UnixNano()) // a frozen node blocks this write (stalled)
 	_, err := c.bw.Write(f.b)
 	f.release() // the kept list may still hold it
 	if err == nil && flush {
 		err = c.bw.Flush()
 	}
+	c.writingSince.Store(0)
 	if err != nil {
 		c.lost(c.wgen, err)
 		c.bw = nil

@@ -22,6 +22,8 @@ type Proxy struct {
 	mu     sync.Mutex
 	conns  []net.Conn
 	frozen atomic.Bool
+	closed chan struct{} // closed by Close
+	once   sync.Once
 }
 
 // Listen starts a proxy on listen (an endpoint URL) forwarding to target.
@@ -30,7 +32,7 @@ func Listen(listen, target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target}
+	p := &Proxy{ln: ln, target: target, closed: make(chan struct{})}
 	go p.serve()
 	return p, nil
 }
@@ -61,17 +63,19 @@ func (p *Proxy) serve() {
 }
 
 // pipe forwards src to dst and closes dst when src ends, unless the proxy
-// is frozen: then what src sends is swallowed, and dst stays open even
-// after src ends.
+// is frozen: then it stops reading, as a frozen node does (what src sends
+// fills the socket's buffers and then blocks its writer), and dst stays
+// open until Close, even after src ends.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 64<<10)
 	for {
+		if p.frozen.Load() {
+			<-p.closed
+			return
+		}
 		n, err := src.Read(buf)
 		if p.frozen.Load() {
-			if err != nil {
-				return
-			}
-			continue
+			continue // read as the freeze came: dropped, never delivered
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -82,13 +86,12 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			break
 		}
 	}
-	if !p.frozen.Load() {
-		dst.Close()
-	}
+	dst.Close()
 }
 
 // Freeze stops forwarding for good: every connection the proxy carries
-// stays open both ways and carries nothing more, even once the target
+// stays open both ways and carries nothing more (nor reads: a guest's
+// writes fill the buffers, then block), even once the target
 // closes its end, and new ones are taken but never answered, as a frozen
 // (SIGSTOPped) node looks to its guests.
 func (p *Proxy) Freeze() { p.frozen.Store(true) }
@@ -105,6 +108,7 @@ func (p *Proxy) Cut() {
 
 // Close stops the proxy and drops its connections.
 func (p *Proxy) Close() {
+	p.once.Do(func() { close(p.closed) })
 	p.ln.Close()
 	p.Cut()
 }
