@@ -13,10 +13,18 @@
 # every program's stderr goes to $LOGS (default: a temporary file, printed
 # on failure). VGTEST_DETERMINISTIC=1 runs PyTorch in its deterministic mode.
 #
-# Knobs: MODES (native library replicated failover), PROGRAMS (the list below),
-# KILL_AT (a regex: '^step 100 |^checkpoint$'),
-# TORCH_STEPS (200), VGPUHA_DEBUG (passed to the library: 1 names refused
-# calls, 2 also every cuGetProcAddress lookup), LOGS.
+# Knobs: MODES (native library replicated failover; library-again and
+# replicated-again run once more on the same nodes, whose image caches then
+# hold the program's modules), PROGRAMS (the list below), KILL_AT (a regex:
+# '^step 100 |^checkpoint$'; at a checkpoint the kill follows the verify),
+# FAULT (KILL or STOP), TORCH_STEPS (200), NATIVE_OUT (compare with this
+# file instead of running natively), PORT (the pair's replication port),
+# VGPUHA_DEBUG (passed to the library: 1 names refused calls, 2 also every
+# cuGetProcAddress lookup), LOGS.
+#
+# At a checkpoint the replica is verified; where it differs (a kernel with
+# floating-point atomics, replayed on the standby, adds in another order)
+# it is repaired from the primary and verified again, which must match.
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,8 +33,9 @@ nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 read -r -a modes <<<"${MODES:-native library replicated failover}"
 kill_at=${KILL_AT:-'^step 100 |^checkpoint$'}
 fault=${FAULT:-KILL} # the signal the primary gets: KILL, or STOP (a freeze)
-read -r -a programs <<<"${PROGRAMS:-rt_vadd rt_vadd_shared rt_global rt_sgemm torch}"
+read -r -a programs <<<"${PROGRAMS:-rt_vadd rt_vadd_shared rt_global rt_sgemm torch torch_resnet}"
 steps=${TORCH_STEPS:-200}
+native_out=${NATIVE_OUT:-}
 work=$(mktemp -d)
 logs=${LOGS:-$work/logs.txt}
 : >"$logs"
@@ -45,12 +54,18 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 build() {
 	mkdir -p "$work/bin" "$work/lib"
 	cp "$B/libcuda.so.1" "$work/lib/"
-	"$nvcc" -O2 -arch=sm_90 -o "$work/bin/rt_vadd" "$src/rt_vadd.cu" || exit 1
-	"$nvcc" -O2 -arch=sm_90 -cudart shared -o "$work/bin/rt_vadd_shared" "$src/rt_vadd.cu" || exit 1
-	"$nvcc" -O2 -arch=sm_90 -o "$work/bin/rt_global" "$src/rt_global.cu" || exit 1
-	"$nvcc" -O2 -arch=sm_90 -o "$work/bin/rt_sgemm" "$src/rt_sgemm.cu" -lcublas -lcublasLt || exit 1
-	printf '#!/bin/sh\nexec python3 %s %s\n' "$src/torch_suite.py" "$steps" >"$work/bin/torch"
-	chmod +x "$work/bin/torch"
+	local p
+	for p in "${programs[@]}"; do
+		case $p in
+		rt_vadd | rt_global) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" || exit 1 ;;
+		rt_vadd_shared) "$nvcc" -O2 -arch=sm_90 -cudart shared -o "$work/bin/$p" "$src/rt_vadd.cu" || exit 1 ;;
+		rt_sgemm) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" -lcublas -lcublasLt || exit 1 ;;
+		torch) printf '#!/bin/sh\nexec python3 %s %s\n' "$src/torch_suite.py" "$steps" >"$work/bin/$p" ;;
+		torch_resnet) printf '#!/bin/sh\nexec python3 %s\n' "$src/torch_resnet.py" >"$work/bin/$p" ;;
+		*) echo "unknown program $p"; exit 1 ;;
+		esac
+		chmod +x "$work/bin/$p"
+	done
 }
 
 start_node() { # NAME ARGS...
@@ -88,15 +103,15 @@ start_nodes() {
 # start_pair (re)starts the replicated pair: the primary on GPU 0, its
 # standby on GPU 1 where there is one, serving guests once promoted.
 start_pair() {
-	local port=$((7300 + RANDOM % 500)) standby_gpu=0 _
+	local port=${PORT:-$((7300 + RANDOM % 500))} standby_gpu=0 _
 	[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
 	stop_node replicated
 	stop_node standby
-	rm -rf "$work/repl.sock" "$work/standby.sock" "$work/admin.sock" "$work/state"
+	rm -rf "$work/repl.sock" "$work/standby.sock" "$work/admin.sock" "$work/sadmin.sock" "$work/state"
 	mkdir -p "$work/state"
 	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key"
 	CUDA_VISIBLE_DEVICES=$standby_gpu start_node standby standby "${gflags[@]}" --listen "tcp://127.0.0.1:$port" \
-		--replicate.key-file "$work/key" --guest-listen "unix://$work/standby.sock"
+		--replicate.key-file "$work/key" --guest-listen "unix://$work/standby.sock" --admin-listen "unix://$work/sadmin.sock"
 	CUDA_VISIBLE_DEVICES=0 start_node replicated primary "${gflags[@]}" --guest-listen "unix://$work/repl.sock" --mode commit \
 		--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$work/key" --admin-listen "unix://$work/admin.sock" \
 		--state-dir "$work/state"
@@ -108,18 +123,18 @@ start_pair() {
 run() { # MODE PROGRAM
 	local mode=$1 p=$2 env=() t0 status=0
 	case $mode in
-	library) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/plain.sock") ;;
-	replicated) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock") ;;
+	library | library-again) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/plain.sock") ;;
+	replicated | replicated-again) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock") ;;
 	failover)
 		start_pair
 		env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock" "VGPUHA_FAILOVER=unix://$work/standby.sock")
 		;;
 	esac
-	[ "$p" = torch ] && env+=(CUBLAS_WORKSPACE_CONFIG=:4096:8)
+	[[ $p == torch* ]] && env+=(CUBLAS_WORKSPACE_CONFIG=:4096:8)
 	env+=(CUDA_VISIBLE_DEVICES=0) # natively the program sees the primary's GPU alone, as through the library
 	verified="" pause_us=0
 	t0=${EPOCHREALTIME/[.,]/}
-	if [ "$mode" = replicated ] || [ "$mode" = failover ]; then
+	if [[ $mode == replicated* ]] || [ "$mode" = failover ]; then
 		checkpointed "$mode" "$work/$p.$mode.out" "$work/$p.$mode.err" env "${env[@]}" VGTEST_CHECKPOINT=1 timeout 300 "$work/bin/$p" || status=$?
 	else
 		env "${env[@]}" timeout 300 "$work/bin/$p" >"$work/$p.$mode.out" 2>"$work/$p.$mode.err" || status=$?
@@ -127,14 +142,33 @@ run() { # MODE PROGRAM
 	local us=$((${EPOCHREALTIME/[.,]/} - t0 - pause_us))
 	secs[$p.$mode]=$((us / 1000000)).$(printf '%03d' $((us / 1000 % 1000)))
 	rc[$p.$mode]=$status
-	{ echo "==== $p ($mode): exit $status"; cat "$work/$p.$mode.out"; echo "---- stderr"; cat "$work/$p.$mode.err"; } >>"$logs"
+	{
+		echo "==== $p ($mode): exit $status"; cat "$work/$p.$mode.out"; echo "---- stderr"; cat "$work/$p.$mode.err"
+		[[ $mode == replicated* || $mode == failover ]] && echo "---- standby: $(standby_metric vgpuha_replica_read_back_repairs_total)"
+	} >>"$logs"
 	if [ "$mode" = failover ] && [ "$status" = 0 ] && [ -n "${node_pid[replicated]:-}" ]; then
 		rc[$p.$mode]="the primary was never killed"
 	fi
 	[ "$mode" = failover ] && start_pair # the next run gets a fresh pair
-	if [ "$mode" = replicated ] && [ "$status" = 0 ]; then
+	if [[ $mode == replicated* ]] && [ "$status" = 0 ]; then
 		echo "verify at the checkpoint: $verified" >>"$logs"
-		[[ $verified =~ ^verified\ [1-9][0-9]*\ objects.*match=true ]] || rc[$p.$mode]="verify: ${verified:-no checkpoint}"
+		[[ $verified =~ verified\ [1-9][0-9]*\ objects[^|]*match=true\ *$ ]] || rc[$p.$mode]="verify: ${verified:-no checkpoint}"
+	fi
+}
+
+# standby_metric NAME: the standby's value of a metric (its admin endpoint).
+standby_metric() {
+	curl -s --max-time 2 --unix-socket "$work/sadmin.sock" http://standby/metrics 2>/dev/null | grep "^$1 " || echo "$1 (no standby metrics)"
+}
+
+# verify_checkpoint: verifies the replica into $verified; where it differs,
+# repairs it from the primary and verifies again (both answers kept).
+verify_checkpoint() {
+	local admin=(--admin "unix://$work/admin.sock") first
+	first=$("$B/vgpuha" verify "${admin[@]}" 2>&1 | tr '\n' ' ')
+	verified=$first
+	if [[ ! $first =~ match=true ]]; then
+		verified="$first | $("$B/vgpuha" verify --repair "${admin[@]}" 2>&1 | tr '\n' ' ') | $("$B/vgpuha" verify "${admin[@]}" 2>&1 | tr '\n' ' ')"
 	fi
 }
 
@@ -151,30 +185,34 @@ checkpointed() {
 	coproc PROG { "$@" 2>"$err"; }
 	local rd=${PROG[0]} wr=${PROG[1]} pid=$PROG_PID
 	while IFS= read -r -u "$rd" line; do
-		if [ "$mode" = failover ] && [ -n "${node_pid[replicated]:-}" ] && [[ $line =~ $kill_at ]]; then
-			kill -"$fault" "${node_pid[replicated]}"
-			frozen+=("${node_pid[replicated]}")
-			unset "node_pid[replicated]"
-		fi
-		if [ "$line" = checkpoint ] && [ "$mode" = failover ]; then
-			printf '\n' >&"$wr"
-			continue
-		fi
 		if [ "$line" != checkpoint ]; then
 			printf '%s\n' "$line" >>"$out"
+			[ "$mode" = failover ] && [[ $line =~ $kill_at ]] && strike
 			continue
 		fi
-		t1=${EPOCHREALTIME/[.,]/}
-		verified=$("$B/vgpuha" verify --admin "unix://$work/admin.sock" 2>&1 | tr '\n' ' ')
-		pause_us=$((pause_us + ${EPOCHREALTIME/[.,]/} - t1))
+		if [ -n "${node_pid[replicated]:-}" ]; then
+			t1=${EPOCHREALTIME/[.,]/}
+			verify_checkpoint
+			echo "verify at the checkpoint ($mode): $verified" >>"$logs"
+			pause_us=$((pause_us + ${EPOCHREALTIME/[.,]/} - t1))
+			[ "$mode" = failover ] && [[ $line =~ $kill_at ]] && strike
+		fi
 		printf '\n' >&"$wr"
 	done
 	wait "$pid" || status=$?
 	return "$status"
 }
 
+# strike sends the replicated primary FAULT (once).
+strike() {
+	[ -n "${node_pid[replicated]:-}" ] || return 0
+	kill -"$fault" "${node_pid[replicated]}"
+	frozen+=("${node_pid[replicated]}")
+	unset "node_pid[replicated]"
+}
+
 build
-[[ " ${modes[*]} " == *" library "* || " ${modes[*]} " == *" replicated "* ]] && start_nodes
+[[ " ${modes[*]} " == *" library"* || " ${modes[*]} " == *" replicated"* ]] && start_nodes
 printf '| program |'; printf ' %s |' "${modes[@]}"; printf '\n|---|'; printf -- '---|%.0s' "${modes[@]}"; printf '\n'
 for p in "${programs[@]}"; do
 	printf '| %s |' "$p"
@@ -183,7 +221,9 @@ for p in "${programs[@]}"; do
 		cell="exit ${rc[$p.$m]}"
 		if [ "${rc[$p.$m]}" = 0 ]; then
 			cell="ok ${secs[$p.$m]} s"
-			if [ "$m" != native ] && [ -f "$work/$p.native.out" ] && ! cmp -s "$work/$p.native.out" "$work/$p.$m.out"; then
+			ref=$work/$p.native.out
+			[ -n "$native_out" ] && ref=$native_out
+			if [ "$m" != native ] && [ -f "$ref" ] && ! cmp -s "$ref" "$work/$p.$m.out"; then
 				cell="output differs"
 			fi
 		fi

@@ -1,7 +1,8 @@
 # PyTorch, unchanged, through whatever libcuda.so.1 the loader finds: a
 # tensor suite and a seeded training loop. Prints values rounded so that
 # the same computation prints the same text. Usage:
-#   python3 torch_suite.py [steps]   (VGTEST_DETERMINISTIC=1: deterministic mode)
+#   python3 torch_suite.py [steps]   (VGTEST_DETERMINISTIC=1: deterministic mode;
+#   VGTEST_EVERY=N: the loss every N steps, default 20)
 import os, sys, time
 t0 = time.time()
 import torch
@@ -53,10 +54,13 @@ net = Net().to(dev)
 opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
 data = torch.randn(64, 3, 32, 32, device=dev)
 labels = torch.randint(0, 10, (64,), device=dev)
+every = int(os.environ.get("VGTEST_EVERY", "20"))  # print the loss every this many steps
 torch.cuda.synchronize()
 t1 = time.time()
 first = None
+durations = []
 for step in range(steps):
+    s0 = time.time()
     opt.zero_grad()
     loss = F.cross_entropy(net(data), labels)
     loss.backward()
@@ -64,11 +68,14 @@ for step in range(steps):
     if step == 0:
         torch.cuda.synchronize()
         first = time.time() - t0
-    if step % 20 == 0 or step == steps - 1:
+    if step % every == 0 or step == steps - 1:
         print(f"step {step} loss {loss.item():.6f}", flush=True)
+    durations.append(time.time() - s0)
 torch.cuda.synchronize()
 el = time.time() - t1
-print(f"first step after {first:.3f} s; {steps / el:.1f} steps/s", file=sys.stderr)
+durations.sort()
+print(f"first step after {first:.3f} s; {steps / el:.1f} steps/s; step median {durations[len(durations) // 2] * 1e3:.2f} ms, "
+      f"longest {durations[-1] * 1e3:.1f} ms", file=sys.stderr)
 if os.environ.get("VGTEST_CHECKPOINT"):
     print("checkpoint", flush=True)  # a test verifies the standby's replica here
     sys.stdin.readline()
