@@ -21,7 +21,7 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 CUDA_VISIBLE_DEVICES=0 python3 "$root/pvdriver/l
 
 one() { # INDEX FAULT STEP
 	FAULT=$2 KILL_AT="^step $3 " MODES=failover PROGRAMS=torch NATIVE_OUT=$out/native.out PORT=$((7000 + 3 * $1)) \
-		LOGS=$out/run$1.log "$root/scripts/gpu-runtime.sh" "$B" >"$out/run$1.table" 2>&1
+		LOGS=$out/run$1.log "$root/scripts/gpu-runtime.sh" "$B" >"$out/run$1.table" 2>"$out/run$1.err"
 }
 
 faults=() at=()
@@ -45,7 +45,7 @@ for i in "${!faults[@]}"; do
 	timing=$(grep -o 'step median [0-9.]* ms, longest [0-9.]* ms' "$out/run$i.log" | tail -1)
 	med=$(awk '{print $3}' <<<"$timing") long=$(awk '{print $6}' <<<"$timing")
 	pause=$(awk -v l="${long:-0}" -v m="${med:-0}" 'BEGIN {printf "%.0f", l - m}')
-	[[ $cell == ok* ]] || { failures=$((failures + 1)); cat "$out/run$i.table" "$out/run$i.log" >&2; }
+	[[ $cell == ok* ]] || { failures=$((failures + 1)); cat "$out/run$i.table" "$out/run$i.err" "$out/run$i.log" >&2; }
 	pauses[${faults[i]}]+="$pause "
 	echo "| $i | SIG${faults[i]} | ${at[i]} | ${cell:-no result} | ${med:-?} | ${long:-?} | $pause |"
 done

@@ -139,7 +139,13 @@ func (d *driver) check(call string, r result) error {
 		st = abi.StatusInvalidValue
 	case 2: // CUDA_ERROR_OUT_OF_MEMORY
 		st = abi.StatusOutOfMemory
-	case 200, 218, 209, 300, 301, 500: // invalid image / PTX, no binary, invalid source, file not found, not found
+	case 209: // CUDA_ERROR_NO_BINARY_FOR_GPU: callers try another image on it
+		st = abi.StatusNoBinaryForGPU
+	case 200, 218: // CUDA_ERROR_INVALID_IMAGE, CUDA_ERROR_INVALID_PTX
+		st = abi.StatusInvalidImage
+	case 500: // CUDA_ERROR_NOT_FOUND
+		st = abi.StatusNotFound
+	case 300, 301: // invalid source, file not found
 		st = abi.StatusNotSupported
 	case 700, 701, 702, 714, 715, 716, 719: // illegal address, launch out of resources, timeout, ..., launch failed
 		st = abi.StatusLaunchFailed

@@ -9,17 +9,20 @@ type Status uint32
 
 // Statuses. Values are part of the wire format.
 const (
-	StatusOK            Status = iota
-	StatusInvalidValue         // a malformed or out-of-range argument
-	StatusInvalidHandle        // an unknown module, function or stream handle
-	StatusOutOfRange           // a device address outside the session's allocations
-	StatusOutOfMemory          // quota or window exhausted
-	StatusNotSupported         // e.g. a kernel the backend cannot run
-	StatusLaunchFailed         // a kernel faulted while running
-	StatusBadFrame             // the frame itself could not be parsed
-	StatusInternal             // a hypervisor-side failure; nothing was changed
-	StatusUnavailable          // the node does not serve guests (standby, fenced)
-	StatusUnknownImage         // the node holds no image with that hash for this guest: send its bytes
+	StatusOK             Status = iota
+	StatusInvalidValue          // a malformed or out-of-range argument
+	StatusInvalidHandle         // an unknown module, function or stream handle
+	StatusOutOfRange            // a device address outside the session's allocations
+	StatusOutOfMemory           // quota or window exhausted
+	StatusNotSupported          // e.g. a kernel the backend cannot run
+	StatusLaunchFailed          // a kernel faulted while running
+	StatusBadFrame              // the frame itself could not be parsed
+	StatusInternal              // a hypervisor-side failure; nothing was changed
+	StatusUnavailable           // the node does not serve guests (standby, fenced)
+	StatusUnknownImage          // the node holds no image with that hash for this guest: send its bytes
+	StatusNoBinaryForGPU        // a module image holds no code this GPU runs (CUDA's NO_BINARY_FOR_GPU)
+	StatusInvalidImage          // a module image (cubin, fatbin, PTX) the GPU's loader rejects
+	StatusNotFound              // a named symbol (kernel, variable) the module does not have
 	statusLimit
 )
 
@@ -28,7 +31,8 @@ var statusNames = [...]string{
 	StatusOutOfRange: "address out of range", StatusOutOfMemory: "out of memory",
 	StatusNotSupported: "not supported", StatusLaunchFailed: "launch failed",
 	StatusBadFrame: "bad frame", StatusInternal: "internal error", StatusUnavailable: "unavailable",
-	StatusUnknownImage: "unknown image",
+	StatusUnknownImage: "unknown image", StatusNoBinaryForGPU: "no binary for this GPU",
+	StatusInvalidImage: "invalid image", StatusNotFound: "not found",
 }
 
 func (s Status) Error() string {

@@ -224,7 +224,9 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 	}
 	remote, err := d.client.LoadModule(wire)
 	if err != nil {
-		return nil, resultOf("cuModuleLoadData", err, loud)
+		// A caller offered an image for other GPUs and tries the next one
+		// on CUDA_ERROR_NO_BINARY_FOR_GPU, as with NVIDIA's driver: quiet.
+		return nil, resultOf("cuModuleLoadData", err, loud && !errors.Is(err, abi.StatusNoBinaryForGPU))
 	}
 	return &module{ctx: ctx, remote: remote, raw: true, image: img[:n], funcs: map[string]uint64{}}, Success
 }

@@ -114,6 +114,12 @@ func resultOf(call string, err error, loud bool) Result {
 		return ErrorOutOfMemory
 	case abi.StatusNotSupported:
 		return ErrorNotSupported
+	case abi.StatusNoBinaryForGPU:
+		return ErrorNoBinaryForGPU
+	case abi.StatusInvalidImage:
+		return ErrorInvalidImage
+	case abi.StatusNotFound:
+		return ErrorNotFound
 	case abi.StatusLaunchFailed:
 		return ErrorLaunchFailed
 	}
