@@ -622,7 +622,7 @@ func (s *Session) functionParams(r *abi.FunctionParams) (abi.Body, error) {
 	return reply, nil
 }
 
-func checkDims(grid, block abi.Dim3, shared uint32) error {
+func checkDims(grid, block, cluster abi.Dim3, shared, sharedLimit uint32) error {
 	if grid.Count() == 0 || block.Count() == 0 {
 		return fail(abi.StatusInvalidValue, "launch with an empty grid %v or block %v", grid, block)
 	}
@@ -632,10 +632,25 @@ func checkDims(grid, block abi.Dim3, shared uint32) error {
 	if grid.X > gpu.MaxGridX || grid.Y > gpu.MaxGridYZ || grid.Z > gpu.MaxGridYZ {
 		return fail(abi.StatusInvalidValue, "grid %v exceeds the device's limits", grid)
 	}
-	if shared > gpu.MaxSharedBytes {
-		return fail(abi.StatusInvalidValue, "%d bytes of shared memory, limit %d", shared, gpu.MaxSharedBytes)
+	if shared > sharedLimit {
+		return fail(abi.StatusInvalidValue, "%d bytes of shared memory, limit %d", shared, sharedLimit)
+	}
+	if cluster == (abi.Dim3{}) {
+		return nil
+	}
+	if cluster.Count() == 0 || cluster.Count() > gpu.MaxClusterBlocks ||
+		grid.X%cluster.X != 0 || grid.Y%cluster.Y != 0 || grid.Z%cluster.Z != 0 {
+		return fail(abi.StatusInvalidValue, "cluster %v: want at most %d blocks that divide grid %v", cluster, gpu.MaxClusterBlocks, grid)
 	}
 	return nil
+}
+
+// sharedLimit is the most dynamic shared memory a launch may ask for.
+func (s *Session) sharedLimit() uint32 {
+	if l, ok := s.backend.(gpu.SharedMemoryLimiter); ok {
+		return max(l.MaxSharedBytesOptIn(), gpu.MaxSharedBytes)
+	}
+	return gpu.MaxSharedBytes
 }
 
 func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
@@ -648,7 +663,7 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkDims(r.Grid, r.Block, r.SharedBytes); err != nil {
+	if err := checkDims(r.Grid, r.Block, r.Cluster, r.SharedBytes, s.sharedLimit()); err != nil {
 		return nil, err
 	}
 	spec := s.kernels[fh]
@@ -685,7 +700,7 @@ func (s *Session) launch(r *abi.Launch) (abi.Body, error) {
 			}
 		}
 	}
-	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes}
+	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes, Cluster: r.Cluster}
 	return nil, s.ctx.Launch(gpu.Function(f), cfg, args, st)
 }
 

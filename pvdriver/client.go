@@ -930,6 +930,8 @@ type LaunchConfig struct {
 	Grid, Block abi.Dim3
 	SharedBytes uint32
 	Stream      Stream
+	// Cluster is the thread-block cluster shape (zero: none).
+	Cluster abi.Dim3
 }
 
 // Dim is a convenience for a Dim3 with y and z of one.
@@ -948,7 +950,7 @@ func Bytes(raw []byte) abi.Arg { return abi.Bytes(raw) }
 func (c *Client) Launch(f Function, cfg LaunchConfig, args ...abi.Arg) error {
 	return c.post(abi.OpLaunch, &abi.Launch{
 		Function: uint64(f), Grid: cfg.Grid, Block: cfg.Block,
-		SharedBytes: cfg.SharedBytes, Stream: uint64(cfg.Stream), Args: args,
+		SharedBytes: cfg.SharedBytes, Stream: uint64(cfg.Stream), Args: args, Cluster: cfg.Cluster,
 	})
 }
 

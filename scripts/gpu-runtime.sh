@@ -33,7 +33,7 @@ nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 read -r -a modes <<<"${MODES:-native library replicated failover}"
 kill_at=${KILL_AT:-'^step 100 |^checkpoint$'}
 fault=${FAULT:-KILL} # the signal the primary gets: KILL, or STOP (a freeze)
-read -r -a programs <<<"${PROGRAMS:-rt_vadd rt_vadd_shared rt_global rt_sgemm torch torch_resnet}"
+read -r -a programs <<<"${PROGRAMS:-rt_vadd rt_vadd_shared rt_global rt_cluster rt_sgemm torch torch_resnet}"
 steps=${TORCH_STEPS:-200}
 native_out=${NATIVE_OUT:-}
 work=$(mktemp -d)
@@ -57,7 +57,7 @@ build() {
 	local p
 	for p in "${programs[@]}"; do
 		case $p in
-		rt_vadd | rt_global) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" || exit 1 ;;
+		rt_vadd | rt_global | rt_cluster) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" || exit 1 ;;
 		rt_vadd_shared) "$nvcc" -O2 -arch=sm_90 -cudart shared -o "$work/bin/$p" "$src/rt_vadd.cu" || exit 1 ;;
 		rt_sgemm) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" -lcublas -lcublasLt || exit 1 ;;
 		torch) printf '#!/bin/sh\nexec python3 %s %s\n' "$src/torch_suite.py" "$steps" >"$work/bin/$p" ;;

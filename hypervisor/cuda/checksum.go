@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
 // checksumPTX computes the full-word part of gpu.Checksum: every thread sums
@@ -79,7 +80,7 @@ func (c *guestContext) Checksum(addr, n uint64) (uint64, error) {
 			const block = 256
 			grid := uint32(min((words+block-1)/block, 4096))
 			params := [][]byte{u64(addr), u64(words), u64(c.sumOut)}
-			if err := d.check("cuLaunchKernel(checksum)", d.launchKernel(c.sumFn, grid, 1, 1, block, 1, 1, 0, 0, params)); err != nil {
+			if err := d.check("cuLaunchKernel(checksum)", d.launchKernel(c.sumFn, gpu.LaunchConfig{Grid: abi.Dim3{X: grid, Y: 1, Z: 1}, Block: abi.Dim3{X: block, Y: 1, Z: 1}}, 0, params)); err != nil {
 				return err
 			}
 		}

@@ -53,7 +53,13 @@ type Backend struct {
 	devName string
 	version int32
 	spares  *spares // contexts made ahead (spares.go), if kept
+	// sharedOptIn is the dynamic shared memory a block may opt in to
+	// (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).
+	sharedOptIn uint32
 }
+
+// MaxSharedBytesOptIn implements gpu.SharedMemoryLimiter.
+func (b *Backend) MaxSharedBytesOptIn() uint32 { return b.sharedOptIn }
 
 // New opens CUDA device ordinal. It fails with ErrNoDriver where libcuda is
 // absent.
@@ -74,6 +80,10 @@ func New(ordinal int) (*Backend, error) {
 		name := make([]byte, 256)
 		d.cuDeviceGetName(&name[0], int32(len(name)), b.dev)
 		b.devName = cstring(&name[0])
+		var optIn int32
+		if d.cuDeviceGetAttribute(&optIn, attrMaxSharedOptIn, b.dev) == 0 && optIn > 0 {
+			b.sharedOptIn = uint32(optIn)
+		}
 		prop := b.prop()
 		return d.check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(&b.gran, &prop, 0))
 	})
@@ -552,8 +562,7 @@ func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.A
 		if err != nil {
 			return err
 		}
-		r := c.d.launchKernel(fn, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
-			cfg.SharedBytes, st, launchParams(args, false))
+		r := c.d.launchKernel(fn, cfg, st, launchParams(args, false))
 		return c.d.check("cuLaunchKernel", r)
 	})
 }

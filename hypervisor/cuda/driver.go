@@ -27,11 +27,17 @@ type memAllocationProp struct {
 	allocFlags           [8]byte
 }
 
+// resultNotSupported is CUDA_ERROR_NOT_SUPPORTED, answered here for an
+// entry point this driver lacks.
+const resultNotSupported result = 801
+
 // Dynamic shared memory: what a function may use without raising its
 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8).
 const (
 	defaultDynamicShared     = 48 << 10
 	funcAttrMaxDynamicShared = 8
+	// attrMaxSharedOptIn is CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN.
+	attrMaxSharedOptIn = 97
 )
 
 // CUmemAccessDesc (cuda.h): 12 bytes.
@@ -104,6 +110,9 @@ func load() (*driver, error) {
 		if _, err := purego.Dlsym(lib, "cuFuncGetParamInfo"); err == nil {
 			purego.RegisterLibFunc(&d.cuFuncGetParamInfo, lib, "cuFuncGetParamInfo")
 		}
+		if _, err := purego.Dlsym(lib, "cuLaunchKernelEx"); err == nil { // CUDA 12: cluster launches
+			purego.RegisterLibFunc(&d.cuLaunchKernelEx, lib, "cuLaunchKernelEx")
+		}
 		drv = d
 	})
 	return drv, loadErr
@@ -145,7 +154,7 @@ func (d *driver) check(call string, r result) error {
 		st = abi.StatusInvalidImage
 	case 500: // CUDA_ERROR_NOT_FOUND
 		st = abi.StatusNotFound
-	case 300, 301: // invalid source, file not found
+	case 300, 301, 801: // invalid source, file not found, not supported
 		st = abi.StatusNotSupported
 	case 700, 701, 702, 714, 715, 716, 719: // illegal address, launch out of resources, timeout, ..., launch failed
 		st = abi.StatusLaunchFailed

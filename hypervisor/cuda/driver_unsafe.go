@@ -1,10 +1,14 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"math"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
 // The CUDA driver API's C surface: the function table that load fills
@@ -52,6 +56,7 @@ type driver struct {
 	cuModuleGetGlobal             func(addr, size *uint64, m uintptr, name *byte) result
 	cuFuncGetParamInfo            func(f uintptr, index uint64, offset, size *uint64) result // nil before CUDA 12.4
 	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
+	cuLaunchKernelEx              func(cfg *launchConfig, f uintptr, params unsafe.Pointer, extra unsafe.Pointer) result // nil before CUDA 12
 	cuStreamCreate                func(s *uintptr, flags uint32) result
 	cuStreamDestroy               func(s uintptr) result
 	cuStreamSynchronize           func(s uintptr) result
@@ -92,18 +97,19 @@ func (d *driver) memcpyDtoHAsync(dst []byte, src uint64, s uintptr) result {
 	return d.cuMemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(dst)), src, uint64(len(dst)), s)
 }
 
-// launchKernel launches f (cuLaunchKernel). params[i] holds the bytes of
-// the kernel's parameter i; kernelParams is an array of pointers, one per
-// parameter, each to the parameter's value (CUDA Driver API), and the
-// driver copies the values before it returns. A launch asking for more
-// dynamic shared memory than a function gets by default (48 KiB) first
-// raises the function's limit to it, as a program does with
+// launchKernel launches f (cuLaunchKernel, or cuLaunchKernelEx for a
+// cluster launch). params[i] holds the bytes of the kernel's parameter i;
+// kernelParams is an array of pointers, one per parameter, each to the
+// parameter's value (CUDA Driver API), and the driver copies the values
+// before it returns. A launch asking for more dynamic shared memory than a
+// function gets by default (48 KiB) first raises the function's limit to
+// it, as a program does with
 // cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 // before such a launch (the guest's library checked it against the
 // device's opt-in maximum and the guest's own setting).
-func (d *driver) launchKernel(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params [][]byte) result {
-	if shared > defaultDynamicShared {
-		if r := d.cuFuncSetAttribute(f, funcAttrMaxDynamicShared, int32(min(shared, math.MaxInt32))); r != 0 {
+func (d *driver) launchKernel(f uintptr, cfg gpu.LaunchConfig, s uintptr, params [][]byte) result {
+	if cfg.SharedBytes > defaultDynamicShared {
+		if r := d.cuFuncSetAttribute(f, funcAttrMaxDynamicShared, int32(min(cfg.SharedBytes, math.MaxInt32))); r != 0 {
 			return r
 		}
 	}
@@ -111,8 +117,54 @@ func (d *driver) launchKernel(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, 
 	for i, p := range params {
 		ptrs[i] = unsafe.Pointer(unsafe.SliceData(p))
 	}
-	r := d.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, unsafe.Pointer(&ptrs[0]), nil)
+	g, b := cfg.Grid, cfg.Block
+	var r result
+	if cfg.Cluster == (abi.Dim3{}) {
+		r = d.cuLaunchKernel(f, g.X, g.Y, g.Z, b.X, b.Y, b.Z, cfg.SharedBytes, s, unsafe.Pointer(&ptrs[0]), nil)
+	} else {
+		r = d.launchCluster(f, cfg, s, unsafe.Pointer(&ptrs[0]))
+	}
 	runtime.KeepAlive(params)
+	runtime.KeepAlive(ptrs)
+	return r
+}
+
+// launchConfig and launchAttribute are CUDA's CUlaunchConfig and
+// CUlaunchAttribute (cuda.h, CUDA 12): a config points to its attributes;
+// an attribute is its id, padding to 8 bytes, and a 64-byte value union.
+type launchConfig struct {
+	gridX, gridY, gridZ, blockX, blockY, blockZ, shared uint32
+	_                                                   uint32
+	stream                                              uintptr
+	attrs                                               *launchAttribute
+	numAttrs                                            uint32
+	_                                                   uint32
+}
+
+type launchAttribute struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+// launchAttrClusterDimension is CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; its
+// value is three unsigned ints.
+const launchAttrClusterDimension = 4
+
+// launchCluster launches f in thread-block clusters of cfg.Cluster's shape.
+func (d *driver) launchCluster(f uintptr, cfg gpu.LaunchConfig, s uintptr, params unsafe.Pointer) result {
+	if d.cuLaunchKernelEx == nil {
+		return resultNotSupported
+	}
+	attr := &launchAttribute{id: launchAttrClusterDimension}
+	binary.LittleEndian.PutUint32(attr.value[0:], cfg.Cluster.X)
+	binary.LittleEndian.PutUint32(attr.value[4:], cfg.Cluster.Y)
+	binary.LittleEndian.PutUint32(attr.value[8:], cfg.Cluster.Z)
+	lc := &launchConfig{gridX: cfg.Grid.X, gridY: cfg.Grid.Y, gridZ: cfg.Grid.Z, blockX: cfg.Block.X, blockY: cfg.Block.Y,
+		blockZ: cfg.Block.Z, shared: cfg.SharedBytes, stream: s, attrs: attr, numAttrs: 1}
+	r := d.cuLaunchKernelEx(lc, f, params, nil)
+	runtime.KeepAlive(attr)
+	runtime.KeepAlive(lc)
 	return r
 }
 

@@ -74,8 +74,7 @@ func (c *guestContext) PipelineLaunches() {
 	c.launches = startLauncher(
 		func() error { return d.check("cuCtxSetCurrent(launcher)", d.cuCtxSetCurrent(ctx)) },
 		func(q *queuedLaunch) error {
-			return d.check("cuLaunchKernel", d.launchKernel(q.fn, q.cfg.Grid.X, q.cfg.Grid.Y, q.cfg.Grid.Z,
-				q.cfg.Block.X, q.cfg.Block.Y, q.cfg.Block.Z, q.cfg.SharedBytes, q.stream, q.params))
+			return d.check("cuLaunchKernel", d.launchKernel(q.fn, q.cfg, q.stream, q.params))
 		})
 }
 

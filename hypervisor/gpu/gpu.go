@@ -46,6 +46,9 @@ type (
 type LaunchConfig struct {
 	Grid, Block abi.Dim3
 	SharedBytes uint32
+	// Cluster is the thread-block cluster shape (zero: none); the grid
+	// divides by it.
+	Cluster abi.Dim3
 }
 
 // Context is one guest's slice of the GPU. Methods are called from one
@@ -83,7 +86,17 @@ const (
 	MaxGridX           = 1<<31 - 1
 	MaxGridYZ          = 65535
 	MaxBlockZ          = 64
+	// MaxClusterBlocks bounds a thread-block cluster (16 with the
+	// non-portable size a Hopper GPU allows; the GPU refuses what it
+	// cannot run).
+	MaxClusterBlocks = 16
 )
+
+// SharedMemoryLimiter is implemented by backends whose kernels may opt in
+// to more dynamic shared memory per block than MaxSharedBytes.
+type SharedMemoryLimiter interface {
+	MaxSharedBytesOptIn() uint32
+}
 
 // HostAllocator is implemented by backends that copy faster from host
 // memory they allocate themselves (page-locked memory on CUDA). The standby

@@ -371,3 +371,21 @@ func TestDeviceInfoReplyRoundTrip(t *testing.T) {
 		t.Error("accepted more attributes than the limit")
 	}
 }
+
+// TestLaunchCluster: a launch's cluster shape goes after its arguments,
+// only when set, and comes back.
+func TestLaunchCluster(t *testing.T) {
+	for _, want := range []Launch{
+		{Function: 1, Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Args: []Arg{U32(1)}},
+		{Function: 1, Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Args: []Arg{U32(1)}, Cluster: Dim3{2, 1, 1}},
+	} {
+		b := want.Append(nil)
+		got, err := DecodeRequest(OpLaunch, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l := got.(*Launch); l.Cluster != want.Cluster {
+			t.Errorf("cluster %v came back as %v", want.Cluster, l.Cluster)
+		}
+	}
+}

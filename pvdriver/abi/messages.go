@@ -125,6 +125,10 @@ type Launch struct {
 	SharedBytes uint32
 	Stream      uint64
 	Args        []Arg
+	// Cluster groups the grid's blocks into thread-block clusters of this
+	// shape (CUDA's cluster launch; the grid must divide by it); zero for
+	// none. Sent after the arguments, only when set.
+	Cluster Dim3
 }
 
 // StreamCreate creates a stream.
@@ -308,6 +312,9 @@ func (m *Launch) Append(b []byte) []byte {
 			b = appendU64(b, a.Bits)
 		}
 	}
+	if m.Cluster != (Dim3{}) {
+		b = appendDim3(b, m.Cluster)
+	}
 	return b
 }
 func (m *StreamCreate) Append(b []byte) []byte  { return b }
@@ -411,6 +418,9 @@ func (m *Launch) decode(d *Decoder) {
 	}
 	if total > MaxParamBytes {
 		d.fail(fmt.Errorf("%w: %d parameter bytes, limit %d", ErrBadArgument, total, MaxParamBytes))
+	}
+	if d.err == nil && len(d.b) >= 12 { // a cluster shape; anything shorter is trailing bytes
+		m.Cluster = d.dim3()
 	}
 }
 func (m *StreamCreate) decode(d *Decoder)   {}

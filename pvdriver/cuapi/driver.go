@@ -251,8 +251,8 @@ func (d *Driver) DeviceAttribute(attr, dev int32) (int32, Result) {
 // unservedFeatures are the device attributes that announce a feature this
 // driver does not serve (its entries answer CUDA_ERROR_NOT_SUPPORTED):
 // they say 0 whatever the primary's GPU has, so libraries that look
-// before they leap (cuBLAS picks kernels without thread-block clusters,
-// PyTorch's allocator keeps to cuMemAlloc) choose what is served.
+// before they leap (PyTorch's allocator keeps to cuMemAlloc) choose what
+// is served.
 var unservedFeatures = map[int32]int32{
 	83:  0, // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
 	89:  0, // CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
@@ -260,7 +260,6 @@ var unservedFeatures = map[int32]int32{
 	99:  0, // CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED
 	102: 0, // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 	115: 0, // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
-	120: 0, // CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH
 }
 
 // attr is device attribute a (zero when the node did not report it).

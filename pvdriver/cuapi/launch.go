@@ -12,6 +12,8 @@ type Launch struct {
 	Grid, Block [3]uint32
 	SharedBytes uint32
 	Stream      uint64
+	// Cluster is the thread-block cluster shape (all zero: none).
+	Cluster [3]uint32
 }
 
 // ParamLayout is the byte size of each of f's parameters: what the C half
@@ -54,7 +56,8 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 	if r != Success {
 		return r
 	}
-	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes, Stream: st}
+	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes, Stream: st,
+		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}}
 	return resultOf("cuLaunchKernel", c.Launch(fn.remote, cfg, args...), false)
 }
 

@@ -110,7 +110,7 @@ CUresult cuModuleLoadFatBinary(CUmodule *m, const void *fatCubin) { return vgMod
 CUresult cuModuleUnload(CUmodule m) { return vgModuleUnload(H(m)); }
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { return vgModuleGetFunction(OUT(f), H(m), (char *)name); }
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) { return vgModuleGetGlobal(p, n, H(m), (char *)name); }
-CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, extra); }
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, extra, 0, 0, 0); }
 CUresult cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction f) { return vgFuncGetAttribute(v, attr, H(f)); }
 CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int v) { return vgFuncSetAttribute(H(f), attr, v); }
 CUresult cuFuncGetName(const char **name, CUfunction f) { return vgFuncGetName((char **)name, H(f)); }

@@ -40,29 +40,43 @@ CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUd
 CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncSetAttribute(H(k), attr, v)); }
 CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : cuFuncSetCacheConfig((CUfunction)k, c)); }
 
-/* ---- cuLaunchKernelEx: the config's shape and stream; of its
- * attributes, those that ask nothing of this driver are taken (IGNORE,
- * PRIORITY: streams have one priority here, PROGRAMMATIC_STREAM_SERIALIZATION
- * off), any other is refused and named with VGPUHA_DEBUG=1. ---- */
-enum { VG_LAUNCH_ATTR_IGNORE = 0, VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6, VG_LAUNCH_ATTR_PRIORITY = 8 };
+/* ---- cuLaunchKernelEx: the config's shape, stream and cluster shape; of
+ * its other attributes, those that ask nothing this driver must do are
+ * taken (IGNORE; CLUSTER_SCHEDULING_POLICY_PREFERENCE, a hint; PRIORITY:
+ * streams have one priority here; PROGRAMMATIC_STREAM_SERIALIZATION, which
+ * lets a kernel start before the one before it ends: running them in order
+ * is always allowed, and a kernel's grid-dependency wait then returns at
+ * once), any other is refused and named with VGPUHA_DEBUG=1. ---- */
+enum {
+	VG_LAUNCH_ATTR_IGNORE = 0, VG_LAUNCH_ATTR_CLUSTER_DIMENSION = 4, VG_LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY = 5,
+	VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6, VG_LAUNCH_ATTR_PRIORITY = 8,
+};
 static int vg_launch_attr_ok(const CUlaunchAttribute *a) {
 	switch (a->id) {
 	case VG_LAUNCH_ATTR_IGNORE:
+	case VG_LAUNCH_ATTR_CLUSTER_DIMENSION:
+	case VG_LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY:
+	case VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION:
 	case VG_LAUNCH_ATTR_PRIORITY: return 1;
-	case VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION: return a->value.i == 0;
 	}
 	return 0;
 }
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-	unsigned int i;
+	unsigned int i, cx = 0, cy = 0, cz = 0;
 	if (c == NULL || (c->numAttrs > 0 && c->attrs == NULL)) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	for (i = 0; i < c->numAttrs; i++) {
 		if (!vg_launch_attr_ok(&c->attrs[i])) {
 			if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: cuLaunchKernelEx: launch attribute %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", c->attrs[i].id);
 			return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
 		}
+		if (c->attrs[i].id == VG_LAUNCH_ATTR_CLUSTER_DIMENSION) {
+			cx = c->attrs[i].value.clusterDim.x;
+			cy = c->attrs[i].value.clusterDim.y;
+			cz = c->attrs[i].value.clusterDim.z;
+		}
 	}
-	return vg_traced(__func__, vgLaunchKernel(H(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->sharedMemBytes, H(c->hStream), params, extra));
+	return vg_traced(__func__, vgLaunchKernel(H(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+		c->sharedMemBytes, H(c->hStream), params, extra, cx, cy, cz));
 }
 
 /* ---- Pointer attributes (CUpointer_attribute): what the driver knows of

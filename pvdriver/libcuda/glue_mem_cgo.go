@@ -250,7 +250,7 @@ func vgModuleGetGlobal(p *C.CUdeviceptr, n *C.size_t, m C.uintptr_t, name *C.cha
 }
 
 //export vgLaunchKernel
-func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.uintptr_t, kp, extra *unsafe.Pointer) C.CUresult {
+func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.uintptr_t, kp, extra *unsafe.Pointer, cx, cy, cz C.uint) C.CUresult {
 	sizes, r := drv.ParamLayout(uint64(f))
 	if r != cuapi.Success {
 		return res(r)
@@ -283,7 +283,7 @@ func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.ui
 		packed = append([]byte{}, b...)
 	}
 	l := cuapi.Launch{Grid: [3]uint32{uint32(gx), uint32(gy), uint32(gz)}, Block: [3]uint32{uint32(bx), uint32(by), uint32(bz)},
-		SharedBytes: uint32(shared), Stream: uint64(s)}
+		SharedBytes: uint32(shared), Stream: uint64(s), Cluster: [3]uint32{uint32(cx), uint32(cy), uint32(cz)}}
 	return res(drv.LaunchKernel(thread{}, uint64(f), l, params, packed))
 }
 

@@ -49,7 +49,7 @@ typedef struct CUgraphEdgeData_st CUgraphEdgeData;
 typedef struct CUlaunchAttribute_st {
 	int id;
 	char pad[4];
-	union { char bytes[64]; int i; unsigned u; } value;
+	union { char bytes[64]; int i; unsigned u; struct { unsigned x, y, z; } clusterDim; } value;
 } CUlaunchAttribute;
 typedef struct CUlaunchConfig_st {
 	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
