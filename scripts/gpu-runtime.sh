@@ -95,7 +95,7 @@ protected() { "$B/vgpuha" status --admin "unix://$work/admin.sock" --json 2>/dev
 gflags=(--backend cuda --guest.kernels --guest.max-sessions 1)
 
 start_nodes() {
-	CUDA_VISIBLE_DEVICES=0 start_node plain primary "${gflags[@]}" --guest-listen "unix://$work/plain.sock"
+	CUDA_VISIBLE_DEVICES=0 start_node plain primary "${gflags[@]}" --guest-listen "unix://$work/plain.sock" --admin-listen "unix://$work/padmin.sock"
 	wait_socket "$work/plain.sock" || exit 1
 	start_pair
 }
@@ -145,6 +145,7 @@ run() { # MODE PROGRAM
 	{
 		echo "==== $p ($mode): exit $status"; cat "$work/$p.$mode.out"; echo "---- stderr"; cat "$work/$p.$mode.err"
 		[[ $mode == replicated* || $mode == failover ]] && echo "---- standby: $(standby_metric vgpuha_replica_read_back_repairs_total)"
+		[[ $mode == library* ]] && echo "---- the unreplicated primary's requests so far:" && node_requests padmin
 	} >>"$logs"
 	if [ "$mode" = failover ] && [ "$status" = 0 ] && [ -n "${node_pid[replicated]:-}" ]; then
 		rc[$p.$mode]="the primary was never killed"
@@ -159,6 +160,12 @@ run() { # MODE PROGRAM
 # standby_metric NAME: the standby's value of a metric (its admin endpoint).
 standby_metric() {
 	curl -s --max-time 2 --unix-socket "$work/sadmin.sock" http://standby/metrics 2>/dev/null | grep "^$1 " || echo "$1 (no standby metrics)"
+}
+
+# node_requests ADMIN: a node's guest requests by op and status, most first.
+node_requests() {
+	curl -s --max-time 2 --unix-socket "$work/$1.sock" http://node/metrics 2>/dev/null | grep '^vgpuha_guest_requests_total' |
+		sort -k2 -g -r | head -12
 }
 
 # verify_checkpoint: verifies the replica into $verified; where it differs,

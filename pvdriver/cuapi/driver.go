@@ -67,6 +67,10 @@ type Driver struct {
 	closed       bool                    // the session ended with the process (Shutdown): every call is CUDA_ERROR_DEINITIALIZED
 
 	apertures map[uint64]*pvdriver.Aperture // by device address (aperture.go)
+	// noBinary holds the images the node's GPU has no code for: a
+	// framework offers the same ones again and again, and NVIDIA's driver
+	// refuses them from their headers, at no cost (module.go).
+	noBinary map[abi.ImageHash]bool
 }
 
 type ctxState struct {

@@ -222,11 +222,22 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %v\n", err)
 		return nil, ErrorInvalidImage
 	}
+	h := abi.HashImage(wire)
+	if d.noBinary[h] {
+		return nil, ErrorNoBinaryForGPU
+	}
 	remote, err := d.client.LoadModule(wire)
+	if errors.Is(err, abi.StatusNoBinaryForGPU) {
+		// A caller offered an image for other GPUs and tries the next one,
+		// as with NVIDIA's driver: quiet, and answered here next time.
+		if d.noBinary == nil {
+			d.noBinary = map[abi.ImageHash]bool{}
+		}
+		d.noBinary[h] = true
+		return nil, resultOf("cuModuleLoadData", err, false)
+	}
 	if err != nil {
-		// A caller offered an image for other GPUs and tries the next one
-		// on CUDA_ERROR_NO_BINARY_FOR_GPU, as with NVIDIA's driver: quiet.
-		return nil, resultOf("cuModuleLoadData", err, loud && !errors.Is(err, abi.StatusNoBinaryForGPU))
+		return nil, resultOf("cuModuleLoadData", err, loud)
 	}
 	return &module{ctx: ctx, remote: remote, raw: true, image: img[:n], funcs: map[string]uint64{}}, Success
 }
