@@ -206,9 +206,11 @@ func TestTranslatedBase(t *testing.T) {
 	}
 }
 
-// TestRepair: a replica object changed behind replication's back is found
-// by verify and repaired from the primary.
-func TestRepair(t *testing.T) {
+// divergedReplica starts a pair whose guest wrote 64 KiB of 7s, and then
+// changes three of the replica's bytes behind replication's back (at
+// offset 100), as a flaky device, a bug or a kernel that is not
+// reproducible would.
+func divergedReplica(t *testing.T) (*fixture, *pvdriver.Client, pvdriver.DevicePtr) {
 	c := newCluster(t, replicate.ModeCommit, 0, true)
 	c.waitProtected()
 	g := c.guest("g")
@@ -219,10 +221,16 @@ func TestRepair(t *testing.T) {
 	if err := g.CopyHtoD(p, bytes.Repeat([]byte{7}, 1<<16)); err != nil {
 		t.Fatal(err)
 	}
-	mustMatch(t, c.verify())
-	// Corrupt the replica directly, as a flaky device or a bug would.
+	mustMatch(t, c.verify()) // the standby has applied the copy
 	c.Standby.Server().ApplyRecord(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
 		Body: appendCopy(uint64(p)+100, []byte{1, 2, 3})})
+	return c, g, p
+}
+
+// TestRepair: a replica object changed behind replication's back is found
+// by verify and repaired from the primary.
+func TestRepair(t *testing.T) {
+	c, g, p := divergedReplica(t)
 	rep := c.verify()
 	if rep.Match || len(rep.Mismatches) != 1 || !rep.Mismatches[0].Repairable {
 		t.Fatalf("corrupted replica: %+v", rep)
@@ -238,19 +246,7 @@ func TestRepair(t *testing.T) {
 // guest's read puts the bytes it got into the replica: a read that covers
 // the difference repairs it, one that does not leaves it for verify.
 func TestReadBackRepairsWhatTheGuestRead(t *testing.T) {
-	c := newCluster(t, replicate.ModeCommit, 0, true)
-	c.waitProtected()
-	g := c.guest("g")
-	p, err := g.Alloc(1 << 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g.CopyHtoD(p, bytes.Repeat([]byte{7}, 1<<16)); err != nil {
-		t.Fatal(err)
-	}
-	mustMatch(t, c.verify()) // the standby has applied the copy
-	c.Standby.Server().ApplyRecord(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
-		Body: appendCopy(uint64(p)+100, []byte{1, 2, 3})})
+	c, g, p := divergedReplica(t)
 	buf := make([]byte, 64)
 	if err := g.CopyDtoH(buf, p); err != nil { // [0, 64): not the diverged bytes
 		t.Fatal(err)
