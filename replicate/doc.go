@@ -142,4 +142,12 @@
 // async, nothing waits and the log bound limits the lag; epoch, the standby
 // buffers records and applies an epoch only when the next epoch record
 // arrives, and discards an uncommitted one at failover.
+//
+// Replication replays the guest's operations, which holds only where a
+// kernel run twice writes the same bytes. Kernels with floating-point
+// atomics do not, and frameworks use them unasked, so the log also carries
+// what the guest saw: a read of device memory becomes a write of the bytes
+// read (FlagReadBack), which a standby applies like any write. A module
+// image that guests name by hash travels once per resync (OpImage) and is
+// named by hash after that.
 package replicate
