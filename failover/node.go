@@ -1,6 +1,9 @@
 package failover
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Role is what a node does.
 type Role int
@@ -13,6 +16,12 @@ const (
 	Primary
 	// Fenced: a node that learned of a newer term; it serves nothing.
 	Fenced
+	// Suspended: a coordinated primary that could not renew its lease in
+	// time. It answers no guest but keeps its log and its standbys' links
+	// (their heartbeats go on, so a standby does not take over while etcd
+	// alone stalls) until it proves it still leads (Resume) or learns that
+	// another node does (Fence).
+	Suspended
 )
 
 func (r Role) String() string {
@@ -21,6 +30,8 @@ func (r Role) String() string {
 		return "standby"
 	case Primary:
 		return "primary"
+	case Suspended:
+		return "suspended"
 	}
 	return "fenced"
 }
@@ -58,6 +69,22 @@ const (
 	// usable win (the coordinator refused it or gave up); it may campaign
 	// again when its detector next suspects the primary.
 	CampaignEnded
+	// LeaseRegained: a suspended primary's coordinator proved that this
+	// node leads under Term: its lease was renewed before etcd expired it
+	// and its leader key is still the group's (Term unchanged), or, after
+	// the lease expired, it won the election again and the group's term
+	// record still named this node's term when it wrote Term over it
+	// (nobody led in between).
+	LeaseRegained
+	// LeaseExpired: etcd says the node's lease is gone (its leader key with
+	// it); the coordinator holds a new lease.
+	LeaseExpired
+	// Deposed: the node no longer leads: the group's term record names
+	// Term, another node's, or the node gave its leader key away.
+	Deposed
+	// Covered: a primary learned whether a standby in sync could take over
+	// from it (InSync).
+	Covered
 )
 
 // Event is one observation.
@@ -87,12 +114,22 @@ const (
 	// node must not use (it lost its complete replica, or the token is
 	// not above a term it already knows).
 	Resign
+	// Suspend: stop answering guests (a coordinated primary's lease may be
+	// lost), keeping the log and the standbys' links.
+	Suspend
+	// Resume: a suspended primary serves again, under Term.
+	Resume
+	// Relead: ask the coordinator to lead the group again, provided no
+	// node led after Term (its lease expired; see LeaseRegained).
+	Relead
 )
 
 // Action is one decision for the node's owner to carry out.
 type Action struct {
 	Kind ActionKind
 	Term uint64
+	// Why says what led to the action, for the node's log.
+	Why string
 }
 
 // Node is one node's role logic: the only place that decides a node's role
@@ -103,7 +140,9 @@ type Action struct {
 // through crashes, freezes and partitions (testdata/roles).
 //
 // A coordinator (an external lease and election, Coordinated set) plugs
-// in as more event kinds: a lease lost becomes a Fence, and a standby that
+// in as more event kinds: a lease lost suspends the primary (it answers
+// no guest but keeps its links) until its coordinator proves it still
+// leads or leads again with nobody in between (lease.go), and a standby that
 // suspects its primary no longer promotes itself: it asks to Campaign and
 // promotes only on ElectionWon, under the election's token, which must be
 // above every term it knows. A switchover (HandOver) also moves the
@@ -118,6 +157,15 @@ type Node struct {
 	// Coordinated: a coordinator owns leadership (see above).
 	Coordinated bool
 	campaigning bool
+	// SuspendLimit: a suspended primary that a standby in sync covers
+	// gives up (fences) once suspended this long, so that the standby
+	// takes over from a primary cut from etcd; one no standby covers never
+	// gives up (it holds the only copy of its guests' state). 0: never.
+	SuspendLimit time.Duration
+	covered      bool      // a standby in sync could take over (Covered)
+	suspendedAt  time.Time // when LeaseLost suspended this primary
+	releading    bool      // Relead asked, no answer yet
+	peerTerm     uint64    // the highest term a peer reported while suspended
 
 	// A standby that was itself stalled (its ticks stopped for more than
 	// StallGap: SIGSTOP, a long GC or scheduling pause, a host hiccup)
@@ -160,6 +208,9 @@ func (n *Node) Step(e Event) []Action {
 			return []Action{{Kind: Resign}}
 		}
 	case Tick:
+		if n.Role == Suspended {
+			return n.giveUp(e.At)
+		}
 		if n.judges(e.At) && n.det.Suspect(e.At) {
 			return n.takeOver()
 		}
@@ -169,15 +220,12 @@ func (n *Node) Step(e Event) []Action {
 		if n.Role == Standby && n.det != nil {
 			return n.handOver()
 		}
-	case LeaseLost:
-		if n.Role == Primary {
-			n.Role = Fenced
-			return []Action{{Kind: Fence, Term: n.Term}}
-		}
 	case ElectionWon:
 		return n.won(e.Term)
 	case CampaignEnded:
 		n.campaigning = false
+	case LeaseLost, LeaseRegained, LeaseExpired, Deposed, Covered:
+		return n.lease(e)
 	}
 	return nil
 }
@@ -226,14 +274,23 @@ func (n *Node) heard(t time.Time, term uint64) []Action {
 
 // sawTerm applies the fencing rule: a node that sees a higher term than its
 // own while acting as primary stops serving.
+//
+// A suspended primary only remembers the term: a standby that learned of
+// this node's own next term from etcd (a Relead's win) reports it before
+// the coordinator has told this node, and whether another node leads is
+// settled by etcd (LeaseRegained or Deposed).
 func (n *Node) sawTerm(term uint64) []Action {
+	if n.Role == Suspended {
+		n.peerTerm = max(n.peerTerm, term)
+		return nil
+	}
 	if term <= n.Term || n.Role == Standby {
 		return nil
 	}
 	n.Term = term
 	if n.Role == Primary {
 		n.Role = Fenced
-		return []Action{{Kind: Fence, Term: term}}
+		return []Action{{Kind: Fence, Term: term, Why: fmt.Sprintf("a node under term %d took over", term)}}
 	}
 	return nil
 }

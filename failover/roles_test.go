@@ -52,13 +52,10 @@ type world struct {
 	backlog         int // P's heartbeats queued in a frozen S's socket
 	cut             bool
 	events          []string
+	bothMS          int // time both nodes served during one run
+	last            int // the last step's time (ms)
 
-	// coordinated worlds
-	etcdCut     bool // P cannot reach etcd
-	renewed     int  // when P last renewed its lease (ms)
-	campaigning bool // S waits in the election
-	rev         uint64
-	bothMS      int // time both nodes served during one run
+	etcd *etcdModel // coordinated worlds
 }
 
 var w *world
@@ -66,13 +63,7 @@ var w *world
 func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	switch td.Cmd {
 	case "start":
-		w = &world{p: NewPrimary(), s: NewStandby(mustNew("fixed"))}
-		if td.HasArg("coordinated") {
-			w.p.Coordinated, w.s.Coordinated = true, true
-			w.rev = 7 // the first primary's leader key revision
-			w.p.Term = w.rev
-		}
-		w.s.Step(Event{Kind: Synced, InSync: true})
+		w = newWorld(td.HasArg("coordinated"))
 	case "unsynced":
 		w.s.Step(Event{Kind: Synced, InSync: false})
 	case "crash":
@@ -92,34 +83,25 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	case "cut":
 		w.cut = true
 	case "isolate":
-		w.cut, w.etcdCut = true, true
+		w.cut, w.etcd.pCut = true, true
 	case "cut-etcd":
-		w.etcdCut = true
+		w.etcd.pCut = true
+	case "stall-etcd":
+		w.etcd.stalled = true
+	case "unstall-etcd":
+		w.etcd.stalled = false
 	case "heal":
-		w.cut, w.etcdCut = false, false
-	case "switchover":
-		acts := w.s.Step(Event{Kind: HandOver})
-		if len(acts) == 1 && acts[0].Kind == Campaign {
-			// P resigns once S's key waits behind its own: S's leads next.
-			w.rev += 5
-			verdict := "S resigns the win"
-			if promotes(w.s.Step(Event{Kind: ElectionWon, Term: w.rev})) {
-				verdict = fmt.Sprintf("S promotes under term %d", w.s.Term)
-			}
-			w.events = append(w.events, "S campaigns, P resigns, S wins: "+verdict)
+		w.cut = false
+		if w.etcd != nil {
+			w.etcd.pCut = false
 		}
-		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
+	case "switchover":
+		w.switchover()
 	case "run":
 		var from, to int
 		td.ScanArgs(t, "from", &from)
 		td.ScanArgs(t, "to", &to)
-		for ms := from; ms <= to; ms += 10 {
-			w.step(ms)
-		}
-		if w.bothMS > 0 {
-			w.events = append(w.events, fmt.Sprintf("both nodes served for %d ms", w.bothMS))
-			w.bothMS = 0
-		}
+		w.run(from, to)
 	default:
 		return "unknown command " + td.Cmd
 	}
@@ -131,15 +113,61 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	return out + fmt.Sprintf("P: %s term %d; S: %s term %d", w.p.Role, w.p.Term, w.s.Role, w.s.Term)
 }
 
+func newWorld(coordinated bool) *world {
+	w := &world{p: NewPrimary(), s: NewStandby(mustNew("fixed"))}
+	if coordinated {
+		w.p.Coordinated, w.s.Coordinated = true, true
+		w.p.SuspendLimit = leaseTTL * time.Millisecond
+		w.etcd = newEtcdModel(w)
+	}
+	w.s.Step(Event{Kind: Synced, InSync: true})
+	return w
+}
+
+// run advances time from from to to, one 10 ms step at a time.
+func (w *world) run(from, to int) {
+	for ms := from; ms <= to; ms += 10 {
+		w.step(ms)
+	}
+	if w.bothMS > 0 {
+		w.events = append(w.events, fmt.Sprintf("both nodes served for %d ms", w.bothMS))
+		w.bothMS = 0
+	}
+}
+
+func (w *world) switchover() {
+	acts := w.s.Step(Event{Kind: HandOver})
+	if len(acts) == 1 && acts[0].Kind == Campaign {
+		// P resigns once S's key waits behind its own: S's leads next.
+		w.etcd.rev += 5
+		verdict := "S resigns the win"
+		if promotes(w.s.Step(Event{Kind: ElectionWon, Term: w.etcd.rev})) {
+			verdict = fmt.Sprintf("S promotes under term %d", w.s.Term)
+			e := w.etcd
+			e.termKey, e.s.key, e.p.key = w.s.Term, w.s.Term, 0
+			e.s.renewed, e.s.expiry = w.last, w.last+leaseTTL
+		}
+		w.events = append(w.events, "S campaigns, P resigns, S wins: "+verdict)
+	}
+	w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
+}
+
+// sendsHeartbeats: P is up and its links run (a suspended primary keeps
+// them).
+func (w *world) sendsHeartbeats() bool {
+	return !w.crashed && !w.frozen && (w.p.Role == Primary || w.p.Role == Suspended)
+}
+
 // step advances the world to ms.
 func (w *world) step(ms int) {
 	at := t0.Add(time.Duration(ms) * time.Millisecond)
 	pAlive := !w.crashed && !w.frozen
-	if pAlive && w.p.Coordinated {
-		w.lease(ms)
+	w.last = ms
+	if w.etcd != nil {
+		w.etcd.step(ms, at, pAlive)
 	}
 	if w.sFrozen {
-		if pAlive && !w.cut && w.p.Role == Primary {
+		if w.sendsHeartbeats() && !w.cut {
 			w.backlog++
 		}
 		return
@@ -150,39 +178,22 @@ func (w *world) step(ms int) {
 			w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
 		}
 	}
-	if pAlive && !w.cut && w.p.Role == Primary {
+	if w.sendsHeartbeats() && !w.cut {
 		w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
 	}
 	w.tickS(ms, at)
-	if w.campaigning && ms-w.renewed >= leaseTTL { // the lease expired: S's key leads
-		w.campaigning = false
-		w.rev += 5
-		if promotes(w.s.Step(Event{Kind: ElectionWon, Term: w.rev})) {
-			w.events = append(w.events, fmt.Sprintf("%d ms: S wins the election, term %d", ms, w.s.Term))
-		}
+	if w.etcd != nil {
+		w.etcd.elect(ms)
 	}
-	if pAlive && !w.cut && w.s.Role == Primary && w.p.Role == Primary {
+	if w.sendsHeartbeats() && !w.cut && w.s.Role == Primary {
+		before := w.p.Role
 		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
-		w.events = append(w.events, fmt.Sprintf("%d ms: P learns term %d: %s", ms, w.s.Term, w.p.Role))
+		if before == Primary {
+			w.events = append(w.events, fmt.Sprintf("%d ms: P learns term %d: %s", ms, w.s.Term, w.p.Role))
+		}
 	}
 	if pAlive && w.p.Role == Primary && w.s.Role == Primary {
 		w.bothMS += 10
-	}
-}
-
-// lease renews P's lease when it reaches etcd, and tells P it lost the
-// lease once it went unrenewed for half the TTL (what the coordinator
-// does, on P's own clock, which may run after a freeze).
-func (w *world) lease(ms int) {
-	if w.p.Role != Primary {
-		return
-	}
-	if !w.etcdCut && ms-w.renewed < leaseTTL {
-		w.renewed = ms
-		return
-	}
-	if ms-w.renewed >= leaseTTL/2 && len(w.p.Step(Event{Kind: LeaseLost})) > 0 {
-		w.events = append(w.events, fmt.Sprintf("%d ms: P's lease unrenewed for %d ms: fenced", ms, ms-w.renewed))
 	}
 }
 
@@ -193,7 +204,7 @@ func (w *world) tickS(ms int, at time.Time) {
 		case Promote:
 			w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term))
 		case Campaign:
-			w.campaigning = true
+			w.etcd.campaigning = true
 			w.events = append(w.events, fmt.Sprintf("%d ms: S campaigns", ms))
 		}
 	}
