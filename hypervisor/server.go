@@ -428,15 +428,16 @@ func (s *Server) Term() uint64 {
 	return s.term
 }
 
-// Fence stops this node serving guests for good: a node with a higher term
-// has taken over. Guest connections are dropped; new ones are refused.
-func (s *Server) Fence(newer uint64) {
+// Fence stops this node serving guests for good (why says what its role
+// authority learned: a node with a higher term took over, or its lease
+// may be another's). Guest connections are dropped; new ones are refused.
+func (s *Server) Fence(term uint64, why string) {
 	s.mu.Lock()
 	already := s.fenced
 	s.fenceLocked()
 	s.mu.Unlock()
 	if !already {
-		s.log.Warn("fenced: a newer primary has taken over; no longer serving guests", "newer_term", newer)
+		s.log.Warn("fenced: no longer serving guests", "term", term, "why", why)
 	}
 }
 

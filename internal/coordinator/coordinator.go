@@ -27,18 +27,39 @@
 // reports LeaseLost once TTL/2 passed without another: the node stops
 // serving with at least TTL/2 to spare. That holds as long as the node's
 // clock runs no more than twice as slow as the etcd leader's and the node
-// carries out the fence within the rest of that half (the authority does it
-// within one 5 ms tick). After LeaseLost a leader stops renewing and
-// revokes its lease when it can, so a standby does not wait for the TTL
-// when etcd is reachable. A process frozen (SIGSTOP) past its lease may
-// still answer a request already read before its deadline check runs:
-// closing that window needs the server to check the deadline per request.
+// stops within the rest of that half (the server checks LeadsUntil per
+// request). A process frozen (SIGSTOP) past its lease may still answer a
+// request already read before its deadline check runs.
+//
+// # Losing and regaining a lease
+//
+// A lease that went unrenewed for TTL/2 is not necessarily gone: an etcd
+// stall shorter than the TTL (every member frozen, a slow leader
+// election) loses nothing. So a leader keeps its lease and its key after
+// LeaseLost and keeps renewing. When etcd answers again:
+//
+//   - the lease is still there: the leader key, which lives and dies with
+//     it, is still the group's, so no other node can have won meanwhile;
+//     the coordinator checks it in one transaction (the key at this term's
+//     revision, and the group's term record naming this term) and reports
+//     LeaseRegained under the same term;
+//   - etcd says the lease is gone (LeaseExpired): if the authority asks
+//     (Relead), the coordinator takes a new lease, campaigns, and once its
+//     new key leads writes the term record in a transaction that holds only
+//     while the record still names the old term. No node led in between
+//     (every winner writes the record before it serves), so the node
+//     resumes under the new key's revision (LeaseRegained); a record naming
+//     another term is reported as Deposed and the node never serves again.
+//
+// A node that does not lead lets a lost lease go (revoked when etcd
+// answers) and takes a new one for its member record.
 //
 // # Keys
 //
 //	/vgpuha/groups/G/leader/LEASE   election keys; the lowest create revision leads
 //	/vgpuha/groups/G/standby        the leader's standbys: addresses, which are in sync, k (written only by the leader)
 //	/vgpuha/groups/G/members/ID     each node's record under its lease: role, term, lag, capacity
+//	/vgpuha/groups/G/term           the term of the last leader that served (written by each winner before it serves)
 package coordinator
 
 import (
@@ -55,6 +76,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/failover"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc/grpclog"
@@ -297,17 +319,19 @@ func (c *Coordinator) renew() {
 // renewRetry is how soon a failed renewal is tried again.
 const renewRetry = 25 * time.Millisecond
 
-// renewOnce sends one keepalive and reports whether it succeeded. A node whose lease is gone takes a new
-// one for its member record (status then shows a fenced leader as
-// fenced); that never makes it a leader again: only its authority's
-// Campaign does, and a fenced node never asks.
+// renewOnce sends one keepalive and reports whether it succeeded. A
+// leader whose lease went unrenewed keeps renewing the same lease and,
+// once etcd answers, proves it still leads (resume.go). A node that holds
+// no leadership and lost its lease takes a new one for its member record
+// (status then shows a suspended or fenced leader as such); that never
+// makes it a leader again: only its authority's Campaign or Relead does.
 func (c *Coordinator) renewOnce(timeout time.Duration) bool {
 	c.mu.Lock()
 	sess, lost, leader := c.sess, c.lost, c.leader
 	c.mu.Unlock()
-	if lost {
-		if !leader && c.newSession() == nil {
-			c.log.Info("coordinator lease renewed after a loss")
+	if lost && !leader {
+		if c.newSession() == nil {
+			c.log.Info("coordinator lease renewed after a loss (a new lease; this node does not lead)")
 		}
 		return true
 	}
@@ -316,17 +340,12 @@ func (c *Coordinator) renewOnce(timeout time.Duration) bool {
 	sent := c.cfg.Now()
 	_, err := c.cli.KeepAliveOnce(ctx, sess.Lease())
 	if err != nil {
-		c.metrics.renewFailures.Inc()
-		c.mu.Lock()
-		first := c.lastFail.IsZero()
-		c.lastFail = sent
-		c.mu.Unlock()
-		if first {
-			c.log.Warn("coordinator lease renewal failed", "err", err)
-		}
-		return false
+		return c.renewFailed(sess, lost, sent, err)
 	}
 	c.metrics.renewals.Inc()
+	if lost {
+		return c.proveLeading(ctx, sess, sent)
+	}
 	c.mu.Lock()
 	if !c.lost && sess == c.sess {
 		c.lastOK, c.lastFail = sent, time.Time{}
@@ -335,8 +354,28 @@ func (c *Coordinator) renewOnce(timeout time.Duration) bool {
 	return true
 }
 
+// renewFailed counts a failed renewal (the first of a run is logged). A
+// suspended leader told that its lease is gone lets the session go and
+// reports LeaseExpired.
+func (c *Coordinator) renewFailed(sess *concurrency.Session, lost bool, sent time.Time, err error) bool {
+	c.metrics.renewFailures.Inc()
+	if lost && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		c.leaseExpired(sess)
+		return true
+	}
+	c.mu.Lock()
+	first := c.lastFail.IsZero()
+	c.lastFail = sent
+	c.mu.Unlock()
+	if first {
+		c.log.Warn("coordinator lease renewal failed", "err", err)
+	}
+	return false
+}
+
 // checkMargin reports LeaseLost once TTL/2 passed since the last renewal
-// was sent, and lets the lease go.
+// was sent. A leader keeps its lease and its key (it may still hold them:
+// renewOnce finds out); any other node lets its lease go.
 func (c *Coordinator) checkMargin() {
 	now := c.cfg.Now()
 	c.mu.Lock()
@@ -346,7 +385,6 @@ func (c *Coordinator) checkMargin() {
 	}
 	c.lost = true
 	leader, sess, feed, lastOK := c.leader, c.sess, c.feed, c.lastOK
-	c.leader = false
 	if c.stopCamp != nil {
 		c.stopCamp()
 		c.stopCamp = nil
@@ -354,8 +392,13 @@ func (c *Coordinator) checkMargin() {
 	c.mu.Unlock()
 	c.metrics.leasesLost.Inc()
 	feed(failover.Event{Kind: failover.LeaseLost, At: now})
-	c.log.Warn("coordinator lease not renewed within half its TTL; it may expire", "leader", leader,
-		"since_renewal_ms", now.Sub(lastOK).Milliseconds(), "expires_no_earlier_than_ms", (c.cfg.TTL - now.Sub(lastOK)).Milliseconds())
+	since := now.Sub(lastOK)
+	if leader {
+		c.log.Warn("coordinator lease unrenewed for half its TTL: this leader answers no guest until it proves it still leads",
+			"since_renewal_ms", since.Milliseconds(), "expires_no_earlier_than_ms", (c.cfg.TTL - since).Milliseconds())
+		return
+	}
+	c.log.Warn("coordinator lease unrenewed for half its TTL; letting it go", "since_renewal_ms", since.Milliseconds())
 	sess.Orphan() // stop renewing; revoke below when etcd answers
 	go c.revoke(sess.Lease())
 }
@@ -380,6 +423,18 @@ func (c *Coordinator) LastRenewal() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lastOK
+}
+
+// LeadsUntil is how long this node may act as the group's leader: half a
+// TTL after its last successful renewal while it leads, the zero time
+// while it does not (suspended, releading, or never led).
+func (c *Coordinator) LeadsUntil() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.leader || c.lost {
+		return time.Time{}
+	}
+	return c.lastOK.Add(c.cfg.TTL / 2)
 }
 
 // Close resigns, revokes the lease (best effort) and disconnects.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/failover"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 )
 
@@ -24,6 +25,10 @@ func (c *Coordinator) Lead(ctx context.Context) (uint64, error) {
 	if err := elect.Campaign(ctx, c.cfg.ID); err != nil {
 		c.metrics.elections.WithLabelValues("failed").Inc()
 		return 0, fmt.Errorf("campaigning for group %s: %w", c.cfg.Group, err)
+	}
+	if err := c.recordTerm(ctx, elect, 0); err != nil {
+		c.metrics.elections.WithLabelValues("failed").Inc()
+		return 0, fmt.Errorf("leading group %s: %w", c.cfg.Group, err)
 	}
 	c.mu.Lock()
 	c.leader = true
@@ -67,7 +72,7 @@ func (c *Coordinator) Campaign() {
 // errNotInSync: the group's record does not name this standby in sync.
 var errNotInSync = errors.New("the group's record does not name this standby as in sync")
 
-func (c *Coordinator) campaign(ctx context.Context, elect electionAPI, self string) (uint64, error) {
+func (c *Coordinator) campaign(ctx context.Context, elect *concurrency.Election, self string) (uint64, error) {
 	if err := c.checkInSync(ctx, self); err != nil {
 		c.metrics.elections.WithLabelValues("refused").Inc()
 		return 0, err
@@ -77,7 +82,11 @@ func (c *Coordinator) campaign(ctx context.Context, elect electionAPI, self stri
 		c.metrics.elections.WithLabelValues("failed").Inc()
 		return 0, fmt.Errorf("campaigning: %w", err)
 	}
-	if err := c.checkInSync(ctx, self); err != nil {
+	err := c.checkInSync(ctx, self)
+	if err == nil {
+		err = c.recordTerm(ctx, elect, 0) // before it serves: a node leading again checks it
+	}
+	if err != nil {
 		c.metrics.elections.WithLabelValues("refused").Inc()
 		rctx, cancel := context.WithTimeout(c.ctx, time.Second)
 		elect.Resign(rctx)
@@ -91,13 +100,6 @@ func (c *Coordinator) campaign(ctx context.Context, elect electionAPI, self stri
 	term := uint64(elect.Rev())
 	c.log.Warn("won the group's election", "term", term)
 	return term, nil
-}
-
-// electionAPI is what a campaign uses of concurrency.Election.
-type electionAPI interface {
-	Campaign(ctx context.Context, val string) error
-	Resign(ctx context.Context) error
-	Rev() int64
 }
 
 func (c *Coordinator) checkInSync(ctx context.Context, self string) error {
@@ -118,7 +120,7 @@ func (c *Coordinator) Resign() {
 		c.stopCamp()
 		c.stopCamp = nil
 	}
-	elect, leader := c.elect, c.leader
+	elect, leader, lost, sess := c.elect, c.leader, c.lost, c.sess
 	c.leader = false
 	c.mu.Unlock()
 	if leader {
@@ -127,6 +129,10 @@ func (c *Coordinator) Resign() {
 		if err := elect.Resign(ctx); err != nil {
 			c.log.Warn("resigning the group's leadership", "err", err)
 		}
+	}
+	if leader && lost { // a suspended leader kept its lease: give it back
+		sess.Orphan()
+		go c.revoke(sess.Lease())
 	}
 }
 

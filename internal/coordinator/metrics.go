@@ -8,6 +8,8 @@ type metrics struct {
 	renewals      prometheus.Counter
 	renewFailures prometheus.Counter
 	leasesLost    prometheus.Counter
+	// leasesRegained: a suspended leader proved it still leads.
+	leasesRegained prometheus.Counter
 	elections     *prometheus.CounterVec
 	replacements  prometheus.Counter
 }
@@ -19,7 +21,9 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) (*metrics, error) {
 		renewFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_coordinator_lease_renewal_failures_total",
 			Help: "Renewals of this node's coordinator lease that failed or timed out."}),
 		leasesLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_coordinator_lease_losses_total",
-			Help: "Times the lease went unrenewed for half its TTL (a leader then stops serving: a fence)."}),
+			Help: "Times the lease went unrenewed for half its TTL (a leader then stops serving until it proves it still leads)."}),
+		leasesRegained: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_coordinator_lease_regains_total",
+			Help: "Times a leader whose lease went unrenewed renewed it before etcd expired it and still led."}),
 		elections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vgpuha_coordinator_elections_total",
 			Help: "Campaigns for the group's leader key, by result: won, refused (not the in-sync standby), failed."}, []string{"result"}),
 		replacements: prometheus.NewCounter(prometheus.CounterOpts{Name: "vgpuha_coordinator_standby_replacements_total",
@@ -35,7 +39,7 @@ func newMetrics(reg prometheus.Registerer, c *Coordinator) (*metrics, error) {
 		}
 		return 0
 	})
-	for _, col := range []prometheus.Collector{m.renewals, m.renewFailures, m.leasesLost, m.elections, m.replacements, leader} {
+	for _, col := range []prometheus.Collector{m.renewals, m.renewFailures, m.leasesLost, m.leasesRegained, m.elections, m.replacements, leader} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}

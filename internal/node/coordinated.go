@@ -22,6 +22,7 @@ func lead(cfg Config, role *failover.Node) error {
 		return fmt.Errorf("leading group %s before serving: %w", cfg.Coordinator.Group(), err)
 	}
 	role.Term, role.Coordinated = term, true
+	role.SuspendLimit = cfg.Coordinator.TTL()
 	return nil
 }
 
@@ -47,7 +48,7 @@ func (n *Node) guardLease() {
 		if n.coord.handedOff.Load() {
 			return time.Time{} // gave its leader key away: answers nobody
 		}
-		return c.LastRenewal().Add(c.TTL() / 2)
+		return c.LeadsUntil() // zero while suspended or releading
 	}, n.answerUnprotected)
 }
 
@@ -75,7 +76,8 @@ func (n *Node) coordinatedHandover(to *replicate.Sender, timeout time.Duration) 
 	}
 	a := <-got
 	if a.err != nil {
-		n.auth.step(failover.Event{Kind: failover.LeaseLost, At: n.cfg.Now()})
+		_, term := n.auth.role()
+		n.auth.step(failover.Event{Kind: failover.Deposed, Term: term, At: n.cfg.Now()}) // it gave its key away
 		return 0, fmt.Errorf("switchover: resigned, but the standby did not answer (%w); this node is fenced", a.err)
 	}
 	return a.term, nil
@@ -124,6 +126,7 @@ func (n *Node) coordinate() {
 			case <-t.C:
 			case <-n.coord.kick:
 			}
+			n.reportCovered(w)
 			n.publish(c, w)
 		}
 	}()
@@ -136,6 +139,25 @@ type standbyWatch struct {
 	written  coordinator.StandbyRecord
 	failed   []string // standbys given up on
 	adopted  bool     // the record's standbys were taken over (adoptStandbys)
+	covered  int      // what the authority was last told: 1 covered, -1 not, 0 nothing yet
+}
+
+// reportCovered tells the authority of a primary (serving or suspended)
+// whether a standby in sync could take over from it; a suspended primary
+// gives up only then (failover.Node.SuspendLimit).
+func (n *Node) reportCovered(w *standbyWatch) {
+	r := n.replication()
+	if role, _ := n.auth.role(); r == nil || (role != failover.Primary && role != failover.Suspended) {
+		return
+	}
+	covered := -1
+	if r.log.Status().InSyncCount > 0 {
+		covered = 1
+	}
+	if covered != w.covered {
+		w.covered = covered
+		n.auth.step(failover.Event{Kind: failover.Covered, InSync: covered > 0})
+	}
 }
 
 // publish writes the member record and, while leading, the standby record;

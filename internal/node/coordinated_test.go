@@ -44,9 +44,11 @@ func inSyncRecorded(t *testing.T, etcd, addr string) func() bool {
 }
 
 // TestCoordinatedPartition: the primary is cut from its standby and from
-// etcd while its guests still reach it. It stops serving before its lease
-// can expire; the standby takes over only once it won the election, under
-// a higher term; the two never serve at once.
+// etcd while its guests still reach it. It stops serving (suspends)
+// before its lease can expire; the standby takes over only once it won
+// the election, under a higher term; the two never serve at once. Healed,
+// the old primary finds its lease expired and the standby's term on
+// record: fenced for good.
 func TestCoordinatedPartition(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	pEtcd := etcdtest.NewProxy(t, etcd)
@@ -81,7 +83,7 @@ func TestCoordinatedPartition(t *testing.T) {
 	cut := time.Now()
 	pEtcd.Partition(true)
 	link.Partition(true)
-	waitFor(t, "P fenced", func() bool { r, _ := p.Role(); return r == failover.Fenced })
+	waitFor(t, "P suspended", func() bool { r, _ := p.Role(); return r == failover.Suspended })
 	waitFor(t, "S promoted and serving", func() bool { from, _ := s.Serving(); return !from.IsZero() }) // its role changes first
 	_, sTerm := s.Role()
 	_, pUntil := p.Serving()
@@ -97,6 +99,12 @@ func TestCoordinatedPartition(t *testing.T) {
 	}
 	if pUntil.Sub(cut) > testTTL/2+200*time.Millisecond {
 		t.Fatalf("P served on for %v after losing etcd (lease %v)", pUntil.Sub(cut), testTTL)
+	}
+	pEtcd.Partition(false)
+	link.Partition(false)
+	waitFor(t, "P fenced once healed", func() bool { r, term := p.Role(); return r == failover.Fenced && term == sTerm })
+	if r, _ := s.Role(); r != failover.Primary {
+		t.Fatalf("S %s after the heal", r)
 	}
 }
 

@@ -19,6 +19,8 @@ func (n *Node) health() error {
 	switch role {
 	case failover.Fenced:
 		return fmt.Errorf("fenced: a node under term %d took over; this node serves no guests", term)
+	case failover.Suspended:
+		return fmt.Errorf("suspended: its coordinator lease (term %d) went unrenewed; answering no guest until it proves it still leads or another node does", term)
 	case failover.Primary:
 		if !n.srv.IsPrimary() {
 			n.mu.Lock()

@@ -151,6 +151,9 @@ func StartStandby(cfg Config, ln net.Listener) (*Node, error) {
 	}
 	role := failover.NewStandby(det)
 	role.Coordinated = cfg.Coordinator != nil
+	if role.Coordinated {
+		role.SuspendLimit = cfg.Coordinator.TTL() // once it took over
+	}
 	n, err := newNode(cfg, role)
 	if err != nil {
 		return nil, err

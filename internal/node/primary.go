@@ -158,18 +158,48 @@ func (n *Node) execute(act failover.Action) {
 			n.log.Error("promotion failed", "err", err)
 		}
 	case failover.Fence:
-		n.srv.Fence(act.Term)
-		n.mu.Lock()
-		n.servingUntil = n.cfg.Now()
-		n.mu.Unlock()
+		n.srv.Fence(act.Term, act.Why)
+		n.stoppedServing()
 		if r := n.replication(); r != nil {
 			r.stop() // a fenced node has nothing left to protect
 		}
 		if c != nil {
 			c.Resign()
 		}
-		n.log.Warn("fenced: stopped serving guests", "term", act.Term)
+		n.log.Warn("fenced: stopped serving guests for good", "term", act.Term, "why", act.Why)
+	case failover.Suspend, failover.Resume, failover.Relead:
+		n.executeLease(act)
 	}
+}
+
+// executeLease carries out a coordinated primary's lease decisions:
+// suspend (its server already answers nobody past LeadsUntil; its log and
+// links stay), resume under a term, or lead again after its lease expired.
+func (n *Node) executeLease(act failover.Action) {
+	switch act.Kind {
+	case failover.Suspend:
+		n.stoppedServing()
+		n.log.Warn("suspended: answering no guest until this node proves it still leads", "term", act.Term, "why", act.Why)
+	case failover.Resume:
+		n.srv.SetTerm(act.Term)
+		n.mu.Lock()
+		suspended := n.cfg.Now().Sub(n.servingUntil)
+		n.servingFrom, n.servingUntil = n.cfg.Now(), time.Time{}
+		n.mu.Unlock()
+		n.log.Warn("serving guests again", "term", act.Term, "suspended_ms", suspended.Milliseconds(), "why", act.Why)
+	case failover.Relead:
+		n.log.Warn("leading the group again if no node led since its term", "term", act.Term, "why", act.Why)
+		n.cfg.Coordinator.Relead(act.Term)
+	}
+}
+
+// stoppedServing notes when this node stopped serving guests.
+func (n *Node) stoppedServing() {
+	n.mu.Lock()
+	if n.servingUntil.IsZero() {
+		n.servingUntil = n.cfg.Now()
+	}
+	n.mu.Unlock()
 }
 
 // promote makes this standby the primary under term: it stops taking the

@@ -20,7 +20,7 @@ import (
 // Units are seconds and bytes; names follow the Prometheus series they
 // mirror (docs/STATUS.md lists each field's series).
 type Status struct {
-	// Role is failover.Role's name: primary, standby or fenced.
+	// Role is failover.Role's name: primary, standby, suspended or fenced.
 	Role string `json:"role"`
 	// Term is the newest term this node knows (vgpuha_term on a serving
 	// node); a fenced node's is the term that fenced it.
@@ -392,6 +392,8 @@ func (n *Node) notReplicating() string {
 		return fmt.Sprintf("this node is a standby (term %d): verify, switchover and epoch go to the primary's admin address", term)
 	case failover.Fenced:
 		return fmt.Sprintf("this node is fenced (a node under term %d took over): verify, switchover and epoch go to the new primary's admin address", term)
+	case failover.Suspended:
+		return fmt.Sprintf("this primary (term %d) is suspended until it proves it still leads: try again shortly", term)
 	}
 	return fmt.Sprintf("this primary (term %d) has no standby to verify against or hand over to (started without --replicate-to)", term)
 }
