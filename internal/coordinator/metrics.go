@@ -10,8 +10,8 @@ type metrics struct {
 	leasesLost    prometheus.Counter
 	// leasesRegained: a suspended leader proved it still leads.
 	leasesRegained prometheus.Counter
-	elections     *prometheus.CounterVec
-	replacements  prometheus.Counter
+	elections      *prometheus.CounterVec
+	replacements   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, c *Coordinator) (*metrics, error) {
