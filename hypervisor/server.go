@@ -169,7 +169,8 @@ type Server struct {
 	mode      replicate.Mode
 	term      uint64
 	fenced    bool
-	serving   bool // Serve was called: this node takes guests
+	fencedBy  string // why, as the role authority said (Fence)
+	serving   bool   // Serve was called: this node takes guests
 	// fencedFlag mirrors fenced for sessions, which must not take s.mu.
 	fencedFlag atomic.Bool
 	// lease and unprotected guard a coordinated primary (SetLease).
@@ -338,7 +339,7 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 // Precondition: s.mu must be locked.
 func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	if s.fenced {
-		return 0, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+		return 0, nil, s.deposedLocked()
 	}
 	if s.leaseExpired() {
 		return 0, nil, errLeaseExpired()
@@ -373,14 +374,16 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fenced {
-		return nil, nil, fail(abi.StatusUnavailable, "this node was fenced by a newer primary (term above %d)", s.term)
+		return nil, nil, s.deposedLocked()
 	}
 	if s.leaseExpired() {
 		return nil, nil, errLeaseExpired()
 	}
 	sess := s.sessions[req.Resume]
 	if sess == nil {
-		return nil, nil, fail(abi.StatusInvalidValue, "no session %d to resume on this node", req.Resume)
+		// The term tells a guest whose session only a deposed node held
+		// that it is lost (pvdriver's search).
+		return nil, &abi.HelloReply{Term: s.term}, fail(abi.StatusNoSession, "no session %d to resume on this node (term %d)", req.Resume, s.term)
 	}
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
@@ -435,10 +438,24 @@ func (s *Server) Fence(term uint64, why string) {
 	s.mu.Lock()
 	already := s.fenced
 	s.fenceLocked()
+	if !already {
+		s.fencedBy = fmt.Sprintf("fenced at term %d: %s", term, why)
+	}
 	s.mu.Unlock()
 	if !already {
 		s.log.Warn("fenced: no longer serving guests", "term", term, "why", why)
 	}
+}
+
+// deposedLocked refuses what a fenced node is asked: at once, and saying
+// so (a guest goes to the next endpoint).
+// Precondition: s.mu must be locked.
+func (s *Server) deposedLocked() error {
+	why := s.fencedBy
+	if why == "" {
+		why = "handed over to its standby"
+	}
+	return fail(abi.StatusDeposed, "deposed: this node no longer serves guests (%s; it served term %d); the session continues on the node that took over", why, s.term)
 }
 
 // fenceLocked fences the node. Sessions check the flag under their own

@@ -280,7 +280,7 @@ func (s *Session) takeCopyData(op abi.Opcode, req abi.Body, fixed []byte, data *
 // Precondition: s.mu must be locked.
 func (s *Session) admit() error {
 	if s.fenced.Load() {
-		return fail(abi.StatusUnavailable, "this node was fenced: the session continues on the new primary")
+		return fail(abi.StatusDeposed, "deposed: this node was fenced; the session continues on the node that took over")
 	}
 	if s.srv.leaseExpired() {
 		return errLeaseExpired()

@@ -63,6 +63,11 @@ var (
 	// that had lost its standby): the session cannot continue as if nothing
 	// happened; the guest must restart from its own last checkpoint.
 	ErrRolledBack = errors.New("pvdriver: resumed session was rolled back")
+	// ErrSessionLost reports a session no node holds any more: every
+	// endpoint answered, each deposed or serving without it (it was opened
+	// on a primary that had been deposed, so its standby never got it).
+	// Every call fails at once; open a new session.
+	ErrSessionLost = errors.New("pvdriver: the session is lost")
 )
 
 // Error is a request the hypervisor refused.

@@ -27,6 +27,7 @@ package pvdriver
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -91,8 +92,9 @@ type answer struct {
 // of at least minTerm, until going on() says stop, or the client closes.
 // It returns that answer and the rounds it took; a nil answer with the
 // last refusal otherwise. Late answers are closed (the node keeps the
-// session for a resume).
-func (c *Client) search(eps []string, minTerm uint64, goOn func() bool) (*answer, int, error) {
+// session for a resume). A node under a term above sessionTerm that does
+// not hold the session ends the search at once with ErrSessionLost (final).
+func (c *Client) search(eps []string, minTerm, sessionTerm uint64, goOn func() bool) (*answer, int, error) {
 	start := time.Now()
 	answers := make(chan answer, len(eps))
 	asking := map[string]bool{}
@@ -122,6 +124,10 @@ func (c *Client) search(eps []string, minTerm uint64, goOn func() bool) (*answer
 					a.err = fmt.Errorf("%s serves term %d, older than term %d the session needs", a.ep, a.hr.Term, minTerm)
 				}
 				lastErr = a.err
+				if err := final(sessionTerm, a); err != nil {
+					next.Stop()
+					return nil, looks, err
+				}
 			case <-next.C:
 				waiting = false
 			case <-c.done:
@@ -133,6 +139,19 @@ func (c *Client) search(eps []string, minTerm uint64, goOn func() bool) (*answer
 			return nil, looks, lastErr
 		}
 	}
+}
+
+// final reports a session no search can find: a node under a term above
+// the session's (sessionTerm) answered that it does not hold it. That node
+// took over after the one that served the session (terms only rise), and
+// the session never reached it: it was opened on a primary already
+// deposed, whose records the new one refused.
+func final(sessionTerm uint64, a answer) error {
+	if !errors.Is(a.err, abi.StatusNoSession) || a.hr.Term <= sessionTerm {
+		return nil
+	}
+	return fmt.Errorf("%w: %s serves term %d, above the session's term %d, and does not hold it (%v); the node that opened it was deposed",
+		ErrSessionLost, a.ep, a.hr.Term, sessionTerm, a.err)
 }
 
 // closeLate closes the connections of the n answers a search no longer
@@ -184,9 +203,14 @@ func (c *Client) resume(gen uint64, cause error) {
 		defer c.mu.Unlock()
 		return gen == c.gen && c.err == nil
 	}
-	a, looks, err := c.search(c.endpoints, term, func() bool { return current() && time.Now().Before(deadline) })
+	a, looks, err := c.search(c.endpoints, term, term, func() bool { return current() && time.Now().Before(deadline) })
 	if a == nil {
-		if current() {
+		switch {
+		case !current():
+		case errors.Is(err, ErrSessionLost):
+			c.shutdown(fmt.Errorf("%w: session %d (term %d), %v after its connection broke: %w", ErrClosed, c.session, term,
+				time.Since(lostAt).Round(time.Millisecond), err))
+		default:
 			if err == nil {
 				err = cause
 			}
@@ -217,12 +241,20 @@ func (c *Client) watchdog() {
 		if since.IsZero() {
 			continue
 		}
-		a, looks, _ := c.search(eps, term+1, func() bool {
+		a, looks, err := c.search(eps, term+1, term, func() bool {
 			s, g, _, _ := c.stalled()
 			return !s.IsZero() && g == gen
 		})
-		if a != nil {
+		switch {
+		case a != nil:
 			c.leaveStalled(gen, a, Failover{Lost: since, Stalled: true, Looks: looks})
+		case errors.Is(err, ErrSessionLost):
+			c.mu.Lock()
+			current := gen == c.gen && c.err == nil
+			c.mu.Unlock()
+			if current { // what the deposed node still answers is lost with it
+				c.shutdown(fmt.Errorf("%w: session %d (term %d): %w", ErrClosed, c.session, term, err))
+			}
 		}
 	}
 }

@@ -174,7 +174,7 @@ func AppendBodyFrame(dst []byte, op Opcode, flags uint16, requestID uint64, body
 func AppendReplyFrame(dst []byte, v uint16, op Opcode, requestID uint64, st Status, msg string, body Body) []byte {
 	start := len(dst)
 	dst = AppendFrameVersion(dst, v, op, FlagReply, requestID, nil)
-	dst = AppendReply(dst, st, msg, body)
+	dst = AppendReply(dst, st.For(v), msg, body)
 	seal(dst[start:])
 	return dst
 }

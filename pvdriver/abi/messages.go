@@ -494,19 +494,20 @@ func AppendReply(b []byte, st Status, msg string, body Body) []byte {
 		msg = msg[:1024]
 	}
 	b = appendString(b, msg)
-	if body != nil && st == StatusOK {
+	if body != nil && st.CarriesBody() {
 		b = body.Append(b)
 	}
 	return b
 }
 
-// DecodeReply splits a reply payload. On StatusOK it decodes the body into
-// body (which may be nil for an empty body).
+// DecodeReply splits a reply payload. On a status that carries one
+// (Status.CarriesBody) it decodes the body into body (which may be nil for
+// an empty body).
 func DecodeReply(payload []byte, body Body) (Status, string, error) {
 	d := Decoder{b: payload}
 	st := Status(d.U32())
 	msg := d.String(1024)
-	if d.err == nil && st == StatusOK && body != nil {
+	if d.err == nil && st.CarriesBody() && len(d.b) > 0 && body != nil {
 		return st, msg, Unmarshal(d.b, body) // a decoder of its own: this one stays off the heap
 	}
 	return st, msg, d.Finish()

@@ -105,7 +105,7 @@ func resultOf(call string, err error, loud bool) Result {
 	default:
 		return ErrorUnknown
 	}
-	switch st {
+	switch st.Base() {
 	case abi.StatusInvalidValue, abi.StatusOutOfRange:
 		return ErrorInvalidValue
 	case abi.StatusInvalidHandle:
