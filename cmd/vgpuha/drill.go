@@ -27,6 +27,7 @@ func runDrill(args []string) error {
 	seed := intFlag[uint64](fs, "seed", 1, 0, maxUint64, "seed for the moments faults strike")
 	guestTransport := fs.String("transport", drill.TransportUnix, "the guest's transport: unix (through a proxy the guest-cut fault cuts) or shm (shared-memory rings with the node, shm+unix; Linux)")
 	backendName := stringFlag(fs, "backend", "auto", checkBackend, "GPU backend of both nodes")
+	detector := choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "the standbys' failure detector")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	plot := fs.String("plot", "", "write an SVG timeline of the iterations to this file")
 	var stateBytes uint64
@@ -44,7 +45,7 @@ func runDrill(args []string) error {
 		return err
 	}
 	o := drill.Options{Binary: bin, Backend: *backendName, Mode: *mode, Netns: netns, Iterations: *iterations, Seed: *seed,
-		Coordinator: *coord, CoordinatorTTL: *ttl, SideBySide: *sideBySide, StateBytes: stateBytes, Transport: *guestTransport,
+		Coordinator: *coord, CoordinatorTTL: *ttl, Detector: *detector, SideBySide: *sideBySide, StateBytes: stateBytes, Transport: *guestTransport,
 		Note: func(s string) { fmt.Fprintln(os.Stderr, s) },
 		Progress: func(r drill.Record, n int) {
 			fmt.Fprintf(os.Stderr, "iteration %d/%d (%s): %s at launch %d: passed=%v %s\n", r.Iteration, n, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed, r.Problem)
@@ -132,10 +133,10 @@ func printDrill(rep drill.Report) {
 			rep.StateBytes>>20, rep.BytesVerified>>20, rep.Iterations, rep.StateBytes>>20)
 	}
 	fmt.Println()
-	fmt.Fprintln(tw, "FAULT\tSETUP\tPASSED\tDETECTION ms p50/p99\tGUEST PAUSE ms p50/p99\tLOST\tBOTH SERVING ms p50/max")
+	fmt.Fprintln(tw, "FAULT\tSETUP\tPASSED\tPROMOTIONS\tDETECTION ms p50/p99\tGUEST PAUSE ms p50/p99\tLOST\tBOTH SERVING ms p50/max")
 	for _, f := range rep.Faults {
-		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%.0f/%.0f\t%.0f/%.0f\t%d\t%.1f/%.1f\n", f.Fault, setupName(f.Coordinated), f.Passed, f.Iterations,
-			f.DetectionMS.P50, f.DetectionMS.P99, f.PauseMS.P50, f.PauseMS.P99, f.LostRequests, f.BothServingMS.P50, f.BothServingMS.Max)
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d/%d\t%.0f/%.0f\t%.0f/%.0f\t%d\t%.1f/%.1f\n", f.Fault, setupName(f.Coordinated), f.Passed, f.Iterations,
+			f.Promotions, f.Iterations, f.DetectionMS.P50, f.DetectionMS.P99, f.PauseMS.P50, f.PauseMS.P99, f.LostRequests, f.BothServingMS.P50, f.BothServingMS.Max)
 	}
 	tw.Flush()
 }

@@ -36,8 +36,8 @@ type coordinated struct {
 // startCoordinatedPair starts an etcd cluster, a standby and a pool
 // standby registered in the drill's group, and a primary that leads it,
 // and waits until the group records the standby in sync.
-func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlags []string) (*pair, error) {
-	p, err := newPair(bin, backend, nodeFlags)
+func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlags []string, standbyFlags ...string) (*pair, error) {
+	p, err := newPair(bin, backend, nodeFlags, standbyFlags...)
 	if err != nil {
 		return nil, err
 	}

@@ -57,11 +57,21 @@ type Options struct {
 	// Note, if set, is told what a long step is doing (the fill, a
 	// resync's progress).
 	Note func(string)
+	// Detector is the standbys' failure detector (fixed or phi; "": the
+	// node's default).
+	Detector string
 	// Stop, when closed (SIGTERM), ends the drill at the next launch or
 	// between iterations; the iteration under way cleans up its processes,
 	// namespaces and directory as usual, and Run returns ErrInterrupted
 	// with the iterations that finished.
 	Stop <-chan struct{}
+}
+
+func (o Options) detectorFlags() []string {
+	if o.Detector == "" {
+		return nil
+	}
+	return []string{"--failover.detector", o.Detector}
 }
 
 // ErrInterrupted: the drill was stopped before its last iteration.
@@ -106,6 +116,9 @@ type Record struct {
 	GuestStalled bool  `json:"guest_stalled,omitempty"`
 	LostRequests int64 `json:"lost_requests"` // negative: applied twice
 	Fenced       bool  `json:"old_primary_fenced,omitempty"`
+	// Promoted: a standby took over (asked for or not: a row without a
+	// takeover that promotes is a false promotion).
+	Promoted bool `json:"promoted"`
 	// RolledBack: the guest was told its session was rolled back (a
 	// partition: the old primary served on, unprotected, and was fenced).
 	RolledBack bool `json:"rolled_back,omitempty"`
@@ -154,6 +167,7 @@ type FaultSummary struct {
 	Iterations    int       `json:"iterations"`
 	Passed        int       `json:"passed"`
 	LostRequests  int64     `json:"lost_requests"`
+	Promotions    int       `json:"promotions"` // iterations in which a standby took over
 	DetectionMS   Quantiles `json:"detection_ms"`    // iterations with a takeover
 	PauseMS       Quantiles `json:"pause_ms"`        // iterations where the guest moved
 	BothServingMS Quantiles `json:"both_serving_ms"` // every iteration
@@ -187,7 +201,7 @@ func (o Options) faults() []string {
 	if len(o.Faults) > 0 {
 		return o.Faults
 	}
-	return faultNames(func(f *fault) bool { return o.allows(f, o.Coordinator) })
+	return faultNames(func(f *fault) bool { return !f.onRequest && o.allows(f, o.Coordinator) })
 }
 
 // allows reports whether f can be drilled in o's mode and topology, with a
@@ -321,6 +335,9 @@ func summarizeFaults(recs []Record) []FaultSummary {
 			s.Passed++
 		}
 		s.LostRequests += max(r.LostRequests, -r.LostRequests)
+		if r.Promoted {
+			s.Promotions++
+		}
 		if r.DetectionMS > 0 {
 			v.det = append(v.det, r.DetectionMS)
 		}
@@ -387,6 +404,9 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 		err = r.verifyState()
 	}
 	r.rec.RolledBack = r.rolledBack
+	if r.pair != nil {
+		r.rec.Promoted = r.pair.standby.promotion() != nil || (r.pair.pool != nil && r.pair.pool.promotion() != nil)
+	}
 	if r.guest != nil {
 		var since time.Time
 		if r.fault.takeover {
@@ -408,9 +428,9 @@ func (r *run) setUp(o Options, coordinated bool) error {
 	var err error
 	flags, standbyLater := stateFlags(o.StateBytes), o.StateBytes > 0
 	if coordinated {
-		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode, o.CoordinatorTTL, flags)
+		r.pair, err = startCoordinatedPair(o.Binary, o.Backend, o.Mode, o.CoordinatorTTL, flags, o.detectorFlags()...)
 	} else {
-		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns, guestScheme(o.transport()), flags, standbyLater)
+		r.pair, err = startPair(o.Binary, o.Backend, o.Mode, o.Netns, guestScheme(o.transport()), flags, standbyLater, o.detectorFlags()...)
 	}
 	if err != nil {
 		return err

@@ -97,6 +97,16 @@ func (c *etcdCluster) leader() (int, error) {
 // kill SIGKILLs member i.
 func (c *etcdCluster) kill(i int) error { return c.cmds[i].Process.Kill() }
 
+// signalAll sends sig to every member (SIGSTOP freezes the cluster).
+func (c *etcdCluster) signalAll(sig os.Signal) error {
+	for _, cmd := range c.cmds {
+		if err := cmd.Process.Signal(sig); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // stop kills every member.
 func (c *etcdCluster) stop() {
 	if c.cli != nil {

@@ -32,6 +32,9 @@ type fault struct {
 	netns  bool
 	epoch  bool   // drilled in epoch mode too (a simulated VM checkpointer)
 	setups setups // with two nodes alone, with a coordinator, or both
+	// onRequest: drilled only when named (--faults), never by default
+	// (the detector and etcd-stall rows, run as a set of their own).
+	onRequest bool
 }
 
 // setups says where a row is drilled.
@@ -82,6 +85,73 @@ var faults = []fault{
 	// etcd keeps a quorum: nothing may fail over.
 	{name: "etcd-member-kill", help: "SIGKILL the etcd leader member (coordinator)", inject: killEtcdLeader, expect: nothingMoved,
 		failovers: 0, setups: withCoordinator},
+	// The detector's false promotions: silences shorter than its threshold
+	// (about 250 ms) must promote nobody, a 600 ms one every time. A
+	// blackout drops every packet of the replication link, heartbeats
+	// included (two nodes: the primary's veth down; coordinated: its
+	// proxies stall, etcd's too); a freeze stops the primary.
+	{name: "blackout-100ms", help: "drop every packet between primary and standby for 100 ms; two nodes need namespaces",
+		inject: blackout(100 * time.Millisecond), expect: standbyNotPromoted, failovers: anyFailovers, netns: true, setups: bothSetups, onRequest: true},
+	{name: "blackout-200ms", help: "drop every packet between primary and standby for 200 ms; two nodes need namespaces",
+		inject: blackout(200 * time.Millisecond), expect: standbyNotPromoted, failovers: anyFailovers, netns: true, setups: bothSetups, onRequest: true},
+	{name: "blackout-600ms", help: "drop every packet between primary and standby for 600 ms; two nodes need namespaces",
+		inject: blackout(600 * time.Millisecond), expect: promotedOldFenced, takeover: true, failovers: anyFailovers, rollback: true, netns: true,
+		setups: bothSetups, onRequest: true},
+	{name: "freeze-100ms", help: "SIGSTOP primary 100 ms", inject: freezeFor(100 * time.Millisecond), expect: standbyNotPromoted,
+		failovers: anyFailovers, setups: bothSetups, onRequest: true},
+	{name: "freeze-200ms", help: "SIGSTOP primary 200 ms", inject: freezeFor(200 * time.Millisecond), expect: standbyNotPromoted,
+		failovers: anyFailovers, setups: bothSetups, onRequest: true},
+	{name: "freeze-600ms", help: "SIGSTOP primary 600 ms", inject: freezeFor(600 * time.Millisecond), expect: promotedOldFenced,
+		takeover: true, unplanned: true, failovers: 1, setups: bothSetups, onRequest: true},
+	// etcd stalls for less than the lease: the primary suspends and
+	// resumes; nothing may fail over.
+	{name: "etcd-freeze", help: "SIGSTOP every etcd member for 1.5 s, shorter than the lease (coordinator; --coordinator.ttl above 1.5s)",
+		inject: freezeEtcd(1500 * time.Millisecond), expect: nothingMoved, failovers: anyFailovers, setups: withCoordinator, onRequest: true},
+}
+
+// blackout cuts the replication link (and, coordinated, the primary's
+// etcd paths) for d.
+func blackout(d time.Duration) func(*run) error {
+	return func(r *run) error {
+		if err := r.pair.partition(true); err != nil {
+			return fmt.Errorf("cutting the link: %w", err)
+		}
+		time.Sleep(d) // the fault itself
+		return r.pair.partition(false)
+	}
+}
+
+// freezeFor stops the primary for d.
+func freezeFor(d time.Duration) func(*run) error {
+	return func(r *run) error {
+		r.pair.primary.signal(syscall.SIGSTOP)
+		time.Sleep(d) // the fault itself
+		r.pair.primary.signal(syscall.SIGCONT)
+		return nil
+	}
+}
+
+// freezeEtcd stops every etcd member for d.
+func freezeEtcd(d time.Duration) func(*run) error {
+	return func(r *run) error {
+		if err := r.pair.coord.etcd.signalAll(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		time.Sleep(d) // the fault itself
+		return r.pair.coord.etcd.signalAll(syscall.SIGCONT)
+	}
+}
+
+// promotedOldFenced: a silence past the detector's threshold promoted the
+// standby, and the old primary, back, learned it and stopped serving.
+func promotedOldFenced(r *run) error {
+	if err := waitFor(5*time.Second, func() bool { return r.pair.standby.promotion() != nil }); err != nil {
+		return errors.New("the standby did not take over")
+	}
+	if r.rec.Fenced = r.pair.primary.fenced(10 * time.Second); !r.rec.Fenced {
+		return errors.New("the old primary still serves after the takeover")
+	}
+	return nil
 }
 
 // freezeStandby stops the standby for d while the primary keeps sending.
@@ -277,7 +347,7 @@ func failBack(r *run) error {
 
 func standbyNotPromoted(r *run) error {
 	if r.pair.standby.promotion() != nil {
-		return errors.New("the standby took over after a guest-side link cut")
+		return fmt.Errorf("the standby took over after %s", r.fault.help)
 	}
 	return nil
 }

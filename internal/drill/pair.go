@@ -132,6 +132,8 @@ type pair struct {
 	// nodeFlags are given to every node the pair starts (limits that
 	// let guests hold large state).
 	nodeFlags []string
+	// standbyFlags are given to every standby (the failure detector).
+	standbyFlags []string
 	// replAddr is where the standby listens for the primary (two nodes).
 	replAddr string
 	// coord is set when a coordinator decides the roles; pool is its
@@ -155,13 +157,13 @@ var pairSeq int
 
 // newPair makes a pair's directory, its agents' admin endpoints and a
 // fresh replication key; no node runs yet. Every node it starts gets
-// nodeFlags.
-func newPair(bin, backend string, nodeFlags []string) (*pair, error) {
+// nodeFlags, and every standby standbyFlags too.
+func newPair(bin, backend string, nodeFlags []string, standbyFlags ...string) (*pair, error) {
 	dir, err := os.MkdirTemp("", "vgpuha-pair")
 	if err != nil {
 		return nil, err
 	}
-	p := &pair{dir: dir, bin: bin, backend: backend, nodeFlags: nodeFlags,
+	p := &pair{dir: dir, bin: bin, backend: backend, nodeFlags: nodeFlags, standbyFlags: standbyFlags,
 		primary: newAgent(filepath.Join(dir, "primary-admin.sock")), standby: newAgent(filepath.Join(dir, "standby-admin.sock")),
 		primaryEP: "unix://" + filepath.Join(dir, "primary.sock"), standbyEP: "unix://" + filepath.Join(dir, "standby.sock")}
 	key := make([]byte, 32)
@@ -179,8 +181,8 @@ func newPair(bin, backend string, nodeFlags []string) (*pair, error) {
 // their admin endpoints, until the standby answers and the primary says
 // it is protected. With standbyLater only the primary runs (unprotected)
 // until joinStandby.
-func startPair(bin, backend, mode string, netns bool, scheme string, nodeFlags []string, standbyLater bool) (*pair, error) {
-	p, err := newPair(bin, backend, nodeFlags)
+func startPair(bin, backend, mode string, netns bool, scheme string, nodeFlags []string, standbyLater bool, standbyFlags ...string) (*pair, error) {
+	p, err := newPair(bin, backend, nodeFlags, standbyFlags...)
 	if err != nil {
 		return nil, err
 	}
@@ -319,6 +321,9 @@ func (p *pair) start(a *agent, bin, role, ns string, args ...string) error {
 // startNamed is start logging to name.log.
 func (p *pair) startNamed(a *agent, name, bin, role, ns string, args ...string) error {
 	args = append(append([]string{role}, args...), p.nodeFlags...)
+	if role == "standby" {
+		args = append(args, p.standbyFlags...)
+	}
 	a.cmd = exec.Command(bin, args...)
 	if ns != "" {
 		a.cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
