@@ -124,13 +124,17 @@ func (p *PhiAccrual) Suspect(t time.Time) bool {
 }
 
 // Defaults for a LAN with heartbeats every 50 ms: the fixed detector
-// suspects after 250 ms of silence (five missed heartbeats: a single lost or
-// late packet, or a 100 ms GC or scheduling hiccup, does not trip it); the
-// phi detector suspects at phi 8 (a one-in-10^8 silence) with a 35 ms
-// standard-deviation floor and a 200 ms minimum, which on a steady 50 ms
-// heartbeat stream, with or without records between the heartbeats, comes
-// to about 245 ms, and later on a link whose heartbeats come late.
-const DefaultTimeout = 250 * time.Millisecond
+// suspects after 300 ms of silence; the phi detector suspects at phi 8 (a
+// one-in-10^8 silence) with a 44 ms standard-deviation floor and a 250 ms
+// minimum, which on a steady 50 ms heartbeat stream, with or without
+// records between the heartbeats, comes to about 300 ms, and later on a
+// link whose heartbeats come late. Why 300: a blackout of the link (or a
+// scheduling hiccup) of 200 ms is followed by up to a heartbeat period
+// before the next heartbeat arrives (the ones sent meanwhile were lost,
+// and TCP's retransmissions come later still), so it is heard as up to
+// 250 ms of silence plus jitter; at a 250 ms threshold such blackouts
+// promoted the standby about one time in ten (the drill's blackout-200ms).
+const DefaultTimeout = 300 * time.Millisecond
 
 // HeartbeatEvery is how often a primary sends a heartbeat, on its
 // replication link and over UDP (package replicate's heartbeatEvery).
@@ -147,7 +151,7 @@ func New(kind string) (Detector, error) {
 	case "fixed", "":
 		return &Fixed{Timeout: DefaultTimeout}, nil
 	case "phi":
-		return &PhiAccrual{Threshold: 8, MinStdDev: 35 * time.Millisecond, MinSilence: 200 * time.Millisecond,
+		return &PhiAccrual{Threshold: 8, MinStdDev: 44 * time.Millisecond, MinSilence: 250 * time.Millisecond,
 			HeartbeatEvery: HeartbeatEvery, Window: 100}, nil
 	}
 	return nil, fmt.Errorf("unknown failure detector %q (want fixed or phi)", kind)

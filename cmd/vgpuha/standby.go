@@ -24,7 +24,7 @@ func runStandby(args []string) error {
 	next := stringFlag(fs, "replicate-to", "", checkTCPList, "once promoted, replicate to these next standbys: tcp://HOST:PORT[,...] (same key; under --coordinator also to the group's other standbys)")
 	minInSync := intFlag(fs, "replicate.min-in-sync", 1, 1, 64, "k once promoted: replies the mode holds wait for the first k caught-up standbys")
 	modeName := choiceFlag(fs, "mode", "commit", replicationModes, "replication mode once promoted")
-	detector := choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "failure detector: fixed (250 ms without a heartbeat) or phi (phi-accrual, threshold 8)")
+	detector := choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "failure detector: fixed (300 ms without a heartbeat) or phi (phi-accrual, threshold 8: about 300 ms on a steady link)")
 	advertise := stringFlag(fs, "coordinator.advertise", "", checkTCP, "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
 	var cf coordFlags
 	cf.register(fs, true)
