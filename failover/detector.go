@@ -1,6 +1,6 @@
 // Package failover decides when a standby stops believing in its primary,
 // and who may serve: it owns the failure detectors and the role logic
-// (Node: standby, primary, fenced; terms; the fencing rule), deterministic
+// (Node: standby, primary, suspended, fenced; terms; the fencing rule), deterministic
 // and golden-tested (testdata/detector, testdata/roles). It does no I/O:
 // the standby agent acts on its decisions (fence the old link, serve
 // guests) and the replication link carries terms between nodes (a promoted
@@ -17,8 +17,9 @@
 // that window both may serve different guests; no guest is served by both
 // (a guest resumes on the node with the highest term it can reach), but a
 // guest left on the old primary continues on state the new primary does not
-// see. An external lease (etcd) closes that window; it is not implemented
-// yet.
+// see. An external lease (etcd, fed in as events by the node's
+// coordinator) closes that window; lease.go says how a coordinated
+// primary that loses its lease suspends, and resumes or fences.
 package failover
 
 import (
