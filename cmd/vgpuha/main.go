@@ -28,6 +28,7 @@ var commands = map[string]command{
 	"verify":      {"compare every object on primary and standby (and repair)", runVerify},
 	"switchover":  {"hand the primary role to the standby with nothing lost (maintenance, migration)", runSwitchover},
 	"drill":       {"inject faults into a primary/standby pair under a guest workload and measure", runDrill},
+	"soak":        {"kill the primary of a two-node pair again and again under guests; count lost writes, leaked sessions, refusals", runSoak},
 	"run":         {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
 	"mmio-guest":  {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
 	"version":     {"print the version and the commit it was built from", runVersion},

@@ -167,7 +167,7 @@ type FaultSummary struct {
 	Iterations    int       `json:"iterations"`
 	Passed        int       `json:"passed"`
 	LostRequests  int64     `json:"lost_requests"`
-	Promotions    int       `json:"promotions"` // iterations in which a standby took over
+	Promotions    int       `json:"promotions"`      // iterations in which a standby took over
 	DetectionMS   Quantiles `json:"detection_ms"`    // iterations with a takeover
 	PauseMS       Quantiles `json:"pause_ms"`        // iterations where the guest moved
 	BothServingMS Quantiles `json:"both_serving_ms"` // every iteration
