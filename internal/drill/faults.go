@@ -109,7 +109,7 @@ var faults = []fault{
 	// etcd stalls for less than the lease: the primary suspends and
 	// resumes; nothing may fail over.
 	{name: "etcd-freeze", help: "SIGSTOP every etcd member for 1.5 s, shorter than the lease (coordinator; --coordinator.ttl above 1.5s)",
-		inject: freezeEtcd(1500 * time.Millisecond), expect: nothingMoved, failovers: anyFailovers, setups: withCoordinator, onRequest: true},
+		inject: freezeEtcd(etcdFreeze), expect: nothingMovedAfterFreeze, failovers: anyFailovers, setups: withCoordinator, onRequest: true},
 }
 
 // blackout cuts the replication link (and, coordinated, the primary's
@@ -137,14 +137,29 @@ func freezeFor(d time.Duration) func(*run) error {
 	}
 }
 
-// freezeEtcd stops every etcd member for d.
+// etcdFreeze is how long the etcd-freeze row stops every member.
+const etcdFreeze = 1500 * time.Millisecond
+
+// nothingMovedAfterFreeze: once etcd ran again for etcdSettles, the
+// primary serves and nobody took over.
+func nothingMovedAfterFreeze(r *run) error {
+	time.Sleep(time.Until(r.struck.Add(etcdFreeze + etcdSettles)))
+	return nothingMoved(r)
+}
+
+// freezeEtcd stops every etcd member for d while the guest's workload
+// goes on (its calls meet the primary suspended, then serving again).
 func freezeEtcd(d time.Duration) func(*run) error {
 	return func(r *run) error {
-		if err := r.pair.coord.etcd.signalAll(syscall.SIGSTOP); err != nil {
+		etcd := r.pair.coord.etcd
+		if err := etcd.signalAll(syscall.SIGSTOP); err != nil {
 			return err
 		}
-		time.Sleep(d) // the fault itself
-		return r.pair.coord.etcd.signalAll(syscall.SIGCONT)
+		go func() {
+			time.Sleep(d) // the fault itself
+			etcd.signalAll(syscall.SIGCONT)
+		}()
+		return nil
 	}
 }
 
