@@ -175,7 +175,10 @@ type Coordinator struct {
 	leader   bool      // this node holds the group's leader key
 	feed     func(failover.Event)
 	stopCamp context.CancelFunc // a campaign in progress
-	lastFail time.Time          // a renewal failure to report once
+	// stopRelead ends a Relead (Resign and Close do; a lease lost during
+	// it only fails one attempt).
+	stopRelead context.CancelFunc
+	lastFail   time.Time // a renewal failure to report once
 }
 
 func init() { grpclog.SetLoggerV2(grpclog.NewLoggerV2(discard{}, discard{}, discard{})) }
@@ -245,6 +248,15 @@ func (c *Coordinator) newSession() error {
 	grant, err := c.cli.Grant(ctx, int64(c.cfg.TTL/time.Second))
 	if err != nil {
 		return fmt.Errorf("granting a coordinator lease: %w", err)
+	}
+	if c.cfg.Now().Sub(sent) > c.cfg.TTL/4 {
+		// The grant waited (etcd stalled): its lease's time began when etcd
+		// granted it, which the send time understates; renew it now so
+		// the margin is measured from a recent send.
+		again := c.cfg.Now()
+		if _, err := c.cli.KeepAliveOnce(ctx, grant.ID); err == nil {
+			sent = again
+		}
 	}
 	sess, err := concurrency.NewSession(c.cli, concurrency.WithLease(grant.ID), concurrency.WithContext(c.ctx))
 	if err != nil {
@@ -441,8 +453,10 @@ func (c *Coordinator) LeadsUntil() time.Time {
 func (c *Coordinator) Close() {
 	c.mu.Lock()
 	sess, lost := c.sess, c.lost
-	if c.stopCamp != nil {
-		c.stopCamp()
+	for _, stop := range []context.CancelFunc{c.stopCamp, c.stopRelead} {
+		if stop != nil {
+			stop()
+		}
 	}
 	c.mu.Unlock()
 	c.cancel()

@@ -116,9 +116,11 @@ func (c *Coordinator) checkInSync(ctx context.Context, self string) error {
 // Resign withdraws a campaign in progress, or gives up the leader key.
 func (c *Coordinator) Resign() {
 	c.mu.Lock()
-	if c.stopCamp != nil {
-		c.stopCamp()
-		c.stopCamp = nil
+	for _, stop := range []*context.CancelFunc{&c.stopCamp, &c.stopRelead} {
+		if *stop != nil {
+			(*stop)()
+			*stop = nil
+		}
 	}
 	elect, leader, lost, sess := c.elect, c.leader, c.lost, c.sess
 	c.leader = false

@@ -123,10 +123,10 @@ func (c *Coordinator) leaseExpired(sess *concurrency.Session) {
 func (c *Coordinator) Relead(term uint64) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	c.mu.Lock()
-	if c.stopCamp != nil {
-		c.stopCamp()
+	if c.stopRelead != nil {
+		c.stopRelead()
 	}
-	c.stopCamp = cancel
+	c.stopRelead = cancel // not stopCamp: losing the new lease only fails one attempt
 	feed := c.feed
 	c.mu.Unlock()
 	go func() {
