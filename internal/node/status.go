@@ -188,7 +188,7 @@ func (s Status) Public() any {
 func (n *Node) Status() Status {
 	role, term := n.auth.role()
 	hs := n.srv.Status()
-	st := Status{Role: role.String(), Term: term, Serving: hs.Primary, Backend: hs.Backend, Sessions: hs.Sessions,
+	st := Status{Role: role.String(), Term: term, Serving: hs.Primary && role != failover.Suspended, Backend: hs.Backend, Sessions: hs.Sessions,
 		DetachedSessions: hs.Detached, DeviceObjects: hs.Objects, DeviceMemoryBytes: hs.Bytes, Tenancy: hs.Tenancy,
 		Replication: Replication{Direction: NoPeer, State: "off", Standbys: []StandbyLink{}}}
 	if p := n.Promoted(); p != nil {
