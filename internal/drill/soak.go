@@ -43,22 +43,27 @@ type SoakOptions struct {
 
 // SoakReport is what a soak counted.
 type SoakReport struct {
-	Seconds         float64   `json:"seconds"`
-	Kills           int       `json:"kills"`
-	Takeovers       int       `json:"takeovers"`
-	DetectionMS     Quantiles `json:"detection_ms"`
-	AckedWrites     int64     `json:"acked_writes"`      // counter guests' acknowledged writes
-	LostAcked       int64     `json:"lost_acked_writes"` // acknowledged writes not read back
-	CounterErrors   int       `json:"counter_guest_errors"`
-	WorkloadRuns    int       `json:"workload_runs"`
-	WorkloadFailed  int       `json:"workload_runs_failed"`
-	NewGuests       int       `json:"new_guests"`
-	NewRefused      int       `json:"new_guests_refused"`
-	MidHellos       int       `json:"mid_hello_deaths"`
-	SessionsAtEnd   int       `json:"sessions_at_end"`
-	ExpectedAtEnd   int       `json:"expected_sessions_at_end"`
-	Problems        []string  `json:"problems,omitempty"` // the first few
-	Logs            string    `json:"logs,omitempty"`     // kept when something failed
+	Seconds     float64   `json:"seconds"`
+	Kills       int       `json:"kills"`
+	Takeovers   int       `json:"takeovers"`
+	DetectionMS Quantiles `json:"detection_ms"`
+	AckedWrites int64     `json:"acked_writes"`      // counter guests' acknowledged writes
+	LostAcked   int64     `json:"lost_acked_writes"` // acknowledged writes not read back
+	// RolledBack: sessions whose guest was told that the node it resumed
+	// on lacks requests it had acknowledged (pvdriver.ErrRolledBack: a
+	// two-node primary deposed while it served unprotected); counted
+	// apart from LostAcked, which counts what no guest was told.
+	RolledBack      int      `json:"rolled_back_sessions"`
+	CounterErrors   int      `json:"counter_guest_errors"`
+	WorkloadRuns    int      `json:"workload_runs"`
+	WorkloadFailed  int      `json:"workload_runs_failed"`
+	NewGuests       int      `json:"new_guests"`
+	NewRefused      int      `json:"new_guests_refused"`
+	MidHellos       int      `json:"mid_hello_deaths"`
+	SessionsAtEnd   int      `json:"sessions_at_end"`
+	ExpectedAtEnd   int      `json:"expected_sessions_at_end"`
+	Problems        []string `json:"problems,omitempty"` // the first few
+	Logs            string   `json:"logs,omitempty"`     // kept when something failed
 	problemsDropped int
 }
 
@@ -279,6 +284,9 @@ func (s *soak) counterGuest(i int) {
 		if err := s.counterSession(i); err != nil && !s.stopped() {
 			s.mu.Lock()
 			s.rep.CounterErrors++
+			if errors.Is(err, pvdriver.ErrRolledBack) {
+				s.rep.RolledBack++
+			}
 			s.mu.Unlock()
 			s.problem("counter guest %d: %v", i, err)
 			time.Sleep(100 * time.Millisecond)
@@ -354,6 +362,9 @@ func (s *soak) loopingGuest(i int) {
 			s.rep.WorkloadRuns++
 			if err != nil {
 				s.rep.WorkloadFailed++
+			}
+			if err != nil && strings.Contains(out.String(), pvdriver.ErrRolledBack.Error()) {
+				s.rep.RolledBack++
 			}
 			s.mu.Unlock()
 			if err != nil {
@@ -451,12 +462,12 @@ func (s *soak) finish(err error) {
 // errSoakFailed: the soak counted a loss, a leak or a refusal.
 var errSoakFailed = errors.New("soak failed")
 
-// Verdict is nil when the soak lost no acknowledged write, leaked no
-// session and refused no new guest.
+// Verdict is nil when the soak lost no acknowledged write (silently or
+// told), leaked no session and refused no new guest.
 func (r SoakReport) Verdict() error {
-	if r.LostAcked > 0 || r.SessionsAtEnd != r.ExpectedAtEnd || r.NewRefused > 0 {
-		return fmt.Errorf("%w: %d acknowledged writes lost, %d sessions left (want %d), %d new guests refused",
-			errSoakFailed, r.LostAcked, r.SessionsAtEnd, r.ExpectedAtEnd, r.NewRefused)
+	if r.LostAcked > 0 || r.SessionsAtEnd != r.ExpectedAtEnd || r.NewRefused > 0 || r.RolledBack > 0 {
+		return fmt.Errorf("%w: %d acknowledged writes lost, %d sessions rolled back, %d sessions left (want %d), %d new guests refused",
+			errSoakFailed, r.LostAcked, r.RolledBack, r.SessionsAtEnd, r.ExpectedAtEnd, r.NewRefused)
 	}
 	return nil
 }
