@@ -601,7 +601,7 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--faults", "kill,bogus"}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill)`},
+		{[]string{"--faults", "kill,bogus"}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill, blackout-100ms, blackout-200ms, blackout-600ms, freeze-100ms, freeze-200ms, freeze-600ms, etcd-freeze)`},
 		{[]string{"--faults", "etcd-member-kill"}, `fault "etcd-member-kill" needs --coordinator`},
 		{[]string{"--coordinator", "--faults", "failback"}, `fault "failback" is not drilled with --coordinator`},
 		{[]string{"--coordinator", "--mode", "epoch"}, `--coordinator is not drilled in epoch mode`},
