@@ -49,10 +49,11 @@ type SoakReport struct {
 	DetectionMS Quantiles `json:"detection_ms"`
 	AckedWrites int64     `json:"acked_writes"`      // counter guests' acknowledged writes
 	LostAcked   int64     `json:"lost_acked_writes"` // acknowledged writes not read back
-	// RolledBack: sessions whose guest was told that the node it resumed
-	// on lacks requests it had acknowledged (pvdriver.ErrRolledBack: a
-	// two-node primary deposed while it served unprotected); counted
-	// apart from LostAcked, which counts what no guest was told.
+	// RolledBack: sessions whose guest was told that acknowledged
+	// requests are gone (pvdriver.ErrRolledBack: the node it resumed on
+	// lacks them; pvdriver.ErrSessionLost: no node holds the session; both
+	// from a two-node primary deposed while it served unprotected);
+	// counted apart from LostAcked, which counts what no guest was told.
 	RolledBack      int      `json:"rolled_back_sessions"`
 	CounterErrors   int      `json:"counter_guest_errors"`
 	WorkloadRuns    int      `json:"workload_runs"`
@@ -284,7 +285,7 @@ func (s *soak) counterGuest(i int) {
 		if err := s.counterSession(i); err != nil && !s.stopped() {
 			s.mu.Lock()
 			s.rep.CounterErrors++
-			if errors.Is(err, pvdriver.ErrRolledBack) {
+			if errors.Is(err, pvdriver.ErrRolledBack) || errors.Is(err, pvdriver.ErrSessionLost) {
 				s.rep.RolledBack++
 			}
 			s.mu.Unlock()
@@ -363,7 +364,7 @@ func (s *soak) loopingGuest(i int) {
 			if err != nil {
 				s.rep.WorkloadFailed++
 			}
-			if err != nil && strings.Contains(out.String(), pvdriver.ErrRolledBack.Error()) {
+			if err != nil && (strings.Contains(out.String(), pvdriver.ErrRolledBack.Error()) || strings.Contains(out.String(), pvdriver.ErrSessionLost.Error())) {
 				s.rep.RolledBack++
 			}
 			s.mu.Unlock()
