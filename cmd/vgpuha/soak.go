@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
 // runSoak runs drill.Soak: a two-node pair on loopback whose primary is

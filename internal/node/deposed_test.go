@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/failover"
-	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 )
 
 // TestMain lets this test binary run as an etcd member for
