@@ -3,7 +3,7 @@ GO       ?= go
 FUZZTIME ?= 30s
 RACE     ?= -race
 
-.PHONY: help build libcuda demo setup test test-short fuzz bench vet gpu-test
+.PHONY: help build libcuda demo setup test test-short fuzz bench vet gpu-test kmod-module kmod-test
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -27,6 +27,10 @@ test: setup vet ## set up, then run every test with the race detector (VM tests 
 
 test-short: ## unit tests only, no setup
 	$(GO) test -short ./...
+
+kmod-module: ## build kmod/module/vgpuha_mmio.ko for the VM's kernel (headers from make setup)
+	@if [ -f .vm/headers/build/Makefile ]; then $(MAKE) -C .vm/headers/build M=$(CURDIR)/kmod/module modules; \
+	else echo "kmod-module: skipped: no kernel headers in .vm/headers (run make setup)"; fi
 
 vet: ## go vet
 	$(GO) vet ./...

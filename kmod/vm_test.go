@@ -1,0 +1,80 @@
+//go:build linux
+
+package kmod
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/vmtest"
+)
+
+// TestModuleInVM builds the module for the VM's kernel, boots the VM with
+// it and this package's tests, and runs the TestInVM tests there (the
+// store sequence, page mode, refusals, the eBPF counter beside the
+// module's count, a hostile process for VGPUHA_KMOD_HOSTILE, default 20s);
+// then the module must unload, its slab caches and counters must be
+// empty, and dmesg must hold no oops or warning.
+func TestModuleInVM(t *testing.T) {
+	if err := vmtest.Available(); err != nil {
+		t.Skip(err)
+	}
+	if _, err := vmtest.KernelBuild(); err != nil {
+		t.Skip(err)
+	}
+	src, err := filepath.Abs("module")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ko, err := vmtest.BuildModule(src, "vgpuha_mmio")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "kmod.test")
+	if err := vmtest.BuildTest(".", bin); err != nil {
+		t.Fatal(err)
+	}
+	hostile := os.Getenv("VGPUHA_KMOD_HOSTILE")
+	if hostile == "" {
+		hostile = "20s"
+	}
+	d, err := time.ParseDuration(hostile)
+	if err != nil {
+		t.Fatalf("VGPUHA_KMOD_HOSTILE: %v", err)
+	}
+	res, err := vmtest.Run(vmtest.Config{
+		Files:   map[string]string{"/vgpuha_mmio.ko": ko, "/kmod.test": bin},
+		Script:  InVMScript("/vgpuha_mmio.ko", "VGPUHA_KMOD_HOSTILE="+hostile+" /kmod.test -test.run '^TestInVM' -test.v -test.count=1"),
+		Append:  "slab_nomerge oops=panic",
+		Timeout: 3*time.Minute + 2*d,
+	})
+	t.Log(res.Output)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, res.Console)
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("VM script exited %d", res.ExitCode)
+	}
+	for _, want := range []string{"RMMOD-OK", "SLAB-EMPTY", "DMESG-CLEAN"} {
+		if !strings.Contains(res.Output, want) {
+			t.Errorf("the VM did not report %s", want)
+		}
+	}
+}
+
+// InVMScript is the VM script that loads the module at ko, runs cmd, and
+// checks that the module leaves nothing behind: its slab caches empty
+// (boot with slab_nomerge), rmmod works, dmesg holds no oops or warning.
+func InVMScript(ko, cmd string) string {
+	return `insmod ` + ko + ` || exit 3
+` + cmd + ` || exit 1
+cat /sys/class/misc/vgpuha_mmio/stats
+for c in /sys/kernel/slab/vgpuha_*; do echo 1 > $c/shrink; done
+grep -E '^vgpuha_' /proc/slabinfo | awk '{print "slab", $1, "active", $2} $2 != 0 {bad=1} END {if (!bad) print "SLAB-EMPTY"}'
+rmmod vgpuha_mmio && echo RMMOD-OK
+if dmesg | grep -v 'ommand line' | grep -iE 'oops|warning|bug:|call trace|general protection|refcount_t'; then echo DMESG-BAD; exit 4; fi
+echo DMESG-CLEAN`
+}
