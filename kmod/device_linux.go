@@ -40,7 +40,7 @@ const (
 const EventSize = 128
 
 const (
-	iocCreate  = 3<<30 | 40<<16 | 'v'<<8 | 1
+	iocCreate  = 3<<30 | 48<<16 | 'v'<<8 | 1
 	iocDestroy = 1<<30 | 4<<16 | 'v'<<8 | 2
 	iocFlush   = 3<<30 | 24<<16 | 'v'<<8 | 3
 	iocStats   = 2<<30 | 104<<16 | 'v'<<8 | 4
@@ -55,6 +55,7 @@ type vgCreate struct {
 	ID        uint32
 	GuestOff  uint64
 	TracerOff uint64
+	Backing   uint64
 }
 
 // vgFlush is struct vg_flush.
@@ -129,7 +130,21 @@ func (d *Device) Fd() int { return int(d.f.Fd()) }
 // mode, backed by memfd's pages (or, with memfd -1, zeroed pages of the
 // module's own).
 func (d *Device) Create(pid int, size uint64, mode int, memfd int) (Aperture, error) {
-	c := vgCreate{Size: size, PID: int32(pid), Mode: uint32(mode), Memfd: int32(memfd)}
+	return d.create(vgCreate{Size: size, PID: int32(pid), Mode: uint32(mode), Memfd: int32(memfd)})
+}
+
+// CreateOver makes an aperture for process pid in mode whose pages are
+// those of mem, a shared mapping in this process (pinned while the
+// aperture lives): the tracer keeps reading mem.
+func (d *Device) CreateOver(pid int, mem []byte, mode int) (Aperture, error) {
+	if len(mem) == 0 {
+		return Aperture{}, errors.New("kmod: an aperture over no memory")
+	}
+	return d.create(vgCreate{Size: uint64(len(mem)), PID: int32(pid), Mode: uint32(mode), Memfd: -1, Backing: addrOf(mem)})
+}
+
+func (d *Device) create(c vgCreate) (Aperture, error) {
+	size, pid := c.Size, c.PID
 	if err := ioctlPtr(d.Fd(), iocCreate, &c); err != nil {
 		return Aperture{}, fmt.Errorf("kmod: creating a %d-byte aperture for process %d: %w", size, pid, err)
 	}

@@ -250,3 +250,42 @@ func TestInVMNoLeaks(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestInVMOverTracerMapping: an aperture over the tracer's own shared
+// mapping (a memfd, as the hypervisor holds a guest's aperture file): the
+// guest's stores land in the tracer's memory.
+func TestInVMOverTracerMapping(t *testing.T) {
+	d := inVM(t)
+	fd, err := unix.MemfdCreate("aperture", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	unix.Ftruncate(fd, 2*4096)
+	mem, err := unix.Mmap(fd, 0, 2*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	mem[100] = 7
+	a, err := d.CreateOver(0, mem, ModeWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := MapGuest(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(g)
+	if g[100] != 7 {
+		t.Fatalf("the guest sees %d where the tracer wrote 7", g[100])
+	}
+	store(g, 4096+8, 8, 0x1122334455667788)
+	if !bytes.Equal(g, mem) {
+		t.Fatal("the tracer's mapping differs from the guest's")
+	}
+	evs, _ := d.ReadEvents(nil, make([]byte, 4*EventSize))
+	if len(evs) != 1 || evs[0].Off != 4096+8 {
+		t.Fatalf("events %+v, want one store at %#x", evs, 4096+8)
+	}
+}

@@ -84,6 +84,7 @@ struct vg_ap {
 	struct pid *pid;		/* the guest's thread group */
 	struct page **pages;
 	struct file *memfd;		/* backing file, or NULL */
+	bool pinned;			/* pages pinned from the tracer's mapping */
 	spinlock_t lock;		/* owner, open, mm, start, nmaps */
 	struct vg_file *owner;		/* NULL once destroyed or its tracer closed */
 	struct list_head owner_link;	/* on owner->aps (vg_lock) */
@@ -120,7 +121,7 @@ static struct workqueue_struct *vg_wq;
 static struct kmem_cache *ap_cache, *pend_cache, *snap_cache;
 
 static_assert(sizeof(struct vg_event) == 128);
-static_assert(sizeof(struct vg_create) == 40);
+static_assert(sizeof(struct vg_create) == 48);
 static_assert(sizeof(struct vg_flush) == 24);
 static_assert(sizeof(struct vg_stats) == 104);
 
@@ -140,9 +141,12 @@ static void vg_free_work(struct work_struct *w)
 	mutex_lock(&vg_lock);
 	idr_remove(&vg_idr, ap->id);
 	mutex_unlock(&vg_lock);
-	for (i = 0; ap->pages && i < ap->npages; i++)
-		if (ap->pages[i])
+	for (i = 0; ap->pages && i < ap->npages; i++) {
+		if (ap->pages[i] && ap->pinned)
+			unpin_user_page(ap->pages[i]);
+		else if (ap->pages[i])
 			put_page(ap->pages[i]);
+	}
 	atomic64_sub(ap->npages, &st.pages);
 	kvfree(ap->pages);
 	bitmap_free(ap->open);
@@ -712,11 +716,25 @@ static int vg_release(struct inode *inode, struct file *file)
 	return 0;
 }
 
-static int vg_back_pages(struct vg_ap *ap, int memfd)
+static int vg_back_pages(struct vg_ap *ap, int memfd, u64 backing)
 {
 	struct address_space *mapping;
 	u32 i;
+	long n;
 
+	if (memfd < 0 && backing) {
+		if (backing & ~PAGE_MASK)
+			return -EINVAL;
+		ap->pinned = true;
+		n = pin_user_pages_fast(backing, ap->npages, FOLL_LONGTERM, ap->pages);
+		if (n == ap->npages)
+			return 0;
+		for (i = 0; n > 0 && i < n; i++) {
+			unpin_user_page(ap->pages[i]);
+			ap->pages[i] = NULL;
+		}
+		return n < 0 ? n : -EFAULT;
+	}
 	if (memfd < 0) {
 		for (i = 0; i < ap->npages; i++) {
 			ap->pages[i] = alloc_page(GFP_KERNEL | __GFP_ZERO);
@@ -819,7 +837,7 @@ static long vg_create(struct vg_file *f, struct vg_create __user *uc)
 		err = -ENOMEM;
 		goto fail;
 	}
-	err = vg_back_pages(ap, c.memfd);
+	err = vg_back_pages(ap, c.memfd, c.backing);
 	if (err)
 		goto fail;
 	if (!f->ring) {

@@ -30,10 +30,13 @@ struct vg_create {
 	__s32 pid;	/* the guest process (thread group id); 0: the caller */
 	__u32 mode;	/* VG_MODE_* */
 	__s32 memfd;	/* a tmpfs (memfd) file of at least size bytes whose pages back
-			 * the aperture, or -1 for zeroed pages of the module's own */
+			 * the aperture, or -1 */
 	__u32 id;	/* out */
 	__u64 guest_off;  /* out: the guest's mmap offset */
 	__u64 tracer_off; /* out: the tracer's own mapping (never traced) */
+	__u64 backing;	/* with memfd -1: the address of a mapping in the caller whose
+			 * pages back the aperture (pinned), or 0 for zeroed pages of
+			 * the module's own */
 };
 
 struct vg_flush {

@@ -50,10 +50,19 @@ const (
 	// write-protection (the kernel resolves the fault itself; the guest
 	// arms it) and collects them with the PAGEMAP_SCAN ioctl at each flush.
 	ApertureModeUffd
+	// ApertureModeKmod traps every store in the kernel (the vgpuha_mmio
+	// module: a fault, the store under the trap flag, a debug trap): one
+	// record per write, no process switch.
+	ApertureModeKmod
+	// ApertureModeKmodPage: the module marks the first store to each page
+	// after a flush; the flush takes those pages away and sends what
+	// changed. Register apertures are traced per write.
+	ApertureModeKmodPage
 )
 
 var apertureModeNames = [...]string{
 	ApertureModeOff: "off", ApertureModeInsn: "insn", ApertureModePage: "page", ApertureModeUffd: "uffd",
+	ApertureModeKmod: "kmod", ApertureModeKmodPage: "kmod-page",
 }
 
 func (m ApertureMode) String() string {
@@ -65,7 +74,7 @@ func (m ApertureMode) String() string {
 
 // ApertureModes lists every mode.
 func ApertureModes() []ApertureMode {
-	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeUffd}
+	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeUffd, ApertureModeKmod, ApertureModeKmodPage}
 }
 
 // ParseApertureMode reads a mode name.
@@ -75,5 +84,5 @@ func ParseApertureMode(s string) (ApertureMode, error) {
 			return ApertureMode(m), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page or uffd)", s)
+	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page, uffd, kmod or kmod-page)", s)
 }
