@@ -36,11 +36,15 @@ func TestModuleInVM(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	files := map[string]string{"/vgpuha_mmio.ko": ko}
-	for dst, pkg := range map[string]string{"/kmod.test": ".", "/mmioguest.test": "../internal/mmioguest"} {
+	for dst, pkg := range map[string]string{"/kmod.test": ".", "/mmioguest.test": "../internal/mmioguest", "/mmiotrace.test": "../mmiotrace"} {
 		files[dst] = filepath.Join(tmp, filepath.Base(dst))
 		if err := vmtest.BuildTest(pkg, files[dst]); err != nil {
 			t.Fatal(err)
 		}
+	}
+	files["/cguest"] = filepath.Join(tmp, "cguest")
+	if out, err := exec.Command("gcc", "-static", "-O2", "-o", files["/cguest"], "../mmiotrace/testdata/cguest/stores.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the C guest for the VM: %v\n%s", err, out)
 	}
 	files["/vgpuha"] = filepath.Join(tmp, "vgpuha")
 	build := exec.Command("go", "build", "-o", files["/vgpuha"], "../cmd/vgpuha")
@@ -63,7 +67,8 @@ func TestModuleInVM(t *testing.T) {
 	res, err := vmtest.Run(vmtest.Config{
 		Files: files,
 		Script: InVMScript("/vgpuha_mmio.ko", "VGPUHA_KMOD_HOSTILE="+hostile+" /kmod.test -test.run '^TestInVM' -test.v -test.count=1 &&\n"+
-			"/mmioguest.test -test.run '^TestReplicaAperturesEqual$/^kmod' -test.v -test.count=1 &&\n"+bench),
+			"/mmioguest.test -test.run '^TestReplicaAperturesEqual$/^kmod' -test.v -test.count=1 &&\n"+
+			"MMIOTRACE_CGUEST=/cguest /mmiotrace.test -test.run '^(TestTraceModes|TestStoreForms)$/^kmod' -test.v -test.count=1 &&\n"+bench),
 		Append:  "slab_nomerge oops=panic",
 		Timeout: 10*time.Minute + 2*d,
 	})

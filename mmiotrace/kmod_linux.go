@@ -202,12 +202,13 @@ func (t *Tracer) kmodEvents() ([]dirtyPages, error) {
 		byID[a.ID] = r
 	}
 	var compare []dirtyPages
+	var lastIP uint64 // of the last store recorded, if a REP string store
 	for _, e := range evs {
 		r := byID[e.ID]
 		if r == nil || e.Off >= uint64(len(r.Mem)) {
 			continue // a region removed since (its pending records went with it)
 		}
-		data, bounded := t.kmodStore(e)
+		a, data, bounded := t.kmodStore(e)
 		data = data[:min(uint64(len(data)), uint64(len(r.Mem))-e.Off)]
 		if e.Type == kmod.EventStore {
 			t.stats.Faults++
@@ -217,17 +218,48 @@ func (t *Tracer) kmodEvents() ([]dirtyPages, error) {
 			t.stats.Undecodable++
 			compare = append(compare, dirtyPages{r: r, pages: []uint64{e.Off / pageSize}})
 		}
+		if rep := a != nil && a.rep; rep && e.IP == lastIP && t.extendRep(r, e.Off, data) {
+			continue
+		} else if rep {
+			lastIP = e.IP
+		} else {
+			lastIP = 0
+		}
 		t.record(r, e.Off, append([]byte(nil), data...))
 	}
 	return compare, err
 }
 
+// extendRep joins the element a REP string store just stored (each
+// element takes its own trap) to the record of the elements before it,
+// when it is adjacent (above, or below when the string runs down), so a
+// REP STOS or MOVS is one record, as in insn mode.
+// Precondition: t.mu must be locked.
+func (t *Tracer) extendRep(r *Region, off uint64, data []byte) bool {
+	if len(t.writes) == 0 {
+		return false
+	}
+	w := &t.writes[len(t.writes)-1]
+	switch {
+	case w.r != r:
+		return false
+	case off == w.off+uint64(len(w.data)):
+		w.data = append(w.data, data...)
+	case off+uint64(len(data)) == w.off:
+		w.data = append(append([]byte(nil), data...), w.data...)
+		w.off = off
+	default:
+		return false
+	}
+	return true
+}
+
 // kmodStore is what event e stored: the decoded width of the store's
 // bytes, or the module's whole window where the decoder cannot bound it.
 // Precondition: t.mu must be locked.
-func (t *Tracer) kmodStore(e kmod.Event) (data []byte, bounded bool) {
+func (t *Tracer) kmodStore(e kmod.Event) (a *Access, data []byte, bounded bool) {
 	if e.Type != kmod.EventStore {
-		return e.Data, true // a range another thread stored: its bytes as they are
+		return nil, e.Data, true // a range another thread stored: its bytes as they are
 	}
 	a, ok := t.km.insns[string(e.Insn)]
 	if !ok {
@@ -237,9 +269,9 @@ func (t *Tracer) kmodStore(e kmod.Event) (data []byte, bounded bool) {
 		}
 	}
 	if a == nil || !a.Bounded() || a.Width() <= 0 || a.Width() > len(e.Data) {
-		return e.Data, false
+		return a, e.Data, false
 	}
-	return e.Data[:a.Width()], true
+	return a, e.Data[:a.Width()], true
 }
 
 // removeKmodRegion lets go of r: the guest's later stores to it are
