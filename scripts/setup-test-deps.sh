@@ -11,6 +11,8 @@ command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 [ -x /bin/busybox ] && file /bin/busybox 2>/dev/null | grep -q static || [ -e /usr/share/doc/busybox-static ] || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
 command -v gcc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)   # kbuild: the kernel module for the VM tests
+ldconfig -p 2>/dev/null | grep -q 'libelf.so.1 ' || need+=(libelf1)   # kbuild's objtool
 command -v zsh >/dev/null || need+=(zsh)   # shell completion scripts are syntax-checked
 command -v fish >/dev/null || need+=(fish)
 
@@ -62,6 +64,15 @@ if [ -f .vm/kernel-version ] && [ ! -f .vm/headers/build/Makefile ] && command -
 		ln -s "usr/src/$hpkg" .vm/headers/build
 		sed -i "s|include /usr/src/$common/Makefile|include \$(dir \$(lastword \$(MAKEFILE_LIST)))../$common/Makefile|" .vm/headers/usr/src/"$hpkg"/Makefile
 		rm -rf .vm/htmp
+		# The compiler the kernel was built with (Debian names it: gcc-12).
+		cc=$(awk '/^CC =/ {print $NF}' .vm/headers/build/.kernelvariables | sed 's/.*gcc/gcc/')
+		if [ -n "$cc" ] && ! command -v "$cc" >/dev/null; then
+			if [ "$(id -u)" = 0 ]; then
+				apt-get install -y -q "$cc" >/dev/null || echo "setup: cannot install $cc; the kernel module tests will fail to build" >&2
+			else
+				echo "setup: $cc missing (apt-get install $cc); the kernel module tests will fail to build" >&2
+			fi
+		fi
 	else
 		echo "setup: no $hpkg package found; the kernel module tests will skip" >&2
 	fi
