@@ -33,7 +33,7 @@ kmod-module: ## build kmod/module/vgpuha_mmio.ko for the VM's kernel (headers fr
 	else echo "kmod-module: skipped: no kernel headers in .vm/headers (run make setup)"; fi
 
 kmod-test: setup ## boot a VM with the kernel module: its tests, the kmod modes' MMIO tests, bench mmio (all modes side by side)
-	VGPUHA_KMOD_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run '^TestModuleInVM$$' ./kmod/
+	VGPUHA_KMOD_BENCH=1 $(GO) test -count=1 -timeout 60m -v -run '^TestModuleInVM$$' ./kmod/
 
 vet: ## go vet
 	$(GO) vet ./...

@@ -49,8 +49,9 @@ type MMIOOptions struct {
 	// Writes per workload run, by workload name (bulk counts 8-byte words
 	// copied; threads counts the stores of all threads together).
 	Writes map[string]int
-	// InsnWrites caps the writes of a cell in the insn modes, where every
-	// store is a fault (0: no cap). ns/write is per store all the same.
+	// InsnWrites caps the writes of a cell in the insn modes and kmod,
+	// where every store is a fault (0: no cap). ns/write is per store all
+	// the same.
 	InsnWrites int
 	Threads    int  // OS threads of the threads workload
 	Rounds     int  // interleaved rounds; cells report medians
@@ -66,7 +67,7 @@ type MMIOOptions struct {
 
 // MMIOModes are every mode the benchmark knows, in the order it runs and
 // prints them.
-var MMIOModes = []string{"off", "page", "uffd", "kmod-page", "kmod", "insn", "insn-step", "insn-unpinned"}
+var MMIOModes = []string{"off", "page", "uffd", "kmod-page", "kmod-auto", "kmod", "insn", "insn-step", "insn-unpinned"}
 
 // DefaultMMIOOptions is the default run (a few minutes on 2 cores); long
 // gives more writes and rounds for careful figures.
@@ -277,7 +278,7 @@ func mmioCell(opts MMIOOptions, mode string, mc mmioCase) (MMIOCell, error) {
 	if cfg.MMIO.StepOnly {
 		writes = max(writes/10, 100)
 	}
-	if base == "insn" && opts.InsnWrites > 0 {
+	if (base == "insn" || mode == "kmod") && opts.InsnWrites > 0 { // every store a fault
 		writes = min(writes, opts.InsnWrites)
 	}
 	threads := 1

@@ -28,6 +28,10 @@ var ErrNoModule = errors.New("kmod: " + DevicePath + " is missing: load the modu
 const (
 	ModeWrite = 1 // every store recorded, in order
 	ModePage  = 2 // first store per page per flush marks the page open
+	// ModeAuto is per write, but a page that takes more than the module's
+	// auto_streak stores between two flushes stays open until the next
+	// (page mode for that page); doorbell-like pages stay per write.
+	ModeAuto = 3
 )
 
 // Event types.
@@ -43,7 +47,7 @@ const (
 	iocCreate  = 3<<30 | 48<<16 | 'v'<<8 | 1
 	iocDestroy = 1<<30 | 4<<16 | 'v'<<8 | 2
 	iocFlush   = 3<<30 | 24<<16 | 'v'<<8 | 3
-	iocStats   = 2<<30 | 104<<16 | 'v'<<8 | 4
+	iocStats   = 2<<30 | 112<<16 | 'v'<<8 | 4
 )
 
 // vgCreate is struct vg_create.
@@ -83,6 +87,7 @@ type Stats struct {
 	Pages        uint64 // pages held by apertures
 	Files        uint64 // open device files
 	Unfinished   uint64 // traps that found the thread moved elsewhere (a signal handler): pages compared at flush
+	Streaks      uint64 // auto mode: pages switched to page tracking until the next flush
 }
 
 // Aperture is one aperture the device created.

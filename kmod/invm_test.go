@@ -289,3 +289,45 @@ func TestInVMOverTracerMapping(t *testing.T) {
 		t.Fatalf("events %+v, want one store at %#x", evs, 4096+8)
 	}
 }
+
+// TestInVMAuto: in auto mode a page stored to in a streak is tracked per
+// page once past the module's auto_streak (4), until the next flush; a
+// page stored to once per flush stays per write.
+func TestInVMAuto(t *testing.T) {
+	d := inVM(t)
+	a, g, tr := newAperture(t, d, 4, ModeAuto)
+	before, _ := d.Stats()
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 100; i++ {
+			store(g, 8*i, 8, uint64(round*1000+i)) // page 0: a streak
+		}
+		store(g, 4096+8*round, 8, uint64(round)) // page 1: a doorbell
+		after, _ := d.Stats()
+		evs, err := d.ReadEvents(nil, make([]byte, 64*EventSize))
+		if err != nil {
+			t.Fatal(err)
+		}
+		open, err := d.Flush(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var page0, page1 int
+		for _, e := range evs {
+			if e.Off < 4096 {
+				page0++
+			} else {
+				page1++
+			}
+		}
+		// A store a signal handler moved the thread off takes a fault of
+		// the streak but leaves no event (its page is compared instead).
+		moved := int(after.Unfinished - before.Unfinished)
+		if page0 < 4-moved || page0 > 4 || page1 != 1 || !slices.Contains(open, 0) || slices.Contains(open, 1) && moved == 0 {
+			t.Fatalf("round %d: %d events on the streak page, %d on the doorbell page, open pages %v (%d moved); want 4, 1, [0]", round, page0, page1, open, moved)
+		}
+		before = after
+	}
+	if !bytes.Equal(g, tr) {
+		t.Fatal("the tracer's view differs from the guest's")
+	}
+}

@@ -56,10 +56,11 @@
 //     process, x86-64, permission). A page whose flush did not settle is
 //     compared again at every flush until one does (a flush closing at
 //     most 16 such pages does not try: comparing them costs less).
-//   - kmod, kmod-page: the vgpuha_mmio kernel module traces the stores
-//     (kmod/module): per store (a fault, the store under the trap flag, a
-//     debug trap that records its bytes; no process switch), or per page
-//     for memory regions in kmod-page. kmod_linux.go says how the guest's
+//   - kmod, kmod-page, kmod-auto: the vgpuha_mmio kernel module traces the
+//     stores (kmod/module): per store (a fault, the store under the trap
+//     flag, a debug trap that records its bytes; no process switch), per
+//     page for memory regions in kmod-page, or per store until a page takes
+//     a streak within a flush interval in kmod-auto. kmod_linux.go says how the guest's
 //     mapping becomes the module's and what each case does.
 //   - off: nothing is traced.
 //

@@ -24,6 +24,12 @@ import (
 //     the module's 64-byte window and its page compared as well.
 //   - kmod-page: memory regions are page-batched by the module (first
 //     store per page per flush); register regions per store as in kmod.
+//   - kmod-auto: per store as in kmod, but a page of a memory region that
+//     takes more than the module's auto_streak stores between two flushes
+//     stays open until the next flush, which compares it (after the
+//     records of the stores before): streaks cost a fault per page,
+//     doorbell-like pages keep their stores' order. Register regions per
+//     store.
 //
 // Either way, pages the module left open (its ring was full, a signal
 // handler moved the thread off the store, another thread stored during a
@@ -51,7 +57,7 @@ func ModeAvailable(m Mode) error {
 	switch m {
 	case ModeUffd:
 		return UffdAvailable()
-	case ModeKmod, ModeKmodPage:
+	case ModeKmod, ModeKmodPage, ModeKmodAuto:
 		return KmodAvailable()
 	}
 	return nil
@@ -68,7 +74,9 @@ type kmodState struct {
 	insns map[string]*Access // decoded instructions by their bytes
 }
 
-func (t *Tracer) usesKmod() bool { return t.opts.Mode == ModeKmod || t.opts.Mode == ModeKmodPage }
+func (t *Tracer) usesKmod() bool {
+	return t.opts.Mode == ModeKmod || t.opts.Mode == ModeKmodPage || t.opts.Mode == ModeKmodAuto
+}
 
 // addKmodRegion traces r through the module.
 func (t *Tracer) addKmodRegion(r *Region) error {
@@ -80,8 +88,11 @@ func (t *Tracer) addKmodRegion(r *Region) error {
 		t.km = &kmodState{dev: d, aps: map[*Region]kmod.Aperture{}, buf: make([]byte, 256*kmod.EventSize), insns: map[string]*Access{}}
 	}
 	mode := kmod.ModeWrite
-	if !t.perWrite(r) {
+	switch {
+	case !t.perWrite(r):
 		mode = kmod.ModePage
+	case t.opts.Mode == ModeKmodAuto && r.Kind == KindMemory:
+		mode = kmod.ModeAuto
 	}
 	a, err := t.km.dev.CreateOver(t.pid, r.Mem, mode)
 	if err != nil {

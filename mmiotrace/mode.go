@@ -22,6 +22,7 @@ const (
 	// The kernel module's modes (kmod_linux.go).
 	ModeKmod     = abi.ApertureModeKmod
 	ModeKmodPage = abi.ApertureModeKmodPage
+	ModeKmodAuto = abi.ApertureModeKmodAuto
 )
 
 // Modes lists every mode.

@@ -242,7 +242,7 @@ func (rp *replica) run(t *testing.T, g *testGuest, tr *Tracer, w string) []strin
 }
 
 func TestTraceModes(t *testing.T) {
-	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd, ModeKmod, ModeKmodPage} {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd, ModeKmod, ModeKmodPage, ModeKmodAuto} {
 		t.Run(mode.String(), func(t *testing.T) {
 			skipUnlessTraceable(t, mode)
 			g := startGuest(t, goGuest())
@@ -325,7 +325,7 @@ func TestStoreForms(t *testing.T) {
 		mode Mode
 		kind Kind
 	}{{ModeInsn, KindMemory}, {ModePage, KindMemory}, {ModeUffd, KindMemory}, {ModePage, KindRegister}, {ModeUffd, KindRegister},
-		{ModeKmod, KindMemory}, {ModeKmodPage, KindMemory}, {ModeKmodPage, KindRegister}} {
+		{ModeKmod, KindMemory}, {ModeKmodPage, KindMemory}, {ModeKmodPage, KindRegister}, {ModeKmodAuto, KindRegister}} {
 		t.Run(tc.mode.String()+"/"+tc.kind.String(), func(t *testing.T) {
 			skipUnlessTraceable(t, tc.mode)
 			g := startGuest(t, cGuest(t))
@@ -349,7 +349,7 @@ func TestStoreForms(t *testing.T) {
 				}
 			}
 			st := tr.Stats()
-			kmodMode := tc.mode == ModeKmod || tc.mode == ModeKmodPage // the module steps every store: nothing counted as stepped
+			kmodMode := tc.mode == ModeKmod || tc.mode == ModeKmodPage || tc.mode == ModeKmodAuto // the module steps every store: nothing counted as stepped
 			if perWrite && (st.Undecodable == 0 || (st.Stepped == 0 && !kmodMode)) {
 				t.Fatalf("fallbacks not exercised: %+v", st)
 			}

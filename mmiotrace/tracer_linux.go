@@ -121,7 +121,7 @@ func Attach(pid int, opts Options) *Tracer {
 // perWrite reports whether writes to r are traced one by one (insn mode,
 // and register regions in every tracing mode).
 func (t *Tracer) perWrite(r *Region) bool {
-	return t.opts.Mode == ModeInsn || t.opts.Mode == ModeKmod || (t.opts.Mode != ModeOff && r.Kind == KindRegister)
+	return t.opts.Mode == ModeInsn || t.opts.Mode == ModeKmod || t.opts.Mode == ModeKmodAuto || (t.opts.Mode != ModeOff && r.Kind == KindRegister)
 }
 
 // usesPtrace reports whether r is protected and handled through ptrace.

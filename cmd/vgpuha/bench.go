@@ -276,7 +276,7 @@ func runBenchMMIO(args []string) error {
 	modes := fs.String("modes", strings.Join(opts.Modes, ","), "modes, side by side in each round: "+strings.Join(bench.MMIOModes, ", "))
 	intVar(fs, &opts.Threads, "threads", opts.Threads, 1, 1024, "OS threads storing at once in the threads workload")
 	perThread := intFlag(fs, "thread-stores", opts.Writes["threads"]/opts.Threads, 1, 1<<30, "stores per thread in the threads workload")
-	intVar(fs, &opts.InsnWrites, "insn-writes", opts.InsnWrites, 0, maxInt, "at most this many stores per run in the insn modes, where each store faults (0: no cap)")
+	intVar(fs, &opts.InsnWrites, "insn-writes", opts.InsnWrites, 0, maxInt, "at most this many stores per run in the insn modes and kmod, where each store faults (0: no cap)")
 	profile := profileFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err

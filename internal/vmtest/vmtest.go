@@ -209,6 +209,28 @@ func BuildModule(src, name string) (string, error) {
 	return filepath.Join(src, name+".ko"), nil
 }
 
+// SharedLibs returns the files a dynamically linked binary needs in the
+// VM (its interpreter and libraries, as ldd finds them here), each at its
+// own path, for Config.Files. A static binary needs none.
+func SharedLibs(bin string) (map[string]string, error) {
+	out, err := exec.Command("ldd", bin).CombinedOutput()
+	if err != nil {
+		if bytes.Contains(out, []byte("not a dynamic executable")) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %v: %s", bin, err, out)
+	}
+	libs := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				libs[f] = f
+			}
+		}
+	}
+	return libs, nil
+}
+
 func copyFile(dst, src string) error {
 	b, err := os.ReadFile(src)
 	if err != nil {

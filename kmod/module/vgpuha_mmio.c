@@ -66,6 +66,10 @@ static unsigned int max_pages = 1u << 18;	/* all apertures together: 1 GiB */
 module_param(max_pages, uint, 0444);
 MODULE_PARM_DESC(max_pages, "pages all apertures may hold together");
 
+static unsigned int auto_streak = 4;
+module_param(auto_streak, uint, 0644);
+MODULE_PARM_DESC(auto_streak, "auto mode: stores to one page within a flush interval after which it is tracked per page");
+
 struct vg_file {
 	spinlock_t lock;		/* ring */
 	struct vg_event *ring;		/* VG_RING slots, allocated at the first create */
@@ -89,6 +93,7 @@ struct vg_ap {
 	struct vg_file *owner;		/* NULL once destroyed or its tracer closed */
 	struct list_head owner_link;	/* on owner->aps (vg_lock) */
 	unsigned long *open;		/* pages left writable: compare at flush */
+	u8 *streak;			/* auto mode: per page, stores since the last flush */
 	struct mm_struct *mm;		/* the guest mapping's mm (mmgrab), or NULL */
 	unsigned long start;		/* and its address */
 	int nmaps;
@@ -123,10 +128,10 @@ static struct kmem_cache *ap_cache, *pend_cache, *snap_cache;
 static_assert(sizeof(struct vg_event) == 128);
 static_assert(sizeof(struct vg_create) == 48);
 static_assert(sizeof(struct vg_flush) == 24);
-static_assert(sizeof(struct vg_stats) == 104);
+static_assert(sizeof(struct vg_stats) == 112);
 
 static struct {
-	atomic64_t faults, steps, events, overflows, window, refused, flushed, unfinished;
+	atomic64_t faults, steps, events, overflows, window, refused, flushed, unfinished, streaks;
 	atomic64_t apertures, mappings, pages, files;
 } st;
 
@@ -149,6 +154,7 @@ static void vg_free_work(struct work_struct *w)
 	}
 	atomic64_sub(ap->npages, &st.pages);
 	kvfree(ap->pages);
+	kvfree(ap->streak);
 	bitmap_free(ap->open);
 	if (ap->memfd)
 		fput(ap->memfd);
@@ -432,6 +438,28 @@ static bool vg_join(unsigned long ip, unsigned long page, struct vg_ap *ap)
 	return joined;
 }
 
+/*
+ * vg_streak counts a store fault on page (auto mode) and reports whether
+ * the page has taken a streak since the last flush: it is then left open
+ * until the next flush, which compares it.
+ */
+static bool vg_streak(struct vg_ap *ap, unsigned long start, unsigned long page)
+{
+	unsigned long i = (page - start) >> PAGE_SHIFT, flags;
+	bool streak;
+
+	if (i >= ap->npages)
+		return false;
+	spin_lock_irqsave(&ap->lock, flags);
+	if (ap->streak[i] < 255)
+		ap->streak[i]++;
+	streak = ap->streak[i] > auto_streak;
+	spin_unlock_irqrestore(&ap->lock, flags);
+	if (streak)
+		atomic64_inc(&st.streaks);
+	return streak;
+}
+
 /* vg_write_fault decides a store fault on a guest mapping: 0 lets the page become writable. */
 static vm_fault_t vg_write_fault(struct vm_fault *vmf)
 {
@@ -460,6 +488,10 @@ static vm_fault_t vg_write_fault(struct vm_fault *vmf)
 	if (!(vmf->flags & FAULT_FLAG_USER)) {
 		atomic64_inc(&st.refused);
 		return VM_FAULT_SIGBUS;	/* a system call storing into the aperture: EFAULT */
+	}
+	if (ap->mode == VG_MODE_AUTO && vg_streak(ap, vma->vm_start, page)) {
+		vg_mark_open(ap, page);
+		return 0;
 	}
 	if (vg_join(regs->ip, page, ap))
 		return 0;
@@ -782,7 +814,7 @@ static struct vg_ap *vg_new_ap(struct vg_create *c)
 
 	if (!c->size || (c->size & ~PAGE_MASK) || npages > VG_MAX_PAGES)
 		return ERR_PTR(-EINVAL);
-	if (c->mode != VG_MODE_WRITE && c->mode != VG_MODE_PAGE)
+	if (c->mode != VG_MODE_WRITE && c->mode != VG_MODE_PAGE && c->mode != VG_MODE_AUTO)
 		return ERR_PTR(-EINVAL);
 	if (atomic64_add_return(npages, &st.pages) > max_pages) {
 		atomic64_sub(npages, &st.pages);
@@ -801,6 +833,8 @@ static struct vg_ap *vg_new_ap(struct vg_create *c)
 	__module_get(THIS_MODULE);	/* dropped by vg_free_work */
 	ap->pages = kvcalloc(npages, sizeof(*ap->pages), GFP_KERNEL);
 	ap->open = bitmap_zalloc(npages, GFP_KERNEL);
+	if (c->mode == VG_MODE_AUTO)
+		ap->streak = kvzalloc(npages, GFP_KERNEL);
 	return ap;
 }
 
@@ -833,7 +867,7 @@ static long vg_create(struct vg_file *f, struct vg_create __user *uc)
 		return PTR_ERR(ap);
 	}
 	ap->pid = pid;	/* freed with ap from here on */
-	if (!ap->pages || !ap->open) {
+	if (!ap->pages || !ap->open || (c.mode == VG_MODE_AUTO && !ap->streak)) {
 		err = -ENOMEM;
 		goto fail;
 	}
@@ -924,6 +958,8 @@ static int vg_take_open(struct vg_ap *ap, unsigned long *open)
 		mm = NULL;
 	bitmap_copy(open, ap->open, ap->npages);
 	bitmap_zero(ap->open, ap->npages);
+	if (ap->streak)
+		memset(ap->streak, 0, ap->npages);
 	spin_unlock_irqrestore(&ap->lock, flags);
 	if (!mm)
 		return bitmap_weight(open, ap->npages);	/* no mapping: nothing to zap, compare all the same */
@@ -991,7 +1027,7 @@ static long vg_stats(struct vg_stats __user *us)
 		.flushed_pages = atomic64_read(&st.flushed), .apertures = atomic64_read(&st.apertures),
 		.mappings = atomic64_read(&st.mappings), .pending = atomic_read(&npend),
 		.pages = atomic64_read(&st.pages), .files = atomic64_read(&st.files),
-		.unfinished = atomic64_read(&st.unfinished),
+		.unfinished = atomic64_read(&st.unfinished), .streaks = atomic64_read(&st.streaks),
 	};
 
 	return copy_to_user(us, &s, sizeof(s)) ? -EFAULT : 0;
@@ -1075,12 +1111,12 @@ static ssize_t stats_show(struct device *dev, struct device_attribute *attr, cha
 	return sysfs_emit(buf,
 			  "faults %lld\nsteps %lld\nevents %lld\noverflows %lld\nwindow_bytes %lld\nrefused %lld\n"
 			  "flushed_pages %lld\napertures %lld\nmappings %lld\npending %d\npages %lld\nfiles %lld\n"
-			  "unfinished %lld\n",
+			  "unfinished %lld\nstreaks %lld\n",
 			  atomic64_read(&st.faults), atomic64_read(&st.steps), atomic64_read(&st.events),
 			  atomic64_read(&st.overflows), atomic64_read(&st.window), atomic64_read(&st.refused),
 			  atomic64_read(&st.flushed), atomic64_read(&st.apertures), atomic64_read(&st.mappings),
 			  atomic_read(&npend), atomic64_read(&st.pages), atomic64_read(&st.files),
-			  atomic64_read(&st.unfinished));
+			  atomic64_read(&st.unfinished), atomic64_read(&st.streaks));
 }
 static DEVICE_ATTR_RO(stats);
 

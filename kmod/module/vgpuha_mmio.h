@@ -12,6 +12,10 @@
  *     under the trap flag) as an event the tracer read()s;
  *   VG_MODE_PAGE: the first store to a page after a flush marks it open;
  *     VG_IOC_FLUSH takes the open pages away again and tells which.
+ *   VG_MODE_AUTO: per write, until a page takes a streak of stores within
+ *     one flush interval: it is then tracked as in page mode until the
+ *     next flush (doorbell-like pages, stored to now and then, stay per
+ *     write).
  */
 #ifndef VGPUHA_MMIO_H
 #define VGPUHA_MMIO_H
@@ -21,6 +25,8 @@
 
 #define VG_MODE_WRITE 1
 #define VG_MODE_PAGE 2
+#define VG_MODE_AUTO 3	/* per write, but a page stored to more than auto_streak times
+			 * between two flushes stays open (page mode) until the next */
 
 #define VG_MAX_PAGES (1u << 20)	/* pages in one aperture (4 GiB) */
 #define VG_VIEW_SHIFT 20	/* mmap page offset: id << 21 | view << 20 */
@@ -61,6 +67,7 @@ struct vg_stats {
 	__u64 pages;		/* pages held by apertures */
 	__u64 files;		/* open device files */
 	__u64 unfinished;	/* traps that found the thread moved elsewhere (a signal handler): pages compared at flush */
+	__u64 streaks;		/* auto mode: pages switched to page tracking until the next flush */
 };
 
 #define VG_EV_STORE 1	/* one store: insn, ip, data from addr */

@@ -58,11 +58,15 @@ const (
 	// after a flush; the flush takes those pages away and sends what
 	// changed. Register apertures are traced per write.
 	ApertureModeKmodPage
+	// ApertureModeKmodAuto: per write, but a page of a memory aperture that
+	// takes a streak of stores between two flushes is tracked per page
+	// until the next flush (doorbell-like pages stay per write).
+	ApertureModeKmodAuto
 )
 
 var apertureModeNames = [...]string{
 	ApertureModeOff: "off", ApertureModeInsn: "insn", ApertureModePage: "page", ApertureModeUffd: "uffd",
-	ApertureModeKmod: "kmod", ApertureModeKmodPage: "kmod-page",
+	ApertureModeKmod: "kmod", ApertureModeKmodPage: "kmod-page", ApertureModeKmodAuto: "kmod-auto",
 }
 
 func (m ApertureMode) String() string {
@@ -74,7 +78,7 @@ func (m ApertureMode) String() string {
 
 // ApertureModes lists every mode.
 func ApertureModes() []ApertureMode {
-	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeUffd, ApertureModeKmod, ApertureModeKmodPage}
+	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeUffd, ApertureModeKmod, ApertureModeKmodPage, ApertureModeKmodAuto}
 }
 
 // ParseApertureMode reads a mode name.
@@ -84,5 +88,5 @@ func ParseApertureMode(s string) (ApertureMode, error) {
 			return ApertureMode(m), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page, uffd, kmod or kmod-page)", s)
+	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page, uffd, kmod, kmod-page or kmod-auto)", s)
 }
