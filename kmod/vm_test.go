@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/vmtest"
+	"github.com/vgpuha/vgpuha/internal/lab/vmtest"
 )
 
 // TestModuleInVM builds the module for the VM's kernel, boots the VM with
@@ -96,7 +96,7 @@ func vmFiles(t *testing.T) map[string]string {
 	}
 	tmp := t.TempDir()
 	files := map[string]string{"/vgpuha_mmio.ko": ko}
-	for dst, pkg := range map[string]string{"/kmod.test": ".", "/mmioguest.test": "../internal/mmioguest", "/mmiotrace.test": "../mmiotrace"} {
+	for dst, pkg := range map[string]string{"/kmod.test": ".", "/mmioguest.test": "../internal/lab/mmioguest", "/mmiotrace.test": "../mmiotrace"} {
 		files[dst] = filepath.Join(tmp, filepath.Base(dst))
 		if err := vmtest.BuildTest(pkg, files[dst]); err != nil {
 			t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
 // runDemo shows the product's point on one machine: it starts a standby and

@@ -3,7 +3,7 @@ package main
 import (
 	"errors"
 
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
 // runEtcdMember runs one embedded etcd member: `vgpuha drill

@@ -11,9 +11,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vgpuha/vgpuha/bench"
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/internal/mmioguest"
+	"github.com/vgpuha/vgpuha/internal/lab/bench"
+	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 )
 
