@@ -2,14 +2,34 @@
 GO       ?= go
 FUZZTIME ?= 30s
 RACE     ?= -race
+# make install: DESTDIR is a root to install under (packaging, tests);
+# PREFIX and SYSCONFDIR are what the units in contrib/systemd name.
+DESTDIR    ?=
+PREFIX     ?= /usr/local
+SYSCONFDIR ?= /etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: help build libcuda demo setup test test-short fuzz bench vet gpu-test
+.PHONY: help build libcuda demo setup test test-short fuzz bench vet gpu-test install install-check
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-14s %s\n", $$1, $$2}'
 
 build: ## build bin/vgpuha
 	$(GO) build -o bin/vgpuha ./cmd/vgpuha
+
+install: build ## install the agent, systemd units, /etc/vgpuha (example configs, kept if present), completion, docs under DESTDIR
+	install -D -m 0755 bin/vgpuha $(DESTDIR)$(PREFIX)/bin/vgpuha
+	install -D -m 0644 -t $(DESTDIR)$(UNITDIR) contrib/systemd/vgpuha-primary.service contrib/systemd/vgpuha-standby.service
+	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/vgpuha
+	for f in primary standby; do [ -e $(DESTDIR)$(SYSCONFDIR)/vgpuha/$$f.toml ] || install -m 0644 contrib/config/$$f.toml $(DESTDIR)$(SYSCONFDIR)/vgpuha/; done
+	install -d $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	bin/vgpuha completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/vgpuha
+	bin/vgpuha completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_vgpuha
+	bin/vgpuha completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/vgpuha.fish
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/doc/vgpuha README.md ARCHITECTURE.md docs/*.md
+
+install-check: ## install into a temporary root and check that everything the units name is there
+	$(GO) test -count=1 -run 'TestMakeInstall' ./cmd/vgpuha/
 
 libcuda: ## build bin/libcuda.so.1, the guest's CUDA driver library (needs gcc)
 	$(GO) build -buildmode=c-shared -ldflags=-extldflags=-Wl,-soname,libcuda.so.1 -o bin/libcuda.so.1 ./pvdriver/libcuda

@@ -14,7 +14,9 @@ import (
 // Every flag of a node has a key in a TOML config file (its name; the
 // dotted part of a name is a table, so "replicate.key-file" is key-file in
 // [replicate]) and an environment variable (VGPUHA_ and the name in upper
-// case, '.' and '-' as '_': VGPUHA_REPLICATE_KEY_FILE). Precedence: a flag
+// case, '.' and '-' as '_': VGPUHA_REPLICATE_KEY_FILE). A flag that is
+// also a table's name (--coordinator beside --coordinator.ttl) is the
+// table's empty key: "" = "etcd://..." under [coordinator]. Precedence: a flag
 // on the command line, then the environment, then the file, then the
 // default.
 
@@ -94,7 +96,9 @@ func readConfig(path string) (map[string]string, error) {
 func flatten(prefix string, doc map[string]any, out map[string]string) {
 	for k, v := range doc {
 		name := k
-		if prefix != "" {
+		if prefix != "" && k == "" {
+			name = prefix // the table's own flag: "" = ... under [coordinator]
+		} else if prefix != "" {
 			name = prefix + "." + k
 		}
 		if table, ok := v.(map[string]any); ok {
