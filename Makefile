@@ -9,13 +9,16 @@ PREFIX     ?= /usr/local
 SYSCONFDIR ?= /etc
 UNITDIR    ?= $(PREFIX)/lib/systemd/system
 
-.PHONY: help build libcuda demo setup test test-short fuzz bench vet gpu-test install install-check
+.PHONY: help build lab libcuda demo setup test test-short fuzz bench vet gpu-test install install-check
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## build bin/vgpuha
+build: ## build bin/vgpuha, the agent (primary, standby, status, verify, switchover, run)
 	$(GO) build -o bin/vgpuha ./cmd/vgpuha
+
+lab: ## build bin/vgpuha-lab, the lab tool: the agent's commands plus guests, demo, drills, benchmarks
+	$(GO) build -tags lab -o bin/vgpuha-lab ./cmd/vgpuha
 
 install: build ## install the agent, systemd units, /etc/vgpuha (example configs, kept if present), completion, docs under DESTDIR
 	install -D -m 0755 bin/vgpuha $(DESTDIR)$(PREFIX)/bin/vgpuha
@@ -35,30 +38,33 @@ libcuda: ## build bin/libcuda.so.1, the guest's CUDA driver library (needs gcc)
 	$(GO) build -buildmode=c-shared -ldflags=-extldflags=-Wl,-soname,libcuda.so.1 -o bin/libcuda.so.1 ./pvdriver/libcuda
 	rm -f bin/libcuda.so.h
 
-demo: build ## run the demo on the software GPU, all agents on loopback
-	./bin/vgpuha demo
+demo: lab ## run the demo on the software GPU, all agents on loopback
+	./bin/vgpuha-lab demo
 
 setup: ## install test dependencies (qemu, busybox, a Debian kernel in .vm/)
 	./scripts/setup-test-deps.sh
 
 test: setup vet ## set up, then run every test with the race detector (VM tests included)
 	$(GO) test $(RACE) -count=1 -timeout 30m ./...
+	$(GO) test -tags lab -count=1 -run 'TestEveryNumericFlagIsRanged|TestCompletion' ./cmd/vgpuha/ # the lab's commands in-process
 	$(GO) test -count=1 -run 'TestAnnouncedFramesBoundMemory' ./hypervisor/ # memory bounds: measured without the race detector
 
 test-short: ## unit tests only, no setup
 	$(GO) test -short ./...
 
-vet: ## go vet
+vet: ## go vet (the agent, and the lab's files too)
 	$(GO) vet ./...
+	$(GO) vet -tags lab ./cmd/vgpuha/
 
 fuzz: ## run every fuzz target for FUZZTIME and keep the corpus in testdata/
 	./scripts/fuzz.sh $(FUZZTIME)
 
-bench: build ## run the benchmarks and print their reports
-	./bin/vgpuha bench pv
+bench: lab ## run the benchmarks and print their reports
+	./bin/vgpuha-lab bench pv
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/
 
 gpu-test: libcuda ## on a machine with an NVIDIA GPU: CUDA backend tests, two-process replication on the GPU, GPU benchmarks, C programs through bin/libcuda.so.1
 	CGO_ENABLED=0 $(GO) build -o bin/vgpuha ./cmd/vgpuha
+	CGO_ENABLED=0 $(GO) build -tags lab -o bin/vgpuha-lab ./cmd/vgpuha
 	CGO_ENABLED=0 $(GO) test -c -o bin/cuda.test ./hypervisor/cuda
 	./scripts/gpu-test.sh bin

@@ -56,20 +56,19 @@ func runCompletion(args []string) error {
 	return nil
 }
 
-// completionTable lists every command (benchmarks as "bench NAME") with
+// completionTable lists every command (subcommands as "bench NAME") with
 // its flags, sorted by name. help and completion take words, not flags.
 func completionTable() []compCommand {
 	var out []compCommand
 	for _, name := range slices.Sorted(maps.Keys(commands)) {
 		c := compCommand{name: name, summary: commands[name].summary}
-		if name != "completion" && name != "bench" {
+		subs := subcommands[name]
+		if name != "completion" && subs == nil {
 			c.flags = flagsOf(commands[name].run)
 		}
 		out = append(out, c)
-		if name == "bench" {
-			for _, b := range slices.Sorted(maps.Keys(benchmarks)) {
-				out = append(out, compCommand{name: "bench " + b, summary: benchmarks[b].summary, flags: flagsOf(benchmarks[b].run)})
-			}
+		for _, b := range slices.Sorted(maps.Keys(subs)) {
+			out = append(out, compCommand{name: name + " " + b, summary: subs[b].summary, flags: flagsOf(subs[b].run)})
 		}
 	}
 	return out
@@ -128,7 +127,7 @@ _vgpuha() {
     esac
     local flags= values=
     case $cmd in
-`, words, words, strings.Join(slices.Sorted(maps.Keys(completionShells)), " "), strings.Join(slices.Sorted(maps.Keys(benchmarks)), " "))
+`, words, words, strings.Join(slices.Sorted(maps.Keys(completionShells)), " "), strings.Join(slices.Sorted(maps.Keys(subcommands["bench"])), " "))
 	for _, c := range cmds {
 		if len(c.flags) == 0 {
 			continue
@@ -245,7 +244,7 @@ complete -c vgpuha -n __fish_use_subcommand -l version -d 'print the version'
 	fmt.Fprintf(w, "complete -c vgpuha -n '__fish_seen_subcommand_from help' -a %s\n", fishQuote(names))
 	fmt.Fprintf(w, "complete -c vgpuha -n '__fish_seen_subcommand_from completion' -a %s\n",
 		fishQuote(strings.Join(slices.Sorted(maps.Keys(completionShells)), " ")))
-	benchNames := strings.Join(slices.Sorted(maps.Keys(benchmarks)), " ")
+	benchNames := strings.Join(slices.Sorted(maps.Keys(subcommands["bench"])), " ")
 	for _, c := range cmds {
 		if b, ok := strings.CutPrefix(c.name, "bench "); ok {
 			fmt.Fprintf(w, "complete -c vgpuha -n %s -a %s -d %s\n",

@@ -1,3 +1,5 @@
+//go:build lab
+
 package main
 
 import (
@@ -15,6 +17,10 @@ import (
 	"github.com/vgpuha/vgpuha/internal/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
+
+func init() {
+	commands["guest"] = command{"run an example guest workload through pvdriver and verify it", runGuest}
+}
 
 // guestReport is what `vgpuha guest --json` prints.
 type guestReport struct {

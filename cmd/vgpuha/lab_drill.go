@@ -1,3 +1,5 @@
+//go:build lab
+
 package main
 
 import (
@@ -14,6 +16,10 @@ import (
 
 	"github.com/vgpuha/vgpuha/internal/drill"
 )
+
+func init() {
+	commands["drill"] = command{"inject faults into a primary/standby pair under a guest workload and measure", runDrill}
+}
 
 func runDrill(args []string) error {
 	fs := newFlags("drill", "[flags]")

@@ -1,3 +1,5 @@
+//go:build lab
+
 package main
 
 import (
@@ -21,6 +23,11 @@ import (
 	"github.com/vgpuha/vgpuha/internal/drill"
 )
 
+func init() {
+	commands["bench"] = command{"run a benchmark ('bench --help' lists them)", runBench}
+	subcommands["bench"] = benchmarks
+}
+
 // benchmarks are bench's subcommands.
 var benchmarks = map[string]command{
 	"pv":        {"guest calls through pvdriver over each transport", runBenchPV},
@@ -33,11 +40,11 @@ var benchmarks = map[string]command{
 func runBench(args []string) error {
 	names := strings.Join(slices.Sorted(maps.Keys(benchmarks)), ", ")
 	if len(args) == 0 {
-		return usageError{fmt.Errorf("usage: vgpuha bench BENCHMARK [flags] (benchmarks: %s)", names)}
+		return usageError{fmt.Errorf("usage: %s bench BENCHMARK [flags] (benchmarks: %s)", progName, names)}
 	}
 	switch args[0] {
 	case "-h", "--help", "-help":
-		fmt.Printf("Usage: vgpuha bench BENCHMARK [flags]\n\nBenchmarks: %s.\nRun 'vgpuha bench BENCHMARK --help' for its flags.\n", names)
+		fmt.Printf("Usage: %[1]s bench BENCHMARK [flags]\n\nBenchmarks: %[2]s.\nRun '%[1]s bench BENCHMARK --help' for its flags.\n", progName, names)
 		return flag.ErrHelp
 	}
 	b, ok := benchmarks[args[0]]
