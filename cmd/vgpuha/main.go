@@ -67,22 +67,9 @@ func main() { os.Exit(run(os.Args[1:])) }
 // command, 2 for a usage error (an unknown flag, a refused value: one line
 // on stderr). Help goes to stdout with status 0.
 func run(args []string) int {
-	if len(args) == 0 {
-		usage(os.Stderr)
-		return 2
-	}
-	switch args[0] {
-	case "-h", "--help", "-help":
-		usage(os.Stdout)
-		return 0
-	case "--version", "-version":
-		args = []string{"version"}
-	case "help":
-		if len(args) == 1 {
-			usage(os.Stdout)
-			return 0
-		}
-		args = []string{args[1], "--help"}
+	args, status, done := topLevel(args)
+	if done {
+		return status
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -94,24 +81,52 @@ func run(args []string) int {
 		return 2
 	}
 	helpWanted = wantsHelp(args[1:])
-	if err := cmd.run(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			if helpWanted {
-				return 0
-			}
-			return 2
-		}
-		fmt.Fprintf(os.Stderr, "%s %s: %v\n", progName, args[0], err)
-		if errors.As(err, new(usageError)) {
-			return 2
-		}
-		var exit exitError
-		if errors.As(err, &exit) {
-			return exit.code
-		}
-		return 1
+	return exitStatus(args[0], cmd.run(args[1:]))
+}
+
+// topLevel handles what comes before a command: no arguments, --help,
+// --version and help COMMAND. done: the status is final.
+func topLevel(args []string) (rest []string, status int, done bool) {
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return nil, 2, true
 	}
-	return 0
+	switch args[0] {
+	case "-h", "--help", "-help":
+		usage(os.Stdout)
+		return nil, 0, true
+	case "--version", "-version":
+		return []string{"version"}, 0, false
+	case "help":
+		if len(args) == 1 {
+			usage(os.Stdout)
+			return nil, 0, true
+		}
+		return []string{args[1], "--help"}, 0, false
+	}
+	return args, 0, false
+}
+
+// exitStatus prints a command's error (one line) and returns its status.
+func exitStatus(name string, err error) int {
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		if helpWanted {
+			return 0
+		}
+		return 2
+	}
+	fmt.Fprintf(os.Stderr, "%s %s: %v\n", progName, name, err)
+	if errors.As(err, new(usageError)) {
+		return 2
+	}
+	var exit exitError
+	if errors.As(err, &exit) {
+		return exit.code
+	}
+	return 1
 }
 
 // helpWanted: the command line asked for help, which then goes to stdout.

@@ -55,6 +55,25 @@ func startGuestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfi
 	return done, nil
 }
 
+// guestProgram is node.RunConfig.OnReady for vgpuha run: it starts the
+// guest program once the node serves; when the program exits it prints
+// what the tracer did, and the node stops.
+func guestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfig, reg prometheus.Gatherer) func() (<-chan error, error) {
+	return func() (<-chan error, error) {
+		exited, err := startGuestProgram(argv, endpoint, mmio)
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan error, 1)
+		go func() {
+			err := <-exited
+			printMMIOSummary(reg, mmio.Mode)
+			done <- err
+		}()
+		return done, nil
+	}
+}
+
 // printMMIOSummary reports the tracer's counters after the guest exited.
 func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
 	var parts []string
