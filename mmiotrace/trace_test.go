@@ -729,7 +729,7 @@ func TestRemapped(t *testing.T) {
 // delivered once, with the first sender's siginfo); the stop it brings
 // still runs the tracer's queued work, and the guest still gets its
 // signal. Before, the work waited for a stop that never came: Close hung
-// (seen once as a 10-minute hang of a verify in internal/mmioguest).
+// (seen once as a 10-minute hang of a verify in internal/lab/mmioguest).
 func TestWakeMergedWithGuestsOwn(t *testing.T) {
 	skipUnlessTraceable(t, ModeInsn)
 	g := startGuest(t, goGuest())

@@ -6,7 +6,7 @@ import (
 	"runtime"
 	"slices"
 
-	"github.com/vgpuha/vgpuha/internal/uffd"
+	"github.com/vgpuha/vgpuha/uffd"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,7 +27,7 @@ type pmScanArg struct {
 type pageRegion struct{ start, end, categories uint64 }
 
 // ArmWriteTracking is the guest side of uffd mode (see package
-// internal/uffd, which the guest driver uses too): the hypervisor collects
+// uffd, which the guest driver uses too): the hypervisor collects
 // and re-arms the written pages with PAGEMAP_SCAN.
 func ArmWriteTracking(mem []byte) (int, error) { return uffd.ArmWriteTracking(mem) }
 

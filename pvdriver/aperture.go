@@ -6,9 +6,9 @@ import (
 	"net"
 	"os"
 
-	"github.com/vgpuha/vgpuha/internal/uffd"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
+	"github.com/vgpuha/vgpuha/uffd"
 )
 
 // ApertureKind says how the hypervisor traces writes to an aperture.

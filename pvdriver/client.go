@@ -881,7 +881,7 @@ func (c *Client) DeviceInfo() (abi.DeviceInfoReply, error) {
 	return r, err
 }
 
-// LoadModule loads a module image (see internal/kernels.Image). An image
+// LoadModule loads a module image (see kernels.Image). An image
 // of Options.HashImagesFrom bytes or more is named by its hash first: the node
 // loads it from its cache when this guest's tenant sent it before (an
 // earlier process, usually), and the bytes go only when it answers

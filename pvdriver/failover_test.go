@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/cluster"
-	"github.com/vgpuha/vgpuha/internal/faultnet"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
+	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
 )

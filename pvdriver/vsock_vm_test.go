@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
-	"github.com/vgpuha/vgpuha/internal/vmtest"
-	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/internal/lab/vmtest"
+	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )

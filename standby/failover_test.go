@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/cluster"
-	"github.com/vgpuha/vgpuha/internal/faultnet"
-	"github.com/vgpuha/vgpuha/internal/kernels"
-	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
+	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
+	"github.com/vgpuha/vgpuha/internal/lab/workload"
+	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
 )

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/cluster"
-	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
+	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"

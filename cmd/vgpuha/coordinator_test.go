@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 )
 
 // TestCoordinatedProcesses: a primary and a standby process share an

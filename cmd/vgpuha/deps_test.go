@@ -11,14 +11,14 @@ import (
 // guests, harnesses), an etcd server, plotting.
 var labOnly = []string{
 	"testing",
-	"github.com/vgpuha/vgpuha/bench",
-	"github.com/vgpuha/vgpuha/internal/drill",
-	"github.com/vgpuha/vgpuha/internal/workload",
-	"github.com/vgpuha/vgpuha/internal/cluster",
-	"github.com/vgpuha/vgpuha/internal/etcdtest",
-	"github.com/vgpuha/vgpuha/internal/faultnet",
-	"github.com/vgpuha/vgpuha/internal/vmtest",
-	"github.com/vgpuha/vgpuha/internal/mmioguest",
+	"github.com/vgpuha/vgpuha/internal/lab/bench",
+	"github.com/vgpuha/vgpuha/internal/lab/drill",
+	"github.com/vgpuha/vgpuha/internal/lab/workload",
+	"github.com/vgpuha/vgpuha/internal/lab/cluster",
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest",
+	"github.com/vgpuha/vgpuha/internal/lab/faultnet",
+	"github.com/vgpuha/vgpuha/internal/lab/vmtest",
+	"github.com/vgpuha/vgpuha/internal/lab/mmioguest",
 	"go.etcd.io/etcd/server/",
 	"gonum.org/",
 }
@@ -57,7 +57,7 @@ func TestAgentDependencies(t *testing.T) {
 		t.Errorf("the agent links %d lab packages (move the command that needs them to a lab_*.go file with //go:build lab): %v", len(b), b)
 	}
 	lab := deps(t, "lab")
-	for _, want := range []string{"github.com/vgpuha/vgpuha/internal/drill", "go.etcd.io/etcd/server/v3/embed", "gonum.org/v1/plot"} {
+	for _, want := range []string{"github.com/vgpuha/vgpuha/internal/lab/drill", "go.etcd.io/etcd/server/v3/embed", "gonum.org/v1/plot"} {
 		if !strings.Contains(" "+strings.Join(banned(lab), " ")+" ", " "+want+" ") {
 			t.Errorf("the lab tool does not link %s: the check would not see it", want)
 		}

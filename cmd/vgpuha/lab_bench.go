@@ -19,9 +19,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vgpuha/vgpuha/bench"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/bench"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
 func init() {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
 func init() {

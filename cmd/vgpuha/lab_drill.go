@@ -15,7 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
 func init() {

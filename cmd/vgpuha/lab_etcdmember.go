@@ -5,7 +5,7 @@ package main
 import (
 	"errors"
 
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
 func init() {

@@ -14,7 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/vgpuha/vgpuha/internal/mmioguest"
+	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
 )
 
 func init() {

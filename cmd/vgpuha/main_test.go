@@ -24,9 +24,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/bench"
-	"github.com/vgpuha/vgpuha/internal/drill"
-	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/internal/lab/bench"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 

@@ -1,5 +1,5 @@
 // Package sim is a software GPU: a gpu.Backend whose device memory is host
-// RAM and whose kernels are the Go implementations in internal/kernels. It
+// RAM and whose kernels are the Go implementations in kernels. It
 // lets every other part of vgpuha run, and be tested, on machines without a
 // GPU.
 //
@@ -20,7 +20,7 @@ import (
 	"sync"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 

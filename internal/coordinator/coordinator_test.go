@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vgpuha/vgpuha/failover"
-	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

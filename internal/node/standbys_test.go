@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/internal/coordinator"
-	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"

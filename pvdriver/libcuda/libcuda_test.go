@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 

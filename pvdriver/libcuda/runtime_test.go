@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver/cuapi"
 	"github.com/vgpuha/vgpuha/replicate"
 )

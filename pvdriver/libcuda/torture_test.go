@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/replicate"
 )

@@ -1,4 +1,4 @@
-// histogram as internal/kernels/ptx/histogram.ptx: bins[data[i] % nbins] += 1
+// histogram as kernels/ptx/histogram.ptx: bins[data[i] % nbins] += 1
 // for i < n, with global integer atomics; nothing when nbins is 0.
 extern "C" __global__ void histogram(const unsigned int *data, unsigned int n, unsigned int *bins, unsigned int nbins) {
 	if (nbins == 0) return;

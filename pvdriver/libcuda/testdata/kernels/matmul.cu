@@ -1,4 +1,4 @@
-// matmul with the parameters and results of internal/kernels/ptx/matmul.ptx
+// matmul with the parameters and results of kernels/ptx/matmul.ptx
 // (C = A * B, n x n, row-major; thread (x, y) of the grid computes C[y][x]),
 // tiled through shared memory: each 16x16 block stages tiles of A and B.
 // Each element sums its products in the PTX's order (k = 0 .. n-1, rounded

@@ -1,4 +1,4 @@
-// saxpy as internal/kernels/ptx/saxpy.ptx: y[i] = a * x[i] + y[i] for i < n,
+// saxpy as kernels/ptx/saxpy.ptx: y[i] = a * x[i] + y[i] for i < n,
 // rounded after the multiply and after the add (mul.rn, add.rn: no FMA).
 extern "C" __global__ void saxpy(const float *x, float *y, float a, unsigned int n) {
 	unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,4 +1,4 @@
-// vadd as internal/kernels/ptx/vadd.ptx: c[i] = a[i] + b[i] for i < n.
+// vadd as kernels/ptx/vadd.ptx: c[i] = a[i] + b[i] for i < n.
 // Compiled by nvcc on the GPU machine (scripts/gpu-libcuda.sh) into PTX,
 // cubin and fatbin; the _rn intrinsics keep nvcc from fusing or reordering,
 // so every image gives the library PTX's results bit for bit.

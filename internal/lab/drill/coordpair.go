@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/coordinator"
-	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 )
 
 // Drill settings of a coordinated pair: a standby replaced from the pool

@@ -10,8 +10,8 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/mmioguest"
-	"github.com/vgpuha/vgpuha/internal/workload"
+	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
+	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )

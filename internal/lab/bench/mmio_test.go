@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vgpuha/vgpuha/internal/mmioguest"
+	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
 )
 
 // The MMIO benchmark's guest is this test binary (a separate process, as

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/internal/drill"
-	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
+	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"

@@ -17,7 +17,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/vgpuha/vgpuha/internal/kernels"
+	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 

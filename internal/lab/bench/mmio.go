@@ -24,7 +24,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
-	"github.com/vgpuha/vgpuha/internal/mmioguest"
+	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
 	"github.com/vgpuha/vgpuha/kmod"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 )

@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/faultnet"
+	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
 )

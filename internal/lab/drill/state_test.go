@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vgpuha/vgpuha/internal/cluster"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/internal/cluster"
-	"github.com/vgpuha/vgpuha/internal/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
 )

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/etcdtest"
+	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
