@@ -6,19 +6,12 @@ import (
 	"testing"
 )
 
-// labOnly are packages the agent must never link: the test kit and the
-// lab (drills, workloads, in-process clusters, fault injection, example
-// guests, harnesses), an etcd server, plotting.
+// labOnly are packages the agent must never link: the test kit, the lab
+// (internal/lab: drills, workloads, in-process clusters, fault injection,
+// example guests, harnesses), an etcd server, plotting.
 var labOnly = []string{
 	"testing",
-	"github.com/vgpuha/vgpuha/internal/lab/bench",
-	"github.com/vgpuha/vgpuha/internal/lab/drill",
-	"github.com/vgpuha/vgpuha/internal/lab/workload",
-	"github.com/vgpuha/vgpuha/internal/lab/cluster",
-	"github.com/vgpuha/vgpuha/internal/lab/etcdtest",
-	"github.com/vgpuha/vgpuha/internal/lab/faultnet",
-	"github.com/vgpuha/vgpuha/internal/lab/vmtest",
-	"github.com/vgpuha/vgpuha/internal/lab/mmioguest",
+	"github.com/vgpuha/vgpuha/internal/lab/",
 	"go.etcd.io/etcd/server/",
 	"gonum.org/",
 }
@@ -63,4 +56,37 @@ func TestAgentDependencies(t *testing.T) {
 		}
 	}
 	t.Logf("agent: %d packages; lab tool: %d", len(agent), len(lab))
+}
+
+// TestLayers: imports point down. No product package imports the lab
+// (internal/lab) or cmd, and no package at the top level imports one under
+// internal/ (internal/node and internal/coordinator sit above them).
+func TestLayers(t *testing.T) {
+	const mod = "github.com/vgpuha/vgpuha/"
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg, imports := strings.TrimPrefix(fields[0], mod), fields[1:]
+		if strings.HasPrefix(pkg, "internal/lab/") || strings.HasPrefix(pkg, "cmd/") {
+			continue
+		}
+		checked++
+		for _, imp := range imports {
+			dep, ok := strings.CutPrefix(imp, mod)
+			switch {
+			case !ok:
+			case strings.HasPrefix(dep, "internal/lab/"), strings.HasPrefix(dep, "cmd/"):
+				t.Errorf("product package %s imports %s", pkg, dep)
+			case !strings.HasPrefix(pkg, "internal/") && strings.HasPrefix(dep, "internal/"):
+				t.Errorf("%s imports %s, up the layers", pkg, dep)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d product packages listed", checked)
+	}
 }
