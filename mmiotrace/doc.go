@@ -15,7 +15,7 @@
 // stubs elsewhere that return ErrUnsupportedArch. The decoder is portable
 // Go: it decodes x86-64 bytes on any host.
 //
-// Modes (measured costs in the README):
+// Modes (measured costs in docs/PERFORMANCE.md):
 //   - insn: the regions stay write-protected; each store faults, the tracer
 //     (ptrace) reads the registers and the instruction, decodes it with
 //     x86asm and emulates it — writes the value through its own mapping and
