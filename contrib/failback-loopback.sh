@@ -2,7 +2,8 @@
 # The fail-back procedure of docs/OPERATIONS.md, run on one machine: two
 # "hosts" A and B are two sets of loopback ports, the GPU is the software
 # one. Every vgpuha command below is the one the document gives, with these
-# addresses. Needs vgpuha on $PATH; prints each step; exits non-zero on the
+# addresses. Needs vgpuha on $PATH (and vgpuha-lab, whose example guest
+# plays the guest); prints each step; exits non-zero on the
 # first step that does not hold.
 set -euo pipefail
 
@@ -58,7 +59,7 @@ until_status "$A_ADMIN" ' primary +1 +true .* protected '
 
 step "a guest on a third host: A first, B on failover"
 touch "$dir/guest.log"
-vgpuha guest --endpoint "$A_GUEST" --failover "$B_GUEST" --workload all --hold 2> "$dir/guest.log" > "$dir/guest.out" &
+vgpuha-lab guest --endpoint "$A_GUEST" --failover "$B_GUEST" --workload all --hold 2> "$dir/guest.log" > "$dir/guest.out" &
 g=$!
 pids+=($g)
 for _ in $(seq 300); do grep -q "holding the session" "$dir/guest.log" && break; sleep 0.1; done
@@ -85,7 +86,7 @@ vgpuha status --admin "$B_ADMIN" --admin.token-file "$dir/admin-token"
 
 step "the held guest session moved with the role (SESSIONS 1 on A); a new guest is served by A"
 until_status "$A_ADMIN" ' primary +3 +true +1 '
-vgpuha guest --endpoint "$A_GUEST" --failover "$B_GUEST" --workload vadd
+vgpuha-lab guest --endpoint "$A_GUEST" --failover "$B_GUEST" --workload vadd
 kill -TERM "$g"
 wait "$g"
 echo "fail-back done: A primary (term 3), B its standby"

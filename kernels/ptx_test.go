@@ -12,7 +12,7 @@ var update = flag.Bool("update", false, "rewrite ptx/*.ptx from the library")
 // TestPTXFiles checks that ptx/NAME.ptx holds exactly the PTX of library
 // kernel NAME, and that no file names a kernel the library lacks. The files
 // are what C programs load (cuModuleLoad) to run library kernels; the Go
-// source is their source of truth: `go test ./internal/kernels -run
+// source is their source of truth: `go test ./kernels -run
 // TestPTXFiles -update` rewrites them.
 func TestPTXFiles(t *testing.T) {
 	for _, name := range Names() {
@@ -26,7 +26,7 @@ func TestPTXFiles(t *testing.T) {
 		}
 		got, err := os.ReadFile(path)
 		if err != nil || string(got) != k.PTX {
-			t.Errorf("%s differs from kernel %s's PTX (err %v): run go test ./internal/kernels -run TestPTXFiles -update", path, name, err)
+			t.Errorf("%s differs from kernel %s's PTX (err %v): run go test ./kernels -run TestPTXFiles -update", path, name, err)
 		}
 	}
 	files, _ := filepath.Glob(filepath.Join("ptx", "*.ptx"))

@@ -1,18 +1,26 @@
-// Package kmod holds vgpuha's kernel-side helpers. Today that is one eBPF
-// program, FaultCounter: it counts a process's user page faults inside an
-// address range, as the kernel sees them, from the
+// Package kmod holds vgpuha's kernel-side pieces.
+//
+// FaultCounter is an eBPF program: it counts a process's user page faults
+// inside an address range, as the kernel sees them, from the
 // exceptions:page_fault_user tracepoint. It is an independent check on the
 // MMIO tracer (which counts only the faults it handles: in uffd mode the
 // kernel resolves write faults itself and the tracer sees none); `vgpuha
 // bench mmio` reports it beside the tracer's count. It never changes
-// anything: it only counts.
-//
-// The program is written with cilium/ebpf's assembler, so building it needs
-// no clang. Loading it needs root (CAP_BPF and CAP_PERFMON) and tracefs; an
-// in-kernel variant of the tracer (a kernel module, tested in a VM) is not
-// built yet. The tracepoint and its page-fault error code are x86's
-// (faults_amd64.go); elsewhere NewFaultCounter returns
+// anything: it only counts. It is written with cilium/ebpf's assembler, so
+// building it needs no clang; loading it needs root (CAP_BPF and
+// CAP_PERFMON) and tracefs. The tracepoint and its page-fault error code
+// are x86's (faults_amd64.go); elsewhere NewFaultCounter returns
 // ErrUnsupportedArch.
+//
+// module/ is the in-kernel MMIO tracer, vgpuha_mmio (C, kbuild; its file
+// comment says how it works), and Device (device_linux.go) its user-space
+// interface: apertures a tracer creates for a guest process, the events
+// the module records for each store, the pages it leaves open in page
+// mode. Package mmiotrace's kmod modes use it; this package decides
+// nothing about what a write means. Modules cannot be loaded on the
+// development machines: `make kmod-test` builds the module against the
+// headers of the Debian kernel scripts/setup-test-deps.sh fetches and
+// runs it in a qemu VM (TestModuleInVM).
 package kmod
 
 import (

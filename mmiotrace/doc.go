@@ -15,7 +15,7 @@
 // stubs elsewhere that return ErrUnsupportedArch. The decoder is portable
 // Go: it decodes x86-64 bytes on any host.
 //
-// Modes (measured costs in the README):
+// Modes (measured costs in docs/PERFORMANCE.md):
 //   - insn: the regions stay write-protected; each store faults, the tracer
 //     (ptrace) reads the registers and the instruction, decodes it with
 //     x86asm and emulates it — writes the value through its own mapping and
@@ -56,6 +56,12 @@
 //     process, x86-64, permission). A page whose flush did not settle is
 //     compared again at every flush until one does (a flush closing at
 //     most 16 such pages does not try: comparing them costs less).
+//   - kmod, kmod-page, kmod-auto: the vgpuha_mmio kernel module traces the
+//     stores (kmod/module): per store (a fault, the store under the trap
+//     flag, a debug trap that records its bytes; no process switch), per
+//     page for memory regions in kmod-page, or per store until a page takes
+//     a streak within a flush interval in kmod-auto. kmod_linux.go says how the guest's
+//     mapping becomes the module's and what each case does.
 //   - off: nothing is traced.
 //
 // Register regions (doorbells) are traced one write at a time in every mode

@@ -19,6 +19,10 @@ const (
 	ModeInsn = abi.ApertureModeInsn
 	ModePage = abi.ApertureModePage
 	ModeUffd = abi.ApertureModeUffd
+	// The kernel module's modes (kmod_linux.go).
+	ModeKmod     = abi.ApertureModeKmod
+	ModeKmodPage = abi.ApertureModeKmodPage
+	ModeKmodAuto = abi.ApertureModeKmodAuto
 )
 
 // Modes lists every mode.

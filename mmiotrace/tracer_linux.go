@@ -103,6 +103,7 @@ type Tracer struct {
 	unsettled   []dirtyPages
 	triedPtrace bool         // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
 	watch       *threadWatch // uffd mode: the guest's threads, for settle
+	km          *kmodState   // kmod modes, from the first region on
 }
 
 type write struct {
@@ -120,12 +121,12 @@ func Attach(pid int, opts Options) *Tracer {
 // perWrite reports whether writes to r are traced one by one (insn mode,
 // and register regions in every tracing mode).
 func (t *Tracer) perWrite(r *Region) bool {
-	return t.opts.Mode == ModeInsn || (t.opts.Mode != ModeOff && r.Kind == KindRegister)
+	return t.opts.Mode == ModeInsn || t.opts.Mode == ModeKmod || t.opts.Mode == ModeKmodAuto || (t.opts.Mode != ModeOff && r.Kind == KindRegister)
 }
 
 // usesPtrace reports whether r is protected and handled through ptrace.
 func (t *Tracer) usesPtrace(r *Region) bool {
-	return t.perWrite(r) || t.opts.Mode == ModePage
+	return !t.usesKmod() && (t.perWrite(r) || t.opts.Mode == ModePage)
 }
 
 // AddRegion starts tracing writes to r. The guest must already map it. The
@@ -147,6 +148,10 @@ func (t *Tracer) AddRegion(r *Region) error {
 	r.quiet = make([]bool, len(r.Mem)/pageSize)
 	r.full = true
 	switch {
+	case t.usesKmod():
+		if err := t.addKmodRegion(r); err != nil {
+			return err
+		}
 	case t.usesPtrace(r):
 		if err := t.startPtrace(); err != nil {
 			return err
@@ -255,6 +260,9 @@ func (t *Tracer) RemoveRegion(r *Region) {
 	t.writes = kept
 	pt := t.pt
 	t.mu.Unlock()
+	if t.km != nil {
+		t.removeKmodRegion(r)
+	}
 	if pt != nil && t.usesPtrace(r) {
 		pt.do(func(tid int) {
 			// The pages the tracer protected; those the guest protected
@@ -299,6 +307,9 @@ func (t *Tracer) Close() error {
 	}
 	if t.maps != nil {
 		t.maps.Close()
+	}
+	if t.km != nil {
+		t.km.dev.Close()
 	}
 	return err
 }
@@ -635,6 +646,13 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 			return err
 		}
 	}
+	if t.km != nil { // the module's events and the pages it left open
+		open, err := t.kmodFlush(regions)
+		if err != nil {
+			return err
+		}
+		dirty = append(dirty, open...)
+	}
 	if t.opts.Mode == ModeUffd {
 		open, err := t.scanUnsettled(regions)
 		if err != nil {
@@ -739,6 +757,9 @@ func (t *Tracer) Drain(emit func(r *Region, off uint64, data []byte)) {
 	t.mu.Lock()
 	regions := append([]*Region(nil), t.regions...)
 	t.mu.Unlock()
+	if t.km != nil {
+		t.kmodEvents() // stores the module recorded before the guest stopped
+	}
 	for _, w := range t.takeWrites() {
 		copy(w.r.shadow[w.off:], w.data)
 		emit(w.r, w.off, w.data)

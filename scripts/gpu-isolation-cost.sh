@@ -3,7 +3,8 @@
 # kernels): N guests served by N primaries (--guest.kernels
 # --guest.max-sessions 1) against the same N guests on one shared primary.
 # Prints host RSS and GPU memory of the primaries and the time from start
-# to serving. Takes a directory holding a prebuilt vgpuha; needs a GPU.
+# to serving. Takes a directory holding prebuilt vgpuha and vgpuha-lab
+# (make build lab); needs a GPU.
 set -euo pipefail
 B=$(cd "${1:-bin}" && pwd)
 n=${GUESTS:-8}
@@ -15,7 +16,7 @@ hold_guests() { # endpoint per guest
 	local i=0 ep
 	for ep in "$@"; do
 		i=$((i + 1))
-		"$B/vgpuha" guest --endpoint "$ep" --workload vadd --hold --name "g$i" >/dev/null 2>"$work/guest$i.log" &
+		"$B/vgpuha-lab" guest --endpoint "$ep" --workload vadd --hold --name "g$i" >/dev/null 2>"$work/guest$i.log" &
 	done
 	for i in $(seq $#); do
 		for _ in $(seq 600); do grep -q holding "$work/guest$i.log" && break; sleep 0.05; done

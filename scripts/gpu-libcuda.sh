@@ -167,7 +167,7 @@ checkpointed() {
 # time in ms[], exit status in rc[] (and the verify outcome in verified[]).
 run() {
 	local mode=$1 image=$2 p=$3 key=$3.$2.$1 dir=$work/img fmt=$2 env t0 status=0
-	[ "$image" = library-ptx ] && dir=$root/internal/kernels/ptx fmt=ptx
+	[ "$image" = library-ptx ] && dir=$root/kernels/ptx fmt=ptx
 	case $mode in
 	native) env=(VGTEST_NATIVE=1 "LD_LIBRARY_PATH=$nvdir") ;;
 	library) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/plain.sock") ;;

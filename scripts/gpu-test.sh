@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, for a machine with an NVIDIA GPU. Takes a
-# directory holding prebuilt `vgpuha` and `cuda.test` (make gpu-test builds
+# directory holding prebuilt `vgpuha` (the agent), `vgpuha-lab` (guests,
+# drills, benchmarks) and `cuda.test` (make gpu-test builds
 # them into bin/, and libcuda.so.1 for the last step), so it also runs where
 # Go is not installed.
 set -euo pipefail
@@ -20,7 +21,7 @@ sleep 1
 	--replicate.key-file "$work/key" --admin-listen 127.0.0.1:9470 "${tok[@]}" --mode commit 2>"$work/primary.log" &
 for i in $(seq 100); do [ -S "$work/g.sock" ] && break; sleep 0.1; done
 for g in 1 2; do
-	"$B/vgpuha" guest --endpoint "unix://$work/g.sock" --workload vadd,saxpy,matmul,reduce_sum,histogram --hold --name "g$g" 2>"$work/guest$g.log" &
+	"$B/vgpuha-lab" guest --endpoint "unix://$work/g.sock" --workload vadd,saxpy,matmul,reduce_sum,histogram --hold --name "g$g" 2>"$work/guest$g.log" &
 done
 for g in 1 2; do
 	for i in $(seq 300); do grep -q holding "$work/guest$g.log" && break; sleep 0.1; done
@@ -34,12 +35,12 @@ kill $(jobs -p) 2>/dev/null || true
 wait 2>/dev/null || true
 
 echo "== failover drill with both nodes on the GPU"
-"$B/vgpuha" drill --backend cuda --iterations 8
+"$B/vgpuha-lab" drill --backend cuda --iterations 8
 
 echo "== benchmarks"
-"$B/vgpuha" bench pv --backend cuda
-"$B/vgpuha" bench replicate --backend cuda
-"$B/vgpuha" bench apply --backend cuda
+"$B/vgpuha-lab" bench pv --backend cuda
+"$B/vgpuha-lab" bench replicate --backend cuda
+"$B/vgpuha-lab" bench apply --backend cuda
 
 echo "== apertures on the GPU: guest writes traced in each mode, device copy checked, standby verified"
 for mode in insn page uffd; do
@@ -52,7 +53,7 @@ for mode in insn page uffd; do
 	pr=$!
 	for i in $(seq 100); do [ -S "$work/m-$mode.sock" ] && break; sleep 0.1; done
 	# setsid: the tracer needs the guest in a process group of its own.
-	setsid "$B/vgpuha" mmio-guest --addr "unix://$work/m-$mode.sock" --workload doorbell --writes 20000 --hold >"$work/guest-$mode.json" 2>"$work/guest-$mode.log" &
+	setsid "$B/vgpuha-lab" mmio-guest --addr "unix://$work/m-$mode.sock" --workload doorbell --writes 20000 --hold >"$work/guest-$mode.json" 2>"$work/guest-$mode.log" &
 	for i in $(seq 300); do grep -q holding "$work/guest-$mode.log" && break; sleep 0.1; done
 	cat "$work/guest-$mode.json" "$work/guest-$mode.log"
 	"$B/vgpuha" verify --admin 127.0.0.1:9472 "${tok[@]}" || { tail -20 "$work/primary-$mode.log"; }
@@ -62,7 +63,7 @@ for mode in insn page uffd; do
 done
 
 echo "== MMIO tracing benchmark (tracer cost is CPU-side; software GPU)"
-"$B/vgpuha" bench mmio --plot "${PLOT_DIR:-$work}/mmio.png"
+"$B/vgpuha-lab" bench mmio --plot "${PLOT_DIR:-$work}/mmio.png"
 
 echo "== the guest libcuda.so.1: C programs with nvcc-built kernels natively, through the library, replicated; isolation"
 if [ -f "$B/libcuda.so.1" ]; then

@@ -15,7 +15,7 @@ import (
 // lines): what a completion script must offer for that command.
 func helpFlags(t *testing.T, args ...string) []string {
 	t.Helper()
-	out, err := exec.Command(vgpuhaBin, append(args, "--help")...).Output()
+	out, err := exec.Command(labBin, append(args, "--help")...).Output()
 	if err != nil {
 		t.Fatalf("vgpuha %v --help: %v", args, err)
 	}
@@ -33,7 +33,7 @@ func helpFlags(t *testing.T, args ...string) []string {
 func TestCompletion(t *testing.T) {
 	skipShort(t)
 	dir := t.TempDir()
-	commandsOut, err := exec.Command(vgpuhaBin, "help").Output()
+	commandsOut, err := exec.Command(labBin, "help").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestCompletion(t *testing.T) {
 	}
 	syntax := map[string][]string{"bash": {"bash", "-n"}, "zsh": {"zsh", "-n"}, "fish": {"fish", "--no-execute"}}
 	for _, shell := range []string{"bash", "zsh", "fish"} {
-		script, err := exec.Command(vgpuhaBin, "completion", shell).Output()
+		script, err := exec.Command(labBin, "completion", shell).Output()
 		if err != nil {
 			t.Fatalf("completion %s: %v", shell, err)
 		}

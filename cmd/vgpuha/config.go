@@ -14,7 +14,9 @@ import (
 // Every flag of a node has a key in a TOML config file (its name; the
 // dotted part of a name is a table, so "replicate.key-file" is key-file in
 // [replicate]) and an environment variable (VGPUHA_ and the name in upper
-// case, '.' and '-' as '_': VGPUHA_REPLICATE_KEY_FILE). Precedence: a flag
+// case, '.' and '-' as '_': VGPUHA_REPLICATE_KEY_FILE). A flag that is
+// also a table's name (--coordinator beside --coordinator.ttl) is the
+// table's empty key: "" = "etcd://..." under [coordinator]. Precedence: a flag
 // on the command line, then the environment, then the file, then the
 // default.
 
@@ -41,32 +43,10 @@ func parseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[s
 	if err != nil {
 		return nil, err
 	}
-	var errs []string
-	for key := range file {
-		if fs.Lookup(key) == nil || key == "config" {
-			msg := fmt.Sprintf("%s in %s: no such flag", key, *configPath)
-			if s := suggestFlag(fs, key); s != "" {
-				msg += fmt.Sprintf(" (did you mean %s?)", s)
-			}
-			errs = append(errs, msg)
-		}
-	}
+	errs := unknownKeys(fs, file, *configPath)
 	fs.VisitAll(func(f *flag.Flag) {
-		if source[f.Name] != "" || f.Name == "config" {
-			return
-		}
-		if v, ok := os.LookupEnv(envName(f.Name)); ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Sprintf("%s=%q (from the environment, for --%s): %v", envName(f.Name), v, f.Name, err))
-			}
-			source[f.Name] = "env"
-			return
-		}
-		if v, ok := file[f.Name]; ok {
-			if err := fs.Set(f.Name, v); err != nil {
-				errs = append(errs, fmt.Sprintf("%s in the config file %s: %v", f.Name, *configPath, err))
-			}
-			source[f.Name] = "file"
+		if source[f.Name] == "" && f.Name != "config" {
+			errs = append(errs, setFromEnvOrFile(fs, f.Name, file, *configPath, source)...)
 		}
 	})
 	if len(errs) > 0 {
@@ -74,6 +54,40 @@ func parseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[s
 		return nil, usageError{fmt.Errorf("configuration: %s", strings.Join(errs, "; "))}
 	}
 	return source, nil
+}
+
+// unknownKeys words each key of the config file that is no flag.
+func unknownKeys(fs *flag.FlagSet, file map[string]string, path string) []string {
+	var errs []string
+	for key := range file {
+		if fs.Lookup(key) == nil || key == "config" {
+			msg := fmt.Sprintf("%s in %s: no such flag", key, path)
+			if s := suggestFlag(fs, key); s != "" {
+				msg += fmt.Sprintf(" (did you mean %s?)", s)
+			}
+			errs = append(errs, msg)
+		}
+	}
+	return errs
+}
+
+// setFromEnvOrFile sets flag name, not given on the command line, from its
+// VGPUHA_ variable or else the config file, noting where it came from.
+func setFromEnvOrFile(fs *flag.FlagSet, name string, file map[string]string, path string, source map[string]string) []string {
+	if v, ok := os.LookupEnv(envName(name)); ok {
+		source[name] = "env"
+		if err := fs.Set(name, v); err != nil {
+			return []string{fmt.Sprintf("%s=%q (from the environment, for --%s): %v", envName(name), v, name, err)}
+		}
+		return nil
+	}
+	if v, ok := file[name]; ok {
+		source[name] = "file"
+		if err := fs.Set(name, v); err != nil {
+			return []string{fmt.Sprintf("%s in the config file %s: %v", name, path, err)}
+		}
+	}
+	return nil
 }
 
 // readConfig reads a TOML file into flag name → value ("" path: none).
@@ -94,7 +108,9 @@ func readConfig(path string) (map[string]string, error) {
 func flatten(prefix string, doc map[string]any, out map[string]string) {
 	for k, v := range doc {
 		name := k
-		if prefix != "" {
+		if prefix != "" && k == "" {
+			name = prefix // the table's own flag: "" = ... under [coordinator]
+		} else if prefix != "" {
 			name = prefix + "." + k
 		}
 		if table, ok := v.(map[string]any); ok {

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/internal/coordinator"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -65,9 +63,9 @@ func (f *coordFlags) clientConfig() (clientv3.Config, error) {
 	return cfg, nil
 }
 
-// dial connects the node's coordinator (nil without --coordinator);
+// config is the node's coordinator (nil without --coordinator);
 // advertise is where a standby takes a replication stream.
-func (f *coordFlags) dial(log *slog.Logger, reg prometheus.Registerer, advertise string) (*coordinator.Coordinator, error) {
+func (f *coordFlags) config(advertise string) (*coordinator.Config, error) {
 	if f.url == "" {
 		return nil, nil
 	}
@@ -75,8 +73,8 @@ func (f *coordFlags) dial(log *slog.Logger, reg prometheus.Registerer, advertise
 	if err != nil {
 		return nil, err
 	}
-	return coordinator.Dial(coordinator.Config{Endpoints: cc.Endpoints, Group: f.group, ID: f.id, Advertise: advertise,
-		TLS: cc.TLS, Username: cc.Username, Password: cc.Password, TTL: f.ttl, Registry: reg, Logger: log})
+	return &coordinator.Config{Endpoints: cc.Endpoints, Group: f.group, ID: f.id, Advertise: advertise,
+		TLS: cc.TLS, Username: cc.Username, Password: cc.Password, TTL: f.ttl}, nil
 }
 
 func runStatus(args []string) error {
@@ -96,6 +94,11 @@ func runStatus(args []string) error {
 		return showNodeStatus(ctx, os.Stdout, nodeStatusOptions{addr: *adminAddr, tokenFile: *tokenFile, asJSON: *asJSON,
 			watch: *watch, tty: isTerminal(os.Stdout)})
 	}
+	return showGroups(&cf, *asJSON)
+}
+
+// showGroups prints every replication group's members from etcd.
+func showGroups(cf *coordFlags, asJSON bool) error {
 	if cf.url == "" {
 		return fmt.Errorf("--coordinator or --admin is required (the groups from etcd, or one node's status)")
 	}
@@ -114,7 +117,7 @@ func runStatus(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(groups)

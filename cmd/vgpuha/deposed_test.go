@@ -14,20 +14,22 @@ import (
 
 // unitCommand is the ExecStart of a contrib/systemd unit, with the binary,
 // addresses and files the unit names replaced as subst says (old, new,
-// ...), and --backend sim.
+// ...), the example config files for the ones `make install` puts in
+// /etc/vgpuha, and --backend sim.
 func unitCommand(t *testing.T, unit string, subst ...string) *exec.Cmd {
 	t.Helper()
 	text, err := os.ReadFile(filepath.Join("..", "..", "contrib", "systemd", unit))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var line string
-	for _, l := range strings.Split(string(text), "\n") {
-		if strings.HasPrefix(l, "ExecStart=") || line != "" && strings.HasSuffix(line, "\\") {
-			line = strings.TrimSuffix(line, "\\") + " " + strings.TrimPrefix(l, "ExecStart=")
-		}
+	line := execStart(string(text))
+	configs, err := filepath.Abs(filepath.Join("..", "..", "contrib", "config"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	argv := strings.Fields(strings.NewReplacer(append([]string{"/usr/local/bin/vgpuha", vgpuhaBin}, subst...)...).Replace(line))
+	subst = append([]string{"/usr/local/bin/vgpuha", vgpuhaBin, "/etc/vgpuha/primary.toml", filepath.Join(configs, "primary.toml"),
+		"/etc/vgpuha/standby.toml", filepath.Join(configs, "standby.toml")}, subst...)
+	argv := strings.Fields(strings.NewReplacer(subst...).Replace(line))
 	for _, a := range argv {
 		if strings.Contains(a, "10.0.0.") || strings.HasPrefix(a, "/etc/") {
 			t.Fatalf("%s: %s left unreplaced in %v", unit, a, argv)

@@ -100,8 +100,8 @@ func TestEveryNumericFlagIsRanged(t *testing.T) {
 		capturedFlags, helpWanted = &sets, true
 		run := commands[c.name].run
 		args := []string{"--help"}
-		if name, ok := strings.CutPrefix(c.name, "bench "); ok {
-			run, args = runBench, []string{name, "--help"}
+		if parent, name, ok := strings.Cut(c.name, " "); ok {
+			run, args = commands[parent].run, []string{name, "--help"}
 		}
 		run(args)
 		capturedFlags, helpWanted = nil, false
@@ -145,7 +145,7 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"guest", "--workload", "vaddd"}, "", "--workload: unknown workload"},
 		{[]string{"bench", "pvv"}, "", "did you mean pv?"},
 	} {
-		cmd := exec.Command(vgpuhaBin, c.args...)
+		cmd := exec.Command(binFor(c.args[0]), c.args...)
 		if c.env != "" {
 			cmd.Env = append(os.Environ(), c.env)
 		}

@@ -115,7 +115,7 @@ func TestGuestAtAWrongPortIsToldAtOnce(t *testing.T) {
 		"tcp://" + repl:  "opens no vgpuha frame",
 	} {
 		start := time.Now()
-		out, err := exec.Command(vgpuhaBin, "guest", "--endpoint", endpoint, "--workload", "vadd").CombinedOutput()
+		out, err := exec.Command(labBin, "guest", "--endpoint", endpoint, "--workload", "vadd").CombinedOutput()
 		if err == nil || !strings.Contains(string(out), want) {
 			t.Errorf("guest at %s: %v\n%s\nwant %q", endpoint, err, out, want)
 		}

@@ -1,5 +1,13 @@
-// Command vgpuha runs every vgpuha role from one binary: the primary
-// hypervisor backend, example guests, the demo and the benchmarks.
+// Command vgpuha is the agent that runs on every GPU host: primary,
+// standby, status, verify, switchover, run, version and completion. It
+// links no test kit, workload, etcd server or plotting library
+// (TestAgentDependencies holds it to that).
+//
+// Built with -tags lab (make lab: bin/vgpuha-lab) the same command also
+// carries the lab, in the lab_*.go files: example guests, the demo,
+// failover drills, benchmarks, MMIO guests and embedded etcd members. The
+// lab binary runs the agent's commands too, so a drill's nodes are the
+// agent's own code.
 package main
 
 import (
@@ -20,24 +28,28 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"primary":     {"serve guests' GPU calls on the local backend", runPrimary},
-	"guest":       {"run an example guest workload through pvdriver and verify it", runGuest},
-	"demo":        {"start a primary and run every workload against it on loopback", runDemo},
-	"bench":       {"run a benchmark ('vgpuha bench --help' lists them)", runBench},
-	"standby":     {"apply a primary's replication stream to a replica GPU", runStandby},
-	"verify":      {"compare every object on primary and standby (and repair)", runVerify},
-	"switchover":  {"hand the primary role to the standby with nothing lost (maintenance, migration)", runSwitchover},
-	"drill":       {"inject faults into a primary/standby pair under a guest workload and measure", runDrill},
-	"soak":        {"kill the primary of a two-node pair again and again under guests; count lost writes, leaked sessions, refusals", runSoak},
-	"run":         {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
-	"mmio-guest":  {"a guest that writes to apertures (the MMIO benchmark's workloads)", runMMIOGuest},
-	"version":     {"print the version and the commit it was built from", runVersion},
-	"etcd-member": {"run one embedded etcd member on loopback (drill --coordinator starts three; not for production)", runEtcdMember},
-	"status":      {"one node's status (--admin), or every replication group's members from the coordinator (etcd)", runStatus},
+	"primary":    {"serve guests' GPU calls on the local backend", runPrimary},
+	"standby":    {"apply a primary's replication stream to a replica GPU", runStandby},
+	"verify":     {"compare every object on primary and standby (and repair)", runVerify},
+	"switchover": {"hand the primary role to the standby with nothing lost (maintenance, migration)", runSwitchover},
+	"run":        {"serve one guest program started here, tracing its aperture writes: run [flags] -- PROGRAM ARGS", runRun},
+	"version":    {"print the version and the commit it was built from", runVersion},
+	"status":     {"one node's status (--admin), or every replication group's members from the coordinator (etcd)", runStatus},
 }
 
+// progName and progSummary name the binary in its usage and errors (the
+// lab build sets its own: lab.go).
+var (
+	progName    = "vgpuha"
+	progSummary = "vgpuha keeps a guest's GPU state alive when its host dies: the agent that runs on every GPU host."
+)
+
+// subcommands are commands that take a subcommand word (bench NAME):
+// completion offers each.
+var subcommands = map[string]map[string]command{}
+
 func usage(w io.Writer) {
-	fmt.Fprintf(w, "vgpuha keeps a guest's GPU state alive when its host dies.\n\nUsage: vgpuha COMMAND [flags]\n\nCommands:\n")
+	fmt.Fprintf(w, "%s\n\nUsage: %s COMMAND [flags]\n\nCommands:\n", progSummary, progName)
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
@@ -46,7 +58,7 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintf(w, "\nRun 'vgpuha help COMMAND' (or 'vgpuha COMMAND --help') for a command's flags.\n")
+	fmt.Fprintf(w, "\nRun '%[1]s help COMMAND' (or '%[1]s COMMAND --help') for a command's flags.\n", progName)
 }
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -55,22 +67,9 @@ func main() { os.Exit(run(os.Args[1:])) }
 // command, 2 for a usage error (an unknown flag, a refused value: one line
 // on stderr). Help goes to stdout with status 0.
 func run(args []string) int {
-	if len(args) == 0 {
-		usage(os.Stderr)
-		return 2
-	}
-	switch args[0] {
-	case "-h", "--help", "-help":
-		usage(os.Stdout)
-		return 0
-	case "--version", "-version":
-		args = []string{"version"}
-	case "help":
-		if len(args) == 1 {
-			usage(os.Stdout)
-			return 0
-		}
-		args = []string{args[1], "--help"}
+	args, status, done := topLevel(args)
+	if done {
+		return status
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -78,28 +77,56 @@ func run(args []string) int {
 		if s := closest(args[0], commandNames()); s != "" {
 			hint = fmt.Sprintf(" (did you mean %s?)", s)
 		}
-		fmt.Fprintf(os.Stderr, "vgpuha: unknown command %q%s; 'vgpuha help' lists the commands\n", args[0], hint)
+		fmt.Fprintf(os.Stderr, "%[1]s: unknown command %[2]q%[3]s; '%[1]s help' lists the commands\n", progName, args[0], hint)
 		return 2
 	}
 	helpWanted = wantsHelp(args[1:])
-	if err := cmd.run(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			if helpWanted {
-				return 0
-			}
-			return 2
-		}
-		fmt.Fprintf(os.Stderr, "vgpuha %s: %v\n", args[0], err)
-		if errors.As(err, new(usageError)) {
-			return 2
-		}
-		var exit exitError
-		if errors.As(err, &exit) {
-			return exit.code
-		}
-		return 1
+	return exitStatus(args[0], cmd.run(args[1:]))
+}
+
+// topLevel handles what comes before a command: no arguments, --help,
+// --version and help COMMAND. done: the status is final.
+func topLevel(args []string) (rest []string, status int, done bool) {
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return nil, 2, true
 	}
-	return 0
+	switch args[0] {
+	case "-h", "--help", "-help":
+		usage(os.Stdout)
+		return nil, 0, true
+	case "--version", "-version":
+		return []string{"version"}, 0, false
+	case "help":
+		if len(args) == 1 {
+			usage(os.Stdout)
+			return nil, 0, true
+		}
+		return []string{args[1], "--help"}, 0, false
+	}
+	return args, 0, false
+}
+
+// exitStatus prints a command's error (one line) and returns its status.
+func exitStatus(name string, err error) int {
+	if err == nil {
+		return 0
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		if helpWanted {
+			return 0
+		}
+		return 2
+	}
+	fmt.Fprintf(os.Stderr, "%s %s: %v\n", progName, name, err)
+	if errors.As(err, new(usageError)) {
+		return 2
+	}
+	var exit exitError
+	if errors.As(err, &exit) {
+		return exit.code
+	}
+	return 1
 }
 
 // helpWanted: the command line asked for help, which then goes to stdout.
@@ -131,7 +158,7 @@ func newFlags(name, synopsis string) *flag.FlagSet {
 		fs.SetOutput(os.Stdout)
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: vgpuha %s %s\n\nFlags:\n", name, synopsis)
+		fmt.Fprintf(fs.Output(), "Usage: %s %s %s\n\nFlags:\n", progName, name, synopsis)
 		printFlags(fs)
 	}
 	return fs

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,10 +31,24 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
-var vgpuhaBin string
+// vgpuhaBin is the agent; labBin the lab tool (-tags lab: the agent's
+// commands and the lab's), whose guests, drills and benchmarks the tests
+// run against the agent.
+var vgpuhaBin, labBin string
 
-// TestMain builds the real vgpuha binary once; the tests run it as separate
-// processes talking over real sockets.
+// labCommands are the commands only the lab tool has.
+var labCommands = []string{"guest", "demo", "drill", "bench", "mmio-guest", "etcd-member"}
+
+// binFor is the binary that has command.
+func binFor(command string) string {
+	if slices.Contains(labCommands, command) {
+		return labBin
+	}
+	return vgpuhaBin
+}
+
+// TestMain builds the real vgpuha binaries once; the tests run them as
+// separate processes talking over real sockets.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if testing.Short() {
@@ -43,11 +58,13 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	vgpuhaBin = filepath.Join(dir, "vgpuha")
-	out, err := exec.Command("go", "build", "-o", vgpuhaBin, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "building vgpuha: %v\n%s", err, out)
-		os.Exit(1)
+	vgpuhaBin, labBin = filepath.Join(dir, "vgpuha"), filepath.Join(dir, "vgpuha-lab")
+	for _, build := range [][]string{{"-o", vgpuhaBin}, {"-tags", "lab", "-o", labBin}} {
+		out, err := exec.Command("go", append(append([]string{"build"}, build...), ".")...).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "building %v: %v\n%s", build, err, out)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -207,9 +224,16 @@ func waitLog(t *testing.T, p *proc, what string) {
 	}
 }
 
-func runGuestProc(endpoint, name string, size int) (guestReport, error) {
-	var rep guestReport
-	cmd := exec.Command(vgpuhaBin, "guest", "--endpoint", endpoint, "--workload", name, "--json", "--size", fmt.Sprint(size))
+// guestJSON is what `vgpuha guest --json` prints (lab_guest.go).
+type guestJSON struct {
+	Session   uint64            `json:"session"`
+	Workloads []workload.Result `json:"workloads"`
+	Verified  bool              `json:"verified"`
+}
+
+func runGuestProc(endpoint, name string, size int) (guestJSON, error) {
+	var rep guestJSON
+	cmd := exec.Command(labBin, "guest", "--endpoint", endpoint, "--workload", name, "--json", "--size", fmt.Sprint(size))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -314,11 +338,11 @@ func TestPrimaryServesGuests(t *testing.T) {
 // failure to run (here: no hypervisor), never a silent success.
 func TestGuestExitStatus(t *testing.T) {
 	skipShort(t)
-	cmd := exec.Command(vgpuhaBin, "guest", "--endpoint", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--workload", "vadd")
+	cmd := exec.Command(labBin, "guest", "--endpoint", "unix://"+filepath.Join(t.TempDir(), "none.sock"), "--workload", "vadd")
 	if err := cmd.Run(); err == nil {
 		t.Fatal("guest with no hypervisor exited 0")
 	}
-	cmd = exec.Command(vgpuhaBin, "guest", "--workload", "nope")
+	cmd = exec.Command(labBin, "guest", "--workload", "nope")
 	if err := cmd.Run(); err == nil {
 		t.Fatal("guest with an unknown workload exited 0")
 	}
@@ -326,7 +350,7 @@ func TestGuestExitStatus(t *testing.T) {
 
 func TestDemo(t *testing.T) {
 	skipShort(t)
-	out, err := exec.Command(vgpuhaBin, "demo").CombinedOutput()
+	out, err := exec.Command(labBin, "demo").CombinedOutput()
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}
@@ -424,7 +448,7 @@ func TestReplicationProcesses(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 2; i++ {
-		h := exec.Command(vgpuhaBin, "guest", "--endpoint", "unix://"+sock, "--workload", "all", "--hold")
+		h := exec.Command(labBin, "guest", "--endpoint", "unix://"+sock, "--workload", "all", "--hold")
 		stderr := &syncBuffer{}
 		h.Stderr = stderr
 		if err := h.Start(); err != nil {
@@ -474,7 +498,7 @@ func TestReplicationProcesses(t *testing.T) {
 func TestDrill(t *testing.T) {
 	skipShort(t)
 	svg := filepath.Join(t.TempDir(), "drill.svg")
-	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "5", "--faults", "kill,freeze,standby-kill,switchover,guest-cut", "--json", "--backend", "sim", "--plot", svg).Output()
+	out, err := exec.Command(labBin, "drill", "--iterations", "5", "--faults", "kill,freeze,standby-kill,switchover,guest-cut", "--json", "--backend", "sim", "--plot", svg).Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -505,7 +529,7 @@ func TestDrill(t *testing.T) {
 func TestDrillStateBytes(t *testing.T) {
 	skipShort(t)
 	for _, args := range [][]string{{"--faults", "kill,failback,standby-kill", "--iterations", "3"}, {"--coordinator", "--coordinator.ttl", "4s", "--faults", "kill,standby-loss", "--iterations", "2"}} {
-		out, err := exec.Command(vgpuhaBin, append([]string{"drill", "--state-bytes", "64MiB", "--json", "--backend", "sim", "--topology", "loopback"}, args...)...).Output()
+		out, err := exec.Command(labBin, append([]string{"drill", "--state-bytes", "64MiB", "--json", "--backend", "sim", "--topology", "loopback"}, args...)...).Output()
 		if err != nil {
 			t.Fatalf("drill %v: %v\n%s", args, err, out)
 		}
@@ -542,7 +566,7 @@ func TestDrillShm(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("shared memory needs Linux")
 	}
-	out, err := exec.Command(vgpuhaBin, "drill", "--transport", "shm", "--iterations", "4", "--faults", "kill,freeze,standby-kill,switchover", "--json", "--backend", "sim").Output()
+	out, err := exec.Command(labBin, "drill", "--transport", "shm", "--iterations", "4", "--faults", "kill,freeze,standby-kill,switchover", "--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -566,7 +590,7 @@ func TestDrillCoordinated(t *testing.T) {
 	skipShort(t)
 	// 4 s leases: a race-built suite on 2 busy cores can miss a 2 s lease's
 	// renewal, and a healthy primary then rightly stands down mid-drill.
-	out, err := exec.Command(vgpuhaBin, "drill", "--coordinator", "--coordinator.ttl", "4s", "--iterations", "5", "--faults", "kill,freeze,partition,standby-loss,etcd-member-kill",
+	out, err := exec.Command(labBin, "drill", "--coordinator", "--coordinator.ttl", "4s", "--iterations", "5", "--faults", "kill,freeze,partition,standby-loss,etcd-member-kill",
 		"--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
@@ -617,7 +641,7 @@ func TestDrillRefusesBadFlags(t *testing.T) {
 		{[]string{"--transport", "shm", "--faults", "guest-cut"}, `fault "guest-cut" is not drilled over --transport shm`},
 		{[]string{"--transport", "vsock"}, `unknown transport "vsock"`},
 	} {
-		cmd := exec.Command(vgpuhaBin, append([]string{"drill", "--backend", "sim"}, tc.args...)...)
+		cmd := exec.Command(labBin, append([]string{"drill", "--backend", "sim"}, tc.args...)...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -692,7 +716,7 @@ func TestDrillPartition(t *testing.T) {
 	if !drill.NetnsAvailable() {
 		t.Skip("network namespaces cannot be made here (needs root and iproute2): partition drills skipped")
 	}
-	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "1", "--faults", "partition", "--topology", "netns", "--json", "--backend", "sim").Output()
+	out, err := exec.Command(labBin, "drill", "--iterations", "1", "--faults", "partition", "--topology", "netns", "--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -714,7 +738,7 @@ func TestDrillPartition(t *testing.T) {
 // the promoted standby's GPU state matches that checkpoint exactly.
 func TestDrillEpoch(t *testing.T) {
 	skipShort(t)
-	out, err := exec.Command(vgpuhaBin, "drill", "--mode", "epoch", "--iterations", "2", "--json", "--backend", "sim").Output()
+	out, err := exec.Command(labBin, "drill", "--mode", "epoch", "--iterations", "2", "--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -740,7 +764,7 @@ func TestRun(t *testing.T) {
 				t.Skipf("uffd mode needs Linux 6.7+: %v", mmiotrace.UffdAvailable())
 			}
 			cmd := exec.Command(vgpuhaBin, "run", "--mmio", mode, "--log.level", "warn", "--",
-				vgpuhaBin, "mmio-guest", "--workload", "doorbell", "--writes", "500", "--aperture-bytes", "65536")
+				labBin, "mmio-guest", "--workload", "doorbell", "--writes", "500", "--aperture-bytes", "65536")
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			out, err := cmd.Output()
@@ -780,7 +804,7 @@ func TestAperturePrimaryKilled(t *testing.T) {
 	a := startPrimary(t, "--guest-listen", "unix://"+sockA, "--replicate-to", "tcp://"+repl, "--replicate.key-file", keyFile, "--mmio", "page")
 	waitLog(t, a, "primary is protected")
 
-	g := mmiotrace.GuestCommand(exec.Command(vgpuhaBin, "mmio-guest", "--addr", "unix://"+sockA, "--failover", "unix://"+sockB,
+	g := mmiotrace.GuestCommand(exec.Command(labBin, "mmio-guest", "--addr", "unix://"+sockA, "--failover", "unix://"+sockB,
 		"--workload", "failover", "--writes", "3000", "--aperture-bytes", "262144"))
 	stdin, _ := g.StdinPipe()
 	stdout, _ := g.StdoutPipe()
@@ -886,7 +910,7 @@ func TestHelpAndBadValues(t *testing.T) {
 // both moves and loses nothing.
 func TestDrillFailback(t *testing.T) {
 	skipShort(t)
-	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "2", "--faults", "failback", "--json", "--backend", "sim").Output()
+	out, err := exec.Command(labBin, "drill", "--iterations", "2", "--faults", "failback", "--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -910,7 +934,7 @@ func TestDrillFailback(t *testing.T) {
 // the healthy primary, and a guest started after a takeover is served.
 func TestDrillStandbyFreezeAndLateGuest(t *testing.T) {
 	skipShort(t)
-	out, err := exec.Command(vgpuhaBin, "drill", "--iterations", "2", "--faults", "standby-freeze,guest-start-after-failover", "--json", "--backend", "sim").Output()
+	out, err := exec.Command(labBin, "drill", "--iterations", "2", "--faults", "standby-freeze,guest-start-after-failover", "--json", "--backend", "sim").Output()
 	if err != nil {
 		t.Fatalf("drill: %v\n%s", err, out)
 	}
@@ -982,7 +1006,7 @@ func TestSystemdReadiness(t *testing.T) {
 func TestDrillSIGTERMLeavesNothing(t *testing.T) {
 	skipShort(t)
 	tmp := t.TempDir()
-	cmd := exec.Command(vgpuhaBin, "drill", "--iterations", "50", "--backend", "sim")
+	cmd := exec.Command(labBin, "drill", "--iterations", "50", "--backend", "sim")
 	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
@@ -1136,7 +1160,7 @@ func TestLiveBenches(t *testing.T) {
 	startPrimary(t, "--guest-listen", endpoint, "--backend", "sim",
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile, "--mode", "commit")
 
-	out, err := exec.Command(vgpuhaBin, "bench", "pv", "--endpoint", endpoint, "--backend", "sim",
+	out, err := exec.Command(labBin, "bench", "pv", "--endpoint", endpoint, "--backend", "sim",
 		"--rounds", "1", "--batch", "50", "--bulk-bytes", "1048576", "--json").Output()
 	if err != nil {
 		t.Fatalf("bench pv --endpoint: %v\n%s", err, out)
@@ -1158,7 +1182,7 @@ func TestLiveBenches(t *testing.T) {
 		}
 	}
 
-	out, err = exec.Command(vgpuhaBin, "bench", "replicate", "--endpoint", endpoint, "--backend", "sim",
+	out, err = exec.Command(labBin, "bench", "replicate", "--endpoint", endpoint, "--backend", "sim",
 		"--rounds", "1", "--calls", "50", "--bulk-bytes", "1048576", "--json").Output()
 	if err != nil {
 		t.Fatalf("bench replicate --endpoint: %v\n%s", err, out)
@@ -1196,7 +1220,7 @@ func TestBenchResync(t *testing.T) {
 	skipShort(t)
 	for _, placement := range [][]string{nil, {"--processes"}} {
 		args := append([]string{"bench", "resync", "--backend", "sim", "--sizes", "64MiB", "--baseline", "300ms", "--json"}, placement...)
-		out, err := exec.Command(vgpuhaBin, args...).Output()
+		out, err := exec.Command(labBin, args...).Output()
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}

@@ -5,36 +5,29 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/coreos/go-systemd/v22/daemon"
-	"log/slog"
+	"github.com/vgpuha/vgpuha/internal/node"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/hypervisor/sim"
-	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
-// backendFlags are the flags that choose and size the GPU backend.
+// backendFlags are the flags that choose and size the GPU backend
+// (node.GPU opens it).
 type backendFlags struct {
 	name      string
 	simMemory uint64
 	simShift  uint64
-	ordinal   int // the CUDA device (cuda:N)
 	spares    int // CUDA contexts made ahead
 }
 
@@ -45,56 +38,14 @@ func (b *backendFlags) register(fs *flag.FlagSet) {
 	intVar(fs, &b.spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
 }
 
-// checkBackend accepts the --backend names open knows.
-func checkBackend(name string) error {
-	if n, ok := strings.CutPrefix(name, "cuda:"); ok {
-		if ord, err := strconv.Atoi(n); err != nil || ord < 0 {
-			return fmt.Errorf("bad backend %q (want cuda:N, N a device ordinal)", name)
-		}
-		return nil
-	}
-	switch name {
-	case "sim", "cuda", "auto":
-		return nil
-	}
-	return fmt.Errorf("unknown backend %q (have: cuda, cuda:N, sim, auto)", name)
+// checkBackend accepts the --backend names node.GPU knows.
+func checkBackend(name string) error { return node.CheckGPU(name) }
+
+func (b *backendFlags) gpu() node.GPU {
+	return node.GPU{Name: b.name, SimMemoryBytes: b.simMemory, SimBaseShift: b.simShift, SpareContexts: b.spares}
 }
 
-func (b *backendFlags) open() (gpu.Backend, error) {
-	if n, ok := strings.CutPrefix(b.name, "cuda:"); ok {
-		ord, err := strconv.Atoi(n)
-		if err != nil || ord < 0 {
-			return nil, fmt.Errorf("bad backend %q (want cuda:N, N a device ordinal)", b.name)
-		}
-		b.name, b.ordinal = "cuda", ord
-	}
-	switch b.name {
-	case "sim":
-		s := sim.New(b.simMemory)
-		s.BaseShift = b.simShift
-		return s, nil
-	case "cuda":
-		return b.openCUDA()
-	case "auto":
-		if c, err := b.openCUDA(); err == nil {
-			return c, nil
-		}
-		b.name = "sim"
-		return b.open()
-	}
-	return nil, fmt.Errorf("unknown backend %q (have: cuda, sim, auto)", b.name)
-}
-
-// openCUDA opens CUDA device b.ordinal (0 unless cuda:N was given), keeping
-// b.spares contexts made ahead.
-func (b *backendFlags) openCUDA() (gpu.Backend, error) {
-	c, err := cuda.New(b.ordinal)
-	if err != nil {
-		return nil, err
-	}
-	c.KeepSpareContexts(b.spares)
-	return c, nil
-}
+func (b *backendFlags) open() (gpu.Backend, error) { return b.gpu().Open() }
 
 // configFlags registers the hypervisor's limits.
 func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
@@ -104,7 +55,7 @@ func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	intVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, maxInt, "allocations plus handles each guest may hold")
 	intVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")
 	sizeVar(fs, &cfg.WindowSize, "va.window-bytes", cfg.WindowSize, cfg.AllocAlign, 1<<46, "size of each guest's device-address window (a multiple of 2 MiB)")
-	fs.Func("mmio", "how guest writes to apertures are traced: off, insn, page or uffd (default "+cfg.MMIO.Mode.String()+")", func(v string) error {
+	fs.Func("mmio", "how guest writes to apertures are traced: off, insn, page, uffd, kmod, kmod-page or kmod-auto (the kmod modes need the vgpuha_mmio module) (default "+cfg.MMIO.Mode.String()+")", func(v string) error {
 		m, err := mmiotrace.ParseMode(v)
 		cfg.MMIO.Mode = m
 		return err
@@ -213,61 +164,4 @@ func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoMetric())
 	return reg
-}
-
-// serveAdmin serves mux on ln (listenAdmin's; nil: no admin endpoint)
-// until ctx ends. tokenFile holds the admin token (package admin says
-// what it guards).
-func serveAdmin(ctx context.Context, ln net.Listener, tokenFile string, mux *admin.Mux, log *slog.Logger) error {
-	if ln == nil {
-		return nil
-	}
-	if _, err := mux.LoadToken(tokenFile); err != nil {
-		ln.Close()
-		return err
-	}
-	mux.SetLogger(log)
-	if ln.Addr().Network() == "tcp" && tokenFile == "" {
-		log.Warn("no --admin.token-file: POST endpoints are refused over tcp and /status hides session details")
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	go func() {
-		<-ctx.Done()
-		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		srv.Shutdown(shut)
-		cancel()
-	}()
-	log.Info("admin endpoint up", "addr", ln.Addr().String())
-	return nil
-}
-
-// notifyReady tells systemd (Type=notify units, contrib/systemd) that the
-// node serves; without $NOTIFY_SOCKET it does nothing.
-func notifyReady(log *slog.Logger) {
-	if _, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-		log.Warn("could not tell systemd the node is ready", "err", err)
-	}
-}
-
-// reloadOnHUP makes SIGHUP (a reload request, or a closed terminal)
-// reload the admin token file, the one thing read again (token rotation:
-// docs/OPERATIONS.md); everything else is read at start. A file that
-// cannot be read keeps the tokens in use, and the log says why.
-func reloadOnHUP(log *slog.Logger, adminAddr, tokenFile string, mux *admin.Mux) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	go func() {
-		for range hup {
-			if adminAddr == "" || tokenFile == "" {
-				log.Info("SIGHUP: nothing to reload (no --admin.token-file; other flags are read at start); ignored")
-				continue
-			}
-			if n, err := mux.LoadToken(tokenFile); err != nil {
-				log.Error("SIGHUP: admin tokens not reloaded; the ones in use stay", "err", err)
-			} else {
-				log.Info("SIGHUP: admin tokens reloaded (other flags are read at start)", "file", tokenFile, "tokens", n)
-			}
-		}
-	}()
 }

@@ -2,17 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
-	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/vgpuha/vgpuha/failover"
-	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -40,10 +35,10 @@ func runPrimary(args []string) error {
 	return servePrimary(newFlags("primary", "--guest-listen ENDPOINT [flags]"), args, nil)
 }
 
-// primaryFlags are a primary's own flags (the backend's, the
-// hypervisor's, the coordinator's and the log's are registered beside
-// them).
+// primaryFlags are a primary's flags: its own, and the ones every node
+// takes (nodeFlags).
 type primaryFlags struct {
+	nodeFlags
 	listen, adminAddr, adminToken, replicateTo, modeName, keyFile, stateDir *string
 	minInSync                                                               *int
 	maxLag, resyncBudget, resyncRate                                        *int64
@@ -65,119 +60,69 @@ func (p *primaryFlags) register(fs *flag.FlagSet, defaultListen string) {
 	p.resyncStall = durationFlag(fs, "replicate.resync-stall", replicate.DefaultResyncStall, time.Millisecond, time.Minute, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
 	p.resyncRate = sizeFlag[int64](fs, "replicate.resync-rate", 0, 0, maxInt64, "bytes per second a resync streams at most (0: as fast as the link takes it)")
 	p.stateDir = stateDirFlag(fs)
+	p.nodeFlags.register(fs, false)
 }
 
 // servePrimary runs a primary until a signal, or, with a guest program,
 // until that program exits (vgpuha run).
 func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
-	defaultListen := "unix:///tmp/vgpuha.sock"
-	if guest != nil {
-		dir, err := os.MkdirTemp("", "vgpuha-run")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		defaultListen = "unix://" + dir + "/guest.sock"
+	defaultListen, cleanup, err := guestEndpoint(guest)
+	if err != nil {
+		return err
 	}
+	defer cleanup()
 	var pf primaryFlags
 	pf.register(fs, defaultListen)
-	var bf backendFlags
-	bf.register(fs)
-	var cf coordFlags
-	cf.register(fs, true)
-	var pair pairFlags
-	pair.register(fs, false)
-	cfg := hypervisor.DefaultConfig()
-	configFlags(fs, &cfg)
-	newLog := logFlag(fs)
-	configPath := configFlag(fs)
-	showConfig := fs.Bool("config.show", false, "print every flag's effective value and where it came from (flag, env, file, default), then exit")
-	source, err := parseWithConfig(fs, args, configPath)
-	if err != nil || *showConfig {
-		if err == nil {
-			printConfig(fs, source)
-		}
+	if stop, err := pf.parse(fs, args); stop {
 		return err
 	}
-	log := newLog()
-	record := pairRecord(*pf.stateDir, *pf.replicateTo, cf.url)
-	if err := record.refuseIfDeposed(); err != nil {
-		return err
-	}
-	if err := tryListen("guest-listen", *pf.listen); err != nil {
-		return err
-	}
-	adminLn, err := listenAdmin(*pf.adminAddr)
+	rc, err := pf.runConfig()
 	if err != nil {
 		return err
 	}
-	bf.spares = min(bf.spares, cfg.MaxSessions) // no more contexts ahead than sessions that could take them
-	backend, err := bf.open()
-	if err != nil {
-		return err
+	if guest != nil {
+		rc.OnReady = guestProgram(guest, *pf.listen, pf.hv.MMIO, rc.Registry)
 	}
-	defer backend.Close()
-	reg := newRegistry()
-	ncfg := node.Config{Backend: backend, Hypervisor: cfg, Registry: reg, Logger: log, GuestListen: *pf.listen, MaxLagBytes: *pf.maxLag,
-		ResyncBudgetBytes: *pf.resyncBudget, ResyncStall: *pf.resyncStall, ResyncGuestShare: pf.guestShare, ResyncRate: *pf.resyncRate}
-	if err := primaryReplication(&ncfg, *pf.replicateTo, *pf.keyFile, *pf.modeName, *pf.minInSync); err != nil {
-		return err
-	}
-	if ncfg.Coordinator, err = cf.dial(log, reg, ""); err != nil {
-		return err
-	}
-	ncfg.StandbyLossAfter = cf.standbyLossAfter
-	pair.apply(&ncfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	n, err := node.StartPrimary(ncfg)
-	if err != nil {
-		return err
-	}
-	defer n.Close()
-	if err := record.serving(n, log); err != nil {
-		return err
-	}
-	mux := n.AdminHandler(reg)
-	if err := serveAdmin(ctx, adminLn, *pf.adminToken, mux, log); err != nil {
-		return err
-	}
-	log.Info("primary serving guests", "endpoint", *pf.listen, "backend", backend.Name())
-	reloadOnHUP(log, *pf.adminAddr, *pf.adminToken, mux)
-	notifyReady(log)
-	var guestDone <-chan error
-	if guest != nil {
-		if guestDone, err = startGuestProgram(guest, *pf.listen, cfg.MMIO); err != nil {
-			return err
-		}
-	}
-	return waitPrimary(ctx, n, guestDone, func() { printMMIOSummary(reg, cfg.MMIO.Mode) }, &record, log)
+	return node.Run(ctx, rc)
 }
 
-// waitPrimary serves until a signal, the guest program's end (then
-// summary), or a fence, after which the node stays up so operators can
-// see why in /status; the record notes the fence.
-func waitPrimary(ctx context.Context, n *node.Node, guestDone <-chan error, summary func(), record *pairState, log *slog.Logger) error {
-	var err error
-	select {
-	case err = <-guestDone:
-		summary()
-	case <-ctx.Done():
-		log.Info("shutting down", "reason", "signal")
-	case err = <-n.Served():
-		if role, term := n.Role(); err == nil && role == failover.Fenced {
-			record.fenced(term, log)
-			log.Warn("fenced; no longer serving guests; waiting for SIGTERM")
-			<-ctx.Done()
-		}
+// guestEndpoint is a primary's default guest endpoint: for vgpuha run, a
+// socket in a directory of its own that cleanup removes.
+func guestEndpoint(guest []string) (endpoint string, cleanup func(), err error) {
+	if guest == nil {
+		return "unix:///tmp/vgpuha.sock", func() {}, nil
 	}
-	if role, term := n.Role(); role == failover.Fenced {
-		record.fenced(term, log)
+	dir, err := os.MkdirTemp("", "vgpuha-run")
+	if err != nil {
+		return "", nil, err
 	}
-	n.Close()
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		return err
+	return "unix://" + dir + "/guest.sock", func() { os.RemoveAll(dir) }, nil
+}
+
+// runConfig checks that this node may serve as primary (its pair record),
+// binds its addresses, reads its key and says what node.Run runs.
+func (p *primaryFlags) runConfig() (node.RunConfig, error) {
+	log := p.newLog()
+	record := pairRecord(*p.stateDir, *p.replicateTo, p.coord.url)
+	if err := record.refuseIfDeposed(); err != nil {
+		return node.RunConfig{}, err
 	}
-	log.Info("primary stopped")
-	return nil
+	if err := tryListen("guest-listen", *p.listen); err != nil {
+		return node.RunConfig{}, err
+	}
+	rc, err := p.nodeFlags.runConfig(false, *p.listen, "", log)
+	if err != nil {
+		return rc, err
+	}
+	if rc.Admin, err = listenAdmin(*p.adminAddr); err != nil {
+		return rc, err
+	}
+	rc.AdminTokenFile = *p.adminToken
+	n := &rc.Node
+	n.MaxLagBytes, n.ResyncBudgetBytes, n.ResyncStall, n.ResyncGuestShare, n.ResyncRate = *p.maxLag, *p.resyncBudget, *p.resyncStall, p.guestShare, *p.resyncRate
+	rc.OnServe = func(n *node.Node) error { return record.serving(n, log) }
+	rc.OnFenced = func(term uint64) { record.fenced(term, log) }
+	return rc, primaryReplication(n, *p.replicateTo, *p.keyFile, *p.modeName, *p.minInSync)
 }

@@ -5,15 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"sort"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
-	"github.com/vgpuha/vgpuha/internal/lab/bench"
-	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 )
 
@@ -58,10 +55,29 @@ func startGuestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfi
 	return done, nil
 }
 
+// guestProgram is node.RunConfig.OnReady for vgpuha run: it starts the
+// guest program once the node serves; when the program exits it prints
+// what the tracer did, and the node stops.
+func guestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfig, reg prometheus.Gatherer) func() (<-chan error, error) {
+	return func() (<-chan error, error) {
+		exited, err := startGuestProgram(argv, endpoint, mmio)
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan error, 1)
+		go func() {
+			err := <-exited
+			printMMIOSummary(reg, mmio.Mode)
+			done <- err
+		}()
+		return done, nil
+	}
+}
+
 // printMMIOSummary reports the tracer's counters after the guest exited.
 func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
 	var parts []string
-	for name, total := range bench.SumCounters(reg) {
+	for name, total := range sumCounters(reg) {
 		if strings.HasPrefix(name, "vgpuha_mmio_") && strings.HasSuffix(name, "_total") {
 			parts = append(parts, fmt.Sprintf("%s=%.0f", strings.TrimSuffix(strings.TrimPrefix(name, "vgpuha_mmio_"), "_total"), total))
 		}
@@ -70,21 +86,14 @@ func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
 	fmt.Fprintf(os.Stderr, "vgpuha run: guest exited; mmio (%s): %s\n", mode, strings.Join(parts, " "))
 }
 
-// runMMIOGuest is `vgpuha mmio-guest`: the benchmark's guest program.
-func runMMIOGuest(args []string) error {
-	fs := newFlags("mmio-guest", "--addr ENDPOINT [flags]")
-	var opts mmioguest.Options
-	stringVar(fs, &opts.Endpoint, "addr", os.Getenv("VGPUHA_ADDR"), checkEndpoint, "hypervisor endpoint (unix://PATH); default $VGPUHA_ADDR")
-	workloads := append(slices.Clone(mmioguest.Workloads), "failover")
-	workloadName := choiceFlag(fs, "workload", "seq", workloads, "one of "+strings.Join(workloads, ", ")+" (failover: pauses for a line on stdin halfway)")
-	intVar(fs, &opts.Writes, "writes", 20000, 1, 1<<30, "stores to make")
-	sizeVar(fs, &opts.ApertureBytes, "aperture-bytes", 4<<20, 4096, 1<<34, "size of the memory aperture")
-	intVar(fs, &opts.Threads, "threads", 4, 1, 1024, "OS threads storing at once (threads workload)")
-	hold := fs.Bool("hold", false, "after the run, print the result and keep the session and apertures until killed")
-	failoverTo := stringFlag(fs, "failover", "", checkEndpoint, "a standby endpoint to resume on if the primary fails")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+// sumCounters adds up each counter family's series.
+func sumCounters(reg prometheus.Gatherer) map[string]float64 {
+	out := map[string]float64{}
+	families, _ := reg.Gather()
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			out[f.GetName()] += m.GetCounter().GetValue()
+		}
 	}
-	opts.Workload = *workloadName
-	return mmioguest.Main(opts, *hold, *failoverTo, os.Stdout)
+	return out
 }

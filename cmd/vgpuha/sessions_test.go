@@ -41,7 +41,7 @@ func readSessions(t *testing.T, admin string) sessionsStatus {
 // failover, and holds its session until killed.
 func holdGuest(t *testing.T, endpoint, failover string) *exec.Cmd {
 	t.Helper()
-	g := exec.Command(vgpuhaBin, "guest", "--endpoint", endpoint, "--failover", failover, "--workload", "vadd", "--hold")
+	g := exec.Command(labBin, "guest", "--endpoint", endpoint, "--failover", failover, "--workload", "vadd", "--hold")
 	stderr := &syncBuffer{}
 	g.Stderr = stderr
 	if err := g.Start(); err != nil {
@@ -120,7 +120,7 @@ func TestProgramsBackToBack(t *testing.T) {
 		if i%2 == 1 {
 			args = append(args, "--failover", "unix://"+filepath.Join(filepath.Dir(sock), "none.sock"))
 		}
-		if out, err := exec.Command(vgpuhaBin, args...).CombinedOutput(); err != nil {
+		if out, err := exec.Command(labBin, args...).CombinedOutput(); err != nil {
 			t.Fatalf("program %d: %v\n%s", i, err, out)
 		}
 	}

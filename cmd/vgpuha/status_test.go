@@ -86,7 +86,7 @@ func TestStatusWatchDuringResync(t *testing.T) {
 	sock := filepath.Join(dir, "g.sock")
 	startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminP, "--replicate-to", "tcp://"+replAddr,
 		"--replicate.key-file", keyFile, "--replicate.resync-rate", "4000000")
-	h := exec.Command(vgpuhaBin, "guest", "--endpoint", "unix://"+sock, "--workload", "vadd", "--size", "1000000", "--hold")
+	h := exec.Command(labBin, "guest", "--endpoint", "unix://"+sock, "--workload", "vadd", "--size", "1000000", "--hold")
 	hs := &syncBuffer{}
 	h.Stderr = hs
 	if err := h.Start(); err != nil {

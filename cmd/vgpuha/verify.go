@@ -39,24 +39,29 @@ func runVerify(args []string) error {
 	if *asJSON {
 		os.Stdout.Write(body)
 	} else {
-		fmt.Printf("verified %d objects (%d bytes) at one log position: match=%v\n", rep.Objects, rep.Bytes, rep.Match)
-		if len(rep.Mismatches) > 0 {
-			tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "SESSION\tKIND\tID\tSIZE\tPRIMARY\tSTANDBY\tREPAIRABLE")
-			for _, m := range rep.Mismatches {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%v\n", m.Session, m.Kind, m.ID, m.Size, m.Primary, m.Standby, m.Repairable)
-			}
-			tw.Flush()
-		}
-		printApertures(rep.Apertures)
-		if rep.Repaired > 0 {
-			fmt.Printf("repaired %d objects; run verify again to confirm\n", rep.Repaired)
-		}
+		printVerify(rep)
 	}
 	if !rep.Match && rep.Repaired == 0 {
 		return fmt.Errorf("replica differs from the primary")
 	}
 	return nil
+}
+
+// printVerify prints a verify report as tables.
+func printVerify(rep replicate.Report) {
+	fmt.Printf("verified %d objects (%d bytes) at one log position: match=%v\n", rep.Objects, rep.Bytes, rep.Match)
+	if len(rep.Mismatches) > 0 {
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "SESSION\tKIND\tID\tSIZE\tPRIMARY\tSTANDBY\tREPAIRABLE")
+		for _, m := range rep.Mismatches {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%v\n", m.Session, m.Kind, m.ID, m.Size, m.Primary, m.Standby, m.Repairable)
+		}
+		tw.Flush()
+	}
+	printApertures(rep.Apertures)
+	if rep.Repaired > 0 {
+		fmt.Printf("repaired %d objects; run verify again to confirm\n", rep.Repaired)
+	}
 }
 
 // printApertures prints verify --apertures' table: per aperture and node,

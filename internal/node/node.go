@@ -10,6 +10,11 @@
 // streams to each of its standbys with its own sender, from one log
 // (standbys.go).
 //
+// Run (run.go) is a node process's whole life around it: the GPU backend,
+// the coordinator's connection, the failure detector, the admin endpoint,
+// SIGHUP reloads and systemd's readiness; the agent's commands only parse
+// flags and call it.
+//
 // It owns the wiring and the execution of role decisions; it must never
 // decide a role itself: events go into the authority, actions come out
 // (see authority.go).

@@ -50,10 +50,23 @@ const (
 	// write-protection (the kernel resolves the fault itself; the guest
 	// arms it) and collects them with the PAGEMAP_SCAN ioctl at each flush.
 	ApertureModeUffd
+	// ApertureModeKmod traps every store in the kernel (the vgpuha_mmio
+	// module: a fault, the store under the trap flag, a debug trap): one
+	// record per write, no process switch.
+	ApertureModeKmod
+	// ApertureModeKmodPage: the module marks the first store to each page
+	// after a flush; the flush takes those pages away and sends what
+	// changed. Register apertures are traced per write.
+	ApertureModeKmodPage
+	// ApertureModeKmodAuto: per write, but a page of a memory aperture that
+	// takes a streak of stores between two flushes is tracked per page
+	// until the next flush (doorbell-like pages stay per write).
+	ApertureModeKmodAuto
 )
 
 var apertureModeNames = [...]string{
 	ApertureModeOff: "off", ApertureModeInsn: "insn", ApertureModePage: "page", ApertureModeUffd: "uffd",
+	ApertureModeKmod: "kmod", ApertureModeKmodPage: "kmod-page", ApertureModeKmodAuto: "kmod-auto",
 }
 
 func (m ApertureMode) String() string {
@@ -65,7 +78,7 @@ func (m ApertureMode) String() string {
 
 // ApertureModes lists every mode.
 func ApertureModes() []ApertureMode {
-	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeUffd}
+	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeUffd, ApertureModeKmod, ApertureModeKmodPage, ApertureModeKmodAuto}
 }
 
 // ParseApertureMode reads a mode name.
@@ -75,5 +88,5 @@ func ParseApertureMode(s string) (ApertureMode, error) {
 			return ApertureMode(m), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page or uffd)", s)
+	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page, uffd, kmod, kmod-page or kmod-auto)", s)
 }

@@ -126,7 +126,7 @@ func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
 // kernelDir is the kernel library's PTX, which the C programs load.
 func kernelDir(t *testing.T) string {
 	t.Helper()
-	ptx, err := filepath.Abs(filepath.Join("..", "..", "internal", "kernels", "ptx"))
+	ptx, err := filepath.Abs(filepath.Join("..", "..", "kernels", "ptx"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,8 +49,9 @@ type MMIOOptions struct {
 	// Writes per workload run, by workload name (bulk counts 8-byte words
 	// copied; threads counts the stores of all threads together).
 	Writes map[string]int
-	// InsnWrites caps the writes of a cell in the insn modes, where every
-	// store is a fault (0: no cap). ns/write is per store all the same.
+	// InsnWrites caps the writes of a cell in the insn modes and kmod,
+	// where every store is a fault (0: no cap). ns/write is per store all
+	// the same.
 	InsnWrites int
 	Threads    int  // OS threads of the threads workload
 	Rounds     int  // interleaved rounds; cells report medians
@@ -66,7 +67,7 @@ type MMIOOptions struct {
 
 // MMIOModes are every mode the benchmark knows, in the order it runs and
 // prints them.
-var MMIOModes = []string{"off", "page", "uffd", "insn", "insn-step", "insn-unpinned"}
+var MMIOModes = []string{"off", "page", "uffd", "kmod-page", "kmod-auto", "kmod", "insn", "insn-step", "insn-unpinned"}
 
 // DefaultMMIOOptions is the default run (a few minutes on 2 cores); long
 // gives more writes and rounds for careful figures.
@@ -82,9 +83,10 @@ func DefaultMMIOOptions(guest []string, long bool) MMIOOptions {
 		Pin:           true,
 		ApertureBytes: 4 << 20,
 	}
-	if mmiotrace.UffdAvailable() != nil { // Linux before 6.7
-		o.Modes = slices.DeleteFunc(o.Modes, func(m string) bool { return m == "uffd" })
-	}
+	o.Modes = slices.DeleteFunc(o.Modes, func(name string) bool { // uffd: Linux before 6.7; kmod: no module
+		m, err := mmiotrace.ParseMode(name)
+		return err == nil && mmiotrace.ModeAvailable(m) != nil
+	})
 	if long {
 		o.Rounds = 7
 		for k := range o.Writes {
@@ -175,7 +177,7 @@ func MMIO(opts MMIOOptions) ([]MMIOCell, error) {
 		for _, c := range cases {
 			var off float64
 			for _, m := range opts.Modes {
-				if strings.Contains(m, "-") && c.workload != "seq" {
+				if _, plain := mmiotrace.ParseMode(m); plain != nil && c.workload != "seq" { // a variant (insn-step...)
 					continue
 				}
 				cell, err := mmioCell(opts, m, c)
@@ -245,10 +247,13 @@ func medianOf(s []MMIOCell, f func(MMIOCell) float64) float64 {
 // mmioCell runs one guest under one mode and reads the tracer's counters.
 func mmioCell(opts MMIOOptions, mode string, mc mmioCase) (MMIOCell, error) {
 	cfg := hypervisor.DefaultConfig()
-	base, variant, _ := strings.Cut(mode, "-")
-	m, err := mmiotrace.ParseMode(base)
-	if err != nil {
-		return MMIOCell{}, err
+	base, variant := mode, ""
+	m, err := mmiotrace.ParseMode(mode)
+	if err != nil { // a variant of a mode: insn-step, insn-unpinned
+		base, variant, _ = strings.Cut(mode, "-")
+		if m, err = mmiotrace.ParseMode(base); err != nil {
+			return MMIOCell{}, err
+		}
 	}
 	cfg.MMIO.Mode, cfg.MMIO.StepOnly, cfg.MMIO.Pin = m, variant == "step", opts.Pin && variant != "unpinned"
 	reg := prometheus.NewRegistry()
@@ -273,7 +278,7 @@ func mmioCell(opts MMIOOptions, mode string, mc mmioCase) (MMIOCell, error) {
 	if cfg.MMIO.StepOnly {
 		writes = max(writes/10, 100)
 	}
-	if base == "insn" && opts.InsnWrites > 0 {
+	if (base == "insn" || mode == "kmod") && opts.InsnWrites > 0 { // every store a fault
 		writes = min(writes, opts.InsnWrites)
 	}
 	threads := 1

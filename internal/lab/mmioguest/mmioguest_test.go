@@ -77,8 +77,8 @@ func TestReplicaAperturesEqual(t *testing.T) {
 	}
 	for _, mode := range mmiotrace.Modes() {
 		t.Run(mode.String(), func(t *testing.T) {
-			if mode == mmiotrace.ModeUffd && mmiotrace.UffdAvailable() != nil {
-				t.Skipf("uffd mode needs userfaultfd asynchronous write-protection (Linux 6.7+): %v", mmiotrace.UffdAvailable())
+			if err := mmiotrace.ModeAvailable(mode); err != nil {
+				t.Skipf("%s mode cannot run here: %v", mode, err)
 			}
 			c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Mode: replicate.ModeCommit,
 				MMIO: &hypervisor.MMIOConfig{Mode: mode, Pin: true, FlushEvery: 5_000_000}})

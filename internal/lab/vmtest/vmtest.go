@@ -79,6 +79,8 @@ type Config struct {
 	Script string
 	// Timeout bounds the whole boot; software emulation is slow.
 	Timeout time.Duration
+	// Append is added to the kernel command line.
+	Append string
 }
 
 // Result is what the VM reported.
@@ -140,7 +142,7 @@ func Run(cfg Config) (Result, error) {
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", "-M", "q35", "-m", "1024", "-smp", "1",
 		"-nographic", "-no-reboot", "-net", "none", "-accel", "tcg",
 		"-kernel", filepath.Join(dir, "vmlinuz"), "-initrd", initrd,
-		"-append", "console=ttyS0 quiet panic=-1")
+		"-append", strings.TrimSpace("console=ttyS0 quiet panic=-1 "+cfg.Append))
 	var console bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &console, &console
 	err = cmd.Run()
@@ -174,6 +176,59 @@ func BuildTest(pkg, out string) error {
 		return fmt.Errorf("building %s for the VM: %v\n%s", pkg, err, b)
 	}
 	return nil
+}
+
+// KernelBuild returns the kbuild tree of the VM's kernel (Debian's headers
+// package, unpacked by scripts/setup-test-deps.sh), or why there is none.
+func KernelBuild() (string, error) {
+	dir, err := Dir()
+	if err != nil {
+		return "", err
+	}
+	build := filepath.Join(dir, "headers", "build")
+	if _, err := os.Stat(filepath.Join(build, "Makefile")); err != nil {
+		return "", fmt.Errorf("no kernel headers at %s (run scripts/setup-test-deps.sh: it unpacks linux-headers for the VM kernel)", build)
+	}
+	if _, err := exec.LookPath("make"); err != nil {
+		return "", errors.New("make not installed (apt-get install make)")
+	}
+	return build, nil
+}
+
+// BuildModule builds the kbuild module in directory src (absolute) for
+// the VM's kernel and returns the path of name.ko.
+func BuildModule(src, name string) (string, error) {
+	build, err := KernelBuild()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("make", "-C", build, "M="+src, "modules")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the module in %s: %v\n%s", src, err, out)
+	}
+	return filepath.Join(src, name+".ko"), nil
+}
+
+// SharedLibs returns the files a dynamically linked binary needs in the
+// VM (its interpreter and libraries, as ldd finds them here), each at its
+// own path, for Config.Files. A static binary needs none.
+func SharedLibs(bin string) (map[string]string, error) {
+	out, err := exec.Command("ldd", bin).CombinedOutput()
+	if err != nil {
+		if bytes.Contains(out, []byte("not a dynamic executable")) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %v: %s", bin, err, out)
+	}
+	libs := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		for _, f := range strings.Fields(line) {
+			if strings.HasPrefix(f, "/") {
+				libs[f] = f
+			}
+		}
+	}
+	return libs, nil
 }
 
 func copyFile(dst, src string) error {

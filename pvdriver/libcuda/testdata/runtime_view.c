@@ -15,7 +15,7 @@ typedef struct CUkern_st *CUkernel;
 typedef struct {
 	int id;
 	char pad[4];
-	union { char bytes[64]; int i; } value;
+	union { char bytes[64]; int i; struct { unsigned x, y, z; } clusterDim; } value;
 } CUlaunchAttribute;
 typedef struct {
 	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
@@ -119,7 +119,10 @@ static void vadd_check(CUfunction f, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c
 		CUlaunchAttribute attr = {.id = 8}; /* CU_LAUNCH_ATTRIBUTE_PRIORITY */
 		CUlaunchConfig cfg = {.gridDimX = N / 128, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 128, .blockDimY = 1, .blockDimZ = 1, .attrs = &attr, .numAttrs = 1};
 		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
-		attr.id = 4; /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: no clusters here */
+		attr.id = 4; /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: clusters of two blocks */
+		attr.value.clusterDim.x = 2, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
+		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
+		attr.id = 2; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE: not served */
 		EXPECT(CUDA_ERROR_NOT_SUPPORTED, cuLaunchKernelEx(&cfg, f, args, NULL));
 	} else {
 		CHECK(cuLaunchKernel(f, N / 128, 1, 1, 128, 1, 1, 0, NULL, args, NULL));

@@ -1,3 +1,5 @@
+//go:build lab
+
 package main
 
 import (
@@ -8,6 +10,10 @@ import (
 
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
+
+func init() {
+	commands["soak"] = command{"kill the primary of a two-node pair again and again under guests; count lost writes, leaked sessions, refusals", runSoak}
+}
 
 // runSoak runs drill.Soak: a two-node pair on loopback whose primary is
 // killed again and again under guests, and prints what it counted.

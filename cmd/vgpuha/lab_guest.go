@@ -1,3 +1,5 @@
+//go:build lab
+
 package main
 
 import (
@@ -15,6 +17,10 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
+
+func init() {
+	commands["guest"] = command{"run an example guest workload through pvdriver and verify it", runGuest}
+}
 
 // guestReport is what `vgpuha guest --json` prints.
 type guestReport struct {
@@ -41,23 +47,32 @@ func runGuest(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	opts := pvdriver.Options{GuestName: *guestName}
-	if *failoverTo != "" {
-		opts.Failover = strings.Split(*failoverTo, ",")
-	}
-	c, err := pvdriver.Open(ctx, *endpoint, opts)
-	cancel()
+	c, err := guestOpen(*endpoint, *guestName, *failoverTo)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer c.Close() // after --hold: the session lives until then
 	rep, err := runWorkloads(context.Background(), c, ws, *size)
 	if err != nil {
 		return err
 	}
 	rep.Endpoint = *endpoint
-	if *asJSON {
+	if err := printGuest(rep, *asJSON); err != nil {
+		return err
+	}
+	if *hold {
+		fmt.Fprintln(os.Stderr, "guest: holding the session open until SIGINT/SIGTERM")
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
+	}
+	return nil
+}
+
+// printGuest prints the report (a table, or JSON) and fails when a result
+// is wrong.
+func printGuest(rep guestReport, asJSON bool) error {
+	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
@@ -67,13 +82,18 @@ func runGuest(args []string) error {
 	if !rep.Verified {
 		return fmt.Errorf("some results are wrong")
 	}
-	if *hold {
-		fmt.Fprintln(os.Stderr, "guest: holding the session open until SIGINT/SIGTERM")
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		<-ctx.Done()
-		stop()
-	}
 	return nil
+}
+
+// guestOpen opens a session at endpoint, resumable on failoverTo.
+func guestOpen(endpoint, name, failoverTo string) (*pvdriver.Client, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	opts := pvdriver.Options{GuestName: name}
+	if failoverTo != "" {
+		opts.Failover = strings.Split(failoverTo, ",")
+	}
+	return pvdriver.Open(ctx, endpoint, opts)
 }
 
 func runWorkloads(ctx context.Context, c *pvdriver.Client, ws []workload.Workload, size int) (guestReport, error) {

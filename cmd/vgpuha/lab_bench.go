@@ -1,7 +1,10 @@
+//go:build lab
+
 package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -21,6 +24,11 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
+func init() {
+	commands["bench"] = command{"run a benchmark ('bench --help' lists them)", runBench}
+	subcommands["bench"] = benchmarks
+}
+
 // benchmarks are bench's subcommands.
 var benchmarks = map[string]command{
 	"pv":        {"guest calls through pvdriver over each transport", runBenchPV},
@@ -33,11 +41,11 @@ var benchmarks = map[string]command{
 func runBench(args []string) error {
 	names := strings.Join(slices.Sorted(maps.Keys(benchmarks)), ", ")
 	if len(args) == 0 {
-		return usageError{fmt.Errorf("usage: vgpuha bench BENCHMARK [flags] (benchmarks: %s)", names)}
+		return usageError{fmt.Errorf("usage: %s bench BENCHMARK [flags] (benchmarks: %s)", progName, names)}
 	}
 	switch args[0] {
 	case "-h", "--help", "-help":
-		fmt.Printf("Usage: vgpuha bench BENCHMARK [flags]\n\nBenchmarks: %s.\nRun 'vgpuha bench BENCHMARK --help' for its flags.\n", names)
+		fmt.Printf("Usage: %[1]s bench BENCHMARK [flags]\n\nBenchmarks: %[2]s.\nRun '%[1]s bench BENCHMARK --help' for its flags.\n", progName, names)
 		return flag.ErrHelp
 	}
 	b, ok := benchmarks[args[0]]
@@ -53,16 +61,8 @@ func runBench(args []string) error {
 
 func runBenchResync(args []string) error {
 	fs := newFlags("bench resync", "[flags]")
-	sizes := stringFlag(fs, "sizes", "256MiB,1GiB,4GiB", func(v string) error { _, err := parseSizeList(v); return err },
-		"guest memory per row (all guests together), comma-separated, with KiB, MiB or GiB")
 	var opts bench.ResyncOptions
-	intVar(fs, &opts.Guests, "guests", 2, 1, 1024, "guests running the mixed workload")
-	durationVar(fs, &opts.Baseline, "baseline", time.Second, time.Millisecond, time.Hour, "how long guests run before the standby joins (their throughput before)")
-	sizeVar(fs, &opts.Rate, "rate", 0, 0, maxInt64, "bound on the resync stream in bytes per second (0: none)")
-	sizeVar(fs, &opts.Budget, "resync-budget", 0, 0, maxInt64, "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (0: the primary's default)")
-	fractionVar(fs, &opts.GuestShare, "guest-share", 0, 0, 1, "the primary's --replicate.resync-guest-share: the most of the link guests' writes take while the standby joins (0: the primary's default rule)")
-	fs.BoolVar(&opts.StopTheWorld, "stop-the-world", false, "also resync each size the old way (every guest stopped while all memory is copied), for comparison")
-	fs.BoolVar(&opts.IdleGuests, "idle-guests", false, "also resync each size with the guests making no calls while the standby joins (the snapshot stream alone), for comparison")
+	sizes := resyncOptionFlags(fs, &opts)
 	var bf backendFlags
 	bf.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
@@ -75,16 +75,8 @@ func runBenchResync(args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *processes {
-		bin, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		opts.Processes = &drill.NodesOptions{Binary: bin, Backend: bf.name, StandbyBackend: fs.Lookup("standby-backend").Value.String(),
-			Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.simMemory, 10)}, KeepLogs: *logNodes}
-	}
-	if *logNodes {
-		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := resyncPlacement(&opts, fs, &bf, *processes, *logNodes); err != nil {
+		return err
 	}
 	stop, err := profile()
 	if err != nil {
@@ -92,19 +84,54 @@ func runBenchResync(args []string) error {
 	}
 	defer stop()
 	opts.Sizes, _ = parseSizeList(*sizes) // checked when set
-	opts.Progress = os.Stderr
-	opts.NewBackend = bf.open
-	opts.NewStandbyBackend = standbyBackend()
+	opts.Progress, opts.NewBackend, opts.NewStandbyBackend = os.Stderr, bf.open, standbyBackend()
 	rows, err := bench.Resync(opts)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return json.NewEncoder(os.Stdout).Encode(rows)
+	if err != nil || *asJSON {
+		return errors.Join(err, jsonOut(*asJSON && err == nil, rows))
 	}
 	fmt.Printf("a standby joins while %d guests run a mixed workload (copies, memsets, DtoD, pointer_chase) on loopback; commit mode\n", opts.Guests)
 	bench.PrintResync(os.Stdout, rows)
 	return nil
+}
+
+// resyncOptionFlags registers the resync's own options; the returned
+// string is --sizes.
+func resyncOptionFlags(fs *flag.FlagSet, opts *bench.ResyncOptions) *string {
+	sizes := stringFlag(fs, "sizes", "256MiB,1GiB,4GiB", func(v string) error { _, err := parseSizeList(v); return err },
+		"guest memory per row (all guests together), comma-separated, with KiB, MiB or GiB")
+	intVar(fs, &opts.Guests, "guests", 2, 1, 1024, "guests running the mixed workload")
+	durationVar(fs, &opts.Baseline, "baseline", time.Second, time.Millisecond, time.Hour, "how long guests run before the standby joins (their throughput before)")
+	sizeVar(fs, &opts.Rate, "rate", 0, 0, maxInt64, "bound on the resync stream in bytes per second (0: none)")
+	sizeVar(fs, &opts.Budget, "resync-budget", 0, 0, maxInt64, "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (0: the primary's default)")
+	fractionVar(fs, &opts.GuestShare, "guest-share", 0, 0, 1, "the primary's --replicate.resync-guest-share: the most of the link guests' writes take while the standby joins (0: the primary's default rule)")
+	fs.BoolVar(&opts.StopTheWorld, "stop-the-world", false, "also resync each size the old way (every guest stopped while all memory is copied), for comparison")
+	fs.BoolVar(&opts.IdleGuests, "idle-guests", false, "also resync each size with the guests making no calls while the standby joins (the snapshot stream alone), for comparison")
+	return sizes
+}
+
+// resyncPlacement puts the nodes in processes of their own (from this
+// binary) with --processes, and their logs on stderr with --log-nodes.
+func resyncPlacement(opts *bench.ResyncOptions, fs *flag.FlagSet, bf *backendFlags, processes, logNodes bool) error {
+	if processes {
+		bin, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		opts.Processes = &drill.NodesOptions{Binary: bin, Backend: bf.name, StandbyBackend: fs.Lookup("standby-backend").Value.String(),
+			Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.simMemory, 10)}, KeepLogs: logNodes}
+	}
+	if logNodes {
+		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return nil
+}
+
+// jsonOut writes v as one JSON line when on.
+func jsonOut(on bool, v any) error {
+	if !on {
+		return nil
+	}
+	return json.NewEncoder(os.Stdout).Encode(v)
 }
 
 // standbyBackendFlag adds --standby-backend; the returned function gives
@@ -216,21 +243,10 @@ func runBenchReplicate(args []string) error {
 		return err
 	}
 	defer stop()
-	opts.Progress = os.Stderr
-	opts.NewBackend = bf.open
-	opts.NewStandbyBackend = standbyBackend()
-	run := bench.Replicate
-	if *endpoint != "" {
-		run = func(o bench.ReplicateOptions) (bench.ReplicateReport, error) {
-			return bench.ReplicateLive(o, *endpoint)
-		}
-	}
-	rep, err := run(opts)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return json.NewEncoder(os.Stdout).Encode(rep)
+	opts.Progress, opts.NewBackend, opts.NewStandbyBackend = os.Stderr, bf.open, standbyBackend()
+	rep, err := replicateRun(*endpoint)(opts)
+	if err != nil || *asJSON {
+		return errors.Join(err, jsonOut(*asJSON && err == nil, rep))
 	}
 	title := "replication on loopback (primary, standby and guest in one process; medians of interleaved rounds)"
 	if *endpoint != "" {
@@ -239,6 +255,15 @@ func runBenchReplicate(args []string) error {
 	fmt.Println(title)
 	bench.PrintReplicate(os.Stdout, rep)
 	return nil
+}
+
+// replicateRun is the replication benchmark in process, or against the
+// running primaries at endpoint.
+func replicateRun(endpoint string) func(bench.ReplicateOptions) (bench.ReplicateReport, error) {
+	if endpoint == "" {
+		return bench.Replicate
+	}
+	return func(o bench.ReplicateOptions) (bench.ReplicateReport, error) { return bench.ReplicateLive(o, endpoint) }
 }
 
 func runBenchApply(args []string) error {
@@ -260,43 +285,63 @@ func runBenchApply(args []string) error {
 	return nil
 }
 
+// mmioFlags are bench mmio's flags beyond the options they set.
+type mmioFlags struct {
+	long, pin, asJSON          *bool
+	rounds, perThread          *int
+	plotPath, workloads, modes *string
+}
+
+func (m *mmioFlags) register(fs *flag.FlagSet, opts *bench.MMIOOptions) {
+	m.long = fs.Bool("long", false, "more writes and rounds, for careful figures (several minutes)")
+	m.rounds = intFlag(fs, "rounds", 0, 0, 1000, "interleaved rounds (default 3, or 7 with --long)")
+	m.pin = fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU (insn mode; see the mmiotrace package doc)")
+	m.plotPath = fs.String("plot", "", "also draw ns per write by mode and workload to this file (.png or .svg)")
+	m.asJSON = fs.Bool("json", false, "print the cells as JSON instead of a table")
+	m.workloads = fs.String("workloads", strings.Join(opts.Workloads, ","), "mmio-guest workloads, each NAME or NAME:PAGES (aperture pages; default 1024)")
+	m.modes = fs.String("modes", strings.Join(opts.Modes, ","), "modes, side by side in each round: "+strings.Join(bench.MMIOModes, ", "))
+	intVar(fs, &opts.Threads, "threads", opts.Threads, 1, 1024, "OS threads storing at once in the threads workload")
+	m.perThread = intFlag(fs, "thread-stores", opts.Writes["threads"]/opts.Threads, 1, 1<<30, "stores per thread in the threads workload")
+	intVar(fs, &opts.InsnWrites, "insn-writes", opts.InsnWrites, 0, maxInt, "at most this many stores per run in the insn modes and kmod, where each store faults (0: no cap)")
+}
+
+// apply sets the options the flags say, once parsed.
+func (m *mmioFlags) apply(opts *bench.MMIOOptions) error {
+	if *m.long {
+		fresh := bench.DefaultMMIOOptions(opts.Guest, true)
+		opts.Rounds, opts.Writes = fresh.Rounds, fresh.Writes
+	}
+	opts.Writes["threads"] = *m.perThread * opts.Threads
+	opts.Pin = *m.pin
+	opts.Workloads, opts.Modes = strings.Split(*m.workloads, ","), strings.Split(*m.modes, ",")
+	for _, mode := range opts.Modes {
+		if !slices.Contains(bench.MMIOModes, mode) {
+			return fmt.Errorf("unknown mode %q (have: %s)", mode, strings.Join(bench.MMIOModes, ", "))
+		}
+	}
+	if *m.rounds > 0 {
+		opts.Rounds = *m.rounds
+	}
+	opts.Progress, opts.Terminal = os.Stderr, isTerminal(os.Stderr)
+	return nil
+}
+
 func runBenchMMIO(args []string) error {
 	fs := newFlags("bench mmio", "[flags]")
-	long := fs.Bool("long", false, "more writes and rounds, for careful figures (several minutes)")
-	rounds := intFlag(fs, "rounds", 0, 0, 1000, "interleaved rounds (default 3, or 7 with --long)")
-	pin := fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU (insn mode; see the mmiotrace package doc)")
-	plotPath := fs.String("plot", "", "also draw ns per write by mode and workload to this file (.png or .svg)")
-	asJSON := fs.Bool("json", false, "print the cells as JSON instead of a table")
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	opts := bench.DefaultMMIOOptions([]string{self, "mmio-guest"}, false)
-	workloads := fs.String("workloads", strings.Join(opts.Workloads, ","), "mmio-guest workloads, each NAME or NAME:PAGES (aperture pages; default 1024)")
-	modes := fs.String("modes", strings.Join(opts.Modes, ","), "modes, side by side in each round: "+strings.Join(bench.MMIOModes, ", "))
-	intVar(fs, &opts.Threads, "threads", opts.Threads, 1, 1024, "OS threads storing at once in the threads workload")
-	perThread := intFlag(fs, "thread-stores", opts.Writes["threads"]/opts.Threads, 1, 1<<30, "stores per thread in the threads workload")
-	intVar(fs, &opts.InsnWrites, "insn-writes", opts.InsnWrites, 0, maxInt, "at most this many stores per run in the insn modes, where each store faults (0: no cap)")
+	var m mmioFlags
+	m.register(fs, &opts)
 	profile := profileFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *long {
-		fresh := bench.DefaultMMIOOptions(opts.Guest, true)
-		opts.Rounds, opts.Writes = fresh.Rounds, fresh.Writes
+	if err := m.apply(&opts); err != nil {
+		return err
 	}
-	opts.Writes["threads"] = *perThread * opts.Threads
-	opts.Pin = *pin
-	opts.Workloads, opts.Modes = strings.Split(*workloads, ","), strings.Split(*modes, ",")
-	for _, m := range opts.Modes {
-		if !slices.Contains(bench.MMIOModes, m) {
-			return fmt.Errorf("unknown mode %q (have: %s)", m, strings.Join(bench.MMIOModes, ", "))
-		}
-	}
-	if *rounds > 0 {
-		opts.Rounds = *rounds
-	}
-	opts.Progress, opts.Terminal = os.Stderr, isTerminal(os.Stderr)
 	stop, err := profile()
 	if err != nil {
 		return err
@@ -306,19 +351,25 @@ func runBenchMMIO(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *plotPath != "" {
-		if err := bench.PlotMMIO(*plotPath, cells); err != nil {
+	if *m.plotPath != "" {
+		if err := bench.PlotMMIO(*m.plotPath, cells); err != nil {
 			return err
 		}
 	}
-	if *asJSON {
+	if *m.asJSON {
 		return json.NewEncoder(os.Stdout).Encode(cells)
 	}
+	printMMIOCells(opts, cells)
+	return nil
+}
+
+// printMMIOCells prints the cells as a table under a line saying how they
+// were measured.
+func printMMIOCells(opts bench.MMIOOptions, cells []bench.MMIOCell) {
 	pinned := "insn mode's tracer and guest threads pinned to one CPU"
 	if !opts.Pin {
 		pinned = "not pinned"
 	}
 	fmt.Printf("MMIO tracing cost (software GPU; each cell a fresh guest process; medians of %d interleaved rounds; %s; %d CPUs)\n", opts.Rounds, pinned, runtime.NumCPU())
 	bench.PrintMMIO(os.Stdout, cells)
-	return nil
 }

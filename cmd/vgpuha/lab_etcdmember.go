@@ -1,3 +1,5 @@
+//go:build lab
+
 package main
 
 import (
@@ -5,6 +7,10 @@ import (
 
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
+
+func init() {
+	commands["etcd-member"] = command{"run one embedded etcd member on loopback (drill --coordinator starts three; not for production)", runEtcdMember}
+}
 
 // runEtcdMember runs one embedded etcd member: `vgpuha drill
 // --coordinator` starts three as child processes (so that one can be

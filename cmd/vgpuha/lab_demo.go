@@ -1,3 +1,5 @@
+//go:build lab
+
 package main
 
 import (
@@ -8,6 +10,10 @@ import (
 
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
+
+func init() {
+	commands["demo"] = command{"start a primary and run every workload against it on loopback", runDemo}
+}
 
 // runDemo shows the product's point on one machine: it starts a standby and
 // a primary as separate processes (the embedded default: the software GPU

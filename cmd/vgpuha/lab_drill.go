@@ -1,9 +1,12 @@
+//go:build lab
+
 package main
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -15,45 +18,72 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
-func runDrill(args []string) error {
-	fs := newFlags("drill", "[flags]")
-	iterations := intFlag(fs, "iterations", 3, 1, 1<<20, "iterations")
-	faults := fs.String("faults", "", "faults to cycle through: "+drill.FaultHelp()+"; default: all that the topology allows")
-	topology := fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
-	mode := choiceFlag(fs, "mode", "commit", []string{"sync", "commit", "epoch"}, "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
-	coord := fs.Bool("coordinator", false, "decide roles in etcd: the drill starts a 3-member etcd cluster, a primary, a standby and a pool standby, all on loopback")
-	ttl := durationFlag(fs, "coordinator.ttl", 2*time.Second, time.Second, time.Hour, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
-	sideBySide := fs.Bool("side-by-side", false, "with --coordinator: run each iteration again by two nodes alone, where they can drill its fault")
-	seed := intFlag[uint64](fs, "seed", 1, 0, maxUint64, "seed for the moments faults strike")
-	guestTransport := fs.String("transport", drill.TransportUnix, "the guest's transport: unix (through a proxy the guest-cut fault cuts) or shm (shared-memory rings with the node, shm+unix; Linux)")
-	backendName := stringFlag(fs, "backend", "auto", checkBackend, "GPU backend of both nodes")
-	detector := choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "the standbys' failure detector")
-	asJSON := fs.Bool("json", false, "print one JSON object")
-	plot := fs.String("plot", "", "write an SVG timeline of the iterations to this file")
-	var stateBytes uint64
-	sizeVar(fs, &stateBytes, "state-bytes", 0, 0, maxUint64, "the drill's guest also holds this much device memory (e.g. 256MiB, 16GiB; whole MiB), filled with a pattern and read back after each iteration; "+
+func init() {
+	commands["drill"] = command{"inject faults into a primary/standby pair under a guest workload and measure", runDrill}
+}
+
+// drillFlags are drill's flags; options turns them into the drill's
+// options once parsed.
+type drillFlags struct {
+	iterations                                       *int
+	faults, topology, mode, transport, backend, plot *string
+	detector                                         *string
+	coord, sideBySide, asJSON                        *bool
+	ttl                                              *time.Duration
+	seed                                             *uint64
+	stateBytes                                       uint64
+}
+
+func (d *drillFlags) register(fs *flag.FlagSet) {
+	d.iterations = intFlag(fs, "iterations", 3, 1, 1<<20, "iterations")
+	d.faults = fs.String("faults", "", "faults to cycle through: "+drill.FaultHelp()+"; default: all that the topology allows")
+	d.topology = fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
+	d.mode = choiceFlag(fs, "mode", "commit", []string{"sync", "commit", "epoch"}, "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
+	d.coord = fs.Bool("coordinator", false, "decide roles in etcd: the drill starts a 3-member etcd cluster, a primary, a standby and a pool standby, all on loopback")
+	d.ttl = durationFlag(fs, "coordinator.ttl", 2*time.Second, time.Second, time.Hour, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
+	d.sideBySide = fs.Bool("side-by-side", false, "with --coordinator: run each iteration again by two nodes alone, where they can drill its fault")
+	d.seed = intFlag[uint64](fs, "seed", 1, 0, maxUint64, "seed for the moments faults strike")
+	d.transport = fs.String("transport", drill.TransportUnix, "the guest's transport: unix (through a proxy the guest-cut fault cuts) or shm (shared-memory rings with the node, shm+unix; Linux)")
+	d.backend = stringFlag(fs, "backend", "auto", checkBackend, "GPU backend of both nodes")
+	d.detector = choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "the standbys' failure detector")
+	d.asJSON = fs.Bool("json", false, "print one JSON object")
+	d.plot = fs.String("plot", "", "write an SVG timeline of the iterations to this file")
+	sizeVar(fs, &d.stateBytes, "state-bytes", 0, 0, maxUint64, "the drill's guest also holds this much device memory (e.g. 256MiB, 16GiB; whole MiB), filled with a pattern and read back after each iteration; "+
 		"two nodes: the standby joins once it is filled and is resynced before the faults")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	netns, err := drillTopology(*topology)
+}
+
+// options are the drill's options, checked; the agents run from this
+// binary.
+func (d *drillFlags) options() (drill.Options, error) {
+	netns, err := drillTopology(*d.topology)
 	if err != nil {
-		return err
+		return drill.Options{}, err
 	}
 	bin, err := os.Executable()
 	if err != nil {
-		return err
+		return drill.Options{}, err
 	}
-	o := drill.Options{Binary: bin, Backend: *backendName, Mode: *mode, Netns: netns, Iterations: *iterations, Seed: *seed,
-		Coordinator: *coord, CoordinatorTTL: *ttl, Detector: *detector, SideBySide: *sideBySide, StateBytes: stateBytes, Transport: *guestTransport,
+	o := drill.Options{Binary: bin, Backend: *d.backend, Mode: *d.mode, Netns: netns, Iterations: *d.iterations, Seed: *d.seed,
+		Coordinator: *d.coord, CoordinatorTTL: *d.ttl, Detector: *d.detector, SideBySide: *d.sideBySide, StateBytes: d.stateBytes, Transport: *d.transport,
 		Note: func(s string) { fmt.Fprintln(os.Stderr, s) },
 		Progress: func(r drill.Record, n int) {
 			fmt.Fprintf(os.Stderr, "iteration %d/%d (%s): %s at launch %d: passed=%v %s\n", r.Iteration, n, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed, r.Problem)
 		}}
-	if *faults != "" {
-		o.Faults = strings.Split(*faults, ",")
+	if *d.faults != "" {
+		o.Faults = strings.Split(*d.faults, ",")
 	}
-	if err := o.Validate(); err != nil {
+	return o, o.Validate()
+}
+
+func runDrill(args []string) error {
+	fs := newFlags("drill", "[flags]")
+	var d drillFlags
+	d.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	o, err := d.options()
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "topology: %s\n", o.Topology())
@@ -65,17 +95,23 @@ func runDrill(args []string) error {
 	rep, err := drill.Run(o)
 	if errors.Is(err, drill.ErrInterrupted) {
 		printDrill(rep)
-		return fmt.Errorf("interrupted after %d of %d iterations; every agent, namespace and directory it made is gone", rep.Iterations, *iterations)
+		return fmt.Errorf("interrupted after %d of %d iterations; every agent, namespace and directory it made is gone", rep.Iterations, o.Iterations)
 	}
 	if err != nil {
 		return err
 	}
-	if *plot != "" {
-		if err := writeDrillPlot(*plot, rep); err != nil {
+	return d.report(rep)
+}
+
+// report writes the plot, prints the report and fails on a failed
+// iteration.
+func (d *drillFlags) report(rep drill.Report) error {
+	if *d.plot != "" {
+		if err := writeDrillPlot(*d.plot, rep); err != nil {
 			return err
 		}
 	}
-	if *asJSON {
+	if *d.asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// labOnly are packages the agent must never link: the test kit, the lab
+// (internal/lab: drills, workloads, in-process clusters, fault injection,
+// example guests, harnesses), an etcd server, plotting.
+var labOnly = []string{
+	"testing",
+	"github.com/vgpuha/vgpuha/internal/lab/",
+	"go.etcd.io/etcd/server/",
+	"gonum.org/",
+}
+
+// deps lists the packages `go build` links into cmd/vgpuha with tags.
+func deps(t *testing.T, tags string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-tags", tags, "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	return strings.Fields(string(out))
+}
+
+// banned reports the packages of list that labOnly names (a prefix, or
+// the package itself).
+func banned(list []string) []string {
+	var out []string
+	for _, p := range list {
+		for _, b := range labOnly {
+			if p == b || strings.HasSuffix(b, "/") && strings.HasPrefix(p, b) || strings.HasPrefix(p, b+"/") {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// TestAgentDependencies: the agent (go build ./cmd/vgpuha) links no test
+// kit, lab package, etcd server or plotting library; the lab tool (-tags
+// lab) does, which shows the check sees them.
+func TestAgentDependencies(t *testing.T) {
+	agent := deps(t, "")
+	if b := banned(agent); len(b) > 0 {
+		t.Errorf("the agent links %d lab packages (move the command that needs them to a lab_*.go file with //go:build lab): %v", len(b), b)
+	}
+	lab := deps(t, "lab")
+	for _, want := range []string{"github.com/vgpuha/vgpuha/internal/lab/drill", "go.etcd.io/etcd/server/v3/embed", "gonum.org/v1/plot"} {
+		if !strings.Contains(" "+strings.Join(banned(lab), " ")+" ", " "+want+" ") {
+			t.Errorf("the lab tool does not link %s: the check would not see it", want)
+		}
+	}
+	t.Logf("agent: %d packages; lab tool: %d", len(agent), len(lab))
+}
+
+// TestLayers: imports point down. No product package imports the lab
+// (internal/lab) or cmd, and no package at the top level imports one under
+// internal/ (internal/node and internal/coordinator sit above them).
+func TestLayers(t *testing.T) {
+	const mod = "github.com/vgpuha/vgpuha/"
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	checked := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg, imports := strings.TrimPrefix(fields[0], mod), fields[1:]
+		if strings.HasPrefix(pkg, "internal/lab/") || strings.HasPrefix(pkg, "cmd/") {
+			continue
+		}
+		checked++
+		for _, imp := range imports {
+			dep, ok := strings.CutPrefix(imp, mod)
+			switch {
+			case !ok:
+			case strings.HasPrefix(dep, "internal/lab/"), strings.HasPrefix(dep, "cmd/"):
+				t.Errorf("product package %s imports %s", pkg, dep)
+			case !strings.HasPrefix(pkg, "internal/") && strings.HasPrefix(dep, "internal/"):
+				t.Errorf("%s imports %s, up the layers", pkg, dep)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d product packages listed", checked)
+	}
+}
