@@ -124,22 +124,24 @@ func (p *PhiAccrual) Suspect(t time.Time) bool {
 	return p.Phi(t) >= p.Threshold
 }
 
-// Defaults for a LAN with heartbeats every 50 ms: the fixed detector
-// suspects after 300 ms of silence; the phi detector suspects at phi 8 (a
-// one-in-10^8 silence) with a 44 ms standard-deviation floor and a 250 ms
-// minimum, which on a steady 50 ms heartbeat stream, with or without
-// records between the heartbeats, comes to about 300 ms, and later on a
-// link whose heartbeats come late. Why 300: a blackout of the link (or a
+// Defaults for a LAN with heartbeats every 20 ms: the fixed detector
+// suspects after 270 ms of silence; the phi detector suspects at phi 8 (a
+// one-in-10^8 silence) with a 44 ms standard-deviation floor and a 230 ms
+// minimum, which on a steady 20 ms heartbeat stream, with or without
+// records between the heartbeats, comes to about 270 ms, and later on a
+// link whose heartbeats come late. Why: a blackout of the link (or a
 // scheduling hiccup) of 200 ms is followed by up to a heartbeat period
 // before the next heartbeat arrives (the ones sent meanwhile were lost,
 // and TCP's retransmissions come later still), so it is heard as up to
-// 250 ms of silence plus jitter; at a 250 ms threshold such blackouts
-// promoted the standby about one time in ten (the drill's blackout-200ms).
-const DefaultTimeout = 300 * time.Millisecond
+// 220 ms of silence plus jitter, and must not promote (with 50 ms
+// heartbeats and a 250 ms threshold it did, one time in ten: the drill's
+// blackout-200ms); and a guest's pause after a real failure is the
+// detection plus a few milliseconds, which must stay under 300 ms.
+const DefaultTimeout = 270 * time.Millisecond
 
 // HeartbeatEvery is how often a primary sends a heartbeat, on its
 // replication link and over UDP (package replicate's heartbeatEvery).
-const HeartbeatEvery = 50 * time.Millisecond
+const HeartbeatEvery = 20 * time.Millisecond
 
 // DetectorNames lists the names New accepts.
 var DetectorNames = []string{"fixed", "phi"}
@@ -152,7 +154,7 @@ func New(kind string) (Detector, error) {
 	case "fixed", "":
 		return &Fixed{Timeout: DefaultTimeout}, nil
 	case "phi":
-		return &PhiAccrual{Threshold: 8, MinStdDev: 44 * time.Millisecond, MinSilence: 250 * time.Millisecond,
+		return &PhiAccrual{Threshold: 8, MinStdDev: 44 * time.Millisecond, MinSilence: 230 * time.Millisecond,
 			HeartbeatEvery: HeartbeatEvery, Window: 100}, nil
 	}
 	return nil, fmt.Errorf("unknown failure detector %q (want fixed or phi)", kind)

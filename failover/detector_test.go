@@ -25,7 +25,7 @@ func TestFixed(t *testing.T) {
 	for _, tc := range []struct {
 		ms   int
 		want bool
-	}{{1100, false}, {1299, false}, {1300, true}, {5000, true}} {
+	}{{1100, false}, {1269, false}, {1270, true}, {5000, true}} {
 		if got := d.Suspect(at(tc.ms)); got != tc.want {
 			t.Errorf("at %d ms: suspect %v, want %v", tc.ms, got, tc.want)
 		}
@@ -38,7 +38,7 @@ func TestFixed(t *testing.T) {
 
 func TestPhiAccrual(t *testing.T) {
 	d := mustNew("phi").(*PhiAccrual)
-	beat(d, 50, 5000)
+	beat(d, int(HeartbeatEvery/time.Millisecond), 5000)
 	first := -1
 	for ms := 5000; ms < 6000; ms += 5 {
 		if d.Suspect(at(ms)) {
@@ -46,8 +46,8 @@ func TestPhiAccrual(t *testing.T) {
 			break
 		}
 	}
-	if first < 250 || first > 310 {
-		t.Fatalf("steady 50 ms heartbeats: suspected after %d ms of silence, want 250..310", first)
+	if first < 240 || first > 290 {
+		t.Fatalf("steady heartbeats every %v: suspected after %d ms of silence, want 240..290", HeartbeatEvery, first)
 	}
 	// A jittery sender widens the distribution: the same silence after
 	// its last heartbeat is less suspicious.
@@ -100,12 +100,12 @@ func TestNewRefusesUnknownDetector(t *testing.T) {
 }
 
 // TestDetectorsUnderRecordTraffic drives a standby's Node as the node
-// does under guest load: a heartbeat every 50 ms, a replication record
+// does under guest load: a heartbeat every HeartbeatEvery, a replication record
 // every half millisecond between them, each heard, and a tick every 5 ms.
 // A 200 ms blackout of everything, followed by a heartbeat period in
 // which the first heartbeat after it is still on its way (the worst
 // phase), promotes with neither detector; a 600 ms one does, about
-// 300 ms into it, as the docs say.
+// 270 ms into it, as the docs say.
 func TestDetectorsUnderRecordTraffic(t *testing.T) {
 	for _, kind := range []string{"fixed", "phi"} {
 		n := NewStandby(mustNew(kind))
@@ -140,8 +140,8 @@ func TestDetectorsUnderRecordTraffic(t *testing.T) {
 			t.Fatalf("%s: promoted %v after the blackout", kind, at)
 		}
 		at, promoted := traffic(600*time.Millisecond, false)
-		if !promoted || at < 260*time.Millisecond || at > 340*time.Millisecond {
-			t.Fatalf("%s: a 600 ms blackout under load: promoted %v, %v into it; want about 300 ms", kind, promoted, at)
+		if !promoted || at < 240*time.Millisecond || at > 300*time.Millisecond {
+			t.Fatalf("%s: a 600 ms blackout under load: promoted %v, %v into it; want about 270 ms", kind, promoted, at)
 		}
 	}
 }

@@ -180,8 +180,8 @@ type Node struct {
 }
 
 // Defaults for stall handling: the runtime ticks every 5 ms and the
-// primary sends a heartbeat every 50 ms, so a 50 ms gap between ticks is a
-// stall, and two heartbeat intervals are enough to read what queued up.
+// primary sends a heartbeat every 20 ms, so a 50 ms gap between ticks is a
+// stall, and 100 ms is enough to read what queued up.
 const (
 	DefaultStallGap    = 50 * time.Millisecond
 	DefaultDrainWindow = 100 * time.Millisecond

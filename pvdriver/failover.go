@@ -57,7 +57,7 @@ type Failover struct {
 
 // stallAfter is how long a call may wait before the client looks for a
 // node that took its session over; stallCheck is how often it checks.
-// Well below a standby's detection time (about 300 ms), so the search is
+// Well below a standby's detection time (about 270 ms), so the search is
 // under way before a takeover can complete.
 const (
 	stallAfter = 50 * time.Millisecond

@@ -573,7 +573,7 @@ func (s *Sender) heartbeats(l *link, stop <-chan struct{}) {
 }
 
 // heartbeatEvery is how often an idle primary says it is alive.
-const heartbeatEvery = 50 * time.Millisecond
+const heartbeatEvery = 20 * time.Millisecond
 
 // send sends a record that is not in the log (a snapshot's), encoded into
 // the link's reused buffer and sealed there.

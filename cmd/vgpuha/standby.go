@@ -29,7 +29,7 @@ func (f *standbyFlags) register(fs *flag.FlagSet) {
 	f.next = stringFlag(fs, "replicate-to", "", checkTCPList, "once promoted, replicate to these next standbys: tcp://HOST:PORT[,...] (same key; under --coordinator also to the group's other standbys)")
 	f.minInSync = intFlag(fs, "replicate.min-in-sync", 1, 1, 64, "k once promoted: replies the mode holds wait for the first k caught-up standbys")
 	f.modeName = choiceFlag(fs, "mode", "commit", replicationModes, "replication mode once promoted")
-	f.detector = choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "failure detector: fixed (300 ms without a heartbeat) or phi (phi-accrual, threshold 8: about 300 ms on a steady link)")
+	f.detector = choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "failure detector: fixed (270 ms without a heartbeat) or phi (phi-accrual, threshold 8: about 270 ms on a steady link)")
 	f.advertise = stringFlag(fs, "coordinator.advertise", "", checkTCP, "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
 	f.nodeFlags.register(fs, true)
 }

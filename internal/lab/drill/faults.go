@@ -86,7 +86,7 @@ var faults = []fault{
 	{name: "etcd-member-kill", help: "SIGKILL the etcd leader member (coordinator)", inject: killEtcdLeader, expect: nothingMoved,
 		failovers: 0, setups: withCoordinator},
 	// The detector's false promotions: silences shorter than its threshold
-	// (about 300 ms) must promote nobody, a 600 ms one every time. A
+	// (about 270 ms) must promote nobody, a 600 ms one every time. A
 	// blackout drops every packet of the replication link, heartbeats
 	// included (two nodes: the primary's veth down; coordinated: its
 	// proxies stall, etcd's too); a freeze stops the primary.
