@@ -190,7 +190,10 @@ checkpointed() {
 	pause_us=0
 	: >"$out"
 	coproc PROG { "$@" 2>"$err"; }
-	local rd=${PROG[0]} wr=${PROG[1]} pid=$PROG_PID
+	local rd wr pid=$PROG_PID
+	# Copies of the coprocess's pipes: bash closes PROG's own when the
+	# program exits, and its last lines, still unread, went with them.
+	exec {rd}<&"${PROG[0]}" {wr}>&"${PROG[1]}"
 	while IFS= read -r -u "$rd" line; do
 		if [ "$line" != checkpoint ]; then
 			printf '%s\n' "$line" >>"$out"
@@ -207,6 +210,7 @@ checkpointed() {
 		printf '\n' >&"$wr"
 	done
 	wait "$pid" || status=$?
+	exec {rd}<&- {wr}>&-
 	return "$status"
 }
 
