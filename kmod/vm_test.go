@@ -112,12 +112,5 @@ func vmFiles(t *testing.T) map[string]string {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building vgpuha for the VM: %v\n%s", err, out)
 	}
-	libs, err := vmtest.SharedLibs(files["/vgpuha"]) // purego links it dynamically, even without cgo
-	if err != nil {
-		t.Fatal(err)
-	}
-	for dst, src := range libs {
-		files[dst] = src
-	}
-	return files
+	return files // vmtest.Run adds the libraries purego links it to
 }

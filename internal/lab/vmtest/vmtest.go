@@ -115,6 +115,15 @@ func Run(cfg Config) (Result, error) {
 	}
 	for dst, src := range cfg.Files {
 		files[dst] = src
+		// A Go binary that links purego (the CUDA backend, through the
+		// node) is dynamic even without cgo: its loader and libc go too.
+		libs, err := SharedLibs(src)
+		if err != nil {
+			return Result{}, err
+		}
+		for lib := range libs {
+			files[lib] = lib
+		}
 	}
 	for dst, src := range files {
 		if err := copyFile(filepath.Join(root, dst), src); err != nil {
