@@ -88,15 +88,10 @@ func (c *Coordinator) campaign(ctx context.Context, elect *concurrency.Election,
 	}
 	if err != nil {
 		c.metrics.elections.WithLabelValues("refused").Inc()
-		rctx, cancel := context.WithTimeout(c.ctx, time.Second)
-		elect.Resign(rctx)
-		cancel()
+		c.resignWithin(elect, time.Second)
 		return 0, err
 	}
-	c.mu.Lock()
-	c.leader = true
-	c.mu.Unlock()
-	c.metrics.elections.WithLabelValues("won").Inc()
+	c.markLeading()
 	term := uint64(elect.Rev())
 	c.log.Warn("won the group's election", "term", term)
 	return term, nil
@@ -231,4 +226,19 @@ func (c *Coordinator) campaigns(ctx context.Context, addr string) (bool, error) 
 		}
 	}
 	return false, nil
+}
+
+// resignWithin gives up elect's leadership, waiting at most d for etcd.
+func (c *Coordinator) resignWithin(elect *concurrency.Election, d time.Duration) {
+	ctx, cancel := context.WithTimeout(c.ctx, d)
+	defer cancel()
+	elect.Resign(ctx)
+}
+
+// markLeading notes that this node won its election and leads the group.
+func (c *Coordinator) markLeading() {
+	c.mu.Lock()
+	c.leader = true
+	c.mu.Unlock()
+	c.metrics.elections.WithLabelValues("won").Inc()
 }

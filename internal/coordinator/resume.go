@@ -177,15 +177,10 @@ func (c *Coordinator) relead(ctx context.Context, term uint64) (uint64, error) {
 		}
 	}
 	if err := c.recordTerm(ctx, elect, term); err != nil {
-		rctx, cancel := context.WithTimeout(c.ctx, time.Second)
-		elect.Resign(rctx)
-		cancel()
+		c.resignWithin(elect, time.Second)
 		return 0, err
 	}
-	c.mu.Lock()
-	c.leader = true
-	c.mu.Unlock()
-	c.metrics.elections.WithLabelValues("won").Inc()
+	c.markLeading()
 	return uint64(elect.Rev()), nil
 }
 
