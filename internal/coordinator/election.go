@@ -30,10 +30,7 @@ func (c *Coordinator) Lead(ctx context.Context) (uint64, error) {
 		c.metrics.elections.WithLabelValues("failed").Inc()
 		return 0, fmt.Errorf("leading group %s: %w", c.cfg.Group, err)
 	}
-	c.mu.Lock()
-	c.leader = true
-	c.mu.Unlock()
-	c.metrics.elections.WithLabelValues("won").Inc()
+	c.markLeading()
 	term := uint64(elect.Rev())
 	c.log.Info("leading the group", "term", term)
 	return term, nil
