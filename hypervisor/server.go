@@ -168,9 +168,14 @@ type Server struct {
 	repl      *replicate.Log // nil: not replicating
 	mode      replicate.Mode
 	term      uint64
-	fenced    bool
-	fencedBy  string // why, as the role authority said (Fence)
-	serving   bool   // Serve was called: this node takes guests
+	// termNow mirrors term for readers that must not wait for s.mu: the
+	// replication sender's heartbeats carry it, and s.mu may be held for a
+	// while (a resync snapshot stops the world), which a standby would
+	// hear as silence and take for a dead primary.
+	termNow  atomic.Uint64
+	fenced   bool
+	fencedBy string // why, as the role authority said (Fence)
+	serving  bool   // Serve was called: this node takes guests
 	// fencedFlag mirrors fenced for sessions, which must not take s.mu.
 	fencedFlag atomic.Bool
 	// lease and unprotected guard a coordinated primary (SetLease).
@@ -208,6 +213,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		images:    newImageCache(cfg.ImageCacheBytes),
 		slotFreed: make(chan struct{}),
 	}
+	s.termNow.Store(s.term)
 	if s.cfg.Clock == nil {
 		s.cfg.Clock = time.Now
 	}
@@ -411,6 +417,7 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 func (s *Server) SetTerm(t uint64) {
 	s.mu.Lock()
 	s.term = t
+	s.termNow.Store(t)
 	s.mu.Unlock()
 	if s.repl != nil {
 		s.repl.SetTerm(t)
@@ -424,12 +431,8 @@ func (s *Server) IsPrimary() bool {
 	return s.serving && !s.fenced
 }
 
-// Term is the node's term.
-func (s *Server) Term() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.term
-}
+// Term is the node's term. It never waits for the server's lock.
+func (s *Server) Term() uint64 { return s.termNow.Load() }
 
 // Fence stops this node serving guests for good (why says what its role
 // authority learned: a node with a higher term took over, or its lease
