@@ -892,13 +892,19 @@ func (c *Client) DeviceInfo() (abi.DeviceInfoReply, error) {
 // earlier process, usually), and the bytes go only when it answers
 // StatusUnknownImage.
 func (c *Client) LoadModule(image []byte) (Module, error) {
+	return c.LoadModuleHashed(image, abi.HashImage(image))
+}
+
+// LoadModuleHashed is LoadModule for an image whose hash (abi.HashImage)
+// the caller already took.
+func (c *Client) LoadModuleHashed(image []byte, h abi.ImageHash) (Module, error) {
 	var r abi.HandleReply
 	from := c.opts.HashImagesFrom
 	if from <= 0 {
 		from = 16 << 10 // below it, the bytes cost about as much as the round trip
 	}
 	if len(image) >= from {
-		err := c.call(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: abi.HashImage(image)}, &r)
+		err := c.call(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: h}, &r)
 		if !errors.Is(err, abi.StatusUnknownImage) {
 			return Module(r.Handle), err
 		}

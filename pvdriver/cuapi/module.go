@@ -226,7 +226,7 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 	if d.noBinary[h] {
 		return nil, ErrorNoBinaryForGPU
 	}
-	remote, err := d.client.LoadModule(wire)
+	remote, err := d.client.LoadModuleHashed(wire, h)
 	if errors.Is(err, abi.StatusNoBinaryForGPU) {
 		// A caller offered an image for other GPUs and tries the next one,
 		// as with NVIDIA's driver: quiet, and answered here next time.
