@@ -157,15 +157,19 @@ run() { # MODE PROGRAM
 	fi
 }
 
-# standby_metric NAME: the standby's value of a metric (its admin endpoint).
+# metrics ADMIN: a node's /metrics, from its admin socket (ADMIN.sock).
+metrics() {
+	curl -s --max-time 2 --unix-socket "$work/$1.sock" http://node/metrics 2>/dev/null
+}
+
+# standby_metric NAME: the standby's value of a metric.
 standby_metric() {
-	curl -s --max-time 2 --unix-socket "$work/sadmin.sock" http://standby/metrics 2>/dev/null | grep "^$1 " || echo "$1 (no standby metrics)"
+	metrics sadmin | grep "^$1 " || echo "$1 (no standby metrics)"
 }
 
 # node_requests ADMIN: a node's guest requests by op and status, most first.
 node_requests() {
-	curl -s --max-time 2 --unix-socket "$work/$1.sock" http://node/metrics 2>/dev/null | grep '^vgpuha_guest_requests_total' |
-		sort -k2 -g -r | head -12
+	metrics "$1" | grep '^vgpuha_guest_requests_total' | sort -k2 -g -r | head -12
 }
 
 # verify_checkpoint: verifies the replica into $verified; where it differs,
