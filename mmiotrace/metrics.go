@@ -65,3 +65,16 @@ func (m *Metrics) flushed(mode Mode, records, bytes, pages uint64) {
 		m.dirtyPerFlush.WithLabelValues(mode.String()).Observe(float64(pages))
 	}
 }
+
+// SumCounters sums each counter family of reg over its labels (a tracer's
+// counters across modes and reasons, for a report).
+func SumCounters(reg prometheus.Gatherer) map[string]float64 {
+	out := map[string]float64{}
+	families, _ := reg.Gather()
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			out[f.GetName()] += m.GetCounter().GetValue()
+		}
+	}
+	return out
+}

@@ -77,23 +77,11 @@ func guestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfig, re
 // printMMIOSummary reports the tracer's counters after the guest exited.
 func printMMIOSummary(reg prometheus.Gatherer, mode mmiotrace.Mode) {
 	var parts []string
-	for name, total := range sumCounters(reg) {
+	for name, total := range mmiotrace.SumCounters(reg) {
 		if strings.HasPrefix(name, "vgpuha_mmio_") && strings.HasSuffix(name, "_total") {
 			parts = append(parts, fmt.Sprintf("%s=%.0f", strings.TrimSuffix(strings.TrimPrefix(name, "vgpuha_mmio_"), "_total"), total))
 		}
 	}
 	sort.Strings(parts)
 	fmt.Fprintf(os.Stderr, "vgpuha run: guest exited; mmio (%s): %s\n", mode, strings.Join(parts, " "))
-}
-
-// sumCounters adds up each counter family's series.
-func sumCounters(reg prometheus.Gatherer) map[string]float64 {
-	out := map[string]float64{}
-	families, _ := reg.Gather()
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			out[f.GetName()] += m.GetCounter().GetValue()
-		}
-	}
-	return out
 }

@@ -298,7 +298,7 @@ func mmioCell(opts MMIOOptions, mode string, mc mmioCase) (MMIOCell, error) {
 	if mc.workload == "doorbell" {
 		attached += 4096
 	}
-	counters := SumCounters(reg)
+	counters := mmiotrace.SumCounters(reg)
 	w := float64(res.Writes)
 	kernel := -1.0
 	if kernelWrites >= 0 {
@@ -340,18 +340,6 @@ func runMMIOGuest(prog string, args []string) (mmioguest.Result, int64, error) {
 		}
 	}
 	return res, kernel, nil
-}
-
-// SumCounters sums each counter family of reg over its labels.
-func SumCounters(reg prometheus.Gatherer) map[string]float64 {
-	out := map[string]float64{}
-	families, _ := reg.Gather()
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			out[f.GetName()] += m.GetCounter().GetValue()
-		}
-	}
-	return out
 }
 
 // PrintMMIO writes the cells as a table, one row per workload and mode;
