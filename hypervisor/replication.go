@@ -32,7 +32,7 @@ func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.repl, s.mode = log, mode
-	log.SetTerm(s.Term())
+	log.SetTerm(s.term)
 	// A promoted standby starts replicating with sessions already open:
 	// from now on their changes are logged too (a new standby gets their
 	// state from its resync snapshot).

@@ -167,11 +167,12 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	repl      *replicate.Log // nil: not replicating
 	mode      replicate.Mode
-	// term is the term this node serves under, read without s.mu: the
+	term      uint64
+	// termNow mirrors term for readers that must not wait for s.mu: the
 	// replication sender's heartbeats carry it, and s.mu may be held for a
 	// while (a resync snapshot stops the world), which a standby would
-	// hear as silence and take for a dead primary. SetTerm writes it.
-	term     atomic.Uint64
+	// hear as silence and take for a dead primary.
+	termNow  atomic.Uint64
 	fenced   bool
 	fencedBy string // why, as the role authority said (Fence)
 	serving  bool   // Serve was called: this node takes guests
@@ -207,11 +208,12 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		slots:     make([]bool, cfg.MaxSessions),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
+		term:      1, // a node starts as the first primary; a promotion raises it
 		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
 		images:    newImageCache(cfg.ImageCacheBytes),
 		slotFreed: make(chan struct{}),
 	}
-	s.term.Store(1) // a node starts as the first primary; a promotion raises it
+	s.termNow.Store(s.term)
 	if s.cfg.Clock == nil {
 		s.cfg.Clock = time.Now
 	}
@@ -387,7 +389,7 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	if sess == nil {
 		// The term tells a guest whose session only a deposed node held
 		// that it is lost (pvdriver's search).
-		return nil, &abi.HelloReply{Term: s.Term()}, fail(abi.StatusNoSession, "no session %d to resume on this node (term %d)", req.Resume, s.Term())
+		return nil, &abi.HelloReply{Term: s.term}, fail(abi.StatusNoSession, "no session %d to resume on this node (term %d)", req.Resume, s.term)
 	}
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
@@ -407,14 +409,15 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 		}
 	}
 	s.metrics.resumed.Inc()
-	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.Term(), Applied: sess.lastReq}, nil
+	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 }
 
 // SetTerm sets the term this node serves under (a promoted standby raises
 // it).
 func (s *Server) SetTerm(t uint64) {
 	s.mu.Lock()
-	s.term.Store(t)
+	s.term = t
+	s.termNow.Store(t)
 	s.mu.Unlock()
 	if s.repl != nil {
 		s.repl.SetTerm(t)
@@ -429,7 +432,7 @@ func (s *Server) IsPrimary() bool {
 }
 
 // Term is the node's term. It never waits for the server's lock.
-func (s *Server) Term() uint64 { return s.term.Load() }
+func (s *Server) Term() uint64 { return s.termNow.Load() }
 
 // Fence stops this node serving guests for good (why says what its role
 // authority learned: a node with a higher term took over, or its lease
@@ -455,7 +458,7 @@ func (s *Server) deposedLocked() error {
 	if why == "" {
 		why = "handed over to its standby"
 	}
-	return fail(abi.StatusDeposed, "deposed: this node no longer serves guests (%s; it served term %d); the session continues on the node that took over", why, s.Term())
+	return fail(abi.StatusDeposed, "deposed: this node no longer serves guests (%s; it served term %d); the session continues on the node that took over", why, s.term)
 }
 
 // fenceLocked fences the node. Sessions check the flag under their own
