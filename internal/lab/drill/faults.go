@@ -88,7 +88,7 @@ var faults = []fault{
 	// The detector's false promotions: silences shorter than its threshold
 	// (about 270 ms) must promote nobody, a 600 ms one every time. A
 	// blackout drops every packet of the replication link, heartbeats
-	// included (two nodes: the primary's veth down; coordinated: its
+	// included (two nodes: every packet on their veth dropped; coordinated: its
 	// proxies stall, etcd's too); a freeze stops the primary.
 	{name: "blackout-100ms", help: "drop every packet between primary and standby for 100 ms; two nodes need namespaces",
 		inject: blackout(100 * time.Millisecond), expect: standbyNotPromoted, failovers: anyFailovers, netns: true, setups: bothSetups, onRequest: true},

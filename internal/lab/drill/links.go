@@ -8,59 +8,82 @@ import (
 	"time"
 )
 
-// linkControl sets links up and down in one network namespace through an
-// `ip -batch` process started beforehand: a command written to it takes
-// effect within a millisecond, where starting ip for it would take tens of
-// ms on a loaded host (and the drill measures pauses from the moment it
-// strikes).
-type linkControl struct {
-	ns  string
-	cmd *exec.Cmd
-	in  io.WriteCloser
+// linkCut drops every packet on a veth link, both ways, and lets them
+// through again, without touching the link's state: each end gets a root
+// qdisc that queues nothing (pfifo, limit 0), as a switch that loses
+// every frame would. Setting the link down instead is another fault, a
+// pulled cable: the kernel flushes the link's routes and neighbour
+// entries, and after it comes up a lost ARP request is retried only a
+// second later, so a 100 ms cut was heard as a second of silence.
+//
+// Commands go through a `tc -batch` process per namespace, started
+// beforehand: a command written to it takes effect within a millisecond,
+// where starting tc for it would take tens of ms on a loaded host (and the
+// drill measures pauses from the moment it strikes).
+type linkCut struct {
+	ends []linkEnd
 }
 
-func startLinkControl(ns string) (*linkControl, error) {
-	cmd := exec.Command("ip", "-n", ns, "-force", "-batch", "-")
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting ip -batch in %s: %w", ns, err)
-	}
-	return &linkControl{ns: ns, cmd: cmd, in: in}, nil
+// linkEnd is one end of the link: a device in a namespace.
+type linkEnd struct {
+	ns, dev string
+	cmd     *exec.Cmd
+	in      io.WriteCloser
 }
 
-// set sets dev up or down, then waits until ip shows it so.
-func (l *linkControl) set(dev string, up bool) error {
-	state := "down"
-	if up {
-		state = "up"
+// startLinkCut prepares to cut the link whose ends are devs[i] in
+// namespaces[i].
+func startLinkCut(namespaces, devs []string) (*linkCut, error) {
+	c := &linkCut{}
+	for i, ns := range namespaces {
+		cmd := exec.Command("tc", "-n", ns, "-force", "-batch", "-")
+		in, err := cmd.StdinPipe()
+		if err == nil {
+			err = cmd.Start()
+		}
+		if err != nil {
+			c.stop()
+			return nil, fmt.Errorf("starting tc -batch in %s: %w", ns, err)
+		}
+		c.ends = append(c.ends, linkEnd{ns: ns, dev: devs[i], cmd: cmd, in: in})
 	}
-	if _, err := fmt.Fprintf(l.in, "link set dev %s %s\n", dev, state); err != nil {
-		return fmt.Errorf("ip -batch in %s: %w", l.ns, err)
-	}
-	return waitFor(2*time.Second, func() bool {
-		out, err := exec.Command("ip", "-n", l.ns, "-o", "link", "show", "dev", dev).Output()
-		return err == nil && adminUp(string(out)) == up
-	})
+	return c, nil
 }
 
-// adminUp reports whether a line of `ip -o link show` has the UP flag:
-// "7: vp1@if6: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu ...".
-func adminUp(line string) bool {
-	_, flags, _ := strings.Cut(line, "<")
-	flags, _, _ = strings.Cut(flags, ">")
-	for _, f := range strings.Split(flags, ",") {
-		if f == "UP" {
-			return true
+// set cuts the link (every packet dropped) or heals it, then waits until
+// tc shows every end so.
+func (c *linkCut) set(cut bool) error {
+	for _, e := range c.ends {
+		line := fmt.Sprintf("qdisc del dev %s root\n", e.dev)
+		if cut {
+			line = fmt.Sprintf("qdisc replace dev %s root pfifo limit 0\n", e.dev)
+		}
+		if _, err := io.WriteString(e.in, line); err != nil {
+			return fmt.Errorf("tc -batch in %s: %w", e.ns, err)
 		}
 	}
-	return false
+	for _, e := range c.ends {
+		err := waitFor(2*time.Second, func() bool {
+			out, err := exec.Command("tc", "-n", e.ns, "qdisc", "show", "dev", e.dev, "root").Output()
+			return err == nil && dropsAll(string(out)) == cut
+		})
+		if err != nil {
+			return fmt.Errorf("%s in %s: %w", e.dev, e.ns, err)
+		}
+	}
+	return nil
 }
 
-// stop ends the ip process.
-func (l *linkControl) stop() {
-	l.in.Close()
-	l.cmd.Wait()
+// dropsAll reports whether `tc qdisc show` output names the cut's qdisc:
+// "qdisc pfifo 8001: root refcnt 2 limit 0p".
+func dropsAll(out string) bool {
+	return strings.Contains(out, "qdisc pfifo ") && strings.Contains(out, " limit 0p")
+}
+
+// stop ends the tc processes.
+func (c *linkCut) stop() {
+	for _, e := range c.ends {
+		e.in.Close()
+		e.cmd.Wait()
+	}
 }

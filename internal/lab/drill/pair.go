@@ -114,11 +114,9 @@ type pair struct {
 	primary, standby     *agent
 	primaryEP, standbyEP string
 	netns                [2]string // primary's, standby's; empty on loopback
-	// links sets the primary's end of the veth link (veth) up or down: an
-	// `ip -batch` already running in its namespace, so that a cut takes
-	// effect when the drill strikes, not after ip has started.
-	links *linkControl
-	veth  string
+	// cut drops every packet on the veth link between the namespaces
+	// (links.go); nil without namespaces.
+	cut *linkCut
 	// rejoined is the old primary's host back as a standby of the promoted
 	// one (the failback fault), listening on rejoinAddr, where the standby
 	// replicates to once promoted.
@@ -274,9 +272,8 @@ func (p *pair) replicationAddr(netns bool) (string, error) {
 			return "", fmt.Errorf("ip %v: %v: %s", st, err, out)
 		}
 	}
-	p.veth = vp
 	var err error
-	if p.links, err = startLinkControl(p.netns[0]); err != nil {
+	if p.cut, err = startLinkCut(p.netns[:], []string{vp, vs}); err != nil {
 		return "", err
 	}
 	p.rejoinAddr = subnet + ".1:7072"
@@ -344,17 +341,10 @@ func (p *pair) partition(cut bool) error {
 		p.coord.partition(cut)
 		return nil
 	}
-	return p.link(!cut)
-}
-
-// link sets the primary's end of the replication link up or down (a
-// partition between primary and standby; namespaces only) and checks that
-// it took effect.
-func (p *pair) link(up bool) error {
-	if p.links == nil {
+	if p.cut == nil {
 		return errors.New("no network namespaces: the link cannot be cut")
 	}
-	return p.links.set(p.veth, up)
+	return p.cut.set(cut)
 }
 
 // stop kills both nodes and removes their files and namespaces.
@@ -377,8 +367,8 @@ func (p *pair) stopKeepingLogs() {
 		}
 		a.http.CloseIdleConnections()
 	}
-	if p.links != nil {
-		p.links.stop()
+	if p.cut != nil {
+		p.cut.stop()
 	}
 	for _, ns := range p.netns {
 		if ns != "" {
