@@ -38,7 +38,6 @@ func newEtcdModel(w *world) *etcdModel {
 	e := &etcdModel{w: w, rev: 7, termKey: 7}
 	e.p = holder{name: "P", n: w.p, key: 7, expiry: leaseTTL}
 	e.s = holder{name: "S", n: w.s, expiry: leaseTTL}
-	w.p.Term = e.rev // the first primary's leader key revision
 	return e
 }
 
@@ -52,15 +51,15 @@ func (e *etcdModel) step(ms int, at time.Time, pAlive bool) {
 	sAlive := !e.w.sFrozen
 	if !e.stalled {
 		e.expire(ms)
-		if sAlive && e.s.n.Role == Standby {
+		if sAlive && e.s.n.Role() == Standby {
 			e.s.expiry = ms + leaseTTL
 		}
 	}
 	if pAlive {
-		covered := !e.w.cut && e.w.s.InSync && e.w.s.Role == Standby
+		covered := !e.w.cut && e.w.s.InSync && e.w.s.Role() == Standby
 		e.primary(&e.p, ms, at, !e.stalled && !e.pCut, covered)
 	}
-	if sAlive && e.s.n.Role != Standby {
+	if sAlive && e.s.n.Role() != Standby {
 		e.primary(&e.s, ms, at, !e.stalled, false) // S took over: no standby covers it
 	}
 }
@@ -71,7 +70,7 @@ func (e *etcdModel) expire(ms int) {
 	}
 	if e.s.key != 0 && ms >= e.s.expiry {
 		e.s.key = 0
-		if e.s.n.Role == Standby && e.campaigning {
+		if e.s.n.Role() == Standby && e.campaigning {
 			e.campaigning = false
 			e.s.n.Step(Event{Kind: CampaignEnded})
 			e.say("%d ms: S's lease expired with its campaign", ms)
@@ -82,16 +81,16 @@ func (e *etcdModel) expire(ms int) {
 // primary runs a node's lease while it is (or was) primary.
 func (e *etcdModel) primary(h *holder, ms int, at time.Time, reach, covered bool) {
 	n := h.n
-	if n.Role == Primary && reach && h.key != 0 {
+	if n.Role() == Primary && reach && h.key != 0 {
 		h.renewed, h.expiry = ms, ms+leaseTTL
 	}
-	if n.Role == Primary && ms-h.renewed >= leaseTTL/2 {
+	if n.Role() == Primary && ms-h.renewed >= leaseTTL/2 {
 		e.do(h, ms, n.Step(Event{Kind: LeaseLost, At: at}))
 	}
-	if n.Role == Suspended && reach {
+	if n.Role() == Suspended && reach {
 		e.suspended(h, ms, at)
 	}
-	if n.Role == Fenced && h.resigning && reach {
+	if n.Role() == Fenced && h.resigning && reach {
 		h.key, h.resigning, h.releadFrom = 0, false, 0
 	}
 	n.Step(Event{Kind: Covered, InSync: covered})
@@ -155,7 +154,7 @@ func (e *etcdModel) elect(ms int) {
 		if promotes(e.w.s.Step(Event{Kind: ElectionWon, Term: e.s.key})) {
 			e.termKey = e.s.key
 			e.s.renewed = ms
-			e.say("%d ms: S wins the election, term %d", ms, e.w.s.Term)
+			e.say("%d ms: S wins the election, term %d", ms, e.w.s.Term())
 		} else {
 			e.s.key = 0
 		}
@@ -176,7 +175,7 @@ func (e *etcdModel) leads(h, other *holder) bool {
 // releadWin: a suspended node's new key leads: it writes the term record
 // over its old term, or learns that another node's term is there.
 func (e *etcdModel) releadWin(h, other *holder, ms int) {
-	if h.releadFrom == 0 || h.n.Role != Suspended {
+	if h.releadFrom == 0 || h.n.Role() != Suspended {
 		return
 	}
 	if e.termKey != h.releadFrom {

@@ -85,6 +85,18 @@ const (
 	// Covered: a primary learned whether a standby in sync could take over
 	// from it (InSync).
 	Covered
+	// HandedOff: a coordinated primary gave its leader key to a standby
+	// (a switchover); from then on it must not serve, whether or not the
+	// standby takes over.
+	HandedOff
+	// LeaderElected: the coordinator reports that the group's leader holds
+	// Term (a watch on the election). A standby applies no stream below
+	// it; a primary below it is no longer the leader.
+	LeaderElected
+	// CampaignAbandoned: the node stopped waiting for a campaign it was
+	// asked to run (a switchover's election that did not come in time); it
+	// withdraws from the election.
+	CampaignAbandoned
 )
 
 // Event is one observation.
@@ -122,6 +134,9 @@ const (
 	// Relead: ask the coordinator to lead the group again, provided no
 	// node led after Term (its lease expired; see LeaseRegained).
 	Relead
+	// Follow: a standby applies no stream below Term from now on (its
+	// coordinator reported a leader under Term).
+	Follow
 )
 
 // Action is one decision for the node's owner to carry out.
@@ -149,10 +164,13 @@ type Action struct {
 // leadership only through the coordinator: the standby campaigns, the
 // primary resigns, and the standby promotes on ElectionWon.
 type Node struct {
-	Role   Role
-	Term   uint64
+	role   Role
+	term   uint64
 	InSync bool // a standby holds a complete replica: it may take over
 	det    Detector
+	// leaderTerm: the newest leader's term the coordinator reported
+	// (LeaderElected); a standby applies no stream below it.
+	leaderTerm uint64
 
 	// Coordinated: a coordinator owns leadership (see above).
 	Coordinated bool
@@ -190,11 +208,27 @@ const (
 // NewStandby returns a standby watching with det. A nil det makes a pure
 // replica: it never takes over, by detection or by switchover.
 func NewStandby(det Detector) *Node {
-	return &Node{Role: Standby, det: det, StallGap: DefaultStallGap, DrainWindow: DefaultDrainWindow}
+	return &Node{role: Standby, det: det, StallGap: DefaultStallGap, DrainWindow: DefaultDrainWindow}
 }
 
 // NewPrimary returns the first primary, term 1.
-func NewPrimary() *Node { return &Node{Role: Primary, Term: 1} }
+func NewPrimary() *Node { return &Node{role: Primary, term: 1} }
+
+// NewCoordinatedPrimary returns a first primary that won its group's
+// election under term (see Coordinated and SuspendLimit).
+func NewCoordinatedPrimary(term uint64, suspendLimit time.Duration) *Node {
+	return &Node{role: Primary, term: term, Coordinated: true, SuspendLimit: suspendLimit}
+}
+
+// Role is what the node does now.
+func (n *Node) Role() Role { return n.role }
+
+// Term is the highest term the node knows: its own while it leads.
+func (n *Node) Term() uint64 { return n.term }
+
+// LeaderTerm is the newest leader's term its coordinator reported (0:
+// none; see LeaderElected).
+func (n *Node) LeaderTerm() uint64 { return n.leaderTerm }
 
 // Step feeds one observation and returns what the owner must do.
 func (n *Node) Step(e Event) []Action {
@@ -208,7 +242,7 @@ func (n *Node) Step(e Event) []Action {
 			return []Action{{Kind: Resign}}
 		}
 	case Tick:
-		if n.Role == Suspended {
+		if n.role == Suspended {
 			return n.giveUp(e.At)
 		}
 		if n.judges(e.At) && n.det.Suspect(e.At) {
@@ -217,32 +251,52 @@ func (n *Node) Step(e Event) []Action {
 	case PeerTerm:
 		return n.sawTerm(e.Term)
 	case HandOver:
-		if n.Role == Standby && n.det != nil {
+		if n.role == Standby && n.det != nil {
 			return n.handOver()
 		}
 	case ElectionWon:
 		return n.won(e.Term)
 	case CampaignEnded:
 		n.campaigning = false
-	case LeaseLost, LeaseRegained, LeaseExpired, Deposed, Covered:
+	case CampaignAbandoned:
+		n.campaigning = false
+		return []Action{{Kind: Resign, Why: "the campaign a switchover asked for did not win in time"}}
+	case LeaderElected:
+		return n.leaderElected(e.Term)
+	case LeaseLost, LeaseRegained, LeaseExpired, Deposed, Covered, HandedOff:
 		return n.lease(e)
 	}
 	return nil
+}
+
+// leaderElected: the group's leader holds term. A standby follows no
+// stream below it (its own term is raised only by what it hears, so that
+// it can still use an election it wins under this very term); any other
+// node treats it as a peer's term (a primary below it is fenced).
+func (n *Node) leaderElected(term uint64) []Action {
+	if n.role != Standby {
+		return n.sawTerm(term)
+	}
+	if term <= n.leaderTerm {
+		return nil
+	}
+	n.leaderTerm = term
+	return []Action{{Kind: Follow, Term: term}}
 }
 
 // won: the coordinator says this node leads under term. Only a standby
 // with a complete replica may use it, and only under a term above every
 // term it has seen; otherwise it resigns.
 func (n *Node) won(term uint64) []Action {
-	if n.Role == Primary {
+	if n.role == Primary {
 		return nil // it already leads (a coordinated first primary)
 	}
-	if n.Role != Standby || !n.InSync || term <= n.Term {
+	if n.role != Standby || !n.InSync || term <= n.term {
 		n.campaigning = false
 		return []Action{{Kind: Resign}}
 	}
 	n.campaigning = false
-	n.Role, n.Term = Primary, term
+	n.role, n.term = Primary, term
 	return []Action{{Kind: Promote, Term: term}}
 }
 
@@ -250,7 +304,7 @@ func (n *Node) won(term uint64) []Action {
 // complete replica, has a detector, and is not draining after a stall of
 // its own.
 func (n *Node) judges(t time.Time) bool {
-	if n.Role != Standby || n.det == nil {
+	if n.role != Standby || n.det == nil {
 		return false
 	}
 	if !n.lastTick.IsZero() && t.Sub(n.lastTick) > n.StallGap {
@@ -263,11 +317,11 @@ func (n *Node) judges(t time.Time) bool {
 // heard records a heartbeat or record from a node at term.
 func (n *Node) heard(t time.Time, term uint64) []Action {
 	acts := n.sawTerm(term)
-	if n.Role == Standby && n.det != nil {
+	if n.role == Standby && n.det != nil {
 		n.det.Heartbeat(t)
 	}
-	if n.Role == Standby {
-		n.Term = max(n.Term, term) // a takeover must raise the primary's term
+	if n.role == Standby {
+		n.term = max(n.term, term) // a takeover must raise the primary's term
 	}
 	return acts
 }
@@ -280,16 +334,16 @@ func (n *Node) heard(t time.Time, term uint64) []Action {
 // the coordinator has told this node, and whether another node leads is
 // settled by etcd (LeaseRegained or Deposed).
 func (n *Node) sawTerm(term uint64) []Action {
-	if n.Role == Suspended {
+	if n.role == Suspended {
 		n.peerTerm = max(n.peerTerm, term)
 		return nil
 	}
-	if term <= n.Term || n.Role == Standby {
+	if term <= n.term || n.role == Standby {
 		return nil
 	}
-	n.Term = term
-	if n.Role == Primary {
-		n.Role = Fenced
+	n.term = term
+	if n.role == Primary {
+		n.role = Fenced
 		return []Action{{Kind: Fence, Term: term, Why: fmt.Sprintf("a node under term %d took over", term)}}
 	}
 	return nil
@@ -320,7 +374,7 @@ func (n *Node) takeOver() []Action {
 		n.campaigning = true
 		return []Action{{Kind: Campaign}}
 	}
-	n.Role = Primary
-	n.Term++
-	return []Action{{Kind: Promote, Term: n.Term}}
+	n.role = Primary
+	n.term++
+	return []Action{{Kind: Promote, Term: n.term}}
 }

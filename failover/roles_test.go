@@ -110,14 +110,14 @@ func rolesCmd(t *testing.T, td *datadriven.TestData) string {
 	if out != "" {
 		out += "\n"
 	}
-	return out + fmt.Sprintf("P: %s term %d; S: %s term %d", w.p.Role, w.p.Term, w.s.Role, w.s.Term)
+	return out + fmt.Sprintf("P: %s term %d; S: %s term %d", w.p.Role(), w.p.Term(), w.s.Role(), w.s.Term())
 }
 
 func newWorld(coordinated bool) *world {
 	w := &world{p: NewPrimary(), s: NewStandby(mustNew("fixed"))}
 	if coordinated {
-		w.p.Coordinated, w.s.Coordinated = true, true
-		w.p.SuspendLimit = leaseTTL * time.Millisecond
+		w.p = NewCoordinatedPrimary(7, leaseTTL*time.Millisecond) // 7: the first primary's leader key revision
+		w.s.Coordinated = true
 		w.etcd = newEtcdModel(w)
 	}
 	w.s.Step(Event{Kind: Synced, InSync: true})
@@ -142,20 +142,20 @@ func (w *world) switchover() {
 		w.etcd.rev += 5
 		verdict := "S resigns the win"
 		if promotes(w.s.Step(Event{Kind: ElectionWon, Term: w.etcd.rev})) {
-			verdict = fmt.Sprintf("S promotes under term %d", w.s.Term)
+			verdict = fmt.Sprintf("S promotes under term %d", w.s.Term())
 			e := w.etcd
-			e.termKey, e.s.key, e.p.key = w.s.Term, w.s.Term, 0
+			e.termKey, e.s.key, e.p.key = w.s.Term(), w.s.Term(), 0
 			e.s.renewed, e.s.expiry = w.last, w.last+leaseTTL
 		}
 		w.events = append(w.events, "S campaigns, P resigns, S wins: "+verdict)
 	}
-	w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
+	w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term()})
 }
 
 // sendsHeartbeats: P is up and its links run (a suspended primary keeps
 // them).
 func (w *world) sendsHeartbeats() bool {
-	return !w.crashed && !w.frozen && (w.p.Role == Primary || w.p.Role == Suspended)
+	return !w.crashed && !w.frozen && (w.p.Role() == Primary || w.p.Role() == Suspended)
 }
 
 // step advances the world to ms.
@@ -175,24 +175,24 @@ func (w *world) step(ms int) {
 	if w.backlog > 0 { // S wakes: its tick comes before it reads its socket
 		w.tickS(ms, at)
 		for ; w.backlog > 0; w.backlog-- {
-			w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
+			w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term()})
 		}
 	}
 	if w.sendsHeartbeats() && !w.cut {
-		w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term})
+		w.s.Step(Event{Kind: Heard, At: at, Term: w.p.Term()})
 	}
 	w.tickS(ms, at)
 	if w.etcd != nil {
 		w.etcd.elect(ms)
 	}
-	if w.sendsHeartbeats() && !w.cut && w.s.Role == Primary {
-		before := w.p.Role
-		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term})
+	if w.sendsHeartbeats() && !w.cut && w.s.Role() == Primary {
+		before := w.p.Role()
+		w.p.Step(Event{Kind: PeerTerm, Term: w.s.Term()})
 		if before == Primary {
-			w.events = append(w.events, fmt.Sprintf("%d ms: P learns term %d: %s", ms, w.s.Term, w.p.Role))
+			w.events = append(w.events, fmt.Sprintf("%d ms: P learns term %d: %s", ms, w.s.Term(), w.p.Role()))
 		}
 	}
-	if pAlive && w.p.Role == Primary && w.s.Role == Primary {
+	if pAlive && w.p.Role() == Primary && w.s.Role() == Primary {
 		w.bothMS += 10
 	}
 }
@@ -202,7 +202,7 @@ func (w *world) tickS(ms int, at time.Time) {
 	for _, a := range w.s.Step(Event{Kind: Tick, At: at}) {
 		switch a.Kind {
 		case Promote:
-			w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term))
+			w.events = append(w.events, fmt.Sprintf("%d ms: S takes over, term %d", ms, w.s.Term()))
 		case Campaign:
 			w.etcd.campaigning = true
 			w.events = append(w.events, fmt.Sprintf("%d ms: S campaigns", ms))
@@ -230,8 +230,8 @@ func TestCoordinatedResigns(t *testing.T) {
 	n.Coordinated = true
 	n.Step(Event{Kind: Synced, InSync: true})
 	n.Step(Event{Kind: Heard, At: at(0), Term: 9})
-	if acts := n.Step(Event{Kind: ElectionWon, Term: 9}); len(acts) != 1 || acts[0].Kind != Resign || n.Role != Standby {
-		t.Fatalf("won under a known term: %v, role %s; want a resignation", acts, n.Role)
+	if acts := n.Step(Event{Kind: ElectionWon, Term: 9}); len(acts) != 1 || acts[0].Kind != Resign || n.Role() != Standby {
+		t.Fatalf("won under a known term: %v, role %s; want a resignation", acts, n.Role())
 	}
 	if acts := n.Step(Event{Kind: Tick, At: at(1000)}); len(acts) != 1 || acts[0].Kind != Campaign {
 		t.Fatalf("silent primary: %v, want a campaign", acts)
@@ -246,7 +246,59 @@ func TestCoordinatedResigns(t *testing.T) {
 		t.Fatalf("won without a complete replica: %v, want a resignation", acts)
 	}
 	n.Step(Event{Kind: Synced, InSync: true})
-	if acts := n.Step(Event{Kind: ElectionWon, Term: 20}); len(acts) != 1 || acts[0].Kind != Promote || n.Term != 20 {
-		t.Fatalf("a good win: %v, term %d; want Promote(20)", acts, n.Term)
+	if acts := n.Step(Event{Kind: ElectionWon, Term: 20}); len(acts) != 1 || acts[0].Kind != Promote || n.Term() != 20 {
+		t.Fatalf("a good win: %v, term %d; want Promote(20)", acts, n.Term())
+	}
+}
+
+// TestCoordinatorReports: what the coordinator's other reports do. A
+// standby follows the newest leader's term without taking it as its own
+// (it can still use a win under that very term: the watch may report the
+// standby's own election before the win arrives); a primary below a
+// reported leader is fenced; a primary that handed its key to a standby
+// is fenced; an abandoned campaign is withdrawn.
+func TestCoordinatorReports(t *testing.T) {
+	s := NewStandby(mustNew("fixed"))
+	s.Coordinated = true
+	s.Step(Event{Kind: Synced, InSync: true})
+	s.Step(Event{Kind: Heard, At: at(0), Term: 7})
+	if acts := s.Step(Event{Kind: LeaderElected, Term: 9}); len(acts) != 1 || acts[0].Kind != Follow || acts[0].Term != 9 || s.LeaderTerm() != 9 {
+		t.Fatalf("leader 9 on a standby: %v; want Follow(9)", acts)
+	}
+	if acts := s.Step(Event{Kind: LeaderElected, Term: 8}); len(acts) != 0 {
+		t.Fatalf("an older leader: %v; want nothing", acts)
+	}
+	s.Step(Event{Kind: Tick, At: at(1000)}) // campaigns
+	if acts := s.Step(Event{Kind: ElectionWon, Term: 9}); !promotes(acts) || s.Term() != 9 {
+		t.Fatalf("a win under the reported leader's term: %v, term %d; want Promote(9)", acts, s.Term())
+	}
+
+	p := NewCoordinatedPrimary(7, time.Second)
+	if acts := p.Step(Event{Kind: LeaderElected, Term: 7}); len(acts) != 0 || p.Role() != Primary {
+		t.Fatalf("its own election reported: %v, %s; want nothing", acts, p.Role())
+	}
+	if acts := p.Step(Event{Kind: LeaderElected, Term: 12}); len(acts) != 1 || acts[0].Kind != Fence || p.Term() != 12 {
+		t.Fatalf("a newer leader: %v, term %d; want Fence(12)", acts, p.Term())
+	}
+
+	h := NewCoordinatedPrimary(7, time.Second)
+	if acts := h.Step(Event{Kind: HandedOff}); len(acts) != 1 || acts[0].Kind != Fence || h.Role() != Fenced || h.Term() != 7 {
+		t.Fatalf("handed off: %v, %s term %d; want Fence under 7", acts, h.Role(), h.Term())
+	}
+	if acts := h.Step(Event{Kind: PeerTerm, Term: 9}); len(acts) != 0 || h.Term() != 9 {
+		t.Fatalf("the new primary's term: %v, term %d; want it recorded", acts, h.Term())
+	}
+
+	c := NewStandby(mustNew("fixed"))
+	c.Coordinated = true
+	c.Step(Event{Kind: Synced, InSync: true})
+	if acts := c.Step(Event{Kind: HandOver}); len(acts) != 1 || acts[0].Kind != Campaign {
+		t.Fatalf("hand over: %v; want Campaign", acts)
+	}
+	if acts := c.Step(Event{Kind: CampaignAbandoned}); len(acts) != 1 || acts[0].Kind != Resign {
+		t.Fatalf("abandoned: %v; want Resign", acts)
+	}
+	if acts := c.Step(Event{Kind: Tick, At: at(5000)}); len(acts) != 0 {
+		t.Fatalf("after the withdrawal, with no heartbeat yet: %v", acts)
 	}
 }

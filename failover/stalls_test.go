@@ -45,14 +45,14 @@ func checkStalls(t *testing.T, seq []int, gap int) {
 	w.run(0, 1000)
 	ms := 1010
 	serving := func() (p, s bool) {
-		return !w.crashed && !w.frozen && w.p.Role == Primary, w.s.Role == Primary
+		return !w.crashed && !w.frozen && w.p.Role() == Primary, w.s.Role() == Primary
 	}
 	advance := func(d int, check func(ms int)) {
 		for end := ms + d; ms < end; ms += 10 {
 			w.step(ms)
 			p, s := serving()
 			if p && s {
-				t.Fatalf("%d ms: both nodes serve (P term %d, S term %d); events:\n%v", ms, w.p.Term, w.s.Term, w.events)
+				t.Fatalf("%d ms: both nodes serve (P term %d, S term %d); events:\n%v", ms, w.p.Term(), w.s.Term(), w.events)
 			}
 			if check != nil {
 				check(ms)
@@ -73,21 +73,20 @@ func checkStalls(t *testing.T, seq []int, gap int) {
 	advance(3*leaseTTL, func(ms int) {
 		if p, s := serving(); ms >= recovered+leaseTTL && p == s {
 			t.Fatalf("%d ms, %d ms after etcd recovered: P %s term %d, S %s term %d: want exactly one serving; events:\n%v",
-				ms, ms-recovered, w.p.Role, w.p.Term, w.s.Role, w.s.Term, w.events)
+				ms, ms-recovered, w.p.Role(), w.p.Term(), w.s.Role(), w.s.Term(), w.events)
 		}
 	})
-	if short && w.s.Role != Standby {
-		t.Fatalf("stalls %v, each shorter than %d ms, moved the primary: S %s term %d; events:\n%v", seq, rideOut, w.s.Role, w.s.Term, w.events)
+	if short && w.s.Role() != Standby {
+		t.Fatalf("stalls %v, each shorter than %d ms, moved the primary: S %s term %d; events:\n%v", seq, rideOut, w.s.Role(), w.s.Term(), w.events)
 	}
 }
 
 // TestSuspendedPrimary: what a suspended primary does with each input.
 func TestSuspendedPrimary(t *testing.T) {
 	suspended := func() *Node {
-		n := NewPrimary()
-		n.Coordinated, n.Term, n.SuspendLimit = true, 7, 1000*time.Millisecond
-		if acts := n.Step(Event{Kind: LeaseLost, At: at(0)}); len(acts) != 1 || acts[0].Kind != Suspend || n.Role != Suspended {
-			t.Fatalf("lease lost: %v, role %s; want Suspend", acts, n.Role)
+		n := NewCoordinatedPrimary(7, 1000*time.Millisecond)
+		if acts := n.Step(Event{Kind: LeaseLost, At: at(0)}); len(acts) != 1 || acts[0].Kind != Suspend || n.Role() != Suspended {
+			t.Fatalf("lease lost: %v, role %s; want Suspend", acts, n.Role())
 		}
 		return n
 	}
@@ -121,8 +120,8 @@ func TestSuspendedPrimary(t *testing.T) {
 		for _, e := range tc.events {
 			last = n.Step(e)
 		}
-		if n.Role != tc.want || n.Term != tc.term || fmt.Sprint(kinds(last)) != fmt.Sprint(tc.last) {
-			t.Errorf("%s: %s term %d, last actions %v; want %s term %d, %v", tc.name, n.Role, n.Term, kinds(last), tc.want, tc.term, tc.last)
+		if n.Role() != tc.want || n.Term() != tc.term || fmt.Sprint(kinds(last)) != fmt.Sprint(tc.last) {
+			t.Errorf("%s: %s term %d, last actions %v; want %s term %d, %v", tc.name, n.Role(), n.Term(), kinds(last), tc.want, tc.term, tc.last)
 		}
 	}
 	s := NewStandby(mustNew("fixed"))

@@ -18,7 +18,7 @@ func TestLeaseDeadlinePerRequest(t *testing.T) {
 	e := start(t, hypervisor.DefaultConfig())
 	var deadline atomic.Int64
 	deadline.Store(time.Now().Add(time.Hour).UnixNano())
-	e.srv.SetLease(func() time.Time { return time.Unix(0, deadline.Load()) }, func() (bool, bool) { return true, false })
+	e.srv.SetRole(hypervisor.Role{Term: 1, Lease: func() time.Time { return time.Unix(0, deadline.Load()) }, Unprotected: func() (bool, bool) { return true, false }})
 	g := e.client(t, "g")
 	if _, err := g.Alloc(4096); err != nil {
 		t.Fatalf("within the lease: %v", err)

@@ -502,28 +502,33 @@ func (s *Session) checksum(addr, n uint64) (uint64, error) {
 
 // Switchover hands the primary role to the standby with nothing lost: with
 // every session stopped it waits until the standby has applied the whole
-// log, asks it to take over (handover returns its new term), and fences
-// this node before any guest request can run again. Guests then resume on
-// the new primary. It returns how long guests were stopped.
-func (s *Server) Switchover(handover func() (uint64, error)) (time.Duration, error) {
+// log and runs handover, which asks the standby to take over and returns
+// the role the node's authority then decided for this node (fenced, once
+// the standby took over or the node gave its leadership away). The server
+// takes that role before any guest request can run again, whether or not
+// the handover succeeded. Guests then resume on the new primary. It
+// returns how long guests were stopped.
+func (s *Server) Switchover(handover func() (Role, error)) (time.Duration, error) {
 	if s.repl == nil {
 		return 0, fmt.Errorf("this primary does not replicate")
 	}
 	var pause time.Duration
 	var err error
+	var role Role
 	s.stopTheWorld(func([]*Session) {
 		start := time.Now()
 		if !s.repl.WaitApplied(s.repl.Last()) {
 			err = fmt.Errorf("the standby is not in sync (state %+v)", s.repl.Status())
 			return
 		}
-		var term uint64
-		if term, err = handover(); err != nil {
-			return
+		role, err = handover()
+		if role.Term != 0 {
+			s.setRoleLocked(role)
 		}
-		s.fenceLocked()
 		pause = time.Since(start)
-		s.log.Warn("switchover: the standby took over; this node is fenced", "new_term", term, "guest_pause", pause)
 	})
+	if err == nil {
+		s.log.Warn("switchover: the standby took over; this node is fenced", "term", role.Term, "guest_pause", pause)
+	}
 	return pause, err
 }

@@ -174,11 +174,11 @@ type Server struct {
 	// hear as silence and take for a dead primary.
 	termNow  atomic.Uint64
 	fenced   bool
-	fencedBy string // why, as the role authority said (Fence)
+	fencedBy string // why, as the role authority said (SetRole)
 	serving  bool   // Serve was called: this node takes guests
 	// fencedFlag mirrors fenced for sessions, which must not take s.mu.
 	fencedFlag atomic.Bool
-	// lease and unprotected guard a coordinated primary (SetLease).
+	// lease and unprotected guard a coordinated primary (Role.Lease).
 	lease       atomic.Pointer[func() time.Time]
 	unprotected atomic.Pointer[func() (allow, stop bool)]
 	conns       map[net.Conn]struct{}
@@ -412,16 +412,55 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
 }
 
-// SetTerm sets the term this node serves under (a promoted standby raises
-// it).
-func (s *Server) SetTerm(t uint64) {
+// Role is what the node's role authority decided, as the server needs
+// it: the term it serves under, whether it is fenced for good and why,
+// and, on a coordinated primary, its lease (see SetRole).
+type Role struct {
+	Term   uint64
+	Fenced bool
+	Why    string
+	// Lease, when set, makes the server answer guests only while a
+	// coordinator's lease is certainly this node's own: no request runs,
+	// no session opens and no reply is sent once the time it returns has
+	// passed (zero: not now). Unprotected then decides whether a reply
+	// that no standby holds may be sent (allow), or never will (stop);
+	// meanwhile the reply waits.
+	Lease       func() time.Time
+	Unprotected func() (allow, stop bool)
+}
+
+// SetRole makes the server act on its node's role: it serves under
+// r.Term and stamps it on the log; fenced, it stops serving guests for
+// good (connections dropped, new ones refused). The role authority is the
+// only caller: the server never decides a role.
+func (s *Server) SetRole(r Role) {
 	s.mu.Lock()
-	s.term = t
-	s.termNow.Store(t)
+	fenced := s.setRoleLocked(r)
 	s.mu.Unlock()
-	if s.repl != nil {
-		s.repl.SetTerm(t)
+	if fenced {
+		s.log.Warn("fenced: no longer serving guests", "term", r.Term, "why", r.Why)
 	}
+}
+
+// setRoleLocked is SetRole with s.mu held (a switchover's world stop
+// holds it); it reports whether the node was fenced by it.
+// Precondition: s.mu must be locked.
+func (s *Server) setRoleLocked(r Role) (fenced bool) {
+	s.term = r.Term
+	s.termNow.Store(r.Term)
+	if s.repl != nil {
+		s.repl.SetTerm(r.Term)
+	}
+	if r.Lease != nil {
+		s.lease.Store(&r.Lease)
+		s.unprotected.Store(&r.Unprotected)
+	}
+	if !r.Fenced || s.fenced {
+		return false
+	}
+	s.fencedBy = fmt.Sprintf("fenced at term %d: %s", r.Term, r.Why)
+	s.fenceLocked()
+	return true
 }
 
 // IsPrimary reports whether this node serves guests.
@@ -433,22 +472,6 @@ func (s *Server) IsPrimary() bool {
 
 // Term is the node's term. It never waits for the server's lock.
 func (s *Server) Term() uint64 { return s.termNow.Load() }
-
-// Fence stops this node serving guests for good (why says what its role
-// authority learned: a node with a higher term took over, or its lease
-// may be another's). Guest connections are dropped; new ones are refused.
-func (s *Server) Fence(term uint64, why string) {
-	s.mu.Lock()
-	already := s.fenced
-	s.fenceLocked()
-	if !already {
-		s.fencedBy = fmt.Sprintf("fenced at term %d: %s", term, why)
-	}
-	s.mu.Unlock()
-	if !already {
-		s.log.Warn("fenced: no longer serving guests", "term", term, "why", why)
-	}
-}
 
 // deposedLocked refuses what a fenced node is asked: at once, and saying
 // so (a guest goes to the next endpoint).
@@ -476,21 +499,7 @@ func (s *Server) fenceLocked() {
 	}
 }
 
-// SetLease makes this node answer guests only while a coordinator's lease
-// is certainly its own: no request runs, no session opens and no reply is
-// sent once deadline() has passed, even before the node's fence has run
-// (a process frozen past its lease, or whose fence is still on its way).
-// Once its standby is lost, a reply that the standby may not hold waits
-// until unprotected() allows it (the group's record no longer names that
-// standby as in sync, so it can never take over without it) or the standby
-// holds it after all, and is dropped, ending the connection, when
-// unprotected() says stop (the node no longer leads).
-func (s *Server) SetLease(deadline func() time.Time, unprotected func() (allow, stop bool)) {
-	s.lease.Store(&deadline)
-	s.unprotected.Store(&unprotected)
-}
-
-// leaseExpired reports whether a lease set by SetLease has run out.
+// leaseExpired reports whether a lease set by SetRole has run out.
 func (s *Server) leaseExpired() bool {
 	d := s.lease.Load()
 	return d != nil && !time.Now().Before((*d)())
@@ -502,7 +511,7 @@ func errLeaseExpired() error {
 }
 
 // mayAnswerUnprotected waits until a reply the standby may not hold can be
-// sent (see SetLease), or until held reports that the standby holds it.
+// sent (see Role.Lease), or until held reports that the standby holds it.
 func (s *Server) mayAnswerUnprotected(held func() bool) bool {
 	f := s.unprotected.Load()
 	if f == nil {

@@ -10,7 +10,7 @@ import (
 // snapshot; a heartbeat that waited would be silence to the standby.
 func TestTermWhileWorldStopped(t *testing.T) {
 	srv := newSimSession(t).srv
-	srv.SetTerm(7)
+	srv.SetRole(Role{Term: 7})
 	srv.stopTheWorld(func([]*Session) {
 		got := make(chan uint64, 1)
 		go func() { got <- srv.Term() }()

@@ -97,7 +97,7 @@ func TestDeposedNodeSendsGuestOn(t *testing.T) {
 	}
 	deposed, deposedEP := serve("deposed.sock")
 	expired := time.Now().Add(-time.Second)
-	deposed.SetLease(func() time.Time { return expired }, func() (bool, bool) { return false, true })
+	deposed.SetRole(hypervisor.Role{Term: 1, Lease: func() time.Time { return expired }, Unprotected: func() (bool, bool) { return false, true }})
 	next, nextEP := serve("next.sock")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -9,8 +9,8 @@
 // a different result marks its session unsafe (shown in /status and by
 // verify) and changes nothing else. It never decides a role: what the link
 // observes (the primary heard, the replica in sync, a switchover asked
-// for) goes to its node's role authority (Roles), and the node tells it to
-// stop applying (Fence) when it takes over.
+// for) goes to its node's role authority (Roles), and the authority tells
+// its Receiver to stop applying (Receiver.Fence) when the node takes over.
 package standby
 
 import (
@@ -179,14 +179,6 @@ func (a *Agent) heardDatagram(primary, term uint64) {
 	default:
 		a.Heard(term)
 	}
-}
-
-// Fence stops applying the primary's stream for good (this node took over
-// under term; a returning primary is told the term) and drops an
-// uncommitted epoch. It returns how many epoch records were dropped.
-func (a *Agent) Fence(term uint64) int {
-	a.Receiver.Fence(term)
-	return a.Receiver.DiscardEpoch()
 }
 
 // Close drops the link and stops the heartbeat listener.

@@ -17,25 +17,64 @@ import (
 // event: a receiver reporting a heartbeat must never wait for a promotion
 // that waits for that receiver to stop.
 //
+// It is also the one writer of the role everything else acts on: before
+// it carries out actions it pushes the node's view (role, term, the
+// leader's term, why) through push, which hands it to the server, the log
+// and the replication receiver (Node.pushRole). Nothing else sets a term
+// or fences.
+//
 // It implements standby.Roles (for the replication receiver) and
 // replicate.Protected's PeerTerm (for the sender).
 type authority struct {
 	now     func() time.Time
 	execute func(failover.Action)
+	push    func(view)
 	kick    chan struct{}
 
 	mu        sync.Mutex
 	node      *failover.Node
 	pending   []failover.Action
 	lastHeard time.Time
+	why       string // the reason of the last action that stopped serving
+
+	pushMu sync.Mutex // held while pushing: one view at a time, in order
+	pushed view
+}
+
+// view is the node's role as its authority decided it.
+type view struct {
+	role       failover.Role
+	term       uint64
+	leaderTerm uint64 // the newest leader its coordinator reported
+	why        string // why it stopped serving, if it did
 }
 
 // tickEvery is how often a standby asks its detector.
 const tickEvery = 5 * time.Millisecond
 
-func (a *authority) init(n *failover.Node, now func() time.Time, execute func(failover.Action)) {
-	a.node, a.now, a.execute = n, now, execute
+// init sets the authority up and pushes the node's first view.
+func (a *authority) init(n *failover.Node, now func() time.Time, execute func(failover.Action), push func(view)) {
+	a.node, a.now, a.execute, a.push = n, now, execute, push
 	a.kick = make(chan struct{}, 1)
+	a.pushed = view{role: failover.Standby}
+	a.publish()
+}
+
+// current is the view as decided so far.
+func (a *authority) current() view {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return view{role: a.node.Role(), term: a.node.Term(), leaderTerm: a.node.LeaderTerm(), why: a.why}
+}
+
+// publish pushes the current view if it changed since the last push.
+func (a *authority) publish() {
+	a.pushMu.Lock()
+	defer a.pushMu.Unlock()
+	if v := a.current(); v != a.pushed {
+		a.pushed = v
+		a.push(v)
+	}
 }
 
 // stepLocked feeds one event and queues the actions it yields. It returns the
@@ -43,6 +82,11 @@ func (a *authority) init(n *failover.Node, now func() time.Time, execute func(fa
 // Precondition: a.mu must be locked.
 func (a *authority) stepLocked(e failover.Event) (uint64, int) {
 	acts := a.node.Step(e)
+	for _, act := range acts {
+		if act.Kind == failover.Fence || act.Kind == failover.Suspend {
+			a.why = act.Why
+		}
+	}
 	a.pending = append(a.pending, acts...)
 	if len(acts) > 0 {
 		select {
@@ -50,7 +94,7 @@ func (a *authority) stepLocked(e failover.Event) (uint64, int) {
 		default:
 		}
 	}
-	return a.node.Term, len(acts)
+	return a.node.Term(), len(acts)
 }
 
 func (a *authority) step(e failover.Event) {
@@ -59,7 +103,8 @@ func (a *authority) step(e failover.Event) {
 	a.mu.Unlock()
 }
 
-// run ticks the detector and carries out queued actions until ctx ends.
+// run ticks the detector, pushes each new view and carries out queued
+// actions (after the view they led to) until ctx ends.
 func (a *authority) run(ctx context.Context) {
 	t := time.NewTicker(tickEvery)
 	defer t.Stop()
@@ -71,20 +116,26 @@ func (a *authority) run(ctx context.Context) {
 			a.step(failover.Event{Kind: failover.Tick, At: a.now()})
 		case <-a.kick:
 		}
-		a.mu.Lock()
-		acts := a.pending
-		a.pending = nil
-		a.mu.Unlock()
-		for _, act := range acts {
-			a.execute(act)
-		}
+		a.drain()
+	}
+}
+
+// drain pushes the view the queued actions led to, then carries them out.
+func (a *authority) drain() {
+	a.mu.Lock()
+	acts := a.pending
+	a.pending = nil
+	a.mu.Unlock()
+	a.publish()
+	for _, act := range acts {
+		a.execute(act)
 	}
 }
 
 func (a *authority) role() (failover.Role, uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.node.Role, a.node.Term
+	return a.node.Role(), a.node.Term()
 }
 
 func (a *authority) heardAt() time.Time {
@@ -143,14 +194,7 @@ func (a *authority) awaitElection(d time.Duration) (uint64, bool) {
 		}
 		time.Sleep(tickEvery)
 	}
-	a.mu.Lock()
-	a.stepLocked(failover.Event{Kind: failover.CampaignEnded})
-	a.pending = append(a.pending, failover.Action{Kind: failover.Resign}) // withdraw the waiting key
-	a.mu.Unlock()
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
+	a.step(failover.Event{Kind: failover.CampaignAbandoned}) // withdraws the waiting key
 	return 0, false
 }
 
@@ -158,4 +202,9 @@ func (a *authority) awaitElection(d time.Duration) (uint64, bool) {
 // term.
 func (a *authority) PeerTerm(term uint64) {
 	a.step(failover.Event{Kind: failover.PeerTerm, Term: term})
+}
+
+// LeaderElected: the coordinator reports the group's leader under term.
+func (a *authority) LeaderElected(term uint64) {
+	a.step(failover.Event{Kind: failover.LeaderElected, Term: term})
 }

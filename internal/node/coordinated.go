@@ -12,18 +12,16 @@ import (
 )
 
 // lead wins the group's election for a first primary before it serves
-// anyone; the leader key's revision becomes its term. It waits up to three
-// lease TTLs for a previous leader to let go.
-func lead(cfg Config, role *failover.Node) error {
+// anyone and returns its role: the leader key's revision is its term. It
+// waits up to three lease TTLs for a previous leader to let go.
+func lead(cfg Config) (*failover.Node, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*cfg.Coordinator.TTL())
 	defer cancel()
 	term, err := cfg.Coordinator.Lead(ctx)
 	if err != nil {
-		return fmt.Errorf("leading group %s before serving: %w", cfg.Coordinator.Group(), err)
+		return nil, fmt.Errorf("leading group %s before serving: %w", cfg.Coordinator.Group(), err)
 	}
-	role.Term, role.Coordinated = term, true
-	role.SuspendLimit = cfg.Coordinator.TTL()
-	return nil
+	return failover.NewCoordinatedPrimary(term, cfg.Coordinator.TTL()), nil
 }
 
 // coordState is what a coordinated node keeps beyond its authority.
@@ -33,23 +31,6 @@ type coordState struct {
 	// replica that lacks what this node answers unprotected.
 	lossRecorded atomic.Bool
 	kick         chan struct{} // publish now (a reply waits for the record)
-	handedOff    atomic.Bool   // a switchover resigned the leader key
-}
-
-// guardLease makes the server answer only within this node's lease and,
-// once its standby is lost, only after the loss is on record (see
-// hypervisor.Server.SetLease).
-func (n *Node) guardLease() {
-	c := n.cfg.Coordinator
-	if c == nil {
-		return
-	}
-	n.srv.SetLease(func() time.Time {
-		if n.coord.handedOff.Load() {
-			return time.Time{} // gave its leader key away: answers nobody
-		}
-		return c.LeadsUntil() // zero while suspended or releading
-	}, n.answerUnprotected)
 }
 
 // handOffWithin bounds how long a coordinated primary waits for its
@@ -60,8 +41,8 @@ const handOffWithin = 2 * time.Second
 // with every guest stopped and the standby holding the whole log: the
 // standby is asked to take over (it campaigns), this node resigns once
 // the standby's key waits behind its own, and the standby answers with
-// the term it won. From the resignation on this node answers no guest;
-// if the standby then does not answer, it is fenced.
+// the term it won. Once it resigned this node is fenced (HandedOff),
+// whether or not the standby then answers.
 func (n *Node) coordinatedHandover(to *replicate.Sender, timeout time.Duration) (uint64, error) {
 	type answer struct {
 		term uint64
@@ -71,13 +52,12 @@ func (n *Node) coordinatedHandover(to *replicate.Sender, timeout time.Duration) 
 	go func() { t, err := to.Handover(timeout); got <- answer{t, err} }()
 	ctx, cancel := context.WithTimeout(n.ctx, handOffWithin)
 	defer cancel()
-	if err := n.cfg.Coordinator.HandOff(ctx, to.Status().Standby, func() { n.coord.handedOff.Store(true) }); err != nil {
+	resigned := func() { n.auth.step(failover.Event{Kind: failover.HandedOff, At: n.cfg.Now()}) }
+	if err := n.cfg.Coordinator.HandOff(ctx, to.Status().Standby, resigned); err != nil {
 		return 0, fmt.Errorf("switchover: %w", err)
 	}
 	a := <-got
 	if a.err != nil {
-		_, term := n.auth.role()
-		n.auth.step(failover.Event{Kind: failover.Deposed, Term: term, At: n.cfg.Now()}) // it gave its key away
 		return 0, fmt.Errorf("switchover: resigned, but the standby did not answer (%w); this node is fenced", a.err)
 	}
 	return a.term, nil

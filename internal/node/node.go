@@ -130,7 +130,8 @@ type Node struct {
 func StartPrimary(cfg Config) (*Node, error) {
 	role := failover.NewPrimary()
 	if cfg.Coordinator != nil {
-		if err := lead(cfg, role); err != nil {
+		var err error
+		if role, err = lead(cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -138,7 +139,7 @@ func StartPrimary(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.becomePrimary(role.Term); err != nil {
+	if err := n.becomePrimary(role.Term()); err != nil {
 		n.Close()
 		return nil, err
 	}
@@ -176,7 +177,7 @@ func StartStandby(cfg Config, ln net.Listener) (*Node, error) {
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.agent.Serve(ln) }()
 	if cfg.Coordinator != nil {
-		cfg.Coordinator.WatchTerm(n.agent.Receiver.RefuseBelow)
+		cfg.Coordinator.WatchTerm(n.auth.LeaderElected)
 	}
 	n.coordinate()
 	return n, nil
@@ -206,7 +207,7 @@ func newNode(cfg Config, role *failover.Node) (*Node, error) {
 	n := &Node{cfg: cfg, srv: srv, log: cfg.Logger, served: make(chan error, 1)}
 	n.coord.kick = make(chan struct{}, 1)
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.auth.init(role, cfg.Now, n.execute)
+	n.auth.init(role, cfg.Now, n.execute, n.pushRole)
 	n.wg.Add(1)
 	go func() { defer n.wg.Done(); n.auth.run(n.ctx) }()
 	return n, nil

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpuha/vgpuha/failover"
+	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -27,8 +28,6 @@ type Promotion struct {
 // the configured standbys (before any guest is served) and serves guests.
 // Both the first primary and a promoted standby are built here.
 func (n *Node) becomePrimary(term uint64) error {
-	n.srv.SetTerm(term)
-	n.guardLease()
 	if len(n.cfg.ReplicateTo) > 0 || n.cfg.Coordinator != nil {
 		if err := n.replicate(n.cfg.ReplicateTo); err != nil {
 			if n.agent == nil {
@@ -157,8 +156,7 @@ func (n *Node) execute(act failover.Action) {
 		if err := n.promote(act.Term); err != nil {
 			n.log.Error("promotion failed", "err", err)
 		}
-	case failover.Fence:
-		n.srv.Fence(act.Term, act.Why)
+	case failover.Fence: // the server was fenced by the view pushed before
 		n.stoppedServing()
 		if r := n.replication(); r != nil {
 			r.stop() // a fenced node has nothing left to protect
@@ -181,7 +179,6 @@ func (n *Node) executeLease(act failover.Action) {
 		n.stoppedServing()
 		n.log.Warn("suspended: answering no guest until this node proves it still leads", "term", act.Term, "why", act.Why)
 	case failover.Resume:
-		n.srv.SetTerm(act.Term)
 		n.mu.Lock()
 		suspended := n.cfg.Now().Sub(n.servingUntil)
 		n.servingFrom, n.servingUntil = n.cfg.Now(), time.Time{}
@@ -210,7 +207,7 @@ func (n *Node) promote(term uint64) error {
 	detected := n.cfg.Now()
 	lastHeard := n.auth.heardAt()
 	applied := n.agent.Receiver.Status().Applied
-	dropped := n.agent.Fence(term)
+	dropped := n.agent.Receiver.DiscardEpoch() // the receiver stopped applying when the view was pushed
 	if err := n.becomePrimary(term); err != nil {
 		return fmt.Errorf("serving guests after promotion: %w", err)
 	}
@@ -304,7 +301,7 @@ func (n *Node) Switchover(timeout time.Duration) (time.Duration, uint64, error) 
 		return 0, 0, errNotReplicating
 	}
 	var term uint64
-	pause, err := n.srv.Switchover(func() (uint64, error) {
+	pause, err := n.srv.Switchover(func() (hypervisor.Role, error) {
 		var err error
 		to := r.first()
 		if n.cfg.Coordinator != nil {
@@ -312,11 +309,11 @@ func (n *Node) Switchover(timeout time.Duration) (time.Duration, uint64, error) 
 		} else {
 			term, err = to.Handover(timeout)
 		}
-		return term, err
+		if err == nil {
+			n.auth.PeerTerm(term) // the authority fences this node
+		}
+		return n.serverRole(n.auth.current()), err
 	})
-	if err == nil {
-		n.auth.PeerTerm(term) // the authority records the fence
-	}
 	return pause, term, err
 }
 
@@ -333,3 +330,32 @@ func (n *Node) CutEpoch() (uint64, bool, error) {
 
 // IsNotReplicating reports whether err means the node has no standby link.
 func IsNotReplicating(err error) bool { return errors.Is(err, errNotReplicating) }
+
+// pushRole is the one setter of the node's role: the authority hands it
+// every new view, and it tells the server (term, fence, lease; a standby's
+// replica server takes its role once it is no longer a standby) and the
+// replication receiver (stop applying once the node leads or is fenced;
+// refuse streams below the newest leader's term).
+func (n *Node) pushRole(v view) {
+	if v.role != failover.Standby {
+		n.srv.SetRole(n.serverRole(v))
+	}
+	if n.agent == nil {
+		return
+	}
+	if v.role != failover.Standby {
+		n.agent.Receiver.Fence(v.term)
+	}
+	n.agent.Receiver.RefuseBelow(v.leaderTerm)
+}
+
+// serverRole is v as the hypervisor server takes it. A coordinated node
+// answers guests only within its lease and, once its standby is lost,
+// only after the loss is on record (answerUnprotected).
+func (n *Node) serverRole(v view) hypervisor.Role {
+	r := hypervisor.Role{Term: v.term, Fenced: v.role == failover.Fenced, Why: v.why}
+	if c := n.cfg.Coordinator; c != nil {
+		r.Lease, r.Unprotected = c.LeadsUntil, n.answerUnprotected // LeadsUntil is zero while suspended or releading
+	}
+	return r
+}
