@@ -10,6 +10,7 @@ need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 [ -x /bin/busybox ] && file /bin/busybox 2>/dev/null | grep -q static || [ -e /usr/share/doc/busybox-static ] || need+=(busybox-static)
 command -v cpio >/dev/null || need+=(cpio)
+command -v tc >/dev/null && command -v ip >/dev/null || need+=(iproute2)   # the drill's namespaces and link cuts
 command -v gcc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)   # kbuild: the kernel module for the VM tests
 ldconfig -p 2>/dev/null | grep -q 'libelf.so.1 ' || need+=(libelf1)   # kbuild's objtool
