@@ -58,13 +58,13 @@ func TestValidate(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill, blackout-100ms, blackout-200ms, blackout-600ms, freeze-100ms, freeze-200ms, freeze-600ms, etcd-freeze)`},
+		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill, blackout-100ms, blackout-200ms, freeze-100ms, freeze-200ms, etcd-freeze)`},
 		{Options{Mode: "commit", Faults: []string{""}}, `unknown fault ""`},
 		{Options{Mode: "epoch", Faults: []string{"freeze"}}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},
 		{Options{Mode: "commit", Faults: []string{"partition"}}, `fault "partition" needs network namespaces`},
 		{Options{Mode: "bogus"}, `unknown replication mode "bogus"`},
 		{Options{Mode: "commit", Faults: []string{"standby-loss"}}, `fault "standby-loss" needs --coordinator`},
-		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: time.Second, Faults: []string{"failback"}}, `fault "failback" is not drilled with --coordinator (valid there: kill, freeze, standby-kill, switchover, guest-cut, partition, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill, blackout-100ms, blackout-200ms, blackout-600ms, freeze-100ms, freeze-200ms, freeze-600ms, etcd-freeze)`},
+		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: time.Second, Faults: []string{"failback"}}, `fault "failback" is not drilled with --coordinator (valid there: kill, freeze, standby-kill, switchover, guest-cut, partition, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill, blackout-100ms, blackout-200ms, freeze-100ms, freeze-200ms, etcd-freeze)`},
 		{Options{Mode: "epoch", Coordinator: true, CoordinatorTTL: time.Second}, `--coordinator is not drilled in epoch mode`},
 		{Options{Mode: "commit", SideBySide: true}, `--side-by-side compares with --coordinator`},
 		{Options{Mode: "commit", Coordinator: true, CoordinatorTTL: 1500 * time.Millisecond}, `--coordinator.ttl 1.5s: want whole seconds`},

@@ -96,16 +96,20 @@ var faults = []fault{
 		inject: blackout(200 * time.Millisecond), expect: standbyNotPromoted, failovers: anyFailovers, netns: true, setups: bothSetups, onRequest: true},
 	{name: "blackout-600ms", help: "drop every packet between primary and standby for 600 ms; two nodes need namespaces",
 		inject: blackout(600 * time.Millisecond), expect: promotedOldFenced, takeover: true, failovers: anyFailovers, rollback: true, netns: true,
-		setups: bothSetups, onRequest: true},
+		setups: twoNode, onRequest: true},
 	{name: "freeze-100ms", help: "SIGSTOP primary 100 ms", inject: freezeFor(100 * time.Millisecond), expect: standbyNotPromoted,
 		failovers: anyFailovers, setups: bothSetups, onRequest: true},
 	{name: "freeze-200ms", help: "SIGSTOP primary 200 ms", inject: freezeFor(200 * time.Millisecond), expect: standbyNotPromoted,
 		failovers: anyFailovers, setups: bothSetups, onRequest: true},
+	// The 600 ms rows are two nodes' only: a coordinated standby cannot win
+	// while the primary's lease holds (much longer than 600 ms), so with a
+	// coordinator such a silence promotes nobody, as the etcd-freeze row
+	// checks for a longer one.
 	// Two nodes: a primary thawed before its guest moved acknowledges the
 	// guest's launches until it learns the new term (the two-node risk);
 	// the guest is then told of the rollback.
 	{name: "freeze-600ms", help: "SIGSTOP primary 600 ms", inject: freezeFor(600 * time.Millisecond), expect: promotedOldFenced,
-		takeover: true, unplanned: true, failovers: anyFailovers, rollback: true, setups: bothSetups, onRequest: true},
+		takeover: true, unplanned: true, failovers: anyFailovers, rollback: true, setups: twoNode, onRequest: true},
 	// etcd stalls for less than the lease: the primary suspends and
 	// resumes; nothing may fail over.
 	{name: "etcd-freeze", help: "SIGSTOP every etcd member for 1.5 s, shorter than the lease (coordinator; --coordinator.ttl above 1.5s)",
