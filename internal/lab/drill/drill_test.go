@@ -58,7 +58,7 @@ func TestValidate(t *testing.T) {
 		o    Options
 		want string
 	}{
-		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill, blackout-100ms, blackout-200ms, freeze-100ms, freeze-200ms, etcd-freeze)`},
+		{Options{Mode: "commit", Faults: []string{"kill", "bogus"}}, `unknown fault "bogus" (valid: kill, freeze, standby-kill, switchover, guest-cut, partition, failback, standby-freeze, standby-freeze-2s, guest-start-after-failover, standby-loss, etcd-member-kill, blackout-100ms, blackout-200ms, blackout-600ms, freeze-100ms, freeze-200ms, freeze-600ms, etcd-freeze)`},
 		{Options{Mode: "commit", Faults: []string{""}}, `unknown fault ""`},
 		{Options{Mode: "epoch", Faults: []string{"freeze"}}, `fault "freeze" is not drilled in epoch mode (valid there: kill)`},
 		{Options{Mode: "commit", Faults: []string{"partition"}}, `fault "partition" needs network namespaces`},
