@@ -106,7 +106,10 @@ func (s *Session) dropAperture(ptr uint64) {
 
 // stopMMIO ends tracing when the guest's connection ends: a last flush
 // (from the memory itself: the guest may be gone), then the tracer lets go
-// and the mappings are dropped. A guest that resumes attaches again.
+// of the guest, which writes on untraced into its files (the kmod modes
+// leave their apertures to it: RemoveRegion would make its stores fail),
+// and the mappings are dropped. A guest that resumes attaches again, here
+// or on a promoted standby, which starts from the files' contents.
 // Precondition: s.mu must be locked.
 func (s *Session) stopMMIO() {
 	m := s.mmio
@@ -114,10 +117,10 @@ func (s *Session) stopMMIO() {
 		return
 	}
 	s.emitMMIO(m.tracer.Drain)
-	for ptr := range m.apertures {
-		s.dropAperture(ptr)
-	}
 	m.tracer.Close()
+	for _, ap := range m.apertures {
+		mmiotrace.UnmapGuestFile(ap.region.Mem)
+	}
 	close(m.stopTimer)
 	s.mmio = nil
 }

@@ -47,8 +47,13 @@ const (
 	iocCreate  = 3<<30 | 48<<16 | 'v'<<8 | 1
 	iocDestroy = 1<<30 | 4<<16 | 'v'<<8 | 2
 	iocFlush   = 3<<30 | 24<<16 | 'v'<<8 | 3
-	iocStats   = 2<<30 | 112<<16 | 'v'<<8 | 4
+	iocStats   = 2<<30 | 128<<16 | 'v'<<8 | 4
+	iocAdopt   = 3<<30 | 56<<16 | 'v'<<8 | 5
 )
+
+// viewShift is VG_VIEW_SHIFT: an aperture's mmap page offset is
+// id<<(viewShift+1) | view<<viewShift.
+const viewShift = 20
 
 // vgCreate is struct vg_create.
 type vgCreate struct {
@@ -60,6 +65,19 @@ type vgCreate struct {
 	GuestOff  uint64
 	TracerOff uint64
 	Backing   uint64
+}
+
+// vgAdopt is struct vg_adopt.
+type vgAdopt struct {
+	ID         uint32
+	PID        int32
+	Mode       uint32
+	_          uint32
+	Size       uint64
+	Backing    uint64
+	GuestStart uint64
+	GuestOff   uint64
+	TracerOff  uint64
 }
 
 // vgFlush is struct vg_flush.
@@ -88,6 +106,8 @@ type Stats struct {
 	Files        uint64 // open device files
 	Unfinished   uint64 // traps that found the thread moved elsewhere (a signal handler): pages compared at flush
 	Streaks      uint64 // auto mode: pages switched to page tracking until the next flush
+	OrphanStores uint64 // store faults on apertures whose tracer is gone (pages marked open)
+	Adopted      uint64 // apertures taken over by another tracer (Adopt)
 }
 
 // Aperture is one aperture the device created.
@@ -124,8 +144,11 @@ func Open() (*Device, error) {
 	return &Device{f: f}, nil
 }
 
-// Close closes the device: its apertures are detached (the guest's later
-// stores to them are refused with SIGBUS).
+// Close closes the device. Its apertures backed by a file (CreateOver, or
+// a memfd) are left to their guests: their stores go on into the file's
+// pages, each page marked open, until a tracer adopts the aperture
+// (Adopt); apertures on the module's own pages are detached (the guest's
+// later stores are refused with SIGBUS).
 func (d *Device) Close() error { return d.f.Close() }
 
 // Fd is the device file's descriptor (for poll).
@@ -154,6 +177,39 @@ func (d *Device) create(c vgCreate) (Aperture, error) {
 		return Aperture{}, fmt.Errorf("kmod: creating a %d-byte aperture for process %d: %w", size, pid, err)
 	}
 	return Aperture{ID: c.ID, Size: size, GuestOff: c.GuestOff, TracerOff: c.TracerOff}, nil
+}
+
+// Adopt takes over aperture id of process pid, whose tracer is gone (its
+// file closed without destroying it: the guest's stores since went into
+// the backing file's pages, each page marked open), and traces it in mode
+// from now on; the first Flush lists the pages stored to meanwhile. mem
+// must be this process's mapping of the file backing the aperture, at the
+// same offsets (the module checks it). guestAddr is where the guest maps
+// the aperture (0: nowhere).
+func (d *Device) Adopt(id uint32, pid int, mem []byte, mode int) (a Aperture, guestAddr uint64, err error) {
+	if len(mem) == 0 {
+		return Aperture{}, 0, errors.New("kmod: adopting an aperture over no memory")
+	}
+	c := vgAdopt{ID: id, PID: int32(pid), Mode: uint32(mode), Size: uint64(len(mem)), Backing: addrOf(mem)}
+	if err := ioctlPtr(d.Fd(), iocAdopt, &c); err != nil {
+		return Aperture{}, 0, fmt.Errorf("kmod: adopting aperture %d of process %d: %w", id, pid, err)
+	}
+	return Aperture{ID: id, Size: c.Size, GuestOff: c.GuestOff, TracerOff: c.TracerOff}, c.GuestStart, nil
+}
+
+// GuestView reports which aperture a mapping of the device at byte
+// offset off is the guest's view of.
+func GuestView(off uint64) (id uint32, ok bool) {
+	const page = 4096
+	pg := off / page
+	if off%page != 0 || pg&(1<<(viewShift+1)-1) != 0 {
+		return 0, false // the tracer's view, or no aperture's start
+	}
+	id64 := pg >> (viewShift + 1)
+	if id64 == 0 || id64 >= 1<<20 { // the module's ids: [1, 1<<20)
+		return 0, false
+	}
+	return uint32(id64), true
 }
 
 // Destroy detaches aperture id: the guest's later stores are refused.

@@ -109,6 +109,11 @@ func (h *hostile) step() {
 		}
 		if a, err := d.Create(pid, size, r.Intn(4), memfd); err == nil {
 			h.aps = append(h.aps, a)
+			if memfd >= 0 && r.Intn(2) == 0 { // a mapping of its file, to adopt it over
+				if m, err := unix.Mmap(memfd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+					h.maps = append(h.maps, m)
+				}
+			}
 		}
 		if memfd >= 0 {
 			unix.Close(memfd)
@@ -142,6 +147,8 @@ func (h *hostile) step() {
 			buf = h.guest[r.Intn(len(h.guest))]
 		}
 		unix.Read(d.Fd(), buf)
+	case op == 6 && len(h.aps) > 0 && r.Intn(3) == 0:
+		h.adopt()
 	case op == 6 && len(h.aps) > 0:
 		a := h.aps[r.Intn(len(h.aps))]
 		if r.Intn(2) == 0 {
@@ -155,7 +162,7 @@ func (h *hostile) step() {
 		var junk [128]byte
 		r.Read(junk[:])
 		ioctlPtr(d.Fd(), uintptr(r.Uint32()), &junk)
-		ioctlPtr(d.Fd(), []uintptr{iocCreate, iocDestroy, iocFlush, iocStats}[r.Intn(4)], &junk)
+		ioctlPtr(d.Fd(), []uintptr{iocCreate, iocDestroy, iocFlush, iocStats, iocAdopt}[r.Intn(5)], &junk)
 	case op == 9 && len(h.aps) > 0:
 		i := r.Intn(len(h.aps))
 		d.Destroy(h.aps[i].ID)
@@ -166,6 +173,25 @@ func (h *hostile) step() {
 		i := r.Intn(len(h.files))
 		h.files[i].Close()
 		h.files = append(h.files[:i], h.files[i+1:]...)
+	}
+}
+
+// adopt tries to take over one of the apertures (orphaned or not, over
+// some mapping or other, for some process or other).
+func (h *hostile) adopt() {
+	r := h.rng
+	a := h.aps[r.Intn(len(h.aps))]
+	ms := append(h.guest, h.maps...)
+	var mem []byte
+	if len(ms) > 0 {
+		mem = ms[r.Intn(len(ms))]
+	}
+	if len(mem) > 4096 && r.Intn(4) == 0 {
+		mem = mem[:len(mem)-4096]
+	}
+	pid := []int{os.Getpid(), 1, 0, r.Intn(1 << 20)}[r.Intn(4)]
+	if b, _, err := h.file().Adopt(a.ID, pid, mem, r.Intn(5)); err == nil {
+		h.aps = append(h.aps, b)
 	}
 }
 

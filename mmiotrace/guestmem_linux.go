@@ -86,6 +86,15 @@ func MapGuestFile(pid, fd int, size uint64, kind Kind) (*Region, error) {
 		return nil, fmt.Errorf("file %d is sealed against further seals: leave F_SEAL_SEAL off, the hypervisor seals it against writes that bypass its mapping", fd)
 	}
 	addr, err := guestMapping(pid, st, size)
+	var views []kmodView
+	if errors.Is(err, errNotMapped) {
+		// Traced by the kernel module before (a kmod mode on a node the
+		// session left): the guest's mapping is the module's, and an
+		// adopting tracer checks it is this file's (AddRegion).
+		if views, err = kmodGuestViews(pid, size); err == nil {
+			addr = views[0].addr
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -103,11 +112,14 @@ func MapGuestFile(pid, fd int, size uint64, kind Kind) (*Region, error) {
 			return nil, fmt.Errorf("sealing the aperture file against writes: %w", err)
 		}
 	}
-	return &Region{GuestAddr: addr, Mem: mem, Kind: kind, readOnly: writeSealed, ino: st.Ino}, nil
+	return &Region{GuestAddr: addr, Mem: mem, Kind: kind, readOnly: writeSealed, ino: st.Ino, kmodViews: views}, nil
 }
 
 // UnmapGuestFile releases a mapping MapGuestFile made.
 func UnmapGuestFile(mem []byte) error { return unix.Munmap(mem) }
+
+// errNotMapped: the guest does not map the aperture file.
+var errNotMapped = errors.New("the guest does not map the aperture file: map it exactly once")
 
 // guestMapping finds the guest's one shared, writable mapping of the whole
 // file (inode st): that is the range the tracer watches. A second mapping
@@ -134,6 +146,9 @@ func guestMapping(pid int, st unix.Stat_t, size uint64) (uint64, error) {
 			return 0, fmt.Errorf("the guest maps the aperture file as %s %s at offset %d: map it once, whole, shared and writable", fields[0], fields[1], off)
 		}
 		found = append(found, lo)
+	}
+	if len(found) == 0 {
+		return 0, errNotMapped
 	}
 	if len(found) != 1 {
 		return 0, fmt.Errorf("the guest maps the aperture file %d times: map it exactly once", len(found))

@@ -1,9 +1,11 @@
 package mmiotrace
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -35,11 +37,21 @@ import (
 // handler moved the thread off the store, another thread stored during a
 // step it could not send) are listed by the module's flush, which takes
 // them away again, and compared. A system call storing into a per-write
-// aperture fails with EFAULT; once the tracer lets go (RemoveRegion,
-// Close), the guest's stores are refused (SIGBUS): never lost silently.
-// Limit: a guest's aperture is the module's mapping from then on, so a
-// node taking the session over after a failover cannot find the guest's
-// memory file mapped (re-attach fails).
+// aperture fails with EFAULT. After RemoveRegion the guest's stores to
+// the region are refused (SIGBUS): never lost silently.
+//
+// Close (the guest's connection ended: it may resume, here or on a
+// promoted standby) leaves the apertures to the guest instead: the module
+// lets its stores go on into its memory file's pages, marking each page
+// open, as the ptrace modes unprotect their pages. A node the session
+// resumes on attaches the file again: MapGuestFile finds the module's
+// mapping where the file's was (kmodGuestViews), and AddRegion adopts the
+// aperture (kmod.Device.Adopt: the module checks the guest is the one it
+// was created for, that this process may trace it and maps the very file
+// behind it, at the same offsets) without touching the guest; the first
+// flush sends the region whole, as at any attach, and the module's list
+// of pages stored to meanwhile. The guest keeps its address and never
+// sees a fault it would not have seen anyway.
 
 // KmodAvailable reports whether the kmod modes can run here (the module
 // is loaded), or why not.
@@ -68,10 +80,56 @@ var atFDCWD = func() uint64 { v := int64(unix.AT_FDCWD); return uint64(v) }()
 
 // kmodState is a Tracer's module side.
 type kmodState struct {
-	dev   *kmod.Device
-	aps   map[*Region]kmod.Aperture
-	buf   []byte
-	insns map[string]*Access // decoded instructions by their bytes
+	dev     *kmod.Device
+	aps     map[*Region]kmod.Aperture
+	buf     []byte
+	insns   map[string]*Access // decoded instructions by their bytes
+	leaving bool               // Close: the apertures are left to the guest, not destroyed
+}
+
+// kmodView is a guest mapping of the module's device: the guest's view of
+// aperture id, at addr.
+type kmodView struct {
+	addr uint64
+	id   uint32
+}
+
+// kmodGuestViews lists the guest's mappings of the module's guest views
+// that are size bytes long: one of them may be an aperture over the file
+// being attached (the module's Adopt tells which).
+func kmodGuestViews(pid int, size uint64) ([]kmodView, error) {
+	var node unix.Stat_t
+	if err := unix.Stat(kmod.DevicePath, &node); err != nil {
+		return nil, errNotMapped // no module here: the file is simply not mapped
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dev := fmt.Sprintf("%02x:%02x", unix.Major(node.Dev), unix.Minor(node.Dev))
+	var views []kmodView
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// start-end perms offset dev inode path
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 || fields[4] != fmt.Sprint(node.Ino) || fields[3] != dev || !strings.HasSuffix(fields[1], "s") {
+			continue
+		}
+		var lo, hi, off uint64
+		fmt.Sscanf(fields[0], "%x-%x", &lo, &hi)
+		fmt.Sscanf(fields[2], "%x", &off)
+		if id, ok := kmod.GuestView(off); ok && hi-lo == size {
+			views = append(views, kmodView{addr: lo, id: id})
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(views) == 0 {
+		return nil, errNotMapped
+	}
+	return views, nil
 }
 
 func (t *Tracer) usesKmod() bool {
@@ -94,6 +152,9 @@ func (t *Tracer) addKmodRegion(r *Region) error {
 	case t.opts.Mode == ModeKmodAuto && r.Kind == KindMemory:
 		mode = kmod.ModeAuto
 	}
+	if len(r.kmodViews) > 0 {
+		return t.adoptKmodRegion(r, mode)
+	}
 	a, err := t.km.dev.CreateOver(t.pid, r.Mem, mode)
 	if err != nil {
 		return err
@@ -106,6 +167,33 @@ func (t *Tracer) addKmodRegion(r *Region) error {
 	t.km.aps[r] = a
 	t.mu.Unlock()
 	return nil
+}
+
+// adoptKmodRegion takes over the module's aperture over r's file, which a
+// tracer that let go of the guest left to it (Close), and traces it in
+// mode: r is the guest's view the module accepts (the guest's, over the
+// pages of r.Mem's file at the same offsets).
+func (t *Tracer) adoptKmodRegion(r *Region, mode int) error {
+	var errs []error
+	for _, v := range r.kmodViews {
+		a, at, err := t.km.dev.Adopt(v.id, t.pid, r.Mem, mode)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if at != v.addr {
+			// The guest moved or dropped the mapping meanwhile: let go
+			// (its stores are refused from here), never trace elsewhere.
+			t.km.dev.Destroy(a.ID)
+			return fmt.Errorf("the guest's view of aperture %d moved from %#x to %#x while it was adopted", v.id, v.addr, at)
+		}
+		t.mu.Lock()
+		r.GuestAddr = at
+		t.km.aps[r] = a
+		t.mu.Unlock()
+		return nil
+	}
+	return fmt.Errorf("the guest maps no module aperture over this file that this node may take over: %w", errors.Join(errs...))
 }
 
 // remapGuest maps aperture a over the guest's mapping of r (same address,
@@ -291,8 +379,19 @@ func (t *Tracer) removeKmodRegion(r *Region) {
 	t.mu.Lock()
 	a, ok := t.km.aps[r]
 	delete(t.km.aps, r)
+	leave := t.km.leaving
 	t.mu.Unlock()
-	if ok {
+	if ok && !leave {
 		t.km.dev.Destroy(a.ID)
+	}
+}
+
+// leaveKmod makes Close leave the module's apertures to the guest: closing
+// the device then orphans them (see the kmod modes above).
+func (t *Tracer) leaveKmod() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.km != nil {
+		t.km.leaving = true
 	}
 }

@@ -30,6 +30,10 @@ type Region struct {
 
 	readOnly bool   // Mem cannot be written here (MapGuestFile): stores are stepped, never emulated
 	ino      uint64 // the file's inode (MapGuestFile), 0 if unknown: only its mappings are the region's
+	// kmodViews: the guest's mappings of the kernel module of r's size
+	// (MapGuestFile found no mapping of the file: a kmod mode traced it
+	// before); AddRegion adopts the one over r's file.
+	kmodViews []kmodView
 
 	shadow []byte // contents as of the last flush, for sending changed ranges only
 	// dirty: pages the guest may write without the tracer seeing it,
@@ -148,6 +152,8 @@ func (t *Tracer) AddRegion(r *Region) error {
 	r.quiet = make([]bool, len(r.Mem)/pageSize)
 	r.full = true
 	switch {
+	case len(r.kmodViews) > 0 && !t.usesKmod():
+		return fmt.Errorf("the guest's aperture at %#x is the kernel module's mapping (a kmod mode traced it before): this node traces in %s mode, use a kmod mode", r.GuestAddr, t.opts.Mode)
 	case t.usesKmod():
 		if err := t.addKmodRegion(r); err != nil {
 			return err
@@ -287,8 +293,11 @@ func (t *Tracer) Resend(r *Region) {
 }
 
 // Close stops tracing: regions are unprotected and the guest runs on
-// untraced.
+// untraced. In the kmod modes the module's apertures are left to the
+// guest, which stores on into its memory files; a tracer that attaches a
+// file again adopts its aperture (kmod_linux.go).
 func (t *Tracer) Close() error {
+	t.leaveKmod()
 	t.mu.Lock()
 	regions := append([]*Region(nil), t.regions...)
 	t.mu.Unlock()

@@ -29,9 +29,13 @@
  * guest mapping and each store in flight; its last reference frees it on
  * the module's workqueue. Every aperture holds a module reference, and
  * every mapping holds its file (whose fops pin the module), so rmmod is
- * refused while any exists. A tracer that closes its file leaves its
- * apertures detached: the guest's later stores are refused (SIGBUS).
- * Lock order: vg_lock (mutex) > ap->lock > file ring lock; pend_lock is
+ * refused while any exists. A tracer that closes its file (it died, or its
+ * guest's session moved to another node) leaves its file-backed apertures
+ * orphaned: the guest's stores go on into the file's pages, each page
+ * marked open, until another tracer adopts the aperture (VG_IOC_ADOPT),
+ * whose first flush lists them. A destroyed aperture, or one on the
+ * module's own pages, refuses the guest's later stores (SIGBUS).
+ * Lock order: mmap_lock > vg_lock (mutex) > ap->lock > file ring lock; pend_lock is
  * never held with another.
  */
 #include <linux/anon_inodes.h>
@@ -87,8 +91,10 @@ struct vg_ap {
 	u32 npages;
 	struct pid *pid;		/* the guest's thread group */
 	struct page **pages;
-	struct file *memfd;		/* backing file, or NULL */
+	struct file *memfd;		/* backing file, or NULL: then never adopted */
+	pgoff_t file_pgoff;		/* the aperture's first page in it */
 	bool pinned;			/* pages pinned from the tracer's mapping */
+	bool orphan;			/* its tracer is gone: stores mark pages open (ap->lock) */
 	spinlock_t lock;		/* owner, open, mm, start, nmaps */
 	struct vg_file *owner;		/* NULL once destroyed or its tracer closed */
 	struct list_head owner_link;	/* on owner->aps (vg_lock) */
@@ -128,10 +134,12 @@ static struct kmem_cache *ap_cache, *pend_cache, *snap_cache;
 static_assert(sizeof(struct vg_event) == 128);
 static_assert(sizeof(struct vg_create) == 48);
 static_assert(sizeof(struct vg_flush) == 24);
-static_assert(sizeof(struct vg_stats) == 112);
+static_assert(sizeof(struct vg_stats) == 128);
+static_assert(sizeof(struct vg_adopt) == 56);
 
 static struct {
 	atomic64_t faults, steps, events, overflows, window, refused, flushed, unfinished, streaks;
+	atomic64_t orphan_stores, adopted;
 	atomic64_t apertures, mappings, pages, files;
 } st;
 
@@ -451,6 +459,10 @@ static bool vg_streak(struct vg_ap *ap, unsigned long start, unsigned long page)
 	if (i >= ap->npages)
 		return false;
 	spin_lock_irqsave(&ap->lock, flags);
+	if (!ap->streak) {	/* adopted in auto mode a moment ago: allocated under ap->lock */
+		spin_unlock_irqrestore(&ap->lock, flags);
+		return false;
+	}
 	if (ap->streak[i] < 255)
 		ap->streak[i]++;
 	streak = ap->streak[i] > auto_streak;
@@ -460,8 +472,12 @@ static bool vg_streak(struct vg_ap *ap, unsigned long start, unsigned long page)
 	return streak;
 }
 
-/* vg_write_fault decides a store fault on a guest mapping: 0 lets the page become writable. */
-static vm_fault_t vg_write_fault(struct vm_fault *vmf)
+/*
+ * vg_write_fault decides a store fault on a guest mapping: 0 lets the page
+ * become writable; *opened then says it was marked open (for the flush to
+ * compare) rather than stepped.
+ */
+static vm_fault_t vg_write_fault(struct vm_fault *vmf, bool *opened)
 {
 	struct vm_area_struct *vma = vmf->vma;
 	struct vg_ap *ap = vma->vm_private_data;
@@ -469,28 +485,39 @@ static vm_fault_t vg_write_fault(struct vm_fault *vmf)
 	unsigned long page = vmf->address & PAGE_MASK;
 	struct vg_pend *p;
 	unsigned long flags;
-	bool traced;
+	bool traced, orphan;
 	u8 insn[16];
 	int i;
 
 	spin_lock_irqsave(&ap->lock, flags);
 	traced = ap->owner != NULL;
+	orphan = ap->orphan;
 	spin_unlock_irqrestore(&ap->lock, flags);
+	*opened = false;
+	if (!traced && orphan) {
+		/* its tracer is gone: the adopter's first flush lists the page */
+		atomic64_inc(&st.orphan_stores);
+		vg_mark_open(ap, page);
+		*opened = true;
+		return 0;
+	}
 	if (!traced) {
 		atomic64_inc(&st.refused);
 		return VM_FAULT_SIGBUS;	/* no tracer: refused, never lost */
 	}
 	atomic64_inc(&st.faults);
-	if (ap->mode == VG_MODE_PAGE) {
+	if (READ_ONCE(ap->mode) == VG_MODE_PAGE) {
 		vg_mark_open(ap, page);
+		*opened = true;
 		return 0;
 	}
 	if (!(vmf->flags & FAULT_FLAG_USER)) {
 		atomic64_inc(&st.refused);
 		return VM_FAULT_SIGBUS;	/* a system call storing into the aperture: EFAULT */
 	}
-	if (ap->mode == VG_MODE_AUTO && vg_streak(ap, vma->vm_start, page)) {
+	if (READ_ONCE(ap->mode) == VG_MODE_AUTO && vg_streak(ap, vma->vm_start, page)) {
 		vg_mark_open(ap, page);
+		*opened = true;
 		return 0;
 	}
 	if (vg_join(regs->ip, page, ap))
@@ -534,22 +561,34 @@ static vm_fault_t vg_guest_fault(struct vm_fault *vmf)
 	struct vg_ap *ap = vma->vm_private_data;
 	struct page *pg = vg_page_of(ap, vma->vm_start, vmf->address);
 	pgprot_t prot = vm_get_page_prot(vma->vm_flags & ~VM_WRITE);
+	bool opened = false;
+	vm_fault_t r;
 
 	if (!pg)
 		return VM_FAULT_SIGBUS;
 	if (vmf->flags & FAULT_FLAG_WRITE) {
-		vm_fault_t r = vg_write_fault(vmf);
-
+		r = vg_write_fault(vmf, &opened);
 		if (r)
 			return r;
 		prot = vm_get_page_prot(vma->vm_flags);
 	}
-	return vmf_insert_pfn_prot(vma, vmf->address, page_to_pfn(pg), prot);
+	r = vmf_insert_pfn_prot(vma, vmf->address, page_to_pfn(pg), prot);
+	/*
+	 * Marked open again once writable: a flush that took the mark and
+	 * zapped between the first mark and the insert would otherwise leave
+	 * the page writable and unlisted. (pfn_mkwrite needs no second mark:
+	 * a zap in between makes the core retry the fault.)
+	 */
+	if (opened)
+		vg_mark_open(ap, vmf->address & PAGE_MASK);
+	return r;
 }
 
 static vm_fault_t vg_guest_mkwrite(struct vm_fault *vmf)
 {
-	return vg_write_fault(vmf);
+	bool opened;
+
+	return vg_write_fault(vmf, &opened);
 }
 
 static void vg_drop_pends(struct vg_ap *ap)
@@ -720,13 +759,18 @@ static int vg_open(struct inode *inode, struct file *file)
 	return 0;
 }
 
-/* vg_detach ends ap's tracing by f. Precondition: vg_lock held. */
-static void vg_detach(struct vg_file *f, struct vg_ap *ap)
+/*
+ * vg_detach ends ap's tracing by f; with orphan (f is closing), an aperture
+ * backed by a file is left to the guest until a tracer adopts it.
+ * Precondition: vg_lock held.
+ */
+static void vg_detach(struct vg_file *f, struct vg_ap *ap, bool orphan)
 {
 	unsigned long flags;
 
 	spin_lock_irqsave(&ap->lock, flags);
 	ap->owner = NULL;
+	ap->orphan = orphan && ap->memfd;
 	spin_unlock_irqrestore(&ap->lock, flags);
 	list_del(&ap->owner_link);
 	f->naps--;
@@ -740,12 +784,33 @@ static int vg_release(struct inode *inode, struct file *file)
 
 	mutex_lock(&vg_lock);
 	list_for_each_entry_safe(ap, n, &f->aps, owner_link)
-		vg_detach(f, ap);
+		vg_detach(f, ap, true);
 	mutex_unlock(&vg_lock);
 	kvfree(f->ring);
 	kfree(f);
 	atomic64_dec(&st.files);
 	return 0;
+}
+
+/*
+ * vg_backing_file records the file a shared mapping of the caller at
+ * backing maps, if it covers the whole aperture: a tracer that adopts the
+ * aperture must map the same file at the same offsets.
+ */
+static void vg_backing_file(struct vg_ap *ap, u64 backing)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	u64 size = (u64)ap->npages << PAGE_SHIFT;
+
+	mmap_read_lock(mm);
+	vma = vma_lookup(mm, backing);
+	if (vma && vma->vm_file && (vma->vm_flags & VM_SHARED) && backing + size > backing &&
+	    backing + size <= vma->vm_end) {
+		ap->memfd = get_file(vma->vm_file);
+		ap->file_pgoff = vma->vm_pgoff + ((backing - vma->vm_start) >> PAGE_SHIFT);
+	}
+	mmap_read_unlock(mm);
 }
 
 static int vg_back_pages(struct vg_ap *ap, int memfd, u64 backing)
@@ -757,6 +822,7 @@ static int vg_back_pages(struct vg_ap *ap, int memfd, u64 backing)
 	if (memfd < 0 && backing) {
 		if (backing & ~PAGE_MASK)
 			return -EINVAL;
+		vg_backing_file(ap, backing);
 		ap->pinned = true;
 		n = pin_user_pages_fast(backing, ap->npages, FOLL_LONGTERM, ap->pages);
 		if (n == ap->npages)
@@ -805,6 +871,25 @@ static bool vg_may_trace(struct task_struct *task)
 	ok = uid_eq(me->uid, them->uid) && uid_eq(me->uid, them->euid) && uid_eq(me->uid, them->suid);
 	rcu_read_unlock();
 	return ok;
+}
+
+/* vg_file_ring gives f its event ring, at its first aperture. */
+static int vg_file_ring(struct vg_file *f)
+{
+	struct vg_event *ring;
+	unsigned long flags;
+
+	if (READ_ONCE(f->ring))
+		return 0;
+	ring = kvcalloc(VG_RING, sizeof(*ring), GFP_KERNEL);
+	if (!ring)
+		return -ENOMEM;
+	spin_lock_irqsave(&f->lock, flags);
+	if (!f->ring)
+		swap(f->ring, ring);
+	spin_unlock_irqrestore(&f->lock, flags);
+	kvfree(ring);
+	return 0;
 }
 
 static struct vg_ap *vg_new_ap(struct vg_create *c)
@@ -872,22 +957,10 @@ static long vg_create(struct vg_file *f, struct vg_create __user *uc)
 		goto fail;
 	}
 	err = vg_back_pages(ap, c.memfd, c.backing);
+	if (!err)
+		err = vg_file_ring(f);
 	if (err)
 		goto fail;
-	if (!f->ring) {
-		struct vg_event *ring = kvcalloc(VG_RING, sizeof(*ring), GFP_KERNEL);
-		unsigned long flags;
-
-		if (!ring) {
-			err = -ENOMEM;
-			goto fail;
-		}
-		spin_lock_irqsave(&f->lock, flags);
-		if (!f->ring)
-			swap(f->ring, ring);
-		spin_unlock_irqrestore(&f->lock, flags);
-		kvfree(ring);
-	}
 	mutex_lock(&vg_lock);
 	if (f->naps >= VG_MAX_APS_PER_FILE) {
 		mutex_unlock(&vg_lock);
@@ -910,7 +983,7 @@ static long vg_create(struct vg_file *f, struct vg_create __user *uc)
 	c.tracer_off = c.guest_off | ((1ull << VG_VIEW_SHIFT) << PAGE_SHIFT);
 	if (copy_to_user(uc, &c, sizeof(c))) {
 		mutex_lock(&vg_lock);
-		vg_detach(f, ap);	/* drops the last reference */
+		vg_detach(f, ap, false);	/* drops the last reference */
 		mutex_unlock(&vg_lock);
 		return -EFAULT;
 	}
@@ -938,7 +1011,7 @@ static long vg_destroy(struct vg_file *f, u32 __user *uid)
 	mutex_lock(&vg_lock);
 	ap = vg_own_ap(f, id);
 	if (ap)
-		vg_detach(f, ap);
+		vg_detach(f, ap, false);
 	mutex_unlock(&vg_lock);
 	return ap ? 0 : -ENOENT;
 }
@@ -1018,6 +1091,116 @@ out:
 	return err;
 }
 
+/*
+ * vg_adoptable checks that f may take over ap: an orphan of guest tgid,
+ * backed by inode at pgoff, of npages. Precondition: vg_lock held.
+ */
+static int vg_adoptable(struct vg_file *f, struct vg_ap *ap, struct pid *tgid, struct inode *inode,
+			pgoff_t pgoff, u64 npages)
+{
+	unsigned long flags;
+	int err = 0;
+
+	if (!ap)
+		return -ENOENT;
+	spin_lock_irqsave(&ap->lock, flags);
+	if (ap->pid != tgid)
+		err = -EACCES;	/* another guest's */
+	else if (ap->owner || !ap->orphan)
+		err = -EBUSY;	/* traced, or destroyed */
+	else if (file_inode(ap->memfd) != inode || ap->file_pgoff != pgoff || ap->npages != npages)
+		err = -EINVAL;	/* the caller does not hold its pages */
+	spin_unlock_irqrestore(&ap->lock, flags);
+	if (!err && f->naps >= VG_MAX_APS_PER_FILE)
+		err = -EMFILE;
+	return err;
+}
+
+/*
+ * vg_take_over makes f ap's tracer, in mode; a.guest_start says where the
+ * guest maps it. Precondition: vg_lock held, vg_adoptable passed.
+ */
+static int vg_take_over(struct vg_file *f, struct vg_ap *ap, struct vg_adopt *a, u8 **streak)
+{
+	unsigned long flags;
+
+	if (!kref_get_unless_zero(&ap->ref))
+		return -ENOENT;	/* being freed */
+	spin_lock_irqsave(&ap->lock, flags);
+	if (a->mode == VG_MODE_AUTO && !ap->streak)
+		swap(ap->streak, *streak);
+	WRITE_ONCE(ap->mode, a->mode);
+	ap->owner = f;
+	ap->orphan = false;
+	a->guest_start = ap->nmaps ? ap->start : 0;
+	spin_unlock_irqrestore(&ap->lock, flags);
+	list_add(&ap->owner_link, &f->aps);
+	f->naps++;
+	atomic64_inc(&st.adopted);
+	return 0;
+}
+
+/* vg_adopt takes over an orphaned aperture (struct vg_adopt says how). */
+static long vg_adopt(struct vg_file *f, struct vg_adopt __user *ua)
+{
+	struct mm_struct *mm = current->mm;
+	struct vm_area_struct *vma;
+	struct task_struct *task;
+	struct vg_ap *ap = NULL;
+	struct vg_adopt a;
+	u8 *streak = NULL;
+	struct pid *pid;
+	long err;
+
+	if (copy_from_user(&a, ua, sizeof(a)))
+		return -EFAULT;
+	if (a.mode < VG_MODE_WRITE || a.mode > VG_MODE_AUTO || !a.size || (a.size & ~PAGE_MASK) ||
+	    (a.backing & ~PAGE_MASK) || (a.size >> PAGE_SHIFT) > VG_MAX_PAGES || a.pid <= 0)
+		return -EINVAL;
+	pid = find_get_pid(a.pid);
+	task = pid ? get_pid_task(pid, PIDTYPE_TGID) : NULL;
+	put_pid(pid);
+	if (!task)
+		return -ESRCH;
+	err = vg_may_trace(task) ? 0 : -EPERM;
+	if (!err)
+		err = vg_file_ring(f);
+	if (!err && a.mode == VG_MODE_AUTO) {
+		streak = kvzalloc(a.size >> PAGE_SHIFT, GFP_KERNEL);
+		err = streak ? 0 : -ENOMEM;
+	}
+	if (err)
+		goto out;
+	mmap_read_lock(mm);
+	vma = vma_lookup(mm, a.backing);
+	err = -EINVAL;
+	if (vma && vma->vm_file && a.backing + a.size > a.backing && a.backing + a.size <= vma->vm_end) {
+		pgoff_t pgoff = vma->vm_pgoff + ((a.backing - vma->vm_start) >> PAGE_SHIFT);
+
+		mutex_lock(&vg_lock);
+		ap = idr_find(&vg_idr, a.id);
+		err = vg_adoptable(f, ap, task_tgid(task), file_inode(vma->vm_file), pgoff, a.size >> PAGE_SHIFT);
+		if (!err)
+			err = vg_take_over(f, ap, &a, &streak);
+		mutex_unlock(&vg_lock);
+	}
+	mmap_read_unlock(mm);
+	if (err)
+		goto out;
+	a.guest_off = ((u64)a.id << (VG_VIEW_SHIFT + 1)) << PAGE_SHIFT;
+	a.tracer_off = a.guest_off | ((1ull << VG_VIEW_SHIFT) << PAGE_SHIFT);
+	if (copy_to_user(ua, &a, sizeof(a))) {
+		mutex_lock(&vg_lock);
+		vg_detach(f, ap, true);	/* an orphan again */
+		mutex_unlock(&vg_lock);
+		err = -EFAULT;
+	}
+out:
+	kvfree(streak);
+	put_task_struct(task);
+	return err;
+}
+
 static long vg_stats(struct vg_stats __user *us)
 {
 	struct vg_stats s = {
@@ -1028,6 +1211,7 @@ static long vg_stats(struct vg_stats __user *us)
 		.mappings = atomic64_read(&st.mappings), .pending = atomic_read(&npend),
 		.pages = atomic64_read(&st.pages), .files = atomic64_read(&st.files),
 		.unfinished = atomic64_read(&st.unfinished), .streaks = atomic64_read(&st.streaks),
+		.orphan_stores = atomic64_read(&st.orphan_stores), .adopted = atomic64_read(&st.adopted),
 	};
 
 	return copy_to_user(us, &s, sizeof(s)) ? -EFAULT : 0;
@@ -1047,6 +1231,8 @@ static long vg_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 		return vg_flush(f, u);
 	case VG_IOC_STATS:
 		return vg_stats(u);
+	case VG_IOC_ADOPT:
+		return vg_adopt(f, u);
 	}
 	return -ENOTTY;
 }
@@ -1111,12 +1297,13 @@ static ssize_t stats_show(struct device *dev, struct device_attribute *attr, cha
 	return sysfs_emit(buf,
 			  "faults %lld\nsteps %lld\nevents %lld\noverflows %lld\nwindow_bytes %lld\nrefused %lld\n"
 			  "flushed_pages %lld\napertures %lld\nmappings %lld\npending %d\npages %lld\nfiles %lld\n"
-			  "unfinished %lld\nstreaks %lld\n",
+			  "unfinished %lld\nstreaks %lld\norphan_stores %lld\nadopted %lld\n",
 			  atomic64_read(&st.faults), atomic64_read(&st.steps), atomic64_read(&st.events),
 			  atomic64_read(&st.overflows), atomic64_read(&st.window), atomic64_read(&st.refused),
 			  atomic64_read(&st.flushed), atomic64_read(&st.apertures), atomic64_read(&st.mappings),
 			  atomic_read(&npend), atomic64_read(&st.pages), atomic64_read(&st.files),
-			  atomic64_read(&st.unfinished), atomic64_read(&st.streaks));
+			  atomic64_read(&st.unfinished), atomic64_read(&st.streaks),
+			  atomic64_read(&st.orphan_stores), atomic64_read(&st.adopted));
 }
 static DEVICE_ATTR_RO(stats);
 

@@ -16,6 +16,13 @@
  *     one flush interval: it is then tracked as in page mode until the
  *     next flush (doorbell-like pages, stored to now and then, stay per
  *     write).
+ * A tracer whose file closes without destroying an aperture backed by a
+ * file (a memfd, or a shared mapping of one) leaves it to the guest: its
+ * stores go on into the file's pages, each page marked open, until a
+ * tracer adopts the aperture (VG_IOC_ADOPT: a node the guest's session
+ * resumes on after a failover), which flushes and traces it from then on.
+ * An aperture destroyed, or backed by the module's own pages (nobody else
+ * can read them), refuses the guest's stores (SIGBUS) instead.
  */
 #ifndef VGPUHA_MMIO_H
 #define VGPUHA_MMIO_H
@@ -45,6 +52,24 @@ struct vg_create {
 			 * the module's own */
 };
 
+/*
+ * VG_IOC_ADOPT: take over an aperture whose tracer is gone. The caller
+ * must be allowed to trace pid (the aperture's guest), and map, at
+ * backing, the file backing the aperture, at the same offsets (the
+ * pages the guest writes are the pages the caller reads).
+ */
+struct vg_adopt {
+	__u32 id;	/* the aperture (the guest's mapping offset names it) */
+	__s32 pid;	/* the guest it was created for */
+	__u32 mode;	/* VG_MODE_* from now on */
+	__u32 pad;
+	__u64 size;	/* the aperture's bytes */
+	__u64 backing;	/* the caller's mapping of the backing file */
+	__u64 guest_start; /* out: where the guest maps the aperture (0: nowhere) */
+	__u64 guest_off;   /* out */
+	__u64 tracer_off;  /* out */
+};
+
 struct vg_flush {
 	__u32 id;
 	__u32 npages;	/* bits in the buffer at bitmap; at least the aperture's pages */
@@ -68,6 +93,8 @@ struct vg_stats {
 	__u64 files;		/* open device files */
 	__u64 unfinished;	/* traps that found the thread moved elsewhere (a signal handler): pages compared at flush */
 	__u64 streaks;		/* auto mode: pages switched to page tracking until the next flush */
+	__u64 orphan_stores;	/* store faults on apertures whose tracer is gone (pages marked open) */
+	__u64 adopted;		/* apertures taken over by another tracer (VG_IOC_ADOPT) */
 };
 
 #define VG_EV_STORE 1	/* one store: insn, ip, data from addr */
@@ -93,5 +120,6 @@ struct vg_event {
 #define VG_IOC_DESTROY _IOW('v', 2, __u32)
 #define VG_IOC_FLUSH _IOWR('v', 3, struct vg_flush)
 #define VG_IOC_STATS _IOR('v', 4, struct vg_stats)
+#define VG_IOC_ADOPT _IOWR('v', 5, struct vg_adopt)
 
 #endif

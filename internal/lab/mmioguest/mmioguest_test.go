@@ -154,15 +154,18 @@ func holdGuest(t *testing.T, args ...string) (Result, func()) {
 // aperture writes. The guest resumes on the promoted standby, which takes
 // the aperture over (re-attach) and starts from its current contents: the
 // device copy there must equal everything the guest wrote, including what
-// it wrote while no node was tracing it.
+// it wrote while no node was tracing it. In the kmod modes the guest's
+// mapping is the module's: the standby adopts the aperture the primary
+// left (where the module is loaded: in the VM of kmod's TestModuleInVM).
 func TestApertureSurvivesFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: starts and traces guest processes")
 	}
-	for _, mode := range []mmiotrace.Mode{mmiotrace.ModeUffd, mmiotrace.ModePage} {
+	modes := []mmiotrace.Mode{mmiotrace.ModeUffd, mmiotrace.ModePage, mmiotrace.ModeKmod, mmiotrace.ModeKmodPage, mmiotrace.ModeKmodAuto}
+	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			if mode == mmiotrace.ModeUffd && mmiotrace.UffdAvailable() != nil {
-				t.Skipf("uffd mode needs userfaultfd asynchronous write-protection (Linux 6.7+): %v", mmiotrace.UffdAvailable())
+			if err := mmiotrace.ModeAvailable(mode); err != nil {
+				t.Skipf("%s mode cannot run here: %v", mode, err)
 			}
 			c, err := cluster.Start(cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit,
 				MMIO: &hypervisor.MMIOConfig{Mode: mode, Pin: true, FlushEvery: 5_000_000}})
