@@ -61,7 +61,7 @@ func (m *Metrics) flushed(mode Mode, records, bytes, pages uint64) {
 	}
 	m.records.WithLabelValues(mode.String()).Add(float64(records))
 	m.bytes.WithLabelValues(mode.String()).Add(float64(bytes))
-	if mode == ModePage || mode == ModeUffd || mode == ModeKmodPage || mode == ModeKmodAuto {
+	if mode == ModePage || mode == ModeUffd || mode == ModeKmodPage || mode == ModeKmodAuto || mode == ModeAuto {
 		m.dirtyPerFlush.WithLabelValues(mode.String()).Observe(float64(pages))
 	}
 }

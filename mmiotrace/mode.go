@@ -19,6 +19,7 @@ const (
 	ModeInsn = abi.ApertureModeInsn
 	ModePage = abi.ApertureModePage
 	ModeUffd = abi.ApertureModeUffd
+	ModeAuto = abi.ApertureModeAuto // per page, insn or page (auto_linux.go)
 	// The kernel module's modes (kmod_linux.go).
 	ModeKmod     = abi.ApertureModeKmod
 	ModeKmodPage = abi.ApertureModeKmodPage

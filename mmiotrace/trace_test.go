@@ -242,7 +242,7 @@ func (rp *replica) run(t *testing.T, g *testGuest, tr *Tracer, w string) []strin
 }
 
 func TestTraceModes(t *testing.T) {
-	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd, ModeKmod, ModeKmodPage, ModeKmodAuto} {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeAuto, ModeUffd, ModeKmod, ModeKmodPage, ModeKmodAuto} {
 		t.Run(mode.String(), func(t *testing.T) {
 			skipUnlessTraceable(t, mode)
 			g := startGuest(t, goGuest())
@@ -267,9 +267,9 @@ func TestTraceModes(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %+v", mode, tr.Stats())
-			// Options.Pin pins insn mode only: page mode would run a
-			// multi-threaded guest's threads one at a time.
-			if pinned := tr.Stats().PinnedCPU >= 0; pinned != (mode == ModeInsn) {
+			// Options.Pin pins insn and auto mode only: page mode would
+			// run a multi-threaded guest's threads one at a time.
+			if pinned := tr.Stats().PinnedCPU >= 0; pinned != (mode == ModeInsn || mode == ModeAuto) {
 				t.Fatalf("%s mode with Pin: pinned to CPU %d", mode, tr.Stats().PinnedCPU)
 			}
 		})
@@ -325,6 +325,7 @@ func TestStoreForms(t *testing.T) {
 		mode Mode
 		kind Kind
 	}{{ModeInsn, KindMemory}, {ModePage, KindMemory}, {ModeUffd, KindMemory}, {ModePage, KindRegister}, {ModeUffd, KindRegister},
+		{ModeAuto, KindMemory}, {ModeAuto, KindRegister},
 		{ModeKmod, KindMemory}, {ModeKmodPage, KindMemory}, {ModeKmodPage, KindRegister}, {ModeKmodAuto, KindRegister}} {
 		t.Run(tc.mode.String()+"/"+tc.kind.String(), func(t *testing.T) {
 			skipUnlessTraceable(t, tc.mode)
@@ -364,7 +365,7 @@ func TestStoreForms(t *testing.T) {
 // guest's memory, and insn mode must record no more than the bytes the
 // moves stored (not their operand range once per element).
 func TestTorture(t *testing.T) {
-	for _, mode := range []Mode{ModeInsn, ModePage, ModeUffd} {
+	for _, mode := range []Mode{ModeInsn, ModePage, ModeAuto, ModeUffd} {
 		t.Run(mode.String(), func(t *testing.T) {
 			skipUnlessTraceable(t, mode)
 			g := startGuest(t, cGuest(t))

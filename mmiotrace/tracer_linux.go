@@ -47,7 +47,8 @@ type Region struct {
 	// last comparison is caught either way. A guest writing the same pages
 	// again and again takes no fault per page per flush.
 	quiet []bool
-	full  bool // the next flush sends the whole region (just added)
+	full  bool       // the next flush sends the whole region (just added)
+	auto  *autoState // auto mode (memory regions): each page's faults this interval
 }
 
 func (r *Region) contains(addr, n uint64) bool {
@@ -58,7 +59,7 @@ func (r *Region) contains(addr, n uint64) bool {
 type Options struct {
 	Mode Mode
 	// Pin puts the tracer thread and every guest thread on one CPU in insn
-	// mode: a fault then wakes the tracer without crossing CPUs (3–4×
+	// and auto mode: a fault then wakes the tracer without crossing CPUs (3–4×
 	// cheaper per traced write on the machines we measured), and the
 	// guest's threads, each stopped at every store, run one at a time
 	// anyway. Page mode never pins: its faults are rare, and a guest whose
@@ -84,6 +85,7 @@ type Stats struct {
 	GuestFaults    uint64 // faults on pages the guest protected itself, delivered to it
 	Unsettled      uint64 // uffd mode: flushes after which written pages stay open (a guest thread may be in a system call writing them)
 	SettleStops    uint64 // uffd mode: guest threads stopped to settle a flush (they were running or in a call that may pin memory)
+	Streaks        uint64 // auto mode: pages opened until the next flush after a streak of write faults
 	PinnedCPU      int    // -1: not pinned
 	PtraceAttached bool
 }
@@ -122,10 +124,15 @@ func Attach(pid int, opts Options) *Tracer {
 	return &Tracer{pid: pid, opts: opts, stats: Stats{PinnedCPU: -1}}
 }
 
-// perWrite reports whether writes to r are traced one by one (insn mode,
-// and register regions in every tracing mode).
+// perWrite reports whether writes to r are traced one by one (insn and
+// kmod modes, the auto modes' pages until they streak, and register
+// regions in every tracing mode).
 func (t *Tracer) perWrite(r *Region) bool {
-	return t.opts.Mode == ModeInsn || t.opts.Mode == ModeKmod || t.opts.Mode == ModeKmodAuto || (t.opts.Mode != ModeOff && r.Kind == KindRegister)
+	switch t.opts.Mode {
+	case ModeInsn, ModeAuto, ModeKmod, ModeKmodAuto: // the auto modes: per write until a page streaks
+		return true
+	}
+	return t.opts.Mode != ModeOff && r.Kind == KindRegister
 }
 
 // usesPtrace reports whether r is protected and handled through ptrace.
@@ -220,7 +227,7 @@ func (t *Tracer) startPtrace() error {
 		return err
 	}
 	cpu := -1
-	if t.opts.Pin && t.opts.Mode == ModeInsn {
+	if t.opts.Pin && (t.opts.Mode == ModeInsn || t.opts.Mode == ModeAuto) {
 		cpu = runtime.NumCPU() - 1
 		var set unix.CPUSet
 		if unix.SchedGetaffinity(0, &set) == nil {
@@ -361,6 +368,9 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	}
 	t.stats.Faults++
 	t.opts.Metrics.fault(t.opts.Mode)
+	if t.autoPages(r) && t.autoOpen(tid, r, addr, open) {
+		return true
+	}
 	if !t.perWrite(r) {
 		// Page mode: let the guest write this page and every page after
 		// it, up to the region's end (or a page it protected itself),
@@ -685,25 +695,21 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	// Page-batched regions' changed ranges; then per-write records (kept
 	// in the shadow, for the comparison after them); then the changed
 	// ranges of per-write pages the guest had opened itself.
-	var changed [][]bool // per dirty entry, per page: found changed (page-batched regions)
+	changed := make([][]int, len(dirty)) // per dirty entry, per page: bytes sent
 	sendPages := func(perWrite bool) {
 		for i, d := range dirty {
 			if t.perWrite(d.r) != perWrite {
 				continue
 			}
-			if !perWrite {
-				changed[i] = make([]bool, len(d.pages))
-			}
+			changed[i] = make([]int, len(d.pages))
 			for j, pg := range d.pages {
 				pages++
-				c := d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
-				if !perWrite {
-					changed[i][j] = c
-				}
+				before := bytes
+				d.r.sendChanged(pg*pageSize, (pg+1)*pageSize, send)
+				changed[i][j] = int(bytes - before)
 			}
 		}
 	}
-	changed = make([][]bool, len(dirty))
 	sendPages(false)
 	for _, w := range t.takeWrites() {
 		copy(w.r.shadow[w.off:], w.data)
@@ -711,19 +717,40 @@ func (t *Tracer) Flush(emit func(r *Region, off uint64, data []byte)) error {
 	}
 	sendPages(true)
 	t.mu.Lock()
-	for i, d := range dirty {
-		for j, pg := range d.pages {
-			if changed[i] != nil {
-				d.r.quiet[pg] = d.r.dirty[pg] && !changed[i][j]
-			}
-		}
-	}
+	t.pagesFlushed(regions, dirty, changed)
 	t.stats.Records += records
 	t.stats.Bytes += bytes
 	t.stats.DirtyPages += pages
 	t.mu.Unlock()
 	t.opts.Metrics.flushed(t.opts.Mode, records, bytes, pages)
 	return nil
+}
+
+// pagesFlushed keeps what a flush found on the pages it compared (dirty,
+// with the bytes each changed): page-batched pages found unchanged are
+// quiet (closed at the next flush), auto mode's pages hot or not.
+// Precondition: t.mu must be locked.
+func (t *Tracer) pagesFlushed(regions []*Region, dirty []dirtyPages, changed [][]int) {
+	for i, d := range dirty {
+		for j, pg := range d.pages {
+			if !t.perWrite(d.r) {
+				d.r.quiet[pg] = d.r.dirty[pg] && changed[i][j] == 0
+			}
+		}
+	}
+	for _, r := range regions {
+		if r.auto == nil {
+			continue
+		}
+		var pages []uint64
+		var bytes []int
+		for i, d := range dirty {
+			if d.r == r {
+				pages, bytes = append(pages, d.pages...), append(bytes, changed[i]...)
+			}
+		}
+		t.autoFlushed(r, pages, bytes)
+	}
 }
 
 // guestOpened marks dirty the pages of ptrace-protected regions that the

@@ -758,7 +758,7 @@ func TestDrillEpoch(t *testing.T) {
 // and run reports the tracer's counts when the guest exits.
 func TestRun(t *testing.T) {
 	skipShort(t)
-	for _, mode := range []string{"insn", "page", "uffd"} {
+	for _, mode := range []string{"insn", "page", "auto", "uffd"} {
 		t.Run(mode, func(t *testing.T) {
 			if mode == "uffd" && mmiotrace.UffdAvailable() != nil {
 				t.Skipf("uffd mode needs Linux 6.7+: %v", mmiotrace.UffdAvailable())
@@ -778,8 +778,8 @@ func TestRun(t *testing.T) {
 			if err := json.Unmarshal(out, &res); err != nil || res.Mode != mode || !res.Verified {
 				t.Fatalf("guest said %s (%v)", out, err)
 			}
-			pinned := "not pinned" // only insn mode pins the guest's threads
-			if mode == "insn" {
+			pinned := "not pinned" // only insn and auto mode pin the guest's threads
+			if mode == "insn" || mode == "auto" {
 				pinned = "pinned to one CPU"
 			}
 			if !strings.Contains(stderr.String(), "guest exited; mmio ("+mode+"):") || !strings.Contains(stderr.String(), pinned) {

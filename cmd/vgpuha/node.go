@@ -55,12 +55,12 @@ func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	intVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, maxInt, "allocations plus handles each guest may hold")
 	intVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")
 	sizeVar(fs, &cfg.WindowSize, "va.window-bytes", cfg.WindowSize, cfg.AllocAlign, 1<<46, "size of each guest's device-address window (a multiple of 2 MiB)")
-	fs.Func("mmio", "how guest writes to apertures are traced: off, insn, page, uffd, kmod, kmod-page or kmod-auto (the kmod modes need the vgpuha_mmio module) (default "+cfg.MMIO.Mode.String()+")", func(v string) error {
+	fs.Func("mmio", "how guest writes to apertures are traced: off, insn, page, auto (per page: insn, or page for pages written in streaks), uffd, kmod, kmod-page or kmod-auto (the kmod modes need the vgpuha_mmio module) (default "+cfg.MMIO.Mode.String()+")", func(v string) error {
 		m, err := mmiotrace.ParseMode(v)
 		cfg.MMIO.Mode = m
 		return err
 	})
-	fs.BoolVar(&cfg.MMIO.Pin, "mmio.pin", cfg.MMIO.Pin, "insn mode: pin the tracer and the traced guest's threads to one CPU (per-write tracing is 3-4x cheaper; page mode never pins)")
+	fs.BoolVar(&cfg.MMIO.Pin, "mmio.pin", cfg.MMIO.Pin, "insn and auto mode: pin the tracer and the traced guest's threads to one CPU (per-write tracing is 3-4x cheaper; page mode never pins)")
 	durationVar(fs, &cfg.MMIO.FlushEvery, "mmio.flush-every", cfg.MMIO.FlushEvery, 0, time.Hour, "also flush aperture writes on this timer, for guests that write without calling (0: only at calls)")
 	tenantFlags(fs, cfg)
 }

@@ -45,7 +45,7 @@ func startGuestProgram(argv []string, endpoint string, mmio hypervisor.MMIOConfi
 		return nil, err
 	}
 	pin := "not pinned"
-	if mmio.Pin && mmio.Mode == mmiotrace.ModeInsn {
+	if mmio.Pin && (mmio.Mode == mmiotrace.ModeInsn || mmio.Mode == mmiotrace.ModeAuto) {
 		pin = "the tracer and the guest's threads pinned to one CPU (per-write tracing is 3-4x cheaper; --mmio.pin=false to stop)"
 	}
 	fmt.Fprintf(os.Stderr, "vgpuha run: %s (pid %d) on %s; apertures traced in %s mode, %s\n",

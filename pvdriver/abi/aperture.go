@@ -62,11 +62,19 @@ const (
 	// takes a streak of stores between two flushes is tracked per page
 	// until the next flush (doorbell-like pages stay per write).
 	ApertureModeKmodAuto
+	// ApertureModeAuto chooses per page, in user space (ptrace): per write
+	// as insn, but a page of a memory aperture that takes a streak of
+	// write faults between two flushes (or changed a lot since the last)
+	// is opened until the next flush, which compares it, as page mode
+	// does. Doorbell-like pages stay per write. Register apertures are
+	// traced per write.
+	ApertureModeAuto
 )
 
 var apertureModeNames = [...]string{
 	ApertureModeOff: "off", ApertureModeInsn: "insn", ApertureModePage: "page", ApertureModeUffd: "uffd",
 	ApertureModeKmod: "kmod", ApertureModeKmodPage: "kmod-page", ApertureModeKmodAuto: "kmod-auto",
+	ApertureModeAuto: "auto",
 }
 
 func (m ApertureMode) String() string {
@@ -78,7 +86,7 @@ func (m ApertureMode) String() string {
 
 // ApertureModes lists every mode.
 func ApertureModes() []ApertureMode {
-	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeUffd, ApertureModeKmod, ApertureModeKmodPage, ApertureModeKmodAuto}
+	return []ApertureMode{ApertureModeOff, ApertureModeInsn, ApertureModePage, ApertureModeAuto, ApertureModeUffd, ApertureModeKmod, ApertureModeKmodPage, ApertureModeKmodAuto}
 }
 
 // ParseApertureMode reads a mode name.
@@ -88,5 +96,5 @@ func ParseApertureMode(s string) (ApertureMode, error) {
 			return ApertureMode(m), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page, uffd, kmod, kmod-page or kmod-auto)", s)
+	return 0, fmt.Errorf("unknown MMIO mode %q (want off, insn, page, auto, uffd, kmod, kmod-page or kmod-auto)", s)
 }

@@ -67,7 +67,7 @@ type MMIOOptions struct {
 
 // MMIOModes are every mode the benchmark knows, in the order it runs and
 // prints them.
-var MMIOModes = []string{"off", "page", "uffd", "kmod-page", "kmod-auto", "kmod", "insn", "insn-step", "insn-unpinned"}
+var MMIOModes = []string{"off", "page", "uffd", "auto", "kmod-page", "kmod-auto", "kmod", "insn", "insn-step", "insn-unpinned"}
 
 // DefaultMMIOOptions is the default run (a few minutes on 2 cores); long
 // gives more writes and rounds for careful figures.
