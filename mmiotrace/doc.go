@@ -39,6 +39,12 @@
 //     by an mprotect injected into a stopped guest thread — and compares
 //     it once more. A flush with nothing to protect does not stop the
 //     guest, and a guest rewriting the same pages takes no fault per flush.
+//   - auto: insn mode per write, with a choice per page of a memory
+//     region made from the faults the tracer takes there: a page that
+//     takes a streak of write faults within one flush interval (more than
+//     four), or changed more than four words in the last, is opened until
+//     the next flush, which compares it after the records of its stores
+//     before; doorbell-like pages stay per write (auto_linux.go).
 //   - uffd: page tracking by the kernel alone: the guest driver registers
 //     its aperture for userfaultfd's asynchronous write-protection
 //     (ArmWriteTracking; every page starts open), and a flush finds the
@@ -61,7 +67,8 @@
 //     flag, a debug trap that records its bytes; no process switch), per
 //     page for memory regions in kmod-page, or per store until a page takes
 //     a streak within a flush interval in kmod-auto. kmod_linux.go says how the guest's
-//     mapping becomes the module's and what each case does.
+//     mapping becomes the module's, what each case does, and how a node
+//     the guest's session resumes on takes the module's apertures over.
 //   - off: nothing is traced.
 //
 // Register regions (doorbells) are traced one write at a time in every mode
@@ -106,7 +113,7 @@
 //
 // The tracer runs in the hypervisor's process. Linux ties ptrace to the
 // thread that attached, so all ptrace work runs on one locked OS thread;
-// with Options.Pin in insn mode that thread and the guest's threads share
+// with Options.Pin in insn and auto mode that thread and the guest's threads share
 // one CPU (page mode never pins: it would run a multi-threaded guest's
 // threads one at a time).
 // Limits: the guest must run in a process group of its own (the tracer

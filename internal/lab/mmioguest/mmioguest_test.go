@@ -161,7 +161,7 @@ func TestApertureSurvivesFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: starts and traces guest processes")
 	}
-	modes := []mmiotrace.Mode{mmiotrace.ModeUffd, mmiotrace.ModePage, mmiotrace.ModeKmod, mmiotrace.ModeKmodPage, mmiotrace.ModeKmodAuto}
+	modes := []mmiotrace.Mode{mmiotrace.ModeUffd, mmiotrace.ModePage, mmiotrace.ModeAuto, mmiotrace.ModeKmod, mmiotrace.ModeKmodPage, mmiotrace.ModeKmodAuto}
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
 			if err := mmiotrace.ModeAvailable(mode); err != nil {
