@@ -805,12 +805,33 @@ static void vg_backing_file(struct vg_ap *ap, u64 backing)
 
 	mmap_read_lock(mm);
 	vma = vma_lookup(mm, backing);
-	if (vma && vma->vm_file && (vma->vm_flags & VM_SHARED) && backing + size > backing &&
+	if (vma && vma->vm_file && (vma->vm_flags & VM_SHARED) && !(vma->vm_flags & (VM_IO | VM_PFNMAP)) &&
+	    backing + size > backing &&
 	    backing + size <= vma->vm_end) {
 		ap->memfd = get_file(vma->vm_file);
 		ap->file_pgoff = vma->vm_pgoff + ((backing - vma->vm_start) >> PAGE_SHIFT);
 	}
 	mmap_read_unlock(mm);
+}
+
+/*
+ * vg_check_backing keeps the recorded backing file only if the pages
+ * pinned are that file's, at the recorded offsets (the caller could have
+ * mapped something else between the two looks): else nobody may adopt.
+ */
+static void vg_check_backing(struct vg_ap *ap)
+{
+	u32 i;
+
+	for (i = 0; ap->memfd && i < ap->npages; i++) {
+		struct page *pg = ap->pages[i];
+
+		if (READ_ONCE(page_folio(pg)->mapping) != ap->memfd->f_mapping ||
+		    page_to_pgoff(pg) != ap->file_pgoff + i) {
+			fput(ap->memfd);
+			ap->memfd = NULL;
+		}
+	}
 }
 
 static int vg_back_pages(struct vg_ap *ap, int memfd, u64 backing)
@@ -825,8 +846,10 @@ static int vg_back_pages(struct vg_ap *ap, int memfd, u64 backing)
 		vg_backing_file(ap, backing);
 		ap->pinned = true;
 		n = pin_user_pages_fast(backing, ap->npages, FOLL_LONGTERM, ap->pages);
-		if (n == ap->npages)
+		if (n == ap->npages) {
+			vg_check_backing(ap);
 			return 0;
+		}
 		for (i = 0; n > 0 && i < n; i++) {
 			unpin_user_page(ap->pages[i]);
 			ap->pages[i] = NULL;
