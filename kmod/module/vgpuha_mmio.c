@@ -825,9 +825,11 @@ static void vg_check_backing(struct vg_ap *ap)
 
 	for (i = 0; ap->memfd && i < ap->npages; i++) {
 		struct page *pg = ap->pages[i];
+		struct folio *folio = page_folio(pg);
 
-		if (READ_ONCE(page_folio(pg)->mapping) != ap->memfd->f_mapping ||
-		    page_to_pgoff(pg) != ap->file_pgoff + i) {
+		/* a page cache folio of the file: its index is the file offset in pages */
+		if (READ_ONCE(folio->mapping) != ap->memfd->f_mapping ||
+		    READ_ONCE(folio->index) + folio_page_idx(folio, pg) != ap->file_pgoff + i) {
 			fput(ap->memfd);
 			ap->memfd = NULL;
 		}
