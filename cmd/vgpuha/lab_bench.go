@@ -295,7 +295,7 @@ type mmioFlags struct {
 func (m *mmioFlags) register(fs *flag.FlagSet, opts *bench.MMIOOptions) {
 	m.long = fs.Bool("long", false, "more writes and rounds, for careful figures (several minutes)")
 	m.rounds = intFlag(fs, "rounds", 0, 0, 1000, "interleaved rounds (default 3, or 7 with --long)")
-	m.pin = fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU (insn mode; see the mmiotrace package doc)")
+	m.pin = fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU (insn and auto mode; see the mmiotrace package doc)")
 	m.plotPath = fs.String("plot", "", "also draw ns per write by mode and workload to this file (.png or .svg)")
 	m.asJSON = fs.Bool("json", false, "print the cells as JSON instead of a table")
 	m.workloads = fs.String("workloads", strings.Join(opts.Workloads, ","), "mmio-guest workloads, each NAME or NAME:PAGES (aperture pages; default 1024)")
@@ -366,7 +366,7 @@ func runBenchMMIO(args []string) error {
 // printMMIOCells prints the cells as a table under a line saying how they
 // were measured.
 func printMMIOCells(opts bench.MMIOOptions, cells []bench.MMIOCell) {
-	pinned := "insn mode's tracer and guest threads pinned to one CPU"
+	pinned := "insn and auto mode's tracer and guest threads pinned to one CPU"
 	if !opts.Pin {
 		pinned = "not pinned"
 	}
