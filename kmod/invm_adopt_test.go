@@ -24,15 +24,7 @@ func TestInVMAdopt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := d1.CreateOver(0, mem, ModeWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := MapGuest(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(g)
+	a, g := apertureOver(t, d1, mem)
 	store(g, 8, 8, 1)
 	if _, _, err := d.Adopt(a.ID, os.Getpid(), mem, ModeWrite); !errors.Is(err, unix.EBUSY) {
 		t.Errorf("adopting a traced aperture: %v, want EBUSY", err)
@@ -85,6 +77,17 @@ func TestInVMAdopt(t *testing.T) {
 	if !storeFaults(own, 0) {
 		t.Error("a store to an aperture on the module's pages went through after its tracer closed")
 	}
+}
+
+// apertureOver creates a per-write aperture over mem for this process
+// and maps it (unmapped at the test's end).
+func apertureOver(t *testing.T, d *Device, mem []byte) (Aperture, []byte) {
+	t.Helper()
+	a, err := d.CreateOver(0, mem, ModeWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, mapGuest(t, a)
 }
 
 // memfdMapping is a shared mapping of a new memfd of pages pages.

@@ -38,17 +38,24 @@ func newAperture(t *testing.T, d *Device, pages, mode int) (Aperture, []byte, []
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := MapGuest(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(g) })
+	g := mapGuest(t, a)
 	tr, err := d.MapTracer(a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Munmap(tr) })
 	return a, g, tr
+}
+
+// mapGuest maps aperture a into this process, its guest, until the test ends.
+func mapGuest(t *testing.T, a Aperture) []byte {
+	t.Helper()
+	g, err := MapGuest(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(g) })
+	return g
 }
 
 type wantStore struct {
@@ -256,27 +263,9 @@ func TestInVMNoLeaks(t *testing.T) {
 // guest's stores land in the tracer's memory.
 func TestInVMOverTracerMapping(t *testing.T) {
 	d := inVM(t)
-	fd, err := unix.MemfdCreate("aperture", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	unix.Ftruncate(fd, 2*4096)
-	mem, err := unix.Mmap(fd, 0, 2*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := memfdMapping(t, 2)
 	mem[100] = 7
-	a, err := d.CreateOver(0, mem, ModeWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := MapGuest(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(g)
+	_, g := apertureOver(t, d, mem)
 	if g[100] != 7 {
 		t.Fatalf("the guest sees %d where the tracer wrote 7", g[100])
 	}

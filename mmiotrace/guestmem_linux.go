@@ -125,13 +125,40 @@ var errNotMapped = errors.New("the guest does not map the aperture file: map it 
 // file (inode st): that is the range the tracer watches. A second mapping
 // would be written untraced, so it is refused.
 func guestMapping(pid int, st unix.Stat_t, size uint64) (uint64, error) {
+	var found []uint64
+	var bad error
+	err := fileMappings(pid, st, func(lo, hi uint64, perms string, off uint64) {
+		if off != 0 || hi-lo != size || perms != "rw-s" {
+			bad = fmt.Errorf("the guest maps the aperture file as %x-%x %s at offset %d: map it once, whole, shared and writable", lo, hi, perms, off)
+		}
+		found = append(found, lo)
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case bad != nil:
+		return 0, bad
+	case len(found) == 0:
+		return 0, errNotMapped
+	}
+	if len(found) != 1 {
+		return 0, fmt.Errorf("the guest maps the aperture file %d times: map it exactly once", len(found))
+	}
+	if !dontFork(pid, found[0]) {
+		return 0, errors.New("the guest's aperture mapping would be inherited by its children, whose writes no tracer sees: madvise it MADV_DONTFORK")
+	}
+	return found[0], nil
+}
+
+// fileMappings calls fn for each of the guest's mappings of the file st
+// describes (by device and inode): its bounds, permissions and offset.
+func fileMappings(pid int, st unix.Stat_t, fn func(lo, hi uint64, perms string, off uint64)) error {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer f.Close()
 	dev := fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev))
-	var found []uint64
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// start-end perms offset dev inode path
@@ -142,21 +169,9 @@ func guestMapping(pid int, st unix.Stat_t, size uint64) (uint64, error) {
 		var lo, hi, off uint64
 		fmt.Sscanf(fields[0], "%x-%x", &lo, &hi)
 		fmt.Sscanf(fields[2], "%x", &off)
-		if off != 0 || hi-lo != size || fields[1] != "rw-s" {
-			return 0, fmt.Errorf("the guest maps the aperture file as %s %s at offset %d: map it once, whole, shared and writable", fields[0], fields[1], off)
-		}
-		found = append(found, lo)
+		fn(lo, hi, fields[1], off)
 	}
-	if len(found) == 0 {
-		return 0, errNotMapped
-	}
-	if len(found) != 1 {
-		return 0, fmt.Errorf("the guest maps the aperture file %d times: map it exactly once", len(found))
-	}
-	if !dontFork(pid, found[0]) {
-		return 0, errors.New("the guest's aperture mapping would be inherited by its children, whose writes no tracer sees: madvise it MADV_DONTFORK")
-	}
-	return found[0], nil
+	return sc.Err()
 }
 
 // dontFork reports whether the guest's mapping at addr is left out of its

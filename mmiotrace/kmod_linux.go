@@ -1,7 +1,6 @@
 package mmiotrace
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -102,28 +101,13 @@ func kmodGuestViews(pid int, size uint64) ([]kmodView, error) {
 	if err := unix.Stat(kmod.DevicePath, &node); err != nil {
 		return nil, errNotMapped // no module here: the file is simply not mapped
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	dev := fmt.Sprintf("%02x:%02x", unix.Major(node.Dev), unix.Minor(node.Dev))
 	var views []kmodView
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// start-end perms offset dev inode path
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || fields[4] != fmt.Sprint(node.Ino) || fields[3] != dev || !strings.HasSuffix(fields[1], "s") {
-			continue
-		}
-		var lo, hi, off uint64
-		fmt.Sscanf(fields[0], "%x-%x", &lo, &hi)
-		fmt.Sscanf(fields[2], "%x", &off)
-		if id, ok := kmod.GuestView(off); ok && hi-lo == size {
+	err := fileMappings(pid, node, func(lo, hi uint64, perms string, off uint64) {
+		if id, ok := kmod.GuestView(off); ok && hi-lo == size && strings.HasSuffix(perms, "s") {
 			views = append(views, kmodView{addr: lo, id: id})
 		}
-	}
-	if err := sc.Err(); err != nil {
+	})
+	if err != nil {
 		return nil, err
 	}
 	if len(views) == 0 {
