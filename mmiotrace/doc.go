@@ -102,6 +102,11 @@
 //	AIO, io_uring into the aperture     LIMIT (page and uffd): the device may write pinned pages after any flush (after the
 //	                                      call that pinned them returned); verify shows it
 //
+// auto mode is insn on a protected page and page mode on an open one,
+// but opens one page at a time: a system call writing from an open page
+// into a protected one returns a short count (from a protected one,
+// EFAULT).
+//
 // The ptrace modes protect traced pages PROT_READ|PROT_EXEC: a fault on a
 // page mapped otherwise read-only is the guest's own and is delivered to
 // it (a guest that forbids executable mappings gets plain read-only pages,
