@@ -555,6 +555,18 @@ static vm_fault_t vg_write_fault(struct vm_fault *vmf, bool *opened)
 	return 0;
 }
 
+/* vg_still_open: ap is traced, or an orphan: its stores may go on. */
+static bool vg_still_open(struct vg_ap *ap)
+{
+	unsigned long flags;
+	bool open;
+
+	spin_lock_irqsave(&ap->lock, flags);
+	open = ap->owner || ap->orphan;
+	spin_unlock_irqrestore(&ap->lock, flags);
+	return open;
+}
+
 static vm_fault_t vg_guest_fault(struct vm_fault *vmf)
 {
 	struct vm_area_struct *vma = vmf->vma;
@@ -579,8 +591,10 @@ static vm_fault_t vg_guest_fault(struct vm_fault *vmf)
 	 * the page writable and unlisted. (pfn_mkwrite needs no second mark:
 	 * a zap in between makes the core retry the fault.)
 	 */
-	if (opened)
+	if (opened && vg_still_open(ap))
 		vg_mark_open(ap, vmf->address & PAGE_MASK);
+	else if (opened)	/* destroyed meanwhile, maybe after its zap: refuse the store */
+		zap_vma_ptes(vma, vmf->address & PAGE_MASK, PAGE_SIZE);
 	return r;
 }
 
@@ -1026,6 +1040,29 @@ static struct vg_ap *vg_own_ap(struct vg_file *f, u32 id)
 	return ap && ap->owner == f ? ap : NULL;
 }
 
+/* vg_zap_guest takes every page of ap's guest mapping away. */
+static void vg_zap_guest(struct vg_ap *ap)
+{
+	struct vm_area_struct *vma;
+	struct mm_struct *mm;
+	unsigned long flags, start;
+
+	spin_lock_irqsave(&ap->lock, flags);
+	mm = ap->mm;
+	start = ap->start;
+	if (mm && !mmget_not_zero(mm))
+		mm = NULL;
+	spin_unlock_irqrestore(&ap->lock, flags);
+	if (!mm)
+		return;
+	mmap_read_lock(mm);
+	vma = find_vma(mm, start);
+	if (vma && vma->vm_start == start && vma->vm_ops == &vg_guest_ops && vma->vm_private_data == ap)
+		zap_vma_ptes(vma, start, (unsigned long)ap->npages << PAGE_SHIFT);
+	mmap_read_unlock(mm);
+	mmput(mm);
+}
+
 static long vg_destroy(struct vg_file *f, u32 __user *uid)
 {
 	struct vg_ap *ap;
@@ -1035,10 +1072,16 @@ static long vg_destroy(struct vg_file *f, u32 __user *uid)
 		return -EFAULT;
 	mutex_lock(&vg_lock);
 	ap = vg_own_ap(f, id);
-	if (ap)
+	if (ap) {
+		kref_get(&ap->ref);
 		vg_detach(f, ap, false);
+	}
 	mutex_unlock(&vg_lock);
-	return ap ? 0 : -ENOENT;
+	if (!ap)
+		return -ENOENT;
+	vg_zap_guest(ap);	/* open pages too: every later store is refused */
+	vg_ap_put(ap);
+	return 0;
 }
 
 /* vg_take_open zaps ap's open pages in its guest mapping; their bits are left in open. */
