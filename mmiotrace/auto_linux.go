@@ -13,8 +13,9 @@ import "golang.org/x/sys/unix"
 //     ends as the guest's memory and the records keep their order.
 //   - A page that streaked, or whose comparison found more than
 //     autoStreak words changed, is hot for the next interval: it opens at
-//     its first fault there, costing one fault per interval as in page
-//     mode. A hot page that changes little goes back to per-write.
+//     its first fault there, with the run of hot pages after it (a stream
+//     moving up the region pays one fault per run and interval, as in
+//     page mode). A hot page that changes little goes back to per-write.
 //   - Other pages (doorbell-like: a few stores per flush) stay per write:
 //     every store is a record, in program order, as in insn mode.
 //
@@ -44,11 +45,12 @@ func (t *Tracer) autoPages(r *Region) bool {
 }
 
 // autoOpen counts a write fault on addr's page of r (auto mode) and, once
-// the page streaks or where it is hot, opens it until the next flush: the
-// store then runs again, natively. It reports whether it did (false: trace
-// the store per write).
+// the page streaks or where it is hot, opens it until the next flush, a
+// hot page with the hot pages after it up to vmaEnd (the end of the
+// tracer-protected mapping holding addr): the store then runs again,
+// natively. It reports whether it did (false: trace the store per write).
 // Precondition: t.mu must be locked.
-func (t *Tracer) autoOpen(tid int, r *Region, addr uint64, open bool) bool {
+func (t *Tracer) autoOpen(tid int, r *Region, addr, vmaEnd uint64, open bool) bool {
 	if r.auto == nil {
 		r.auto = &autoState{faults: make([]uint8, len(r.dirty)), hot: make([]bool, len(r.dirty))}
 	}
@@ -63,10 +65,22 @@ func (t *Tracer) autoOpen(tid int, r *Region, addr uint64, open bool) bool {
 	if open && r.dirty[pg] {
 		return true // another thread's fault opened it meanwhile: the store just runs again
 	}
-	if err := t.pt.mprotect(tid, r.GuestAddr+pg*pageSize, pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+	end := pg + 1
+	if a.hot[pg] {
+		limit := uint64(len(r.dirty))
+		if vmaEnd < r.GuestAddr+uint64(len(r.Mem)) { // vmaEnd > addr
+			limit = (vmaEnd - r.GuestAddr + pageSize - 1) / pageSize
+		}
+		for end < limit && a.hot[end] && !r.dirty[end] {
+			end++
+		}
+	}
+	if err := t.pt.mprotect(tid, r.GuestAddr+pg*pageSize, (end-pg)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
 		return false
 	}
-	r.dirty[pg] = true
+	for p := pg; p < end; p++ {
+		r.dirty[p] = true
+	}
 	if !a.hot[pg] {
 		t.stats.Streaks++
 	}

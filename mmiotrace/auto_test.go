@@ -50,5 +50,15 @@ func TestAutoMode(t *testing.T) {
 	if st2 := tr.Stats(); st2.Streaks != st.Streaks || st2.Faults != st.Faults+6 {
 		t.Fatalf("doorbell-like page: %+v after %+v; want 6 faults, no streak", st2, st)
 	}
-	t.Logf("%+v", tr.Stats())
+	// A stream over pages 4-7 (a 3-page memmove): its pages streak; run
+	// again, the hot ones open together at the first fault.
+	st = tr.Stats()
+	rp.run(t, g, tr, "copy")
+	first := tr.Stats()
+	rp.run(t, g, tr, "copy")
+	again := tr.Stats()
+	t.Logf("copy: %d faults, %d streaks; again: %d faults", first.Faults-st.Faults, first.Streaks-st.Streaks, again.Faults-first.Faults)
+	if first.Streaks-st.Streaks < 3 || again.Faults-first.Faults > 3 || again.Streaks != first.Streaks {
+		t.Fatalf("a stream over 4 pages: %+v, then %+v after %+v; want 3 streaks, then the hot pages opened at one fault", first, again, st)
+	}
 }

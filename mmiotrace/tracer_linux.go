@@ -368,7 +368,7 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 	}
 	t.stats.Faults++
 	t.opts.Metrics.fault(t.opts.Mode)
-	if t.autoPages(r) && t.autoOpen(tid, r, addr, open) {
+	if t.autoPages(r) && t.autoOpen(tid, r, addr, vmaEnd, open) {
 		return true
 	}
 	if !t.perWrite(r) {
