@@ -16,6 +16,9 @@ import "golang.org/x/sys/unix"
 //     its first fault there, with the run of hot pages after it (a stream
 //     moving up the region pays one fault per run and interval, as in
 //     page mode). A hot page that changes little goes back to per-write.
+//     The page after a page that opened is hot for the rest of the
+//     interval (a stream moving up pays one fault per page from its
+//     first streak on, not a streak per page).
 //   - Other pages (doorbell-like: a few stores per flush) stay per write:
 //     every store is a record, in program order, as in insn mode.
 //
@@ -80,6 +83,9 @@ func (t *Tracer) autoOpen(tid int, r *Region, addr, vmaEnd uint64, open bool) bo
 	}
 	for p := pg; p < end; p++ {
 		r.dirty[p] = true
+	}
+	if end < uint64(len(r.dirty)) && !r.dirty[end] {
+		a.hot[end] = true // a stream moving up: the next page opens at its first fault in this interval
 	}
 	if !a.hot[pg] {
 		t.stats.Streaks++
