@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"io"
 	"log/slog"
 	"net"
@@ -226,10 +227,10 @@ func (c *guestConn) frameError(f abi.Frame, err error) bool {
 // overBudget refuses a frame whose payload could not be buffered within the
 // node's budget (it was skipped); the connection goes on.
 func (c *guestConn) overBudget(f abi.Frame) bool {
-	err := refuse(refusedBufferBudget, abi.StatusUnavailable,
+	err := refuse(guesterr.BufferBudget, abi.StatusUnavailable,
 		"the node's request buffers are full (%d-byte budget): %d-byte %s refused; retry", c.s.cfg.RequestBufferBytes, f.Length, f.Op)
 	c.s.metrics.requests.WithLabelValues(f.Op.String(), abi.StatusUnavailable.String()).Inc()
-	c.refused(f.Op, refusedBufferBudget, "bytes", f.Length)
+	c.refused(f.Op, guesterr.BufferBudget, "bytes", f.Length)
 	if f.Flags&abi.FlagAsync != 0 && c.sess != nil {
 		c.sess.mu.Lock()
 		c.sess.deferError(0, err) // its stream is in the payload it did not read
@@ -309,9 +310,8 @@ func (c *guestConn) serve(f abi.Frame) bool {
 // noteFailure counts and logs a request the node refused (err is not nil:
 // the checks below cost an allocation each).
 func (c *guestConn) noteFailure(op abi.Opcode, err error) {
-	var refused *refusedError
-	if errors.As(err, &refused) {
-		c.refused(op, refused.reason, "err", err)
+	if reason := guesterr.Reason(err); reason != "" {
+		c.refused(op, reason, "err", err)
 	}
 }
 

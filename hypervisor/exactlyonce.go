@@ -3,6 +3,7 @@ package hypervisor
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"hash/crc32"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -53,16 +54,16 @@ func (s *Session) checkReqID(op abi.Opcode, reqID uint64, payload []byte, inPlac
 	}
 	if reqID <= s.lastReq {
 		if applied, remembered := s.applied.knows(reqID); !applied {
-			return nil, refuse(refusedUnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, s.lastReq, remembered)), true
+			return nil, refuse(guesterr.UnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, s.lastReq, remembered)), true
 		}
 		if want, ok := s.sums[reqID]; ok && !inPlace && want != sum {
-			return nil, refuse(refusedReplayMismatch, abi.StatusInvalidValue,
+			return nil, refuse(guesterr.ReplayMismatch, abi.StatusInvalidValue,
 				"request id %d was already applied with other content: a resend must repeat the request", reqID), true
 		}
 		return op.Info().ReplayReply(s.results[reqID]), nil, true
 	}
 	if reqID-s.lastReq > maxIDJump {
-		return nil, refuse(refusedRequestID, abi.StatusInvalidValue,
+		return nil, refuse(guesterr.RequestID, abi.StatusInvalidValue,
 			"request id %d is more than %d past the last applied request %d", reqID, uint64(maxIDJump), s.lastReq), true
 	}
 	if inPlace {

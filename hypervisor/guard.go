@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -100,38 +101,8 @@ func (s *Session) recoverFlush() {
 	s.failLocked("internal error flushing aperture writes") // the timer stops flushing a failed session
 }
 
-// Refusal classes counted in vgpuha_guest_refusals_total{reason}.
-const (
-	refusedSessionFailed  = "session_failed"  // a request after its session failed
-	refusedReplayMismatch = "replay_mismatch" // an applied id resent with other content
-	refusedRequestID      = "request_id"      // an id too far past the last applied one
-	refusedUnknownRequest = "unknown_request" // an id at or below the last applied one, never applied
-	refusedResumeToken    = "resume_token"    // resume with a missing or wrong token
-	refusedResumeAttached = "resume_attached" // resume of a session served elsewhere
-	refusedBufferBudget   = "buffer_budget"   // request bytes over the node's budget
-	refusedTenantMemory   = "tenant_memory"   // allocation over the tenant's quota
-	refusedTenantSessions = "tenant_sessions" // session over the tenant's limit
-	refusedTenantDetached = "tenant_detached" // detached session over the tenant's limit: freed
-	refusedGraceCapped    = "grace_capped"    // grace asked above the cap (granted the cap)
-)
-
-var refusalReasons = []string{refusedSessionFailed, refusedReplayMismatch, refusedRequestID, refusedUnknownRequest, refusedResumeToken,
-	refusedResumeAttached, refusedBufferBudget, refusedTenantMemory, refusedTenantSessions, refusedTenantDetached,
-	refusedGraceCapped, refusedTenantAdmission}
-
-// refusedError is a request refused for a reason operators count and see
-// in the log (a guest probing the node leaves a trace).
-type refusedError struct {
-	*opError
-	reason string
-}
-
-func (e *refusedError) Unwrap() error { return e.opError }
-
-// refuse is fail with a counted reason.
-func refuse(reason string, st abi.Status, format string, args ...any) error {
-	return &refusedError{opError: &opError{status: st, err: fmt.Errorf(format, args...)}, reason: reason}
-}
+// refuse is fail with a counted reason (guesterr.Reasons).
+var refuse = guesterr.Refuse
 
 // deferredError is an asynchronous request's failure, kept for the next
 // synchronization: the connection counts it under the request's op and

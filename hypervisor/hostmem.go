@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -179,7 +180,7 @@ func (s *Session) takeHostCopy(r *abi.HostCopy) (inPlaceCopy, error) {
 	}
 	n := abi.CopyPrefixSize + len(src)
 	if !s.srv.budget.Acquire(n) {
-		return inPlaceCopy{}, refuse(refusedBufferBudget, abi.StatusUnavailable,
+		return inPlaceCopy{}, refuse(guesterr.BufferBudget, abi.StatusUnavailable,
 			"the node's request buffers are full (%d-byte budget): %d-byte copy refused; retry", s.cfg.RequestBufferBytes, n)
 	}
 	in := inPlaceCopy{held: n, draft: s.record.log.NewDraft(n)}

@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -44,7 +45,7 @@ func (s *Session) takeInPlace(fixed []byte, data *abi.InPlace) (inPlaceCopy, err
 	}
 	n := len(fixed) + data.Len()
 	if !s.srv.budget.Acquire(n) {
-		return in, refuse(refusedBufferBudget, abi.StatusUnavailable,
+		return in, refuse(guesterr.BufferBudget, abi.StatusUnavailable,
 			"the node's request buffers are full (%d-byte budget): %d-byte copy refused; retry", s.cfg.RequestBufferBytes, n)
 	}
 	in.held = n

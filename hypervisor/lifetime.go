@@ -3,6 +3,8 @@ package hypervisor
 import (
 	"log/slog"
 	"time"
+
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 )
 
 // A session's lifetime. Every session has exactly one owner and one clock:
@@ -75,7 +77,7 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	sess.mu.Unlock()
 	s.mu.Unlock()
 	if over {
-		s.metrics.refusals.WithLabelValues(refusedTenantDetached).Inc()
+		s.metrics.refusals.WithLabelValues(guesterr.TenantDetached).Inc()
 		log.Warn("guest connection lost; not keeping the session: its tenant keeps the most detached sessions it may",
 			"tenant", t.id, "limit", t.quota.Detached)
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -68,7 +69,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Help: "Module image bytes loaded, by where they came from: guest (sent with the load) or cache (named by hash, already on this node).",
 		}, []string{"from"}),
 	}
-	for _, r := range refusalReasons {
+	for _, r := range guesterr.Reasons {
 		m.refusals.WithLabelValues(r)
 	}
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -24,6 +24,7 @@ package hypervisor
 import (
 	"errors"
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"log/slog"
 	"net"
 	"sort"
@@ -364,7 +365,7 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 		return 0, nil, err
 	}
 	if t != nil && t.sessions >= t.quota.Sessions {
-		return 0, nil, refuse(refusedTenantSessions, abi.StatusOutOfMemory,
+		return 0, nil, refuse(guesterr.TenantSessions, abi.StatusOutOfMemory,
 			"tenant %s already has %d sessions open, its limit (--tenant.max-sessions)", t.id, t.sessions)
 	}
 	s.slots[slot] = true
@@ -395,11 +396,11 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	defer sess.mu.Unlock()
 	switch {
 	case !tokenMatches(sess.token, req.Token):
-		return nil, nil, refuse(refusedResumeToken, abi.StatusInvalidValue, "session %d: missing or wrong resume token", req.Resume)
+		return nil, nil, refuse(guesterr.ResumeToken, abi.StatusInvalidValue, "session %d: missing or wrong resume token", req.Resume)
 	case sess.failed != "":
 		return nil, nil, fail(abi.StatusInternal, "session %d has failed (%s)", req.Resume, sess.failed)
 	case sess.attached || sess.closed:
-		return nil, nil, refuse(refusedResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
+		return nil, nil, refuse(guesterr.ResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
 	}
 	sess.attach(grace)
 	if sess.kept {

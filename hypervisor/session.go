@@ -1,7 +1,6 @@
 package hypervisor
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -117,35 +117,13 @@ type Session struct {
 	verifyMMIO *apertureVerify
 }
 
-// opError is a request failure with the status the guest sees. It
-// matches its status with errors.Is and errors.As, and keeps the chain of
-// the error that caused it (formatted with %w).
-type opError struct {
-	status abi.Status
-	err    error
-}
-
-func (e *opError) Error() string   { return e.err.Error() }
-func (e *opError) Unwrap() []error { return []error{e.status, e.err} }
-
-// fail refuses a request with status st; format and args are as for
-// fmt.Errorf, so a cause given with %w stays in the chain.
-func fail(st abi.Status, format string, args ...any) error {
-	return &opError{status: st, err: fmt.Errorf(format, args...)}
-}
-
-// statusOf maps an error to the status reported to the guest. Backend
-// errors wrap a Status; anything else is internal.
-func statusOf(err error) abi.Status {
-	if err == nil {
-		return abi.StatusOK
-	}
-	var st abi.Status
-	if errors.As(err, &st) {
-		return st
-	}
-	return abi.StatusInternal
-}
+// fail, statusOf and isRefusal are guesterr's: a request failure carries
+// the status the guest sees.
+var (
+	fail      = guesterr.Fail
+	statusOf  = guesterr.StatusOf
+	isRefusal = guesterr.IsRefusal
+)
 
 // handler runs one decoded request of a session and returns its reply
 // body (whose type is the op's abi.OpInfo.NewReply).
@@ -318,13 +296,6 @@ func (s *Session) noteApplied(reqID, result uint64) {
 			}
 		}
 	}
-}
-
-// isRefusal reports whether err is the hypervisor refusing a request
-// before the backend ran it (nothing changed), as opposed to a backend error.
-func isRefusal(err error) bool {
-	var oe *opError
-	return errors.As(err, &oe)
 }
 
 // dev translates a guest device address to the backend's.

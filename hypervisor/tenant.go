@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"net"
 	"sort"
 	"sync"
@@ -13,10 +14,6 @@ import (
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
-
-// refusedTenantAdmission: a new tenant whose quota no longer fits in the
-// device (counted in vgpuha_guest_refusals_total{reason}).
-const refusedTenantAdmission = "tenant_admission"
 
 // Tenancy: a guest is its sessions, but one guest may open many. Quotas
 // therefore also hold per tenant, the identity the transport vouches for
@@ -143,7 +140,7 @@ func (s *Server) admitLocked(id string) (*tenant, error) {
 	q := s.quotaOf(id)
 	reserved, want := s.reservedLocked(), s.reservation(q)
 	if reserved+want > s.cfg.DeviceMemory || reserved+want < reserved {
-		return nil, refuse(refusedTenantAdmission, abi.StatusOutOfMemory,
+		return nil, refuse(guesterr.TenantAdmission, abi.StatusOutOfMemory,
 			"tenant %s refused at admission: its quota of %d bytes does not fit in the device's %d bytes beside the %d reserved for %d other tenants "+
 				"(each is guaranteed its quota; --tenant.overcommit admits it anyway)", id, want, s.cfg.DeviceMemory, reserved, len(s.tenants))
 	}
@@ -200,7 +197,7 @@ func (t *tenant) reserve(n uint64) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if n > t.quota.Memory-min(t.bytes, t.quota.Memory) {
-		return refuse(refusedTenantMemory, abi.StatusOutOfMemory,
+		return refuse(guesterr.TenantMemory, abi.StatusOutOfMemory,
 			"alloc of %d bytes exceeds the quota of tenant %s (%d of %d bytes in use by its sessions; --tenant.memory-quota-bytes)", n, t.id, t.bytes, t.quota.Memory)
 	}
 	t.bytes += n
@@ -222,7 +219,7 @@ func (s *Server) grace(ms uint32, log func(string, ...any)) time.Duration {
 	if asked <= s.cfg.MaxGrace {
 		return asked
 	}
-	s.metrics.refusals.WithLabelValues(refusedGraceCapped).Inc()
+	s.metrics.refusals.WithLabelValues(guesterr.GraceCapped).Inc()
 	log("guest asked for a longer grace period than allowed; granted the cap", "asked", asked, "granted", s.cfg.MaxGrace)
 	return s.cfg.MaxGrace
 }
