@@ -258,10 +258,10 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 		for _, sess := range s.sessionList() {
 			s.closeSession(sess)
 		}
-		s.images.resetReceived()
+		s.images.ResetReceived()
 		return nil
 	case replicate.OpImage:
-		return s.images.receive(rec.Body)
+		return s.images.Receive(rec.Body)
 	case replicate.OpSessionOpen:
 		return s.openReplica(rec.Session, rec.Result, rec.Body)
 	case replicate.OpEpoch, replicate.OpVerify, replicate.OpSnapshotEnd:

@@ -64,7 +64,7 @@ func (s *Server) Snapshot() (replicate.Snapshot, error) {
 	s.stopTheWorld(func(sessions []*Session) {
 		start := time.Now()
 		snap.at = s.repl.BeginSnapshot()
-		s.images.resetShipped() // the standby starts afresh from this snapshot
+		s.images.ResetShipped() // the standby starts afresh from this snapshot
 		for _, sess := range sessions {
 			if err = snap.add(sess, s.log); err != nil {
 				return

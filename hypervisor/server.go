@@ -24,6 +24,7 @@ package hypervisor
 import (
 	"errors"
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"log/slog"
 	"net"
@@ -157,8 +158,8 @@ type Server struct {
 	backend gpu.Backend
 	log     *slog.Logger
 	metrics *metrics
-	budget  *byteBudget // buffered request bytes, all connections
-	images  *imageCache // module images by content (images.go)
+	budget  *byteBudget   // buffered request bytes, all connections
+	images  *images.Cache // module images by content (package images)
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
@@ -211,7 +212,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
 		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
-		images:    newImageCache(cfg.ImageCacheBytes),
+		images:    images.New(cfg.ImageCacheBytes),
 		slotFreed: make(chan struct{}),
 	}
 	s.termNow.Store(s.term)
@@ -694,7 +695,7 @@ func (s *Server) Status() Status {
 	sessions := s.sessionList()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
 	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary(), Tenancy: s.tenancy(),
-		Images: s.images.status()}
+		Images: s.images.Status()}
 	now := s.now()
 	for _, sess := range sessions {
 		sess.mu.Lock()
