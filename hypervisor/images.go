@@ -64,4 +64,3 @@ func (s *Session) loadImage(img *abi.ModuleImage) (abi.Body, error) {
 	s.moduleImages[h] = img
 	return &abi.HandleReply{Handle: uint64(h)}, nil
 }
-

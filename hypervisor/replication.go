@@ -288,11 +288,9 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 	case replicate.OpSetNext:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()
-		applied, err := decodeAppliedIDs(rec.Body)
-		if err != nil {
+		if err := sess.once.Restore(rec.ReqID, rec.Body); err != nil {
 			return err
 		}
-		sess.lastReq, sess.applied = max(sess.lastReq, rec.ReqID), applied
 		return sess.handles.SetNext(handlemap.Handle(rec.Result))
 	}
 	return sess.apply(rec)
@@ -422,11 +420,11 @@ func (s *Session) apply(rec *replicate.Record) error {
 	reply, err := s.replay(run, req)
 	result := abi.ResultOf(reply)
 	if err == nil {
-		s.noteApplied(rec.ReqID, result)
+		s.once.NoteApplied(rec.ReqID, result)
 		s.prefaultPlaced(rec, req, result)
 	}
 	if rec.ReqID != 0 { // a resync's contents carry none: no checksum pass over them
-		s.noteContent(rec.ReqID, rec.BodyCRC())
+		s.once.NoteContent(rec.ReqID, rec.BodyCRC())
 	}
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {

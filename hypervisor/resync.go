@@ -142,8 +142,8 @@ func (s *Session) objectRecords() []replicate.Record {
 			recs = append(recs, placed(s.id, abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
 		}
 	})
-	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next()), ReqID: s.lastReq,
-		Body: s.applied.append(nil)})
+	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next()), ReqID: s.once.Last(),
+		Body: s.once.AppendApplied(nil)})
 }
 
 func placed(session uint64, op abi.Opcode, body abi.Body, result uint64) replicate.Record {

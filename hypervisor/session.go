@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/kernels"
@@ -70,19 +71,9 @@ type Session struct {
 	// connection serves it, and on a standby, whose primary owns its clock.
 	detachedAt, expires time.Time
 	expiry              *time.Timer
-	// lastReq is the guest's newest request whose state change this
-	// session holds; results keeps what recent ones returned. A request
-	// resent after a failover with an id up to lastReq is answered from
-	// here instead of being run twice (exactly once).
-	lastReq uint64
-	results map[uint64]uint64
-	// applied remembers which of the latest ids it applied: an id at or
-	// below lastReq that it did not apply is refused (exactlyonce.go).
-	applied appliedIDs
-	// sums holds a checksum of each recent request's payload, so that a
-	// resend under an applied id with other content is refused
-	// (exactlyonce.go).
-	sums map[uint64]uint32
+	// once answers a request resent after a failover from the session's
+	// state instead of running it twice (package exactlyonce).
+	once exactlyonce.Table
 	// failed says why the session stopped serving (a request panicked
 	// while it changed state, which may be torn); see guard.go.
 	failed string
@@ -211,13 +202,13 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 		// A host copy's content is where its data lies, not the data: no
 		// checksum (as for a copy streamed from shared memory), also when
 		// a replicated node read the data into its log record.
-		if reply, err, done := s.checkReqID(op, reqID, payload, in.streamed() || hostCopy); done {
+		if reply, err, done := s.once.Check(op, reqID, payload, in.streamed() || hostCopy); done {
 			return reply, err
 		}
 	}
 	reply, err := run(s, req)
 	if info.Mutates && err == nil {
-		s.noteApplied(reqID, abi.ResultOf(reply))
+		s.once.NoteApplied(reqID, abi.ResultOf(reply))
 	}
 	if info.Mutates && s.record != nil {
 		switch {
@@ -273,29 +264,6 @@ func (s *Session) admit() error {
 		return fail(abi.StatusInternal, "flushing aperture writes: %w", err)
 	}
 	return nil
-}
-
-// noteApplied records that request reqID changed state and returned result.
-// Precondition: s.mu must be locked.
-func (s *Session) noteApplied(reqID, result uint64) {
-	if reqID == 0 {
-		return
-	}
-	s.lastReq = max(s.lastReq, reqID)
-	s.applied.mark(reqID)
-	if result != 0 {
-		if s.results == nil {
-			s.results = map[uint64]uint64{}
-		}
-		s.results[reqID] = result
-		if len(s.results) > 8192 { // keep the recent ones: resends follow a failover closely
-			for id := range s.results {
-				if s.lastReq-id > 8192 {
-					delete(s.results, id)
-				}
-			}
-		}
-	}
 }
 
 // dev translates a guest device address to the backend's.
