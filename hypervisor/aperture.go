@@ -45,7 +45,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	if kind != abi.ApertureMemory && kind != abi.ApertureRegister {
 		return nil, fail(abi.StatusInvalidValue, "unknown aperture kind %d", r.Kind)
 	}
-	rg, ok := s.ranges.Find(r.Ptr, 0)
+	rg, ok := s.mem.ranges.Find(r.Ptr, 0)
 	if !ok || rg.Addr != r.Ptr {
 		return nil, fail(abi.StatusInvalidValue, "aperture: no allocation of this session starts at %#x", r.Ptr)
 	}
@@ -180,7 +180,7 @@ func (s *Session) applyMMIO(body []byte) error {
 		return err
 	}
 	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
-		return s.ctx.CopyHtoD(s.dev(ptr+off), data, 0)
+		return s.ctx.CopyHtoD(s.mem.dev(ptr+off), data, 0)
 	})
 }
 
@@ -192,7 +192,7 @@ func (s *Session) checkMMIO(body []byte) error {
 		if _, carry := bits.Add64(ptr, off, 0); carry != 0 {
 			return fail(abi.StatusOutOfRange, "aperture write at %#x+%#x wraps the address space", ptr, off)
 		}
-		return s.checkRange(ptr+off, uint64(len(data)), "aperture write")
+		return s.mem.CheckRange(ptr+off, uint64(len(data)), "aperture write")
 	})
 }
 
@@ -246,7 +246,7 @@ func (s *Session) verifyApertures(id uint64) (sums []replicate.ObjectSum, recs [
 // (replicate.NoMismatch when none). An unreadable copy mismatches whole.
 // Precondition: s.mu must be locked.
 func (s *Session) compareDevice(ptr, off uint64, want, buf []byte) (mismatched, first uint64) {
-	if err := s.ctx.CopyDtoH(buf, s.dev(ptr+off), 0); err != nil {
+	if err := s.ctx.CopyDtoH(buf, s.mem.dev(ptr+off), 0); err != nil {
 		return uint64(len(want)), off
 	}
 	if mismatched, first = replicate.DiffBytes(want, buf); first != replicate.NoMismatch {
@@ -310,7 +310,7 @@ func (s *Session) apertureSum(addr uint64) (sum uint64, ok bool) {
 	}
 	mem := s.mmio.apertures[addr].region.Mem
 	file := gpu.Checksum(mem)
-	if dev, err := s.checksum(addr, uint64(len(mem))); err != nil || dev != file {
+	if dev, err := s.mem.checksum(addr, uint64(len(mem))); err != nil || dev != file {
 		return ^file, true
 	}
 	return file, true

@@ -233,7 +233,7 @@ func (c *guestConn) overBudget(f abi.Frame) bool {
 	c.refused(f.Op, guesterr.BufferBudget, "bytes", f.Length)
 	if f.Flags&abi.FlagAsync != 0 && c.sess != nil {
 		c.sess.mu.Lock()
-		c.sess.deferError(0, err) // its stream is in the payload it did not read
+		c.sess.objs.DeferError(0, err) // its stream is in the payload it did not read
 		c.sess.mu.Unlock()
 		return true
 	}
@@ -367,5 +367,5 @@ func (c *guestConn) opened() {
 	c.attachHostMemory()
 	c.sess.mu.Unlock()
 	c.log = c.log.With("session", c.sess.id, "guest", c.sess.guest)
-	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.base))
+	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.mem.base))
 }

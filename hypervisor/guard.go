@@ -60,7 +60,7 @@ func (s *Session) failLocked(why string) {
 	}
 	if s.record != nil {
 		s.record.append(replicate.OpSessionClose, 0, nil, 0, 0, nil)
-		s.record = nil
+		s.setRecord(nil)
 	}
 }
 

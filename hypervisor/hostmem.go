@@ -71,7 +71,7 @@ func (c *guestConn) takeHostMemory() (release func()) {
 // attachHostMemory gives the session (opened or resumed on this
 // connection) the connection's region, or none.
 // Precondition: c.sess.mu must be locked.
-func (c *guestConn) attachHostMemory() { c.sess.host = c.host }
+func (c *guestConn) attachHostMemory() { c.sess.mem.host = c.host }
 
 // dropHostMemory makes sure nothing uses region any more: the session
 // forgets it (unless a resume gave it another already) and its device work
@@ -83,8 +83,8 @@ func (c *guestConn) dropHostMemory(region *hostRegion) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.host == region {
-		s.host = nil
+	if s.mem.host == region {
+		s.mem.host = nil
 	}
 	if region.queued && !s.closed {
 		if err := s.ctx.Sync(); err != nil { // the copies are over either way
@@ -114,67 +114,12 @@ func (c *guestConn) pageLock(mem []byte, what string) (unlock func()) {
 	}
 }
 
-// hostSpan is the part of the connection's region a host copy names,
-// checked against the region this node mapped and the frame limit (a copy
-// moves at most what an inline one may, so a replicated one is one record).
-// Precondition: s.mu must be locked.
-func (s *Session) hostSpan(r *abi.HostCopy) ([]byte, error) {
-	if s.host == nil {
-		return nil, fail(abi.StatusNotSupported, "this connection maps no host-memory region: send the copy inline")
-	}
-	if limit := uint64(s.cfg.MaxPayload - 64); r.Size > limit {
-		return nil, fail(abi.StatusInvalidValue, "host copy of %d bytes exceeds the %d-byte copy limit", r.Size, limit)
-	}
-	if n := uint64(len(s.host.mem)); r.Offset > n || r.Size > n-r.Offset {
-		return nil, fail(abi.StatusOutOfRange, "host copy of %d bytes at offset %d is outside the %d-byte host-memory region", r.Size, r.Offset, n)
-	}
-	return s.host.mem[r.Offset : r.Offset+r.Size], nil
-}
-
-// copyHtoDHost copies from the region to the device (unreplicated: a
-// replicated session's host copies become log records first, takeHostCopy).
-func (s *Session) copyHtoDHost(r *abi.HostCopy) (abi.Body, error) {
-	st, err := s.stream(r.Stream)
-	if err != nil {
-		return nil, err
-	}
-	src, err := s.hostSpan(r)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.checkRange(r.Dev, r.Size, "copy to device"); err != nil {
-		return nil, err
-	}
-	if st != 0 {
-		s.host.queued = true
-	}
-	s.srv.metrics.inPlace.WithLabelValues("hostmem_device").Add(float64(len(src)))
-	return nil, s.ctx.CopyHtoD(s.dev(r.Dev), src, st)
-}
-
-// copyDtoHHost copies from the device into the region; it is complete
-// when the backend returns.
-func (s *Session) copyDtoHHost(r *abi.HostCopy) (abi.Body, error) {
-	st, err := s.stream(r.Stream)
-	if err != nil {
-		return nil, err
-	}
-	dst, err := s.hostSpan(r)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.checkRange(r.Dev, r.Size, "copy from device"); err != nil {
-		return nil, err
-	}
-	return nil, s.ctx.CopyDtoH(dst, s.dev(r.Dev), st)
-}
-
 // takeHostCopy reads a replicated session's host-to-device copy out of the
 // region, once, into a log buffer holding the equivalent OpCopyHtoD body
 // (the copy then runs and is logged as that). The caller must call done.
-// Precondition: s.mu must be locked; s.record and s.host are set.
+// Precondition: s.mu must be locked; s.record and s.mem.host are set.
 func (s *Session) takeHostCopy(r *abi.HostCopy) (inPlaceCopy, error) {
-	src, err := s.hostSpan(r)
+	src, err := s.mem.hostSpan(r)
 	if err != nil {
 		return inPlaceCopy{}, err
 	}

@@ -39,7 +39,7 @@ type inPlaceCopy struct {
 func (s *Session) takeInPlace(fixed []byte, data *abi.InPlace) (inPlaceCopy, error) {
 	in := inPlaceCopy{req: data.Request(), data: data}
 	if s.record == nil && data.Request().Stream == 0 {
-		s.inPlace = data
+		s.mem.inPlace = data
 		s.srv.metrics.inPlace.WithLabelValues("device").Add(float64(data.Len()))
 		return in, nil
 	}
@@ -87,7 +87,7 @@ func (in *inPlaceCopy) takeDraft() *replicate.Draft {
 // done gives back what the copy held.
 // Precondition: s.mu must be locked.
 func (in *inPlaceCopy) done(s *Session) {
-	s.inPlace = nil
+	s.mem.inPlace = nil
 	if in.draft != nil {
 		in.draft.Discard()
 		in.draft = nil
@@ -100,9 +100,8 @@ func (in *inPlaceCopy) done(s *Session) {
 
 // copyInPlace copies the in-place data of the copy being run from shared
 // memory to device address dst, span by span (the range was checked).
-// Precondition: s.mu must be locked.
-func (s *Session) copyInPlace(dst uint64, st gpu.Stream) error {
-	return s.inPlace.Stream(func(off int, span []byte) error {
-		return s.ctx.CopyHtoD(dst+uint64(off), span, st)
+func (m *memory) copyInPlace(dst uint64, st gpu.Stream) error {
+	return m.inPlace.Stream(func(off int, span []byte) error {
+		return m.ctx.CopyHtoD(dst+uint64(off), span, st)
 	})
 }

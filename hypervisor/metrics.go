@@ -148,6 +148,11 @@ func (m *metrics) countRequest(ok *okCounters, op abi.Opcode, st abi.Status) {
 	(*ok)[op].Inc()
 }
 
+// countImageBytes counts n bytes of module images loaded from (guest or cache).
+func (m *metrics) countImageBytes(from string, n int64) {
+	m.imageBytes.WithLabelValues(from).Add(float64(n))
+}
+
 // observeLatency records how long a request of op took since start.
 func (m *metrics) observeLatency(op abi.Opcode, start time.Time) {
 	if int(op) < len(m.latency) && m.latency[op] != nil {

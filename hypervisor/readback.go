@@ -33,7 +33,7 @@ var readBacks = map[abi.Opcode]readBackOf{
 	},
 	abi.OpCopyDtoHHost: func(s *Session, req, _ abi.Body) (abi.Opcode, abi.Body) {
 		r := req.(*abi.HostCopy)
-		data, err := s.hostSpan(r) // checked by the read that just succeeded
+		data, err := s.mem.hostSpan(r) // checked by the read that just succeeded
 		if err != nil {
 			return 0, nil
 		}
@@ -66,10 +66,10 @@ func (s *Session) recordReadBack(op abi.Opcode, req, reply abi.Body) {
 // Precondition: s.mu must be locked.
 func (s *Session) noteReadBack(req abi.Body) {
 	w, ok := req.(*abi.CopyHtoD)
-	if !ok || len(w.Data) == 0 || s.checkRange(w.Dst, uint64(len(w.Data)), "read-back") != nil {
+	if !ok || len(w.Data) == 0 || s.mem.CheckRange(w.Dst, uint64(len(w.Data)), "read-back") != nil {
 		return
 	}
-	sum, err := s.checksum(w.Dst, uint64(len(w.Data)))
+	sum, err := s.mem.checksum(w.Dst, uint64(len(w.Data)))
 	if err == nil && sum == gpu.Checksum(w.Data) {
 		return
 	}

@@ -39,10 +39,21 @@ func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 	for id, sess := range s.sessions {
 		sess.mu.Lock()
 		if sess.failed == "" {
-			sess.record = s.recorder(id)
+			sess.setRecord(s.recorder(id))
 		}
 		sess.mu.Unlock()
 	}
+}
+
+// setRecord sets (or, nil, clears) the session's hook into the log.
+// Precondition: s.mu must be locked.
+func (s *Session) setRecord(h *logHook) {
+	s.record = h
+	if h == nil {
+		s.objs.Replicate(nil)
+		return
+	}
+	s.objs.Replicate(h.log)
 }
 
 // recorder returns the session's hook into the log.
@@ -172,10 +183,10 @@ func (s *Server) Checksums() []replicate.ObjectSum {
 func checksums(sessions []*Session) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	for _, sess := range sessions {
-		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.base, Sum: replicate.Checksum([]byte(sess.guest))})
+		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.mem.base, Sum: replicate.Checksum([]byte(sess.guest))})
 		sums = append(sums, sess.apertureSums()...) // a standby's verify --apertures
-		for _, r := range sess.ranges.All() {
-			sum, err := sess.checksum(r.Addr, r.Size)
+		for _, r := range sess.mem.ranges.All() {
+			sum, err := sess.mem.checksum(r.Addr, r.Size)
 			if err != nil {
 				sum = 0 // reported as a mismatch
 			}
@@ -184,19 +195,7 @@ func checksums(sessions []*Session) []replicate.ObjectSum {
 			}
 			sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
 		}
-		sess.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
-			o := replicate.ObjectSum{Session: sess.id, ID: uint64(h)}
-			switch k {
-			case handlemap.KindModule:
-				img := sess.moduleImages[h].Append(nil)
-				o.Kind, o.Size, o.Sum = replicate.ObjModule, uint64(len(img)), replicate.Checksum(img)
-			case handlemap.KindFunction:
-				o.Kind, o.Sum = replicate.ObjFunction, replicate.Checksum(fmt.Appendf(nil, "%d/%s", parent, sess.kernels[h].Name))
-			case handlemap.KindStream:
-				o.Kind = replicate.ObjStream
-			}
-			sums = append(sums, o)
-		})
+		sums = append(sums, sess.objs.Sums(sess.id)...)
 	}
 	return sums
 }
@@ -212,14 +211,14 @@ func (s *Server) Repair(session, addr uint64) error {
 	}
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	r, ok := sess.ranges.Find(addr, 0)
+	r, ok := sess.mem.ranges.Find(addr, 0)
 	if !ok || r.Addr != addr {
 		return fmt.Errorf("session %d has no allocation at %#x", session, addr)
 	}
 	if ok, err := sess.resendAperture(addr); ok {
 		return err
 	}
-	recs, err := sess.contentRecords(r, replicate.FlagRepair)
+	recs, err := sess.mem.contentRecords(sess.id, r, replicate.FlagRepair)
 	if err != nil {
 		return err
 	}
@@ -227,22 +226,6 @@ func (s *Server) Repair(session, addr uint64) error {
 		s.repl.Append(rec)
 	}
 	return nil
-}
-
-// contentRecords reads an allocation and returns copy records, at most
-// snapshotChunk bytes each, that write its contents on the standby.
-// Precondition: s.mu must be locked.
-func (s *Session) contentRecords(r handlemap.Range, flags uint16) ([]replicate.Record, error) {
-	var recs []replicate.Record
-	for off := uint64(0); off < r.Size; off += snapshotChunk {
-		buf := make([]byte, min(r.Size-off, snapshotChunk))
-		if err := s.ctx.CopyDtoH(buf, s.dev(r.Addr+off), 0); err != nil {
-			return recs, err
-		}
-		body := (&abi.CopyHtoD{Dst: r.Addr + off, Data: buf}).Append(nil)
-		recs = append(recs, replicate.Record{Session: s.id, Op: replicate.Op(abi.OpCopyHtoD), Flags: flags, Body: body})
-	}
-	return recs, nil
 }
 
 // ApplyRecord applies one replicated record to this (standby) server. It
@@ -291,7 +274,7 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 		if err := sess.once.Restore(rec.ReqID, rec.Body); err != nil {
 			return err
 		}
-		return sess.handles.SetNext(handlemap.Handle(rec.Result))
+		return sess.objs.SetNext(handlemap.Handle(rec.Result))
 	}
 	return sess.apply(rec)
 }
@@ -372,9 +355,9 @@ func (s *Server) openReplica(id, base uint64, body []byte) error {
 		s.giveSlotBack(slot, t)
 		return err
 	}
-	if sess.delta != 0 {
+	if sess.mem.delta != 0 {
 		s.log.Warn("replica window not at the primary's base; translating addresses", "session", id,
-			"want", fmt.Sprintf("%#x", base), "got", fmt.Sprintf("%#x", base+sess.delta))
+			"want", fmt.Sprintf("%#x", base), "got", fmt.Sprintf("%#x", base+sess.mem.delta))
 	}
 	return nil
 }
@@ -428,7 +411,7 @@ func (s *Session) apply(rec *replicate.Record) error {
 	}
 	primaryFailed := rec.Flags&replicate.FlagFailed != 0
 	switch {
-	case err != nil && !primaryFailed && s.delta != 0 && info.RunsKernel:
+	case err != nil && !primaryFailed && s.mem.delta != 0 && info.RunsKernel:
 		s.markUnsafe(fmt.Sprintf("unsafe: addresses are translated and kernel launch (seq %d) failed on the replica only; it likely follows device pointers stored in memory: %v", rec.Seq, err))
 	case err != nil && !primaryFailed:
 		s.markUnsafe(fmt.Sprintf("%s (seq %d) failed on the replica but not on the primary: %v", op, rec.Seq, err))
@@ -447,8 +430,12 @@ func (s *Session) apply(rec *replicate.Record) error {
 // the handler ends, a panic included.
 // Precondition: s.mu must be locked.
 func (s *Session) replay(run handler, req abi.Body) (abi.Body, error) {
-	s.replaying = true
-	defer func() { s.replaying, s.placed = false, 0 }()
+	s.objs.Replaying(true)
+	s.mem.queue = s.srv.queueReplay.Load()
+	defer func() {
+		s.objs.Replaying(false)
+		s.mem.queue, s.mem.placed = false, 0
+	}()
 	return run(s, req)
 }
 
@@ -459,7 +446,7 @@ func (s *Session) prefaultPlaced(rec *replicate.Record, req abi.Body, addr uint6
 	alloc, ok := req.(*abi.Alloc)
 	p, can := s.ctx.(gpu.Prefaulter)
 	if ok && can && rec.Flags&replicate.FlagPlaced != 0 {
-		p.Prefault(s.dev(addr), alloc.Size)
+		p.Prefault(s.mem.dev(addr), alloc.Size)
 	}
 }
 
@@ -470,9 +457,9 @@ func (s *Session) prefaultPlaced(rec *replicate.Record, req abi.Body, addr uint6
 func (s *Session) place(kind abi.ResultKind, result uint64) error {
 	switch kind {
 	case abi.ResultAddress:
-		s.placed = result
+		s.mem.placed = result
 	case abi.ResultHandle:
-		return s.handles.SetNext(handlemap.Handle(result))
+		return s.objs.SetNext(handlemap.Handle(result))
 	}
 	return nil
 }
@@ -482,20 +469,6 @@ func (s *Session) markUnsafe(why string) {
 	if s.unsafe == "" {
 		s.unsafe = why
 	}
-}
-
-// checksum computes gpu.Checksum of device memory, on the device where the
-// backend can.
-// Precondition: s.mu must be locked.
-func (s *Session) checksum(addr, n uint64) (uint64, error) {
-	if c, ok := s.ctx.(gpu.Checksummer); ok {
-		return c.Checksum(s.dev(addr), n)
-	}
-	buf := make([]byte, n)
-	if err := s.ctx.CopyDtoH(buf, s.dev(addr), 0); err != nil {
-		return 0, err
-	}
-	return gpu.Checksum(buf), nil
 }
 
 // Switchover hands the primary role to the standby with nothing lost: with

@@ -84,13 +84,13 @@ func (s *Server) Snapshot() (replicate.Snapshot, error) {
 // Precondition: sess.mu must be locked.
 func (rs *resyncSnapshot) add(sess *Session, log *slog.Logger) error {
 	rs.meta = append(rs.meta, sess.objectRecords()...)
-	all := sess.ranges.All()
+	all := sess.mem.ranges.All()
 	if len(all) == 0 {
 		return nil
 	}
 	ranges := make([]gpu.Range, len(all))
 	for i, r := range all {
-		ranges[i] = gpu.Range{Addr: sess.dev(r.Addr), Size: r.Size}
+		ranges[i] = gpu.Range{Addr: sess.mem.dev(r.Addr), Size: r.Size}
 		rs.total += r.Size
 	}
 	if sn, ok := sess.ctx.(gpu.Snapshotter); ok {
@@ -98,14 +98,14 @@ func (rs *resyncSnapshot) add(sess *Session, log *slog.Logger) error {
 		if err == nil {
 			rs.mems = append(rs.mems, mem)
 			for _, r := range all {
-				rs.parts = append(rs.parts, contentPart{session: sess.id, mem: mem, addr: r.Addr, dev: sess.dev(r.Addr), size: r.Size})
+				rs.parts = append(rs.parts, contentPart{session: sess.id, mem: mem, addr: r.Addr, dev: sess.mem.dev(r.Addr), size: r.Size})
 			}
 			return nil
 		}
 		log.Warn("no point-in-time memory snapshot; copying this session's memory with it stopped", "session", sess.id, "err", err)
 	}
 	for _, r := range all {
-		recs, err := sess.contentRecords(r, replicate.FlagPlaced)
+		recs, err := sess.mem.contentRecords(sess.id, r, replicate.FlagPlaced)
 		if err != nil {
 			return fmt.Errorf("session %d: reading allocation %#x for a snapshot: %w", sess.id, r.Addr, err)
 		}
@@ -128,21 +128,14 @@ func sumSizes(rs []handlemap.Range) uint64 {
 // Precondition: s.mu must be locked.
 func (s *Session) objectRecords() []replicate.Record {
 	open := sessionOpen{guest: s.guest, token: s.token, tenant: s.tenantID, grace: s.grace, graceKnown: true}
-	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.base, Body: open.append(nil)}}
-	for _, r := range s.ranges.All() {
+	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.mem.base, Body: open.append(nil)}}
+	for _, r := range s.mem.ranges.All() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
 	}
-	s.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
-		switch k {
-		case handlemap.KindModule:
-			recs = append(recs, placed(s.id, abi.OpModuleLoad, &abi.ModuleLoad{Image: s.moduleImages[h].Append(nil)}, uint64(h)))
-		case handlemap.KindFunction:
-			recs = append(recs, placed(s.id, abi.OpGetFunction, &abi.GetFunction{Module: uint64(parent), Name: s.kernels[h].Name}, uint64(h)))
-		case handlemap.KindStream:
-			recs = append(recs, placed(s.id, abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
-		}
-	})
-	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.handles.Next()), ReqID: s.once.Last(),
+	recs = append(recs, s.objs.Records(func(op abi.Opcode, body abi.Body, result uint64) replicate.Record {
+		return placed(s.id, op, body, result)
+	})...)
+	return append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.objs.Next()), ReqID: s.once.Last(),
 		Body: s.once.AppendApplied(nil)})
 }
 

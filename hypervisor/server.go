@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
+	"github.com/vgpuha/vgpuha/hypervisor/objects"
 	"log/slog"
 	"net"
 	"sort"
@@ -34,7 +35,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -336,7 +336,7 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	sess.mu.Lock()
 	sess.attach(grace)
 	sess.mu.Unlock()
-	reply := &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
+	reply := &abi.HelloReply{Session: id, WindowBase: sess.mem.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
 	if p.version >= 2 { // a version-1 guest's decoder knows no token
 		reply.Token = open.token
 	}
@@ -411,7 +411,7 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 		}
 	}
 	s.metrics.resumed.Inc()
-	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.once.Last()}, nil
+	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.mem.base, WindowSize: sess.mem.size, Term: s.term, Applied: sess.once.Last()}, nil
 }
 
 // Role is what the node's role authority decided, as the server needs
@@ -542,21 +542,22 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	sess := &Session{
 		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
 		tenantID: open.tenant, grace: open.graceOr(s.cfg.MaxGrace),
-		ctx: ctx, backend: s.backend, base: base, size: s.cfg.WindowSize,
-		// A primary's guest sees whatever base its backend gave; only a
-		// standby, bound to the primary's addresses, translates.
-		delta:        got - base,
-		handles:      handlemap.NewTable(),
-		kernels:      map[handlemap.Handle]abi.KernelSpec{},
-		moduleImages: map[handlemap.Handle]*abi.ModuleImage{},
-		deferred:     map[handlemap.Handle]error{},
-		mmioMetrics:  s.metrics.mmio,
+		ctx: ctx, mmioMetrics: s.metrics.mmio,
 	}
+	// A primary's guest sees whatever base its backend gave; only a
+	// standby, bound to the primary's addresses, translates.
+	sess.mem = memory{ctx: ctx, cfg: &sess.cfg, metrics: s.metrics, base: base, size: s.cfg.WindowSize, delta: got - base}
+	sess.objs = objects.New(ctx, &sess.mem, objects.Config{
+		Backend: s.backend, GuestKernels: s.cfg.GuestKernels, MaxObjects: s.cfg.MaxObjects,
+		Images: s.images, Tenant: open.tenant, ImageBytes: s.metrics.countImageBytes,
+	})
+	sess.mem.objs = sess.objs
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess.tenant = s.tenantLocked(open.tenant) // counted by the caller
+	sess.mem.tenant = sess.tenant
 	if s.repl != nil {
-		sess.record = s.recorder(id)
+		sess.setRecord(s.recorder(id))
 		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)})
 	}
 	s.sessions[id] = sess
@@ -595,9 +596,8 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 		s.log.Error("closing backend context", "session", sess.id, "err", err)
 	}
 	t, kept := sess.tenant, sess.kept
-	t.release(sess.ranges.Total())
-	sess.ranges = handlemap.Ranges{}
-	sess.handles = handlemap.NewTable()
+	sess.mem.release()
+	sess.objs.Reset()
 	sess.kept = false
 	sess.mu.Unlock()
 	s.mu.Lock()
@@ -656,6 +656,10 @@ type MMIOStatus struct {
 	Bytes     uint64 `json:"bytes"`
 }
 
+// ImageStatus describes the module images a node keeps by content
+// (package images).
+type ImageStatus = images.Status
+
 // Status is what /status reports.
 type Status struct {
 	Backend  string          `json:"backend"`
@@ -700,11 +704,11 @@ func (s *Server) Status() Status {
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{
-			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.base),
-			Allocations: sess.ranges.Len(), Bytes: sess.ranges.Total(),
-			Objects:    sess.ranges.Len() + sess.handles.Len(),
+			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.mem.base),
+			Allocations: sess.mem.ranges.Len(), Bytes: sess.mem.ranges.Total(),
+			Objects:    sess.mem.ranges.Len() + sess.objs.Len(),
 			Requests:   sess.requests,
-			Translated: sess.delta != 0,
+			Translated: sess.mem.delta != 0,
 			Unsafe:     sess.unsafe,
 			Failed:     sess.failed,
 			MMIO:       sess.mmioStatus(),
