@@ -56,6 +56,13 @@ func (m *memory) Delta() uint64 { return m.delta }
 // Allocations implements objects.Memory.
 func (m *memory) Allocations() int { return m.ranges.Len() }
 
+// Write implements aperture.Device: a copy to the device on the null
+// stream (the caller checked the range).
+func (m *memory) Write(addr uint64, data []byte) error { return m.ctx.CopyHtoD(m.dev(addr), data, 0) }
+
+// Read implements aperture.Device.
+func (m *memory) Read(buf []byte, addr uint64) error { return m.ctx.CopyDtoH(buf, m.dev(addr), 0) }
+
 // release frees the session's memory from its tenant's count (the
 // session is closed; its context frees the device memory).
 func (m *memory) release() {
@@ -76,9 +83,9 @@ func (m *memory) CheckRange(addr, n uint64, what string) error {
 	return nil
 }
 
-// checksum computes gpu.Checksum of device memory, on the device where the
+// Checksum computes gpu.Checksum of device memory, on the device where the
 // backend can.
-func (m *memory) checksum(addr, n uint64) (uint64, error) {
+func (m *memory) Checksum(addr, n uint64) (uint64, error) {
 	if c, ok := m.ctx.(gpu.Checksummer); ok {
 		return c.Checksum(m.dev(addr), n)
 	}

@@ -69,7 +69,7 @@ func (s *Session) noteReadBack(req abi.Body) {
 	if !ok || len(w.Data) == 0 || s.mem.CheckRange(w.Dst, uint64(len(w.Data)), "read-back") != nil {
 		return
 	}
-	sum, err := s.mem.checksum(w.Dst, uint64(len(w.Data)))
+	sum, err := s.mem.Checksum(w.Dst, uint64(len(w.Data)))
 	if err == nil && sum == gpu.Checksum(w.Data) {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/aperture"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -152,13 +153,16 @@ func (s *Server) VerifyPoint(id uint64, apertures bool) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	s.stopTheWorld(func(sessions []*Session) {
 		for _, sess := range sessions {
-			sess.flushMMIO() // apertures are compared with their files (apertureSum)
+			sess.flushMMIO() // apertures are compared with their files (aperture.Set.Sum)
 		}
 		for _, sess := range sessions {
 			if !apertures {
 				break
 			}
-			apSums, recs := sess.verifyApertures(id)
+			if sess.mmio == nil {
+				continue
+			}
+			apSums, recs := sess.mmio.Verify(sess.id, id)
 			sums = append(sums, apSums...)
 			for _, rec := range recs {
 				s.repl.Append(rec)
@@ -184,13 +188,15 @@ func checksums(sessions []*Session) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	for _, sess := range sessions {
 		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.mem.base, Sum: replicate.Checksum([]byte(sess.guest))})
-		sums = append(sums, sess.apertureSums()...) // a standby's verify --apertures
+		sums = append(sums, sess.verifyMMIO.Sums(sess.id)...) // a standby's verify --apertures
 		for _, r := range sess.mem.ranges.All() {
-			sum, err := sess.mem.checksum(r.Addr, r.Size)
+			sum, err := sess.mem.Checksum(r.Addr, r.Size)
 			if err != nil {
 				sum = 0 // reported as a mismatch
 			}
-			if fileSum, ok := sess.apertureSum(r.Addr); ok {
+			if sess.mmio == nil {
+				// no aperture
+			} else if fileSum, ok := sess.mmio.Sum(r.Addr); ok {
 				sum = fileSum
 			}
 			sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
@@ -215,8 +221,8 @@ func (s *Server) Repair(session, addr uint64) error {
 	if !ok || r.Addr != addr {
 		return fmt.Errorf("session %d has no allocation at %#x", session, addr)
 	}
-	if ok, err := sess.resendAperture(addr); ok {
-		return err
+	if sess.mmio != nil && sess.mmio.Resend(addr) {
+		return sess.flushMMIO()
 	}
 	recs, err := sess.mem.contentRecords(sess.id, r, replicate.FlagRepair)
 	if err != nil {
@@ -263,11 +269,11 @@ func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
 	case replicate.OpMMIO:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()
-		return sess.applyMMIO(rec.Body)
+		return aperture.Apply(&sess.mem, rec.Body)
 	case replicate.OpVerifyMMIO:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()
-		return sess.compareMMIO(rec.Result, rec.Body)
+		return sess.verifyMMIO.Compare(&sess.mem, rec.Result, rec.Body)
 	case replicate.OpSetNext:
 		sess.mu.Lock()
 		defer sess.mu.Unlock()

@@ -24,6 +24,7 @@ package hypervisor
 import (
 	"errors"
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/aperture"
 	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
@@ -95,19 +96,8 @@ type Config struct {
 	Clock func() time.Time
 }
 
-// MMIOConfig configures aperture tracing (package mmiotrace).
-type MMIOConfig struct {
-	Mode mmiotrace.Mode
-	// Pin puts the tracer and the guest's threads on one CPU while ptrace
-	// traces them (3–4× cheaper per traced write).
-	Pin bool
-	// FlushEvery flushes a session's aperture writes on a timer too, for
-	// guests that write without making calls.
-	FlushEvery time.Duration
-	// StepOnly single-steps every traced store instead of emulating it
-	// (for measuring the paper's unprotect/step/re-protect path).
-	StepOnly bool
-}
+// MMIOConfig configures aperture tracing (package aperture).
+type MMIOConfig = aperture.Config
 
 // DefaultConfig is sized for a shared GPU host.
 func DefaultConfig() Config {
@@ -645,16 +635,7 @@ type SessionStatus struct {
 }
 
 // MMIOStatus is a session's aperture tracing in Status.
-type MMIOStatus struct {
-	Mode      string `json:"mode"`
-	Apertures int    `json:"apertures"`
-	// PinnedCPU is the CPU the tracer and the guest's threads share while
-	// ptrace traces them (-1: not pinned or no ptrace).
-	PinnedCPU int    `json:"pinned_cpu"`
-	Faults    uint64 `json:"faults"`
-	Records   uint64 `json:"records"`
-	Bytes     uint64 `json:"bytes"`
-}
+type MMIOStatus = aperture.Status
 
 // ImageStatus describes the module images a node keeps by content
 // (package images).
@@ -711,7 +692,9 @@ func (s *Server) Status() Status {
 			Translated: sess.mem.delta != 0,
 			Unsafe:     sess.unsafe,
 			Failed:     sess.failed,
-			MMIO:       sess.mmioStatus(),
+		}
+		if sess.mmio != nil {
+			ss.MMIO = sess.mmio.Status()
 		}
 		if !sess.attached {
 			st.Detached++

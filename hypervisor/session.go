@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/aperture"
 	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
@@ -79,11 +80,11 @@ type Session struct {
 	// peerPID is the guest process on the other end of a unix socket (zero
 	// otherwise); mmio holds its apertures (aperture.go).
 	peerPID     int
-	mmio        *sessionMMIO
+	mmio        *aperture.Set
 	mmioMetrics *mmiotrace.Metrics
 	// verifyMMIO: a standby's aperture comparisons for the verification
-	// in progress (aperture.go), answered at its OpVerify.
-	verifyMMIO *apertureVerify
+	// in progress, answered at its OpVerify.
+	verifyMMIO aperture.Comparisons
 }
 
 // fail, statusOf and isRefusal are guesterr's: a request failure carries
@@ -271,9 +272,11 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 	if rg, ok := s.mem.ranges.Find(r.Ptr, 0); !ok || rg.Addr != r.Ptr {
 		return nil, fail(abi.StatusInvalidValue, "free: no allocation of this session starts at %#x", r.Ptr)
 	}
-	s.dropAperture(r.Ptr)
-	if s.mmio != nil && len(s.mmio.apertures) == 0 {
-		s.stopMMIO() // no aperture left: the guest runs untraced
+	if s.mmio != nil {
+		s.mmio.Drop(r.Ptr)
+		if s.mmio.Len() == 0 {
+			s.stopMMIO() // no aperture left: the guest runs untraced
+		}
 	}
 	if err := s.ctx.Free(s.mem.dev(r.Ptr)); err != nil {
 		return nil, err
