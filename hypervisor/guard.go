@@ -1,7 +1,6 @@
 package hypervisor
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -62,28 +61,6 @@ func (s *Session) failLocked(why string) {
 		s.record.append(replicate.OpSessionClose, 0, nil, 0, 0, nil)
 		s.setRecord(nil)
 	}
-}
-
-// recoverApply is deferred around applying one replicated record on a
-// standby: a panic marks the record's session unsafe and fails the record.
-func (s *Server) recoverApply(rec *replicate.Record, err *error) {
-	p := recover()
-	if p == nil {
-		return
-	}
-	s.metrics.panics.WithLabelValues(rec.Op.String()).Inc()
-	s.log.Error("recovered from a panic while applying a replicated record",
-		"session", rec.Session, "op", rec.Op, "seq", rec.Seq, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-	why := fmt.Sprintf("internal error applying %s (seq %d)", rec.Op, rec.Seq)
-	s.mu.Lock()
-	sess := s.sessions[rec.Session]
-	s.mu.Unlock()
-	if sess != nil {
-		sess.mu.Lock()
-		sess.markUnsafe(why)
-		sess.mu.Unlock()
-	}
-	*err = errors.New(why)
 }
 
 // recoverFlush is deferred around a timer-driven aperture flush (which runs

@@ -34,7 +34,8 @@ type memory struct {
 	// resync rebuilding an allocation where the primary had it).
 	placed uint64
 	// queue: a host-to-device copy may stay queued on the device (a
-	// replayed record's body, kept until settled: Server.QueueReplayedCopies).
+	// replayed record's body, kept until settled: replica.Applier's
+	// QueueCopies).
 	queue bool
 	// inPlace is the data of the copy being run when it goes from the
 	// guest's shared memory straight to the device (inplace.go).
@@ -62,6 +63,34 @@ func (m *memory) Write(addr uint64, data []byte) error { return m.ctx.CopyHtoD(m
 
 // Read implements aperture.Device.
 func (m *memory) Read(buf []byte, addr uint64) error { return m.ctx.CopyDtoH(buf, m.dev(addr), 0) }
+
+// Place implements replica.Memory.
+func (m *memory) Place(addr uint64) { m.placed = addr }
+
+// Prefault implements replica.Memory (gpu.Prefaulter).
+func (m *memory) Prefault(addr, n uint64) {
+	if p, ok := m.ctx.(gpu.Prefaulter); ok {
+		p.Prefault(m.dev(addr), n)
+	}
+}
+
+// Translated implements replica.Memory.
+func (m *memory) Translated() bool { return m.delta != 0 }
+
+// Replaying implements replica.Memory; a replay's end also ends its
+// placement.
+func (m *memory) Replaying(on, queue bool) {
+	m.queue = on && queue
+	if !on {
+		m.placed = 0
+	}
+}
+
+// Queued implements replica.Memory.
+func (m *memory) Queued() (gpu.QueuedCopier, bool) {
+	q, ok := m.ctx.(gpu.QueuedCopier)
+	return q, ok
+}
 
 // release frees the session's memory from its tenant's count (the
 // session is closed; its context frees the device memory).

@@ -180,10 +180,6 @@ type Server struct {
 	// replaced whenever one is done or a slot is freed (lifetime.go).
 	ending    int
 	slotFreed chan struct{}
-	// queueReplay: replayed copies may stay queued (QueueReplayedCopies);
-	// replayMark is the last mark of them (Mark).
-	queueReplay atomic.Bool
-	replayMark  atomic.Uint64
 	wg          sync.WaitGroup
 }
 
