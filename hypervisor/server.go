@@ -180,7 +180,7 @@ type Server struct {
 	// replaced whenever one is done or a slot is freed (lifetime.go).
 	ending    int
 	slotFreed chan struct{}
-	wg          sync.WaitGroup
+	wg        sync.WaitGroup
 }
 
 // NewServer returns a server running guests on backend. Metrics are
