@@ -27,7 +27,9 @@ type guestConn struct {
 	tenant string      // who the transport says the guest is (tenant.go)
 	sess   *Session    // nil until hello
 	host   *hostRegion // the guest's host-memory region, if any (hostmem.go)
-	out    []byte      // the reply frame being written, reused from reply to reply
+	// hostCopy is the source of the host copy being run (request).
+	hostCopy hostSource
+	out      []byte // the reply frame being written, reused from reply to reply
 	// refusals counts this connection's refused requests: the first few
 	// are logged, then one in a thousand (each is counted in metrics).
 	refusals int
@@ -356,8 +358,24 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 	}
 	start := time.Now()
 	defer c.s.metrics.observeLatency(f.Op, start)
-	reply, err = c.sess.serve(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload, f.InPlace)
+	reply, err = c.sess.serve(c.request(f))
 	return reply, err, false
+}
+
+// request is frame f as its session runs it. Where a copy's bytes lie is
+// decided here, at the connection's edge (inplace.go): in the frame, in
+// the shared ring (the frame reader left them there: abi.InPlace), or in
+// the connection's host-memory region (hostmem.go).
+func (c *guestConn) request(f abi.Frame) request {
+	r := request{op: f.Op, id: f.RequestID, async: f.Flags&abi.FlagAsync != 0, payload: f.Payload}
+	switch {
+	case f.InPlace != nil:
+		r.src = ringSource{f.InPlace}
+	case f.Op == abi.OpCopyHtoDHost && c.host != nil:
+		c.hostCopy = hostSource{region: c.host}
+		r.src = &c.hostCopy
+	}
+	return r
 }
 
 // opened notes the session that hello opened or resumed on this connection.

@@ -2,7 +2,6 @@ package hypervisor
 
 import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -37,6 +36,23 @@ type hostRegion struct {
 	// queued: a device copy on a stream from mem may still be running.
 	// Guarded by the mu of the session that issued it.
 	queued bool
+}
+
+// span is the part of the region a host copy names, checked against the
+// region this node mapped and the frame limit maxPayload (a copy moves at
+// most what an inline one may, so a replicated one is one record). A nil
+// region is a connection without one.
+func (h *hostRegion) span(r *abi.HostCopy, maxPayload int) ([]byte, error) {
+	if h == nil {
+		return nil, fail(abi.StatusNotSupported, "this connection maps no host-memory region: send the copy inline")
+	}
+	if limit := uint64(maxPayload - 64); r.Size > limit {
+		return nil, fail(abi.StatusInvalidValue, "host copy of %d bytes exceeds the %d-byte copy limit", r.Size, limit)
+	}
+	if n := uint64(len(h.mem)); r.Offset > n || r.Size > n-r.Offset {
+		return nil, fail(abi.StatusOutOfRange, "host copy of %d bytes at offset %d is outside the %d-byte host-memory region", r.Size, r.Offset, n)
+	}
+	return h.mem[r.Offset : r.Offset+r.Size], nil
 }
 
 // hostMemoryConn is a transport that can hand over a guest's host-memory
@@ -112,32 +128,4 @@ func (c *guestConn) pageLock(mem []byte, what string) (unlock func()) {
 			c.log.Warn("unlocking a guest's "+what, "err", err)
 		}
 	}
-}
-
-// takeHostCopy reads a replicated session's host-to-device copy out of the
-// region, once, into a log buffer holding the equivalent OpCopyHtoD body
-// (the copy then runs and is logged as that). The caller must call done.
-// Precondition: s.mu must be locked; s.record and s.mem.host are set.
-func (s *Session) takeHostCopy(r *abi.HostCopy) (inPlaceCopy, error) {
-	src, err := s.mem.hostSpan(r)
-	if err != nil {
-		return inPlaceCopy{}, err
-	}
-	n := abi.CopyPrefixSize + len(src)
-	if !s.srv.budget.Acquire(n) {
-		return inPlaceCopy{}, refuse(guesterr.BufferBudget, abi.StatusUnavailable,
-			"the node's request buffers are full (%d-byte budget): %d-byte copy refused; retry", s.cfg.RequestBufferBytes, n)
-	}
-	in := inPlaceCopy{held: n, draft: s.record.log.NewDraft(n)}
-	in.payload = in.draft.Body()
-	abi.AppendCopyHtoDPrefix(in.payload[:0], r.Dev, r.Stream, uint32(len(src)))
-	copy(in.payload[abi.CopyPrefixSize:], src) // the one read of the guest's bytes
-	req, err := abi.DecodeRequest(abi.OpCopyHtoD, in.payload)
-	if err != nil { // cannot be: the body was just built
-		in.done(s)
-		return inPlaceCopy{}, fail(abi.StatusInternal, "%w", err)
-	}
-	in.req = req
-	s.srv.metrics.inPlace.WithLabelValues("hostmem_log").Add(float64(len(src)))
-	return in, nil
 }

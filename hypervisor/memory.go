@@ -245,21 +245,9 @@ func (m *memory) contentRecords(session uint64, r handlemap.Range, flags uint16)
 	return recs, nil
 }
 
-// hostSpan is the part of the connection's region a host copy names,
-// checked against the region this node mapped and the frame limit (a copy
-// moves at most what an inline one may, so a replicated one is one record).
-func (m *memory) hostSpan(r *abi.HostCopy) ([]byte, error) {
-	if m.host == nil {
-		return nil, fail(abi.StatusNotSupported, "this connection maps no host-memory region: send the copy inline")
-	}
-	if limit := uint64(m.cfg.MaxPayload - 64); r.Size > limit {
-		return nil, fail(abi.StatusInvalidValue, "host copy of %d bytes exceeds the %d-byte copy limit", r.Size, limit)
-	}
-	if n := uint64(len(m.host.mem)); r.Offset > n || r.Size > n-r.Offset {
-		return nil, fail(abi.StatusOutOfRange, "host copy of %d bytes at offset %d is outside the %d-byte host-memory region", r.Size, r.Offset, n)
-	}
-	return m.host.mem[r.Offset : r.Offset+r.Size], nil
-}
+// hostSpan is the part of the connection's region a host copy names
+// (hostRegion.span).
+func (m *memory) hostSpan(r *abi.HostCopy) ([]byte, error) { return m.host.span(r, m.cfg.MaxPayload) }
 
 // copyHtoDHost copies from the region to the device (unreplicated: a
 // replicated session's host copies become log records first, takeHostCopy).

@@ -71,6 +71,22 @@ func (h *logHook) append(op replicate.Op, reqID uint64, payload []byte, result u
 	h.log.Append(r)
 }
 
+// request logs what a guest request of op (info) with payload did: the
+// change it made (the log takes in's draft, whose body payload is, if it
+// has one), or a kernel that ran and faulted, which the standby must run
+// too. A refused or non-mutating request logs nothing.
+func (h *logHook) request(op abi.Opcode, info abi.OpInfo, reqID uint64, payload []byte, reply abi.Body, err error, in *inPlaceCopy) {
+	switch {
+	case !info.Mutates:
+	case err == nil:
+		h.append(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0, in.takeDraft())
+	case info.RunsKernel && !isRefusal(err):
+		// The kernel ran and faulted: it may have written memory before
+		// it did, and the standby must run it too.
+		h.append(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed, nil)
+	}
+}
+
 // mustWait is the commit rule: whether the reply to a synchronous request
 // waits until the standby has applied everything before it.
 func (s *Server) mustWait(op abi.Opcode, err error) bool {

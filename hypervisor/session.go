@@ -13,7 +13,6 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
-	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // Session is one guest's connection to the GPU: its own backend context, its
@@ -144,31 +143,41 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpModuleLoadCached: onObjects((*objects.Set).ModuleLoadCached),
 }
 
-// handle runs one decoded request and returns its reply body. With async
-// set, an error is kept for the next synchronization and returned wrapped
-// in deferredError (counted, not replied to).
+// handle runs one request whose body is its payload (see serve).
+func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte) (abi.Body, error) {
+	return s.serve(request{op: op, id: reqID, async: async, payload: payload})
+}
+
+// request is one session request as its connection hands it over: the
+// guest's op, id and payload, and, where the connection found a copy's
+// bytes out of the frame, their source (inplace.go).
+type request struct {
+	op      abi.Opcode
+	id      uint64
+	async   bool
+	payload []byte     // the body, or a ring copy's fixed fields
+	src     copySource // nil: the payload holds everything
+}
+
+// serve runs one request and returns its reply body. With async set, an
+// error is kept for the next synchronization and returned wrapped in
+// deferredError (counted, not replied to).
 //
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
-func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte) (abi.Body, error) {
-	return s.serve(op, reqID, async, payload, nil)
-}
-
-// serve runs one request: payload is its body, or, with data set (an
-// in-place copy, inplace.go), the copy's fixed fields, its data still in
-// the memory the guest shares with the node.
-func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte, data *abi.InPlace) (abi.Body, error) {
+func (s *Session) serve(r request) (abi.Body, error) {
+	op, payload := r.op, r.payload
 	run, info := opTable[op], op.Info()
 	if run == nil {
 		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
 	}
-	if async && !info.Async {
+	if r.async && !info.Async {
 		return nil, fail(abi.StatusInvalidValue, "%s cannot be sent asynchronously", op)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var req abi.Body
-	if data == nil {
+	if _, ring := r.src.(ringSource); !ring {
 		var err error
 		if req, err = s.decoder.Decode(op, payload); err != nil {
 			return nil, fail(abi.StatusInvalidValue, "%w", err)
@@ -177,60 +186,42 @@ func (s *Session) serve(op abi.Opcode, reqID uint64, async bool, payload []byte,
 	if err := s.admit(); err != nil {
 		return nil, err
 	}
+	// A host copy's content is where its data lies, not the data: no
+	// checksum (as for a copy streamed from shared memory), also when a
+	// replicated node read the data into its log record.
+	summed := op != abi.OpCopyHtoDHost
 	var in inPlaceCopy
-	hostCopy := op == abi.OpCopyHtoDHost // still one after takeCopyData made it an OpCopyHtoD
-	if data != nil || hostCopy && s.record != nil && s.mem.host != nil {
+	if r.src != nil {
 		var err error
-		if op, in, err = s.takeCopyData(op, req, payload, data); err != nil {
+		if in, err = s.takeCopy(r.src, req); err != nil {
 			return nil, err
 		}
 		defer in.done(s)
-		run, req, payload = opTable[op], in.req, in.payload
+		req, summed = in.req, summed && !in.direct
+		if !in.direct { // the bytes were read into a copy_htod body: it runs, and is logged, as one
+			op, run, payload = abi.OpCopyHtoD, opTable[abi.OpCopyHtoD], in.payload
+		}
 	}
 	if info.Mutates {
-		// A host copy's content is where its data lies, not the data: no
-		// checksum (as for a copy streamed from shared memory), also when
-		// a replicated node read the data into its log record.
-		if reply, err, done := s.once.Check(op, reqID, payload, in.streamed() || hostCopy); done {
+		if reply, err, done := s.once.Check(op, r.id, payload, !summed); done {
 			return reply, err
 		}
 	}
 	reply, err := run(s, req)
 	if info.Mutates && err == nil {
-		s.once.NoteApplied(reqID, abi.ResultOf(reply))
+		s.once.NoteApplied(r.id, abi.ResultOf(reply))
 	}
-	if info.Mutates && s.record != nil {
-		switch {
-		case err == nil:
-			s.record.append(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0, in.takeDraft())
-		case info.RunsKernel && !isRefusal(err):
-			// The kernel ran and faulted: it may have written memory
-			// before it did, and the standby must run it too.
-			s.record.append(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed, nil)
+	if s.record != nil {
+		s.record.request(op, info, r.id, payload, reply, err, &in)
+		if err == nil {
+			s.recordReadBack(op, req, reply)
 		}
 	}
-	if err == nil && s.record != nil {
-		s.recordReadBack(op, req, reply)
-	}
-	if err != nil && async {
+	if err != nil && r.async {
 		s.objs.DeferError(handlemap.Handle(abi.StreamOf(req)), err)
 		return nil, deferredError{err}
 	}
 	return reply, err
-}
-
-// takeCopyData reads a copy's data from where the guest left it: the
-// shared ring (an in-place copy, inplace.go) or, for a replicated session,
-// its host-memory region (hostmem.go; the copy becomes an OpCopyHtoD). It
-// returns the op to run and log.
-// Precondition: s.mu must be locked.
-func (s *Session) takeCopyData(op abi.Opcode, req abi.Body, fixed []byte, data *abi.InPlace) (abi.Opcode, inPlaceCopy, error) {
-	if data != nil {
-		in, err := s.takeInPlace(fixed, data)
-		return op, in, err
-	}
-	in, err := s.takeHostCopy(req.(*abi.HostCopy))
-	return abi.OpCopyHtoD, in, err
 }
 
 // admit refuses a request the session must not run now, and otherwise
