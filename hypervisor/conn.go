@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
+	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"io"
 	"log/slog"
 	"net"
@@ -56,7 +57,7 @@ func (s *Server) ServeConn(conn net.Conn) {
 		s: s, conn: conn,
 		fr:     abi.NewFrameReader(conn, helloMaxPayload),
 		bw:     bufio.NewWriterSize(conn, 4096),
-		tenant: tenantOf(conn),
+		tenant: tenancy.Of(conn),
 	}
 	c.replies.cond.L = &c.replies.mu
 	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)

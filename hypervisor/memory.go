@@ -6,6 +6,7 @@ import (
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
+	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -22,8 +23,8 @@ type memory struct {
 	cfg     *Config
 	objs    *objects.Set // streams a copy runs on, and the objects quota
 	metrics *metrics
-	tenant  *tenant // nil for a replica of a session opened by an older primary
-	base    uint64  // window base the guest sees; the allocator works in these addresses
+	tenant  *tenancy.Tenant // nil for a replica of a session opened by an older primary
+	base    uint64          // window base the guest sees; the allocator works in these addresses
 	size    uint64
 	// delta is added to a guest address to get the backend's address: zero
 	// when the backend placed the window where asked (identical addresses),
@@ -95,7 +96,7 @@ func (m *memory) Queued() (gpu.QueuedCopier, bool) {
 // release frees the session's memory from its tenant's count (the
 // session is closed; its context frees the device memory).
 func (m *memory) release() {
-	m.tenant.release(m.ranges.Total())
+	m.tenant.Release(m.ranges.Total())
 	m.ranges = handlemap.Ranges{}
 }
 
@@ -144,11 +145,11 @@ func (m *memory) alloc(r *abi.Alloc) (abi.Body, error) {
 	if !ok {
 		return nil, fail(abi.StatusOutOfMemory, "no room for %d bytes in the session's %d-byte address window", r.Size, m.size)
 	}
-	if err := m.tenant.reserve(r.Size); err != nil {
+	if err := m.tenant.Reserve(r.Size); err != nil {
 		return nil, err
 	}
 	if err := m.ctx.Alloc(m.dev(addr), r.Size); err != nil {
-		m.tenant.release(r.Size)
+		m.tenant.Release(r.Size)
 		return nil, err
 	}
 	if err := m.ranges.Insert(addr, r.Size); err != nil {

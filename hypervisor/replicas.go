@@ -36,9 +36,9 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 		return fmt.Errorf("no free session slot for session %d", id)
 	}
 	s.slots[slot] = true
-	t := s.tenantLocked(open.tenant) // counted as on the primary, not limited
+	t := s.tenants.Get(open.tenant) // counted as on the primary, not limited
 	if t != nil {
-		t.sessions++
+		t.Sessions++
 	}
 	s.mu.Unlock()
 	sess, err := s.newSession(id, slot, open, base)

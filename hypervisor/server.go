@@ -28,6 +28,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
+	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"log/slog"
 	"net"
 	"sort"
@@ -153,8 +154,8 @@ type Server struct {
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
-	tenants   map[string]*tenant // those with sessions or memory
-	slots     []bool             // window slots in use
+	tenants   *tenancy.Registry // those with sessions or memory
+	slots     []bool            // window slots in use
 	nextID    uint64
 	listeners map[net.Listener]struct{}
 	repl      *replicate.Log // nil: not replicating
@@ -192,7 +193,6 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 	s := &Server{
 		cfg: cfg, backend: backend, log: log,
 		sessions:  map[uint64]*Session{},
-		tenants:   map[string]*tenant{},
 		slots:     make([]bool, cfg.MaxSessions),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
@@ -205,7 +205,12 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 	if s.cfg.Clock == nil {
 		s.cfg.Clock = time.Now
 	}
-	s.cfg.DeviceMemory = deviceMemory(backend, cfg.DeviceMemory)
+	s.cfg.DeviceMemory = tenancy.DeviceMemory(backend, cfg.DeviceMemory)
+	s.tenants = tenancy.NewRegistry(tenancy.Config{
+		Default:    TenantQuota{Memory: cfg.TenantMemoryQuota, Sessions: cfg.TenantMaxSessions, Detached: cfg.TenantMaxDetached},
+		Tenants:    cfg.Tenants,
+		Overcommit: cfg.TenantOvercommit, DeviceMemory: s.cfg.DeviceMemory,
+	})
 	m, err := newMetrics(reg, s)
 	if err != nil {
 		return nil, err
@@ -331,7 +336,7 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 
 // takeSlotLocked takes a window slot and a session of tenant id's quota.
 // Precondition: s.mu must be locked.
-func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
+func (s *Server) takeSlotLocked(id string) (int, *tenancy.Tenant, error) {
 	if s.fenced {
 		return 0, nil, s.deposedLocked()
 	}
@@ -347,17 +352,17 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	if slot < 0 || s.closed {
 		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests (its --guest.max-sessions)", s.cfg.MaxSessions)
 	}
-	t, err := s.admitLocked(id)
+	t, err := s.tenants.Admit(id)
 	if err != nil {
 		return 0, nil, err
 	}
-	if t != nil && t.sessions >= t.quota.Sessions {
+	if t != nil && t.Sessions >= t.Quota.Sessions {
 		return 0, nil, refuse(guesterr.TenantSessions, abi.StatusOutOfMemory,
-			"tenant %s already has %d sessions open, its limit (--tenant.max-sessions)", t.id, t.sessions)
+			"tenant %s already has %d sessions open, its limit (--tenant.max-sessions)", t.ID, t.Sessions)
 	}
 	s.slots[slot] = true
 	if t != nil {
-		t.sessions++
+		t.Sessions++
 	}
 	return slot, t, nil
 }
@@ -393,7 +398,7 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	if sess.kept {
 		sess.kept = false
 		if sess.tenant != nil {
-			sess.tenant.detached--
+			sess.tenant.Detached--
 		}
 	}
 	s.metrics.resumed.Inc()
@@ -540,7 +545,7 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	sess.mem.objs = sess.objs
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sess.tenant = s.tenantLocked(open.tenant) // counted by the caller
+	sess.tenant = s.tenants.Get(open.tenant) // counted by the caller
 	sess.mem.tenant = sess.tenant
 	if s.repl != nil {
 		sess.setRecord(s.recorder(id))
@@ -590,11 +595,11 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 	delete(s.sessions, sess.id)
 	s.slots[sess.slot] = false
 	if t != nil {
-		t.sessions--
+		t.Sessions--
 		if kept {
-			t.detached--
+			t.Detached--
 		}
-		s.dropTenantLocked(t)
+		s.tenants.Drop(t)
 	}
 	s.signalSlotFreedLocked()
 	s.mu.Unlock()
@@ -632,6 +637,23 @@ type SessionStatus struct {
 
 // MMIOStatus is a session's aperture tracing in Status.
 type MMIOStatus = aperture.Status
+
+// TenantQuota bounds one tenant (package tenancy).
+type TenantQuota = tenancy.Quota
+
+// TenantStatus is one tenant in Status; TenancyStatus the device's
+// share-out among tenants (package tenancy).
+type (
+	TenantStatus  = tenancy.TenantStatus
+	TenancyStatus = tenancy.Status
+)
+
+// tenancy reports every tenant present.
+func (s *Server) tenancy() TenancyStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tenants.Status()
+}
 
 // ImageStatus describes the module images a node keeps by content
 // (package images).

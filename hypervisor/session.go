@@ -11,6 +11,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
+	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -31,7 +32,7 @@ type Session struct {
 	srv    *Server      // for logging and counting what guard.go recovers from
 	// tenant is who the session's memory and count belong to (tenant.go);
 	// nil for a replica of a session opened by an older primary.
-	tenant   *tenant
+	tenant   *tenancy.Tenant
 	tenantID string
 
 	mu  sync.Mutex
@@ -273,7 +274,7 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 		return nil, err
 	}
 	if rg, ok := s.mem.ranges.Remove(r.Ptr); ok {
-		s.mem.tenant.release(rg.Size)
+		s.mem.tenant.Release(rg.Size)
 	}
 	return nil, nil
 }
