@@ -25,7 +25,7 @@ type guestConn struct {
 	bw     *bufio.Writer
 	fr     *abi.FrameReader
 	log    *slog.Logger
-	tenant string      // who the transport says the guest is (tenant.go)
+	tenant string      // who the transport says the guest is (package tenancy)
 	sess   *Session    // nil until hello
 	host   *hostRegion // the guest's host-memory region, if any (hostmem.go)
 	// hostCopy is the source of the host copy being run (request).

@@ -18,6 +18,6 @@ func (s *Server) SessionEnding() func() { return s.sessionEnding() }
 // SessionOpenRecord is the record a primary logs when a guest opens
 // session id at base with the given resume token and grace period.
 func SessionOpenRecord(id, base uint64, guest, tenant string, token []byte, grace time.Duration) replicate.Record {
-	open := sessionOpen{guest: guest, token: token, tenant: tenant, grace: grace, graceKnown: true}
-	return replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)}
+	open := sessionOpen{Guest: guest, Token: token, Tenant: tenant, Grace: grace, GraceKnown: true}
+	return replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.Append(nil)}
 }

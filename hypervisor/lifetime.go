@@ -39,15 +39,6 @@ import (
 // whose connection ended is about to free.
 const closingSlotWait = 2 * time.Second
 
-// graceOr is the grace period the record gave, or fallback when it did
-// not say (an older primary's record).
-func (o sessionOpen) graceOr(fallback time.Duration) time.Duration {
-	if o.graceKnown {
-		return o.grace
-	}
-	return fallback
-}
-
 // now is the server's clock.
 func (s *Server) now() time.Time { return s.cfg.Clock() }
 

@@ -18,7 +18,7 @@ import (
 // OpenReplica implements replica.Sessions: a standby's copy of a primary
 // session, asking the backend for the same window base.
 func (s *Server) OpenReplica(id, base uint64, body []byte) error {
-	open, err := decodeSessionOpen(body)
+	open, err := replica.DecodeSessionOpen(body)
 	if err != nil {
 		return err
 	}
@@ -36,7 +36,7 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 		return fmt.Errorf("no free session slot for session %d", id)
 	}
 	s.slots[slot] = true
-	t := s.tenants.Get(open.tenant) // counted as on the primary, not limited
+	t := s.tenants.Get(open.Tenant) // counted as on the primary, not limited
 	if t != nil {
 		t.Sessions++
 	}

@@ -81,8 +81,8 @@ func (m *memory) snapshot(session uint64, snap *replica.Snapshot, log *slog.Logg
 // the addresses and handles they have, without their memory's contents.
 // Precondition: s.mu must be locked.
 func (s *Session) objectRecords() []replicate.Record {
-	open := sessionOpen{guest: s.guest, token: s.token, tenant: s.tenantID, grace: s.grace, graceKnown: true}
-	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.mem.base, Body: open.append(nil)}}
+	open := sessionOpen{Guest: s.guest, Token: s.token, Tenant: s.tenantID, Grace: s.grace, GraceKnown: true}
+	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.mem.base, Body: open.Append(nil)}}
 	for _, r := range s.mem.ranges.All() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
 	}

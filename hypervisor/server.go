@@ -70,7 +70,7 @@ type Config struct {
 	// RequestBufferBytes bounds the request bytes buffered by all guest
 	// connections together (budget.go).
 	RequestBufferBytes int64
-	// Per tenant (tenant.go): the device memory its sessions hold
+	// Per tenant (package tenancy): the device memory its sessions hold
 	// together, its open sessions, and those it may leave detached;
 	// Tenants overrides them for named tenants ("uid:1000", "cid:3",
 	// "ip:10.0.0.5").
@@ -80,7 +80,7 @@ type Config struct {
 	Tenants           map[string]TenantQuota
 	// TenantOvercommit admits every tenant; without it a new tenant whose
 	// memory quota no longer fits in DeviceMemory beside the admitted
-	// tenants' is refused (tenant.go, Admission).
+	// tenants' is refused (package tenancy, Admission).
 	TenantOvercommit bool
 	// DeviceMemory is the device memory tenants' quotas are reserved from
 	// (0: the backend's, where it says; else no admission).
@@ -318,7 +318,7 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	open := sessionOpen{guest: req.GuestName, token: newToken(), tenant: p.tenant, grace: grace, graceKnown: true}
+	open := sessionOpen{Guest: req.GuestName, Token: newToken(), Tenant: p.tenant, Grace: grace, GraceKnown: true}
 	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
 	if err != nil {
 		s.giveSlotBack(slot, t)
@@ -329,7 +329,7 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	sess.mu.Unlock()
 	reply := &abi.HelloReply{Session: id, WindowBase: sess.mem.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
 	if p.version >= 2 { // a version-1 guest's decoder knows no token
-		reply.Token = open.token
+		reply.Token = open.Token
 	}
 	return sess, reply, nil
 }
@@ -531,8 +531,8 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	}
 	got, _ := ctx.Window()
 	sess := &Session{
-		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
-		tenantID: open.tenant, grace: open.graceOr(s.cfg.MaxGrace),
+		id: id, guest: open.Guest, token: open.Token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
+		tenantID: open.Tenant, grace: open.GraceOr(s.cfg.MaxGrace),
 		ctx: ctx, mmioMetrics: s.metrics.mmio,
 	}
 	// A primary's guest sees whatever base its backend gave; only a
@@ -540,16 +540,16 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	sess.mem = memory{ctx: ctx, cfg: &sess.cfg, metrics: s.metrics, base: base, size: s.cfg.WindowSize, delta: got - base}
 	sess.objs = objects.New(ctx, &sess.mem, objects.Config{
 		Backend: s.backend, GuestKernels: s.cfg.GuestKernels, MaxObjects: s.cfg.MaxObjects,
-		Images: s.images, Tenant: open.tenant, ImageBytes: s.metrics.countImageBytes,
+		Images: s.images, Tenant: open.Tenant, ImageBytes: s.metrics.countImageBytes,
 	})
 	sess.mem.objs = sess.objs
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sess.tenant = s.tenants.Get(open.tenant) // counted by the caller
+	sess.tenant = s.tenants.Get(open.Tenant) // counted by the caller
 	sess.mem.tenant = sess.tenant
 	if s.repl != nil {
 		sess.setRecord(s.recorder(id))
-		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)})
+		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.Append(nil)})
 	}
 	s.sessions[id] = sess
 	return sess, nil
@@ -673,7 +673,7 @@ type Status struct {
 	Detached              int     `json:"detached_sessions"`
 	OldestDetachedSeconds float64 `json:"oldest_detached_seconds"`
 	// Tenancy: the device memory reserved for each tenant and what it
-	// uses (tenant.go).
+	// uses (package tenancy).
 	Tenancy TenancyStatus `json:"tenancy"`
 	// Images: the module images this node keeps by content (images.go).
 	Images ImageStatus `json:"images"`

@@ -30,7 +30,7 @@ type Session struct {
 	cfg    Config
 	fenced *atomic.Bool // the server's: set, this node no longer executes anything
 	srv    *Server      // for logging and counting what guard.go recovers from
-	// tenant is who the session's memory and count belong to (tenant.go);
+	// tenant is who the session's memory and count belong to (package tenancy);
 	// nil for a replica of a session opened by an older primary.
 	tenant   *tenancy.Tenant
 	tenantID string
