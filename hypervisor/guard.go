@@ -24,13 +24,9 @@ import (
 //   - logs the session, the op and the stack, and counts it in
 //     vgpuha_guest_request_panics_total.
 
-// recoverRequest is deferred around one guest request: it turns a panic
-// into the request's error.
-func (s *Server) recoverRequest(sess *Session, op abi.Opcode, log *slog.Logger, reply *abi.Body, err *error) {
-	p := recover()
-	if p == nil {
-		return
-	}
+// panicked turns a panic p recovered while serving one guest request of
+// op (guestconn recovers it) into the request's error.
+func (s *Server) panicked(sess *Session, op abi.Opcode, p any, log *slog.Logger, reply *abi.Body, err *error) {
 	s.metrics.panics.WithLabelValues(op.String()).Inc()
 	log.Error("recovered from a panic while serving a guest request; the request failed",
 		"op", op, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
@@ -80,11 +76,3 @@ func (s *Session) recoverFlush() {
 
 // refuse is fail with a counted reason (guesterr.Reasons).
 var refuse = guesterr.Refuse
-
-// deferredError is an asynchronous request's failure, kept for the next
-// synchronization: the connection counts it under the request's op and
-// status but sends no reply.
-type deferredError struct{ err error }
-
-func (e deferredError) Error() string { return e.err.Error() }
-func (e deferredError) Unwrap() error { return e.err }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
 	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -42,8 +43,8 @@ type memory struct {
 	// guest's shared memory straight to the device (inplace.go).
 	inPlace *abi.InPlace
 	// host is the host-memory region of the connection serving the
-	// session, if it has one (hostmem.go).
-	host *hostRegion
+	// session, if it has one (guestconn.Host).
+	host *guestconn.Region
 }
 
 // Contains implements objects.Memory.
@@ -247,8 +248,8 @@ func (m *memory) contentRecords(session uint64, r handlemap.Range, flags uint16)
 }
 
 // hostSpan is the part of the connection's region a host copy names
-// (hostRegion.span).
-func (m *memory) hostSpan(r *abi.HostCopy) ([]byte, error) { return m.host.span(r, m.cfg.MaxPayload) }
+// (guestconn.Region.Span).
+func (m *memory) hostSpan(r *abi.HostCopy) ([]byte, error) { return m.host.Span(r, m.cfg.MaxPayload) }
 
 // copyHtoDHost copies from the region to the device (unreplicated: a
 // replicated session's host copies become log records first, takeHostCopy).
@@ -265,7 +266,7 @@ func (m *memory) copyHtoDHost(r *abi.HostCopy) (abi.Body, error) {
 		return nil, err
 	}
 	if st != 0 {
-		m.host.queued = true
+		m.host.MarkQueued()
 	}
 	m.metrics.inPlace.WithLabelValues("hostmem_device").Add(float64(len(src)))
 	return nil, m.ctx.CopyHtoD(m.dev(r.Dev), src, st)

@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
+	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
@@ -68,7 +69,7 @@ type Config struct {
 	// connection may send 4 KiB).
 	MaxPayload int
 	// RequestBufferBytes bounds the request bytes buffered by all guest
-	// connections together (budget.go).
+	// connections together (package guestconn).
 	RequestBufferBytes int64
 	// Per tenant (package tenancy): the device memory its sessions hold
 	// together, its open sessions, and those it may leave detached;
@@ -149,8 +150,8 @@ type Server struct {
 	backend gpu.Backend
 	log     *slog.Logger
 	metrics *metrics
-	budget  *byteBudget   // buffered request bytes, all connections
-	images  *images.Cache // module images by content (package images)
+	edge    *guestconn.Edge // serves guest connections (package guestconn)
+	images  *images.Cache   // module images by content (package images)
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
@@ -197,7 +198,6 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
-		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
 		images:    images.New(cfg.ImageCacheBytes),
 		slotFreed: make(chan struct{}),
 	}
@@ -216,8 +216,18 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		return nil, err
 	}
 	s.metrics = m
+	s.edge = guestconn.New(guestNode{s}, guestconn.Config{MaxPayload: cfg.MaxPayload, RequestBufferBytes: cfg.RequestBufferBytes, Backend: backend},
+		m.edge(), log)
 	return s, nil
 }
+
+// ServeConn serves one guest connection until it ends (package
+// guestconn). A frame that cannot be trusted (bad magic, version or
+// checksum, over-long) gets an error reply and ends the connection; a
+// well-framed request with bad content gets an error reply and the
+// connection goes on. Either way only this connection's session is
+// affected.
+func (s *Server) ServeConn(conn net.Conn) { s.edge.ServeConn(conn) }
 
 // Serve accepts guest connections on ln until Close. It returns nil after
 // Close, or the listener's error.
@@ -293,16 +303,8 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// peer is who sent a hello: the ABI version it speaks, the tenant the
-// transport vouches for, and the connection's log.
-type peer struct {
-	version uint16
-	tenant  string
-	log     *slog.Logger
-}
-
 // hello opens a session for a new guest, or resumes one.
-func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
+func (s *Server) hello(payload []byte, p guestconn.Peer) (*Session, abi.Body, error) {
 	var req abi.Hello
 	if err := abi.Unmarshal(payload, &req); err != nil {
 		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %w", err)
@@ -310,15 +312,15 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	if err := checkGuestName(req.GuestName); err != nil {
 		return nil, nil, err
 	}
-	grace := s.grace(req.GraceMS, p.log.Warn)
+	grace := s.grace(req.GraceMS, p.Log.Warn)
 	if req.Resume != 0 {
 		return s.resume(&req, grace)
 	}
-	slot, t, id, err := s.takeSlot(p.tenant)
+	slot, t, id, err := s.takeSlot(p.Tenant)
 	if err != nil {
 		return nil, nil, err
 	}
-	open := sessionOpen{Guest: req.GuestName, Token: newToken(), Tenant: p.tenant, Grace: grace, GraceKnown: true}
+	open := sessionOpen{Guest: req.GuestName, Token: newToken(), Tenant: p.Tenant, Grace: grace, GraceKnown: true}
 	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
 	if err != nil {
 		s.giveSlotBack(slot, t)
@@ -328,7 +330,7 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	sess.attach(grace)
 	sess.mu.Unlock()
 	reply := &abi.HelloReply{Session: id, WindowBase: sess.mem.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
-	if p.version >= 2 { // a version-1 guest's decoder knows no token
+	if p.Version >= 2 { // a version-1 guest's decoder knows no token
 		reply.Token = open.Token
 	}
 	return sess, reply, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
 	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
 	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
@@ -144,41 +145,30 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpModuleLoadCached: onObjects((*objects.Set).ModuleLoadCached),
 }
 
-// handle runs one request whose body is its payload (see serve).
+// handle runs one request whose body is its payload (see Serve).
 func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte) (abi.Body, error) {
-	return s.serve(request{op: op, id: reqID, async: async, payload: payload})
+	return s.Serve(guestconn.Request{Op: op, ID: reqID, Async: async, Payload: payload})
 }
 
-// request is one session request as its connection hands it over: the
-// guest's op, id and payload, and, where the connection found a copy's
-// bytes out of the frame, their source (inplace.go).
-type request struct {
-	op      abi.Opcode
-	id      uint64
-	async   bool
-	payload []byte     // the body, or a ring copy's fixed fields
-	src     copySource // nil: the payload holds everything
-}
-
-// serve runs one request and returns its reply body. With async set, an
+// Serve runs one request (guestconn.Session) and returns its reply body. With async set, an
 // error is kept for the next synchronization and returned wrapped in
 // deferredError (counted, not replied to).
 //
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
-func (s *Session) serve(r request) (abi.Body, error) {
-	op, payload := r.op, r.payload
+func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
+	op, payload := r.Op, r.Payload
 	run, info := opTable[op], op.Info()
 	if run == nil {
 		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
 	}
-	if r.async && !info.Async {
+	if r.Async && !info.Async {
 		return nil, fail(abi.StatusInvalidValue, "%s cannot be sent asynchronously", op)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var req abi.Body
-	if _, ring := r.src.(ringSource); !ring {
+	if _, ring := r.Src.(guestconn.Ring); !ring {
 		var err error
 		if req, err = s.decoder.Decode(op, payload); err != nil {
 			return nil, fail(abi.StatusInvalidValue, "%w", err)
@@ -192,9 +182,9 @@ func (s *Session) serve(r request) (abi.Body, error) {
 	// replicated node read the data into its log record.
 	summed := op != abi.OpCopyHtoDHost
 	var in inPlaceCopy
-	if r.src != nil {
+	if r.Src != nil {
 		var err error
-		if in, err = s.takeCopy(r.src, req); err != nil {
+		if in, err = s.takeCopy(r.Src, req); err != nil {
 			return nil, err
 		}
 		defer in.done(s)
@@ -204,23 +194,23 @@ func (s *Session) serve(r request) (abi.Body, error) {
 		}
 	}
 	if info.Mutates {
-		if reply, err, done := s.once.Check(op, r.id, payload, !summed); done {
+		if reply, err, done := s.once.Check(op, r.ID, payload, !summed); done {
 			return reply, err
 		}
 	}
 	reply, err := run(s, req)
 	if info.Mutates && err == nil {
-		s.once.NoteApplied(r.id, abi.ResultOf(reply))
+		s.once.NoteApplied(r.ID, abi.ResultOf(reply))
 	}
 	if s.record != nil {
-		s.record.request(op, info, r.id, payload, reply, err, &in)
+		s.record.request(op, info, r.ID, payload, reply, err, &in)
 		if err == nil {
 			s.recordReadBack(op, req, reply)
 		}
 	}
-	if err != nil && r.async {
+	if err != nil && r.Async {
 		s.objs.DeferError(handlemap.Handle(abi.StreamOf(req)), err)
-		return nil, deferredError{err}
+		return nil, guesterr.Deferred{Err: err}
 	}
 	return reply, err
 }

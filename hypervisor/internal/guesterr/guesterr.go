@@ -97,3 +97,11 @@ func Reason(err error) string {
 	}
 	return ""
 }
+
+// Deferred is an asynchronous request's failure, kept for the next
+// synchronization: the connection counts it under the request's op and
+// status but sends no reply.
+type Deferred struct{ Err error }
+
+func (e Deferred) Error() string { return e.Err.Error() }
+func (e Deferred) Unwrap() error { return e.Err }

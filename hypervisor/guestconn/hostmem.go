@@ -1,7 +1,8 @@
-package hypervisor
+package guestconn
 
 import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -18,7 +19,7 @@ import (
 //     guest synchronises before it reuses the bytes), so the connection
 //     waits for the session's device work before it lets the region go;
 //   - replicated, the region's bytes are read exactly once, into a log
-//     buffer (a replicate.Draft, as inplace.go does): the record is an
+//     buffer (a replicate.Draft, as for a Ring copy): the record is an
 //     ordinary OpCopyHtoD with the data, the device copy runs from that
 //     buffer, so primary and standby can never differ, and the standby
 //     needs no region;
@@ -30,27 +31,39 @@ import (
 // applied is answered from its state (exactly once, by request id); one it
 // had not is refused and comes back inline under a new id.
 
-// hostRegion is a guest's host-memory region as its connection maps it.
-type hostRegion struct {
+// Region is a guest's host-memory region as its connection maps it.
+type Region struct {
 	mem []byte
 	// queued: a device copy on a stream from mem may still be running.
-	// Guarded by the mu of the session that issued it.
+	// Guarded by the lock of the session that issued it.
 	queued bool
 }
 
-// span is the part of the region a host copy names, checked against the
+// NewRegion is a region over mem (a connection maps one; tests make one).
+func NewRegion(mem []byte) *Region { return &Region{mem: mem} }
+
+// Bytes is the region's memory.
+func (h *Region) Bytes() []byte { return h.mem }
+
+// MarkQueued notes that a device copy on a stream from the region may
+// still be running; Queued reports it. Both under the lock of the session
+// that issued it.
+func (h *Region) MarkQueued()  { h.queued = true }
+func (h *Region) Queued() bool { return h.queued }
+
+// Span is the part of the region a host copy names, checked against the
 // region this node mapped and the frame limit maxPayload (a copy moves at
 // most what an inline one may, so a replicated one is one record). A nil
 // region is a connection without one.
-func (h *hostRegion) span(r *abi.HostCopy, maxPayload int) ([]byte, error) {
+func (h *Region) Span(r *abi.HostCopy, maxPayload int) ([]byte, error) {
 	if h == nil {
-		return nil, fail(abi.StatusNotSupported, "this connection maps no host-memory region: send the copy inline")
+		return nil, guesterr.Fail(abi.StatusNotSupported, "this connection maps no host-memory region: send the copy inline")
 	}
 	if limit := uint64(maxPayload - 64); r.Size > limit {
-		return nil, fail(abi.StatusInvalidValue, "host copy of %d bytes exceeds the %d-byte copy limit", r.Size, limit)
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "host copy of %d bytes exceeds the %d-byte copy limit", r.Size, limit)
 	}
 	if n := uint64(len(h.mem)); r.Offset > n || r.Size > n-r.Offset {
-		return nil, fail(abi.StatusOutOfRange, "host copy of %d bytes at offset %d is outside the %d-byte host-memory region", r.Size, r.Offset, n)
+		return nil, guesterr.Fail(abi.StatusOutOfRange, "host copy of %d bytes at offset %d is outside the %d-byte host-memory region", r.Size, r.Offset, n)
 	}
 	return h.mem[r.Offset : r.Offset+r.Size], nil
 }
@@ -74,7 +87,7 @@ func (c *guestConn) takeHostMemory() (release func()) {
 	if mem == nil {
 		return func() {}
 	}
-	region := &hostRegion{mem: mem}
+	region := NewRegion(mem)
 	unlock := c.pageLock(mem, "host-memory region")
 	c.host = region
 	return func() {
@@ -84,28 +97,13 @@ func (c *guestConn) takeHostMemory() (release func()) {
 	}
 }
 
-// attachHostMemory gives the session (opened or resumed on this
-// connection) the connection's region, or none.
-// Precondition: c.sess.mu must be locked.
-func (c *guestConn) attachHostMemory() { c.sess.mem.host = c.host }
-
-// dropHostMemory makes sure nothing uses region any more: the session
-// forgets it (unless a resume gave it another already) and its device work
-// is waited for if a copy from the region may still be running.
-func (c *guestConn) dropHostMemory(region *hostRegion) {
-	s := c.sess
-	if s == nil {
+// dropHostMemory makes sure nothing uses region any more (Session.DropRegion).
+func (c *guestConn) dropHostMemory(region *Region) {
+	if c.sess == nil {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.mem.host == region {
-		s.mem.host = nil
-	}
-	if region.queued && !s.closed {
-		if err := s.ctx.Sync(); err != nil { // the copies are over either way
-			c.log.Warn("waiting for device copies from a host-memory region", "err", err)
-		}
+	if err := c.sess.DropRegion(region); err != nil { // the copies are over either way
+		c.log.Warn("waiting for device copies from a host-memory region", "err", err)
 	}
 }
 
@@ -114,7 +112,7 @@ func (c *guestConn) dropHostMemory(region *hostRegion) {
 // Failing costs speed, not correctness: it is logged and the connection
 // goes on.
 func (c *guestConn) pageLock(mem []byte, what string) (unlock func()) {
-	reg, can := c.s.backend.(gpu.HostRegistrar)
+	reg, can := c.e.cfg.Backend.(gpu.HostRegistrar)
 	if !can {
 		return func() {}
 	}
