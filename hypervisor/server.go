@@ -1,16 +1,19 @@
-// Package hypervisor is the primary's backend for guest GPU calls: it accepts
-// guest connections, keeps one Session per guest, validates every request
-// against that guest's own allocations and handles, and executes it on a
-// gpu.Backend.
+// Package hypervisor is the primary's backend for guest GPU calls: it keeps
+// one Session per guest, validates every request against that guest's own
+// allocations and handles, and executes it on a gpu.Backend.
 //
-// It owns: sessions and their lifetimes (lifetime.go: the serving node's
-// clock frees a session no guest resumes within its grace period, and a
-// node that begins to serve adopts the sessions no connection serves),
-// the guest device-address windows and the deterministic allocator inside them, per-guest quotas and isolation, the handler table
-// (opTable: one handler per row of abi's opcode table, which says what each
-// opcode is), and a guest's apertures (aperture.go): the memory files it writes
-// directly, whose writes it collects through package mmiotrace at every
-// call's entry and turns into log records.
+// It owns the server (sessions and their lifetimes, lifetime.go: the
+// serving node's clock frees a session no guest resumes within its grace
+// period, and a node that begins to serve adopts the sessions no
+// connection serves), the guest device-address windows and the
+// deterministic allocator inside them (a session's memory room,
+// memory.go), the handler table (opTable: one handler per row of abi's
+// opcode table, which says what each opcode is), and the primary's
+// replication hooks (replication.go, resync.go, readback.go). Its rooms
+// own the rest, each behind a small interface of its own: the connection
+// edge (package guestconn), a session's objects (objects), apertures
+// (aperture) and exactly-once table (exactlyonce), the replica side
+// (replica), tenants (tenancy) and module images (images).
 // It must never: trust a byte a guest sends (package abi decodes), let one
 // guest name another's memory or handles, or let a guest's misbehaviour
 // (garbage, a cut connection, a flood) affect any other session.
@@ -18,7 +21,8 @@
 // One goroutine serves each connection and runs its requests in order. The
 // per-session mutex serialises those requests with everything else that
 // touches the session: status readers, the aperture flush timer, a
-// snapshot or switchover stopping every session (stopTheWorld), and fencing.
+// snapshot or switchover stopping every session (stopTheWorld), a
+// replica's applier, and fencing.
 package hypervisor
 
 import (
