@@ -18,8 +18,8 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 	if kind != abi.ApertureMemory && kind != abi.ApertureRegister {
 		return nil, fail(abi.StatusInvalidValue, "unknown aperture kind %d", r.Kind)
 	}
-	rg, ok := s.mem.ranges.Find(r.Ptr, 0)
-	if !ok || rg.Addr != r.Ptr {
+	rg, ok := s.mem.Allocation(r.Ptr)
+	if !ok {
 		return nil, fail(abi.StatusInvalidValue, "aperture: no allocation of this session starts at %#x", r.Ptr)
 	}
 	if s.peerPID == 0 {
@@ -30,7 +30,7 @@ func (s *Session) apertureAttach(r *abi.ApertureAttach) (abi.Body, error) {
 		return nil, err
 	}
 	if s.mmio == nil {
-		s.mmio = aperture.New(s.peerPID, &s.mem, s.cfg.MMIO, s.mmioMetrics, s.timedFlush)
+		s.mmio = aperture.New(s.peerPID, s.mem, s.cfg.MMIO, s.mmioMetrics, s.timedFlush)
 	}
 	if err := s.mmio.Add(r.Ptr, region); err != nil {
 		return nil, err

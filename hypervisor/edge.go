@@ -42,12 +42,13 @@ func (s *Session) ID() uint64 { return s.id }
 func (s *Session) Guest() string { return s.guest }
 
 // Base implements guestconn.Session.
-func (s *Session) Base() uint64 { return s.mem.base }
+func (s *Session) Base() uint64 { return s.mem.Base() }
 
 // Opened implements guestconn.Session.
 func (s *Session) Opened(peerPID int, host *guestconn.Region) {
 	s.mu.Lock()
-	s.peerPID, s.mem.host = peerPID, host
+	s.peerPID = peerPID
+	s.mem.SetHost(host)
 	s.mu.Unlock()
 }
 
@@ -72,8 +73,8 @@ func (s *Session) DeferError(err error) {
 func (s *Session) DropRegion(region *guestconn.Region) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.mem.host == region {
-		s.mem.host = nil
+	if s.mem.Host() == region {
+		s.mem.SetHost(nil)
 	}
 	if region.Queued() && !s.closed {
 		return s.ctx.Sync()

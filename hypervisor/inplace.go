@@ -1,7 +1,6 @@
 package hypervisor
 
 import (
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -64,7 +63,7 @@ func (s *Session) takeCopy(src guestconn.Source, req abi.Body) (inPlaceCopy, err
 	case guestconn.Ring:
 		c := src.Data.Request()
 		if !logged && c.Stream == 0 { // memory's copyHtoD streams it
-			s.mem.inPlace = src.Data
+			s.mem.StreamFrom(src.Data)
 			s.srv.metrics.inPlace.WithLabelValues("device").Add(float64(src.Data.Len()))
 			return inPlaceCopy{req: c, direct: true}, nil
 		}
@@ -133,7 +132,7 @@ func (in *inPlaceCopy) takeDraft() *replicate.Draft {
 // done gives back what the copy held.
 // Precondition: s.mu must be locked.
 func (in *inPlaceCopy) done(s *Session) {
-	s.mem.inPlace = nil
+	s.mem.StreamFrom(nil)
 	if in.draft != nil {
 		in.draft.Discard()
 		in.draft = nil
@@ -142,12 +141,4 @@ func (in *inPlaceCopy) done(s *Session) {
 		s.srv.edge.Budget().Release(in.held)
 		in.held = 0
 	}
-}
-
-// copyInPlace copies the in-place data of the copy being run from shared
-// memory to device address dst, span by span (the range was checked).
-func (m *memory) copyInPlace(dst uint64, st gpu.Stream) error {
-	return m.inPlace.Stream(func(off int, span []byte) error {
-		return m.ctx.CopyHtoD(dst+uint64(off), span, st)
-	})
 }

@@ -131,6 +131,9 @@ func (m *metrics) countImageBytes(from string, n int64) {
 	m.imageBytes.WithLabelValues(from).Add(float64(n))
 }
 
+// countInPlace counts n copy bytes taken where they lay, by where they went.
+func (m *metrics) countInPlace(to string, n int) { m.inPlace.WithLabelValues(to).Add(float64(n)) }
+
 // edge is the counters a node's guest connections add to.
 func (m *metrics) edge() *guestconn.Metrics {
 	return &guestconn.Metrics{Requests: m.requests, FrameErrors: m.frameErrors, Refusals: m.refusals, Latency: m.latency}

@@ -32,7 +32,7 @@ var readBacks = map[abi.Opcode]readBackOf{
 	},
 	abi.OpCopyDtoHHost: func(s *Session, req, _ abi.Body) (abi.Opcode, abi.Body) {
 		r := req.(*abi.HostCopy)
-		data, err := s.mem.hostSpan(r) // checked by the read that just succeeded
+		data, err := s.mem.HostSpan(r) // checked by the read that just succeeded
 		if err != nil {
 			return 0, nil
 		}

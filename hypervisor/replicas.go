@@ -46,9 +46,9 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 		s.giveSlotBack(slot, t)
 		return err
 	}
-	if sess.mem.delta != 0 {
+	if sess.mem.Translated() {
 		s.log.Warn("replica window not at the primary's base; translating addresses", "session", id,
-			"want", fmt.Sprintf("%#x", base), "got", fmt.Sprintf("%#x", base+sess.mem.delta))
+			"want", fmt.Sprintf("%#x", base), "got", fmt.Sprintf("%#x", base+sess.mem.Delta()))
 	}
 	return nil
 }
@@ -113,7 +113,7 @@ func (v replicaView) Lock()                         { v.s.mu.Lock() }
 func (v replicaView) Unlock()                       { v.s.mu.Unlock() }
 func (v replicaView) ID() uint64                    { return v.s.id }
 func (v replicaView) Closed() bool                  { return v.s.closed }
-func (v replicaView) Memory() replica.Memory        { return &v.s.mem }
+func (v replicaView) Memory() replica.Memory        { return v.s.mem }
 func (v replicaView) Objects() *objects.Set         { return v.s.objs }
 func (v replicaView) Once() *exactlyonce.Table      { return &v.s.once }
 func (v replicaView) Verify() *aperture.Comparisons { return &v.s.verifyMMIO }

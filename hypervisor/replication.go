@@ -192,9 +192,9 @@ func (s *Server) Checksums() []replicate.ObjectSum {
 func checksums(sessions []*Session) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	for _, sess := range sessions {
-		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.mem.base, Sum: replicate.Checksum([]byte(sess.guest))})
+		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.mem.Base(), Sum: replicate.Checksum([]byte(sess.guest))})
 		sums = append(sums, sess.verifyMMIO.Sums(sess.id)...) // a standby's verify --apertures
-		for _, r := range sess.mem.ranges.All() {
+		for _, r := range sess.mem.Ranges() {
 			sum, err := sess.mem.Checksum(r.Addr, r.Size)
 			if err != nil {
 				sum = 0 // reported as a mismatch
@@ -222,14 +222,14 @@ func (s *Server) Repair(session, addr uint64) error {
 	}
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	r, ok := sess.mem.ranges.Find(addr, 0)
-	if !ok || r.Addr != addr {
+	r, ok := sess.mem.Allocation(addr)
+	if !ok {
 		return fmt.Errorf("session %d has no allocation at %#x", session, addr)
 	}
 	if sess.mmio != nil && sess.mmio.Resend(addr) {
 		return sess.flushMMIO()
 	}
-	recs, err := sess.mem.contentRecords(sess.id, r, replicate.FlagRepair)
+	recs, err := sess.mem.ContentRecords(sess.id, r, replicate.FlagRepair)
 	if err != nil {
 		return err
 	}

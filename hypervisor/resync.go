@@ -1,11 +1,8 @@
 package hypervisor
 
 import (
-	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -15,11 +12,6 @@ import (
 // short): the primary stops every session for a moment, takes each one's
 // objects as records and its device memory as a point-in-time copy where
 // the backend can, and lets guests run again while the sender reads it.
-
-// snapshotChunk bounds the data in one record of contents copied with the
-// session stopped (a backend without memory snapshots); a memory
-// snapshot's records are as large as the sender's buffers.
-const snapshotChunk = 1 << 20
 
 // Snapshot implements replicate.Protected: a resync snapshot whose guest
 // pause does not grow with device memory.
@@ -32,7 +24,7 @@ func (s *Server) Snapshot() (replicate.Snapshot, error) {
 		s.images.ResetShipped() // the standby starts afresh from this snapshot
 		for _, sess := range sessions {
 			snap.AddRecords(sess.objectRecords(), 0)
-			if err = sess.mem.snapshot(sess.id, snap, s.log); err != nil {
+			if err = sess.mem.Snapshot(sess.id, snap, s.log); err != nil {
 				return
 			}
 		}
@@ -45,45 +37,13 @@ func (s *Server) Snapshot() (replicate.Snapshot, error) {
 	return snap, nil
 }
 
-// snapshot adds the session's device memory to a resync snapshot: a
-// backend's point-in-time copy, or, failing that, records copied now.
-// Precondition: the session's mu must be locked.
-func (m *memory) snapshot(session uint64, snap *replica.Snapshot, log *slog.Logger) error {
-	all := m.ranges.All()
-	if len(all) == 0 {
-		return nil
-	}
-	ranges := make([]gpu.Range, len(all))
-	parts := make([]replica.Part, len(all))
-	for i, r := range all {
-		ranges[i] = gpu.Range{Addr: m.dev(r.Addr), Size: r.Size}
-		parts[i] = replica.Part{Addr: r.Addr, Dev: m.dev(r.Addr), Size: r.Size}
-	}
-	if sn, ok := m.ctx.(gpu.Snapshotter); ok {
-		mem, err := sn.SnapshotMemory(ranges)
-		if err == nil {
-			snap.AddMemory(session, mem, parts)
-			return nil
-		}
-		log.Warn("no point-in-time memory snapshot; copying this session's memory with it stopped", "session", session, "err", err)
-	}
-	for _, r := range all {
-		recs, err := m.contentRecords(session, r, replicate.FlagPlaced)
-		if err != nil {
-			return fmt.Errorf("session %d: reading allocation %#x for a snapshot: %w", session, r.Addr, err)
-		}
-		snap.AddRecords(recs, r.Size)
-	}
-	return nil
-}
-
 // objectRecords returns records that recreate this session's objects at
 // the addresses and handles they have, without their memory's contents.
 // Precondition: s.mu must be locked.
 func (s *Session) objectRecords() []replicate.Record {
 	open := sessionOpen{Guest: s.guest, Token: s.token, Tenant: s.tenantID, Grace: s.grace, GraceKnown: true}
-	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.mem.base, Body: open.Append(nil)}}
-	for _, r := range s.mem.ranges.All() {
+	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.mem.Base(), Body: open.Append(nil)}}
+	for _, r := range s.mem.Ranges() {
 		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
 	}
 	recs = append(recs, s.objs.Records(func(op abi.Opcode, body abi.Body, result uint64) replicate.Record {

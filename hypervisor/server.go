@@ -5,15 +5,15 @@
 // It owns the server (sessions and their lifetimes, lifetime.go: the
 // serving node's clock frees a session no guest resumes within its grace
 // period, and a node that begins to serve adopts the sessions no
-// connection serves), the guest device-address windows and the
-// deterministic allocator inside them (a session's memory room,
-// memory.go), the handler table (opTable: one handler per row of abi's
-// opcode table, which says what each opcode is), and the primary's
-// replication hooks (replication.go, resync.go, readback.go). Its rooms
-// own the rest, each behind a small interface of its own: the connection
-// edge (package guestconn), a session's objects (objects), apertures
-// (aperture) and exactly-once table (exactlyonce), the replica side
-// (replica), tenants (tenancy) and module images (images).
+// connection serves; the guest windows' slots), the handler table
+// (opTable: one handler per row of abi's opcode table, which says what
+// each opcode is), where a copy's bytes are read (inplace.go), and the
+// primary's replication hooks (replication.go, resync.go, readback.go).
+// Its rooms own the rest, each behind a small interface of its own: the
+// connection edge (package guestconn), a session's device memory (devmem),
+// objects (objects), apertures (aperture) and exactly-once table
+// (exactlyonce), the replica side (replica), tenants (tenancy) and module
+// images (images).
 // It must never: trust a byte a guest sends (package abi decodes), let one
 // guest name another's memory or handles, or let a guest's misbehaviour
 // (garbage, a cut connection, a flood) affect any other session.
@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
+	"github.com/vgpuha/vgpuha/hypervisor/devmem"
 	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
@@ -333,7 +334,7 @@ func (s *Server) hello(payload []byte, p guestconn.Peer) (*Session, abi.Body, er
 	sess.mu.Lock()
 	sess.attach(grace)
 	sess.mu.Unlock()
-	reply := &abi.HelloReply{Session: id, WindowBase: sess.mem.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
+	reply := &abi.HelloReply{Session: id, WindowBase: sess.mem.Base(), WindowSize: s.cfg.WindowSize, Term: s.Term()}
 	if p.Version >= 2 { // a version-1 guest's decoder knows no token
 		reply.Token = open.Token
 	}
@@ -408,7 +409,7 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 		}
 	}
 	s.metrics.resumed.Inc()
-	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.mem.base, WindowSize: sess.mem.size, Term: s.term, Applied: sess.once.Last()}, nil
+	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.mem.Base(), WindowSize: sess.mem.Size(), Term: s.term, Applied: sess.once.Last()}, nil
 }
 
 // Role is what the node's role authority decided, as the server needs
@@ -543,16 +544,16 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	}
 	// A primary's guest sees whatever base its backend gave; only a
 	// standby, bound to the primary's addresses, translates.
-	sess.mem = memory{ctx: ctx, cfg: &sess.cfg, metrics: s.metrics, base: base, size: s.cfg.WindowSize, delta: got - base}
-	sess.objs = objects.New(ctx, &sess.mem, objects.Config{
+	sess.mem = devmem.New(ctx, devmem.Config{MemoryQuota: s.cfg.MemoryQuota, AllocAlign: s.cfg.AllocAlign, MaxPayload: s.cfg.MaxPayload,
+		InPlaceBytes: s.metrics.countInPlace}, base, s.cfg.WindowSize, got-base)
+	sess.objs = objects.New(ctx, sess.mem, objects.Config{
 		Backend: s.backend, GuestKernels: s.cfg.GuestKernels, MaxObjects: s.cfg.MaxObjects,
 		Images: s.images, Tenant: open.Tenant, ImageBytes: s.metrics.countImageBytes,
 	})
-	sess.mem.objs = sess.objs
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sess.tenant = s.tenants.Get(open.Tenant) // counted by the caller
-	sess.mem.tenant = sess.tenant
+	sess.mem.Attach(sess.objs, sess.tenant)
 	if s.repl != nil {
 		sess.setRecord(s.recorder(id))
 		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.Append(nil)})
@@ -593,7 +594,7 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 		s.log.Error("closing backend context", "session", sess.id, "err", err)
 	}
 	t, kept := sess.tenant, sess.kept
-	sess.mem.release()
+	sess.mem.Release()
 	sess.objs.Reset()
 	sess.kept = false
 	sess.mu.Unlock()
@@ -709,11 +710,11 @@ func (s *Server) Status() Status {
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{
-			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.mem.base),
-			Allocations: sess.mem.ranges.Len(), Bytes: sess.mem.ranges.Total(),
-			Objects:    sess.mem.ranges.Len() + sess.objs.Len(),
+			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.mem.Base()),
+			Allocations: sess.mem.Allocations(), Bytes: sess.mem.Bytes(),
+			Objects:    sess.mem.Allocations() + sess.objs.Len(),
 			Requests:   sess.requests,
-			Translated: sess.mem.delta != 0,
+			Translated: sess.mem.Translated(),
 			Unsafe:     sess.unsafe,
 			Failed:     sess.failed,
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
+	"github.com/vgpuha/vgpuha/hypervisor/devmem"
 	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
@@ -38,9 +39,9 @@ type Session struct {
 
 	mu  sync.Mutex
 	ctx gpu.Context
-	// mem is the session's device memory (memory.go); objs its modules,
-	// functions and streams (package objects).
-	mem  memory
+	// mem is the session's device memory (package devmem); objs its
+	// modules, functions and streams (package objects).
+	mem  *devmem.Memory
 	objs *objects.Set
 	// unsafe is set on a replica session that could not do what the
 	// primary did (e.g. a kernel followed a guest pointer stored in memory
@@ -105,9 +106,9 @@ func typed[T abi.Body](fn func(*Session, T) (abi.Body, error)) handler {
 	return func(s *Session, b abi.Body) (abi.Body, error) { return fn(s, b.(T)) }
 }
 
-// onMemory adapts a handler of the session's memory (memory.go).
-func onMemory[T abi.Body](fn func(*memory, T) (abi.Body, error)) handler {
-	return func(s *Session, b abi.Body) (abi.Body, error) { return fn(&s.mem, b.(T)) }
+// onMemory adapts a handler of the session's memory (package devmem).
+func onMemory[T abi.Body](fn func(*devmem.Memory, T) (abi.Body, error)) handler {
+	return func(s *Session, b abi.Body) (abi.Body, error) { return fn(s.mem, b.(T)) }
 }
 
 // onObjects adapts a handler of the session's objects (package objects).
@@ -120,12 +121,12 @@ func onObjects[T abi.Body](fn func(*objects.Set, T) (abi.Body, error)) handler {
 // the connection's). What an op is (async, mutating, committing, its
 // result and stream) is abi's row; handle and apply join the two.
 var opTable = map[abi.Opcode]handler{
-	abi.OpAlloc:            onMemory((*memory).alloc),
+	abi.OpAlloc:            onMemory((*devmem.Memory).Alloc),
 	abi.OpFree:             typed((*Session).free),
-	abi.OpCopyHtoD:         onMemory((*memory).copyHtoD),
-	abi.OpCopyDtoH:         onMemory((*memory).copyDtoH),
-	abi.OpCopyDtoD:         onMemory((*memory).copyDtoD),
-	abi.OpMemset:           onMemory((*memory).memset),
+	abi.OpCopyHtoD:         onMemory((*devmem.Memory).CopyHtoD),
+	abi.OpCopyDtoH:         onMemory((*devmem.Memory).CopyDtoH),
+	abi.OpCopyDtoD:         onMemory((*devmem.Memory).CopyDtoD),
+	abi.OpMemset:           onMemory((*devmem.Memory).Memset),
 	abi.OpModuleLoad:       onObjects((*objects.Set).ModuleLoad),
 	abi.OpModuleUnload:     onObjects((*objects.Set).ModuleUnload),
 	abi.OpGetFunction:      onObjects((*objects.Set).GetFunction),
@@ -137,8 +138,8 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpApertureAttach:   typed((*Session).apertureAttach),
 	abi.OpDeviceInfo:       onObjects((*objects.Set).DeviceInfo),
 	abi.OpFunctionParams:   onObjects((*objects.Set).FunctionParams),
-	abi.OpCopyHtoDHost:     onMemory((*memory).copyHtoDHost),
-	abi.OpCopyDtoHHost:     onMemory((*memory).copyDtoHHost),
+	abi.OpCopyHtoDHost:     onMemory((*devmem.Memory).CopyHtoDHost),
+	abi.OpCopyDtoHHost:     onMemory((*devmem.Memory).CopyDtoHHost),
 	abi.OpModuleGlobal:     onObjects((*objects.Set).ModuleGlobal),
 	abi.OpGlobalWrite:      onObjects((*objects.Set).GlobalWrite),
 	abi.OpGlobalRead:       onObjects((*objects.Set).GlobalRead),
@@ -251,7 +252,7 @@ func (s *Session) attach(grace time.Duration) {
 }
 
 func (s *Session) free(r *abi.Free) (abi.Body, error) {
-	if rg, ok := s.mem.ranges.Find(r.Ptr, 0); !ok || rg.Addr != r.Ptr {
+	if _, ok := s.mem.Allocation(r.Ptr); !ok {
 		return nil, fail(abi.StatusInvalidValue, "free: no allocation of this session starts at %#x", r.Ptr)
 	}
 	if s.mmio != nil {
@@ -260,11 +261,5 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 			s.stopMMIO() // no aperture left: the guest runs untraced
 		}
 	}
-	if err := s.ctx.Free(s.mem.dev(r.Ptr)); err != nil {
-		return nil, err
-	}
-	if rg, ok := s.mem.ranges.Remove(r.Ptr); ok {
-		s.mem.tenant.Release(rg.Size)
-	}
-	return nil, nil
+	return nil, s.mem.Free(r.Ptr)
 }
