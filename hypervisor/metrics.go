@@ -21,7 +21,7 @@ type metrics struct {
 	// different from what the guest read on the primary (readback.go).
 	readBackRepairs prometheus.Counter
 	// imageBytes counts module image bytes loaded, by where they came
-	// from: sent by the guest, or the node's image cache (images.go).
+	// from: sent by the guest, or the node's image cache (package images).
 	imageBytes *prometheus.CounterVec
 	// latency by opcode, made once: a request finds its child by index,
 	// not by hashing label values.

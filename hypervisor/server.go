@@ -94,7 +94,7 @@ type Config struct {
 	// MaxGrace caps the grace period a guest may ask for.
 	MaxGrace time.Duration
 	// ImageCacheBytes bounds the module images kept for the next process
-	// that loads them by hash (images.go); 0 keeps none.
+	// that loads them by hash (package images); 0 keeps none.
 	ImageCacheBytes int64
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
@@ -682,7 +682,7 @@ type Status struct {
 	// Tenancy: the device memory reserved for each tenant and what it
 	// uses (package tenancy).
 	Tenancy TenancyStatus `json:"tenancy"`
-	// Images: the module images this node keeps by content (images.go).
+	// Images: the module images this node keeps by content (package images).
 	Images ImageStatus `json:"images"`
 }
 

@@ -80,7 +80,7 @@ type Session struct {
 	decoder abi.RequestDecoder
 
 	// peerPID is the guest process on the other end of a unix socket (zero
-	// otherwise); mmio holds its apertures (aperture.go).
+	// otherwise); mmio holds its apertures (package aperture).
 	peerPID     int
 	mmio        *aperture.Set
 	mmioMetrics *mmiotrace.Metrics
