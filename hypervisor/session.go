@@ -119,7 +119,8 @@ func onObjects[T abi.Body](fn func(*objects.Set, T) (abi.Body, error)) handler {
 // opTable is the hypervisor's half of abi's opcode table: the handler of
 // every session request (every op abi does not mark Control; those are
 // the connection's). What an op is (async, mutating, committing, its
-// result and stream) is abi's row; handle and apply join the two.
+// result and stream) is abi's row; Serve and the replica's applier join
+// the two.
 var opTable = map[abi.Opcode]handler{
 	abi.OpAlloc:            onMemory((*devmem.Memory).Alloc),
 	abi.OpFree:             typed((*Session).free),
@@ -146,14 +147,9 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpModuleLoadCached: onObjects((*objects.Set).ModuleLoadCached),
 }
 
-// handle runs one request whose body is its payload (see Serve).
-func (s *Session) handle(op abi.Opcode, reqID uint64, async bool, payload []byte) (abi.Body, error) {
-	return s.Serve(guestconn.Request{Op: op, ID: reqID, Async: async, Payload: payload})
-}
-
-// Serve runs one request (guestconn.Session) and returns its reply body. With async set, an
-// error is kept for the next synchronization and returned wrapped in
-// deferredError (counted, not replied to).
+// Serve runs one request (guestconn.Session) and returns its reply body.
+// With async set, an error is kept for the next synchronization and
+// returned wrapped in guesterr.Deferred (counted, not replied to).
 //
 // Every handler validates all of its arguments before it changes anything,
 // so a refused request leaves the session as it was.
