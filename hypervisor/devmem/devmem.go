@@ -205,6 +205,8 @@ func (m *Memory) Checksum(addr, n uint64) (uint64, error) {
 	return gpu.Checksum(buf), nil
 }
 
+// Alloc allocates in the window (at the placed address on a resync),
+// within the session's and its tenant's quotas.
 func (m *Memory) Alloc(r *abi.Alloc) (abi.Body, error) {
 	if r.Size == 0 {
 		return nil, fail(abi.StatusInvalidValue, "alloc of zero bytes")
@@ -237,6 +239,9 @@ func (m *Memory) Alloc(r *abi.Alloc) (abi.Body, error) {
 	return &abi.AllocReply{Ptr: addr}, nil
 }
 
+// CopyHtoD copies to the device from the request, or from the shared
+// ring where the data lies (StreamFrom); a replayed record's copy may
+// stay queued.
 func (m *Memory) CopyHtoD(r *abi.CopyHtoD) (abi.Body, error) {
 	st, err := m.objs.Stream(r.Stream)
 	if err != nil {
@@ -258,6 +263,7 @@ func (m *Memory) CopyHtoD(r *abi.CopyHtoD) (abi.Body, error) {
 	return nil, m.ctx.CopyHtoD(m.dev(r.Dst), r.Data, st)
 }
 
+// CopyDtoH copies from the device into a reply (at most a frame).
 func (m *Memory) CopyDtoH(r *abi.CopyDtoH) (abi.Body, error) {
 	st, err := m.objs.Stream(r.Stream)
 	if err != nil {
@@ -276,6 +282,7 @@ func (m *Memory) CopyDtoH(r *abi.CopyDtoH) (abi.Body, error) {
 	return &abi.DataReply{Data: buf}, nil
 }
 
+// CopyDtoD copies between two of the session's allocations.
 func (m *Memory) CopyDtoD(r *abi.CopyDtoD) (abi.Body, error) {
 	st, err := m.objs.Stream(r.Stream)
 	if err != nil {
@@ -290,6 +297,7 @@ func (m *Memory) CopyDtoD(r *abi.CopyDtoD) (abi.Body, error) {
 	return nil, m.ctx.CopyDtoD(m.dev(r.Dst), m.dev(r.Src), r.Size, st)
 }
 
+// Memset fills count elements of width bytes.
 func (m *Memory) Memset(r *abi.Memset) (abi.Body, error) {
 	st, err := m.objs.Stream(r.Stream)
 	if err != nil {

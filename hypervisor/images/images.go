@@ -174,6 +174,7 @@ type Status struct {
 	Received int `json:"received"`
 }
 
+// Status reports what the stores hold.
 func (c *Cache) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()

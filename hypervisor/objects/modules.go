@@ -8,6 +8,7 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
+// ModuleLoad loads an image the guest sent, and caches it.
 func (o *Set) ModuleLoad(r *abi.ModuleLoad) (abi.Body, error) {
 	img, err := abi.DecodeModuleImage(r.Image)
 	if err != nil {
@@ -41,6 +42,7 @@ func (o *Set) checkGuestKernels(img *abi.ModuleImage) error {
 	}
 	return nil
 }
+// ModuleUnload unloads a module and forgets its functions.
 func (o *Set) ModuleUnload(r *abi.ModuleUnload) (abi.Body, error) {
 	h := handlemap.Handle(r.Module)
 	m, err := o.handles.Lookup(handlemap.KindModule, h)
@@ -57,6 +59,7 @@ func (o *Set) ModuleUnload(r *abi.ModuleUnload) (abi.Body, error) {
 	}
 	return nil, nil
 }
+// GetFunction looks a kernel up in a loaded module.
 func (o *Set) GetFunction(r *abi.GetFunction) (abi.Body, error) {
 	mh := handlemap.Handle(r.Module)
 	m, err := o.handles.Lookup(handlemap.KindModule, mh)

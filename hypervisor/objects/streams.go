@@ -7,6 +7,7 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
+// Stream is the backend's stream of guest handle h (0: the null stream).
 func (o *Set) Stream(h uint64) (gpu.Stream, error) {
 	if h == 0 {
 		return 0, nil
@@ -17,11 +18,14 @@ func (o *Set) Stream(h uint64) (gpu.Stream, error) {
 	}
 	return gpu.Stream(b), nil
 }
+// DeferError keeps the first error of a stream's asynchronous work for
+// its next synchronization.
 func (o *Set) DeferError(stream handlemap.Handle, err error) {
 	if _, seen := o.deferred[stream]; !seen {
 		o.deferred[stream] = err
 	}
 }
+// StreamCreate makes a stream.
 func (o *Set) StreamCreate(*abi.StreamCreate) (abi.Body, error) {
 	if err := o.CheckRoom(); err != nil {
 		return nil, err
@@ -36,6 +40,7 @@ func (o *Set) StreamCreate(*abi.StreamCreate) (abi.Body, error) {
 	}
 	return &abi.HandleReply{Handle: uint64(h)}, nil
 }
+// StreamDestroy destroys a stream (not the null one).
 func (o *Set) StreamDestroy(r *abi.StreamDestroy) (abi.Body, error) {
 	if r.Stream == 0 {
 		return nil, guesterr.Fail(abi.StatusInvalidHandle, "the null stream cannot be destroyed")
@@ -51,6 +56,7 @@ func (o *Set) StreamDestroy(r *abi.StreamDestroy) (abi.Body, error) {
 	delete(o.deferred, handlemap.Handle(r.Stream))
 	return nil, nil
 }
+// StreamSync waits for a stream and returns its deferred error.
 func (o *Set) StreamSync(r *abi.StreamSync) (abi.Body, error) {
 	st, err := o.Stream(r.Stream)
 	if err != nil {
@@ -66,6 +72,7 @@ func (o *Set) StreamSync(r *abi.StreamSync) (abi.Body, error) {
 	}
 	return nil, nil
 }
+// Sync waits for the device and returns the first deferred error.
 func (o *Set) Sync(*abi.Sync) (abi.Body, error) {
 	if err := o.ctx.Sync(); err != nil {
 		return nil, err
