@@ -33,6 +33,7 @@ func (o *Set) global(module uint64, name string, off, n uint64) (gpu.GlobalAcces
 	}
 	return acc, addr + off, size, nil
 }
+
 // ModuleGlobal returns a module variable's address and size.
 func (o *Set) ModuleGlobal(r *abi.ModuleGlobal) (abi.Body, error) {
 	_, addr, size, err := o.global(r.Module, r.Name, 0, 0)
@@ -41,6 +42,7 @@ func (o *Set) ModuleGlobal(r *abi.ModuleGlobal) (abi.Body, error) {
 	}
 	return &abi.GlobalReply{Addr: addr, Size: size}, nil
 }
+
 // GlobalWrite writes into a module variable, by module and name.
 func (o *Set) GlobalWrite(r *abi.GlobalWrite) (abi.Body, error) {
 	acc, addr, _, err := o.global(r.Module, r.Name, r.Offset, uint64(len(r.Data)))
@@ -49,6 +51,7 @@ func (o *Set) GlobalWrite(r *abi.GlobalWrite) (abi.Body, error) {
 	}
 	return nil, acc.WriteGlobal(addr, r.Data)
 }
+
 // GlobalRead reads from a module variable, by module and name.
 func (o *Set) GlobalRead(r *abi.GlobalRead) (abi.Body, error) {
 	if r.Length > abi.MaxGlobalCopy {

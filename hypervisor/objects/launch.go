@@ -40,6 +40,7 @@ func (o *Set) sharedLimit() uint32 {
 	}
 	return gpu.MaxSharedBytes
 }
+
 // Launch runs a kernel once every check has passed.
 func (o *Set) Launch(r *abi.Launch) (abi.Body, error) {
 	fh := handlemap.Handle(r.Function)

@@ -42,6 +42,7 @@ func (o *Set) checkGuestKernels(img *abi.ModuleImage) error {
 	}
 	return nil
 }
+
 // ModuleUnload unloads a module and forgets its functions.
 func (o *Set) ModuleUnload(r *abi.ModuleUnload) (abi.Body, error) {
 	h := handlemap.Handle(r.Module)
@@ -59,6 +60,7 @@ func (o *Set) ModuleUnload(r *abi.ModuleUnload) (abi.Body, error) {
 	}
 	return nil, nil
 }
+
 // GetFunction looks a kernel up in a loaded module.
 func (o *Set) GetFunction(r *abi.GetFunction) (abi.Body, error) {
 	mh := handlemap.Handle(r.Module)

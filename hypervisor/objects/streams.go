@@ -18,6 +18,7 @@ func (o *Set) Stream(h uint64) (gpu.Stream, error) {
 	}
 	return gpu.Stream(b), nil
 }
+
 // DeferError keeps the first error of a stream's asynchronous work for
 // its next synchronization.
 func (o *Set) DeferError(stream handlemap.Handle, err error) {
@@ -25,6 +26,7 @@ func (o *Set) DeferError(stream handlemap.Handle, err error) {
 		o.deferred[stream] = err
 	}
 }
+
 // StreamCreate makes a stream.
 func (o *Set) StreamCreate(*abi.StreamCreate) (abi.Body, error) {
 	if err := o.CheckRoom(); err != nil {
@@ -40,6 +42,7 @@ func (o *Set) StreamCreate(*abi.StreamCreate) (abi.Body, error) {
 	}
 	return &abi.HandleReply{Handle: uint64(h)}, nil
 }
+
 // StreamDestroy destroys a stream (not the null one).
 func (o *Set) StreamDestroy(r *abi.StreamDestroy) (abi.Body, error) {
 	if r.Stream == 0 {
@@ -56,6 +59,7 @@ func (o *Set) StreamDestroy(r *abi.StreamDestroy) (abi.Body, error) {
 	delete(o.deferred, handlemap.Handle(r.Stream))
 	return nil, nil
 }
+
 // StreamSync waits for a stream and returns its deferred error.
 func (o *Set) StreamSync(r *abi.StreamSync) (abi.Body, error) {
 	st, err := o.Stream(r.Stream)
@@ -72,6 +76,7 @@ func (o *Set) StreamSync(r *abi.StreamSync) (abi.Body, error) {
 	}
 	return nil, nil
 }
+
 // Sync waits for the device and returns the first deferred error.
 func (o *Set) Sync(*abi.Sync) (abi.Body, error) {
 	if err := o.ctx.Sync(); err != nil {
