@@ -30,9 +30,9 @@ func (n guestNode) LeaseExpired() bool                              { return n.s
 
 func (n guestNode) ReplyGate(op abi.Opcode, err error) func() bool { return n.s.replyGate(op, err) }
 
-func (n guestNode) Panicked(sess guestconn.Session, op abi.Opcode, p any, log *slog.Logger, reply *abi.Body, err *error) {
+func (n guestNode) Panicked(sess guestconn.Session, op abi.Opcode, p any, log *slog.Logger) (abi.Body, error) {
 	s, _ := sess.(*Session)
-	n.s.panicked(s, op, p, log, reply, err)
+	return nil, n.s.panicked(s, op, p, log)
 }
 
 // ID implements guestconn.Session.

@@ -26,17 +26,15 @@ import (
 
 // panicked turns a panic p recovered while serving one guest request of
 // op (guestconn recovers it) into the request's error.
-func (s *Server) panicked(sess *Session, op abi.Opcode, p any, log *slog.Logger, reply *abi.Body, err *error) {
+func (s *Server) panicked(sess *Session, op abi.Opcode, p any, log *slog.Logger) error {
 	s.metrics.panics.WithLabelValues(op.String()).Inc()
 	log.Error("recovered from a panic while serving a guest request; the request failed",
 		"op", op, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-	*reply = nil
 	if sess != nil && op.Info().Mutates {
 		s.failSession(sess, fmt.Sprintf("internal error in %s", op))
-		*err = fail(abi.StatusInternal, "internal error while serving %s; the session may be torn and has failed", op)
-		return
+		return fail(abi.StatusInternal, "internal error while serving %s; the session may be torn and has failed", op)
 	}
-	*err = fail(abi.StatusInternal, "internal error while serving %s; nothing was changed", op)
+	return fail(abi.StatusInternal, "internal error while serving %s; nothing was changed", op)
 }
 
 // failSession stops a session serving: its state may be torn. The standby

@@ -333,7 +333,7 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 	sess := c.sess // the session the request came to (none for a hello)
 	defer func() {
 		if p := recover(); p != nil { // a bug costs the request, never the node
-			c.e.node.Panicked(sess, f.Op, p, c.log, &reply, &err)
+			reply, err = c.e.node.Panicked(sess, f.Op, p, c.log)
 		}
 	}()
 	switch {

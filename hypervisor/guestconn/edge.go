@@ -43,8 +43,8 @@ type Node interface {
 	// LeaseExpired: the node may no longer answer guests.
 	LeaseExpired() bool
 	// Panicked turns a panic p recovered while serving one request of op
-	// (s may be nil) into the request's error.
-	Panicked(s Session, op abi.Opcode, p any, log *slog.Logger, reply *abi.Body, err *error)
+	// (s may be nil) into the request's reply and error.
+	Panicked(s Session, op abi.Opcode, p any, log *slog.Logger) (abi.Body, error)
 }
 
 // Session is a guest's session as its connection drives it.
