@@ -1,11 +1,11 @@
 package hypervisor
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -24,23 +24,17 @@ import (
 //   - logs the session, the op and the stack, and counts it in
 //     vgpuha_guest_request_panics_total.
 
-// recoverRequest is deferred around one guest request: it turns a panic
-// into the request's error.
-func (s *Server) recoverRequest(sess *Session, op abi.Opcode, log *slog.Logger, reply *abi.Body, err *error) {
-	p := recover()
-	if p == nil {
-		return
-	}
+// panicked turns a panic p recovered while serving one guest request of
+// op (guestconn recovers it) into the request's error.
+func (s *Server) panicked(sess *Session, op abi.Opcode, p any, log *slog.Logger) error {
 	s.metrics.panics.WithLabelValues(op.String()).Inc()
 	log.Error("recovered from a panic while serving a guest request; the request failed",
 		"op", op, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-	*reply = nil
 	if sess != nil && op.Info().Mutates {
 		s.failSession(sess, fmt.Sprintf("internal error in %s", op))
-		*err = fail(abi.StatusInternal, "internal error while serving %s; the session may be torn and has failed", op)
-		return
+		return fail(abi.StatusInternal, "internal error while serving %s; the session may be torn and has failed", op)
 	}
-	*err = fail(abi.StatusInternal, "internal error while serving %s; nothing was changed", op)
+	return fail(abi.StatusInternal, "internal error while serving %s; nothing was changed", op)
 }
 
 // failSession stops a session serving: its state may be torn. The standby
@@ -59,30 +53,8 @@ func (s *Session) failLocked(why string) {
 	}
 	if s.record != nil {
 		s.record.append(replicate.OpSessionClose, 0, nil, 0, 0, nil)
-		s.record = nil
+		s.setRecord(nil)
 	}
-}
-
-// recoverApply is deferred around applying one replicated record on a
-// standby: a panic marks the record's session unsafe and fails the record.
-func (s *Server) recoverApply(rec *replicate.Record, err *error) {
-	p := recover()
-	if p == nil {
-		return
-	}
-	s.metrics.panics.WithLabelValues(rec.Op.String()).Inc()
-	s.log.Error("recovered from a panic while applying a replicated record",
-		"session", rec.Session, "op", rec.Op, "seq", rec.Seq, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-	why := fmt.Sprintf("internal error applying %s (seq %d)", rec.Op, rec.Seq)
-	s.mu.Lock()
-	sess := s.sessions[rec.Session]
-	s.mu.Unlock()
-	if sess != nil {
-		sess.mu.Lock()
-		sess.markUnsafe(why)
-		sess.mu.Unlock()
-	}
-	*err = errors.New(why)
 }
 
 // recoverFlush is deferred around a timer-driven aperture flush (which runs
@@ -100,43 +72,5 @@ func (s *Session) recoverFlush() {
 	s.failLocked("internal error flushing aperture writes") // the timer stops flushing a failed session
 }
 
-// Refusal classes counted in vgpuha_guest_refusals_total{reason}.
-const (
-	refusedSessionFailed  = "session_failed"  // a request after its session failed
-	refusedReplayMismatch = "replay_mismatch" // an applied id resent with other content
-	refusedRequestID      = "request_id"      // an id too far past the last applied one
-	refusedUnknownRequest = "unknown_request" // an id at or below the last applied one, never applied
-	refusedResumeToken    = "resume_token"    // resume with a missing or wrong token
-	refusedResumeAttached = "resume_attached" // resume of a session served elsewhere
-	refusedBufferBudget   = "buffer_budget"   // request bytes over the node's budget
-	refusedTenantMemory   = "tenant_memory"   // allocation over the tenant's quota
-	refusedTenantSessions = "tenant_sessions" // session over the tenant's limit
-	refusedTenantDetached = "tenant_detached" // detached session over the tenant's limit: freed
-	refusedGraceCapped    = "grace_capped"    // grace asked above the cap (granted the cap)
-)
-
-var refusalReasons = []string{refusedSessionFailed, refusedReplayMismatch, refusedRequestID, refusedUnknownRequest, refusedResumeToken,
-	refusedResumeAttached, refusedBufferBudget, refusedTenantMemory, refusedTenantSessions, refusedTenantDetached,
-	refusedGraceCapped, refusedTenantAdmission}
-
-// refusedError is a request refused for a reason operators count and see
-// in the log (a guest probing the node leaves a trace).
-type refusedError struct {
-	*opError
-	reason string
-}
-
-func (e *refusedError) Unwrap() error { return e.opError }
-
-// refuse is fail with a counted reason.
-func refuse(reason string, st abi.Status, format string, args ...any) error {
-	return &refusedError{opError: &opError{status: st, err: fmt.Errorf(format, args...)}, reason: reason}
-}
-
-// deferredError is an asynchronous request's failure, kept for the next
-// synchronization: the connection counts it under the request's op and
-// status but sends no reply.
-type deferredError struct{ err error }
-
-func (e deferredError) Error() string { return e.err.Error() }
-func (e deferredError) Unwrap() error { return e.err }
+// refuse is fail with a counted reason (guesterr.Reasons).
+var refuse = guesterr.Refuse

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/kernels"
@@ -227,12 +228,12 @@ func TestApplyRecoversPanic(t *testing.T) {
 		{Op: replicate.Op(abi.OpAlloc), Session: 1, ReqID: 2, Result: base, Body: (&abi.Alloc{Size: 4096}).Append(nil)},
 	}
 	for _, r := range recs {
-		if err := srv.ApplyRecord(&r); err != nil {
+		if err := replica.New(srv, quietLog()).Apply(&r); err != nil {
 			t.Fatal(err)
 		}
 	}
 	bad := replicate.Record{Op: replicate.Op(abi.OpMemset), Session: 1, ReqID: 3, Body: (&abi.Memset{Dst: base, Width: 4, Value: boom, Count: 1}).Append(nil)}
-	if err := srv.ApplyRecord(&bad); err == nil {
+	if err := replica.New(srv, quietLog()).Apply(&bad); err == nil {
 		t.Fatal("a record whose apply panicked reported success")
 	}
 	if st := srv.Status(); len(st.Sessions) != 1 || st.Sessions[0].Unsafe == "" {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -23,7 +24,7 @@ func regionSession(t testing.TB) (sess *Session, ptr uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err = srv.newSession(1, 0, sessionOpen{guest: "g"}, cfg.WindowBase)
+	sess, err = srv.newSession(1, 0, sessionOpen{Guest: "g"}, cfg.WindowBase)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +32,7 @@ func regionSession(t testing.TB) (sess *Session, ptr uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess.host = &hostRegion{mem: make([]byte, regionBytes)}
+	sess.mem.SetHost(guestconn.NewRegion(make([]byte, regionBytes)))
 	return sess, abi.ResultOf(reply)
 }
 
@@ -42,8 +43,8 @@ const regionBytes = 64 << 10
 // request only; the session goes on serving host copies.
 func TestHostCopyChecks(t *testing.T) {
 	sess, ptr := regionSession(t)
-	for i := range sess.host.mem {
-		sess.host.mem[i] = byte(i * 13)
+	for i := range sess.mem.Host().Bytes() {
+		sess.mem.Host().Bytes()[i] = byte(i * 13)
 	}
 	bad := []struct {
 		name string
@@ -75,15 +76,15 @@ func TestHostCopyChecks(t *testing.T) {
 	if _, err := sess.handle(abi.OpCopyHtoDHost, 101, false, (&abi.HostCopy{Dev: ptr, Offset: 4096, Size: 16 << 10}).Append(nil)); err != nil {
 		t.Fatal(err)
 	}
-	want := bytes.Clone(sess.host.mem[4096 : 4096+16<<10])
+	want := bytes.Clone(sess.mem.Host().Bytes()[4096 : 4096+16<<10])
 	if _, err := sess.handle(abi.OpCopyDtoHHost, 102, false, (&abi.HostCopy{Dev: ptr, Offset: 40 << 10, Size: 16 << 10}).Append(nil)); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(sess.host.mem[40<<10:56<<10], want) {
+	if !bytes.Equal(sess.mem.Host().Bytes()[40<<10:56<<10], want) {
 		t.Fatal("the copy out of the device does not hold what the copy in wrote")
 	}
 	// Without a region: StatusNotSupported, which makes the guest send it inline.
-	sess.host = nil
+	sess.mem.SetHost(nil)
 	if _, err := sess.handle(abi.OpCopyHtoDHost, 103, false, (&abi.HostCopy{Dev: ptr, Size: 8}).Append(nil)); !errors.Is(err, abi.StatusNotSupported) {
 		t.Fatalf("without a region: %v", err)
 	}

@@ -3,6 +3,9 @@ package hypervisor
 import (
 	"log/slog"
 	"time"
+
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
+	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 )
 
 // A session's lifetime. Every session has exactly one owner and one clock:
@@ -36,15 +39,6 @@ import (
 // whose connection ended is about to free.
 const closingSlotWait = 2 * time.Second
 
-// graceOr is the grace period the record gave, or fallback when it did
-// not say (an older primary's record).
-func (o sessionOpen) graceOr(fallback time.Duration) time.Duration {
-	if o.graceKnown {
-		return o.grace
-	}
-	return fallback
-}
-
 // now is the server's clock.
 func (s *Server) now() time.Time { return s.cfg.Clock() }
 
@@ -64,20 +58,20 @@ func (s *Server) detach(sess *Session, log *slog.Logger) {
 	sess.attached = false
 	keep := grace > 0 && !s.closed && !s.fenced
 	t := sess.tenant
-	over := keep && t != nil && t.detached >= t.quota.Detached
+	over := keep && t != nil && t.Detached >= t.Quota.Detached
 	if keep && !over {
 		sess.kept = true
 		if t != nil {
-			t.detached++
+			t.Detached++
 		}
 		s.startGraceLocked(sess, grace)
 	}
 	sess.mu.Unlock()
 	s.mu.Unlock()
 	if over {
-		s.metrics.refusals.WithLabelValues(refusedTenantDetached).Inc()
+		s.metrics.refusals.WithLabelValues(guesterr.TenantDetached).Inc()
 		log.Warn("guest connection lost; not keeping the session: its tenant keeps the most detached sessions it may",
-			"tenant", t.id, "limit", t.quota.Detached)
+			"tenant", t.ID, "limit", t.Quota.Detached)
 	}
 	if !keep || over {
 		s.closeSession(sess)
@@ -119,7 +113,7 @@ func (s *Server) adoptDetachedLocked() {
 		sess.mu.Lock()
 		if !sess.attached && !sess.closed && sess.expiry == nil {
 			if !sess.kept && sess.tenant != nil {
-				sess.tenant.detached++
+				sess.tenant.Detached++
 			}
 			sess.kept = true
 			s.startGraceLocked(sess, min(sess.grace, s.cfg.MaxGrace))
@@ -153,7 +147,7 @@ func (s *Server) expireDetached() {
 // being let go (its guest said bye, or its connection just ended), it
 // waits for that, up to closingSlotWait, before it refuses: a program
 // started right after another one exited gets the slot that one held.
-func (s *Server) takeSlot(tenantID string) (slot int, t *tenant, id uint64, err error) {
+func (s *Server) takeSlot(tenantID string) (slot int, t *tenancy.Tenant, id uint64, err error) {
 	deadline := time.Now().Add(closingSlotWait)
 	for {
 		s.mu.Lock()
@@ -191,13 +185,13 @@ func (s *Server) freeSlotLocked() int {
 
 // giveSlotBack returns a slot and a tenant's session that a session could
 // not be opened in.
-func (s *Server) giveSlotBack(slot int, t *tenant) {
+func (s *Server) giveSlotBack(slot int, t *tenancy.Tenant) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.slots[slot] = false
 	if t != nil {
-		t.sessions--
-		s.dropTenantLocked(t)
+		t.Sessions--
+		s.tenants.Drop(t)
 	}
 	s.signalSlotFreedLocked()
 }
@@ -222,4 +216,15 @@ func (s *Server) sessionEnding() (done func()) {
 func (s *Server) signalSlotFreedLocked() {
 	close(s.slotFreed)
 	s.slotFreed = make(chan struct{})
+}
+
+// grace caps the grace period a guest asked for.
+func (s *Server) grace(ms uint32, log func(string, ...any)) time.Duration {
+	asked := time.Duration(ms) * time.Millisecond
+	if asked <= s.cfg.MaxGrace {
+		return asked
+	}
+	s.metrics.refusals.WithLabelValues(guesterr.GraceCapped).Inc()
+	log("guest asked for a longer grace period than allowed; granted the cap", "asked", asked, "granted", s.cfg.MaxGrace)
+	return s.cfg.MaxGrace
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -121,7 +122,7 @@ func TestPromotedNodeAdoptsDetachedSessions(t *testing.T) {
 		grace time.Duration
 	}{{1, 5 * time.Second}, {2, 5 * time.Second}, {3, 0}, {4, time.Hour}} {
 		r := hypervisor.SessionOpenRecord(rec.id, base(rec.id-1), "g", "uid:0", token, rec.grace)
-		if err := srv.ApplyRecord(&r); err != nil {
+		if err := replica.New(srv, quietLog()).Apply(&r); err != nil {
 			t.Fatal(err)
 		}
 	}

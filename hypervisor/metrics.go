@@ -1,9 +1,9 @@
 package hypervisor
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -21,7 +21,7 @@ type metrics struct {
 	// different from what the guest read on the primary (readback.go).
 	readBackRepairs prometheus.Counter
 	// imageBytes counts module image bytes loaded, by where they came
-	// from: sent by the guest, or the node's image cache (images.go).
+	// from: sent by the guest, or the node's image cache (package images).
 	imageBytes *prometheus.CounterVec
 	// latency by opcode, made once: a request finds its child by index,
 	// not by hashing label values.
@@ -68,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Help: "Module image bytes loaded, by where they came from: guest (sent with the load) or cache (named by hash, already on this node).",
 		}, []string{"from"}),
 	}
-	for _, r := range refusalReasons {
+	for _, r := range guesterr.Reasons {
 		m.refusals.WithLabelValues(r)
 	}
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -99,7 +99,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		}, func() float64 { return float64(s.Term()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_guest_request_buffer_bytes", Help: "Bytes of large guest frames buffered now, out of the node's request buffer budget.",
-		}, func() float64 { return float64(s.budget.Used()) }),
+		}, func() float64 { return float64(s.edge.Budget().Used()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vgpuha_guest_sessions", Help: "Open guest sessions.",
 		}, status(func(st Status) float64 { return float64(len(st.Sessions)) })),
@@ -126,30 +126,15 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	return m, err
 }
 
-// okCounters holds one connection's counters of requests answered "ok",
-// by opcode, each made on its op's first success (a series appears once
-// it counts something): the connection finds its counter by index, not
-// by hashing label values per request. One goroutine uses it.
-type okCounters []prometheus.Counter
-
-// countRequest counts one request of op answered with st.
-func (m *metrics) countRequest(ok *okCounters, op abi.Opcode, st abi.Status) {
-	if st != abi.StatusOK || int(op) >= len(m.latency) {
-		m.requests.WithLabelValues(op.String(), st.String()).Inc()
-		return
-	}
-	if *ok == nil {
-		*ok = make(okCounters, len(m.latency))
-	}
-	if (*ok)[op] == nil {
-		(*ok)[op] = m.requests.WithLabelValues(op.String(), st.String())
-	}
-	(*ok)[op].Inc()
+// countImageBytes counts n bytes of module images loaded from (guest or cache).
+func (m *metrics) countImageBytes(from string, n int64) {
+	m.imageBytes.WithLabelValues(from).Add(float64(n))
 }
 
-// observeLatency records how long a request of op took since start.
-func (m *metrics) observeLatency(op abi.Opcode, start time.Time) {
-	if int(op) < len(m.latency) && m.latency[op] != nil {
-		m.latency[op].Observe(time.Since(start).Seconds())
-	}
+// countInPlace counts n copy bytes taken where they lay, by where they went.
+func (m *metrics) countInPlace(to string, n int) { m.inPlace.WithLabelValues(to).Add(float64(n)) }
+
+// edge is the counters a node's guest connections add to.
+func (m *metrics) edge() *guestconn.Metrics {
+	return &guestconn.Metrics{Requests: m.requests, FrameErrors: m.frameErrors, Refusals: m.refusals, Latency: m.latency}
 }

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -71,7 +72,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpCopyDtoHHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 0, Size: 100} }, nil},
 		{abi.OpFree, func() abi.Body { return &abi.Free{Ptr: ptr} }, nil},
 	}
-	sess.host = &hostRegion{mem: make([]byte, 8192)} // as a shared-memory connection's region
+	sess.mem.SetHost(guestconn.NewRegion(make([]byte, 8192))) // as a shared-memory connection's region
 	ran := map[abi.Opcode]bool{}
 	for i, step := range steps {
 		op, info, reqID := step.op, step.op.Info(), uint64(i+1)

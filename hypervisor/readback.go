@@ -1,7 +1,6 @@
 package hypervisor
 
 import (
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -33,7 +32,7 @@ var readBacks = map[abi.Opcode]readBackOf{
 	},
 	abi.OpCopyDtoHHost: func(s *Session, req, _ abi.Body) (abi.Opcode, abi.Body) {
 		r := req.(*abi.HostCopy)
-		data, err := s.hostSpan(r) // checked by the read that just succeeded
+		data, err := s.mem.HostSpan(r) // checked by the read that just succeeded
 		if err != nil {
 			return 0, nil
 		}
@@ -57,21 +56,4 @@ func (s *Session) recordReadBack(op abi.Opcode, req, reply abi.Body) {
 		return
 	}
 	s.record.append(replicate.Op(wop), 0, w.Append(nil), 0, replicate.FlagReadBack, nil)
-}
-
-// noteReadBack counts a read-back that finds the replica's bytes different
-// from what the guest read on the primary: the replica diverged there (a
-// kernel that is not reproducible) and the record about to be applied
-// repairs it.
-// Precondition: s.mu must be locked.
-func (s *Session) noteReadBack(req abi.Body) {
-	w, ok := req.(*abi.CopyHtoD)
-	if !ok || len(w.Data) == 0 || s.checkRange(w.Dst, uint64(len(w.Data)), "read-back") != nil {
-		return
-	}
-	sum, err := s.checksum(w.Dst, uint64(len(w.Data)))
-	if err == nil && sum == gpu.Checksum(w.Data) {
-		return
-	}
-	s.srv.metrics.readBackRepairs.Inc()
 }

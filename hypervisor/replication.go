@@ -5,26 +5,16 @@ import (
 	"sort"
 	"time"
 
-	"github.com/vgpuha/vgpuha/handlemap"
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
-// This file connects sessions to replication. On the primary, every state
-// change a session makes is appended to a replicate.Log in execution order,
-// replies obey the mode's commit rule, and a verify point is taken with
-// every session stopped (a resync snapshot too, but only for a moment:
-// resync.go). On the standby, the same
-// Session code applies the records (ApplyRecord): one implementation of
-// validation and execution for both sides, so a standby checks the stream
-// exactly as the primary checked the guest. The one difference is waiting:
-// a replica's host-to-device copy may stay queued on its GPU
-// (QueueReplayedCopies), since the standby keeps the record's buffer until
-// it settles the copy, where a guest's buffer is reused once its call
-// returns. (Measured on two H200s, primary and standby on a GPU each: the
-// standby's applier spent 53% of a catch-up in cuMemcpyHtoD waiting for
-// each 256 KiB copy and the GPU work queued before it.)
+// This file is the primary's side of replication: every state change a
+// session makes is appended to a replicate.Log in execution order, replies
+// obey the mode's commit rule, and a verify point is taken with every
+// session stopped (a resync snapshot too, but only for a moment:
+// resync.go). The standby's side, applying the records through the same
+// session code, is package replica (replicas.go plugs the sessions in).
 
 // Replicate makes the server log every state change to log, and hold
 // replies according to mode. Call before serving guests.
@@ -39,10 +29,21 @@ func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 	for id, sess := range s.sessions {
 		sess.mu.Lock()
 		if sess.failed == "" {
-			sess.record = s.recorder(id)
+			sess.setRecord(s.recorder(id))
 		}
 		sess.mu.Unlock()
 	}
+}
+
+// setRecord sets (or, nil, clears) the session's hook into the log.
+// Precondition: s.mu must be locked.
+func (s *Session) setRecord(h *logHook) {
+	s.record = h
+	if h == nil {
+		s.objs.Replicate(nil)
+		return
+	}
+	s.objs.Replicate(h.log)
 }
 
 // recorder returns the session's hook into the log.
@@ -68,6 +69,22 @@ func (h *logHook) append(op replicate.Op, reqID uint64, payload []byte, result u
 		return
 	}
 	h.log.Append(r)
+}
+
+// request logs what a guest request of op (info) with payload did: the
+// change it made (the log takes in's draft, whose body payload is, if it
+// has one), or a kernel that ran and faulted, which the standby must run
+// too. A refused or non-mutating request logs nothing.
+func (h *logHook) request(op abi.Opcode, info abi.OpInfo, reqID uint64, payload []byte, reply abi.Body, err error, in *inPlaceCopy) {
+	switch {
+	case !info.Mutates:
+	case err == nil:
+		h.append(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0, in.takeDraft())
+	case info.RunsKernel && !isRefusal(err):
+		// The kernel ran and faulted: it may have written memory before
+		// it did, and the standby must run it too.
+		h.append(replicate.Op(op), reqID, payload, 0, replicate.FlagFailed, nil)
+	}
 }
 
 // mustWait is the commit rule: whether the reply to a synchronous request
@@ -141,13 +158,16 @@ func (s *Server) VerifyPoint(id uint64, apertures bool) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	s.stopTheWorld(func(sessions []*Session) {
 		for _, sess := range sessions {
-			sess.flushMMIO() // apertures are compared with their files (apertureSum)
+			sess.flushMMIO() // apertures are compared with their files (aperture.Set.Sum)
 		}
 		for _, sess := range sessions {
 			if !apertures {
 				break
 			}
-			apSums, recs := sess.verifyApertures(id)
+			if sess.mmio == nil {
+				continue
+			}
+			apSums, recs := sess.mmio.Verify(sess.id, id)
 			sums = append(sums, apSums...)
 			for _, rec := range recs {
 				s.repl.Append(rec)
@@ -172,31 +192,21 @@ func (s *Server) Checksums() []replicate.ObjectSum {
 func checksums(sessions []*Session) []replicate.ObjectSum {
 	var sums []replicate.ObjectSum
 	for _, sess := range sessions {
-		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.base, Sum: replicate.Checksum([]byte(sess.guest))})
-		sums = append(sums, sess.apertureSums()...) // a standby's verify --apertures
-		for _, r := range sess.ranges.All() {
-			sum, err := sess.checksum(r.Addr, r.Size)
+		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.mem.Base(), Sum: replicate.Checksum([]byte(sess.guest))})
+		sums = append(sums, sess.verifyMMIO.Sums(sess.id)...) // a standby's verify --apertures
+		for _, r := range sess.mem.Ranges() {
+			sum, err := sess.mem.Checksum(r.Addr, r.Size)
 			if err != nil {
 				sum = 0 // reported as a mismatch
 			}
-			if fileSum, ok := sess.apertureSum(r.Addr); ok {
+			if sess.mmio == nil {
+				// no aperture
+			} else if fileSum, ok := sess.mmio.Sum(r.Addr); ok {
 				sum = fileSum
 			}
 			sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
 		}
-		sess.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
-			o := replicate.ObjectSum{Session: sess.id, ID: uint64(h)}
-			switch k {
-			case handlemap.KindModule:
-				img := sess.moduleImages[h].Append(nil)
-				o.Kind, o.Size, o.Sum = replicate.ObjModule, uint64(len(img)), replicate.Checksum(img)
-			case handlemap.KindFunction:
-				o.Kind, o.Sum = replicate.ObjFunction, replicate.Checksum(fmt.Appendf(nil, "%d/%s", parent, sess.kernels[h].Name))
-			case handlemap.KindStream:
-				o.Kind = replicate.ObjStream
-			}
-			sums = append(sums, o)
-		})
+		sums = append(sums, sess.objs.Sums(sess.id)...)
 	}
 	return sums
 }
@@ -212,14 +222,14 @@ func (s *Server) Repair(session, addr uint64) error {
 	}
 	sess.mu.Lock()
 	defer sess.mu.Unlock()
-	r, ok := sess.ranges.Find(addr, 0)
-	if !ok || r.Addr != addr {
+	r, ok := sess.mem.Allocation(addr)
+	if !ok {
 		return fmt.Errorf("session %d has no allocation at %#x", session, addr)
 	}
-	if ok, err := sess.resendAperture(addr); ok {
-		return err
+	if sess.mmio != nil && sess.mmio.Resend(addr) {
+		return sess.flushMMIO()
 	}
-	recs, err := sess.contentRecords(r, replicate.FlagRepair)
+	recs, err := sess.mem.ContentRecords(sess.id, r, replicate.FlagRepair)
 	if err != nil {
 		return err
 	}
@@ -227,277 +237,6 @@ func (s *Server) Repair(session, addr uint64) error {
 		s.repl.Append(rec)
 	}
 	return nil
-}
-
-// contentRecords reads an allocation and returns copy records, at most
-// snapshotChunk bytes each, that write its contents on the standby.
-// Precondition: s.mu must be locked.
-func (s *Session) contentRecords(r handlemap.Range, flags uint16) ([]replicate.Record, error) {
-	var recs []replicate.Record
-	for off := uint64(0); off < r.Size; off += snapshotChunk {
-		buf := make([]byte, min(r.Size-off, snapshotChunk))
-		if err := s.ctx.CopyDtoH(buf, s.dev(r.Addr+off), 0); err != nil {
-			return recs, err
-		}
-		body := (&abi.CopyHtoD{Dst: r.Addr + off, Data: buf}).Append(nil)
-		recs = append(recs, replicate.Record{Session: s.id, Op: replicate.Op(abi.OpCopyHtoD), Flags: flags, Body: body})
-	}
-	return recs, nil
-}
-
-// ApplyRecord applies one replicated record to this (standby) server. It
-// never trusts the record: guest operations go through the same validation
-// as on the primary, and the result must match what the primary got. Once
-// QueueReplayedCopies was called, a copy the record makes from its body
-// may still be queued on the device when it returns: the caller keeps
-// rec.Body unchanged until a Settle of a later Mark returns.
-func (s *Server) ApplyRecord(rec *replicate.Record) (err error) {
-	defer s.recoverApply(rec, &err)
-	switch rec.Op {
-	case replicate.OpReset:
-		for _, sess := range s.sessionList() {
-			s.closeSession(sess)
-		}
-		s.images.resetReceived()
-		return nil
-	case replicate.OpImage:
-		return s.images.receive(rec.Body)
-	case replicate.OpSessionOpen:
-		return s.openReplica(rec.Session, rec.Result, rec.Body)
-	case replicate.OpEpoch, replicate.OpVerify, replicate.OpSnapshotEnd:
-		return nil
-	}
-	s.mu.Lock()
-	sess := s.sessions[rec.Session]
-	s.mu.Unlock()
-	if sess == nil {
-		return fmt.Errorf("%s for unknown session %d", rec.Op, rec.Session)
-	}
-	switch rec.Op {
-	case replicate.OpSessionClose:
-		s.closeSession(sess)
-		return nil
-	case replicate.OpMMIO:
-		sess.mu.Lock()
-		defer sess.mu.Unlock()
-		return sess.applyMMIO(rec.Body)
-	case replicate.OpVerifyMMIO:
-		sess.mu.Lock()
-		defer sess.mu.Unlock()
-		return sess.compareMMIO(rec.Result, rec.Body)
-	case replicate.OpSetNext:
-		sess.mu.Lock()
-		defer sess.mu.Unlock()
-		applied, err := decodeAppliedIDs(rec.Body)
-		if err != nil {
-			return err
-		}
-		sess.lastReq, sess.applied = max(sess.lastReq, rec.ReqID), applied
-		return sess.handles.SetNext(handlemap.Handle(rec.Result))
-	}
-	return sess.apply(rec)
-}
-
-// QueueReplayedCopies lets ApplyRecord leave a record's host-to-device
-// copy queued on the device (gpu.QueuedCopier) instead of waiting for it:
-// the caller promises to keep each record's body unchanged until it has
-// settled the copies (Mark, then Settle). A replica then applies runs of
-// records while the device works through them, rather than one device
-// round trip per copy.
-func (s *Server) QueueReplayedCopies() { s.queueReplay.Store(true) }
-
-// Mark notes how far every session's queued copies have come and returns
-// the mark, for Settle.
-func (s *Server) Mark() uint64 {
-	mark := s.replayMark.Add(1)
-	if err := s.eachQueued(func(q gpu.QueuedCopier) error { return q.Mark(mark) }); err != nil {
-		s.log.Warn("marking queued copies", "err", err) // the backend waited for them instead
-	}
-	return mark
-}
-
-// Settle returns once no copy queued before Mark returned upTo (or an
-// earlier mark) reads a record's body any more. An error is a queued
-// copy's failure (the replica may differ from the primary); every session
-// is settled all the same.
-func (s *Server) Settle(upTo uint64) error {
-	return s.eachQueued(func(q gpu.QueuedCopier) error { return q.Settle(upTo) })
-}
-
-// eachQueued runs fn on every open session whose context queues copies,
-// under the session's lock, and returns the first error.
-func (s *Server) eachQueued(fn func(gpu.QueuedCopier) error) error {
-	var first error
-	for _, sess := range s.sessionList() {
-		sess.mu.Lock()
-		q, ok := sess.ctx.(gpu.QueuedCopier)
-		var err error
-		if ok && !sess.closed { // closing waited for the device
-			err = fn(q)
-		}
-		sess.mu.Unlock()
-		if err != nil && first == nil {
-			first = fmt.Errorf("session %d: %w", sess.id, err)
-		}
-	}
-	return first
-}
-
-// openReplica creates a standby's copy of a primary session, asking the
-// backend for the same window base.
-func (s *Server) openReplica(id, base uint64, body []byte) error {
-	open, err := decodeSessionOpen(body)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	if s.sessions[id] != nil {
-		s.mu.Unlock()
-		return fmt.Errorf("session %d is already open", id)
-	}
-	// Once promoted, this node opens sessions of its own: their ids and
-	// windows must not collide with the replicated ones.
-	s.nextID = max(s.nextID, id)
-	slot := s.replicaSlot(base)
-	if slot < 0 {
-		s.mu.Unlock()
-		return fmt.Errorf("no free session slot for session %d", id)
-	}
-	s.slots[slot] = true
-	t := s.tenantLocked(open.tenant) // counted as on the primary, not limited
-	if t != nil {
-		t.sessions++
-	}
-	s.mu.Unlock()
-	sess, err := s.newSession(id, slot, open, base)
-	if err != nil {
-		s.giveSlotBack(slot, t)
-		return err
-	}
-	if sess.delta != 0 {
-		s.log.Warn("replica window not at the primary's base; translating addresses", "session", id,
-			"want", fmt.Sprintf("%#x", base), "got", fmt.Sprintf("%#x", base+sess.delta))
-	}
-	return nil
-}
-
-// replicaSlot is the slot of the primary's window at base (the same one,
-// when the windows are laid out alike), or else the first free slot.
-// Precondition: s.mu must be locked.
-func (s *Server) replicaSlot(base uint64) int {
-	if base >= s.cfg.WindowBase && (base-s.cfg.WindowBase)%s.cfg.WindowSize == 0 {
-		if i := (base - s.cfg.WindowBase) / s.cfg.WindowSize; i < uint64(len(s.slots)) && !s.slots[i] {
-			return int(i)
-		}
-	}
-	for i, used := range s.slots {
-		if !used {
-			return i
-		}
-	}
-	return -1
-}
-
-// apply runs one guest operation from the log on a replica session.
-func (s *Session) apply(rec *replicate.Record) error {
-	op, _ := rec.Op.Guest()
-	run, info := opTable[op], op.Info()
-	if run == nil || !info.Mutates {
-		return fmt.Errorf("record kind %s is not a state change", rec.Op)
-	}
-	req, err := abi.DecodeRequest(op, rec.Body)
-	if err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if rec.Flags&replicate.FlagPlaced != 0 {
-		if err := s.place(info.Result, rec.Result); err != nil {
-			return err
-		}
-	}
-	if rec.Flags&replicate.FlagReadBack != 0 {
-		s.noteReadBack(req)
-	}
-	reply, err := s.replay(run, req)
-	result := abi.ResultOf(reply)
-	if err == nil {
-		s.noteApplied(rec.ReqID, result)
-		s.prefaultPlaced(rec, req, result)
-	}
-	if rec.ReqID != 0 { // a resync's contents carry none: no checksum pass over them
-		s.noteContent(rec.ReqID, rec.BodyCRC())
-	}
-	primaryFailed := rec.Flags&replicate.FlagFailed != 0
-	switch {
-	case err != nil && !primaryFailed && s.delta != 0 && info.RunsKernel:
-		s.markUnsafe(fmt.Sprintf("unsafe: addresses are translated and kernel launch (seq %d) failed on the replica only; it likely follows device pointers stored in memory: %v", rec.Seq, err))
-	case err != nil && !primaryFailed:
-		s.markUnsafe(fmt.Sprintf("%s (seq %d) failed on the replica but not on the primary: %v", op, rec.Seq, err))
-	case err == nil && primaryFailed:
-		s.markUnsafe(fmt.Sprintf("%s (seq %d) succeeded on the replica but failed on the primary", op, rec.Seq))
-	case err == nil && result != rec.Result && rec.Flags&replicate.FlagRepair == 0:
-		s.markUnsafe(fmt.Sprintf("%s (seq %d) gave %#x on the replica, %#x on the primary", op, rec.Seq, result, rec.Result))
-	default:
-		return nil
-	}
-	return fmt.Errorf("session %d: %s", s.id, s.unsafe)
-}
-
-// replay runs a replicated request's handler with the session replaying
-// (its copies may stay queued), and ends that and any placement however
-// the handler ends, a panic included.
-// Precondition: s.mu must be locked.
-func (s *Session) replay(run handler, req abi.Body) (abi.Body, error) {
-	s.replaying = true
-	defer func() { s.replaying, s.placed = false, 0 }()
-	return run(s, req)
-}
-
-// prefaultPlaced asks the backend to make an allocation that a resync
-// recreated ready for its contents, which follow (gpu.Prefaulter).
-// Precondition: s.mu must be locked.
-func (s *Session) prefaultPlaced(rec *replicate.Record, req abi.Body, addr uint64) {
-	alloc, ok := req.(*abi.Alloc)
-	p, can := s.ctx.(gpu.Prefaulter)
-	if ok && can && rec.Flags&replicate.FlagPlaced != 0 {
-		p.Prefault(s.dev(addr), alloc.Size)
-	}
-}
-
-// place makes the object a resync record creates take the address or
-// handle the primary gave it (kind is the op's result) instead of the
-// one the standby would choose.
-// Precondition: s.mu must be locked.
-func (s *Session) place(kind abi.ResultKind, result uint64) error {
-	switch kind {
-	case abi.ResultAddress:
-		s.placed = result
-	case abi.ResultHandle:
-		return s.handles.SetNext(handlemap.Handle(result))
-	}
-	return nil
-}
-
-// Precondition: s.mu must be locked.
-func (s *Session) markUnsafe(why string) {
-	if s.unsafe == "" {
-		s.unsafe = why
-	}
-}
-
-// checksum computes gpu.Checksum of device memory, on the device where the
-// backend can.
-// Precondition: s.mu must be locked.
-func (s *Session) checksum(addr, n uint64) (uint64, error) {
-	if c, ok := s.ctx.(gpu.Checksummer); ok {
-		return c.Checksum(s.dev(addr), n)
-	}
-	buf := make([]byte, n)
-	if err := s.ctx.CopyDtoH(buf, s.dev(addr), 0); err != nil {
-		return 0, err
-	}
-	return gpu.Checksum(buf), nil
 }
 
 // Switchover hands the primary role to the standby with nothing lost: with

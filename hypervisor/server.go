@@ -1,16 +1,19 @@
-// Package hypervisor is the primary's backend for guest GPU calls: it accepts
-// guest connections, keeps one Session per guest, validates every request
-// against that guest's own allocations and handles, and executes it on a
-// gpu.Backend.
+// Package hypervisor is the primary's backend for guest GPU calls: it keeps
+// one Session per guest, validates every request against that guest's own
+// allocations and handles, and executes it on a gpu.Backend.
 //
-// It owns: sessions and their lifetimes (lifetime.go: the serving node's
-// clock frees a session no guest resumes within its grace period, and a
-// node that begins to serve adopts the sessions no connection serves),
-// the guest device-address windows and the deterministic allocator inside them, per-guest quotas and isolation, the handler table
-// (opTable: one handler per row of abi's opcode table, which says what each
-// opcode is), and a guest's apertures (aperture.go): the memory files it writes
-// directly, whose writes it collects through package mmiotrace at every
-// call's entry and turns into log records.
+// It owns the server (sessions and their lifetimes, lifetime.go: the
+// serving node's clock frees a session no guest resumes within its grace
+// period, and a node that begins to serve adopts the sessions no
+// connection serves; the guest windows' slots), the handler table
+// (opTable: one handler per row of abi's opcode table, which says what
+// each opcode is), where a copy's bytes are read (inplace.go), and the
+// primary's replication hooks (replication.go, resync.go, readback.go).
+// Its rooms own the rest, each behind a small interface of its own: the
+// connection edge (package guestconn), a session's device memory (devmem),
+// objects (objects), apertures (aperture) and exactly-once table
+// (exactlyonce), the replica side (replica), tenants (tenancy) and module
+// images (images).
 // It must never: trust a byte a guest sends (package abi decodes), let one
 // guest name another's memory or handles, or let a guest's misbehaviour
 // (garbage, a cut connection, a flood) affect any other session.
@@ -18,12 +21,20 @@
 // One goroutine serves each connection and runs its requests in order. The
 // per-session mutex serialises those requests with everything else that
 // touches the session: status readers, the aperture flush timer, a
-// snapshot or switchover stopping every session (stopTheWorld), and fencing.
+// snapshot or switchover stopping every session (stopTheWorld), a
+// replica's applier, and fencing.
 package hypervisor
 
 import (
 	"errors"
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/aperture"
+	"github.com/vgpuha/vgpuha/hypervisor/devmem"
+	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
+	"github.com/vgpuha/vgpuha/hypervisor/images"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
+	"github.com/vgpuha/vgpuha/hypervisor/objects"
+	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"log/slog"
 	"net"
 	"sort"
@@ -32,7 +43,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -64,9 +74,9 @@ type Config struct {
 	// connection may send 4 KiB).
 	MaxPayload int
 	// RequestBufferBytes bounds the request bytes buffered by all guest
-	// connections together (budget.go).
+	// connections together (package guestconn).
 	RequestBufferBytes int64
-	// Per tenant (tenant.go): the device memory its sessions hold
+	// Per tenant (package tenancy): the device memory its sessions hold
 	// together, its open sessions, and those it may leave detached;
 	// Tenants overrides them for named tenants ("uid:1000", "cid:3",
 	// "ip:10.0.0.5").
@@ -76,7 +86,7 @@ type Config struct {
 	Tenants           map[string]TenantQuota
 	// TenantOvercommit admits every tenant; without it a new tenant whose
 	// memory quota no longer fits in DeviceMemory beside the admitted
-	// tenants' is refused (tenant.go, Admission).
+	// tenants' is refused (package tenancy, Admission).
 	TenantOvercommit bool
 	// DeviceMemory is the device memory tenants' quotas are reserved from
 	// (0: the backend's, where it says; else no admission).
@@ -84,7 +94,7 @@ type Config struct {
 	// MaxGrace caps the grace period a guest may ask for.
 	MaxGrace time.Duration
 	// ImageCacheBytes bounds the module images kept for the next process
-	// that loads them by hash (images.go); 0 keeps none.
+	// that loads them by hash (package images); 0 keeps none.
 	ImageCacheBytes int64
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
@@ -93,19 +103,8 @@ type Config struct {
 	Clock func() time.Time
 }
 
-// MMIOConfig configures aperture tracing (package mmiotrace).
-type MMIOConfig struct {
-	Mode mmiotrace.Mode
-	// Pin puts the tracer and the guest's threads on one CPU while ptrace
-	// traces them (3–4× cheaper per traced write).
-	Pin bool
-	// FlushEvery flushes a session's aperture writes on a timer too, for
-	// guests that write without making calls.
-	FlushEvery time.Duration
-	// StepOnly single-steps every traced store instead of emulating it
-	// (for measuring the paper's unprotect/step/re-protect path).
-	StepOnly bool
-}
+// MMIOConfig configures aperture tracing (package aperture).
+type MMIOConfig = aperture.Config
 
 // DefaultConfig is sized for a shared GPU host.
 func DefaultConfig() Config {
@@ -156,13 +155,13 @@ type Server struct {
 	backend gpu.Backend
 	log     *slog.Logger
 	metrics *metrics
-	budget  *byteBudget // buffered request bytes, all connections
-	images  *imageCache // module images by content (images.go)
+	edge    *guestconn.Edge // serves guest connections (package guestconn)
+	images  *images.Cache   // module images by content (package images)
 
 	mu        sync.Mutex
 	sessions  map[uint64]*Session
-	tenants   map[string]*tenant // those with sessions or memory
-	slots     []bool             // window slots in use
+	tenants   *tenancy.Registry // those with sessions or memory
+	slots     []bool            // window slots in use
 	nextID    uint64
 	listeners map[net.Listener]struct{}
 	repl      *replicate.Log // nil: not replicating
@@ -188,11 +187,7 @@ type Server struct {
 	// replaced whenever one is done or a slot is freed (lifetime.go).
 	ending    int
 	slotFreed chan struct{}
-	// queueReplay: replayed copies may stay queued (QueueReplayedCopies);
-	// replayMark is the last mark of them (Mark).
-	queueReplay atomic.Bool
-	replayMark  atomic.Uint64
-	wg          sync.WaitGroup
+	wg        sync.WaitGroup
 }
 
 // NewServer returns a server running guests on backend. Metrics are
@@ -204,27 +199,40 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 	s := &Server{
 		cfg: cfg, backend: backend, log: log,
 		sessions:  map[uint64]*Session{},
-		tenants:   map[string]*tenant{},
 		slots:     make([]bool, cfg.MaxSessions),
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
-		budget:    newByteBudget(cfg.RequestBufferBytes, budgetWait),
-		images:    newImageCache(cfg.ImageCacheBytes),
+		images:    images.New(cfg.ImageCacheBytes),
 		slotFreed: make(chan struct{}),
 	}
 	s.termNow.Store(s.term)
 	if s.cfg.Clock == nil {
 		s.cfg.Clock = time.Now
 	}
-	s.cfg.DeviceMemory = deviceMemory(backend, cfg.DeviceMemory)
+	s.cfg.DeviceMemory = tenancy.DeviceMemory(backend, cfg.DeviceMemory)
+	s.tenants = tenancy.NewRegistry(tenancy.Config{
+		Default:    TenantQuota{Memory: cfg.TenantMemoryQuota, Sessions: cfg.TenantMaxSessions, Detached: cfg.TenantMaxDetached},
+		Tenants:    cfg.Tenants,
+		Overcommit: cfg.TenantOvercommit, DeviceMemory: s.cfg.DeviceMemory,
+	})
 	m, err := newMetrics(reg, s)
 	if err != nil {
 		return nil, err
 	}
 	s.metrics = m
+	s.edge = guestconn.New(guestNode{s}, guestconn.Config{MaxPayload: cfg.MaxPayload, RequestBufferBytes: cfg.RequestBufferBytes, Backend: backend},
+		m.edge(), log)
 	return s, nil
 }
+
+// ServeConn serves one guest connection until it ends (package
+// guestconn). A frame that cannot be trusted (bad magic, version or
+// checksum, over-long) gets an error reply and ends the connection; a
+// well-framed request with bad content gets an error reply and the
+// connection goes on. Either way only this connection's session is
+// affected.
+func (s *Server) ServeConn(conn net.Conn) { s.edge.ServeConn(conn) }
 
 // Serve accepts guest connections on ln until Close. It returns nil after
 // Close, or the listener's error.
@@ -300,16 +308,8 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// peer is who sent a hello: the ABI version it speaks, the tenant the
-// transport vouches for, and the connection's log.
-type peer struct {
-	version uint16
-	tenant  string
-	log     *slog.Logger
-}
-
 // hello opens a session for a new guest, or resumes one.
-func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
+func (s *Server) hello(payload []byte, p guestconn.Peer) (*Session, abi.Body, error) {
 	var req abi.Hello
 	if err := abi.Unmarshal(payload, &req); err != nil {
 		return nil, nil, fail(abi.StatusInvalidValue, "decoding hello: %w", err)
@@ -317,15 +317,15 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	if err := checkGuestName(req.GuestName); err != nil {
 		return nil, nil, err
 	}
-	grace := s.grace(req.GraceMS, p.log.Warn)
+	grace := s.grace(req.GraceMS, p.Log.Warn)
 	if req.Resume != 0 {
 		return s.resume(&req, grace)
 	}
-	slot, t, id, err := s.takeSlot(p.tenant)
+	slot, t, id, err := s.takeSlot(p.Tenant)
 	if err != nil {
 		return nil, nil, err
 	}
-	open := sessionOpen{guest: req.GuestName, token: newToken(), tenant: p.tenant, grace: grace, graceKnown: true}
+	open := sessionOpen{Guest: req.GuestName, Token: newToken(), Tenant: p.Tenant, Grace: grace, GraceKnown: true}
 	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
 	if err != nil {
 		s.giveSlotBack(slot, t)
@@ -334,16 +334,16 @@ func (s *Server) hello(payload []byte, p peer) (*Session, abi.Body, error) {
 	sess.mu.Lock()
 	sess.attach(grace)
 	sess.mu.Unlock()
-	reply := &abi.HelloReply{Session: id, WindowBase: sess.base, WindowSize: s.cfg.WindowSize, Term: s.Term()}
-	if p.version >= 2 { // a version-1 guest's decoder knows no token
-		reply.Token = open.token
+	reply := &abi.HelloReply{Session: id, WindowBase: sess.mem.Base(), WindowSize: s.cfg.WindowSize, Term: s.Term()}
+	if p.Version >= 2 { // a version-1 guest's decoder knows no token
+		reply.Token = open.Token
 	}
 	return sess, reply, nil
 }
 
 // takeSlotLocked takes a window slot and a session of tenant id's quota.
 // Precondition: s.mu must be locked.
-func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
+func (s *Server) takeSlotLocked(id string) (int, *tenancy.Tenant, error) {
 	if s.fenced {
 		return 0, nil, s.deposedLocked()
 	}
@@ -359,17 +359,17 @@ func (s *Server) takeSlotLocked(id string) (int, *tenant, error) {
 	if slot < 0 || s.closed {
 		return 0, nil, fail(abi.StatusOutOfMemory, "hypervisor already serves %d guests (its --guest.max-sessions)", s.cfg.MaxSessions)
 	}
-	t, err := s.admitLocked(id)
+	t, err := s.tenants.Admit(id)
 	if err != nil {
 		return 0, nil, err
 	}
-	if t != nil && t.sessions >= t.quota.Sessions {
-		return 0, nil, refuse(refusedTenantSessions, abi.StatusOutOfMemory,
-			"tenant %s already has %d sessions open, its limit (--tenant.max-sessions)", t.id, t.sessions)
+	if t != nil && t.Sessions >= t.Quota.Sessions {
+		return 0, nil, refuse(guesterr.TenantSessions, abi.StatusOutOfMemory,
+			"tenant %s already has %d sessions open, its limit (--tenant.max-sessions)", t.ID, t.Sessions)
 	}
 	s.slots[slot] = true
 	if t != nil {
-		t.sessions++
+		t.Sessions++
 	}
 	return slot, t, nil
 }
@@ -395,21 +395,21 @@ func (s *Server) resume(req *abi.Hello, grace time.Duration) (*Session, abi.Body
 	defer sess.mu.Unlock()
 	switch {
 	case !tokenMatches(sess.token, req.Token):
-		return nil, nil, refuse(refusedResumeToken, abi.StatusInvalidValue, "session %d: missing or wrong resume token", req.Resume)
+		return nil, nil, refuse(guesterr.ResumeToken, abi.StatusInvalidValue, "session %d: missing or wrong resume token", req.Resume)
 	case sess.failed != "":
 		return nil, nil, fail(abi.StatusInternal, "session %d has failed (%s)", req.Resume, sess.failed)
 	case sess.attached || sess.closed:
-		return nil, nil, refuse(refusedResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
+		return nil, nil, refuse(guesterr.ResumeAttached, abi.StatusInvalidValue, "session %d is already served on another connection", req.Resume)
 	}
 	sess.attach(grace)
 	if sess.kept {
 		sess.kept = false
 		if sess.tenant != nil {
-			sess.tenant.detached--
+			sess.tenant.Detached--
 		}
 	}
 	s.metrics.resumed.Inc()
-	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.base, WindowSize: sess.size, Term: s.term, Applied: sess.lastReq}, nil
+	return sess, &abi.HelloReply{Session: sess.id, WindowBase: sess.mem.Base(), WindowSize: sess.mem.Size(), Term: s.term, Applied: sess.once.Last()}, nil
 }
 
 // Role is what the node's role authority decided, as the server needs
@@ -538,24 +538,25 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	}
 	got, _ := ctx.Window()
 	sess := &Session{
-		id: id, guest: open.guest, token: open.token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
-		tenantID: open.tenant, grace: open.graceOr(s.cfg.MaxGrace),
-		ctx: ctx, backend: s.backend, base: base, size: s.cfg.WindowSize,
-		// A primary's guest sees whatever base its backend gave; only a
-		// standby, bound to the primary's addresses, translates.
-		delta:        got - base,
-		handles:      handlemap.NewTable(),
-		kernels:      map[handlemap.Handle]abi.KernelSpec{},
-		moduleImages: map[handlemap.Handle]*abi.ModuleImage{},
-		deferred:     map[handlemap.Handle]error{},
-		mmioMetrics:  s.metrics.mmio,
+		id: id, guest: open.Guest, token: open.Token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
+		tenantID: open.Tenant, grace: open.GraceOr(s.cfg.MaxGrace),
+		ctx: ctx, mmioMetrics: s.metrics.mmio,
 	}
+	// A primary's guest sees whatever base its backend gave; only a
+	// standby, bound to the primary's addresses, translates.
+	sess.mem = devmem.New(ctx, devmem.Config{MemoryQuota: s.cfg.MemoryQuota, AllocAlign: s.cfg.AllocAlign, MaxPayload: s.cfg.MaxPayload,
+		InPlaceBytes: s.metrics.countInPlace}, base, s.cfg.WindowSize, got-base)
+	sess.objs = objects.New(ctx, sess.mem, objects.Config{
+		Backend: s.backend, GuestKernels: s.cfg.GuestKernels, MaxObjects: s.cfg.MaxObjects,
+		Images: s.images, Tenant: open.Tenant, ImageBytes: s.metrics.countImageBytes,
+	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sess.tenant = s.tenantLocked(open.tenant) // counted by the caller
+	sess.tenant = s.tenants.Get(open.Tenant) // counted by the caller
+	sess.mem.Attach(sess.objs, sess.tenant)
 	if s.repl != nil {
-		sess.record = s.recorder(id)
-		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.append(nil)})
+		sess.setRecord(s.recorder(id))
+		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.Append(nil)})
 	}
 	s.sessions[id] = sess
 	return sess, nil
@@ -593,20 +594,19 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 		s.log.Error("closing backend context", "session", sess.id, "err", err)
 	}
 	t, kept := sess.tenant, sess.kept
-	t.release(sess.ranges.Total())
-	sess.ranges = handlemap.Ranges{}
-	sess.handles = handlemap.NewTable()
+	sess.mem.Release()
+	sess.objs.Reset()
 	sess.kept = false
 	sess.mu.Unlock()
 	s.mu.Lock()
 	delete(s.sessions, sess.id)
 	s.slots[sess.slot] = false
 	if t != nil {
-		t.sessions--
+		t.Sessions--
 		if kept {
-			t.detached--
+			t.Detached--
 		}
-		s.dropTenantLocked(t)
+		s.tenants.Drop(t)
 	}
 	s.signalSlotFreedLocked()
 	s.mu.Unlock()
@@ -643,16 +643,28 @@ type SessionStatus struct {
 }
 
 // MMIOStatus is a session's aperture tracing in Status.
-type MMIOStatus struct {
-	Mode      string `json:"mode"`
-	Apertures int    `json:"apertures"`
-	// PinnedCPU is the CPU the tracer and the guest's threads share while
-	// ptrace traces them (-1: not pinned or no ptrace).
-	PinnedCPU int    `json:"pinned_cpu"`
-	Faults    uint64 `json:"faults"`
-	Records   uint64 `json:"records"`
-	Bytes     uint64 `json:"bytes"`
+type MMIOStatus = aperture.Status
+
+// TenantQuota bounds one tenant (package tenancy).
+type TenantQuota = tenancy.Quota
+
+// TenantStatus is one tenant in Status; TenancyStatus the device's
+// share-out among tenants (package tenancy).
+type (
+	TenantStatus  = tenancy.TenantStatus
+	TenancyStatus = tenancy.Status
+)
+
+// tenancy reports every tenant present.
+func (s *Server) tenancy() TenancyStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tenants.Status()
 }
+
+// ImageStatus describes the module images a node keeps by content
+// (package images).
+type ImageStatus = images.Status
 
 // Status is what /status reports.
 type Status struct {
@@ -668,9 +680,9 @@ type Status struct {
 	Detached              int     `json:"detached_sessions"`
 	OldestDetachedSeconds float64 `json:"oldest_detached_seconds"`
 	// Tenancy: the device memory reserved for each tenant and what it
-	// uses (tenant.go).
+	// uses (package tenancy).
 	Tenancy TenancyStatus `json:"tenancy"`
-	// Images: the module images this node keeps by content (images.go).
+	// Images: the module images this node keeps by content (package images).
 	Images ImageStatus `json:"images"`
 }
 
@@ -693,19 +705,21 @@ func (s *Server) Status() Status {
 	sessions := s.sessionList()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
 	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary(), Tenancy: s.tenancy(),
-		Images: s.images.status()}
+		Images: s.images.Status()}
 	now := s.now()
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{
-			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.base),
-			Allocations: sess.ranges.Len(), Bytes: sess.ranges.Total(),
-			Objects:    sess.ranges.Len() + sess.handles.Len(),
+			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.mem.Base()),
+			Allocations: sess.mem.Allocations(), Bytes: sess.mem.Bytes(),
+			Objects:    sess.mem.Allocations() + sess.objs.Len(),
 			Requests:   sess.requests,
-			Translated: sess.delta != 0,
+			Translated: sess.mem.Translated(),
 			Unsafe:     sess.unsafe,
 			Failed:     sess.failed,
-			MMIO:       sess.mmioStatus(),
+		}
+		if sess.mmio != nil {
+			ss.MMIO = sess.mmio.Status()
 		}
 		if !sess.attached {
 			st.Detached++

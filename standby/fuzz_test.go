@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -33,11 +34,11 @@ func FuzzApply(f *testing.F) {
 		}
 		for _, b := range [][]byte{first, second} {
 			if r, err := replicate.DecodeRecord(b); err == nil {
-				srv.ApplyRecord(&r)
+				replica.New(srv, quiet()).Apply(&r)
 			}
 		}
 		srv.Checksums()
-		srv.ApplyRecord(&replicate.Record{Op: replicate.OpReset})
+		replica.New(srv, quiet()).Apply(&replicate.Record{Op: replicate.OpReset})
 		if used := backend.Used(); used != 0 {
 			t.Fatalf("%d device bytes held after reset", used)
 		}
@@ -62,12 +63,12 @@ func FuzzApplyMMIO(f *testing.F) {
 			{Op: replicate.OpSessionOpen, Session: 1, Result: ptr, Body: []byte("g")},
 			{Op: replicate.Op(abi.OpAlloc), Session: 1, Result: ptr, Body: (&abi.Alloc{Size: 4096}).Append(nil)},
 		} {
-			if err := srv.ApplyRecord(&r); err != nil {
+			if err := replica.New(srv, quiet()).Apply(&r); err != nil {
 				t.Fatal(err)
 			}
 		}
 		before := srv.Checksums()
-		if err := srv.ApplyRecord(&replicate.Record{Op: replicate.OpMMIO, Session: 1, Body: body}); err != nil {
+		if err := replica.New(srv, quiet()).Apply(&replicate.Record{Op: replicate.OpMMIO, Session: 1, Body: body}); err != nil {
 			if after := srv.Checksums(); after[0].Sum != before[0].Sum {
 				t.Fatalf("a refused record changed device memory: %v", err)
 			}

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
@@ -37,6 +38,7 @@ type Roles interface {
 // Agent is a standby node's replication end.
 type Agent struct {
 	Server   *hypervisor.Server // the replica: sessions rebuilt from the stream
+	Applier  *replica.Applier   // applies the stream to Server's sessions
 	Receiver *replicate.Receiver
 
 	Roles
@@ -48,17 +50,18 @@ type Agent struct {
 }
 
 // Apply implements replicate.Applier on the replica server.
-func (a *Agent) Apply(r *replicate.Record) error { return a.Server.ApplyRecord(r) }
+func (a *Agent) Apply(r *replicate.Record) error { return a.Applier.Apply(r) }
 
 // Mark implements replicate.Settler: the replica's copies from receive
-// buffers may stay queued on its GPU until settled (QueueReplayedCopies).
-func (a *Agent) Mark() uint64 { return a.Server.Mark() }
+// buffers may stay queued on its GPU until settled (replica.Applier's
+// QueueCopies).
+func (a *Agent) Mark() uint64 { return a.Applier.Mark() }
 
 // Settle implements replicate.Settler.
-func (a *Agent) Settle(upTo uint64) error { return a.Server.Settle(upTo) }
+func (a *Agent) Settle(upTo uint64) error { return a.Applier.Settle(upTo) }
 
 // Checksums implements replicate.Applier.
-func (a *Agent) Checksums() []replicate.ObjectSum { return a.Server.Checksums() }
+func (a *Agent) Checksums() []replicate.ObjectSum { return a.Applier.Checksums() }
 
 // Admission says which primaries a standby follows
 // (replicate.ReceiverConfig's Group and Adopt).
@@ -82,8 +85,8 @@ func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, adm Admission,
 	if err := reg.Register(applyTime); err != nil {
 		return nil, err
 	}
-	a := &Agent{Server: srv, Roles: roles, log: log, key: key}
-	srv.QueueReplayedCopies() // the receiver settles them (replicate.Settler)
+	a := &Agent{Server: srv, Applier: replica.New(srv, log), Roles: roles, log: log, key: key}
+	a.Applier.QueueCopies() // the receiver settles them (replicate.Settler)
 	rcfg := replicate.ReceiverConfig{
 		Key: key, Replica: a, Logger: log, Group: adm.Group, Adopt: adm.Adopt,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },

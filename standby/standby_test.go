@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/internal/lab/workload"
@@ -222,7 +223,7 @@ func divergedReplica(t *testing.T) (*fixture, *pvdriver.Client, pvdriver.DeviceP
 		t.Fatal(err)
 	}
 	mustMatch(t, c.verify()) // the standby has applied the copy
-	c.Standby.Server().ApplyRecord(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
+	replica.New(c.Standby.Server(), quiet()).Apply(&replicate.Record{Session: g.Session(), Op: replicate.Op(4 /* copy_htod */), Flags: replicate.FlagRepair,
 		Body: appendCopy(uint64(p)+100, []byte{1, 2, 3})})
 	return c, g, p
 }

@@ -35,7 +35,7 @@ type Status struct {
 	DeviceObjects     int    `json:"device_objects"`
 	DeviceMemoryBytes uint64 `json:"device_memory_bytes"`
 	// Tenancy: the device memory reserved for each tenant (its quota)
-	// and what its sessions use (hypervisor/tenant.go).
+	// and what its sessions use (hypervisor/tenancy).
 	Tenancy     hypervisor.TenancyStatus `json:"tenancy"`
 	Replication Replication              `json:"replication"`
 	// Promotion is this node's takeover (null if it never took over).

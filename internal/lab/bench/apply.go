@@ -11,6 +11,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -32,17 +33,19 @@ func Apply(newBackend func() (gpu.Backend, error), chunk, total, rounds int, pro
 	if err != nil {
 		return nil, err
 	}
-	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := hypervisor.NewServer(backend, hypervisor.DefaultConfig(), prometheus.NewRegistry(), discard)
 	if err != nil {
 		return nil, err
 	}
 	defer srv.Close()
+	applier := replica.New(srv, discard)
 	const session, base = 1, 0x7e0000000000
-	if err := srv.ApplyRecord(&replicate.Record{Op: replicate.OpSessionOpen, Session: session, Result: base, Body: []byte("bench")}); err != nil {
+	if err := applier.Apply(&replicate.Record{Op: replicate.OpSessionOpen, Session: session, Result: base, Body: []byte("bench")}); err != nil {
 		return nil, err
 	}
 	alloc := &replicate.Record{Seq: 1, Session: session, Op: replicate.Op(abi.OpAlloc), Result: base, Body: (&abi.Alloc{Size: uint64(chunk)}).Append(nil)}
-	if err := srv.ApplyRecord(alloc); err != nil {
+	if err := applier.Apply(alloc); err != nil {
 		return nil, err
 	}
 	// The record body lies where the standby's link receives it: in
@@ -73,7 +76,7 @@ func Apply(newBackend func() (gpu.Backend, error), chunk, total, rounds int, pro
 		copy func() error
 	}
 	paths := []path{
-		{"standby apply of 16 MiB records (decode, validate, copy from the receive buffer; link excluded)", func() error { return srv.ApplyRecord(rec) }},
+		{"standby apply of 16 MiB records (decode, validate, copy from the receive buffer; link excluded)", func() error { return applier.Apply(rec) }},
 		{"backend CopyHtoD, pageable Go memory", func() error { return ctx.CopyHtoD(dbase, data, 0) }},
 	}
 	if cb, ok := backend.(*cuda.Backend); ok {

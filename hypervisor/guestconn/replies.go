@@ -1,4 +1,4 @@
-package hypervisor
+package guestconn
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 )
 
 // A replicated node holds a reply until the standby has what it reports
-// (the mode's commit rule, replication.go). The connection does not wait
+// (the mode's commit rule, Node.ReplyGate). The connection does not wait
 // with it: replyQueue sends a connection's replies in request order, each
 // once its rule holds, while the connection goes on reading and running
 // the requests behind it. A guest with several calls in flight (a large
@@ -77,7 +77,7 @@ func (c *guestConn) reply(frame []byte, held func() bool) bool {
 // reports whether it may: its rule holds and the node's lease has not run
 // out meanwhile.
 func (c *guestConn) mayGo(held func() bool) bool {
-	return (held == nil || held()) && !c.s.leaseExpired()
+	return (held == nil || held()) && !c.e.node.LeaseExpired()
 }
 
 // moreToRead reports whether the guest has sent more than the connection

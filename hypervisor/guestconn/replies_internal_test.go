@@ -1,4 +1,4 @@
-package hypervisor
+package guestconn
 
 import (
 	"bufio"
@@ -13,11 +13,17 @@ type pendingInput struct{ n int }
 
 func (p *pendingInput) Buffered() int { return p.n }
 
+// leaseHeld is a node whose lease never runs out; a test of the reply
+// queue asks it nothing else.
+type leaseHeld struct{ Node }
+
+func (leaseHeld) LeaseExpired() bool { return false }
+
 // replyWire is a connection whose far end the test reads reply bytes from.
 func replyWire(t *testing.T, more int) (*guestConn, <-chan string) {
 	t.Helper()
 	near, far := net.Pipe()
-	c := &guestConn{s: &Server{}, conn: near, bw: bufio.NewWriter(near), br: &pendingInput{n: more}}
+	c := &guestConn{e: &Edge{node: leaseHeld{}}, conn: near, bw: bufio.NewWriter(near), br: &pendingInput{n: more}}
 	c.replies.cond.L = &c.replies.mu
 	got := make(chan string, 16)
 	go func() {

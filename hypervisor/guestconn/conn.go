@@ -1,4 +1,4 @@
-package hypervisor
+package guestconn
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
+	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -17,20 +19,20 @@ import (
 // guestConn is one guest connection being served: one goroutine reads its
 // frames, runs them in order and writes the replies.
 type guestConn struct {
-	s      *Server
+	e      *Edge
 	conn   net.Conn
 	br     buffered // nil before hello: frames are read straight from conn
 	bw     *bufio.Writer
 	fr     *abi.FrameReader
 	log    *slog.Logger
-	tenant string      // who the transport says the guest is (tenant.go)
-	sess   *Session    // nil until hello
-	host   *hostRegion // the guest's host-memory region, if any (hostmem.go)
-	out    []byte      // the reply frame being written, reused from reply to reply
+	tenant string  // who the transport says the guest is (package tenancy)
+	sess   Session // nil until hello
+	host   *Region // the guest's host-memory region, if any (hostmem.go)
+	out    []byte  // the reply frame being written, reused from reply to reply
 	// refusals counts this connection's refused requests: the first few
 	// are logged, then one in a thousand (each is counted in metrics).
 	refusals int
-	counted  okCounters
+	counted  OKCounters
 	replies  replyQueue // replies waiting for the commit rule (replies.go)
 	// helloUnanswered: the hello opened a new session whose reply has
 	// not gone out (its commit rule did not hold yet, or it was not
@@ -45,18 +47,18 @@ type guestConn struct {
 // and ends the connection; a well-framed request with bad content gets an
 // error reply and the connection goes on. Either way only this connection's
 // session is affected.
-func (s *Server) ServeConn(conn net.Conn) {
+func (e *Edge) ServeConn(conn net.Conn) {
 	defer conn.Close()
 	// Until hello a connection gets small buffers and helloTimeout to say
 	// it: one that never does costs little and not for long.
 	c := &guestConn{
-		s: s, conn: conn,
+		e: e, conn: conn,
 		fr:     abi.NewFrameReader(conn, helloMaxPayload),
 		bw:     bufio.NewWriterSize(conn, 4096),
-		tenant: tenantOf(conn),
+		tenant: tenancy.Of(conn),
 	}
 	c.replies.cond.L = &c.replies.mu
-	c.log = s.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
+	c.log = e.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
 	conn.SetReadDeadline(time.Now().Add(helloTimeout))
 	defer c.registerShared()() // before conn.Close unmaps the area
 	defer c.takeHostMemory()() // once the session is detached
@@ -113,16 +115,16 @@ func (c *guestConn) upgrade() {
 	c.fr.Release()
 	if sr, ok := c.conn.(spanConn); ok {
 		// Shared memory: frames are copied out of the ring without a
-		// buffer between, and large copies' data is left there (inplace.go).
+		// buffer between, and large copies' data is left there (Ring).
 		c.br = sr
-		c.fr = abi.NewFrameReader(sr, c.s.cfg.MaxPayload)
+		c.fr = abi.NewFrameReader(sr, c.e.cfg.MaxPayload)
 		c.fr.SetSpanReader(sr)
 	} else {
 		br := bufio.NewReaderSize(c.conn, 64<<10) // nothing read ahead so far
 		c.br = br
-		c.fr = abi.NewFrameReader(br, c.s.cfg.MaxPayload)
+		c.fr = abi.NewFrameReader(br, c.e.cfg.MaxPayload)
 	}
-	c.fr.SetBudget(c.s.budget)
+	c.fr.SetBudget(c.e.budget)
 }
 
 // spanConn is a transport whose bytes can be read where they lie.
@@ -133,10 +135,10 @@ type spanConn interface {
 
 // finish lets go of the connection's session (kept for a resume, or
 // freed). Until it has, a hello that finds no free slot waits for it
-// (Server.takeSlot).
+// (the hypervisor's takeSlot).
 func (c *guestConn) finish() {
 	if c.sess != nil {
-		defer c.s.sessionEnding()()
+		defer c.e.node.SessionEnding()()
 	}
 	c.drainReplies()
 	c.fr.Release()
@@ -144,12 +146,10 @@ func (c *guestConn) finish() {
 		return
 	}
 	if c.helloUnanswered.Load() {
-		c.sess.mu.Lock()
-		c.sess.grace = 0
-		c.sess.mu.Unlock()
+		c.sess.EndGrace()
 		c.log.Info("guest connection ended before its new session could be answered; freeing the session")
 	}
-	c.s.detach(c.sess, c.log)
+	c.e.node.Detach(c.sess, c.log)
 }
 
 // answeringHello wraps what the reply to a hello that opened a session
@@ -179,14 +179,12 @@ func opensSession(payload []byte) bool {
 // waits for it (a bye sent as a call), the bye is answered, so that its
 // slot is free by the time the guest's process exits.
 func (c *guestConn) goodbye(f abi.Frame) {
-	c.sess.mu.Lock()
-	c.sess.grace = 0 // the guest is done: free the session now
-	c.sess.mu.Unlock()
+	c.sess.EndGrace() // the guest is done: free the session now
 	if err := c.settle(); err != nil {
 		return // finish frees the session
 	}
-	done := c.s.sessionEnding()
-	c.s.detach(c.sess, c.log)
+	done := c.e.node.SessionEnding()
+	c.e.node.Detach(c.sess, c.log)
 	c.sess = nil
 	done()
 	if f.Flags&abi.FlagAsync == 0 {
@@ -207,7 +205,7 @@ func (c *guestConn) frameError(f abi.Frame, err error) bool {
 		return c.overBudget(f)
 	}
 	reason := frameErrorReason(err)
-	c.s.metrics.frameErrors.WithLabelValues(reason).Inc()
+	c.e.metrics.FrameErrors.WithLabelValues(reason).Inc()
 	c.log.Warn("dropping guest connection", "reason", reason, "err", err)
 	if reason != "io" {
 		op := f.Op
@@ -226,14 +224,12 @@ func (c *guestConn) frameError(f abi.Frame, err error) bool {
 // overBudget refuses a frame whose payload could not be buffered within the
 // node's budget (it was skipped); the connection goes on.
 func (c *guestConn) overBudget(f abi.Frame) bool {
-	err := refuse(refusedBufferBudget, abi.StatusUnavailable,
-		"the node's request buffers are full (%d-byte budget): %d-byte %s refused; retry", c.s.cfg.RequestBufferBytes, f.Length, f.Op)
-	c.s.metrics.requests.WithLabelValues(f.Op.String(), abi.StatusUnavailable.String()).Inc()
-	c.refused(f.Op, refusedBufferBudget, "bytes", f.Length)
+	err := guesterr.Refuse(guesterr.BufferBudget, abi.StatusUnavailable,
+		"the node's request buffers are full (%d-byte budget): %d-byte %s refused; retry", c.e.cfg.RequestBufferBytes, f.Length, f.Op)
+	c.e.metrics.Requests.WithLabelValues(f.Op.String(), abi.StatusUnavailable.String()).Inc()
+	c.refused(f.Op, guesterr.BufferBudget, "bytes", f.Length)
 	if f.Flags&abi.FlagAsync != 0 && c.sess != nil {
-		c.sess.mu.Lock()
-		c.sess.deferError(0, err) // its stream is in the payload it did not read
-		c.sess.mu.Unlock()
+		c.sess.DeferError(err) // its stream is in the payload it did not read
 		return true
 	}
 	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID,
@@ -274,18 +270,18 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	if f.InPlace != nil && f.InPlace.Err() != nil {
 		return c.frameError(f, f.InPlace.Err()) // its data could not be read, or garbled
 	}
-	c.s.metrics.countRequest(&c.counted, f.Op, statusOf(err))
+	c.e.metrics.countRequest(&c.counted, f.Op, guesterr.StatusOf(err))
 	if err != nil {
 		c.noteFailure(f.Op, err)
 	}
 	if f.Flags&abi.FlagAsync != 0 && (err == nil || isDeferred(err)) {
 		return true // no reply: the guest is pipelining; an error waits for its next sync
 	}
-	held := c.s.replyGate(f.Op, err)
+	held := c.e.node.ReplyGate(f.Op, err)
 	if f.Op == abi.OpHello && err == nil && opensSession(f.Payload) {
 		held = c.answeringHello(held)
 	}
-	if held == nil && c.s.leaseExpired() {
+	if held == nil && c.e.node.LeaseExpired() {
 		// Its lease ran out: this reply could tell the guest of a change
 		// the standby may never get. No reply; the guest resumes on the
 		// standby. (A held reply checks when it may go: replies.go.)
@@ -293,7 +289,7 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	}
 	st, msg := abi.StatusOK, ""
 	if err != nil {
-		st, msg = statusOf(err), err.Error()
+		st, msg = guesterr.StatusOf(err), err.Error()
 		c.log.Debug("request refused", "op", f.Op, "status", st, "err", err)
 	}
 	// In the request's own ABI version: a guest of the previous version
@@ -309,23 +305,22 @@ func (c *guestConn) serve(f abi.Frame) bool {
 // noteFailure counts and logs a request the node refused (err is not nil:
 // the checks below cost an allocation each).
 func (c *guestConn) noteFailure(op abi.Opcode, err error) {
-	var refused *refusedError
-	if errors.As(err, &refused) {
-		c.refused(op, refused.reason, "err", err)
+	if reason := guesterr.Reason(err); reason != "" {
+		c.refused(op, reason, "err", err)
 	}
 }
 
 // isDeferred reports whether err is a pipelined request's error kept for
 // the guest's next synchronization.
 func isDeferred(err error) bool {
-	var deferred deferredError
+	var deferred guesterr.Deferred
 	return errors.As(err, &deferred)
 }
 
 // refused counts a refused request and logs it (not every one: a guest
 // must not be able to flood the node's log).
 func (c *guestConn) refused(op abi.Opcode, reason string, args ...any) {
-	c.s.metrics.refusals.WithLabelValues(reason).Inc()
+	c.e.metrics.Refusals.WithLabelValues(reason).Inc()
 	c.refusals++
 	if c.refusals <= 10 || c.refusals%1000 == 0 {
 		c.log.Warn("guest request refused", append([]any{"op", op, "reason", reason, "refused_on_connection", c.refusals}, args...)...)
@@ -335,19 +330,24 @@ func (c *guestConn) refused(op abi.Opcode, reason string, args ...any) {
 // dispatch runs one request. A panic while it runs fails the request (and,
 // if it changed state, the session), never the node.
 func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) {
-	defer c.s.recoverRequest(c.sess, f.Op, c.log, &reply, &err)
+	sess := c.sess // the session the request came to (none for a hello)
+	defer func() {
+		if p := recover(); p != nil { // a bug costs the request, never the node
+			reply, err = c.e.node.Panicked(sess, f.Op, p, c.log)
+		}
+	}()
 	switch {
 	case f.Flags&abi.FlagReply != 0:
-		return nil, fail(abi.StatusBadFrame, "guest sent a reply frame"), false
+		return nil, guesterr.Fail(abi.StatusBadFrame, "guest sent a reply frame"), false
 	case c.sess == nil && f.Op != abi.OpHello:
-		return nil, fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op), false
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op), false
 	case f.Op == abi.OpBye && c.sess != nil:
 		return nil, nil, true // goodbye
 	case f.Op == abi.OpHello:
 		if c.sess != nil {
-			return nil, fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.id), false
+			return nil, guesterr.Fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.ID()), false
 		}
-		c.sess, reply, err = c.s.hello(f.Payload, peer{version: f.Version, tenant: c.tenant, log: c.log})
+		c.sess, reply, err = c.e.node.Hello(f.Payload, Peer{Version: f.Version, Tenant: c.tenant, Log: c.log})
 		if c.sess != nil {
 			c.opened()
 			c.upgrade()
@@ -355,17 +355,29 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 		return reply, err, false
 	}
 	start := time.Now()
-	defer c.s.metrics.observeLatency(f.Op, start)
-	reply, err = c.sess.serve(f.Op, f.RequestID, f.Flags&abi.FlagAsync != 0, f.Payload, f.InPlace)
+	defer c.e.metrics.observeLatency(f.Op, start)
+	reply, err = c.sess.Serve(c.request(f))
 	return reply, err, false
+}
+
+// request is frame f as its session runs it. Where a copy's bytes lie is
+// decided here, at the connection's edge (Source): in the frame, in the
+// shared ring (the frame reader left them there: abi.InPlace), or in the
+// connection's host-memory region (hostmem.go).
+func (c *guestConn) request(f abi.Frame) Request {
+	r := Request{Op: f.Op, ID: f.RequestID, Async: f.Flags&abi.FlagAsync != 0, Payload: f.Payload}
+	switch {
+	case f.InPlace != nil:
+		r.Src = Ring{Data: f.InPlace}
+	case f.Op == abi.OpCopyHtoDHost && c.host != nil:
+		r.Src = Host{Region: c.host}
+	}
+	return r
 }
 
 // opened notes the session that hello opened or resumed on this connection.
 func (c *guestConn) opened() {
-	c.sess.mu.Lock()
-	c.sess.peerPID = mmiotrace.PeerPID(c.conn)
-	c.attachHostMemory()
-	c.sess.mu.Unlock()
-	c.log = c.log.With("session", c.sess.id, "guest", c.sess.guest)
-	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.base))
+	c.sess.Opened(mmiotrace.PeerPID(c.conn), c.host)
+	c.log = c.log.With("session", c.sess.ID(), "guest", c.sess.Guest())
+	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.Base()))
 }

@@ -1,8 +1,17 @@
-package hypervisor
+// Package exactlyonce is a session's table of the guest requests it
+// applied: what makes a request resent after a failover take effect once.
+//
+// It owns the last applied request id, the results and payload checksums
+// of recent requests, and the window of ids known applied; the primary
+// fills it as requests run, a standby as it applies their records, and a
+// resync carries it (AppendApplied, Restore). It must never run a request
+// or trust an id: a resend it cannot vouch for is refused.
+package exactlyonce
 
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"hash/crc32"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -35,15 +44,76 @@ const sumsKept = 16384
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// checkReqID decides what a state-changing request's id means: a resend
+// resultsKept bounds the results a table keeps (the recent ones: resends
+// follow a failover closely).
+const resultsKept = 8192
+
+// Table is one session's exactly-once state. Its user serialises calls
+// (the session's lock).
+type Table struct {
+	// last is the guest's newest request whose state change the session
+	// holds; results keeps what recent ones returned. A request resent
+	// after a failover with an id up to last is answered from here
+	// instead of being run twice.
+	last    uint64
+	results map[uint64]uint64
+	// applied remembers which of the latest ids were applied: an id at or
+	// below last that was not is refused.
+	applied appliedIDs
+	// sums holds a checksum of each recent request's payload, so that a
+	// resend under an applied id with other content is refused.
+	sums map[uint64]uint32
+}
+
+// Last is the newest request id the session applied.
+func (t *Table) Last() uint64 { return t.last }
+
+// NoteApplied records that request reqID changed state and returned result.
+func (t *Table) NoteApplied(reqID, result uint64) {
+	if reqID == 0 {
+		return
+	}
+	t.last = max(t.last, reqID)
+	t.applied.mark(reqID)
+	if result != 0 {
+		if t.results == nil {
+			t.results = map[uint64]uint64{}
+		}
+		t.results[reqID] = result
+		if len(t.results) > resultsKept {
+			for id := range t.results {
+				if t.last-id > resultsKept {
+					delete(t.results, id)
+				}
+			}
+		}
+	}
+}
+
+// AppendApplied encodes which requests were applied (the body of a resync
+// snapshot's OpSetNext record: a standby that resyncs knows what the
+// primary applied).
+func (t *Table) AppendApplied(b []byte) []byte { return t.applied.append(b) }
+
+// Restore takes what a resync record carries: the primary's last applied
+// id and its window of applied ids (AppendApplied's encoding).
+func (t *Table) Restore(last uint64, applied []byte) error {
+	a, err := decodeAppliedIDs(applied)
+	if err != nil {
+		return err
+	}
+	t.last, t.applied = max(t.last, last), a
+	return nil
+}
+
+// Check decides what a state-changing request's id means: a resend
 // (done: answered from state, or refused if its content differs), an id too
 // far ahead (done: refused), or a new request (not done; its content's
 // checksum is kept for later resends). A copy streamed from shared memory
 // (inPlace) keeps no checksum: its data is read once, by the device copy;
 // a resend under its id is answered from state, as one whose checksum was
 // pruned.
-// Precondition: s.mu must be locked.
-func (s *Session) checkReqID(op abi.Opcode, reqID uint64, payload []byte, inPlace bool) (reply abi.Body, err error, done bool) {
+func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool) (reply abi.Body, err error, done bool) {
 	if reqID == 0 {
 		return nil, nil, false
 	}
@@ -51,42 +121,41 @@ func (s *Session) checkReqID(op abi.Opcode, reqID uint64, payload []byte, inPlac
 	if !inPlace {
 		sum = crc32.Checksum(payload, castagnoli)
 	}
-	if reqID <= s.lastReq {
-		if applied, remembered := s.applied.knows(reqID); !applied {
-			return nil, refuse(refusedUnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, s.lastReq, remembered)), true
+	if reqID <= t.last {
+		if applied, remembered := t.applied.knows(reqID); !applied {
+			return nil, guesterr.Refuse(guesterr.UnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, t.last, remembered)), true
 		}
-		if want, ok := s.sums[reqID]; ok && !inPlace && want != sum {
-			return nil, refuse(refusedReplayMismatch, abi.StatusInvalidValue,
+		if want, ok := t.sums[reqID]; ok && !inPlace && want != sum {
+			return nil, guesterr.Refuse(guesterr.ReplayMismatch, abi.StatusInvalidValue,
 				"request id %d was already applied with other content: a resend must repeat the request", reqID), true
 		}
-		return op.Info().ReplayReply(s.results[reqID]), nil, true
+		return op.Info().ReplayReply(t.results[reqID]), nil, true
 	}
-	if reqID-s.lastReq > maxIDJump {
-		return nil, refuse(refusedRequestID, abi.StatusInvalidValue,
-			"request id %d is more than %d past the last applied request %d", reqID, uint64(maxIDJump), s.lastReq), true
+	if reqID-t.last > maxIDJump {
+		return nil, guesterr.Refuse(guesterr.RequestID, abi.StatusInvalidValue,
+			"request id %d is more than %d past the last applied request %d", reqID, uint64(maxIDJump), t.last), true
 	}
 	if inPlace {
-		delete(s.sums, reqID) // a sum left by an earlier attempt that failed is not this content's
+		delete(t.sums, reqID) // a sum left by an earlier attempt that failed is not this content's
 	} else {
-		s.noteContent(reqID, sum)
+		t.NoteContent(reqID, sum)
 	}
 	return nil, nil, false
 }
 
-// noteContent keeps the checksum of request reqID's payload.
-// Precondition: s.mu must be locked.
-func (s *Session) noteContent(reqID uint64, sum uint32) {
+// NoteContent keeps the checksum of request reqID's payload.
+func (t *Table) NoteContent(reqID uint64, sum uint32) {
 	if reqID == 0 {
 		return
 	}
-	if s.sums == nil {
-		s.sums = map[uint64]uint32{}
+	if t.sums == nil {
+		t.sums = map[uint64]uint32{}
 	}
-	s.sums[reqID] = sum
-	if len(s.sums) > sumsKept {
-		for id := range s.sums {
-			if id != reqID && (id > s.lastReq || s.lastReq-id > sumsKept/2) {
-				delete(s.sums, id)
+	t.sums[reqID] = sum
+	if len(t.sums) > sumsKept {
+		for id := range t.sums {
+			if id != reqID && (id > t.last || t.last-id > sumsKept/2) {
+				delete(t.sums, id)
 			}
 		}
 	}

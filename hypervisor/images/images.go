@@ -1,17 +1,22 @@
-package hypervisor
+// Package images keeps module images by content (abi.ImageHash) for a
+// hypervisor node: the images guests loaded recently, for the next process
+// that names one by hash, what the replication log carried to the standby
+// since the last resync (a primary), and what this standby received.
+//
+// It owns those three stores and their byte bounds. It must never hand an
+// image to a tenant that did not send those bytes itself, and never load
+// one into a GPU: the session does.
+package images
 
 import (
 	"container/list"
 	"fmt"
 	"sync"
 
-	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
-// Module images by content (abi.ImageHash).
-//
 // A guest names an image by its hash first (OpModuleLoadCached) and sends
 // the bytes only when the node answers StatusUnknownImage; a full load
 // leaves its image in the node's cache. Two rules keep this safe:
@@ -31,11 +36,11 @@ import (
 // between two resyncs (the standby keeps them all).
 const shippedImageBytes = 2 << 30
 
-// imageCache holds the images guests loaded recently, up to a byte bound,
+// Cache holds the images guests loaded recently, up to a byte bound,
 // least recently used first out. Images held by loaded modules stay in
 // memory through their sessions either way; the cache only keeps them
 // for the next process.
-type imageCache struct {
+type Cache struct {
 	mu      sync.Mutex
 	limit   int64
 	bytes   int64
@@ -56,13 +61,14 @@ type cachedImage struct {
 	tenants map[string]bool
 }
 
-func newImageCache(limit int64) *imageCache {
-	return &imageCache{limit: limit, entries: map[abi.ImageHash]*list.Element{},
+// New returns a cache of at most limit bytes of images.
+func New(limit int64) *Cache {
+	return &Cache{limit: limit, entries: map[abi.ImageHash]*list.Element{},
 		shipped: map[abi.ImageHash]bool{}, replica: map[abi.ImageHash]*abi.ModuleImage{}}
 }
 
-// put keeps img (size encoded bytes, hashing to h) for tenant.
-func (c *imageCache) put(h abi.ImageHash, img *abi.ModuleImage, size int64, tenant string) {
+// Put keeps img (size encoded bytes, hashing to h) for tenant.
+func (c *Cache) Put(h abi.ImageHash, img *abi.ModuleImage, size int64, tenant string) {
 	if size > c.limit {
 		return
 	}
@@ -82,9 +88,9 @@ func (c *imageCache) put(h abi.ImageHash, img *abi.ModuleImage, size int64, tena
 	}
 }
 
-// get returns the image hashing to h, and its encoded size, if tenant
+// Get returns the image hashing to h, and its encoded size, if tenant
 // sent it before.
-func (c *imageCache) get(h abi.ImageHash, tenant string) (*abi.ModuleImage, int64) {
+func (c *Cache) Get(h abi.ImageHash, tenant string) (*abi.ModuleImage, int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[h]
@@ -96,10 +102,10 @@ func (c *imageCache) get(h abi.ImageHash, tenant string) (*abi.ModuleImage, int6
 	return ci.img, ci.size
 }
 
-// ship makes sure the standby will hold img (hashing to h) when it applies
+// Ship makes sure the standby will hold img (hashing to h) when it applies
 // the next record that names it: it appends an OpImage record the first
 // time. It reports false when the shipping budget is spent.
-func (c *imageCache) ship(h abi.ImageHash, img *abi.ModuleImage, log *replicate.Log) bool {
+func (c *Cache) Ship(h abi.ImageHash, img *abi.ModuleImage, log *replicate.Log) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.shipped[h] {
@@ -115,15 +121,15 @@ func (c *imageCache) ship(h abi.ImageHash, img *abi.ModuleImage, log *replicate.
 	return true
 }
 
-// resetShipped forgets what the standby holds: a resync starts it afresh.
-func (c *imageCache) resetShipped() {
+// ResetShipped forgets what the standby holds: a resync starts it afresh.
+func (c *Cache) ResetShipped() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.shipped, c.shippedBytes = map[abi.ImageHash]bool{}, 0
 }
 
-// receive keeps an image the log carried (a standby applying OpImage).
-func (c *imageCache) receive(body []byte) error {
+// Receive keeps an image the log carried (a standby applying OpImage).
+func (c *Cache) Receive(body []byte) error {
 	img, err := abi.DecodeModuleImage(body)
 	if err != nil {
 		return fmt.Errorf("image record: %w", err)
@@ -142,73 +148,22 @@ func (c *imageCache) receive(body []byte) error {
 	return nil
 }
 
-// received returns an image the log carried.
-func (c *imageCache) received(h abi.ImageHash) *abi.ModuleImage {
+// Received returns an image the log carried.
+func (c *Cache) Received(h abi.ImageHash) *abi.ModuleImage {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.replica[h]
 }
 
-// resetReceived drops the carried images (a standby applying OpReset).
-func (c *imageCache) resetReceived() {
+// ResetReceived drops the carried images (a standby applying OpReset).
+func (c *Cache) ResetReceived() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.replica, c.replicaBytes = map[abi.ImageHash]*abi.ModuleImage{}, 0
 }
 
-// moduleLoadCached loads an image by hash: from the images the log carried
-// when replaying, else from the cache (then, when replicating, making sure
-// the standby will hold it too).
-func (s *Session) moduleLoadCached(r *abi.ModuleLoadCached) (abi.Body, error) {
-	images := s.srv.images
-	if s.replaying {
-		img := images.received(r.Hash)
-		if img == nil {
-			return nil, fail(abi.StatusUnknownImage, "no image %x was carried to this standby", r.Hash[:8])
-		}
-		return s.loadImage(img)
-	}
-	img, size := images.get(r.Hash, s.tenantID)
-	if img == nil || s.record != nil && !images.ship(r.Hash, img, s.record.log) {
-		return nil, fail(abi.StatusUnknownImage, "this node holds no image %x for tenant %s; send its bytes", r.Hash[:8], s.tenantID)
-	}
-	s.srv.metrics.imageBytes.WithLabelValues("cache").Add(float64(size))
-	return s.loadImage(img)
-}
-
-// keepImage caches the image a full load sent (raw: its encoded bytes).
-func (s *Session) keepImage(raw []byte, img *abi.ModuleImage) {
-	s.srv.metrics.imageBytes.WithLabelValues("guest").Add(float64(len(raw)))
-	if s.replaying {
-		return
-	}
-	s.srv.images.put(abi.HashImage(raw), img, int64(len(raw)), s.tenantID)
-}
-
-// loadImage loads a decoded image into the session's context.
-// Precondition: s.mu must be locked.
-func (s *Session) loadImage(img *abi.ModuleImage) (abi.Body, error) {
-	if err := s.checkGuestKernels(img); err != nil {
-		return nil, err
-	}
-	if err := s.checkObjects(); err != nil {
-		return nil, err
-	}
-	m, err := s.ctx.LoadModule(img)
-	if err != nil {
-		return nil, err
-	}
-	h, err := s.handles.Insert(handlemap.KindModule, uint64(m), 0)
-	if err != nil {
-		s.ctx.UnloadModule(m)
-		return nil, err
-	}
-	s.moduleImages[h] = img
-	return &abi.HandleReply{Handle: uint64(h)}, nil
-}
-
-// ImageStatus describes the images a node keeps by content.
-type ImageStatus struct {
+// Status describes the images a node keeps by content.
+type Status struct {
 	// Cached images (and their bytes) wait for the next guest that names
 	// them by hash.
 	Cached      int   `json:"cached"`
@@ -219,8 +174,9 @@ type ImageStatus struct {
 	Received int `json:"received"`
 }
 
-func (c *imageCache) status() ImageStatus {
+// Status reports what the stores hold.
+func (c *Cache) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return ImageStatus{Cached: len(c.entries), CachedBytes: c.bytes, Shipped: len(c.shipped), Received: len(c.replica)}
+	return Status{Cached: len(c.entries), CachedBytes: c.bytes, Shipped: len(c.shipped), Received: len(c.replica)}
 }

@@ -1,4 +1,4 @@
-package hypervisor
+package images
 
 import (
 	"testing"
@@ -22,26 +22,26 @@ func testImage(t *testing.T, name string) ([]byte, *abi.ModuleImage) {
 func TestImageCacheTenants(t *testing.T) {
 	rawA, a := testImage(t, "a")
 	rawB, b := testImage(t, "b")
-	c := newImageCache(int64(len(rawA) + len(rawB)))
+	c := New(int64(len(rawA) + len(rawB)))
 	ha, hb := abi.HashImage(rawA), abi.HashImage(rawB)
-	c.put(ha, a, int64(len(rawA)), "uid:1")
-	if img, _ := c.get(ha, "uid:2"); img != nil {
+	c.Put(ha, a, int64(len(rawA)), "uid:1")
+	if img, _ := c.Get(ha, "uid:2"); img != nil {
 		t.Fatal("another tenant loaded uid:1's image by its hash")
 	}
-	if img, _ := c.get(ha, "uid:1"); img != a {
+	if img, _ := c.Get(ha, "uid:1"); img != a {
 		t.Fatal("the tenant that sent the image cannot load it by hash")
 	}
-	c.put(hb, b, int64(len(rawB)), "uid:1")
-	c.get(ha, "uid:1") // a is now the most recent
+	c.Put(hb, b, int64(len(rawB)), "uid:1")
+	c.Get(ha, "uid:1") // a is now the most recent
 	rawC, cimg := testImage(t, "c")
-	c.put(abi.HashImage(rawC), cimg, int64(len(rawC)), "uid:1")
-	if img, _ := c.get(hb, "uid:1"); img != nil {
+	c.Put(abi.HashImage(rawC), cimg, int64(len(rawC)), "uid:1")
+	if img, _ := c.Get(hb, "uid:1"); img != nil {
 		t.Error("the least recently used image stayed past the bound")
 	}
-	if img, _ := c.get(ha, "uid:1"); img != a {
+	if img, _ := c.Get(ha, "uid:1"); img != a {
 		t.Error("a recently used image left before the least recently used one")
 	}
-	if st := c.status(); st.CachedBytes > c.limit {
+	if st := c.Status(); st.CachedBytes > c.limit {
 		t.Errorf("cache holds %d bytes, bound %d", st.CachedBytes, c.limit)
 	}
 }
@@ -51,32 +51,32 @@ func TestImageCacheTenants(t *testing.T) {
 func TestImageShipping(t *testing.T) {
 	raw, img := testImage(t, "k")
 	h := abi.HashImage(raw)
-	primary, standby := newImageCache(1<<20), newImageCache(1<<20)
+	primary, standby := New(1<<20), New(1<<20)
 	log := replicate.NewLog(1 << 20)
 	for range 3 {
-		if !primary.ship(h, img, log) {
+		if !primary.Ship(h, img, log) {
 			t.Fatal("ship refused within its budget")
 		}
 	}
 	if n := log.Last(); n != 1 {
 		t.Fatalf("%d records after shipping one image three times, want 1", n)
 	}
-	if err := standby.receive(raw); err != nil {
+	if err := standby.Receive(raw); err != nil {
 		t.Fatal(err)
 	}
-	if standby.received(h) == nil {
+	if standby.Received(h) == nil {
 		t.Fatal("the standby lost a carried image")
 	}
-	primary.resetShipped()
-	primary.ship(h, img, log)
+	primary.ResetShipped()
+	primary.Ship(h, img, log)
 	if n := log.Last(); n != 2 {
 		t.Errorf("after a resync the image was not carried again (%d records)", n)
 	}
-	standby.resetReceived()
-	if standby.received(h) != nil {
+	standby.ResetReceived()
+	if standby.Received(h) != nil {
 		t.Error("a reset standby still holds a carried image")
 	}
-	if err := standby.receive([]byte("not an image")); err == nil {
+	if err := standby.Receive([]byte("not an image")); err == nil {
 		t.Error("a malformed image record was kept")
 	}
 }

@@ -1,4 +1,4 @@
-package hypervisor
+package guestconn
 
 import (
 	"sync"
@@ -23,8 +23,8 @@ const helloMaxPayload = 4096
 // budgetWait is how long a frame waits for budget before it is refused.
 const budgetWait = time.Second
 
-// byteBudget is abi.Budget for a node's guest connections.
-type byteBudget struct {
+// Budget is abi.Budget for a node's guest connections.
+type Budget struct {
 	limit int64
 	wait  time.Duration
 
@@ -33,13 +33,14 @@ type byteBudget struct {
 	freed chan struct{} // closed (and replaced) whenever bytes are released
 }
 
-func newByteBudget(limit int64, wait time.Duration) *byteBudget {
-	return &byteBudget{limit: limit, wait: wait, freed: make(chan struct{})}
+// NewBudget returns a budget of limit bytes; an Acquire waits up to wait for bytes.
+func NewBudget(limit int64, wait time.Duration) *Budget {
+	return &Budget{limit: limit, wait: wait, freed: make(chan struct{})}
 }
 
 // Acquire implements abi.Budget: it takes n bytes, waiting up to b.wait for
 // other connections to release them.
-func (b *byteBudget) Acquire(n int) bool {
+func (b *Budget) Acquire(n int) bool {
 	if int64(n) > b.limit {
 		return false
 	}
@@ -65,7 +66,7 @@ func (b *byteBudget) Acquire(n int) bool {
 }
 
 // Release implements abi.Budget.
-func (b *byteBudget) Release(n int) {
+func (b *Budget) Release(n int) {
 	b.mu.Lock()
 	b.used -= int64(n)
 	close(b.freed)
@@ -74,7 +75,7 @@ func (b *byteBudget) Release(n int) {
 }
 
 // Used is the bytes held now.
-func (b *byteBudget) Used() int64 {
+func (b *Budget) Used() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used

@@ -1,0 +1,172 @@
+// Package guestconn is a hypervisor node's edge: one guest connection
+// served from its first frame to its last. One goroutine reads a
+// connection's frames, runs them in order on its session and writes the
+// replies, each once the node's commit rule lets it go (replies.go), with
+// the connection's buffers drawn from the node's request budget
+// (budget.go). Where a copy's bytes come from is decided here, as the
+// frame arrives (Source): the frame itself, the shared ring a
+// shared-memory guest left them in (Ring), or the host-memory region its
+// connection maps (Host, hostmem.go).
+//
+// It owns framing, limits and buffers before and after hello, the reply
+// order, the host-memory region and shared area of a connection (taken,
+// page-locked, let go), and what a connection counts and logs. It must
+// never trust a frame (package abi checks framing; a frame that cannot be
+// trusted ends its connection, a bad request fails that request only),
+// never run a request itself (the session does, through Node and
+// Session), and never let one connection's misbehaviour reach another's.
+package guestconn
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Node is the server the edge serves guests for.
+type Node interface {
+	// Hello opens a session for a new guest, or resumes one; a nil
+	// Session with the reply and error when it does neither.
+	Hello(payload []byte, p Peer) (Session, abi.Body, error)
+	// Detach lets go of a session whose connection ended (kept for a
+	// resume, or freed).
+	Detach(s Session, log *slog.Logger)
+	// SessionEnding notes that a session is being let go until done.
+	SessionEnding() (done func())
+	// ReplyGate is what a reply to op (which ended in err) waits for
+	// under the node's commit rule, nil if it may go at once; false: it
+	// must not be sent.
+	ReplyGate(op abi.Opcode, err error) func() bool
+	// LeaseExpired: the node may no longer answer guests.
+	LeaseExpired() bool
+	// Panicked turns a panic p recovered while serving one request of op
+	// (s may be nil) into the request's reply and error.
+	Panicked(s Session, op abi.Opcode, p any, log *slog.Logger) (abi.Body, error)
+}
+
+// Session is a guest's session as its connection drives it.
+type Session interface {
+	// Serve runs one request.
+	Serve(Request) (abi.Body, error)
+	ID() uint64
+	Guest() string
+	// Base is the guest's device-address window.
+	Base() uint64
+	// Opened: the connection serves the session now, from guest process
+	// peerPID (0: unknown) with its host-memory region (nil: none).
+	Opened(peerPID int, host *Region)
+	// EndGrace: the session is not kept for a resume once its connection
+	// ends (the guest said bye, or never learned of it).
+	EndGrace()
+	// DeferError keeps an asynchronous request's error for the guest's
+	// next synchronization.
+	DeferError(err error)
+	// DropRegion makes sure the session no longer uses region, waiting
+	// for its device copies from it (an error: they failed).
+	DropRegion(region *Region) error
+}
+
+// Peer is who sent a hello: the ABI version it speaks, the tenant the
+// transport vouches for, and the connection's log.
+type Peer struct {
+	Version uint16
+	Tenant  string
+	Log     *slog.Logger
+}
+
+// Request is one session request as its connection hands it over: the
+// guest's op, id and payload, and, where a copy's bytes are not in the
+// frame, their source.
+type Request struct {
+	Op      abi.Opcode
+	ID      uint64
+	Async   bool
+	Payload []byte // the body, or a ring copy's fixed fields
+	Src     Source // nil: the payload holds everything
+}
+
+// Source is where a host-to-device copy's bytes lie when the frame does
+// not hold them: Ring or Host. The session reads them once, or lets the
+// device take them where they lie.
+type Source interface{ source() }
+
+// Ring is a copy's data left in the shared ring (a shared-memory guest's
+// large copy_htod: its fixed fields are the request's payload).
+type Ring struct{ Data *abi.InPlace }
+
+// Host is a copy_htod_hostmem's data in the connection's host-memory
+// region, at the offset and length its request names.
+type Host struct{ Region *Region }
+
+func (Ring) source() {}
+func (Host) source() {}
+
+// Config is what an edge is given.
+type Config struct {
+	// MaxPayload bounds a frame's payload after hello; RequestBufferBytes
+	// is the budget of all connections' buffered request bytes.
+	MaxPayload         int
+	RequestBufferBytes int64
+	// Backend page-locks a connection's shared memory where it can
+	// (gpu.HostRegistrar); it runs nothing.
+	Backend gpu.Backend
+}
+
+// Edge serves a node's guest connections.
+type Edge struct {
+	cfg     Config
+	node    Node
+	budget  *Budget
+	metrics *Metrics
+	log     *slog.Logger
+}
+
+// New returns the edge of node. Its metrics' collectors are the caller's
+// to register.
+func New(node Node, cfg Config, metrics *Metrics, log *slog.Logger) *Edge {
+	return &Edge{cfg: cfg, node: node, budget: NewBudget(cfg.RequestBufferBytes, budgetWait), metrics: metrics, log: log}
+}
+
+// Budget is the request-buffer budget all the edge's connections share.
+func (e *Edge) Budget() *Budget { return e.budget }
+
+// Metrics are what an edge counts.
+type Metrics struct {
+	Requests    *prometheus.CounterVec // by op and status
+	FrameErrors *prometheus.CounterVec // by reason
+	Refusals    *prometheus.CounterVec // by reason
+	// Latency by opcode, made once: a request finds its child by index,
+	// not by hashing label values.
+	Latency []prometheus.Observer
+}
+
+// OKCounters holds one connection's counters of requests answered "ok",
+// by opcode, each made on its op's first success (a series appears once
+// it counts something): the connection finds its counter by index, not
+// by hashing label values per request. One goroutine uses it.
+type OKCounters []prometheus.Counter
+
+// countRequest counts one request of op answered with st.
+func (m *Metrics) countRequest(ok *OKCounters, op abi.Opcode, st abi.Status) {
+	if st != abi.StatusOK || int(op) >= len(m.Latency) {
+		m.Requests.WithLabelValues(op.String(), st.String()).Inc()
+		return
+	}
+	if *ok == nil {
+		*ok = make(OKCounters, len(m.Latency))
+	}
+	if (*ok)[op] == nil {
+		(*ok)[op] = m.Requests.WithLabelValues(op.String(), st.String())
+	}
+	(*ok)[op].Inc()
+}
+
+// observeLatency records how long a request of op took since start.
+func (m *Metrics) observeLatency(op abi.Opcode, start time.Time) {
+	if int(op) < len(m.Latency) && m.Latency[op] != nil {
+		m.Latency[op].Observe(time.Since(start).Seconds())
+	}
+}

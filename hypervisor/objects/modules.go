@@ -1,0 +1,180 @@
+package objects
+
+import (
+	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
+	"github.com/vgpuha/vgpuha/kernels"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// ModuleLoad loads an image the guest sent, and caches it.
+func (o *Set) ModuleLoad(r *abi.ModuleLoad) (abi.Body, error) {
+	img, err := abi.DecodeModuleImage(r.Image)
+	if err != nil {
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "%w", err)
+	}
+	reply, err := o.loadImage(img)
+	if err == nil {
+		o.keepImage(r.Image, img)
+	}
+	return reply, err
+}
+
+// checkGuestKernels refuses a module with a kernel that is not the
+// library's own (by name, signature and PTX) unless the node runs one guest
+// per process (Config.GuestKernels): the library's kernels have their
+// arguments checked, a guest's own kernel can dereference any address of
+// the process's contexts, other sessions' included.
+func (o *Set) checkGuestKernels(img *abi.ModuleImage) error {
+	if o.cfg.GuestKernels {
+		return nil
+	}
+	if img.Format != abi.FormatKernels {
+		return guesterr.Fail(abi.StatusNotSupported, "a %v image holds the guest's own machine code; it needs a primary per guest "+
+			"(--guest.kernels with --guest.max-sessions 1)", img.Format)
+	}
+	for _, spec := range img.Kernels {
+		if !kernels.IsLibrary(spec) {
+			return guesterr.Fail(abi.StatusNotSupported, "kernel %q is not a library kernel; guest-built kernels need a primary per guest "+
+				"(--guest.kernels with --guest.max-sessions 1)", spec.Name)
+		}
+	}
+	return nil
+}
+
+// ModuleUnload unloads a module and forgets its functions.
+func (o *Set) ModuleUnload(r *abi.ModuleUnload) (abi.Body, error) {
+	h := handlemap.Handle(r.Module)
+	m, err := o.handles.Lookup(handlemap.KindModule, h)
+	if err != nil {
+		return nil, guesterr.Fail(abi.StatusInvalidHandle, "%w", err)
+	}
+	if err := o.ctx.UnloadModule(gpu.Module(m)); err != nil {
+		return nil, err
+	}
+	removed, _ := o.handles.Remove(handlemap.KindModule, h)
+	for _, r := range removed {
+		delete(o.kernels, r.Handle)
+		delete(o.moduleImages, r.Handle)
+	}
+	return nil, nil
+}
+
+// GetFunction looks a kernel up in a loaded module.
+func (o *Set) GetFunction(r *abi.GetFunction) (abi.Body, error) {
+	mh := handlemap.Handle(r.Module)
+	m, err := o.handles.Lookup(handlemap.KindModule, mh)
+	if err != nil {
+		return nil, guesterr.Fail(abi.StatusInvalidHandle, "%w", err)
+	}
+	img := o.moduleImages[mh]
+	spec, ok := img.Kernel(r.Name)
+	if !ok && img.Format == abi.FormatKernels {
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "module %d has no kernel %q", mh, r.Name)
+	}
+	if err := o.CheckRoom(); err != nil {
+		return nil, err
+	}
+	f, err := o.ctx.Function(gpu.Module(m), r.Name)
+	if err != nil {
+		return nil, err
+	}
+	if img.Format != abi.FormatKernels {
+		if spec, err = o.rawKernel(f, r.Name); err != nil {
+			return nil, err
+		}
+	}
+	h, err := o.handles.Insert(handlemap.KindFunction, uint64(f), mh)
+	if err != nil {
+		return nil, err
+	}
+	o.kernels[h] = spec
+	return &abi.HandleReply{Handle: uint64(h)}, nil
+}
+
+// rawKernel declares a function taken from a raw image: every parameter
+// is bytes, in the slots the backend that loaded the image reports.
+func (o *Set) rawKernel(f gpu.Function, name string) (abi.KernelSpec, error) {
+	layouter, ok := o.ctx.(gpu.FunctionDescriber)
+	if !ok {
+		return abi.KernelSpec{}, guesterr.Fail(abi.StatusNotSupported, "this GPU cannot report kernel %q's parameters", name)
+	}
+	slots, err := layouter.ParamSlots(f)
+	if err != nil {
+		return abi.KernelSpec{}, err
+	}
+	spec := abi.KernelSpec{Name: name, Slots: slots, Params: make([]abi.ArgKind, len(slots))}
+	for i := range spec.Params {
+		spec.Params[i] = abi.ArgBytes
+	}
+	return spec, nil
+}
+
+// FunctionParams reports a function's parameter slots (empty for a kernel
+// whose module declared its parameters) and, where the GPU gives them, its
+// attributes.
+func (o *Set) FunctionParams(r *abi.FunctionParams) (abi.Body, error) {
+	fh := handlemap.Handle(r.Function)
+	f, err := o.handles.Lookup(handlemap.KindFunction, fh)
+	if err != nil {
+		return nil, guesterr.Fail(abi.StatusInvalidHandle, "%w", err)
+	}
+	reply := &abi.FunctionParamsReply{Slots: o.kernels[fh].Slots}
+	if d, ok := o.ctx.(gpu.FunctionDescriber); ok {
+		if reply.Attrs, err = d.FunctionAttrs(gpu.Function(f)); err != nil {
+			return nil, err
+		}
+	}
+	return reply, nil
+}
+
+// loadImage loads a decoded image into the session's context.
+func (o *Set) loadImage(img *abi.ModuleImage) (abi.Body, error) {
+	if err := o.checkGuestKernels(img); err != nil {
+		return nil, err
+	}
+	if err := o.CheckRoom(); err != nil {
+		return nil, err
+	}
+	m, err := o.ctx.LoadModule(img)
+	if err != nil {
+		return nil, err
+	}
+	h, err := o.handles.Insert(handlemap.KindModule, uint64(m), 0)
+	if err != nil {
+		o.ctx.UnloadModule(m)
+		return nil, err
+	}
+	o.moduleImages[h] = img
+	return &abi.HandleReply{Handle: uint64(h)}, nil
+}
+
+// ModuleLoadCached loads an image by hash: from the images the log carried
+// when replaying, else from the cache (then, when replicating, making sure
+// the standby will hold it too).
+func (o *Set) ModuleLoadCached(r *abi.ModuleLoadCached) (abi.Body, error) {
+	images := o.cfg.Images
+	if o.replaying {
+		img := images.Received(r.Hash)
+		if img == nil {
+			return nil, guesterr.Fail(abi.StatusUnknownImage, "no image %x was carried to this standby", r.Hash[:8])
+		}
+		return o.loadImage(img)
+	}
+	img, size := images.Get(r.Hash, o.cfg.Tenant)
+	if img == nil || o.log != nil && !images.Ship(r.Hash, img, o.log) {
+		return nil, guesterr.Fail(abi.StatusUnknownImage, "this node holds no image %x for tenant %s; send its bytes", r.Hash[:8], o.cfg.Tenant)
+	}
+	o.cfg.ImageBytes("cache", size)
+	return o.loadImage(img)
+}
+
+// keepImage caches the image a full load sent (raw: its encoded bytes).
+func (o *Set) keepImage(raw []byte, img *abi.ModuleImage) {
+	o.cfg.ImageBytes("guest", int64(len(raw)))
+	if o.replaying {
+		return
+	}
+	o.cfg.Images.Put(abi.HashImage(raw), img, int64(len(raw)), o.cfg.Tenant)
+}

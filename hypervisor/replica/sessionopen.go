@@ -1,0 +1,84 @@
+package replica
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// SessionOpen is what the record that opens a session carries: Body is the
+// guest name, then a NUL, a format byte, the resume token and the tenant
+// (u16 length, bytes) and, from format 2 on, the grace period the guest
+// was granted (u32 milliseconds), so that a node that takes over keeps the
+// session as long as its primary would have (the hypervisor's lifetime.go). Guest names
+// never hold a NUL (hello refuses control characters), so a body without
+// one is the bare name an older primary sent.
+type SessionOpen struct {
+	Guest  string
+	Token  []byte
+	Tenant string
+	// Grace is the session's grace period; GraceKnown is false for a
+	// record of an older primary, which did not say.
+	Grace      time.Duration
+	GraceKnown bool
+}
+
+// Session-open record formats: 1 without the grace period, 2 with it.
+const (
+	sessionOpenFormatV1 = 1
+	sessionOpenFormat   = 2
+)
+
+// Append encodes o as a record body into b.
+func (o SessionOpen) Append(b []byte) []byte {
+	b = append(b, o.Guest...)
+	b = append(b, 0, sessionOpenFormat)
+	b = append(b, o.Token...)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(o.Tenant)))
+	b = append(b, o.Tenant...)
+	return binary.LittleEndian.AppendUint32(b, uint32(min(o.Grace.Milliseconds(), math.MaxUint32)))
+}
+
+var errSessionOpen = errors.New("malformed session-open record")
+
+// DecodeSessionOpen decodes an OpSessionOpen record's body.
+func DecodeSessionOpen(body []byte) (SessionOpen, error) {
+	name, rest, found := bytes.Cut(body, []byte{0})
+	o := SessionOpen{Guest: string(name)}
+	if !found {
+		return o, nil
+	}
+	if len(rest) < 1+abi.ResumeTokenSize+2 || rest[0] != sessionOpenFormatV1 && rest[0] != sessionOpenFormat {
+		return o, fmt.Errorf("%w (%d bytes after the name)", errSessionOpen, len(rest))
+	}
+	o.GraceKnown = rest[0] == sessionOpenFormat
+	o.Token = append([]byte(nil), rest[1:1+abi.ResumeTokenSize]...)
+	rest = rest[1+abi.ResumeTokenSize:]
+	n := int(binary.LittleEndian.Uint16(rest))
+	graceBytes := 0
+	if o.GraceKnown {
+		graceBytes = 4
+	}
+	if len(rest) != 2+n+graceBytes {
+		return o, fmt.Errorf("%w (tenant of %d bytes in %d)", errSessionOpen, n, len(rest)-2-graceBytes)
+	}
+	o.Tenant = string(rest[2 : 2+n])
+	if o.GraceKnown {
+		o.Grace = time.Duration(binary.LittleEndian.Uint32(rest[2+n:])) * time.Millisecond
+	}
+	return o, nil
+}
+
+// GraceOr is the grace period the record gave, or fallback when it did
+// not say (an older primary's record).
+func (o SessionOpen) GraceOr(fallback time.Duration) time.Duration {
+	if o.GraceKnown {
+		return o.Grace
+	}
+	return fallback
+}
