@@ -169,7 +169,7 @@ run() {
 	local mode=$1 image=$2 p=$3 key=$3.$2.$1 dir=$work/img fmt=$2 env t0 status=0
 	[ "$image" = library-ptx ] && dir=$root/kernels/ptx fmt=ptx
 	case $mode in
-	native) env=(VGTEST_NATIVE=1 "LD_LIBRARY_PATH=$nvdir") ;;
+	native) env=(VGTEST_NATIVE=1 "LD_LIBRARY_PATH=$nvdir" "CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}") ;; # the one GPU the nodes use, as the library shows one
 	library) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/plain.sock") ;;
 	replicated) env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock" VGTEST_CHECKPOINT=1) ;;
 	esac
