@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // TestAdmissionRules: every stale-node story against the rule table.
@@ -139,9 +141,9 @@ func (c *resetCounter) Apply(r *Record) error {
 	c.applied++
 	return nil
 }
-func (c *resetCounter) Checksums() []ObjectSum   { return nil }
-func (c *resetCounter) Heard(uint64)             {}
-func (c *resetCounter) HandOver() (uint64, bool) { return 0, false }
+func (c *resetCounter) Checksums() []verify.ObjectSum { return nil }
+func (c *resetCounter) Heard(uint64)                  {}
+func (c *resetCounter) HandOver() (uint64, bool)      { return 0, false }
 func (c *resetCounter) Synced(in bool) {
 	if in {
 		c.once.Do(func() { close(c.synced) })

@@ -1,7 +1,7 @@
 // Package replicate owns the primary-to-standby replication protocol: the
 // operation log (Log), the primary's end of the link (Sender), the standby's
 // end (Receiver), the records they exchange, the replication modes, resync
-// from a snapshot, and verification (Verifier, Compare).
+// from a snapshot, and verification (package verify).
 //
 // It knows nothing of sessions or GPUs: the hypervisor appends records and
 // builds snapshots, the standby applies them through the Applier interface.

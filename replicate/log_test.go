@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // TestLogEntriesEncodedOnce: the log keeps each record encoded, stamped
@@ -170,10 +172,10 @@ func (g *gatedReplica) Apply(r *Record) error {
 	}
 	return nil
 }
-func (g *gatedReplica) Checksums() []ObjectSum   { return nil }
-func (g *gatedReplica) Heard(uint64)             {}
-func (g *gatedReplica) Synced(bool)              {}
-func (g *gatedReplica) HandOver() (uint64, bool) { return 0, false }
+func (g *gatedReplica) Checksums() []verify.ObjectSum { return nil }
+func (g *gatedReplica) Heard(uint64)                  {}
+func (g *gatedReplica) Synced(bool)                   {}
+func (g *gatedReplica) HandOver() (uint64, bool)      { return 0, false }
 
 // TestApplierAcksThroughABacklog: a standby working through a backlog has
 // an ack sent each ackEveryBytes it applies, not only once its queue is

@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Applier applies records to the replica.
@@ -21,7 +23,7 @@ type Applier interface {
 	// goes on.
 	Apply(r *Record) error
 	// Checksums describes every replica object for verify.
-	Checksums() []ObjectSum
+	Checksums() []verify.ObjectSum
 }
 
 // Replica is the node a Receiver feeds: it applies records and is told

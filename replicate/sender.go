@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Protected is the node a Sender protects. The sender reports what the
@@ -91,7 +93,7 @@ type Sender struct {
 	node     Protected
 	log      *slog.Logger
 	metrics  *Metrics
-	verifier Verifier
+	verifier verify.Verifier
 	cur      *cursor // this standby's position in the log
 
 	mu         sync.Mutex
@@ -208,7 +210,7 @@ func (s *Sender) Status() SenderStatus {
 // Verify takes a verify point with point (which computes the primary's
 // checksums and logs the request at the same position) and compares the
 // standby's answer.
-func (s *Sender) Verify(point func(id uint64) []ObjectSum, timeout time.Duration) (Report, error) {
+func (s *Sender) Verify(point func(id uint64) []verify.ObjectSum, timeout time.Duration) (verify.Report, error) {
 	return s.verifier.Verify(point, timeout)
 }
 

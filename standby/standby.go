@@ -25,6 +25,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Roles is the node's role authority, told what the replication link
@@ -61,7 +62,7 @@ func (a *Agent) Mark() uint64 { return a.Applier.Mark() }
 func (a *Agent) Settle(upTo uint64) error { return a.Applier.Settle(upTo) }
 
 // Checksums implements replicate.Applier.
-func (a *Agent) Checksums() []replicate.ObjectSum { return a.Applier.Checksums() }
+func (a *Agent) Checksums() []verify.ObjectSum { return a.Applier.Checksums() }
 
 // Admission says which primaries a standby follows
 // (replicate.ReceiverConfig's Group and Adopt).

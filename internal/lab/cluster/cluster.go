@@ -24,6 +24,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Options configure a cluster.
@@ -277,9 +278,9 @@ func (c *Cluster) WaitProtected(timeout time.Duration) error {
 
 // Verify compares every object on primary and standby, and each
 // aperture's file byte by byte with both device copies.
-func (c *Cluster) Verify() (replicate.Report, error) {
+func (c *Cluster) Verify() (verify.Report, error) {
 	if err := c.WaitProtected(30 * time.Second); err != nil {
-		return replicate.Report{}, err
+		return verify.Report{}, err
 	}
 	return c.PrimaryNode.Verify(node.VerifyOptions{Apertures: true}, 30*time.Second)
 }

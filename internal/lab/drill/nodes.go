@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Nodes is a primary and a standby running as processes of their own on
@@ -96,8 +96,8 @@ func (n *Nodes) LastResync() (ResyncFigures, error) {
 }
 
 // Verify asks the primary to compare every object with the standby's.
-func (n *Nodes) Verify(timeout time.Duration) (replicate.Report, error) {
-	var rep replicate.Report
+func (n *Nodes) Verify(timeout time.Duration) (verify.Report, error) {
+	var rep verify.Report
 	body, err := n.p.primary.do(http.MethodPost, "/verify", timeout)
 	if err == nil {
 		err = json.Unmarshal(body, &rep)
