@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/coordinator"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 )
 
@@ -42,12 +43,12 @@ func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlag
 		return nil, err
 	}
 	c := &coordinated{poolEP: "unix://" + filepath.Join(p.dir, "pool.sock"), ttl: ttl}
-	p.coord, p.pool = c, newAgent(filepath.Join(p.dir, "pool-admin.sock"))
+	p.coord, p.pool = c, nodeproc.New(filepath.Join(p.dir, "pool-admin.sock"))
 	if err := c.connect(bin, p.dir); err != nil {
 		p.stop()
 		return nil, err
 	}
-	standbyAddr, err := freeAddr()
+	standbyAddr, err := nodeproc.FreeAddr()
 	if err != nil {
 		p.stop()
 		return nil, err
@@ -58,23 +59,23 @@ func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlag
 	}
 	direct := c.flags("etcd://" + strings.Join(c.etcd.endpoints(), ","))
 	if err := p.start(p.standby, bin, "standby", "", append([]string{"--backend", backend, "--listen", "tcp://" + standbyAddr, "--replicate.key-file", p.keyFile,
-		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode(), "--coordinator.id", "standby",
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.Admin, "--mmio", mmioMode(), "--coordinator.id", "standby",
 		"--coordinator.advertise", "tcp://" + c.link.Addr()}, direct...)...); err != nil {
 		p.stop()
 		return nil, err
 	}
 	if err := p.startNamed(p.pool, "pool", bin, "standby", "", append([]string{"--backend", backend, "--listen", "tcp://" + c.poolAddr, "--replicate.key-file", p.keyFile,
-		"--guest-listen", c.poolEP, "--admin-listen", p.pool.admin, "--mmio", mmioMode(), "--coordinator.id", "pool"}, direct...)...); err != nil {
+		"--guest-listen", c.poolEP, "--admin-listen", p.pool.Admin, "--mmio", mmioMode(), "--coordinator.id", "pool"}, direct...)...); err != nil {
 		p.stop()
 		return nil, err
 	}
 	if err := p.start(p.primary, bin, "primary", "", append([]string{"--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://" + c.link.Addr(),
-		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode(), "--coordinator.id", "primary",
+		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.Admin, "--mmio", mmioMode(), "--coordinator.id", "primary",
 		"--coordinator.standby-timeout", drillStandbyAfter}, c.flags(c.proxiedURL())...)...); err != nil {
 		p.stop()
 		return nil, err
 	}
-	if err := waitFor(15*time.Second, func() bool { return p.pool.healthy() && c.standbyInSync(c.link.Addr()) }); err != nil {
+	if err := nodeproc.WaitFor(15*time.Second, func() bool { return p.pool.Healthy() && c.standbyInSync(c.link.Addr()) }); err != nil {
 		p.stopKeepingLogs()
 		return nil, fmt.Errorf("the group never recorded its standby in sync (logs in %s): %w", p.dir, err)
 	}
@@ -95,7 +96,7 @@ func (c *coordinated) connect(bin, dir string) error {
 		}
 		c.toEtcd = append(c.toEtcd, px)
 	}
-	c.poolAddr, err = freeAddr()
+	c.poolAddr, err = nodeproc.FreeAddr()
 	return err
 }
 

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -407,7 +408,7 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 	}
 	r.rec.RolledBack = r.rolledBack
 	if r.pair != nil {
-		r.rec.Promoted = r.pair.standby.promotion() != nil || (r.pair.pool != nil && r.pair.pool.promotion() != nil)
+		r.rec.Promoted = r.pair.standby.Promotion() != nil || (r.pair.pool != nil && r.pair.pool.Promotion() != nil)
 	}
 	if r.guest != nil {
 		var since time.Time
@@ -570,8 +571,8 @@ func (r *run) workload() error {
 // and the guest's failovers.
 func (r *run) check() error {
 	if r.fault.takeover {
-		var p *Promotion
-		if waitFor(5*time.Second, func() bool { p = r.pair.standby.promotion(); return p != nil }) != nil {
+		var p *nodeproc.Promotion
+		if nodeproc.WaitFor(5*time.Second, func() bool { p = r.pair.standby.Promotion(); return p != nil }) != nil {
 			return errors.New("standby was not promoted")
 		}
 		r.rec.DetectionMS = p.DetectionSeconds * 1000

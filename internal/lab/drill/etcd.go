@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -59,7 +60,7 @@ func startEtcd(bin, dir string) (*etcdCluster, error) {
 		c.stop()
 		return nil, err
 	}
-	err = waitFor(20*time.Second, func() bool {
+	err = nodeproc.WaitFor(20*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := c.cli.Put(ctx, "/vgpuha/drill/ready", "1")

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -72,7 +73,7 @@ type SoakReport struct {
 // replaced at each restart.
 type soakNode struct {
 	name, repl, guestEP string
-	agent               *agent
+	agent               *nodeproc.Node
 }
 
 type soak struct {
@@ -137,7 +138,7 @@ func (s *soak) start() error {
 		return err
 	}
 	for i, name := range []string{"a", "b"} {
-		addr, err := freeAddr()
+		addr, err := nodeproc.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -156,26 +157,26 @@ func (s *soak) start() error {
 // the other node.
 func (s *soak) startNode(i int, role string) error {
 	n, other := s.nodes[i], s.nodes[1-i]
-	n.agent = newAgent(filepath.Join(s.dir, n.name+"-admin.sock"))
+	n.agent = nodeproc.New(filepath.Join(s.dir, n.name+"-admin.sock"))
 	args := []string{role, "--backend", s.o.Backend, "--guest-listen", n.guestEP, "--replicate.key-file", s.key,
-		"--admin-listen", n.agent.admin, "--replicate-to", "tcp://" + other.repl, "--guest.max-grace", s.o.Grace.String()}
+		"--admin-listen", n.agent.Admin, "--replicate-to", "tcp://" + other.repl, "--guest.max-grace", s.o.Grace.String()}
 	if role == "standby" {
 		args = append(args, "--listen", "tcp://"+n.repl)
 	}
-	n.agent.cmd = exec.Command(s.o.Binary, args...)
+	n.agent.Cmd = exec.Command(s.o.Binary, args...)
 	logf, err := os.OpenFile(filepath.Join(s.dir, n.name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	n.agent.cmd.Stderr = logf
-	return n.agent.cmd.Start()
+	n.agent.Cmd.Stderr = logf
+	return n.agent.Cmd.Start()
 }
 
 func (s *soak) waitProtected(i int) error {
-	return waitFor(60*time.Second, func() bool {
+	return nodeproc.WaitFor(60*time.Second, func() bool {
 		var st struct{ Replication struct{ State string } }
-		return s.nodes[i].agent.status(&st) == nil && st.Replication.State == "protected"
+		return s.nodes[i].agent.Status(&st) == nil && st.Replication.State == "protected"
 	})
 }
 
@@ -215,14 +216,14 @@ func (s *soak) kills(deadline time.Time) error {
 
 func (s *soak) killPrimary() error {
 	old := s.primary
-	s.nodes[old].agent.cmd.Process.Kill()
-	s.nodes[old].agent.cmd.Wait()
+	s.nodes[old].agent.Cmd.Process.Kill()
+	s.nodes[old].agent.Cmd.Wait()
 	s.mu.Lock()
 	s.rep.Kills++
 	s.mu.Unlock()
 	next := s.nodes[1-old].agent
-	var p *Promotion
-	if err := waitFor(10*time.Second, func() bool { p = next.promotion(); return p != nil && time.Since(p.Serving) < time.Minute }); err != nil {
+	var p *nodeproc.Promotion
+	if err := nodeproc.WaitFor(10*time.Second, func() bool { p = next.Promotion(); return p != nil && time.Since(p.Serving) < time.Minute }); err != nil {
 		return fmt.Errorf("kill %d: the standby did not take over", s.rep.Kills)
 	}
 	s.mu.Lock()
@@ -438,7 +439,7 @@ func (s *soak) countSessions() error {
 	var st struct {
 		Sessions []json.RawMessage `json:"sessions"`
 	}
-	if err := s.nodes[s.primary].agent.status(&st); err != nil {
+	if err := s.nodes[s.primary].agent.Status(&st); err != nil {
 		return fmt.Errorf("reading the primary's sessions: %w", err)
 	}
 	s.rep.SessionsAtEnd = len(st.Sessions)
@@ -448,9 +449,9 @@ func (s *soak) countSessions() error {
 // finish stops the nodes; their logs stay when anything went wrong.
 func (s *soak) finish(err error) {
 	for _, n := range s.nodes {
-		if n != nil && n.agent != nil && n.agent.cmd != nil && n.agent.cmd.Process != nil {
-			n.agent.cmd.Process.Signal(syscall.SIGKILL)
-			n.agent.cmd.Wait()
+		if n != nil && n.agent != nil && n.agent.Cmd != nil && n.agent.Cmd.Process != nil {
+			n.agent.Cmd.Process.Signal(syscall.SIGKILL)
+			n.agent.Cmd.Wait()
 		}
 	}
 	if err != nil || len(s.rep.Problems) > 0 || s.rep.SessionsAtEnd != s.rep.ExpectedAtEnd {
