@@ -312,7 +312,7 @@ func summarize(o Options, recs []Record) Report {
 			det = append(det, r.DetectionMS)
 		}
 	}
-	rep.DetectionMS, rep.PauseMS = quantilesOf(det), quantilesOf(pause)
+	rep.DetectionMS, rep.PauseMS = QuantilesOf(det), QuantilesOf(pause)
 	rep.Faults = summarizeFaults(recs)
 	return rep
 }
@@ -352,13 +352,14 @@ func summarizeFaults(recs []Record) []FaultSummary {
 	out := make([]FaultSummary, 0, len(order))
 	for _, k := range order {
 		s, v := sums[k], vals[k]
-		s.DetectionMS, s.PauseMS, s.BothServingMS = quantilesOf(v.det), quantilesOf(v.pause), quantilesOf(v.both)
+		s.DetectionMS, s.PauseMS, s.BothServingMS = QuantilesOf(v.det), QuantilesOf(v.pause), QuantilesOf(v.both)
 		out = append(out, *s)
 	}
 	return out
 }
 
-func quantilesOf(v []float64) Quantiles {
+// QuantilesOf summarizes v (the drill's and the soak's figures).
+func QuantilesOf(v []float64) Quantiles {
 	if len(v) == 0 {
 		return Quantiles{}
 	}

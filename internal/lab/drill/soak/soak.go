@@ -1,4 +1,12 @@
-package drill
+// Package soak owns the kill soak (vgpuha-lab soak): two node processes on
+// loopback whose primary is SIGKILLed again and again and restarted as the
+// new primary's standby, while guests of every kind keep working; it
+// counts every acknowledged write read back and every session at the end.
+//
+// It drives nodes only as processes (nodeproc) and guests only through
+// pvdriver, never in-process; it never changes what a drill measures (the
+// drill's Quantiles are its figures too).
+package soak
 
 import (
 	"context"
@@ -19,17 +27,18 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
 	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
-// SoakOptions configure a soak: two nodes on loopback whose primary is
+// Options configure a soak: two nodes on loopback whose primary is
 // SIGKILLed every KillMin..KillMax and restarted as the new primary's
 // standby, while counter guests write and read back without pause,
 // looping guest processes run every workload, a new guest opens a session
 // every NewGuestEvery and a guest dies mid-hello every MidHelloEvery.
-type SoakOptions struct {
+type Options struct {
 	Binary, Backend  string
 	Duration         time.Duration
 	KillMin, KillMax time.Duration
@@ -42,14 +51,14 @@ type SoakOptions struct {
 	Note             func(string)
 }
 
-// SoakReport is what a soak counted.
-type SoakReport struct {
-	Seconds     float64   `json:"seconds"`
-	Kills       int       `json:"kills"`
-	Takeovers   int       `json:"takeovers"`
-	DetectionMS Quantiles `json:"detection_ms"`
-	AckedWrites int64     `json:"acked_writes"`      // counter guests' acknowledged writes
-	LostAcked   int64     `json:"lost_acked_writes"` // acknowledged writes not read back
+// Report is what a soak counted.
+type Report struct {
+	Seconds     float64         `json:"seconds"`
+	Kills       int             `json:"kills"`
+	Takeovers   int             `json:"takeovers"`
+	DetectionMS drill.Quantiles `json:"detection_ms"`
+	AckedWrites int64           `json:"acked_writes"`      // counter guests' acknowledged writes
+	LostAcked   int64           `json:"lost_acked_writes"` // acknowledged writes not read back
 	// RolledBack: sessions whose guest was told that acknowledged
 	// requests are gone (pvdriver.ErrRolledBack: the node it resumed on
 	// lacks them; pvdriver.ErrSessionLost: no node holds the session; both
@@ -77,19 +86,19 @@ type soakNode struct {
 }
 
 type soak struct {
-	o         SoakOptions
+	o         Options
 	dir, key  string
 	nodes     [2]*soakNode
 	primary   int // index of the serving node
 	mu        sync.Mutex
-	rep       SoakReport
+	rep       Report
 	detection []float64
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
 
-// Soak runs a soak for o.Duration and reports what it counted.
-func Soak(o SoakOptions) (SoakReport, error) {
+// Run runs a soak for o.Duration and reports what it counted.
+func Run(o Options) (Report, error) {
 	fill := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -119,7 +128,7 @@ func Soak(o SoakOptions) (SoakReport, error) {
 	if err == nil {
 		err = s.countSessions()
 	}
-	s.rep.DetectionMS = quantilesOf(s.detection)
+	s.rep.DetectionMS = drill.QuantilesOf(s.detection)
 	s.finish(err)
 	return s.rep, err
 }
@@ -273,7 +282,15 @@ func (s *soak) every(d time.Duration, f func()) {
 	}
 }
 
-func (s *soak) stopped() bool { return stopped(s.stop) }
+// stopped reports whether the soak is over (s.stop closed).
+func (s *soak) stopped() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
+	}
+}
 
 // counterSlots is how many 8-byte counters a counter guest keeps on the
 // device.
@@ -466,7 +483,7 @@ var errSoakFailed = errors.New("soak failed")
 
 // Verdict is nil when the soak lost no acknowledged write (silently or
 // told), leaked no session and refused no new guest.
-func (r SoakReport) Verdict() error {
+func (r Report) Verdict() error {
 	if r.LostAcked > 0 || r.SessionsAtEnd != r.ExpectedAtEnd || r.NewRefused > 0 || r.RolledBack > 0 {
 		return fmt.Errorf("%w: %d acknowledged writes lost, %d sessions rolled back, %d sessions left (want %d), %d new guests refused",
 			errSoakFailed, r.LostAcked, r.RolledBack, r.SessionsAtEnd, r.ExpectedAtEnd, r.NewRefused)
