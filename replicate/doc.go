@@ -9,7 +9,7 @@
 // pre-shared key, nor a frame that fails its checksum or authentication tag
 // (see wire.go), nor let a primary it does not follow touch its replica: a
 // standby follows one pair's primaries, under rising terms, and refuses
-// every other one before it lets go of its link (see identity.go).
+// every other one before it lets go of its link (see package admission).
 //
 //	primary (Sender, dials)                            standby (Receiver, listens)
 //	  |--- TCP connect ------------------------------------>|
@@ -21,7 +21,7 @@
 //	  |            parts, one frame each, sealed on the sender's workers; the standby
 //	  |            opens them on workers straight into one buffer and handles the
 //	  |            record once its last part is (see "Records on the link" below) ...
-//	  |--- identity {group, primary id, term, last seq} --->|  admission rules (admission.go):
+//	  |--- identity {group, primary id, term, last seq} --->|  admission rules (admission):
 //	  |<-- refused {reason, whom it follows} ----------------|  another group, a lower term,
 //	  |    (counted, logged; a lower term fences the node)   |  another primary at the term,
 //	  |<-- fenced {term} (a promoted standby) ---------------|  a rewound log: refused, the

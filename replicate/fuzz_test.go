@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"net"
 	"testing"
+
+	"github.com/vgpuha/vgpuha/replicate/admission"
 )
 
 // FuzzDecodeRecord: arbitrary bytes never panic the record decoder, and an
@@ -105,14 +107,14 @@ func FuzzRecordParts(f *testing.F) {
 // primary's msgIdentity), an accepted identity re-encodes to its input,
 // and its group passes CheckGroup.
 func FuzzDecodeIdentity(f *testing.F) {
-	f.Add(appendIdentity(nil, Identity{Group: "pair", Primary: 7, Term: 3, Last: 9}))
-	f.Add(appendIdentity(nil, Identity{}))
+	f.Add(appendIdentity(nil, admission.Identity{Group: "pair", Primary: 7, Term: 3, Last: 9}))
+	f.Add(appendIdentity(nil, admission.Identity{}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		id, err := decodeIdentity(b)
 		if err != nil {
 			return
 		}
-		if CheckGroup(id.Group) != nil {
+		if admission.CheckGroup(id.Group) != nil {
 			t.Fatalf("accepted group %q", id.Group)
 		}
 		if !bytes.Equal(appendIdentity(nil, id), b) {
@@ -125,14 +127,14 @@ func FuzzDecodeIdentity(f *testing.F) {
 // standby's msgRefused); an accepted refusal has a known reason and
 // re-encodes to its input.
 func FuzzDecodeRefusal(f *testing.F) {
-	f.Add(appendRefusal(nil, RefusedOtherGroup, Identity{Group: "pair", Primary: 7, Term: 3}))
-	f.Add([]byte{byte(refuseReasons)})
+	f.Add(appendRefusal(nil, admission.RefusedOtherGroup, admission.Identity{Group: "pair", Primary: 7, Term: 3}))
+	f.Add([]byte{byte(admission.NumRefuseReasons)})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		reason, id, err := decodeRefusal(b)
 		if err != nil {
 			return
 		}
-		if reason == 0 || reason >= refuseReasons {
+		if reason == 0 || reason >= admission.NumRefuseReasons {
 			t.Fatalf("accepted reason %d", reason)
 		}
 		if !bytes.Equal(appendRefusal(nil, reason, id), b) {

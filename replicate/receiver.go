@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vgpuha/vgpuha/replicate/admission"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -61,7 +62,7 @@ type ReceiverConfig struct {
 	// Faults, when set, sees every message the standby sends (tests only).
 	Faults FaultHook
 	// Group, when set, is the only group whose primaries this standby
-	// follows (identity.go); Adopt arms an adoption: the first primary to
+	// follows (package admission); Adopt arms an adoption: the first primary to
 	// connect is followed whatever its group.
 	Group string
 	Adopt bool
@@ -83,7 +84,7 @@ type ReceiverStatus struct {
 	RefusedPeers uint64            `json:"refused_peers"`
 	Refused      map[string]uint64 `json:"refused_by_reason,omitempty"`
 	// Follows is the primary this standby follows (nil: none yet).
-	Follows *Identity `json:"follows,omitempty"`
+	Follows *admission.Identity `json:"follows,omitempty"`
 	// Fenced: this node was promoted (under FencedTerm); it no longer
 	// takes a stream and answers a returning primary with that term.
 	Fenced     bool   `json:"fenced"`
@@ -124,10 +125,10 @@ type Receiver struct {
 	current   net.Conn
 	progress  progress
 	// follows is the primary followed, adopt an armed adoption, refused
-	// the refusals by reason (identity.go).
-	follows *Identity
+	// the refusals by reason (package admission).
+	follows *admission.Identity
 	adopt   bool
-	refused [refuseReasons]uint64
+	refused [admission.NumRefuseReasons]uint64
 }
 
 // NewReceiver returns a receiver.
@@ -144,7 +145,7 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := CheckGroup(cfg.Group); err != nil {
+	if err := admission.CheckGroup(cfg.Group); err != nil {
 		return nil, err
 	}
 	r := &Receiver{cfg: cfg, lender: newLender(maxLentBytes), adopt: cfg.Adopt}
@@ -183,7 +184,7 @@ func (r *Receiver) Status() ReceiverStatus {
 			if st.Refused == nil {
 				st.Refused = map[string]uint64{}
 			}
-			st.Refused[RefuseReason(reason).String()] = n
+			st.Refused[admission.RefuseReason(reason).String()] = n
 		}
 	}
 	return st
@@ -218,13 +219,13 @@ func (r *Receiver) serveConn(c net.Conn) {
 	defer c.Close()
 	log := r.cfg.Logger.With("primary", c.RemoteAddr().String())
 	l, err := serverHandshake(c, r.cfg.Key, 5*time.Second)
-	var hello Identity
+	var hello admission.Identity
 	if err == nil {
 		hello, err = readIdentity(l, 5*time.Second)
 	}
 	if err != nil {
-		r.count(RefusedAuth)
-		log.Warn("refused replication peer", "reason", RefusedAuth, "err", err)
+		r.count(admission.RefusedAuth)
+		log.Warn("refused replication peer", "reason", admission.RefusedAuth, "err", err)
 		return
 	}
 	l.faults, l.out, l.lender = r.cfg.Faults, FromStandby, r.lender
@@ -257,15 +258,15 @@ func (r *Receiver) serveConn(c net.Conn) {
 
 // readIdentity reads the primary's identity, the first frame on an
 // authenticated link.
-func readIdentity(l *link, timeout time.Duration) (Identity, error) {
+func readIdentity(l *link, timeout time.Duration) (admission.Identity, error) {
 	l.c.SetReadDeadline(time.Now().Add(timeout))
 	defer l.c.SetReadDeadline(time.Time{})
 	typ, payload, err := l.read()
 	if err != nil {
-		return Identity{}, fmt.Errorf("reading the primary's identity: %w", err)
+		return admission.Identity{}, fmt.Errorf("reading the primary's identity: %w", err)
 	}
 	if typ != msgIdentity {
-		return Identity{}, fmt.Errorf("%w: a %s message where the primary's identity belongs", ErrCorrupt, msgNames[typ])
+		return admission.Identity{}, fmt.Errorf("%w: a %s message where the primary's identity belongs", ErrCorrupt, msgNames[typ])
 	}
 	return decodeIdentity(payload)
 }
@@ -275,20 +276,20 @@ func readIdentity(l *link, timeout time.Duration) (Identity, error) {
 // link; refused, it is told why (a promoted node's term, or the reason
 // and whom this standby follows), and the refusal is counted and logged.
 // Nothing of the replica changes either way.
-func (r *Receiver) judge(c net.Conn, l *link, hello Identity, log *slog.Logger) bool {
+func (r *Receiver) judge(c net.Conn, l *link, hello admission.Identity, log *slog.Logger) bool {
 	r.mu.Lock()
-	v := admissionView{fenced: r.st.Fenced, minTerm: r.st.MinTerm, pinned: r.cfg.Group, adopt: r.adopt,
-		follows: r.follows, logID: r.logID, applied: r.applied}
-	verdict := v.admit(&hello)
-	var follows Identity
+	v := admission.View{Fenced: r.st.Fenced, MinTerm: r.st.MinTerm, Pinned: r.cfg.Group, Adopt: r.adopt,
+		Follows: r.follows, LogID: r.logID, Applied: r.applied}
+	verdict := v.Admit(&hello)
+	var follows admission.Identity
 	if r.follows != nil {
 		follows = *r.follows
 	}
 	follows.Term = max(follows.Term, r.st.MinTerm)
 	fencedTerm := r.st.FencedTerm
-	if verdict.refuse == 0 {
-		r.follows = &Identity{Group: hello.Group, Primary: hello.Primary, Term: hello.Term}
-		r.adopt = r.adopt && !verdict.adopts
+	if verdict.Refuse == 0 {
+		r.follows = &admission.Identity{Group: hello.Group, Primary: hello.Primary, Term: hello.Term}
+		r.adopt = r.adopt && !verdict.Adopts
 		if r.current != nil {
 			r.current.Close()
 		}
@@ -297,25 +298,25 @@ func (r *Receiver) judge(c net.Conn, l *link, hello Identity, log *slog.Logger) 
 	r.mu.Unlock()
 	args := []any{"group", hello.Group, "primary_id", fmt.Sprintf("%016x", hello.Primary), "term", hello.Term}
 	switch {
-	case verdict.refuse == RefusedFenced:
-		r.count(RefusedFenced)
+	case verdict.Refuse == admission.RefusedFenced:
+		r.count(admission.RefusedFenced)
 		l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), fencedTerm))
 		log.Warn("refused a primary's stream: this node was promoted", append(args, "our_term", fencedTerm)...)
 		return false
-	case verdict.refuse != 0:
-		r.count(verdict.refuse)
-		l.writeFlush(msgRefused, appendRefusal(make([]byte, 0, 1+identityFixed+len(follows.Group)+macSize), verdict.refuse, follows))
-		log.Warn("refused a primary's stream; the replica is unchanged", append(args, "reason", verdict.refuse,
+	case verdict.Refuse != 0:
+		r.count(verdict.Refuse)
+		l.writeFlush(msgRefused, appendRefusal(make([]byte, 0, 1+identityFixed+len(follows.Group)+macSize), verdict.Refuse, follows))
+		log.Warn("refused a primary's stream; the replica is unchanged", append(args, "reason", verdict.Refuse,
 			"follows_group", follows.Group, "follows_primary_id", fmt.Sprintf("%016x", follows.Primary), "follows_term", follows.Term)...)
 		return false
-	case verdict.how != "":
-		log.Info("following a primary", append(args, "as", verdict.how)...)
+	case verdict.How != "":
+		log.Info("following a primary", append(args, "as", verdict.How)...)
 	}
 	return true
 }
 
 // count counts one refusal.
-func (r *Receiver) count(reason RefuseReason) {
+func (r *Receiver) count(reason admission.RefuseReason) {
 	r.mu.Lock()
 	r.st.RefusedPeers++
 	r.refused[reason]++
@@ -670,7 +671,7 @@ func (lr *linkRun) stale(term uint64) bool {
 	if low {
 		lr.r.st.StaleRefused++
 		lr.r.st.RefusedPeers++
-		lr.r.refused[RefusedStaleTerm]++
+		lr.r.refused[admission.RefusedStaleTerm]++
 	}
 	lr.r.mu.Unlock()
 	if low {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vgpuha/vgpuha/replicate/admission"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -50,7 +51,7 @@ type SenderConfig struct {
 	// ResyncRate bounds a resync's snapshot stream in bytes per second
 	// (0: as fast as the link takes it).
 	ResyncRate int64
-	// Group names the pair this primary belongs to (identity.go); empty:
+	// Group names the pair this primary belongs to (package admission); empty:
 	// this primary's id, as the first primary of a new group.
 	Group string
 }
@@ -120,7 +121,7 @@ type Sender struct {
 	// (one resync at a time per sender).
 	readAheadBufs [][]byte
 	// refused counts the standby's refusals by reason.
-	refused [refuseReasons]uint64
+	refused [admission.NumRefuseReasons]uint64
 }
 
 // NewSender returns a sender protecting node; Run starts it.
@@ -137,7 +138,7 @@ func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
 	if cfg.Group == "" {
 		cfg.Group = fmt.Sprintf("%016x", cfg.Log.id)
 	}
-	if err := CheckGroup(cfg.Group); err != nil {
+	if err := admission.CheckGroup(cfg.Group); err != nil {
 		return nil, err
 	}
 	s := &Sender{cfg: cfg, node: node, log: cfg.Logger.With("standby", cfg.Addr), readAheadBufs: newReadAheadBufs()}
@@ -195,7 +196,7 @@ func (s *Sender) Status() SenderStatus {
 			if st.Refused == nil {
 				st.Refused = map[string]uint64{}
 			}
-			st.Refused[RefuseReason(reason).String()] = n
+			st.Refused[admission.RefuseReason(reason).String()] = n
 		}
 	}
 	switch {
@@ -255,8 +256,8 @@ func (s *Sender) connect(ctx context.Context) (*link, error) {
 }
 
 // identity is who this primary says it is on a new link.
-func (s *Sender) identity() Identity {
-	return Identity{Group: s.cfg.Group, Primary: s.cfg.Log.id, Term: s.node.Term(), Last: s.cfg.Log.Last()}
+func (s *Sender) identity() admission.Identity {
+	return admission.Identity{Group: s.cfg.Group, Primary: s.cfg.Log.id, Term: s.node.Term(), Last: s.cfg.Log.Last()}
 }
 
 // catchUp introduces this primary, reads the standby's position (or its
@@ -658,7 +659,7 @@ func (s *Sender) fenced(payload []byte) error {
 // refusedBy handles the standby's refusal of this primary: counted and
 // returned (Run logs it); one for a term below the standby's tells the
 // node that term, whose authority fences a primary under it.
-func (s *Sender) refusedBy(payload []byte, self Identity) error {
+func (s *Sender) refusedBy(payload []byte, self admission.Identity) error {
 	reason, follows, err := decodeRefusal(payload)
 	if err != nil {
 		return err
@@ -669,10 +670,10 @@ func (s *Sender) refusedBy(payload []byte, self Identity) error {
 	if m := s.metrics; m != nil {
 		m.refused.WithLabelValues(reason.String()).Inc()
 	}
-	if reason == RefusedStaleTerm {
+	if reason == admission.RefusedStaleTerm {
 		s.node.PeerTerm(follows.Term)
 	}
-	return &RefusedError{Reason: reason, Follows: follows, Self: self}
+	return &admission.RefusedError{Reason: reason, Follows: follows, Self: self}
 }
 
 // Handover asks the standby to take over now (a planned switchover) and

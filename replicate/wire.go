@@ -53,7 +53,7 @@ var (
 const (
 	helloMagic    = "VGRA"
 	frameMagic    = 0x50524756 // "VGRP"
-	protoVersion  = 5          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over partBytes go in parts; 5: the primary's identity first, refusals (identity.go)
+	protoVersion  = 5          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over partBytes go in parts; 5: the primary's identity first, refusals (package admission)
 	nonceSize     = 32
 	macSize       = 16
 	frameHeader   = 16
@@ -82,7 +82,7 @@ const (
 	msgPromote                       // primary -> standby: planned switchover, take over now
 	msgRecordBegin                   // primary -> standby: a record of more than partBytes follows in parts; its size
 	msgRecordPart                    // primary -> standby: the next partBytes (or the last) of that record's encoding
-	msgIdentity                      // primary -> standby, first after auth: group, id, term, log position (identity.go)
+	msgIdentity                      // primary -> standby, first after auth: group, id, term, log position (package admission)
 	msgRefused                       // standby -> primary instead of state: why it may not stream, whom the standby follows
 )
 

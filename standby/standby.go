@@ -25,6 +25,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/admission"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -142,7 +143,7 @@ func (a *Agent) registerMetrics(reg prometheus.Registerer) error {
 			return err
 		}
 	}
-	for _, reason := range replicate.RefuseReasons() {
+	for _, reason := range admission.RefuseReasons() {
 		name := reason.String()
 		c := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_refused_peers_total",
 			Help:        "Replication connections refused, by reason: auth (failed the handshake), fenced (this node was promoted), stale_term, other_group, other_primary, rewound (replicate/identity.go).",

@@ -110,7 +110,7 @@ type Replication struct {
 }
 
 // RefusedPeers counts refused replication links by reason
-// (replicate.RefuseReason; vgpuha_standby_refused_peers_total and
+// (admission.RefuseReason; vgpuha_standby_refused_peers_total and
 // vgpuha_replication_refused_peers_total carry it as the reason label).
 type RefusedPeers struct {
 	Auth         uint64 `json:"auth"`
