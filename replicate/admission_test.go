@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -24,7 +25,7 @@ func TestIdentityRoundTrip(t *testing.T) {
 		t.Fatalf("identity: %+v, %v", got, err)
 	}
 	for _, bad := range [][]byte{b[:len(b)-1], append(b, 0), b[:identityFixed-1], appendIdentity(nil, admission.Identity{Group: "two words"})} {
-		if _, err := decodeIdentity(bad); !errors.Is(err, ErrCorrupt) {
+		if _, err := decodeIdentity(bad); !errors.Is(err, link.ErrCorrupt) {
 			t.Errorf("%x decoded: %v", bad, err)
 		}
 	}

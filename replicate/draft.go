@@ -1,5 +1,7 @@
 package replicate
 
+import "github.com/vgpuha/vgpuha/replicate/link"
+
 // Draft is a record body filled in place before it is appended: a guest's
 // bulk payload is copied once, from the memory it shares with the node
 // straight into the buffer the log keeps and the sender seals, instead of
@@ -12,7 +14,7 @@ type Draft struct {
 // NewDraft returns a draft for a body of n bytes, in a host buffer where
 // the log has one (SetHostBuffers).
 func (l *Log) NewDraft(n int) *Draft {
-	enc := l.pool.getHost(recordHeader + n + macSize)[:recordHeader+n]
+	enc := l.pool.getHost(recordHeader + n + link.MacSize)[:recordHeader+n]
 	return &Draft{enc: enc, pool: &l.pool}
 }
 

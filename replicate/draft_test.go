@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // TestDraftAppendsLikeAppend: a record whose body was filled in a draft is
@@ -38,7 +40,7 @@ func TestDraftAppendsLikeAppend(t *testing.T) {
 	if &es[0].Body[0] != body {
 		t.Fatal("the draft's body was copied")
 	}
-	if cap(es[0].enc)-len(es[0].enc) < macSize {
+	if cap(es[0].enc)-len(es[0].enc) < link.MacSize {
 		t.Fatal("no room for the link's tag")
 	}
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // A primary's identity (msgIdentity) and a standby's refusal (msgRefused)
@@ -27,16 +28,16 @@ func appendIdentity(b []byte, id admission.Identity) []byte {
 // one.
 func decodeIdentity(b []byte) (admission.Identity, error) {
 	if len(b) < identityFixed {
-		return admission.Identity{}, fmt.Errorf("%w: a %d-byte identity", ErrCorrupt, len(b))
+		return admission.Identity{}, fmt.Errorf("%w: a %d-byte identity", link.ErrCorrupt, len(b))
 	}
 	id := admission.Identity{Term: binary.LittleEndian.Uint64(b), Primary: binary.LittleEndian.Uint64(b[8:]), Last: binary.LittleEndian.Uint64(b[16:])}
 	n := int(binary.LittleEndian.Uint16(b[24:]))
 	if len(b) != identityFixed+n {
-		return admission.Identity{}, fmt.Errorf("%w: identity's group of %d bytes in %d", ErrCorrupt, n, len(b)-identityFixed)
+		return admission.Identity{}, fmt.Errorf("%w: identity's group of %d bytes in %d", link.ErrCorrupt, n, len(b)-identityFixed)
 	}
 	id.Group = string(b[identityFixed:])
 	if err := admission.CheckGroup(id.Group); err != nil {
-		return admission.Identity{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		return admission.Identity{}, fmt.Errorf("%w: %v", link.ErrCorrupt, err)
 	}
 	return id, nil
 }
@@ -50,11 +51,11 @@ func appendRefusal(b []byte, reason admission.RefuseReason, follows admission.Id
 // decodeRefusal decodes a standby's refusal.
 func decodeRefusal(b []byte) (admission.RefuseReason, admission.Identity, error) {
 	if len(b) < 1 {
-		return 0, admission.Identity{}, fmt.Errorf("%w: an empty refusal", ErrCorrupt)
+		return 0, admission.Identity{}, fmt.Errorf("%w: an empty refusal", link.ErrCorrupt)
 	}
 	reason := admission.RefuseReason(b[0])
 	if reason == 0 || reason >= admission.NumRefuseReasons {
-		return 0, admission.Identity{}, fmt.Errorf("%w: refusal reason %d", ErrCorrupt, b[0])
+		return 0, admission.Identity{}, fmt.Errorf("%w: refusal reason %d", link.ErrCorrupt, b[0])
 	}
 	id, err := decodeIdentity(b[1:])
 	return reason, id, err

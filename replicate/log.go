@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // Mode is a replication mode: what a guest's reply waits for.
@@ -125,7 +127,7 @@ type entry struct {
 // newEntry encodes r into a buffer from pool (its Seq and Term are
 // stamped later, by stamp).
 func newEntry(pool *bufPool, r Record) entry {
-	enc := AppendRecord(pool.get(r.Size()+macSize), &r)
+	enc := AppendRecord(pool.get(r.Size()+link.MacSize), &r)
 	r.Body = enc[recordHeader:]
 	return entry{Record: r, enc: enc}
 }

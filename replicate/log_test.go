@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -40,7 +41,7 @@ func TestLogEntriesEncodedOnce(t *testing.T) {
 	if diff := cmp.Diff(want, es[0].Record, cmp.AllowUnexported(Record{})); diff != "" {
 		t.Fatal(diff)
 	}
-	if cap(es[0].enc)-len(es[0].enc) < macSize {
+	if cap(es[0].enc)-len(es[0].enc) < link.MacSize {
 		t.Fatalf("no room for the link's tag: len %d cap %d", len(es[0].enc), cap(es[0].enc))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -60,7 +62,7 @@ type ReceiverConfig struct {
 	// received on the heap).
 	HostBuffer func(n int) []byte
 	// Faults, when set, sees every message the standby sends (tests only).
-	Faults FaultHook
+	Faults link.FaultHook
 	// Group, when set, is the only group whose primaries this standby
 	// follows (package admission); Adopt arms an adoption: the first primary to
 	// connect is followed whatever its group.
@@ -112,7 +114,7 @@ type Receiver struct {
 
 	linkMu sync.Mutex // one link applies at a time
 
-	lender *lender // receive buffers lent to the applier
+	lender *link.Lender // receive buffers lent to the applier
 
 	mu        sync.Mutex
 	logID     uint64
@@ -133,8 +135,8 @@ type Receiver struct {
 
 // NewReceiver returns a receiver.
 func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
-	if len(cfg.Key) < MinKeyBytes {
-		return nil, fmt.Errorf("replication key must be at least %d bytes", MinKeyBytes)
+	if len(cfg.Key) < link.MinKeyBytes {
+		return nil, fmt.Errorf("replication key must be at least %d bytes", link.MinKeyBytes)
 	}
 	if cfg.Replica == nil {
 		return nil, errors.New("a receiver needs a replica to apply to")
@@ -148,12 +150,12 @@ func NewReceiver(cfg ReceiverConfig) (*Receiver, error) {
 	if err := admission.CheckGroup(cfg.Group); err != nil {
 		return nil, err
 	}
-	r := &Receiver{cfg: cfg, lender: newLender(maxLentBytes), adopt: cfg.Adopt}
+	r := &Receiver{cfg: cfg, lender: link.NewLender(maxLentBytes), adopt: cfg.Adopt}
 	if cfg.HostBuffer != nil {
 		// Made now rather than while the first resync waits for them,
 		// and before a primary can connect: page-locking memory holds a
 		// driver lock that a primary's calls on the same host wait for.
-		r.lender.useRegion(cfg.HostBuffer(maxLentBytes))
+		r.lender.UseRegion(cfg.HostBuffer(maxLentBytes))
 	}
 	return r, nil
 }
@@ -218,7 +220,7 @@ func (r *Receiver) Close() {
 func (r *Receiver) serveConn(c net.Conn) {
 	defer c.Close()
 	log := r.cfg.Logger.With("primary", c.RemoteAddr().String())
-	l, err := serverHandshake(c, r.cfg.Key, 5*time.Second)
+	l, err := link.ServerHandshake(c, r.cfg.Key, 5*time.Second)
 	var hello admission.Identity
 	if err == nil {
 		hello, err = readIdentity(l, 5*time.Second)
@@ -228,8 +230,8 @@ func (r *Receiver) serveConn(c net.Conn) {
 		log.Warn("refused replication peer", "reason", admission.RefusedAuth, "err", err)
 		return
 	}
-	l.faults, l.out, l.lender = r.cfg.Faults, FromStandby, r.lender
-	l.peer = c.RemoteAddr().String()
+	l.Faults, l.Out, l.Lender = r.cfg.Faults, link.FromStandby, r.lender
+	l.Peer = c.RemoteAddr().String()
 	// Only an admitted primary takes over from the previous link (the
 	// primary reconnected, or its successor); its goroutine then lets go
 	// of linkMu.
@@ -250,7 +252,7 @@ func (r *Receiver) serveConn(c net.Conn) {
 		}
 		r.mu.Unlock()
 	}()
-	if l.writeFlush(msgState, state) != nil {
+	if l.WriteFlush(link.MsgState, state) != nil {
 		return
 	}
 	r.stream(&linkRun{r: r, l: l, log: log, kick: make(chan struct{}, 1), queue: make(chan applyItem, applyQueue)})
@@ -258,15 +260,15 @@ func (r *Receiver) serveConn(c net.Conn) {
 
 // readIdentity reads the primary's identity, the first frame on an
 // authenticated link.
-func readIdentity(l *link, timeout time.Duration) (admission.Identity, error) {
-	l.c.SetReadDeadline(time.Now().Add(timeout))
-	defer l.c.SetReadDeadline(time.Time{})
-	typ, payload, err := l.read()
+func readIdentity(l *link.Conn, timeout time.Duration) (admission.Identity, error) {
+	l.Raw.SetReadDeadline(time.Now().Add(timeout))
+	defer l.Raw.SetReadDeadline(time.Time{})
+	typ, payload, err := l.Read()
 	if err != nil {
 		return admission.Identity{}, fmt.Errorf("reading the primary's identity: %w", err)
 	}
-	if typ != msgIdentity {
-		return admission.Identity{}, fmt.Errorf("%w: a %s message where the primary's identity belongs", ErrCorrupt, msgNames[typ])
+	if typ != link.MsgIdentity {
+		return admission.Identity{}, fmt.Errorf("%w: a %s message where the primary's identity belongs", link.ErrCorrupt, link.MsgNames[typ])
 	}
 	return decodeIdentity(payload)
 }
@@ -276,7 +278,7 @@ func readIdentity(l *link, timeout time.Duration) (admission.Identity, error) {
 // link; refused, it is told why (a promoted node's term, or the reason
 // and whom this standby follows), and the refusal is counted and logged.
 // Nothing of the replica changes either way.
-func (r *Receiver) judge(c net.Conn, l *link, hello admission.Identity, log *slog.Logger) bool {
+func (r *Receiver) judge(c net.Conn, l *link.Conn, hello admission.Identity, log *slog.Logger) bool {
 	r.mu.Lock()
 	v := admission.View{Fenced: r.st.Fenced, MinTerm: r.st.MinTerm, Pinned: r.cfg.Group, Adopt: r.adopt,
 		Follows: r.follows, LogID: r.logID, Applied: r.applied}
@@ -300,12 +302,12 @@ func (r *Receiver) judge(c net.Conn, l *link, hello admission.Identity, log *slo
 	switch {
 	case verdict.Refuse == admission.RefusedFenced:
 		r.count(admission.RefusedFenced)
-		l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), fencedTerm))
+		l.WriteFlush(link.MsgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+link.MacSize), fencedTerm))
 		log.Warn("refused a primary's stream: this node was promoted", append(args, "our_term", fencedTerm)...)
 		return false
 	case verdict.Refuse != 0:
 		r.count(verdict.Refuse)
-		l.writeFlush(msgRefused, appendRefusal(make([]byte, 0, 1+identityFixed+len(follows.Group)+macSize), verdict.Refuse, follows))
+		l.WriteFlush(link.MsgRefused, appendRefusal(make([]byte, 0, 1+identityFixed+len(follows.Group)+link.MacSize), verdict.Refuse, follows))
 		log.Warn("refused a primary's stream; the replica is unchanged", append(args, "reason", verdict.Refuse,
 			"follows_group", follows.Group, "follows_primary_id", fmt.Sprintf("%016x", follows.Primary), "follows_term", follows.Term)...)
 		return false
@@ -347,7 +349,7 @@ func (r *Receiver) armAdoption() {
 // or this node was promoted: then the primary is told the newer term and
 // refused. It returns the standby's state message.
 // Precondition: r.linkMu must be locked.
-func (r *Receiver) admit(c net.Conn, l *link, log *slog.Logger) ([]byte, bool) {
+func (r *Receiver) admit(c net.Conn, l *link.Conn, log *slog.Logger) ([]byte, bool) {
 	r.mu.Lock()
 	if r.current != c {
 		r.mu.Unlock()
@@ -356,7 +358,7 @@ func (r *Receiver) admit(c net.Conn, l *link, log *slog.Logger) ([]byte, bool) {
 	if r.st.Fenced {
 		term := r.st.FencedTerm
 		r.mu.Unlock()
-		l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
+		l.WriteFlush(link.MsgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+link.MacSize), term))
 		log.Warn("refused a primary's stream: this node was promoted", "term", term)
 		return nil, false
 	}
@@ -375,13 +377,13 @@ func (r *Receiver) admit(c net.Conn, l *link, log *slog.Logger) ([]byte, bool) {
 // for what it applied).
 type linkRun struct {
 	r     *Receiver
-	l     *link
+	l     *link.Conn
 	log   *slog.Logger
 	kick  chan struct{}  // the stream paused or the applier caught up: ack now
 	queue chan applyItem // records read, to apply in order
 	// frames opens large frames on workers and hands every frame to its
 	// handler in the order read.
-	frames *inOrder
+	frames *link.InOrder
 	// asm is the record being received in parts (the reader's alone).
 	asm assembly
 }
@@ -407,11 +409,11 @@ const applyQueue = 4096
 
 // streamHandlers handle each message a primary may send once admitted.
 // A handler returns false to end the link.
-var streamHandlers = map[uint16]func(lr *linkRun, f *sealedFrame) bool{
-	msgMode:      (*linkRun).onMode,
-	msgHeartbeat: (*linkRun).onHeartbeat,
-	msgRecord:    (*linkRun).onRecord,
-	msgPromote:   (*linkRun).onPromote,
+var streamHandlers = map[uint16]func(lr *linkRun, f *link.Frame) bool{
+	link.MsgMode:      (*linkRun).onMode,
+	link.MsgHeartbeat: (*linkRun).onHeartbeat,
+	link.MsgRecord:    (*linkRun).onRecord,
+	link.MsgPromote:   (*linkRun).onPromote,
 }
 
 // stream reads and handles messages until the link ends, acking what was
@@ -425,25 +427,25 @@ func (r *Receiver) stream(lr *linkRun) {
 	go lr.acks(done)
 	applied := make(chan struct{})
 	go lr.applier(applied)
-	workers := cryptoWorkers()
-	lr.frames = newInOrder(workers)
-	lr.l.parts = make(chan []byte, workers+2) // bounds the parts read ahead
-	for range cap(lr.l.parts) {
-		lr.l.parts <- nil // made on first use
+	workers := link.CryptoWorkers()
+	lr.frames = link.NewInOrder(workers)
+	lr.l.Parts = make(chan []byte, workers+2) // bounds the parts read ahead
+	for range cap(lr.l.Parts) {
+		lr.l.Parts <- nil // made on first use
 	}
 	defer func() {
 		// Everything read is applied before the link's end is known to
 		// the node: a promotion (which waits for it) serves only once the
 		// replica holds all the old primary was told is held.
-		lr.frames.wait()
+		lr.frames.Wait()
 		if lr.asm.buf != nil { // cut off inside a record: none of it is applied
-			lr.r.lender.give(lr.asm.buf)
+			lr.r.lender.Give(lr.asm.buf)
 		}
 		close(lr.queue)
 		<-applied
 	}()
-	for !lr.frames.failed() {
-		f, err := lr.l.readSealed(lendAbove)
+	for !lr.frames.Failed() {
+		f, err := lr.l.ReadSealed(lendAbove)
 		if err == nil {
 			err = lr.dispatch(&f)
 		}
@@ -460,39 +462,39 @@ func (r *Receiver) stream(lr *linkRun) {
 // beginning and parts by the assembly (begin, part); a large frame on a
 // worker, in turn; a small one here. An error ends the link (frames read
 // before f are still handled).
-func (lr *linkRun) dispatch(f *sealedFrame) error {
-	switch typ := f.typ(); {
-	case typ == msgRecordBegin:
+func (lr *linkRun) dispatch(f *link.Frame) error {
+	switch typ := f.Type(); {
+	case typ == link.MsgRecordBegin:
 		return lr.begin(f)
-	case typ == msgRecordPart:
+	case typ == link.MsgRecordPart:
 		return lr.part(f)
 	case lr.asm.buf != nil:
-		lr.l.giveBack(f)
-		return fmt.Errorf("%w: a frame of type %d inside a record's parts", ErrCorrupt, typ)
+		lr.l.GiveBack(f)
+		return fmt.Errorf("%w: a frame of type %d inside a record's parts", link.ErrCorrupt, typ)
 	}
 	var openErr error
 	open := func() {
-		if openErr = lr.l.open(f); openErr == nil && f.lent && f.typ() == msgRecord {
-			f.sumRecordBody() // on the worker, not the applier
+		if openErr = lr.l.Open(f); openErr == nil && f.Lent && f.Type() == link.MsgRecord {
+			sumRecordBody(f) // on the worker, not the applier
 		}
 	}
 	finish := func(ok bool) bool { return lr.finish(f, openErr, ok) }
-	if f.lent {
-		lr.frames.submit(open, finish)
+	if f.Lent {
+		lr.frames.Submit(open, finish)
 		return nil
 	}
-	if f.typ() == msgRecord && lr.frames.pending() {
+	if f.Type() == link.MsgRecord && lr.frames.Pending() {
 		// A small record behind large ones still being opened takes a
 		// buffer of its own and waits for its turn on a worker, so the
 		// link reads on (waiting here for the large ones held a guest's
 		// mix of copies and small calls to one record at a time).
-		f.buf = append([]byte(nil), f.sealed...)
-		f.sealed, f.owned = f.buf, true
-		lr.frames.submit(open, finish)
+		f.Buf = append([]byte(nil), f.Sealed...)
+		f.Sealed, f.Owned = f.Buf, true
+		lr.frames.Submit(open, finish)
 		return nil
 	}
-	lr.frames.inline(open, finish)
-	if lr.l.r.Buffered() == 0 {
+	lr.frames.Inline(open, finish)
+	if lr.l.Buffered() == 0 {
 		lr.ackNow()
 	}
 	return nil
@@ -501,22 +503,22 @@ func (lr *linkRun) dispatch(f *sealedFrame) error {
 // begin starts a record that arrives in parts: its frame (the record's
 // size) is opened here, at once, so that the size is authenticated before
 // a buffer of that size is lent.
-func (lr *linkRun) begin(f *sealedFrame) error {
-	defer lr.l.giveBack(f)
+func (lr *linkRun) begin(f *link.Frame) error {
+	defer lr.l.GiveBack(f)
 	if lr.asm.buf != nil {
-		return fmt.Errorf("%w: a record begins inside another's parts", ErrCorrupt)
+		return fmt.Errorf("%w: a record begins inside another's parts", link.ErrCorrupt)
 	}
-	if err := lr.l.open(f); err != nil {
+	if err := lr.l.Open(f); err != nil {
 		return err
 	}
-	if len(f.payload) != 8 {
-		return fmt.Errorf("%w: a %d-byte record beginning", ErrCorrupt, len(f.payload))
+	if len(f.Payload) != 8 {
+		return fmt.Errorf("%w: a %d-byte record beginning", link.ErrCorrupt, len(f.Payload))
 	}
-	total := binary.LittleEndian.Uint64(f.payload)
-	if total <= partBytes || total > maxRecordBytes {
-		return fmt.Errorf("%w: a record in parts of %d bytes (more than %d, at most %d)", ErrCorrupt, total, partBytes, maxRecordBytes)
+	total := binary.LittleEndian.Uint64(f.Payload)
+	if total <= link.PartBytes || total > link.MaxRecordBytes {
+		return fmt.Errorf("%w: a record in parts of %d bytes (more than %d, at most %d)", link.ErrCorrupt, total, link.PartBytes, link.MaxRecordBytes)
 	}
-	lr.asm = assembly{buf: lr.l.lend(int(total)), total: int(total)}
+	lr.asm = assembly{buf: lr.l.Lend(int(total)), total: int(total)}
 	return nil
 }
 
@@ -525,16 +527,16 @@ func (lr *linkRun) begin(f *sealedFrame) error {
 // buffer back); in turn, the last part hands the whole record to onRecord.
 // A part that fails to open, or any frame before it that failed, ends
 // the link and the record is given back unapplied.
-func (lr *linkRun) part(f *sealedFrame) error {
+func (lr *linkRun) part(f *link.Frame) error {
 	a := lr.asm
-	n := len(f.sealed) - macSize
+	n := len(f.Sealed) - link.MacSize
 	switch {
 	case a.buf == nil:
-		lr.l.giveBack(f)
-		return fmt.Errorf("%w: a record part without a record", ErrCorrupt)
-	case n != min(partBytes, a.total-a.got):
-		lr.l.giveBack(f)
-		return fmt.Errorf("%w: a %d-byte record part after %d of %d bytes", ErrCorrupt, n, a.got, a.total)
+		lr.l.GiveBack(f)
+		return fmt.Errorf("%w: a record part without a record", link.ErrCorrupt)
+	case n != min(link.PartBytes, a.total-a.got):
+		lr.l.GiveBack(f)
+		return fmt.Errorf("%w: a %d-byte record part after %d of %d bytes", link.ErrCorrupt, n, a.got, a.total)
 	}
 	dst := a.buf[a.got : a.got : a.got+n] // this part's place, only
 	lr.asm.got += n
@@ -544,22 +546,22 @@ func (lr *linkRun) part(f *sealedFrame) error {
 	}
 	var openErr error
 	open := func() {
-		openErr = lr.l.openInto(f, dst)
-		lr.l.giveBack(f)
+		openErr = lr.l.OpenInto(f, dst)
+		lr.l.GiveBack(f)
 	}
-	lr.frames.submit(open, func(ok bool) bool {
+	lr.frames.Submit(open, func(ok bool) bool {
 		if !last {
 			if ok && openErr != nil {
 				lr.log.Warn("replication link lost", "err", openErr)
 				ok = false
 			}
 			if !ok {
-				lr.l.c.Close() // the reader may be waiting for the next frame
+				lr.l.Raw.Close() // the reader may be waiting for the next frame
 			}
 			return ok
 		}
-		rec := sealedFrame{buf: a.buf, payload: a.buf[:a.total], lent: true}
-		binary.LittleEndian.PutUint16(rec.h[4:], msgRecord)
+		rec := link.Frame{Buf: a.buf, Payload: a.buf[:a.total], Lent: true}
+		binary.LittleEndian.PutUint16(rec.Header[4:], link.MsgRecord)
 		return lr.finish(&rec, openErr, ok)
 	})
 	return nil
@@ -570,31 +572,31 @@ func (lr *linkRun) part(f *sealedFrame) error {
 // whether the link goes on. A frame opened on a worker has an ack sent
 // once handled, and closes the link when it ends it: the reader may be
 // waiting for the next frame.
-func (lr *linkRun) finish(f *sealedFrame, openErr error, ok bool) bool {
+func (lr *linkRun) finish(f *link.Frame, openErr error, ok bool) bool {
 	switch {
 	case !ok:
 	case openErr != nil:
 		lr.log.Warn("replication link lost", "err", openErr)
 		ok = false
-	case streamHandlers[f.typ()] == nil:
-		lr.log.Warn("unexpected message from primary; dropping link", "type", f.typ())
+	case streamHandlers[f.Type()] == nil:
+		lr.log.Warn("unexpected message from primary; dropping link", "type", f.Type())
 		ok = false
 	default:
-		ok = streamHandlers[f.typ()](lr, f)
+		ok = streamHandlers[f.Type()](lr, f)
 	}
-	lr.l.giveBack(f)
-	if (f.lent || f.owned) && ok {
+	lr.l.GiveBack(f)
+	if (f.Lent || f.Owned) && ok {
 		// Only the last frame read asks for an ack: one behind it asks
 		// when its turn comes, and the applier every ackEveryBytes. An
 		// ack per large record (12,000 a second while a standby caught
 		// up on the H200 host, each waking every waiter on the primary's
 		// log) cost the standby 0.55 s of write calls a second; 0.15 s
 		// now, the resync as fast.
-		if lr.frames.last() {
+		if lr.frames.Last() {
 			lr.ackNow()
 		}
-	} else if f.lent || f.owned {
-		lr.l.c.Close() // the reader may be reading on
+	} else if f.Lent || f.Owned {
+		lr.l.Raw.Close() // the reader may be reading on
 	}
 	return ok
 }
@@ -627,9 +629,9 @@ func (lr *linkRun) acks(done <-chan struct{}) {
 			continue
 		}
 		lastReceived, lastApplied = received, applied
-		ack := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+macSize), received)
-		if lr.l.writeFlush(msgAck, binary.LittleEndian.AppendUint64(ack, applied)) != nil {
-			lr.l.c.Close()
+		ack := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+link.MacSize), received)
+		if lr.l.WriteFlush(link.MsgAck, binary.LittleEndian.AppendUint64(ack, applied)) != nil {
+			lr.l.Raw.Close()
 			return
 		}
 	}
@@ -637,8 +639,8 @@ func (lr *linkRun) acks(done <-chan struct{}) {
 
 // onMode: the primary's mode and term, known before any record, so that a
 // standby that takes over always does so under a term above the primary's.
-func (lr *linkRun) onMode(f *sealedFrame) bool {
-	payload := f.payload
+func (lr *linkRun) onMode(f *link.Frame) bool {
+	payload := f.Payload
 	if len(payload) != 16 {
 		lr.log.Warn("bad mode message; dropping link")
 		return false
@@ -675,14 +677,14 @@ func (lr *linkRun) stale(term uint64) bool {
 	}
 	lr.r.mu.Unlock()
 	if low {
-		lr.l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), floor))
+		lr.l.WriteFlush(link.MsgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+link.MacSize), floor))
 		lr.log.Warn("refused a deposed primary's stream", "term", term, "leader_term", floor)
 	}
 	return low
 }
 
-func (lr *linkRun) onHeartbeat(f *sealedFrame) bool {
-	payload := f.payload
+func (lr *linkRun) onHeartbeat(f *link.Frame) bool {
+	payload := f.Payload
 	var term uint64
 	if len(payload) == 8 {
 		term = binary.LittleEndian.Uint64(payload)
@@ -698,8 +700,8 @@ func (lr *linkRun) onHeartbeat(f *sealedFrame) bool {
 // keeps its body there until applied (no copy; on a GPU standby that
 // buffer is page-locked); a smaller one's body is copied out of the
 // link's buffer, which the next read reuses.
-func (lr *linkRun) onRecord(f *sealedFrame) bool {
-	rec, err := DecodeRecord(f.payload)
+func (lr *linkRun) onRecord(f *link.Frame) bool {
+	rec, err := DecodeRecord(f.Payload)
 	if err != nil {
 		lr.log.Warn("dropping link", "err", err)
 		return false
@@ -707,11 +709,11 @@ func (lr *linkRun) onRecord(f *sealedFrame) bool {
 	if lr.stale(rec.Term) {
 		return false
 	}
-	rec.bodyCRC, rec.hasCRC = f.bodyCRC, f.hasCRC
+	rec.bodyCRC, rec.hasCRC = f.BodyCRC, f.HasCRC
 	lr.r.cfg.Replica.Heard(rec.Term)
 	item := applyItem{rec: rec}
-	if f.lent {
-		item.buf, f.buf = f.buf, nil
+	if f.Lent {
+		item.buf, f.Buf = f.Buf, nil
 	} else {
 		item.rec.Body = append([]byte(nil), rec.Body...)
 	}
@@ -748,8 +750,8 @@ func (lr *linkRun) applier(done chan<- struct{}) {
 			case err != nil:
 				lr.log.Warn("dropping link", "err", err)
 				broken = true
-				lr.l.c.Close()
-			case reply != nil && lr.l.writeFlush(msgVerifyReply, reply) != nil:
+				lr.l.Raw.Close()
+			case reply != nil && lr.l.WriteFlush(link.MsgVerifyReply, reply) != nil:
 				broken = true
 			}
 		}
@@ -849,7 +851,7 @@ func (s *settling) add(buf []byte) {
 	switch {
 	case buf == nil:
 	case s.settler == nil:
-		s.r.lender.give(buf)
+		s.r.lender.Give(buf)
 	default:
 		s.run, s.bytes = append(s.run, buf), s.bytes+cap(buf)
 	}
@@ -888,7 +890,7 @@ func (s *settling) wait(mark uint64) {
 
 func (s *settling) give(bufs [][]byte) {
 	for i, buf := range bufs {
-		s.r.lender.give(buf)
+		s.r.lender.Give(buf)
 		bufs[i] = nil
 	}
 }
@@ -900,7 +902,7 @@ const ackEveryBytes = 1 << 20
 // onPromote: a planned switchover. The primary has stopped its guests and
 // waited for us to apply everything; the node decides whether it takes
 // over, and the primary is told the new term.
-func (lr *linkRun) onPromote(*sealedFrame) bool {
+func (lr *linkRun) onPromote(*link.Frame) bool {
 	lr.r.cfg.Replica.Heard(0)
 	term, ok := lr.r.cfg.Replica.HandOver()
 	if !ok {
@@ -910,7 +912,7 @@ func (lr *linkRun) onPromote(*sealedFrame) bool {
 	lr.r.mu.Lock()
 	lr.r.st.Fenced, lr.r.st.FencedTerm = true, term
 	lr.r.mu.Unlock()
-	lr.l.writeFlush(msgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), term))
+	lr.l.WriteFlush(link.MsgFenced, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+link.MacSize), term))
 	lr.log.Info("switchover: the primary handed over", "term", term)
 	return false
 }
@@ -1035,4 +1037,13 @@ func (r *Receiver) DiscardEpoch() int {
 	n := len(r.epochBuf)
 	r.epochBuf = nil
 	return n
+}
+
+// sumRecordBody takes the CRC-32C of the opened record's body when the
+// record carries a guest request (Record.BodyCRC): a worker does it while
+// the applier applies the records before.
+func sumRecordBody(f *link.Frame) {
+	if rec, err := DecodeRecord(f.Payload); err == nil && rec.ReqID != 0 {
+		f.BodyCRC, f.HasCRC = crc32.Checksum(rec.Body, castagnoli), true
+	}
 }

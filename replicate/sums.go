@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -27,12 +28,12 @@ func encodeSums(id uint64, sums []verify.ObjectSum) []byte {
 
 func decodeSums(b []byte) (uint64, []verify.ObjectSum, error) {
 	if len(b) < 12 {
-		return 0, nil, fmt.Errorf("%w: short verify reply", ErrCorrupt)
+		return 0, nil, fmt.Errorf("%w: short verify reply", link.ErrCorrupt)
 	}
 	id, n := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint32(b[8:])
 	b = b[12:]
 	if uint64(len(b)) != uint64(n)*sumSize {
-		return 0, nil, fmt.Errorf("%w: verify reply of %d bytes for %d objects", ErrCorrupt, len(b), n)
+		return 0, nil, fmt.Errorf("%w: verify reply of %d bytes for %d objects", link.ErrCorrupt, len(b), n)
 	}
 	sums := make([]verify.ObjectSum, n)
 	for i := range sums {

@@ -26,6 +26,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -164,7 +165,7 @@ func (a *Agent) Serve(ln net.Listener) error {
 	a.stopUDP = cancel
 	a.mu.Unlock()
 	go func() {
-		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, a.heardDatagram, a.badHeartbeats.Inc); err != nil {
+		if err := link.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, a.heardDatagram, a.badHeartbeats.Inc); err != nil {
 			a.log.Warn("no UDP heartbeat path; failure detection relies on the TCP link alone", "err", err)
 		}
 	}()

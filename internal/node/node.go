@@ -37,6 +37,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/coordinator"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/standby"
 )
 
@@ -79,7 +80,7 @@ type Config struct {
 	Now func() time.Time
 	// Faults, when set, sees every replication message this node sends
 	// (tests only).
-	Faults replicate.FaultHook
+	Faults link.FaultHook
 	// Coordinator, when set, puts leadership in etcd (see package
 	// coordinator and coordinated.go): a primary leads before it serves, a
 	// standby campaigns instead of promoting itself, and a leader whose

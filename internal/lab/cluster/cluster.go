@@ -24,6 +24,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -66,7 +67,7 @@ type Options struct {
 	// (default) or "shm+unix" (shared memory; plain unix is served too).
 	GuestScheme string
 	// Faults sees every replication message the primary sends.
-	Faults replicate.FaultHook
+	Faults link.FaultHook
 	// ResyncRate, ResyncBudgetBytes and ResyncGuestShare configure the
 	// primary's resync.
 	ResyncRate, ResyncBudgetBytes int64
