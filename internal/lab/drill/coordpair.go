@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/coordinator"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/etcdproc"
 	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 )
@@ -26,7 +27,7 @@ const (
 // the standby and etcd while guests still reach it. Everything runs on
 // loopback.
 type coordinated struct {
-	etcd     *etcdCluster
+	etcd     *etcdproc.Cluster
 	link     *etcdtest.Proxy   // primary → standby replication
 	toEtcd   []*etcdtest.Proxy // primary → each etcd member
 	poolAddr string            // where the pair's pool standby takes a stream
@@ -57,7 +58,7 @@ func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlag
 		p.stop()
 		return nil, err
 	}
-	direct := c.flags("etcd://" + strings.Join(c.etcd.endpoints(), ","))
+	direct := c.flags("etcd://" + strings.Join(c.etcd.Endpoints(), ","))
 	if err := p.start(p.standby, bin, "standby", "", append([]string{"--backend", backend, "--listen", "tcp://" + standbyAddr, "--replicate.key-file", p.keyFile,
 		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.Admin, "--mmio", mmioMode(), "--coordinator.id", "standby",
 		"--coordinator.advertise", "tcp://" + c.link.Addr()}, direct...)...); err != nil {
@@ -86,10 +87,10 @@ func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlag
 // it through, and picks the pool standby's address.
 func (c *coordinated) connect(bin, dir string) error {
 	var err error
-	if c.etcd, err = startEtcd(bin, dir); err != nil {
+	if c.etcd, err = etcdproc.Start(bin, dir); err != nil {
 		return err
 	}
-	for _, ep := range c.etcd.endpoints() {
+	for _, ep := range c.etcd.Endpoints() {
 		px, err := etcdtest.Listen(ep)
 		if err != nil {
 			return err
@@ -118,7 +119,7 @@ func (c *coordinated) proxiedURL() string {
 func (c *coordinated) group() (coordinator.GroupStatus, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	gs, err := coordinator.Groups(ctx, c.etcd.cli)
+	gs, err := coordinator.Groups(ctx, c.etcd.Client())
 	if err != nil {
 		return coordinator.GroupStatus{}, err
 	}
@@ -153,6 +154,6 @@ func (c *coordinated) stop() {
 		px.Close()
 	}
 	if c.etcd != nil {
-		c.etcd.stop()
+		c.etcd.Stop()
 	}
 }

@@ -157,12 +157,12 @@ func nothingMovedAfterFreeze(r *run) error {
 func freezeEtcd(d time.Duration) func(*run) error {
 	return func(r *run) error {
 		etcd := r.pair.coord.etcd
-		if err := etcd.signalAll(syscall.SIGSTOP); err != nil {
+		if err := etcd.SignalAll(syscall.SIGSTOP); err != nil {
 			return err
 		}
 		go func() {
 			time.Sleep(d) // the fault itself
-			etcd.signalAll(syscall.SIGCONT)
+			etcd.SignalAll(syscall.SIGCONT)
 		}()
 		return nil
 	}
@@ -307,11 +307,11 @@ func poolStandbyProtects(r *run) error {
 
 // killEtcdLeader kills the member leading etcd's raft.
 func killEtcdLeader(r *run) error {
-	i, err := r.pair.coord.etcd.leader()
+	i, err := r.pair.coord.etcd.Leader()
 	if err != nil {
 		return err
 	}
-	return r.pair.coord.etcd.kill(i)
+	return r.pair.coord.etcd.Kill(i)
 }
 
 // etcdSettles is how long after an etcd member died the drill checks
