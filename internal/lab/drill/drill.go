@@ -5,9 +5,9 @@
 // the pair, run the workload, strike with the fault table's row at a
 // chosen launch, check what the row expects, and compare the guest's
 // results with a fault-free run's. The agents are separate processes,
-// reached through their flags and admin endpoints only. A soak (soak.go)
-// kills the primary of a two-node pair again and again for as long as it
-// runs, restarting each killed node as the next standby.
+// reached through their flags and admin endpoints only (package
+// nodeproc); a coordinated pair adds an etcd cluster of member processes
+// (package etcdproc). The kill soak is package soak.
 package drill
 
 import (
