@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vgpuha/vgpuha/mmiotrace/x86store"
 )
 
 // The x86-64 half of the ptrace modes: the register layout, system-call
@@ -92,12 +94,12 @@ func (p *ptracer) inject(tid int, nr uintptr, args ...uint64) (int64, error) {
 }
 
 // regs reads a stopped thread's registers; vec adds the vector registers.
-func (p *ptracer) regs(tid int, vec bool) (*Regs, *unix.PtraceRegs, error) {
+func (p *ptracer) regs(tid int, vec bool) (*x86store.Regs, *unix.PtraceRegs, error) {
 	var raw unix.PtraceRegs
 	if err := unix.PtraceGetRegs(tid, &raw); err != nil {
 		return nil, nil, err
 	}
-	r := &Regs{
+	r := &x86store.Regs{
 		GPR: [16]uint64{raw.Rax, raw.Rcx, raw.Rdx, raw.Rbx, raw.Rsp, raw.Rbp, raw.Rsi, raw.Rdi,
 			raw.R8, raw.R9, raw.R10, raw.R11, raw.R12, raw.R13, raw.R14, raw.R15},
 		RIP: raw.Rip, RFlags: raw.Eflags, FSBase: raw.Fs_base, GSBase: raw.Gs_base,
@@ -111,7 +113,7 @@ func (p *ptracer) regs(tid int, vec bool) (*Regs, *unix.PtraceRegs, error) {
 }
 
 // setRegs writes back what an emulated instruction changed.
-func setRegs(tid int, r *Regs, raw *unix.PtraceRegs) error {
+func setRegs(tid int, r *x86store.Regs, raw *unix.PtraceRegs) error {
 	g := r.GPR
 	raw.Rax, raw.Rcx, raw.Rdx, raw.Rbx, raw.Rsp, raw.Rbp, raw.Rsi, raw.Rdi = g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]
 	raw.R8, raw.R9, raw.R10, raw.R11, raw.R12, raw.R13, raw.R14, raw.R15 = g[8], g[9], g[10], g[11], g[12], g[13], g[14], g[15]
@@ -122,7 +124,7 @@ func setRegs(tid int, r *Regs, raw *unix.PtraceRegs) error {
 // readVectors fills r.Vec from the thread's XSAVE area: XMM registers at
 // offset 160 of the legacy region, the upper YMM halves at 576 (the
 // standard, uncompacted layout ptrace returns).
-func readVectors(tid int, r *Regs) error {
+func readVectors(tid int, r *x86store.Regs) error {
 	buf := make([]byte, 4096)
 	n, err := ptraceGetRegset(tid, unix.NT_X86_XSTATE, buf)
 	if err != nil {

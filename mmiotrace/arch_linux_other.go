@@ -8,6 +8,8 @@ import (
 	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vgpuha/vgpuha/mmiotrace/x86store"
 )
 
 // The ptrace modes (insn, page) read x86-64 registers, decode and emulate
@@ -31,8 +33,10 @@ func findSyscallInsn(int, *os.File) (uint64, error) { return 0, unsupported() }
 
 func (p *ptracer) inject(int, uintptr, ...uint64) (int64, error) { return 0, unsupported() }
 
-func (p *ptracer) regs(int, bool) (*Regs, *unix.PtraceRegs, error) { return nil, nil, unsupported() }
+func (p *ptracer) regs(int, bool) (*x86store.Regs, *unix.PtraceRegs, error) {
+	return nil, nil, unsupported()
+}
 
-func setRegs(int, *Regs, *unix.PtraceRegs) error { return unsupported() }
+func setRegs(int, *x86store.Regs, *unix.PtraceRegs) error { return unsupported() }
 
-func readVectors(int, *Regs) error { return unsupported() }
+func readVectors(int, *x86store.Regs) error { return unsupported() }

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vgpuha/vgpuha/mmiotrace/x86store"
 )
 
 const pageSize = 4096
@@ -501,7 +503,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 	}
 	code := make([]byte, 16)
 	n, _ := t.pt.mem.ReadAt(code, int64(regs.RIP))
-	a, derr := Decode(code[:n])
+	a, derr := x86store.Decode(code[:n])
 	if derr == nil && a.Emulated() && !t.opts.StepOnly && !r.readOnly {
 		if a.VectorSource() {
 			if err := readVectors(tid, regs); err != nil {
@@ -522,7 +524,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 			}
 		}
 	}
-	if derr == nil && a.Bounded() && !a.stringOp {
+	if derr == nil && a.Bounded() && !a.StringOp() {
 		// A read-modify-write of a proven range: the operand's bytes after
 		// the step are the store, recorded even where the value is
 		// unchanged (a doorbell write counts).
