@@ -14,7 +14,13 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vgpuha/vgpuha/mmiotrace/internal/ptrace"
 )
+
+// ErrGuestGone is returned once the guest process has exited (the ptrace
+// layer finds it first; errors.Is matches it from either).
+var ErrGuestGone = ptrace.ErrGuestGone
 
 // GuestCommand prepares cmd to run as a traceable guest: in a process
 // group of its own, as the tracer requires.

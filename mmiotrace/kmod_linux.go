@@ -199,14 +199,14 @@ func (t *Tracer) remapGuest(r *Region, a kmod.Aperture) error {
 	path := []byte(kmod.DevicePath + "\x00")
 	saved := make([]byte, len(path))
 	var ierr error
-	err = t.pt.do(func(tid int) {
+	err = t.pt.Do(func(tid int) {
 		if _, ierr = mem.ReadAt(saved, int64(r.GuestAddr)); ierr != nil {
 			return
 		}
 		if _, ierr = mem.WriteAt(path, int64(r.GuestAddr)); ierr != nil {
 			return
 		}
-		fd, err := t.pt.inject(tid, unix.SYS_OPENAT, atFDCWD, r.GuestAddr, unix.O_RDWR|unix.O_CLOEXEC)
+		fd, err := t.pt.Inject(tid, unix.SYS_OPENAT, atFDCWD, r.GuestAddr, unix.O_RDWR|unix.O_CLOEXEC)
 		if _, err2 := mem.WriteAt(saved, int64(r.GuestAddr)); err == nil {
 			err = err2
 		}
@@ -217,9 +217,9 @@ func (t *Tracer) remapGuest(r *Region, a kmod.Aperture) error {
 			ierr = fmt.Errorf("opening %s in the guest: %w", kmod.DevicePath, syscall.Errno(-fd))
 			return
 		}
-		at, err := t.pt.inject(tid, unix.SYS_MMAP, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ|unix.PROT_WRITE,
+		at, err := t.pt.Inject(tid, unix.SYS_MMAP, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ|unix.PROT_WRITE,
 			unix.MAP_SHARED|unix.MAP_FIXED, uint64(fd), a.GuestOff)
-		t.pt.inject(tid, unix.SYS_CLOSE, uint64(fd))
+		t.pt.Inject(tid, unix.SYS_CLOSE, uint64(fd))
 		switch {
 		case err != nil:
 			ierr = err
@@ -240,7 +240,7 @@ func (t *Tracer) stopPtrace() {
 	t.stats.PtraceAttached = false
 	t.mu.Unlock()
 	if pt != nil {
-		pt.close()
+		pt.Close()
 	}
 	if maps != nil {
 		maps.Close()

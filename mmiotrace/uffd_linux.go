@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 
+	"github.com/vgpuha/vgpuha/mmiotrace/internal/ptrace"
 	"github.com/vgpuha/vgpuha/uffd"
 	"golang.org/x/sys/unix"
 )
@@ -185,10 +186,10 @@ func (t *Tracer) settle() bool {
 		return false
 	}
 	all := false
-	err = t.pt.do(func(tid int) {
-		var stopped []*thread
-		stopped, all = t.pt.stopThreads(tid, busy)
-		t.pt.resumeOthers(stopped)
+	err = t.pt.Do(func(tid int) {
+		var stopped []*ptrace.Thread
+		stopped, all = t.pt.StopThreads(tid, busy)
+		t.pt.ResumeOthers(stopped)
 	})
 	t.mu.Lock()
 	t.stats.SettleStops += uint64(len(busy))
