@@ -147,7 +147,7 @@ func (a *Agent) registerMetrics(reg prometheus.Registerer) error {
 	for _, reason := range admission.RefuseReasons() {
 		name := reason.String()
 		c := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_refused_peers_total",
-			Help:        "Replication connections refused, by reason: auth (failed the handshake), fenced (this node was promoted), stale_term, other_group, other_primary, rewound (replicate/identity.go).",
+			Help:        "Replication connections refused, by reason: auth (failed the handshake), fenced (this node was promoted), stale_term, other_group, other_primary, rewound (package replicate/admission).",
 			ConstLabels: prometheus.Labels{"reason": name}},
 			func() float64 { return float64(rcv.Status().Refused[name]) })
 		if err := reg.Register(c); err != nil {

@@ -8,7 +8,7 @@ import (
 )
 
 // pairFlags name the pair a node belongs to and which primaries a standby
-// follows (replicate/identity.go; docs/OPERATIONS.md, "Which primary a
+// follows (package replicate/admission; docs/OPERATIONS.md, "Which primary a
 // standby follows").
 type pairFlags struct {
 	group string

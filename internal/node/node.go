@@ -88,7 +88,7 @@ type Config struct {
 	// the group's pool. The node closes it.
 	Coordinator      *coordinator.Coordinator
 	StandbyLossAfter time.Duration
-	// Group names the pair (replicate/identity.go): a primary streams
+	// Group names the pair (package replicate/admission): a primary streams
 	// under it, a standby follows only its primaries. Empty: the
 	// coordinator's group with one, else the first primary's id, which a
 	// promoted standby carries on.
