@@ -100,7 +100,7 @@ type Replication struct {
 	RefusedPeers      RefusedPeers `json:"refused_peers"`
 	// Group and PrimaryID: the pair's group and the primary's id, this
 	// node's own (to_standby) or the primary's it follows (from_primary;
-	// "" before it followed one). package replicate/admission says what they
+	// "" before it followed one). Package replicate/admission says what they
 	// mean.
 	Group     string `json:"group"`
 	PrimaryID string `json:"primary_id"`
