@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/link/linktest"
 )
 
 // bulkPayloads are record encodings of mixed sizes: small ones sealed on
@@ -109,7 +110,7 @@ func streamFrames(t *testing.T, order []int) []uint64 {
 
 // linkPair returns two authenticated link ends over loopback TCP.
 func linkPair(t *testing.T) (p, s *link.Conn) {
-	p, s, perr, serr := pair(t, testKey, testKey)
+	p, s, perr, serr := linktest.Pair(t, testKey, testKey)
 	if perr != nil || serr != nil {
 		t.Fatal(perr, serr)
 	}

@@ -3,15 +3,12 @@ package replicate
 import (
 	"bytes"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 var testKey = []byte("0123456789abcdef0123456789abcdef")
@@ -37,44 +34,6 @@ func TestRecordRoundTrip(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-}
-
-// pair returns two authenticated link ends over a real TCP connection.
-func pair(t *testing.T, primaryKey, standbyKey []byte) (*link.Conn, *link.Conn, error, error) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	type res struct {
-		l   *link.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			ch <- res{nil, err}
-			return
-		}
-		l, err := link.ServerHandshake(c, standbyKey, 2*time.Second)
-		if err != nil {
-			c.Close()
-		}
-		ch <- res{l, err}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	p, perr := link.ClientHandshake(c, primaryKey, 2*time.Second)
-	s := <-ch
-	if s.l != nil {
-		t.Cleanup(func() { s.l.Raw.Close() })
-	}
-	return p, s.l, perr, s.err
 }
 
 func TestLogBackpressureAndAcks(t *testing.T) {
