@@ -90,7 +90,7 @@ func TestDraftsInHostBuffers(t *testing.T) {
 	if d := l2.NewDraft(piece); d.enc == nil || cap(d.enc) < piece {
 		t.Fatal("a refused host buffer left the draft without memory")
 	}
-	if l2.pool.hostLimit != 0 {
-		t.Fatalf("after a refusal the pool still means to make %d bytes of host buffers", l2.pool.hostLimit)
+	if l2.pool.HostLimit() != 0 {
+		t.Fatalf("after a refusal the pool still means to make %d bytes of host buffers", l2.pool.HostLimit())
 	}
 }

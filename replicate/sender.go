@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/internal/bufpool"
 	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
@@ -430,7 +431,7 @@ type snapshotItem struct {
 func newReadAheadBufs() [][]byte {
 	bufs := make([][]byte, link.CryptoWorkers()+2)
 	for i := range bufs {
-		bufs[i] = touched(make([]byte, 0, recordHeader+resyncChunk))
+		bufs[i] = bufpool.Touched(make([]byte, 0, recordHeader+resyncChunk))
 	}
 	return bufs
 }
