@@ -16,7 +16,3 @@ import (
 func ptraceArchErr(m Mode) error {
 	return fmt.Errorf("%w (%s): %s mode decodes and emulates x86-64 stores through ptrace; use uffd mode", ErrUnsupportedArch, runtime.GOARCH, m)
 }
-
-// waitSyscallsArch: the waits of waitSyscalls only some architectures
-// have are left to amd64 (leaving one out only costs a comparison).
-var waitSyscallsArch []int

@@ -110,9 +110,9 @@ type Tracer struct {
 	// uffd mode: pages found written that a system call in flight may
 	// still be writing (see settle), compared at every flush until settled.
 	unsettled   []dirtyPages
-	triedPtrace bool         // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
-	watch       *threadWatch // uffd mode: the guest's threads, for settle
-	km          *kmodState   // kmod modes, from the first region on
+	triedPtrace bool                // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
+	watch       *ptrace.ThreadWatch // uffd mode: the guest's threads, for settle
+	km          *kmodState          // kmod modes, from the first region on
 }
 
 type write struct {
@@ -322,7 +322,7 @@ func (t *Tracer) Close() error {
 		t.pagemap.Close()
 	}
 	if t.watch != nil {
-		t.watch.close()
+		t.watch.Close()
 	}
 	if t.maps != nil {
 		t.maps.Close()

@@ -163,18 +163,18 @@ const settleAbove = 16
 // returned or was interrupted to be restarted), and resumed at once.
 func (t *Tracer) settle() bool {
 	if t.watch == nil {
-		w, err := newThreadWatch(t.pid)
+		w, err := ptrace.NewThreadWatch(t.pid)
 		if err != nil {
 			return false
 		}
 		t.watch = w
 	}
-	busy, err := t.watch.inCalls(nil)
+	busy, err := t.watch.InCalls(nil)
 	// A thread seen running has often just made the call that brought the
 	// flush, and waits a moment later: look again before stopping it.
 	for look := 0; err == nil && len(busy) > 0 && look < settleLooks; look++ {
 		runtime.Gosched()
-		busy, err = t.watch.inCalls(busy)
+		busy, err = t.watch.InCalls(busy)
 	}
 	if err != nil {
 		return false

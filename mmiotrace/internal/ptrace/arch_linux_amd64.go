@@ -12,6 +12,12 @@ import (
 	"github.com/vgpuha/vgpuha/mmiotrace/x86store"
 )
 
+// waitSyscallsArch are the waits (see waitSyscalls) that only some
+// architectures have. (A compat call made with INT 0x80 shows its i386
+// number: none of i386's calls that pin memory has the number of one of
+// these or waitSyscalls.)
+var waitSyscallsArch = []int{unix.SYS_EPOLL_WAIT, unix.SYS_POLL, unix.SYS_SELECT, unix.SYS_PAUSE}
+
 // The x86-64 half of the ptrace modes: the register layout, system-call
 // injection and the XSAVE area. arch_linux_other.go says why other
 // architectures have none of it.

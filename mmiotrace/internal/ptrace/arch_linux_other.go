@@ -12,6 +12,10 @@ import (
 	"github.com/vgpuha/vgpuha/mmiotrace/x86store"
 )
 
+// waitSyscallsArch: the waits of waitSyscalls only some architectures
+// have are left to amd64 (leaving one out only costs a comparison).
+var waitSyscallsArch []int
+
 // The ptrace modes (insn, page) read x86-64 registers, decode and emulate
 // x86-64 stores and inject system calls through the x86-64 SYSCALL
 // instruction. On other architectures they are refused when a region is

@@ -4,8 +4,9 @@
 // attached), work handed to that thread while a guest thread is stopped,
 // stopping and resuming the others, single steps, system calls injected
 // into a stopped thread (mprotect, and the kmod modes' open and mmap),
-// the registers (x86store.Regs) and the guest's memory through
-// /proc/PID/mem.
+// the registers (x86store.Regs), the guest's memory through
+// /proc/PID/mem, and which of its threads sit in a system call that may
+// pin memory (ThreadWatch, from /proc/PID/task/TID/syscall).
 //
 // It does what the tracer asks and decides nothing: it never chooses
 // which pages are protected or what a store means, and never delivers a
