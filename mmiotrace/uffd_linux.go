@@ -157,7 +157,7 @@ func (t *Tracer) scanUnsettled(regions []*Region) ([]dirtyPages, error) {
 const settleAbove = 16
 
 // settle reports whether every guest thread has left the system calls it
-// was in when settle began, or was in none but a wait (waitSyscalls):
+// was in when settle began, or was in none but a wait (ptrace.ThreadWatch):
 // threads running or in another call are stopped through ptrace, where
 // the tracer has it (a thread stops only in user space, once its call
 // returned or was interrupted to be restarted), and resumed at once.
