@@ -20,6 +20,7 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // fakeClock is a clock a test moves by hand.
@@ -273,8 +274,8 @@ func TestUnansweredHelloLeavesNothing(t *testing.T) {
 	var holdRecords atomic.Bool
 	release := make(chan struct{})
 	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, StartStandby: true,
-		Faults: func(m replicate.Message) bool {
-			if m.From == replicate.FromPrimary && m.Type == "record" && holdRecords.Load() {
+		Faults: func(m link.Message) bool {
+			if m.From == link.FromPrimary && m.Type == "record" && holdRecords.Load() {
 				<-release
 			}
 			return true

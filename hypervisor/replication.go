@@ -7,6 +7,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // This file is the primary's side of replication: every state change a
@@ -154,8 +155,8 @@ func (s *Server) stopTheWorld(fn func(sessions []*Session)) {
 // With apertures, each aperture's file is also compared byte by byte with
 // the device copy here, and sent (OpVerifyMMIO) for the standby to compare
 // with its own.
-func (s *Server) VerifyPoint(id uint64, apertures bool) []replicate.ObjectSum {
-	var sums []replicate.ObjectSum
+func (s *Server) VerifyPoint(id uint64, apertures bool) []verify.ObjectSum {
+	var sums []verify.ObjectSum
 	s.stopTheWorld(func(sessions []*Session) {
 		for _, sess := range sessions {
 			sess.flushMMIO() // apertures are compared with their files (aperture.Set.Sum)
@@ -183,16 +184,16 @@ func (s *Server) VerifyPoint(id uint64, apertures bool) []replicate.ObjectSum {
 }
 
 // Checksums describes every object, for a standby answering verify.
-func (s *Server) Checksums() []replicate.ObjectSum {
-	var sums []replicate.ObjectSum
+func (s *Server) Checksums() []verify.ObjectSum {
+	var sums []verify.ObjectSum
 	s.stopTheWorld(func(sessions []*Session) { sums = checksums(sessions) })
 	return sums
 }
 
-func checksums(sessions []*Session) []replicate.ObjectSum {
-	var sums []replicate.ObjectSum
+func checksums(sessions []*Session) []verify.ObjectSum {
+	var sums []verify.ObjectSum
 	for _, sess := range sessions {
-		sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjSession, ID: sess.mem.Base(), Sum: replicate.Checksum([]byte(sess.guest))})
+		sums = append(sums, verify.ObjectSum{Session: sess.id, Kind: verify.ObjSession, ID: sess.mem.Base(), Sum: verify.Checksum([]byte(sess.guest))})
 		sums = append(sums, sess.verifyMMIO.Sums(sess.id)...) // a standby's verify --apertures
 		for _, r := range sess.mem.Ranges() {
 			sum, err := sess.mem.Checksum(r.Addr, r.Size)
@@ -204,7 +205,7 @@ func checksums(sessions []*Session) []replicate.ObjectSum {
 			} else if fileSum, ok := sess.mmio.Sum(r.Addr); ok {
 				sum = fileSum
 			}
-			sums = append(sums, replicate.ObjectSum{Session: sess.id, Kind: replicate.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
+			sums = append(sums, verify.ObjectSum{Session: sess.id, Kind: verify.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
 		}
 		sums = append(sums, sess.objs.Sums(sess.id)...)
 	}

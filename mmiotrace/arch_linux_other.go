@@ -4,35 +4,15 @@ package mmiotrace
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-
-	"golang.org/x/sys/unix"
 )
 
 // The ptrace modes (insn, page) read x86-64 registers, decode and emulate
 // x86-64 stores and inject system calls through the x86-64 SYSCALL
-// instruction. On other architectures they are refused when a region is
-// added (Tracer.AddRegion); uffd mode, which needs none of that, works.
-// The functions below are never reached; each still says why it cannot
-// work here.
+// instruction (package ptrace). On other architectures they are refused
+// when a region is added (Tracer.AddRegion); uffd mode, which needs none
+// of that, works.
 
 func ptraceArchErr(m Mode) error {
 	return fmt.Errorf("%w (%s): %s mode decodes and emulates x86-64 stores through ptrace; use uffd mode", ErrUnsupportedArch, runtime.GOARCH, m)
 }
-
-// waitSyscallsArch: the waits of waitSyscalls only some architectures
-// have are left to amd64 (leaving one out only costs a comparison).
-var waitSyscallsArch []int
-
-func unsupported() error { return fmt.Errorf("%w (%s)", ErrUnsupportedArch, runtime.GOARCH) }
-
-func findSyscallInsn(int, *os.File) (uint64, error) { return 0, unsupported() }
-
-func (p *ptracer) inject(int, uintptr, ...uint64) (int64, error) { return 0, unsupported() }
-
-func (p *ptracer) regs(int, bool) (*Regs, *unix.PtraceRegs, error) { return nil, nil, unsupported() }
-
-func setRegs(int, *Regs, *unix.PtraceRegs) error { return unsupported() }
-
-func readVectors(int, *Regs) error { return unsupported() }

@@ -78,7 +78,7 @@ func (t *Tracer) autoOpen(tid int, r *Region, addr, vmaEnd uint64, open bool) bo
 			end++
 		}
 	}
-	if err := t.pt.mprotect(tid, r.GuestAddr+pg*pageSize, (end-pg)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+	if err := t.pt.Mprotect(tid, r.GuestAddr+pg*pageSize, (end-pg)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
 		return false
 	}
 	for p := pg; p < end; p++ {

@@ -1,9 +1,10 @@
 // Package mmiotrace catches a guest process's direct writes to memory it
 // shares with the hypervisor (apertures: mapped device memory), so they can
-// be replicated like calls. It owns the tracing mechanisms and the x86
-// store decoder; it never decides what a write means or where it goes
-// (the hypervisor turns Flush output into log records), and it never
-// changes guest memory outside the regions it was given.
+// be replicated like calls. It owns the tracing mechanisms (the x86
+// store decoder is package x86store); it never decides what a write
+// means or where it goes (the hypervisor turns Flush output into log
+// records), and it never changes guest memory outside the regions it was
+// given.
 //
 // It is the one place that reaches into a guest process — ptrace,
 // userfaultfd, pidfd_getfd, SO_PEERCRED, /proc/PID/{maps,mem,pagemap} —
@@ -13,7 +14,7 @@
 // unsafe appears only in *_unsafe.go (pointers handed to the kernel);
 // x86-64 registers and system-call injection only in *_amd64.go, with
 // stubs elsewhere that return ErrUnsupportedArch. The decoder is portable
-// Go: it decodes x86-64 bytes on any host.
+// Go in package x86store: it decodes x86-64 bytes on any host.
 //
 // Modes (measured costs in docs/PERFORMANCE.md):
 //   - insn: the regions stay write-protected; each store faults, the tracer

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vgpuha/vgpuha/kmod"
+	"github.com/vgpuha/vgpuha/mmiotrace/x86store"
 )
 
 // The kmod modes: the vgpuha_mmio kernel module traces the guest's stores
@@ -82,8 +83,8 @@ type kmodState struct {
 	dev     *kmod.Device
 	aps     map[*Region]kmod.Aperture
 	buf     []byte
-	insns   map[string]*Access // decoded instructions by their bytes
-	leaving bool               // Close: the apertures are left to the guest, not destroyed
+	insns   map[string]*x86store.Access // decoded instructions by their bytes
+	leaving bool                        // Close: the apertures are left to the guest, not destroyed
 }
 
 // kmodView is a guest mapping of the module's device: the guest's view of
@@ -127,7 +128,7 @@ func (t *Tracer) addKmodRegion(r *Region) error {
 		if err != nil {
 			return err
 		}
-		t.km = &kmodState{dev: d, aps: map[*Region]kmod.Aperture{}, buf: make([]byte, 256*kmod.EventSize), insns: map[string]*Access{}}
+		t.km = &kmodState{dev: d, aps: map[*Region]kmod.Aperture{}, buf: make([]byte, 256*kmod.EventSize), insns: map[string]*x86store.Access{}}
 	}
 	mode := kmod.ModeWrite
 	switch {
@@ -198,14 +199,14 @@ func (t *Tracer) remapGuest(r *Region, a kmod.Aperture) error {
 	path := []byte(kmod.DevicePath + "\x00")
 	saved := make([]byte, len(path))
 	var ierr error
-	err = t.pt.do(func(tid int) {
+	err = t.pt.Do(func(tid int) {
 		if _, ierr = mem.ReadAt(saved, int64(r.GuestAddr)); ierr != nil {
 			return
 		}
 		if _, ierr = mem.WriteAt(path, int64(r.GuestAddr)); ierr != nil {
 			return
 		}
-		fd, err := t.pt.inject(tid, unix.SYS_OPENAT, atFDCWD, r.GuestAddr, unix.O_RDWR|unix.O_CLOEXEC)
+		fd, err := t.pt.Inject(tid, unix.SYS_OPENAT, atFDCWD, r.GuestAddr, unix.O_RDWR|unix.O_CLOEXEC)
 		if _, err2 := mem.WriteAt(saved, int64(r.GuestAddr)); err == nil {
 			err = err2
 		}
@@ -216,9 +217,9 @@ func (t *Tracer) remapGuest(r *Region, a kmod.Aperture) error {
 			ierr = fmt.Errorf("opening %s in the guest: %w", kmod.DevicePath, syscall.Errno(-fd))
 			return
 		}
-		at, err := t.pt.inject(tid, unix.SYS_MMAP, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ|unix.PROT_WRITE,
+		at, err := t.pt.Inject(tid, unix.SYS_MMAP, r.GuestAddr, uint64(len(r.Mem)), unix.PROT_READ|unix.PROT_WRITE,
 			unix.MAP_SHARED|unix.MAP_FIXED, uint64(fd), a.GuestOff)
-		t.pt.inject(tid, unix.SYS_CLOSE, uint64(fd))
+		t.pt.Inject(tid, unix.SYS_CLOSE, uint64(fd))
 		switch {
 		case err != nil:
 			ierr = err
@@ -239,7 +240,7 @@ func (t *Tracer) stopPtrace() {
 	t.stats.PtraceAttached = false
 	t.mu.Unlock()
 	if pt != nil {
-		pt.close()
+		pt.Close()
 	}
 	if maps != nil {
 		maps.Close()
@@ -301,7 +302,7 @@ func (t *Tracer) kmodEvents() ([]dirtyPages, error) {
 			t.stats.Undecodable++
 			compare = append(compare, dirtyPages{r: r, pages: []uint64{e.Off / pageSize}})
 		}
-		if rep := a != nil && a.rep; rep && e.IP == lastIP && t.extendRep(r, e.Off, data) {
+		if rep := a != nil && a.Rep(); rep && e.IP == lastIP && t.extendRep(r, e.Off, data) {
 			continue
 		} else if rep {
 			lastIP = e.IP
@@ -340,13 +341,13 @@ func (t *Tracer) extendRep(r *Region, off uint64, data []byte) bool {
 // kmodStore is what event e stored: the decoded width of the store's
 // bytes, or the module's whole window where the decoder cannot bound it.
 // Precondition: t.mu must be locked.
-func (t *Tracer) kmodStore(e kmod.Event) (a *Access, data []byte, bounded bool) {
+func (t *Tracer) kmodStore(e kmod.Event) (a *x86store.Access, data []byte, bounded bool) {
 	if e.Type != kmod.EventStore {
 		return nil, e.Data, true // a range another thread stored: its bytes as they are
 	}
 	a, ok := t.km.insns[string(e.Insn)]
 	if !ok {
-		a, _ = Decode(e.Insn)
+		a, _ = x86store.Decode(e.Insn)
 		if len(t.km.insns) < 4096 {
 			t.km.insns[string(e.Insn)] = a
 		}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 	"golang.org/x/sys/unix"
 )
 
@@ -287,7 +287,7 @@ func (rp *replica) verdict(t *testing.T, g *testGuest, mode Mode, name, got stri
 	// The comparison verify --apertures makes on each node: the guest's
 	// memory (the aperture's file) against a device copy built only from
 	// Flush output, as both nodes' copies are.
-	n, _ := replicate.DiffBytes(g.mem, rp.mem)
+	n, _ := verify.DiffBytes(g.mem, rp.mem)
 	line := fmt.Sprintf("%d mismatched bytes", n)
 	if got != "" {
 		line = "clear error: " + got + "; " + line

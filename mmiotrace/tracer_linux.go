@@ -9,6 +9,9 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vgpuha/vgpuha/mmiotrace/internal/ptrace"
+	"github.com/vgpuha/vgpuha/mmiotrace/x86store"
 )
 
 const pageSize = 4096
@@ -99,17 +102,17 @@ type Tracer struct {
 	regions []*Region
 	writes  []write // per-write records since the last flush, in program order
 	stats   Stats
-	pt      *ptracer     // nil until a region needs ptrace
-	prot    int          // with pt: the protection of traced pages, protTraced or PROT_READ
-	maps    *os.File     // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
-	pagemap *os.File     // uffd mode
-	scanBuf []pageRegion // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
+	pt      *ptrace.Process // nil until a region needs ptrace
+	prot    int             // with pt: the protection of traced pages, protTraced or PROT_READ
+	maps    *os.File        // the guest's /proc/PID/maps, with pt: finds pages the guest opened itself
+	pagemap *os.File        // uffd mode
+	scanBuf []pageRegion    // uffd mode: PAGEMAP_SCAN results (heap: the kernel writes it by address)
 	// uffd mode: pages found written that a system call in flight may
 	// still be writing (see settle), compared at every flush until settled.
 	unsettled   []dirtyPages
-	triedPtrace bool         // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
-	watch       *threadWatch // uffd mode: the guest's threads, for settle
-	km          *kmodState   // kmod modes, from the first region on
+	triedPtrace bool                // uffd mode: startPtrace was tried for settle (it may fail: settle works without)
+	watch       *ptrace.ThreadWatch // uffd mode: the guest's threads, for settle
+	km          *kmodState          // kmod modes, from the first region on
 }
 
 type write struct {
@@ -197,16 +200,16 @@ func (t *Tracer) AddRegion(r *Region) error {
 // pages' protection on the first one (see protTraced).
 func (t *Tracer) protectNew(r *Region) error {
 	var perr error
-	err := t.pt.do(func(tid int) {
+	err := t.pt.Do(func(tid int) {
 		if t.prot == 0 {
 			t.prot = protTraced
-			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
+			perr = t.pt.Mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
 			if errors.Is(perr, unix.EACCES) || errors.Is(perr, unix.EPERM) {
 				t.prot = unix.PROT_READ
 			}
 		}
 		if t.prot != protTraced || perr != nil {
-			perr = t.pt.mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
+			perr = t.pt.Mprotect(tid, r.GuestAddr, uint64(len(r.Mem)), t.prot)
 		}
 	})
 	return errors.Join(err, perr)
@@ -242,7 +245,7 @@ func (t *Tracer) startPtrace() error {
 	if err != nil {
 		return fmt.Errorf("opening the guest's mappings: %w", err)
 	}
-	pt, err := startPtrace(t.pid, cpu, t.onFault, t.onSignal)
+	pt, err := ptrace.Start(t.pid, cpu, t.onFault, t.onSignal)
 	if err != nil {
 		maps.Close()
 		return err
@@ -277,7 +280,7 @@ func (t *Tracer) RemoveRegion(r *Region) {
 		t.removeKmodRegion(r)
 	}
 	if pt != nil && t.usesPtrace(r) {
-		pt.do(func(tid int) {
+		pt.Do(func(tid int) {
 			// The pages the tracer protected; those the guest protected
 			// itself keep its protection.
 			match := r.mappedAnd(tracerProtected)
@@ -285,7 +288,7 @@ func (t *Tracer) RemoveRegion(r *Region) {
 				match = r.mapped
 			}
 			vmaRanges(t.maps, r.GuestAddr, r.GuestAddr+uint64(len(r.Mem)), match, func(lo, hi uint64) {
-				pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
+				pt.Mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE)
 			})
 		})
 	}
@@ -313,13 +316,13 @@ func (t *Tracer) Close() error {
 	}
 	var err error
 	if t.pt != nil {
-		err = t.pt.close()
+		err = t.pt.Close()
 	}
 	if t.pagemap != nil {
 		t.pagemap.Close()
 	}
 	if t.watch != nil {
-		t.watch.close()
+		t.watch.Close()
 	}
 	if t.maps != nil {
 		t.maps.Close()
@@ -391,7 +394,7 @@ func (t *Tracer) onFault(tid int, addr uint64) bool {
 		if vmaEnd < r.GuestAddr+uint64(len(r.Mem)) { // vmaEnd > addr
 			end = (vmaEnd - r.GuestAddr + pageSize - 1) / pageSize
 		}
-		if err := t.pt.mprotect(tid, r.GuestAddr+first*pageSize, (end-first)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
+		if err := t.pt.Mprotect(tid, r.GuestAddr+first*pageSize, (end-first)*pageSize, unix.PROT_READ|unix.PROT_WRITE); err != nil {
 			return false
 		}
 		for p := first; p < end; p++ {
@@ -419,7 +422,7 @@ func (t *Tracer) onSignal(tid int) {
 	if !slices.ContainsFunc(t.regions, t.usesPtrace) {
 		return // uffd mode with memory regions only: nothing of the tracer's is protected
 	}
-	regs, _, err := t.pt.regs(tid, false)
+	regs, _, err := t.pt.Regs(tid, false)
 	if err != nil {
 		return
 	}
@@ -430,7 +433,7 @@ func (t *Tracer) onSignal(tid int) {
 		if t.regionAt(scratch) != nil {
 			return
 		}
-		alo, ahi, ok := t.pt.altStack(tid, scratch)
+		alo, ahi, ok := t.pt.AltStack(tid, scratch)
 		if !ok {
 			return
 		}
@@ -452,7 +455,7 @@ func (t *Tracer) onSignal(tid int) {
 func (t *Tracer) openPages(tid int, r *Region, lo, hi uint64) {
 	lo, hi = lo&^(pageSize-1), (hi+pageSize-1)&^(pageSize-1)
 	open := func(lo, hi uint64) {
-		if t.pt.mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE) != nil {
+		if t.pt.Mprotect(tid, lo, hi-lo, unix.PROT_READ|unix.PROT_WRITE) != nil {
 			return
 		}
 		for pg := (lo - r.GuestAddr) / pageSize; pg < (hi-r.GuestAddr)/pageSize; pg++ {
@@ -495,16 +498,16 @@ func (t *Tracer) ownFaultAt(r *Region, addr uint64) bool {
 // decoder can, else single-stepped with the page unprotected.
 // Precondition: t.mu must be locked.
 func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
-	regs, raw, err := t.pt.regs(tid, false)
+	regs, raw, err := t.pt.Regs(tid, false)
 	if err != nil {
 		return false
 	}
 	code := make([]byte, 16)
-	n, _ := t.pt.mem.ReadAt(code, int64(regs.RIP))
-	a, derr := Decode(code[:n])
+	n, _ := t.pt.Mem.ReadAt(code, int64(regs.RIP))
+	a, derr := x86store.Decode(code[:n])
 	if derr == nil && a.Emulated() && !t.opts.StepOnly && !r.readOnly {
 		if a.VectorSource() {
-			if err := readVectors(tid, regs); err != nil {
+			if err := ptrace.ReadVectors(tid, regs); err != nil {
 				return false
 			}
 		}
@@ -513,7 +516,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 			if st, err := a.Emulate(regs, t.read); err == nil {
 				off := st.Addr - r.GuestAddr
 				copy(r.Mem[off:], st.Data)
-				if err := setRegs(tid, regs, raw); err != nil {
+				if err := ptrace.SetRegs(tid, regs, raw); err != nil {
 					return false
 				}
 				t.record(r, off, st.Data)
@@ -522,7 +525,7 @@ func (t *Tracer) traceWrite(tid int, r *Region, addr uint64) bool {
 			}
 		}
 	}
-	if derr == nil && a.Bounded() && !a.stringOp {
+	if derr == nil && a.Bounded() && !a.StringOp() {
 		// A read-modify-write of a proven range: the operand's bytes after
 		// the step are the store, recorded even where the value is
 		// unchanged (a doorbell write counts).
@@ -563,7 +566,7 @@ func (t *Tracer) read(addr uint64, b []byte) error {
 			return nil
 		}
 	}
-	return t.pt.readGuest(addr, b)
+	return t.pt.ReadGuest(addr, b)
 }
 
 // pageSnap is a traced page as it was before a single-step made it
@@ -587,36 +590,36 @@ const maxStepPages = 64
 // Precondition: t.mu must be locked.
 func (t *Tracer) stepUnprotected(tid int, addr uint64) ([]pageSnap, error) {
 	pt := t.pt
-	others, _ := pt.stopOthers(tid)
-	defer pt.resumeOthers(others)
+	others, _ := pt.StopOthers(tid)
+	defer pt.ResumeOthers(others)
 	var snaps []pageSnap
 	defer func() {
 		for _, sn := range snaps {
-			pt.mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, t.prot)
+			pt.Mprotect(tid, sn.r.GuestAddr+sn.off, pageSize, t.prot)
 		}
 	}()
 	open := func(at uint64) error {
 		r := t.regionAt(at)
 		off := (at - r.GuestAddr) &^ (pageSize - 1)
 		snaps = append(snaps, pageSnap{r: r, off: off, before: append([]byte(nil), r.Mem[off:off+pageSize]...)})
-		return pt.mprotect(tid, r.GuestAddr+off, pageSize, unix.PROT_READ|unix.PROT_WRITE)
+		return pt.Mprotect(tid, r.GuestAddr+off, pageSize, unix.PROT_READ|unix.PROT_WRITE)
 	}
 	if err := open(addr); err != nil {
 		return snaps, err
 	}
 	for range maxStepPages {
-		err := pt.singleStep(tid)
-		var sf *stepFault
+		err := pt.SingleStep(tid)
+		var sf *ptrace.StepFault
 		if !errors.As(err, &sf) {
 			return snaps, err
 		}
-		if r := t.regionAt(sf.addr); r == nil || !t.ownFaultAt(r, sf.addr) {
+		if r := t.regionAt(sf.Addr); r == nil || !t.ownFaultAt(r, sf.Addr) {
 			// A genuine fault outside the regions, or on a page the guest
 			// protected itself: the guest gets it.
-			pt.keepSignal(pt.threads[tid], int(unix.SIGSEGV))
+			pt.KeepSignal(tid, int(unix.SIGSEGV))
 			return snaps, nil
 		}
-		if err := open(sf.addr); err != nil {
+		if err := open(sf.Addr); err != nil {
 			return snaps, err
 		}
 	}
@@ -868,7 +871,7 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 	}
 	var out []dirtyPages
 	var perr error
-	err := t.pt.do(func(tid int) {
+	err := t.pt.Do(func(tid int) {
 		// With every guest thread stopped, no system call is in flight:
 		// an O_DIRECT read into open pages (the device writes them
 		// through no page table) has finished, and once they are
@@ -879,8 +882,8 @@ func (t *Tracer) reprotectDirty(regions []*Region) ([]dirtyPages, error) {
 		// too: one may wake before the mprotect and start a read(2) into
 		// the open pages, which would meet a page protected mid-copy and
 		// return a short count.
-		others, all := t.pt.stopOthers(tid)
-		defer t.pt.resumeOthers(others)
+		others, all := t.pt.StopOthers(tid)
+		defer t.pt.ResumeOthers(others)
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		out, perr = t.closePages(regions, tid, all)
@@ -941,7 +944,7 @@ func (t *Tracer) closePages(regions []*Region, tid int, protect bool) ([]dirtyPa
 			// itself since keeps its protection (compared all the same).
 			lo, hi := r.GuestAddr+uint64(i)*pageSize, r.GuestAddr+uint64(k)*pageSize
 			if err := vmaRanges(t.maps, lo, hi, r.mappedAnd(writable), func(lo, hi uint64) {
-				if err := t.pt.mprotect(tid, lo, hi-lo, t.prot); err != nil && perr == nil {
+				if err := t.pt.Mprotect(tid, lo, hi-lo, t.prot); err != nil && perr == nil {
 					perr = err
 				}
 			}); err != nil && perr == nil {

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 
+	"github.com/vgpuha/vgpuha/mmiotrace/internal/ptrace"
 	"github.com/vgpuha/vgpuha/uffd"
 	"golang.org/x/sys/unix"
 )
@@ -156,24 +157,24 @@ func (t *Tracer) scanUnsettled(regions []*Region) ([]dirtyPages, error) {
 const settleAbove = 16
 
 // settle reports whether every guest thread has left the system calls it
-// was in when settle began, or was in none but a wait (waitSyscalls):
+// was in when settle began, or was in none but a wait (ptrace.ThreadWatch):
 // threads running or in another call are stopped through ptrace, where
 // the tracer has it (a thread stops only in user space, once its call
 // returned or was interrupted to be restarted), and resumed at once.
 func (t *Tracer) settle() bool {
 	if t.watch == nil {
-		w, err := newThreadWatch(t.pid)
+		w, err := ptrace.NewThreadWatch(t.pid)
 		if err != nil {
 			return false
 		}
 		t.watch = w
 	}
-	busy, err := t.watch.inCalls(nil)
+	busy, err := t.watch.InCalls(nil)
 	// A thread seen running has often just made the call that brought the
 	// flush, and waits a moment later: look again before stopping it.
 	for look := 0; err == nil && len(busy) > 0 && look < settleLooks; look++ {
 		runtime.Gosched()
-		busy, err = t.watch.inCalls(busy)
+		busy, err = t.watch.InCalls(busy)
 	}
 	if err != nil {
 		return false
@@ -185,10 +186,10 @@ func (t *Tracer) settle() bool {
 		return false
 	}
 	all := false
-	err = t.pt.do(func(tid int) {
-		var stopped []*thread
-		stopped, all = t.pt.stopThreads(tid, busy)
-		t.pt.resumeOthers(stopped)
+	err = t.pt.Do(func(tid int) {
+		var stopped []*ptrace.Thread
+		stopped, all = t.pt.StopThreads(tid, busy)
+		t.pt.ResumeOthers(stopped)
 	})
 	t.mu.Lock()
 	t.stats.SettleStops += uint64(len(busy))

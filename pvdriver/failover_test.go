@@ -12,6 +12,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // guestViaProxy starts a protected pair whose standby takes over, and a
@@ -153,8 +154,8 @@ func TestFrozenPrimaryUnderPipelinedWrites(t *testing.T) {
 func TestSlowPrimaryKeepsItsGuests(t *testing.T) {
 	const hold = 600 * time.Millisecond
 	var slow atomic.Bool
-	hook := func(m replicate.Message) bool {
-		if slow.Load() && m.From == replicate.FromPrimary && m.Type == "record" {
+	hook := func(m link.Message) bool {
+		if slow.Load() && m.From == link.FromPrimary && m.Type == "record" {
 			time.Sleep(hold)
 			slow.Store(false)
 		}

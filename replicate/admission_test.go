@@ -10,94 +10,27 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
-
-// TestAdmissionRules: every stale-node story against the rule table.
-func TestAdmissionRules(t *testing.T) {
-	pair := &Identity{Group: "pair", Primary: 0xa1, Term: 3}
-	followsAt := func(term uint64) *Identity { return &Identity{Group: "pair", Primary: 0xa1, Term: term} }
-	for _, tc := range []struct {
-		story string
-		view  admissionView
-		p     Identity
-		want  RefuseReason
-	}{
-		{"a standby started empty adopts the first primary", admissionView{},
-			Identity{Group: "anything", Primary: 9, Term: 1}, 0},
-		{"an empty standby given --group refuses another group", admissionView{pinned: "pair"},
-			Identity{Group: "other", Primary: 9, Term: 1}, RefusedOtherGroup},
-		{"an empty standby given --group takes its group", admissionView{pinned: "pair"},
-			Identity{Group: "pair", Primary: 9, Term: 1}, 0},
-		{"the same primary reconnects", admissionView{follows: pair, logID: 0xa1, applied: 50},
-			Identity{Group: "pair", Primary: 0xa1, Term: 3, Last: 50}, 0},
-		{"a successor under a higher term (failover, switchover)", admissionView{follows: pair},
-			Identity{Group: "pair", Primary: 0xb2, Term: 4}, 0},
-		{"the old primary's command line again, group named: deposed", admissionView{follows: pair},
-			Identity{Group: "pair", Primary: 0xc3, Term: 1}, RefusedStaleTerm},
-		{"the old primary's command line again, group unnamed (its own id)", admissionView{follows: pair},
-			Identity{Group: "00000000000000c3", Primary: 0xc3, Term: 1}, RefusedOtherGroup},
-		{"a stray started with the pair's configuration, same term", admissionView{follows: followsAt(1)},
-			Identity{Group: "pair", Primary: 0xc3, Term: 1}, RefusedOtherPrimary},
-		{"two pairs share one standby by mistake", admissionView{follows: pair},
-			Identity{Group: "other-pair", Primary: 0xd4, Term: 1}, RefusedOtherGroup},
-		{"another pair's primary at a higher term", admissionView{follows: pair},
-			Identity{Group: "other-pair", Primary: 0xd4, Term: 9}, RefusedOtherGroup},
-		{"a primary restored from an image (its process and log with it)", admissionView{follows: pair, logID: 0xa1, applied: 1000},
-			Identity{Group: "pair", Primary: 0xa1, Term: 3, Last: 100}, RefusedRewound},
-		{"a primary restored from an image of an earlier term", admissionView{follows: pair, logID: 0xa1, applied: 1000},
-			Identity{Group: "pair", Primary: 0x99, Term: 2, Last: 5000}, RefusedStaleTerm},
-		{"a primary restored from an image whose process restarted", admissionView{follows: followsAt(1)},
-			Identity{Group: "pair", Primary: 0xe5, Term: 1}, RefusedOtherPrimary},
-		{"--adopt takes another group", admissionView{follows: pair, adopt: true},
-			Identity{Group: "other-pair", Primary: 0xd4, Term: 1}, 0},
-		{"--adopt overrides --group", admissionView{pinned: "pair", adopt: true},
-			Identity{Group: "other-pair", Primary: 0xd4, Term: 1}, 0},
-		{"--adopt does not undo a term", admissionView{follows: pair, adopt: true},
-			Identity{Group: "pair", Primary: 0xc3, Term: 2}, RefusedStaleTerm},
-		{"coordinated: below the leader of record", admissionView{minTerm: 40, adopt: true},
-			Identity{Group: "pair", Primary: 0xc3, Term: 39}, RefusedStaleTerm},
-		{"coordinated: the leader of record adopts", admissionView{minTerm: 40, follows: &Identity{Group: "old", Primary: 1, Term: 12}},
-			Identity{Group: "pair", Primary: 0xc3, Term: 40}, 0},
-		{"a promoted standby refuses everyone", admissionView{fenced: true},
-			Identity{Group: "pair", Primary: 0xa1, Term: 99}, RefusedFenced},
-	} {
-		if got := tc.view.admit(&tc.p); got.refuse != tc.want {
-			t.Errorf("%s: %v, want %v", tc.story, got.refuse, tc.want)
-		}
-	}
-}
-
-// TestRefuseReasonNames: every reason has a name (the metrics' label and
-// the status fields).
-func TestRefuseReasonNames(t *testing.T) {
-	seen := map[string]bool{}
-	for _, r := range RefuseReasons() {
-		name := r.String()
-		if name == "" || seen[name] || name[0] == 'r' && name != "rewound" {
-			t.Errorf("reason %d named %q", r, name)
-		}
-		seen[name] = true
-	}
-	if len(seen) != int(refuseReasons)-1 {
-		t.Errorf("%d names for %d reasons", len(seen), refuseReasons-1)
-	}
-}
 
 // TestIdentityRoundTrip: identities and refusals decode as encoded; a
 // truncated or padded one, or a bad group, does not decode.
 func TestIdentityRoundTrip(t *testing.T) {
-	id := Identity{Group: "gpu-pair-7", Primary: 0xdeadbeef, Term: 3, Last: 77}
+	id := admission.Identity{Group: "gpu-pair-7", Primary: 0xdeadbeef, Term: 3, Last: 77}
 	b := appendIdentity(nil, id)
 	if got, err := decodeIdentity(b); err != nil || got != id {
 		t.Fatalf("identity: %+v, %v", got, err)
 	}
-	for _, bad := range [][]byte{b[:len(b)-1], append(b, 0), b[:identityFixed-1], appendIdentity(nil, Identity{Group: "two words"})} {
-		if _, err := decodeIdentity(bad); !errors.Is(err, ErrCorrupt) {
+	for _, bad := range [][]byte{b[:len(b)-1], append(b, 0), b[:identityFixed-1], appendIdentity(nil, admission.Identity{Group: "two words"})} {
+		if _, err := decodeIdentity(bad); !errors.Is(err, link.ErrCorrupt) {
 			t.Errorf("%x decoded: %v", bad, err)
 		}
 	}
-	reason, follows, err := decodeRefusal(appendRefusal(nil, RefusedOtherGroup, id))
-	if err != nil || reason != RefusedOtherGroup || follows != id {
+	reason, follows, err := decodeRefusal(appendRefusal(nil, admission.RefusedOtherGroup, id))
+	if err != nil || reason != admission.RefusedOtherGroup || follows != id {
 		t.Fatalf("refusal: %v %+v %v", reason, follows, err)
 	}
 	if _, _, err := decodeRefusal(appendRefusal(nil, 0, id)); err == nil {
@@ -139,9 +72,9 @@ func (c *resetCounter) Apply(r *Record) error {
 	c.applied++
 	return nil
 }
-func (c *resetCounter) Checksums() []ObjectSum   { return nil }
-func (c *resetCounter) Heard(uint64)             {}
-func (c *resetCounter) HandOver() (uint64, bool) { return 0, false }
+func (c *resetCounter) Checksums() []verify.ObjectSum { return nil }
+func (c *resetCounter) Heard(uint64)                  {}
+func (c *resetCounter) HandOver() (uint64, bool)      { return 0, false }
 func (c *resetCounter) Synced(in bool) {
 	if in {
 		c.once.Do(func() { close(c.synced) })
@@ -202,11 +135,11 @@ func TestStrayPrimaryRefused(t *testing.T) {
 		story string
 		group string
 		term  uint64
-		want  RefuseReason
+		want  admission.RefuseReason
 	}{
-		{"another group", "", 1, RefusedOtherGroup},
-		{"the same group, deposed", "pair", 2, RefusedStaleTerm},
-		{"another primary at the term", "pair", 3, RefusedOtherPrimary},
+		{"another group", "", 1, admission.RefusedOtherGroup},
+		{"the same group, deposed", "pair", 2, admission.RefusedStaleTerm},
+		{"another primary at the term", "pair", 3, admission.RefusedOtherPrimary},
 	} {
 		before := r.Status().Refused[tc.want.String()]
 		stray, node, stop := start(tc.group, tc.term)
@@ -219,10 +152,10 @@ func TestStrayPrimaryRefused(t *testing.T) {
 		node.mu.Lock()
 		told := node.told
 		node.mu.Unlock()
-		if tc.want == RefusedStaleTerm && (len(told) == 0 || told[0] != 3) {
+		if tc.want == admission.RefusedStaleTerm && (len(told) == 0 || told[0] != 3) {
 			t.Errorf("%s: the deposed primary was told %v, want term 3", tc.story, told)
 		}
-		if tc.want != RefusedStaleTerm && len(told) > 0 {
+		if tc.want != admission.RefusedStaleTerm && len(told) > 0 {
 			t.Errorf("%s: a primary refused for %v was told terms %v", tc.story, tc.want, told)
 		}
 	}
@@ -230,9 +163,9 @@ func TestStrayPrimaryRefused(t *testing.T) {
 	// before what the replica applied.
 	real.cfg.Log.Append(Record{Op: OpMMIO, Body: []byte("x")})
 	waitFor(t, "the record applied", func() bool { return r.Status().Applied >= 1 })
-	before := r.Status().Refused[RefusedRewound.String()]
+	before := r.Status().Refused[admission.RefusedRewound.String()]
 	_, _, stop := start("pair", 3, real.cfg.Log)
-	waitFor(t, "the rewound primary refused", func() bool { return r.Status().Refused[RefusedRewound.String()] > before })
+	waitFor(t, "the rewound primary refused", func() bool { return r.Status().Refused[admission.RefusedRewound.String()] > before })
 	stop()
 	if n := rep.resetsSoFar(); n != 1 {
 		t.Errorf("the replica was reset %d times, want once (the real primary's resync)", n)
@@ -256,9 +189,9 @@ func TestStrayPrimaryRefused(t *testing.T) {
 	}
 	stopReal()
 	stopReal = func() {}
-	before = r.Status().Refused[RefusedOtherGroup.String()]
+	before = r.Status().Refused[admission.RefusedOtherGroup.String()]
 	_, _, stopOld := start("pair", 3)
-	waitFor(t, "the old pair's primary refused", func() bool { return r.Status().Refused[RefusedOtherGroup.String()] > before })
+	waitFor(t, "the old pair's primary refused", func() bool { return r.Status().Refused[admission.RefusedOtherGroup.String()] > before })
 	stopOld()
 	if n := rep.resetsSoFar(); n != 2 {
 		t.Errorf("the replica was reset %d times, want twice (the real primary's and the adopted one's resyncs)", n)

@@ -10,13 +10,16 @@ import (
 	"net"
 	"slices"
 	"testing"
+
+	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/link/linktest"
 )
 
 // bulkPayloads are record encodings of mixed sizes: small ones sealed on
 // the caller, large ones on workers, the largest in parts.
 func bulkPayloads() [][]byte {
 	var out [][]byte
-	for i, size := range []int{10, lendAbove, 3 << 20, 100, partBytes - recordHeader, sealApartFrom - 1, 2 << 20, 5, partBytes - recordHeader + 1} {
+	for i, size := range []int{10, lendAbove, 3 << 20, 100, link.PartBytes - recordHeader, link.SealApartFrom - 1, 2 << 20, 5, link.PartBytes - recordHeader + 1} {
 		body := make([]byte, size)
 		fillPattern(body, i)
 		out = append(out, AppendRecord(nil, &Record{Op: OpMMIO, Flags: FlagPlaced, Result: uint64(i), Body: body}))
@@ -27,57 +30,15 @@ func bulkPayloads() [][]byte {
 // writeSerial writes a record's frames as the wire format says, one after
 // another on the caller: whole up to partBytes, else its size and then
 // its parts.
-func writeSerial(l *link, enc []byte) {
-	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+macSize), b...) }
-	if len(enc) <= partBytes {
-		l.write(msgRecord, withTag(enc))
+func writeSerial(l *link.Conn, enc []byte) {
+	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+link.MacSize), b...) }
+	if len(enc) <= link.PartBytes {
+		l.Write(link.MsgRecord, withTag(enc))
 		return
 	}
-	l.write(msgRecordBegin, withTag(binary.LittleEndian.AppendUint64(nil, uint64(len(enc)))))
-	for off := 0; off < len(enc); off += partBytes {
-		l.write(msgRecordPart, withTag(enc[off:min(off+partBytes, len(enc))]))
-	}
-}
-
-// TestBulkStreamIsTheSerialStream: records sealed on several workers (in
-// parts above partBytes) go on the wire byte for byte as the same frames
-// sealed one after another: same counters (nonces), same order; and the
-// records themselves are left as they were.
-func TestBulkStreamIsTheSerialStream(t *testing.T) {
-	key := bytes.Repeat([]byte("k"), 32)
-	var serial, parallel bytes.Buffer
-	ls := newLink(nil, nil, key, key)
-	ls.w.Reset(&serial)
-	lp := newLink(nil, nil, key, key)
-	lp.w.Reset(&parallel)
-	bw := lp.bulk()
-	bw.frames = newInOrder(4)
-	given := 0
-	var sent [][]byte
-	for range 3 {
-		for _, p := range bulkPayloads() {
-			writeSerial(ls, p)
-			sent = append(sent, p)
-			if err := bw.record(p, func() { given++ }); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if err := bw.close(); err != nil {
-		t.Fatal(err)
-	}
-	ls.flush()
-	lp.flush()
-	if given != len(sent) {
-		t.Fatalf("%d records given back of %d", given, len(sent))
-	}
-	for i, p := range sent {
-		if !bytes.Equal(p, bulkPayloads()[i%len(bulkPayloads())]) {
-			t.Fatalf("sealing changed record %d", i)
-		}
-	}
-	if !bytes.Equal(serial.Bytes(), parallel.Bytes()) {
-		t.Fatalf("the parallel stream (%d bytes) differs from the serial one (%d bytes)", parallel.Len(), serial.Len())
+	l.Write(link.MsgRecordBegin, withTag(binary.LittleEndian.AppendUint64(nil, uint64(len(enc)))))
+	for off := 0; off < len(enc); off += link.PartBytes {
+		l.Write(link.MsgRecordPart, withTag(enc[off:min(off+link.PartBytes, len(enc))]))
 	}
 }
 
@@ -138,7 +99,7 @@ func streamFrames(t *testing.T, order []int) []uint64 {
 	p, s := linkPair(t)
 	var frames [][]byte
 	for i := range 6 {
-		frames = append(frames, capture(p, func() { writeSerial(p, patternRecord(i, partBytes-recordHeader)) }))
+		frames = append(frames, capture(p, func() { writeSerial(p, patternRecord(i, link.PartBytes-recordHeader)) }))
 	}
 	var out [][]byte
 	for _, i := range order {
@@ -148,8 +109,8 @@ func streamFrames(t *testing.T, order []int) []uint64 {
 }
 
 // linkPair returns two authenticated link ends over loopback TCP.
-func linkPair(t *testing.T) (p, s *link) {
-	p, s, perr, serr := pair(t, testKey, testKey)
+func linkPair(t *testing.T) (p, s *link.Conn) {
+	p, s, perr, serr := linktest.Pair(t, testKey, testKey)
 	if perr != nil || serr != nil {
 		t.Fatal(perr, serr)
 	}
@@ -166,11 +127,11 @@ func patternRecord(i, n int) []byte {
 
 // capture returns the bytes write puts on p's link (sealed under p's next
 // counters) instead of sending them.
-func capture(p *link, write func()) []byte {
+func capture(p *link.Conn, write func()) []byte {
 	var buf bytes.Buffer
-	p.w.Reset(&buf)
+	p.SetWriter(&buf)
 	write()
-	p.flush()
+	p.Flush()
 	return buf.Bytes()
 }
 
@@ -178,29 +139,27 @@ func capture(p *link, write func()) []byte {
 // then ends p's side, and returns the replica once the link ended (at a
 // bad frame, or at the end of the frames). Every buffer lent must have
 // come back by then.
-func receive(t *testing.T, p, s *link, frames [][]byte) *summingReplica {
+func receive(t *testing.T, p, s *link.Conn, frames [][]byte) *summingReplica {
 	t.Helper()
 	rep := &summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}
 	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.lender = r.lender
+	s.Lender = r.lender
 	lr := &linkRun{r: r, l: s, log: r.cfg.Logger, kick: make(chan struct{}, 1), queue: make(chan applyItem, applyQueue)}
 	ended := make(chan struct{})
-	go func() { r.stream(lr); s.c.Close(); close(ended) }() // as serveConn does
-	w := bufio.NewWriter(p.c)
+	go func() { r.stream(lr); s.Raw.Close(); close(ended) }() // as serveConn does
+	w := bufio.NewWriter(p.Raw)
 	for _, f := range frames {
 		if _, err := w.Write(f); err != nil {
 			break // the receiver ended the link
 		}
 	}
 	w.Flush()
-	p.c.(*net.TCPConn).CloseWrite()
+	p.Raw.(*net.TCPConn).CloseWrite()
 	<-ended
-	r.lender.mu.Lock()
-	lent := r.lender.lentNow
-	r.lender.mu.Unlock()
+	lent := r.lender.Lent()
 	if lent != 0 {
 		t.Fatalf("%d bytes still lent after the link ended", lent)
 	}
@@ -212,15 +171,15 @@ func receive(t *testing.T, p, s *link, frames [][]byte) *summingReplica {
 // partedFrames returns the frames of three records sealed in order on
 // p: a small one (record 0), one of 3.5 MiB in parts (record 1: its
 // beginning, then parts 1 to 4) and a small one (record 2).
-func partedFrames(p *link) [][]byte {
+func partedFrames(p *link.Conn) [][]byte {
 	frames := [][]byte{capture(p, func() { writeSerial(p, patternRecord(0, 100)) })}
 	enc := patternRecord(1, 7<<19)
-	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+macSize), b...) }
+	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+link.MacSize), b...) }
 	frames = append(frames, capture(p, func() {
-		p.write(msgRecordBegin, withTag(binary.LittleEndian.AppendUint64(nil, uint64(len(enc)))))
+		p.Write(link.MsgRecordBegin, withTag(binary.LittleEndian.AppendUint64(nil, uint64(len(enc)))))
 	}))
-	for off := 0; off < len(enc); off += partBytes {
-		frames = append(frames, capture(p, func() { p.write(msgRecordPart, withTag(enc[off:min(off+partBytes, len(enc))])) }))
+	for off := 0; off < len(enc); off += link.PartBytes {
+		frames = append(frames, capture(p, func() { p.Write(link.MsgRecordPart, withTag(enc[off:min(off+link.PartBytes, len(enc))])) }))
 	}
 	return append(frames, capture(p, func() { writeSerial(p, patternRecord(2, 100)) }))
 }
@@ -230,10 +189,10 @@ func partedFrames(p *link) [][]byte {
 // cut-off part ends the link, and neither that record nor anything after
 // it is applied (every buffer lent for it comes back).
 func TestRecordParts(t *testing.T) {
-	tamper := func(f []byte) []byte { c := bytes.Clone(f); c[frameHeader+1000] ^= 1; return refreshCRC(c) }
+	tamper := func(f []byte) []byte { c := bytes.Clone(f); c[link.FrameHeader+1000] ^= 1; return refreshCRC(c) }
 	oversize := func(f []byte) []byte {
 		c := bytes.Clone(f)
-		binary.LittleEndian.PutUint32(c[8:], partBytes+1)
+		binary.LittleEndian.PutUint32(c[8:], link.PartBytes+1)
 		return refreshCRC(c)
 	}
 	for _, tc := range []struct {
@@ -280,7 +239,7 @@ func mustDecode(t *testing.T, enc []byte) Record {
 // anything of the record is applied, and no buffer is lent for a size
 // out of bounds.
 func TestRecordPartsOutOfShape(t *testing.T) {
-	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+macSize), b...) }
+	withTag := func(b []byte) []byte { return append(make([]byte, 0, len(b)+link.MacSize), b...) }
 	size := func(n uint64) []byte { return withTag(binary.LittleEndian.AppendUint64(nil, n)) }
 	part := func(n int) []byte { return withTag(make([]byte, n)) }
 	small := func(i int) []byte { return withTag(patternRecord(i, 100)) }
@@ -292,29 +251,36 @@ func TestRecordPartsOutOfShape(t *testing.T) {
 		name   string
 		frames []frame
 	}{
-		{"part without a beginning", []frame{{msgRecordPart, part(partBytes)}}},
-		{"record inside parts", []frame{{msgRecordBegin, size(3 << 20)}, {msgRecordPart, part(partBytes)}, {msgRecord, small(1)}}},
-		{"beginning inside parts", []frame{{msgRecordBegin, size(3 << 20)}, {msgRecordPart, part(partBytes)}, {msgRecordBegin, size(3 << 20)}}},
-		{"heartbeat inside parts", []frame{{msgRecordBegin, size(3 << 20)}, {msgHeartbeat, withTag(make([]byte, 8))}}},
-		{"size over the bound", []frame{{msgRecordBegin, size(maxRecordBytes + 1)}, {msgRecordPart, part(partBytes)}}},
-		{"size of 2^64-1", []frame{{msgRecordBegin, size(^uint64(0))}}},
-		{"size that fits one frame", []frame{{msgRecordBegin, size(partBytes)}, {msgRecordPart, part(partBytes)}}},
-		{"beginning of 4 bytes", []frame{{msgRecordBegin, withTag(make([]byte, 4))}}},
-		{"short part", []frame{{msgRecordBegin, size(3 << 20)}, {msgRecordPart, part(partBytes / 2)}}},
-		{"last part too long", []frame{{msgRecordBegin, size(partBytes + 10)}, {msgRecordPart, part(partBytes)}, {msgRecordPart, part(11)}}},
-		{"whole record over partBytes", []frame{{msgRecord, withTag(patternRecord(1, partBytes))}}},
+		{"part without a beginning", []frame{{link.MsgRecordPart, part(link.PartBytes)}}},
+		{"record inside parts", []frame{{link.MsgRecordBegin, size(3 << 20)}, {link.MsgRecordPart, part(link.PartBytes)}, {link.MsgRecord, small(1)}}},
+		{"beginning inside parts", []frame{{link.MsgRecordBegin, size(3 << 20)}, {link.MsgRecordPart, part(link.PartBytes)}, {link.MsgRecordBegin, size(3 << 20)}}},
+		{"heartbeat inside parts", []frame{{link.MsgRecordBegin, size(3 << 20)}, {link.MsgHeartbeat, withTag(make([]byte, 8))}}},
+		{"size over the bound", []frame{{link.MsgRecordBegin, size(link.MaxRecordBytes + 1)}, {link.MsgRecordPart, part(link.PartBytes)}}},
+		{"size of 2^64-1", []frame{{link.MsgRecordBegin, size(^uint64(0))}}},
+		{"size that fits one frame", []frame{{link.MsgRecordBegin, size(link.PartBytes)}, {link.MsgRecordPart, part(link.PartBytes)}}},
+		{"beginning of 4 bytes", []frame{{link.MsgRecordBegin, withTag(make([]byte, 4))}}},
+		{"short part", []frame{{link.MsgRecordBegin, size(3 << 20)}, {link.MsgRecordPart, part(link.PartBytes / 2)}}},
+		{"last part too long", []frame{{link.MsgRecordBegin, size(link.PartBytes + 10)}, {link.MsgRecordPart, part(link.PartBytes)}, {link.MsgRecordPart, part(11)}}},
+		{"whole record over link.PartBytes", []frame{{link.MsgRecord, withTag(patternRecord(1, link.PartBytes))}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, s := linkPair(t)
-			frames := [][]byte{capture(p, func() { p.write(msgRecord, small(0)) })}
+			frames := [][]byte{capture(p, func() { p.Write(link.MsgRecord, small(0)) })}
 			for _, f := range tc.frames {
-				frames = append(frames, capture(p, func() { p.write(f.typ, f.payload) }))
+				frames = append(frames, capture(p, func() { p.Write(f.typ, f.payload) }))
 			}
-			frames = append(frames, capture(p, func() { p.write(msgRecord, small(2)) }))
+			frames = append(frames, capture(p, func() { p.Write(link.MsgRecord, small(2)) }))
 			rep := receive(t, p, s, frames)
 			if !slices.Equal(rep.order, []uint64{0}) {
 				t.Fatalf("applied records %v, want [0]", rep.order)
 			}
 		})
 	}
+}
+
+// refreshCRC recomputes a frame's CRC, as an attacker who edits a frame can:
+// only the AEAD tag stands in the way.
+func refreshCRC(f []byte) []byte {
+	binary.LittleEndian.PutUint32(f[12:], link.FrameCRC(f, f[link.FrameHeader:]))
+	return f
 }

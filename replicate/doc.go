@@ -1,15 +1,15 @@
 // Package replicate owns the primary-to-standby replication protocol: the
 // operation log (Log), the primary's end of the link (Sender), the standby's
 // end (Receiver), the records they exchange, the replication modes, resync
-// from a snapshot, and verification (Verifier, Compare).
+// from a snapshot, and verification (package verify).
 //
 // It knows nothing of sessions or GPUs: the hypervisor appends records and
 // builds snapshots, the standby applies them through the Applier interface.
 // It must never apply anything from a peer that has not proved it holds the
 // pre-shared key, nor a frame that fails its checksum or authentication tag
-// (see wire.go), nor let a primary it does not follow touch its replica: a
+// (see package link), nor let a primary it does not follow touch its replica: a
 // standby follows one pair's primaries, under rising terms, and refuses
-// every other one before it lets go of its link (see identity.go).
+// every other one before it lets go of its link (see package admission).
 //
 //	primary (Sender, dials)                            standby (Receiver, listens)
 //	  |--- TCP connect ------------------------------------>|
@@ -21,7 +21,7 @@
 //	  |            parts, one frame each, sealed on the sender's workers; the standby
 //	  |            opens them on workers straight into one buffer and handles the
 //	  |            record once its last part is (see "Records on the link" below) ...
-//	  |--- identity {group, primary id, term, last seq} --->|  admission rules (admission.go):
+//	  |--- identity {group, primary id, term, last seq} --->|  admission rules (admission):
 //	  |<-- refused {reason, whom it follows} ----------------|  another group, a lower term,
 //	  |    (counted, logged; a lower term fences the node)   |  another primary at the term,
 //	  |<-- fenced {term} (a promoted standby) ---------------|  a rewound log: refused, the
@@ -60,20 +60,20 @@
 //	  |--- verify {id} (in-stream, at one log position) ----->|
 //	  |<-- checksums {id, objects} ---------------------------|
 //
-// Records on the link (bulk.go, receiver.go): AES-GCM runs at 2-4 GB/s a
+// Records on the link (package link, receiver.go): AES-GCM runs at 2-4 GB/s a
 // core, below a fast link, so one record must not be sealed or opened on
-// one core. The sender queues each batch's frames on a bulkWriter: a
+// one core. The sender queues each batch's frames on a link.BulkWriter: a
 // frame of 64 KiB or more is sealed on one of up to four workers, out of
 // the log's copy (which stays, for a standby that reconnects) into the
 // writer's own buffers, and frames are written in the order of their
-// counters, which were fixed when queued, by one goroutine (inOrder); a
+// counters, which were fixed when queued, by one goroutine (link.InOrder); a
 // backlog streams batch after batch without draining the link between
 // them. A record of more than 1 MiB
-// (partBytes) goes as a record_begin frame with its size and then its
+// (link.PartBytes) goes as a record_begin frame with its size and then its
 // encoding cut into 1 MiB parts, so its parts are sealed at once like
 // separate records. The standby reads frames in order; it opens a
 // record_begin at once (the size is authenticated and bounded by
-// maxRecordBytes before a buffer that large is lent), checks each part's
+// link.MaxRecordBytes before a buffer that large is lent), checks each part's
 // length as it reads it, opens parts on workers straight into their
 // place in the record's buffer, and handles the record when its last
 // part's turn comes, after every frame before it. A part that fails to
@@ -87,7 +87,7 @@
 // CRC-32C of its body (Record.BodyCRC), the exactly-once sum the
 // hypervisor keeps, so the applier does not.
 //
-// Applying (receiver.go, lender.go): one applier applies records in
+// Applying (receiver.go, link.Lender): one applier applies records in
 // order. A record of 64 KiB or more is read into a lent buffer: from the
 // heap, or on a GPU standby carved from one page-locked region used as a
 // ring, exactly as large as the record. It may be applied with its copy

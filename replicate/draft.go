@@ -1,18 +1,23 @@
 package replicate
 
+import (
+	"github.com/vgpuha/vgpuha/replicate/internal/bufpool"
+	"github.com/vgpuha/vgpuha/replicate/link"
+)
+
 // Draft is a record body filled in place before it is appended: a guest's
 // bulk payload is copied once, from the memory it shares with the node
 // straight into the buffer the log keeps and the sender seals, instead of
 // into a private buffer first and then into the log's (Append copies).
 type Draft struct {
 	enc  []byte // record header (written by AppendDraft), body, room for the link's tag
-	pool *bufPool
+	pool *bufpool.Pool
 }
 
 // NewDraft returns a draft for a body of n bytes, in a host buffer where
 // the log has one (SetHostBuffers).
 func (l *Log) NewDraft(n int) *Draft {
-	enc := l.pool.getHost(recordHeader + n + macSize)[:recordHeader+n]
+	enc := l.pool.GetHost(recordHeader + n + link.MacSize)[:recordHeader+n]
 	return &Draft{enc: enc, pool: &l.pool}
 }
 
@@ -23,9 +28,7 @@ func (l *Log) NewDraft(n int) *Draft {
 // copy of pageable memory. The buffers are reused for as long as the log
 // lives and never freed. Call before the log is used.
 func (l *Log) SetHostBuffers(alloc func(n int) ([]byte, error), limit int) {
-	l.pool.mu.Lock()
-	defer l.pool.mu.Unlock()
-	l.pool.hostAlloc, l.pool.hostLimit, l.pool.hostBufs = alloc, limit, map[*byte]bool{}
+	l.pool.SetHost(alloc, limit)
 }
 
 // Body is the draft's body, for the caller to fill.
@@ -34,7 +37,7 @@ func (d *Draft) Body() []byte { return d.enc[recordHeader:] }
 // Discard gives back the buffer of a draft that will not be appended.
 func (d *Draft) Discard() {
 	if d.enc != nil {
-		d.pool.put(d.enc)
+		d.pool.Put(d.enc)
 		d.enc = nil
 	}
 }
@@ -47,7 +50,7 @@ func (l *Log) AppendDraft(r Record, d *Draft) uint64 {
 	d.enc = nil
 	if !l.keeping.Load() {
 		seq := l.add(r, entry{}) // encodes r afresh if the log began retaining meanwhile
-		l.pool.put(enc)          // nobody else needs it
+		l.pool.Put(enc)          // nobody else needs it
 		return seq
 	}
 	return l.add(r, entry{Record: r, enc: enc})

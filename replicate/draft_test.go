@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // TestDraftAppendsLikeAppend: a record whose body was filled in a draft is
@@ -38,7 +40,7 @@ func TestDraftAppendsLikeAppend(t *testing.T) {
 	if &es[0].Body[0] != body {
 		t.Fatal("the draft's body was copied")
 	}
-	if cap(es[0].enc)-len(es[0].enc) < macSize {
+	if cap(es[0].enc)-len(es[0].enc) < link.MacSize {
 		t.Fatal("no room for the link's tag")
 	}
 
@@ -88,7 +90,7 @@ func TestDraftsInHostBuffers(t *testing.T) {
 	if d := l2.NewDraft(piece); d.enc == nil || cap(d.enc) < piece {
 		t.Fatal("a refused host buffer left the draft without memory")
 	}
-	if l2.pool.hostLimit != 0 {
-		t.Fatalf("after a refusal the pool still means to make %d bytes of host buffers", l2.pool.hostLimit)
+	if l2.pool.HostLimit() != 0 {
+		t.Fatalf("after a refusal the pool still means to make %d bytes of host buffers", l2.pool.HostLimit())
 	}
 }

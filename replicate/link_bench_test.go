@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // patternSnapshot is a resync snapshot of records × resyncChunk bytes of
@@ -83,9 +85,9 @@ func (s *summingReplica) Apply(r *Record) error {
 	}
 	return nil
 }
-func (s *summingReplica) Checksums() []ObjectSum   { return nil }
-func (s *summingReplica) Heard(uint64)             {}
-func (s *summingReplica) HandOver() (uint64, bool) { return 0, false }
+func (s *summingReplica) Checksums() []verify.ObjectSum { return nil }
+func (s *summingReplica) Heard(uint64)                  {}
+func (s *summingReplica) HandOver() (uint64, bool)      { return 0, false }
 func (s *summingReplica) Synced(in bool) {
 	if in {
 		close(s.synced)
@@ -232,11 +234,11 @@ func reportRaw(b *testing.B, bytes int64, link, raw time.Duration) {
 // discardReplica applies nothing and ignores what the link tells it.
 type discardReplica struct{}
 
-func (discardReplica) Apply(*Record) error      { return nil }
-func (discardReplica) Checksums() []ObjectSum   { return nil }
-func (discardReplica) Heard(uint64)             {}
-func (discardReplica) HandOver() (uint64, bool) { return 0, false }
-func (discardReplica) Synced(bool)              {}
+func (discardReplica) Apply(*Record) error           { return nil }
+func (discardReplica) Checksums() []verify.ObjectSum { return nil }
+func (discardReplica) Heard(uint64)                  {}
+func (discardReplica) HandOver() (uint64, bool)      { return 0, false }
+func (discardReplica) Synced(bool)                   {}
 
 // liveOverLoopback starts a real sender and receiver over loopback TCP,
 // the sender protecting an empty node, and returns its log once the

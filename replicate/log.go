@@ -7,6 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vgpuha/vgpuha/replicate/internal/bufpool"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // Mode is a replication mode: what a guest's reply waits for.
@@ -105,7 +108,7 @@ type Log struct {
 	// rule holds replies until Confirm clears them.
 	departed         map[string]bool
 	recordDepartures bool
-	pool             bufPool
+	pool             bufpool.Pool
 	// keeping mirrors retain for Append, which encodes a record before
 	// it takes the lock (a 16 MiB copy must not hold up acks and the
 	// sender).
@@ -124,8 +127,8 @@ type entry struct {
 
 // newEntry encodes r into a buffer from pool (its Seq and Term are
 // stamped later, by stamp).
-func newEntry(pool *bufPool, r Record) entry {
-	enc := AppendRecord(pool.get(r.Size()+macSize), &r)
+func newEntry(pool *bufpool.Pool, r Record) entry {
+	enc := AppendRecord(pool.Get(r.Size()+link.MacSize), &r)
 	r.Body = enc[recordHeader:]
 	return entry{Record: r, enc: enc}
 }
@@ -144,8 +147,8 @@ func NewLog(maxBytes int64) *Log {
 	rand.Read(id[:])
 	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), autoBudget: true, resyncStall: DefaultResyncStall, first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1,
 		minInSync: 1, departed: map[string]bool{}}
-	l.pool.max = int(min(maxBytes, poolMaxIdle))
-	l.pool.ahead = poolAhead
+	l.pool.Max = int(min(maxBytes, poolMaxIdle))
+	l.pool.Ahead = poolAhead
 	l.cond = sync.NewCond(&l.mu)
 	return l
 }

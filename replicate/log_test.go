@@ -3,13 +3,16 @@ package replicate
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/vgpuha/vgpuha/replicate/internal/bufpool"
+	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // TestLogEntriesEncodedOnce: the log keeps each record encoded, stamped
@@ -38,7 +41,7 @@ func TestLogEntriesEncodedOnce(t *testing.T) {
 	if diff := cmp.Diff(want, es[0].Record, cmp.AllowUnexported(Record{})); diff != "" {
 		t.Fatal(diff)
 	}
-	if cap(es[0].enc)-len(es[0].enc) < macSize {
+	if cap(es[0].enc)-len(es[0].enc) < link.MacSize {
 		t.Fatalf("no room for the link's tag: len %d cap %d", len(es[0].enc), cap(es[0].enc))
 	}
 }
@@ -49,7 +52,7 @@ func TestLogEntriesEncodedOnce(t *testing.T) {
 // the next Append).
 func TestLogReusesOnlySentBuffers(t *testing.T) {
 	l := NewLog(1 << 30)
-	l.pool.ahead = 0 // no buffers made ahead: a released one is the only one free
+	l.pool.Ahead = 0 // no buffers made ahead: a released one is the only one free
 	c := l.addCursor("standby")
 	l.attach(c, true, 0, true)
 	l.BeginSnapshot()
@@ -71,65 +74,6 @@ func TestLogReusesOnlySentBuffers(t *testing.T) {
 	}
 }
 
-func TestBufPool(t *testing.T) {
-	p := bufPool{max: 3 << 20}
-	a := p.get(1 << 20)
-	if cap(a) < 1<<20 || len(a) != 0 {
-		t.Fatalf("len %d cap %d", len(a), cap(a))
-	}
-	p.put(a)
-	if b := p.get(100 << 10); cap(b) == cap(a) {
-		t.Fatal("a 1 MiB buffer handed out for 100 KiB")
-	}
-	if b := p.get(1<<20 - 10); &b[:1][0] != &a[:1][0] {
-		t.Fatal("a fitting free buffer was not reused")
-	}
-	for range 4 {
-		p.put(make([]byte, 0, 1<<20))
-	}
-	if p.idle > p.max {
-		t.Fatalf("%d idle bytes kept, bound %d", p.idle, p.max)
-	}
-}
-
-// TestBufPoolRefillsAhead: a miss has buffers of its size made ahead,
-// every page written, up to the pool's ahead bytes; the next get takes
-// one of them.
-func TestBufPoolRefillsAhead(t *testing.T) {
-	const size = 256 << 10
-	p := bufPool{max: 64 << 20, ahead: 4 << 20}
-	p.get(size) // nothing free: a fresh buffer, and a refill
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		p.mu.Lock()
-		idle, refilling := p.idle, p.refilling
-		p.mu.Unlock()
-		if !refilling && idle > 0 {
-			if idle > p.ahead {
-				t.Fatalf("%d bytes made ahead, bound %d", idle, p.ahead)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no buffers made ahead after a miss (idle %d)", idle)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	b := p.get(size)
-	p.mu.Lock()
-	left := p.idle
-	p.mu.Unlock()
-	if left != p.ahead-cap(b) {
-		t.Fatalf("the get after a refill did not take a buffer made ahead: %d idle bytes left of %d", left, p.ahead)
-	}
-	all := b[:cap(b)]
-	for off := 0; off < len(all); off += os.Getpagesize() {
-		if all[off] != 1 {
-			t.Fatalf("page at %d of a buffer made ahead was never written", off)
-		}
-	}
-}
-
 // BenchmarkGrowingLogCopy: what a guest's goroutine pays to copy a 256 KiB
 // request into the log while the log only grows (a standby joining):
 // fresh buffers (ahead 0) against buffers a refill made ahead.
@@ -138,11 +82,11 @@ func BenchmarkGrowingLogCopy(b *testing.B) {
 	src := make([]byte, size)
 	for _, ahead := range []int{0, poolAhead} {
 		b.Run(fmt.Sprintf("ahead=%dMiB", ahead>>20), func(b *testing.B) {
-			p := bufPool{max: poolMaxIdle, ahead: ahead}
+			p := bufpool.Pool{Max: poolMaxIdle, Ahead: ahead}
 			var kept [][]byte // retained, as the log retains them
 			b.SetBytes(size)
 			for range b.N {
-				buf := p.get(size)
+				buf := p.Get(size)
 				kept = append(kept, append(buf, src...))
 				if len(kept) == 4096 { // 1 GiB: let it go, from fresh memory again
 					b.StopTimer()
@@ -170,10 +114,10 @@ func (g *gatedReplica) Apply(r *Record) error {
 	}
 	return nil
 }
-func (g *gatedReplica) Checksums() []ObjectSum   { return nil }
-func (g *gatedReplica) Heard(uint64)             {}
-func (g *gatedReplica) Synced(bool)              {}
-func (g *gatedReplica) HandOver() (uint64, bool) { return 0, false }
+func (g *gatedReplica) Checksums() []verify.ObjectSum { return nil }
+func (g *gatedReplica) Heard(uint64)                  {}
+func (g *gatedReplica) Synced(bool)                   {}
+func (g *gatedReplica) HandOver() (uint64, bool)      { return 0, false }
 
 // TestApplierAcksThroughABacklog: a standby working through a backlog has
 // an ack sent each ackEveryBytes it applies, not only once its queue is

@@ -1,6 +1,9 @@
 package replicate
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/replicate/admission"
+)
 
 // Metrics are the primary's replication metrics.
 type Metrics struct {
@@ -30,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer, addr string, status func() SenderStat
 			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 10),
 		}),
 	}
-	for _, r := range []RefuseReason{RefusedStaleTerm, RefusedOtherGroup, RefusedOtherPrimary, RefusedRewound} {
+	for _, r := range []admission.RefuseReason{admission.RefusedStaleTerm, admission.RefusedOtherGroup, admission.RefusedOtherPrimary, admission.RefusedRewound} {
 		m.refused.WithLabelValues(r.String()) // every series from the start, at 0
 	}
 	gauge := func(name, help string, f func(SenderStatus) float64) prometheus.Collector {

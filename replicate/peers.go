@@ -390,7 +390,7 @@ func (l *Log) release() {
 	for n < len(l.pending) && l.pending[n].Seq <= floor {
 		e := &l.pending[n]
 		if l.allSent(e.Seq) {
-			l.pool.put(e.enc)
+			l.pool.Put(e.enc)
 		}
 		l.base = e.end
 		*e = entry{}

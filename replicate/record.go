@@ -133,6 +133,8 @@ func (o Op) String() string {
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }
 
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 const recordHeader = 8*5 + 2 + 2 + 4
 
 // Size is the record's encoded size.

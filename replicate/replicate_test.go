@@ -2,12 +2,7 @@ package replicate
 
 import (
 	"bytes"
-	"context"
-	"encoding/binary"
 	"errors"
-	"io"
-	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,108 +33,6 @@ func TestRecordRoundTrip(t *testing.T) {
 		if _, err := DecodeRecord(bad); !errors.Is(err, ErrBadRecord) {
 			t.Errorf("%s: %v", name, err)
 		}
-	}
-}
-
-// pair returns two authenticated link ends over a real TCP connection.
-func pair(t *testing.T, primaryKey, standbyKey []byte) (*link, *link, error, error) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	type res struct {
-		l   *link
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			ch <- res{nil, err}
-			return
-		}
-		l, err := serverHandshake(c, standbyKey, 2*time.Second)
-		if err != nil {
-			c.Close()
-		}
-		ch <- res{l, err}
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	p, perr := clientHandshake(c, primaryKey, 2*time.Second)
-	s := <-ch
-	if s.l != nil {
-		t.Cleanup(func() { s.l.c.Close() })
-	}
-	return p, s.l, perr, s.err
-}
-
-func TestHandshake(t *testing.T) {
-	p, s, perr, serr := pair(t, testKey, testKey)
-	if perr != nil || serr != nil {
-		t.Fatalf("same key: %v / %v", perr, serr)
-	}
-	p.write(msgAck, []byte("hello"))
-	p.flush()
-	typ, payload, err := s.read()
-	if err != nil || typ != msgAck || string(payload) != "hello" {
-		t.Fatalf("read %d %q %v", typ, payload, err)
-	}
-	_, _, perr, serr = pair(t, []byte("another-key-entirely"), testKey)
-	if !errors.Is(perr, ErrAuth) || !errors.Is(serr, ErrAuth) {
-		t.Fatalf("different keys: primary %v, standby %v", perr, serr)
-	}
-}
-
-// TestCorruptStream: a flipped bit anywhere in a frame, or a frame replayed
-// from earlier in the stream, is refused.
-func TestCorruptStream(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		mangle func(frames [][]byte) []byte
-	}{
-		{"payload bit", func(f [][]byte) []byte { c := bytes.Clone(f[0]); c[frameHeader+2] ^= 1; return c }},
-		{"tag bit, crc fixed", func(f [][]byte) []byte { c := bytes.Clone(f[0]); c[len(c)-1] ^= 1; return refreshCRC(c) }},
-		{"type changed, crc fixed", func(f [][]byte) []byte { c := bytes.Clone(f[0]); c[4] ^= 3; return refreshCRC(c) }},
-		{"replay", func(f [][]byte) []byte { return append(bytes.Clone(f[0]), f[0]...) }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p, s, perr, serr := pair(t, testKey, testKey)
-			if perr != nil || serr != nil {
-				t.Fatal(perr, serr)
-			}
-			// Capture the frame bytes the primary would send.
-			var buf bytes.Buffer
-			p.w.Reset(&buf)
-			p.write(msgRecord, AppendRecord(nil, &Record{Seq: 1, Op: OpEpoch, Result: 1}))
-			p.flush()
-			frame := buf.Bytes()
-			p.c.Write(tc.mangle([][]byte{frame}))
-			var err error
-			for i := 0; i < 2 && err == nil; i++ {
-				_, _, err = s.read()
-			}
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("mangled stream read as %v", err)
-			}
-		})
-	}
-}
-
-func TestCompare(t *testing.T) {
-	p := []ObjectSum{{Session: 1, Kind: ObjMemory, ID: 10, Size: 4, Sum: 1}, {Session: 1, Kind: ObjModule, ID: 1, Sum: 2}}
-	if rep := Compare(p, p); !rep.Match || rep.Objects != 2 || rep.Bytes != 4 {
-		t.Fatalf("identical: %+v", rep)
-	}
-	s := []ObjectSum{{Session: 1, Kind: ObjMemory, ID: 10, Size: 4, Sum: 9}, {Session: 2, Kind: ObjStream, ID: 1}}
-	rep := Compare(p, s)
-	if rep.Match || len(rep.Mismatches) != 3 || !rep.Mismatches[0].Repairable {
-		t.Fatalf("differing: %+v", rep)
 	}
 }
 
@@ -210,13 +103,6 @@ func TestReceivedIsNotApplied(t *testing.T) {
 	}
 }
 
-// refreshCRC recomputes a frame's CRC, as an attacker who edits a frame can:
-// only the AEAD tag stands in the way.
-func refreshCRC(f []byte) []byte {
-	binary.LittleEndian.PutUint32(f[12:], frameCRC(f, f[frameHeader:]))
-	return f
-}
-
 func TestMetricsLint(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg, "127.0.0.1:1", func() SenderStatus { return SenderStatus{} })
@@ -233,120 +119,5 @@ func TestMetricsLint(t *testing.T) {
 	}
 	for _, p := range problems {
 		t.Errorf("metric %s: %s", p.Metric, p.Text)
-	}
-}
-
-// TestUDPHeartbeats: authentic heartbeats are heard; forged ones (wrong key)
-// and replays are not.
-func TestUDPHeartbeats(t *testing.T) {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := pc.LocalAddr().String()
-	pc.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	heard := make(chan uint64, 100)
-	go ListenUDPHeartbeats(ctx, addr, testKey, func(primary, term uint64) {
-		if primary != 7 {
-			t.Errorf("heartbeat from primary %d, want 7", primary)
-		}
-		heard <- term
-	}, nil)
-	time.Sleep(50 * time.Millisecond)
-	go SendUDPHeartbeats(ctx, addr, []byte("wrong key, wrong key, wrong key!"), 7, func() uint64 { return 9 }, 5*time.Millisecond, nil)
-	select {
-	case term := <-heard:
-		t.Fatalf("heard a forged heartbeat (term %d)", term)
-	case <-time.After(100 * time.Millisecond):
-	}
-	go SendUDPHeartbeats(ctx, addr, testKey, 7, func() uint64 { return 4 }, 5*time.Millisecond, nil)
-	select {
-	case term := <-heard:
-		if term != 4 {
-			t.Fatalf("term %d", term)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("authentic heartbeats not heard")
-	}
-	// A replayed datagram is ignored.
-	b := append([]byte(udpMagic), make([]byte, 8)...)
-	b = binary.LittleEndian.AppendUint64(b, 7)
-	b = binary.LittleEndian.AppendUint64(b, 1)
-	b = binary.LittleEndian.AppendUint64(b, 5)
-	b = append(b, heartbeatTag(testKey, b)...)
-	c, _ := net.Dial("udp", addr)
-	defer c.Close()
-	c.Write(b)
-	c.Write(b)
-	got := 0
-	timeout := time.After(200 * time.Millisecond)
-	for done := false; !done; {
-		select {
-		case term := <-heard:
-			if term == 5 {
-				got++
-			}
-		case <-timeout:
-			done = true
-		}
-	}
-	if got != 1 {
-		t.Fatalf("one datagram sent twice was heard %d times", got)
-	}
-}
-
-// TestCompareApertures: ObjAperture entries (verify --apertures) pair up by
-// session and address, one side differing fails the match, and an
-// aperture the standby did not compare shows as missing.
-func TestCompareApertures(t *testing.T) {
-	file := make([]byte, 8192)
-	dev := append([]byte(nil), file...)
-	if n, first := DiffBytes(file, dev); n != 0 || first != NoMismatch {
-		t.Fatalf("equal: %d from %d", n, first)
-	}
-	dev[4097], dev[4099] = 1, 2
-	n, first := DiffBytes(file, dev)
-	if n != 2 || first != 4097 {
-		t.Fatalf("two bytes lost: %d from %d", n, first)
-	}
-	mem := ObjectSum{Session: 1, Kind: ObjMemory, ID: 0x1000, Size: 8192, Sum: 7}
-	p := []ObjectSum{mem, ApertureSum(1, 0x1000, 0, NoMismatch)}
-	if rep := Compare(p, []ObjectSum{mem, ApertureSum(1, 0x1000, 0, NoMismatch)}); !rep.Match || len(rep.Apertures) != 1 || rep.Apertures[0].Size != 8192 {
-		t.Fatalf("both match: %+v", rep)
-	}
-	rep := Compare(p, []ObjectSum{mem, ApertureSum(1, 0x1000, n, first)})
-	if a := rep.Apertures[0]; rep.Match || !a.Primary.Match() || a.Standby.MismatchedBytes != 2 || a.Standby.FirstOffset != 4097 || len(rep.Mismatches) != 0 {
-		t.Fatalf("lost on the standby: %+v", rep)
-	}
-	if rep := Compare(p, []ObjectSum{mem}); rep.Match || !rep.Apertures[0].Standby.Missing {
-		t.Fatalf("not compared on the standby: %+v", rep)
-	}
-}
-
-// TestOlderProtocolRefused: a peer that speaks the protocol before the
-// primary's identity (4) is refused at the handshake by either end, with
-// an error that names both versions, before any key material is used.
-func TestOlderProtocolRefused(t *testing.T) {
-	old := append([]byte(helloMagic), 4, 0)
-	old = append(old, make([]byte, nonceSize)...)
-	for _, side := range []string{"standby", "primary"} {
-		t.Run("by the "+side, func(t *testing.T) {
-			a, b := net.Pipe()
-			defer a.Close()
-			defer b.Close()
-			go io.Copy(io.Discard, b) // the old peer reads what comes
-			go b.Write(old)           // and says hello
-			var err error
-			if side == "standby" {
-				_, err = serverHandshake(a, testKey, 2*time.Second)
-			} else {
-				_, err = clientHandshake(a, testKey, 2*time.Second)
-			}
-			if err == nil || !strings.Contains(err.Error(), "protocol 4, this side 5") {
-				t.Fatalf("an old peer was not refused: %v", err)
-			}
-		})
 	}
 }

@@ -13,6 +13,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/internal/bufpool"
+	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Protected is the node a Sender protects. The sender reports what the
@@ -44,11 +49,11 @@ type SenderConfig struct {
 	// Registry, when set, gets the sender's metrics.
 	Registry prometheus.Registerer
 	// Faults, when set, sees every message on the link (tests only).
-	Faults FaultHook
+	Faults link.FaultHook
 	// ResyncRate bounds a resync's snapshot stream in bytes per second
 	// (0: as fast as the link takes it).
 	ResyncRate int64
-	// Group names the pair this primary belongs to (identity.go); empty:
+	// Group names the pair this primary belongs to (package admission); empty:
 	// this primary's id, as the first primary of a new group.
 	Group string
 }
@@ -91,7 +96,7 @@ type Sender struct {
 	node     Protected
 	log      *slog.Logger
 	metrics  *Metrics
-	verifier Verifier
+	verifier verify.Verifier
 	cur      *cursor // this standby's position in the log
 
 	mu         sync.Mutex
@@ -100,7 +105,7 @@ type Sender struct {
 	lastResync time.Duration
 	lastErr    string
 	handover   chan uint64 // a switchover waiting for the standby's term
-	link       *link       // the current link, for Handover
+	link       *link.Conn  // the current link, for Handover
 	resyncing  bool
 	resyncFrom time.Time
 	restarts   uint64
@@ -118,13 +123,13 @@ type Sender struct {
 	// (one resync at a time per sender).
 	readAheadBufs [][]byte
 	// refused counts the standby's refusals by reason.
-	refused [refuseReasons]uint64
+	refused [admission.NumRefuseReasons]uint64
 }
 
 // NewSender returns a sender protecting node; Run starts it.
 func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
-	if len(cfg.Key) < MinKeyBytes {
-		return nil, fmt.Errorf("replication key must be at least %d bytes", MinKeyBytes)
+	if len(cfg.Key) < link.MinKeyBytes {
+		return nil, fmt.Errorf("replication key must be at least %d bytes", link.MinKeyBytes)
 	}
 	if cfg.AckTimeout == 0 {
 		cfg.AckTimeout = 3 * time.Second
@@ -135,7 +140,7 @@ func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
 	if cfg.Group == "" {
 		cfg.Group = fmt.Sprintf("%016x", cfg.Log.id)
 	}
-	if err := CheckGroup(cfg.Group); err != nil {
+	if err := admission.CheckGroup(cfg.Group); err != nil {
 		return nil, err
 	}
 	s := &Sender{cfg: cfg, node: node, log: cfg.Logger.With("standby", cfg.Addr), readAheadBufs: newReadAheadBufs()}
@@ -152,10 +157,10 @@ func NewSender(cfg SenderConfig, node Protected) (*Sender, error) {
 
 // Run connects and streams until ctx ends; the standby then leaves the log
 // (and its sync set) for good. Heartbeats also go out as UDP datagrams to
-// the same address (see heartbeat.go).
+// the same address (see link.SendUDPHeartbeats).
 func (s *Sender) Run(ctx context.Context) {
 	defer s.cfg.Log.removeCursor(s.cur)
-	go SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, s.cfg.Log.id, s.node.Term, heartbeatEvery, s.heartbeatFailed)
+	go link.SendUDPHeartbeats(ctx, s.cfg.Addr, s.cfg.Key, s.cfg.Log.id, s.node.Term, heartbeatEvery, s.heartbeatFailed)
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := s.session(ctx)
@@ -193,7 +198,7 @@ func (s *Sender) Status() SenderStatus {
 			if st.Refused == nil {
 				st.Refused = map[string]uint64{}
 			}
-			st.Refused[RefuseReason(reason).String()] = n
+			st.Refused[admission.RefuseReason(reason).String()] = n
 		}
 	}
 	switch {
@@ -208,7 +213,7 @@ func (s *Sender) Status() SenderStatus {
 // Verify takes a verify point with point (which computes the primary's
 // checksums and logs the request at the same position) and compares the
 // standby's answer.
-func (s *Sender) Verify(point func(id uint64) []ObjectSum, timeout time.Duration) (Report, error) {
+func (s *Sender) Verify(point func(id uint64) []verify.ObjectSum, timeout time.Duration) (verify.Report, error) {
 	return s.verifier.Verify(point, timeout)
 }
 
@@ -218,7 +223,7 @@ func (s *Sender) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer l.c.Close()
+	defer l.Raw.Close()
 	after, err := s.catchUp(l)
 	if err != nil {
 		return err
@@ -236,58 +241,58 @@ func (s *Sender) session(ctx context.Context) error {
 }
 
 // connect dials the standby and authenticates both ends.
-func (s *Sender) connect(ctx context.Context) (*link, error) {
+func (s *Sender) connect(ctx context.Context) (*link.Conn, error) {
 	d := net.Dialer{Timeout: 2 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", s.cfg.Addr)
 	if err != nil {
 		return nil, err
 	}
 	c.(*net.TCPConn).SetNoDelay(true)
-	l, err := clientHandshake(c, s.cfg.Key, 5*time.Second)
+	l, err := link.ClientHandshake(c, s.cfg.Key, 5*time.Second)
 	if err != nil {
 		c.Close()
 		return nil, err
 	}
-	l.faults, l.out, l.peer = s.cfg.Faults, FromPrimary, s.cfg.Addr
+	l.Faults, l.Out, l.Peer = s.cfg.Faults, link.FromPrimary, s.cfg.Addr
 	return l, nil
 }
 
 // identity is who this primary says it is on a new link.
-func (s *Sender) identity() Identity {
-	return Identity{Group: s.cfg.Group, Primary: s.cfg.Log.id, Term: s.node.Term(), Last: s.cfg.Log.Last()}
+func (s *Sender) identity() admission.Identity {
+	return admission.Identity{Group: s.cfg.Group, Primary: s.cfg.Log.id, Term: s.node.Term(), Last: s.cfg.Log.Last()}
 }
 
 // catchUp introduces this primary, reads the standby's position (or its
 // refusal), tells it the mode and term, and brings it up to date: from
 // the log when it holds what the standby lacks, else from a snapshot. It
 // returns the sequence streaming continues after.
-func (s *Sender) catchUp(l *link) (uint64, error) {
+func (s *Sender) catchUp(l *link.Conn) (uint64, error) {
 	self := s.identity()
-	if err := l.writeFlush(msgIdentity, appendIdentity(make([]byte, 0, identityFixed+len(self.Group)+macSize), self)); err != nil {
+	if err := l.WriteFlush(link.MsgIdentity, appendIdentity(make([]byte, 0, identityFixed+len(self.Group)+link.MacSize), self)); err != nil {
 		return 0, err
 	}
-	l.c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
-	typ, payload, err := l.read()
+	l.Raw.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+	typ, payload, err := l.Read()
 	if err != nil {
 		return 0, fmt.Errorf("reading standby state: %w", err)
 	}
 	switch typ {
-	case msgFenced:
+	case link.MsgFenced:
 		return 0, s.fenced(payload)
-	case msgRefused:
+	case link.MsgRefused:
 		return 0, s.refusedBy(payload, self)
 	}
-	if typ != msgState || len(payload) != 16 {
-		return 0, fmt.Errorf("%w: expected standby state", ErrCorrupt)
+	if typ != link.MsgState || len(payload) != 16 {
+		return 0, fmt.Errorf("%w: expected standby state", link.ErrCorrupt)
 	}
 	logID, applied := binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:])
-	mode := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+macSize), uint64(s.cfg.Mode))
-	if err := l.write(msgMode, binary.LittleEndian.AppendUint64(mode, s.node.Term())); err != nil {
+	mode := binary.LittleEndian.AppendUint64(make([]byte, 0, 16+link.MacSize), uint64(s.cfg.Mode))
+	if err := l.Write(link.MsgMode, binary.LittleEndian.AppendUint64(mode, s.node.Term())); err != nil {
 		return 0, err
 	}
 	if s.cfg.Log.resume(s.cur, logID, applied) {
 		s.log.Info("standby attached; catching up from the log", "applied", applied)
-		return applied, l.flush()
+		return applied, l.Flush()
 	}
 	return s.resync(l)
 }
@@ -295,7 +300,7 @@ func (s *Sender) catchUp(l *link) (uint64, error) {
 // resync sends a snapshot that replaces the standby's replica. Guests are
 // stopped only while the node takes it; its contents stream while they
 // run, and the log keeps what they change meanwhile, sent after it.
-func (s *Sender) resync(l *link) (uint64, error) {
+func (s *Sender) resync(l *link.Conn) (uint64, error) {
 	lg := s.cfg.Log
 	lg.attach(s.cur, true, 0, true)
 	start := time.Now()
@@ -337,7 +342,7 @@ func (s *Sender) resync(l *link) (uint64, error) {
 	s.lastSnapshot = took
 	s.mu.Unlock()
 	s.log.Info("resync snapshot sent; the standby catches up from the log", "took", took.Round(time.Millisecond), "position", snap.At())
-	return snap.At(), l.flush()
+	return snap.At(), l.Flush()
 }
 
 // errLink marks a failure of the link itself while a snapshot streamed.
@@ -348,11 +353,11 @@ var errLink = errors.New("replication link")
 // resync budget. A reader goroutine (readAhead) pulls the records into a
 // few large buffers, device memory read straight into the record; they
 // are sealed in parts on several workers, out of those buffers into the
-// writer's, and written in order (bulkWriter): reading the device,
+// writer's, and written in order (link.BulkWriter): reading the device,
 // sealing and the link overlap, and each byte is copied once on the
 // primary (the seal is the copy).
-func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
-	bw := l.bulk()
+func (s *Sender) streamSnapshot(l *link.Conn, snap Snapshot) error {
+	bw := l.Bulk()
 	free := make(chan []byte, len(s.readAheadBufs))
 	for _, b := range s.readAheadBufs {
 		free <- b
@@ -362,7 +367,7 @@ func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 	go func() { readAhead(snap, free, ready, quit); close(finished) }()
 	defer func() { close(quit); <-finished }()
 	err := s.sendSnapshot(bw, ready, free)
-	if werr := bw.close(); werr != nil && err == nil {
+	if werr := bw.Close(); werr != nil && err == nil {
 		err = fmt.Errorf("%w: %w", errLink, werr)
 	}
 	return err
@@ -370,7 +375,7 @@ func (s *Sender) streamSnapshot(l *link, snap Snapshot) error {
 
 // sendSnapshot hands the records read ahead to bw, each buffer back to
 // free once written, noting each record's progress as it goes out.
-func (s *Sender) sendSnapshot(bw *bulkWriter, ready <-chan snapshotItem, free chan<- []byte) error {
+func (s *Sender) sendSnapshot(bw *link.BulkWriter, ready <-chan snapshotItem, free chan<- []byte) error {
 	pace := newPacer(s.cfg.ResyncRate)
 	lg := s.cfg.Log
 	for item := range ready {
@@ -381,7 +386,7 @@ func (s *Sender) sendSnapshot(bw *bulkWriter, ready <-chan snapshotItem, free ch
 			return fmt.Errorf("reading the snapshot: %w", item.err)
 		}
 		s.count(len(item.enc))
-		err := bw.record(item.enc, func() {
+		err := bw.Record(item.enc, func() {
 			free <- item.buf
 			lg.streamed(s.cur, item.done, item.total)
 			if s.progress.set(item.done) {
@@ -402,9 +407,9 @@ func (s *Sender) sendSnapshot(bw *bulkWriter, ready <-chan snapshotItem, free ch
 
 // resyncChunk is the device memory in one snapshot record: a record pays
 // a read of the device and an apply once per 4 MiB (it goes in parts of
-// partBytes, sealed and opened on workers), and fits the standby's
+// link.PartBytes, sealed and opened on workers), and fits the standby's
 // page-locked receive buffers.
-const resyncChunk = 4<<20 - recordHeader - macSize - 64
+const resyncChunk = 4<<20 - recordHeader - link.MacSize - 64
 
 // snapshotItem is a snapshot record read ahead: its encoding (in buf, or
 // in a larger buffer of its own), the snapshot's progress after it, or
@@ -424,9 +429,9 @@ type snapshotItem struct {
 // resync, where the first six reads were 50 ms of a 256 MiB stream's 100.
 // Made with the sender, they cost the resync nothing.
 func newReadAheadBufs() [][]byte {
-	bufs := make([][]byte, cryptoWorkers()+2)
+	bufs := make([][]byte, link.CryptoWorkers()+2)
 	for i := range bufs {
-		bufs[i] = touched(make([]byte, 0, recordHeader+resyncChunk))
+		bufs[i] = bufpool.Touched(make([]byte, 0, recordHeader+resyncChunk))
 	}
 	return bufs
 }
@@ -465,13 +470,13 @@ func readAhead(snap Snapshot, free chan []byte, out chan<- snapshotItem, quit <-
 
 // stream sends live records after after until the link or ctx ends, with
 // heartbeats while idle and a reader for the standby's acks and answers.
-func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
+func (s *Sender) stream(ctx context.Context, l *link.Conn, after uint64) error {
 	lg := s.cfg.Log
 	stop := make(chan struct{})
 	readErr := make(chan error, 1)
 	go func() { readErr <- s.readAcks(l); close(stop); lg.wake() }()
 	go s.heartbeats(l, stop)
-	bw := l.bulk() // large records sealed on workers, written in order
+	bw := l.Bulk() // large records sealed on workers, written in order
 	for {
 		recs := lg.next(s.cur, after, stop, batchBytes)
 		if recs == nil {
@@ -496,16 +501,16 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 			// The log dropped records this standby needed: resync.
 			return errors.New("standby fell behind what the log holds")
 		}
-		err := l.locked(func() error {
+		err := l.Locked(func() error {
 			var err error
 			after, err = s.sendBacklog(ctx, bw, recs, after, stop)
-			if cerr := bw.close(); err == nil {
+			if cerr := bw.Close(); err == nil {
 				err = cerr
 			}
 			if err != nil {
 				return err
 			}
-			return l.flush()
+			return l.Flush()
 		})
 		if err != nil {
 			return err
@@ -518,11 +523,11 @@ func (s *Sender) stream(ctx context.Context, l *link, after uint64) error {
 // link or ctx ends, and returns the last sequence queued. A record the
 // log keeps encoded stays as it is (a standby that reconnects may need
 // it again): it is sealed into bw's buffers, a large one on workers (in
-// parts above partBytes) while the next is queued, and each batch is
+// parts above link.PartBytes) while the next is queued, and each batch is
 // marked sent once written (the log may then reuse its buffers once
 // applied). The link is not drained between batches: draining every 16
 // MiB left it idle part of each batch while a standby caught up.
-func (s *Sender) sendBacklog(ctx context.Context, bw *bulkWriter, recs []entry, after uint64, stop <-chan struct{}) (uint64, error) {
+func (s *Sender) sendBacklog(ctx context.Context, bw *link.BulkWriter, recs []entry, after uint64, stop <-chan struct{}) (uint64, error) {
 	lg := s.cfg.Log
 	for len(recs) > 0 {
 		for i := range recs {
@@ -532,7 +537,7 @@ func (s *Sender) sendBacklog(ctx context.Context, bw *bulkWriter, recs []entry, 
 				done = func() { lg.sentThrough(s.cur, seq) }
 			}
 			s.count(len(recs[i].enc))
-			if err := bw.record(recs[i].enc, done); err != nil {
+			if err := bw.Record(recs[i].enc, done); err != nil {
 				return after, err
 			}
 			after = recs[i].Seq
@@ -555,7 +560,7 @@ const batchBytes = 16 << 20
 
 // heartbeats tells the standby this primary is alive until stop, so it can
 // tell a quiet primary from a dead one.
-func (s *Sender) heartbeats(l *link, stop <-chan struct{}) {
+func (s *Sender) heartbeats(l *link.Conn, stop <-chan struct{}) {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	for {
@@ -564,9 +569,9 @@ func (s *Sender) heartbeats(l *link, stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		if err := l.writeFlush(msgHeartbeat, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+macSize), s.node.Term())); err != nil {
+		if err := l.WriteFlush(link.MsgHeartbeat, binary.LittleEndian.AppendUint64(make([]byte, 0, 8+link.MacSize), s.node.Term())); err != nil {
 			s.heartbeatFailed()
-			l.c.Close()
+			l.Raw.Close()
 			return
 		}
 	}
@@ -577,13 +582,13 @@ const heartbeatEvery = 20 * time.Millisecond
 
 // send sends a record that is not in the log (a snapshot's), encoded into
 // the link's reused buffer and sealed there.
-func (s *Sender) send(l *link, r *Record) error {
-	if cap(l.plain) < r.Size()+macSize {
-		l.plain = make([]byte, 0, r.Size()+macSize) // room for the seal's tag
+func (s *Sender) send(l *link.Conn, r *Record) error {
+	if cap(l.Plain) < r.Size()+link.MacSize {
+		l.Plain = make([]byte, 0, r.Size()+link.MacSize) // room for the seal's tag
 	}
-	l.plain = AppendRecord(l.plain[:0], r)
-	s.count(len(l.plain))
-	return l.write(msgRecord, l.plain)
+	l.Plain = AppendRecord(l.Plain[:0], r)
+	s.count(len(l.Plain))
+	return l.Write(link.MsgRecord, l.Plain)
 }
 
 func (s *Sender) count(n int) {
@@ -594,29 +599,29 @@ func (s *Sender) count(n int) {
 	}
 }
 
-func (s *Sender) readAcks(l *link) error {
+func (s *Sender) readAcks(l *link.Conn) error {
 	for {
-		l.c.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
-		typ, payload, err := l.read()
+		l.Raw.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
+		typ, payload, err := l.Read()
 		if err != nil {
 			return fmt.Errorf("reading acks: %w", err)
 		}
 		switch typ {
-		case msgAck:
+		case link.MsgAck:
 			if len(payload) != 16 {
-				return fmt.Errorf("%w: ack of %d bytes", ErrCorrupt, len(payload))
+				return fmt.Errorf("%w: ack of %d bytes", link.ErrCorrupt, len(payload))
 			}
 			s.acked(binary.LittleEndian.Uint64(payload), binary.LittleEndian.Uint64(payload[8:]))
-		case msgFenced:
+		case link.MsgFenced:
 			return s.fenced(payload)
-		case msgVerifyReply:
+		case link.MsgVerifyReply:
 			id, sums, err := decodeSums(payload)
 			if err != nil {
 				return err
 			}
 			s.verifier.Deliver(id, sums)
 		default:
-			return fmt.Errorf("%w: unexpected message %d from standby", ErrCorrupt, typ)
+			return fmt.Errorf("%w: unexpected message %d from standby", link.ErrCorrupt, typ)
 		}
 	}
 }
@@ -639,7 +644,7 @@ func (s *Sender) acked(received, applied uint64) {
 // told, and the link ends.
 func (s *Sender) fenced(payload []byte) error {
 	if len(payload) != 8 {
-		return fmt.Errorf("%w: fence of %d bytes", ErrCorrupt, len(payload))
+		return fmt.Errorf("%w: fence of %d bytes", link.ErrCorrupt, len(payload))
 	}
 	term := binary.LittleEndian.Uint64(payload)
 	s.mu.Lock()
@@ -656,7 +661,7 @@ func (s *Sender) fenced(payload []byte) error {
 // refusedBy handles the standby's refusal of this primary: counted and
 // returned (Run logs it); one for a term below the standby's tells the
 // node that term, whose authority fences a primary under it.
-func (s *Sender) refusedBy(payload []byte, self Identity) error {
+func (s *Sender) refusedBy(payload []byte, self admission.Identity) error {
 	reason, follows, err := decodeRefusal(payload)
 	if err != nil {
 		return err
@@ -667,10 +672,10 @@ func (s *Sender) refusedBy(payload []byte, self Identity) error {
 	if m := s.metrics; m != nil {
 		m.refused.WithLabelValues(reason.String()).Inc()
 	}
-	if reason == RefusedStaleTerm {
+	if reason == admission.RefusedStaleTerm {
 		s.node.PeerTerm(follows.Term)
 	}
-	return &RefusedError{Reason: reason, Follows: follows, Self: self}
+	return &admission.RefusedError{Reason: reason, Follows: follows, Self: self}
 }
 
 // Handover asks the standby to take over now (a planned switchover) and
@@ -686,7 +691,7 @@ func (s *Sender) Handover(timeout time.Duration) (uint64, error) {
 	}
 	s.handover = ch
 	s.mu.Unlock()
-	if err := l.writeFlush(msgPromote, make([]byte, 0, macSize)); err != nil {
+	if err := l.WriteFlush(link.MsgPromote, make([]byte, 0, link.MacSize)); err != nil {
 		return 0, err
 	}
 	select {

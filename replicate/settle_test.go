@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // settlingReplica stands for a GPU replica whose copies stay queued on the
@@ -162,7 +164,7 @@ func (c *crcReplica) Apply(r *Record) error {
 func TestRecordSumsTakenOnWorkers(t *testing.T) {
 	rep := &crcReplica{summingReplica: summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}}
 	lg := liveOverLoopback(t, ModeSync, rep)
-	sizes := []int{64, lendAbove, 256 << 10, partBytes - recordHeader, 3 << 20, 100}
+	sizes := []int{64, lendAbove, 256 << 10, link.PartBytes - recordHeader, 3 << 20, 100}
 	for i, n := range sizes {
 		body := make([]byte, n)
 		fillPattern(body, i)
@@ -173,7 +175,7 @@ func TestRecordSumsTakenOnWorkers(t *testing.T) {
 	rep.mu.Lock()
 	defer rep.mu.Unlock()
 	if rep.wrong != 0 || rep.onWorker != 3 {
-		t.Fatalf("%d wrong sums, %d taken on workers: want none wrong, 3 on workers (the frames of lendAbove up to partBytes)", rep.wrong, rep.onWorker)
+		t.Fatalf("%d wrong sums, %d taken on workers: want none wrong, 3 on workers (the frames of lendAbove up to link.PartBytes)", rep.wrong, rep.onWorker)
 	}
 }
 

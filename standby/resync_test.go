@@ -14,6 +14,7 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // scribbler makes random guest writes of every kind a guest can cause:
@@ -155,12 +156,12 @@ func randomBytes(rng *rand.Rand, n int) []byte {
 // resyncHook returns a fault hook that, while a resync's snapshot streams,
 // calls onRecord before each snapshot record the primary sends (the
 // sender waits for it): guest writes land between resync steps.
-func resyncHook(sender func() *replicate.Sender, onRecord func(n int) bool) replicate.FaultHook {
+func resyncHook(sender func() *replicate.Sender, onRecord func(n int) bool) link.FaultHook {
 	var mu sync.Mutex
 	n := 0
-	return func(m replicate.Message) bool {
+	return func(m link.Message) bool {
 		s := sender()
-		if m.From != replicate.FromPrimary || m.Type != "record" || s == nil || !s.Status().Resync.Active {
+		if m.From != link.FromPrimary || m.Type != "record" || s == nil || !s.Status().Resync.Active {
 			return true
 		}
 		mu.Lock()

@@ -25,6 +25,9 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/admission"
+	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Roles is the node's role authority, told what the replication link
@@ -61,7 +64,7 @@ func (a *Agent) Mark() uint64 { return a.Applier.Mark() }
 func (a *Agent) Settle(upTo uint64) error { return a.Applier.Settle(upTo) }
 
 // Checksums implements replicate.Applier.
-func (a *Agent) Checksums() []replicate.ObjectSum { return a.Applier.Checksums() }
+func (a *Agent) Checksums() []verify.ObjectSum { return a.Applier.Checksums() }
 
 // Admission says which primaries a standby follows
 // (replicate.ReceiverConfig's Group and Adopt).
@@ -141,10 +144,10 @@ func (a *Agent) registerMetrics(reg prometheus.Registerer) error {
 			return err
 		}
 	}
-	for _, reason := range replicate.RefuseReasons() {
+	for _, reason := range admission.RefuseReasons() {
 		name := reason.String()
 		c := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "vgpuha_standby_refused_peers_total",
-			Help:        "Replication connections refused, by reason: auth (failed the handshake), fenced (this node was promoted), stale_term, other_group, other_primary, rewound (replicate/identity.go).",
+			Help:        "Replication connections refused, by reason: auth (failed the handshake), fenced (this node was promoted), stale_term, other_group, other_primary, rewound (package replicate/admission).",
 			ConstLabels: prometheus.Labels{"reason": name}},
 			func() float64 { return float64(rcv.Status().Refused[name]) })
 		if err := reg.Register(c); err != nil {
@@ -162,7 +165,7 @@ func (a *Agent) Serve(ln net.Listener) error {
 	a.stopUDP = cancel
 	a.mu.Unlock()
 	go func() {
-		if err := replicate.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, a.heardDatagram, a.badHeartbeats.Inc); err != nil {
+		if err := link.ListenUDPHeartbeats(ctx, ln.Addr().String(), a.key, a.heardDatagram, a.badHeartbeats.Inc); err != nil {
 			a.log.Warn("no UDP heartbeat path; failure detection relies on the TCP link alone", "err", err)
 		}
 	}()

@@ -23,6 +23,7 @@ import (
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -58,7 +59,7 @@ func (c *fixture) waitProtected() {
 	}
 }
 
-func (c *fixture) verify() replicate.Report {
+func (c *fixture) verify() verify.Report {
 	c.t.Helper()
 	rep, err := c.Verify()
 	if err != nil {
@@ -102,7 +103,7 @@ func (c *fixture) runGuests(n, size int) {
 	wg.Wait()
 }
 
-func mustMatch(t *testing.T, rep replicate.Report) {
+func mustMatch(t *testing.T, rep verify.Report) {
 	t.Helper()
 	if !rep.Match || rep.Objects == 0 {
 		t.Fatalf("replica differs: %d objects, mismatches %+v", rep.Objects, rep.Mismatches)

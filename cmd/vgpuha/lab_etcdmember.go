@@ -5,7 +5,7 @@ package main
 import (
 	"errors"
 
-	"github.com/vgpuha/vgpuha/internal/lab/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/etcdproc"
 )
 
 func init() {
@@ -28,5 +28,5 @@ func runEtcdMember(args []string) error {
 	if *name == "" || *dir == "" || *clientPort <= 0 || *peerPort <= 0 {
 		return errors.New("--name, --dir, --client-port and --peer-port are required")
 	}
-	return drill.RunEtcdMember(*dir, *name, *clientPort, *peerPort, *cluster)
+	return etcdproc.RunMember(*dir, *name, *clientPort, *peerPort, *cluster)
 }

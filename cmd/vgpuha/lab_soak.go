@@ -8,14 +8,14 @@ import (
 	"os"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/lab/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/soak"
 )
 
 func init() {
 	commands["soak"] = command{"kill the primary of a two-node pair again and again under guests; count lost writes, leaked sessions, refusals", runSoak}
 }
 
-// runSoak runs drill.Soak: a two-node pair on loopback whose primary is
+// runSoak runs soak.Run: a two-node pair on loopback whose primary is
 // killed again and again under guests, and prints what it counted.
 func runSoak(args []string) error {
 	fs := newFlags("soak", "[flags]")
@@ -36,7 +36,7 @@ func runSoak(args []string) error {
 	if err != nil {
 		return err
 	}
-	rep, err := drill.Soak(drill.SoakOptions{Binary: bin, Backend: *backendName, Duration: *duration, KillMin: *killMin, KillMax: *killMax,
+	rep, err := soak.Run(soak.Options{Binary: bin, Backend: *backendName, Duration: *duration, KillMin: *killMin, KillMax: *killMax,
 		MidHelloEvery: *midHello, Grace: *grace, Seed: *seed, Note: func(s string) { fmt.Fprintln(os.Stderr, s) }})
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")

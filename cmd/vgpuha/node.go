@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/vgpuha/vgpuha/internal/node"
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"net"
 	"net/http"
 	"os"
@@ -19,7 +20,6 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
-	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // backendFlags are the flags that choose and size the GPU backend
@@ -141,8 +141,8 @@ func readKey(path string) ([]byte, error) {
 		return nil, fmt.Errorf("reading replication key: %w", err)
 	}
 	b = bytes.TrimSpace(b)
-	if len(b) < replicate.MinKeyBytes {
-		return nil, fmt.Errorf("replication key in %s is %d bytes; need at least %d (try: head -c 32 /dev/urandom | base64 > %s)", path, len(b), replicate.MinKeyBytes, path)
+	if len(b) < link.MinKeyBytes {
+		return nil, fmt.Errorf("replication key in %s is %d bytes; need at least %d (try: head -c 32 /dev/urandom | base64 > %s)", path, len(b), link.MinKeyBytes, path)
 	}
 	return b, nil
 }

@@ -4,11 +4,11 @@ import (
 	"flag"
 
 	"github.com/vgpuha/vgpuha/internal/node"
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/admission"
 )
 
 // pairFlags name the pair a node belongs to and which primaries a standby
-// follows (replicate/identity.go; docs/OPERATIONS.md, "Which primary a
+// follows (package replicate/admission; docs/OPERATIONS.md, "Which primary a
 // standby follows").
 type pairFlags struct {
 	group string
@@ -18,10 +18,10 @@ type pairFlags struct {
 // register adds --group, and on a standby --adopt.
 func (p *pairFlags) register(fs *flag.FlagSet, standby bool) {
 	if !standby {
-		stringVar(fs, &p.group, "group", "", replicate.CheckGroup, "names this pair: its standbys follow only primaries of this group (empty: this primary's id, which the standby that takes over carries on; under --coordinator, the coordinator's group)")
+		stringVar(fs, &p.group, "group", "", admission.CheckGroup, "names this pair: its standbys follow only primaries of this group (empty: this primary's id, which the standby that takes over carries on; under --coordinator, the coordinator's group)")
 		return
 	}
-	stringVar(fs, &p.group, "group", "", replicate.CheckGroup, "the pair this standby protects: it follows only primaries of this --group (empty: the first primary to connect, then that pair's successors; under --coordinator, the coordinator's group)")
+	stringVar(fs, &p.group, "group", "", admission.CheckGroup, "the pair this standby protects: it follows only primaries of this --group (empty: the first primary to connect, then that pair's successors; under --coordinator, the coordinator's group)")
 	fs.BoolVar(&p.adopt, "adopt", false, "follow the first primary that connects whatever its group, replacing this standby's replica (once); without it a standby that follows a pair refuses every other primary")
 }
 

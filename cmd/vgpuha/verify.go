@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/admin"
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 func runVerify(args []string) error {
@@ -32,7 +32,7 @@ func runVerify(args []string) error {
 	if err != nil {
 		return err
 	}
-	var rep replicate.Report
+	var rep verify.Report
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return fmt.Errorf("decoding report: %w", err)
 	}
@@ -48,7 +48,7 @@ func runVerify(args []string) error {
 }
 
 // printVerify prints a verify report as tables.
-func printVerify(rep replicate.Report) {
+func printVerify(rep verify.Report) {
 	fmt.Printf("verified %d objects (%d bytes) at one log position: match=%v\n", rep.Objects, rep.Bytes, rep.Match)
 	if len(rep.Mismatches) > 0 {
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
@@ -66,11 +66,11 @@ func printVerify(rep replicate.Report) {
 
 // printApertures prints verify --apertures' table: per aperture and node,
 // the bytes of its device copy that differ from the guest's file.
-func printApertures(checks []replicate.ApertureCheck) {
+func printApertures(checks []verify.ApertureCheck) {
 	if len(checks) == 0 {
 		return
 	}
-	side := func(s replicate.ApertureSide) string {
+	side := func(s verify.ApertureSide) string {
 		switch {
 		case s.Missing:
 			return "not compared"

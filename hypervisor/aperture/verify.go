@@ -6,6 +6,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // verify --apertures: each aperture's file (what the guest wrote is the
@@ -17,7 +18,7 @@ import (
 // compared byte by byte with this node's device copy (ObjAperture sums of
 // session), and the OpVerifyMMIO records of verification id that carry
 // the file to the standby, which compares it with its own copy.
-func (a *Set) Verify(session, id uint64) (sums []replicate.ObjectSum, recs []replicate.Record) {
+func (a *Set) Verify(session, id uint64) (sums []verify.ObjectSum, recs []replicate.Record) {
 	ptrs := make([]uint64, 0, len(a.apertures))
 	for ptr := range a.apertures {
 		ptrs = append(ptrs, ptr)
@@ -26,7 +27,7 @@ func (a *Set) Verify(session, id uint64) (sums []replicate.ObjectSum, recs []rep
 	const chunk = replicate.MaxMMIOBody - 20 // header and one write's
 	for _, ptr := range ptrs {
 		file := a.apertures[ptr].region.Mem
-		d := diff{first: replicate.NoMismatch}
+		d := diff{first: verify.NoMismatch}
 		dev := make([]byte, min(len(file), chunk))
 		for off := 0; off < len(file); off += chunk {
 			part := file[off:min(off+chunk, len(file))]
@@ -34,7 +35,7 @@ func (a *Set) Verify(session, id uint64) (sums []replicate.ObjectSum, recs []rep
 			body := replicate.AppendMMIOWrite(replicate.AppendMMIOHeader(nil, ptr), uint64(off), part)
 			recs = append(recs, replicate.Record{Session: session, Op: replicate.OpVerifyMMIO, Result: id, Body: body})
 		}
-		sums = append(sums, replicate.ApertureSum(session, ptr, d.mismatched, d.first))
+		sums = append(sums, verify.ApertureSum(session, ptr, d.mismatched, d.first))
 	}
 	return sums, recs
 }
@@ -69,12 +70,12 @@ func (d *diff) add(mismatched, first uint64) {
 // compareDevice compares want, an aperture's bytes at offset off, with
 // the device copy there (read into buf, as long as want) and returns the
 // mismatched bytes and the first mismatched offset in the aperture
-// (replicate.NoMismatch when none). An unreadable copy mismatches whole.
+// (verify.NoMismatch when none). An unreadable copy mismatches whole.
 func compareDevice(dev Device, ptr, off uint64, want, buf []byte) (mismatched, first uint64) {
 	if err := dev.Read(buf, ptr+off); err != nil {
 		return uint64(len(want)), off
 	}
-	if mismatched, first = replicate.DiffBytes(want, buf); first != replicate.NoMismatch {
+	if mismatched, first = verify.DiffBytes(want, buf); first != verify.NoMismatch {
 		first += off
 	}
 	return mismatched, first
@@ -102,7 +103,7 @@ func (c *Comparisons) Compare(dev Device, id uint64, body []byte) error {
 	return replicate.DecodeMMIO(body, func(ptr, off uint64, data []byte) error {
 		d := c.checks[ptr]
 		if d == nil {
-			d = &diff{first: replicate.NoMismatch}
+			d = &diff{first: verify.NoMismatch}
 			c.checks[ptr] = d
 		}
 		d.add(compareDevice(dev, ptr, off, data, make([]byte, len(data))))
@@ -112,13 +113,13 @@ func (c *Comparisons) Compare(dev Device, id uint64, body []byte) error {
 
 // Sums hands over the comparisons for the verification answered now
 // (ObjAperture sums of session), in address order, and forgets them.
-func (c *Comparisons) Sums(session uint64) []replicate.ObjectSum {
+func (c *Comparisons) Sums(session uint64) []verify.ObjectSum {
 	checks := c.checks
 	c.checks = nil
-	var sums []replicate.ObjectSum
+	var sums []verify.ObjectSum
 	for ptr, d := range checks {
-		sums = append(sums, replicate.ApertureSum(session, ptr, d.mismatched, d.first))
+		sums = append(sums, verify.ApertureSum(session, ptr, d.mismatched, d.first))
 	}
-	slices.SortFunc(sums, func(a, b replicate.ObjectSum) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(sums, func(a, b verify.ObjectSum) int { return cmp.Compare(a.ID, b.ID) })
 	return sums
 }

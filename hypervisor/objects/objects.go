@@ -27,6 +27,7 @@ import (
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Memory is the session's device memory as its objects see it: the
@@ -123,18 +124,18 @@ func (o *Set) CheckRoom() error {
 
 // Sums describes every object of session for verify: a module by its
 // image, a function by its module and name, a stream by its handle.
-func (o *Set) Sums(session uint64) []replicate.ObjectSum {
-	var sums []replicate.ObjectSum
+func (o *Set) Sums(session uint64) []verify.ObjectSum {
+	var sums []verify.ObjectSum
 	o.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
-		s := replicate.ObjectSum{Session: session, ID: uint64(h)}
+		s := verify.ObjectSum{Session: session, ID: uint64(h)}
 		switch k {
 		case handlemap.KindModule:
 			img := o.moduleImages[h].Append(nil)
-			s.Kind, s.Size, s.Sum = replicate.ObjModule, uint64(len(img)), replicate.Checksum(img)
+			s.Kind, s.Size, s.Sum = verify.ObjModule, uint64(len(img)), verify.Checksum(img)
 		case handlemap.KindFunction:
-			s.Kind, s.Sum = replicate.ObjFunction, replicate.Checksum(fmt.Appendf(nil, "%d/%s", parent, o.kernels[h].Name))
+			s.Kind, s.Sum = verify.ObjFunction, verify.Checksum(fmt.Appendf(nil, "%d/%s", parent, o.kernels[h].Name))
 		case handlemap.KindStream:
-			s.Kind = replicate.ObjStream
+			s.Kind = verify.ObjStream
 		}
 		sums = append(sums, s)
 	})

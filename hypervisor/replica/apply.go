@@ -12,6 +12,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Applier applies a primary's log to a node's sessions (a standby's
@@ -229,7 +230,7 @@ func (a *Applier) Settle(upTo uint64) error {
 }
 
 // Checksums describes every object, for a standby answering verify.
-func (a *Applier) Checksums() []replicate.ObjectSum { return a.sessions.Checksums() }
+func (a *Applier) Checksums() []verify.ObjectSum { return a.sessions.Checksums() }
 
 // eachQueued runs fn on every open session whose context queues copies,
 // under the session's lock, and returns the first error.

@@ -33,7 +33,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Sessions is a node's sessions as the applier keeps them
@@ -52,7 +52,7 @@ type Sessions interface {
 	ReceiveImage(body []byte) error
 	ResetImages()
 	// Checksums describes every object (verify).
-	Checksums() []replicate.ObjectSum
+	Checksums() []verify.ObjectSum
 	// ReplicaMetrics is where the applier counts.
 	ReplicaMetrics() Metrics
 }

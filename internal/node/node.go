@@ -37,6 +37,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/coordinator"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/standby"
 )
 
@@ -79,7 +80,7 @@ type Config struct {
 	Now func() time.Time
 	// Faults, when set, sees every replication message this node sends
 	// (tests only).
-	Faults replicate.FaultHook
+	Faults link.FaultHook
 	// Coordinator, when set, puts leadership in etcd (see package
 	// coordinator and coordinated.go): a primary leads before it serves, a
 	// standby campaigns instead of promoting itself, and a leader whose
@@ -87,7 +88,7 @@ type Config struct {
 	// the group's pool. The node closes it.
 	Coordinator      *coordinator.Coordinator
 	StandbyLossAfter time.Duration
-	// Group names the pair (replicate/identity.go): a primary streams
+	// Group names the pair (package replicate/admission): a primary streams
 	// under it, a standby follows only its primaries. Empty: the
 	// coordinator's group with one, else the first primary's id, which a
 	// promoted standby carries on.

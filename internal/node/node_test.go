@@ -18,6 +18,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 var key = []byte("node-test-key-0123456789abcdef01")
@@ -160,7 +161,7 @@ func TestLostHandOverChangesNothing(t *testing.T) {
 	var dropped atomic.Int32
 	cfgA := config(t, "unix://"+filepath.Join(dir, "a.sock"))
 	cfgA.ReplicateTo = []string{lnB.Addr().String()}
-	cfgA.Faults = func(m replicate.Message) bool {
+	cfgA.Faults = func(m link.Message) bool {
 		if m.Type == "promote" {
 			dropped.Add(1)
 			return false

@@ -11,6 +11,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Promotion records one takeover.
@@ -274,12 +275,12 @@ type VerifyOptions struct {
 
 // Verify compares every object on this primary and its standby at one log
 // position (see VerifyOptions).
-func (n *Node) Verify(opts VerifyOptions, timeout time.Duration) (replicate.Report, error) {
+func (n *Node) Verify(opts VerifyOptions, timeout time.Duration) (verify.Report, error) {
 	r := n.replication()
 	if r == nil || r.first() == nil {
-		return replicate.Report{}, errNotReplicating
+		return verify.Report{}, errNotReplicating
 	}
-	point := func(id uint64) []replicate.ObjectSum { return n.srv.VerifyPoint(id, opts.Apertures) }
+	point := func(id uint64) []verify.ObjectSum { return n.srv.VerifyPoint(id, opts.Apertures) }
 	rep, err := r.first().Verify(point, timeout)
 	if err != nil || !opts.Repair || rep.Match {
 		return rep, err

@@ -15,7 +15,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // trioTTL is the trio's lease: three nodes and etcd in one race-enabled
@@ -133,7 +133,7 @@ func TestCommitWaitsForKStandbys(t *testing.T) {
 	var s2 string
 	tr := startTrio(t, func(cfg *node.Config) {
 		s2 = cfg.ReplicateTo[1]
-		cfg.Faults = func(m replicate.Message) bool {
+		cfg.Faults = func(m link.Message) bool {
 			for hold.Load() && m.Peer == s2 && m.Type == "record" {
 				time.Sleep(time.Millisecond) // records to s2 are late
 			}

@@ -100,7 +100,7 @@ type Replication struct {
 	RefusedPeers      RefusedPeers `json:"refused_peers"`
 	// Group and PrimaryID: the pair's group and the primary's id, this
 	// node's own (to_standby) or the primary's it follows (from_primary;
-	// "" before it followed one). replicate/identity.go says what they
+	// "" before it followed one). Package replicate/admission says what they
 	// mean.
 	Group     string `json:"group"`
 	PrimaryID string `json:"primary_id"`
@@ -110,7 +110,7 @@ type Replication struct {
 }
 
 // RefusedPeers counts refused replication links by reason
-// (replicate.RefuseReason; vgpuha_standby_refused_peers_total and
+// (admission.RefuseReason; vgpuha_standby_refused_peers_total and
 // vgpuha_replication_refused_peers_total carry it as the reason label).
 type RefusedPeers struct {
 	Auth         uint64 `json:"auth"`

@@ -16,7 +16,7 @@ import (
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // ResyncOptions sets the resync benchmark's sizes.
@@ -90,7 +90,7 @@ type ResyncBenchRow struct {
 	Restarts        uint64  `json:"resync_restarts"`
 	Verified        bool    `json:"verified"`
 	// Mismatches are what verify found different (none when Verified).
-	Mismatches []replicate.Mismatch `json:"mismatches,omitempty"`
+	Mismatches []verify.Mismatch `json:"mismatches,omitempty"`
 }
 
 // Resync measures a standby joining a primary whose guests hold Sizes of

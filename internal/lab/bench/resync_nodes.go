@@ -12,6 +12,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // resyncNodes is where a resync row's primary and standby run: inside
@@ -24,7 +25,7 @@ type resyncNodes interface {
 	startStandby() error
 	waitProtected(time.Duration) error
 	lastResync() (drill.ResyncFigures, error)
-	verify() (replicate.Report, error)
+	verify() (verify.Report, error)
 	close()
 }
 
@@ -74,7 +75,7 @@ type clusterNodes struct{ c *cluster.Cluster }
 func (n clusterNodes) guest(name string) (*pvdriver.Client, error) { return n.c.Guest(name) }
 func (n clusterNodes) startStandby() error                         { return n.c.StartStandby() }
 func (n clusterNodes) waitProtected(d time.Duration) error         { return n.c.WaitProtected(d) }
-func (n clusterNodes) verify() (replicate.Report, error)           { return n.c.Verify() }
+func (n clusterNodes) verify() (verify.Report, error)              { return n.c.Verify() }
 func (n clusterNodes) close()                                      { n.c.Close() }
 
 func (n clusterNodes) lastResync() (drill.ResyncFigures, error) {
@@ -99,7 +100,7 @@ func (n processNodes) guest(name string) (*pvdriver.Client, error) {
 func (n processNodes) startStandby() error                      { return n.n.StartStandby() }
 func (n processNodes) waitProtected(d time.Duration) error      { return n.n.WaitProtected(d) }
 func (n processNodes) lastResync() (drill.ResyncFigures, error) { return n.n.LastResync() }
-func (n processNodes) verify() (replicate.Report, error)        { return n.n.Verify(5 * time.Minute) }
+func (n processNodes) verify() (verify.Report, error)           { return n.n.Verify(5 * time.Minute) }
 
 func (n processNodes) close() {
 	n.n.Close()

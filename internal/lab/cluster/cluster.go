@@ -24,6 +24,8 @@ import (
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Options configure a cluster.
@@ -65,7 +67,7 @@ type Options struct {
 	// (default) or "shm+unix" (shared memory; plain unix is served too).
 	GuestScheme string
 	// Faults sees every replication message the primary sends.
-	Faults replicate.FaultHook
+	Faults link.FaultHook
 	// ResyncRate, ResyncBudgetBytes and ResyncGuestShare configure the
 	// primary's resync.
 	ResyncRate, ResyncBudgetBytes int64
@@ -277,9 +279,9 @@ func (c *Cluster) WaitProtected(timeout time.Duration) error {
 
 // Verify compares every object on primary and standby, and each
 // aperture's file byte by byte with both device copies.
-func (c *Cluster) Verify() (replicate.Report, error) {
+func (c *Cluster) Verify() (verify.Report, error) {
 	if err := c.WaitProtected(30 * time.Second); err != nil {
-		return replicate.Report{}, err
+		return verify.Report{}, err
 	}
 	return c.PrimaryNode.Verify(node.VerifyOptions{Apertures: true}, 30*time.Second)
 }

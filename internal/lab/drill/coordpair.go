@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/internal/coordinator"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/etcdproc"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
 )
 
@@ -25,7 +27,7 @@ const (
 // the standby and etcd while guests still reach it. Everything runs on
 // loopback.
 type coordinated struct {
-	etcd     *etcdCluster
+	etcd     *etcdproc.Cluster
 	link     *etcdtest.Proxy   // primary → standby replication
 	toEtcd   []*etcdtest.Proxy // primary → each etcd member
 	poolAddr string            // where the pair's pool standby takes a stream
@@ -42,12 +44,12 @@ func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlag
 		return nil, err
 	}
 	c := &coordinated{poolEP: "unix://" + filepath.Join(p.dir, "pool.sock"), ttl: ttl}
-	p.coord, p.pool = c, newAgent(filepath.Join(p.dir, "pool-admin.sock"))
+	p.coord, p.pool = c, nodeproc.New(filepath.Join(p.dir, "pool-admin.sock"))
 	if err := c.connect(bin, p.dir); err != nil {
 		p.stop()
 		return nil, err
 	}
-	standbyAddr, err := freeAddr()
+	standbyAddr, err := nodeproc.FreeAddr()
 	if err != nil {
 		p.stop()
 		return nil, err
@@ -56,25 +58,25 @@ func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlag
 		p.stop()
 		return nil, err
 	}
-	direct := c.flags("etcd://" + strings.Join(c.etcd.endpoints(), ","))
+	direct := c.flags("etcd://" + strings.Join(c.etcd.Endpoints(), ","))
 	if err := p.start(p.standby, bin, "standby", "", append([]string{"--backend", backend, "--listen", "tcp://" + standbyAddr, "--replicate.key-file", p.keyFile,
-		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode(), "--coordinator.id", "standby",
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.Admin, "--mmio", mmioMode(), "--coordinator.id", "standby",
 		"--coordinator.advertise", "tcp://" + c.link.Addr()}, direct...)...); err != nil {
 		p.stop()
 		return nil, err
 	}
 	if err := p.startNamed(p.pool, "pool", bin, "standby", "", append([]string{"--backend", backend, "--listen", "tcp://" + c.poolAddr, "--replicate.key-file", p.keyFile,
-		"--guest-listen", c.poolEP, "--admin-listen", p.pool.admin, "--mmio", mmioMode(), "--coordinator.id", "pool"}, direct...)...); err != nil {
+		"--guest-listen", c.poolEP, "--admin-listen", p.pool.Admin, "--mmio", mmioMode(), "--coordinator.id", "pool"}, direct...)...); err != nil {
 		p.stop()
 		return nil, err
 	}
 	if err := p.start(p.primary, bin, "primary", "", append([]string{"--backend", backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://" + c.link.Addr(),
-		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode(), "--coordinator.id", "primary",
+		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.Admin, "--mmio", mmioMode(), "--coordinator.id", "primary",
 		"--coordinator.standby-timeout", drillStandbyAfter}, c.flags(c.proxiedURL())...)...); err != nil {
 		p.stop()
 		return nil, err
 	}
-	if err := waitFor(15*time.Second, func() bool { return p.pool.healthy() && c.standbyInSync(c.link.Addr()) }); err != nil {
+	if err := nodeproc.WaitFor(15*time.Second, func() bool { return p.pool.Healthy() && c.standbyInSync(c.link.Addr()) }); err != nil {
 		p.stopKeepingLogs()
 		return nil, fmt.Errorf("the group never recorded its standby in sync (logs in %s): %w", p.dir, err)
 	}
@@ -85,17 +87,17 @@ func startCoordinatedPair(bin, backend, mode string, ttl time.Duration, nodeFlag
 // it through, and picks the pool standby's address.
 func (c *coordinated) connect(bin, dir string) error {
 	var err error
-	if c.etcd, err = startEtcd(bin, dir); err != nil {
+	if c.etcd, err = etcdproc.Start(bin, dir); err != nil {
 		return err
 	}
-	for _, ep := range c.etcd.endpoints() {
+	for _, ep := range c.etcd.Endpoints() {
 		px, err := etcdtest.Listen(ep)
 		if err != nil {
 			return err
 		}
 		c.toEtcd = append(c.toEtcd, px)
 	}
-	c.poolAddr, err = freeAddr()
+	c.poolAddr, err = nodeproc.FreeAddr()
 	return err
 }
 
@@ -117,7 +119,7 @@ func (c *coordinated) proxiedURL() string {
 func (c *coordinated) group() (coordinator.GroupStatus, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	gs, err := coordinator.Groups(ctx, c.etcd.cli)
+	gs, err := coordinator.Groups(ctx, c.etcd.Client())
 	if err != nil {
 		return coordinator.GroupStatus{}, err
 	}
@@ -152,6 +154,6 @@ func (c *coordinated) stop() {
 		px.Close()
 	}
 	if c.etcd != nil {
-		c.etcd.stop()
+		c.etcd.Stop()
 	}
 }

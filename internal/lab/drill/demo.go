@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
 	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/mmiotrace"
@@ -34,8 +35,8 @@ type DemoResult struct {
 	Round2Verified bool // verified, and equal to round 1
 	KilledAfter    string
 	Killed         time.Time
-	StandbyRole    string     // after round 2
-	Promotion      *Promotion // the standby's, nil if it never took over
+	StandbyRole    string              // after round 2
+	Promotion      *nodeproc.Promotion // the standby's, nil if it never took over
 	Failovers      []pvdriver.Failover
 	// The aperture guest wrote mapped device memory across the kill.
 	AperturePID int
@@ -67,9 +68,9 @@ func Demo(o DemoOptions) (*DemoResult, error) {
 			p.stop()
 		}
 	}()
-	res := &DemoResult{PrimaryPID: p.primary.cmd.Process.Pid, StandbyPID: p.standby.cmd.Process.Pid}
+	res := &DemoResult{PrimaryPID: p.primary.Cmd.Process.Pid, StandbyPID: p.standby.Cmd.Process.Pid}
 	var pst struct{ Backend string }
-	p.primary.status(&pst)
+	p.primary.Status(&pst)
 	res.Backend = pst.Backend
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -84,9 +85,9 @@ func Demo(o DemoOptions) (*DemoResult, error) {
 	}
 	var sst struct {
 		Role      string
-		Promotion *Promotion
+		Promotion *nodeproc.Promotion
 	}
-	p.standby.status(&sst)
+	p.standby.Status(&sst)
 	res.StandbyRole, res.Promotion, res.Failovers = sst.Role, sst.Promotion, c.Failovers()
 	if keepLogs = !res.Passed(); keepLogs {
 		return res, fmt.Errorf("failover demo failed (logs in %s)", p.dir)
@@ -115,7 +116,7 @@ func (res *DemoResult) rounds(c *pvdriver.Client, p *pair, bin string) error {
 	killAfterFirst := func(i int, r workload.Result) {
 		if i == 0 {
 			res.Killed, res.KilledAfter = time.Now(), r.Name
-			p.primary.cmd.Process.Kill()
+			p.primary.Cmd.Process.Kill()
 			ap.resume()
 		}
 	}

@@ -5,9 +5,9 @@
 // the pair, run the workload, strike with the fault table's row at a
 // chosen launch, check what the row expects, and compare the guest's
 // results with a fault-free run's. The agents are separate processes,
-// reached through their flags and admin endpoints only. A soak (soak.go)
-// kills the primary of a two-node pair again and again for as long as it
-// runs, restarting each killed node as the next standby.
+// reached through their flags and admin endpoints only (package
+// nodeproc); a coordinated pair adds an etcd cluster of member processes
+// (package etcdproc). The kill soak is package soak.
 package drill
 
 import (
@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -311,7 +312,7 @@ func summarize(o Options, recs []Record) Report {
 			det = append(det, r.DetectionMS)
 		}
 	}
-	rep.DetectionMS, rep.PauseMS = quantilesOf(det), quantilesOf(pause)
+	rep.DetectionMS, rep.PauseMS = QuantilesOf(det), QuantilesOf(pause)
 	rep.Faults = summarizeFaults(recs)
 	return rep
 }
@@ -351,13 +352,14 @@ func summarizeFaults(recs []Record) []FaultSummary {
 	out := make([]FaultSummary, 0, len(order))
 	for _, k := range order {
 		s, v := sums[k], vals[k]
-		s.DetectionMS, s.PauseMS, s.BothServingMS = quantilesOf(v.det), quantilesOf(v.pause), quantilesOf(v.both)
+		s.DetectionMS, s.PauseMS, s.BothServingMS = QuantilesOf(v.det), QuantilesOf(v.pause), QuantilesOf(v.both)
 		out = append(out, *s)
 	}
 	return out
 }
 
-func quantilesOf(v []float64) Quantiles {
+// QuantilesOf summarizes v (the drill's and the soak's figures).
+func QuantilesOf(v []float64) Quantiles {
 	if len(v) == 0 {
 		return Quantiles{}
 	}
@@ -407,7 +409,7 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 	}
 	r.rec.RolledBack = r.rolledBack
 	if r.pair != nil {
-		r.rec.Promoted = r.pair.standby.promotion() != nil || (r.pair.pool != nil && r.pair.pool.promotion() != nil)
+		r.rec.Promoted = r.pair.standby.Promotion() != nil || (r.pair.pool != nil && r.pair.pool.Promotion() != nil)
 	}
 	if r.guest != nil {
 		var since time.Time
@@ -570,8 +572,8 @@ func (r *run) workload() error {
 // and the guest's failovers.
 func (r *run) check() error {
 	if r.fault.takeover {
-		var p *Promotion
-		if waitFor(5*time.Second, func() bool { p = r.pair.standby.promotion(); return p != nil }) != nil {
+		var p *nodeproc.Promotion
+		if nodeproc.WaitFor(5*time.Second, func() bool { p = r.pair.standby.Promotion(); return p != nil }) != nil {
 			return errors.New("standby was not promoted")
 		}
 		r.rec.DetectionMS = p.DetectionSeconds * 1000

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
@@ -134,9 +135,9 @@ func blackout(d time.Duration) func(*run) error {
 // freezeFor stops the primary for d.
 func freezeFor(d time.Duration) func(*run) error {
 	return func(r *run) error {
-		r.pair.primary.signal(syscall.SIGSTOP)
+		r.pair.primary.Signal(syscall.SIGSTOP)
 		time.Sleep(d) // the fault itself
-		r.pair.primary.signal(syscall.SIGCONT)
+		r.pair.primary.Signal(syscall.SIGCONT)
 		return nil
 	}
 }
@@ -156,12 +157,12 @@ func nothingMovedAfterFreeze(r *run) error {
 func freezeEtcd(d time.Duration) func(*run) error {
 	return func(r *run) error {
 		etcd := r.pair.coord.etcd
-		if err := etcd.signalAll(syscall.SIGSTOP); err != nil {
+		if err := etcd.SignalAll(syscall.SIGSTOP); err != nil {
 			return err
 		}
 		go func() {
 			time.Sleep(d) // the fault itself
-			etcd.signalAll(syscall.SIGCONT)
+			etcd.SignalAll(syscall.SIGCONT)
 		}()
 		return nil
 	}
@@ -170,10 +171,10 @@ func freezeEtcd(d time.Duration) func(*run) error {
 // promotedOldFenced: a silence past the detector's threshold promoted the
 // standby, and the old primary, back, learned it and stopped serving.
 func promotedOldFenced(r *run) error {
-	if err := waitFor(5*time.Second, func() bool { return r.pair.standby.promotion() != nil }); err != nil {
+	if err := nodeproc.WaitFor(5*time.Second, func() bool { return r.pair.standby.Promotion() != nil }); err != nil {
 		return errors.New("the standby did not take over")
 	}
-	if r.rec.Fenced = r.pair.primary.fenced(10 * time.Second); !r.rec.Fenced {
+	if r.rec.Fenced = r.pair.primary.Fenced(10 * time.Second); !r.rec.Fenced {
 		return errors.New("the old primary still serves after the takeover")
 	}
 	return nil
@@ -182,9 +183,9 @@ func promotedOldFenced(r *run) error {
 // freezeStandby stops the standby for d while the primary keeps sending.
 func freezeStandby(d time.Duration) func(*run) error {
 	return func(r *run) error {
-		r.pair.standby.signal(syscall.SIGSTOP)
+		r.pair.standby.Signal(syscall.SIGSTOP)
 		time.Sleep(d) // the fault itself: how long the standby stalls
-		r.pair.standby.signal(syscall.SIGCONT)
+		r.pair.standby.Signal(syscall.SIGCONT)
 		return nil
 	}
 }
@@ -246,11 +247,11 @@ func faultNames(keep func(*fault) bool) []string {
 	return names
 }
 
-func killPrimary(r *run) error { return r.pair.primary.cmd.Process.Kill() }
+func killPrimary(r *run) error { return r.pair.primary.Cmd.Process.Kill() }
 
-func freezePrimary(r *run) error { return r.pair.primary.cmd.Process.Signal(syscall.SIGSTOP) }
+func freezePrimary(r *run) error { return r.pair.primary.Cmd.Process.Signal(syscall.SIGSTOP) }
 
-func killStandby(r *run) error { return r.pair.standby.cmd.Process.Kill() }
+func killStandby(r *run) error { return r.pair.standby.Cmd.Process.Kill() }
 
 func cutGuest(r *run) error {
 	r.proxy.Cut()
@@ -259,7 +260,7 @@ func cutGuest(r *run) error {
 
 // switchover asks the primary to hand over while the guest keeps going.
 func switchover(r *run) error {
-	go r.pair.primary.post("/switchover", 30*time.Second)
+	go r.pair.primary.Post("/switchover", 30*time.Second)
 	return nil
 }
 
@@ -270,7 +271,7 @@ func partition(r *run) error {
 		return fmt.Errorf("cutting the link: %w", err)
 	}
 	go func() {
-		waitFor(5*time.Second, func() bool { return r.pair.standby.promotion() != nil })
+		nodeproc.WaitFor(5*time.Second, func() bool { return r.pair.standby.Promotion() != nil })
 		time.Sleep(partitionOutlasts)
 		r.pair.partition(false)
 	}()
@@ -290,15 +291,15 @@ func poolStandbyProtects(r *run) error {
 		Replication struct{ State, Peer string }
 	}
 	want := "tcp://" + r.pair.coord.poolAddr
-	err := waitFor(standbyReplacedWithin+resyncTime(r.rec.StateBytes), func() bool {
-		return r.pair.primary.status(&st) == nil && st.Replication.State == "protected" &&
+	err := nodeproc.WaitFor(standbyReplacedWithin+resyncTime(r.rec.StateBytes), func() bool {
+		return r.pair.primary.Status(&st) == nil && st.Replication.State == "protected" &&
 			strings.TrimPrefix(st.Replication.Peer, "tcp://") == strings.TrimPrefix(want, "tcp://")
 	})
 	if err != nil {
 		return fmt.Errorf("the pool standby never protected the primary (replication %+v): %w", st.Replication, err)
 	}
 	r.rec.ReprotectedMS = float64(time.Since(r.struck).Microseconds()) / 1000
-	if r.pair.pool.promotion() != nil || r.pair.primary.fenced(0) {
+	if r.pair.pool.Promotion() != nil || r.pair.primary.Fenced(0) {
 		return errors.New("a node took over, or the primary stopped, while only its standby was lost")
 	}
 	return nil
@@ -306,11 +307,11 @@ func poolStandbyProtects(r *run) error {
 
 // killEtcdLeader kills the member leading etcd's raft.
 func killEtcdLeader(r *run) error {
-	i, err := r.pair.coord.etcd.leader()
+	i, err := r.pair.coord.etcd.Leader()
 	if err != nil {
 		return err
 	}
-	return r.pair.coord.etcd.kill(i)
+	return r.pair.coord.etcd.Kill(i)
 }
 
 // etcdSettles is how long after an etcd member died the drill checks
@@ -321,10 +322,10 @@ const etcdSettles = 2 * time.Second
 // serves and nobody took over.
 func nothingMoved(r *run) error {
 	time.Sleep(time.Until(r.struck.Add(etcdSettles)))
-	if r.pair.primary.fenced(0) {
+	if r.pair.primary.Fenced(0) {
 		return errors.New("the primary stopped serving although etcd kept its quorum")
 	}
-	if r.pair.standby.promotion() != nil || r.pair.pool.promotion() != nil {
+	if r.pair.standby.Promotion() != nil || r.pair.pool.Promotion() != nil {
 		return errors.New("a standby took over although the primary was healthy")
 	}
 	return nil
@@ -333,15 +334,15 @@ func nothingMoved(r *run) error {
 // thawedPrimaryFenced thaws the frozen primary, which must learn the newer
 // term and stop serving instead of acting as a second primary.
 func thawedPrimaryFenced(r *run) error {
-	r.pair.primary.signal(syscall.SIGCONT)
-	if r.rec.Fenced = r.pair.primary.fenced(5 * time.Second); !r.rec.Fenced {
+	r.pair.primary.Signal(syscall.SIGCONT)
+	if r.rec.Fenced = r.pair.primary.Fenced(5 * time.Second); !r.rec.Fenced {
 		return errors.New("thawed primary was not fenced")
 	}
 	return nil
 }
 
 func oldPrimaryFenced(r *run) error {
-	if r.rec.Fenced = r.pair.primary.fenced(0); !r.rec.Fenced {
+	if r.rec.Fenced = r.pair.primary.Fenced(0); !r.rec.Fenced {
 		return errors.New("old primary still serving after the switchover")
 	}
 	return nil
@@ -358,13 +359,13 @@ func failBack(r *run) error {
 	if err := waitResynced(r.pair.standby, r.rec.StateBytes, r.note); err != nil {
 		return fmt.Errorf("the rejoined standby: %w", err)
 	}
-	if _, err := r.pair.standby.post("/switchover", 30*time.Second); err != nil {
+	if _, err := r.pair.standby.Post("/switchover", 30*time.Second); err != nil {
 		return fmt.Errorf("switching back: %w", err)
 	}
-	if waitFor(5*time.Second, func() bool { return r.pair.rejoined.promotion() != nil }) != nil {
+	if nodeproc.WaitFor(5*time.Second, func() bool { return r.pair.rejoined.Promotion() != nil }) != nil {
 		return errors.New("the rejoined host did not take the primary role back")
 	}
-	if r.rec.Fenced = r.pair.standby.fenced(5 * time.Second); !r.rec.Fenced {
+	if r.rec.Fenced = r.pair.standby.Fenced(5 * time.Second); !r.rec.Fenced {
 		return errors.New("the node that switched back still serves")
 	}
 	return nil
@@ -377,7 +378,7 @@ const promotionSettles = 600 * time.Millisecond
 
 func standbyNotPromoted(r *run) error {
 	time.Sleep(promotionSettles)
-	if r.pair.standby.promotion() != nil {
+	if r.pair.standby.Promotion() != nil {
 		return fmt.Errorf("the standby took over after %s", r.fault.help)
 	}
 	return nil
@@ -393,7 +394,7 @@ func standbyNotPromoted(r *run) error {
 // held its replies while the standby was unreachable, so that it forgot
 // nothing and the drill's comparison finds every launch on the new primary.
 func partitionFenced(r *run) error {
-	if r.rec.Fenced = r.pair.primary.fenced(10 * time.Second); !r.rec.Fenced {
+	if r.rec.Fenced = r.pair.primary.Fenced(10 * time.Second); !r.rec.Fenced {
 		return errors.New("the old primary was not fenced after the partition healed")
 	}
 	if r.pair.coord != nil {

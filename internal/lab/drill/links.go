@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"strings"
 	"time"
+
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 )
 
 // linkCut drops every packet on a veth link, both ways, and lets them
@@ -63,7 +65,7 @@ func (c *linkCut) set(cut bool) error {
 		}
 	}
 	for _, e := range c.ends {
-		err := waitFor(2*time.Second, func() bool {
+		err := nodeproc.WaitFor(2*time.Second, func() bool {
 			out, err := exec.Command("tc", "-n", e.ns, "qdisc", "show", "dev", e.dev, "root").Output()
 			return err == nil && dropsAll(string(out)) == cut
 		})

@@ -6,7 +6,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
+	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Nodes is a primary and a standby running as processes of their own on
@@ -70,7 +71,7 @@ func (n *Nodes) StartStandby() error { return n.p.startStandby() }
 
 // WaitProtected waits until the primary says its standby protects it.
 func (n *Nodes) WaitProtected(d time.Duration) error {
-	if err := waitFor(d, n.p.protected); err != nil {
+	if err := nodeproc.WaitFor(d, n.p.protected); err != nil {
 		n.keepLogs = true
 		return fmt.Errorf("the standby never protected the primary (logs in %s): %w", n.p.dir, err)
 	}
@@ -91,14 +92,14 @@ type ResyncFigures struct {
 // LastResync reads the primary's figures of its last resync.
 func (n *Nodes) LastResync() (ResyncFigures, error) {
 	var st struct{ Replication ResyncFigures }
-	err := n.p.primary.status(&st)
+	err := n.p.primary.Status(&st)
 	return st.Replication, err
 }
 
 // Verify asks the primary to compare every object with the standby's.
-func (n *Nodes) Verify(timeout time.Duration) (replicate.Report, error) {
-	var rep replicate.Report
-	body, err := n.p.primary.do(http.MethodPost, "/verify", timeout)
+func (n *Nodes) Verify(timeout time.Duration) (verify.Report, error) {
+	var rep verify.Report
+	body, err := n.p.primary.Do(http.MethodPost, "/verify", timeout)
 	if err == nil {
 		err = json.Unmarshal(body, &rep)
 	}

@@ -1,108 +1,19 @@
 package drill
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 )
-
-// agent is one node: a `vgpuha primary` or `vgpuha standby` process and
-// its admin endpoint (a unix socket, reachable from any namespace).
-type agent struct {
-	cmd   *exec.Cmd
-	admin string // unix:///path
-	http  *http.Client
-}
-
-func newAgent(adminSock string) *agent {
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", adminSock)
-	}}
-	return &agent{admin: "unix://" + adminSock, http: &http.Client{Transport: tr}}
-}
-
-// do sends one admin request and returns the body of a 200 reply.
-func (a *agent) do(method, path string, timeout time.Duration) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, "http://admin"+path, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := a.http.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, body)
-	}
-	return body, nil
-}
-
-// status decodes the node's /status into v.
-func (a *agent) status(v any) error {
-	body, err := a.do(http.MethodGet, "/status", 2*time.Second)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(body, v)
-}
-
-// post POSTs to an admin path (/switchover, /epoch) and returns the reply.
-func (a *agent) post(path string, timeout time.Duration) ([]byte, error) {
-	return a.do(http.MethodPost, path, timeout)
-}
-
-// healthy reports whether the node's admin endpoint answers /healthz.
-func (a *agent) healthy() bool {
-	_, err := a.do(http.MethodGet, "/healthz", time.Second)
-	return err == nil
-}
-
-// promotion returns the standby's takeover record, nil before one.
-func (a *agent) promotion() *Promotion {
-	var st struct{ Promotion *Promotion }
-	if a.status(&st) != nil {
-		return nil
-	}
-	return st.Promotion
-}
-
-// Promotion is the part of a standby's /status that records its takeover.
-type Promotion struct {
-	Term             uint64
-	DetectionSeconds float64 `json:"detection_seconds"`
-	PromotionSeconds float64 `json:"promotion_seconds"`
-	Serving          time.Time
-}
-
-// fenced waits up to d (0: asks once) for the node to answer that it no
-// longer serves as the primary.
-func (a *agent) fenced(d time.Duration) bool {
-	return waitFor(d, func() bool {
-		var st struct{ Serving bool }
-		return a.status(&st) == nil && !st.Serving
-	}) == nil
-}
-
-// signal sends sig to the node's process.
-func (a *agent) signal(sig os.Signal) { a.cmd.Process.Signal(sig) }
 
 // pair is a primary and a standby running as child processes of the vgpuha
 // binary, sharing a fresh replication key: on loopback, or each in its own
@@ -111,7 +22,7 @@ func (a *agent) signal(sig os.Signal) { a.cmd.Process.Signal(sig) }
 // endpoints.
 type pair struct {
 	dir                  string
-	primary, standby     *agent
+	primary, standby     *nodeproc.Node
 	primaryEP, standbyEP string
 	netns                [2]string // primary's, standby's; empty on loopback
 	// cut drops every packet on the veth link between the namespaces
@@ -120,7 +31,7 @@ type pair struct {
 	// rejoined is the old primary's host back as a standby of the promoted
 	// one (the failback fault), listening on rejoinAddr, where the standby
 	// replicates to once promoted.
-	rejoined              *agent
+	rejoined              *nodeproc.Node
 	rejoinAddr            string
 	bin, backend, keyFile string
 	// standbyBackend is the standby's backend when not backend's;
@@ -137,7 +48,7 @@ type pair struct {
 	// coord is set when a coordinator decides the roles; pool is its
 	// third node.
 	coord *coordinated
-	pool  *agent
+	pool  *nodeproc.Node
 }
 
 // NetnsAvailable reports whether network namespaces can be made here.
@@ -162,7 +73,7 @@ func newPair(bin, backend string, nodeFlags []string, standbyFlags ...string) (*
 		return nil, err
 	}
 	p := &pair{dir: dir, bin: bin, backend: backend, nodeFlags: nodeFlags, standbyFlags: standbyFlags,
-		primary: newAgent(filepath.Join(dir, "primary-admin.sock")), standby: newAgent(filepath.Join(dir, "standby-admin.sock")),
+		primary: nodeproc.New(filepath.Join(dir, "primary-admin.sock")), standby: nodeproc.New(filepath.Join(dir, "standby-admin.sock")),
 		primaryEP: "unix://" + filepath.Join(dir, "primary.sock"), standbyEP: "unix://" + filepath.Join(dir, "standby.sock")}
 	key := make([]byte, 32)
 	rand.Read(key)
@@ -203,15 +114,15 @@ func (p *pair) launch(mode string, netns bool, scheme string, standbyLater bool)
 		}
 	}
 	args := append([]string{"--backend", p.backend, "--guest-listen", p.primaryEP, "--replicate-to", "tcp://" + p.replAddr,
-		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.admin, "--mmio", mmioMode()}, p.primaryFlags...)
+		"--replicate.key-file", p.keyFile, "--mode", mode, "--admin-listen", p.primary.Admin, "--mmio", mmioMode()}, p.primaryFlags...)
 	if err := p.start(p.primary, p.bin, "primary", p.netns[0], args...); err != nil {
 		p.stop()
 		return err
 	}
 	if standbyLater {
-		err = waitFor(10*time.Second, p.primary.healthy)
+		err = nodeproc.WaitFor(10*time.Second, p.primary.Healthy)
 	} else {
-		err = waitFor(10*time.Second, func() bool { return p.standby.healthy() && p.protected() })
+		err = nodeproc.WaitFor(10*time.Second, func() bool { return p.standby.Healthy() && p.protected() })
 	}
 	if err != nil {
 		p.stopKeepingLogs()
@@ -229,13 +140,13 @@ func (p *pair) startStandby() error {
 		backend = p.standbyBackend
 	}
 	return p.start(p.standby, p.bin, "standby", p.netns[1], "--backend", backend, "--listen", "tcp://"+p.replAddr, "--replicate.key-file", p.keyFile,
-		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.admin, "--mmio", mmioMode(), "--replicate-to", "tcp://"+p.rejoinAddr)
+		"--guest-listen", p.standbyEP, "--admin-listen", p.standby.Admin, "--mmio", mmioMode(), "--replicate-to", "tcp://"+p.rejoinAddr)
 }
 
 // protected reports whether the pair's primary says it is protected.
 func (p *pair) protected() bool {
 	var st struct{ Replication struct{ State string } }
-	return p.primary.status(&st) == nil && st.Replication.State == "protected"
+	return p.primary.Status(&st) == nil && st.Replication.State == "protected"
 }
 
 // replicationAddr returns where the standby listens for the primary: a
@@ -245,10 +156,10 @@ func (p *pair) protected() bool {
 func (p *pair) replicationAddr(netns bool) (string, error) {
 	if !netns {
 		var err error
-		if p.rejoinAddr, err = freeAddr(); err != nil {
+		if p.rejoinAddr, err = nodeproc.FreeAddr(); err != nil {
 			return "", err
 		}
-		return freeAddr()
+		return nodeproc.FreeAddr()
 	}
 	pairSeq++
 	id := fmt.Sprintf("%d-%d", os.Getpid()%100000, pairSeq)
@@ -290,48 +201,38 @@ func (p *pair) servingEndpoints() []string {
 	return eps
 }
 
-// freeAddr returns a loopback HOST:PORT nobody listens on now.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
 // rejoin starts a standby on the old primary's host (its namespace,
 // replication address and guest endpoint), for the promoted node to
 // resync and later hand the primary role back to.
 func (p *pair) rejoin() error {
-	p.rejoined = newAgent(filepath.Join(p.dir, "rejoined-admin.sock"))
+	p.rejoined = nodeproc.New(filepath.Join(p.dir, "rejoined-admin.sock"))
 	return p.start(p.rejoined, p.bin, "standby", p.netns[0], "--backend", p.backend, "--listen", "tcp://"+p.rejoinAddr,
-		"--replicate.key-file", p.keyFile, "--guest-listen", p.primaryEP, "--admin-listen", p.rejoined.admin, "--mmio", mmioMode())
+		"--replicate.key-file", p.keyFile, "--guest-listen", p.primaryEP, "--admin-listen", p.rejoined.Admin, "--mmio", mmioMode())
 }
 
 // start runs `bin role args...` as a, in namespace ns unless it is empty,
 // logging to role.log in the pair's directory.
-func (p *pair) start(a *agent, bin, role, ns string, args ...string) error {
+func (p *pair) start(a *nodeproc.Node, bin, role, ns string, args ...string) error {
 	return p.startNamed(a, role, bin, role, ns, args...)
 }
 
 // startNamed is start logging to name.log.
-func (p *pair) startNamed(a *agent, name, bin, role, ns string, args ...string) error {
+func (p *pair) startNamed(a *nodeproc.Node, name, bin, role, ns string, args ...string) error {
 	args = append(append([]string{role}, args...), p.nodeFlags...)
 	if role == "standby" {
 		args = append(args, p.standbyFlags...)
 	}
-	a.cmd = exec.Command(bin, args...)
+	a.Cmd = exec.Command(bin, args...)
 	if ns != "" {
-		a.cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
+		a.Cmd = exec.Command("ip", append([]string{"netns", "exec", ns, bin}, args...)...)
 	}
 	logf, err := os.Create(filepath.Join(p.dir, name+".log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close() // the child holds its own descriptor
-	a.cmd.Stderr = logf
-	return a.cmd.Start()
+	a.Cmd.Stderr = logf
+	return a.Cmd.Start()
 }
 
 // partition cuts (or heals) the primary's paths to the standby and, with
@@ -356,16 +257,16 @@ func (p *pair) stop() {
 // stopKeepingLogs kills both nodes and removes their namespaces; the
 // directory with their logs stays for whoever is told where it is.
 func (p *pair) stopKeepingLogs() {
-	for _, a := range []*agent{p.primary, p.standby, p.rejoined, p.pool} {
+	for _, a := range []*nodeproc.Node{p.primary, p.standby, p.rejoined, p.pool} {
 		if a == nil {
 			continue
 		}
-		if c := a.cmd; c != nil && c.Process != nil {
+		if c := a.Cmd; c != nil && c.Process != nil {
 			c.Process.Signal(syscall.SIGCONT)
 			c.Process.Kill()
 			c.Wait()
 		}
-		a.http.CloseIdleConnections()
+		a.HTTP.CloseIdleConnections()
 	}
 	if p.cut != nil {
 		p.cut.stop()
@@ -378,18 +279,6 @@ func (p *pair) stopKeepingLogs() {
 	if p.coord != nil {
 		p.coord.stop()
 	}
-}
-
-// waitFor polls ok every 20 ms until it holds or d has passed.
-func waitFor(d time.Duration, ok func() bool) error {
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %v", d)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return nil
 }
 
 // mmioMode is how the pair traces apertures: uffd where the kernel has it

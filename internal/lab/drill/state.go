@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
@@ -147,7 +148,7 @@ func resyncTime(n uint64) time.Duration { return time.Duration(n/resyncFloor) * 
 
 // waitResynced waits until a's standby protects it (a resync of up to n
 // bytes), noting the resync's progress every two seconds.
-func waitResynced(a *agent, n uint64, note func(string)) error {
+func waitResynced(a *nodeproc.Node, n uint64, note func(string)) error {
 	var st struct {
 		Replication struct {
 			State  string
@@ -160,8 +161,8 @@ func waitResynced(a *agent, n uint64, note func(string)) error {
 		}
 	}
 	start, last := time.Now(), time.Now()
-	err := waitFor(stateWait(n), func() bool {
-		if a.status(&st) != nil {
+	err := nodeproc.WaitFor(stateWait(n), func() bool {
+		if a.Status(&st) != nil {
 			return false
 		}
 		if rs := st.Replication.Resync; rs != nil && time.Since(last) > 2*time.Second {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
@@ -78,7 +79,7 @@ func (c *counters) count() (int64, error) {
 // progress only once the cut is committed on the standby. The journal is
 // the VM checkpoint a takeover restores the guest to.
 type checkpointer struct {
-	primary *agent
+	primary *nodeproc.Node
 	journal int // launches the last committed checkpoint holds
 }
 
@@ -87,7 +88,7 @@ func (c *checkpointer) cut(launched int) {
 	var cut struct {
 		Committed bool `json:"committed_on_standby"`
 	}
-	if body, err := c.primary.post("/epoch", 5*time.Second); err == nil && json.Unmarshal(body, &cut) == nil && cut.Committed {
+	if body, err := c.primary.Post("/epoch", 5*time.Second); err == nil && json.Unmarshal(body, &cut) == nil && cut.Committed {
 		c.journal = launched
 	}
 }

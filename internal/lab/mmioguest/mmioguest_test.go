@@ -19,6 +19,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // The guest runs as this test binary in its own process (and process
@@ -275,8 +276,8 @@ func TestApertureWritesDuringResync(t *testing.T) {
 	var c *cluster.Cluster
 	var ready, interleaved atomic.Bool
 	records := 0
-	hook := func(m replicate.Message) bool {
-		if !ready.Load() || m.From != replicate.FromPrimary || m.Type != "record" || !c.Sender.Status().Resync.Active {
+	hook := func(m link.Message) bool {
+		if !ready.Load() || m.From != link.FromPrimary || m.Type != "record" || !c.Sender.Status().Resync.Active {
 			return true
 		}
 		if records++; records == 2 {

@@ -1,4 +1,4 @@
-package replicate
+package link
 
 import (
 	"context"
@@ -23,13 +23,13 @@ import (
 // Protocol 5 added the primary's id (a datagram of the old size is bad).
 
 const udpMagic = "VGHB"
-const udpSize = 4 + 8 + 8 + 8 + 8 + macSize
+const udpSize = 4 + 8 + 8 + 8 + 8 + MacSize
 
 func heartbeatTag(key []byte, body []byte) []byte {
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte("vgpuha udp heartbeat"))
 	m.Write(body)
-	return m.Sum(nil)[:macSize]
+	return m.Sum(nil)[:MacSize]
 }
 
 // SendUDPHeartbeats sends primary's heartbeat datagram to addr every
@@ -84,7 +84,7 @@ func ListenUDPHeartbeats(ctx context.Context, addr string, key []byte, heard fun
 			continue
 		}
 		b := buf[:n]
-		if n != udpSize || string(b[:4]) != udpMagic || !hmac.Equal(b[n-macSize:], heartbeatTag(key, b[:n-macSize])) {
+		if n != udpSize || string(b[:4]) != udpMagic || !hmac.Equal(b[n-MacSize:], heartbeatTag(key, b[:n-MacSize])) {
 			if bad != nil {
 				bad()
 			}

@@ -1,4 +1,4 @@
-package replicate
+package link
 
 import (
 	"encoding/binary"
@@ -7,7 +7,7 @@ import (
 	"sync"
 )
 
-// inOrder runs a link's bulk frames through two stages: work (sealing or
+// InOrder runs a link's bulk frames through two stages: work (sealing or
 // opening one frame) runs on up to workers goroutines at once, finish
 // (writing it to the link, or handling it) runs one frame at a time in the
 // order the frames were submitted, on one goroutine that lives while
@@ -18,7 +18,7 @@ import (
 // what goes on the wire nor the order it is read in. Once a finish fails,
 // every later finish is told so (to release what it holds) and its frame
 // is not written or handled. One goroutine submits (submit, inline).
-type inOrder struct {
+type InOrder struct {
 	slots chan struct{} // one per work running
 
 	mu      sync.Mutex
@@ -35,23 +35,23 @@ type orderedFrame struct {
 	finish func(ok bool) bool
 }
 
-// cryptoWorkers is how many frames a link seals or opens at once: one per
+// CryptoWorkers is how many frames a link seals or opens at once: one per
 // processor, at most maxCryptoWorkers (AES-GCM runs at 2-4 GB/s a core:
 // a few keep up with a fast link, more only take cores from guests).
-func cryptoWorkers() int { return max(1, min(runtime.GOMAXPROCS(0), maxCryptoWorkers)) }
+func CryptoWorkers() int { return max(1, min(runtime.GOMAXPROCS(0), maxCryptoWorkers)) }
 
 const maxCryptoWorkers = 4
 
-func newInOrder(workers int) *inOrder {
-	o := &inOrder{slots: make(chan struct{}, workers), ok: true}
+func NewInOrder(workers int) *InOrder {
+	o := &InOrder{slots: make(chan struct{}, workers), ok: true}
 	o.drained = sync.NewCond(&o.mu)
 	return o
 }
 
-// submit runs work on its own goroutine, once fewer than workers run,
+// Submit runs work on its own goroutine, once fewer than workers run,
 // then finish in turn. finish gets whether every frame before it went
 // through, and returns whether its own did.
-func (o *inOrder) submit(work func(), finish func(ok bool) bool) {
+func (o *InOrder) Submit(work func(), finish func(ok bool) bool) {
 	f := o.enqueue(finish)
 	o.slots <- struct{}{}
 	go func() {
@@ -61,14 +61,14 @@ func (o *inOrder) submit(work func(), finish func(ok bool) bool) {
 	}()
 }
 
-// inline runs work on the caller and finish after every frame submitted
+// Inline runs work on the caller and finish after every frame submitted
 // before it finished; it returns once finish did.
-func (o *inOrder) inline(work func(), finish func(ok bool) bool) {
-	if o.pending() {
+func (o *InOrder) Inline(work func(), finish func(ok bool) bool) {
+	if o.Pending() {
 		f := o.enqueue(finish)
 		work()
 		close(f.worked)
-		o.wait()
+		o.Wait()
 		return
 	}
 	// Nothing queued, and only this goroutine submits: no frame can come
@@ -79,7 +79,7 @@ func (o *inOrder) inline(work func(), finish func(ok bool) bool) {
 
 // runFinish runs one frame's finish, telling it whether every frame
 // before it went through, and notes whether its own did.
-func (o *inOrder) runFinish(finish func(ok bool) bool) {
+func (o *InOrder) runFinish(finish func(ok bool) bool) {
 	o.mu.Lock()
 	ok := o.ok
 	o.mu.Unlock()
@@ -91,7 +91,7 @@ func (o *inOrder) runFinish(finish func(ok bool) bool) {
 
 // enqueue adds a frame to the queue and starts the goroutine that runs
 // the finishes if none runs.
-func (o *inOrder) enqueue(finish func(ok bool) bool) *orderedFrame {
+func (o *InOrder) enqueue(finish func(ok bool) bool) *orderedFrame {
 	f := &orderedFrame{worked: make(chan struct{}), finish: finish}
 	o.mu.Lock()
 	o.queue = append(o.queue, f)
@@ -106,7 +106,7 @@ func (o *inOrder) enqueue(finish func(ok bool) bool) *orderedFrame {
 
 // finishAll runs the queue's finishes in order, each once its work
 // returned, until the queue is empty.
-func (o *inOrder) finishAll() {
+func (o *InOrder) finishAll() {
 	o.mu.Lock()
 	for len(o.queue) > 0 {
 		f := o.queue[0]
@@ -122,9 +122,9 @@ func (o *inOrder) finishAll() {
 	o.mu.Unlock()
 }
 
-// wait returns once every frame submitted finished, and whether all went
+// Wait returns once every frame submitted finished, and whether all went
 // through.
-func (o *inOrder) wait() bool {
+func (o *InOrder) Wait() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for len(o.queue) > 0 {
@@ -133,43 +133,43 @@ func (o *inOrder) wait() bool {
 	return o.ok
 }
 
-// pending reports whether frames submitted before have yet to finish.
-func (o *inOrder) pending() bool {
+// Pending reports whether frames submitted before have yet to finish.
+func (o *InOrder) Pending() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.queue) > 0
 }
 
-// last reports, from a finish, whether no frame was submitted after its
+// Last reports, from a finish, whether no frame was submitted after its
 // own.
-func (o *inOrder) last() bool {
+func (o *InOrder) Last() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.queue) <= 1
 }
 
-// failed reports whether a finish failed.
-func (o *inOrder) failed() bool {
+// Failed reports whether a finish failed.
+func (o *InOrder) Failed() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return !o.ok
 }
 
-// bulkWriter writes a link's records: each frame is sealed on a worker
+// BulkWriter writes a link's records: each frame is sealed on a worker
 // under the counter it was given when queued, and written in counter
-// order. Frames from fewer than sealApartFrom payload bytes are sealed on
+// order. Frames from fewer than SealApartFrom payload bytes are sealed on
 // the caller (a goroutine per small record costs more than it saves) and
 // buffered, unless larger frames ahead of them are still in flight: then
 // they too wait for their turn on a worker, so the caller goes on
 // (sealCopy). Larger frames go to the connection in one write each. A record
 // stays its owner's (the log keeps a live one for a standby that
 // reconnects; a snapshot's is in a read-ahead buffer): it is sealed into
-// the writer's own buffers, one per frame of at most partBytes, and
-// records above that go in parts (record). While a bulkWriter is in use
+// the writer's own buffers, one per frame of at most PartBytes, and
+// records above that go in parts (record). While a BulkWriter is in use
 // it is the link's only writer.
-type bulkWriter struct {
-	l      *link
-	frames *inOrder
+type BulkWriter struct {
+	l      *Conn
+	frames *InOrder
 	err    error // the first write error, set in turn
 	// bufs holds the buffers writeCopy seals large frames into, one per
 	// frame being sealed or written (a few more than workers: the
@@ -177,47 +177,47 @@ type bulkWriter struct {
 	bufs chan []byte
 }
 
-// sealApartFrom: a frame with at least this many payload bytes is sealed
+// SealApartFrom: a frame with at least this many payload bytes is sealed
 // on a worker.
-const sealApartFrom = 64 << 10
+const SealApartFrom = 64 << 10
 
-func (l *link) bulk() *bulkWriter {
-	workers := cryptoWorkers()
-	b := &bulkWriter{l: l, frames: newInOrder(workers), bufs: make(chan []byte, workers+2)}
+func (l *Conn) Bulk() *BulkWriter {
+	workers := CryptoWorkers()
+	b := &BulkWriter{l: l, frames: NewInOrder(workers), bufs: make(chan []byte, workers+2)}
 	for range cap(b.bufs) {
 		b.bufs <- nil // made on first use
 	}
 	return b
 }
 
-// record queues one record, enc (its encoding), which stays the
+// Record queues one record, enc (its encoding), which stays the
 // caller's until done is called, once it is written or dropped. A record
-// of more than partBytes goes as a msgRecordBegin frame (its size) and
-// then its encoding in parts of partBytes, each a frame sealed on a
+// of more than PartBytes goes as a MsgRecordBegin frame (its size) and
+// then its encoding in parts of PartBytes, each a frame sealed on a
 // worker: the parts of one record are sealed at once, like separate
 // records. It returns an error once a write failed, or for a record over
-// maxRecordBytes.
-func (b *bulkWriter) record(enc []byte, done func()) error {
-	if len(enc) <= partBytes {
-		return b.writeCopy(msgRecord, enc, done)
+// MaxRecordBytes.
+func (b *BulkWriter) Record(enc []byte, done func()) error {
+	if len(enc) <= PartBytes {
+		return b.writeCopy(MsgRecord, enc, done)
 	}
-	if len(enc) > maxRecordBytes {
+	if len(enc) > MaxRecordBytes {
 		done()
-		return fmt.Errorf("replicate: a %d-byte record exceeds the link's %d-byte bound", len(enc), maxRecordBytes)
+		return fmt.Errorf("replicate: a %d-byte record exceeds the link's %d-byte bound", len(enc), MaxRecordBytes)
 	}
-	if send, err := b.admit(msgRecord, done); !send {
+	if send, err := b.admit(MsgRecord, done); !send {
 		return err
 	}
 	var size [8]byte
 	binary.LittleEndian.PutUint64(size[:], uint64(len(enc)))
-	b.sealCopy(msgRecordBegin, size[:], func() {}) // sealed and written before it returns
-	for off := 0; off < len(enc); off += partBytes {
-		part := enc[off:min(off+partBytes, len(enc))]
+	b.sealCopy(MsgRecordBegin, size[:], func() {}) // sealed and written before it returns
+	for off := 0; off < len(enc); off += PartBytes {
+		part := enc[off:min(off+PartBytes, len(enc))]
 		partDone := func() {}
 		if off+len(part) == len(enc) {
 			partDone = done
 		}
-		b.sealCopy(msgRecordPart, part, partDone)
+		b.sealCopy(MsgRecordPart, part, partDone)
 	}
 	return nil
 }
@@ -225,7 +225,7 @@ func (b *bulkWriter) record(enc []byte, done func()) error {
 // writeCopy queues one frame whose payload stays the caller's until done
 // is called: it is sealed into a buffer of the writer's (the encryption
 // is the only pass over it). It returns an error once a write failed.
-func (b *bulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
+func (b *BulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
 	if send, err := b.admit(typ, done); !send {
 		return err
 	}
@@ -233,21 +233,21 @@ func (b *bulkWriter) writeCopy(typ uint16, payload []byte, done func()) error {
 	return nil
 }
 
-// sealCopy seals one frame of the caller's payload (at most partBytes)
+// sealCopy seals one frame of the caller's payload (at most PartBytes)
 // into a buffer of the writer's, or, when small, into the link's (or one
 // of its own while larger frames are in flight).
-func (b *bulkWriter) sealCopy(typ uint16, payload []byte, done func()) {
+func (b *BulkWriter) sealCopy(typ uint16, payload []byte, done func()) {
 	l := b.l
-	need := frameHeader + len(payload) + macSize
+	need := FrameHeader + len(payload) + MacSize
 	switch {
-	case len(payload) < sealApartFrom && !b.frames.pending():
+	case len(payload) < SealApartFrom && !b.frames.Pending():
 		if cap(l.sealed) < need {
 			l.sealed = make([]byte, 0, need)
 		}
 		// Nothing ahead of it: sealed and written before queue returns,
 		// so the buffer is free for the next small frame.
-		b.queue(typ, payload, l.sealed[:frameHeader], l.sealed[frameHeader:frameHeader], false, done)
-	case len(payload) < sealApartFrom:
+		b.queue(typ, payload, l.sealed[:FrameHeader], l.sealed[FrameHeader:FrameHeader], false, done)
+	case len(payload) < SealApartFrom:
 		// Frames ahead of it are still being sealed or written. Waiting
 		// for them here would hold the caller up: a record's parts,
 		// queued after its begin frame, could only start sealing once
@@ -255,26 +255,26 @@ func (b *bulkWriter) sealCopy(typ uint16, payload []byte, done func()) {
 		// of ~0.5 ms on the link after every 4 MiB of a resync). Sealed
 		// into a buffer of its own, it waits for its turn on a worker.
 		buf := make([]byte, 0, need)
-		b.queue(typ, payload, buf[:frameHeader], buf[frameHeader:frameHeader], true, done)
+		b.queue(typ, payload, buf[:FrameHeader], buf[FrameHeader:FrameHeader], true, done)
 	default:
 		buf := <-b.bufs
 		if cap(buf) < need {
 			buf = make([]byte, 0, need)
 		}
-		b.queue(typ, payload, buf[:frameHeader], buf[frameHeader:frameHeader], true, func() { b.bufs <- buf; done() })
+		b.queue(typ, payload, buf[:FrameHeader], buf[FrameHeader:FrameHeader], true, func() { b.bufs <- buf; done() })
 	}
 }
 
 // admit reports whether a frame goes out: not once a write failed (it
 // returns the error), nor when the fault hook drops it. done is called at
 // once for a frame that does not go out.
-func (b *bulkWriter) admit(typ uint16, done func()) (bool, error) {
-	if b.frames.failed() {
+func (b *BulkWriter) admit(typ uint16, done func()) (bool, error) {
+	if b.frames.Failed() {
 		done()
 		return false, b.err // set before failed() turned true
 	}
 	l := b.l
-	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ], Peer: l.peer}) {
+	if l.Faults != nil && !l.Faults(Message{From: l.Out, Type: MsgNames[typ], Peer: l.Peer}) {
 		done()
 		return false, nil
 	}
@@ -286,7 +286,7 @@ func (b *bulkWriter) admit(typ uint16, done func()) (bool, error) {
 // payload's length) behind head (frameHeader bytes right before dst), and
 // writes the frame in turn: on a worker (apart), else on the caller before
 // it returns.
-func (b *bulkWriter) queue(typ uint16, payload, head, dst []byte, apart bool, done func()) {
+func (b *BulkWriter) queue(typ uint16, payload, head, dst []byte, apart bool, done func()) {
 	l := b.l
 	h := l.frameHeader(typ, len(payload))
 	n := l.takeSendN()
@@ -294,7 +294,7 @@ func (b *bulkWriter) queue(typ uint16, payload, head, dst []byte, apart bool, do
 	seal := func() {
 		sealed := l.sealAt(&h, n, dst, payload)
 		copy(head, h[:])
-		out = head[:frameHeader+len(sealed)]
+		out = head[:FrameHeader+len(sealed)]
 	}
 	put := func(ok bool) bool {
 		if ok {
@@ -304,15 +304,15 @@ func (b *bulkWriter) queue(typ uint16, payload, head, dst []byte, apart bool, do
 		return ok
 	}
 	if apart {
-		b.frames.submit(seal, put)
+		b.frames.Submit(seal, put)
 	} else {
-		b.frames.inline(seal, put)
+		b.frames.Inline(seal, put)
 	}
 }
 
 // put writes one sealed frame, in turn: buffered when it fits the
 // writer's buffer, else in one write of its own after what is buffered.
-func (b *bulkWriter) put(frame []byte) bool {
+func (b *BulkWriter) put(frame []byte) bool {
 	w := b.l.w
 	if len(frame) > w.Available() && w.Buffered() > 0 {
 		if b.err = w.Flush(); b.err != nil {
@@ -323,11 +323,11 @@ func (b *bulkWriter) put(frame []byte) bool {
 	return b.err == nil
 }
 
-// close waits for every queued frame and returns the first write error.
+// Close waits for every queued frame and returns the first write error.
 // What is buffered is left for the link's next flush. The writer may be
 // used again unless a write failed.
-func (b *bulkWriter) close() error {
-	if !b.frames.wait() {
+func (b *BulkWriter) Close() error {
+	if !b.frames.Wait() {
 		return b.err
 	}
 	return nil

@@ -1,4 +1,4 @@
-package replicate
+package link
 
 import (
 	"bufio"
@@ -25,8 +25,8 @@ import (
 // nonces, and every frame is sealed with a nonce that is the frame counter:
 // frames cannot be read, forged, replayed, reordered or spliced in from
 // another connection. Large frames (a resync's and live records, and the
-// parts of a record over partBytes) are sealed and opened on several
-// workers (bulk.go): each takes its counter where it enters the stream
+// parts of a record over PartBytes) are sealed and opened on several
+// workers (BulkWriter, InOrder): each takes its counter where it enters the stream
 // (the sender when it queues it, the standby when it reads it), so no
 // counter is used twice, frames are written in counter order, and each
 // is handled in the order read, after every frame before it opened; one
@@ -53,42 +53,42 @@ var (
 const (
 	helloMagic    = "VGRA"
 	frameMagic    = 0x50524756 // "VGRP"
-	protoVersion  = 5          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over partBytes go in parts; 5: the primary's identity first, refusals (identity.go)
+	protoVersion  = 5          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over PartBytes go in parts; 5: the primary's identity first, refusals (package admission)
 	nonceSize     = 32
-	macSize       = 16
-	frameHeader   = 16
-	maxFrameBytes = 32 << 20
-	// partBytes bounds a record frame's payload: a larger record goes as
-	// a msgRecordBegin frame and then its encoding cut into parts of
-	// partBytes (the last one shorter), each a frame of its own, so that
+	MacSize       = 16
+	FrameHeader   = 16
+	MaxFrameBytes = 32 << 20
+	// PartBytes bounds a record frame's payload: a larger record goes as
+	// a MsgRecordBegin frame and then its encoding cut into parts of
+	// PartBytes (the last one shorter), each a frame of its own, so that
 	// one record is sealed and opened on several workers.
-	partBytes = 1 << 20
-	// maxRecordBytes bounds a record sent in parts (a guest's record is
+	PartBytes = 1 << 20
+	// MaxRecordBytes bounds a record sent in parts (a guest's record is
 	// bounded by the node's MaxPayload, 16 MiB by default); the standby
 	// receives it into a buffer of that size, lent until it is applied
-	// (below maxLentBytes: the parts after it must still be lent).
-	maxRecordBytes = 128 << 20
+	// (below what a standby lends at once: the parts after it must still be lent).
+	MaxRecordBytes = 128 << 20
 )
 
 // Message types on an established link.
 const (
-	msgRecord      uint16 = 1 + iota // primary -> standby: one Record
-	msgState                         // standby -> primary after auth: applied seq
-	msgAck                           // standby -> primary: received seq, applied seq
-	msgVerifyReply                   // standby -> primary: checksums
-	msgMode                          // primary -> standby after state: the mode and the primary's term
-	msgHeartbeat                     // primary -> standby when idle: its term
-	msgFenced                        // standby -> primary: a promoted standby's term; stop serving
-	msgPromote                       // primary -> standby: planned switchover, take over now
-	msgRecordBegin                   // primary -> standby: a record of more than partBytes follows in parts; its size
-	msgRecordPart                    // primary -> standby: the next partBytes (or the last) of that record's encoding
-	msgIdentity                      // primary -> standby, first after auth: group, id, term, log position (identity.go)
-	msgRefused                       // standby -> primary instead of state: why it may not stream, whom the standby follows
+	MsgRecord      uint16 = 1 + iota // primary -> standby: one Record
+	MsgState                         // standby -> primary after auth: applied seq
+	MsgAck                           // standby -> primary: received seq, applied seq
+	MsgVerifyReply                   // standby -> primary: checksums
+	MsgMode                          // primary -> standby after state: the mode and the primary's term
+	MsgHeartbeat                     // primary -> standby when idle: its term
+	MsgFenced                        // standby -> primary: a promoted standby's term; stop serving
+	MsgPromote                       // primary -> standby: planned switchover, take over now
+	MsgRecordBegin                   // primary -> standby: a record of more than PartBytes follows in parts; its size
+	MsgRecordPart                    // primary -> standby: the next PartBytes (or the last) of that record's encoding
+	MsgIdentity                      // primary -> standby, first after auth: group, id, term, log position (package admission)
+	MsgRefused                       // standby -> primary instead of state: why it may not stream, whom the standby follows
 )
 
-var msgNames = map[uint16]string{msgRecord: "record", msgState: "state", msgAck: "ack", msgVerifyReply: "verify_reply",
-	msgMode: "mode", msgHeartbeat: "heartbeat", msgFenced: "fenced", msgPromote: "promote",
-	msgRecordBegin: "record_begin", msgRecordPart: "record_part", msgIdentity: "identity", msgRefused: "refused"}
+var MsgNames = map[uint16]string{MsgRecord: "record", MsgState: "state", MsgAck: "ack", MsgVerifyReply: "verify_reply",
+	MsgMode: "mode", MsgHeartbeat: "heartbeat", MsgFenced: "fenced", MsgPromote: "promote",
+	MsgRecordBegin: "record_begin", MsgRecordPart: "record_part", MsgIdentity: "identity", MsgRefused: "refused"}
 
 // Direction says which way a message travels.
 type Direction int
@@ -125,9 +125,9 @@ func mac(key []byte, parts ...[]byte) []byte {
 	return m.Sum(nil)
 }
 
-// link is an authenticated, framed connection.
-type link struct {
-	c     net.Conn
+// Conn is an authenticated, framed connection.
+type Conn struct {
+	Raw   net.Conn
 	r     *bufio.Reader
 	w     *bufio.Writer
 	sendK cipher.AEAD
@@ -135,23 +135,23 @@ type link struct {
 	sendN uint64
 	recvN uint64
 	rbuf  []byte
-	// plain and sealed are the writer's reused buffers: a record encoded
-	// for sending, and a small frame sealed by a bulkWriter's writeCopy.
-	plain  []byte
+	// Plain and sealed are the writer's reused buffers: a record encoded
+	// for sending, and a small frame sealed by a BulkWriter's writeCopy.
+	Plain  []byte
 	sealed []byte
-	// lender, when set, holds receive buffers lent out by readSealed (on
+	// Lender, when set, holds receive buffers lent out by ReadSealed (on
 	// a GPU standby page-locked, so replicated data is copied to the
 	// device at full speed).
-	lender *lender
-	// parts, when set, holds the buffers record parts are read into
+	Lender *Lender
+	// Parts, when set, holds the buffers record parts are read into
 	// (each opened straight into its record's buffer, then given back).
-	parts chan []byte
+	Parts chan []byte
 	// wmu serialises writers once more than one goroutine writes (see
-	// locked); faults and out are the fault hook and this end's direction.
+	// locked); Faults and Out are the fault hook and this end's direction.
 	wmu    sync.Mutex
-	faults FaultHook
-	out    Direction
-	peer   string // for faults
+	Faults FaultHook
+	Out    Direction
+	Peer   string // for faults
 }
 
 func helloBytes(nonce []byte) []byte {
@@ -179,8 +179,8 @@ func newNonce() []byte {
 	return n
 }
 
-// clientHandshake authenticates the primary's end (the dialer).
-func clientHandshake(c net.Conn, key []byte, timeout time.Duration) (*link, error) {
+// ClientHandshake authenticates the primary's end (the dialer).
+func ClientHandshake(c net.Conn, key []byte, timeout time.Duration) (*Conn, error) {
 	c.SetDeadline(time.Now().Add(timeout))
 	defer c.SetDeadline(time.Time{})
 	br := bufio.NewReaderSize(c, readBuffer)
@@ -200,11 +200,11 @@ func clientHandshake(c net.Conn, key []byte, timeout time.Duration) (*link, erro
 	if !hmac.Equal(proof, mac(key, []byte("vgpuha standby"), nonceP, nonceS)) {
 		return nil, fmt.Errorf("%w: standby's proof does not match our key", ErrAuth)
 	}
-	return newLink(c, br, mac(key, []byte("p2s"), nonceS, nonceP), mac(key, []byte("s2p"), nonceS, nonceP)), nil
+	return NewConn(c, br, mac(key, []byte("p2s"), nonceS, nonceP), mac(key, []byte("s2p"), nonceS, nonceP)), nil
 }
 
-// serverHandshake authenticates the standby's end (the listener).
-func serverHandshake(c net.Conn, key []byte, timeout time.Duration) (*link, error) {
+// ServerHandshake authenticates the standby's end (the listener).
+func ServerHandshake(c net.Conn, key []byte, timeout time.Duration) (*Conn, error) {
 	c.SetDeadline(time.Now().Add(timeout))
 	defer c.SetDeadline(time.Time{})
 	br := bufio.NewReaderSize(c, readBuffer)
@@ -226,11 +226,11 @@ func serverHandshake(c net.Conn, key []byte, timeout time.Duration) (*link, erro
 	if _, err := c.Write(mac(key, []byte("vgpuha standby"), nonceP, nonceS)); err != nil {
 		return nil, err
 	}
-	return newLink(c, br, mac(key, []byte("s2p"), nonceS, nonceP), mac(key, []byte("p2s"), nonceS, nonceP)), nil
+	return NewConn(c, br, mac(key, []byte("s2p"), nonceS, nonceP), mac(key, []byte("p2s"), nonceS, nonceP)), nil
 }
 
-func newLink(c net.Conn, br *bufio.Reader, sendKey, recvKey []byte) *link {
-	return &link{c: c, r: br, w: bufio.NewWriterSize(c, 256<<10), sendK: gcm(sendKey), recvK: gcm(recvKey)}
+func NewConn(c net.Conn, br *bufio.Reader, sendKey, recvKey []byte) *Conn {
+	return &Conn{Raw: c, r: br, w: bufio.NewWriterSize(c, 256<<10), sendK: gcm(sendKey), recvK: gcm(recvKey)}
 }
 
 // gcm returns AES-256-GCM under a 32-byte derived key.
@@ -252,17 +252,17 @@ func nonce(n uint64) []byte {
 	return b[:]
 }
 
-// write queues one frame, sealing payload in place (the caller gives up
+// Write queues one frame, sealing payload in place (the caller gives up
 // payload, which needs macSize bytes of capacity past its length). flush
 // sends what is queued. Only one goroutine writes.
-func (l *link) write(typ uint16, payload []byte) error {
+func (l *Conn) Write(typ uint16, payload []byte) error {
 	return l.seal(typ, payload[:0], payload)
 }
 
 // seal encrypts payload into dst (which may be payload[:0]) and queues the
 // frame.
-func (l *link) seal(typ uint16, dst, payload []byte) error {
-	if l.faults != nil && !l.faults(Message{From: l.out, Type: msgNames[typ], Peer: l.peer}) {
+func (l *Conn) seal(typ uint16, dst, payload []byte) error {
+	if l.Faults != nil && !l.Faults(Message{From: l.Out, Type: MsgNames[typ], Peer: l.Peer}) {
 		return nil
 	}
 	h := l.frameHeader(typ, len(payload))
@@ -275,8 +275,8 @@ func (l *link) seal(typ uint16, dst, payload []byte) error {
 }
 
 // frameHeader starts a frame's header (its checksum comes with the seal).
-func (l *link) frameHeader(typ uint16, n int) [frameHeader]byte {
-	var h [frameHeader]byte
+func (l *Conn) frameHeader(typ uint16, n int) [FrameHeader]byte {
+	var h [FrameHeader]byte
 	binary.LittleEndian.PutUint32(h[0:], frameMagic)
 	binary.LittleEndian.PutUint16(h[4:], typ)
 	binary.LittleEndian.PutUint32(h[8:], uint32(n))
@@ -285,7 +285,7 @@ func (l *link) frameHeader(typ uint16, n int) [frameHeader]byte {
 
 // takeSendN takes the next frame counter: the nonce of the frame sealed
 // with it. Frames go on the wire in the order of their counters.
-func (l *link) takeSendN() uint64 {
+func (l *Conn) takeSendN() uint64 {
 	n := l.sendN
 	l.sendN++
 	return n
@@ -294,85 +294,85 @@ func (l *link) takeSendN() uint64 {
 // sealAt seals payload into dst under counter n and completes h's
 // checksum. It touches nothing else of the link's: frames with counters
 // already taken are sealed on several goroutines at once.
-func (l *link) sealAt(h *[frameHeader]byte, n uint64, dst, payload []byte) []byte {
+func (l *Conn) sealAt(h *[FrameHeader]byte, n uint64, dst, payload []byte) []byte {
 	sealed := l.sendK.Seal(dst, nonce(n), payload, h[:12])
-	binary.LittleEndian.PutUint32(h[12:], frameCRC(h[:], sealed))
+	binary.LittleEndian.PutUint32(h[12:], FrameCRC(h[:], sealed))
 	return sealed
 }
 
-func (l *link) flush() error { return l.w.Flush() }
+func (l *Conn) Flush() error { return l.w.Flush() }
 
-// locked runs fn (which writes and flushes) as the link's only writer.
-func (l *link) locked(fn func() error) error {
+// SetWriter sends what the link writes to w instead of its connection,
+// from the next write on, dropping what is buffered (tests capture sealed
+// frames this way, to send them reordered or mangled).
+func (l *Conn) SetWriter(w io.Writer) { l.w.Reset(w) }
+
+// Buffered is how many bytes the link has read ahead and not yet handed
+// out (0: the next frame is still on the wire).
+func (l *Conn) Buffered() int { return l.r.Buffered() }
+
+// Locked runs fn (which writes and flushes) as the link's only writer.
+func (l *Conn) Locked(fn func() error) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	return fn()
 }
 
-// writeFlush sends one message at once, as the link's only writer.
-func (l *link) writeFlush(typ uint16, payload []byte) error {
-	return l.locked(func() error {
-		if err := l.write(typ, payload); err != nil {
+// WriteFlush sends one message at once, as the link's only writer.
+func (l *Conn) WriteFlush(typ uint16, payload []byte) error {
+	return l.Locked(func() error {
+		if err := l.Write(typ, payload); err != nil {
 			return err
 		}
-		return l.flush()
+		return l.Flush()
 	})
 }
 
-// read returns the next frame. The payload is valid until the next read.
+// Read returns the next frame. The payload is valid until the next read.
 // Only one goroutine reads.
-func (l *link) read() (uint16, []byte, error) {
-	f, err := l.readSealed(0)
+func (l *Conn) Read() (uint16, []byte, error) {
+	f, err := l.ReadSealed(0)
 	if err != nil {
 		return 0, nil, err
 	}
-	if err := l.open(&f); err != nil {
+	if err := l.Open(&f); err != nil {
 		return 0, nil, err
 	}
-	return f.typ(), f.payload, nil
+	return f.Type(), f.Payload, nil
 }
 
-// sealedFrame is a frame read off the link: its header, its counter (its
+// Frame is a frame read off the link: its header, its counter (its
 // nonce), the buffer its sealed bytes lie in and, once opened, its
 // payload (in the same buffer).
-type sealedFrame struct {
-	h       [frameHeader]byte
+type Frame struct {
+	Header  [FrameHeader]byte
 	n       uint64
-	buf     []byte
-	sealed  []byte
-	payload []byte
-	// lent: buf was lent from l.lender and the frame holds it (whoever
-	// ends up with it gives it back); part: buf came from l.parts; owned:
+	Buf     []byte
+	Sealed  []byte
+	Payload []byte
+	// lent: buf was lent from l.Lender and the frame holds it (whoever
+	// ends up with it gives it back); part: buf came from l.Parts; owned:
 	// buf is the frame's own copy; otherwise it is the link's own, reused
 	// by the next read.
-	lent, part, owned bool
-	// bodyCRC is the CRC-32C of an opened record's body, when hasCRC
+	Lent, part, Owned bool
+	// BodyCRC is the CRC-32C of an opened record's body, when hasCRC
 	// (sumRecordBody).
-	bodyCRC uint32
-	hasCRC  bool
+	BodyCRC uint32
+	HasCRC  bool
 }
 
-// sumRecordBody takes the CRC-32C of the opened record's body when the
-// record carries a guest request (Record.BodyCRC): a worker does it while
-// the applier applies the records before.
-func (f *sealedFrame) sumRecordBody() {
-	if rec, err := DecodeRecord(f.payload); err == nil && rec.ReqID != 0 {
-		f.bodyCRC, f.hasCRC = crc32.Checksum(rec.Body, castagnoli), true
-	}
-}
+func (f *Frame) Type() uint16 { return binary.LittleEndian.Uint16(f.Header[4:]) }
 
-func (f *sealedFrame) typ() uint16 { return binary.LittleEndian.Uint16(f.h[4:]) }
-
-// readSealed reads the next frame, checks its header and checksum and
+// ReadSealed reads the next frame, checks its header and checksum and
 // takes its counter, without opening it. A frame of at least lendFrom
-// payload bytes (0: none) is read into a buffer lent from l.lender, so
+// payload bytes (0: none) is read into a buffer lent from l.Lender, so
 // that it can be opened and handled while later frames are read; waiting,
 // when too much is lent, for buffers to come back. A record part is read
-// into a buffer from l.parts (when set), waiting for one. Only one
+// into a buffer from l.Parts (when set), waiting for one. Only one
 // goroutine reads.
-func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
-	var f sealedFrame
-	h := f.h[:]
+func (l *Conn) ReadSealed(lendFrom int) (Frame, error) {
+	var f Frame
+	h := f.Header[:]
 	if _, err := io.ReadFull(l.r, h); err != nil {
 		return f, err
 	}
@@ -380,35 +380,35 @@ func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
 		return f, fmt.Errorf("%w: bad frame header", ErrCorrupt)
 	}
 	n := int(binary.LittleEndian.Uint32(h[8:]))
-	if n > maxFrameBytes || n > partBytes && (f.typ() == msgRecord || f.typ() == msgRecordPart) {
-		return f, fmt.Errorf("%w: %d-byte %s frame", ErrCorrupt, n, msgNames[f.typ()])
+	if n > MaxFrameBytes || n > PartBytes && (f.Type() == MsgRecord || f.Type() == MsgRecordPart) {
+		return f, fmt.Errorf("%w: %d-byte %s frame", ErrCorrupt, n, MsgNames[f.Type()])
 	}
-	f.part = l.parts != nil && f.typ() == msgRecordPart
-	f.lent = !f.part && l.lender != nil && lendFrom > 0 && n >= lendFrom
+	f.part = l.Parts != nil && f.Type() == MsgRecordPart
+	f.Lent = !f.part && l.Lender != nil && lendFrom > 0 && n >= lendFrom
 	switch {
 	case f.part:
-		f.buf = <-l.parts
-		if cap(f.buf) < n+macSize {
-			f.buf = make([]byte, partBytes+macSize)
+		f.Buf = <-l.Parts
+		if cap(f.Buf) < n+MacSize {
+			f.Buf = make([]byte, PartBytes+MacSize)
 		}
-	case f.lent:
-		f.buf = l.lend(n + macSize)
+	case f.Lent:
+		f.Buf = l.Lend(n + MacSize)
 	default:
-		if cap(l.rbuf) < n+macSize {
-			l.rbuf = make([]byte, n+macSize)
+		if cap(l.rbuf) < n+MacSize {
+			l.rbuf = make([]byte, n+MacSize)
 		}
-		f.buf = l.rbuf
+		f.Buf = l.rbuf
 	}
-	f.sealed = f.buf[:n+macSize]
-	if _, err := io.ReadFull(l.r, f.sealed); err != nil {
+	f.Sealed = f.Buf[:n+MacSize]
+	if _, err := io.ReadFull(l.r, f.Sealed); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		l.giveBack(&f)
+		l.GiveBack(&f)
 		return f, err
 	}
-	if frameCRC(h, f.sealed) != binary.LittleEndian.Uint32(h[12:]) {
-		l.giveBack(&f)
+	if FrameCRC(h, f.Sealed) != binary.LittleEndian.Uint32(h[12:]) {
+		l.GiveBack(&f)
 		return f, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
 	f.n = l.recvN
@@ -416,43 +416,43 @@ func (l *link) readSealed(lendFrom int) (sealedFrame, error) {
 	return f, nil
 }
 
-// lend returns a receive buffer of at least n bytes, counted as lent.
-func (l *link) lend(n int) []byte { return l.lender.borrow(n) }
+// Lend returns a receive buffer of at least n bytes, counted as lent.
+func (l *Conn) Lend(n int) []byte { return l.Lender.borrow(n) }
 
-// giveBack returns a frame's lent or part buffer, if it still holds one.
-func (l *link) giveBack(f *sealedFrame) {
+// GiveBack returns a frame's lent or part buffer, if it still holds one.
+func (l *Conn) GiveBack(f *Frame) {
 	switch {
-	case f.buf == nil:
-	case f.lent:
-		l.lender.give(f.buf)
+	case f.Buf == nil:
+	case f.Lent:
+		l.Lender.Give(f.Buf)
 	case f.part:
-		l.parts <- f.buf
+		l.Parts <- f.Buf
 	default:
 		return
 	}
-	f.buf = nil
+	f.Buf = nil
 }
 
-// open authenticates and decrypts a frame in place. It touches nothing
+// Open authenticates and decrypts a frame in place. It touches nothing
 // else of the link's: frames read in order are opened on several
 // goroutines at once, each under the counter it was read with.
-func (l *link) open(f *sealedFrame) error {
-	payload, err := l.recvK.Open(f.sealed[:0], nonce(f.n), f.sealed, f.h[:12])
+func (l *Conn) Open(f *Frame) error {
+	payload, err := l.recvK.Open(f.Sealed[:0], nonce(f.n), f.Sealed, f.Header[:12])
 	if err != nil {
 		return fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
 	}
-	f.payload = payload
+	f.Payload = payload
 	return nil
 }
 
-// openInto authenticates and decrypts a frame into dst, which has room
+// OpenInto authenticates and decrypts a frame into dst, which has room
 // for its payload (a record part into its place in the record's buffer:
 // no copy). Like open, it touches nothing else of the link's.
-func (l *link) openInto(f *sealedFrame, dst []byte) error {
-	if cap(dst) < len(f.sealed)-macSize {
-		return fmt.Errorf("%w: no room for a %d-byte payload", ErrCorrupt, len(f.sealed)-macSize)
+func (l *Conn) OpenInto(f *Frame, dst []byte) error {
+	if cap(dst) < len(f.Sealed)-MacSize {
+		return fmt.Errorf("%w: no room for a %d-byte payload", ErrCorrupt, len(f.Sealed)-MacSize)
 	}
-	if _, err := l.recvK.Open(dst[:0], nonce(f.n), f.sealed, f.h[:12]); err != nil {
+	if _, err := l.recvK.Open(dst[:0], nonce(f.n), f.Sealed, f.Header[:12]); err != nil {
 		return fmt.Errorf("%w: authentication tag mismatch", ErrCorrupt)
 	}
 	return nil
@@ -466,8 +466,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // small records still arrive many to a read.
 const readBuffer = 32 << 10
 
-// frameCRC is a frame's checksum: its header's first 12 bytes and the tag
+// FrameCRC is a frame's checksum: its header's first 12 bytes and the tag
 // that ends sealed.
-func frameCRC(h, sealed []byte) uint32 {
-	return crc32.Update(crc32.Update(0, castagnoli, h[:12]), castagnoli, sealed[len(sealed)-macSize:])
+func FrameCRC(h, sealed []byte) uint32 {
+	return crc32.Update(crc32.Update(0, castagnoli, h[:12]), castagnoli, sealed[len(sealed)-MacSize:])
 }

@@ -1,8 +1,8 @@
-package replicate
+package link
 
 import "sync"
 
-// lender keeps the receive buffers lent out to the applier (a record's
+// Lender keeps the receive buffers lent out to the applier (a record's
 // body waiting to be applied stays in the buffer it arrived in: no copy)
 // and bounds what is lent at once: past maxLent bytes the link stops
 // reading until buffers come back, and TCP pushes back to the primary.
@@ -16,7 +16,7 @@ import "sync"
 // from guests' 256 KiB copies held 64 records at once and settled its
 // queued copies every 8 (measured on the H200 host: 45% of the
 // applier's time waiting for the device).
-type lender struct {
+type Lender struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	lentNow int // bytes lent (capacities)
@@ -25,14 +25,22 @@ type lender struct {
 	ring    *region  // nil: heap
 }
 
-func newLender(maxLent int) *lender {
-	b := &lender{maxLent: maxLent}
+// Lent is how many bytes are lent now (capacities).
+func (b *Lender) Lent() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lentNow
+}
+
+// NewLender returns a lender that lends at most maxLent bytes at once.
+func NewLender(maxLent int) *Lender {
+	b := &Lender{maxLent: maxLent}
 	b.cond = sync.NewCond(&b.mu)
 	return b
 }
 
-// useRegion has every later buffer carved from mem (page-locked memory).
-func (b *lender) useRegion(mem []byte) {
+// UseRegion has every later buffer carved from mem (page-locked memory).
+func (b *Lender) UseRegion(mem []byte) {
 	b.mu.Lock()
 	b.ring = &region{mem: mem, ids: map[*byte]uint64{}}
 	b.mu.Unlock()
@@ -40,7 +48,7 @@ func (b *lender) useRegion(mem []byte) {
 
 // borrow lends a buffer of at least n bytes, waiting while too much is
 // lent (one larger than the region comes from the heap).
-func (b *lender) borrow(n int) []byte {
+func (b *Lender) borrow(n int) []byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if r := b.ring; r != nil && regionSize(n) <= len(r.mem) {
@@ -63,8 +71,8 @@ func (b *lender) borrow(n int) []byte {
 	return buf
 }
 
-// give returns a lent buffer.
-func (b *lender) give(buf []byte) {
+// Give returns a lent buffer.
+func (b *Lender) Give(buf []byte) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.lentNow -= cap(buf)
@@ -80,7 +88,7 @@ func (b *lender) give(buf []byte) {
 
 // takeLocked returns a free heap buffer of at least n bytes, or nil.
 // Precondition: b.mu must be locked.
-func (b *lender) takeLocked(n int) []byte {
+func (b *Lender) takeLocked(n int) []byte {
 	for i, buf := range b.free {
 		if cap(buf) >= n {
 			b.free = append(b.free[:i], b.free[i+1:]...)

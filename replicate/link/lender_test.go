@@ -1,4 +1,4 @@
-package replicate
+package link
 
 import (
 	"bytes"
@@ -13,15 +13,15 @@ import (
 // wraps to its start when the end is too short, and reuses space only once
 // every older buffer is back.
 func TestRegionCarvesExactSizesInOrder(t *testing.T) {
-	b := newLender(1 << 20)
-	b.useRegion(make([]byte, 1<<20))
+	b := NewLender(1 << 20)
+	b.UseRegion(make([]byte, 1<<20))
 	a := b.borrow(300 << 10)
 	c := b.borrow(256<<10 + 64) // a 256 KiB copy's record
 	if cap(a) != 300<<10 || cap(c) != 256<<10+regionAlign {
 		t.Fatalf("capacities %d and %d: want %d and %d", cap(a), cap(c), 300<<10, 256<<10+regionAlign)
 	}
 	d := b.borrow(400 << 10) // 1024-300-256.25 KiB left: fits before the end
-	b.give(c)
+	b.Give(c)
 	got := make(chan []byte)
 	go func() { got <- b.borrow(200 << 10) }() // space at the start only once a is back
 	select {
@@ -29,13 +29,13 @@ func TestRegionCarvesExactSizesInOrder(t *testing.T) {
 		t.Fatal("lent space that an older buffer still holds")
 	case <-time.After(50 * time.Millisecond):
 	}
-	b.give(a)
+	b.Give(a)
 	e := <-got
 	if &e[0] != &b.ring.mem[0] {
 		t.Fatal("the buffer after a wrap is not at the region's start")
 	}
-	b.give(d)
-	b.give(e)
+	b.Give(d)
+	b.Give(e)
 	if b.lentNow != 0 || len(b.ring.spans) != 0 || len(b.ring.ids) != 0 {
 		t.Fatalf("after every buffer came back: %d bytes lent, %d spans, %d ids", b.lentNow, len(b.ring.spans), len(b.ring.ids))
 	}
@@ -49,8 +49,8 @@ func TestRegionCarvesExactSizesInOrder(t *testing.T) {
 // every buffer still holds what its borrower wrote when it is given back,
 // and nothing stays lent.
 func TestRegionBuffersNeverOverlap(t *testing.T) {
-	b := newLender(4 << 20)
-	b.useRegion(make([]byte, 4<<20))
+	b := NewLender(4 << 20)
+	b.UseRegion(make([]byte, 4<<20))
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
@@ -70,7 +70,7 @@ func TestRegionBuffersNeverOverlap(t *testing.T) {
 				if !bytes.Equal(buf, bytes.Repeat([]byte{tag}, n)) {
 					t.Errorf("borrower %d: a buffer changed while lent", w)
 				}
-				b.give(buf)
+				b.Give(buf)
 			}
 		})
 	}

@@ -1,11 +1,19 @@
-package replicate
+// Package bufpool owns the replication log's record buffers: large ones
+// reused instead of paid for again in page faults, made ahead on another
+// goroutine while a log only grows, and, on a GPU primary, page-locked
+// host buffers the device copies drafts from (Pool).
+//
+// It hands out and takes back memory only: it never reads or writes what
+// a buffer holds (but the one byte per page that makes a fresh buffer
+// real), and never frees a host buffer.
+package bufpool
 
 import (
 	"os"
 	"sync"
 )
 
-// bufPool keeps large buffers for reuse. A fresh buffer is paid for in
+// Pool keeps large buffers for reuse. A fresh buffer is paid for in
 // page faults on first touch: measured on this project's 2-core VMs, a
 // copy into a new 16 MiB slice ran at 0.19 GB/s, into a reused one at
 // 12.9 GB/s. The log takes each retained record's buffer from here and
@@ -28,15 +36,17 @@ import (
 // their allocator instead: page-locked memory the GPU copies from at DMA
 // rate. Those are made once, up to a limit in all, and kept for reuse
 // however many are idle (the allocator's memory is never freed).
-type bufPool struct {
+type Pool struct {
 	mu   sync.Mutex
 	free [][]byte
 	idle int
-	max  int
+	// Max bounds the idle bytes kept (set before use).
+	Max int
 
-	// ahead: the idle bytes a refill makes ready (0: none); refilling
+	// Ahead: the idle bytes a refill makes ready (0: none; set before
+	// use); refilling
 	// while one runs, refillSize the size it makes (the last that missed).
-	ahead      int
+	Ahead      int
 	refilling  bool
 	refillSize int
 
@@ -45,6 +55,22 @@ type bufPool struct {
 	hostMade  int
 	hostFree  [][]byte
 	hostBufs  map[*byte]bool // every host buffer made, by its first byte
+}
+
+// SetHost makes large buffers (GetHost) come from alloc, up to limit
+// bytes in all, kept for reuse and never freed (see Pool). Call before
+// the pool is used.
+func (p *Pool) SetHost(alloc func(n int) ([]byte, error), limit int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hostAlloc, p.hostLimit, p.hostBufs = alloc, limit, map[*byte]bool{}
+}
+
+// all (an allocator that refused once lowers it to what was made).
+func (p *Pool) HostLimit() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hostLimit
 }
 
 // hostAbove: drafts of at least this many bytes may be host buffers (a
@@ -59,9 +85,9 @@ const poolStep = 64 << 10
 // small objects in reused spans).
 const poolAbove = 32 << 10
 
-// get returns a buffer of length 0 and capacity at least n, reused when
+// Get returns a buffer of length 0 and capacity at least n, reused when
 // one that is not much larger is free.
-func (p *bufPool) get(n int) []byte {
+func (p *Pool) Get(n int) []byte {
 	if n < poolAbove {
 		return make([]byte, 0, n)
 	}
@@ -81,8 +107,8 @@ func (p *bufPool) get(n int) []byte {
 // startRefill has buffers of size made ahead, unless a refill runs (it
 // then makes this size from its next buffer on) or none is wanted.
 // Precondition: p.mu must be locked.
-func (p *bufPool) startRefill(size int) {
-	if p.ahead == 0 {
+func (p *Pool) startRefill(size int) {
+	if p.Ahead == 0 {
 		return
 	}
 	p.refillSize = size
@@ -94,26 +120,26 @@ func (p *bufPool) startRefill(size int) {
 
 // refill makes buffers of refillSize, every page written, and frees each
 // as it is made, until ahead idle bytes (or the pool's bound) are reached.
-func (p *bufPool) refill() {
+func (p *Pool) refill() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
 		size := p.refillSize
-		if p.idle+size > min(p.ahead, p.max) {
+		if p.idle+size > min(p.Ahead, p.Max) {
 			p.refilling = false
 			return
 		}
 		p.mu.Unlock()
-		b := touched(make([]byte, 0, size))
+		b := Touched(make([]byte, 0, size))
 		p.mu.Lock()
 		p.free = append(p.free, b)
 		p.idle += cap(b)
 	}
 }
 
-// touched writes a byte into every page of b's capacity and returns b: a
-// page is not there until first written (see bufPool).
-func touched(b []byte) []byte {
+// Touched writes a byte into every page of b's capacity and returns b: a
+// page is not there until first written (see Pool).
+func Touched(b []byte) []byte {
 	all := b[:cap(b)]
 	for off := 0; off < len(all); off += os.Getpagesize() {
 		all[off] = 1
@@ -137,20 +163,20 @@ func takeFit(free *[][]byte, n int) []byte {
 // pooledSize is the capacity a new pooled buffer for n bytes gets.
 func pooledSize(n int) int { return (n + poolStep - 1) / poolStep * poolStep }
 
-// getHost is get for a draft: a host buffer while there are any to be
+// GetHost is get for a draft: a host buffer while there are any to be
 // had, else an ordinary one.
-func (p *bufPool) getHost(n int) []byte {
+func (p *Pool) GetHost(n int) []byte {
 	if n >= hostAbove {
 		if b := p.takeHost(n); b != nil {
 			return b
 		}
 	}
-	return p.get(n)
+	return p.Get(n)
 }
 
 // takeHost returns a free or new host buffer with room for n bytes, or nil
 // when there is none to be had.
-func (p *bufPool) takeHost(n int) []byte {
+func (p *Pool) takeHost(n int) []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.hostAlloc == nil {
@@ -173,8 +199,8 @@ func (p *bufPool) takeHost(n int) []byte {
 	return b[:0]
 }
 
-// put gives b back for reuse; the caller must not touch it again.
-func (p *bufPool) put(b []byte) {
+// Put gives b back for reuse; the caller must not touch it again.
+func (p *Pool) Put(b []byte) {
 	if cap(b) < poolAbove {
 		return
 	}
@@ -184,7 +210,7 @@ func (p *bufPool) put(b []byte) {
 		p.hostFree = append(p.hostFree, b[:0])
 		return
 	}
-	if p.idle+cap(b) > p.max {
+	if p.idle+cap(b) > p.Max {
 		return // the garbage collector takes it
 	}
 	p.free = append(p.free, b[:0])

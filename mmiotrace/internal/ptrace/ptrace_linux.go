@@ -1,4 +1,4 @@
-package mmiotrace
+package ptrace
 
 import (
 	"bytes"
@@ -17,13 +17,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ptracer owns the ptrace relationship with one guest process. Linux lets
+// Process owns the ptrace relationship with one guest process. Linux lets
 // only the thread that attached issue ptrace requests, so everything here
 // runs on one locked OS thread (loop); other goroutines hand it work with
 // do, which wakes it with a signal to a guest thread (wakeSignal, caught by
 // ptrace and never delivered to the guest) so that the work runs while that
 // thread is stopped — which is also when a system call can be injected.
-type ptracer struct {
+type Process struct {
 	pid      int
 	pgid     int
 	ourChild bool // the guest is this process's child: its exit status is left to the parent's Wait
@@ -37,8 +37,8 @@ type ptracer struct {
 	signal func(tid int)
 
 	// Tracer-thread state.
-	threads  map[int]*thread
-	mem      *os.File // /proc/PID/mem: instruction bytes and MOVS sources
+	threads  map[int]*Thread
+	Mem      *os.File // /proc/PID/mem: instruction bytes and MOVS sources
 	sysInsn  uint64   // address of a SYSCALL instruction in the guest (for injection)
 	deferred []event  // stops collected while other work held the thread
 
@@ -50,7 +50,9 @@ type ptracer struct {
 	err     error // why the loop ended
 }
 
-type thread struct {
+// Thread is one guest thread as the tracer sees it (StopThreads returns
+// those it stopped, for ResumeOthers).
+type Thread struct {
 	tid     int
 	pending int      // a signal to deliver when the thread is next resumed
 	info    *rawInfo // pending's siginfo
@@ -75,9 +77,9 @@ const wakeSignal = unix.SIGURG
 // ErrGuestGone is returned once the guest process has exited.
 var ErrGuestGone = errors.New("mmiotrace: guest process exited")
 
-// startPtrace attaches to every thread of pid and starts the tracer
+// Start attaches to every thread of pid and starts the tracer
 // thread. The guest must be in a process group of its own (see waitAny).
-func startPtrace(pid int, cpu int, fault func(tid int, addr uint64) bool, signal func(tid int)) (*ptracer, error) {
+func Start(pid int, cpu int, fault func(tid int, addr uint64) bool, signal func(tid int)) (*Process, error) {
 	pgid, err := unix.Getpgid(pid)
 	if err != nil {
 		return nil, fmt.Errorf("guest %d: %w", pid, err)
@@ -85,7 +87,7 @@ func startPtrace(pid int, cpu int, fault func(tid int, addr uint64) bool, signal
 	if pgid == unix.Getpgrp() {
 		return nil, fmt.Errorf("guest %d is in the hypervisor's process group: start it in a group of its own (setpgid) so the tracer waits on its threads only", pid)
 	}
-	p := &ptracer{pid: pid, pgid: pgid, cpu: cpu, fault: fault, signal: signal, threads: map[int]*thread{}, done: make(chan struct{})}
+	p := &Process{pid: pid, pgid: pgid, cpu: cpu, fault: fault, signal: signal, threads: map[int]*Thread{}, done: make(chan struct{})}
 	p.ourChild = parentOf(pid) == os.Getpid()
 	started := make(chan error, 1)
 	go p.loop(started)
@@ -110,7 +112,7 @@ func parentOf(pid int) int {
 	return ppid
 }
 
-func (p *ptracer) loop(started chan<- error) {
+func (p *Process) loop(started chan<- error) {
 	runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, pinned or not
 	defer close(p.done)
 	if p.cpu >= 0 {
@@ -145,23 +147,23 @@ func (p *ptracer) loop(started chan<- error) {
 	}
 }
 
-func (p *ptracer) finish(err error) {
+func (p *Process) finish(err error) {
 	p.mu.Lock()
 	p.err = err
 	p.mu.Unlock()
-	if p.mem != nil {
-		p.mem.Close()
+	if p.Mem != nil {
+		p.Mem.Close()
 	}
 }
 
 // attach seizes every thread of the guest; threads it creates later are
 // attached by the kernel (PTRACE_O_TRACECLONE).
-func (p *ptracer) attach() error {
+func (p *Process) attach() error {
 	var err error
-	if p.mem, err = os.OpenFile(fmt.Sprintf("/proc/%d/mem", p.pid), os.O_RDWR, 0); err != nil {
+	if p.Mem, err = os.OpenFile(fmt.Sprintf("/proc/%d/mem", p.pid), os.O_RDWR, 0); err != nil {
 		return fmt.Errorf("opening the guest's memory: %w", err)
 	}
-	if p.sysInsn, err = findSyscallInsn(p.pid, p.mem); err != nil {
+	if p.sysInsn, err = findSyscallInsn(p.pid, p.Mem); err != nil {
 		return err
 	}
 	for { // until a pass finds no new thread
@@ -180,9 +182,9 @@ func (p *ptracer) attach() error {
 				continue // the thread exited meanwhile
 			}
 			if err != nil {
-				return fmt.Errorf("attaching to guest thread %d: %w (the hypervisor needs ptrace permission: root, CAP_SYS_PTRACE or kernel.yama.ptrace_scope=0)", tid, err)
+				return fmt.Errorf("attaching to guest Thread %d: %w (the hypervisor needs ptrace permission: root, CAP_SYS_PTRACE or kernel.yama.ptrace_scope=0)", tid, err)
 			}
-			p.threads[tid] = &thread{tid: tid}
+			p.threads[tid] = &Thread{tid: tid}
 			p.pin(tid)
 			added++
 		}
@@ -206,7 +208,7 @@ func taskIDs(pid int) ([]int, error) {
 	return tids, nil
 }
 
-func (p *ptracer) pin(tid int) {
+func (p *Process) pin(tid int) {
 	if p.cpu >= 0 {
 		pinThread(tid, p.cpu)
 	}
@@ -222,18 +224,18 @@ func pinThread(tid, cpu int) {
 // the guest's process group only, so the hypervisor's other children are
 // never reaped here; it first peeks (WNOWAIT) so that the guest's own exit
 // is left to its parent's Wait when that parent is this process.
-func (p *ptracer) waitAny() (event, error) {
+func (p *Process) waitAny() (event, error) {
 	ev, _, err := p.nextEvent(0)
 	return ev, err
 }
 
 // pollEvent is waitAny without blocking: ok is false when no thread has
 // anything to report.
-func (p *ptracer) pollEvent() (ev event, ok bool, err error) {
+func (p *Process) pollEvent() (ev event, ok bool, err error) {
 	return p.nextEvent(unix.WNOHANG)
 }
 
-func (p *ptracer) nextEvent(flags int) (event, bool, error) {
+func (p *Process) nextEvent(flags int) (event, bool, error) {
 	for {
 		var info unix.Siginfo
 		err := unix.Waitid(unix.P_PGID, p.pgid, &info, unix.WEXITED|unix.WSTOPPED|unix.WNOWAIT|unix.WALL|flags, nil)
@@ -256,7 +258,7 @@ func (p *ptracer) nextEvent(flags int) (event, bool, error) {
 		}
 		var ws unix.WaitStatus
 		if _, err := unix.Wait4(tid, &ws, unix.WALL, nil); err != nil && !errors.Is(err, unix.EINTR) {
-			return event{}, false, fmt.Errorf("collecting guest thread %d: %w", tid, err)
+			return event{}, false, fmt.Errorf("collecting guest Thread %d: %w", tid, err)
 		}
 		if exited && tid == p.pid {
 			return event{}, false, ErrGuestGone
@@ -272,7 +274,7 @@ const (
 )
 
 // handle acts on one stop of a guest thread and resumes it.
-func (p *ptracer) handle(ev event) error {
+func (p *Process) handle(ev event) error {
 	ws, tid := ev.ws, ev.tid
 	if ws.Exited() || ws.Signaled() {
 		delete(p.threads, tid)
@@ -283,7 +285,7 @@ func (p *ptracer) handle(ev event) error {
 	}
 	th := p.threads[tid]
 	if th == nil { // a new thread (PTRACE_O_TRACECLONE) reports before or after its creator's event
-		th = &thread{tid: tid}
+		th = &Thread{tid: tid}
 		p.threads[tid] = th
 		p.pin(tid)
 	}
@@ -292,7 +294,7 @@ func (p *ptracer) handle(ev event) error {
 	switch {
 	case ws.TrapCause() == unix.PTRACE_EVENT_CLONE:
 		if msg, err := unix.PtraceGetEventMsg(tid); err == nil && p.threads[int(msg)] == nil {
-			p.threads[int(msg)] = &thread{tid: int(msg)}
+			p.threads[int(msg)] = &Thread{tid: int(msg)}
 			p.pin(int(msg))
 		}
 		return p.deliver(th, 0)
@@ -328,7 +330,7 @@ func (p *ptracer) handle(ev event) error {
 // one it has pending, first letting the tracer prepare for the frame the
 // kernel writes. The signal keeps its siginfo (the fault address, the
 // sender) although the thread may have been stepped meanwhile.
-func (p *ptracer) deliver(th *thread, sig int) error {
+func (p *Process) deliver(th *Thread, sig int) error {
 	info := th.info
 	if sig == 0 && th.pending != 0 {
 		sig, th.pending, th.info = th.pending, 0, nil
@@ -344,14 +346,18 @@ func (p *ptracer) deliver(th *thread, sig int) error {
 	return p.resume(th, sig)
 }
 
+// KeepSignal keeps signal sig pending for stopped thread tid: it is
+// delivered when the thread is next resumed.
+func (p *Process) KeepSignal(tid, sig int) { p.keepSignal(p.threads[tid], sig) }
+
 // keepSignal makes the signal that stopped th (sig) pending: it is
 // delivered, with its siginfo, when th is next resumed.
-func (p *ptracer) keepSignal(th *thread, sig int) {
+func (p *Process) keepSignal(th *Thread, sig int) {
 	th.pending = sig
 	th.info, _ = getRawSiginfo(th.tid)
 }
 
-func (p *ptracer) resume(th *thread, sig int) error {
+func (p *Process) resume(th *Thread, sig int) error {
 	if sig == 0 && th.pending != 0 {
 		sig, th.pending, th.info = th.pending, 0, nil
 	}
@@ -385,9 +391,9 @@ func ptraceInt(req, tid int, data uintptr) error {
 	return nil
 }
 
-// do runs fn on the tracer thread while a guest thread is stopped, and
+// Do runs fn on the tracer thread while a guest thread is stopped, and
 // returns when it has run.
-func (p *ptracer) do(fn func(tid int)) error {
+func (p *Process) Do(fn func(tid int)) error {
 	ran := make(chan struct{})
 	p.mu.Lock()
 	if p.isDone() {
@@ -411,7 +417,7 @@ func (p *ptracer) do(fn func(tid int)) error {
 
 // wake signals one live guest thread; its stop brings the tracer thread
 // out of waitAny.
-func (p *ptracer) wake() {
+func (p *Process) wake() {
 	tids, _ := taskIDs(p.pid)
 	for _, tid := range append([]int{p.pid}, tids...) {
 		if unix.Tgkill(p.pid, tid, wakeSignal) == nil {
@@ -420,7 +426,7 @@ func (p *ptracer) wake() {
 	}
 }
 
-func (p *ptracer) runWork(tid int) {
+func (p *Process) runWork(tid int) {
 	p.mu.Lock()
 	work := p.work
 	p.work, p.waiting = nil, false
@@ -431,23 +437,23 @@ func (p *ptracer) runWork(tid int) {
 }
 
 // wakeAwaited reports whether a wake-up signal was sent for queued work.
-func (p *ptracer) wakeAwaited() bool {
+func (p *Process) wakeAwaited() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.waiting
 }
 
 // stopRequested is set by close: the loop detaches after its current event.
-func (p *ptracer) stopping() bool {
+func (p *Process) stopping() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.stop
 }
 
-// close detaches from the guest (its threads run on untraced) and waits
+// Close detaches from the guest (its threads run on untraced) and waits
 // for the tracer thread to end.
-func (p *ptracer) close() error {
-	err := p.do(func(int) {
+func (p *Process) Close() error {
+	err := p.Do(func(int) {
 		p.mu.Lock()
 		p.stop = true
 		p.mu.Unlock()
@@ -459,7 +465,7 @@ func (p *ptracer) close() error {
 	return nil
 }
 
-func (p *ptracer) isDone() bool {
+func (p *Process) isDone() bool {
 	select {
 	case <-p.done:
 		return true
@@ -468,7 +474,7 @@ func (p *ptracer) isDone() bool {
 	}
 }
 
-func (p *ptracer) doneErr() error {
+func (p *Process) doneErr() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err == nil {
@@ -483,7 +489,7 @@ func (p *ptracer) doneErr() error {
 // then, and the store runs again. Threads that exit meanwhile (the guest
 // may be exiting) are forgotten; it never waits on one thread alone, since
 // an exiting thread-group leader reports only after all the others.
-func (p *ptracer) detachAll() {
+func (p *Process) detachAll() {
 	for _, ev := range p.deferred {
 		p.noteStop(ev)
 	}
@@ -510,10 +516,10 @@ func (p *ptracer) detachAll() {
 			ptraceInt(unix.PTRACE_DETACH, tid, uintptr(th.pending))
 		}
 	}
-	p.threads = map[int]*thread{}
+	p.threads = map[int]*Thread{}
 }
 
-func (p *ptracer) anyRunning() bool {
+func (p *Process) anyRunning() bool {
 	for _, th := range p.threads {
 		if !th.stopped {
 			return true
@@ -524,14 +530,14 @@ func (p *ptracer) anyRunning() bool {
 
 // noteStop records a stop collected while detaching: the thread is
 // stopped, with the signal it is to receive.
-func (p *ptracer) noteStop(ev event) {
+func (p *Process) noteStop(ev event) {
 	if ev.ws.Exited() || ev.ws.Signaled() {
 		delete(p.threads, ev.tid)
 		return
 	}
 	th := p.threads[ev.tid]
 	if th == nil {
-		th = &thread{tid: ev.tid}
+		th = &Thread{tid: ev.tid}
 		p.threads[ev.tid] = th
 	}
 	th.stopped = true
@@ -547,7 +553,7 @@ func (p *ptracer) noteStop(ev event) {
 // and handled once the current work is done. The leader is polled, with a
 // deadline: an exiting thread-group leader reports nothing until every
 // other thread is gone.
-func (p *ptracer) awaitStop(th *thread) error {
+func (p *Process) awaitStop(th *Thread) error {
 	flags := unix.WALL
 	if th.tid == p.pid {
 		flags |= unix.WNOHANG
@@ -564,7 +570,7 @@ func (p *ptracer) awaitStop(th *thread) error {
 		}
 		if got == 0 {
 			if time.Now().After(deadline) {
-				return fmt.Errorf("guest thread %d did not stop", th.tid)
+				return fmt.Errorf("guest Thread %d did not stop", th.tid)
 			}
 			time.Sleep(20 * time.Microsecond)
 			continue
@@ -581,28 +587,28 @@ func (p *ptracer) awaitStop(th *thread) error {
 	}
 }
 
-// stopOthers stops every guest thread but tid, for the time a page is
+// StopOthers stops every guest thread but tid, for the time a page is
 // unprotected or a flush collects pages; resumeOthers lets them go on. all
 // is false if a thread did not stop (within awaitStop's deadline). A
 // thread stops only in user space: a system call it was in has returned,
 // or was interrupted to be restarted. Every thread is interrupted before
 // the first is waited for, so they stop at once, each on its own CPU: the
 // time the guest stands still does not grow with its threads.
-func (p *ptracer) stopOthers(tid int) (stopped []*thread, all bool) {
-	return p.stopThreads(tid, nil)
+func (p *Process) StopOthers(tid int) (stopped []*Thread, all bool) {
+	return p.StopThreads(tid, nil)
 }
 
-// stopThreads is stopOthers for the threads in tids only (every thread
+// StopThreads is stopOthers for the threads in tids only (every thread
 // but tid when nil). all is also false if a thread of tids is not (yet)
 // known to the tracer.
-func (p *ptracer) stopThreads(tid int, tids []int) (stopped []*thread, all bool) {
+func (p *Process) StopThreads(tid int, tids []int) (stopped []*Thread, all bool) {
 	all = true
 	for _, id := range tids {
 		if p.threads[id] == nil {
 			all = false
 		}
 	}
-	var asked []*thread
+	var asked []*Thread
 	for id, th := range p.threads {
 		if id == tid || th.stopped || (tids != nil && !slices.Contains(tids, id)) {
 			continue
@@ -623,7 +629,7 @@ func (p *ptracer) stopThreads(tid int, tids []int) (stopped []*thread, all bool)
 	return stopped, all
 }
 
-func (p *ptracer) resumeOthers(stopped []*thread) {
+func (p *Process) ResumeOthers(stopped []*Thread) {
 	for _, th := range stopped {
 		if p.hasDeferred(th.tid) {
 			continue // its own stop is handled next, which resumes it
@@ -632,7 +638,7 @@ func (p *ptracer) resumeOthers(stopped []*thread) {
 	}
 }
 
-func (p *ptracer) hasDeferred(tid int) bool {
+func (p *Process) hasDeferred(tid int) bool {
 	for _, ev := range p.deferred {
 		if ev.tid == tid {
 			return true
@@ -641,11 +647,11 @@ func (p *ptracer) hasDeferred(tid int) bool {
 	return false
 }
 
-// singleStep executes one instruction of stopped thread tid. A signal that
+// SingleStep executes one instruction of stopped thread tid. A signal that
 // arrives instead is kept for the thread's next resume; a protection fault
-// inside a traced region is returned as *stepFault for the caller to
+// inside a traced region is returned as *StepFault for the caller to
 // resolve and step again.
-func (p *ptracer) singleStep(tid int) error {
+func (p *Process) SingleStep(tid int) error {
 	th := p.threads[tid]
 	for {
 		if err := unix.PtraceSingleStep(tid); err != nil {
@@ -678,7 +684,7 @@ func (p *ptracer) singleStep(tid int) error {
 		case sig == unix.SIGSEGV:
 			info, err := getSiginfo(tid)
 			if err == nil && info.code == segvAccErr {
-				return &stepFault{addr: info.addr}
+				return &StepFault{Addr: info.addr}
 			}
 		}
 		if th != nil && sig != wakeSignal {
@@ -691,7 +697,7 @@ func (p *ptracer) singleStep(tid int) error {
 
 // runWorkLater: a wake-up arrived while the thread was being stepped; the
 // queued work runs at the next stop of any thread, so send another.
-func (p *ptracer) runWorkLater() {
+func (p *Process) runWorkLater() {
 	p.mu.Lock()
 	p.waiting = len(p.work) > 0
 	resend := p.waiting
@@ -701,16 +707,16 @@ func (p *ptracer) runWorkLater() {
 	}
 }
 
-type stepFault struct{ addr uint64 }
+type StepFault struct{ Addr uint64 }
 
-func (f *stepFault) Error() string {
-	return fmt.Sprintf("protection fault at %#x while stepping", f.addr)
+func (f *StepFault) Error() string {
+	return fmt.Sprintf("protection fault at %#x while stepping", f.Addr)
 }
 
-// mprotect changes the protection of [addr, addr+n) in the guest by
+// Mprotect changes the protection of [addr, addr+n) in the guest by
 // injecting the system call into stopped thread tid.
-func (p *ptracer) mprotect(tid int, addr, n uint64, prot int) error {
-	ret, err := p.inject(tid, unix.SYS_MPROTECT, addr, n, uint64(prot))
+func (p *Process) Mprotect(tid int, addr, n uint64, prot int) error {
+	ret, err := p.Inject(tid, unix.SYS_MPROTECT, addr, n, uint64(prot))
 	if err != nil {
 		return err
 	}
@@ -722,22 +728,22 @@ func (p *ptracer) mprotect(tid int, addr, n uint64, prot int) error {
 
 const ssDisable = 2 // SS_DISABLE: no signal stack
 
-// altStack returns thread tid's signal stack (sigaltstack(2), injected;
+// AltStack returns thread tid's signal stack (sigaltstack(2), injected;
 // the kernel writes the answer at scratch, guest memory it may clobber)
 // and whether it has one enabled.
-func (p *ptracer) altStack(tid int, scratch uint64) (lo, hi uint64, ok bool) {
-	ret, err := p.inject(tid, unix.SYS_SIGALTSTACK, 0, scratch)
+func (p *Process) AltStack(tid int, scratch uint64) (lo, hi uint64, ok bool) {
+	ret, err := p.Inject(tid, unix.SYS_SIGALTSTACK, 0, scratch)
 	var ss [24]byte // stack_t: ss_sp, ss_flags (int, padded), ss_size
-	if err != nil || ret != 0 || p.readGuest(scratch, ss[:]) != nil {
+	if err != nil || ret != 0 || p.ReadGuest(scratch, ss[:]) != nil {
 		return 0, 0, false
 	}
 	sp, flags, size := binary.LittleEndian.Uint64(ss[0:]), binary.LittleEndian.Uint32(ss[8:]), binary.LittleEndian.Uint64(ss[16:])
 	return sp, sp + size, flags&ssDisable == 0 && size > 0 && sp+size > sp
 }
 
-// readGuest reads guest memory (reads never fault on write-protected pages).
-func (p *ptracer) readGuest(addr uint64, b []byte) error {
-	n, err := p.mem.ReadAt(b, int64(addr))
+// ReadGuest reads guest memory (reads never fault on write-protected pages).
+func (p *Process) ReadGuest(addr uint64, b []byte) error {
+	n, err := p.Mem.ReadAt(b, int64(addr))
 	if n == len(b) {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package mmiotrace
+package x86store
 
 import "testing"
 

@@ -1,4 +1,4 @@
-package mmiotrace
+package x86store
 
 import (
 	"encoding/binary"
@@ -64,6 +64,13 @@ func (a *Access) VectorSource() bool {
 
 // Width is the bytes stored per element.
 func (a *Access) Width() int { return a.width }
+
+// Rep reports a REP prefix: the store repeats for RCX elements.
+func (a *Access) Rep() bool { return a.rep }
+
+// StringOp reports a STOS or MOVS: the destination is [RDI], which
+// advances (and RSI with it).
+func (a *Access) StringOp() bool { return a.stringOp }
 
 // ErrNotStore is returned by Decode for an instruction that does not write
 // memory, or whose store it cannot describe: the tracer then single-steps

@@ -1,4 +1,12 @@
-package drill
+// Package soak owns the kill soak (vgpuha-lab soak): two node processes on
+// loopback whose primary is SIGKILLed again and again and restarted as the
+// new primary's standby, while guests of every kind keep working; it
+// counts every acknowledged write read back and every session at the end.
+//
+// It drives nodes only as processes (nodeproc) and guests only through
+// pvdriver, never in-process; it never changes what a drill measures (the
+// drill's Quantiles are its figures too).
+package soak
 
 import (
 	"context"
@@ -19,16 +27,18 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/lab/drill"
+	"github.com/vgpuha/vgpuha/internal/lab/drill/nodeproc"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
-// SoakOptions configure a soak: two nodes on loopback whose primary is
+// Options configure a soak: two nodes on loopback whose primary is
 // SIGKILLed every KillMin..KillMax and restarted as the new primary's
 // standby, while counter guests write and read back without pause,
 // looping guest processes run every workload, a new guest opens a session
 // every NewGuestEvery and a guest dies mid-hello every MidHelloEvery.
-type SoakOptions struct {
+type Options struct {
 	Binary, Backend  string
 	Duration         time.Duration
 	KillMin, KillMax time.Duration
@@ -41,14 +51,14 @@ type SoakOptions struct {
 	Note             func(string)
 }
 
-// SoakReport is what a soak counted.
-type SoakReport struct {
-	Seconds     float64   `json:"seconds"`
-	Kills       int       `json:"kills"`
-	Takeovers   int       `json:"takeovers"`
-	DetectionMS Quantiles `json:"detection_ms"`
-	AckedWrites int64     `json:"acked_writes"`      // counter guests' acknowledged writes
-	LostAcked   int64     `json:"lost_acked_writes"` // acknowledged writes not read back
+// Report is what a soak counted.
+type Report struct {
+	Seconds     float64         `json:"seconds"`
+	Kills       int             `json:"kills"`
+	Takeovers   int             `json:"takeovers"`
+	DetectionMS drill.Quantiles `json:"detection_ms"`
+	AckedWrites int64           `json:"acked_writes"`      // counter guests' acknowledged writes
+	LostAcked   int64           `json:"lost_acked_writes"` // acknowledged writes not read back
 	// RolledBack: sessions whose guest was told that acknowledged
 	// requests are gone (pvdriver.ErrRolledBack: the node it resumed on
 	// lacks them; pvdriver.ErrSessionLost: no node holds the session; both
@@ -72,23 +82,23 @@ type SoakReport struct {
 // replaced at each restart.
 type soakNode struct {
 	name, repl, guestEP string
-	agent               *agent
+	agent               *nodeproc.Node
 }
 
 type soak struct {
-	o         SoakOptions
+	o         Options
 	dir, key  string
 	nodes     [2]*soakNode
 	primary   int // index of the serving node
 	mu        sync.Mutex
-	rep       SoakReport
+	rep       Report
 	detection []float64
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
 
-// Soak runs a soak for o.Duration and reports what it counted.
-func Soak(o SoakOptions) (SoakReport, error) {
+// Run runs a soak for o.Duration and reports what it counted.
+func Run(o Options) (Report, error) {
 	fill := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
@@ -118,7 +128,7 @@ func Soak(o SoakOptions) (SoakReport, error) {
 	if err == nil {
 		err = s.countSessions()
 	}
-	s.rep.DetectionMS = quantilesOf(s.detection)
+	s.rep.DetectionMS = drill.QuantilesOf(s.detection)
 	s.finish(err)
 	return s.rep, err
 }
@@ -137,7 +147,7 @@ func (s *soak) start() error {
 		return err
 	}
 	for i, name := range []string{"a", "b"} {
-		addr, err := freeAddr()
+		addr, err := nodeproc.FreeAddr()
 		if err != nil {
 			return err
 		}
@@ -156,26 +166,26 @@ func (s *soak) start() error {
 // the other node.
 func (s *soak) startNode(i int, role string) error {
 	n, other := s.nodes[i], s.nodes[1-i]
-	n.agent = newAgent(filepath.Join(s.dir, n.name+"-admin.sock"))
+	n.agent = nodeproc.New(filepath.Join(s.dir, n.name+"-admin.sock"))
 	args := []string{role, "--backend", s.o.Backend, "--guest-listen", n.guestEP, "--replicate.key-file", s.key,
-		"--admin-listen", n.agent.admin, "--replicate-to", "tcp://" + other.repl, "--guest.max-grace", s.o.Grace.String()}
+		"--admin-listen", n.agent.Admin, "--replicate-to", "tcp://" + other.repl, "--guest.max-grace", s.o.Grace.String()}
 	if role == "standby" {
 		args = append(args, "--listen", "tcp://"+n.repl)
 	}
-	n.agent.cmd = exec.Command(s.o.Binary, args...)
+	n.agent.Cmd = exec.Command(s.o.Binary, args...)
 	logf, err := os.OpenFile(filepath.Join(s.dir, n.name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	n.agent.cmd.Stderr = logf
-	return n.agent.cmd.Start()
+	n.agent.Cmd.Stderr = logf
+	return n.agent.Cmd.Start()
 }
 
 func (s *soak) waitProtected(i int) error {
-	return waitFor(60*time.Second, func() bool {
+	return nodeproc.WaitFor(60*time.Second, func() bool {
 		var st struct{ Replication struct{ State string } }
-		return s.nodes[i].agent.status(&st) == nil && st.Replication.State == "protected"
+		return s.nodes[i].agent.Status(&st) == nil && st.Replication.State == "protected"
 	})
 }
 
@@ -215,14 +225,14 @@ func (s *soak) kills(deadline time.Time) error {
 
 func (s *soak) killPrimary() error {
 	old := s.primary
-	s.nodes[old].agent.cmd.Process.Kill()
-	s.nodes[old].agent.cmd.Wait()
+	s.nodes[old].agent.Cmd.Process.Kill()
+	s.nodes[old].agent.Cmd.Wait()
 	s.mu.Lock()
 	s.rep.Kills++
 	s.mu.Unlock()
 	next := s.nodes[1-old].agent
-	var p *Promotion
-	if err := waitFor(10*time.Second, func() bool { p = next.promotion(); return p != nil && time.Since(p.Serving) < time.Minute }); err != nil {
+	var p *nodeproc.Promotion
+	if err := nodeproc.WaitFor(10*time.Second, func() bool { p = next.Promotion(); return p != nil && time.Since(p.Serving) < time.Minute }); err != nil {
 		return fmt.Errorf("kill %d: the standby did not take over", s.rep.Kills)
 	}
 	s.mu.Lock()
@@ -272,7 +282,15 @@ func (s *soak) every(d time.Duration, f func()) {
 	}
 }
 
-func (s *soak) stopped() bool { return stopped(s.stop) }
+// stopped reports whether the soak is over (s.stop closed).
+func (s *soak) stopped() bool {
+	select {
+	case <-s.stop:
+		return true
+	default:
+		return false
+	}
+}
 
 // counterSlots is how many 8-byte counters a counter guest keeps on the
 // device.
@@ -438,7 +456,7 @@ func (s *soak) countSessions() error {
 	var st struct {
 		Sessions []json.RawMessage `json:"sessions"`
 	}
-	if err := s.nodes[s.primary].agent.status(&st); err != nil {
+	if err := s.nodes[s.primary].agent.Status(&st); err != nil {
 		return fmt.Errorf("reading the primary's sessions: %w", err)
 	}
 	s.rep.SessionsAtEnd = len(st.Sessions)
@@ -448,9 +466,9 @@ func (s *soak) countSessions() error {
 // finish stops the nodes; their logs stay when anything went wrong.
 func (s *soak) finish(err error) {
 	for _, n := range s.nodes {
-		if n != nil && n.agent != nil && n.agent.cmd != nil && n.agent.cmd.Process != nil {
-			n.agent.cmd.Process.Signal(syscall.SIGKILL)
-			n.agent.cmd.Wait()
+		if n != nil && n.agent != nil && n.agent.Cmd != nil && n.agent.Cmd.Process != nil {
+			n.agent.Cmd.Process.Signal(syscall.SIGKILL)
+			n.agent.Cmd.Wait()
 		}
 	}
 	if err != nil || len(s.rep.Problems) > 0 || s.rep.SessionsAtEnd != s.rep.ExpectedAtEnd {
@@ -465,7 +483,7 @@ var errSoakFailed = errors.New("soak failed")
 
 // Verdict is nil when the soak lost no acknowledged write (silently or
 // told), leaked no session and refused no new guest.
-func (r SoakReport) Verdict() error {
+func (r Report) Verdict() error {
 	if r.LostAcked > 0 || r.SessionsAtEnd != r.ExpectedAtEnd || r.NewRefused > 0 || r.RolledBack > 0 {
 		return fmt.Errorf("%w: %d acknowledged writes lost, %d sessions rolled back, %d sessions left (want %d), %d new guests refused",
 			errSoakFailed, r.LostAcked, r.RolledBack, r.SessionsAtEnd, r.ExpectedAtEnd, r.NewRefused)

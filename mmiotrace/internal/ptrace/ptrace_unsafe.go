@@ -1,6 +1,6 @@
 //go:build linux
 
-package mmiotrace
+package ptrace
 
 import (
 	"unsafe"
