@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/arch/x86/x86asm"
 	"golang.org/x/sys/unix"
+
+	"github.com/vgpuha/vgpuha/kmod/faultcount"
 )
 
 // The TestInVM tests run inside the VM that TestModuleInVM boots, with the
@@ -215,7 +217,7 @@ func TestInVMFaultCounter(t *testing.T) {
 	for _, mode := range []int{ModeWrite, ModePage} {
 		_, g, _ := newAperture(t, d, 8, mode)
 		lo := addrOf(g)
-		fc, err := NewFaultCounter(os.Getpid(), lo, lo+uint64(len(g)))
+		fc, err := faultcount.NewFaultCounter(os.Getpid(), lo, lo+uint64(len(g)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,12 +8,14 @@ import (
 
 // labOnly are packages the agent must never link: the test kit, the lab
 // (internal/lab: drills, workloads, in-process clusters, fault injection,
-// example guests, harnesses), an etcd server, plotting.
+// example guests, harnesses), an etcd server, plotting, an eBPF loader
+// (the fault counter, kmod/faultcount, is the lab's).
 var labOnly = []string{
 	"testing",
 	"github.com/vgpuha/vgpuha/internal/lab/",
 	"go.etcd.io/etcd/server/",
 	"gonum.org/",
+	"github.com/cilium/ebpf",
 }
 
 // deps lists the packages `go build` links into cmd/vgpuha with tags.
@@ -50,7 +52,7 @@ func TestAgentDependencies(t *testing.T) {
 		t.Errorf("the agent links %d lab packages (move the command that needs them to a lab_*.go file with //go:build lab): %v", len(b), b)
 	}
 	lab := deps(t, "lab")
-	for _, want := range []string{"github.com/vgpuha/vgpuha/internal/lab/drill", "go.etcd.io/etcd/server/v3/embed", "gonum.org/v1/plot"} {
+	for _, want := range []string{"github.com/vgpuha/vgpuha/internal/lab/drill", "go.etcd.io/etcd/server/v3/embed", "gonum.org/v1/plot", "github.com/cilium/ebpf"} {
 		if !strings.Contains(" "+strings.Join(banned(lab), " ")+" ", " "+want+" ") {
 			t.Errorf("the lab tool does not link %s: the check would not see it", want)
 		}

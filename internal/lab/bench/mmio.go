@@ -25,7 +25,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
-	"github.com/vgpuha/vgpuha/kmod"
+	"github.com/vgpuha/vgpuha/kmod/faultcount"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 )
 
@@ -322,7 +322,7 @@ func runMMIOGuest(prog string, args []string) (mmioguest.Result, int64, error) {
 	if err := cmd.Start(); err != nil {
 		return mmioguest.Result{}, 0, err
 	}
-	kfaults, kerr := kmod.NewFaultCounter(cmd.Process.Pid, 0, 1<<47)
+	kfaults, kerr := faultcount.NewFaultCounter(cmd.Process.Pid, 0, 1<<47)
 	if kerr == nil {
 		defer kfaults.Close()
 	}

@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package kmod
+package faultcount
 
 import (
 	"fmt"

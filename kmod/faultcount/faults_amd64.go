@@ -1,4 +1,4 @@
-package kmod
+package faultcount
 
 import "github.com/cilium/ebpf/asm"
 

@@ -1,4 +1,4 @@
-package kmod
+package faultcount
 
 import (
 	"os"
