@@ -1,211 +1,31 @@
 package replicate
 
 import (
-	"context"
 	"errors"
-	"io"
-	"log/slog"
-	"net"
-	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/vgpuha/vgpuha/replicate/admission"
 	"github.com/vgpuha/vgpuha/replicate/link"
-	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // TestIdentityRoundTrip: identities and refusals decode as encoded; a
 // truncated or padded one, or a bad group, does not decode.
 func TestIdentityRoundTrip(t *testing.T) {
 	id := admission.Identity{Group: "gpu-pair-7", Primary: 0xdeadbeef, Term: 3, Last: 77}
-	b := appendIdentity(nil, id)
-	if got, err := decodeIdentity(b); err != nil || got != id {
+	b := AppendIdentity(nil, id)
+	if got, err := DecodeIdentity(b); err != nil || got != id {
 		t.Fatalf("identity: %+v, %v", got, err)
 	}
-	for _, bad := range [][]byte{b[:len(b)-1], append(b, 0), b[:identityFixed-1], appendIdentity(nil, admission.Identity{Group: "two words"})} {
-		if _, err := decodeIdentity(bad); !errors.Is(err, link.ErrCorrupt) {
+	for _, bad := range [][]byte{b[:len(b)-1], append(b, 0), b[:IdentityFixed-1], AppendIdentity(nil, admission.Identity{Group: "two words"})} {
+		if _, err := DecodeIdentity(bad); !errors.Is(err, link.ErrCorrupt) {
 			t.Errorf("%x decoded: %v", bad, err)
 		}
 	}
-	reason, follows, err := decodeRefusal(appendRefusal(nil, admission.RefusedOtherGroup, id))
+	reason, follows, err := decodeRefusal(AppendRefusal(nil, admission.RefusedOtherGroup, id))
 	if err != nil || reason != admission.RefusedOtherGroup || follows != id {
 		t.Fatalf("refusal: %v %+v %v", reason, follows, err)
 	}
-	if _, _, err := decodeRefusal(appendRefusal(nil, 0, id)); err == nil {
+	if _, _, err := decodeRefusal(AppendRefusal(nil, 0, id)); err == nil {
 		t.Error("refusal without a reason decoded")
-	}
-}
-
-// termNode is a primary under a fixed term that records the terms its
-// standby tells it.
-type termNode struct {
-	patternNode
-	term uint64
-	mu   sync.Mutex
-	told []uint64
-}
-
-func (n *termNode) Term() uint64 { return n.term }
-func (n *termNode) PeerTerm(t uint64) {
-	n.mu.Lock()
-	n.told = append(n.told, t)
-	n.mu.Unlock()
-}
-
-// resetCounter counts the resets and snapshots a replica saw.
-type resetCounter struct {
-	mu      sync.Mutex
-	resets  int
-	applied int
-	synced  chan struct{}
-	once    sync.Once
-}
-
-func (c *resetCounter) Apply(r *Record) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r.Op == OpReset {
-		c.resets++
-	}
-	c.applied++
-	return nil
-}
-func (c *resetCounter) Checksums() []verify.ObjectSum { return nil }
-func (c *resetCounter) Heard(uint64)                  {}
-func (c *resetCounter) HandOver() (uint64, bool)      { return 0, false }
-func (c *resetCounter) Synced(in bool) {
-	if in {
-		c.once.Do(func() { close(c.synced) })
-	}
-}
-
-func (c *resetCounter) resetsSoFar() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.resets
-}
-
-// TestStrayPrimaryRefused: over real sockets, a standby following a
-// primary refuses a second one (another group, the same group at a lower
-// term, another primary at its term, the same primary restored from an
-// image behind the replica), never resets its replica for it, and both
-// ends count the refusal; a deposed one is told the term; the real primary
-// stays attached. An operator's adoption lets another group's primary in
-// once, and the old pair is refused after it.
-func TestStrayPrimaryRefused(t *testing.T) {
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rep := &resetCounter{synced: make(chan struct{})}
-	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go r.Serve(ln)
-	defer r.Close()
-	start := func(group string, term uint64, sameLogAs ...*Log) (*Sender, *termNode, func()) {
-		lg := NewLog(64 << 20)
-		if len(sameLogAs) > 0 {
-			lg.id = sameLogAs[0].id // the same primary, its log restored from an image
-		}
-		node := &termNode{patternNode: patternNode{log: lg, records: 2}, term: term}
-		s, err := NewSender(SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: ModeCommit, Log: lg, Logger: quiet, Group: group}, node)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { s.Run(ctx); close(done) }()
-		return s, node, func() { cancel(); lg.Close(); <-done }
-	}
-	real, _, stopReal := start("pair", 3)
-	defer func() { stopReal() }()
-	select {
-	case <-rep.synced:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the real primary never synced its standby")
-	}
-	waitFor(t, "protected", func() bool { return real.Status().Protected })
-	for _, tc := range []struct {
-		story string
-		group string
-		term  uint64
-		want  admission.RefuseReason
-	}{
-		{"another group", "", 1, admission.RefusedOtherGroup},
-		{"the same group, deposed", "pair", 2, admission.RefusedStaleTerm},
-		{"another primary at the term", "pair", 3, admission.RefusedOtherPrimary},
-	} {
-		before := r.Status().Refused[tc.want.String()]
-		stray, node, stop := start(tc.group, tc.term)
-		waitFor(t, tc.story+": refused by the standby", func() bool { return r.Status().Refused[tc.want.String()] > before })
-		waitFor(t, tc.story+": refusal counted by the stray", func() bool { return stray.Status().Refused[tc.want.String()] > 0 })
-		stop()
-		if msg := stray.Status().LastError; !strings.Contains(msg, "refused this primary ("+tc.want.String()+")") {
-			t.Errorf("%s: the stray's last error: %q", tc.story, msg)
-		}
-		node.mu.Lock()
-		told := node.told
-		node.mu.Unlock()
-		if tc.want == admission.RefusedStaleTerm && (len(told) == 0 || told[0] != 3) {
-			t.Errorf("%s: the deposed primary was told %v, want term 3", tc.story, told)
-		}
-		if tc.want != admission.RefusedStaleTerm && len(told) > 0 {
-			t.Errorf("%s: a primary refused for %v was told terms %v", tc.story, tc.want, told)
-		}
-	}
-	// The real primary's image restored: its id and term, a log that ends
-	// before what the replica applied.
-	real.cfg.Log.Append(Record{Op: OpMMIO, Body: []byte("x")})
-	waitFor(t, "the record applied", func() bool { return r.Status().Applied >= 1 })
-	before := r.Status().Refused[admission.RefusedRewound.String()]
-	_, _, stop := start("pair", 3, real.cfg.Log)
-	waitFor(t, "the rewound primary refused", func() bool { return r.Status().Refused[admission.RefusedRewound.String()] > before })
-	stop()
-	if n := rep.resetsSoFar(); n != 1 {
-		t.Errorf("the replica was reset %d times, want once (the real primary's resync)", n)
-	}
-	if st := real.Status(); !st.Protected || st.Resyncs != 1 {
-		t.Errorf("the real primary: protected %v after %d resyncs, want protected after 1", st.Protected, st.Resyncs)
-	}
-	if f := r.Status().Follows; f == nil || f.Group != "pair" || f.Term != 3 {
-		t.Errorf("the standby follows %+v", f)
-	}
-
-	// An operator's adoption: the next primary, of another group, is
-	// followed (its resync replaces the replica), and the old pair's
-	// primary is refused from then on.
-	r.armAdoption()
-	adopted, _, stopAdopted := start("new-pair", 1)
-	defer stopAdopted()
-	waitFor(t, "the adopted primary protected", func() bool { return adopted.Status().Protected })
-	if f := r.Status().Follows; f == nil || f.Group != "new-pair" {
-		t.Errorf("after the adoption the standby follows %+v", f)
-	}
-	stopReal()
-	stopReal = func() {}
-	before = r.Status().Refused[admission.RefusedOtherGroup.String()]
-	_, _, stopOld := start("pair", 3)
-	waitFor(t, "the old pair's primary refused", func() bool { return r.Status().Refused[admission.RefusedOtherGroup.String()] > before })
-	stopOld()
-	if n := rep.resetsSoFar(); n != 2 {
-		t.Errorf("the replica was reset %d times, want twice (the real primary's and the adopted one's resyncs)", n)
-	}
-}
-
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -60,7 +60,7 @@
 //	  |--- verify {id} (in-stream, at one log position) ----->|
 //	  |<-- checksums {id, objects} ---------------------------|
 //
-// Records on the link (package link, receiver.go): AES-GCM runs at 2-4 GB/s a
+// Records on the link (package link, package receiver): AES-GCM runs at 2-4 GB/s a
 // core, below a fast link, so one record must not be sealed or opened on
 // one core. The sender queues each batch's frames on a link.BulkWriter: a
 // frame of 64 KiB or more is sealed on one of up to four workers, out of
@@ -87,7 +87,7 @@
 // CRC-32C of its body (Record.BodyCRC), the exactly-once sum the
 // hypervisor keeps, so the applier does not.
 //
-// Applying (receiver.go, link.Lender): one applier applies records in
+// Applying (package receiver, link.Lender): one applier applies records in
 // order. A record of 64 KiB or more is read into a lent buffer: from the
 // heap, or on a GPU standby carved from one page-locked region used as a
 // ring, exactly as large as the record. It may be applied with its copy

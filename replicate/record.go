@@ -42,6 +42,12 @@ func (r *Record) BodyCRC() uint32 {
 	return crc32.Checksum(r.Body, castagnoli)
 }
 
+// SetBodyCRC records sum as Body's CRC-32C, taken by the caller (a
+// standby's receiver takes it on the worker that opened the record, off
+// the applier's path), so BodyCRC need not take it again. Never on the
+// wire.
+func (r *Record) SetBodyCRC(sum uint32) { r.bodyCRC, r.hasCRC = sum, true }
+
 // Op is a record kind: a guest opcode (abi.Opcode values) or a control kind.
 type Op uint16
 

@@ -45,8 +45,9 @@ type ResyncProgress struct {
 	ETASeconds  float64 `json:"eta_seconds"`
 }
 
-// progress tracks one resync's bytes; safe for concurrent use.
-type progress struct {
+// ResyncTracker tracks one resync's bytes, for the sender and the
+// standby's receiver; safe for concurrent use. The zero value is ready.
+type ResyncTracker struct {
 	mu      sync.Mutex
 	active  bool
 	start   time.Time
@@ -55,36 +56,38 @@ type progress struct {
 	lastLog time.Time
 }
 
-func (p *progress) begin(total uint64) {
+// Begin starts a resync of total contents bytes.
+func (p *ResyncTracker) Begin(total uint64) {
 	p.mu.Lock()
 	now := time.Now()
 	p.active, p.start, p.done, p.total, p.lastLog = true, now, 0, total, now
 	p.mu.Unlock()
 }
 
-func (p *progress) end() {
+// End ends the resync.
+func (p *ResyncTracker) End() {
 	p.mu.Lock()
 	p.active = false
 	p.mu.Unlock()
 }
 
-// add counts n more bytes and reports whether a progress line is due (one
+// Add counts n more bytes and reports whether a progress line is due (one
 // a second).
-func (p *progress) add(n uint64) bool {
+func (p *ResyncTracker) Add(n uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.setLocked(p.done + n)
 }
 
 // set is add for a known total done.
-func (p *progress) set(done uint64) bool {
+func (p *ResyncTracker) set(done uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.setLocked(done)
 }
 
 // Precondition: p.mu must be locked.
-func (p *progress) setLocked(done uint64) bool {
+func (p *ResyncTracker) setLocked(done uint64) bool {
 	p.done = done
 	if now := time.Now(); now.Sub(p.lastLog) >= time.Second {
 		p.lastLog = now
@@ -93,7 +96,8 @@ func (p *progress) setLocked(done uint64) bool {
 	return false
 }
 
-func (p *progress) status() ResyncProgress {
+// Status describes the resync.
+func (p *ResyncTracker) Status() ResyncProgress {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := ResyncProgress{Active: p.active, BytesDone: min(p.done, p.total), BytesTotal: p.total}
@@ -107,8 +111,8 @@ func (p *progress) status() ResyncProgress {
 	return st
 }
 
-// logArgs are a progress line's key/values.
-func (st ResyncProgress) logArgs() []any {
+// LogArgs are a progress line's key/values.
+func (st ResyncProgress) LogArgs() []any {
 	return []any{"bytes", st.BytesDone, "total", st.BytesTotal, "remaining", st.Remaining,
 		"rate_mb_s", int(st.BytesPerSec / 1e6), "eta", time.Duration(st.ETASeconds * float64(time.Second)).Round(time.Millisecond)}
 }
@@ -138,7 +142,9 @@ func (p *pacer) wait(n int) {
 // so the standby can report its progress too.
 func resetBody(total uint64) []byte { return binary.LittleEndian.AppendUint64(nil, total) }
 
-func resetTotal(body []byte) uint64 {
+// ResetTotal reads an OpReset record's body (resetBody): the snapshot's
+// contents bytes, 0 when the body holds none.
+func ResetTotal(body []byte) uint64 {
 	if len(body) < 8 {
 		return 0
 	}

@@ -109,7 +109,7 @@ type Sender struct {
 	resyncing  bool
 	resyncFrom time.Time
 	restarts   uint64
-	progress   progress
+	progress   ResyncTracker
 	// sent counts the record bytes sent (all links); resyncSent is its
 	// value when the resync under way began, lastResyncBytes what the
 	// last one carried.
@@ -192,7 +192,7 @@ func (s *Sender) Status() SenderStatus {
 		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(), LastResyncBytes: s.lastResyncBytes,
 		LastSnapshot: s.lastSnapshot.Seconds(),
 		LastError:    s.lastErr, LogStatus: ls, State: "unprotected",
-		ResyncRestarts: s.restarts, Resync: s.progress.status(), Group: s.cfg.Group, Primary: s.cfg.Log.id}
+		ResyncRestarts: s.restarts, Resync: s.progress.Status(), Group: s.cfg.Group, Primary: s.cfg.Log.id}
 	for reason, n := range s.refused {
 		if n > 0 {
 			if st.Refused == nil {
@@ -268,7 +268,7 @@ func (s *Sender) identity() admission.Identity {
 // returns the sequence streaming continues after.
 func (s *Sender) catchUp(l *link.Conn) (uint64, error) {
 	self := s.identity()
-	if err := l.WriteFlush(link.MsgIdentity, appendIdentity(make([]byte, 0, identityFixed+len(self.Group)+link.MacSize), self)); err != nil {
+	if err := l.WriteFlush(link.MsgIdentity, AppendIdentity(make([]byte, 0, IdentityFixed+len(self.Group)+link.MacSize), self)); err != nil {
 		return 0, err
 	}
 	l.Raw.SetReadDeadline(time.Now().Add(s.cfg.AckTimeout))
@@ -316,8 +316,8 @@ func (s *Sender) resync(l *link.Conn) (uint64, error) {
 	s.lastPause = pause
 	s.resyncing, s.resyncFrom, s.resyncSent = true, start, s.sent.Load()
 	s.mu.Unlock()
-	s.progress.begin(total)
-	defer s.progress.end()
+	s.progress.Begin(total)
+	defer s.progress.End()
 	if m := s.metrics; m != nil {
 		m.resyncs.Inc()
 		m.pause.Observe(pause.Seconds())
@@ -390,7 +390,7 @@ func (s *Sender) sendSnapshot(bw *link.BulkWriter, ready <-chan snapshotItem, fr
 			free <- item.buf
 			lg.streamed(s.cur, item.done, item.total)
 			if s.progress.set(item.done) {
-				s.log.Info("resync in progress", s.progress.status().logArgs()...)
+				s.log.Info("resync in progress", s.progress.Status().LogArgs()...)
 			}
 		})
 		if err != nil {

@@ -13,7 +13,9 @@ import (
 
 const sumSize = 8 + 1 + 8 + 8 + 8
 
-func encodeSums(id uint64, sums []verify.ObjectSum) []byte {
+// EncodeSums encodes a verify reply, the standby's checksums for
+// verification id (sent by its receiver).
+func EncodeSums(id uint64, sums []verify.ObjectSum) []byte {
 	b := binary.LittleEndian.AppendUint64(make([]byte, 0, 12+len(sums)*sumSize), id)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(sums)))
 	for _, s := range sums {

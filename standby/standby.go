@@ -27,11 +27,12 @@ import (
 	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/admission"
 	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/receiver"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // Roles is the node's role authority, told what the replication link
-// observes (see replicate.Replica).
+// observes (see receiver.Replica).
 type Roles interface {
 	Heard(term uint64)
 	Synced(inSync bool)
@@ -42,7 +43,7 @@ type Roles interface {
 type Agent struct {
 	Server   *hypervisor.Server // the replica: sessions rebuilt from the stream
 	Applier  *replica.Applier   // applies the stream to Server's sessions
-	Receiver *replicate.Receiver
+	Receiver *receiver.Receiver
 
 	Roles
 	log           *slog.Logger
@@ -52,22 +53,22 @@ type Agent struct {
 	badHeartbeats prometheus.Counter
 }
 
-// Apply implements replicate.Applier on the replica server.
+// Apply implements receiver.Applier on the replica server.
 func (a *Agent) Apply(r *replicate.Record) error { return a.Applier.Apply(r) }
 
-// Mark implements replicate.Settler: the replica's copies from receive
+// Mark implements receiver.Settler: the replica's copies from receive
 // buffers may stay queued on its GPU until settled (replica.Applier's
 // QueueCopies).
 func (a *Agent) Mark() uint64 { return a.Applier.Mark() }
 
-// Settle implements replicate.Settler.
+// Settle implements receiver.Settler.
 func (a *Agent) Settle(upTo uint64) error { return a.Applier.Settle(upTo) }
 
-// Checksums implements replicate.Applier.
+// Checksums implements receiver.Applier.
 func (a *Agent) Checksums() []verify.ObjectSum { return a.Applier.Checksums() }
 
 // Admission says which primaries a standby follows
-// (replicate.ReceiverConfig's Group and Adopt).
+// (receiver.ReceiverConfig's Group and Adopt).
 type Admission struct {
 	// Group, when set, is the only group whose primaries it follows.
 	Group string
@@ -89,8 +90,8 @@ func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, adm Admission,
 		return nil, err
 	}
 	a := &Agent{Server: srv, Applier: replica.New(srv, log), Roles: roles, log: log, key: key}
-	a.Applier.QueueCopies() // the receiver settles them (replicate.Settler)
-	rcfg := replicate.ReceiverConfig{
+	a.Applier.QueueCopies() // the receiver settles them (receiver.Settler)
+	rcfg := receiver.ReceiverConfig{
 		Key: key, Replica: a, Logger: log, Group: adm.Group, Adopt: adm.Adopt,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
 	}
@@ -102,7 +103,7 @@ func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, adm Admission,
 			return make([]byte, n)
 		}
 	}
-	rcv, err := replicate.NewReceiver(rcfg)
+	rcv, err := receiver.NewReceiver(rcfg)
 	if err != nil {
 		return nil, err
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 // Applier applies a primary's log to a node's sessions (a standby's
-// replicate.Applier, through standby.Agent).
+// receiver.Applier, through standby.Agent).
 type Applier struct {
 	sessions Sessions
 	metrics  Metrics

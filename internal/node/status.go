@@ -13,6 +13,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/replicate"
+	"github.com/vgpuha/vgpuha/replicate/receiver"
 )
 
 // Status is a node's /status: one shape for every role (a first primary,
@@ -258,7 +259,7 @@ func senderView(mode string, ls replicate.LogStatus, senders []replicate.SenderS
 }
 
 // receiverView is a standby's stream from its primary.
-func receiverView(r replicate.ReceiverStatus) Replication {
+func receiverView(r receiver.ReceiverStatus) Replication {
 	v := Replication{Direction: FromPrimary, Peer: r.Primary, Mode: r.Mode, Connected: r.Connected, InSync: r.InSync, Standbys: []StandbyLink{},
 		LastSequence: r.Received, AppliedSequence: r.Applied, LagRecords: r.Received - min(r.Applied, r.Received),
 		ApplyErrorsTotal: r.ApplyErrors, RefusedPeersTotal: r.RefusedPeers, Resync: resyncView(r.Resync)}

@@ -21,14 +21,14 @@ var roleWriters = []string{"SetRole", "RefuseBelow", "Receiver.Fence", "SetTerm"
 // the term on to its log.
 func TestOneRoleWriter(t *testing.T) {
 	allowed := map[string]bool{
-		"internal/node.pushRole":   true,
-		"hypervisor.setRoleLocked": true, // the term, on to the server's log
-		"hypervisor.Replicate":     true, // the server's term, on to a new log
-		"hypervisor.Switchover":    true, // setRoleLocked, with the role the authority returned
-		"hypervisor.SetRole":       true, // setRoleLocked
-		"replicate.SetTerm":        true,
-		"replicate.RefuseBelow":    true,
-		"replicate.Fence":          true,
+		"internal/node.pushRole":         true,
+		"hypervisor.setRoleLocked":       true, // the term, on to the server's log
+		"hypervisor.Replicate":           true, // the server's term, on to a new log
+		"hypervisor.Switchover":          true, // setRoleLocked, with the role the authority returned
+		"hypervisor.SetRole":             true, // setRoleLocked
+		"replicate.SetTerm":              true,
+		"replicate/receiver.RefuseBelow": true,
+		"replicate/receiver.Fence":       true,
 	}
 	found := 0
 	root := filepath.Join("..", "..")

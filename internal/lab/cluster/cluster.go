@@ -25,6 +25,7 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/link"
+	"github.com/vgpuha/vgpuha/replicate/receiver"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -231,7 +232,7 @@ func (c *Cluster) StartStandby() error {
 // it takes and its replica.
 type StandbyView struct {
 	Role        string
-	Replication replicate.ReceiverStatus
+	Replication receiver.ReceiverStatus
 	Replica     hypervisor.Status
 }
 

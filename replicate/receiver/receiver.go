@@ -1,4 +1,4 @@
-package replicate
+package receiver
 
 import (
 	"encoding/binary"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/admission"
 	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/verify"
@@ -21,7 +22,7 @@ type Applier interface {
 	// error means the replica could not do what the primary did; the
 	// applier keeps the divergence for status and verify, and the stream
 	// goes on.
-	Apply(r *Record) error
+	Apply(r *replicate.Record) error
 	// Checksums describes every replica object for verify.
 	Checksums() []verify.ObjectSum
 }
@@ -51,7 +52,7 @@ type ReceiverConfig struct {
 	// acknowledged; acks also go out whenever the stream pauses.
 	AckInterval time.Duration
 	// Observe, when set, receives each record's apply time.
-	Observe func(op Op, d time.Duration)
+	Observe func(op replicate.Op, d time.Duration)
 	// HostBuffer, when set, allocates the region records are received
 	// into (see gpu.HostAllocator); NewReceiver asks it for one of
 	// maxLentBytes at once (~0.3 s of page-locking on a GPU host) and uses
@@ -99,7 +100,7 @@ type ReceiverStatus struct {
 	StaleRefused uint64 `json:"stale_term_refusals,omitempty"`
 	// Resync: the snapshot applied so far (record bytes, of about
 	// BytesTotal contents bytes).
-	Resync ResyncProgress `json:"resync"`
+	Resync replicate.ResyncProgress `json:"resync"`
 }
 
 // Receiver accepts the primary's stream and applies it. A link goes
@@ -118,11 +119,11 @@ type Receiver struct {
 	resyncLog uint64 // the log of the resync under way
 	received  uint64 // last sequence read off the link (queued or applied)
 	applied   uint64
-	mode      Mode
-	epochBuf  []Record
+	mode      replicate.Mode
+	epochBuf  []replicate.Record
 	st        ReceiverStatus
 	current   net.Conn
-	progress  progress
+	progress  replicate.ResyncTracker
 	// follows is the primary followed, adopt an armed adoption, refused
 	// the refusals by reason (package admission).
 	follows *admission.Identity
@@ -173,7 +174,7 @@ func (r *Receiver) Status() ReceiverStatus {
 	defer r.mu.Unlock()
 	st := r.st
 	st.Applied, st.Received, st.Mode, st.EpochBuffered = r.applied, max(r.received, r.applied), r.mode.String(), len(r.epochBuf)
-	st.Resync = r.progress.status()
+	st.Resync = r.progress.Status()
 	if r.follows != nil {
 		f := *r.follows
 		st.Follows = &f
@@ -267,7 +268,7 @@ func readIdentity(l *link.Conn, timeout time.Duration) (admission.Identity, erro
 	if typ != link.MsgIdentity {
 		return admission.Identity{}, fmt.Errorf("%w: a %s message where the primary's identity belongs", link.ErrCorrupt, link.MsgNames[typ])
 	}
-	return decodeIdentity(payload)
+	return replicate.DecodeIdentity(payload)
 }
 
 // judge decides whether the primary presenting hello on c may stream
@@ -304,7 +305,7 @@ func (r *Receiver) judge(c net.Conn, l *link.Conn, hello admission.Identity, log
 		return false
 	case verdict.Refuse != 0:
 		r.count(verdict.Refuse)
-		l.WriteFlush(link.MsgRefused, appendRefusal(make([]byte, 0, 1+identityFixed+len(follows.Group)+link.MacSize), verdict.Refuse, follows))
+		l.WriteFlush(link.MsgRefused, replicate.AppendRefusal(make([]byte, 0, 1+replicate.IdentityFixed+len(follows.Group)+link.MacSize), verdict.Refuse, follows))
 		log.Warn("refused a primary's stream; the replica is unchanged", append(args, "reason", verdict.Refuse,
 			"follows_group", follows.Group, "follows_primary_id", fmt.Sprintf("%016x", follows.Primary), "follows_term", follows.Term)...)
 		return false
@@ -378,7 +379,7 @@ func (lr *linkRun) onMode(f *link.Frame) bool {
 		return false
 	}
 	lr.r.mu.Lock()
-	lr.r.mode = Mode(binary.LittleEndian.Uint64(payload))
+	lr.r.mode = replicate.Mode(binary.LittleEndian.Uint64(payload))
 	lr.r.mu.Unlock()
 	lr.r.cfg.Replica.Heard(binary.LittleEndian.Uint64(payload[8:]))
 	return true

@@ -1,11 +1,13 @@
-package replicate
+package receiver
 
 import (
 	"hash/crc32"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
@@ -32,8 +34,8 @@ type markedRun struct {
 	sums   []uint32
 }
 
-func (s *settlingReplica) Apply(r *Record) error {
-	if r.Op == OpMMIO {
+func (s *settlingReplica) Apply(r *replicate.Record) error {
+	if r.Op == replicate.OpMMIO {
 		time.Sleep(time.Millisecond) // slower than the link: it reads ahead into every buffer it may lend
 		s.mu.Lock()
 		s.pending = append(s.pending, r.Body)
@@ -95,8 +97,8 @@ func TestReceiverKeepsBuffersUntilSettled(t *testing.T) {
 func testKeepsBuffersUntilSettled(t *testing.T, hostBuffer func(int) []byte) {
 	const records = 80 // 320 MiB of 4 MiB records: more than maxLentBytes, so buffers are reused
 	rep := &settlingReplica{summingReplica: summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}}
-	lg := NewLog(64 << 20)
-	stop := runLinkWith(t, ModeCommit, rep, lg, &patternNode{log: lg, records: records}, hostBuffer)
+	lg := replicate.NewLog(64 << 20)
+	stop := runLinkWith(t, replicate.ModeCommit, rep, lg, &patternNode{log: lg, records: records}, hostBuffer)
 	select {
 	case <-rep.synced:
 	case <-time.After(2 * time.Minute):
@@ -142,13 +144,13 @@ type crcReplica struct {
 	onWorker, wrong int
 }
 
-func (c *crcReplica) Apply(r *Record) error {
+func (c *crcReplica) Apply(r *replicate.Record) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if r.ReqID == 0 {
 		return nil
 	}
-	if r.hasCRC {
+	if reflect.ValueOf(r).Elem().FieldByName("hasCRC").Bool() { // set by Record.SetBodyCRC
 		c.onWorker++
 	}
 	if r.BodyCRC() != crc32.Checksum(r.Body, castagnoli) {
@@ -163,12 +165,12 @@ func (c *crcReplica) Apply(r *Record) error {
 // not (small frames, records in parts, resync contents without a request).
 func TestRecordSumsTakenOnWorkers(t *testing.T) {
 	rep := &crcReplica{summingReplica: summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}}
-	lg := liveOverLoopback(t, ModeSync, rep)
+	lg := liveOverLoopback(t, replicate.ModeSync, rep)
 	sizes := []int{64, lendAbove, 256 << 10, link.PartBytes - recordHeader, 3 << 20, 100}
 	for i, n := range sizes {
 		body := make([]byte, n)
 		fillPattern(body, i)
-		if !lg.WaitApplied(lg.Append(Record{Session: 1, ReqID: uint64(i + 1), Op: OpMMIO, Body: body})) {
+		if !lg.WaitApplied(lg.Append(replicate.Record{Session: 1, ReqID: uint64(i + 1), Op: replicate.OpMMIO, Body: body})) {
 			t.Fatal("the standby dropped out")
 		}
 	}
@@ -197,7 +199,7 @@ func TestSmallRecordsBehindLargeOnesKeepOrder(t *testing.T) {
 			body := make([]byte, n)
 			fillPattern(body, i)
 			bodies = append(bodies, body)
-			enc := AppendRecord(nil, &Record{Op: OpMMIO, Result: uint64(i), Body: body})
+			enc := replicate.AppendRecord(nil, &replicate.Record{Op: replicate.OpMMIO, Result: uint64(i), Body: body})
 			frames = append(frames, capture(p, func() { writeSerial(p, enc) }))
 		}
 		if tamper >= 0 {
@@ -227,10 +229,10 @@ func TestSmallRecordsBehindLargeOnesKeepOrder(t *testing.T) {
 func TestLiveRecordsInRegionKeptUntilSettled(t *testing.T) {
 	const copies = 1100 // 275 MiB
 	rep := &settlingReplica{summingReplica: summingReplica{sums: map[uint64]uint32{}, synced: make(chan struct{})}}
-	lg := NewLog(64 << 20)
+	lg := replicate.NewLog(64 << 20)
 	// A region of 40 MiB (a HostBuffer may give less than asked): its
 	// space is reused every 40 MiB, soon after a run is marked.
-	stop := runLinkWith(t, ModeAsync, rep, lg, &patternNode{log: lg}, func(int) []byte { return make([]byte, 40<<20) })
+	stop := runLinkWith(t, replicate.ModeAsync, rep, lg, &patternNode{log: lg}, func(int) []byte { return make([]byte, 40<<20) })
 	defer stop()
 	select {
 	case <-rep.synced:
@@ -241,10 +243,10 @@ func TestLiveRecordsInRegionKeptUntilSettled(t *testing.T) {
 	for i := range copies {
 		body := make([]byte, 256<<10)
 		fillPattern(body, i)
-		lg.Append(Record{Session: 1, Op: OpMMIO, Result: uint64(want), Body: body})
+		lg.Append(replicate.Record{Session: 1, Op: replicate.OpMMIO, Result: uint64(want), Body: body})
 		want++
 		if i%3 == 0 {
-			lg.Append(Record{Session: 1, Op: OpMMIO, Result: uint64(want), Body: []byte{byte(i), 1, 2}})
+			lg.Append(replicate.Record{Session: 1, Op: replicate.OpMMIO, Result: uint64(want), Body: []byte{byte(i), 1, 2}})
 			want++
 		}
 	}

@@ -1,4 +1,4 @@
-package replicate
+package receiver
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
@@ -33,18 +34,18 @@ func (p *patternSnapshot) Progress() (uint64, uint64) {
 	return uint64(p.sent) * resyncChunk, uint64(p.records) * resyncChunk
 }
 
-func (p *patternSnapshot) Next(body []byte) (Record, bool, error) {
+func (p *patternSnapshot) Next(body []byte) (replicate.Record, bool, error) {
 	if p.sent == p.records {
 		if p.ended {
-			return Record{}, false, nil
+			return replicate.Record{}, false, nil
 		}
 		p.ended = true
-		return Record{Op: OpSnapshotEnd, Result: p.at}, true, nil
+		return replicate.Record{Op: replicate.OpSnapshotEnd, Result: p.at}, true, nil
 	}
 	body = body[:resyncChunk]
 	fillPattern(body, p.sent)
 	p.sent++
-	return Record{Op: OpMMIO, Flags: FlagPlaced, Result: uint64(p.sent - 1), Body: body}, true, nil
+	return replicate.Record{Op: replicate.OpMMIO, Flags: replicate.FlagPlaced, Result: uint64(p.sent - 1), Body: body}, true, nil
 }
 
 // fillPattern writes record i's bytes.
@@ -57,11 +58,11 @@ func fillPattern(b []byte, i int) {
 // patternNode is the primary a benchmark sender protects: its snapshot is
 // a patternSnapshot.
 type patternNode struct {
-	log     *Log
+	log     *replicate.Log
 	records int
 }
 
-func (n *patternNode) Snapshot() (Snapshot, error) {
+func (n *patternNode) Snapshot() (replicate.Snapshot, error) {
 	return &patternSnapshot{at: n.log.BeginSnapshot(), records: n.records}, nil
 }
 func (n *patternNode) Term() uint64    { return 1 }
@@ -76,8 +77,8 @@ type summingReplica struct {
 	synced chan struct{}
 }
 
-func (s *summingReplica) Apply(r *Record) error {
-	if r.Op == OpMMIO {
+func (s *summingReplica) Apply(r *replicate.Record) error {
+	if r.Op == replicate.OpMMIO {
 		s.mu.Lock()
 		s.sums[r.Result] = crc32.Checksum(r.Body, castagnoli)
 		s.order = append(s.order, r.Result)
@@ -94,16 +95,16 @@ func (s *summingReplica) Synced(in bool) {
 	}
 }
 
-// runLink starts a real Receiver applying to rep and a real Sender of lg
+// runLink starts a real Receiver applying to rep and a real replicate.Sender of lg
 // protecting node, over loopback TCP, and returns what stops both (the
 // sender ends once its context is done and its link dropped).
-func runLink(tb testing.TB, mode Mode, rep Replica, lg *Log, node Protected) (stop func()) {
+func runLink(tb testing.TB, mode replicate.Mode, rep Replica, lg *replicate.Log, node replicate.Protected) (stop func()) {
 	tb.Helper()
 	return runLinkWith(tb, mode, rep, lg, node, nil)
 }
 
 // runLinkWith is runLink with hostBuffer as the receiver's HostBuffer.
-func runLinkWith(tb testing.TB, mode Mode, rep Replica, lg *Log, node Protected, hostBuffer func(int) []byte) (stop func()) {
+func runLinkWith(tb testing.TB, mode replicate.Mode, rep Replica, lg *replicate.Log, node replicate.Protected, hostBuffer func(int) []byte) (stop func()) {
 	tb.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: rep, Logger: quiet, HostBuffer: hostBuffer})
@@ -115,7 +116,7 @@ func runLinkWith(tb testing.TB, mode Mode, rep Replica, lg *Log, node Protected,
 		tb.Fatal(err)
 	}
 	go r.Serve(ln)
-	s, err := NewSender(SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: mode, Log: lg, Logger: quiet}, node)
+	s, err := replicate.NewSender(replicate.SenderConfig{Addr: ln.Addr().String(), Key: testKey, Mode: mode, Log: lg, Logger: quiet}, node)
 	if err != nil {
 		ln.Close()
 		r.Close()
@@ -137,9 +138,9 @@ func resyncOverLoopback(tb testing.TB, records int, withSums bool) (*summingRepl
 	if !withSums {
 		applier = &countingReplica{synced: rep.synced}
 	}
-	lg := NewLog(64 << 20)
+	lg := replicate.NewLog(64 << 20)
 	start := time.Now()
-	stop := runLink(tb, ModeCommit, applier, lg, &patternNode{log: lg, records: records})
+	stop := runLink(tb, replicate.ModeCommit, applier, lg, &patternNode{log: lg, records: records})
 	defer stop()
 	select {
 	case <-rep.synced:
@@ -155,14 +156,14 @@ type countingReplica struct {
 	synced chan struct{}
 }
 
-func (c *countingReplica) Apply(*Record) error { return nil }
+func (c *countingReplica) Apply(*replicate.Record) error { return nil }
 func (c *countingReplica) Synced(in bool) {
 	if in {
 		close(c.synced)
 	}
 }
 
-// BenchmarkResyncLink: a 256 MiB snapshot, sealed by a real Sender and
+// BenchmarkResyncLink: a 256 MiB snapshot, sealed by a real replicate.Sender and
 // opened by a real Receiver over loopback TCP (AES-GCM, 4 MiB records),
 // applied to a replica that keeps nothing; beside it, the same bytes over
 // a plain loopback TCP connection (raw-MB/s) and the link's rate as a
@@ -234,7 +235,7 @@ func reportRaw(b *testing.B, bytes int64, link, raw time.Duration) {
 // discardReplica applies nothing and ignores what the link tells it.
 type discardReplica struct{}
 
-func (discardReplica) Apply(*Record) error           { return nil }
+func (discardReplica) Apply(*replicate.Record) error { return nil }
 func (discardReplica) Checksums() []verify.ObjectSum { return nil }
 func (discardReplica) Heard(uint64)                  {}
 func (discardReplica) HandOver() (uint64, bool)      { return 0, false }
@@ -243,9 +244,9 @@ func (discardReplica) Synced(bool)                   {}
 // liveOverLoopback starts a real sender and receiver over loopback TCP,
 // the sender protecting an empty node, and returns its log once the
 // standby protects it (records appended from then on go out live).
-func liveOverLoopback(tb testing.TB, mode Mode, rep Replica) *Log {
+func liveOverLoopback(tb testing.TB, mode replicate.Mode, rep Replica) *replicate.Log {
 	tb.Helper()
-	lg := NewLog(256 << 20)
+	lg := replicate.NewLog(256 << 20)
 	tb.Cleanup(runLink(tb, mode, rep, lg, &patternNode{log: lg}))
 	for deadline := time.Now().Add(time.Minute); !lg.Status().Protected; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -258,21 +259,21 @@ func liveOverLoopback(tb testing.TB, mode Mode, rep Replica) *Log {
 // liveMix is what one BenchmarkLiveLink iteration appends: records of
 // body bytes making up about 256 MiB, each followed by a few small ones
 // (a guest's launches and syncs between its copies).
-func liveMix(body int) (large, small []Record, total int64) {
+func liveMix(body int) (large, small []replicate.Record, total int64) {
 	b := make([]byte, body)
 	fillPattern(b, 7)
-	rec := Record{Session: 1, Op: OpMMIO, Body: b}
+	rec := replicate.Record{Session: 1, Op: replicate.OpMMIO, Body: b}
 	n := max(1, (256<<20)/body)
 	for range n {
 		large = append(large, rec)
 	}
-	small = []Record{{Session: 1, Op: OpMMIO, Body: make([]byte, 64)}, {Session: 1, Op: OpMMIO, Body: make([]byte, 200)}}
+	small = []replicate.Record{{Session: 1, Op: replicate.OpMMIO, Body: make([]byte, 64)}, {Session: 1, Op: replicate.OpMMIO, Body: make([]byte, 200)}}
 	total = int64(n) * int64(rec.Size()+small[0].Size()+small[1].Size())
 	return large, small, total
 }
 
 // BenchmarkLiveLink: live records (large bodies, small ones between them)
-// appended to the log of a real Sender and applied by a real Receiver
+// appended to the log of a real replicate.Sender and applied by a real Receiver
 // over loopback TCP (AES-GCM), timed until the standby applied the last;
 // beside it, the same bytes over a plain loopback TCP connection
 // (raw-MB/s) and the link's rate as a fraction of that (x-raw). Run with
@@ -282,7 +283,7 @@ func BenchmarkLiveLink(b *testing.B) {
 	// was bounded by maxFrameBytes (32 MiB).
 	for _, body := range []int{256 << 10, 4 << 20, 16 << 20, 64 << 20} {
 		b.Run(fmt.Sprintf("body=%dKiB", body>>10), func(b *testing.B) {
-			lg := liveOverLoopback(b, ModeAsync, discardReplica{})
+			lg := liveOverLoopback(b, replicate.ModeAsync, discardReplica{})
 			large, small, total := liveMix(body)
 			b.SetBytes(total)
 			var link, raw time.Duration
@@ -311,8 +312,8 @@ func BenchmarkLiveLink(b *testing.B) {
 // the standby (sync mode: the guest's reply waits for this), one at a
 // time: the latency the live path adds to a small synchronous call.
 func BenchmarkLiveSmallRoundTrip(b *testing.B) {
-	lg := liveOverLoopback(b, ModeSync, discardReplica{})
-	rec := Record{Session: 1, Op: OpMMIO, Body: make([]byte, 64)}
+	lg := liveOverLoopback(b, replicate.ModeSync, discardReplica{})
+	rec := replicate.Record{Session: 1, Op: replicate.OpMMIO, Body: make([]byte, 64)}
 	for b.Loop() {
 		if !lg.WaitApplied(lg.Append(rec)) {
 			b.Fatal("the standby dropped out")

@@ -1,10 +1,11 @@
-package replicate
+package receiver
 
 import (
 	"fmt"
 	"runtime"
 	"time"
 
+	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
@@ -184,12 +185,12 @@ func (s *settling) give(bufs [][]byte) {
 // handle applies or buffers one record. It returns a verify reply to send,
 // or an error that ends the link (a protocol violation, never a failed
 // apply).
-func (r *Receiver) handle(rec *Record) ([]byte, error) {
+func (r *Receiver) handle(rec *replicate.Record) ([]byte, error) {
 	r.mu.Lock()
 	mode, applied := r.mode, r.applied
 	r.mu.Unlock()
 	switch {
-	case rec.Op == OpReset:
+	case rec.Op == replicate.OpReset:
 		r.reset(rec)
 		return nil, nil
 	case rec.Seq == 0: // part of a snapshot
@@ -200,9 +201,9 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 	}
 	var reply []byte
 	switch {
-	case rec.Op == OpVerify:
-		reply = encodeSums(rec.Result, r.cfg.Replica.Checksums())
-	case mode == ModeEpoch && rec.Op == OpEpoch:
+	case rec.Op == replicate.OpVerify:
+		reply = replicate.EncodeSums(rec.Result, r.cfg.Replica.Checksums())
+	case mode == replicate.ModeEpoch && rec.Op == replicate.OpEpoch:
 		r.mu.Lock()
 		buf := r.epochBuf
 		r.epochBuf = nil
@@ -210,7 +211,7 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 		for i := range buf {
 			r.apply(&buf[i])
 		}
-	case mode == ModeEpoch:
+	case mode == replicate.ModeEpoch:
 		cp := *rec
 		cp.Body = append([]byte(nil), rec.Body...)
 		r.mu.Lock()
@@ -227,7 +228,7 @@ func (r *Receiver) handle(rec *Record) ([]byte, error) {
 
 // reset starts a resync: the replica is dropped and rebuilt from the
 // snapshot that follows.
-func (r *Receiver) reset(rec *Record) {
+func (r *Receiver) reset(rec *replicate.Record) {
 	r.apply(rec)
 	r.mu.Lock()
 	// The log's id is claimed only at the snapshot's end: a standby cut
@@ -237,19 +238,19 @@ func (r *Receiver) reset(rec *Record) {
 	r.st.Resyncing, r.st.SnapshotRecords, r.st.InSync = true, 0, false
 	r.mu.Unlock()
 	r.cfg.Replica.Synced(false)
-	total := resetTotal(rec.Body)
-	r.progress.begin(total)
+	total := replicate.ResetTotal(rec.Body)
+	r.progress.Begin(total)
 	r.cfg.Logger.Info("resync started: replica reset; not in sync until the snapshot ends", "bytes", total)
 }
 
 // snapshotRecord applies one record of a snapshot, or ends it.
-func (r *Receiver) snapshotRecord(rec *Record) {
-	if rec.Op == OpSnapshotEnd {
+func (r *Receiver) snapshotRecord(rec *replicate.Record) {
+	if rec.Op == replicate.OpSnapshotEnd {
 		r.mu.Lock()
 		r.logID, r.applied, r.st.Resyncing, r.st.InSync = r.resyncLog, rec.Result, false, true
 		n := r.st.SnapshotRecords
 		r.mu.Unlock()
-		r.progress.end()
+		r.progress.End()
 		r.cfg.Replica.Synced(true)
 		r.cfg.Logger.Info("resync snapshot applied; in sync, catching up from the log", "records", n, "position", rec.Result)
 		return
@@ -259,12 +260,12 @@ func (r *Receiver) snapshotRecord(rec *Record) {
 	r.st.SnapshotRecords++
 	n := r.st.SnapshotRecords
 	r.mu.Unlock()
-	if r.progress.add(uint64(len(rec.Body))) {
-		r.cfg.Logger.Info("resync in progress", append(r.progress.status().logArgs(), "snapshot_records", n)...)
+	if r.progress.Add(uint64(len(rec.Body))) {
+		r.cfg.Logger.Info("resync in progress", append(r.progress.Status().LogArgs(), "snapshot_records", n)...)
 	}
 }
 
-func (r *Receiver) apply(rec *Record) {
+func (r *Receiver) apply(rec *replicate.Record) {
 	start := time.Now()
 	err := r.cfg.Replica.Apply(rec)
 	if r.cfg.Observe != nil {

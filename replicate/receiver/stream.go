@@ -1,15 +1,15 @@
-package replicate
+package receiver
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"log/slog"
 	"net"
 	"time"
 
+	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
@@ -47,7 +47,7 @@ type assembly struct {
 // applyItem is a record to apply and the lent buffer its body lies in
 // (nil when the body was copied).
 type applyItem struct {
-	rec Record
+	rec replicate.Record
 	buf []byte
 }
 
@@ -303,7 +303,7 @@ func (lr *linkRun) onHeartbeat(f *link.Frame) bool {
 // buffer is page-locked); a smaller one's body is copied out of the
 // link's buffer, which the next read reuses.
 func (lr *linkRun) onRecord(f *link.Frame) bool {
-	rec, err := DecodeRecord(f.Payload)
+	rec, err := replicate.DecodeRecord(f.Payload)
 	if err != nil {
 		lr.log.Warn("dropping link", "err", err)
 		return false
@@ -311,7 +311,9 @@ func (lr *linkRun) onRecord(f *link.Frame) bool {
 	if lr.stale(rec.Term) {
 		return false
 	}
-	rec.bodyCRC, rec.hasCRC = f.BodyCRC, f.HasCRC
+	if f.HasCRC {
+		rec.SetBodyCRC(f.BodyCRC)
+	}
 	lr.r.cfg.Replica.Heard(rec.Term)
 	item := applyItem{rec: rec}
 	if f.Lent {
@@ -351,10 +353,10 @@ func (lr *linkRun) onPromote(*link.Frame) bool {
 }
 
 // sumRecordBody takes the CRC-32C of the opened record's body when the
-// record carries a guest request (Record.BodyCRC): a worker does it while
-// the applier applies the records before.
+// record carries a guest request (replicate.Record.BodyCRC): a worker
+// does it while the applier applies the records before.
 func sumRecordBody(f *link.Frame) {
-	if rec, err := DecodeRecord(f.Payload); err == nil && rec.ReqID != 0 {
-		f.BodyCRC, f.HasCRC = crc32.Checksum(rec.Body, castagnoli), true
+	if rec, err := replicate.DecodeRecord(f.Payload); err == nil && rec.ReqID != 0 {
+		f.BodyCRC, f.HasCRC = rec.BodyCRC(), true
 	}
 }

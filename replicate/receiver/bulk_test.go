@@ -1,4 +1,4 @@
-package replicate
+package receiver
 
 import (
 	"bufio"
@@ -11,6 +11,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/link"
 	"github.com/vgpuha/vgpuha/replicate/link/linktest"
 )
@@ -22,7 +23,7 @@ func bulkPayloads() [][]byte {
 	for i, size := range []int{10, lendAbove, 3 << 20, 100, link.PartBytes - recordHeader, link.SealApartFrom - 1, 2 << 20, 5, link.PartBytes - recordHeader + 1} {
 		body := make([]byte, size)
 		fillPattern(body, i)
-		out = append(out, AppendRecord(nil, &Record{Op: OpMMIO, Flags: FlagPlaced, Result: uint64(i), Body: body}))
+		out = append(out, replicate.AppendRecord(nil, &replicate.Record{Op: replicate.OpMMIO, Flags: replicate.FlagPlaced, Result: uint64(i), Body: body}))
 	}
 	return out
 }
@@ -122,7 +123,7 @@ func linkPair(t *testing.T) (p, s *link.Conn) {
 func patternRecord(i, n int) []byte {
 	body := make([]byte, n)
 	fillPattern(body, i)
-	return AppendRecord(nil, &Record{Op: OpMMIO, Result: uint64(i), Body: body})
+	return replicate.AppendRecord(nil, &replicate.Record{Op: replicate.OpMMIO, Result: uint64(i), Body: body})
 }
 
 // capture returns the bytes write puts on p's link (sealed under p's next
@@ -226,8 +227,8 @@ func TestRecordParts(t *testing.T) {
 }
 
 // mustDecode decodes an encoding the test made.
-func mustDecode(t *testing.T, enc []byte) Record {
-	r, err := DecodeRecord(enc)
+func mustDecode(t *testing.T, enc []byte) replicate.Record {
+	r, err := replicate.DecodeRecord(enc)
 	if err != nil {
 		t.Fatal(err)
 	}
