@@ -48,6 +48,9 @@ func (r *Record) BodyCRC() uint32 {
 // wire.
 func (r *Record) SetBodyCRC(sum uint32) { r.bodyCRC, r.hasCRC = sum, true }
 
+// HasBodyCRC reports whether Body's CRC was taken ahead (SetBodyCRC).
+func (r *Record) HasBodyCRC() bool { return r.hasCRC }
+
 // Op is a record kind: a guest opcode (abi.Opcode values) or a control kind.
 type Op uint16
 

@@ -2,7 +2,6 @@ package receiver
 
 import (
 	"hash/crc32"
-	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -150,7 +149,7 @@ func (c *crcReplica) Apply(r *replicate.Record) error {
 	if r.ReqID == 0 {
 		return nil
 	}
-	if reflect.ValueOf(r).Elem().FieldByName("hasCRC").Bool() { // set by Record.SetBodyCRC
+	if r.HasBodyCRC() {
 		c.onWorker++
 	}
 	if r.BodyCRC() != crc32.Checksum(r.Body, castagnoli) {
