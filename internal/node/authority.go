@@ -46,7 +46,7 @@ type view struct {
 	role       failover.Role
 	term       uint64
 	leaderTerm uint64 // the newest leader its coordinator reported
-	why        string // why it stopped serving, if it did
+	why        string // why it stopped serving, while it does not serve
 }
 
 // tickEvery is how often a standby asks its detector.
@@ -64,7 +64,11 @@ func (a *authority) init(n *failover.Node, now func() time.Time, execute func(fa
 func (a *authority) current() view {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return view{role: a.node.Role(), term: a.node.Term(), leaderTerm: a.node.LeaderTerm(), why: a.why}
+	v := view{role: a.node.Role(), term: a.node.Term(), leaderTerm: a.node.LeaderTerm()}
+	if v.role == failover.Fenced || v.role == failover.Suspended {
+		v.why = a.why // why it stopped serving; nothing while it serves or stands by
+	}
+	return v
 }
 
 // publish pushes the current view if it changed since the last push.
