@@ -140,7 +140,7 @@ func StartPrimary(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.becomePrimary(role.Term()); err != nil {
+	if err := n.becomePrimary(); err != nil {
 		n.Close()
 		return nil, err
 	}

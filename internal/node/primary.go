@@ -25,10 +25,11 @@ type Promotion struct {
 	DiscardedEpoch int       `json:"discarded_epoch_records"`
 }
 
-// becomePrimary makes this node a primary under term: it replicates to
-// the configured standbys (before any guest is served) and serves guests.
-// Both the first primary and a promoted standby are built here.
-func (n *Node) becomePrimary(term uint64) error {
+// becomePrimary makes this node a primary under the term its authority
+// pushed before (pushRole): it replicates to the configured standbys
+// (before any guest is served) and serves guests. Both the first primary
+// and a promoted standby are built here.
+func (n *Node) becomePrimary() error {
 	if len(n.cfg.ReplicateTo) > 0 || n.cfg.Coordinator != nil {
 		if err := n.replicate(n.cfg.ReplicateTo); err != nil {
 			if n.agent == nil {
@@ -209,7 +210,7 @@ func (n *Node) promote(term uint64) error {
 	lastHeard := n.auth.heardAt()
 	applied := n.agent.Receiver.Status().Applied
 	dropped := n.agent.Receiver.DiscardEpoch() // the receiver stopped applying when the view was pushed
-	if err := n.becomePrimary(term); err != nil {
+	if err := n.becomePrimary(); err != nil {
 		return fmt.Errorf("serving guests after promotion: %w", err)
 	}
 	p := &Promotion{Term: term, LastHeard: lastHeard, Detected: detected, Serving: n.cfg.Now(), DiscardedEpoch: dropped}
