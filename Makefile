@@ -18,7 +18,7 @@ build: ## build bin/vgpuha, the agent (primary, standby, status, verify, switcho
 	$(GO) build -o bin/vgpuha ./cmd/vgpuha
 
 lab: ## build bin/vgpuha-lab, the lab tool: the agent's commands plus guests, demo, drills, benchmarks
-	$(GO) build -tags lab -o bin/vgpuha-lab ./cmd/vgpuha
+	$(GO) build -o bin/vgpuha-lab ./cmd/vgpuha-lab
 
 install: build ## install the agent, systemd units, /etc/vgpuha (example configs, kept if present), completion, docs under DESTDIR
 	install -D -m 0755 bin/vgpuha $(DESTDIR)$(PREFIX)/bin/vgpuha
@@ -46,7 +46,6 @@ setup: ## install test dependencies (qemu, busybox, a Debian kernel in .vm/)
 
 test: setup vet ## set up, then run every test with the race detector (VM tests included)
 	$(GO) test $(RACE) -count=1 -timeout 30m ./...
-	$(GO) test -tags lab -count=1 -run 'TestEveryNumericFlagIsRanged|TestCompletion' ./cmd/vgpuha/ # the lab's commands in-process
 	$(GO) test -count=1 -run 'TestAnnouncedFramesBoundMemory' ./hypervisor/ # memory bounds: measured without the race detector
 
 test-short: ## unit tests only, no setup
@@ -59,9 +58,8 @@ kmod-module: ## build kmod/module/vgpuha_mmio.ko for the VM's kernel (headers fr
 kmod-test: setup ## boot a VM with the kernel module: its tests, the kmod modes' MMIO tests, bench mmio (all modes side by side)
 	VGPUHA_KMOD_BENCH=1 $(GO) test -count=1 -timeout 60m -v -run '^TestModuleInVM$$' ./kmod/
 
-vet: ## go vet (the agent, and the lab's files too)
+vet: ## go vet
 	$(GO) vet ./...
-	$(GO) vet -tags lab ./cmd/vgpuha/
 
 fuzz: ## run every fuzz target for FUZZTIME and keep the corpus in testdata/
 	./scripts/fuzz.sh $(FUZZTIME)
@@ -72,6 +70,6 @@ bench: lab ## run the benchmarks and print their reports
 
 gpu-test: libcuda ## on a machine with an NVIDIA GPU: CUDA backend tests, two-process replication on the GPU, GPU benchmarks, C programs through bin/libcuda.so.1
 	CGO_ENABLED=0 $(GO) build -o bin/vgpuha ./cmd/vgpuha
-	CGO_ENABLED=0 $(GO) build -tags lab -o bin/vgpuha-lab ./cmd/vgpuha
+	CGO_ENABLED=0 $(GO) build -o bin/vgpuha-lab ./cmd/vgpuha-lab
 	CGO_ENABLED=0 $(GO) test -c -o bin/cuda.test ./hypervisor/cuda
 	./scripts/gpu-test.sh bin

@@ -107,7 +107,7 @@ func vmFiles(t *testing.T) map[string]string {
 		t.Fatalf("building the C guest for the VM: %v\n%s", err, out)
 	}
 	files["/vgpuha"] = filepath.Join(tmp, "vgpuha")
-	build := exec.Command("go", "build", "-tags", "lab", "-o", files["/vgpuha"], "../cmd/vgpuha") // bench mmio and its mmio-guest are the lab tool's
+	build := exec.Command("go", "build", "-o", files["/vgpuha"], "../cmd/vgpuha-lab") // bench mmio and its mmio-guest are the lab tool's
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building vgpuha for the VM: %v\n%s", err, out)

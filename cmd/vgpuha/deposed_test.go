@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vgpuha/vgpuha/internal/agent"
 )
 
 // unitCommand is the ExecStart of a contrib/systemd unit, with the binary,
@@ -96,9 +98,9 @@ func (p deposedPair) restartRefused(t *testing.T, want string) {
 	start := time.Now()
 	out, err := p.primaryCmd().CombinedOutput()
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != exitDeposed || !strings.Contains(string(out), "refusing to start as primary: this node was deposed") ||
+	if !errors.As(err, &exit) || exit.ExitCode() != agent.ExitDeposed || !strings.Contains(string(out), "refusing to start as primary: this node was deposed") ||
 		!strings.Contains(string(out), want) {
-		t.Fatalf("restarted deposed primary: %v\n%s\nwant exit %d saying %q", err, out, exitDeposed, want)
+		t.Fatalf("restarted deposed primary: %v\n%s\nwant exit %d saying %q", err, out, agent.ExitDeposed, want)
 	}
 	if time.Since(start) > 5*time.Second {
 		t.Errorf("the refusal took %v", time.Since(start))

@@ -18,10 +18,10 @@ var labOnly = []string{
 	"github.com/cilium/ebpf",
 }
 
-// deps lists the packages `go build` links into cmd/vgpuha with tags.
-func deps(t *testing.T, tags string) []string {
+// deps lists the packages `go build` links into the command in dir.
+func deps(t *testing.T, dir string) []string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-tags", tags, "-deps", ".").Output()
+	out, err := exec.Command("go", "list", "-deps", dir).Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
@@ -44,14 +44,14 @@ func banned(list []string) []string {
 }
 
 // TestAgentDependencies: the agent (go build ./cmd/vgpuha) links no test
-// kit, lab package, etcd server or plotting library; the lab tool (-tags
-// lab) does, which shows the check sees them.
+// kit, lab package, etcd server or plotting library; the lab tool
+// (./cmd/vgpuha-lab) does, which shows the check sees them.
 func TestAgentDependencies(t *testing.T) {
-	agent := deps(t, "")
+	agent := deps(t, ".")
 	if b := banned(agent); len(b) > 0 {
-		t.Errorf("the agent links %d lab packages (move the command that needs them to a lab_*.go file with //go:build lab): %v", len(b), b)
+		t.Errorf("the agent links %d lab packages (move the command that needs them to internal/lab/labcmd): %v", len(b), b)
 	}
-	lab := deps(t, "lab")
+	lab := deps(t, "../vgpuha-lab")
 	for _, want := range []string{"github.com/vgpuha/vgpuha/internal/lab/drill", "go.etcd.io/etcd/server/v3/embed", "gonum.org/v1/plot", "github.com/cilium/ebpf"} {
 		if !strings.Contains(" "+strings.Join(banned(lab), " ")+" ", " "+want+" ") {
 			t.Errorf("the lab tool does not link %s: the check would not see it", want)
@@ -61,8 +61,9 @@ func TestAgentDependencies(t *testing.T) {
 }
 
 // TestLayers: imports point down. No product package imports the lab
-// (internal/lab) or cmd, and no package at the top level imports one under
-// internal/ (internal/node and internal/coordinator sit above them).
+// (internal/lab) or cmd, no package at the top level imports one under
+// internal/ (internal/node and internal/coordinator sit above them), and
+// the command-line kit (internal/cli) imports no package of the module.
 func TestLayers(t *testing.T) {
 	const mod = "github.com/vgpuha/vgpuha/"
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"...").Output()
@@ -85,6 +86,8 @@ func TestLayers(t *testing.T) {
 				t.Errorf("product package %s imports %s", pkg, dep)
 			case !strings.HasPrefix(pkg, "internal/") && strings.HasPrefix(dep, "internal/"):
 				t.Errorf("%s imports %s, up the layers", pkg, dep)
+			case pkg == "internal/cli":
+				t.Errorf("the command-line kit imports %s: it must stay below every package (both binaries share it)", dep)
 			}
 		}
 	}

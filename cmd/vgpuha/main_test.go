@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/agent"
 	"github.com/vgpuha/vgpuha/internal/lab/bench"
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 	"github.com/vgpuha/vgpuha/internal/lab/workload"
@@ -31,20 +31,18 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
-// vgpuhaBin is the agent; labBin the lab tool (-tags lab: the agent's
-// commands and the lab's), whose guests, drills and benchmarks the tests
+// vgpuhaBin is the agent; labBin the lab tool (cmd/vgpuha-lab: the
+// agent's commands and the lab's), whose guests, drills and benchmarks the tests
 // run against the agent.
 var vgpuhaBin, labBin string
 
-// labCommands are the commands only the lab tool has.
-var labCommands = []string{"guest", "demo", "drill", "bench", "mmio-guest", "etcd-member"}
-
-// binFor is the binary that has command.
+// binFor is the binary that has command: the agent for its own, the lab
+// tool for the rest.
 func binFor(command string) string {
-	if slices.Contains(labCommands, command) {
-		return labBin
+	if _, ok := agent.Commands()[command]; ok {
+		return vgpuhaBin
 	}
-	return vgpuhaBin
+	return labBin
 }
 
 // TestMain builds the real vgpuha binaries once; the tests run them as
@@ -59,8 +57,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	vgpuhaBin, labBin = filepath.Join(dir, "vgpuha"), filepath.Join(dir, "vgpuha-lab")
-	for _, build := range [][]string{{"-o", vgpuhaBin}, {"-tags", "lab", "-o", labBin}} {
-		out, err := exec.Command("go", append(append([]string{"build"}, build...), ".")...).CombinedOutput()
+	for _, build := range [][]string{{"-o", vgpuhaBin, "."}, {"-o", labBin, "../vgpuha-lab"}} {
+		out, err := exec.Command("go", append([]string{"build"}, build...)...).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "building %v: %v\n%s", build, err, out)
 			os.Exit(1)
@@ -872,7 +870,7 @@ func TestStalledStandbyDoesNotDepose(t *testing.T) {
 // the flag.
 func TestHelpAndBadValues(t *testing.T) {
 	skipShort(t)
-	for name := range commands {
+	for name := range agent.Commands() {
 		cmd := exec.Command(vgpuhaBin, name, "--help")
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -255,7 +255,7 @@ func MainArgs(args []string, stdout io.Writer) error {
 	return Main(opts, *hold, *failoverTo, stdout)
 }
 
-// Main is `vgpuha mmio-guest`: one run of opts (cmd/vgpuha parses its
+// Main is `vgpuha mmio-guest`: one run of opts (internal/lab/labcmd parses its
 // flags into them), the Result as JSON; with hold, the session is kept
 // until the process is killed; failoverTo is a standby to resume on.
 func Main(opts Options, hold bool, failoverTo string, stdout io.Writer) error {

@@ -1,8 +1,9 @@
-//go:build lab
-
-package main
+package labcmd
 
 import (
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,47 +25,42 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
-func init() {
-	commands["bench"] = command{"run a benchmark ('bench --help' lists them)", runBench}
-	subcommands["bench"] = benchmarks
-}
-
 // benchmarks are bench's subcommands.
-var benchmarks = map[string]command{
-	"pv":        {"guest calls through pvdriver over each transport", runBenchPV},
-	"replicate": {"replication throughput and latency per mode", runBenchReplicate},
-	"resync":    {"resyncing a standby under guest load", runBenchResync},
-	"apply":     {"the standby's apply rate", runBenchApply},
-	"mmio":      {"aperture write tracing per mode", runBenchMMIO},
+var benchmarks = map[string]cli.Command{
+	"pv":        {Summary: "guest calls through pvdriver over each transport", Run: runBenchPV},
+	"replicate": {Summary: "replication throughput and latency per mode", Run: runBenchReplicate},
+	"resync":    {Summary: "resyncing a standby under guest load", Run: runBenchResync},
+	"apply":     {Summary: "the standby's apply rate", Run: runBenchApply},
+	"mmio":      {Summary: "aperture write tracing per mode", Run: runBenchMMIO},
 }
 
 func runBench(args []string) error {
 	names := strings.Join(slices.Sorted(maps.Keys(benchmarks)), ", ")
 	if len(args) == 0 {
-		return usageError{fmt.Errorf("usage: %s bench BENCHMARK [flags] (benchmarks: %s)", progName, names)}
+		return cli.Usage(fmt.Errorf("usage: %s bench BENCHMARK [flags] (benchmarks: %s)", cli.Name(), names))
 	}
 	switch args[0] {
 	case "-h", "--help", "-help":
-		fmt.Printf("Usage: %[1]s bench BENCHMARK [flags]\n\nBenchmarks: %[2]s.\nRun '%[1]s bench BENCHMARK --help' for its flags.\n", progName, names)
+		fmt.Printf("Usage: %[1]s bench BENCHMARK [flags]\n\nBenchmarks: %[2]s.\nRun '%[1]s bench BENCHMARK --help' for its flags.\n", cli.Name(), names)
 		return flag.ErrHelp
 	}
 	b, ok := benchmarks[args[0]]
 	if !ok {
 		hint := ""
-		if s := closest(args[0], slices.Sorted(maps.Keys(benchmarks))); s != "" {
+		if s := cli.Closest(args[0], slices.Sorted(maps.Keys(benchmarks))); s != "" {
 			hint = fmt.Sprintf("did you mean %s? ", s)
 		}
-		return usageError{fmt.Errorf("unknown benchmark %q (%shave: %s)", args[0], hint, names)}
+		return cli.Usage(fmt.Errorf("unknown benchmark %q (%shave: %s)", args[0], hint, names))
 	}
-	return b.run(args[1:])
+	return b.Run(args[1:])
 }
 
 func runBenchResync(args []string) error {
-	fs := newFlags("bench resync", "[flags]")
+	fs := cli.NewFlags("bench resync", "[flags]")
 	var opts bench.ResyncOptions
 	sizes := resyncOptionFlags(fs, &opts)
-	var bf backendFlags
-	bf.register(fs)
+	var bf agent.BackendFlags
+	bf.Register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
 	standbyBackend := standbyBackendFlag(fs, &bf)
 	logNodes := fs.Bool("log-nodes", false, "write both nodes' logs to stderr (the resync's progress, once a second); with --processes, keep their log files and say where")
@@ -72,7 +68,7 @@ func runBenchResync(args []string) error {
 		"instead of inside the benchmark's (whose address space, cores and garbage collector they would share with the guests); "+
 		"their logs are kept (and named) when a standby never protects its primary, when verify finds them different, or with --log-nodes")
 	profile := profileFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := resyncPlacement(&opts, fs, &bf, *processes, *logNodes); err != nil {
@@ -83,8 +79,8 @@ func runBenchResync(args []string) error {
 		return err
 	}
 	defer stop()
-	opts.Sizes, _ = parseSizeList(*sizes) // checked when set
-	opts.Progress, opts.NewBackend, opts.NewStandbyBackend = os.Stderr, bf.open, standbyBackend()
+	opts.Sizes, _ = cli.ParseSizeList(*sizes) // checked when set
+	opts.Progress, opts.NewBackend, opts.NewStandbyBackend = os.Stderr, bf.Open, standbyBackend()
 	rows, err := bench.Resync(opts)
 	if err != nil || *asJSON {
 		return errors.Join(err, jsonOut(*asJSON && err == nil, rows))
@@ -97,13 +93,13 @@ func runBenchResync(args []string) error {
 // resyncOptionFlags registers the resync's own options; the returned
 // string is --sizes.
 func resyncOptionFlags(fs *flag.FlagSet, opts *bench.ResyncOptions) *string {
-	sizes := stringFlag(fs, "sizes", "256MiB,1GiB,4GiB", func(v string) error { _, err := parseSizeList(v); return err },
+	sizes := cli.String(fs, "sizes", "256MiB,1GiB,4GiB", func(v string) error { _, err := cli.ParseSizeList(v); return err },
 		"guest memory per row (all guests together), comma-separated, with KiB, MiB or GiB")
-	intVar(fs, &opts.Guests, "guests", 2, 1, 1024, "guests running the mixed workload")
-	durationVar(fs, &opts.Baseline, "baseline", time.Second, time.Millisecond, time.Hour, "how long guests run before the standby joins (their throughput before)")
-	sizeVar(fs, &opts.Rate, "rate", 0, 0, maxInt64, "bound on the resync stream in bytes per second (0: none)")
-	sizeVar(fs, &opts.Budget, "resync-budget", 0, 0, maxInt64, "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (0: the primary's default)")
-	fractionVar(fs, &opts.GuestShare, "guest-share", 0, 0, 1, "the primary's --replicate.resync-guest-share: the most of the link guests' writes take while the standby joins (0: the primary's default rule)")
+	cli.IntVar(fs, &opts.Guests, "guests", 2, 1, 1024, "guests running the mixed workload")
+	cli.DurationVar(fs, &opts.Baseline, "baseline", time.Second, time.Millisecond, time.Hour, "how long guests run before the standby joins (their throughput before)")
+	cli.SizeVar(fs, &opts.Rate, "rate", 0, 0, cli.MaxInt64, "bound on the resync stream in bytes per second (0: none)")
+	cli.SizeVar(fs, &opts.Budget, "resync-budget", 0, 0, cli.MaxInt64, "the primary's resync budget (--replicate.resync-budget-bytes), with KiB, MiB or GiB (0: the primary's default)")
+	cli.FractionVar(fs, &opts.GuestShare, "guest-share", 0, 0, 1, "the primary's --replicate.resync-guest-share: the most of the link guests' writes take while the standby joins (0: the primary's default rule)")
 	fs.BoolVar(&opts.StopTheWorld, "stop-the-world", false, "also resync each size the old way (every guest stopped while all memory is copied), for comparison")
 	fs.BoolVar(&opts.IdleGuests, "idle-guests", false, "also resync each size with the guests making no calls while the standby joins (the snapshot stream alone), for comparison")
 	return sizes
@@ -111,14 +107,14 @@ func resyncOptionFlags(fs *flag.FlagSet, opts *bench.ResyncOptions) *string {
 
 // resyncPlacement puts the nodes in processes of their own (from this
 // binary) with --processes, and their logs on stderr with --log-nodes.
-func resyncPlacement(opts *bench.ResyncOptions, fs *flag.FlagSet, bf *backendFlags, processes, logNodes bool) error {
+func resyncPlacement(opts *bench.ResyncOptions, fs *flag.FlagSet, bf *agent.BackendFlags, processes, logNodes bool) error {
 	if processes {
 		bin, err := os.Executable()
 		if err != nil {
 			return err
 		}
-		opts.Processes = &drill.NodesOptions{Binary: bin, Backend: bf.name, StandbyBackend: fs.Lookup("standby-backend").Value.String(),
-			Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.simMemory, 10)}, KeepLogs: logNodes}
+		opts.Processes = &drill.NodesOptions{Binary: bin, Backend: bf.Name, StandbyBackend: fs.Lookup("standby-backend").Value.String(),
+			Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.SimMemory, 10)}, KeepLogs: logNodes}
 	}
 	if logNodes {
 		opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -137,7 +133,7 @@ func jsonOut(on bool, v any) error {
 // standbyBackendFlag adds --standby-backend; the returned function gives
 // the standby's backend opener once the flags are parsed (nil: the same as
 // --backend's).
-func standbyBackendFlag(fs *flag.FlagSet, bf *backendFlags) func() func() (gpu.Backend, error) {
+func standbyBackendFlag(fs *flag.FlagSet, bf *agent.BackendFlags) func() func() (gpu.Backend, error) {
 	name := fs.String("standby-backend", "", "the standby's GPU backend when not --backend's: cuda:N (another device) or sim; "+
 		"on one GPU the standby's replay time-slices with the primary, and in one process it gets other addresses, so kernels that follow stored pointers cannot run there")
 	return func() func() (gpu.Backend, error) {
@@ -145,8 +141,8 @@ func standbyBackendFlag(fs *flag.FlagSet, bf *backendFlags) func() func() (gpu.B
 			return nil
 		}
 		sb := *bf
-		sb.name = *name
-		return sb.open
+		sb.Name = *name
+		return sb.Open
 	}
 }
 
@@ -187,17 +183,17 @@ func profileFlag(fs *flag.FlagSet) func() (func(), error) {
 }
 
 func runBenchPV(args []string) error {
-	fs := newFlags("bench pv", "[flags]")
+	fs := cli.NewFlags("bench pv", "[flags]")
 	var opts bench.PVOptions
-	intVar(fs, &opts.Rounds, "rounds", 7, 1, 1000, "interleaved rounds; the report gives each configuration's median")
-	intVar(fs, &opts.Batch, "batch", 2000, 1, maxInt, "operations per timed batch (bulk copies: batch/250)")
-	sizeVar(fs, &opts.BulkBytes, "bulk-bytes", 16<<20, 1, 1<<34, "bytes per bulk host-to-device copy")
+	cli.IntVar(fs, &opts.Rounds, "rounds", 7, 1, 1000, "interleaved rounds; the report gives each configuration's median")
+	cli.IntVar(fs, &opts.Batch, "batch", 2000, 1, cli.MaxInt, "operations per timed batch (bulk copies: batch/250)")
+	cli.SizeVar(fs, &opts.BulkBytes, "bulk-bytes", 16<<20, 1, 1<<34, "bytes per bulk host-to-device copy")
 	fs.StringVar(&opts.Endpoint, "endpoint", "", "measure running nodes at these guest endpoints (unix://, tcp://, vsock://, shm+unix://; comma-separated, each optionally NAME=URL to label its rows) from this process, beside --backend in-process")
-	var bf backendFlags
-	bf.register(fs)
+	var bf agent.BackendFlags
+	bf.Register(fs)
 	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
 	profile := profileFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	stop, err := profile()
@@ -206,7 +202,7 @@ func runBenchPV(args []string) error {
 	}
 	defer stop()
 	opts.Progress = os.Stderr
-	opts.NewBackend = bf.open
+	opts.NewBackend = bf.Open
 	rows, err := bench.PV(opts)
 	if err != nil {
 		return err
@@ -215,7 +211,7 @@ func runBenchPV(args []string) error {
 		return json.NewEncoder(os.Stdout).Encode(rows)
 	}
 	if opts.Endpoint != "" {
-		fmt.Printf("a live node at %s, called from this process, vs the %s backend called in-process (medians of interleaved rounds)\n", opts.Endpoint, bf.name)
+		fmt.Printf("a live node at %s, called from this process, vs the %s backend called in-process (medians of interleaved rounds)\n", opts.Endpoint, bf.Name)
 	} else {
 		fmt.Println("paravirtual call cost over unix, tcp and shared memory (shm+unix) vs the same backend called in-process (medians of interleaved rounds)")
 	}
@@ -224,18 +220,18 @@ func runBenchPV(args []string) error {
 }
 
 func runBenchReplicate(args []string) error {
-	fs := newFlags("bench replicate", "[flags]")
+	fs := cli.NewFlags("bench replicate", "[flags]")
 	var opts bench.ReplicateOptions
-	sizeVar(fs, &opts.BulkBytes, "bulk-bytes", 256<<20, 1, 1<<34, "bytes per bulk copy timing")
-	intVar(fs, &opts.Rounds, "rounds", 5, 1, 1000, "interleaved rounds; the report gives medians")
-	intVar(fs, &opts.Calls, "calls", 1000, 1, maxInt, "small calls per latency timing")
-	var bf backendFlags
-	bf.register(fs)
+	cli.SizeVar(fs, &opts.BulkBytes, "bulk-bytes", 256<<20, 1, 1<<34, "bytes per bulk copy timing")
+	cli.IntVar(fs, &opts.Rounds, "rounds", 5, 1, 1000, "interleaved rounds; the report gives medians")
+	cli.IntVar(fs, &opts.Calls, "calls", 1000, 1, cli.MaxInt, "small calls per latency timing")
+	var bf agent.BackendFlags
+	bf.Register(fs)
 	endpoint := fs.String("endpoint", "", "measure running primaries (each with its standby, in the mode it runs) at these guest endpoints (comma-separated, each optionally NAME=URL, e.g. unreplicated=shm+unix:///a.sock,commit=shm+unix:///b.sock) from this process, beside --backend in-process and the raw TCP link")
 	standbyBackend := standbyBackendFlag(fs, &bf)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
 	profile := profileFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	stop, err := profile()
@@ -243,14 +239,14 @@ func runBenchReplicate(args []string) error {
 		return err
 	}
 	defer stop()
-	opts.Progress, opts.NewBackend, opts.NewStandbyBackend = os.Stderr, bf.open, standbyBackend()
+	opts.Progress, opts.NewBackend, opts.NewStandbyBackend = os.Stderr, bf.Open, standbyBackend()
 	rep, err := replicateRun(*endpoint)(opts)
 	if err != nil || *asJSON {
 		return errors.Join(err, jsonOut(*asJSON && err == nil, rep))
 	}
 	title := "replication on loopback (primary, standby and guest in one process; medians of interleaved rounds)"
 	if *endpoint != "" {
-		title = fmt.Sprintf("a live primary at %s (replicating as it was started), called from this process, vs the %s backend in-process (medians of interleaved rounds)", *endpoint, bf.name)
+		title = fmt.Sprintf("a live primary at %s (replicating as it was started), called from this process, vs the %s backend in-process (medians of interleaved rounds)", *endpoint, bf.Name)
 	}
 	fmt.Println(title)
 	bench.PrintReplicate(os.Stdout, rep)
@@ -267,16 +263,16 @@ func replicateRun(endpoint string) func(bench.ReplicateOptions) (bench.Replicate
 }
 
 func runBenchApply(args []string) error {
-	fs := newFlags("bench apply", "[flags]")
-	chunk := sizeFlag(fs, "chunk-bytes", 16<<20, 1, 1<<30, "bytes per record (pvdriver splits copies at 16 MiB)")
-	total := sizeFlag(fs, "total-bytes", 1<<30, 1, 1<<40, "bytes per timing")
-	rounds := intFlag(fs, "rounds", 5, 1, 1000, "interleaved rounds; the report gives medians")
-	var bf backendFlags
-	bf.register(fs)
-	if err := parseFlags(fs, args); err != nil {
+	fs := cli.NewFlags("bench apply", "[flags]")
+	chunk := cli.Size(fs, "chunk-bytes", 16<<20, 1, 1<<30, "bytes per record (pvdriver splits copies at 16 MiB)")
+	total := cli.Size(fs, "total-bytes", 1<<30, 1, 1<<40, "bytes per timing")
+	rounds := cli.Int(fs, "rounds", 5, 1, 1000, "interleaved rounds; the report gives medians")
+	var bf agent.BackendFlags
+	bf.Register(fs)
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	rows, err := bench.Apply(bf.open, *chunk, *total, *rounds, os.Stderr)
+	rows, err := bench.Apply(bf.Open, *chunk, *total, *rounds, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -294,15 +290,15 @@ type mmioFlags struct {
 
 func (m *mmioFlags) register(fs *flag.FlagSet, opts *bench.MMIOOptions) {
 	m.long = fs.Bool("long", false, "more writes and rounds, for careful figures (several minutes)")
-	m.rounds = intFlag(fs, "rounds", 0, 0, 1000, "interleaved rounds (default 3, or 7 with --long)")
+	m.rounds = cli.Int(fs, "rounds", 0, 0, 1000, "interleaved rounds (default 3, or 7 with --long)")
 	m.pin = fs.Bool("pin", true, "pin the tracer and the guest's threads to one CPU (insn and auto mode; see the mmiotrace package doc)")
 	m.plotPath = fs.String("plot", "", "also draw ns per write by mode and workload to this file (.png or .svg)")
 	m.asJSON = fs.Bool("json", false, "print the cells as JSON instead of a table")
 	m.workloads = fs.String("workloads", strings.Join(opts.Workloads, ","), "mmio-guest workloads, each NAME or NAME:PAGES (aperture pages; default 1024)")
 	m.modes = fs.String("modes", strings.Join(opts.Modes, ","), "modes, side by side in each round: "+strings.Join(bench.MMIOModes, ", "))
-	intVar(fs, &opts.Threads, "threads", opts.Threads, 1, 1024, "OS threads storing at once in the threads workload")
-	m.perThread = intFlag(fs, "thread-stores", opts.Writes["threads"]/opts.Threads, 1, 1<<30, "stores per thread in the threads workload")
-	intVar(fs, &opts.InsnWrites, "insn-writes", opts.InsnWrites, 0, maxInt, "at most this many stores per run in the insn modes and kmod, where each store faults (0: no cap)")
+	cli.IntVar(fs, &opts.Threads, "threads", opts.Threads, 1, 1024, "OS threads storing at once in the threads workload")
+	m.perThread = cli.Int(fs, "thread-stores", opts.Writes["threads"]/opts.Threads, 1, 1<<30, "stores per thread in the threads workload")
+	cli.IntVar(fs, &opts.InsnWrites, "insn-writes", opts.InsnWrites, 0, cli.MaxInt, "at most this many stores per run in the insn modes and kmod, where each store faults (0: no cap)")
 }
 
 // apply sets the options the flags say, once parsed.
@@ -322,12 +318,12 @@ func (m *mmioFlags) apply(opts *bench.MMIOOptions) error {
 	if *m.rounds > 0 {
 		opts.Rounds = *m.rounds
 	}
-	opts.Progress, opts.Terminal = os.Stderr, isTerminal(os.Stderr)
+	opts.Progress, opts.Terminal = os.Stderr, agent.IsTerminal(os.Stderr)
 	return nil
 }
 
 func runBenchMMIO(args []string) error {
-	fs := newFlags("bench mmio", "[flags]")
+	fs := cli.NewFlags("bench mmio", "[flags]")
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -336,7 +332,7 @@ func runBenchMMIO(args []string) error {
 	var m mmioFlags
 	m.register(fs, &opts)
 	profile := profileFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if err := m.apply(&opts); err != nil {

@@ -1,18 +1,21 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"bytes"
 	"context"
 	"flag"
 	"fmt"
-	"github.com/vgpuha/vgpuha/internal/node"
-	"github.com/vgpuha/vgpuha/replicate/link"
 	"net"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/vgpuha/vgpuha/internal/node"
+	"github.com/vgpuha/vgpuha/replicate/link"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -22,55 +25,57 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )
 
-// backendFlags are the flags that choose and size the GPU backend
+// BackendFlags are the flags that choose and size the GPU backend
 // (node.GPU opens it).
-type backendFlags struct {
-	name      string
-	simMemory uint64
-	simShift  uint64
-	spares    int // CUDA contexts made ahead
+type BackendFlags struct {
+	Name      string
+	SimMemory uint64
+	SimShift  uint64
+	Spares    int // CUDA contexts made ahead
 }
 
-func (b *backendFlags) register(fs *flag.FlagSet) {
-	stringVar(fs, &b.name, "backend", "auto", checkBackend, "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
-	sizeVar(fs, &b.simMemory, "sim.memory-bytes", 8<<30, 1<<20, maxUint64, "device memory of the software GPU")
-	sizeVar(fs, &b.simShift, "sim.base-shift", 0, 0, 1<<46, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
-	intVar(fs, &b.spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
+// Register adds the backend's flags to fs.
+func (b *BackendFlags) Register(fs *flag.FlagSet) {
+	cli.StringVar(fs, &b.Name, "backend", "auto", CheckBackend, "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
+	cli.SizeVar(fs, &b.SimMemory, "sim.memory-bytes", 8<<30, 1<<20, cli.MaxUint64, "device memory of the software GPU")
+	cli.SizeVar(fs, &b.SimShift, "sim.base-shift", 0, 0, 1<<46, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
+	cli.IntVar(fs, &b.Spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
 }
 
-// checkBackend accepts the --backend names node.GPU knows.
-func checkBackend(name string) error { return node.CheckGPU(name) }
+// CheckBackend accepts the --backend names node.GPU knows.
+func CheckBackend(name string) error { return node.CheckGPU(name) }
 
-func (b *backendFlags) gpu() node.GPU {
-	return node.GPU{Name: b.name, SimMemoryBytes: b.simMemory, SimBaseShift: b.simShift, SpareContexts: b.spares}
+func (b *BackendFlags) gpu() node.GPU {
+	return node.GPU{Name: b.Name, SimMemoryBytes: b.SimMemory, SimBaseShift: b.SimShift, SpareContexts: b.Spares}
 }
 
-func (b *backendFlags) open() (gpu.Backend, error) { return b.gpu().Open() }
+// Open opens the backend the flags chose.
+func (b *BackendFlags) Open() (gpu.Backend, error) { return b.gpu().Open() }
 
 // configFlags registers the hypervisor's limits.
 func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
-	sizeVar(fs, &cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, 1, maxUint64, "device memory each guest may allocate")
-	intVar(fs, &cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, 1, 1<<16, "concurrent guest sessions")
+	cli.SizeVar(fs, &cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, 1, cli.MaxUint64, "device memory each guest may allocate")
+	cli.IntVar(fs, &cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, 1, 1<<16, "concurrent guest sessions")
 	fs.BoolVar(&cfg.GuestKernels, "guest.kernels", false, "let guests load their own kernels, not only the library's (needs --guest.max-sessions 1: one guest per primary process)")
-	intVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, maxInt, "allocations plus handles each guest may hold")
-	intVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")
-	sizeVar(fs, &cfg.WindowSize, "va.window-bytes", cfg.WindowSize, cfg.AllocAlign, 1<<46, "size of each guest's device-address window (a multiple of 2 MiB)")
+	cli.IntVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, cli.MaxInt, "allocations plus handles each guest may hold")
+	cli.IntVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")
+	cli.SizeVar(fs, &cfg.WindowSize, "va.window-bytes", cfg.WindowSize, cfg.AllocAlign, 1<<46, "size of each guest's device-address window (a multiple of 2 MiB)")
 	fs.Func("mmio", "how guest writes to apertures are traced: off, insn, page, auto (per page: insn, or page for pages written in streaks), uffd, kmod, kmod-page or kmod-auto (the kmod modes need the vgpuha_mmio module) (default "+cfg.MMIO.Mode.String()+")", func(v string) error {
 		m, err := mmiotrace.ParseMode(v)
 		cfg.MMIO.Mode = m
 		return err
 	})
 	fs.BoolVar(&cfg.MMIO.Pin, "mmio.pin", cfg.MMIO.Pin, "insn and auto mode: pin the tracer and the traced guest's threads to one CPU (per-write tracing is 3-4x cheaper; page mode never pins)")
-	durationVar(fs, &cfg.MMIO.FlushEvery, "mmio.flush-every", cfg.MMIO.FlushEvery, 0, time.Hour, "also flush aperture writes on this timer, for guests that write without calling (0: only at calls)")
+	cli.DurationVar(fs, &cfg.MMIO.FlushEvery, "mmio.flush-every", cfg.MMIO.FlushEvery, 0, time.Hour, "also flush aperture writes on this timer, for guests that write without calling (0: only at calls)")
 	tenantFlags(fs, cfg)
 }
 
-// replicationModes are --mode's words (replicate.ParseMode's).
-var replicationModes = []string{"sync", "commit", "async", "epoch"}
+// ReplicationModes are --mode's words (replicate.ParseMode's).
+var ReplicationModes = []string{"sync", "commit", "async", "epoch"}
 
-// checkEndpoint accepts a guest endpoint (unix://, tcp://, vsock://,
+// CheckEndpoint accepts a guest endpoint (unix://, tcp://, vsock://,
 // shm+unix://).
-func checkEndpoint(v string) error {
+func CheckEndpoint(v string) error {
 	_, err := transport.Parse(v)
 	return err
 }

@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"errors"
 	"fmt"
 	"os"
@@ -25,13 +27,13 @@ func runRun(args []string) error {
 			break
 		}
 	}
-	if split < 0 && helpWanted {
-		return servePrimary(newFlags("run", "[primary flags] -- PROGRAM [ARGS]"), args, []string{})
+	if split < 0 && cli.HelpWanted() {
+		return servePrimary(cli.NewFlags("run", "[primary flags] -- PROGRAM [ARGS]"), args, []string{})
 	}
 	if split < 0 || split == len(args)-1 {
-		return usageError{errors.New("usage: vgpuha run [primary flags] -- PROGRAM [ARGS]")}
+		return cli.Usage(errors.New("usage: vgpuha run [primary flags] -- PROGRAM [ARGS]"))
 	}
-	fs := newFlags("run", "[primary flags] -- PROGRAM [ARGS]")
+	fs := cli.NewFlags("run", "[primary flags] -- PROGRAM [ARGS]")
 	return servePrimary(fs, args[:split], args[split+1:])
 }
 

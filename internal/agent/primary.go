@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"context"
 	"flag"
 	"os"
@@ -32,7 +34,7 @@ func primaryReplication(ncfg *node.Config, replicateTo, keyFile, modeName string
 }
 
 func runPrimary(args []string) error {
-	return servePrimary(newFlags("primary", "--guest-listen ENDPOINT [flags]"), args, nil)
+	return servePrimary(cli.NewFlags("primary", "--guest-listen ENDPOINT [flags]"), args, nil)
 }
 
 // primaryFlags are a primary's flags: its own, and the ones every node
@@ -47,18 +49,18 @@ type primaryFlags struct {
 }
 
 func (p *primaryFlags) register(fs *flag.FlagSet, defaultListen string) {
-	p.listen = stringFlag(fs, "guest-listen", defaultListen, checkEndpoint, "endpoint guests connect to: unix:///PATH, tcp://HOST:PORT or vsock://CID|any:PORT")
-	p.adminAddr = stringFlag(fs, "admin-listen", "", checkAdminAddr, "HOST:PORT (or unix:///PATH) for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
+	p.listen = cli.String(fs, "guest-listen", defaultListen, CheckEndpoint, "endpoint guests connect to: unix:///PATH, tcp://HOST:PORT or vsock://CID|any:PORT")
+	p.adminAddr = cli.String(fs, "admin-listen", "", checkAdminAddr, "HOST:PORT (or unix:///PATH) for /metrics, /healthz, /status, POST /verify and POST /epoch (off when empty)")
 	p.adminToken = adminTokenFlag(fs)
-	p.replicateTo = stringFlag(fs, "replicate-to", "", checkTCPList, "standbys to stream every state change to, in priority order: tcp://HOST:PORT[,tcp://HOST:PORT...] (off when empty)")
-	p.minInSync = intFlag(fs, "replicate.min-in-sync", 1, 1, 64, "k: replies the mode holds wait for the first k caught-up standbys; with fewer, for those there are (under --coordinator once etcd records it)")
-	p.modeName = choiceFlag(fs, "mode", "commit", replicationModes, "replication mode: sync, commit, async or epoch")
+	p.replicateTo = cli.String(fs, "replicate-to", "", checkTCPList, "standbys to stream every state change to, in priority order: tcp://HOST:PORT[,tcp://HOST:PORT...] (off when empty)")
+	p.minInSync = cli.Int(fs, "replicate.min-in-sync", 1, 1, 64, "k: replies the mode holds wait for the first k caught-up standbys; with fewer, for those there are (under --coordinator once etcd records it)")
+	p.modeName = cli.Choice(fs, "mode", "commit", ReplicationModes, "replication mode: sync, commit, async or epoch")
 	p.keyFile = fs.String("replicate.key-file", "", "file holding the pre-shared replication key (at least 16 bytes)")
-	p.maxLag = sizeFlag[int64](fs, "replicate.max-lag-bytes", 256<<20, 1<<20, maxInt64, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
-	p.resyncBudget = sizeFlag[int64](fs, "replicate.resync-budget-bytes", 0, 0, maxInt64, "log bytes kept while a resync streams (0: a quarter of the snapshot, at least 1 GiB): guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
-	fractionVar(fs, &p.guestShare, "replicate.resync-guest-share", 0, 0, 1, "most of the link guests' writes take while a standby joins, 0 to 1 (0: half the resync budget at once, the rest as the snapshot goes out)")
-	p.resyncStall = durationFlag(fs, "replicate.resync-stall", replicate.DefaultResyncStall, time.Millisecond, time.Minute, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
-	p.resyncRate = sizeFlag[int64](fs, "replicate.resync-rate", 0, 0, maxInt64, "bytes per second a resync streams at most (0: as fast as the link takes it)")
+	p.maxLag = cli.Size[int64](fs, "replicate.max-lag-bytes", 256<<20, 1<<20, cli.MaxInt64, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
+	p.resyncBudget = cli.Size[int64](fs, "replicate.resync-budget-bytes", 0, 0, cli.MaxInt64, "log bytes kept while a resync streams (0: a quarter of the snapshot, at least 1 GiB): guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
+	cli.FractionVar(fs, &p.guestShare, "replicate.resync-guest-share", 0, 0, 1, "most of the link guests' writes take while a standby joins, 0 to 1 (0: half the resync budget at once, the rest as the snapshot goes out)")
+	p.resyncStall = cli.Duration(fs, "replicate.resync-stall", replicate.DefaultResyncStall, time.Millisecond, time.Minute, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
+	p.resyncRate = cli.Size[int64](fs, "replicate.resync-rate", 0, 0, cli.MaxInt64, "bytes per second a resync streams at most (0: as fast as the link takes it)")
 	p.stateDir = stateDirFlag(fs)
 	p.nodeFlags.register(fs, false)
 }

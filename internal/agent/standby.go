@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"context"
 	"flag"
 	"net"
@@ -21,21 +23,21 @@ type standbyFlags struct {
 }
 
 func (f *standbyFlags) register(fs *flag.FlagSet) {
-	f.listen = stringFlag(fs, "listen", "tcp://127.0.0.1:7071", checkTCP, "where the primary's replication stream connects: tcp://HOST:PORT")
+	f.listen = cli.String(fs, "listen", "tcp://127.0.0.1:7071", checkTCP, "where the primary's replication stream connects: tcp://HOST:PORT")
 	f.keyFile = fs.String("replicate.key-file", "", "file holding the pre-shared replication key (the primary's)")
-	f.adminAddr = stringFlag(fs, "admin-listen", "", checkAdminAddr, "HOST:PORT for /metrics, /healthz and /status (off when empty)")
+	f.adminAddr = cli.String(fs, "admin-listen", "", checkAdminAddr, "HOST:PORT for /metrics, /healthz and /status (off when empty)")
 	f.adminToken = adminTokenFlag(fs)
-	f.guestListen = stringFlag(fs, "guest-listen", "", checkEndpoint, "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
-	f.next = stringFlag(fs, "replicate-to", "", checkTCPList, "once promoted, replicate to these next standbys: tcp://HOST:PORT[,...] (same key; under --coordinator also to the group's other standbys)")
-	f.minInSync = intFlag(fs, "replicate.min-in-sync", 1, 1, 64, "k once promoted: replies the mode holds wait for the first k caught-up standbys")
-	f.modeName = choiceFlag(fs, "mode", "commit", replicationModes, "replication mode once promoted")
-	f.detector = choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "failure detector: fixed (270 ms without a heartbeat) or phi (phi-accrual, threshold 8: about 270 ms on a steady link)")
-	f.advertise = stringFlag(fs, "coordinator.advertise", "", checkTCP, "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
+	f.guestListen = cli.String(fs, "guest-listen", "", CheckEndpoint, "endpoint to serve guests on once promoted; empty: never take over (a pure replica)")
+	f.next = cli.String(fs, "replicate-to", "", checkTCPList, "once promoted, replicate to these next standbys: tcp://HOST:PORT[,...] (same key; under --coordinator also to the group's other standbys)")
+	f.minInSync = cli.Int(fs, "replicate.min-in-sync", 1, 1, 64, "k once promoted: replies the mode holds wait for the first k caught-up standbys")
+	f.modeName = cli.Choice(fs, "mode", "commit", ReplicationModes, "replication mode once promoted")
+	f.detector = cli.Choice(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "failure detector: fixed (270 ms without a heartbeat) or phi (phi-accrual, threshold 8: about 270 ms on a steady link)")
+	f.advertise = cli.String(fs, "coordinator.advertise", "", checkTCP, "tcp://HOST:PORT primaries reach --listen at (the group's records name it; default: --listen)")
 	f.nodeFlags.register(fs, true)
 }
 
 func runStandby(args []string) error {
-	fs := newFlags("standby", "--listen tcp://HOST:PORT --replicate.key-file FILE [flags]")
+	fs := cli.NewFlags("standby", "--listen tcp://HOST:PORT --replicate.key-file FILE [flags]")
 	var sf standbyFlags
 	sf.register(fs)
 	if stop, err := sf.parse(fs, args); stop {

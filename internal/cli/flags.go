@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"errors"
@@ -13,8 +13,8 @@ import (
 
 // Every flag value is checked here, when it is set (from the command
 // line, a VGPUHA_* variable or the config file, which then name where the
-// value came from): numbers by range and sign (intVar), sizes with their
-// unit (sizeVar: 4096, 512KiB, 256MiB, 4GiB, 1TiB), durations and
+// value came from): numbers by range and sign (IntVar), sizes with their
+// unit (SizeVar: 4096, 512KiB, 256MiB, 4GiB, 1TiB), durations and
 // fractions by range, words against their list (choice), other strings by
 // a check (checkedString). A command never takes a number through the flag
 // package's own Int/Uint64/Duration flags (TestEveryNumericFlagIsRanged):
@@ -27,10 +27,13 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
-// parseFlags parses args into fs; a refused flag or value comes back as a
+// Usage marks err as a usage error: the program prints it and exits 2.
+func Usage(err error) error { return usageError{err} }
+
+// Parse parses args into fs; a refused flag or value comes back as a
 // usageError of one line, naming the flag with its two dashes, and an
 // unknown flag with the closest one fs has.
-func parseFlags(fs *flag.FlagSet, args []string) error {
+func Parse(fs *flag.FlagSet, args []string) error {
 	err := fs.Parse(args)
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return err
@@ -45,7 +48,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	for _, dash := range []string{"for flag -", "for -", "argument: -"} {
 		msg = strings.Replace(msg, dash, strings.TrimSuffix(dash, "-")+"--", 1)
 	}
-	return usageError{fmt.Errorf("%s; 'vgpuha %s --help' lists the flags", msg, fs.Name())}
+	return usageError{fmt.Errorf("%s; '%s %s --help' lists the flags", msg, current.Name, fs.Name())}
 }
 
 // suggestFlag is fs's flag closest to the mistyped name, or "".
@@ -56,13 +59,13 @@ func suggestFlag(fs *flag.FlagSet, typed string) string {
 	}
 	var names []string
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
-	return closest(typed, names)
+	return Closest(typed, names)
 }
 
-// closest is the name nearest to typed: within a third of its length in
+// Closest is the name nearest to typed: within a third of its length in
 // edits, or one whose dotted part it is ("key-file" for
 // "replicate.key-file"); "" when none is near.
-func closest(typed string, names []string) string {
+func Closest(typed string, names []string) string {
 	best, bestDist := "", len(typed)/3+1
 	for _, name := range names {
 		d := editDistance(typed, name)
@@ -97,7 +100,7 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// integer is what an intVar or sizeVar may hold.
+// integer is what an IntVar or SizeVar may hold.
 type integer interface{ ~int | ~int64 | ~uint64 }
 
 // intValue is an integer flag that refuses values outside [min, max]; a
@@ -109,36 +112,44 @@ type intValue[T integer] struct {
 	bytes    bool
 }
 
-// intVar registers an integer flag holding a value in [lo, hi].
-func intVar[T integer](fs *flag.FlagSet, p *T, name string, def, lo, hi T, usage string) {
+// IntVar registers an integer flag holding a value in [lo, hi].
+func IntVar[T integer](fs *flag.FlagSet, p *T, name string, def, lo, hi T, usage string) {
 	*p = def
 	fs.Var(&intValue[T]{p: p, min: lo, max: hi}, name, usage)
 }
 
-// sizeVar registers a size in bytes in [lo, hi], with or without a unit.
-func sizeVar[T integer](fs *flag.FlagSet, p *T, name string, def, lo, hi T, usage string) {
+// SizeVar registers a size in bytes in [lo, hi], with or without a unit.
+func SizeVar[T integer](fs *flag.FlagSet, p *T, name string, def, lo, hi T, usage string) {
 	*p = def
 	fs.Var(&intValue[T]{p: p, min: lo, max: hi, bytes: true}, name, usage)
 }
 
-// intFlag and sizeFlag are intVar and sizeVar returning the variable.
-func intFlag[T integer](fs *flag.FlagSet, name string, def, lo, hi T, usage string) *T {
+// IntValue and SizeValue are the checked values of IntVar and SizeVar,
+// for fields parsed outside a flag set (a --tenant.quota's parts).
+func IntValue[T integer](p *T, lo, hi T) flag.Value { return &intValue[T]{p: p, min: lo, max: hi} }
+
+func SizeValue[T integer](p *T, lo, hi T) flag.Value {
+	return &intValue[T]{p: p, min: lo, max: hi, bytes: true}
+}
+
+// Int and Size are IntVar and SizeVar returning the variable.
+func Int[T integer](fs *flag.FlagSet, name string, def, lo, hi T, usage string) *T {
 	p := new(T)
-	intVar(fs, p, name, def, lo, hi, usage)
+	IntVar(fs, p, name, def, lo, hi, usage)
 	return p
 }
 
-func sizeFlag[T integer](fs *flag.FlagSet, name string, def, lo, hi T, usage string) *T {
+func Size[T integer](fs *flag.FlagSet, name string, def, lo, hi T, usage string) *T {
 	p := new(T)
-	sizeVar(fs, p, name, def, lo, hi, usage)
+	SizeVar(fs, p, name, def, lo, hi, usage)
 	return p
 }
 
 // The largest values each kind of integer flag may be given.
 const (
-	maxInt    = math.MaxInt
-	maxInt64  = math.MaxInt64
-	maxUint64 = math.MaxUint64
+	MaxInt    = math.MaxInt
+	MaxInt64  = math.MaxInt64
+	MaxUint64 = math.MaxUint64
 )
 
 func (v *intValue[T]) String() string {
@@ -146,7 +157,7 @@ func (v *intValue[T]) String() string {
 		return "0"
 	}
 	if v.bytes {
-		return formatBytes(uint64(*v.p))
+		return FormatBytes(uint64(*v.p))
 	}
 	return fmt.Sprint(*v.p)
 }
@@ -172,7 +183,7 @@ func (v *intValue[T]) Set(s string) error {
 func (v *intValue[T]) rangeText() string {
 	show := func(x T) string {
 		if v.bytes {
-			return formatBytes(uint64(x))
+			return FormatBytes(uint64(x))
 		}
 		return fmt.Sprint(x)
 	}
@@ -180,7 +191,7 @@ func (v *intValue[T]) rangeText() string {
 	if v.bytes {
 		what = "a size (bytes, or with KiB, MiB, GiB or TiB)"
 	}
-	if bigOf(v.max).Cmp(big.NewInt(maxInt64)) >= 0 {
+	if bigOf(v.max).Cmp(big.NewInt(MaxInt64)) >= 0 {
 		if v.min == 0 {
 			return what + ", not negative"
 		}
@@ -225,8 +236,8 @@ func parseInteger(s string, bytes bool) (*big.Int, error) {
 	return n.Mul(n, new(big.Int).SetUint64(mult)), nil
 }
 
-// formatBytes writes n with the largest unit that divides it.
-func formatBytes(n uint64) string {
+// FormatBytes writes n with the largest unit that divides it.
+func FormatBytes(n uint64) string {
 	for _, u := range byteUnits[:4] {
 		if n != 0 && n%u.mult == 0 {
 			return strconv.FormatUint(n/u.mult, 10) + u.suffix
@@ -236,18 +247,18 @@ func formatBytes(n uint64) string {
 }
 
 // parseBytes reads one positive size such as 4096, 256MiB or 4GiB (a
-// list flag's element; single sizes are sizeVar flags).
+// list flag's element; single sizes are SizeVar flags).
 func parseBytes(s string) (uint64, error) {
 	var n uint64
-	v := intValue[uint64]{p: &n, min: 1, max: maxUint64, bytes: true}
+	v := intValue[uint64]{p: &n, min: 1, max: MaxUint64, bytes: true}
 	if err := v.Set(s); err != nil {
 		return 0, err
 	}
 	return n, nil
 }
 
-// parseSizeList reads a comma-separated list of positive sizes.
-func parseSizeList(s string) ([]uint64, error) {
+// ParseSizeList reads a comma-separated list of positive sizes.
+func ParseSizeList(s string) ([]uint64, error) {
 	var out []uint64
 	for _, f := range strings.Split(s, ",") {
 		n, err := parseBytes(f)
@@ -265,20 +276,20 @@ type durationValue struct {
 	min, max time.Duration
 }
 
-// durationVar registers a duration flag holding a value in [lo, hi].
-func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def, lo, hi time.Duration, usage string) {
+// DurationVar registers a duration flag holding a value in [lo, hi].
+func DurationVar(fs *flag.FlagSet, p *time.Duration, name string, def, lo, hi time.Duration, usage string) {
 	*p = def
 	fs.Var(&durationValue{p: p, min: lo, max: hi}, name, usage)
 }
 
-func durationFlag(fs *flag.FlagSet, name string, def, lo, hi time.Duration, usage string) *time.Duration {
+func Duration(fs *flag.FlagSet, name string, def, lo, hi time.Duration, usage string) *time.Duration {
 	p := new(time.Duration)
-	durationVar(fs, p, name, def, lo, hi, usage)
+	DurationVar(fs, p, name, def, lo, hi, usage)
 	return p
 }
 
-// maxDuration is a duration flag without an upper bound.
-const maxDuration = time.Duration(math.MaxInt64)
+// MaxDuration is a duration flag without an upper bound.
+const MaxDuration = time.Duration(math.MaxInt64)
 
 func (v *durationValue) String() string {
 	if v.p == nil {
@@ -293,7 +304,7 @@ func (v *durationValue) Set(s string) error {
 		return fmt.Errorf("%q is not a duration (want e.g. 250ms, 10s, 2m)", s)
 	}
 	if d < v.min || d > v.max {
-		if v.max == maxDuration {
+		if v.max == MaxDuration {
 			return fmt.Errorf("out of range: want a duration of at least %v", v.min)
 		}
 		return fmt.Errorf("out of range: want a duration from %v to %v", v.min, v.max)
@@ -308,8 +319,8 @@ type fractionValue struct {
 	min, below float64
 }
 
-// fractionVar registers a number flag at least lo and below hi.
-func fractionVar(fs *flag.FlagSet, p *float64, name string, def, lo, below float64, usage string) {
+// FractionVar registers a number flag at least lo and below hi.
+func FractionVar(fs *flag.FlagSet, p *float64, name string, def, lo, below float64, usage string) {
 	*p = def
 	fs.Var(&fractionValue{p: p, min: lo, below: below}, name, usage)
 }
@@ -339,16 +350,16 @@ type checkedString struct {
 	check func(string) error
 }
 
-// stringVar registers a string flag that refuses what check refuses (the
+// StringVar registers a string flag that refuses what check refuses (the
 // default is not checked: "" often means off).
-func stringVar(fs *flag.FlagSet, p *string, name, def string, check func(string) error, usage string) {
+func StringVar(fs *flag.FlagSet, p *string, name, def string, check func(string) error, usage string) {
 	*p = def
 	fs.Var(&checkedString{p: p, check: check}, name, usage)
 }
 
-func stringFlag(fs *flag.FlagSet, name, def string, check func(string) error, usage string) *string {
+func String(fs *flag.FlagSet, name, def string, check func(string) error, usage string) *string {
 	p := new(string)
-	stringVar(fs, p, name, def, check, usage)
+	StringVar(fs, p, name, def, check, usage)
 	return p
 }
 
@@ -367,8 +378,8 @@ func (v *checkedString) Set(s string) error {
 	return nil
 }
 
-// choiceFlag registers a choice flag (one of allowed) and returns its value.
-func choiceFlag(fs *flag.FlagSet, name, def string, allowed []string, usage string) *string {
+// Choice registers a choice flag (one of allowed) and returns its value.
+func Choice(fs *flag.FlagSet, name, def string, allowed []string, usage string) *string {
 	c := &choice{value: def, allowed: allowed}
 	fs.Var(c, name, usage)
 	return &c.value

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vgpuha/vgpuha/internal/cli"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite contrib/config/*.toml from the commands' flag sets")
@@ -30,13 +32,10 @@ var variableDefaults = map[string]string{
 	"coordinator.id": "this host's name and the process id: HOST-PID",
 }
 
-// flagSetOf returns the flag set a command makes (as flagsOf does).
+// flagSetOf returns the flag set a command makes.
 func flagSetOf(t *testing.T, run func([]string) error) *flag.FlagSet {
 	t.Helper()
-	var sets []*flag.FlagSet
-	capturedFlags, helpWanted = &sets, true
-	defer func() { capturedFlags, helpWanted = nil, false }()
-	run([]string{"--help"})
+	sets := cli.FlagSets(run, []string{"--help"})
 	if len(sets) == 0 {
 		t.Fatal("the command made no flag set")
 	}
@@ -51,7 +50,7 @@ func exampleConfig(command string, fs *flag.FlagSet) []byte {
 	fmt.Fprintf(&b, "# Given with --config; a flag (--NAME) or VGPUHA_NAME wins over this file.\n")
 	fmt.Fprintf(&b, "# A dotted flag is a key in a table: --replicate.key-file is key-file in [replicate];\n")
 	fmt.Fprintf(&b, "# a flag that names a table too (--coordinator) is that table's key \"\".\n")
-	fmt.Fprintf(&b, "# Generated from the command's flags: go test ./cmd/vgpuha -run TestExampleConfigs -rewrite\n")
+	fmt.Fprintf(&b, "# Generated from the command's flags: go test ./internal/agent -run TestExampleConfigs -rewrite\n")
 	tables := map[string][]*flag.Flag{}
 	fs.VisitAll(func(f *flag.Flag) {
 		if slices.Contains(notInFile, f.Name) {
@@ -123,7 +122,7 @@ func TestExampleConfigs(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Errorf("%s is not what vgpuha %s's flags say; run: go test ./cmd/vgpuha -run TestExampleConfigs -rewrite", path, command)
+			t.Errorf("%s is not what vgpuha %s's flags say; run: go test ./internal/agent -run TestExampleConfigs -rewrite", path, command)
 			continue
 		}
 		checkUncommented(t, command, run, string(got))
@@ -147,7 +146,7 @@ func checkUncommented(t *testing.T, command string, run func([]string) error, te
 	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := readConfig(path)
+	keys, err := cli.ReadConfig(path)
 	if err != nil {
 		t.Fatalf("%s, uncommented: %v", command, err)
 	}

@@ -1,8 +1,9 @@
-//go:build lab
-
-package main
+package labcmd
 
 import (
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,10 +19,6 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver"
 )
 
-func init() {
-	commands["guest"] = command{"run an example guest workload through pvdriver and verify it", runGuest}
-}
-
 // guestReport is what `vgpuha guest --json` prints.
 type guestReport struct {
 	Endpoint  string            `json:"endpoint"`
@@ -31,16 +28,16 @@ type guestReport struct {
 }
 
 func runGuest(args []string) error {
-	fs := newFlags("guest", "--endpoint ENDPOINT --workload NAME [flags]")
-	endpoint := stringFlag(fs, "endpoint", "unix:///tmp/vgpuha.sock", checkEndpoint, "hypervisor endpoint (the primary's --guest-listen)")
-	name := stringFlag(fs, "workload", "all", func(v string) error { _, err := workload.Select(v); return err },
+	fs := cli.NewFlags("guest", "--endpoint ENDPOINT --workload NAME [flags]")
+	endpoint := cli.String(fs, "endpoint", "unix:///tmp/vgpuha.sock", agent.CheckEndpoint, "hypervisor endpoint (the primary's --guest-listen)")
+	name := cli.String(fs, "workload", "all", func(v string) error { _, err := workload.Select(v); return err },
 		fmt.Sprintf("workload to run: one of %v, a comma-separated list of them, or all", workload.Names()))
-	size := intFlag(fs, "size", 0, 0, 1<<30, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
+	size := cli.Int(fs, "size", 0, 0, 1<<30, "problem size (elements; matrix dimension for matmul; nodes for pointer_chase); 0 for each workload's default")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	guestName := fs.String("name", "guest", "guest name shown in the hypervisor's status")
 	failoverTo := fs.String("failover", "", "comma-separated endpoints (the standby's) to resume the session on if the hypervisor is lost")
 	hold := fs.Bool("hold", false, "keep the session (and its device memory) open after the workloads until SIGINT/SIGTERM")
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	ws, err := workload.Select(*name)

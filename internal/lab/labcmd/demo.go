@@ -1,8 +1,9 @@
-//go:build lab
-
-package main
+package labcmd
 
 import (
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"fmt"
 	"os"
 	"strings"
@@ -11,20 +12,16 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
-func init() {
-	commands["demo"] = command{"start a primary and run every workload against it on loopback", runDemo}
-}
-
 // runDemo shows the product's point on one machine: it starts a standby and
 // a primary as separate processes (the embedded default: the software GPU
 // unless a GPU is present, everything on loopback), runs every workload
 // through a guest, SIGKILLs the primary in the middle of the second round,
 // and the guest finishes on the promoted standby with verified results.
 func runDemo(args []string) error {
-	fs := newFlags("demo", "[flags]")
-	backendName := stringFlag(fs, "backend", "auto", checkBackend, "GPU backend for both nodes: auto, cuda or sim")
-	mode := choiceFlag(fs, "mode", "commit", replicationModes, "replication mode: sync, commit, async or epoch")
-	if err := parseFlags(fs, args); err != nil {
+	fs := cli.NewFlags("demo", "[flags]")
+	backendName := cli.String(fs, "backend", "auto", agent.CheckBackend, "GPU backend for both nodes: auto, cuda or sim")
+	mode := cli.Choice(fs, "mode", "commit", agent.ReplicationModes, "replication mode: sync, commit, async or epoch")
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	bin, err := os.Executable()

@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,14 +20,14 @@ import (
 )
 
 func runVerify(args []string) error {
-	fs := newFlags("verify", "--admin HOST:PORT [--json] [--repair] [--apertures]")
-	adminAddr := stringFlag(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
+	fs := cli.NewFlags("verify", "--admin HOST:PORT [--json] [--repair] [--apertures]")
+	adminAddr := cli.String(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	repair := fs.Bool("repair", false, "copy every diverged allocation from the primary to the standby")
 	apertures := fs.Bool("apertures", false, "also compare each aperture's bytes (the guest's file) with its device copy on the primary and on the standby, "+
 		"reporting mismatched bytes and the first mismatched offset per side (sends the apertures' bytes to the standby)")
 	tokenFile := adminTokenFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	body, err := postAdminToken(*adminAddr, fmt.Sprintf("/verify?repair=%v&apertures=%v", *repair, *apertures), *tokenFile, 60*time.Second)
@@ -88,10 +90,10 @@ func printApertures(checks []verify.ApertureCheck) {
 }
 
 func runSwitchover(args []string) error {
-	fs := newFlags("switchover", "--admin HOST:PORT")
-	adminAddr := stringFlag(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
+	fs := cli.NewFlags("switchover", "--admin HOST:PORT")
+	adminAddr := cli.String(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
 	tokenFile := adminTokenFlag(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	body, err := postAdminToken(*adminAddr, "/switchover", *tokenFile, 30*time.Second)

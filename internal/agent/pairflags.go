@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"flag"
 
 	"github.com/vgpuha/vgpuha/internal/node"
@@ -18,10 +20,10 @@ type pairFlags struct {
 // register adds --group, and on a standby --adopt.
 func (p *pairFlags) register(fs *flag.FlagSet, standby bool) {
 	if !standby {
-		stringVar(fs, &p.group, "group", "", admission.CheckGroup, "names this pair: its standbys follow only primaries of this group (empty: this primary's id, which the standby that takes over carries on; under --coordinator, the coordinator's group)")
+		cli.StringVar(fs, &p.group, "group", "", admission.CheckGroup, "names this pair: its standbys follow only primaries of this group (empty: this primary's id, which the standby that takes over carries on; under --coordinator, the coordinator's group)")
 		return
 	}
-	stringVar(fs, &p.group, "group", "", admission.CheckGroup, "the pair this standby protects: it follows only primaries of this --group (empty: the first primary to connect, then that pair's successors; under --coordinator, the coordinator's group)")
+	cli.StringVar(fs, &p.group, "group", "", admission.CheckGroup, "the pair this standby protects: it follows only primaries of this --group (empty: the first primary to connect, then that pair's successors; under --coordinator, the coordinator's group)")
 	fs.BoolVar(&p.adopt, "adopt", false, "follow the first primary that connects whatever its group, replacing this standby's replica (once); without it a standby that follows a pair refuses every other primary")
 }
 

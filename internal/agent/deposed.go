@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"encoding/json"
 	"errors"
 	"flag"
@@ -25,10 +27,10 @@ import (
 // node's standby (docs/OPERATIONS.md, Fail-back); an operator who starts
 // a new pair on purpose deletes the record.
 
-// exitDeposed is the status of a primary that refuses to start because
+// ExitDeposed is the status of a primary that refuses to start because
 // it was deposed; contrib/systemd's unit does not restart on it
 // (RestartPreventExitStatus).
-const exitDeposed = 3
+const ExitDeposed = 3
 
 // primaryRecordFile is the record's name in the state directory.
 const primaryRecordFile = "primary.json"
@@ -90,7 +92,7 @@ func (p pairState) refuseIfDeposed() error {
 	if rec.FencedAt != nil {
 		how = fmt.Sprintf("it was fenced at %s: a node under term %d took over", rec.FencedAt.Format(time.RFC3339), rec.FencedBy)
 	}
-	return exitError{code: exitDeposed, err: fmt.Errorf("refusing to start as primary: this node was deposed (%s; %s). "+
+	return cli.ExitError{Code: ExitDeposed, Err: fmt.Errorf("refusing to start as primary: this node was deposed (%s; %s). "+
 		"Rejoin it as the new primary's standby (vgpuha standby; docs/OPERATIONS.md, Fail-back); to start a new pair on purpose, delete %s",
 		p.path, how, p.path)}
 }

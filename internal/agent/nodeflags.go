@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"flag"
 	"log/slog"
 
@@ -11,7 +13,7 @@ import (
 // nodeFlags are the flags primary and standby share: the backend, the
 // hypervisor's limits, the coordinator, the pair, logging and --config.
 type nodeFlags struct {
-	backend backendFlags
+	backend BackendFlags
 	coord   coordFlags
 	pair    pairFlags
 	hv      hypervisor.Config
@@ -23,29 +25,29 @@ type nodeFlags struct {
 func (f *nodeFlags) register(fs *flag.FlagSet, standby bool) {
 	f.coord.register(fs, true)
 	f.pair.register(fs, standby)
-	f.backend.register(fs)
+	f.backend.Register(fs)
 	f.hv = hypervisor.DefaultConfig()
 	configFlags(fs, &f.hv)
-	f.newLog = logFlag(fs)
-	f.config = configFlag(fs)
+	f.newLog = cli.LogFlag(fs)
+	f.config = cli.ConfigFlag(fs)
 	f.show = fs.Bool("config.show", false, "print every flag's effective value and where it came from (flag, env, file, default), then exit")
 }
 
 // parse parses args, then the environment and --config; stop is true
 // when --config.show printed the values and the command is done.
 func (f *nodeFlags) parse(fs *flag.FlagSet, args []string) (stop bool, err error) {
-	source, err := parseWithConfig(fs, args, f.config)
+	source, err := cli.ParseWithConfig(fs, args, f.config)
 	if err != nil || !*f.show {
 		return err != nil, err
 	}
-	printConfig(fs, source)
+	cli.PrintConfig(fs, source)
 	return true, nil
 }
 
 // runConfig is what the shared flags say of a node's life: advertise is
 // where a standby takes its stream (the coordinator's records name it).
 func (f *nodeFlags) runConfig(standby bool, guestListen, advertise string, log *slog.Logger) (node.RunConfig, error) {
-	f.backend.spares = min(f.backend.spares, f.hv.MaxSessions) // no more contexts ahead than sessions that could take them
+	f.backend.Spares = min(f.backend.Spares, f.hv.MaxSessions) // no more contexts ahead than sessions that could take them
 	rc := node.RunConfig{Standby: standby, GPU: f.backend.gpu(), Registry: newRegistry()}
 	rc.Node = node.Config{Hypervisor: f.hv, Logger: log, GuestListen: guestListen, StandbyLossAfter: f.coord.standbyLossAfter}
 	f.pair.apply(&rc.Node)

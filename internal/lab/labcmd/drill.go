@@ -1,8 +1,9 @@
-//go:build lab
-
-package main
+package labcmd
 
 import (
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,10 +19,6 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
-func init() {
-	commands["drill"] = command{"inject faults into a primary/standby pair under a guest workload and measure", runDrill}
-}
-
 // drillFlags are drill's flags; options turns them into the drill's
 // options once parsed.
 type drillFlags struct {
@@ -35,20 +32,20 @@ type drillFlags struct {
 }
 
 func (d *drillFlags) register(fs *flag.FlagSet) {
-	d.iterations = intFlag(fs, "iterations", 3, 1, 1<<20, "iterations")
+	d.iterations = cli.Int(fs, "iterations", 3, 1, 1<<20, "iterations")
 	d.faults = fs.String("faults", "", "faults to cycle through: "+drill.FaultHelp()+"; default: all that the topology allows")
 	d.topology = fs.String("topology", "auto", "netns (each node in its own network namespace, veth between), loopback, or auto (netns where it can be made)")
-	d.mode = choiceFlag(fs, "mode", "commit", []string{"sync", "commit", "epoch"}, "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
+	d.mode = cli.Choice(fs, "mode", "commit", []string{"sync", "commit", "epoch"}, "replication mode: sync or commit (no loss), or epoch (a simulated VM checkpointer; the kill fault only)")
 	d.coord = fs.Bool("coordinator", false, "decide roles in etcd: the drill starts a 3-member etcd cluster, a primary, a standby and a pool standby, all on loopback")
-	d.ttl = durationFlag(fs, "coordinator.ttl", 2*time.Second, time.Second, time.Hour, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
+	d.ttl = cli.Duration(fs, "coordinator.ttl", 2*time.Second, time.Second, time.Hour, "with --coordinator: every node's lease (whole seconds); a primary unrenewed for half of it stops serving")
 	d.sideBySide = fs.Bool("side-by-side", false, "with --coordinator: run each iteration again by two nodes alone, where they can drill its fault")
-	d.seed = intFlag[uint64](fs, "seed", 1, 0, maxUint64, "seed for the moments faults strike")
+	d.seed = cli.Int[uint64](fs, "seed", 1, 0, cli.MaxUint64, "seed for the moments faults strike")
 	d.transport = fs.String("transport", drill.TransportUnix, "the guest's transport: unix (through a proxy the guest-cut fault cuts) or shm (shared-memory rings with the node, shm+unix; Linux)")
-	d.backend = stringFlag(fs, "backend", "auto", checkBackend, "GPU backend of both nodes")
-	d.detector = choiceFlag(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "the standbys' failure detector")
+	d.backend = cli.String(fs, "backend", "auto", agent.CheckBackend, "GPU backend of both nodes")
+	d.detector = cli.Choice(fs, "failover.detector", "fixed", []string{"fixed", "phi"}, "the standbys' failure detector")
 	d.asJSON = fs.Bool("json", false, "print one JSON object")
 	d.plot = fs.String("plot", "", "write an SVG timeline of the iterations to this file")
-	sizeVar(fs, &d.stateBytes, "state-bytes", 0, 0, maxUint64, "the drill's guest also holds this much device memory (e.g. 256MiB, 16GiB; whole MiB), filled with a pattern and read back after each iteration; "+
+	cli.SizeVar(fs, &d.stateBytes, "state-bytes", 0, 0, cli.MaxUint64, "the drill's guest also holds this much device memory (e.g. 256MiB, 16GiB; whole MiB), filled with a pattern and read back after each iteration; "+
 		"two nodes: the standby joins once it is filled and is resynced before the faults")
 }
 
@@ -76,10 +73,10 @@ func (d *drillFlags) options() (drill.Options, error) {
 }
 
 func runDrill(args []string) error {
-	fs := newFlags("drill", "[flags]")
+	fs := cli.NewFlags("drill", "[flags]")
 	var d drillFlags
 	d.register(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	o, err := d.options()

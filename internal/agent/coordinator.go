@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -39,8 +41,8 @@ func (f *coordFlags) register(fs *flag.FlagSet, withNode bool) {
 	host, _ := os.Hostname()
 	fs.StringVar(&f.group, "coordinator.group", "default", "replication group (a guest VM's primary, standby and pool)")
 	fs.StringVar(&f.id, "coordinator.id", fmt.Sprintf("%s-%d", host, os.Getpid()), "this node's name in the group (unique)")
-	durationVar(fs, &f.ttl, "coordinator.ttl", coordinator.DefaultTTL, time.Second, time.Hour, "lease TTL (whole seconds): a primary that cannot renew stops serving after TTL/2")
-	durationVar(fs, &f.standbyLossAfter, "coordinator.standby-timeout", 3*time.Second, time.Millisecond, time.Hour, "a leader whose standby has not protected it this long takes one from the pool")
+	cli.DurationVar(fs, &f.ttl, "coordinator.ttl", coordinator.DefaultTTL, time.Second, time.Hour, "lease TTL (whole seconds): a primary that cannot renew stops serving after TTL/2")
+	cli.DurationVar(fs, &f.standbyLossAfter, "coordinator.standby-timeout", 3*time.Second, time.Millisecond, time.Hour, "a leader whose standby has not protected it this long takes one from the pool")
 }
 
 func (f *coordFlags) clientConfig() (clientv3.Config, error) {
@@ -78,21 +80,21 @@ func (f *coordFlags) config(advertise string) (*coordinator.Config, error) {
 }
 
 func runStatus(args []string) error {
-	fs := newFlags("status", "--coordinator etcd://HOST:2379 | --admin HOST:PORT [--json] [--watch 1s]")
+	fs := cli.NewFlags("status", "--coordinator etcd://HOST:2379 | --admin HOST:PORT [--json] [--watch 1s]")
 	var cf coordFlags
 	cf.register(fs, false)
-	adminAddr := stringFlag(fs, "admin", "", checkAdminAddr, "one node's admin address (HOST:PORT or unix:///PATH): print that node's status")
+	adminAddr := cli.String(fs, "admin", "", checkAdminAddr, "one node's admin address (HOST:PORT or unix:///PATH): print that node's status")
 	tokenFile := adminTokenFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	watch := durationFlag(fs, "watch", 0, 0, maxDuration, "with --admin: poll every this long until interrupted (a terminal is redrawn, with a resync's progress bar; anything else gets one plain line per poll)")
-	if err := parseFlags(fs, args); err != nil {
+	watch := cli.Duration(fs, "watch", 0, 0, cli.MaxDuration, "with --admin: poll every this long until interrupted (a terminal is redrawn, with a resync's progress bar; anything else gets one plain line per poll)")
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *adminAddr != "" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return showNodeStatus(ctx, os.Stdout, nodeStatusOptions{addr: *adminAddr, tokenFile: *tokenFile, asJSON: *asJSON,
-			watch: *watch, tty: isTerminal(os.Stdout)})
+			watch: *watch, tty: IsTerminal(os.Stdout)})
 	}
 	return showGroups(&cf, *asJSON)
 }

@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -31,8 +33,8 @@ func buildInfo() (version, commit string) {
 }
 
 func runVersion(args []string) error {
-	fs := newFlags("version", "")
-	if err := parseFlags(fs, args); err != nil {
+	fs := cli.NewFlags("version", "")
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	version, commit := buildInfo()

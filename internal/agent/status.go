@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -162,8 +162,8 @@ func eta(seconds float64) string {
 	return (time.Duration(seconds+0.5) * time.Second).String()
 }
 
-// isTerminal reports whether f is a terminal (a character device).
-func isTerminal(f *os.File) bool {
+// IsTerminal reports whether f is a terminal (a character device).
+func IsTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

@@ -1,6 +1,8 @@
-package main
+package agent
 
 import (
+	"github.com/vgpuha/vgpuha/internal/cli"
+
 	"flag"
 	"fmt"
 	"strings"
@@ -12,19 +14,19 @@ import (
 // tenantFlags registers the limits that keep one guest (or tenant) from
 // starving the others.
 func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
-	sizeVar(fs, &cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes, 1<<20, maxInt64,
+	cli.SizeVar(fs, &cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes, 1<<20, cli.MaxInt64,
 		"request bytes all guest connections may buffer together; a frame over it is refused")
-	sizeVar(fs, &cfg.ImageCacheBytes, "guest.image-cache-bytes", cfg.ImageCacheBytes, 0, maxInt64,
+	cli.SizeVar(fs, &cfg.ImageCacheBytes, "guest.image-cache-bytes", cfg.ImageCacheBytes, 0, cli.MaxInt64,
 		"module images (cubins, fatbins) kept for the next process of the same tenant that loads them, named by hash instead of sent again (0: none)")
-	durationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
+	cli.DurationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
 		"longest a session is kept for its guest to resume after its connection drops (a guest may ask for less)")
-	sizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, maxUint64,
+	cli.SizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, cli.MaxUint64,
 		"device memory all sessions of one tenant (vsock CID, local uid, or remote IP) may allocate together; "+
 			"also what the device reserves for each tenant it admits (--tenant.overcommit)")
 	fs.BoolVar(&cfg.TenantOvercommit, "tenant.overcommit", false,
 		"admit every tenant; without it a tenant whose --tenant.memory-quota-bytes no longer fits in the device's memory beside the admitted tenants' is refused at its first session, so each admitted tenant is guaranteed its quota")
-	intVar(fs, &cfg.TenantMaxSessions, "tenant.max-sessions", cfg.TenantMaxSessions, 1, maxInt, "sessions one tenant may have open")
-	intVar(fs, &cfg.TenantMaxDetached, "tenant.max-detached", cfg.TenantMaxDetached, 0, maxInt,
+	cli.IntVar(fs, &cfg.TenantMaxSessions, "tenant.max-sessions", cfg.TenantMaxSessions, 1, cli.MaxInt, "sessions one tenant may have open")
+	cli.IntVar(fs, &cfg.TenantMaxDetached, "tenant.max-detached", cfg.TenantMaxDetached, 0, cli.MaxInt,
 		"sessions one tenant may leave detached (kept for a resume); one more is freed when its connection drops")
 	fs.Func("tenant.quota", "limits for one tenant, repeatable: ID=MEMORY,SESSIONS,DETACHED (ID: cid:N, uid:N or ip:ADDR; MEMORY a size: 8GiB)", func(v string) error {
 		id, q, err := parseTenantQuota(v)
@@ -50,9 +52,9 @@ func parseTenantQuota(v string) (string, hypervisor.TenantQuota, error) {
 		name, value string
 		set         flag.Value
 	}{
-		{"MEMORY", f[0], &intValue[uint64]{p: &q.Memory, min: 1, max: maxUint64, bytes: true}},
-		{"SESSIONS", f[1], &intValue[int]{p: &q.Sessions, min: 1, max: maxInt}},
-		{"DETACHED", f[2], &intValue[int]{p: &q.Detached, min: 0, max: maxInt}},
+		{"MEMORY", f[0], cli.SizeValue(&q.Memory, 1, cli.MaxUint64)},
+		{"SESSIONS", f[1], cli.IntValue(&q.Sessions, 1, cli.MaxInt)},
+		{"DETACHED", f[2], cli.IntValue(&q.Detached, 0, cli.MaxInt)},
 	} {
 		if err := field.set.Set(field.value); err != nil {
 			return "", q, fmt.Errorf("%s %s in %q: %w", field.name, field.value, v, err)

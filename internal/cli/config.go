@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"flag"
@@ -20,8 +20,8 @@ import (
 // on the command line, then the environment, then the file, then the
 // default.
 
-// configFlag adds --config to fs.
-func configFlag(fs *flag.FlagSet) *string {
+// ConfigFlag adds --config to fs.
+func ConfigFlag(fs *flag.FlagSet) *string {
 	return fs.String("config", "", "TOML file with a key for any flag (flags and VGPUHA_* variables override it)")
 }
 
@@ -30,16 +30,16 @@ func envName(name string) string {
 	return "VGPUHA_" + strings.NewReplacer(".", "_", "-", "_").Replace(strings.ToUpper(name))
 }
 
-// parseWithConfig parses args, then fills every flag not given on the
+// ParseWithConfig parses args, then fills every flag not given on the
 // command line from the environment, then from the config file. It
 // returns where each flag's value came from.
-func parseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[string]string, error) {
-	if err := parseFlags(fs, args); err != nil {
+func ParseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[string]string, error) {
+	if err := Parse(fs, args); err != nil {
 		return nil, err
 	}
 	source := map[string]string{}
 	fs.Visit(func(f *flag.Flag) { source[f.Name] = "flag" })
-	file, err := readConfig(*configPath)
+	file, err := ReadConfig(*configPath)
 	if err != nil {
 		return nil, err
 	}
@@ -90,8 +90,8 @@ func setFromEnvOrFile(fs *flag.FlagSet, name string, file map[string]string, pat
 	return nil
 }
 
-// readConfig reads a TOML file into flag name → value ("" path: none).
-func readConfig(path string) (map[string]string, error) {
+// ReadConfig reads a TOML file into flag name → value ("" path: none).
+func ReadConfig(path string) (map[string]string, error) {
 	out := map[string]string{}
 	if path == "" {
 		return out, nil
@@ -121,9 +121,9 @@ func flatten(prefix string, doc map[string]any, out map[string]string) {
 	}
 }
 
-// printConfig writes every flag's effective value and where it came from
+// PrintConfig writes every flag's effective value and where it came from
 // (vgpuha COMMAND --config.show).
-func printConfig(fs *flag.FlagSet, source map[string]string) {
+func PrintConfig(fs *flag.FlagSet, source map[string]string) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "FLAG\tVALUE\tFROM\tENVIRONMENT")
 	fs.VisitAll(func(f *flag.Flag) {
