@@ -84,7 +84,7 @@ func TestCompletion(t *testing.T) {
 			"vgpuha completion ":           {"bash", "fish", "zsh"},
 			"vgpuha standby --replicate.k": {"--replicate.key-file"},
 		} {
-			out, err := exec.Command("fish", "-c", "source "+filepath.Join(dir, "vgpuha.fish")+"; complete -C '"+line+"'").Output()
+			out, err := exec.Command("fish", "-c", "source "+filepath.Join(dir, "vgpuha.fish")+"; complete -C '"+labLine(line)+"'").Output()
 			if got := firstFields(string(out)); err != nil || !slices.Equal(got, want) {
 				t.Errorf("fish completes %q to %v (%v), want %v", line, got, err, want)
 			}
@@ -108,15 +108,33 @@ func TestCompletion(t *testing.T) {
 		if want == nil && strings.HasSuffix(line, "-") {
 			want = helpFlags(t, "primary")
 		}
-		if got := bashComplete(t, filepath.Join(dir, "vgpuha.bash"), line); !slices.Equal(got, want) {
-			t.Errorf("bash completes %q to %v, want %v", line, got, want)
+		if got := bashComplete(t, filepath.Join(dir, "vgpuha.bash"), "_vgpuha_lab", labLine(line)); !slices.Equal(got, want) {
+			t.Errorf("bash completes %q to %v, want %v", labLine(line), got, want)
+		}
+	}
+	agentScript, err := exec.Command(vgpuhaBin, "completion", "bash").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "agent.bash")
+	os.WriteFile(path, agentScript, 0o644)
+	for line, want := range map[string][]string{
+		"vgpuha sta": {"standby", "status"},
+		"vgpuha ":    {"completion", "primary", "run", "standby", "status", "switchover", "verify", "version", "--help", "--version"},
+	} {
+		if got := bashComplete(t, path, "_vgpuha", line); !slices.Equal(got, want) {
+			t.Errorf("the agent's bash script completes %q to %v, want %v", line, got, want)
 		}
 	}
 }
 
+// labLine is a command line of the lab tool's: its scripts complete
+// vgpuha-lab, the agent's vgpuha.
+func labLine(line string) string { return "vgpuha-lab" + strings.TrimPrefix(line, "vgpuha") }
+
 // bashComplete runs the bash script's completion function on line (its
 // last word the one being completed, split at '=' as bash does).
-func bashComplete(t *testing.T, script, line string) []string {
+func bashComplete(t *testing.T, script, function, line string) []string {
 	t.Helper()
 	words := strings.Fields(strings.ReplaceAll(line, "=", " = "))
 	if strings.HasSuffix(line, " ") || strings.HasSuffix(line, "=") {
@@ -126,7 +144,7 @@ func bashComplete(t *testing.T, script, line string) []string {
 	for i, w := range words {
 		quoted[i] = "'" + w + "'"
 	}
-	prog := "source " + script + "; COMP_WORDS=(" + strings.Join(quoted, " ") + "); COMP_CWORD=" + strconv.Itoa(len(words)-1) + "; _vgpuha; printf '%s\\n' \"${COMPREPLY[@]}\""
+	prog := "source " + script + "; COMP_WORDS=(" + strings.Join(quoted, " ") + "); COMP_CWORD=" + strconv.Itoa(len(words)-1) + "; " + function + "; printf '%s\\n' \"${COMPREPLY[@]}\""
 	out, err := exec.Command("bash", "-c", prog).Output()
 	if err != nil {
 		t.Fatalf("bash completion of %q: %v", line, err)
@@ -166,7 +184,7 @@ func scriptSection(script, shell, cmd string) string {
 	}
 	var lines []string
 	for line := range strings.SplitSeq(script, "\n") {
-		if strings.Contains(line, `__vgpuha_cmd_is \'`+cmd+`\'`) {
+		if strings.Contains(line, `__vgpuha_lab_cmd_is \'`+cmd+`\'`) {
 			lines = append(lines, line)
 		}
 	}
