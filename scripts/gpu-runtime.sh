@@ -11,7 +11,11 @@
 # output first matches KILL_AT; the program finishes on the promoted
 # standby); a program's stdout must be the same every way. Prints a table;
 # every program's stderr goes to $LOGS (default: a temporary file, printed
-# on failure). VGTEST_DETERMINISTIC=1 runs PyTorch in its deterministic mode.
+# on failure). The torch suite runs in PyTorch's deterministic mode
+# (VGTEST_DETERMINISTIC=1, the default here; 0 turns it off): its printed
+# losses are compared byte for byte, and the default mode does not repeat
+# them even natively (three native runs on one H100 printed 0.016003,
+# 0.016002 and 0.016043 at step 20). torch_resnet runs in the default mode.
 #
 # Knobs: MODES (native library replicated failover; library-again and
 # replicated-again run once more on the same nodes, whose image caches then
@@ -50,6 +54,7 @@ cleanup() {
 }
 trap cleanup EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VGTEST_DETERMINISTIC=${VGTEST_DETERMINISTIC:-1}
 
 build() {
 	mkdir -p "$work/bin" "$work/lib"
