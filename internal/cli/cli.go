@@ -15,7 +15,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"os"
 	"slices"
@@ -184,24 +183,6 @@ func printFlags(fs *flag.FlagSet) {
 	})
 }
 
-// LogFlag adds --log.level and --log.format (checked when the flags are
-// parsed) and returns a constructor for the logger.
-func LogFlag(fs *flag.FlagSet) func() *slog.Logger {
-	level := &choice{value: "info", allowed: []string{"debug", "info", "warn", "error"}}
-	format := &choice{value: "text", allowed: []string{"text", "json"}}
-	fs.Var(level, "log.level", "log level: debug, info, warn or error")
-	fs.Var(format, "log.format", "log format: text or json")
-	return func() *slog.Logger {
-		var l slog.Level
-		l.UnmarshalText([]byte(strings.ToUpper(level.value))) // one of the allowed names
-		opts := &slog.HandlerOptions{Level: l}
-		if format.value == "json" {
-			return slog.New(slog.NewJSONHandler(os.Stderr, opts))
-		}
-		return slog.New(slog.NewTextHandler(os.Stderr, opts))
-	}
-}
-
 // ExitError ends the program with its own exit status (a deposed
 // primary's refusal to start: contrib/systemd keeps it from restarting).
 type ExitError struct {
@@ -211,19 +192,3 @@ type ExitError struct {
 
 func (e ExitError) Error() string { return e.Err.Error() }
 func (e ExitError) Unwrap() error { return e.Err }
-
-// choice is a flag whose value is one of a fixed set of words.
-type choice struct {
-	value   string
-	allowed []string
-}
-
-func (c *choice) String() string { return c.value }
-
-func (c *choice) Set(v string) error {
-	if !slices.Contains(c.allowed, v) {
-		return fmt.Errorf("want %s", strings.Join(c.allowed, ", "))
-	}
-	c.value = v
-	return nil
-}

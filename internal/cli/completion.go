@@ -11,7 +11,7 @@ import (
 )
 
 // Completion scripts are generated from the command tables (commands,
-// benchmarks) and from each command's own flag set: flagsOf runs the
+// benchmarks) and from each command's own flag set: Program.lines runs the
 // command with --help, its output discarded, and keeps the flag set
 // NewFlags made, so a script offers exactly the flags --help lists.
 
@@ -55,19 +55,40 @@ func runCompletion(args []string) error {
 	return nil
 }
 
-// completionTable lists every command (subcommands as "bench NAME") with
-// its flags, sorted by name. help and completion take words, not flags.
+// completionTable lists every command line with its flags, sorted by
+// name.
 func completionTable() []compCommand {
 	var out []compCommand
-	for _, name := range current.names() {
-		cmd := current.Commands[name]
-		c := compCommand{name: name, summary: cmd.Summary}
-		if name != "completion" && cmd.Sub == nil {
-			c.flags = flagsOf(cmd.Run)
+	for _, l := range current.lines() {
+		c := compCommand{name: l.name, summary: l.summary}
+		if len(l.sets) > 0 {
+			c.flags = compFlags(l.sets[len(l.sets)-1])
 		}
 		out = append(out, c)
+	}
+	return out
+}
+
+// commandLine is one command line of a program: "primary", or a
+// subcommand as "bench pv".
+type commandLine struct {
+	name, summary string
+	sets          []*flag.FlagSet // the flag sets it makes; none for help's and completion's words or a command of subcommands
+}
+
+// lines lists p's command lines, sorted by name, each with the flag sets
+// it makes when run with --help (which stops it at parsing).
+func (p *Program) lines() []commandLine {
+	var out []commandLine
+	for _, name := range p.names() {
+		cmd := p.Commands[name]
+		l := commandLine{name: name, summary: cmd.Summary}
+		if name != "completion" && cmd.Sub == nil {
+			l.sets = FlagSets(cmd.Run, []string{"--help"})
+		}
+		out = append(out, l)
 		for _, b := range slices.Sorted(maps.Keys(cmd.Sub)) {
-			out = append(out, compCommand{name: name + " " + b, summary: cmd.Sub[b].Summary, flags: flagsOf(cmd.Sub[b].Run)})
+			out = append(out, commandLine{name: name + " " + b, summary: cmd.Sub[b].Summary, sets: FlagSets(cmd.Sub[b].Run, []string{"--help"})})
 		}
 	}
 	return out
@@ -86,18 +107,13 @@ func FlagSets(run func([]string) error, args []string) []*flag.FlagSet {
 }
 
 // capturedFlags, while non-nil, receives every flag set NewFlags makes,
-// whose help is then discarded (flagsOf).
+// whose help is then discarded (FlagSets).
 var capturedFlags *[]*flag.FlagSet
 
-// flagsOf returns the flags a command defines: it runs the command with
-// --help (which stops at parsing) and reads the flag set it made.
-func flagsOf(run func([]string) error) []compFlag {
-	sets := FlagSets(run, []string{"--help"})
-	if len(sets) == 0 {
-		return nil
-	}
+// compFlags lists the flags of fs as a script offers them.
+func compFlags(fs *flag.FlagSet) []compFlag {
 	var out []compFlag
-	sets[len(sets)-1].VisitAll(func(f *flag.Flag) {
+	fs.VisitAll(func(f *flag.Flag) {
 		_, usage := flag.UnquoteUsage(f)
 		cf := compFlag{name: f.Name, usage: usage, takesValue: true}
 		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
@@ -308,14 +324,8 @@ func (p *Program) CommandFlags() map[string][]*flag.FlagSet {
 	current = p
 	defer func() { current = was }()
 	out := map[string][]*flag.FlagSet{}
-	for _, name := range p.names() {
-		cmd := p.Commands[name]
-		if cmd.Sub == nil {
-			out[name] = FlagSets(cmd.Run, []string{"--help"})
-		}
-		for sub := range cmd.Sub {
-			out[name+" "+sub] = FlagSets(cmd.Run, []string{sub, "--help"})
-		}
+	for _, l := range p.lines() {
+		out[l.name] = l.sets
 	}
 	return out
 }
