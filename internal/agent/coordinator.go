@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"bytes"
 	"context"
 	"encoding/json"
@@ -16,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/coordinator"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"encoding/json"
 	"errors"
 	"flag"
@@ -13,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/node"
 )
 

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"bytes"
 	"context"
 	"flag"
@@ -14,15 +12,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vgpuha/vgpuha/internal/node"
-	"github.com/vgpuha/vgpuha/replicate/link"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/internal/cli"
+	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
+	"github.com/vgpuha/vgpuha/replicate/link"
 )
 
 // BackendFlags are the flags that choose and size the GPU backend

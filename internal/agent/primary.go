@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"context"
 	"flag"
 	"os"
@@ -10,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/replicate"
 )

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"errors"
 	"fmt"
 	"os"
@@ -11,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 )
 

@@ -1,14 +1,13 @@
 package agent
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"flag"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/internal/cli"
 )
 
 // tenantFlags registers the limits that keep one guest (or tenant) from

@@ -1,13 +1,12 @@
 package agent
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"fmt"
 	"runtime"
 	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vgpuha/vgpuha/internal/cli"
 )
 
 // buildInfo is the version and the commit this binary was built from, as

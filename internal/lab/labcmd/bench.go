@@ -1,9 +1,6 @@
 package labcmd
 
 import (
-	"github.com/vgpuha/vgpuha/internal/agent"
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"encoding/json"
 	"errors"
 	"flag"
@@ -21,6 +18,8 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/lab/bench"
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )

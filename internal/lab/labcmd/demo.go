@@ -1,14 +1,13 @@
 package labcmd
 
 import (
-	"github.com/vgpuha/vgpuha/internal/agent"
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 

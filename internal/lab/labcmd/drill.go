@@ -1,9 +1,6 @@
 package labcmd
 
 import (
-	"github.com/vgpuha/vgpuha/internal/agent"
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 

@@ -1,10 +1,9 @@
 package labcmd
 
 import (
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"errors"
 
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/lab/drill/etcdproc"
 )
 

@@ -1,13 +1,12 @@
 package labcmd
 
 import (
-	"github.com/vgpuha/vgpuha/internal/agent"
-	"github.com/vgpuha/vgpuha/internal/cli"
-
 	"os"
 	"slices"
 	"strings"
 
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/lab/mmioguest"
 )
 
