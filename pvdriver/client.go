@@ -943,6 +943,10 @@ type LaunchConfig struct {
 	Stream      Stream
 	// Cluster is the thread-block cluster shape (zero: none).
 	Cluster abi.Dim3
+	// Cooperative asks for every block resident at once
+	// (cuLaunchCooperativeKernel); a grid larger than the GPU holds fails
+	// with abi.StatusCooperativeTooLarge at the next synchronization.
+	Cooperative bool
 }
 
 // Dim is a convenience for a Dim3 with y and z of one.
@@ -962,6 +966,7 @@ func (c *Client) Launch(f Function, cfg LaunchConfig, args ...abi.Arg) error {
 	return c.post(abi.OpLaunch, &abi.Launch{
 		Function: uint64(f), Grid: cfg.Grid, Block: cfg.Block,
 		SharedBytes: cfg.SharedBytes, Stream: uint64(cfg.Stream), Args: args, Cluster: cfg.Cluster,
+		Cooperative: cfg.Cooperative,
 	})
 }
 

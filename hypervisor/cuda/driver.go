@@ -160,6 +160,8 @@ func (d *driver) check(call string, r result) error {
 		st = abi.StatusLaunchFailed
 	case 400: // CUDA_ERROR_INVALID_HANDLE
 		st = abi.StatusInvalidHandle
+	case 720: // CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: not sticky, the launch did not run
+		st = abi.StatusCooperativeTooLarge
 	}
 	e := &Error{Call: call, Code: int32(r), Name: cstring(name), Detail: cstring(detail), Status: st}
 	if r == 700 || r >= 714 && r <= 719 {

@@ -119,10 +119,10 @@ func (d *driver) launchKernel(f uintptr, cfg gpu.LaunchConfig, s uintptr, params
 	}
 	g, b := cfg.Grid, cfg.Block
 	var r result
-	if cfg.Cluster == (abi.Dim3{}) {
+	if cfg.Cluster == (abi.Dim3{}) && !cfg.Cooperative {
 		r = d.cuLaunchKernel(f, g.X, g.Y, g.Z, b.X, b.Y, b.Z, cfg.SharedBytes, s, unsafe.Pointer(&ptrs[0]), nil)
 	} else {
-		r = d.launchCluster(f, cfg, s, unsafe.Pointer(&ptrs[0]))
+		r = d.launchEx(f, cfg, s, unsafe.Pointer(&ptrs[0]))
 	}
 	runtime.KeepAlive(params)
 	runtime.KeepAlive(ptrs)
@@ -147,23 +147,37 @@ type launchAttribute struct {
 	value [64]byte
 }
 
-// launchAttrClusterDimension is CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; its
-// value is three unsigned ints.
-const launchAttrClusterDimension = 4
+// CUlaunchAttributeID values (cuda.h): COOPERATIVE's value is an int,
+// CLUSTER_DIMENSION's three unsigned ints.
+const (
+	launchAttrCooperative      = 2
+	launchAttrClusterDimension = 4
+)
 
-// launchCluster launches f in thread-block clusters of cfg.Cluster's shape.
-func (d *driver) launchCluster(f uintptr, cfg gpu.LaunchConfig, s uintptr, params unsafe.Pointer) result {
+// launchEx launches f through cuLaunchKernelEx with the attributes cfg
+// asks for: thread-block clusters of cfg.Cluster's shape, a cooperative
+// launch, or both.
+func (d *driver) launchEx(f uintptr, cfg gpu.LaunchConfig, s uintptr, params unsafe.Pointer) result {
 	if d.cuLaunchKernelEx == nil {
 		return resultNotSupported
 	}
-	attr := &launchAttribute{id: launchAttrClusterDimension}
-	binary.LittleEndian.PutUint32(attr.value[0:], cfg.Cluster.X)
-	binary.LittleEndian.PutUint32(attr.value[4:], cfg.Cluster.Y)
-	binary.LittleEndian.PutUint32(attr.value[8:], cfg.Cluster.Z)
+	attrs := make([]launchAttribute, 0, 2)
+	if c := cfg.Cluster; c != (abi.Dim3{}) {
+		a := launchAttribute{id: launchAttrClusterDimension}
+		binary.LittleEndian.PutUint32(a.value[0:], c.X)
+		binary.LittleEndian.PutUint32(a.value[4:], c.Y)
+		binary.LittleEndian.PutUint32(a.value[8:], c.Z)
+		attrs = append(attrs, a)
+	}
+	if cfg.Cooperative {
+		a := launchAttribute{id: launchAttrCooperative}
+		binary.LittleEndian.PutUint32(a.value[0:], 1)
+		attrs = append(attrs, a)
+	}
 	lc := &launchConfig{gridX: cfg.Grid.X, gridY: cfg.Grid.Y, gridZ: cfg.Grid.Z, blockX: cfg.Block.X, blockY: cfg.Block.Y,
-		blockZ: cfg.Block.Z, shared: cfg.SharedBytes, stream: s, attrs: attr, numAttrs: 1}
+		blockZ: cfg.Block.Z, shared: cfg.SharedBytes, stream: s, attrs: unsafe.SliceData(attrs), numAttrs: uint32(len(attrs))}
 	r := d.cuLaunchKernelEx(lc, f, params, nil)
-	runtime.KeepAlive(attr)
+	runtime.KeepAlive(attrs)
 	runtime.KeepAlive(lc)
 	return r
 }

@@ -49,6 +49,9 @@ type LaunchConfig struct {
 	// Cluster is the thread-block cluster shape (zero: none); the grid
 	// divides by it.
 	Cluster abi.Dim3
+	// Cooperative launches every block at once (cuLaunchCooperativeKernel);
+	// a grid larger than the GPU holds is refused, not run.
+	Cooperative bool
 }
 
 // Context is one guest's slice of the GPU. Methods are called from one

@@ -89,7 +89,7 @@ func (o *Set) Launch(r *abi.Launch) (abi.Body, error) {
 			}
 		}
 	}
-	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes, Cluster: r.Cluster}
+	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes, Cluster: r.Cluster, Cooperative: r.Cooperative}
 	return nil, o.ctx.Launch(gpu.Function(f), cfg, args, st)
 }
 

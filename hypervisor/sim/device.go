@@ -21,6 +21,11 @@ var simAttrs = map[int]int32{
 	95: 1, 97: 96 << 10, 106: 32, 111: 0, 115: 1, 126: 1, 134: -1, // cooperative launch, shared opt-in, blocks/SM, …
 }
 
+// maxCoResidentBlocks is how many blocks the software GPU holds at once
+// (multiprocessors × blocks per multiprocessor, simAttrs 16 and 106): the
+// most a cooperative launch may ask for, as CUDA bounds it.
+const maxCoResidentBlocks = 80 * 32
+
 // DeviceInfo implements gpu.DeviceDescriber with fixed values, so a
 // standby's software GPU describes itself exactly as the primary's.
 func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {

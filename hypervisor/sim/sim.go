@@ -359,6 +359,9 @@ func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.A
 	if k == nil {
 		return fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
 	}
+	if cfg.Cooperative && cfg.Grid.Count() > maxCoResidentBlocks {
+		return fmt.Errorf("%w: %d blocks, at most %d resident at once", abi.StatusCooperativeTooLarge, cfg.Grid.Count(), maxCoResidentBlocks)
+	}
 	if err := k.Run(memory{c}, kernels.Launch{Grid: cfg.Grid, Block: cfg.Block, SharedBytes: cfg.SharedBytes, Args: args}); err != nil {
 		return fmt.Errorf("%w: %s: %w", abi.StatusLaunchFailed, k.Name, err)
 	}

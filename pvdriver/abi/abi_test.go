@@ -372,20 +372,28 @@ func TestDeviceInfoReplyRoundTrip(t *testing.T) {
 	}
 }
 
-// TestLaunchCluster: a launch's cluster shape goes after its arguments,
-// only when set, and comes back.
+// TestLaunchCluster: a launch's cluster shape and its cooperative flag go
+// after its arguments, only when set, and come back; an unknown launch
+// flag is refused.
 func TestLaunchCluster(t *testing.T) {
 	for _, want := range []Launch{
 		{Function: 1, Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Args: []Arg{U32(1)}},
 		{Function: 1, Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Args: []Arg{U32(1)}, Cluster: Dim3{2, 1, 1}},
+		{Function: 1, Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Args: []Arg{U32(1)}, Cooperative: true},
+		{Function: 1, Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Args: []Arg{U32(1)}, Cluster: Dim3{2, 1, 1}, Cooperative: true},
 	} {
 		b := want.Append(nil)
 		got, err := DecodeRequest(OpLaunch, b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if l := got.(*Launch); l.Cluster != want.Cluster {
-			t.Errorf("cluster %v came back as %v", want.Cluster, l.Cluster)
+		if l := got.(*Launch); l.Cluster != want.Cluster || l.Cooperative != want.Cooperative {
+			t.Errorf("cluster %v, cooperative %v came back as %v, %v", want.Cluster, want.Cooperative, l.Cluster, l.Cooperative)
 		}
+	}
+	bad := (&Launch{Function: 1, Grid: Dim3{4, 1, 1}, Block: Dim3{32, 1, 1}, Cooperative: true}).Append(nil)
+	bad[len(bad)-4] |= 2 // a launch flag nobody defined
+	if _, err := DecodeRequest(OpLaunch, bad); !errors.Is(err, ErrBadArgument) {
+		t.Errorf("an unknown launch flag: %v, want ErrBadArgument", err)
 	}
 }

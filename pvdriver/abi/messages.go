@@ -129,7 +129,14 @@ type Launch struct {
 	// shape (CUDA's cluster launch; the grid must divide by it); zero for
 	// none. Sent after the arguments, only when set.
 	Cluster Dim3
+	// Cooperative asks for a cooperative launch (cuLaunchCooperativeKernel):
+	// every block resident at once, so the grid may synchronise. Sent after
+	// the cluster shape (then always written) as a word of launch flags.
+	Cooperative bool
 }
+
+// LaunchCooperative is the launch-flags bit of Launch.Cooperative.
+const LaunchCooperative uint32 = 1
 
 // StreamCreate creates a stream.
 type StreamCreate struct{}
@@ -312,8 +319,11 @@ func (m *Launch) Append(b []byte) []byte {
 			b = appendU64(b, a.Bits)
 		}
 	}
-	if m.Cluster != (Dim3{}) {
+	if m.Cluster != (Dim3{}) || m.Cooperative {
 		b = appendDim3(b, m.Cluster)
+	}
+	if m.Cooperative {
+		b = binary.LittleEndian.AppendUint32(b, LaunchCooperative)
 	}
 	return b
 }
@@ -421,6 +431,14 @@ func (m *Launch) decode(d *Decoder) {
 	}
 	if d.err == nil && len(d.b) >= 12 { // a cluster shape; anything shorter is trailing bytes
 		m.Cluster = d.dim3()
+	}
+	if d.err == nil && len(d.b) >= 4 { // launch flags
+		flags := d.U32()
+		if flags&^LaunchCooperative != 0 {
+			d.fail(fmt.Errorf("%w: launch flags %#x", ErrBadArgument, flags))
+			return
+		}
+		m.Cooperative = flags&LaunchCooperative != 0
 	}
 }
 func (m *StreamCreate) decode(d *Decoder)   {}

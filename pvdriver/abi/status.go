@@ -30,13 +30,18 @@ const (
 	// with the id a hello asked to resume. Its reply carries a HelloReply
 	// naming only the term the node serves under (CarriesBody).
 	StatusNoSession
+	// StatusCooperativeTooLarge refines StatusInvalidValue: a cooperative
+	// launch asked for more blocks than the GPU holds at once (CUDA's
+	// COOPERATIVE_LAUNCH_TOO_LARGE).
+	StatusCooperativeTooLarge
 	statusLimit
 )
 
 // refines maps each refining status to the one it refines: errors.Is
 // matches both, and a peer of the previous ABI version, which knows only
 // the refined one, is sent that.
-var refines = map[Status]Status{StatusDeposed: StatusUnavailable, StatusNoSession: StatusInvalidValue}
+var refines = map[Status]Status{StatusDeposed: StatusUnavailable, StatusNoSession: StatusInvalidValue,
+	StatusCooperativeTooLarge: StatusInvalidValue}
 
 // Base is the status s refines, or s.
 func (s Status) Base() Status {
@@ -72,6 +77,7 @@ var statusNames = [...]string{
 	StatusUnknownImage: "unknown image", StatusNoBinaryForGPU: "no binary for this GPU",
 	StatusInvalidImage: "invalid image", StatusNotFound: "not found",
 	StatusDeposed: "deposed", StatusNoSession: "no such session",
+	StatusCooperativeTooLarge: "cooperative launch too large",
 }
 
 func (s Status) Error() string {

@@ -60,7 +60,7 @@ type Driver struct {
 	streams map[uint64]*stream
 	events  map[uint64]*event
 	used    uint64                // bytes allocated
-	hosts   map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc
+	hosts   map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc, or registered (hostmem.go)
 
 	globals      map[uint64]moduleGlobal // module variables by their address on the node (globals.go)
 	primaryFlags uint32                  // cuDevicePrimaryCtxSetFlags
@@ -80,10 +80,14 @@ type ctxState struct {
 	limits map[int32]uint64 // cuCtxSetLimit's values (runtime.go)
 }
 
-// hostAlloc is host memory the program got from this driver.
+// hostAlloc is host memory the program got from this driver, or
+// registered with it (hostmem.go).
 type hostAlloc struct {
-	size   uint64
-	region []byte // the session region's buffer; nil for ordinary memory
+	size       uint64
+	region     []byte // the session region's buffer; nil for ordinary memory
+	ctx        uint64 // the context current when it was allocated or registered
+	registered bool   // cuMemHostRegister's: the program's own memory
+	readOnly   bool   // registered with CU_MEMHOSTREGISTER_READ_ONLY
 }
 
 type allocation struct {

@@ -14,6 +14,9 @@ type Launch struct {
 	Stream      uint64
 	// Cluster is the thread-block cluster shape (all zero: none).
 	Cluster [3]uint32
+	// Cooperative is cuLaunchCooperativeKernel's launch (or
+	// cuLaunchKernelEx's COOPERATIVE attribute): every block resident at once.
+	Cooperative bool
 }
 
 // ParamLayout is the byte size of each of f's parameters: what the C half
@@ -57,7 +60,7 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 		return r
 	}
 	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes, Stream: st,
-		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}}
+		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}, Cooperative: l.Cooperative}
 	return resultOf("cuLaunchKernel", c.Launch(fn.remote, cfg, args...), false)
 }
 

@@ -211,17 +211,6 @@ func (d *Driver) HostAllocRegion(n uint64) []byte {
 	return b
 }
 
-// NoteHost records n bytes of host memory at p the C half allocated:
-// region is the buffer HostAllocRegion gave, nil for ordinary memory.
-func (d *Driver) NoteHost(p uintptr, n uint64, region []byte) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.hosts == nil {
-		d.hosts = map[uintptr]hostAlloc{}
-	}
-	d.hosts[p] = hostAlloc{size: n, region: region}
-}
-
 // HostFree checks and forgets host memory at p (cuMemFreeHost); a buffer
 // of the region goes back to it, ordinary memory the C half frees when
 // cFree is set.
@@ -232,7 +221,7 @@ func (d *Driver) HostFree(p uintptr) (r Result, cFree bool) {
 		return r, false
 	}
 	h, ok := d.hosts[p]
-	if !ok {
+	if !ok || h.registered {
 		return ErrorInvalidValue, false
 	}
 	delete(d.hosts, p)

@@ -36,6 +36,7 @@ const (
 	ErrorLaunchResources  Result = 701
 	ErrorContextDestroyed Result = 709
 	ErrorLaunchFailed     Result = 719
+	ErrorCooperativeLarge Result = 720
 	ErrorNotPermitted     Result = 800
 	ErrorNotSupported     Result = 801
 	ErrorUnknown          Result = 999
@@ -62,6 +63,7 @@ var resultText = map[Result][2]string{
 	ErrorLaunchResources:  {"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
 	ErrorContextDestroyed: {"CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
 	ErrorLaunchFailed:     {"CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+	ErrorCooperativeLarge: {"CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
 	ErrorNotPermitted:     {"CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
 	ErrorNotSupported:     {"CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 	ErrorUnknown:          {"CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -98,6 +100,9 @@ func resultOf(call string, err error, loud bool) Result {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: %v\n", call, err)
 	}
 	var st abi.Status
+	if errors.Is(err, abi.StatusCooperativeTooLarge) {
+		return ErrorCooperativeLarge
+	}
 	switch {
 	case errors.Is(err, pvdriver.ErrClosed), errors.Is(err, pvdriver.ErrRolledBack):
 		return ErrorUnknown

@@ -192,11 +192,12 @@ const (
 
 // PointerInfo describes what p points into: device memory this process
 // allocated, a module variable it took the address of, or host memory it
-// got from cuMemAllocHost/cuMemHostAlloc.
+// got from cuMemAllocHost/cuMemHostAlloc or registered with cuMemHostRegister.
 type PointerInfo struct {
 	Kind       uint32 // MemoryHost or MemoryDevice; 0: memory this driver does not know
 	Ctx        uint64
 	Base, Size uint64 // the allocation holding p
+	ReadOnly   bool   // host memory registered read-only
 }
 
 // Pointer is what cuPointerGetAttribute(s) know of p.
@@ -216,7 +217,7 @@ func (d *Driver) Pointer(p uint64) (PointerInfo, Result) {
 	}
 	for base, h := range d.hosts {
 		if b := uint64(base); p >= b && p-b < h.size {
-			return PointerInfo{Kind: MemoryHost, Base: b, Size: h.size}, Success
+			return PointerInfo{Kind: MemoryHost, Ctx: h.ctx, Base: b, Size: h.size, ReadOnly: h.readOnly}, Success
 		}
 	}
 	return PointerInfo{}, Success

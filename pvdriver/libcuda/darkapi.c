@@ -249,6 +249,16 @@ static struct vg_table vg_tables[] = {
 	 * a context (below), the rest refuse. */
 	{"tools-context", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}, 95, 1,
 	 {{3, (void *)tools_ctx_device}, {4, (void *)tools_ctx_number}, {39, (void *)tools_ctx_word}, {51, (void *)tools_ctx_record}}},
+	/* Asked by cuBLASLt's matmul heuristics (cublasLtMatmulAlgoGetHeuristic)
+	 * for bf16/fp16 GEMMs; refused outright, cuBLASLt crashes. NVIDIA's
+	 * driver 580 serves 17 slots (slot 0: 0x88 bytes). Traced there
+	 * (scripts/exporttrace), cuBLASLt calls two: slot 4 (two out-pointers,
+	 * then the table itself or 1, a count, a pointer) fills two objects,
+	 * and slot 13 (those objects, a length, a round count, a pointer)
+	 * transforms them; what they compute is not public. Every slot here
+	 * refuses, which cuBLASLt is expected to treat as "this help is not
+	 * available" (scripts/gpu-frameworks.sh shows whether it does). */
+	{"cublaslt-heuristics", {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}, 17, 1, {{0, 0}}},
 };
 enum { VG_NTABLES = sizeof vg_tables / sizeof vg_tables[0] };
 
@@ -268,10 +278,10 @@ static CUresult vg_refuse(int table, int slot) {
 	R(t, 72) R(t, 73) R(t, 74) R(t, 75) R(t, 76) R(t, 77) R(t, 78) R(t, 79) R(t, 80) R(t, 81) R(t, 82) R(t, 83) \
 	R(t, 84) R(t, 85) R(t, 86) R(t, 87) R(t, 88) R(t, 89) R(t, 90) R(t, 91) R(t, 92) R(t, 93) R(t, 94) R(t, 95)
 #define R(t, s) static CUresult vg_refuse_##t##_##s(void) { return vg_refuse(t, s); }
-SLOTS(0) SLOTS(1) SLOTS(2) SLOTS(3) SLOTS(4) SLOTS(5) SLOTS(6) SLOTS(7) SLOTS(8)
+SLOTS(0) SLOTS(1) SLOTS(2) SLOTS(3) SLOTS(4) SLOTS(5) SLOTS(6) SLOTS(7) SLOTS(8) SLOTS(9)
 #undef R
 #define R(t, s) (void *)vg_refuse_##t##_##s,
-static void *const vg_refusals[][VG_MAX_SLOTS] = {{SLOTS(0)}, {SLOTS(1)}, {SLOTS(2)}, {SLOTS(3)}, {SLOTS(4)}, {SLOTS(5)}, {SLOTS(6)}, {SLOTS(7)}, {SLOTS(8)}};
+static void *const vg_refusals[][VG_MAX_SLOTS] = {{SLOTS(0)}, {SLOTS(1)}, {SLOTS(2)}, {SLOTS(3)}, {SLOTS(4)}, {SLOTS(5)}, {SLOTS(6)}, {SLOTS(7)}, {SLOTS(8)}, {SLOTS(9)}};
 #undef R
 #undef SLOTS
 _Static_assert(sizeof vg_refusals / sizeof vg_refusals[0] == VG_NTABLES, "a refusal row per table");

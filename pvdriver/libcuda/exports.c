@@ -110,7 +110,8 @@ CUresult cuModuleLoadFatBinary(CUmodule *m, const void *fatCubin) { return vgMod
 CUresult cuModuleUnload(CUmodule m) { return vgModuleUnload(H(m)); }
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { return vgModuleGetFunction(OUT(f), H(m), (char *)name); }
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) { return vgModuleGetGlobal(p, n, H(m), (char *)name); }
-CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, extra, 0, 0, 0); }
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, extra, 0, 0, 0, 0); }
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, NULL, 0, 0, 0, 1); }
 CUresult cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction f) { return vgFuncGetAttribute(v, attr, H(f)); }
 CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int v) { return vgFuncSetAttribute(H(f), attr, v); }
 CUresult cuFuncGetName(const char **name, CUfunction f) { return vgFuncGetName((char **)name, H(f)); }
@@ -193,11 +194,12 @@ static const struct vg_proc vg_procs[] = {
 	E(cuMemcpyAsync, 4000, cuMemcpyAsync) E(cuMemsetD8, 3020, cuMemsetD8_v2) E(cuMemsetD16, 3020, cuMemsetD16_v2)
 	E(cuMemsetD32, 3020, cuMemsetD32_v2) E(cuMemsetD8Async, 3020, cuMemsetD8Async) E(cuMemsetD16Async, 3020, cuMemsetD16Async)
 	E(cuMemsetD32Async, 3020, cuMemsetD32Async) E(cuMemAllocHost, 3020, cuMemAllocHost_v2) E(cuMemHostAlloc, 2020, cuMemHostAlloc)
-	E(cuMemFreeHost, 2000, cuMemFreeHost)
+	E(cuMemFreeHost, 2000, cuMemFreeHost) E(cuMemHostRegister, 4000, cuMemHostRegister) E(cuMemHostRegister, 6050, cuMemHostRegister_v2)
+	E(cuMemHostUnregister, 4000, cuMemHostUnregister)
 	E(cuModuleLoad, 2000, cuModuleLoad) E(cuModuleLoadData, 2000, cuModuleLoadData) E(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx)
 	E(cuModuleLoadFatBinary, 2000, cuModuleLoadFatBinary) E(cuModuleUnload, 2000, cuModuleUnload)
 	E(cuModuleGetFunction, 2000, cuModuleGetFunction) E(cuModuleGetGlobal, 3020, cuModuleGetGlobal_v2)
-	E(cuLaunchKernel, 4000, cuLaunchKernel) E(cuFuncGetAttribute, 2020, cuFuncGetAttribute) E(cuFuncSetAttribute, 9000, cuFuncSetAttribute)
+	E(cuLaunchKernel, 4000, cuLaunchKernel) E(cuLaunchCooperativeKernel, 9000, cuLaunchCooperativeKernel) E(cuFuncGetAttribute, 2020, cuFuncGetAttribute) E(cuFuncSetAttribute, 9000, cuFuncSetAttribute)
 	E(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, cuOccupancyMaxActiveBlocksPerMultiprocessor)
 	E(cuOccupancyMaxPotentialBlockSize, 6050, cuOccupancyMaxPotentialBlockSize)
 	E(cuStreamCreate, 2000, cuStreamCreate) E(cuStreamDestroy, 4000, cuStreamDestroy_v2) E(cuStreamSynchronize, 2000, cuStreamSynchronize)

@@ -40,20 +40,21 @@ CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUd
 CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncSetAttribute(H(k), attr, v)); }
 CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : cuFuncSetCacheConfig((CUfunction)k, c)); }
 
-/* ---- cuLaunchKernelEx: the config's shape, stream and cluster shape; of
- * its other attributes, those that ask nothing this driver must do are
+/* ---- cuLaunchKernelEx: the config's shape, stream, cluster shape and
+ * COOPERATIVE (every block resident at once); of its other attributes, those that ask nothing this driver must do are
  * taken (IGNORE; CLUSTER_SCHEDULING_POLICY_PREFERENCE, a hint; PRIORITY:
  * streams have one priority here; PROGRAMMATIC_STREAM_SERIALIZATION, which
  * lets a kernel start before the one before it ends: running them in order
  * is always allowed, and a kernel's grid-dependency wait then returns at
  * once), any other is refused and named with VGPUHA_DEBUG=1. ---- */
 enum {
-	VG_LAUNCH_ATTR_IGNORE = 0, VG_LAUNCH_ATTR_CLUSTER_DIMENSION = 4, VG_LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY = 5,
+	VG_LAUNCH_ATTR_IGNORE = 0, VG_LAUNCH_ATTR_COOPERATIVE = 2, VG_LAUNCH_ATTR_CLUSTER_DIMENSION = 4, VG_LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY = 5,
 	VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6, VG_LAUNCH_ATTR_PRIORITY = 8,
 };
 static int vg_launch_attr_ok(const CUlaunchAttribute *a) {
 	switch (a->id) {
 	case VG_LAUNCH_ATTR_IGNORE:
+	case VG_LAUNCH_ATTR_COOPERATIVE:
 	case VG_LAUNCH_ATTR_CLUSTER_DIMENSION:
 	case VG_LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY:
 	case VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION:
@@ -62,7 +63,7 @@ static int vg_launch_attr_ok(const CUlaunchAttribute *a) {
 	return 0;
 }
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-	unsigned int i, cx = 0, cy = 0, cz = 0;
+	unsigned int i, cx = 0, cy = 0, cz = 0, coop = 0;
 	if (c == NULL || (c->numAttrs > 0 && c->attrs == NULL)) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	for (i = 0; i < c->numAttrs; i++) {
 		if (!vg_launch_attr_ok(&c->attrs[i])) {
@@ -74,20 +75,26 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, 
 			cy = c->attrs[i].value.clusterDim.y;
 			cz = c->attrs[i].value.clusterDim.z;
 		}
+		if (c->attrs[i].id == VG_LAUNCH_ATTR_COOPERATIVE) coop = c->attrs[i].value.i != 0;
 	}
 	return vg_traced(__func__, vgLaunchKernel(H(f), c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
-		c->sharedMemBytes, H(c->hStream), params, extra, cx, cy, cz));
+		c->sharedMemBytes, H(c->hStream), params, extra, cx, cy, cz, coop));
 }
 
 /* ---- Pointer attributes (CUpointer_attribute): what the driver knows of
  * an address — device memory the process allocated, host memory it got
- * from cuMemAllocHost/cuMemHostAlloc, or neither. Booleans are one byte. ---- */
+ * from cuMemAllocHost/cuMemHostAlloc or registered (with the context that
+ * pinned it, as CUDA reports it), or neither. Booleans are one byte. ---- */
 enum {
 	VG_PA_CONTEXT = 1, VG_PA_MEMORY_TYPE = 2, VG_PA_DEVICE_POINTER = 3, VG_PA_HOST_POINTER = 4, VG_PA_SYNC_MEMOPS = 6,
 	VG_PA_BUFFER_ID = 7, VG_PA_IS_MANAGED = 8, VG_PA_DEVICE_ORDINAL = 9, VG_PA_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
-	VG_PA_RANGE_START_ADDR = 11, VG_PA_RANGE_SIZE = 12, VG_PA_MAPPED = 13,
+	VG_PA_RANGE_START_ADDR = 11, VG_PA_RANGE_SIZE = 12, VG_PA_MAPPED = 13, VG_PA_ALLOWED_HANDLE_TYPES = 14,
+	VG_PA_IS_GPU_DIRECT_RDMA_CAPABLE = 15, VG_PA_ACCESS_FLAGS = 16, VG_PA_MEMPOOL_HANDLE = 17, VG_PA_MAPPING_SIZE = 18,
+	VG_PA_MAPPING_BASE_ADDR = 19, VG_PA_MEMORY_BLOCK_ID = 20,
 };
-struct vg_pointer { unsigned int kind; uintptr_t ctx; CUdeviceptr base; size_t size; };
+/* CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ and _READWRITE. */
+enum { VG_ACCESS_READ = 1, VG_ACCESS_READWRITE = 3 };
+struct vg_pointer { unsigned int kind; uintptr_t ctx; CUdeviceptr base; size_t size; unsigned int read_only; };
 
 /* vg_pointer_attr writes one attribute of p (known: described by d) to
  * data; an unknown address has only a memory type (0) and no context. */
@@ -109,6 +116,13 @@ static CUresult vg_pointer_attr(void *data, CUpointer_attribute attr, CUdevicept
 	case VG_PA_RANGE_START_ADDR: *(CUdeviceptr *)data = d->base; return CUDA_SUCCESS;
 	case VG_PA_RANGE_SIZE: *(size_t *)data = d->size; return CUDA_SUCCESS;
 	case VG_PA_MAPPED: *(unsigned char *)data = 1; return CUDA_SUCCESS;
+	case VG_PA_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; return CUDA_SUCCESS; /* no handle exports */
+	case VG_PA_IS_GPU_DIRECT_RDMA_CAPABLE: *(unsigned char *)data = 0; return CUDA_SUCCESS;
+	case VG_PA_ACCESS_FLAGS: *(unsigned int *)data = d->read_only ? VG_ACCESS_READ : VG_ACCESS_READWRITE; return CUDA_SUCCESS;
+	case VG_PA_MEMPOOL_HANDLE: *(void **)data = NULL; return CUDA_SUCCESS;
+	case VG_PA_MAPPING_SIZE: *(size_t *)data = d->size; return CUDA_SUCCESS;
+	case VG_PA_MAPPING_BASE_ADDR: *(void **)data = (void *)(uintptr_t)d->base; return CUDA_SUCCESS;
+	case VG_PA_MEMORY_BLOCK_ID: *(unsigned long long *)data = d->base; return CUDA_SUCCESS;
 	}
 	if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: pointer attribute %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", attr);
 	return CUDA_ERROR_NOT_SUPPORTED;
@@ -118,7 +132,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr
 	struct vg_pointer d;
 	CUresult r;
 	if (data == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
-	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return vg_traced(__func__, r);
+	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size, &d.read_only)) != CUDA_SUCCESS) return vg_traced(__func__, r);
 	if (d.kind == 0) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE); /* memory the driver does not know */
 	return vg_traced(__func__, vg_pointer_attr(data, attr, p, &d));
 }
@@ -130,7 +144,7 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void
 	unsigned int i;
 	CUresult r;
 	if (n == 0 || attrs == NULL || data == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
-	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size)) != CUDA_SUCCESS) return vg_traced(__func__, r);
+	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size, &d.read_only)) != CUDA_SUCCESS) return vg_traced(__func__, r);
 	for (i = 0; i < n; i++) {
 		if (data[i] == NULL) continue;
 		r = vg_pointer_attr(data[i], attrs[i], p, &d);
@@ -141,7 +155,7 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
 	struct vg_pointer d;
-	CUresult r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size);
+	CUresult r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size, &d.read_only);
 	if (r != CUDA_SUCCESS) return vg_traced(__func__, r);
 	if (d.kind != 2) return vg_traced(__func__, CUDA_ERROR_NOT_FOUND);
 	if (base) *base = d.base;

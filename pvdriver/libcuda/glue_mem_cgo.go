@@ -135,7 +135,7 @@ func vgMemAllocHost(pp *unsafe.Pointer, n C.size_t) C.CUresult {
 	// ordinary memory when it has no room.
 	if b := drv.HostAllocRegion(uint64(n)); b != nil {
 		p := unsafe.Pointer(unsafe.SliceData(b))
-		drv.NoteHost(uintptr(p), uint64(n), b)
+		drv.NoteHost(thread{}, uintptr(p), uint64(n), b)
 		*pp = p
 		return 0
 	}
@@ -143,7 +143,7 @@ func vgMemAllocHost(pp *unsafe.Pointer, n C.size_t) C.CUresult {
 	if C.posix_memalign(&p, 4096, n) != 0 {
 		return res(cuapi.ErrorOutOfMemory)
 	}
-	drv.NoteHost(uintptr(p), uint64(n), nil)
+	drv.NoteHost(thread{}, uintptr(p), uint64(n), nil)
 	*pp = p
 	return 0
 }
@@ -250,7 +250,7 @@ func vgModuleGetGlobal(p *C.CUdeviceptr, n *C.size_t, m C.uintptr_t, name *C.cha
 }
 
 //export vgLaunchKernel
-func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.uintptr_t, kp, extra *unsafe.Pointer, cx, cy, cz C.uint) C.CUresult {
+func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.uintptr_t, kp, extra *unsafe.Pointer, cx, cy, cz, coop C.uint) C.CUresult {
 	sizes, r := drv.ParamLayout(uint64(f))
 	if r != cuapi.Success {
 		return res(r)
@@ -283,7 +283,7 @@ func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.ui
 		packed = append([]byte{}, b...)
 	}
 	l := cuapi.Launch{Grid: [3]uint32{uint32(gx), uint32(gy), uint32(gz)}, Block: [3]uint32{uint32(bx), uint32(by), uint32(bz)},
-		SharedBytes: uint32(shared), Stream: uint64(s), Cluster: [3]uint32{uint32(cx), uint32(cy), uint32(cz)}}
+		SharedBytes: uint32(shared), Stream: uint64(s), Cluster: [3]uint32{uint32(cx), uint32(cy), uint32(cz)}, Cooperative: coop != 0}
 	return res(drv.LaunchKernel(thread{}, uint64(f), l, params, packed))
 }
 

@@ -146,12 +146,16 @@ func vgLibraryLoadData(lib *C.uintptr_t, image unsafe.Pointer) C.CUresult {
 }
 
 //export vgPointerInfo
-func vgPointerInfo(p C.CUdeviceptr, kind *C.uint, ctx *C.uintptr_t, base *C.CUdeviceptr, size *C.size_t) C.CUresult {
+func vgPointerInfo(p C.CUdeviceptr, kind *C.uint, ctx *C.uintptr_t, base *C.CUdeviceptr, size *C.size_t, readOnly *C.uint) C.CUresult {
 	info, r := drv.Pointer(uint64(p))
 	if r != cuapi.Success {
 		return res(r)
 	}
 	*kind, *ctx, *base, *size = C.uint(info.Kind), C.uintptr_t(info.Ctx), C.CUdeviceptr(info.Base), C.size_t(info.Size)
+	*readOnly = 0
+	if info.ReadOnly {
+		*readOnly = 1
+	}
 	return 0
 }
 

@@ -1,4 +1,4 @@
-/* The entries exports_runtime.c and darkapi.c define, for cuGetProcAddress's
+/* The entries exports_runtime.c, exports_hostmem.c and darkapi.c define, for cuGetProcAddress's
  * table in exports.c (and so each definition is checked against its
  * declaration). */
 #ifndef VG_RUNTIME_H
@@ -27,5 +27,9 @@ CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsig
 CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps);
 CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps);
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev);
+/* exports_hostmem.c */
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
+CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags);
+CUresult cuMemHostUnregister(void *p);
 CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c);
 #endif

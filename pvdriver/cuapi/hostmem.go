@@ -1,0 +1,84 @@
+package cuapi
+
+// Host memory the program pins: cuMemAllocHost/cuMemHostAlloc's (the C
+// half allocates, NoteHost records) and its own memory it registers
+// (cuMemHostRegister). The GPU is on another host, so "pinned" here means
+// what a program can observe of it: pointer attributes that say host
+// memory, in the context that pinned it, and copies that accept it. No
+// device address maps host memory: cuMemHostGetDevicePointer is refused
+// (a kernel cannot reach the guest's memory across the link).
+
+// CU_MEMHOSTREGISTER_* flags (cuda.h).
+const (
+	hostRegisterPortable  = 0x01
+	hostRegisterDeviceMap = 0x02
+	hostRegisterIOMemory  = 0x04
+	hostRegisterReadOnly  = 0x08
+)
+
+// CUDA's answers for registering twice and unregistering what is not.
+const (
+	ErrorHostMemoryAlreadyRegistered Result = 712
+	ErrorHostMemoryNotRegistered     Result = 713
+)
+
+// NoteHost records n bytes of host memory at p the C half allocated:
+// region is the buffer HostAllocRegion gave, nil for ordinary memory.
+func (d *Driver) NoteHost(t Thread, p uintptr, n uint64, region []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, _ := d.current(t)
+	d.noteHostLocked(p, hostAlloc{size: n, region: region, ctx: ctx})
+}
+
+// noteHostLocked records h at p. Precondition: d.mu must be locked.
+func (d *Driver) noteHostLocked(p uintptr, h hostAlloc) {
+	if d.hosts == nil {
+		d.hosts = map[uintptr]hostAlloc{}
+	}
+	d.hosts[p] = h
+}
+
+// HostRegister is cuMemHostRegister_v2: n bytes of the program's own
+// memory at p become host memory this driver knows. A range overlapping
+// host memory it already knows is refused as CUDA refuses it; I/O memory
+// (device registers of another device) cannot be reached from the GPU's
+// host and is not supported.
+func (d *Driver) HostRegister(t Thread, p uintptr, n uint64, flags uint32) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ctx, r := d.current(t)
+	if r != Success {
+		return r
+	}
+	if p == 0 || n == 0 || n > 1<<46 || uint64(p) > ^uint64(0)-n ||
+		flags&^(hostRegisterPortable|hostRegisterDeviceMap|hostRegisterIOMemory|hostRegisterReadOnly) != 0 {
+		return ErrorInvalidValue
+	}
+	if flags&hostRegisterIOMemory != 0 {
+		return ErrorNotSupported
+	}
+	for base, h := range d.hosts {
+		if uint64(p) < uint64(base)+h.size && uint64(base) < uint64(p)+n {
+			return ErrorHostMemoryAlreadyRegistered
+		}
+	}
+	d.noteHostLocked(p, hostAlloc{size: n, ctx: ctx, registered: true, readOnly: flags&hostRegisterReadOnly != 0})
+	return Success
+}
+
+// HostUnregister is cuMemHostUnregister: p must be where a registration
+// began.
+func (d *Driver) HostUnregister(p uintptr) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
+		return r
+	}
+	h, ok := d.hosts[p]
+	if !ok || !h.registered {
+		return ErrorHostMemoryNotRegistered
+	}
+	delete(d.hosts, p)
+	return Success
+}

@@ -1,0 +1,124 @@
+/* The surfaces frameworks reach beyond the driver samples' set: cooperative
+ * launches (cuLaunchCooperativeKernel and cuLaunchKernelEx's COOPERATIVE
+ * attribute, and a grid too large to be resident at once), host memory
+ * registered with cuMemHostRegister (copies from and to it, its pointer
+ * attributes, registering twice, unregistering), and the pointer
+ * attributes of cuMemHostAlloc's memory. */
+#include "cudaapi.h"
+
+enum { CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+	CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720 };
+enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
+	CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMHOSTREGISTER_READ_ONLY = 8,
+	CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2 };
+typedef struct { int id; int pad; union { char bytes[64]; int i; } value; } CUlaunchAttribute;
+typedef struct {
+	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned int numAttrs;
+} CUlaunchConfig;
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+	unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra);
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
+CUresult cuMemHostUnregister(void *p);
+CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p);
+
+#define N 8192
+
+/* saxpy_check runs y = 2x + y with the launch `how` and checks every value. */
+static void saxpy_check(CUfunction saxpy, CUdeviceptr x, CUdeviceptr y, float *host, int how) {
+	float alpha = 2.0f;
+	unsigned int n = N;
+	void *params[] = {&x, &y, &alpha, &n};
+	CUlaunchAttribute coop = {.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE, .value.i = 1};
+	CUlaunchConfig cfg = {N / 256, 1, 1, 256, 1, 1, 0, NULL, &coop, 1};
+	for (int i = 0; i < N; i++) host[i] = (float)i;
+	CHECK(cuMemcpyHtoD(x, host, N * sizeof(float)));
+	CHECK(cuMemsetD32(y, 0x3f800000, N)); /* 1.0f */
+	if (how == 0) CHECK(cuLaunchCooperativeKernel(saxpy, N / 256, 1, 1, 256, 1, 1, 0, NULL, params));
+	else CHECK(cuLaunchKernelEx(&cfg, saxpy, params, NULL));
+	CHECK(cuMemcpyDtoH(host, y, N * sizeof(float)));
+	for (int i = 0; i < N; i++)
+		if (host[i] != 2.0f * (float)i + 1.0f) FAIL("cooperative saxpy (%d): y[%d] = %g, want %g", how, i, host[i], 2.0f * i + 1.0f);
+}
+
+static void cooperative(CUfunction saxpy, CUdeviceptr x, CUdeviceptr y, float *host) {
+	int sms, per_sm;
+	float alpha = 1.0f;
+	unsigned int n = N;
+	void *params[] = {&x, &y, &alpha, &n};
+	saxpy_check(saxpy, x, y, host, 0);
+	saxpy_check(saxpy, x, y, host, 1);
+	/* More blocks than the GPU holds at once: refused, the launch does not
+	 * run, and the context carries on (not a sticky error). */
+	CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
+	CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, saxpy, 32, 0));
+	CUresult r = cuLaunchCooperativeKernel(saxpy, (unsigned)(sms * per_sm + 1) * 64, 1, 1, 32, 1, 1, 0, NULL, params);
+	if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
+	if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) FAIL("a cooperative launch too large: %d, want %d", r, CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+	CHECK(cuCtxSynchronize());
+	printf("cooperative launches: ok\n");
+}
+
+static void pointer_is(void *p, unsigned int want_type, CUcontext want_ctx, const char *what) {
+	unsigned int type = 0;
+	CUcontext ctx = NULL;
+	CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)p));
+	CHECK(cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)p));
+	if (type != want_type || ctx != want_ctx) FAIL("%s: memory type %u in context %p, want %u in %p", what, type, (void *)ctx, want_type, (void *)want_ctx);
+}
+
+static void host_memory(CUcontext ctx, CUdeviceptr y) {
+	float *pinned, *own = aligned_alloc(4096, N * sizeof(float)), *ro = aligned_alloc(4096, 4096);
+	unsigned int access = 0, type = 0;
+	if (own == NULL || ro == NULL) FAIL("out of memory");
+	CHECK(cuMemHostAlloc((void **)&pinned, N * sizeof(float), 0));
+	pointer_is(pinned, CU_MEMORYTYPE_HOST, ctx, "cuMemHostAlloc's memory");
+	pointer_is((char *)pinned + 100, CU_MEMORYTYPE_HOST, ctx, "inside cuMemHostAlloc's memory");
+	CHECK(cuMemHostRegister_v2(own, N * sizeof(float), 0));
+	pointer_is(own + 17, CU_MEMORYTYPE_HOST, ctx, "registered memory");
+	EXPECT(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, cuMemHostRegister_v2(own + 1024, 4096, 0));
+	EXPECT(CUDA_ERROR_INVALID_VALUE, cuMemFreeHost(own)); /* registered, not allocated by the driver */
+	for (int i = 0; i < N; i++) own[i] = (float)(3 * i);
+	CHECK(cuMemcpyHtoD(y, own, N * sizeof(float)));
+	CHECK(cuMemcpyDtoH(pinned, y, N * sizeof(float)));
+	for (int i = 0; i < N; i++)
+		if (pinned[i] != (float)(3 * i)) FAIL("registered -> device -> pinned: [%d] = %g", i, pinned[i]);
+	CHECK(cuMemHostRegister_v2(ro, 4096, CU_MEMHOSTREGISTER_READ_ONLY));
+	CHECK(cuPointerGetAttribute(&access, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, (CUdeviceptr)(uintptr_t)ro));
+	if (!native() && access != 1) FAIL("read-only registered memory: access flags %u, want 1 (read)", access);
+	CHECK(cuMemHostUnregister(ro));
+	CHECK(cuMemHostUnregister(own));
+	EXPECT(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, cuMemHostUnregister(own));
+	EXPECT(CUDA_ERROR_INVALID_VALUE, cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)own));
+	pointer_is((void *)(uintptr_t)y, CU_MEMORYTYPE_DEVICE, ctx, "device memory");
+	CHECK(cuMemFreeHost(pinned));
+	free(own);
+	free(ro);
+	printf("host memory: ok\n");
+}
+
+int main(int argc, char **argv) {
+	CUdevice dev;
+	CUcontext ctx;
+	CUmodule mod;
+	CUfunction saxpy;
+	CUdeviceptr x, y;
+	float *host = malloc(N * sizeof(float));
+	if (argc < 2 || host == NULL) FAIL("usage: surfaces KERNELDIR");
+	CHECK(cuInit(0));
+	CHECK(cuDeviceGet(&dev, 0));
+	CHECK(cuCtxCreate(&ctx, 0, dev));
+	CHECK(cuModuleLoadData(&mod, load_image(argv[1], "saxpy")));
+	CHECK(cuModuleGetFunction(&saxpy, mod, "saxpy"));
+	CHECK(cuMemAlloc(&x, N * sizeof(float)));
+	CHECK(cuMemAlloc(&y, N * sizeof(float)));
+	cooperative(saxpy, x, y, host);
+	checkpoint();
+	host_memory(ctx, y);
+	CHECK(cuCtxDestroy(ctx));
+	printf("surfaces ok\n");
+	return 0;
+}
