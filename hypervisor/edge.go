@@ -60,12 +60,9 @@ func (s *Session) EndGrace() {
 }
 
 // DeferError implements guestconn.Session: the error is kept for the null
-// stream (the request's own stream is in the payload it did not read).
-func (s *Session) DeferError(err error) {
-	s.mu.Lock()
-	s.objs.DeferError(0, err)
-	s.mu.Unlock()
-}
+// stream (the request's own stream is in the payload it did not read), and
+// a new state-changing request counts as failed (failures.go).
+func (s *Session) DeferError(op abi.Opcode, reqID uint64, err error) { s.deferUnread(op, reqID, err) }
 
 // DropRegion implements guestconn.Session: the session forgets region
 // (unless a resume gave it another already) and its device work is waited

@@ -159,3 +159,39 @@ func TestAsyncRefusalCounted(t *testing.T) {
 		t.Fatalf("%d request series, want 3", n)
 	}
 }
+
+// TestFailedRequestAnswered: a state-changing request that a check
+// refused is answered, not forgotten (issue 47): a resend of it under its
+// id gets the same failure instead of a second run (deferred again if it
+// is pipelined, so the guest's connection goes on), a resend with other
+// content is refused, and the next synchronization reports the failure
+// once.
+func TestFailedRequestAnswered(t *testing.T) {
+	e := start(t, hypervisor.DefaultConfig())
+	r := dialRaw(t, e)
+	r.send(abi.OpHello, 0, 1, &abi.Hello{GuestName: "failed"}, &abi.HelloReply{})
+	var a abi.AllocReply
+	if st, msg := r.send(abi.OpAlloc, 0, 2, &abi.Alloc{Size: 4096}, &a); st != abi.StatusOK {
+		t.Fatal(msg)
+	}
+	outside := &abi.Memset{Dst: a.Ptr + 4096, Width: 1, Value: 1, Count: 16}
+	r.send(abi.OpMemset, abi.FlagAsync, 3, outside, nil)
+	r.send(abi.OpMemset, abi.FlagAsync, 3, outside, nil) // a resend, as after a failover
+	if st, _ := r.send(abi.OpSync, 0, 4, &abi.Sync{}, nil); st != abi.StatusOutOfRange {
+		t.Fatalf("sync after a refused async memset and its resend: %v", st)
+	}
+	if st, msg := r.send(abi.OpSync, 0, 5, &abi.Sync{}, nil); st != abi.StatusOK {
+		t.Fatalf("a second sync: %v %s (the failure is reported once)", st, msg)
+	}
+	st, msg := r.send(abi.OpMemset, 0, 3, outside, nil)
+	if st != abi.StatusOutOfRange || !strings.Contains(msg, "failed when first sent") {
+		t.Fatalf("a synchronous resend of the refused memset: %v %q, want its failure again", st, msg)
+	}
+	inside := &abi.Memset{Dst: a.Ptr, Width: 1, Value: 1, Count: 16}
+	if st, _ := r.send(abi.OpMemset, 0, 3, inside, nil); st != abi.StatusInvalidValue {
+		t.Fatalf("the refused memset's id resent with other content: %v, want it refused", st)
+	}
+	if refusals(t, e, "replay_mismatch") != 1 {
+		t.Fatal("the resend with other content was not counted")
+	}
+}

@@ -192,18 +192,21 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 	}
 	if info.Mutates {
 		if reply, err, done := s.once.Check(op, r.ID, payload, !summed); done {
-			return reply, err
+			return s.answerResend(r, req, reply, err)
 		}
 	}
+	reporting := s.failuresToReport(info)
 	reply, err := run(s, req)
-	if info.Mutates && err == nil {
-		s.once.NoteApplied(r.ID, abi.ResultOf(reply))
+	var failure *exactlyonce.Failure
+	if info.Mutates {
+		failure = s.noteOutcome(op, r, req, reply, err)
 	}
 	if s.record != nil {
 		s.record.request(op, info, r.ID, payload, reply, err, &in)
 		if err == nil {
 			s.recordReadBack(op, req, reply)
 		}
+		s.record.outcome(r.ID, failure, reporting, s.objs)
 	}
 	if err != nil && r.Async {
 		s.objs.DeferError(handlemap.Handle(abi.StreamOf(req)), err)

@@ -336,7 +336,9 @@ func (c *Client) switchTo(gen uint64, a *answer, fo Failover) {
 }
 
 // rollBackLocked handles a node that lacks changes the guest was told were
-// done. It keeps the session (a restarted guest may take it over), but
+// done. A request that failed is not such a change: the node answers it
+// too (the hello reply's Applied counts it), so a refused asynchronous
+// request never reads as a rollback. It keeps the session (a restarted guest may take it over), but
 // refuses to carry on as if nothing happened: every call fails until the
 // guest accepts the rollback.
 // Precondition: c.mu must be locked.

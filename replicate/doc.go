@@ -149,5 +149,9 @@
 // what the guest saw: a read of device memory becomes a write of the bytes
 // read (FlagReadBack), which a standby applies like any write. A module
 // image that guests name by hash travels once per resync (OpImage) and is
-// named by hash after that.
+// named by hash after that. A guest request that failed travels too
+// (OpRequestFailed), and so does a synchronization that reported
+// asynchronous failures (OpErrorsReported): the standby answers a resend
+// of a failed request with its failure, and reports a pipelined one's at
+// the next synchronization, exactly once, whichever node serves it.
 package replicate

@@ -87,7 +87,23 @@ const (
 	// OpModuleLoadCached records name by hash: the standby keeps it until
 	// the next OpReset.
 	OpImage
+	// OpRequestFailed: guest request ReqID of session Session failed on
+	// the primary (refused by a check, or a kernel that faulted, whose
+	// own record comes first with FlagFailed). Nothing is run: the
+	// standby notes the request as answered but not applied, so that a
+	// resend gets the same failure and a guest's resume counts it as
+	// answered, and keeps an asynchronous request's failure for its
+	// stream's next synchronization. Body: the hypervisor's encoding of
+	// the failure.
+	OpRequestFailed
+	// OpErrorsReported: a synchronization of session Session reported the
+	// failures kept for stream Result (the guest was told): the standby
+	// forgets them too.
+	OpErrorsReported
 )
+
+// lastControl is the last control kind.
+const lastControl = OpErrorsReported
 
 // Record flags.
 const (
@@ -138,6 +154,10 @@ func (o Op) String() string {
 		return "verify_mmio"
 	case OpImage:
 		return "image"
+	case OpRequestFailed:
+		return "request_failed"
+	case OpErrorsReported:
+		return "errors_reported"
 	}
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }
@@ -196,7 +216,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	if uint64(n) != uint64(len(b)-recordHeader) {
 		return Record{}, fmt.Errorf("%w: body length %d, frame holds %d", ErrBadRecord, n, len(b)-recordHeader)
 	}
-	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > OpImage) {
+	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > lastControl) {
 		return Record{}, fmt.Errorf("%w: unknown kind %#x", ErrBadRecord, uint16(r.Op))
 	}
 	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair|FlagReadBack) != 0 {

@@ -1,11 +1,14 @@
 // Package exactlyonce is a session's table of the guest requests it
-// applied: what makes a request resent after a failover take effect once.
+// answered: what makes a request resent after a failover take effect once.
 //
-// It owns the last applied request id, the results and payload checksums
-// of recent requests, and the window of ids known applied; the primary
-// fills it as requests run, a standby as it applies their records, and a
-// resync carries it (AppendApplied, Restore). It must never run a request
-// or trust an id: a resend it cannot vouch for is refused.
+// It owns the last answered request id, the results and payload checksums
+// of recent requests, the window of ids known applied, and the failures of
+// recent requests that failed (Failure, with its encoding in the log); the
+// primary fills it as requests run, a standby as it applies their records,
+// and a resync carries it (AppendApplied, Restore, Failures). It must
+// never run a request or trust an id: a resend it cannot vouch for is
+// refused, and a request that failed is answered with its failure again,
+// never run a second time.
 package exactlyonce
 
 import (
@@ -27,12 +30,21 @@ import (
 //   - a resend under an applied id with other content is not a resend: it
 //     is refused, counted and logged, not silently answered "done";
 //   - an id at or below the last applied one that the session never applied
-//     (never sent, sent out of order, or refused when it was) is refused:
-//     answering it "done" would tell the guest of a change that never
-//     happened (an allocation answered with pointer 0). The session
-//     remembers which of its latest appliedWindow ids it applied
-//     (appliedIDs); an older id is refused too: resends follow a failover
-//     closely, and a guest's ids grow by one per request.
+//     (never sent, or sent out of order) is refused: answering it "done"
+//     would tell the guest of a change that never happened (an allocation
+//     answered with pointer 0). The session remembers which of its latest
+//     appliedWindow ids it applied (appliedIDs); an older id is refused
+//     too: resends follow a failover closely, and a guest's ids grow by one
+//     per request.
+//
+// A new request that fails (refused by a check, or a kernel that faulted)
+// is answered too: its id counts as the session's last (Last), not as
+// applied, and its failure is kept (NoteFailed). The primary logs the
+// failure (the standby notes it the same way), so that a guest's resume
+// check (pvdriver: the node holds everything up to the hello reply's
+// Applied) counts a failed request as answered, not as lost, and a resend
+// of it gets the same failure instead of being run: a refused request
+// never becomes applied after a failover.
 
 // maxIDJump bounds how far past the last applied request a new request's
 // id may be.
@@ -63,9 +75,13 @@ type Table struct {
 	// sums holds a checksum of each recent request's payload, so that a
 	// resend under an applied id with other content is refused.
 	sums map[uint64]uint32
+	// failed keeps the failures of recent requests that failed, so that a
+	// resend of one is answered with its failure.
+	failed map[uint64]Failure
 }
 
-// Last is the newest request id the session applied.
+// Last is the newest request id the session answered: applied, or failed
+// (NoteFailed). The guest holds every answer up to it.
 func (t *Table) Last() uint64 { return t.last }
 
 // NoteApplied records that request reqID changed state and returned result.
@@ -74,7 +90,7 @@ func (t *Table) NoteApplied(reqID, result uint64) {
 		return
 	}
 	t.last = max(t.last, reqID)
-	t.applied.mark(reqID)
+	t.applied.mark(reqID, true)
 	if result != 0 {
 		if t.results == nil {
 			t.results = map[uint64]uint64{}
@@ -122,12 +138,16 @@ func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool)
 		sum = crc32.Checksum(payload, castagnoli)
 	}
 	if reqID <= t.last {
-		if applied, remembered := t.applied.knows(reqID); !applied {
+		applied, remembered := t.applied.knows(reqID)
+		f, failed := t.failed[reqID]
+		switch {
+		case !applied && !(failed && remembered):
 			return nil, guesterr.Refuse(guesterr.UnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, t.last, remembered)), true
-		}
-		if want, ok := t.sums[reqID]; ok && !inPlace && want != sum {
+		case !inPlace && t.sums[reqID] != sum && t.hasSum(reqID):
 			return nil, guesterr.Refuse(guesterr.ReplayMismatch, abi.StatusInvalidValue,
-				"request id %d was already applied with other content: a resend must repeat the request", reqID), true
+				"request id %d was already answered with other content: a resend must repeat the request", reqID), true
+		case !applied:
+			return nil, f.again(reqID), true
 		}
 		return op.Info().ReplayReply(t.results[reqID]), nil, true
 	}
@@ -141,6 +161,12 @@ func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool)
 		t.NoteContent(reqID, sum)
 	}
 	return nil, nil, false
+}
+
+// hasSum reports whether the table keeps request reqID's checksum.
+func (t *Table) hasSum(reqID uint64) bool {
+	_, ok := t.sums[reqID]
+	return ok
 }
 
 // NoteContent keeps the checksum of request reqID's payload.
@@ -181,8 +207,8 @@ type appliedIDs struct {
 	bits [appliedWindow / 64]uint64
 }
 
-// mark notes that request id was applied.
-func (a *appliedIDs) mark(id uint64) {
+// mark notes that request id was answered, and whether it was applied.
+func (a *appliedIDs) mark(id uint64, applied bool) {
 	switch {
 	case id == 0 || id <= a.top && a.top-id >= appliedWindow:
 		return
@@ -195,7 +221,11 @@ func (a *appliedIDs) mark(id uint64) {
 		}
 		a.top = id
 	}
-	a.bits[id%appliedWindow/64] |= 1 << (id % 64)
+	if applied {
+		a.bits[id%appliedWindow/64] |= 1 << (id % 64)
+	} else {
+		a.bits[id%appliedWindow/64] &^= 1 << (id % 64)
+	}
 }
 
 // knows reports whether id was applied, and whether it is recent enough

@@ -3,6 +3,8 @@ package exactlyonce
 import (
 	"bytes"
 	"testing"
+
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
 // TestAppliedIDs: the window says which ids were applied, forgets the ids
@@ -10,7 +12,7 @@ import (
 func TestAppliedIDs(t *testing.T) {
 	var a appliedIDs
 	for _, id := range []uint64{1, 2, 3, 5, 9} {
-		a.mark(id)
+		a.mark(id, true)
 	}
 	for id, want := range map[uint64]bool{1: true, 2: true, 4: false, 5: true, 6: false, 8: false, 9: true, 10: false} {
 		if applied, remembered := a.knows(id); applied != want || !remembered {
@@ -19,14 +21,14 @@ func TestAppliedIDs(t *testing.T) {
 	}
 	// Wrapping around the window: an id skipped is not left marked by the
 	// id a window earlier that shared its bit.
-	a.mark(4 + appliedWindow + 1) // 5 .. 4+W skipped, 9's bit (9+W) among them
+	a.mark(4+appliedWindow+1, true) // 5 .. 4+W skipped, 9's bit (9+W) among them
 	if applied, _ := a.knows(9 + appliedWindow); applied {
 		t.Error("a skipped id reads as applied through an older id's bit")
 	}
 	if _, remembered := a.knows(3); remembered {
 		t.Error("an id older than the window is remembered")
 	}
-	a.mark(1 << 40) // far ahead: the whole window is new
+	a.mark(1<<40, true) // far ahead: the whole window is new
 	if applied, _ := a.knows(1<<40 - 1); applied {
 		t.Error("an id skipped by a jump reads as applied")
 	}
@@ -44,8 +46,8 @@ func TestAppliedIDs(t *testing.T) {
 // and an accepted one re-encodes to its input.
 func FuzzDecodeAppliedIDs(f *testing.F) {
 	var a appliedIDs
-	a.mark(3)
-	a.mark(7)
+	a.mark(3, true)
+	a.mark(7, true)
 	f.Add(a.append(nil))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -58,6 +60,51 @@ func FuzzDecodeAppliedIDs(f *testing.F) {
 		}
 		for _, id := range []uint64{got.top, got.top - 1, 0} {
 			got.knows(id)
+		}
+	})
+}
+
+// TestNoteFailed: a failed request is the table's last answered request
+// but not an applied one; a resend of it gets its failure, its encoding
+// round-trips, and a failure the log reports for an applied request is
+// refused.
+func TestNoteFailed(t *testing.T) {
+	var tab Table
+	tab.NoteApplied(1, 0)
+	f := Failure{Op: abi.OpMemset, Status: abi.StatusOutOfRange, Message: "outside", Async: true, Stream: 3, Sum: 42, Summed: true}
+	tab.NoteFailed(2, f)
+	if tab.Last() != 2 {
+		t.Fatalf("last %d, want 2", tab.Last())
+	}
+	if applied, _ := tab.applied.knows(2); applied {
+		t.Fatal("a failed request reads as applied")
+	}
+	if err := tab.CheckFailed(1); err == nil {
+		t.Fatal("a failure of an applied request was taken")
+	}
+	got, err := DecodeFailure(f.Append(nil))
+	if err != nil || got != f {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	ids, fs := tab.Failures()
+	if len(ids) != 1 || ids[0] != 2 || fs[0] != f {
+		t.Fatalf("failures kept: %v %+v", ids, fs)
+	}
+}
+
+// FuzzDecodeFailure: a logged request failure (network input on a
+// standby) never panics the decoder, and an accepted one re-encodes to
+// its input.
+func FuzzDecodeFailure(f *testing.F) {
+	f.Add(Failure{Op: abi.OpMemset, Status: abi.StatusOutOfRange, Message: "m", Async: true}.Append(nil))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := DecodeFailure(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(got.Append(nil), b) {
+			t.Fatal("accepted failure does not re-encode to its input")
 		}
 	})
 }

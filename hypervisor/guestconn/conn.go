@@ -229,7 +229,7 @@ func (c *guestConn) overBudget(f abi.Frame) bool {
 	c.e.metrics.Requests.WithLabelValues(f.Op.String(), abi.StatusUnavailable.String()).Inc()
 	c.refused(f.Op, guesterr.BufferBudget, "bytes", f.Length)
 	if f.Flags&abi.FlagAsync != 0 && c.sess != nil {
-		c.sess.DeferError(err) // its stream is in the payload it did not read
+		c.sess.DeferError(f.Op, f.RequestID, err) // its stream is in the payload it did not read
 		return true
 	}
 	c.out = abi.AppendFrameVersion(c.out[:0], f.Version, f.Op, abi.FlagReply, f.RequestID,

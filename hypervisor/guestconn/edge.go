@@ -61,9 +61,10 @@ type Session interface {
 	// EndGrace: the session is not kept for a resume once its connection
 	// ends (the guest said bye, or never learned of it).
 	EndGrace()
-	// DeferError keeps an asynchronous request's error for the guest's
-	// next synchronization.
-	DeferError(err error)
+	// DeferError keeps the error of asynchronous request reqID (op), which
+	// the connection refused without reading it, for the guest's next
+	// synchronization; the session answers the request with it.
+	DeferError(op abi.Opcode, reqID uint64, err error)
 	// DropRegion makes sure the session no longer uses region, waiting
 	// for its device copies from it (an error: they failed).
 	DropRegion(region *Region) error

@@ -1,6 +1,9 @@
 package objects
 
 import (
+	"maps"
+	"slices"
+
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
@@ -106,3 +109,23 @@ func (o *Set) DeviceInfo(*abi.DeviceInfo) (abi.Body, error) {
 	}
 	return &info, nil
 }
+
+// DeferredStreams lists the streams whose asynchronous work left an error
+// for their next synchronization (nil for none).
+func (o *Set) DeferredStreams() []handlemap.Handle {
+	if len(o.deferred) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(o.deferred))
+}
+
+// Deferred returns the error kept for stream's next synchronization, if
+// any.
+func (o *Set) Deferred(stream handlemap.Handle) (error, bool) {
+	err, ok := o.deferred[stream]
+	return err, ok
+}
+
+// ForgetDeferred drops the error kept for stream (a standby whose primary
+// reported it to the guest).
+func (o *Set) ForgetDeferred(stream handlemap.Handle) { delete(o.deferred, stream) }

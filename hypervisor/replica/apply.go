@@ -9,6 +9,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
+	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -76,6 +77,24 @@ var sessionRecords = map[replicate.Op]func(Session, *replicate.Record) error{
 	replicate.OpMMIO: func(s Session, rec *replicate.Record) error { return aperture.Apply(s.Memory(), rec.Body) },
 	replicate.OpVerifyMMIO: func(s Session, rec *replicate.Record) error {
 		return s.Verify().Compare(s.Memory(), rec.Result, rec.Body)
+	},
+	replicate.OpRequestFailed: func(s Session, rec *replicate.Record) error {
+		f, err := exactlyonce.DecodeFailure(rec.Body)
+		if err != nil {
+			return err
+		}
+		if err := s.Once().CheckFailed(rec.ReqID); err != nil {
+			return err
+		}
+		s.Once().NoteFailed(rec.ReqID, f)
+		if f.Async { // reported by the stream's next synchronization, as on the primary
+			s.Objects().DeferError(handlemap.Handle(f.Stream), f.Err())
+		}
+		return nil
+	},
+	replicate.OpErrorsReported: func(s Session, rec *replicate.Record) error {
+		s.Objects().ForgetDeferred(handlemap.Handle(rec.Result))
+		return nil
 	},
 	replicate.OpSetNext: func(s Session, rec *replicate.Record) error {
 		if err := s.Once().Restore(rec.ReqID, rec.Body); err != nil {

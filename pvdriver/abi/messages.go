@@ -235,7 +235,9 @@ type HelloReply struct {
 	// the highest term it can reach.
 	Term uint64
 	// Applied is, on resume, the last request of the session the node had
-	// applied: the guest resends everything after it that it kept.
+	// answered: applied, or failed (a refused request counts as answered,
+	// and a resend of it gets the same failure). The guest resends
+	// everything after it that it kept.
 	Applied uint64
 	// Token is the new session's resume token (version 2; absent on a
 	// resume and for a version-1 guest): a secret the guest keeps and
