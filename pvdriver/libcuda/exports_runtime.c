@@ -133,6 +133,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr
 	CUresult r;
 	if (data == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	if ((r = vgPointerInfo(p, &d.kind, &d.ctx, &d.base, &d.size, &d.read_only)) != CUDA_SUCCESS) return vg_traced(__func__, r);
+	if (vg_debug_enabled() > 1) fprintf(stderr, "vgpuha libcuda: cuPointerGetAttribute %#llx attribute %d (kind %u)\n", (unsigned long long)p, attr, d.kind);
 	if (d.kind == 0) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE); /* memory the driver does not know */
 	return vg_traced(__func__, vg_pointer_attr(data, attr, p, &d));
 }
@@ -148,6 +149,8 @@ CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void
 	for (i = 0; i < n; i++) {
 		if (data[i] == NULL) continue;
 		r = vg_pointer_attr(data[i], attrs[i], p, &d);
+		if (vg_debug_enabled() > 1)
+			fprintf(stderr, "vgpuha libcuda: cuPointerGetAttributes %#llx attribute %d: %d (kind %u)\n", (unsigned long long)p, attrs[i], r, d.kind);
 		if (r == CUDA_ERROR_NOT_SUPPORTED) return vg_traced(__func__, r);
 	}
 	return vg_traced(__func__, CUDA_SUCCESS);
