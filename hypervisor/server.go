@@ -79,16 +79,17 @@ type Config struct {
 	// Per tenant (package tenancy): the device memory its sessions hold
 	// together, its open sessions, and those it may leave detached;
 	// Tenants overrides them for named tenants ("uid:1000", "cid:3",
-	// "ip:10.0.0.5").
+	// "ip:10.0.0.5", "ip:2001:db8:1:2::/64": an IPv6 tenant is its /64).
 	TenantMemoryQuota uint64
 	TenantMaxSessions int
 	TenantMaxDetached int
 	Tenants           map[string]TenantQuota
-	// TenantOvercommit admits every tenant; without it a new tenant whose
-	// memory quota no longer fits in DeviceMemory beside the admitted
-	// tenants' is refused (package tenancy, Admission).
+	// TenantOvercommit leaves DeviceMemory out of admission and
+	// allocation; without it a new tenant is refused while the tenants
+	// present have allocated all of it, and an allocation that does not
+	// fit beside theirs is refused (package tenancy).
 	TenantOvercommit bool
-	// DeviceMemory is the device memory tenants' quotas are reserved from
+	// DeviceMemory is the device memory tenants hold their allocations in
 	// (0: the backend's, where it says; else no admission).
 	DeviceMemory uint64
 	// MaxGrace caps the grace period a guest may ask for.
@@ -145,6 +146,20 @@ func (c Config) validate() error {
 		return errors.New("--guest.kernels needs --guest.max-sessions 1: a guest-built kernel reaches every session's memory in its process (run one primary per guest)")
 	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
 		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
+	}
+	return c.validateTenants()
+}
+
+// validateTenants refuses two named tenants that are one (two IPv6
+// addresses of one /64: package tenancy).
+func (c Config) validateTenants() error {
+	named := map[string]string{}
+	for id := range c.Tenants {
+		canonical := tenancy.Canonical(id)
+		if other, ok := named[canonical]; ok {
+			return fmt.Errorf("tenants %s and %s are one tenant, %s (an IPv6 tenant is its /64 prefix)", min(id, other), max(id, other), canonical)
+		}
+		named[canonical] = id
 	}
 	return nil
 }
@@ -679,8 +694,8 @@ type Status struct {
 	// them has been kept so on this node's clock.
 	Detached              int     `json:"detached_sessions"`
 	OldestDetachedSeconds float64 `json:"oldest_detached_seconds"`
-	// Tenancy: the device memory reserved for each tenant and what it
-	// uses (package tenancy).
+	// Tenancy: the device memory each tenant's sessions hold (package
+	// tenancy).
 	Tenancy TenancyStatus `json:"tenancy"`
 	// Images: the module images this node keeps by content (package images).
 	Images ImageStatus `json:"images"`

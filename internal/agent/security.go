@@ -20,14 +20,15 @@ func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.DurationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
 		"longest a session is kept for its guest to resume after its connection drops (a guest may ask for less)")
 	cli.SizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, cli.MaxUint64,
-		"device memory all sessions of one tenant (vsock CID, local uid, or remote IP) may allocate together; "+
-			"also what the device reserves for each tenant it admits (--tenant.overcommit)")
+		"device memory all sessions of one tenant (vsock CID, local uid, remote IPv4 address or IPv6 /64) may allocate together; "+
+			"allocations are first come, first served within the device's memory (quotas that sum to at most the device guarantee each tenant its own)")
 	fs.BoolVar(&cfg.TenantOvercommit, "tenant.overcommit", false,
-		"admit every tenant; without it a tenant whose --tenant.memory-quota-bytes no longer fits in the device's memory beside the admitted tenants' is refused at its first session, so each admitted tenant is guaranteed its quota")
+		"leave the device's memory to its own allocator; without it a new tenant is refused at its first session while the tenants present have allocated the whole device, "+
+			"and an allocation that does not fit beside what they hold is refused (admission counts what tenants hold, never their quotas)")
 	cli.IntVar(fs, &cfg.TenantMaxSessions, "tenant.max-sessions", cfg.TenantMaxSessions, 1, cli.MaxInt, "sessions one tenant may have open")
 	cli.IntVar(fs, &cfg.TenantMaxDetached, "tenant.max-detached", cfg.TenantMaxDetached, 0, cli.MaxInt,
 		"sessions one tenant may leave detached (kept for a resume); one more is freed when its connection drops")
-	fs.Func("tenant.quota", "limits for one tenant, repeatable: ID=MEMORY,SESSIONS,DETACHED (ID: cid:N, uid:N or ip:ADDR; MEMORY a size: 8GiB)", func(v string) error {
+	fs.Func("tenant.quota", "limits for one tenant, repeatable: ID=MEMORY,SESSIONS,DETACHED (ID: cid:N, uid:N or ip:ADDR, an IPv6 address naming its /64; MEMORY a size: 8GiB)", func(v string) error {
 		id, q, err := parseTenantQuota(v)
 		if err != nil {
 			return err
