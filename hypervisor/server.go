@@ -96,7 +96,11 @@ type Config struct {
 	MaxGrace time.Duration
 	// ImageCacheBytes bounds the module images kept for the next process
 	// that loads them by hash (package images); 0 keeps none.
-	ImageCacheBytes int64
+	// ImageCacheTenantBytes bounds one tenant's share of them: a tenant's
+	// images leave only for its own (0, or more than ImageCacheBytes: one
+	// share of it all).
+	ImageCacheBytes       int64
+	ImageCacheTenantBytes int64
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
 	// Clock tells the time detached sessions are kept by (lifetime.go);
@@ -126,7 +130,11 @@ func DefaultConfig() Config {
 		TenantMaxDetached: 4,
 		MaxGrace:          2 * time.Minute,
 		ImageCacheBytes:   1 << 30,
-		MMIO:              MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
+		// Two tenants' shares: a tenant alone on a node (a guest that
+		// brings its own kernels has the node to itself) still has half
+		// the cache, and the tenant before it keeps its images.
+		ImageCacheTenantBytes: 512 << 20,
+		MMIO:                  MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
 
@@ -140,6 +148,8 @@ func (c Config) validate() error {
 		return errors.New("max sessions and objects must be positive, max payload at least 4096")
 	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
 		return errors.New("session windows overflow the address space")
+	case c.ImageCacheBytes < 0 || c.ImageCacheTenantBytes < 0:
+		return errors.New("image cache bounds must not be negative")
 	case c.TenantMaxSessions <= 0 || c.TenantMaxDetached < 0 || c.MaxGrace < 0:
 		return errors.New("tenant session limits must be positive, detached limit and grace cap not negative")
 	case c.GuestKernels && c.MaxSessions != 1:
@@ -218,7 +228,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
-		images:    images.New(cfg.ImageCacheBytes),
+		images:    images.New(images.Config{Limit: cfg.ImageCacheBytes, Share: cfg.ImageCacheTenantBytes}),
 		slotFreed: make(chan struct{}),
 	}
 	s.termNow.Store(s.term)
@@ -569,6 +579,9 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	defer s.mu.Unlock()
 	sess.tenant = s.tenants.Get(open.Tenant) // counted by the caller
 	sess.mem.Attach(sess.objs, sess.tenant)
+	if sess.tenant != nil {
+		s.images.Opened(open.Tenant) // its share of the image cache stays its own
+	}
 	if s.repl != nil {
 		sess.setRecord(s.recorder(id))
 		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.Append(nil)})
@@ -622,6 +635,7 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 			t.Detached--
 		}
 		s.tenants.Drop(t)
+		s.images.Closed(t.ID)
 	}
 	s.signalSlotFreedLocked()
 	s.mu.Unlock()

@@ -16,7 +16,11 @@ func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.SizeVar(fs, &cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes, 1<<20, cli.MaxInt64,
 		"request bytes all guest connections may buffer together; a frame over it is refused")
 	cli.SizeVar(fs, &cfg.ImageCacheBytes, "guest.image-cache-bytes", cfg.ImageCacheBytes, 0, cli.MaxInt64,
-		"module images (cubins, fatbins) kept for the next process of the same tenant that loads them, named by hash instead of sent again (0: none)")
+		"module images (cubins, fatbins) kept for the next process of the same tenant that loads them, named by hash instead of sent again (0: none); "+
+			"shared out in --guest.image-cache-tenant-bytes shares")
+	cli.SizeVar(fs, &cfg.ImageCacheTenantBytes, "guest.image-cache-tenant-bytes", cfg.ImageCacheTenantBytes, 0, cli.MaxInt64,
+		"one tenant's share of --guest.image-cache-bytes: a tenant's images leave only for its own, never for another tenant's "+
+			"(a new tenant takes the share of one that has no session left; 0: one share of it all)")
 	cli.DurationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
 		"longest a session is kept for its guest to resume after its connection drops (a guest may ask for less)")
 	cli.SizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, cli.MaxUint64,
