@@ -112,7 +112,6 @@ func TestTenantMemoryQuota(t *testing.T) {
 func TestTenantSessionLimit(t *testing.T) {
 	cfg := hypervisor.DefaultConfig()
 	cfg.TenantMaxSessions = 2
-	cfg.TenantOvercommit = true // two tenants with the whole 1 GiB device each
 	cfg.Tenants = map[string]hypervisor.TenantQuota{"ip:127.0.0.3": {Memory: 1 << 30, Sessions: 3}}
 	e, addr := startTCP(t, cfg)
 	for i := 0; i < 2; i++ {
