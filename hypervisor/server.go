@@ -79,23 +79,28 @@ type Config struct {
 	// Per tenant (package tenancy): the device memory its sessions hold
 	// together, its open sessions, and those it may leave detached;
 	// Tenants overrides them for named tenants ("uid:1000", "cid:3",
-	// "ip:10.0.0.5").
+	// "ip:10.0.0.5", "ip:2001:db8:1:2::/64": an IPv6 tenant is its /64).
 	TenantMemoryQuota uint64
 	TenantMaxSessions int
 	TenantMaxDetached int
 	Tenants           map[string]TenantQuota
-	// TenantOvercommit admits every tenant; without it a new tenant whose
-	// memory quota no longer fits in DeviceMemory beside the admitted
-	// tenants' is refused (package tenancy, Admission).
+	// TenantOvercommit leaves DeviceMemory out of admission and
+	// allocation; without it a new tenant is refused while the tenants
+	// present have allocated all of it, and an allocation that does not
+	// fit beside theirs is refused (package tenancy).
 	TenantOvercommit bool
-	// DeviceMemory is the device memory tenants' quotas are reserved from
+	// DeviceMemory is the device memory tenants hold their allocations in
 	// (0: the backend's, where it says; else no admission).
 	DeviceMemory uint64
 	// MaxGrace caps the grace period a guest may ask for.
 	MaxGrace time.Duration
 	// ImageCacheBytes bounds the module images kept for the next process
 	// that loads them by hash (package images); 0 keeps none.
-	ImageCacheBytes int64
+	// ImageCacheTenantBytes bounds one tenant's share of them: a tenant's
+	// images leave only for its own (0, or more than ImageCacheBytes: one
+	// share of it all).
+	ImageCacheBytes       int64
+	ImageCacheTenantBytes int64
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
 	// Clock tells the time detached sessions are kept by (lifetime.go);
@@ -125,7 +130,11 @@ func DefaultConfig() Config {
 		TenantMaxDetached: 4,
 		MaxGrace:          2 * time.Minute,
 		ImageCacheBytes:   1 << 30,
-		MMIO:              MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
+		// Two tenants' shares: a tenant alone on a node (a guest that
+		// brings its own kernels has the node to itself) still has half
+		// the cache, and the tenant before it keeps its images.
+		ImageCacheTenantBytes: 512 << 20,
+		MMIO:                  MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
 
@@ -139,12 +148,28 @@ func (c Config) validate() error {
 		return errors.New("max sessions and objects must be positive, max payload at least 4096")
 	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
 		return errors.New("session windows overflow the address space")
+	case c.ImageCacheBytes < 0 || c.ImageCacheTenantBytes < 0:
+		return errors.New("image cache bounds must not be negative")
 	case c.TenantMaxSessions <= 0 || c.TenantMaxDetached < 0 || c.MaxGrace < 0:
 		return errors.New("tenant session limits must be positive, detached limit and grace cap not negative")
 	case c.GuestKernels && c.MaxSessions != 1:
 		return errors.New("--guest.kernels needs --guest.max-sessions 1: a guest-built kernel reaches every session's memory in its process (run one primary per guest)")
 	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
 		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
+	}
+	return c.validateTenants()
+}
+
+// validateTenants refuses two named tenants that are one (two IPv6
+// addresses of one /64: package tenancy).
+func (c Config) validateTenants() error {
+	named := map[string]string{}
+	for id := range c.Tenants {
+		canonical := tenancy.Canonical(id)
+		if other, ok := named[canonical]; ok {
+			return fmt.Errorf("tenants %s and %s are one tenant, %s (an IPv6 tenant is its /64 prefix)", min(id, other), max(id, other), canonical)
+		}
+		named[canonical] = id
 	}
 	return nil
 }
@@ -203,7 +228,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
-		images:    images.New(cfg.ImageCacheBytes),
+		images:    images.New(images.Config{Limit: cfg.ImageCacheBytes, Share: cfg.ImageCacheTenantBytes}),
 		slotFreed: make(chan struct{}),
 	}
 	s.termNow.Store(s.term)
@@ -554,6 +579,9 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	defer s.mu.Unlock()
 	sess.tenant = s.tenants.Get(open.Tenant) // counted by the caller
 	sess.mem.Attach(sess.objs, sess.tenant)
+	if sess.tenant != nil {
+		s.images.Opened(open.Tenant) // its share of the image cache stays its own
+	}
 	if s.repl != nil {
 		sess.setRecord(s.recorder(id))
 		s.repl.Append(replicate.Record{Session: id, Op: replicate.OpSessionOpen, Result: base, Body: open.Append(nil)})
@@ -607,6 +635,7 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 			t.Detached--
 		}
 		s.tenants.Drop(t)
+		s.images.Closed(t.ID)
 	}
 	s.signalSlotFreedLocked()
 	s.mu.Unlock()
@@ -679,8 +708,8 @@ type Status struct {
 	// them has been kept so on this node's clock.
 	Detached              int     `json:"detached_sessions"`
 	OldestDetachedSeconds float64 `json:"oldest_detached_seconds"`
-	// Tenancy: the device memory reserved for each tenant and what it
-	// uses (package tenancy).
+	// Tenancy: the device memory each tenant's sessions hold (package
+	// tenancy).
 	Tenancy TenancyStatus `json:"tenancy"`
 	// Images: the module images this node keeps by content (package images).
 	Images ImageStatus `json:"images"`

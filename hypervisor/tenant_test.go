@@ -2,6 +2,7 @@ package hypervisor_test
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -111,7 +112,6 @@ func TestTenantMemoryQuota(t *testing.T) {
 func TestTenantSessionLimit(t *testing.T) {
 	cfg := hypervisor.DefaultConfig()
 	cfg.TenantMaxSessions = 2
-	cfg.TenantOvercommit = true // two tenants with the whole 1 GiB device each
 	cfg.Tenants = map[string]hypervisor.TenantQuota{"ip:127.0.0.3": {Memory: 1 << 30, Sessions: 3}}
 	e, addr := startTCP(t, cfg)
 	for i := 0; i < 2; i++ {
@@ -200,11 +200,13 @@ func startTCPDevice(t *testing.T, cfg hypervisor.Config, mem uint64) (*env, stri
 	return e, ln.Addr().String()
 }
 
-// TestTenantAdmission: two tenants with 4 GiB quotas on a 6 GiB device:
-// the second is refused at admission (counted, and shown in the status
-// with what the first reserves and uses); with overcommit both are
-// admitted, the device runs out for the second, and the first keeps every
-// byte it allocated.
+// TestTenantAdmission: admission counts what tenants hold. Two tenants
+// with 4 GiB quotas on a 6 GiB device are both admitted; once they hold
+// the whole device an allocation that does not fit is refused
+// (device_full) and a third tenant is refused at admission (shown in the
+// status with what each holds) until one frees memory; with overcommit the
+// device's own allocator refuses, and the first tenant keeps every byte
+// it allocated.
 func TestTenantAdmission(t *testing.T) {
 	cfg := hypervisor.DefaultConfig()
 	cfg.MemoryQuota, cfg.TenantMemoryQuota = 4<<30, 4<<30
@@ -213,23 +215,41 @@ func TestTenantAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Alloc(1 << 30); err != nil {
+	pa, err := a.Alloc(4 << 30)
+	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = tenantGuest(t, addr, "127.0.0.3", "b")
-	if err == nil || !errors.Is(err, abi.StatusOutOfMemory) || !strings.Contains(err.Error(), "refused at admission") {
-		t.Fatalf("a second 4 GiB tenant on a 6 GiB device: %v; want a refusal at admission", err)
+	b, err := tenantGuest(t, addr, "127.0.0.3", "b")
+	if err != nil {
+		t.Fatalf("a second 4 GiB tenant on a 6 GiB device of which 4 GiB are held: %v; want it admitted", err)
 	}
-	if refusals(t, e, "tenant_admission") != 1 {
-		t.Error("the refusal was not counted")
+	if _, err := b.Alloc(2 << 30); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Alloc(2 << 20); !errors.Is(err, pvdriver.ErrOutOfMemory) || !strings.Contains(err.Error(), "does not fit in the device's memory") {
+		t.Fatalf("an allocation past the device's memory: %v; want a refusal", err)
+	}
+	_, err = tenantGuest(t, addr, "127.0.0.4", "c")
+	if err == nil || !errors.Is(err, abi.StatusOutOfMemory) || !strings.Contains(err.Error(), "refused at admission") {
+		t.Fatalf("a third tenant while the device is all held: %v; want a refusal at admission", err)
+	}
+	if refusals(t, e, "tenant_admission") != 1 || refusals(t, e, "device_full") != 1 {
+		t.Error("the refusals were not counted")
 	}
 	ten := e.srv.Status().Tenancy
-	if ten.DeviceMemoryBytes != 6<<30 || ten.ReservedBytes != 4<<30 || len(ten.Tenants) != 1 ||
-		ten.Tenants[0] != (hypervisor.TenantStatus{Tenant: "ip:127.0.0.2", Sessions: 1, ReservedBytes: 4 << 30, UsedBytes: 1 << 30}) {
+	if ten.DeviceMemoryBytes != 6<<30 || ten.UsedBytes != 6<<30 || len(ten.Tenants) != 2 ||
+		ten.Tenants[0] != (hypervisor.TenantStatus{Tenant: "ip:127.0.0.2", Sessions: 1, UsedBytes: 4 << 30}) ||
+		ten.Tenants[1] != (hypervisor.TenantStatus{Tenant: "ip:127.0.0.3", Sessions: 1, UsedBytes: 2 << 30}) {
 		t.Errorf("tenancy status: %+v", ten)
 	}
-	if red := e.srv.Status().Redacted().Tenancy.Tenants; len(red) != 1 || red[0].Tenant != "" {
+	if red := e.srv.Status().Redacted().Tenancy.Tenants; len(red) != 2 || red[0].Tenant != "" || red[1].Tenant != "" {
 		t.Errorf("redacted tenancy names its tenants: %+v", red)
+	}
+	if err := a.Free(pa); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenantGuest(t, addr, "127.0.0.4", "c"); err != nil {
+		t.Fatalf("a third tenant once the first freed its memory: %v", err)
 	}
 
 	cfg.TenantOvercommit = true
@@ -238,7 +258,7 @@ func TestTenantAdmission(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := tenantGuest(t, addr, "127.0.0.3", "b")
+	b, err = tenantGuest(t, addr, "127.0.0.3", "b")
 	if err != nil {
 		t.Fatalf("overcommit: the second tenant was refused: %v", err)
 	}
@@ -256,5 +276,141 @@ func TestTenantAdmission(t *testing.T) {
 	got := make([]byte, len(pattern))
 	if err := a.CopyDtoH(got, p+(4<<30)-pvdriver.DevicePtr(len(pattern))); err != nil || string(got) != string(pattern) {
 		t.Fatalf("the first tenant lost its allocation: %q, %v", got, err)
+	}
+}
+
+// TestIdleSessionLeavesRoom: with the default quotas (4 GiB a tenant) on
+// an 8 GiB device, a working tenant and an idle session of another tenant
+// keep no third tenant out (they filled admission when it counted quotas):
+// the third is admitted and allocates what the other two do not hold.
+func TestIdleSessionLeavesRoom(t *testing.T) {
+	e, addr := startTCPDevice(t, hypervisor.DefaultConfig(), 8<<30)
+	victim, err := tenantGuest(t, addr, "127.0.0.2", "victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := victim.Alloc(1 << 30); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tenantGuest(t, addr, "127.0.0.3", "idle"); err != nil {
+		t.Fatal(err)
+	}
+	for i, from := range []string{"127.0.0.4", "127.0.0.5"} {
+		c, err := tenantGuest(t, addr, from, "newcomer")
+		if err != nil {
+			t.Fatalf("tenant %s beside a working tenant and an idle session: %v", from, err)
+		}
+		if _, err := c.Alloc(3 << 30); err != nil {
+			t.Fatalf("newcomer %d: %v", i, err)
+		}
+	}
+	if n := refusals(t, e, "tenant_admission"); n != 0 {
+		t.Errorf("%v refusals at admission", n)
+	}
+	served(t, victim, "the working tenant")
+}
+
+// TestGraceSessionHoldsOnlyItsBytes: a session whose connection dropped,
+// kept for its 120 s grace period, holds what it allocated and nothing
+// more: two other tenants are admitted and allocate the rest of the
+// device; the expired session gives its bytes back.
+func TestGraceSessionHoldsOnlyItsBytes(t *testing.T) {
+	clock := newFakeClock()
+	cfg := hypervisor.DefaultConfig()
+	cfg.Clock = clock.Now
+	e, addr := startTCPDevice(t, cfg, 8<<30)
+	conn := dialFrom(t, addr, "127.0.0.3")
+	r := &raw{t: t, conn: conn, fr: abi.NewFrameReader(conn, 1<<20)}
+	var hello abi.HelloReply
+	if st, msg := r.send(abi.OpHello, 0, 1, &abi.Hello{GuestName: "dropped", GraceMS: 120000}, &hello); st != abi.StatusOK {
+		t.Fatal(msg)
+	}
+	if st, msg := r.send(abi.OpAlloc, 0, 1, &abi.Alloc{Size: 512 << 20}, &abi.AllocReply{}); st != abi.StatusOK {
+		t.Fatal(msg)
+	}
+	conn.Close()
+	waitSessionDetached(t, e.srv, hello.Session)
+	if ten := e.srv.Status().Tenancy; ten.UsedBytes != 512<<20 || len(ten.Tenants) != 1 ||
+		ten.Tenants[0] != (hypervisor.TenantStatus{Tenant: "ip:127.0.0.3", Sessions: 1, Detached: 1, UsedBytes: 512 << 20}) {
+		t.Fatalf("tenancy with one session in its grace period: %+v", ten)
+	}
+	a, err := tenantGuest(t, addr, "127.0.0.2", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tenantGuest(t, addr, "127.0.0.4", "c")
+	if err != nil {
+		t.Fatalf("a tenant beside another one and a session in its grace period: %v", err)
+	}
+	if _, err := a.Alloc(4 << 30); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Alloc(3<<30 + 512<<20); err != nil {
+		t.Fatalf("the device's memory less the grace session's 512 MiB: %v", err)
+	}
+	if _, err := c.Alloc(2 << 20); !errors.Is(err, pvdriver.ErrOutOfMemory) {
+		t.Fatalf("past the device with the grace session's 512 MiB held: %v", err)
+	}
+	clock.advance(2 * time.Minute)
+	e.srv.ExpireDetached()
+	if _, ok := sessionByID(e.srv, hello.Session); ok {
+		t.Fatal("the session outlived its grace period")
+	}
+	if _, err := c.Alloc(512 << 20); err != nil {
+		t.Fatalf("the expired session's bytes were not given back: %v", err)
+	}
+}
+
+// ipv6Conn is a guest connection that comes from an IPv6 address.
+type ipv6Conn struct {
+	net.Conn
+	from *net.TCPAddr
+}
+
+func (c ipv6Conn) RemoteAddr() net.Addr { return c.from }
+
+// TestIPv6TenantIsItsPrefix: guests from two addresses of one IPv6 /64 are
+// one tenant (its session limit holds for both); another /64 is another
+// tenant, and a quota named by any address of a /64 is that /64's.
+func TestIPv6TenantIsItsPrefix(t *testing.T) {
+	cfg := hypervisor.DefaultConfig()
+	cfg.TenantMaxSessions = 1
+	cfg.Tenants = map[string]hypervisor.TenantQuota{"ip:2001:db8:1:3::77": {Memory: 1 << 30, Sessions: 2, Detached: 1}}
+	e := start(t, cfg)
+	from := func(addr string) (*pvdriver.Client, error) {
+		guestEnd, nodeEnd := net.Pipe()
+		go e.srv.ServeConn(ipv6Conn{nodeEnd, &net.TCPAddr{IP: net.ParseIP(addr), Port: 40000}})
+		c, err := pvdriver.NewClient(guestEnd, pvdriver.Options{GuestName: addr})
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		} else {
+			guestEnd.Close()
+		}
+		return c, err
+	}
+	if _, err := from("2001:db8:1:2::1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := from("2001:db8:1:2:9f3c:11ff:fe00:42"); !errors.Is(err, pvdriver.ErrOutOfMemory) {
+		t.Fatalf("a second address of the same /64, its tenant limited to one session: %v", err)
+	}
+	for _, addr := range []string{"2001:db8:1:3::1", "2001:db8:1:3:ffff::2"} {
+		if _, err := from(addr); err != nil {
+			t.Fatalf("%s, of a /64 allowed two sessions: %v", addr, err)
+		}
+	}
+	if refusals(t, e, "tenant_sessions") != 1 {
+		t.Error("refusal not counted")
+	}
+	var ids []string
+	for _, ten := range e.srv.Status().Tenancy.Tenants {
+		ids = append(ids, fmt.Sprintf("%s=%d", ten.Tenant, ten.Sessions))
+	}
+	if got := strings.Join(ids, " "); got != "ip:2001:db8:1:2::/64=1 ip:2001:db8:1:3::/64=2" {
+		t.Errorf("tenants %s", got)
+	}
+	cfg.Tenants["ip:2001:db8:1:3::/64"] = hypervisor.TenantQuota{Memory: 1, Sessions: 1}
+	if _, err := hypervisor.NewServer(sim.New(1<<20), cfg, prometheus.NewRegistry(), quietLog()); err == nil || !strings.Contains(err.Error(), "one tenant") {
+		t.Errorf("two quotas for one /64: %v", err)
 	}
 }

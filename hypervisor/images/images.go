@@ -1,175 +1,113 @@
 // Package images keeps module images by content (abi.ImageHash) for a
-// hypervisor node: the images guests loaded recently, for the next process
-// that names one by hash, what the replication log carried to the standby
-// since the last resync (a primary), and what this standby received.
+// hypervisor node: the images each tenant's guests loaded recently, for
+// that tenant's next process that names one by hash; what the replication
+// log carried to the standby since the last resync (a primary); and what
+// this standby received.
 //
-// It owns those three stores and their byte bounds. It must never hand an
-// image to a tenant that did not send those bytes itself, and never load
-// one into a GPU: the session does.
+// It owns those stores, their byte bounds and each tenant's share of the
+// cache. It must never hand an image to a tenant that did not send those
+// bytes itself, never let one tenant's use of the cache evict or reveal
+// another's images, and never load an image into a GPU: the session does.
 package images
 
 import (
-	"container/list"
-	"fmt"
 	"sync"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
-	"github.com/vgpuha/vgpuha/replicate"
 )
 
 // A guest names an image by its hash first (OpModuleLoadCached) and sends
 // the bytes only when the node answers StatusUnknownImage; a full load
-// leaves its image in the node's cache. Two rules keep this safe:
+// leaves its image in its tenant's share of the cache. Three rules keep
+// this safe:
 //
 //   - A hit needs the guest's tenant to have sent those bytes itself
 //     before: another tenant cannot learn, by probing hashes, which
 //     libraries its neighbours run.
+//   - Each tenant has a share of its own (Config.Share bytes, its own least
+//     recently used order): its loads evict only its own images, and
+//     whether another tenant loaded the same image changes nothing it can
+//     see, at any cache size (a cache shared by all let a tenant learn, by
+//     which of its own images left, whether a neighbour had loaded one,
+//     and evict its neighbours' images at will). The cache holds
+//     Limit/Share shares; a share outlives its tenant's sessions (for the
+//     tenant's next process), and once every share is taken a new tenant
+//     takes the share of the tenant that left longest ago (no session
+//     open). A tenant with a session open never loses its share; a new
+//     tenant that finds every share held by such tenants caches nothing
+//     (its loads send their bytes) until one leaves.
 //   - A standby applies a cached load from its own store of images the
 //     log carried (OpImage records, at most shippedImageBytes since the
-//     last resync, never evicted in between): the primary writes an
-//     image into the log the first time a cached load of it is logged,
-//     and refuses the hit (the guest sends the bytes, which the load's
-//     record carries) once that budget is spent. Both sides reset at a
-//     resync, when the standby starts from a snapshot.
+//     last resync, never evicted in between): the primary writes an image
+//     into the log the first time a cached load of it by each tenant is
+//     logged (so that whether another tenant's load carried it first shows
+//     in no reply's timing), and refuses the hit (the guest sends the
+//     bytes, which the load's record carries) once that budget is spent.
+//     Both sides reset at a resync, when the standby starts from a
+//     snapshot. The budget is the node's, not a tenant's: a tenant that
+//     spends it makes every tenant's loads by hash send their bytes until
+//     the next resync (slower, never wrong).
 
-// shippedImageBytes bounds the images a primary carries to its standby
-// between two resyncs (the standby keeps them all).
-const shippedImageBytes = 2 << 30
+// Config bounds the cache.
+type Config struct {
+	// Limit bounds the images the cache keeps, all shares together (0:
+	// none).
+	Limit int64
+	// Share bounds one tenant's images (0, or more than Limit: Limit).
+	Share int64
+}
 
-// Cache holds the images guests loaded recently, up to a byte bound,
-// least recently used first out. Images held by loaded modules stay in
-// memory through their sessions either way; the cache only keeps them
-// for the next process.
+// Cache holds the images each tenant's guests loaded recently, up to its
+// share's bound, least recently used first out. Images held by loaded
+// modules stay in memory through their sessions either way; the cache
+// only keeps them for the next process.
+//
+// Lock order: mu is a leaf.
 type Cache struct {
-	mu      sync.Mutex
-	limit   int64
-	bytes   int64
-	entries map[abi.ImageHash]*list.Element // of *cachedImage
-	lru     list.List                       // front: most recently used
+	mu     sync.Mutex
+	share  int64 // one tenant's bound
+	shares int   // how many the cache holds
+	// byTenant is each tenant's share; sessions counts each tenant's open
+	// sessions (Opened, Closed), left orders the shares of tenants with
+	// none (Closed numbers them as they go).
+	byTenant map[string]*share
+	sessions map[string]int
+	lefts    uint64
 	// shipped is what the log carried to the standby since the last
-	// resync (primary); replica is what the standby received (standby).
-	shipped      map[abi.ImageHash]bool
+	// resync, by tenant (primary); replica is what the standby received
+	// (standby).
+	shipped      map[shipment]bool
 	shippedBytes int64
 	replica      map[abi.ImageHash]*abi.ModuleImage
 	replicaBytes int64
 }
 
-type cachedImage struct {
-	hash    abi.ImageHash
-	img     *abi.ModuleImage
-	size    int64
-	tenants map[string]bool
-}
-
-// New returns a cache of at most limit bytes of images.
-func New(limit int64) *Cache {
-	return &Cache{limit: limit, entries: map[abi.ImageHash]*list.Element{},
-		shipped: map[abi.ImageHash]bool{}, replica: map[abi.ImageHash]*abi.ModuleImage{}}
-}
-
-// Put keeps img (size encoded bytes, hashing to h) for tenant.
-func (c *Cache) Put(h abi.ImageHash, img *abi.ModuleImage, size int64, tenant string) {
-	if size > c.limit {
-		return
+// New returns a cache bounded by cfg.
+func New(cfg Config) *Cache {
+	c := &Cache{byTenant: map[string]*share{}, sessions: map[string]int{},
+		shipped: map[shipment]bool{}, replica: map[abi.ImageHash]*abi.ModuleImage{}}
+	if cfg.Limit > 0 {
+		c.share = cfg.Limit
+		if cfg.Share > 0 && cfg.Share < cfg.Limit {
+			c.share = cfg.Share
+		}
+		c.shares = int(cfg.Limit / c.share)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.entries[h]; ok {
-		e.Value.(*cachedImage).tenants[tenant] = true
-		c.lru.MoveToFront(e)
-		return
-	}
-	c.entries[h] = c.lru.PushFront(&cachedImage{hash: h, img: img, size: size, tenants: map[string]bool{tenant: true}})
-	c.bytes += size
-	for c.bytes > c.limit {
-		old := c.lru.Remove(c.lru.Back()).(*cachedImage)
-		delete(c.entries, old.hash)
-		c.bytes -= old.size
-	}
-}
-
-// Get returns the image hashing to h, and its encoded size, if tenant
-// sent it before.
-func (c *Cache) Get(h abi.ImageHash, tenant string) (*abi.ModuleImage, int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.entries[h]
-	if !ok || !e.Value.(*cachedImage).tenants[tenant] {
-		return nil, 0
-	}
-	c.lru.MoveToFront(e)
-	ci := e.Value.(*cachedImage)
-	return ci.img, ci.size
-}
-
-// Ship makes sure the standby will hold img (hashing to h) when it applies
-// the next record that names it: it appends an OpImage record the first
-// time. It reports false when the shipping budget is spent.
-func (c *Cache) Ship(h abi.ImageHash, img *abi.ModuleImage, log *replicate.Log) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.shipped[h] {
-		return true
-	}
-	body := img.Append(nil)
-	if c.shippedBytes+int64(len(body)) > shippedImageBytes {
-		return false
-	}
-	c.shipped[h] = true
-	c.shippedBytes += int64(len(body))
-	log.Append(replicate.Record{Op: replicate.OpImage, Body: body})
-	return true
-}
-
-// ResetShipped forgets what the standby holds: a resync starts it afresh.
-func (c *Cache) ResetShipped() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.shipped, c.shippedBytes = map[abi.ImageHash]bool{}, 0
-}
-
-// Receive keeps an image the log carried (a standby applying OpImage).
-func (c *Cache) Receive(body []byte) error {
-	img, err := abi.DecodeModuleImage(body)
-	if err != nil {
-		return fmt.Errorf("image record: %w", err)
-	}
-	h := abi.HashImage(body)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.replica[h] != nil {
-		return nil
-	}
-	if c.replicaBytes+int64(len(body)) > shippedImageBytes {
-		return fmt.Errorf("image record: the primary carried more than %d bytes of images since the resync", shippedImageBytes)
-	}
-	c.replica[h] = img
-	c.replicaBytes += int64(len(body))
-	return nil
-}
-
-// Received returns an image the log carried.
-func (c *Cache) Received(h abi.ImageHash) *abi.ModuleImage {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.replica[h]
-}
-
-// ResetReceived drops the carried images (a standby applying OpReset).
-func (c *Cache) ResetReceived() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.replica, c.replicaBytes = map[abi.ImageHash]*abi.ModuleImage{}, 0
+	return c
 }
 
 // Status describes the images a node keeps by content.
 type Status struct {
-	// Cached images (and their bytes) wait for the next guest that names
-	// them by hash.
+	// Cached images (and their bytes) wait for the next guest of their
+	// tenant that names them by hash; Tenants is how many tenants have a
+	// share, of the Shares the cache holds.
 	Cached      int   `json:"cached"`
 	CachedBytes int64 `json:"cached_bytes"`
+	Tenants     int   `json:"tenants"`
+	Shares      int   `json:"shares"`
 	// Shipped: images the log carried to the standby since the last
-	// resync (a primary); Received: those this standby holds.
+	// resync (a primary), one per tenant that loaded it by hash;
+	// Received: those this standby holds.
 	Shipped  int `json:"shipped"`
 	Received int `json:"received"`
 }
@@ -178,5 +116,10 @@ type Status struct {
 func (c *Cache) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Status{Cached: len(c.entries), CachedBytes: c.bytes, Shipped: len(c.shipped), Received: len(c.replica)}
+	st := Status{Tenants: len(c.byTenant), Shares: c.shares, Shipped: len(c.shipped), Received: len(c.replica)}
+	for _, sh := range c.byTenant {
+		st.Cached += len(sh.entries)
+		st.CachedBytes += sh.bytes
+	}
+	return st
 }

@@ -163,7 +163,7 @@ func (o *Set) ModuleLoadCached(r *abi.ModuleLoadCached) (abi.Body, error) {
 		return o.loadImage(img)
 	}
 	img, size := images.Get(r.Hash, o.cfg.Tenant)
-	if img == nil || o.log != nil && !images.Ship(r.Hash, img, o.log) {
+	if img == nil || o.log != nil && !images.Ship(r.Hash, img, o.cfg.Tenant, o.log) {
 		return nil, guesterr.Fail(abi.StatusUnknownImage, "this node holds no image %x for tenant %s; send its bytes", r.Hash[:8], o.cfg.Tenant)
 	}
 	o.cfg.ImageBytes("cache", size)

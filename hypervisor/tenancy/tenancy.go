@@ -2,26 +2,54 @@
 // guest is its sessions, but one guest may open many, so quotas also hold
 // per tenant, the identity the transport vouches for (never what the guest
 // says): a VM's vsock CID, a local process's uid (SO_PEERCRED on the unix
-// socket), a remote IP for tcp. Per tenant: the device memory its
-// sessions hold together, how many sessions it has open, and how many it
-// may leave detached (kept for a resume); and, at its first session, its
-// admission to the device.
+// socket), a remote address for tcp: the IP for IPv4, the /64 prefix for
+// IPv6 (a host is routinely given a whole /64, so one host must not be
+// 2^64 tenants). Per tenant: the device memory its sessions hold
+// together, how many sessions it has open, and how many it may leave
+// detached (kept for a resume); and, at its first session, its admission
+// to the device.
 //
-// It owns the tenants present, their quotas and reservations, and each
-// tenant's memory count. It must never take a tenant's identity from the
-// guest, and never decide a session's life: the server counts sessions in
-// and out (Tenant.Sessions, Tenant.Detached).
+// It owns the tenants present, their quotas, each tenant's memory count
+// and the count of the device memory they hold together. It must never
+// take a tenant's identity from the guest, never count toward the device
+// what a tenant might allocate but has not, and never decide a session's
+// life: the server counts sessions in and out (Tenant.Sessions,
+// Tenant.Detached).
+//
+// Admission counts what tenants hold, not what they might hold. A new
+// tenant is admitted while the tenants present hold less than the whole
+// device; an allocation is refused (refusals{reason="device_full"}) when
+// it does not fit beside what every tenant holds, and (tenant_memory)
+// when it takes its tenant past its quota. An earlier rule reserved each
+// admitted tenant's whole quota while it held a session, which guaranteed
+// that quota but let the cheapest thing a guest can do (open a session and
+// sit on it, or drop its connection and leave the session in its grace
+// period) keep every other tenant off the device: with 4 GiB quotas on an
+// 8 GiB device two idle sessions refused everyone. Counting held bytes
+// makes keeping others out cost the memory itself, and no tenant can hold
+// more than its quota: an idle session holds exactly what it allocated,
+// and a session in its grace period (no connection; at most
+// --tenant.max-detached per tenant, for at most --guest.max-grace) holds
+// its allocations, which its guest's resume needs, and nothing more. The
+// price is that no tenant is guaranteed its quota: allocations are first
+// come, first served up to each tenant's quota; an operator who wants a
+// guarantee gives quotas that sum to at most the device. Config.Overcommit
+// leaves the device count out (every tenant admitted, every allocation
+// within its quota tried on the device, whose own allocator then refuses).
+// A standby's replicas of the primary's sessions are admitted by the
+// primary.
 //
 // Lock order: the server's lock (which guards a Registry and every
-// Tenant's Sessions and Detached), then a session's, then Tenant.mu (a
-// leaf, for the memory count, which allocations change under a session's
-// lock alone).
+// Tenant's Sessions and Detached), then a session's, then Tenant.mu, then
+// the device count's lock (leaves, for the memory counts, which
+// allocations change under a session's lock alone).
 package tenancy
 
 import (
 	"fmt"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/mdlayher/vsock"
@@ -39,9 +67,10 @@ type Quota struct {
 	Sessions, Detached int
 }
 
-// Config is the node's tenancy: the default quota, named tenants' own,
-// whether every tenant is admitted, and the device memory reservations
-// are made from (0: no admission).
+// Config is the node's tenancy: the default quota, named tenants' own
+// (by ID: see Canonical), whether the device's memory is left out of
+// admission and allocation, and the device memory tenants hold their
+// allocations in (0: unknown, no admission).
 type Config struct {
 	Default      Quota
 	Tenants      map[string]Quota
@@ -56,8 +85,9 @@ type Tenant struct {
 	// Sessions and Detached are guarded by the server's lock.
 	Sessions, Detached int
 
-	mu    sync.Mutex
-	bytes uint64
+	device *deviceCount
+	mu     sync.Mutex
+	bytes  uint64
 }
 
 // Registry is the tenants present: those with sessions or memory. The
@@ -65,11 +95,18 @@ type Tenant struct {
 type Registry struct {
 	cfg     Config
 	tenants map[string]*Tenant
+	device  *deviceCount
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry(cfg Config) *Registry {
-	return &Registry{cfg: cfg, tenants: map[string]*Tenant{}}
+	named := make(map[string]Quota, len(cfg.Tenants))
+	for id, q := range cfg.Tenants {
+		named[Canonical(id)] = q
+	}
+	cfg.Tenants = named
+	return &Registry{cfg: cfg, tenants: map[string]*Tenant{},
+		device: &deviceCount{size: cfg.DeviceMemory, overcommit: cfg.Overcommit}}
 }
 
 // Of names the tenant on the other end of conn.
@@ -78,12 +115,46 @@ func Of(conn net.Conn) string {
 	case *vsock.Addr:
 		return fmt.Sprintf("cid:%d", a.ContextID)
 	case *net.TCPAddr:
-		return "ip:" + a.IP.String()
+		return OfIP(a.IP)
 	}
 	if _, uid, ok := mmiotrace.PeerCred(conn); ok {
 		return fmt.Sprintf("uid:%d", uid)
 	}
 	return "local:" + conn.RemoteAddr().Network() // an in-process pipe (tests)
+}
+
+// ipv6TenantBits is the prefix of an IPv6 address that names its tenant:
+// a /64 is one link's, routinely all one host's (SLAAC, privacy
+// addresses, a VM's delegated prefix).
+const ipv6TenantBits = 64
+
+// OfIP names the tenant of a remote IP: "ip:" and the IPv4 address
+// (IPv4-mapped IPv6 ones included), or the IPv6 address's /64 prefix
+// ("ip:2001:db8:1:2::/64"; a zone is not part of it).
+func OfIP(ip net.IP) string {
+	if ip4 := ip.To4(); ip4 != nil {
+		return "ip:" + ip4.String()
+	}
+	if len(ip) != net.IPv6len {
+		return "ip:" + ip.String()
+	}
+	return fmt.Sprintf("ip:%s/%d", ip.Mask(net.CIDRMask(ipv6TenantBits, 8*net.IPv6len)), ipv6TenantBits)
+}
+
+// Canonical is the tenant a configured ID names: an "ip:" ID with an IPv6
+// address (or any prefix of one, "/64" or not) is its /64 (OfIP); every
+// other ID is itself.
+func Canonical(id string) string {
+	addr, ok := strings.CutPrefix(id, "ip:")
+	if !ok {
+		return id
+	}
+	addr, _, _ = strings.Cut(addr, "/")
+	ip := net.ParseIP(addr)
+	if ip == nil {
+		return id
+	}
+	return OfIP(ip)
 }
 
 // Get returns tenant id's entry, creating it; nil for no tenant (a
@@ -94,7 +165,7 @@ func (r *Registry) Get(id string) *Tenant {
 	}
 	t := r.tenants[id]
 	if t == nil {
-		t = &Tenant{ID: id, Quota: r.QuotaOf(id)}
+		t = &Tenant{ID: id, Quota: r.QuotaOf(id), device: r.device}
 		r.tenants[id] = t
 	}
 	return t
@@ -113,18 +184,6 @@ func (r *Registry) Drop(t *Tenant) {
 	}
 }
 
-// Admission: a tenant's memory quota is also what the device reserves
-// for it while it holds a session or memory, so that an operator can
-// guarantee every admitted tenant its whole quota. A new tenant whose
-// reservation no longer fits in the device's memory beside the others'
-// is refused at its first hello (refusals{reason="tenant_admission"}),
-// unless Config.Overcommit admits it anyway; then allocations are first
-// come, first served, and a device that runs out refuses the next
-// allocation, never taking back one made. A reservation is the quota, or
-// the whole device where the quota is larger (one tenant is always
-// admitted). A standby's replicas of the primary's sessions are admitted
-// by the primary.
-
 // DeviceMemory is the device memory admission shares out: configured, or
 // the backend's (gpu.DeviceDescriber); 0 where unknown (no admission).
 func DeviceMemory(backend gpu.Backend, configured uint64) uint64 {
@@ -139,35 +198,17 @@ func DeviceMemory(backend gpu.Backend, configured uint64) uint64 {
 	return 0
 }
 
-// reservation is what the device keeps for a tenant with quota q.
-func (r *Registry) reservation(q Quota) uint64 {
-	if r.cfg.DeviceMemory == 0 {
-		return q.Memory
-	}
-	return min(q.Memory, r.cfg.DeviceMemory)
-}
-
-// reserved sums the reservations of the tenants present.
-func (r *Registry) reserved() uint64 {
-	var sum uint64
-	for _, t := range r.tenants {
-		sum += r.reservation(t.Quota)
-	}
-	return sum
-}
-
-// Admit returns tenant id's entry, admitting it first if it is new and its
-// reservation fits beside the others' (or overcommit is set).
+// Admit returns tenant id's entry, admitting it first if it is new: while
+// the tenants present hold less than the whole device (or with
+// overcommit). What a tenant might allocate is not counted (package doc).
 func (r *Registry) Admit(id string) (*Tenant, error) {
-	if id == "" || r.tenants[id] != nil || r.cfg.Overcommit || r.cfg.DeviceMemory == 0 {
+	if id == "" || r.tenants[id] != nil || r.device.unlimited() {
 		return r.Get(id), nil
 	}
-	q := r.QuotaOf(id)
-	reserved, want := r.reserved(), r.reservation(q)
-	if reserved+want > r.cfg.DeviceMemory || reserved+want < reserved {
+	if held, size := r.device.usage(); held >= size {
 		return nil, guesterr.Refuse(guesterr.TenantAdmission, abi.StatusOutOfMemory,
-			"tenant %s refused at admission: its quota of %d bytes does not fit in the device's %d bytes beside the %d reserved for %d other tenants "+
-				"(each is guaranteed its quota; --tenant.overcommit admits it anyway)", id, want, r.cfg.DeviceMemory, reserved, len(r.tenants))
+			"tenant %s refused at admission: the %d tenants present have allocated all %d bytes of the device's memory "+
+				"(--tenant.overcommit admits it anyway)", id, len(r.tenants), size)
 	}
 	return r.Get(id), nil
 }
@@ -180,39 +221,38 @@ func (r *Registry) QuotaOf(id string) Quota {
 	return r.cfg.Default
 }
 
-// TenantStatus is one tenant in /status: what the device reserves for it
-// and what its sessions hold.
+// TenantStatus is one tenant in /status: what its sessions hold.
 type TenantStatus struct {
-	Tenant        string `json:"tenant,omitempty"`
-	Sessions      int    `json:"sessions"`
-	ReservedBytes uint64 `json:"reserved_bytes"`
-	UsedBytes     uint64 `json:"used_bytes"`
+	Tenant    string `json:"tenant,omitempty"`
+	Sessions  int    `json:"sessions"`
+	Detached  int    `json:"detached"`
+	UsedBytes uint64 `json:"used_bytes"`
 }
 
-// Status is the device's share-out among tenants.
+// Status is the device's memory as its tenants hold it.
 type Status struct {
 	DeviceMemoryBytes uint64         `json:"device_memory_bytes"`
-	ReservedBytes     uint64         `json:"reserved_bytes"`
+	UsedBytes         uint64         `json:"used_bytes"`
 	Overcommit        bool           `json:"overcommit"`
 	Tenants           []TenantStatus `json:"tenants"`
 }
 
 // Status reports every tenant present, by id.
 func (r *Registry) Status() Status {
-	ts := Status{DeviceMemoryBytes: r.cfg.DeviceMemory, Overcommit: r.cfg.Overcommit, Tenants: []TenantStatus{}}
+	held, _ := r.device.usage()
+	ts := Status{DeviceMemoryBytes: r.cfg.DeviceMemory, UsedBytes: held, Overcommit: r.cfg.Overcommit, Tenants: []TenantStatus{}}
 	for _, t := range r.tenants {
 		t.mu.Lock()
 		used := t.bytes
 		t.mu.Unlock()
-		res := r.reservation(t.Quota)
-		ts.ReservedBytes += res
-		ts.Tenants = append(ts.Tenants, TenantStatus{Tenant: t.ID, Sessions: t.Sessions, ReservedBytes: res, UsedBytes: used})
+		ts.Tenants = append(ts.Tenants, TenantStatus{Tenant: t.ID, Sessions: t.Sessions, Detached: t.Detached, UsedBytes: used})
 	}
 	sort.Slice(ts.Tenants, func(i, j int) bool { return ts.Tenants[i].Tenant < ts.Tenants[j].Tenant })
 	return ts
 }
 
-// Reserve takes n bytes of the tenant's memory quota; a nil tenant has none.
+// Reserve takes n bytes of the tenant's memory quota and of the device's
+// memory; a nil tenant has neither.
 func (t *Tenant) Reserve(n uint64) error {
 	if t == nil {
 		return nil
@@ -223,16 +263,66 @@ func (t *Tenant) Reserve(n uint64) error {
 		return guesterr.Refuse(guesterr.TenantMemory, abi.StatusOutOfMemory,
 			"alloc of %d bytes exceeds the quota of tenant %s (%d of %d bytes in use by its sessions; --tenant.memory-quota-bytes)", n, t.ID, t.bytes, t.Quota.Memory)
 	}
+	if held, ok := t.device.take(n); !ok {
+		return guesterr.Refuse(guesterr.DeviceFull, abi.StatusOutOfMemory,
+			"alloc of %d bytes does not fit in the device's memory: its tenants have allocated %d of its %d bytes", n, held, t.device.size)
+	}
 	t.bytes += n
 	return nil
 }
 
-// Release gives n bytes back to the tenant's memory quota.
+// Release gives n bytes back to the tenant's memory quota and the device.
 func (t *Tenant) Release(n uint64) {
 	if t == nil {
 		return
 	}
 	t.mu.Lock()
-	t.bytes -= min(n, t.bytes)
+	n = min(n, t.bytes)
+	t.bytes -= n
+	t.device.give(n)
 	t.mu.Unlock()
+}
+
+// deviceCount is the device memory every tenant holds together, against
+// the device's size; the registry and each of its tenants share it.
+type deviceCount struct {
+	size       uint64 // 0: unknown
+	overcommit bool
+
+	mu   sync.Mutex
+	held uint64
+}
+
+// unlimited reports whether the device's size is left out of admission
+// and allocation.
+func (d *deviceCount) unlimited() bool { return d.overcommit || d.size == 0 }
+
+// usage is the bytes held and the device's size.
+func (d *deviceCount) usage() (held, size uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.held, d.size
+}
+
+// take counts n more bytes held if they fit in the device (always, when
+// unlimited); it returns the bytes held before.
+func (d *deviceCount) take(n uint64) (held uint64, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	held = d.held
+	if !d.unlimited() && n > d.size-min(held, d.size) {
+		return held, false
+	}
+	if held+n < held {
+		return held, false
+	}
+	d.held += n
+	return held, true
+}
+
+// give counts n bytes no longer held.
+func (d *deviceCount) give(n uint64) {
+	d.mu.Lock()
+	d.held -= min(n, d.held)
+	d.mu.Unlock()
 }

@@ -16,18 +16,23 @@ func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.SizeVar(fs, &cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes, 1<<20, cli.MaxInt64,
 		"request bytes all guest connections may buffer together; a frame over it is refused")
 	cli.SizeVar(fs, &cfg.ImageCacheBytes, "guest.image-cache-bytes", cfg.ImageCacheBytes, 0, cli.MaxInt64,
-		"module images (cubins, fatbins) kept for the next process of the same tenant that loads them, named by hash instead of sent again (0: none)")
+		"module images (cubins, fatbins) kept for the next process of the same tenant that loads them, named by hash instead of sent again (0: none); "+
+			"shared out in --guest.image-cache-tenant-bytes shares")
+	cli.SizeVar(fs, &cfg.ImageCacheTenantBytes, "guest.image-cache-tenant-bytes", cfg.ImageCacheTenantBytes, 0, cli.MaxInt64,
+		"one tenant's share of --guest.image-cache-bytes: a tenant's images leave only for its own, never for another tenant's "+
+			"(a new tenant takes the share of one that has no session left; 0: one share of it all)")
 	cli.DurationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
 		"longest a session is kept for its guest to resume after its connection drops (a guest may ask for less)")
 	cli.SizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, cli.MaxUint64,
-		"device memory all sessions of one tenant (vsock CID, local uid, or remote IP) may allocate together; "+
-			"also what the device reserves for each tenant it admits (--tenant.overcommit)")
+		"device memory all sessions of one tenant (vsock CID, local uid, remote IPv4 address or IPv6 /64) may allocate together; "+
+			"allocations are first come, first served within the device's memory (quotas that sum to at most the device guarantee each tenant its own)")
 	fs.BoolVar(&cfg.TenantOvercommit, "tenant.overcommit", false,
-		"admit every tenant; without it a tenant whose --tenant.memory-quota-bytes no longer fits in the device's memory beside the admitted tenants' is refused at its first session, so each admitted tenant is guaranteed its quota")
+		"leave the device's memory to its own allocator; without it a new tenant is refused at its first session while the tenants present have allocated the whole device, "+
+			"and an allocation that does not fit beside what they hold is refused (admission counts what tenants hold, never their quotas)")
 	cli.IntVar(fs, &cfg.TenantMaxSessions, "tenant.max-sessions", cfg.TenantMaxSessions, 1, cli.MaxInt, "sessions one tenant may have open")
 	cli.IntVar(fs, &cfg.TenantMaxDetached, "tenant.max-detached", cfg.TenantMaxDetached, 0, cli.MaxInt,
 		"sessions one tenant may leave detached (kept for a resume); one more is freed when its connection drops")
-	fs.Func("tenant.quota", "limits for one tenant, repeatable: ID=MEMORY,SESSIONS,DETACHED (ID: cid:N, uid:N or ip:ADDR; MEMORY a size: 8GiB)", func(v string) error {
+	fs.Func("tenant.quota", "limits for one tenant, repeatable: ID=MEMORY,SESSIONS,DETACHED (ID: cid:N, uid:N or ip:ADDR, an IPv6 address naming its /64; MEMORY a size: 8GiB)", func(v string) error {
 		id, q, err := parseTenantQuota(v)
 		if err != nil {
 			return err

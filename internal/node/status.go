@@ -35,8 +35,8 @@ type Status struct {
 	DetachedSessions  int    `json:"detached_sessions"`
 	DeviceObjects     int    `json:"device_objects"`
 	DeviceMemoryBytes uint64 `json:"device_memory_bytes"`
-	// Tenancy: the device memory reserved for each tenant (its quota)
-	// and what its sessions use (hypervisor/tenancy).
+	// Tenancy: the device memory each tenant's sessions hold, and the
+	// device's (hypervisor/tenancy).
 	Tenancy     hypervisor.TenancyStatus `json:"tenancy"`
 	Replication Replication              `json:"replication"`
 	// Promotion is this node's takeover (null if it never took over).

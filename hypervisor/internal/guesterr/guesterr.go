@@ -66,13 +66,14 @@ const (
 	TenantSessions  = "tenant_sessions"  // session over the tenant's limit
 	TenantDetached  = "tenant_detached"  // detached session over the tenant's limit: freed
 	GraceCapped     = "grace_capped"     // grace asked above the cap (granted the cap)
-	TenantAdmission = "tenant_admission" // a new tenant whose quota no longer fits in the device
+	TenantAdmission = "tenant_admission" // a new tenant while its tenants hold the whole device
+	DeviceFull      = "device_full"      // an allocation that does not fit beside what the tenants hold
 )
 
 // Reasons lists every refusal class (each series exists from the start).
 var Reasons = []string{SessionFailed, ReplayMismatch, RequestID, UnknownRequest, ResumeToken,
 	ResumeAttached, BufferBudget, TenantMemory, TenantSessions, TenantDetached,
-	GraceCapped, TenantAdmission}
+	GraceCapped, TenantAdmission, DeviceFull}
 
 // refused is a request refused for a reason operators count and see in
 // the log (a guest probing the node leaves a trace).

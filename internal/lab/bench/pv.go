@@ -224,8 +224,8 @@ func pvTargets(opts PVOptions, dir string) (targets []target, closeAll func(), e
 	}
 	cfg := hypervisor.DefaultConfig()
 	// The benchmark's guests reach the node as several tenants (a uid over
-	// unix sockets, an address over TCP) on a device smaller than two
-	// default quotas: admit them all, it measures calls, not admission.
+	// unix sockets, an address over TCP): leave the device's memory to its
+	// own allocator, it measures calls, not admission.
 	cfg.TenantOvercommit = true
 	srv, err := hypervisor.NewServer(backend, cfg, prometheus.NewRegistry(),
 		slog.New(slog.NewTextHandler(io.Discard, nil)))
