@@ -44,8 +44,13 @@ func (s *Session) objectRecords() []replicate.Record {
 	open := sessionOpen{Guest: s.guest, Token: s.token, Tenant: s.tenantID, Grace: s.grace, GraceKnown: true}
 	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.mem.Base(), Body: open.Append(nil)}}
 	for _, r := range s.mem.Ranges() {
-		recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
+		if !s.mem.Mapped(r.Addr) {
+			recs = append(recs, placed(s.id, abi.OpAlloc, &abi.Alloc{Size: r.Size}, r.Addr))
+		}
 	}
+	s.mem.MappingRecords(func(op abi.Opcode, body abi.Body, addr uint64) {
+		recs = append(recs, placed(s.id, op, body, addr))
+	})
 	recs = append(recs, s.objs.Records(func(op abi.Opcode, body abi.Body, result uint64) replicate.Record {
 		return placed(s.id, op, body, result)
 	})...)

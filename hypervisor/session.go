@@ -145,6 +145,10 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpGlobalWrite:      onObjects((*objects.Set).GlobalWrite),
 	abi.OpGlobalRead:       onObjects((*objects.Set).GlobalRead),
 	abi.OpModuleLoadCached: onObjects((*objects.Set).ModuleLoadCached),
+	abi.OpAddressReserve:   onMemory((*devmem.Memory).AddressReserve),
+	abi.OpAddressFree:      onMemory((*devmem.Memory).AddressFree),
+	abi.OpMemMap:           onMemory((*devmem.Memory).MemMap),
+	abi.OpMemUnmap:         onMemory((*devmem.Memory).MemUnmap),
 }
 
 // Serve runs one request (guestconn.Session) and returns its reply body.
@@ -251,8 +255,8 @@ func (s *Session) attach(grace time.Duration) {
 }
 
 func (s *Session) free(r *abi.Free) (abi.Body, error) {
-	if _, ok := s.mem.Allocation(r.Ptr); !ok {
-		return nil, fail(abi.StatusInvalidValue, "free: no allocation of this session starts at %#x", r.Ptr)
+	if _, ok := s.mem.Allocation(r.Ptr); !ok || s.mem.Mapped(r.Ptr) {
+		return nil, fail(abi.StatusInvalidValue, "free: no allocation of this session starts at %#x (a mapping is unmapped, not freed)", r.Ptr)
 	}
 	if s.mmio != nil {
 		s.mmio.Drop(r.Ptr)

@@ -65,8 +65,15 @@ type Memory struct {
 	// delta is added to a guest address to get the backend's address: zero
 	// when the backend placed the window where asked (identical addresses),
 	// non-zero on a standby whose backend refused the base (translated).
-	delta  uint64
-	ranges handlemap.Ranges
+	delta uint64
+	// ranges are the allocations and mappings (vmm.go), which hold device
+	// memory; mapped marks the mappings among them. reserved are the
+	// reservations (vmm.go), and space the window's taken ranges: the
+	// allocations and the reservations, where nothing else may be placed.
+	ranges   handlemap.Ranges
+	mapped   map[uint64]bool
+	reserved handlemap.Ranges
+	space    handlemap.Ranges
 	// placed, when non-zero, is the address the next alloc must use (a
 	// resync rebuilding an allocation where the primary had it).
 	placed uint64
@@ -113,6 +120,7 @@ func (m *Memory) Free(ptr uint64) error {
 	if r, ok := m.ranges.Remove(ptr); ok {
 		m.tenant.Release(r.Size)
 	}
+	m.space.Remove(ptr)
 	return nil
 }
 
@@ -126,10 +134,7 @@ func (m *Memory) SetHost(h *guestconn.Region) { m.host = h }
 func (m *Memory) StreamFrom(data *abi.InPlace) { m.inPlace = data }
 
 // Contains implements objects.Memory.
-func (m *Memory) Contains(addr, n uint64) bool {
-	_, ok := m.ranges.Find(addr, n)
-	return ok
-}
+func (m *Memory) Contains(addr, n uint64) bool { return m.spans(addr, n) }
 
 // Delta implements objects.Memory.
 func (m *Memory) Delta() uint64 { return m.delta }
@@ -176,17 +181,18 @@ func (m *Memory) Queued() (gpu.QueuedCopier, bool) {
 // session is closed; its context frees the device memory).
 func (m *Memory) Release() {
 	m.tenant.Release(m.ranges.Total())
-	m.ranges = handlemap.Ranges{}
+	m.ranges, m.space, m.reserved, m.mapped = handlemap.Ranges{}, handlemap.Ranges{}, handlemap.Ranges{}, nil
 }
 
 // dev translates a guest device address to the backend's.
 func (m *Memory) dev(addr uint64) uint64 { return addr + m.delta }
 
 // CheckRange reports whether [addr, addr+n) lies inside one of this
-// session's allocations. It is the isolation check: no request may name
-// device memory the session did not allocate.
+// session's allocations, or in mappings that follow one another. It is
+// the isolation check: no request may name device memory the session did
+// not allocate.
 func (m *Memory) CheckRange(addr, n uint64, what string) error {
-	if _, ok := m.ranges.Find(addr, n); !ok {
+	if !m.spans(addr, n) {
 		return fail(abi.StatusOutOfRange, "%s: %d bytes at %#x are not inside one of this session's allocations", what, n, addr)
 	}
 	return nil
@@ -218,23 +224,25 @@ func (m *Memory) Alloc(r *abi.Alloc) (abi.Body, error) {
 	if err := m.objs.CheckRoom(); err != nil {
 		return nil, err
 	}
-	addr, ok := m.ranges.FirstFit(m.base, m.size, r.Size, m.cfg.AllocAlign)
+	addr, ok := m.space.FirstFit(m.base, m.size, r.Size, m.cfg.AllocAlign)
 	if m.placed != 0 {
 		addr, m.placed = m.placed, 0
-		ok = addr >= m.base && r.Size <= m.size && addr-m.base <= m.size-r.Size
+		ok = m.inWindow(addr, r.Size)
 	}
-	if !ok {
+	if !ok || m.space.Insert(addr, r.Size) != nil {
 		return nil, fail(abi.StatusOutOfMemory, "no room for %d bytes in the session's %d-byte address window", r.Size, m.size)
 	}
 	if err := m.tenant.Reserve(r.Size); err != nil {
+		m.space.Remove(addr)
 		return nil, err
 	}
 	if err := m.ctx.Alloc(m.dev(addr), r.Size); err != nil {
+		m.space.Remove(addr)
 		m.tenant.Release(r.Size)
 		return nil, err
 	}
 	if err := m.ranges.Insert(addr, r.Size); err != nil {
-		return nil, fmt.Errorf("recording allocation: %w", err) // cannot happen: FirstFit chose a free range
+		return nil, fmt.Errorf("recording allocation: %w", err) // cannot happen: space had room
 	}
 	return &abi.AllocReply{Ptr: addr}, nil
 }

@@ -57,6 +57,12 @@ const (
 	// OpModuleLoadCached loads a module image the node already holds, named
 	// by its content's hash (images.go), without sending its bytes.
 	OpModuleLoadCached
+	// OpAddressReserve, OpAddressFree, OpMemMap and OpMemUnmap reserve
+	// ranges of the window and map device memory in them (vmm.go).
+	OpAddressReserve
+	OpAddressFree
+	OpMemMap
+	OpMemUnmap
 	opLimit
 )
 
@@ -162,6 +168,11 @@ var opTable = [opLimit]OpInfo{
 	OpGlobalRead:   {Name: "global_read", NewRequest: newBody[GlobalRead], NewReply: newBody[DataReply], Commits: true},
 	OpModuleLoadCached: {Name: "module_load_cached", NewRequest: newBody[ModuleLoadCached], NewReply: newBody[HandleReply],
 		Mutates: true, Commits: true, Result: ResultHandle},
+	OpAddressReserve: {Name: "address_reserve", NewRequest: newBody[AddressReserve], NewReply: newBody[AllocReply],
+		Mutates: true, Commits: true, Result: ResultAddress},
+	OpAddressFree: {Name: "address_free", NewRequest: newBody[AddressFree], Mutates: true},
+	OpMemMap:      {Name: "mem_map", NewRequest: newBody[MemMap], Mutates: true},
+	OpMemUnmap:    {Name: "mem_unmap", NewRequest: newBody[MemUnmap], Mutates: true},
 }
 
 // newBody is the constructor of an empty body of type T.
