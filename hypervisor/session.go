@@ -137,7 +137,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpStreamSync:       onObjects((*objects.Set).StreamSync),
 	abi.OpSync:             onObjects((*objects.Set).Sync),
 	abi.OpApertureAttach:   typed((*Session).apertureAttach),
-	abi.OpDeviceInfo:       onObjects((*objects.Set).DeviceInfo),
+	abi.OpDeviceInfo:       typed((*Session).deviceInfo),
 	abi.OpFunctionParams:   onObjects((*objects.Set).FunctionParams),
 	abi.OpCopyHtoDHost:     onMemory((*devmem.Memory).CopyHtoDHost),
 	abi.OpCopyDtoHHost:     onMemory((*devmem.Memory).CopyDtoHHost),
@@ -265,4 +265,15 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 		}
 	}
 	return nil, s.mem.Free(r.Ptr)
+}
+
+// deviceInfo describes the backend's device, its allocation granularity
+// raised to the node's allocation alignment (every allocation and mapping
+// is aligned to it).
+func (s *Session) deviceInfo(r *abi.DeviceInfo) (abi.Body, error) {
+	b, err := s.objs.DeviceInfo(r)
+	if info, ok := b.(*abi.DeviceInfoReply); ok && info.Granularity < s.cfg.AllocAlign {
+		info.Granularity = s.cfg.AllocAlign
+	}
+	return b, err
 }

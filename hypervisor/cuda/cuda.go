@@ -127,7 +127,7 @@ func (b *Backend) Close() error {
 // UUID and every CUdevice_attribute the driver answers (cuDeviceGetAttribute;
 // an attribute this driver does not know reads as zero).
 func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
-	r := abi.DeviceInfoReply{Name: b.devName, Attrs: make([]int32, gpu.DeviceAttrCount)}
+	r := abi.DeviceInfoReply{Name: b.devName, Attrs: make([]int32, gpu.DeviceAttrCount), Granularity: b.gran}
 	err := onThread(func() error {
 		if err := b.d.check("cuDeviceTotalMem_v2", b.d.cuDeviceTotalMem(&r.TotalMem, b.dev)); err != nil {
 			return err

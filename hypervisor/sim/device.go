@@ -19,6 +19,7 @@ var simAttrs = map[int]int32{
 	75: 7, 76: 0, 78: 1, 79: 1, 80: 1, // compute capability 7.0, stream priorities, L1 caches
 	81: 96 << 10, 82: 65536, 83: 1, 86: 0, 87: 2, // shared/SM, registers/SM, managed memory, …
 	95: 1, 97: 96 << 10, 106: 32, 111: 0, 115: 1, 126: 1, 134: -1, // cooperative launch, shared opt-in, blocks/SM, …
+	102: 1, // virtual memory management (reserve, map at exact addresses: the window allocator)
 }
 
 // maxCoResidentBlocks is how many blocks the software GPU holds at once
@@ -34,6 +35,9 @@ func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
 		UUID:     [16]byte{'v', 'g', 'p', 'u', 'h', 'a', '-', 's', 'i', 'm'},
 		TotalMem: b.limit,
 		Attrs:    make([]int32, gpu.DeviceAttrCount),
+		// The granularity CUDA reports for device memory on every current
+		// GPU (cuMemGetAllocationGranularity, minimum and recommended).
+		Granularity: 2 << 20,
 	}
 	for a, v := range simAttrs {
 		r.Attrs[a] = v

@@ -363,7 +363,7 @@ func TestFrameReaderBudgetRefusal(t *testing.T) {
 }
 
 func TestDeviceInfoReplyRoundTrip(t *testing.T) {
-	want := &DeviceInfoReply{Name: "dev", UUID: [16]byte{1, 2, 15: 3}, TotalMem: 1 << 30, Attrs: []int32{0, 1024, -1}}
+	want := &DeviceInfoReply{Name: "dev", UUID: [16]byte{1, 2, 15: 3}, TotalMem: 1 << 30, Attrs: []int32{0, 1024, -1}, Granularity: 2 << 20}
 	var got DeviceInfoReply
 	if err := Unmarshal(want.Append(nil), &got); err != nil {
 		t.Fatal(err)

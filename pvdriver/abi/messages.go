@@ -277,6 +277,10 @@ type DeviceInfoReply struct {
 	UUID     [16]byte
 	TotalMem uint64
 	Attrs    []int32
+	// Granularity is the node's allocation granularity, in bytes: what a
+	// mapping's address and size must be multiples of (vmm.go). Zero from
+	// a node that does not say; it goes last, and only when non-zero.
+	Granularity uint64
 }
 
 // Empty is the body of replies that carry only a status.
@@ -365,6 +369,9 @@ func (m *DeviceInfoReply) Append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Attrs)))
 	for _, v := range m.Attrs {
 		b = binary.LittleEndian.AppendUint32(b, uint32(v))
+	}
+	if m.Granularity != 0 {
+		b = appendU64(b, m.Granularity)
 	}
 	return b
 }
@@ -484,6 +491,9 @@ func (m *DeviceInfoReply) decode(d *Decoder) {
 	m.Attrs = make([]int32, 0, min(n, len(d.b)/4))
 	for i := 0; i < n && d.err == nil; i++ {
 		m.Attrs = append(m.Attrs, int32(d.U32()))
+	}
+	if d.err == nil && len(d.b) >= 8 { // a granularity; anything shorter is trailing bytes
+		m.Granularity = d.U64()
 	}
 }
 func (m *Bye) decode(d *Decoder) {}

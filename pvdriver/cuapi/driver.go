@@ -67,6 +67,10 @@ type Driver struct {
 	closed       bool                    // the session ended with the process (Shutdown): every call is CUDA_ERROR_DEINITIALIZED
 
 	apertures map[uint64]*pvdriver.Aperture // by device address (aperture.go)
+	// memHandles are cuMemCreate's handles, mappings cuMemMap's ranges by
+	// address (vmm.go).
+	memHandles map[uint64]*memHandle
+	mappings   map[uint64]*vmMapping
 	// noBinary holds the images the node's GPU has no code for: a
 	// framework offers the same ones again and again, and NVIDIA's driver
 	// refuses them from their headers, at no cost (module.go).
@@ -266,8 +270,13 @@ var unservedFeatures = map[int32]int32{
 	89:  0, // CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
 	95:  0, // CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
 	99:  0, // CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED
-	102: 0, // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+	103: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (no VMM handle export, vmm.go)
+	104: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
+	105: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED
+	107: 0, // CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED (cuMemCreate refuses compression)
+	110: 0, // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
 	115: 0, // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+	128: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
 }
 
 // attr is device attribute a (zero when the node did not report it).

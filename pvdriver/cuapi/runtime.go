@@ -212,6 +212,9 @@ func (d *Driver) Pointer(p uint64) (PointerInfo, Result) {
 			return PointerInfo{Kind: MemoryDevice, Ctx: a.ctx, Base: base, Size: a.size}, Success
 		}
 	}
+	if info, ok := d.mappedPointer(p); ok {
+		return info, Success
+	}
 	if g, off, ok := d.globalAt(p, 1); ok {
 		return PointerInfo{Kind: MemoryDevice, Ctx: d.modules[g.module].ctx, Base: p - off, Size: g.size}, Success
 	}

@@ -243,6 +243,12 @@ static const struct vg_proc vg_procs[] = {
 	E(cuKernelSetCacheConfig, 12000, cuKernelSetCacheConfig)
 	E(cuPointerGetAttribute, 4000, cuPointerGetAttribute) E(cuPointerGetAttributes, 7000, cuPointerGetAttributes)
 	E(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2) E(cuDeviceGetPCIBusId, 4010, cuDeviceGetPCIBusId)
+	/* Virtual memory management (exports_vmm.c). */
+	E(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity) E(cuMemAddressReserve, 10020, cuMemAddressReserve)
+	E(cuMemAddressFree, 10020, cuMemAddressFree) E(cuMemCreate, 10020, cuMemCreate) E(cuMemRelease, 10020, cuMemRelease)
+	E(cuMemMap, 10020, cuMemMap) E(cuMemUnmap, 10020, cuMemUnmap) E(cuMemSetAccess, 10020, cuMemSetAccess)
+	E(cuMemGetAccess, 10020, cuMemGetAccess) E(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)
+	E(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle)
 #include "stubs.h"
 };
 #undef DLSYM_STUB

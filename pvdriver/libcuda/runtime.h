@@ -32,4 +32,16 @@ CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostUnregister(void *p);
 CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c);
+/* exports_vmm.c */
+CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags option);
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle h);
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr p, size_t size);
+CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count);
+CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *loc, CUdeviceptr p);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h);
 #endif

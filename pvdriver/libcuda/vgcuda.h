@@ -58,6 +58,20 @@ typedef struct CUlaunchConfig_st {
 	unsigned int numAttrs;
 } CUlaunchConfig;
 
+/* Virtual memory management (exports_vmm.c). */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUmemLocation_st { int type; int id; } CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+	int type;
+	int requestedHandleTypes;
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc_st { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef int CUmemAllocationGranularity_flags;
+typedef int CUmemAllocationHandleType;
+
 /* The calling thread's stack of current contexts (exports.c). */
 uintptr_t vg_ctx_top(void);
 void vg_ctx_set_top(uintptr_t ctx);
