@@ -122,8 +122,9 @@ static void vadd_check(CUfunction f, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c
 		attr.id = 4; /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: clusters of two blocks */
 		attr.value.clusterDim.x = 2, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
 		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
-		attr.id = 2; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE: not served */
-		EXPECT(CUDA_ERROR_NOT_SUPPORTED, cuLaunchKernelEx(&cfg, f, args, NULL));
+		attr.id = 2; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE: served (surfaces.c) */
+		attr.value.i = 1;
+		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
 	} else {
 		CHECK(cuLaunchKernel(f, N / 128, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
 	}
