@@ -20,7 +20,7 @@ import (
 func framesFrom(data []byte) []byte {
 	out := hello(1)
 	for id := uint64(2); len(data) >= 3; id++ {
-		op, flags, n := abi.Opcode(data[0]%24), uint16(data[1]&3), int(data[2])
+		op, flags, n := abi.Opcode(int(data[0])%(len(abi.Opcodes())+1)), uint16(data[1]&3), int(data[2])
 		data = data[3:]
 		n = min(n, len(data))
 		out = abi.AppendFrame(out, op, flags, id, data[:n])
@@ -43,6 +43,13 @@ func FuzzServeConn(f *testing.F) {
 	f.Add(seed(abi.OpModuleLoad, 0, &abi.ModuleLoad{Image: img[:200]}), false)
 	f.Add(append(seed(abi.OpStreamCreate, 0, &abi.StreamCreate{}),
 		seed(abi.OpLaunch, abi.FlagAsync, &abi.Launch{Function: 1, Grid: abi.Dim3{X: 1, Y: 1, Z: 1}, Block: abi.Dim3{X: 1, Y: 1, Z: 1}, Stream: 1})...), false)
+	vmm := seed(abi.OpAddressReserve, 0, &abi.AddressReserve{Size: 8 << 20})
+	vmm = append(vmm, seed(abi.OpMemMap, 0, &abi.MemMap{Ptr: 0x7e0000000000, Size: 2 << 20})...)
+	vmm = append(vmm, seed(abi.OpCopyHtoD, 0, &abi.CopyHtoD{Dst: 0x7e0000000000, Data: []byte{1, 2}})...)
+	vmm = append(vmm, seed(abi.OpMemMap, 0, &abi.MemMap{Ptr: 0x7e0000200000, Size: 4 << 20})...)
+	vmm = append(vmm, seed(abi.OpMemUnmap, 0, &abi.MemUnmap{Ptr: 0x7e0000000000, Size: 2 << 20})...)
+	f.Add(append(vmm, seed(abi.OpAddressFree, 0, &abi.AddressFree{Ptr: 0x7e0000000000, Size: 8 << 20})...), false)
+	f.Add(seed(abi.OpMemMap, 0, &abi.MemMap{Ptr: ^uint64(0) - 4095, Size: 1 << 21}), false) // wraps
 	f.Add([]byte("VGPU\x01\x00\x02\x00garbage"), true)
 	f.Fuzz(func(t *testing.T, data []byte, raw bool) {
 		backend := sim.New(64 << 20)

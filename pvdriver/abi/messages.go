@@ -493,7 +493,9 @@ func (m *DeviceInfoReply) decode(d *Decoder) {
 		m.Attrs = append(m.Attrs, int32(d.U32()))
 	}
 	if d.err == nil && len(d.b) >= 8 { // a granularity; anything shorter is trailing bytes
-		m.Granularity = d.U64()
+		if m.Granularity = d.U64(); m.Granularity == 0 {
+			d.fail(fmt.Errorf("%w: a granularity of zero is sent as none", ErrBadArgument))
+		}
 	}
 }
 func (m *Bye) decode(d *Decoder) {}
