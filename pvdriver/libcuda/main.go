@@ -13,12 +13,15 @@
 // vgpuha.h declares the library's one extension, apertures (device memory
 // the program writes with plain stores; pvdriver/cuapi/aperture.go).
 //
-// Being Go, the library inherits one rule of the Go runtime for threads
-// that call into it: such a thread may replace its signal stack
-// (sigaltstack) but must never disable it, or the next signal the
-// runtime gets on it aborts the program ("non-Go code disabled
-// sigaltstack"). Programs that switch stacks and put the old one back
-// are fine; the torture guest does exactly that.
+// Being Go, the library's runtime takes its signals on the calling
+// thread's alternate signal stack, and aborts the program ("non-Go code
+// disabled sigaltstack") when a signal finds it disabled while Go code
+// runs. Programs may disable theirs (JAX's XLA did), so every call into
+// Go passes through sigstack.c, which lends the thread a stack for the
+// call when its own is disabled (testdata/sigstack.c).
 package main
+
+// #cgo LDFLAGS: -Wl,--wrap=crosscall2
+import "C"
 
 func main() {}
