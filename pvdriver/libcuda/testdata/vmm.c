@@ -4,7 +4,7 @@
  * kernel over the mappings, pointer attributes of mapped memory; the
  * refusals (a mapping outside the reservation or over another, an unknown
  * handle, an offset, a handle mapped twice, handle export, read-only
- * access); then, past the checkpoint (a verify, or a failover), the same
+ * access; this library's, skipped natively); then, past the checkpoint (a verify, or a failover), the same
  * data, a kernel, unmap, release and free. */
 #include "cudaapi.h"
 
@@ -124,11 +124,13 @@ int main(int argc, char **argv) {
 	CHECK(cuMemRetainAllocationHandle(&got, (void *)(uintptr_t)(base + 2 * g + 64)));
 	if (got != h2) FAIL("retained handle %#llx, mapped %#llx", got, h2);
 	CHECK(cuMemRelease(got));
-	CHECK(cuMemGetAddressRange_v2(&rbase, &rsize, base + 2 * g + 100));
-	if (rbase != base + 2 * g || rsize != g) FAIL("address range %#llx+%zu, want %#llx+%zu", rbase, rsize, base + 2 * g, g);
 	CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, base + 5));
 	if (type != CU_MEMORYTYPE_DEVICE) FAIL("memory type %d", type);
-	refusals(base, g, &prop, h1);
+	if (!native()) { /* what this library promises; NVIDIA's driver serves some of it */
+		CHECK(cuMemGetAddressRange_v2(&rbase, &rsize, base + 2 * g + 100));
+		if (rbase != base + 2 * g || rsize != g) FAIL("address range %#llx+%zu, want %#llx+%zu", rbase, rsize, base + 2 * g, g);
+		refusals(base, g, &prop, h1);
+	}
 
 	size_t n = g / sizeof(float); /* a, b: the two granules of h1's mapping; c: h2's */
 	CUdeviceptr a = base, b = base + g, c = base + 2 * g;
@@ -146,9 +148,11 @@ int main(int argc, char **argv) {
 	CHECK(cuCtxSynchronize());
 	check("c", c, n, 0.75f, 3.0f);
 	CHECK(cuMemUnmap(base, 3 * g)); /* both mappings in one call */
-	EXPECT(CUDA_ERROR_NOT_FOUND, cuMemGetAddressRange_v2(&rbase, &rsize, base)); /* no memory there now */
 	CHECK(cuMemRelease(h1));
-	EXPECT(CUDA_ERROR_INVALID_VALUE, cuMemRelease(h2)); /* gone with its unmapping */
+	if (!native()) {
+		EXPECT(CUDA_ERROR_NOT_FOUND, cuMemGetAddressRange_v2(&rbase, &rsize, base)); /* no memory there now */
+		EXPECT(CUDA_ERROR_INVALID_VALUE, cuMemRelease(h2)); /* gone with its unmapping */
+	}
 	CHECK(cuMemAddressFree(base, 4 * g));
 	CHECK(cuModuleUnload(mod));
 	CHECK(cuDevicePrimaryCtxRelease(dev));
