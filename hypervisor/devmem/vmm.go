@@ -49,7 +49,7 @@ func (m *Memory) AddressReserve(r *abi.AddressReserve) (abi.Body, error) {
 	}
 	addr, ok := m.placeReservation(r.Size, align, r.Hint)
 	if !ok {
-		return nil, fail(abi.StatusOutOfMemory, "no room to reserve %d bytes in the session's %d-byte address window", r.Size, m.size)
+		return nil, fail(abi.StatusOutOfMemory, "no room to reserve %d bytes in the session's %d-byte address window (--va.window-bytes)", r.Size, m.size)
 	}
 	if err := m.reserved.Insert(addr, r.Size); err != nil {
 		m.space.Remove(addr)
