@@ -42,7 +42,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ptr, module, function, stream uint64
+	var ptr, module, function, stream, reserved uint64
 	one, block := abi.Dim3{X: 1, Y: 1, Z: 1}, abi.Dim3{X: 64, Y: 1, Z: 1}
 	steps := []struct {
 		op   abi.Opcode
@@ -71,6 +71,10 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpCopyHtoDHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 4096, Size: 100} }, nil},
 		{abi.OpCopyDtoHHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 0, Size: 100} }, nil},
 		{abi.OpFree, func() abi.Body { return &abi.Free{Ptr: ptr} }, nil},
+		{abi.OpAddressReserve, func() abi.Body { return &abi.AddressReserve{Size: 4 << 20} }, &reserved},
+		{abi.OpMemMap, func() abi.Body { return &abi.MemMap{Ptr: reserved, Size: 2 << 20} }, nil},
+		{abi.OpMemUnmap, func() abi.Body { return &abi.MemUnmap{Ptr: reserved, Size: 2 << 20} }, nil},
+		{abi.OpAddressFree, func() abi.Body { return &abi.AddressFree{Ptr: reserved, Size: 4 << 20} }, nil},
 	}
 	sess.mem.SetHost(guestconn.NewRegion(make([]byte, 8192))) // as a shared-memory connection's region
 	ran := map[abi.Opcode]bool{}

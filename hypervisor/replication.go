@@ -207,6 +207,9 @@ func checksums(sessions []*Session) []verify.ObjectSum {
 			}
 			sums = append(sums, verify.ObjectSum{Session: sess.id, Kind: verify.ObjMemory, ID: r.Addr, Size: r.Size, Sum: sum})
 		}
+		for _, r := range sess.mem.Reservations() {
+			sums = append(sums, verify.ObjectSum{Session: sess.id, Kind: verify.ObjReservation, ID: r.Addr, Size: r.Size})
+		}
 		sums = append(sums, sess.objs.Sums(sess.id)...)
 	}
 	return sums

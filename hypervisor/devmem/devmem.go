@@ -139,8 +139,9 @@ func (m *Memory) Contains(addr, n uint64) bool { return m.spans(addr, n) }
 // Delta implements objects.Memory.
 func (m *Memory) Delta() uint64 { return m.delta }
 
-// Allocations implements objects.Memory.
-func (m *Memory) Allocations() int { return m.ranges.Len() }
+// Allocations implements objects.Memory: allocations, mappings and
+// reservations, each an object of the session's quota.
+func (m *Memory) Allocations() int { return m.ranges.Len() + m.reserved.Len() }
 
 // Write implements aperture.Device: a copy to the device on the null
 // stream (the caller checked the range).

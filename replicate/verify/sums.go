@@ -20,6 +20,9 @@ const (
 	// aperture's device address, Size the mismatched bytes, Sum the first
 	// mismatched offset (NoMismatch when none).
 	ObjAperture
+	// ObjReservation is a range of a session's window reserved without
+	// memory (CUDA's cuMemAddressReserve): ID its address, Size its size.
+	ObjReservation
 )
 
 // NoMismatch is an ObjAperture's Sum when every byte matched.
@@ -39,6 +42,8 @@ func (k ObjectKind) String() string {
 		return "session"
 	case ObjAperture:
 		return "aperture"
+	case ObjReservation:
+		return "reservation"
 	}
 	return fmt.Sprintf("kind(%d)", k)
 }
