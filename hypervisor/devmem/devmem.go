@@ -1,5 +1,7 @@
 // Package devmem is a session's device memory: its address window, the
-// allocations in it, the tenant they count against, and the requests that
+// allocations in it, the ranges reserved in it and the mappings in those
+// (CUDA's virtual memory management, vmm.go), the tenant they count
+// against, and the requests that
 // allocate, copy and fill it (the frame's bytes, a shared ring's streamed
 // to the device, a host-memory region's); and, for replication, its
 // contents as records and in a resync snapshot.
