@@ -219,11 +219,13 @@ func (c *guestContext) CopyHtoD(dst uint64, src []byte, s gpu.Stream) error {
 	if err := c.checkStream(s); err != nil {
 		return err
 	}
-	d, err := c.writable(dst, uint64(len(src)))
+	to, err := c.pieces(dst, uint64(len(src)), true)
 	if err != nil {
 		return err
 	}
-	copy(d, src)
+	for _, d := range to {
+		src = src[copy(d, src):]
+	}
 	return nil
 }
 
@@ -233,11 +235,13 @@ func (c *guestContext) CopyDtoH(dst []byte, src uint64, s gpu.Stream) error {
 	if err := c.checkStream(s); err != nil {
 		return err
 	}
-	v, err := c.View(src, uint64(len(dst)))
+	from, err := c.pieces(src, uint64(len(dst)), false)
 	if err != nil {
 		return err
 	}
-	copy(dst, v)
+	for _, v := range from {
+		dst = dst[copy(dst, v):]
+	}
 	return nil
 }
 
@@ -247,15 +251,25 @@ func (c *guestContext) CopyDtoD(dst, src, size uint64, s gpu.Stream) error {
 	if err := c.checkStream(s); err != nil {
 		return err
 	}
-	from, err := c.View(src, size)
+	from, err := c.pieces(src, size, false)
 	if err != nil {
 		return err
 	}
-	to, err := c.writable(dst, size)
+	to, err := c.pieces(dst, size, true)
 	if err != nil {
 		return err
 	}
-	copy(to, from)
+	if len(from) == 1 && len(to) == 1 {
+		copy(to[0], from[0]) // overlapping ranges too, as memmove
+		return nil
+	}
+	buf := make([]byte, 0, size) // across allocations: read all, then write
+	for _, v := range from {
+		buf = append(buf, v...)
+	}
+	for _, d := range to {
+		buf = buf[copy(d, buf):]
+	}
 	return nil
 }
 
@@ -271,21 +285,65 @@ func (c *guestContext) Memset(dst uint64, width int, value uint32, count uint64,
 	if count > (1<<63)/uint64(width) {
 		return fmt.Errorf("%w: memset of %d elements", abi.StatusInvalidValue, count)
 	}
-	d, err := c.writable(dst, count*uint64(width))
+	to, err := c.pieces(dst, count*uint64(width), true)
 	if err != nil {
 		return err
 	}
-	if width == 1 {
-		for i := range d {
-			d[i] = byte(value)
-		}
-		return nil
-	}
 	pattern := [4]byte{byte(value), byte(value >> 8), byte(value >> 16), byte(value >> 24)}
-	for i := 0; i < len(d); i += width {
-		copy(d[i:i+width], pattern[:width])
+	at := 0 // bytes filled before this piece: where in the pattern it starts
+	for _, d := range to {
+		fill(d, pattern[:width], at)
+		at += len(d)
 	}
 	return nil
+}
+
+// fill writes pattern over d, repeated, d's first byte being byte at of
+// the repetition.
+func fill(d, pattern []byte, at int) {
+	w := len(pattern)
+	if w == 1 {
+		for i := range d {
+			d[i] = pattern[0]
+		}
+		return
+	}
+	i := 0
+	for ; i < len(d) && (at+i)%w != 0; i++ {
+		d[i] = pattern[(at+i)%w]
+	}
+	for ; i+w <= len(d); i += w {
+		copy(d[i:i+w], pattern)
+	}
+	for ; i < len(d); i++ {
+		d[i] = pattern[(at+i)%w]
+	}
+}
+
+// pieces is [addr, addr+n) as the allocations that hold it, in order: a
+// copy may run from one allocation into the next when it starts where
+// the other ends, as a GPU's mappings that follow one another are one
+// range (CUDA's virtual memory management). For a writer (write), a live
+// memory snapshot first keeps the bytes it still needs (copy-on-write).
+// Precondition: c.mu must be locked.
+func (c *guestContext) pieces(addr, n uint64, write bool) ([][]byte, error) {
+	var out [][]byte
+	for {
+		i, off, err := c.span(addr, 0)
+		if err != nil {
+			return nil, err
+		}
+		a := &c.allocs[i]
+		k := min(n, uint64(len(a.data))-off)
+		if write && a.cow != nil {
+			a.cow.keep(off, k)
+		}
+		out = append(out, a.data[off:off+k:off+k])
+		if n -= k; n == 0 {
+			return out, nil
+		}
+		addr += k
+	}
 }
 
 func (c *guestContext) newID() uint64 { c.nextID++; return c.nextID }

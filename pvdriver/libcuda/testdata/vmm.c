@@ -1,7 +1,7 @@
 /* Virtual memory management, as JAX's XLA and PyTorch's expandable
  * segments use it: the granularity, a reserved range, physical handles
  * mapped at exact addresses in it, access set, copies in and out and a
- * kernel over the mappings, pointer attributes of mapped memory; the
+ * kernel over the mappings, copies across two mappings, pointer attributes of mapped memory; the
  * refusals (a mapping outside the reservation or over another, an unknown
  * handle, an offset, a handle mapped twice, handle export, read-only
  * access; this library's, skipped natively); then, past the checkpoint (a verify, or a failover), the same
@@ -54,6 +54,19 @@ static void check(const char *what, CUdeviceptr p, size_t n, float scale, float 
 	for (size_t i = 0; i < n; i++)
 		if (h[i] != (float)i * scale + shift) FAIL("%s[%zu] = %g, want %g", what, i, h[i], (float)i * scale + shift);
 	free(h);
+}
+
+/* across copies 400 bytes to from (100 in h1's mapping, the rest in h2's,
+ * which follows it), copies them on the device to to, and reads both. */
+static void across(CUdeviceptr from, CUdeviceptr to) {
+	unsigned char out[400], in[400];
+	for (int i = 0; i < 400; i++) out[i] = (unsigned char)(i * 7 + 1);
+	CHECK(cuMemcpyHtoD(from, out, sizeof out));
+	CHECK(cuMemcpyDtoD(to, from, sizeof out));
+	CHECK(cuMemcpyDtoH(in, from, sizeof in));
+	if (memcmp(in, out, sizeof in) != 0) FAIL("a copy across two mappings read back different bytes");
+	CHECK(cuMemcpyDtoH(in, to, sizeof in));
+	if (memcmp(in, out, sizeof in) != 0) FAIL("a device copy from across two mappings differs");
 }
 
 /* refusals tries what the library must refuse, with a reservation of 4
@@ -134,6 +147,7 @@ int main(int argc, char **argv) {
 
 	size_t n = g / sizeof(float); /* a, b: the two granules of h1's mapping; c: h2's */
 	CUdeviceptr a = base, b = base + g, c = base + 2 * g;
+	across(c - 100, a);
 	fill(a, n, 0.5f, 1.0f);
 	fill(b, n, 0.25f, 2.0f);
 	CHECK(cuMemsetD32(c, 0x7fc00000u, n));
