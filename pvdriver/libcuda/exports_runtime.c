@@ -166,9 +166,8 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 	return vg_traced(__func__, CUDA_SUCCESS);
 }
 
-/* ---- Stream capture (graphs): no stream of this driver ever captures,
- * so every stream reports CU_STREAM_CAPTURE_STATUS_NONE; the calling
- * thread's capture mode is kept and exchanged as CUDA does. ---- */
+/* ---- The calling thread's stream capture mode, kept and exchanged as
+ * CUDA does (capture itself: exports_graph.c). ---- */
 static __thread CUstreamCaptureMode vg_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
 	CUstreamCaptureMode old;
@@ -176,30 +175,6 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
 	old = vg_capture_mode, vg_capture_mode = *mode, *mode = old;
 	return vg_traced(__func__, CUDA_SUCCESS);
 }
-CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
-	CUresult r = status ? vgStreamInfo(H(s), NULL, NULL) : CUDA_ERROR_INVALID_VALUE;
-	if (r == CUDA_SUCCESS) *status = 0;
-	return vg_traced(__func__, r);
-}
-CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id) {
-	CUresult r = cuStreamIsCapturing(s, status);
-	if (r == CUDA_SUCCESS && id) *id = 0;
-	return vg_traced(__func__, r);
-}
-CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps) {
-	CUresult r = cuStreamGetCaptureInfo(s, status, id);
-	if (r != CUDA_SUCCESS) return vg_traced(__func__, r);
-	if (graph) *graph = NULL;
-	if (deps) *deps = NULL;
-	if (ndeps) *ndeps = 0;
-	return vg_traced(__func__, r);
-}
-CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
-	CUresult r = cuStreamGetCaptureInfo_v2(s, status, id, graph, deps, ndeps);
-	if (r == CUDA_SUCCESS && edges) *edges = NULL;
-	return vg_traced(__func__, r);
-}
-
 /* ---- The device's PCI location, as cuDeviceGetPCIBusId formats it. ---- */
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
 	int domain, bus, slot;
