@@ -221,7 +221,7 @@ static const struct vg_proc vg_procs[] = {
 	/* Stream capture and graphs (exports_graph.c). */
 	E(cuStreamBeginCapture, 10000, cuStreamBeginCapture) E(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2)
 	E(cuStreamEndCapture, 10000, cuStreamEndCapture) E(cuGraphCreate, 10000, cuGraphCreate) E(cuGraphDestroy, 10000, cuGraphDestroy)
-	E(cuGraphGetNodes, 10000, cuGraphGetNodes) E(cuGraphInstantiate, 11000, cuGraphInstantiate_v2)
+	E(cuGraphGetNodes, 10000, cuGraphGetNodes) E(cuGraphInstantiate, 10000, cuGraphInstantiate_v2)
 	E(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags) E(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams)
 	E(cuGraphLaunch, 10000, cuGraphLaunch) E(cuGraphUpload, 11010, cuGraphUpload) E(cuGraphExecDestroy, 10000, cuGraphExecDestroy)
 	E(cuCtxGetLimit, 3010, cuCtxGetLimit) E(cuCtxSetLimit, 3010, cuCtxSetLimit) E(cuCtxGetFlags, 7000, cuCtxGetFlags)

@@ -122,7 +122,10 @@ static void vadd_check(CUfunction f, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c
 		attr.id = 4; /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: clusters of two blocks */
 		attr.value.clusterDim.x = 2, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
 		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
-		attr.id = 2; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE: not served */
+		attr.id = 2; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE */
+		attr.value.clusterDim.x = 1;
+		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
+		attr.id = 7; /* CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: not served */
 		EXPECT(CUDA_ERROR_NOT_SUPPORTED, cuLaunchKernelEx(&cfg, f, args, NULL));
 	} else {
 		CHECK(cuLaunchKernel(f, N / 128, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
