@@ -86,9 +86,10 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, 
  * from cuMemAllocHost/cuMemHostAlloc or registered (with the context that
  * pinned it, as CUDA reports it), or neither. Booleans are written as
  * unsigned ints, as NVIDIA's driver writes them: callers (XLA, cudart)
- * read them into uninitialised unsigned ints, and cudart took a host
- * buffer whose IS_MANAGED came back one byte wide for managed memory
- * (PyTorch's is_pinned() read False). ---- */
+ * read them into uninitialised unsigned ints, where one byte would leave
+ * the rest as whatever was on the stack (cudart could then take pinned
+ * host memory for managed memory: the likely reason PyTorch's
+ * is_pinned() read False). ---- */
 enum {
 	VG_PA_CONTEXT = 1, VG_PA_MEMORY_TYPE = 2, VG_PA_DEVICE_POINTER = 3, VG_PA_HOST_POINTER = 4, VG_PA_SYNC_MEMOPS = 6,
 	VG_PA_BUFFER_ID = 7, VG_PA_IS_MANAGED = 8, VG_PA_DEVICE_ORDINAL = 9, VG_PA_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
