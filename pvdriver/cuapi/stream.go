@@ -81,6 +81,12 @@ func (d *Driver) StreamDestroy(t Thread, s uint64) Result {
 	if st == nil {
 		return ErrorInvalidHandle
 	}
+	if cp := d.captureOf(s); cp != nil { // the capture it was in can no longer end well
+		cp.invalid = true
+		if cp.origin != s {
+			delete(d.captures, s)
+		}
+	}
 	delete(d.streams, s)
 	return resultOf("cuStreamDestroy", d.client.DestroyStream(st.remote), false)
 }
