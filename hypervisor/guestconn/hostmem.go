@@ -23,7 +23,10 @@ import (
 //     ordinary OpCopyHtoD with the data, the device copy runs from that
 //     buffer, so primary and standby can never differ, and the standby
 //     needs no region;
-//   - a device-to-host copy writes into the region (no state changes).
+//   - a device-to-host copy writes into the region (no state changes);
+//     replicated, through a log buffer first: the read's read-back is
+//     logged from that buffer, never from the region, where a guest
+//     thread may already have rewritten the bytes (hypervisor/readback.go).
 // A guest that rewrites the region while it is read garbles only its own
 // copy. A connection without a region answers StatusNotSupported, and the
 // guest sends the copy inline instead: after a failover onto a node that
