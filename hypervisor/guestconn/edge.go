@@ -115,7 +115,8 @@ type Config struct {
 	RequestBufferBytes int64
 	// ReplyQueueBytes bounds the reply bytes one connection holds queued:
 	// past it the connection reads none of its guest's requests until
-	// replies went out (replies.go). WriteTimeout is how long a write of
+	// replies went out (replies.go; zero: none while a reply is queued).
+	// WriteTimeout is how long a write of
 	// at most writeChunk reply bytes may wait for the guest to read (zero:
 	// forever); a guest that reads nothing for that long loses its
 	// connection, and its session is kept for its grace period.

@@ -33,6 +33,13 @@ import (
 // serves it over unix or tcp, a resent host copy the session had already
 // applied is answered from its state (exactly once, by request id); one it
 // had not is refused and comes back inline under a new id.
+//
+// What host copies cost the node is bounded as any connection's replies
+// are: a host copy's reply is a few bytes (its data lies in the region,
+// the guest's own pages, which the listener's host-memory budget bounds),
+// so a guest that reads none of its replies meets the connection's reply
+// bound like any other (replies.go); a replicated read's read-back is a
+// log record like any other, within the log's bound.
 
 // Region is a guest's host-memory region as its connection maps it.
 type Region struct {
