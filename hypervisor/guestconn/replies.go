@@ -37,8 +37,7 @@ import (
 // 64 MiB, is four replies of the largest payload; the guest driver sends
 // a copy_dtoh once the last one's reply came, and a pipelined piece's
 // reply is a few bytes, so a guest that reads its replies never waits for
-// it). The
-// replies go out through the connection's writer with a deadline
+// it). The replies go out through the connection's writer with a deadline
 // (replyWriter): a guest that takes longer than Config.WriteTimeout to
 // read writeChunk bytes loses its connection, whose session is then kept
 // for its grace period like any other whose connection dropped.
