@@ -61,10 +61,16 @@ func TestReadBackIgnoresGuestRewrites(t *testing.T) {
 // in commit mode over shared memory (the software GPU): each read is
 // logged as a read-back, so its cost includes taking the device's bytes
 // for the log and the standby's acknowledgement.
-func BenchmarkReplicatedHostRead(b *testing.B) {
+func BenchmarkReplicatedHostRead(b *testing.B) { benchReplicatedRead(b, "shm+unix", true) }
+
+// BenchmarkReplicatedRead: copy_dtoh, the data in its reply, on a
+// replicated primary in commit mode over a unix socket.
+func BenchmarkReplicatedRead(b *testing.B) { benchReplicatedRead(b, "unix", false) }
+
+func benchReplicatedRead(b *testing.B, scheme string, host bool) {
 	for _, size := range []int{64 << 10, 4 << 20} {
 		b.Run(byteSize(size), func(b *testing.B) {
-			c, err := cluster.Start(cluster.Options{GuestScheme: "shm+unix", Replicate: true, StartStandby: true, Mode: replicate.ModeCommit})
+			c, err := cluster.Start(cluster.Options{GuestScheme: scheme, Replicate: true, StartStandby: true, Mode: replicate.ModeCommit})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -81,9 +87,11 @@ func BenchmarkReplicatedHostRead(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			buf, err := g.AllocHost(size)
-			if err != nil {
-				b.Fatal(err)
+			buf := make([]byte, size)
+			if host {
+				if buf, err = g.AllocHost(size); err != nil {
+					b.Fatal(err)
+				}
 			}
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
