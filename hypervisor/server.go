@@ -14,9 +14,11 @@
 // objects (objects), apertures (aperture) and exactly-once table
 // (exactlyonce), the replica side (replica), tenants (tenancy) and module
 // images (images).
-// It must never: trust a byte a guest sends (package abi decodes), let one
-// guest name another's memory or handles, or let a guest's misbehaviour
-// (garbage, a cut connection, a flood) affect any other session.
+// It must never: trust a byte a guest sends (package abi decodes), log as a
+// read-back bytes a guest could change after the device returned them
+// (readback.go), let one guest name another's memory or handles, or let a
+// guest's misbehaviour (garbage, a cut connection, a flood, replies it
+// never reads) affect any other session.
 //
 // One goroutine serves each connection and runs its requests in order. The
 // per-session mutex serialises those requests with everything else that
