@@ -19,41 +19,98 @@ import (
 // record like any commit point. The cost is the bytes read, once more, on
 // the replication link; what the guest never read may differ in its last
 // bits between the nodes until verify --repair (or a later read) fixes it.
+//
+// A read-back holds the bytes the device returned, never bytes a guest can
+// change after the copy. A reply is the node's own memory (readBacks take
+// the read-back from it). A copy into the guest's host-memory region
+// (copy_dtoh_hostmem) lands where any guest thread may rewrite it at any
+// moment, so a replicated session runs it through a log buffer instead
+// (readsThroughLog): the device copies into the buffer, the buffer is
+// copied into the region, and the log takes the buffer as the read-back.
+// That is no extra copy: before, the read-back was copied out of the
+// region.
 
-// readBackOf returns the write that puts what a successful read returned
-// where it came from, or nil for an op that reads nothing.
-// Precondition: s.mu must be locked.
-type readBackOf func(s *Session, req, reply abi.Body) (abi.Opcode, abi.Body)
+// readBackOf logs the read-back of a successful read of op, whose request
+// and reply are req and reply.
+// Precondition: s.mu must be locked; s.record is set.
+type readBackOf func(s *Session, req, reply abi.Body)
 
 var readBacks = map[abi.Opcode]readBackOf{
-	abi.OpCopyDtoH: func(s *Session, req, reply abi.Body) (abi.Opcode, abi.Body) {
+	abi.OpCopyDtoH: func(s *Session, req, reply abi.Body) {
 		r := req.(*abi.CopyDtoH)
-		return abi.OpCopyHtoD, &abi.CopyHtoD{Dst: r.Src, Stream: r.Stream, Data: reply.(*abi.DataReply).Data}
+		data := reply.(*abi.DataReply).Data
+		d, buf := s.record.copyDraft(r.Src, r.Stream, len(data))
+		copy(buf, data)
+		s.record.readBack(d)
 	},
-	abi.OpCopyDtoHHost: func(s *Session, req, _ abi.Body) (abi.Opcode, abi.Body) {
-		r := req.(*abi.HostCopy)
-		data, err := s.mem.HostSpan(r) // checked by the read that just succeeded
-		if err != nil {
-			return 0, nil
-		}
-		return abi.OpCopyHtoD, &abi.CopyHtoD{Dst: r.Dev, Stream: r.Stream, Data: data}
-	},
-	abi.OpGlobalRead: func(s *Session, req, reply abi.Body) (abi.Opcode, abi.Body) {
+	abi.OpGlobalRead: func(s *Session, req, reply abi.Body) {
 		r := req.(*abi.GlobalRead)
-		return abi.OpGlobalWrite, &abi.GlobalWrite{Module: r.Module, Name: r.Name, Offset: r.Offset, Data: reply.(*abi.DataReply).Data}
+		w := &abi.GlobalWrite{Module: r.Module, Name: r.Name, Offset: r.Offset, Data: reply.(*abi.DataReply).Data}
+		s.record.append(replicate.Op(abi.OpGlobalWrite), 0, w.Append(nil), 0, replicate.FlagReadBack, nil)
 	},
+}
+
+// readsThroughLog are the reads a replicated session runs in place of
+// their opTable handler, because the bytes they read land in memory the
+// guest shares: each logs its own read-back.
+var readsThroughLog = map[abi.Opcode]handler{
+	abi.OpCopyDtoHHost: typed((*Session).copyDtoHHostLogged),
+}
+
+// handlerOf is the handler that runs op on this session: a replicated
+// session's reads into shared memory go through the log (readsThroughLog).
+// Precondition: s.mu must be locked.
+func (s *Session) handlerOf(op abi.Opcode) handler {
+	if s.record != nil {
+		if h := readsThroughLog[op]; h != nil {
+			return h
+		}
+	}
+	return opTable[op]
 }
 
 // recordReadBack logs the read-back of a successful read (readBacks).
 // Precondition: s.mu must be locked; s.record is set.
 func (s *Session) recordReadBack(op abi.Opcode, req, reply abi.Body) {
-	of := readBacks[op]
-	if of == nil {
-		return
+	if of := readBacks[op]; of != nil {
+		of(s, req, reply)
 	}
-	wop, w := of(s, req, reply)
-	if w == nil {
-		return
+}
+
+// copyDtoHHostLogged is a replicated session's copy_dtoh_hostmem: the
+// device's bytes go into a log buffer (a copy_htod body to where they came
+// from), are copied into the guest's region from there, and the buffer is
+// logged as the read-back, so the record holds what the device returned
+// even while a guest thread rewrites its region.
+// Precondition: s.mu must be locked; s.record is set.
+func (s *Session) copyDtoHHostLogged(r *abi.HostCopy) (abi.Body, error) {
+	var d *replicate.Draft
+	reply, err := s.mem.CopyDtoHHostThrough(r, func(n int) []byte {
+		var buf []byte
+		d, buf = s.record.copyDraft(r.Dev, r.Stream, n)
+		return buf
+	})
+	if err != nil {
+		if d != nil {
+			d.Discard()
+		}
+		return nil, err
 	}
-	s.record.append(replicate.Op(wop), 0, w.Append(nil), 0, replicate.FlagReadBack, nil)
+	s.record.readBack(d)
+	return reply, nil
+}
+
+// copyDraft is a log buffer holding a copy_htod of n bytes to dst on
+// stream, and the part of it where those bytes go. n is at most a frame's
+// payload (the read that returned them was checked against it).
+func (h *logHook) copyDraft(dst, stream uint64, n int) (*replicate.Draft, []byte) {
+	d := h.log.NewDraft(abi.CopyPrefixSize + n)
+	body := d.Body()
+	abi.AppendCopyHtoDPrefix(body[:0], dst, stream, uint32(n))
+	return d, body[abi.CopyPrefixSize:]
+}
+
+// readBack logs a copyDraft, filled, as a read-back; the log takes it.
+func (h *logHook) readBack(d *replicate.Draft) {
+	h.append(replicate.Op(abi.OpCopyHtoD), 0, d.Body(), 0, replicate.FlagReadBack, d)
 }

@@ -155,8 +155,8 @@ var opTable = map[abi.Opcode]handler{
 // so a refused request leaves the session as it was.
 func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 	op, payload := r.Op, r.Payload
-	run, info := opTable[op], op.Info()
-	if run == nil {
+	info := op.Info()
+	if opTable[op] == nil {
 		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
 	}
 	if r.Async && !info.Async {
@@ -164,6 +164,7 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	run := s.handlerOf(op)
 	var req abi.Body
 	if _, ring := r.Src.(guestconn.Ring); !ring {
 		var err error
