@@ -1,6 +1,8 @@
 package hypervisor
 
 import (
+	"hash/crc32"
+
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -44,7 +46,10 @@ var readBacks = map[abi.Opcode]readBackOf{
 	},
 }
 
-// recordReadBack logs the read-back of a successful read (readBacks).
+// recordReadBack logs the read-back of a successful read (readBacks). A
+// large one goes as pieces the log's fairness asks for
+// (replicate.Log.Piece: other guests' records go in between, instead of
+// waiting behind the whole read), each a write of its part in order.
 // Precondition: s.mu must be locked; s.record is set.
 func (s *Session) recordReadBack(op abi.Opcode, req, reply abi.Body) {
 	of := readBacks[op]
@@ -55,5 +60,58 @@ func (s *Session) recordReadBack(op abi.Opcode, req, reply abi.Body) {
 	if w == nil {
 		return
 	}
+	if c, ok := w.(*abi.CopyHtoD); ok {
+		if piece := s.record.piece(); piece > 0 && len(c.Data) > piece {
+			for off := 0; off < len(c.Data); off += piece {
+				s.record.readBackPart(&abi.CopyHtoD{Dst: c.Dst + uint64(off), Stream: c.Stream, Data: c.Data[off:min(off+piece, len(c.Data))]})
+			}
+			return
+		}
+	}
 	s.record.append(replicate.Op(wop), 0, w.Append(nil), 0, replicate.FlagReadBack, nil)
 }
+
+// readBackPart logs one piece of a read-back.
+func (h *logHook) readBackPart(part *abi.CopyHtoD) {
+	h.appendPart(part, 0, 0, replicate.FlagReadBack)
+}
+
+// appendPart logs a write of part (a piece of a larger one), encoded
+// straight into the log's buffer (a draft: its bytes are copied once).
+func (h *logHook) appendPart(part *abi.CopyHtoD, reqID, result uint64, flags uint16) {
+	d := h.log.NewDraft(abi.CopyPrefixSize + len(part.Data))
+	body := d.Body()
+	copy(body[abi.CopyPrefixSize:], part.Data)
+	abi.AppendCopyHtoDPrefix(body[:0], part.Dst, part.Stream, uint32(len(part.Data)))
+	h.append(replicate.Op(abi.OpCopyHtoD), reqID, body, result, flags, d)
+}
+
+// appendWritePieces logs a guest's large write (copy_htod) as the pieces
+// the log's fairness asks for (replicate.Log.Piece), so that other
+// guests' records go in between: every piece but the last without a
+// request id (a write of its part), the last with the request's id and,
+// in Result, the exactly-once sum of the whole request
+// (replicate.FlagPieces). A standby that takes over between two pieces
+// has not applied the request: the guest resends it whole, and it runs
+// whole (the same bytes to the same place). It reports false for a write
+// that goes as one record.
+func (h *logHook) appendWritePieces(reqID uint64, w *abi.CopyHtoD, payload []byte) bool {
+	piece := h.piece()
+	if piece <= 0 || len(w.Data) <= piece || reqID == 0 {
+		return false
+	}
+	sum := crc32.Checksum(payload, castagnoli)
+	for off := 0; off < len(w.Data); off += piece {
+		end := min(off+piece, len(w.Data))
+		part := &abi.CopyHtoD{Dst: w.Dst + uint64(off), Stream: w.Stream, Data: w.Data[off:end]}
+		if end < len(w.Data) {
+			h.appendPart(part, 0, 0, 0)
+		} else {
+			h.appendPart(part, reqID, uint64(sum), replicate.FlagPieces)
+		}
+	}
+	return true
+}
+
+// castagnoli is the exactly-once sum's polynomial (package exactlyonce).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
