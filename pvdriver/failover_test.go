@@ -3,6 +3,7 @@ package pvdriver_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -190,5 +191,70 @@ func TestSlowPrimaryKeepsItsGuests(t *testing.T) {
 	out := make([]byte, 4096)
 	if err := g.CopyDtoH(out, p); err != nil || !bytes.Equal(out, bytes.Repeat([]byte{5}, 4096)) {
 		t.Fatalf("reading back: %v, %v...", err, out[:8])
+	}
+}
+
+// TestWriteInPiecesSurvivesFailover: a large write that the primary logs
+// in pieces (the log's fairness between guests) takes effect exactly once
+// across a failover, whether the standby had every piece (the resend is
+// answered from its state: the last piece carries the whole request's
+// exactly-once sum) or only the first few (the request was not applied
+// there: the resend runs it whole).
+func TestWriteInPiecesSurvivesFailover(t *testing.T) {
+	for _, pieces := range []int{-1, 3} { // -1: every piece reaches the standby
+		t.Run(fmt.Sprint("pieces-", pieces), func(t *testing.T) {
+			var armed atomic.Bool
+			var sent atomic.Int64
+			hook := func(m link.Message) bool {
+				if !armed.Load() || m.From != link.FromPrimary || m.Type != "record" {
+					return true
+				}
+				return pieces < 0 || sent.Add(1) <= int64(pieces)
+			}
+			c, _, g := guestViaProxy(t, cluster.Options{Faults: hook})
+			const size = 4 << 20 // 16 pieces of a quarter of the default share
+			p, err := g.Alloc(size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := make([]byte, size)
+			for i := range data {
+				data[i] = byte(i * 7)
+			}
+			armed.Store(true)
+			wrote := make(chan error, 1)
+			if pieces < 0 {
+				// Pipelined: a resend refused (a wrong sum) would end the
+				// guest's connection instead of being dropped as a reply
+				// already had.
+				if err := g.CopyHtoDAsync(p, data, 0); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond) // every piece reaches the standby
+			} else {
+				go func() { wrote <- g.CopyHtoD(p, data) }()
+				for deadline := time.Now().Add(5 * time.Second); sent.Load() <= int64(pieces); time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the write never went out in pieces")
+					}
+				}
+			}
+			c.KillPrimary()
+			if pieces >= 0 {
+				if err := <-wrote; err != nil {
+					t.Fatalf("the write cut short by the failover: %v", err)
+				}
+			}
+			if err := g.Synchronize(); err != nil {
+				t.Fatalf("after the failover: %v", err)
+			}
+			out := make([]byte, size)
+			if err := g.CopyDtoH(out, p); err != nil || !bytes.Equal(out, data) {
+				t.Fatalf("after the failover: %v; the memory differs from the write", err)
+			}
+			if fo := g.Failovers(); len(fo) != 1 {
+				t.Fatalf("failovers %+v, want one", fo)
+			}
+		})
 	}
 }
