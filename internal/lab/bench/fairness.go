@@ -92,7 +92,7 @@ func Fairness(o FairnessOptions) ([]FairnessRow, error) {
 	var pairs []*fairnessPair
 	defer func() {
 		for _, p := range pairs {
-			p.close()
+			p.close(o.Progress)
 		}
 	}()
 	for _, share := range o.Shares {
@@ -106,7 +106,7 @@ func Fairness(o FairnessOptions) ([]FairnessRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer other.close()
+	defer other.close(o.Progress)
 	cells := make([][]fairnessCell, len(pairs))
 	for round := range o.Rounds {
 		for i, p := range pairs {
@@ -123,6 +123,12 @@ func Fairness(o FairnessOptions) ([]FairnessRow, error) {
 		}
 		if o.Progress != nil {
 			fmt.Fprintf(o.Progress, "round %d/%d done\n", round+1, o.Rounds)
+		}
+	}
+	for _, p := range pairs {
+		if fo := p.light.Failovers(); len(fo) > 0 && o.Progress != nil {
+			fmt.Fprintf(o.Progress, "warning: share %d: the standby took over %d time(s) (heartbeats delayed past its detector on a loaded host); the figures after it are of an unprotected node\n",
+				p.share, len(fo))
 		}
 	}
 	return fairnessRows(pairs, cells), nil
@@ -173,26 +179,30 @@ func startFairnessPair(o FairnessOptions, share int64) (*fairnessPair, error) {
 		return nil, err
 	}
 	p := &fairnessPair{share: share, nodes: n}
-	p.endpoint, _ = n.Endpoints()
+	var failover []string
+	p.endpoint, failover = n.Endpoints()
 	if err = n.StartStandby(); err == nil {
 		err = n.WaitProtected(30 * time.Second)
 	}
 	if err == nil {
-		p.light, p.lightPtr, err = openWithBuffer(p.endpoint, "light", o.LightBytes)
+		// It can follow its session to the standby: on a host loaded
+		// enough to delay heartbeats past the detector the standby may
+		// take over (reported, not fatal).
+		p.light, p.lightPtr, err = openWithBuffer(p.endpoint, "light", o.LightBytes, failover...)
 	}
 	if err != nil {
-		p.close()
+		p.close(o.Progress)
 		return nil, err
 	}
 	return p, nil
 }
 
-// openWithBuffer opens a guest at endpoint and gives it an allocation of
-// size bytes, written once.
-func openWithBuffer(endpoint, name string, size int) (*pvdriver.Client, pvdriver.DevicePtr, error) {
+// openWithBuffer opens a guest at endpoint (that may fail over to
+// failover) and gives it an allocation of size bytes, written once.
+func openWithBuffer(endpoint, name string, size int, failover ...string) (*pvdriver.Client, pvdriver.DevicePtr, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	g, err := pvdriver.Open(ctx, endpoint, pvdriver.Options{GuestName: name})
+	g, err := pvdriver.Open(ctx, endpoint, pvdriver.Options{GuestName: name, Failover: failover})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -351,11 +361,14 @@ func RunBusyGuest(endpoint, load string, size int, out io.Writer) error {
 	}
 }
 
-func (p *fairnessPair) close() {
+func (p *fairnessPair) close(progress io.Writer) {
 	if p.light != nil {
 		p.light.Close()
 	}
 	p.nodes.Close()
+	if dir := p.nodes.KeptLogs(); dir != "" && progress != nil {
+		fmt.Fprintf(progress, "  the nodes' logs (share %d) are in %s\n", p.share, dir)
+	}
 }
 
 // PrintFairness prints the rows as a table.

@@ -46,6 +46,7 @@ func runBenchFairness(args []string) error {
 	cli.SizeVar(fs, &opts.HeavyBytes, "heavy-bytes", 16<<20, 1, 1<<30, "bytes per busy guest read or write")
 	var linkRate int64
 	cli.SizeVar(fs, &linkRate, "link-rate", 0, 0, cli.MaxInt64, "bytes per second the primary-to-standby link carries, with KiB, MiB or GiB (0: loopback, unlimited); a rate puts the nodes in network namespaces joined by a rate-limited veth link (needs root and iproute2), a link slower than the guests' copies, as between hosts")
+	keepLogs := fs.Bool("keep-logs", false, "keep the nodes' logs (their directories are printed on stderr; they are kept anyway when a pair fails)")
 	busy := cli.Choice(fs, "busy", "", []string{"", "1 reader", "1 writer"}, "run only the busy guest, at --busy-endpoint, until signalled (the benchmark starts it so, in a process of its own)")
 	busyEndpoint := fs.String("busy-endpoint", "", "the busy guest's endpoint (with --busy)")
 	var bf agent.BackendFlags
@@ -62,7 +63,8 @@ func runBenchFairness(args []string) error {
 	if err != nil {
 		return err
 	}
-	opts.Nodes = drill.NodesOptions{Binary: bin, Backend: bf.Name, Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.SimMemory, 10)}, LinkRate: linkRate}
+	opts.Nodes = drill.NodesOptions{Binary: bin, Backend: bf.Name, Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.SimMemory, 10)}, LinkRate: linkRate,
+		KeepLogs: *keepLogs}
 	opts.BusyGuest = func(endpoint, load string, bytes int) *exec.Cmd {
 		return exec.Command(bin, "bench", "fairness", "--busy", load, "--busy-endpoint", endpoint, "--heavy-bytes", strconv.Itoa(bytes))
 	}
