@@ -73,8 +73,8 @@ type fairnessLoad struct {
 
 // fairnessLoads are the loads, in the order each round runs them.
 var fairnessLoads = []fairnessLoad{
-	{name: "idle"}, {name: "1 reader", busy: "1 reader"}, {name: "1 writer", busy: "1 writer"},
-	{name: "1 reader, other pair", busy: "1 reader", elsewhere: true}, {name: "1 writer, other pair", busy: "1 writer", elsewhere: true},
+	{name: "idle"}, {name: "1 reader", busy: "reader"}, {name: "1 writer", busy: "writer"},
+	{name: "1 reader, other pair", busy: "reader", elsewhere: true}, {name: "1 writer, other pair", busy: "writer", elsewhere: true},
 }
 
 // fairnessPair is one configuration's nodes and light guest.
@@ -333,8 +333,8 @@ func (b *busyGuest) stop() error {
 	return err
 }
 
-// RunBusyGuest is the busy guest's process: it reads (load "1 reader") or
-// writes ("1 writer") an allocation of size bytes at endpoint as fast as
+// RunBusyGuest is the busy guest's process: it reads (load "reader") or
+// writes ("writer") an allocation of size bytes at endpoint as fast as
 // it can, and prints the bytes it moved after every call, until it is
 // signalled.
 func RunBusyGuest(endpoint, load string, size int, out io.Writer) error {
@@ -346,7 +346,7 @@ func RunBusyGuest(endpoint, load string, size int, out io.Writer) error {
 	buf := make([]byte, size)
 	w := bufio.NewWriter(out)
 	for n := int64(size); ; n += int64(size) {
-		if load == "1 reader" {
+		if load == "reader" {
 			err = g.CopyDtoH(buf, ptr)
 		} else {
 			err = g.CopyHtoD(ptr, buf)

@@ -47,7 +47,7 @@ func runBenchFairness(args []string) error {
 	var linkRate int64
 	cli.SizeVar(fs, &linkRate, "link-rate", 0, 0, cli.MaxInt64, "bytes per second the primary-to-standby link carries, with KiB, MiB or GiB (0: loopback, unlimited); a rate puts the nodes in network namespaces joined by a rate-limited veth link (needs root and iproute2), a link slower than the guests' copies, as between hosts")
 	keepLogs := fs.Bool("keep-logs", false, "keep the nodes' logs (their directories are printed on stderr; they are kept anyway when a pair fails)")
-	busy := cli.Choice(fs, "busy", "", []string{"", "1 reader", "1 writer"}, "run only the busy guest, at --busy-endpoint, until signalled (the benchmark starts it so, in a process of its own)")
+	busy := cli.Choice(fs, "busy", "off", []string{"off", "reader", "writer"}, "run only a busy guest that reads or writes --heavy-bytes flat out at --busy-endpoint, until signalled (the benchmark starts it so, in a process of its own)")
 	busyEndpoint := fs.String("busy-endpoint", "", "the busy guest's endpoint (with --busy)")
 	var bf agent.BackendFlags
 	bf.Register(fs)
@@ -55,7 +55,7 @@ func runBenchFairness(args []string) error {
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	if *busy != "" {
+	if *busy != "off" {
 		return bench.RunBusyGuest(*busyEndpoint, *busy, opts.HeavyBytes, os.Stdout)
 	}
 	opts.Shares, _ = parseShares(*shares)
