@@ -3,6 +3,7 @@ package pvdriver_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
 	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/link"
 )
@@ -256,5 +258,51 @@ func TestWriteInPiecesSurvivesFailover(t *testing.T) {
 				t.Fatalf("failovers %+v, want one", fo)
 			}
 		})
+	}
+}
+
+// TestFailureCarriedByResync: a pipelined request refused while no
+// standby ran (its failure waiting for the guest's next synchronization)
+// reaches a standby that joins later through the resync snapshot: after
+// a failover the new primary reports it, once.
+func TestFailureCarriedByResync(t *testing.T) {
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, Failover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, c.Endpoint, pvdriver.Options{GuestName: "g", Failover: []string{c.StandbyEndpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	p, err := g.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Memset32Async(p+4096, 1, 16, 0); err != nil { // past the allocation: refused
+		t.Fatal(err)
+	}
+	out := make([]byte, 4096)
+	if err := g.CopyDtoH(out, p); err != nil { // a commit point: the guest forgets the memset
+		t.Fatal(err)
+	}
+	if err := c.StartStandby(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitProtected(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.KillPrimary()
+	if err := g.Synchronize(); !errors.Is(err, abi.StatusOutOfRange) {
+		t.Fatalf("the first synchronization after the failover: %v, want the refused memset's failure", err)
+	}
+	if err := g.Synchronize(); err != nil {
+		t.Fatalf("a second synchronization: %v (a failure is reported once)", err)
+	}
+	if fo := g.Failovers(); len(fo) != 1 {
+		t.Fatalf("failovers %+v, want one", fo)
 	}
 }
