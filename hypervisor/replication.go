@@ -90,7 +90,9 @@ func (h *logHook) append(op replicate.Op, reqID uint64, payload []byte, result u
 // request logs what a guest request of op (info) with payload did: the
 // change it made (the log takes in's draft, whose body payload is, if it
 // has one), or a kernel that ran and faulted, which the standby must run
-// too. A refused or non-mutating request logs nothing.
+// too. A refused or non-mutating request logs nothing here (its failure,
+// if it failed, is logged by outcome: failures.go). A large write goes as
+// pieces where the hook may cut it (appendWritePieces).
 func (h *logHook) request(op abi.Opcode, info abi.OpInfo, reqID uint64, payload []byte, req, reply abi.Body, err error, in *inPlaceCopy) {
 	switch {
 	case !info.Mutates:
