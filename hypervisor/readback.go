@@ -1,6 +1,8 @@
 package hypervisor
 
 import (
+	"hash/crc32"
+
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -39,9 +41,13 @@ var readBacks = map[abi.Opcode]readBackOf{
 	abi.OpCopyDtoH: func(s *Session, req, reply abi.Body) {
 		r := req.(*abi.CopyDtoH)
 		data := reply.(*abi.DataReply).Data
+		if piece := s.record.piece(); piece > 0 && len(data) > piece {
+			s.record.readBackPieces(r.Src, r.Stream, data) // the reply is the node's own memory
+			return
+		}
 		d, buf := s.record.copyDraft(r.Src, r.Stream, len(data))
 		copy(buf, data)
-		s.record.readBack(d)
+		s.record.readBack(d, r.Src, r.Stream)
 	},
 	abi.OpGlobalRead: func(s *Session, req, reply abi.Body) {
 		r := req.(*abi.GlobalRead)
@@ -69,7 +75,10 @@ func (s *Session) handlerOf(op abi.Opcode) handler {
 	return opTable[op]
 }
 
-// recordReadBack logs the read-back of a successful read (readBacks).
+// recordReadBack logs the read-back of a successful read (readBacks). A
+// large one goes as pieces the log's fairness asks for
+// (replicate.Log.Piece: other guests' records go in between, instead of
+// waiting behind the whole read), each a write of its part in order.
 // Precondition: s.mu must be locked; s.record is set.
 func (s *Session) recordReadBack(op abi.Opcode, req, reply abi.Body) {
 	if of := readBacks[op]; of != nil {
@@ -96,7 +105,7 @@ func (s *Session) copyDtoHHostLogged(r *abi.HostCopy) (abi.Body, error) {
 		}
 		return nil, err
 	}
-	s.record.readBack(d)
+	s.record.readBack(d, r.Dev, r.Stream)
 	return reply, nil
 }
 
@@ -110,7 +119,70 @@ func (h *logHook) copyDraft(dst, stream uint64, n int) (*replicate.Draft, []byte
 	return d, body[abi.CopyPrefixSize:]
 }
 
-// readBack logs a copyDraft, filled, as a read-back; the log takes it.
-func (h *logHook) readBack(d *replicate.Draft) {
-	h.append(replicate.Op(abi.OpCopyHtoD), 0, d.Body(), 0, replicate.FlagReadBack, d)
+// readBack logs a copyDraft to dst on stream, filled, as a read-back; the
+// log takes it.
+// Where the log's fairness asks for pieces (piece), its bytes go as pieces
+// in order instead, and the draft is dropped.
+func (h *logHook) readBack(d *replicate.Draft, dst, stream uint64) {
+	body := d.Body()
+	if piece := h.piece(); piece > 0 && len(body)-abi.CopyPrefixSize > piece {
+		h.readBackPieces(dst, stream, body[abi.CopyPrefixSize:])
+		d.Discard()
+		return
+	}
+	h.append(replicate.Op(abi.OpCopyHtoD), 0, body, 0, replicate.FlagReadBack, d)
 }
+
+// readBackPieces logs the read-back of data, read from dst on stream, as
+// pieces of the log's piece size.
+func (h *logHook) readBackPieces(dst, stream uint64, data []byte) {
+	piece := h.piece()
+	for off := 0; off < len(data); off += piece {
+		h.readBackPart(&abi.CopyHtoD{Dst: dst + uint64(off), Stream: stream, Data: data[off:min(off+piece, len(data))]})
+	}
+}
+
+// readBackPart logs one piece of a read-back.
+func (h *logHook) readBackPart(part *abi.CopyHtoD) {
+	h.appendPart(part, 0, 0, replicate.FlagReadBack)
+}
+
+// appendPart logs a write of part (a piece of a larger one), encoded
+// straight into the log's buffer (a draft: its bytes are copied once).
+func (h *logHook) appendPart(part *abi.CopyHtoD, reqID, result uint64, flags uint16) {
+	d := h.log.NewDraft(abi.CopyPrefixSize + len(part.Data))
+	body := d.Body()
+	copy(body[abi.CopyPrefixSize:], part.Data)
+	abi.AppendCopyHtoDPrefix(body[:0], part.Dst, part.Stream, uint32(len(part.Data)))
+	h.append(replicate.Op(abi.OpCopyHtoD), reqID, body, result, flags, d)
+}
+
+// appendWritePieces logs a guest's large write (copy_htod) as the pieces
+// the log's fairness asks for (replicate.Log.Piece), so that other
+// guests' records go in between: every piece but the last without a
+// request id (a write of its part), the last with the request's id and,
+// in Result, the exactly-once sum of the whole request
+// (replicate.FlagPieces). A standby that takes over between two pieces
+// has not applied the request: the guest resends it whole, and it runs
+// whole (the same bytes to the same place). It reports false for a write
+// that goes as one record.
+func (h *logHook) appendWritePieces(reqID uint64, w *abi.CopyHtoD, payload []byte) bool {
+	piece := h.piece()
+	if piece <= 0 || len(w.Data) <= piece || reqID == 0 {
+		return false
+	}
+	sum := crc32.Checksum(payload, castagnoli)
+	for off := 0; off < len(w.Data); off += piece {
+		end := min(off+piece, len(w.Data))
+		part := &abi.CopyHtoD{Dst: w.Dst + uint64(off), Stream: w.Stream, Data: w.Data[off:end]}
+		if end < len(w.Data) {
+			h.appendPart(part, 0, 0, 0)
+		} else {
+			h.appendPart(part, reqID, uint64(sum), replicate.FlagPieces)
+		}
+	}
+	return true
+}
+
+// castagnoli is the exactly-once sum's polynomial (package exactlyonce).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -8,7 +8,8 @@
 // connection serves; the guest windows' slots), the handler table
 // (opTable: one handler per row of abi's opcode table, which says what
 // each opcode is), where a copy's bytes are read (inplace.go), and the
-// primary's replication hooks (replication.go, resync.go, readback.go).
+// primary's replication hooks (replication.go, resync.go, readback.go; a
+// request that fails is answered on both nodes: failures.go).
 // Its rooms own the rest, each behind a small interface of its own: the
 // connection edge (package guestconn), a session's device memory (devmem),
 // objects (objects), apertures (aperture) and exactly-once table
@@ -16,9 +17,10 @@
 // images (images).
 // It must never: trust a byte a guest sends (package abi decodes), log as a
 // read-back bytes a guest could change after the device returned them
-// (readback.go), let one guest name another's memory or handles, or let a
+// (readback.go), let one guest name another's memory or handles, let a
 // guest's misbehaviour (garbage, a cut connection, a flood, replies it
-// never reads) affect any other session.
+// never reads) affect any other session, or let a request that failed be
+// applied after a failover (failures.go).
 //
 // One goroutine serves each connection and runs its requests in order. The
 // per-session mutex serialises those requests with everything else that

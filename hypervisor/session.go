@@ -203,7 +203,7 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 		failure = s.noteOutcome(op, r, req, reply, err)
 	}
 	if s.record != nil {
-		s.record.request(op, info, r.ID, payload, reply, err, &in)
+		s.record.request(op, info, r.ID, payload, req, reply, err, &in)
 		if err == nil {
 			s.recordReadBack(op, req, reply)
 		}
