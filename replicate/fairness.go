@@ -24,11 +24,14 @@ package replicate
 // snapshot is being taken, and never for records of no session (control
 // records).
 
-// DefaultSessionShare is a new log's session share: about a millisecond
-// of a loopback link's throughput, so one busy guest costs the others
-// about that much per reply, and more than a link's bytes in flight
-// over an ack's round trip, so one guest alone still fills the link.
-const DefaultSessionShare = 1 << 20
+// DefaultSessionShare is a new log's session share: the largest that kept
+// other guests' p99 within 2x of idle beside a guest reading or writing
+// flat out (vgpuha-lab bench fairness, 2-core VM: 1.9x at 256 KiB on
+// loopback and on a 200 MiB/s link, 3.5x at 1 MiB on loopback;
+// docs/PERFORMANCE.md). It still covers a fast link's bytes in flight
+// over an ack's round trip (about 2.6 GB/s at 100 µs) for one guest alone;
+// a slower or distant link may want more.
+const DefaultSessionShare = 256 << 10
 
 // SetSessionShare bounds the bytes of one session's records the log holds
 // that the sync set has not received (n <= 0: no bound; a session may fill
