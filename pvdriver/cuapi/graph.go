@@ -306,15 +306,24 @@ func (d *Driver) GraphInstantiate(g uint64, flags uint64) (uint64, Result) {
 	return h, Success
 }
 
-// GraphExecDestroy is cuGraphExecDestroy.
-func (d *Driver) GraphExecDestroy(x uint64) Result {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// liveExec checks that x names an instantiated graph.
+// Precondition: d.mu must be locked.
+func (d *Driver) liveExec(x uint64) Result {
 	if r := d.ready(); r != Success {
 		return r
 	}
 	if d.execs[x] == nil {
 		return ErrorInvalidValue
+	}
+	return Success
+}
+
+// GraphExecDestroy is cuGraphExecDestroy.
+func (d *Driver) GraphExecDestroy(x uint64) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.liveExec(x); r != Success {
+		return r
 	}
 	delete(d.execs, x)
 	return Success
@@ -324,11 +333,8 @@ func (d *Driver) GraphExecDestroy(x uint64) Result {
 func (d *Driver) GraphUpload(x, s uint64) Result {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.ready(); r != Success {
+	if r := d.liveExec(x); r != Success {
 		return r
-	}
-	if d.execs[x] == nil {
-		return ErrorInvalidValue
 	}
 	_, r := d.stream(s)
 	return r
