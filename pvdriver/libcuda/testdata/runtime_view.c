@@ -12,17 +12,6 @@
 
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
-typedef struct {
-	int id;
-	char pad[4];
-	union { char bytes[64]; int i; struct { unsigned x, y, z; } clusterDim; } value;
-} CUlaunchAttribute;
-typedef struct {
-	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-	CUstream hStream;
-	CUlaunchAttribute *attrs;
-	unsigned int numAttrs;
-} CUlaunchConfig;
 CUresult cuGetExportTable(const void **table, const CUuuid *id);
 CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, void *jo, void **jv, unsigned int njo, void *lo, void **lv, unsigned int nlo);
 CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name);
