@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
-	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,21 +14,7 @@ import (
 )
 
 // rssBytes is this process's resident set (VmRSS).
-func rssBytes(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Skip("no /proc/self/status:", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) == 3 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	t.Skip("no VmRSS")
-	return 0
-}
+func rssBytes(t *testing.T) int64 { return procStatus(t, "VmRSS") }
 
 // announce is a frame header promising a 16 MiB copy whose payload never
 // comes.

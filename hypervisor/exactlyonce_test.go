@@ -20,7 +20,13 @@ type raw struct {
 
 func dialRaw(t *testing.T, e *env) *raw {
 	t.Helper()
-	conn, err := net.Dial("unix", e.endpoint[len("unix://"):])
+	return dialRawAt(t, e.endpoint)
+}
+
+// dialRawAt is dialRaw to a unix:// endpoint.
+func dialRawAt(t *testing.T, endpoint string) *raw {
+	t.Helper()
+	conn, err := net.Dial("unix", strings.TrimPrefix(endpoint, "unix://"))
 	if err != nil {
 		t.Fatal(err)
 	}

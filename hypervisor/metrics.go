@@ -14,6 +14,9 @@ type metrics struct {
 	panics      *prometheus.CounterVec
 	refusals    *prometheus.CounterVec
 	inPlace     *prometheus.CounterVec
+	// writeTimeouts counts guest connections dropped for reading none of
+	// their replies in time (package guestconn).
+	writeTimeouts prometheus.Counter
 	// resumed and expired count detached sessions taken back by their
 	// guest, and freed at the end of their grace period (lifetime.go).
 	resumed, expired prometheus.Counter
@@ -51,6 +54,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_guest_inplace_copy_bytes_total",
 			Help: "Copy data taken from a guest's shared memory where it lay, by where it went: device (straight to the device), log (into a replication log buffer), private (a stream copy's private buffer); from a host-memory region: hostmem_device (straight to the device), hostmem_log (into a replication log buffer).",
 		}, []string{"to"}),
+		writeTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vgpuha_guest_write_timeouts_total",
+			Help: "Guest connections dropped because the guest read none of its replies within --guest.write-timeout (its session is kept for its grace period).",
+		}),
 		resumed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vgpuha_guest_sessions_resumed_total",
 			Help: "Sessions a guest took back after their connection ended (here, or on the node that served before this one took over).",
@@ -81,41 +88,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	for _, op := range ops {
 		m.latency[op] = hist.WithLabelValues(op.String())
 	}
-	status := func(f func(Status) float64) func() float64 {
-		return func() float64 { return f(s.Status()) }
-	}
-	collectors := []prometheus.Collector{
-		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.resumed, m.expired, m.readBackRepairs, m.imageBytes,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_is_primary", Help: "1 while this node serves guests (not fenced).",
-		}, func() float64 {
-			if s.IsPrimary() {
-				return 1
-			}
-			return 0
-		}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_term", Help: "The term this node serves under.",
-		}, func() float64 { return float64(s.Term()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_guest_request_buffer_bytes", Help: "Bytes of large guest frames buffered now, out of the node's request buffer budget.",
-		}, func() float64 { return float64(s.edge.Budget().Used()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_guest_sessions", Help: "Open guest sessions.",
-		}, status(func(st Status) float64 { return float64(len(st.Sessions)) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_guest_sessions_detached", Help: "Guest sessions no connection serves: kept for a resume, or a standby's replicas.",
-		}, status(func(st Status) float64 { return float64(st.Detached) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_guest_sessions_detached_oldest_seconds", Help: "How long the oldest detached session has been kept without a connection on this node (0: none; a standby's replicas are its primary's to time).",
-		}, status(func(st Status) float64 { return st.OldestDetachedSeconds })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_device_memory_bytes", Help: "Device memory allocated by guests.",
-		}, status(func(st Status) float64 { return float64(st.Bytes) })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "vgpuha_device_objects", Help: "Allocations and handles held by guests.",
-		}, status(func(st Status) float64 { return float64(st.Objects) })),
-	}
+	collectors := append([]prometheus.Collector{
+		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.writeTimeouts, m.resumed, m.expired, m.readBackRepairs, m.imageBytes,
+	}, gauges(s)...)
 	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -124,6 +99,41 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	var err error
 	m.mmio, err = mmiotrace.NewMetrics(reg)
 	return m, err
+}
+
+// gauges are the node's gauges, read from s when scraped: one row each.
+func gauges(s *Server) []prometheus.Collector {
+	status := func(f func(Status) float64) func() float64 {
+		return func() float64 { return f(s.Status()) }
+	}
+	rows := []struct {
+		name, help string
+		value      func() float64
+	}{
+		{"vgpuha_is_primary", "1 while this node serves guests (not fenced).", func() float64 {
+			if s.IsPrimary() {
+				return 1
+			}
+			return 0
+		}},
+		{"vgpuha_term", "The term this node serves under.", func() float64 { return float64(s.Term()) }},
+		{"vgpuha_guest_request_buffer_bytes", "Bytes of large guest frames buffered now, out of the node's request buffer budget.",
+			func() float64 { return float64(s.edge.Budget().Used()) }},
+		{"vgpuha_guest_reply_queue_bytes", "Bytes of replies guest connections hold queued now (each at most --guest.reply-queue-bytes and one reply).",
+			func() float64 { return float64(s.edge.QueuedReplyBytes()) }},
+		{"vgpuha_guest_sessions", "Open guest sessions.", status(func(st Status) float64 { return float64(len(st.Sessions)) })},
+		{"vgpuha_guest_sessions_detached", "Guest sessions no connection serves: kept for a resume, or a standby's replicas.",
+			status(func(st Status) float64 { return float64(st.Detached) })},
+		{"vgpuha_guest_sessions_detached_oldest_seconds", "How long the oldest detached session has been kept without a connection on this node (0: none; a standby's replicas are its primary's to time).",
+			status(func(st Status) float64 { return st.OldestDetachedSeconds })},
+		{"vgpuha_device_memory_bytes", "Device memory allocated by guests.", status(func(st Status) float64 { return float64(st.Bytes) })},
+		{"vgpuha_device_objects", "Allocations and handles held by guests.", status(func(st Status) float64 { return float64(st.Objects) })},
+	}
+	out := make([]prometheus.Collector, len(rows))
+	for i, g := range rows {
+		out[i] = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help}, g.value)
+	}
+	return out
 }
 
 // countImageBytes counts n bytes of module images loaded from (guest or cache).
@@ -136,5 +146,5 @@ func (m *metrics) countInPlace(to string, n int) { m.inPlace.WithLabelValues(to)
 
 // edge is the counters a node's guest connections add to.
 func (m *metrics) edge() *guestconn.Metrics {
-	return &guestconn.Metrics{Requests: m.requests, FrameErrors: m.frameErrors, Refusals: m.refusals, Latency: m.latency}
+	return &guestconn.Metrics{Requests: m.requests, FrameErrors: m.frameErrors, Refusals: m.refusals, WriteTimeouts: m.writeTimeouts, Latency: m.latency}
 }

@@ -1,6 +1,8 @@
 package hypervisor
 
 import (
+	"hash/crc32"
+
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -19,41 +21,168 @@ import (
 // record like any commit point. The cost is the bytes read, once more, on
 // the replication link; what the guest never read may differ in its last
 // bits between the nodes until verify --repair (or a later read) fixes it.
+//
+// A read-back holds the bytes the device returned, never bytes a guest can
+// change after the copy. A reply is the node's own memory (readBacks take
+// the read-back from it). A copy into the guest's host-memory region
+// (copy_dtoh_hostmem) lands where any guest thread may rewrite it at any
+// moment, so a replicated session runs it through a log buffer instead
+// (readsThroughLog): the device copies into the buffer, the buffer is
+// copied into the region, and the log takes the buffer as the read-back.
+// That is no extra copy: before, the read-back was copied out of the
+// region.
 
-// readBackOf returns the write that puts what a successful read returned
-// where it came from, or nil for an op that reads nothing.
-// Precondition: s.mu must be locked.
-type readBackOf func(s *Session, req, reply abi.Body) (abi.Opcode, abi.Body)
+// readBackOf logs the read-back of a successful read of op, whose request
+// and reply are req and reply.
+// Precondition: s.mu must be locked; s.record is set.
+type readBackOf func(s *Session, req, reply abi.Body)
 
 var readBacks = map[abi.Opcode]readBackOf{
-	abi.OpCopyDtoH: func(s *Session, req, reply abi.Body) (abi.Opcode, abi.Body) {
+	abi.OpCopyDtoH: func(s *Session, req, reply abi.Body) {
 		r := req.(*abi.CopyDtoH)
-		return abi.OpCopyHtoD, &abi.CopyHtoD{Dst: r.Src, Stream: r.Stream, Data: reply.(*abi.DataReply).Data}
-	},
-	abi.OpCopyDtoHHost: func(s *Session, req, _ abi.Body) (abi.Opcode, abi.Body) {
-		r := req.(*abi.HostCopy)
-		data, err := s.mem.HostSpan(r) // checked by the read that just succeeded
-		if err != nil {
-			return 0, nil
+		data := reply.(*abi.DataReply).Data
+		if piece := s.record.piece(); piece > 0 && len(data) > piece {
+			s.record.readBackPieces(r.Src, r.Stream, data) // the reply is the node's own memory
+			return
 		}
-		return abi.OpCopyHtoD, &abi.CopyHtoD{Dst: r.Dev, Stream: r.Stream, Data: data}
+		d, buf := s.record.copyDraft(r.Src, r.Stream, len(data))
+		copy(buf, data)
+		s.record.readBack(d, r.Src, r.Stream)
 	},
-	abi.OpGlobalRead: func(s *Session, req, reply abi.Body) (abi.Opcode, abi.Body) {
+	abi.OpGlobalRead: func(s *Session, req, reply abi.Body) {
 		r := req.(*abi.GlobalRead)
-		return abi.OpGlobalWrite, &abi.GlobalWrite{Module: r.Module, Name: r.Name, Offset: r.Offset, Data: reply.(*abi.DataReply).Data}
+		w := &abi.GlobalWrite{Module: r.Module, Name: r.Name, Offset: r.Offset, Data: reply.(*abi.DataReply).Data}
+		s.record.append(replicate.Op(abi.OpGlobalWrite), 0, w.Append(nil), 0, replicate.FlagReadBack, nil)
 	},
 }
 
-// recordReadBack logs the read-back of a successful read (readBacks).
+// readsThroughLog are the reads a replicated session runs in place of
+// their opTable handler, because the bytes they read land in memory the
+// guest shares: each logs its own read-back.
+var readsThroughLog = map[abi.Opcode]handler{
+	abi.OpCopyDtoHHost: typed((*Session).copyDtoHHostLogged),
+}
+
+// handlerOf is the handler that runs op on this session: a replicated
+// session's reads into shared memory go through the log (readsThroughLog).
+// Precondition: s.mu must be locked.
+func (s *Session) handlerOf(op abi.Opcode) handler {
+	if s.record != nil {
+		if h := readsThroughLog[op]; h != nil {
+			return h
+		}
+	}
+	return opTable[op]
+}
+
+// recordReadBack logs the read-back of a successful read (readBacks). A
+// large one goes as pieces the log's fairness asks for
+// (replicate.Log.Piece: other guests' records go in between, instead of
+// waiting behind the whole read), each a write of its part in order.
 // Precondition: s.mu must be locked; s.record is set.
 func (s *Session) recordReadBack(op abi.Opcode, req, reply abi.Body) {
-	of := readBacks[op]
-	if of == nil {
-		return
+	if of := readBacks[op]; of != nil {
+		of(s, req, reply)
 	}
-	wop, w := of(s, req, reply)
-	if w == nil {
-		return
-	}
-	s.record.append(replicate.Op(wop), 0, w.Append(nil), 0, replicate.FlagReadBack, nil)
 }
+
+// copyDtoHHostLogged is a replicated session's copy_dtoh_hostmem: the
+// device's bytes go into a log buffer (a copy_htod body to where they came
+// from), are copied into the guest's region from there, and the buffer is
+// logged as the read-back, so the record holds what the device returned
+// even while a guest thread rewrites its region.
+// Precondition: s.mu must be locked; s.record is set.
+func (s *Session) copyDtoHHostLogged(r *abi.HostCopy) (abi.Body, error) {
+	var d *replicate.Draft
+	reply, err := s.mem.CopyDtoHHostThrough(r, func(n int) []byte {
+		var buf []byte
+		d, buf = s.record.copyDraft(r.Dev, r.Stream, n)
+		return buf
+	})
+	if err != nil {
+		if d != nil {
+			d.Discard()
+		}
+		return nil, err
+	}
+	s.record.readBack(d, r.Dev, r.Stream)
+	return reply, nil
+}
+
+// copyDraft is a log buffer holding a copy_htod of n bytes to dst on
+// stream, and the part of it where those bytes go. n is at most a frame's
+// payload (the read that returned them was checked against it).
+func (h *logHook) copyDraft(dst, stream uint64, n int) (*replicate.Draft, []byte) {
+	d := h.log.NewDraft(abi.CopyPrefixSize + n)
+	body := d.Body()
+	abi.AppendCopyHtoDPrefix(body[:0], dst, stream, uint32(n))
+	return d, body[abi.CopyPrefixSize:]
+}
+
+// readBack logs a copyDraft to dst on stream, filled, as a read-back; the
+// log takes it.
+// Where the log's fairness asks for pieces (piece), its bytes go as pieces
+// in order instead, and the draft is dropped.
+func (h *logHook) readBack(d *replicate.Draft, dst, stream uint64) {
+	body := d.Body()
+	if piece := h.piece(); piece > 0 && len(body)-abi.CopyPrefixSize > piece {
+		h.readBackPieces(dst, stream, body[abi.CopyPrefixSize:])
+		d.Discard()
+		return
+	}
+	h.append(replicate.Op(abi.OpCopyHtoD), 0, body, 0, replicate.FlagReadBack, d)
+}
+
+// readBackPieces logs the read-back of data, read from dst on stream, as
+// pieces of the log's piece size.
+func (h *logHook) readBackPieces(dst, stream uint64, data []byte) {
+	piece := h.piece()
+	for off := 0; off < len(data); off += piece {
+		h.readBackPart(&abi.CopyHtoD{Dst: dst + uint64(off), Stream: stream, Data: data[off:min(off+piece, len(data))]})
+	}
+}
+
+// readBackPart logs one piece of a read-back.
+func (h *logHook) readBackPart(part *abi.CopyHtoD) {
+	h.appendPart(part, 0, 0, replicate.FlagReadBack)
+}
+
+// appendPart logs a write of part (a piece of a larger one), encoded
+// straight into the log's buffer (a draft: its bytes are copied once).
+func (h *logHook) appendPart(part *abi.CopyHtoD, reqID, result uint64, flags uint16) {
+	d := h.log.NewDraft(abi.CopyPrefixSize + len(part.Data))
+	body := d.Body()
+	copy(body[abi.CopyPrefixSize:], part.Data)
+	abi.AppendCopyHtoDPrefix(body[:0], part.Dst, part.Stream, uint32(len(part.Data)))
+	h.append(replicate.Op(abi.OpCopyHtoD), reqID, body, result, flags, d)
+}
+
+// appendWritePieces logs a guest's large write (copy_htod) as the pieces
+// the log's fairness asks for (replicate.Log.Piece), so that other
+// guests' records go in between: every piece but the last without a
+// request id (a write of its part), the last with the request's id and,
+// in Result, the exactly-once sum of the whole request
+// (replicate.FlagPieces). A standby that takes over between two pieces
+// has not applied the request: the guest resends it whole, and it runs
+// whole (the same bytes to the same place). It reports false for a write
+// that goes as one record.
+func (h *logHook) appendWritePieces(reqID uint64, w *abi.CopyHtoD, payload []byte) bool {
+	piece := h.piece()
+	if piece <= 0 || len(w.Data) <= piece || reqID == 0 {
+		return false
+	}
+	sum := crc32.Checksum(payload, castagnoli)
+	for off := 0; off < len(w.Data); off += piece {
+		end := min(off+piece, len(w.Data))
+		part := &abi.CopyHtoD{Dst: w.Dst + uint64(off), Stream: w.Stream, Data: w.Data[off:end]}
+		if end < len(w.Data) {
+			h.appendPart(part, 0, 0, 0)
+		} else {
+			h.appendPart(part, reqID, uint64(sum), replicate.FlagPieces)
+		}
+	}
+	return true
+}
+
+// castagnoli is the exactly-once sum's polynomial (package exactlyonce).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)

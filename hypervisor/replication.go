@@ -50,7 +50,7 @@ func (s *Session) setRecord(h *logHook) {
 // recorder returns the session's hook into the log.
 // Precondition: s.mu must be locked (or s.repl otherwise stable).
 func (s *Server) recorder(id uint64) *logHook {
-	return &logHook{log: s.repl, session: id}
+	return &logHook{log: s.repl, session: id, mayCut: s.mode == replicate.ModeCommit || s.mode == replicate.ModeSync}
 }
 
 // logHook is a session's way into the replication log: it appends the
@@ -59,6 +59,21 @@ func (s *Server) recorder(id uint64) *logHook {
 type logHook struct {
 	log     *replicate.Log
 	session uint64
+	// mayCut: large writes and read-backs may go as pieces (the log's
+	// fairness between sessions: replicate.Log.Piece), where replies wait
+	// for what the standby holds (commit and sync modes). Never in epoch
+	// mode, whose cut may fall anywhere in the log (an epoch must not end
+	// inside a request), nor in async mode, where no reply waits.
+	mayCut bool
+}
+
+// piece is the most bytes a write the hook may cut goes in at once (0:
+// whole).
+func (h *logHook) piece() int {
+	if !h.mayCut {
+		return 0
+	}
+	return h.log.Piece()
 }
 
 // append logs one state change; payload is copied. With draft set,
@@ -75,11 +90,16 @@ func (h *logHook) append(op replicate.Op, reqID uint64, payload []byte, result u
 // request logs what a guest request of op (info) with payload did: the
 // change it made (the log takes in's draft, whose body payload is, if it
 // has one), or a kernel that ran and faulted, which the standby must run
-// too. A refused or non-mutating request logs nothing.
-func (h *logHook) request(op abi.Opcode, info abi.OpInfo, reqID uint64, payload []byte, reply abi.Body, err error, in *inPlaceCopy) {
+// too. A refused or non-mutating request logs nothing here (its failure,
+// if it failed, is logged by outcome: failures.go). A large write goes as
+// pieces where the hook may cut it (appendWritePieces).
+func (h *logHook) request(op abi.Opcode, info abi.OpInfo, reqID uint64, payload []byte, req, reply abi.Body, err error, in *inPlaceCopy) {
 	switch {
 	case !info.Mutates:
 	case err == nil:
+		if w, ok := req.(*abi.CopyHtoD); ok && in.draft == nil && h.appendWritePieces(reqID, w, payload) {
+			return
+		}
 		h.append(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0, in.takeDraft())
 	case info.RunsKernel && !isRefusal(err):
 		// The kernel ran and faulted: it may have written memory before

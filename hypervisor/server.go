@@ -8,15 +8,19 @@
 // connection serves; the guest windows' slots), the handler table
 // (opTable: one handler per row of abi's opcode table, which says what
 // each opcode is), where a copy's bytes are read (inplace.go), and the
-// primary's replication hooks (replication.go, resync.go, readback.go).
+// primary's replication hooks (replication.go, resync.go, readback.go; a
+// request that fails is answered on both nodes: failures.go).
 // Its rooms own the rest, each behind a small interface of its own: the
 // connection edge (package guestconn), a session's device memory (devmem),
 // objects (objects), apertures (aperture) and exactly-once table
 // (exactlyonce), the replica side (replica), tenants (tenancy) and module
 // images (images).
-// It must never: trust a byte a guest sends (package abi decodes), let one
-// guest name another's memory or handles, or let a guest's misbehaviour
-// (garbage, a cut connection, a flood) affect any other session.
+// It must never: trust a byte a guest sends (package abi decodes), log as a
+// read-back bytes a guest could change after the device returned them
+// (readback.go), let one guest name another's memory or handles, let a
+// guest's misbehaviour (garbage, a cut connection, a flood, replies it
+// never reads) affect any other session, or let a request that failed be
+// applied after a failover (failures.go).
 //
 // One goroutine serves each connection and runs its requests in order. The
 // per-session mutex serialises those requests with everything else that
@@ -76,6 +80,13 @@ type Config struct {
 	// RequestBufferBytes bounds the request bytes buffered by all guest
 	// connections together (package guestconn).
 	RequestBufferBytes int64
+	// ReplyQueueBytes bounds the reply bytes one guest connection holds
+	// queued for its guest: past it the node reads none of that
+	// connection's requests until the guest reads replies. WriteTimeout
+	// drops a connection whose guest reads nothing of its replies for that
+	// long (its session is kept for its grace period). Package guestconn.
+	ReplyQueueBytes int64
+	WriteTimeout    time.Duration
 	// Per tenant (package tenancy): the device memory its sessions hold
 	// together, its open sessions, and those it may leave detached;
 	// Tenants overrides them for named tenants ("uid:1000", "cid:3",
@@ -124,6 +135,11 @@ func DefaultConfig() Config {
 		// Fourteen frames of the largest payload in flight at once; a
 		// flood of announced frames cannot take the host's memory.
 		RequestBufferBytes: 256 << 20,
+		// Four replies of the largest payload: a guest that reads its
+		// replies never meets it (the guest driver sends a copy_dtoh after
+		// the last one's reply; a pipelined piece's reply is a few bytes).
+		ReplyQueueBytes: 64 << 20,
+		WriteTimeout:    30 * time.Second,
 		// A tenant may spread one session's quota over a few sessions.
 		TenantMemoryQuota: 4 << 30,
 		TenantMaxSessions: 16,
@@ -156,6 +172,8 @@ func (c Config) validate() error {
 		return errors.New("--guest.kernels needs --guest.max-sessions 1: a guest-built kernel reaches every session's memory in its process (run one primary per guest)")
 	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
 		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
+	case c.ReplyQueueBytes < 0 || c.WriteTimeout < 0:
+		return errors.New("the reply queue bound and the write timeout must not be negative")
 	}
 	return c.validateTenants()
 }
@@ -246,7 +264,8 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		return nil, err
 	}
 	s.metrics = m
-	s.edge = guestconn.New(guestNode{s}, guestconn.Config{MaxPayload: cfg.MaxPayload, RequestBufferBytes: cfg.RequestBufferBytes, Backend: backend},
+	s.edge = guestconn.New(guestNode{s}, guestconn.Config{MaxPayload: cfg.MaxPayload, RequestBufferBytes: cfg.RequestBufferBytes,
+		ReplyQueueBytes: cfg.ReplyQueueBytes, WriteTimeout: cfg.WriteTimeout, Backend: backend},
 		m.edge(), log)
 	return s, nil
 }

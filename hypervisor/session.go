@@ -159,8 +159,8 @@ var opTable = map[abi.Opcode]handler{
 // so a refused request leaves the session as it was.
 func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 	op, payload := r.Op, r.Payload
-	run, info := opTable[op], op.Info()
-	if run == nil {
+	info := op.Info()
+	if opTable[op] == nil {
 		return nil, fail(abi.StatusInvalidValue, "%s is not a session request", op)
 	}
 	if r.Async && !info.Async {
@@ -168,6 +168,7 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	run := s.handlerOf(op)
 	var req abi.Body
 	if _, ring := r.Src.(guestconn.Ring); !ring {
 		var err error
@@ -206,7 +207,7 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 		failure = s.noteOutcome(op, r, req, reply, err)
 	}
 	if s.record != nil {
-		s.record.request(op, info, r.ID, payload, reply, err, &in)
+		s.record.request(op, info, r.ID, payload, req, reply, err, &in)
 		if err == nil {
 			s.recordReadBack(op, req, reply)
 		}

@@ -3,6 +3,8 @@ package pvdriver_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/internal/lab/faultnet"
 	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 	"github.com/vgpuha/vgpuha/replicate/link"
 )
@@ -190,5 +193,116 @@ func TestSlowPrimaryKeepsItsGuests(t *testing.T) {
 	out := make([]byte, 4096)
 	if err := g.CopyDtoH(out, p); err != nil || !bytes.Equal(out, bytes.Repeat([]byte{5}, 4096)) {
 		t.Fatalf("reading back: %v, %v...", err, out[:8])
+	}
+}
+
+// TestWriteInPiecesSurvivesFailover: a large write that the primary logs
+// in pieces (the log's fairness between guests) takes effect exactly once
+// across a failover, whether the standby had every piece (the resend is
+// answered from its state: the last piece carries the whole request's
+// exactly-once sum) or only the first few (the request was not applied
+// there: the resend runs it whole).
+func TestWriteInPiecesSurvivesFailover(t *testing.T) {
+	for _, pieces := range []int{-1, 3} { // -1: every piece reaches the standby
+		t.Run(fmt.Sprint("pieces-", pieces), func(t *testing.T) {
+			var armed atomic.Bool
+			var sent atomic.Int64
+			hook := func(m link.Message) bool {
+				if !armed.Load() || m.From != link.FromPrimary || m.Type != "record" {
+					return true
+				}
+				return pieces < 0 || sent.Add(1) <= int64(pieces)
+			}
+			c, _, g := guestViaProxy(t, cluster.Options{Faults: hook})
+			const size = 4 << 20 // 16 pieces of a quarter of the default share
+			p, err := g.Alloc(size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := make([]byte, size)
+			for i := range data {
+				data[i] = byte(i * 7)
+			}
+			armed.Store(true)
+			wrote := make(chan error, 1)
+			if pieces < 0 {
+				// Pipelined: a resend refused (a wrong sum) would end the
+				// guest's connection instead of being dropped as a reply
+				// already had.
+				if err := g.CopyHtoDAsync(p, data, 0); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond) // every piece reaches the standby
+			} else {
+				go func() { wrote <- g.CopyHtoD(p, data) }()
+				for deadline := time.Now().Add(5 * time.Second); sent.Load() <= int64(pieces); time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the write never went out in pieces")
+					}
+				}
+			}
+			c.KillPrimary()
+			if pieces >= 0 {
+				if err := <-wrote; err != nil {
+					t.Fatalf("the write cut short by the failover: %v", err)
+				}
+			}
+			if err := g.Synchronize(); err != nil {
+				t.Fatalf("after the failover: %v", err)
+			}
+			out := make([]byte, size)
+			if err := g.CopyDtoH(out, p); err != nil || !bytes.Equal(out, data) {
+				t.Fatalf("after the failover: %v; the memory differs from the write", err)
+			}
+			if fo := g.Failovers(); len(fo) != 1 {
+				t.Fatalf("failovers %+v, want one", fo)
+			}
+		})
+	}
+}
+
+// TestFailureCarriedByResync: a pipelined request refused while no
+// standby ran (its failure waiting for the guest's next synchronization)
+// reaches a standby that joins later through the resync snapshot: after
+// a failover the new primary reports it, once.
+func TestFailureCarriedByResync(t *testing.T) {
+	c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, Failover: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, c.Endpoint, pvdriver.Options{GuestName: "g", Failover: []string{c.StandbyEndpoint}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	p, err := g.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Memset32Async(p+4096, 1, 16, 0); err != nil { // past the allocation: refused
+		t.Fatal(err)
+	}
+	out := make([]byte, 4096)
+	if err := g.CopyDtoH(out, p); err != nil { // a commit point: the guest forgets the memset
+		t.Fatal(err)
+	}
+	if err := c.StartStandby(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitProtected(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.KillPrimary()
+	if err := g.Synchronize(); !errors.Is(err, abi.StatusOutOfRange) {
+		t.Fatalf("the first synchronization after the failover: %v, want the refused memset's failure", err)
+	}
+	if err := g.Synchronize(); err != nil {
+		t.Fatalf("a second synchronization: %v (a failure is reported once)", err)
+	}
+	if fo := g.Failovers(); len(fo) != 1 {
+		t.Fatalf("failovers %+v, want one", fo)
 	}
 }

@@ -143,6 +143,15 @@
 // buffers records and applies an epoch only when the next epoch record
 // arrives, and discards an uncommitted one at failover.
 //
+// The log is one ordered stream, so a reply the mode holds waits for every
+// record before it, whoever logged it. It is shared fairly between guest
+// sessions (fairness.go): a session may hold at most its share of bytes
+// the sync set has not received (SetSessionShare), past which it waits
+// for its own backlog, and the hypervisor logs large writes and read-backs
+// in pieces (Log.Piece, FlagPieces) so other sessions' records go in
+// between. Nothing is reordered: each session's order and the log's one
+// sequence stay as they are.
+//
 // Replication replays the guest's operations, which holds only where a
 // kernel run twice writes the same bytes. Kernels with floating-point
 // atomics do not, and frameworks use them unasked, so the log also carries

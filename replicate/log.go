@@ -113,6 +113,12 @@ type Log struct {
 	// it takes the lock (a 16 MiB copy must not hold up acks and the
 	// sender).
 	keeping atomic.Bool
+	// sessionShare bounds each session's bytes the sync set does not
+	// hold yet (fairness.go; 0: none); sessionBytes counts them, for the
+	// records after recvSeq.
+	sessionShare int64
+	sessionBytes map[uint64]int64
+	recvSeq      uint64
 }
 
 // entry is a record the log keeps, encoded once (AppendRecord) with room
@@ -146,7 +152,7 @@ func NewLog(maxBytes int64) *Log {
 	var id [8]byte
 	rand.Read(id[:])
 	l := &Log{maxBytes: maxBytes, resyncBudget: max(maxBytes, DefaultResyncBudget), autoBudget: true, resyncStall: DefaultResyncStall, first: 1, id: binary.LittleEndian.Uint64(id[:]) | 1,
-		minInSync: 1, departed: map[string]bool{}}
+		minInSync: 1, departed: map[string]bool{}, sessionShare: DefaultSessionShare}
 	l.pool.Max = int(min(maxBytes, poolMaxIdle))
 	l.pool.Ahead = poolAhead
 	l.cond = sync.NewCond(&l.mu)
@@ -244,7 +250,7 @@ func (l *Log) Append(r Record) uint64 {
 func (l *Log) add(r Record, e entry) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.waitRoom(int64(r.Size()))
+	l.waitRoom(r.Session, int64(r.Size()))
 	l.last++
 	seq := l.last
 	if l.retain {
@@ -256,20 +262,22 @@ func (l *Log) add(r Record, e entry) uint64 {
 		e.end = l.total
 		l.pending = append(l.pending, e)
 		l.appended = append(l.appended, time.Now())
+		l.noteSessionBytes(r.Session, seq, int64(e.Size()))
 		l.bound()
 	}
 	l.cond.Broadcast()
 	return seq
 }
 
-// waitRoom blocks while Append of size bytes must wait (mustWait). A wait
+// waitRoom blocks while Append of size bytes of session must wait
+// (mustWait, and the session's share: fairness.go). A wait
 // for a resync's snapshot to earn the room lasts at most the resync stall:
 // then the record goes in, and only the resync budget bounds the log. So
 // a guest's write waits a bounded time (set by configuration, whatever the
 // memory size) while a resync streams, and guests that write faster than
 // the snapshot goes out are slowed by at most that much per record.
 // Precondition: l.mu must be locked.
-func (l *Log) waitRoom(size int64) {
+func (l *Log) waitRoom(session uint64, size int64) {
 	var timer *time.Timer
 	expired := false
 	defer func() {
@@ -280,7 +288,9 @@ func (l *Log) waitRoom(size int64) {
 	for {
 		switch l.mustWait(size) {
 		case roomFree:
-			return
+			if !l.overShare(session, size) {
+				return
+			}
 		case roomEarned:
 			if expired || l.resyncStall <= 0 {
 				return

@@ -194,6 +194,7 @@ func (l *Log) settle() {
 			delete(l.departed, c.name)
 		}
 	}
+	l.accountReceived()
 	l.release()
 	l.cond.Broadcast()
 }
@@ -263,13 +264,8 @@ const (
 // not yet earned the room; never while a snapshot is being taken.
 // Precondition: l.mu must be locked.
 func (l *Log) mustWait(size int64) room {
-	if l.closed {
+	if l.closed || l.snapshotPending() {
 		return roomFree
-	}
-	for _, c := range l.peers {
-		if c.attached && c.snapshotPending {
-			return roomFree
-		}
 	}
 	why := roomFree
 	for _, c := range l.peers {
@@ -286,6 +282,19 @@ func (l *Log) mustWait(size int64) room {
 		}
 	}
 	return why
+}
+
+// snapshotPending reports whether a resync is about to take a snapshot:
+// Append must not block (a blocked session would hold the lock the
+// snapshot needs).
+// Precondition: l.mu must be locked.
+func (l *Log) snapshotPending() bool {
+	for _, c := range l.peers {
+		if c.attached && c.snapshotPending {
+			return true
+		}
+	}
+	return false
 }
 
 // streamAllowance is what the log may hold for c while its snapshot

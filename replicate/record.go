@@ -119,6 +119,13 @@ const (
 	// on the standby so that it holds what the guest saw even where a
 	// kernel is not reproducible (floating-point atomics).
 	FlagReadBack
+	// FlagPieces: the last piece of a guest write the primary logged as
+	// pieces (for fairness between guests: replicate's fairness.go). The
+	// pieces before it came without a request id, each a write of its
+	// part; this one carries the request's id, and Result holds the
+	// CRC-32C of the whole request's body (its exactly-once sum), not an
+	// op result.
+	FlagPieces
 )
 
 // Guest returns the record's guest opcode, or false for a control kind.
@@ -219,7 +226,7 @@ func DecodeRecord(b []byte) (Record, error) {
 	if _, guest := r.Op.Guest(); !guest && (r.Op < OpSessionOpen || r.Op > lastControl) {
 		return Record{}, fmt.Errorf("%w: unknown kind %#x", ErrBadRecord, uint16(r.Op))
 	}
-	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair|FlagReadBack) != 0 {
+	if r.Flags&^(FlagFailed|FlagPlaced|FlagRepair|FlagReadBack|FlagPieces) != 0 {
 		return Record{}, fmt.Errorf("%w: unknown flags %#x", ErrBadRecord, r.Flags)
 	}
 	r.Body = b[recordHeader:]

@@ -67,10 +67,26 @@ build() {
 		rt_sgemm) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" -lcublas -lcublasLt || exit 1 ;;
 		torch) printf '#!/bin/sh\nexec python3 %s %s\n' "$src/torch_suite.py" "$steps" >"$work/bin/$p" ;;
 		torch_resnet) printf '#!/bin/sh\nexec python3 %s\n' "$src/torch_resnet.py" >"$work/bin/$p" ;;
+		fw_*) framework "$p" >"$work/bin/$p" || exit 1 ;;
 		*) echo "unknown program $p"; exit 1 ;;
 		esac
 		chmod +x "$work/bin/$p"
 	done
+}
+
+# framework NAME: the wrapper that runs framework program NAME (issue 42's
+# suite, pvdriver/libcuda/testdata/frameworks) for FW_STEPS steps (30).
+framework() {
+	local fw=$root/pvdriver/libcuda/testdata/frameworks n=${FW_STEPS:-30} env=""
+	local -A prog=([fw_gpt_flash]="gpt_bf16.py $n flash" [fw_gpt_efficient]="gpt_bf16.py $n efficient"
+		[fw_gpt_cudnn]="gpt_bf16.py $n cudnn" [fw_gpt_math]="gpt_bf16.py $n math" [fw_resnet_amp]="resnet_amp.py $n"
+		[fw_hf_lm]="hf_lm.py $n" [fw_compile]="compiled.py $n default" [fw_compile_ro]="compiled.py $n reduce-overhead"
+		[fw_graph]="graph.py $n" [fw_jax]="jax_train.py $n" [fw_cupy]="cupy_raw.py $n" [fw_triton]="triton_kernel.py $n"
+		[fw_pinned]="pinned.py $n" [fw_expandable]="gpt_bf16.py $n flash")
+	[ -n "${prog[$1]:-}" ] || { echo "unknown program $1" >&2; return 1; }
+	[ "$1" = fw_expandable ] && env="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+	[ "$1" = fw_jax ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false "
+	printf '#!/bin/sh\nexec env %spython3 %s/%s\n' "$env" "$fw" "${prog[$1]}"
 }
 
 start_node() { # NAME ARGS...
@@ -135,7 +151,7 @@ run() { # MODE PROGRAM
 		env=("LD_LIBRARY_PATH=$work/lib" "VGPUHA_ENDPOINT=unix://$work/repl.sock" "VGPUHA_FAILOVER=unix://$work/standby.sock")
 		;;
 	esac
-	[[ $p == torch* ]] && env+=(CUBLAS_WORKSPACE_CONFIG=:4096:8)
+	[[ $p == torch* || $p == fw_* ]] && env+=(CUBLAS_WORKSPACE_CONFIG=:4096:8)
 	env+=(CUDA_VISIBLE_DEVICES=0) # natively the program sees the primary's GPU alone, as through the library
 	verified="" pause_us=0
 	t0=${EPOCHREALTIME/[.,]/}

@@ -372,18 +372,48 @@ func (m *Memory) CopyHtoDHost(r *abi.HostCopy) (abi.Body, error) {
 // CopyDtoHHost copies from the device into the region; it is complete
 // when the backend returns.
 func (m *Memory) CopyDtoHHost(r *abi.HostCopy) (abi.Body, error) {
-	st, err := m.objs.Stream(r.Stream)
+	st, dst, err := m.checkDtoHHost(r)
 	if err != nil {
-		return nil, err
-	}
-	dst, err := m.HostSpan(r)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.CheckRange(r.Dev, r.Size, "copy from device"); err != nil {
 		return nil, err
 	}
 	return nil, m.ctx.CopyDtoH(dst, m.dev(r.Dev), st)
+}
+
+// CopyDtoHHostThrough is CopyDtoHHost through private memory: once the
+// request is checked, the device copies into private(n), n being the
+// copy's size (at most a frame), and that is copied into the region. The
+// private bytes are then what the device returned, whatever a guest
+// thread writes into its region meanwhile (a replicated session logs
+// them as the read's read-back). private is not called for a refused
+// request.
+func (m *Memory) CopyDtoHHostThrough(r *abi.HostCopy, private func(n int) []byte) (abi.Body, error) {
+	st, dst, err := m.checkDtoHHost(r)
+	if err != nil {
+		return nil, err
+	}
+	buf := private(len(dst))
+	if err := m.ctx.CopyDtoH(buf, m.dev(r.Dev), st); err != nil {
+		return nil, err
+	}
+	copy(dst, buf)
+	return nil, nil
+}
+
+// checkDtoHHost checks a copy from the device into the region and returns
+// its stream and the region's bytes it writes.
+func (m *Memory) checkDtoHHost(r *abi.HostCopy) (gpu.Stream, []byte, error) {
+	st, err := m.objs.Stream(r.Stream)
+	if err != nil {
+		return 0, nil, err
+	}
+	dst, err := m.HostSpan(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := m.CheckRange(r.Dev, r.Size, "copy from device"); err != nil {
+		return 0, nil, err
+	}
+	return st, dst, nil
 }
 
 // Snapshot adds the session's device memory to a resync snapshot: a

@@ -14,7 +14,12 @@ import (
 //   - the large buffers of all connections come from one budget
 //     (Config.RequestBufferBytes): a frame that would exceed it waits
 //     briefly, then is refused (StatusUnavailable, or at the next sync for
-//     an async request) and skipped; the connection goes on.
+//     an async request) and skipped; the connection goes on;
+//   - replies are bounded by what the guest reads: a connection holds at
+//     most Config.ReplyQueueBytes of queued replies and one more, and
+//     reads no request while it holds more (back-pressure); a guest that
+//     reads nothing for Config.WriteTimeout loses its connection
+//     (replies.go).
 
 // helloMaxPayload bounds a frame from a connection that has not opened or
 // resumed a session.

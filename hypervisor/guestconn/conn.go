@@ -54,9 +54,9 @@ func (e *Edge) ServeConn(conn net.Conn) {
 	c := &guestConn{
 		e: e, conn: conn,
 		fr:     abi.NewFrameReader(conn, helloMaxPayload),
-		bw:     bufio.NewWriterSize(conn, 4096),
 		tenant: tenancy.Of(conn),
 	}
+	c.bw = c.newWriter(4096)
 	c.replies.cond.L = &c.replies.mu
 	c.log = e.log.With("remote", conn.RemoteAddr().String(), "tenant", c.tenant)
 	conn.SetReadDeadline(time.Now().Add(helloTimeout))
@@ -107,11 +107,11 @@ const helloTimeout = 10 * time.Second
 
 // upgrade gives a connection whose session is open the buffers and limits
 // of a guest: larger buffered reads and writes, frames up to MaxPayload
-// drawn from the node's budget, no deadline.
+// drawn from the node's budget, no read deadline (writes keep theirs).
 func (c *guestConn) upgrade() {
 	c.conn.SetReadDeadline(time.Time{})
 	c.bw.Flush()
-	c.bw = bufio.NewWriterSize(c.conn, 64<<10)
+	c.bw = c.newWriter(64 << 10)
 	c.fr.Release()
 	if sr, ok := c.conn.(spanConn); ok {
 		// Shared memory: frames are copied out of the ring without a

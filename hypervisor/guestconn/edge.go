@@ -9,8 +9,10 @@
 // connection maps (Host, hostmem.go).
 //
 // It owns framing, limits and buffers before and after hello, the reply
-// order, the host-memory region and shared area of a connection (taken,
-// page-locked, let go), and what a connection counts and logs. It must
+// order, what a connection holds for its guest (bounded by what the guest
+// reads: back-pressure and a write deadline, budget.go), the host-memory
+// region and shared area of a connection (taken, page-locked, let go),
+// and what a connection counts and logs. It must
 // never trust a frame (package abi checks framing; a frame that cannot be
 // trusted ends its connection, a bad request fails that request only),
 // never run a request itself (the session does, through Node and
@@ -19,6 +21,7 @@ package guestconn
 
 import (
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,6 +114,15 @@ type Config struct {
 	// is the budget of all connections' buffered request bytes.
 	MaxPayload         int
 	RequestBufferBytes int64
+	// ReplyQueueBytes bounds the reply bytes one connection holds queued:
+	// past it the connection reads none of its guest's requests until
+	// replies went out (replies.go; zero: none while a reply is queued).
+	// WriteTimeout is how long a write of
+	// at most writeChunk reply bytes may wait for the guest to read (zero:
+	// forever); a guest that reads nothing for that long loses its
+	// connection, and its session is kept for its grace period.
+	ReplyQueueBytes int64
+	WriteTimeout    time.Duration
 	// Backend page-locks a connection's shared memory where it can
 	// (gpu.HostRegistrar); it runs nothing.
 	Backend gpu.Backend
@@ -123,6 +135,8 @@ type Edge struct {
 	budget  *Budget
 	metrics *Metrics
 	log     *slog.Logger
+	// queued is the reply bytes all connections hold queued now.
+	queued atomic.Int64
 }
 
 // New returns the edge of node. Its metrics' collectors are the caller's
@@ -134,11 +148,18 @@ func New(node Node, cfg Config, metrics *Metrics, log *slog.Logger) *Edge {
 // Budget is the request-buffer budget all the edge's connections share.
 func (e *Edge) Budget() *Budget { return e.budget }
 
+// QueuedReplyBytes is the reply bytes all connections hold queued for
+// their guests now (each at most Config.ReplyQueueBytes and one reply).
+func (e *Edge) QueuedReplyBytes() int64 { return e.queued.Load() }
+
 // Metrics are what an edge counts.
 type Metrics struct {
 	Requests    *prometheus.CounterVec // by op and status
 	FrameErrors *prometheus.CounterVec // by reason
 	Refusals    *prometheus.CounterVec // by reason
+	// WriteTimeouts counts connections ended because their guest read
+	// none of its replies for Config.WriteTimeout.
+	WriteTimeouts prometheus.Counter
 	// Latency by opcode, made once: a request finds its child by index,
 	// not by hashing label values.
 	Latency []prometheus.Observer

@@ -23,13 +23,23 @@ import (
 //     ordinary OpCopyHtoD with the data, the device copy runs from that
 //     buffer, so primary and standby can never differ, and the standby
 //     needs no region;
-//   - a device-to-host copy writes into the region (no state changes).
+//   - a device-to-host copy writes into the region (no state changes);
+//     replicated, through a log buffer first: the read's read-back is
+//     logged from that buffer, never from the region, where a guest
+//     thread may already have rewritten the bytes (hypervisor/readback.go).
 // A guest that rewrites the region while it is read garbles only its own
 // copy. A connection without a region answers StatusNotSupported, and the
 // guest sends the copy inline instead: after a failover onto a node that
 // serves it over unix or tcp, a resent host copy the session had already
 // applied is answered from its state (exactly once, by request id); one it
 // had not is refused and comes back inline under a new id.
+//
+// What host copies cost the node is bounded as any connection's replies
+// are: a host copy's reply is a few bytes (its data lies in the region,
+// the guest's own pages, which the listener's host-memory budget bounds),
+// so a guest that reads none of its replies meets the connection's reply
+// bound like any other (replies.go); a replicated read's read-back is a
+// log record like any other, within the log's bound.
 
 // Region is a guest's host-memory region as its connection maps it.
 type Region struct {

@@ -1,8 +1,11 @@
 package guestconn
 
 import (
+	"bufio"
 	"errors"
+	"os"
 	"sync"
+	"time"
 )
 
 // A replicated node holds a reply until the standby has what it reports
@@ -25,12 +28,27 @@ import (
 // before it and it either needs no wait or the guest has sent nothing
 // more (it then waits where it is): an unreplicated node, and a guest
 // that waits for each reply, never queue, and pay nothing for this.
+//
+// What a connection holds for its guest is bounded by what the guest
+// reads (back-pressure). Once its queued replies hold more than
+// Config.ReplyQueueBytes, the connection reads none of the guest's
+// requests until replies went out: a guest that sends reads and reads no
+// reply holds at most that bound and one reply on the node (the default,
+// 64 MiB, is four replies of the largest payload; the guest driver sends
+// a copy_dtoh once the last one's reply came, and a pipelined piece's
+// reply is a few bytes, so a guest that reads its replies never waits for
+// it). The replies go out through the connection's writer with a deadline
+// (replyWriter): a guest that takes longer than Config.WriteTimeout to
+// read writeChunk bytes loses its connection, whose session is then kept
+// for its grace period like any other whose connection dropped.
 type replyQueue struct {
 	mu   sync.Mutex
 	cond sync.Cond // signalled when pending changes or the queue closes
 	// pending holds queued replies, oldest first; the head stays until it
 	// is written, so an empty queue means the writer is the connection's.
+	// bytes is what they hold.
 	pending []queuedReply
+	bytes   int64
 	started bool // the sending goroutine runs
 	closing bool // the connection ends: send what is queued, then stop
 	dead    bool // a reply could not be sent, or must not be: none after it may be
@@ -43,9 +61,19 @@ type queuedReply struct {
 	held  func() bool
 }
 
+// queuedReplyOverhead is what a queued reply holds besides its frame's
+// bytes (its entry, the frame's allocation, its wait), so that a guest's
+// many small replies count for what they cost.
+const queuedReplyOverhead = 128
+
+// cost is the bytes a queued reply counts against Config.ReplyQueueBytes.
+func (r queuedReply) cost() int64 { return int64(len(r.frame)) + queuedReplyOverhead }
+
 // reply sends or queues one reply frame (c.out may be reused after it
 // returns); held, if not nil, reports once the reply may go, or false if
-// it never may. It returns false if the connection must end.
+// it never may. It returns false if the connection must end. It returns
+// once the connection may read the guest's next request: a reply queued
+// behind more than Config.ReplyQueueBytes waits until replies went out.
 func (c *guestConn) reply(frame []byte, held func() bool) bool {
 	q := &c.replies
 	q.mu.Lock()
@@ -63,14 +91,28 @@ func (c *guestConn) reply(frame []byte, held func() bool) bool {
 		_, err := c.bw.Write(frame)
 		return err == nil
 	}
-	q.pending = append(q.pending, queuedReply{frame: append([]byte(nil), frame...), held: held})
+	r := queuedReply{frame: append([]byte(nil), frame...), held: held}
+	q.pending = append(q.pending, r)
+	c.queuedBytes(r.cost())
 	if !q.started {
 		q.started, q.stopped = true, make(chan struct{})
 		go c.sendQueued()
 	}
 	q.cond.Broadcast()
+	for q.bytes > c.e.cfg.ReplyQueueBytes && !q.dead {
+		q.cond.Wait() // back-pressure: the guest reads replies first
+	}
+	dead := q.dead
 	q.mu.Unlock()
-	return true
+	return !dead
+}
+
+// queuedBytes adds n (negative: takes) to the reply bytes the connection
+// and its edge hold queued.
+// Precondition: c.replies.mu must be locked.
+func (c *guestConn) queuedBytes(n int64) {
+	c.replies.bytes += n
+	c.e.queued.Add(n)
 }
 
 // mayGo waits until a reply held by held (nil: nothing) may be sent and
@@ -141,13 +183,17 @@ func (c *guestConn) sendQueued() {
 			ok = err == nil
 		}
 		q.mu.Lock()
+		c.queuedBytes(-r.cost())
 		q.pending[0] = queuedReply{}
 		q.pending = q.pending[1:]
 		if ok && len(q.pending) == 0 {
 			ok = c.flush() == nil
 		}
-		q.cond.Broadcast() // a settle may be waiting for the queue to empty
+		q.cond.Broadcast() // a settle, or a reply held back by the bound, may be waiting
 		if !ok {
+			for _, r := range q.pending {
+				c.queuedBytes(-r.cost())
+			}
 			q.dead, q.pending = true, nil
 			q.mu.Unlock()
 			c.conn.Close() // the reader stops; the connection ends
@@ -171,4 +217,50 @@ func (c *guestConn) drainReplies() {
 	if started {
 		<-q.stopped
 	}
+}
+
+// writeChunk is the most reply bytes written under one deadline: a guest
+// must read that much within Config.WriteTimeout, not a whole reply.
+const writeChunk = 1 << 20
+
+// replyWriter is what a connection's buffered writer writes to: the
+// guest's connection, each writeChunk bytes under a fresh deadline of
+// Config.WriteTimeout. A write past its deadline fails, and the
+// connection ends (its writer keeps the error: the connection's reply
+// then fails, or the sending goroutine closes it).
+type replyWriter struct{ c *guestConn }
+
+func (w replyWriter) Write(p []byte) (int, error) {
+	c, timeout := w.c, w.c.e.cfg.WriteTimeout
+	done := 0
+	for done < len(p) {
+		if timeout > 0 {
+			c.conn.SetWriteDeadline(time.Now().Add(timeout))
+		}
+		n, err := c.conn.Write(p[done:min(len(p), done+writeChunk)])
+		done += n
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				c.writeTimedOut()
+			}
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// writeTimedOut notes a guest that read none of its replies for the write
+// timeout; the connection ends.
+func (c *guestConn) writeTimedOut() {
+	if m := c.e.metrics; m != nil && m.WriteTimeouts != nil {
+		m.WriteTimeouts.Inc()
+	}
+	c.log.Warn("dropping guest connection: the guest read none of its replies in time; its session is kept for its grace period",
+		"write_timeout", c.e.cfg.WriteTimeout)
+}
+
+// newWriter is the connection's buffered writer of size bytes, over
+// replyWriter.
+func (c *guestConn) newWriter(size int) *bufio.Writer {
+	return bufio.NewWriterSize(replyWriter{c}, size)
 }

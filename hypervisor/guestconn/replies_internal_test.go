@@ -1,7 +1,9 @@
 package guestconn
 
 import (
-	"bufio"
+	"bytes"
+	"io"
+	"log/slog"
 	"net"
 	"testing"
 	"time"
@@ -22,9 +24,7 @@ func (leaseHeld) LeaseExpired() bool { return false }
 // replyWire is a connection whose far end the test reads reply bytes from.
 func replyWire(t *testing.T, more int) (*guestConn, <-chan string) {
 	t.Helper()
-	near, far := net.Pipe()
-	c := &guestConn{e: &Edge{node: leaseHeld{}}, conn: near, bw: bufio.NewWriter(near), br: &pendingInput{n: more}}
-	c.replies.cond.L = &c.replies.mu
+	c, far := pipeConn(t, more, Config{ReplyQueueBytes: 1 << 20})
 	got := make(chan string, 16)
 	go func() {
 		buf := make([]byte, 64)
@@ -39,8 +39,20 @@ func replyWire(t *testing.T, more int) (*guestConn, <-chan string) {
 			}
 		}
 	}()
-	t.Cleanup(func() { near.Close(); far.Close() })
 	return c, got
+}
+
+// pipeConn is a connection under cfg over an in-memory pipe, and the
+// pipe's far end (the guest's), which the test reads or leaves unread.
+func pipeConn(t *testing.T, more int, cfg Config) (*guestConn, net.Conn) {
+	t.Helper()
+	near, far := net.Pipe()
+	c := &guestConn{e: &Edge{node: leaseHeld{}, cfg: cfg}, conn: near, br: &pendingInput{n: more},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	c.bw = c.newWriter(4096)
+	c.replies.cond.L = &c.replies.mu
+	t.Cleanup(func() { near.Close(); far.Close() })
+	return c, far
 }
 
 // gate is a held function the test opens (true) or fails (false).
@@ -159,4 +171,67 @@ func TestHeldReplyWaitsInPlace(t *testing.T) {
 	}
 	go c.settle()
 	readAll(t, got, "A")
+}
+
+// TestUnreadRepliesStopReading: once the connection's queued replies hold
+// more than ReplyQueueBytes, a reply does not return (the connection reads
+// no further request) until replies went out; then it does.
+func TestUnreadRepliesStopReading(t *testing.T) {
+	frame := bytes.Repeat([]byte{'r'}, 100)
+	cost := queuedReply{frame: frame}.cost()
+	c, far := pipeConn(t, 1, Config{ReplyQueueBytes: 2*cost + cost/2})
+	held, open := gate()
+	if !c.reply(frame, held) || !c.reply(frame, nil) { // two replies queued, the first held
+		t.Fatal("a reply within the bound was refused")
+	}
+	returned := make(chan bool, 1)
+	go func() { returned <- c.reply(frame, nil) }() // a third: over the bound
+	select {
+	case <-returned:
+		t.Fatal("the connection went on reading with more than ReplyQueueBytes queued")
+	case <-time.After(50 * time.Millisecond):
+	}
+	open <- true
+	go io.Copy(io.Discard, far) // the guest reads its replies
+	select {
+	case ok := <-returned:
+		if !ok {
+			t.Fatal("the reply was refused once the guest read")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection still waits after the guest read its replies")
+	}
+	if err := c.settle(); err != nil {
+		t.Fatal(err)
+	}
+	c.drainReplies()
+	if n := c.e.QueuedReplyBytes(); n != 0 {
+		t.Fatalf("%d reply bytes still counted queued", n)
+	}
+}
+
+// TestWriteTimeoutEndsConnection: a guest that reads none of its replies
+// for WriteTimeout loses its connection, whether the reply was written by
+// the connection itself or by the sending goroutine.
+func TestWriteTimeoutEndsConnection(t *testing.T) {
+	cfg := Config{ReplyQueueBytes: 1 << 20, WriteTimeout: 100 * time.Millisecond}
+	direct, _ := pipeConn(t, 0, cfg)
+	frame := bytes.Repeat([]byte{'r'}, 8192) // past the 4 KiB writer's buffer: written at once
+	if direct.reply(frame, nil) {
+		t.Fatal("a reply nobody read was reported written")
+	}
+	queued, _ := pipeConn(t, 1, cfg)
+	held, open := gate()
+	queued.reply(frame, held)
+	open <- true
+	if err := queued.settle(); err == nil {
+		t.Fatal("settle reported nothing wrong for a reply nobody read")
+	}
+	if queued.reply(frame, nil) {
+		t.Fatal("a reply was accepted after the connection ended")
+	}
+	queued.drainReplies()
+	if n := queued.e.QueuedReplyBytes(); n != 0 {
+		t.Fatalf("%d reply bytes still counted queued after the connection ended", n)
+	}
 }

@@ -133,7 +133,10 @@ func (a *Applier) applyGuest(s Session, rec *replicate.Record) error {
 			s.Memory().Prefault(result, alloc.Size) // its contents follow
 		}
 	}
-	if rec.ReqID != 0 { // a resync's contents carry none: no checksum pass over them
+	switch {
+	case rec.Flags&replicate.FlagPieces != 0: // the whole request's sum, not this piece's
+		s.Once().NoteContent(rec.ReqID, uint32(rec.Result))
+	case rec.ReqID != 0: // a resync's contents carry none: no checksum pass over them
 		s.Once().NoteContent(rec.ReqID, rec.BodyCRC())
 	}
 	why := verdict(rec, op, err, result, s.Memory().Translated())
@@ -154,7 +157,7 @@ func verdict(rec *replicate.Record, op abi.Opcode, err error, result uint64, tra
 		return fmt.Sprintf("%s (seq %d) failed on the replica but not on the primary: %v", op, rec.Seq, err)
 	case err == nil && primaryFailed:
 		return fmt.Sprintf("%s (seq %d) succeeded on the replica but failed on the primary", op, rec.Seq)
-	case err == nil && result != rec.Result && rec.Flags&replicate.FlagRepair == 0:
+	case err == nil && result != rec.Result && rec.Flags&(replicate.FlagRepair|replicate.FlagPieces) == 0:
 		return fmt.Sprintf("%s (seq %d) gave %#x on the replica, %#x on the primary", op, rec.Seq, result, rec.Result)
 	}
 	return ""

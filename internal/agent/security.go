@@ -15,6 +15,11 @@ import (
 func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.SizeVar(fs, &cfg.RequestBufferBytes, "guest.request-buffer-bytes", cfg.RequestBufferBytes, 1<<20, cli.MaxInt64,
 		"request bytes all guest connections may buffer together; a frame over it is refused")
+	cli.SizeVar(fs, &cfg.ReplyQueueBytes, "guest.reply-queue-bytes", cfg.ReplyQueueBytes, 1<<20, cli.MaxInt64,
+		"reply bytes one guest connection may hold queued for its guest (replies wait for the standby, or for the guest to read them); "+
+			"past it the node reads none of that connection's requests until the guest reads its replies")
+	cli.DurationVar(fs, &cfg.WriteTimeout, "guest.write-timeout", cfg.WriteTimeout, time.Second, 24*time.Hour,
+		"longest a guest may take to read 1 MiB of its replies; one that reads nothing for this long is dropped and its session kept for its grace period")
 	cli.SizeVar(fs, &cfg.ImageCacheBytes, "guest.image-cache-bytes", cfg.ImageCacheBytes, 0, cli.MaxInt64,
 		"module images (cubins, fatbins) kept for the next process of the same tenant that loads them, named by hash instead of sent again (0: none); "+
 			"shared out in --guest.image-cache-tenant-bytes shares")

@@ -74,6 +74,10 @@ type Config struct {
 	ResyncGuestShare float64
 	// ResyncRate bounds a resync's stream in bytes per second (0: none).
 	ResyncRate int64
+	// SessionShareBytes bounds one session's bytes in the log that the
+	// sync set has not received (replicate.Log.SetSessionShare; 0: the
+	// log's default, replicate.DefaultSessionShare; negative: none).
+	SessionShareBytes int64
 	// Detector watches the primary's heartbeats (standby only).
 	Detector failover.Detector
 	// Now is the clock (time.Now when nil).

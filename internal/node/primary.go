@@ -87,6 +87,9 @@ func (n *Node) replicate(targets []string) error {
 		lg.SetResyncStall(n.cfg.ResyncStall)
 	}
 	lg.SetResyncGuestShare(n.cfg.ResyncGuestShare)
+	if n.cfg.SessionShareBytes != 0 {
+		lg.SetSessionShare(n.cfg.SessionShareBytes) // negative: none
+	}
 	lg.SetMinInSync(n.cfg.MinInSync)
 	if ha, ok := n.cfg.Backend.(gpu.HostAllocator); ok {
 		// A guest's bulk copy goes to the device from its log buffer:

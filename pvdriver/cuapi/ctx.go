@@ -151,7 +151,11 @@ func (d *Driver) CtxSynchronize(t Thread) Result {
 	d.mu.Lock()
 	_, r := d.current(t)
 	c := d.client
+	capturing := r == Success && d.invalidateCaptures()
 	d.mu.Unlock()
+	if capturing {
+		return ErrorCaptureUnsupported // waiting for the device while a stream captures invalidates the capture
+	}
 	if r != Success {
 		return r
 	}

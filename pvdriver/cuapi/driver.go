@@ -59,8 +59,15 @@ type Driver struct {
 	funcs   map[uint64]*function
 	streams map[uint64]*stream
 	events  map[uint64]*event
-	used    uint64                // bytes allocated
-	hosts   map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc, or registered (hostmem.go)
+	// Graphs and stream captures (graph.go): captures by every stream in
+	// one, the captures events recorded in them belong to, graphs being
+	// built or built, instantiated graphs.
+	captures       map[uint64]*capture
+	capturedEvents map[uint64]*capture
+	graphs         map[uint64]*graph
+	execs          map[uint64]*graph
+	used           uint64                // bytes allocated
+	hosts          map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc, or registered (hostmem.go)
 
 	globals      map[uint64]moduleGlobal // module variables by their address on the node (globals.go)
 	primaryFlags uint32                  // cuDevicePrimaryCtxSetFlags
@@ -143,6 +150,8 @@ func (d *Driver) Init(flags uint32) Result {
 	d.base, d.size = c.Window()
 	d.ctxs, d.allocs, d.modules = map[uint64]*ctxState{}, map[uint64]allocation{}, map[uint64]*module{}
 	d.funcs, d.streams, d.events = map[uint64]*function{}, map[uint64]*stream{}, map[uint64]*event{}
+	d.captures, d.capturedEvents = map[uint64]*capture{}, map[uint64]*capture{}
+	d.graphs, d.execs = map[uint64]*graph{}, map[uint64]*graph{}
 	return Success
 }
 
@@ -268,8 +277,6 @@ func (d *Driver) DeviceAttribute(attr, dev int32) (int32, Result) {
 var unservedFeatures = map[int32]int32{
 	83:  0, // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
 	89:  0, // CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
-	95:  0, // CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
-	99:  0, // CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED
 	103: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (no VMM handle export, vmm.go)
 	104: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
 	105: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED

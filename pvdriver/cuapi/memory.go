@@ -109,6 +109,9 @@ func (d *Driver) copyTarget(t Thread, s uint64) (*pvdriver.Client, pvdriver.Stre
 // the session's region (cuMemAllocHost) the device may read it until the
 // stream is synchronised, as CUDA's rule for pinned memory says.
 func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bool) Result {
+	if r, ok := d.captured(s, graphNode{kind: nodeCopyHtoD, dst: dst, host: src}, dst, uint64(len(src))); ok {
+		return r
+	}
 	if r, ok := d.copyGlobal(t, dst, src, true); ok {
 		return r
 	}
@@ -126,6 +129,9 @@ func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bo
 // before returning: the copy is ordered after all earlier work (the null
 // stream's order, which includes stream s's).
 func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
+	if r, ok := d.captured(s, graphNode{kind: nodeCopyDtoH, src: src, host: dst}, src, uint64(len(dst))); ok {
+		return r
+	}
 	if r, ok := d.copyGlobal(t, src, dst, false); ok {
 		return r
 	}
@@ -138,6 +144,9 @@ func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
 
 // MemcpyDtoD is cuMemcpyDtoD_v2 and cuMemcpyDtoDAsync_v2.
 func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result {
+	if r, ok := d.captured(s, graphNode{kind: nodeCopyDtoD, dst: dst, src: src, n: n}, dst, n); ok {
+		return r
+	}
 	if d.IsGlobal(dst, n) || d.IsGlobal(src, n) {
 		return d.copyThroughHost(t, dst, src, n, s)
 	}
@@ -163,6 +172,11 @@ func (d *Driver) Memset(t Thread, dst uint64, width uint8, v uint32, count, s ui
 	}
 	if count == 0 {
 		return Success
+	}
+	if hi, n := bits.Mul64(count, uint64(width)); hi == 0 {
+		if r, ok := d.captured(s, graphNode{kind: nodeMemset, dst: dst, width: width, value: v, count: count}, dst, n); ok {
+			return r
+		}
 	}
 	if hi, n := bits.Mul64(count, uint64(width)); hi == 0 && d.IsGlobal(dst, n) {
 		pattern := [4]byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)}

@@ -30,6 +30,7 @@ const (
 	ErrorInvalidPTX       Result = 218
 	ErrorFileNotFound     Result = 301
 	ErrorInvalidHandle    Result = 400
+	ErrorIllegalState     Result = 401
 	ErrorNotFound         Result = 500
 	ErrorNotReady         Result = 600
 	ErrorIllegalAddress   Result = 700
@@ -43,30 +44,35 @@ const (
 )
 
 var resultText = map[Result][2]string{
-	Success:               {"CUDA_SUCCESS", "no error"},
-	ErrorInvalidValue:     {"CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-	ErrorOutOfMemory:      {"CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-	ErrorNotInitialized:   {"CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
-	ErrorDeinitialized:    {"CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
-	ErrorNoDevice:         {"CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
-	ErrorInvalidDevice:    {"CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-	ErrorInvalidImage:     {"CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
-	ErrorInvalidContext:   {"CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-	ErrorUnsupportedLimit: {"CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"},
-	ErrorNoBinaryForGPU:   {"CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
-	ErrorInvalidPTX:       {"CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
-	ErrorFileNotFound:     {"CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
-	ErrorInvalidHandle:    {"CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
-	ErrorNotFound:         {"CUDA_ERROR_NOT_FOUND", "named symbol not found"},
-	ErrorNotReady:         {"CUDA_ERROR_NOT_READY", "device not ready"},
-	ErrorIllegalAddress:   {"CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
-	ErrorLaunchResources:  {"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
-	ErrorContextDestroyed: {"CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
-	ErrorLaunchFailed:     {"CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
-	ErrorCooperativeLarge: {"CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
-	ErrorNotPermitted:     {"CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
-	ErrorNotSupported:     {"CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
-	ErrorUnknown:          {"CUDA_ERROR_UNKNOWN", "unknown error"},
+	Success:                 {"CUDA_SUCCESS", "no error"},
+	ErrorInvalidValue:       {"CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+	ErrorOutOfMemory:        {"CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+	ErrorNotInitialized:     {"CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+	ErrorDeinitialized:      {"CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+	ErrorNoDevice:           {"CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+	ErrorInvalidDevice:      {"CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+	ErrorInvalidImage:       {"CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+	ErrorInvalidContext:     {"CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+	ErrorUnsupportedLimit:   {"CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported on this architecture"},
+	ErrorNoBinaryForGPU:     {"CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the device"},
+	ErrorInvalidPTX:         {"CUDA_ERROR_INVALID_PTX", "a PTX JIT compilation failed"},
+	ErrorFileNotFound:       {"CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+	ErrorInvalidHandle:      {"CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+	ErrorIllegalState:       {"CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted in the current state"},
+	ErrorCaptureUnsupported: {"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
+	ErrorCaptureInvalidated: {"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+	ErrorCaptureUnmatched:   {"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not initiated in this stream"},
+	ErrorCaptureWrongThread: {"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"},
+	ErrorNotFound:           {"CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+	ErrorNotReady:           {"CUDA_ERROR_NOT_READY", "device not ready"},
+	ErrorIllegalAddress:     {"CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+	ErrorLaunchResources:    {"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"},
+	ErrorContextDestroyed:   {"CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+	ErrorLaunchFailed:       {"CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+	ErrorCooperativeLarge:   {"CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "too many blocks in cooperative launch"},
+	ErrorNotPermitted:       {"CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+	ErrorNotSupported:       {"CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+	ErrorUnknown:            {"CUDA_ERROR_UNKNOWN", "unknown error"},
 }
 
 // Name is the result's cuda.h name (cuGetErrorName); ok is false for a

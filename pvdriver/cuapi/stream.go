@@ -81,6 +81,12 @@ func (d *Driver) StreamDestroy(t Thread, s uint64) Result {
 	if st == nil {
 		return ErrorInvalidHandle
 	}
+	if cp := d.captureOf(s); cp != nil { // the capture it was in can no longer end well
+		cp.invalid = true
+		if cp.origin != s {
+			delete(d.captures, s)
+		}
+	}
 	delete(d.streams, s)
 	return resultOf("cuStreamDestroy", d.client.DestroyStream(st.remote), false)
 }
@@ -94,6 +100,11 @@ func (d *Driver) StreamSynchronize(t Thread, s uint64) Result {
 		return r
 	}
 	remote, r := d.stream(s)
+	if cp := d.captureOf(s); cp != nil { // a capturing stream cannot be waited for
+		cp.invalid = true
+		d.mu.Unlock()
+		return ErrorCaptureUnsupported
+	}
 	var sticky Result
 	if st := d.streams[s]; st != nil {
 		sticky, st.sticky = st.sticky, Success
@@ -130,6 +141,7 @@ func (d *Driver) StreamWaitEvent(t Thread, s, ev uint64, flags uint32) Result {
 	if d.events[ev] == nil {
 		return ErrorInvalidHandle
 	}
+	d.captureJoin(s, ev)
 	return Success
 }
 
@@ -159,6 +171,10 @@ func (d *Driver) EventRecord(t Thread, ev, s uint64) Result {
 	e := d.events[ev]
 	remote, r := d.stream(s)
 	c := d.client
+	if e != nil && r == Success && d.captureEventRecord(ev, s) {
+		d.mu.Unlock()
+		return Success // ordering inside the graph: no node, no wait
+	}
 	d.mu.Unlock()
 	if e == nil {
 		return ErrorInvalidHandle

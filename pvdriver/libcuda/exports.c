@@ -218,6 +218,12 @@ static const struct vg_proc vg_procs[] = {
 	E(cuDevicePrimaryCtxGetState, 7000, cuDevicePrimaryCtxGetState) E(cuDevicePrimaryCtxSetFlags, 11000, cuDevicePrimaryCtxSetFlags_v2)
 	E(cuDevicePrimaryCtxSetFlags, 7000, cuDevicePrimaryCtxSetFlags) E(cuDevicePrimaryCtxRelease, 7000, cuDevicePrimaryCtxRelease)
 	E(cuDevicePrimaryCtxReset, 7000, cuDevicePrimaryCtxReset) E(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags)
+	/* Stream capture and graphs (exports_graph.c). */
+	E(cuStreamBeginCapture, 10000, cuStreamBeginCapture) E(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2)
+	E(cuStreamEndCapture, 10000, cuStreamEndCapture) E(cuGraphCreate, 10000, cuGraphCreate) E(cuGraphDestroy, 10000, cuGraphDestroy)
+	E(cuGraphGetNodes, 10000, cuGraphGetNodes) E(cuGraphInstantiate, 10000, cuGraphInstantiate_v2)
+	E(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags) E(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams)
+	E(cuGraphLaunch, 10000, cuGraphLaunch) E(cuGraphUpload, 11010, cuGraphUpload) E(cuGraphExecDestroy, 10000, cuGraphExecDestroy)
 	E(cuCtxGetLimit, 3010, cuCtxGetLimit) E(cuCtxSetLimit, 3010, cuCtxSetLimit) E(cuCtxGetFlags, 7000, cuCtxGetFlags)
 	E(cuCtxSetFlags, 12010, cuCtxSetFlags) E(cuCtxGetId, 12000, cuCtxGetId) E(cuCtxGetApiVersion, 3020, cuCtxGetApiVersion)
 	E(cuCtxGetCacheConfig, 3020, cuCtxGetCacheConfig) E(cuCtxSetCacheConfig, 3020, cuCtxSetCacheConfig)

@@ -84,7 +84,12 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, 
 /* ---- Pointer attributes (CUpointer_attribute): what the driver knows of
  * an address — device memory the process allocated, host memory it got
  * from cuMemAllocHost/cuMemHostAlloc or registered (with the context that
- * pinned it, as CUDA reports it), or neither. Booleans are one byte. ---- */
+ * pinned it, as CUDA reports it), or neither. Booleans are written as
+ * unsigned ints, as NVIDIA's driver writes them: callers (XLA, cudart)
+ * read them into uninitialised unsigned ints, where one byte would leave
+ * the rest as whatever was on the stack (cudart could then take pinned
+ * host memory for managed memory: the likely reason PyTorch's
+ * is_pinned() read False). ---- */
 enum {
 	VG_PA_CONTEXT = 1, VG_PA_MEMORY_TYPE = 2, VG_PA_DEVICE_POINTER = 3, VG_PA_HOST_POINTER = 4, VG_PA_SYNC_MEMOPS = 6,
 	VG_PA_BUFFER_ID = 7, VG_PA_IS_MANAGED = 8, VG_PA_DEVICE_ORDINAL = 9, VG_PA_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
@@ -103,21 +108,21 @@ static CUresult vg_pointer_attr(void *data, CUpointer_attribute attr, CUdevicept
 	switch (attr) {
 	case VG_PA_MEMORY_TYPE: *(unsigned int *)data = d->kind; return CUDA_SUCCESS;
 	case VG_PA_CONTEXT: *(uintptr_t *)data = d->ctx; return CUDA_SUCCESS;
-	case VG_PA_IS_MANAGED: *(unsigned char *)data = 0; return CUDA_SUCCESS;
-	case VG_PA_IS_LEGACY_CUDA_IPC_CAPABLE: *(unsigned char *)data = 0; return CUDA_SUCCESS;
+	case VG_PA_IS_MANAGED: *(unsigned int *)data = 0; return CUDA_SUCCESS;
+	case VG_PA_IS_LEGACY_CUDA_IPC_CAPABLE: *(unsigned int *)data = 0; return CUDA_SUCCESS;
 	}
 	if (!known) return CUDA_ERROR_INVALID_VALUE;
 	switch (attr) {
 	case VG_PA_DEVICE_POINTER: *(CUdeviceptr *)data = p; return device ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 	case VG_PA_HOST_POINTER: *(void **)data = (void *)(uintptr_t)p; return device ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-	case VG_PA_SYNC_MEMOPS: *(unsigned char *)data = 1; return CUDA_SUCCESS;
+	case VG_PA_SYNC_MEMOPS: *(unsigned int *)data = 1; return CUDA_SUCCESS;
 	case VG_PA_BUFFER_ID: *(unsigned long long *)data = d->base; return CUDA_SUCCESS;
 	case VG_PA_DEVICE_ORDINAL: *(int *)data = 0; return CUDA_SUCCESS;
 	case VG_PA_RANGE_START_ADDR: *(CUdeviceptr *)data = d->base; return CUDA_SUCCESS;
 	case VG_PA_RANGE_SIZE: *(size_t *)data = d->size; return CUDA_SUCCESS;
-	case VG_PA_MAPPED: *(unsigned char *)data = 1; return CUDA_SUCCESS;
+	case VG_PA_MAPPED: *(unsigned int *)data = 1; return CUDA_SUCCESS;
 	case VG_PA_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; return CUDA_SUCCESS; /* no handle exports */
-	case VG_PA_IS_GPU_DIRECT_RDMA_CAPABLE: *(unsigned char *)data = 0; return CUDA_SUCCESS;
+	case VG_PA_IS_GPU_DIRECT_RDMA_CAPABLE: *(unsigned int *)data = 0; return CUDA_SUCCESS;
 	case VG_PA_ACCESS_FLAGS: *(unsigned int *)data = d->read_only ? VG_ACCESS_READ : VG_ACCESS_READWRITE; return CUDA_SUCCESS;
 	case VG_PA_MEMPOOL_HANDLE: *(void **)data = NULL; return CUDA_SUCCESS;
 	case VG_PA_MAPPING_SIZE: *(size_t *)data = d->size; return CUDA_SUCCESS;
@@ -166,9 +171,8 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 	return vg_traced(__func__, CUDA_SUCCESS);
 }
 
-/* ---- Stream capture (graphs): no stream of this driver ever captures,
- * so every stream reports CU_STREAM_CAPTURE_STATUS_NONE; the calling
- * thread's capture mode is kept and exchanged as CUDA does. ---- */
+/* ---- The calling thread's stream capture mode, kept and exchanged as
+ * CUDA does (capture itself: exports_graph.c). ---- */
 static __thread CUstreamCaptureMode vg_capture_mode; /* CU_STREAM_CAPTURE_MODE_GLOBAL */
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
 	CUstreamCaptureMode old;
@@ -176,30 +180,6 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
 	old = vg_capture_mode, vg_capture_mode = *mode, *mode = old;
 	return vg_traced(__func__, CUDA_SUCCESS);
 }
-CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
-	CUresult r = status ? vgStreamInfo(H(s), NULL, NULL) : CUDA_ERROR_INVALID_VALUE;
-	if (r == CUDA_SUCCESS) *status = 0;
-	return vg_traced(__func__, r);
-}
-CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id) {
-	CUresult r = cuStreamIsCapturing(s, status);
-	if (r == CUDA_SUCCESS && id) *id = 0;
-	return vg_traced(__func__, r);
-}
-CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps) {
-	CUresult r = cuStreamGetCaptureInfo(s, status, id);
-	if (r != CUDA_SUCCESS) return vg_traced(__func__, r);
-	if (graph) *graph = NULL;
-	if (deps) *deps = NULL;
-	if (ndeps) *ndeps = 0;
-	return vg_traced(__func__, r);
-}
-CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
-	CUresult r = cuStreamGetCaptureInfo_v2(s, status, id, graph, deps, ndeps);
-	if (r == CUDA_SUCCESS && edges) *edges = NULL;
-	return vg_traced(__func__, r);
-}
-
 /* ---- The device's PCI location, as cuDeviceGetPCIBusId formats it. ---- */
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
 	int domain, bus, slot;

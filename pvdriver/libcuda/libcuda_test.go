@@ -18,7 +18,7 @@ import (
 // programs are the C test programs in testdata, each written against
 // NVIDIA's driver API (testdata/cudaapi.h declares the subset) and run
 // unchanged through the library.
-var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "vmm", "sigstack"}
+var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "graph", "vmm", "sigstack"}
 
 // build compiles the library and the programs into a temporary directory.
 func build(t *testing.T) string {

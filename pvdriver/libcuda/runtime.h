@@ -1,4 +1,4 @@
-/* The entries exports_runtime.c, exports_hostmem.c and darkapi.c define, for cuGetProcAddress's
+/* The entries exports_runtime.c, exports_graph.c, exports_hostmem.c and darkapi.c define, for cuGetProcAddress's
  * table in exports.c (and so each definition is checked against its
  * declaration). */
 #ifndef VG_RUNTIME_H
@@ -27,6 +27,19 @@ CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsig
 CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps);
 CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps);
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev);
+/* exports_graph.c */
+CUresult cuStreamBeginCapture(CUstream s);
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream s, CUgraph *g);
+CUresult cuGraphCreate(CUgraph *g, unsigned int flags);
+CUresult cuGraphDestroy(CUgraph g);
+CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *x, CUgraph g, unsigned long long flags);
+CUresult cuGraphInstantiate_v2(CUgraphExec *x, CUgraph g, CUgraphNode *err, char *log, size_t logSize);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *x, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p);
+CUresult cuGraphLaunch(CUgraphExec x, CUstream s);
+CUresult cuGraphUpload(CUgraphExec x, CUstream s);
+CUresult cuGraphExecDestroy(CUgraphExec x);
 /* exports_hostmem.c */
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags);

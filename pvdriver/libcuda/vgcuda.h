@@ -45,6 +45,14 @@ typedef int CUlibraryOption;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphEdgeData_st CUgraphEdgeData;
+typedef struct CUgraphExec_st *CUgraphExec;
+/* CUDA_GRAPH_INSTANTIATE_PARAMS (CUDA 12). */
+typedef struct {
+	unsigned long long flags;
+	struct CUstream_st *hUploadStream;
+	CUgraphNode hErrNode_out;
+	int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 /* CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union. */
 typedef struct CUlaunchAttribute_st {
 	int id;

@@ -89,3 +89,19 @@ func (c *linkCut) stop() {
 		e.cmd.Wait()
 	}
 }
+
+// limitLink makes the primary's end of the pair's veth link send at most
+// rate bytes per second (tc's token bucket filter: a burst of 64 KiB,
+// packets queued up to 100 ms beyond it).
+func (p *pair) limitLink(rate int64) error {
+	if p.cut == nil || len(p.cut.ends) == 0 {
+		return fmt.Errorf("a link rate needs the pair in network namespaces")
+	}
+	e := p.cut.ends[0]
+	out, err := exec.Command("tc", "-n", e.ns, "qdisc", "replace", "dev", e.dev, "root", "tbf",
+		"rate", fmt.Sprintf("%dbit", rate*8), "burst", "64kb", "latency", "100ms").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("limiting %s in %s to %d B/s: %v: %s", e.dev, e.ns, rate, err, out)
+	}
+	return nil
+}

@@ -33,6 +33,12 @@ type NodesOptions struct {
 	// KeepLogs leaves the nodes' logs after Close (KeptLogs says where);
 	// they are kept anyway when something failed.
 	KeepLogs bool
+	// LinkRate, when above 0, puts each node in a network namespace of
+	// its own, joined by a veth link whose primary-to-standby direction
+	// carries at most LinkRate bytes per second (a token bucket, tc tbf):
+	// a replication link slower than the guests' copies, as between
+	// hosts. Needs root and iproute2 (NetnsAvailable).
+	LinkRate int64
 }
 
 // StartNodes starts the primary and waits until it serves guests.
@@ -45,8 +51,14 @@ func StartNodes(o NodesOptions) (*Nodes, error) {
 		return nil, err
 	}
 	p.standbyBackend, p.primaryFlags = o.StandbyBackend, o.PrimaryFlags
-	if err := p.launch(o.Mode, false, "unix", true); err != nil {
+	if err := p.launch(o.Mode, o.LinkRate > 0, "unix", true); err != nil {
 		return nil, err
+	}
+	if o.LinkRate > 0 {
+		if err := p.limitLink(o.LinkRate); err != nil {
+			p.stop()
+			return nil, err
+		}
 	}
 	return &Nodes{p: p, keepLogs: o.KeepLogs}, nil
 }
@@ -117,4 +129,16 @@ func (n *Nodes) Close() {
 		return
 	}
 	n.p.stop()
+}
+
+// LagBytes reads the bytes the primary's log holds that its standby has
+// not applied (its /status replication lag_bytes).
+func (n *Nodes) LagBytes() (int64, error) {
+	var st struct {
+		Replication struct {
+			LagBytes int64 `json:"lag_bytes"`
+		}
+	}
+	err := n.p.primary.Status(&st)
+	return st.Replication.LagBytes, err
 }

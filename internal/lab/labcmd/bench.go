@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
@@ -31,6 +32,55 @@ var benchmarks = map[string]cli.Command{
 	"resync":    {Summary: "resyncing a standby under guest load", Run: runBenchResync},
 	"apply":     {Summary: "the standby's apply rate", Run: runBenchApply},
 	"mmio":      {Summary: "aperture write tracing per mode", Run: runBenchMMIO},
+	"fairness":  {Summary: "a light guest's commit-mode latency beside a guest reading or writing flat out, per session share", Run: runBenchFairness},
+}
+
+func runBenchFairness(args []string) error {
+	fs := cli.NewFlags("bench fairness", "[flags]")
+	var opts bench.FairnessOptions
+	shares := cli.String(fs, "shares", "off,1MiB", func(v string) error { _, err := parseShares(v); return err },
+		"the primary's --replicate.session-share-bytes, one pair each, side by side, comma-separated (off: no share, the log as before issue 47)")
+	cli.IntVar(fs, &opts.Rounds, "rounds", 3, 1, 1000, "interleaved rounds; the percentiles pool every round's calls")
+	cli.IntVar(fs, &opts.Calls, "calls", 1000, 10, cli.MaxInt, "the light guest's timed reads per load and round")
+	cli.SizeVar(fs, &opts.LightBytes, "light-bytes", 4096, 1, 1<<24, "bytes per light read")
+	cli.SizeVar(fs, &opts.HeavyBytes, "heavy-bytes", 16<<20, 1, 1<<30, "bytes per busy guest read or write")
+	var linkRate int64
+	cli.SizeVar(fs, &linkRate, "link-rate", 0, 0, cli.MaxInt64, "bytes per second the primary-to-standby link carries, with KiB, MiB or GiB (0: loopback, unlimited); a rate puts the nodes in network namespaces joined by a rate-limited veth link (needs root and iproute2), a link slower than the guests' copies, as between hosts")
+	keepLogs := fs.Bool("keep-logs", false, "keep the nodes' logs (their directories are printed on stderr; they are kept anyway when a pair fails)")
+	busy := cli.Choice(fs, "busy", "off", []string{"off", "reader", "writer"}, "run only a busy guest that reads or writes --heavy-bytes flat out at --busy-endpoint, until signalled (the benchmark starts it so, in a process of its own)")
+	busyEndpoint := fs.String("busy-endpoint", "", "the busy guest's endpoint (with --busy)")
+	var bf agent.BackendFlags
+	bf.Register(fs)
+	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if *busy != "off" {
+		return bench.RunBusyGuest(*busyEndpoint, *busy, opts.HeavyBytes, os.Stdout)
+	}
+	opts.Shares, _ = parseShares(*shares)
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	opts.Nodes = drill.NodesOptions{Binary: bin, Backend: bf.Name, Flags: []string{"--sim.memory-bytes", strconv.FormatUint(bf.SimMemory, 10)}, LinkRate: linkRate,
+		KeepLogs: *keepLogs}
+	opts.BusyGuest = func(endpoint, load string, bytes int) *exec.Cmd {
+		return exec.Command(bin, "bench", "fairness", "--busy", load, "--busy-endpoint", endpoint, "--heavy-bytes", strconv.Itoa(bytes))
+	}
+	opts.Progress = os.Stderr
+	rows, err := bench.Fairness(opts)
+	if err != nil || *asJSON {
+		return errors.Join(err, jsonOut(*asJSON && err == nil, rows))
+	}
+	link := "loopback"
+	if linkRate > 0 {
+		link = cli.FormatBytes(uint64(linkRate)) + "/s veth link"
+	}
+	fmt.Printf("a light guest's %d-byte reads (commit points) beside a guest reading or writing %d bytes per call flat out; primary and standby processes on %s over %s, commit mode\n",
+		opts.LightBytes, opts.HeavyBytes, bf.Name, link)
+	bench.PrintFairness(os.Stdout, rows)
+	return nil
 }
 
 func runBench(args []string) error {
@@ -52,6 +102,23 @@ func runBench(args []string) error {
 		return cli.Usage(fmt.Errorf("unknown benchmark %q (%shave: %s)", args[0], hint, names))
 	}
 	return b.Run(args[1:])
+}
+
+// parseShares reads bench fairness's --shares: sizes, or off (0).
+func parseShares(v string) ([]int64, error) {
+	var out []int64
+	for _, f := range strings.Split(v, ",") {
+		if f == "off" {
+			out = append(out, 0)
+			continue
+		}
+		n, err := cli.ParseSizeList(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, int64(n[0]))
+	}
+	return out, nil
 }
 
 func runBenchResync(args []string) error {

@@ -5,14 +5,12 @@
 
 /* Features vgpuha's library does not serve read 0 through it, whatever the
  * GPU has (pvdriver/cuapi/driver.go, unservedFeatures): managed memory,
- * concurrent managed access, cooperative launch, host registration,
- * exporting memory handles (POSIX, Win32, Win32 KMT, fabric), compression,
- * GPUDirect RDMA with VMM, memory pools. (Cluster launch, 120, is served:
- * cuLaunchKernelEx's cluster dimensions; virtual memory management, 102,
- * too: vmm.c.) */
+ * concurrent managed access, exporting memory handles (POSIX, Win32,
+ * Win32 KMT, fabric), compression, GPUDirect RDMA with VMM, memory pools.
+ * (Cluster launch, 120, cooperative launch, 95, host registration, 99, and
+ * virtual memory management, 102 (vmm.c), are served.) */
 static int unserved(int a) {
-	return a == 83 || a == 89 || a == 95 || a == 99 || a == 103 || a == 104 || a == 105 || a == 107 || a == 110 ||
-		a == 115 || a == 128;
+	return a == 83 || a == 89 || a == 103 || a == 104 || a == 105 || a == 107 || a == 110 || a == 115 || a == 128;
 }
 
 static int calls;

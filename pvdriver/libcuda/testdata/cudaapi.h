@@ -20,6 +20,18 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUuuid_st { char bytes[16]; } CUuuid;
 typedef size_t (*CUoccupancyB2DSize)(int blockSize);
+/* CUlaunchAttribute and CUlaunchConfig (cuLaunchKernelEx, CUDA 12). */
+typedef struct {
+	int id;
+	char pad[4];
+	union { char bytes[64]; int i; struct { unsigned x, y, z; } clusterDim; } value;
+} CUlaunchAttribute;
+typedef struct {
+	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned int numAttrs;
+} CUlaunchConfig;
 
 enum {
 	CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_NOT_INITIALIZED = 3,

@@ -12,17 +12,6 @@
 
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
-typedef struct {
-	int id;
-	char pad[4];
-	union { char bytes[64]; int i; struct { unsigned x, y, z; } clusterDim; } value;
-} CUlaunchAttribute;
-typedef struct {
-	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-	CUstream hStream;
-	CUlaunchAttribute *attrs;
-	unsigned int numAttrs;
-} CUlaunchConfig;
 CUresult cuGetExportTable(const void **table, const CUuuid *id);
 CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, void *jo, void **jv, unsigned int njo, void *lo, void **lv, unsigned int nlo);
 CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name);
@@ -122,9 +111,11 @@ static void vadd_check(CUfunction f, CUdeviceptr a, CUdeviceptr b, CUdeviceptr c
 		attr.id = 4; /* CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: clusters of two blocks */
 		attr.value.clusterDim.x = 2, attr.value.clusterDim.y = 1, attr.value.clusterDim.z = 1;
 		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
-		attr.id = 2; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE: served (surfaces.c) */
-		attr.value.i = 1;
+		attr.id = 2; /* CU_LAUNCH_ATTRIBUTE_COOPERATIVE */
+		attr.value.clusterDim.x = 1;
 		CHECK(cuLaunchKernelEx(&cfg, f, args, NULL));
+		attr.id = 7; /* CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: not served */
+		EXPECT(CUDA_ERROR_NOT_SUPPORTED, cuLaunchKernelEx(&cfg, f, args, NULL));
 	} else {
 		CHECK(cuLaunchKernel(f, N / 128, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
 	}

@@ -11,13 +11,6 @@ enum { CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, CUDA_ERROR_HOST_MEMORY_N
 enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
 	CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMHOSTREGISTER_READ_ONLY = 8,
 	CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2 };
-typedef struct { int id; int pad; union { char bytes[64]; int i; } value; } CUlaunchAttribute;
-typedef struct {
-	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-	CUstream hStream;
-	CUlaunchAttribute *attrs;
-	unsigned int numAttrs;
-} CUlaunchConfig;
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
 	unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra);

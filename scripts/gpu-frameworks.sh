@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 42's framework suite: every program of
+# pvdriver/libcuda/testdata/frameworks natively, through the library,
+# replicated (verified at its checkpoint) and across a SIGKILL of the
+# primary at its checkpoint, by scripts/gpu-runtime.sh, in GROUPS groups
+# run side by side (each with its own nodes on the same GPUs).
+# Usage: scripts/gpu-frameworks.sh BINDIR   (prebuilt vgpuha, libcuda.so.1)
+# Knobs: PROGRAMS, GROUPS (3), FW_STEPS (30), MODES, LOGDIR (where each
+# group's table and log go; default a temporary directory), and
+# gpu-runtime.sh's own.
+set -uo pipefail
+B=$(cd "${1:-bin}" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+read -r -a all <<<"${PROGRAMS:-fw_gpt_flash fw_gpt_efficient fw_gpt_cudnn fw_gpt_math fw_resnet_amp fw_hf_lm fw_compile fw_compile_ro fw_graph fw_jax fw_cupy fw_triton fw_pinned fw_expandable}"
+groups=${GROUPS:-3}
+logdir=${LOGDIR:-$(mktemp -d)}
+mkdir -p "$logdir"
+pids=()
+for ((g = 0; g < groups; g++)); do
+	mine=()
+	for ((i = g; i < ${#all[@]}; i += groups)); do mine+=("${all[$i]}"); done
+	[ ${#mine[@]} -gt 0 ] || continue
+	PROGRAMS="${mine[*]}" PORT=$((7300 + g * 97 + RANDOM % 50)) LOGS="$logdir/group$g.log" \
+		"$here/gpu-runtime.sh" "$B" >"$logdir/group$g.table" 2>&1 &
+	pids+=($!)
+done
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+head -2 "$logdir/group0.table"
+cat "$logdir"/group*.table | grep '^| fw_' | sort
+grep -h -E '^FAIL|^no |never' "$logdir"/group*.table
+echo "logs: $logdir"
+exit $status
