@@ -439,11 +439,14 @@ func (m *Launch) decode(d *Decoder) {
 		d.fail(fmt.Errorf("%w: %d parameter bytes, limit %d", ErrBadArgument, total, MaxParamBytes))
 	}
 	if d.err == nil && len(d.b) >= 12 { // a cluster shape; anything shorter is trailing bytes
-		m.Cluster = d.dim3()
+		if m.Cluster = d.dim3(); m.Cluster == (Dim3{}) && len(d.b) < 4 {
+			d.fail(fmt.Errorf("%w: a zero cluster shape is sent as none", ErrBadArgument))
+			return
+		}
 	}
 	if d.err == nil && len(d.b) >= 4 { // launch flags
 		flags := d.U32()
-		if flags&^LaunchCooperative != 0 {
+		if flags&^LaunchCooperative != 0 || flags == 0 { // no flags are sent as none
 			d.fail(fmt.Errorf("%w: launch flags %#x", ErrBadArgument, flags))
 			return
 		}
