@@ -23,7 +23,8 @@
 # '^step 100 |^checkpoint$'; at a checkpoint the kill follows the verify),
 # FAULT (KILL or STOP), TORCH_STEPS (200), NATIVE_OUT (compare with this
 # file instead of running natively), PORT (the pair's replication port),
-# VGPUHA_DEBUG (passed to the library: 1 names refused calls, 2 also every
+# NODE_FLAGS (more flags for every node), VGPUHA_DEBUG (passed to the
+# library: 1 names refused calls, 2 also every
 # cuGetProcAddress lookup), LOGS.
 #
 # At a checkpoint the replica is verified; where it differs (a kernel with
@@ -113,7 +114,8 @@ wait_socket() {
 
 protected() { "$B/vgpuha" status --admin "unix://$work/admin.sock" --json 2>/dev/null | grep -Eq '"protected": *true'; }
 
-gflags=(--backend cuda --guest.kernels --guest.max-sessions 1)
+read -r -a node_flags <<<"${NODE_FLAGS:-}" # more flags for every node (e.g. --va.window-bytes 512GiB)
+gflags=(--backend cuda --guest.kernels --guest.max-sessions 1 "${node_flags[@]}")
 
 start_nodes() {
 	CUDA_VISIBLE_DEVICES=0 start_node plain primary "${gflags[@]}" --guest-listen "unix://$work/plain.sock" --admin-listen "unix://$work/padmin.sock"
