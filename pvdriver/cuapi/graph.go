@@ -411,3 +411,17 @@ func (d *Driver) captured(s uint64, n graphNode, addr, size uint64) (r Result, o
 	d.record(s, n)
 	return Success, true
 }
+
+// HostFuncPoint is where cuLaunchHostFunc's function may run: once stream
+// s's earlier work is done (its error, if it failed, is returned and the
+// function is not run). A capture cannot hold one: it ends in error.
+func (d *Driver) HostFuncPoint(t Thread, s uint64) Result {
+	d.mu.Lock()
+	if cp := d.captureOf(s); cp != nil {
+		cp.invalid = true
+		d.mu.Unlock()
+		return ErrorCaptureUnsupported
+	}
+	d.mu.Unlock()
+	return d.StreamSynchronize(t, s)
+}

@@ -221,7 +221,7 @@ static const struct vg_proc vg_procs[] = {
 	E(cuDevicePrimaryCtxReset, 7000, cuDevicePrimaryCtxReset) E(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags)
 	/* Stream capture and graphs (exports_graph.c). */
 	E(cuStreamBeginCapture, 10000, cuStreamBeginCapture) E(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2)
-	E(cuStreamEndCapture, 10000, cuStreamEndCapture) E(cuGraphCreate, 10000, cuGraphCreate) E(cuGraphDestroy, 10000, cuGraphDestroy)
+	E(cuStreamEndCapture, 10000, cuStreamEndCapture) E(cuLaunchHostFunc, 10000, cuLaunchHostFunc) E(cuGraphCreate, 10000, cuGraphCreate) E(cuGraphDestroy, 10000, cuGraphDestroy)
 	E(cuGraphGetNodes, 10000, cuGraphGetNodes) E(cuGraphInstantiate, 10000, cuGraphInstantiate_v2)
 	E(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags) E(cuGraphInstantiateWithParams, 12000, cuGraphInstantiateWithParams)
 	E(cuGraphLaunch, 10000, cuGraphLaunch) E(cuGraphUpload, 11010, cuGraphUpload) E(cuGraphExecDestroy, 10000, cuGraphExecDestroy)

@@ -40,6 +40,18 @@ CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, un
 	return r;
 }
 
+/* A host function runs once the stream's earlier work is done: here the
+ * caller waits for it and calls fn itself, so the stream's later work,
+ * queued after this returns, follows fn as CUDA orders it. In a capture it
+ * is refused (a graph here holds device work only). */
+CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
+	CUresult r;
+	if (fn == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	r = vgHostFuncPoint(H(s));
+	if (r == CUDA_SUCCESS) fn(data);
+	return vg_traced(__func__, r);
+}
+
 CUresult cuGraphCreate(CUgraph *g, unsigned int flags) { return vg_traced(__func__, vgGraphCreate(OUT(g), flags)); }
 CUresult cuGraphDestroy(CUgraph g) { return vg_traced(__func__, vgGraphDestroy(H(g))); }
 /* The count only: nodes are not handed out one by one. */

@@ -41,6 +41,9 @@ func vgStreamCaptureInfo(s C.uintptr_t, status *C.int, id *C.ulonglong, g *C.uin
 	return res(r)
 }
 
+//export vgHostFuncPoint
+func vgHostFuncPoint(s C.uintptr_t) C.CUresult { return res(drv.HostFuncPoint(thread{}, uint64(s))) }
+
 //export vgGraphCreate
 func vgGraphCreate(g *C.uintptr_t, flags C.uint) C.CUresult {
 	h, r := drv.GraphCreate(thread{}, uint32(flags))

@@ -31,6 +31,7 @@ CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev);
 CUresult cuStreamBeginCapture(CUstream s);
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture(CUstream s, CUgraph *g);
+CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data);
 CUresult cuGraphCreate(CUgraph *g, unsigned int flags);
 CUresult cuGraphDestroy(CUgraph g);
 CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n);

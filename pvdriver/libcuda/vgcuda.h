@@ -46,6 +46,7 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphEdgeData_st CUgraphEdgeData;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef void (*CUhostFn)(void *userData);
 /* CUDA_GRAPH_INSTANTIATE_PARAMS (CUDA 12). */
 typedef struct {
 	unsigned long long flags;

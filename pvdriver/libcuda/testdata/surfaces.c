@@ -17,6 +17,9 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, 
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostUnregister(void *p);
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p);
+CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data);
+
+static void count_call(void *data) { ++*(int *)data; }
 
 #define N 8192
 
@@ -42,8 +45,13 @@ static void cooperative(CUfunction saxpy, CUdeviceptr x, CUdeviceptr y, float *h
 	float alpha = 1.0f;
 	unsigned int n = N;
 	void *params[] = {&x, &y, &alpha, &n};
+	int host_calls = 0;
 	saxpy_check(saxpy, x, y, host, 0);
 	saxpy_check(saxpy, x, y, host, 1);
+	CHECK(cuLaunchKernel(saxpy, N / 256, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
+	CHECK(cuLaunchHostFunc(NULL, count_call, &host_calls));
+	CHECK(cuCtxSynchronize());
+	if (host_calls != 1) FAIL("a host function ran %d times, want once", host_calls);
 	/* More blocks than the GPU holds at once: refused, the launch does not
 	 * run, and the context carries on (not a sticky error). */
 	CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
