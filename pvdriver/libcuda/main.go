@@ -19,6 +19,20 @@
 // runs. Programs may disable theirs (JAX's XLA did), so every call into
 // Go passes through sigstack.c, which lends the thread a stack for the
 // call when its own is disabled (testdata/sigstack.c).
+//
+// Why a Go runtime in every guest process (issue 42 asked whether it is
+// the right design): the session's wire protocol, resume after a
+// failover, exactly-once bookkeeping and the shared-memory transport are
+// pvdriver's, one implementation that Go guests and this library share
+// and that the failover tests exercise; a C copy of them would be a
+// second implementation of the most delicate code. What a runtime costs a
+// host program is known and contained here: its signal stack (above),
+// threads it starts (a handful, idle between calls), and fork (a child
+// that calls CUDA opens a session of its own, as with NVIDIA's driver,
+// whose contexts do not survive fork either). The alternative, a C
+// library forwarding each call to a helper process that holds the
+// session, costs a hop per call; it becomes the better design if a host
+// program is found that the runtime cannot live beside.
 package main
 
 // #cgo LDFLAGS: -Wl,--wrap=crosscall2
