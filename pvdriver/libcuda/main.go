@@ -27,9 +27,9 @@
 // and that the failover tests exercise; a C copy of them would be a
 // second implementation of the most delicate code. What a runtime costs a
 // host program is known and contained here: its signal stack (above),
-// threads it starts (a handful, idle between calls), and fork (a child
-// that calls CUDA opens a session of its own, as with NVIDIA's driver,
-// whose contexts do not survive fork either). The alternative, a C
+// threads it starts (a handful, idle between calls), and fork (PyTorch's
+// forked DataLoader workers run; as with NVIDIA's driver, a forked child
+// must not use the parent's CUDA state). The alternative, a C
 // library forwarding each call to a helper process that holds the
 // session, costs a hop per call; it becomes the better design if a host
 // program is found that the runtime cannot live beside.
