@@ -115,6 +115,7 @@ type Options struct {
 // answers the ones it already applied from its state: each request takes
 // effect exactly once, and calls in flight simply complete.
 type Client struct {
+	stats      opCounters // requests sent and waited for, per opcode (opstats.go)
 	maxPayload int
 	opts       Options
 	endpoints  []string
@@ -689,7 +690,9 @@ func (c *Client) callSized(op abi.Opcode, req, reply abi.Body, sizeHint int) err
 
 // finish waits for a submitted call's reply and decodes it into reply.
 func (c *Client) finish(op abi.Opcode, reply abi.Body, rr *replyReader, drive bool, ch chan result) error {
+	start := time.Now()
 	r := c.awaitReply(rr, drive, ch)
+	c.stats.noteWaited(op, time.Since(start))
 	if r.err != nil {
 		return r.err
 	}
@@ -741,6 +744,7 @@ func (c *Client) submit(op abi.Opcode, req abi.Body, sizeHint int, ch chan resul
 		}
 		return nil, false, err
 	}
+	c.stats.noteSent(op)
 	return rr, drive, nil
 }
 

@@ -168,6 +168,10 @@ func (d *Driver) Shutdown() {
 	c := d.client
 	d.mu.Unlock()
 	if c != nil {
+		if os.Getenv("VGPUHA_STATS") == "1" || os.Getenv("VGPUHA_DEBUG") != "" {
+			fmt.Fprintf(os.Stderr, "vgpuha libcuda: requests of this process, per opcode (the most time waited first):\n")
+			pvdriver.WriteStats(os.Stderr, c.Stats())
+		}
 		c.Close()
 	}
 	d.mu.Lock()
