@@ -50,12 +50,11 @@ CUresult cuCtxSetCurrent(CUcontext ctx) { return vgCtxSetCurrent(H(ctx)); }
 CUresult cuCtxGetCurrent(CUcontext *pctx) { return vgCtxGetCurrent(OUT(pctx)); }
 CUresult cuCtxPushCurrent_v2(CUcontext ctx) { return vgCtxPushCurrent(H(ctx)); }
 CUresult cuCtxPopCurrent_v2(CUcontext *pctx) { return vgCtxPopCurrent(OUT(pctx)); }
-/* Not exported by their first names (cuCtxPushCurrent, cuCtxPopCurrent):
- * cuDNN's runtime-compiled engines bind them with dlsym and give up
- * without them, but with them exported every cublasCreate failed on the
- * GPU (CUBLAS_STATUS_INTERNAL_ERROR right after its runtime's start, no
- * refused call named), so a library loader that finds them takes a path
- * this library does not serve yet (issue 42's closing note). */
+/* The first versions (CUDA 2.0) by their own names: cuDNN's runtime-compiled
+ * engines bind these with dlsym and give up without them; their arguments
+ * are _v2's. */
+CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 CUresult cuCtxSynchronize(void) { return vgCtxSynchronize(); }
 CUresult cuCtxGetDevice(CUdevice *dev) { return vgCtxGetDevice(dev); }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { return vgPrimaryCtxRetain(OUT(pctx), dev); }

@@ -69,6 +69,10 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *x, CUgraph g, CUgraphNode *err, char
 	if (log && logSize) log[0] = 0;
 	return vg_traced(__func__, vgGraphInstantiate(OUT(x), H(g), 0));
 }
+/* The same by its first name: a host library binds cuGraphInstantiate
+ * with dlsym, and without it every cublasCreate failed on the GPU with
+ * CUBLAS_STATUS_INTERNAL_ERROR (testdata/dlsym_names.txt). */
+CUresult cuGraphInstantiate(CUgraphExec *x, CUgraph g, CUgraphNode *err, char *log, size_t logSize) { return cuGraphInstantiate_v2(x, g, err, log, logSize); }
 CUresult cuGraphInstantiateWithParams(CUgraphExec *x, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
 	CUresult r;
 	if (p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -36,6 +37,7 @@ func build(t *testing.T) string {
 	if err := os.Symlink("libcuda.so.1", filepath.Join(dir, "libcuda.so")); err != nil {
 		t.Fatal(err)
 	}
+	checkDlsymNames(t, filepath.Join(dir, "libcuda.so.1"))
 	for _, p := range programs {
 		out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-ffp-contract=off", "-o", filepath.Join(dir, p),
 			filepath.Join("testdata", p+".c"), "-L"+dir, "-lcuda").CombinedOutput()
@@ -146,4 +148,35 @@ func protectedPair(t *testing.T, opts cluster.Options) *cluster.Cluster {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// checkDlsymNames fails t unless the library at path exports every name of
+// testdata/dlsym_names.txt: host libraries bind those with dlsym, and one
+// missing fails its caller with no refused call to name.
+func checkDlsymNames(t *testing.T, path string) {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, s := range syms {
+		if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC {
+			exported[s.Name] = true
+		}
+	}
+	list, err := os.ReadFile(filepath.Join("testdata", "dlsym_names.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(list), "\n") {
+		if name := strings.TrimSpace(line); name != "" && !strings.HasPrefix(name, "#") && !exported[name] {
+			t.Errorf("libcuda.so.1 does not export %s, which host libraries bind with dlsym", name)
+		}
+	}
 }
