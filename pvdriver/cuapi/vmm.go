@@ -26,9 +26,12 @@ import (
 //   - Mappings are readable and writable by the device from cuMemMap on;
 //     cuMemSetAccess accepts read-write access for the device (and only
 //     that) over mapped ranges, and cuMemGetAccess reports what it set.
-//   - Handles are never exported or imported (no shareable handles): the
-//     device's handle-type attributes read 0 and cuMemCreate refuses a
-//     requested handle type.
+//   - Handles are never exported or imported (no shareable handles):
+//     cuMemExportToShareableHandle is refused and the device's handle-type
+//     attributes read 0. cuMemCreate still accepts a request for a POSIX
+//     file descriptor, the one type PyTorch's expandable segments and
+//     XLA ask for whatever those attributes say (PyTorch with no retry
+//     without it); any other handle type is refused.
 //
 // A handle released while mapped stays until unmapped, as in CUDA.
 
@@ -37,6 +40,7 @@ const (
 	memAllocationTypePinned = 1 // CU_MEM_ALLOCATION_TYPE_PINNED
 	memLocationTypeDevice   = 1 // CU_MEM_LOCATION_TYPE_DEVICE
 	memAccessReadWrite      = 3 // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+	memHandleTypePosixFD    = 1 // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 	defaultGranularity      = 2 << 20
 )
 
@@ -82,8 +86,8 @@ func checkProp(call string, p AllocProp) Result {
 		return vmmRefusal(call, "location type %d (only CU_MEM_LOCATION_TYPE_DEVICE is served)", p.LocationType)
 	case p.LocationID != 0:
 		return ErrorInvalidDevice
-	case p.HandleTypes != 0:
-		return vmmRefusal(call, "requested handle types %#x (no handle is exported here)", p.HandleTypes)
+	case p.HandleTypes&^memHandleTypePosixFD != 0:
+		return vmmRefusal(call, "requested handle types %#x (no handle is exported here; a POSIX file descriptor is accepted and its export refused)", p.HandleTypes)
 	case p.Compression != 0 || p.Usage != 0:
 		return vmmRefusal(call, "compression %d, usage %d (neither is served)", p.Compression, p.Usage)
 	}

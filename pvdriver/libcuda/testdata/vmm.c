@@ -72,7 +72,7 @@ static void across(CUdeviceptr from, CUdeviceptr to) {
 /* refusals tries what the library must refuse, with a reservation of 4
  * granules at base whose first 3 are mapped. */
 static void refusals(CUdeviceptr base, size_t g, const CUmemAllocationProp *prop, CUmemGenericAllocationHandle mapped) {
-	CUmemGenericAllocationHandle h3;
+	CUmemGenericAllocationHandle h3, fdh;
 	CUmemAllocationProp exported = *prop;
 	CUmemAccessDesc ro = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
 	int fd;
@@ -89,7 +89,11 @@ static void refusals(CUdeviceptr base, size_t g, const CUmemAllocationProp *prop
 	EXPECT(CUDA_ERROR_INVALID_VALUE, cuMemFree(base));                                    /* a mapping is no allocation */
 	EXPECT(CUDA_ERROR_INVALID_VALUE, cuMemUnmap(base + g, g));                            /* part of a mapping */
 	EXPECT(CUDA_ERROR_NOT_SUPPORTED, cuMemExportToShareableHandle(&fd, mapped, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-	exported.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	exported.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; /* accepted (PyTorch asks it), never exported */
+	CHECK(cuMemCreate(&fdh, g, &exported, 0));
+	EXPECT(CUDA_ERROR_NOT_SUPPORTED, cuMemExportToShareableHandle(&fd, fdh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+	CHECK(cuMemRelease(fdh));
+	exported.requestedHandleTypes = 8; /* CU_MEM_HANDLE_TYPE_FABRIC */
 	EXPECT(CUDA_ERROR_NOT_SUPPORTED, cuMemCreate(&h3, g, &exported, 0));
 	EXPECT(CUDA_ERROR_INVALID_VALUE, cuMemCreate(&h3, g + 1, prop, 0));
 	CHECK(cuMemRelease(h3));
