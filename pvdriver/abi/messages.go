@@ -439,19 +439,26 @@ func (m *Launch) decode(d *Decoder) {
 		d.fail(fmt.Errorf("%w: %d parameter bytes, limit %d", ErrBadArgument, total, MaxParamBytes))
 	}
 	if d.err == nil && len(d.b) >= 12 { // a cluster shape; anything shorter is trailing bytes
-		if m.Cluster = d.dim3(); m.Cluster == (Dim3{}) && len(d.b) < 4 {
+		m.Cluster = d.dim3()
+		m.decodeFlags(d)
+	}
+}
+
+// decodeFlags reads the launch-flags word that may follow a cluster shape
+// (never one without it: one encoding per launch).
+func (m *Launch) decodeFlags(d *Decoder) {
+	if len(d.b) < 4 { // no flags; anything shorter is trailing bytes
+		if m.Cluster == (Dim3{}) {
 			d.fail(fmt.Errorf("%w: a zero cluster shape is sent as none", ErrBadArgument))
-			return
 		}
+		return
 	}
-	if d.err == nil && len(d.b) >= 4 { // launch flags
-		flags := d.U32()
-		if flags&^LaunchCooperative != 0 || flags == 0 { // no flags are sent as none
-			d.fail(fmt.Errorf("%w: launch flags %#x", ErrBadArgument, flags))
-			return
-		}
-		m.Cooperative = flags&LaunchCooperative != 0
+	flags := d.U32()
+	if flags&^LaunchCooperative != 0 || flags == 0 { // no flags are sent as none
+		d.fail(fmt.Errorf("%w: launch flags %#x", ErrBadArgument, flags))
+		return
 	}
+	m.Cooperative = flags&LaunchCooperative != 0
 }
 func (m *StreamCreate) decode(d *Decoder)   {}
 func (m *StreamDestroy) decode(d *Decoder)  { m.Stream = d.U64() }
