@@ -83,13 +83,15 @@ framework() {
 		[fw_gpt_cudnn]="gpt_bf16.py $n cudnn" [fw_gpt_math]="gpt_bf16.py $n math" [fw_resnet_amp]="resnet_amp.py $n"
 		[fw_hf_lm]="hf_lm.py $n" [fw_compile]="compiled.py $n default" [fw_compile_ro]="compiled.py $n reduce-overhead"
 		[fw_graph]="graph.py $n" [fw_jax]="jax_train.py $n" [fw_cupy]="cupy_raw.py $n" [fw_triton]="triton_kernel.py $n"
-		[fw_pinned]="pinned.py $n" [fw_expandable]="gpt_bf16.py $n flash" [fw_jax_noautotune]="jax_train.py $n")
+		[fw_pinned]="pinned.py $n" [fw_expandable]="gpt_bf16.py $n flash" [fw_jax_plain]="jax_train.py $n")
 	[ -n "${prog[$1]:-}" ] || { echo "unknown program $1" >&2; return 1; }
 	[ "$1" = fw_expandable ] && env="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
 	[ "$1" = fw_jax ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false "
 	# XLA's autotuner writes its checks into mapped host memory, which a
-	# remote GPU cannot reach (docs/USAGE.md): JAX with autotuning off.
-	[ "$1" = fw_jax_noautotune ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_autotune_level=0 "
+	# remote GPU cannot reach, and its command buffers build CUDA graphs node
+	# by node, which the library does not serve (docs/USAGE.md): JAX with
+	# both off.
+	[ "$1" = fw_jax_plain ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=\"--xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=\" "
 	printf '#!/bin/sh\nexec env %spython3 %s/%s\n' "$env" "$fw" "${prog[$1]}"
 }
 
