@@ -50,8 +50,8 @@ import (
 // id may be.
 const maxIDJump = 1 << 32
 
-// sumsKept bounds the content checksums a session keeps; it prunes to the
-// most recent half (resends follow a failover closely).
+// sumsKept bounds the content checksums a session keeps: those of its
+// latest requests (resends follow a failover closely).
 const sumsKept = 16384
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -68,13 +68,13 @@ type Table struct {
 	// after a failover with an id up to last is answered from here
 	// instead of being run twice.
 	last    uint64
-	results map[uint64]uint64
+	results recent[uint64]
 	// applied remembers which of the latest ids were applied: an id at or
 	// below last that was not is refused.
 	applied appliedIDs
 	// sums holds a checksum of each recent request's payload, so that a
 	// resend under an applied id with other content is refused.
-	sums map[uint64]uint32
+	sums recent[uint32]
 	// failed keeps the failures of recent requests that failed, so that a
 	// resend of one is answered with its failure.
 	failed map[uint64]Failure
@@ -92,17 +92,9 @@ func (t *Table) NoteApplied(reqID, result uint64) {
 	t.last = max(t.last, reqID)
 	t.applied.mark(reqID, true)
 	if result != 0 {
-		if t.results == nil {
-			t.results = map[uint64]uint64{}
-		}
-		t.results[reqID] = result
-		if len(t.results) > resultsKept {
-			for id := range t.results {
-				if t.last-id > resultsKept {
-					delete(t.results, id)
-				}
-			}
-		}
+		t.results.put(reqID, result, resultsKept)
+	} else {
+		t.results.drop(reqID)
 	}
 }
 
@@ -143,20 +135,21 @@ func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool)
 		switch {
 		case !applied && !(failed && remembered):
 			return nil, guesterr.Refuse(guesterr.UnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, t.last, remembered)), true
-		case !inPlace && t.sums[reqID] != sum && t.hasSum(reqID):
+		case !inPlace && t.hasSum(reqID) && t.sumOf(reqID) != sum:
 			return nil, guesterr.Refuse(guesterr.ReplayMismatch, abi.StatusInvalidValue,
 				"request id %d was already answered with other content: a resend must repeat the request", reqID), true
 		case !applied:
 			return nil, f.again(reqID), true
 		}
-		return op.Info().ReplayReply(t.results[reqID]), nil, true
+		result, _ := t.results.get(reqID)
+		return op.Info().ReplayReply(result), nil, true
 	}
 	if reqID-t.last > maxIDJump {
 		return nil, guesterr.Refuse(guesterr.RequestID, abi.StatusInvalidValue,
 			"request id %d is more than %d past the last applied request %d", reqID, uint64(maxIDJump), t.last), true
 	}
 	if inPlace {
-		delete(t.sums, reqID) // a sum left by an earlier attempt that failed is not this content's
+		t.sums.drop(reqID) // a sum left by an earlier attempt that failed is not this content's
 	} else {
 		t.NoteContent(reqID, sum)
 	}
@@ -165,8 +158,14 @@ func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool)
 
 // hasSum reports whether the table keeps request reqID's checksum.
 func (t *Table) hasSum(reqID uint64) bool {
-	_, ok := t.sums[reqID]
+	_, ok := t.sums.get(reqID)
 	return ok
+}
+
+// sumOf is request reqID's kept checksum (0 when none is kept).
+func (t *Table) sumOf(reqID uint64) uint32 {
+	sum, _ := t.sums.get(reqID)
+	return sum
 }
 
 // NoteContent keeps the checksum of request reqID's payload.
@@ -174,17 +173,7 @@ func (t *Table) NoteContent(reqID uint64, sum uint32) {
 	if reqID == 0 {
 		return
 	}
-	if t.sums == nil {
-		t.sums = map[uint64]uint32{}
-	}
-	t.sums[reqID] = sum
-	if len(t.sums) > sumsKept {
-		for id := range t.sums {
-			if id != reqID && (id > t.last || t.last-id > sumsKept/2) {
-				delete(t.sums, id)
-			}
-		}
-	}
+	t.sums.put(reqID, sum, sumsKept)
 }
 
 // unknownRequest says why a request id at or below the last applied one

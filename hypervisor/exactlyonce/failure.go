@@ -104,8 +104,7 @@ func (t *Table) CheckFailed(reqID uint64) error {
 
 // Sum returns the checksum the table keeps of request reqID's payload.
 func (t *Table) Sum(reqID uint64) (sum uint32, ok bool) {
-	sum, ok = t.sums[reqID]
-	return sum, ok
+	return t.sums.get(reqID)
 }
 
 // Failures returns the failures the table keeps, by request id in
