@@ -149,6 +149,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpAddressFree:      onMemory((*devmem.Memory).AddressFree),
 	abi.OpMemMap:           onMemory((*devmem.Memory).MemMap),
 	abi.OpMemUnmap:         onMemory((*devmem.Memory).MemUnmap),
+	abi.OpTensorMapEncode:  onMemory((*devmem.Memory).TensorMapEncode),
 }
 
 // Serve runs one request (guestconn.Session) and returns its reply body.

@@ -940,6 +940,15 @@ func (c *Client) FunctionParams(f Function) ([]abi.ParamSlot, []int32, error) {
 	return r.Slots, r.Attrs, err
 }
 
+// EncodeTensorMapTiled has the node's GPU driver encode a tensor map
+// (abi.TensorMapEncode; the node checks the tensor lies in the session's
+// memory).
+func (c *Client) EncodeTensorMapTiled(r *abi.TensorMapEncode) ([abi.TensorMapBytes]byte, error) {
+	var rep abi.TensorMapReply
+	err := c.call(abi.OpTensorMapEncode, r, &rep)
+	return rep.Map, err
+}
+
 // LaunchConfig is the shape of a launch.
 type LaunchConfig struct {
 	Grid, Block abi.Dim3

@@ -486,6 +486,21 @@ func (c *guestContext) FunctionAttrs(f gpu.Function) ([]int32, error) {
 	return attrs, err
 }
 
+// guestContext encodes tensor maps through the GPU's driver.
+var _ gpu.TensorMapEncoder = (*guestContext)(nil)
+
+// EncodeTensorMapTiled implements gpu.TensorMapEncoder.
+func (c *guestContext) EncodeTensorMapTiled(r *abi.TensorMapEncode) (mp [abi.TensorMapBytes]byte, err error) {
+	if c.d.cuTensorMapEncodeTiled == nil {
+		return mp, fmt.Errorf("%w: this node's CUDA driver has no cuTensorMapEncodeTiled (CUDA 12 or later)", abi.StatusNotSupported)
+	}
+	err = c.do(func() error {
+		mp, err = c.d.encodeTensorMapTiled(r)
+		return err
+	})
+	return mp, err
+}
+
 // cudaErrorNotFound is CUDA_ERROR_NOT_FOUND: a module without that kernel.
 const cudaErrorNotFound = 500
 

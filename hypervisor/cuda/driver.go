@@ -113,6 +113,9 @@ func load() (*driver, error) {
 		if _, err := purego.Dlsym(lib, "cuLaunchKernelEx"); err == nil { // CUDA 12: cluster launches
 			purego.RegisterLibFunc(&d.cuLaunchKernelEx, lib, "cuLaunchKernelEx")
 		}
+		if _, err := purego.Dlsym(lib, "cuTensorMapEncodeTiled"); err == nil { // CUDA 12: Hopper's tensor maps
+			purego.RegisterLibFunc(&d.cuTensorMapEncodeTiled, lib, "cuTensorMapEncodeTiled")
+		}
 		drv = d
 	})
 	return drv, loadErr

@@ -57,22 +57,24 @@ type driver struct {
 	cuFuncGetParamInfo            func(f uintptr, index uint64, offset, size *uint64) result // nil before CUDA 12.4
 	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
 	cuLaunchKernelEx              func(cfg *launchConfig, f uintptr, params unsafe.Pointer, extra unsafe.Pointer) result // nil before CUDA 12
-	cuStreamCreate                func(s *uintptr, flags uint32) result
-	cuStreamDestroy               func(s uintptr) result
-	cuStreamSynchronize           func(s uintptr) result
-	cuEventCreate                 func(ev *uintptr, flags uint32) result
-	cuEventRecord                 func(ev, s uintptr) result
-	cuEventSynchronize            func(ev uintptr) result
-	cuEventDestroy                func(ev uintptr) result
-	cuMemAlloc                    func(p *uint64, n uint64) result
-	cuMemFree                     func(p uint64) result
-	cuMemAllocHost                func(p *unsafe.Pointer, n uint64) result
-	cuMemHostAlloc                func(p *unsafe.Pointer, n uint64, flags uint32) result
-	cuMemFreeHost                 func(p unsafe.Pointer) result
-	cuMemHostRegister             func(p unsafe.Pointer, n uint64, flags uint32) result
-	cuMemHostUnregister           func(p unsafe.Pointer) result
-	cuGetErrorName                func(r result, s **byte) result
-	cuGetErrorString              func(r result, s **byte) result
+	cuTensorMapEncodeTiled        func(m unsafe.Pointer, dataType, rank uint32, global uint64, dims, strides *uint64,
+		box, elementStrides *uint32, interleave, swizzle, l2Promotion, oobFill uint32) result // nil before CUDA 12
+	cuStreamCreate      func(s *uintptr, flags uint32) result
+	cuStreamDestroy     func(s uintptr) result
+	cuStreamSynchronize func(s uintptr) result
+	cuEventCreate       func(ev *uintptr, flags uint32) result
+	cuEventRecord       func(ev, s uintptr) result
+	cuEventSynchronize  func(ev uintptr) result
+	cuEventDestroy      func(ev uintptr) result
+	cuMemAlloc          func(p *uint64, n uint64) result
+	cuMemFree           func(p uint64) result
+	cuMemAllocHost      func(p *unsafe.Pointer, n uint64) result
+	cuMemHostAlloc      func(p *unsafe.Pointer, n uint64, flags uint32) result
+	cuMemFreeHost       func(p unsafe.Pointer) result
+	cuMemHostRegister   func(p unsafe.Pointer, n uint64, flags uint32) result
+	cuMemHostUnregister func(p unsafe.Pointer) result
+	cuGetErrorName      func(r result, s **byte) result
+	cuGetErrorString    func(r result, s **byte) result
 }
 
 // memcpyHtoD copies src to device address dst (cuMemcpyHtoD_v2).
@@ -230,4 +232,22 @@ func cstring(p *byte) string {
 		b = append(b, *(*byte)(q))
 	}
 	return string(b)
+}
+
+// tensorMapAlign is CUtensorMap's alignment (cuda.h declares it
+// alignas(64); the driver refuses a map that is not).
+const tensorMapAlign = 64
+
+// encodeTensorMapTiled calls cuTensorMapEncodeTiled into a 64-byte
+// aligned buffer and returns the map's bytes.
+func (d *driver) encodeTensorMapTiled(r *abi.TensorMapEncode) (mp [abi.TensorMapBytes]byte, err error) {
+	var buf [abi.TensorMapBytes + tensorMapAlign]byte
+	off := (tensorMapAlign - uintptr(unsafe.Pointer(&buf[0]))%tensorMapAlign) % tensorMapAlign
+	res := d.cuTensorMapEncodeTiled(unsafe.Pointer(&buf[off]), r.DataType, r.Rank, r.Global, &r.Dims[0], &r.Strides[0],
+		&r.Box[0], &r.ElementStrides[0], r.Interleave, r.Swizzle, r.L2Promotion, r.OOBFill)
+	if err := d.check("cuTensorMapEncodeTiled", res); err != nil {
+		return mp, err
+	}
+	copy(mp[:], buf[off:])
+	return mp, nil
 }

@@ -189,6 +189,13 @@ type HostRegistrar interface {
 	RegisterHost(mem []byte) (unregister func() error, err error)
 }
 
+// TensorMapEncoder is implemented by contexts whose GPU driver encodes
+// tensor maps (cuTensorMapEncodeTiled). r.Global is a device address the
+// caller checked, with the whole tensor, against the session's memory.
+type TensorMapEncoder interface {
+	EncodeTensorMapTiled(r *abi.TensorMapEncode) ([abi.TensorMapBytes]byte, error)
+}
+
 // Checksummer is implemented by backends that checksum device memory on the
 // device, so verify need not copy whole objects to the host. The result
 // must equal Checksum of the same bytes.

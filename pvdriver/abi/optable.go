@@ -63,6 +63,9 @@ const (
 	OpAddressFree
 	OpMemMap
 	OpMemUnmap
+	// OpTensorMapEncode has the node's GPU driver encode a tensor map
+	// (tensormap.go).
+	OpTensorMapEncode
 	opLimit
 )
 
@@ -170,9 +173,10 @@ var opTable = [opLimit]OpInfo{
 		Mutates: true, Commits: true, Result: ResultHandle},
 	OpAddressReserve: {Name: "address_reserve", NewRequest: newBody[AddressReserve], NewReply: newBody[AllocReply],
 		Mutates: true, Commits: true, Result: ResultAddress},
-	OpAddressFree: {Name: "address_free", NewRequest: newBody[AddressFree], Mutates: true},
-	OpMemMap:      {Name: "mem_map", NewRequest: newBody[MemMap], Mutates: true},
-	OpMemUnmap:    {Name: "mem_unmap", NewRequest: newBody[MemUnmap], Mutates: true},
+	OpAddressFree:     {Name: "address_free", NewRequest: newBody[AddressFree], Mutates: true},
+	OpMemMap:          {Name: "mem_map", NewRequest: newBody[MemMap], Mutates: true},
+	OpMemUnmap:        {Name: "mem_unmap", NewRequest: newBody[MemUnmap], Mutates: true},
+	OpTensorMapEncode: {Name: "tensor_map_encode", NewRequest: newBody[TensorMapEncode], NewReply: newBody[TensorMapReply]},
 }
 
 // newBody is the constructor of an empty body of type T.

@@ -255,6 +255,7 @@ static const struct vg_proc vg_procs[] = {
 	E(cuMemMap, 10020, cuMemMap) E(cuMemUnmap, 10020, cuMemUnmap) E(cuMemSetAccess, 10020, cuMemSetAccess)
 	E(cuMemGetAccess, 10020, cuMemGetAccess) E(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)
 	E(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle)
+	E(cuTensorMapEncodeTiled, 12000, cuTensorMapEncodeTiled) /* exports_tensormap.c */
 #include "stubs.h"
 };
 #undef DLSYM_STUB

@@ -58,4 +58,8 @@ CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
 CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *loc, CUdeviceptr p);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr);
 CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h);
+/* exports_tensormap.c */
+CUresult cuTensorMapEncodeTiled(void *map, int dataType, cuuint32_t rank, void *global, const cuuint64_t *dims,
+	const cuuint64_t *strides, const cuuint32_t *box, const cuuint32_t *elementStrides, int interleave, int swizzle,
+	int l2Promotion, int oobFill);
 #endif

@@ -2,8 +2,10 @@
  * launches (cuLaunchCooperativeKernel and cuLaunchKernelEx's COOPERATIVE
  * attribute, and a grid too large to be resident at once), host memory
  * registered with cuMemHostRegister (copies from and to it, its pointer
- * attributes, registering twice, unregistering), and the pointer
- * attributes of cuMemHostAlloc's memory. */
+ * attributes, registering twice, unregistering), the pointer attributes
+ * of cuMemHostAlloc's memory, and tensor maps (encoded by a GPU's driver,
+ * refused by the software GPU; a tensor outside the program's memory is
+ * refused by every node). */
 #include "cudaapi.h"
 
 enum { CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
@@ -18,6 +20,9 @@ CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostUnregister(void *p);
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p);
 CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data);
+CUresult cuTensorMapEncodeTiled(void *map, int dataType, unsigned int rank, void *global, const unsigned long long *dims,
+	const unsigned long long *strides, const unsigned int *box, const unsigned int *elementStrides, int interleave,
+	int swizzle, int l2Promotion, int oobFill);
 
 static void count_call(void *data) { ++*(int *)data; }
 
@@ -101,6 +106,27 @@ static void host_memory(CUcontext ctx, CUdeviceptr y) {
 	printf("host memory: ok\n");
 }
 
+/* tensor_maps encodes a 2-D float tensor map over x (N floats as 64 rows of
+ * 128): a GPU's driver gives a map, the software GPU refuses it; either
+ * way a tensor reaching past x, or of rank 0, is refused. */
+static void tensor_maps(CUdeviceptr x) {
+	_Alignas(64) unsigned char map[128] = {0};
+	unsigned long long dims[2] = {128, N / 128}, strides[1] = {128 * sizeof(float)}, past[2] = {128, N / 128 + 1};
+	unsigned int box[2] = {32, 8}, estrides[2] = {1, 1};
+	void *base = (void *)(uintptr_t)x;
+	int nonzero = 0;
+	CUresult r = cuTensorMapEncodeTiled(map, 7 /* FLOAT32 */, 2, base, dims, strides, box, estrides, 0, 0, 0, 0);
+	if (r == CUDA_SUCCESS) {
+		for (int i = 0; i < 128; i++) nonzero |= map[i];
+		if (!nonzero) FAIL("cuTensorMapEncodeTiled succeeded with an empty map");
+	} else if (r != CUDA_ERROR_NOT_SUPPORTED) {
+		FAIL("cuTensorMapEncodeTiled: %d, want a map or CUDA_ERROR_NOT_SUPPORTED", r);
+	}
+	EXPECT(CUDA_ERROR_INVALID_VALUE, cuTensorMapEncodeTiled(map, 7, 2, base, past, strides, box, estrides, 0, 0, 0, 0));
+	EXPECT(CUDA_ERROR_INVALID_VALUE, cuTensorMapEncodeTiled(map, 7, 0, base, dims, strides, box, estrides, 0, 0, 0, 0));
+	printf("tensor maps: %s\n", r == CUDA_SUCCESS ? "encoded" : "not supported here");
+}
+
 int main(int argc, char **argv) {
 	CUdevice dev;
 	CUcontext ctx;
@@ -117,6 +143,7 @@ int main(int argc, char **argv) {
 	CHECK(cuMemAlloc(&x, N * sizeof(float)));
 	CHECK(cuMemAlloc(&y, N * sizeof(float)));
 	cooperative(saxpy, x, y, host);
+	tensor_maps(x);
 	checkpoint();
 	host_memory(ctx, y);
 	CHECK(cuCtxDestroy(ctx));
