@@ -36,14 +36,15 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 		d.mu.Unlock()
 		return r
 	}
-	fn := d.funcs[f]
+	fn, r := d.function(f)
+	if r != Success {
+		d.mu.Unlock()
+		return r
+	}
 	st, r := d.stream(l.Stream)
 	c := d.client
 	maxThreads := d.attr(1)
 	d.mu.Unlock()
-	if fn == nil {
-		return ErrorInvalidHandle
-	}
 	if r != Success {
 		return r
 	}
@@ -128,9 +129,9 @@ func (d *Driver) FuncGetAttribute(attr int32, f uint64) (int32, Result) {
 	if r := d.ready(); r != Success {
 		return 0, r
 	}
-	fn := d.funcs[f]
-	if fn == nil {
-		return 0, ErrorInvalidHandle
+	fn, r := d.function(f)
+	if r != Success {
+		return 0, r
 	}
 	if attr >= 0 && int(attr) < len(fn.attrs) && attr != funcMaxDynamicShared && attr != funcCarveout {
 		return fn.attrs[attr], Success // the primary's GPU said

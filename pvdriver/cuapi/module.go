@@ -55,6 +55,9 @@ type function struct {
 	ptxVer  int
 	maxDyn  int32 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 	carveup int32 // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+	// raw: taken from a cubin or fatbin, whose parameter layout the node
+	// reports; described: attrs (and a raw function's layout) are known.
+	raw, described bool
 }
 
 // Image magics (cuda.h / fatbinary_section.h).
@@ -376,9 +379,6 @@ func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
 	for _, p := range e.Params {
 		fn.sizes = append(fn.sizes, p.Size)
 	}
-	if _, fn.attrs, err = d.client.FunctionParams(remote); err != nil {
-		return 0, resultOf("cuModuleGetFunction", err, true)
-	}
 	return d.keepFunction(m, fn), Success
 }
 
@@ -393,16 +393,33 @@ func (d *Driver) rawFunction(h uint64, m *module, name string) (uint64, Result) 
 	if err != nil {
 		return 0, resultOf("cuModuleGetFunction", err, false)
 	}
-	slots, attrs, err := d.client.FunctionParams(remote)
-	if err != nil {
-		return 0, resultOf("cuModuleGetFunction", err, true)
-	}
-	fn := &function{module: h, name: name, remote: remote, attrs: attrs, maxDyn: d.attr(8), carveup: -1}
-	for _, s := range slots {
-		fn.offs, fn.sizes, fn.kinds = append(fn.offs, int(s.Offset)), append(fn.sizes, int(s.Size)), append(fn.kinds, abi.ArgBytes)
-		fn.total = int(s.Offset + s.Size)
-	}
+	fn := &function{module: h, name: name, remote: remote, raw: true, maxDyn: d.attr(8), carveup: -1}
 	return d.keepFunction(m, fn), Success
+}
+
+// describe asks the node, the first time it is needed (a launch, an
+// attribute, the parameters), for fn's attributes and a raw function's
+// parameter layout. Most functions a library looks up are never launched
+// (cuDNN looks up thousands as it starts), so a lookup costs one round
+// trip instead of two. An error surfaces at that first use.
+// Precondition: d.mu must be locked.
+func (d *Driver) describe(fn *function) Result {
+	if fn.described {
+		return Success
+	}
+	slots, attrs, err := d.client.FunctionParams(fn.remote)
+	if err != nil {
+		return resultOf("cuModuleGetFunction", err, true)
+	}
+	fn.attrs = attrs
+	if fn.raw {
+		for _, s := range slots {
+			fn.offs, fn.sizes, fn.kinds = append(fn.offs, int(s.Offset)), append(fn.sizes, int(s.Size)), append(fn.kinds, abi.ArgBytes)
+			fn.total = int(s.Offset + s.Size)
+		}
+	}
+	fn.described = true
+	return Success
 }
 
 // keepFunction mints a handle for fn, taken from m.

@@ -306,5 +306,5 @@ func (d *Driver) function(f uint64) (*function, Result) {
 	if fn == nil {
 		return nil, ErrorInvalidHandle
 	}
-	return fn, Success
+	return fn, d.describe(fn)
 }
