@@ -2,9 +2,9 @@ package agent
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
