@@ -89,3 +89,39 @@ func TestTwoStandbysOneGuestSocket(t *testing.T) {
 		"--guest-listen", sock}, "--guest-listen "+sock, "another vgpuha node")
 	refusedAtStart(t, []string{"primary", "--backend", "sim", "--guest-listen", sock}, "--guest-listen "+sock, "another vgpuha node")
 }
+
+// TestStatusAsDocumented: status without --admin asks 127.0.0.1:9470
+// (as verify and switchover do); --watch alone polls (one line per poll
+// into a pipe) until interrupted; --admin at a guest endpoint says it is
+// not an admin endpoint.
+func TestStatusAsDocumented(t *testing.T) {
+	skipShort(t)
+	out, _ := exec.Command(vgpuhaBin, "status").CombinedOutput()
+	if !strings.Contains(string(out), "127.0.0.1:9470") {
+		t.Errorf("vgpuha status:\n%s\nwant the status of 127.0.0.1:9470, or why it has none", out)
+	}
+	dir := t.TempDir()
+	sock := "unix://" + filepath.Join(dir, "g.sock")
+	admin := freePort(t)
+	startPrimary(t, "--backend", "sim", "--guest-listen", sock, "--admin-listen", admin)
+
+	w := exec.Command(vgpuhaBin, "status", "--admin", admin, "--watch")
+	lines := &syncBuffer{}
+	w.Stdout, w.Stderr = lines, lines
+	if err := w.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for strings.Count(lines.String(), "role=primary") < 2 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.Process.Signal(os.Interrupt)
+	if err := w.Wait(); err != nil || strings.Count(lines.String(), "role=primary") < 2 {
+		t.Errorf("vgpuha status --admin %s --watch: %v\n%s\nwant a line per poll and exit 0 on SIGINT", admin, err, lines)
+	}
+
+	out, err := exec.Command(vgpuhaBin, "status", "--admin", sock).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not a vgpuha admin endpoint") || strings.Contains(string(out), "malformed") {
+		t.Errorf("vgpuha status --admin %s (a guest endpoint): %v\n%s", sock, err, out)
+	}
+}
