@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -123,5 +124,70 @@ func TestStatusAsDocumented(t *testing.T) {
 	out, err := exec.Command(vgpuhaBin, "status", "--admin", sock).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "not a vgpuha admin endpoint") || strings.Contains(string(out), "malformed") {
 		t.Errorf("vgpuha status --admin %s (a guest endpoint): %v\n%s", sock, err, out)
+	}
+}
+
+// waitStatusSays waits until `vgpuha status --admin admin` prints every
+// one of want.
+func waitStatusSays(t *testing.T, admin string, want ...string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, _ := exec.Command(vgpuhaBin, "status", "--admin", admin).CombinedOutput()
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(string(out), w) {
+				missing = w
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vgpuha status --admin %s never said %q:\n%s", admin, missing, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestStandbySaysItsKeyDiffers: a primary holding another key is named,
+// with the fix, in the standby's status, /healthz and log (the standby
+// alone used to say only "disconnected").
+func TestStandbySaysItsKeyDiffers(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	key := writeKey(t, dir)
+	other := filepath.Join(dir, "other-key")
+	if err := os.WriteFile(other, []byte("another-replication-key-987654\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	repl, adminS := freePort(t), freePort(t)
+	s := startNode(t, "standby", "--backend", "sim", "--listen", "tcp://"+repl, "--replicate.key-file", key, "--admin-listen", adminS)
+	waitStatus(t, adminS, "a standby", isRole("standby"))
+	startPrimary(t, "--backend", "sim", "--guest-listen", "unix://"+filepath.Join(dir, "g.sock"), "--replicate-to", "tcp://"+repl,
+		"--replicate.key-file", other)
+	const says = "a primary at 127.0.0.1 is connecting and being refused"
+	waitStatusSays(t, adminS, says, "replication key differs", "same key file on both nodes")
+	waitHealthz(t, adminS, 503, says)
+	waitLog(t, s, "its replication key differs from this node's")
+}
+
+// TestSIGTERMOfAReplicatedPrimaryWarns: stopping a primary that has a
+// standby warns that the standby takes over and this node comes back
+// deposed, and points to switchover.
+func TestSIGTERMOfAReplicatedPrimaryWarns(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	key := writeKey(t, dir)
+	repl, adminP := freePort(t), freePort(t)
+	startNode(t, "standby", "--backend", "sim", "--listen", "tcp://"+repl, "--replicate.key-file", key)
+	p := startPrimary(t, "--backend", "sim", "--guest-listen", "unix://"+filepath.Join(dir, "g.sock"), "--replicate-to", "tcp://"+repl,
+		"--replicate.key-file", key, "--admin-listen", adminP, "--state-dir", dir)
+	waitStatus(t, adminP, "protected", nodeStatus.protected)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	p.cmd.Wait()
+	log := p.stderr.String()
+	if !strings.Contains(log, "level=WARN msg=\"stopping a replicated primary: its standby will take over") || !strings.Contains(log, "vgpuha switchover") {
+		t.Errorf("a replicated primary's log at SIGTERM:\n%s\nwant a warning that its standby takes over, pointing to vgpuha switchover", log)
 	}
 }
