@@ -653,9 +653,17 @@ func (s *Sender) fenced(payload []byte) error {
 		s.handover = nil
 	}
 	s.mu.Unlock()
-	s.log.Warn("the standby answers that it was promoted under a newer term", "term", term)
+	own := s.node.Term()
 	s.node.PeerTerm(term)
-	return fmt.Errorf("fenced by term %d", term)
+	if term > own {
+		s.log.Warn("the standby answers that it was promoted under a newer term", "term", term)
+		return fmt.Errorf("fenced by term %d: the node at %s was promoted and serves in this primary's place", term, s.cfg.Addr)
+	}
+	// A fenced node at or below this node's term is a deposed primary
+	// (once promoted itself) still holding the address this node streams
+	// to: it needs restarting as a standby.
+	return fmt.Errorf("the node at %s was deposed (it answers fenced, term %d; this primary serves under term %d) and takes no stream; "+
+		"restart it as this node's standby: vgpuha standby --listen tcp://%s ... (docs/OPERATIONS.md, Fail-back)", s.cfg.Addr, term, own, s.cfg.Addr)
 }
 
 // refusedBy handles the standby's refusal of this primary: counted and

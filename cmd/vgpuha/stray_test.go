@@ -192,6 +192,7 @@ func TestOldPrimaryCommandLineRefused(t *testing.T) {
 		t.Fatalf("switchover: %v\n%s", err, out)
 	}
 	waitPair(t, adminA, "A' primary under term 3", func(s pairStatus) bool { return s.Role == "primary" && s.Term == 3 })
+	waitStatusSays(t, adminA, "the node at "+replB+" was deposed", "restart it as this node's standby: vgpuha standby --listen tcp://"+replB)
 	b.cmd.Process.Kill()
 	b.cmd.Wait()
 	startNode(t, standbyB...)

@@ -78,31 +78,35 @@ func (f *coordFlags) config(advertise string) (*coordinator.Config, error) {
 		TLS: cc.TLS, Username: cc.Username, Password: cc.Password, TTL: f.ttl}, nil
 }
 
+// DefaultAdmin is the admin address status, verify and switchover talk to
+// without --admin (the units' primary's --admin-listen).
+const DefaultAdmin = "127.0.0.1:9470"
+
 func runStatus(args []string) error {
-	fs := cli.NewFlags("status", "--coordinator etcd://HOST:2379 | --admin HOST:PORT [--json] [--watch 1s]")
+	fs := cli.NewFlags("status", "[--admin HOST:PORT] [--json] [--watch [1s]] | --coordinator etcd://HOST:2379")
 	var cf coordFlags
 	cf.register(fs, false)
-	adminAddr := cli.String(fs, "admin", "", checkAdminAddr, "one node's admin address (HOST:PORT or unix:///PATH): print that node's status")
+	adminAddr := cli.String(fs, "admin", DefaultAdmin, checkAdminAddr, "one node's admin address (HOST:PORT or unix:///PATH): print that node's status (the default, unless --coordinator is given)")
 	tokenFile := adminTokenFlag(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	watch := cli.Duration(fs, "watch", 0, 0, cli.MaxDuration, "with --admin: poll every this long until interrupted (a terminal is redrawn, with a resync's progress bar; anything else gets one plain line per poll)")
-	if err := cli.Parse(fs, args); err != nil {
+	watch := cli.OptionalDuration(fs, "watch", time.Second, time.Millisecond, cli.MaxDuration,
+		"poll one node every this long until interrupted: --watch alone every second, --watch 100ms (a terminal is redrawn, with a resync's progress bar; anything else gets one plain line per poll)")
+	if err := cli.ParseOptional(fs, args); err != nil {
 		return err
 	}
-	if *adminAddr != "" {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		return showNodeStatus(ctx, os.Stdout, nodeStatusOptions{addr: *adminAddr, tokenFile: *tokenFile, asJSON: *asJSON,
-			watch: *watch, tty: IsTerminal(os.Stdout)})
+	adminGiven := false
+	fs.Visit(func(f *flag.Flag) { adminGiven = adminGiven || f.Name == "admin" })
+	if cf.url != "" && !adminGiven {
+		return showGroups(&cf, *asJSON)
 	}
-	return showGroups(&cf, *asJSON)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return showNodeStatus(ctx, os.Stdout, nodeStatusOptions{addr: *adminAddr, tokenFile: *tokenFile, asJSON: *asJSON,
+		watch: *watch, tty: IsTerminal(os.Stdout)})
 }
 
 // showGroups prints every replication group's members from etcd.
 func showGroups(cf *coordFlags, asJSON bool) error {
-	if cf.url == "" {
-		return fmt.Errorf("--coordinator or --admin is required (the groups from etcd, or one node's status)")
-	}
 	cc, err := cf.clientConfig()
 	if err != nil {
 		return err

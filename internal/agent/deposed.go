@@ -73,18 +73,19 @@ func (p pairState) refuseIfDeposed() error {
 		return nil
 	}
 	if fi, err := os.Stat(filepath.Dir(p.path)); err != nil || !fi.IsDir() {
-		return fmt.Errorf("--state-dir %s: not a directory this node can keep its record in (%v)", filepath.Dir(p.path), err)
+		return cli.Usage(fmt.Errorf("--state-dir %s: not a directory this node can keep its record in (%v)", filepath.Dir(p.path), err))
 	}
 	b, err := os.ReadFile(p.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("reading the record of an earlier run (--state-dir): %w", err)
+		return cli.Usage(fmt.Errorf("--state-dir: reading the record of an earlier run, %s: %w", p.path, unwrapPath(err)))
 	}
 	var rec primaryRecord
 	if err := json.Unmarshal(b, &rec); err != nil {
-		return fmt.Errorf("%s: %w (delete it only if no other node serves this pair)", p.path, err)
+		return cli.Usage(fmt.Errorf("--state-dir: the record of an earlier run, %s, is corrupt (%v): it says whether this node was deposed, so the node will not guess; "+
+			"if another node serves this pair now, rejoin this host as its standby (docs/OPERATIONS.md, Fail-back), else delete the file to start a new pair", p.path, err))
 	}
 	how := fmt.Sprintf("it served as primary under term %d from %s, streaming to %s, and stopped without handing over: its standby has taken over, or will",
 		rec.Term, rec.Since.Format(time.RFC3339), rec.ReplicateTo)

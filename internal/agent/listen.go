@@ -1,15 +1,21 @@
 package agent
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )
@@ -20,6 +26,37 @@ import (
 // and a standby's replication address stay bound from then on; a guest
 // endpoint is tried (bound and let go) — a standby serves guests only
 // once promoted, and until then a guest must find nothing there.
+
+// Two nodes on one host given the same unix guest socket would take it
+// from each other: a standby only tries its endpoint at start (it serves
+// there once promoted), so a second one started with the first one's path
+// finds it free. Every node with a unix endpoint therefore claims its
+// path for its whole life with an abstract unix socket named by the
+// path's hash (Linux; per network namespace, gone with the process), and
+// the second node refuses to start.
+
+// claimGuestSocket claims a unix:// or shm+unix:// endpoint's path (nil
+// for any other endpoint); the claim lasts until it is closed.
+func claimGuestSocket(flagName, endpoint string) (io.Closer, error) {
+	e, err := transport.Parse(endpoint)
+	if err != nil || (e.Scheme != "unix" && e.Scheme != "shm+unix") {
+		return nil, nil
+	}
+	path, err := filepath.Abs(e.Address)
+	if err != nil {
+		return nil, cli.Usage(fmt.Errorf("--%s %s: %w", flagName, endpoint, err))
+	}
+	sum := sha256.Sum256([]byte(path))
+	ln, err := net.Listen("unix", "@vgpuha-guest-socket-"+hex.EncodeToString(sum[:16]))
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, cli.Usage(fmt.Errorf("--%s %s: another vgpuha node on this host has this socket path (a standby waiting to serve there, or a primary): "+
+			"give each node its own --%s path", flagName, endpoint, flagName))
+	}
+	if err != nil {
+		return nil, listenError(flagName, endpoint, err)
+	}
+	return ln, nil
+}
 
 // listenError names the flag and address a node could not listen on.
 func listenError(flagName, addr string, err error) error {

@@ -3,8 +3,10 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -35,10 +37,16 @@ type BackendFlags struct {
 // Register adds the backend's flags to fs.
 func (b *BackendFlags) Register(fs *flag.FlagSet) {
 	cli.StringVar(fs, &b.Name, "backend", "auto", CheckBackend, "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
-	cli.SizeVar(fs, &b.SimMemory, "sim.memory-bytes", 8<<30, 1<<20, cli.MaxUint64, "device memory of the software GPU")
+	cli.SizeVar(fs, &b.SimMemory, "sim.memory-bytes", 8<<30, 1<<20, MaxSimMemory, "device memory of the software GPU (held in host memory as guests allocate it; at most 1TiB)")
 	cli.SizeVar(fs, &b.SimShift, "sim.base-shift", 0, 0, 1<<46, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
 	cli.IntVar(fs, &b.Spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
 }
+
+// MaxSimMemory bounds --sim.memory-bytes: the software GPU keeps its
+// device memory in the host's, and no host it runs on has more than this
+// to give it (an H200 has 141 GB); a larger value is a typo (100TiB for
+// 100GiB), refused rather than promised to guests.
+const MaxSimMemory = 1 << 40
 
 // CheckBackend accepts the --backend names node.GPU knows.
 func CheckBackend(name string) error { return node.CheckGPU(name) }
@@ -134,20 +142,44 @@ func tcpListFlag(name, value string) ([]string, error) {
 	return out, nil
 }
 
-// readKey reads a pre-shared replication key file.
+// readKey reads a pre-shared replication key file. Every way it can be
+// wrong is a refused configuration (exit 2, naming the flag): missing,
+// unreadable, a directory, readable by other users, or too short.
 func readKey(path string) ([]byte, error) {
+	const name = "--replicate.key-file"
 	if path == "" {
-		return nil, fmt.Errorf("--replicate.key-file is required: the replication link accepts only peers holding the same key")
+		return nil, cli.Usage(fmt.Errorf("%s is required: the replication link accepts only peers holding the same key", name))
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return nil, cli.Usage(fmt.Errorf("%s %s: %w", name, path, unwrapPath(err)))
+	case fi.IsDir():
+		return nil, cli.Usage(fmt.Errorf("%s %s is a directory; give the file holding the key", name, path))
+	case fi.Mode().Perm()&0o007 != 0:
+		return nil, cli.Usage(fmt.Errorf("%s %s is readable by other users (mode %04o): anyone who reads it can join the replication link; chmod 600 %s",
+			name, path, fi.Mode().Perm(), path))
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading replication key: %w", err)
+		return nil, cli.Usage(fmt.Errorf("%s %s: %w", name, path, unwrapPath(err)))
 	}
 	b = bytes.TrimSpace(b)
 	if len(b) < link.MinKeyBytes {
-		return nil, fmt.Errorf("replication key in %s is %d bytes; need at least %d (try: head -c 32 /dev/urandom | base64 > %s)", path, len(b), link.MinKeyBytes, path)
+		return nil, cli.Usage(fmt.Errorf("%s: the replication key in %s is %d bytes; need at least %d (try: head -c 32 /dev/urandom | base64 > %s)",
+			name, path, len(b), link.MinKeyBytes, path))
 	}
 	return b, nil
+}
+
+// unwrapPath is a file error without the path and operation its message
+// repeats ("no such file or directory", "permission denied").
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // adminClient returns an HTTP client and base URL for a node's admin

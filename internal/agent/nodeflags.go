@@ -2,6 +2,7 @@ package agent
 
 import (
 	"flag"
+	"io"
 	"log/slog"
 
 	"github.com/vgpuha/vgpuha/hypervisor"
@@ -19,6 +20,23 @@ type nodeFlags struct {
 	newLog  func() *slog.Logger
 	config  *string
 	show    *bool
+	// claim holds the node's unix guest socket path (claimGuestSocket)
+	// until the command returns.
+	claim io.Closer
+}
+
+// claimGuestListen claims a unix guest endpoint's path for this node.
+func (f *nodeFlags) claimGuestListen(endpoint string) error {
+	c, err := claimGuestSocket("guest-listen", endpoint)
+	f.claim = c
+	return err
+}
+
+// release lets go of what the node claimed.
+func (f *nodeFlags) release() {
+	if f.claim != nil {
+		f.claim.Close()
+	}
 }
 
 func (f *nodeFlags) register(fs *flag.FlagSet, standby bool) {

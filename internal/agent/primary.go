@@ -79,6 +79,7 @@ func servePrimary(fs *flag.FlagSet, args []string, guest []string) error {
 		return err
 	}
 	rc, err := pf.runConfig()
+	defer pf.release()
 	if err != nil {
 		return err
 	}
@@ -109,6 +110,9 @@ func (p *primaryFlags) runConfig() (node.RunConfig, error) {
 	log := p.newLog()
 	record := pairRecord(*p.stateDir, *p.replicateTo, p.coord.url)
 	if err := record.refuseIfDeposed(); err != nil {
+		return node.RunConfig{}, err
+	}
+	if err := p.claimGuestListen(*p.listen); err != nil {
 		return node.RunConfig{}, err
 	}
 	if err := tryListen("guest-listen", *p.listen); err != nil {

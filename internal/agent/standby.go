@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"flag"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -43,6 +44,7 @@ func runStandby(args []string) error {
 		return err
 	}
 	rc, err := sf.runConfig()
+	defer sf.release()
 	if err != nil {
 		return err
 	}
@@ -80,9 +82,49 @@ func (f *standbyFlags) runConfig() (node.RunConfig, error) {
 		if rc.Node.ReplicateTo, err = tcpListFlag("replicate-to", *f.next); err != nil {
 			return rc, err
 		}
+		if err := refuseSelf(rc.Node.ReplicateTo, listenAddr, adv); err != nil {
+			return rc, err
+		}
+	}
+	if err := f.claimGuestListen(*f.guestListen); err != nil {
+		return rc, err
 	}
 	rc.Replication, rc.Admin, err = bindStandbyAddresses(*f.guestListen, listenAddr, *f.adminAddr)
 	return rc, err
+}
+
+// refuseSelf refuses a standby whose --replicate-to names its own
+// --listen (or --coordinator.advertise): promoted, it would stream to
+// itself, be refused and retry forever, protected by nobody.
+func refuseSelf(next []string, listenAddr, advertise string) error {
+	for _, addr := range next {
+		if sameTCPAddr(addr, listenAddr) || sameTCPAddr(addr, advertise) {
+			return cli.Usage(fmt.Errorf("--replicate-to tcp://%s is this standby's own --listen: once promoted it would stream to itself; "+
+				"--replicate-to names the other node's --listen (where this node's standby will listen after a takeover)", addr))
+		}
+	}
+	return nil
+}
+
+// sameTCPAddr: a and b (HOST:PORT) name one address, by their text or,
+// for IP addresses and localhost, by their IP (no name is looked up).
+func sameTCPAddr(a, b string) bool {
+	if a == b {
+		return true
+	}
+	hostA, portA, errA := net.SplitHostPort(a)
+	hostB, portB, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil || portA != portB {
+		return false
+	}
+	ip := func(host string) net.IP {
+		if host == "localhost" {
+			return net.IPv4(127, 0, 0, 1)
+		}
+		return net.ParseIP(host)
+	}
+	ipA, ipB := ip(hostA), ip(hostB)
+	return ipA != nil && ipA.Equal(ipB)
 }
 
 // bindStandbyAddresses binds a standby's replication and admin addresses

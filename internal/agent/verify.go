@@ -20,7 +20,7 @@ import (
 
 func runVerify(args []string) error {
 	fs := cli.NewFlags("verify", "--admin HOST:PORT [--json] [--repair] [--apertures]")
-	adminAddr := cli.String(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
+	adminAddr := cli.String(fs, "admin", DefaultAdmin, checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	repair := fs.Bool("repair", false, "copy every diverged allocation from the primary to the standby")
 	apertures := fs.Bool("apertures", false, "also compare each aperture's bytes (the guest's file) with its device copy on the primary and on the standby, "+
@@ -90,7 +90,7 @@ func printApertures(checks []verify.ApertureCheck) {
 
 func runSwitchover(args []string) error {
 	fs := cli.NewFlags("switchover", "--admin HOST:PORT")
-	adminAddr := cli.String(fs, "admin", "127.0.0.1:9470", checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
+	adminAddr := cli.String(fs, "admin", DefaultAdmin, checkAdminAddr, "the primary's admin address (HOST:PORT or unix:///PATH)")
 	tokenFile := adminTokenFlag(fs)
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -119,6 +119,9 @@ func unreachable(addr string, err error) error {
 		return fmt.Errorf("no admin endpoint at %s (connection refused): is the node running with --admin-listen %s?", addr, addr)
 	case errors.Is(err, os.ErrDeadlineExceeded) || strings.Contains(err.Error(), "Client.Timeout"):
 		return fmt.Errorf("%s did not answer in time (a node stopped or frozen, or a firewall dropping the admin port)", addr)
+	case strings.Contains(err.Error(), "malformed HTTP"):
+		return fmt.Errorf("%s is not a vgpuha admin endpoint: it does not answer HTTP (a guest endpoint, --guest-listen, or a replication port, --listen?); "+
+			"give the node's --admin-listen address", addr)
 	case errors.As(err, &op):
 		return fmt.Errorf("cannot reach the admin endpoint %s: %v", addr, op.Err)
 	}

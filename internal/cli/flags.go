@@ -316,6 +316,76 @@ func (v *durationValue) Set(s string) error {
 	return nil
 }
 
+// optionalDuration is a duration flag that may also stand alone: bare
+// (--watch) it takes its bare value; --watch=2s, or --watch 2s read by
+// TakeOptionalValue, sets the duration.
+type optionalDuration struct {
+	durationValue
+	bare time.Duration
+}
+
+// OptionalDuration registers a duration flag in [lo, hi] (default 0)
+// that, given bare, holds bare.
+func OptionalDuration(fs *flag.FlagSet, name string, bare, lo, hi time.Duration, usage string) *time.Duration {
+	v := &optionalDuration{durationValue: durationValue{p: new(time.Duration), min: lo, max: hi}, bare: bare}
+	fs.Var(v, name, usage)
+	return v.p
+}
+
+func (v *optionalDuration) IsBoolFlag() bool { return true }
+
+func (v *optionalDuration) Set(s string) error {
+	switch s {
+	case "true":
+		*v.p = v.bare
+		return nil
+	case "false":
+		*v.p = 0
+		return nil
+	}
+	return v.durationValue.Set(s)
+}
+
+// ParseOptional is Parse for a flag set with OptionalDuration flags: an
+// argument after such a flag given bare that reads as a duration is its
+// value (--watch 2s), and parsing goes on after it. Any other argument
+// left is refused.
+func ParseOptional(fs *flag.FlagSet, args []string) error {
+	if err := Parse(fs, args); err != nil {
+		return err
+	}
+	for fs.NArg() > 0 {
+		rest := fs.Args()
+		last := lastFlag(args[:len(args)-len(rest)])
+		f := fs.Lookup(last)
+		opt, ok := (*optionalDuration)(nil), f != nil
+		if ok {
+			opt, ok = f.Value.(*optionalDuration)
+		}
+		if !ok || opt.Set(rest[0]) != nil {
+			return usageError{fmt.Errorf("unexpected argument %q; '%s %s --help' lists the flags", rest[0], current.Name, fs.Name())}
+		}
+		args = rest[1:]
+		if err := Parse(fs, args); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lastFlag is the name of the last argument of args if it is a flag
+// given without a value ("--watch"), else "".
+func lastFlag(args []string) string {
+	if len(args) == 0 {
+		return ""
+	}
+	a := args[len(args)-1]
+	if !strings.HasPrefix(a, "-") || strings.Contains(a, "=") {
+		return ""
+	}
+	return strings.TrimLeft(a, "-")
+}
+
 // fractionValue is a number flag in [min, below).
 type fractionValue struct {
 	p          *float64

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"flag"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,40 @@ func TestParseFlagsOneLine(t *testing.T) {
 		err := Parse(fs, c.args)
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") || !errors.As(err, new(usageError)) {
 			t.Errorf("%v: %v; want one usage line with %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestOptionalDuration: --watch alone takes its bare value; with a
+// duration after it, joined or not, that duration; anything else left on
+// the line is refused.
+func TestOptionalDuration(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+		json bool
+		err  string
+	}{
+		{nil, 0, false, ""},
+		{[]string{"--watch"}, time.Second, false, ""},
+		{[]string{"--watch", "--json"}, time.Second, true, ""},
+		{[]string{"--watch", "250ms"}, 250 * time.Millisecond, false, ""},
+		{[]string{"--watch", "2s", "--json"}, 2 * time.Second, true, ""},
+		{[]string{"--json", "--watch=3s"}, 3 * time.Second, true, ""},
+		{[]string{"--watch", "soon"}, 0, false, `unexpected argument "soon"`},
+		{[]string{"--json", "extra"}, 0, false, `unexpected argument "extra"`},
+		{[]string{"--watch=0s"}, 0, false, "out of range"},
+	} {
+		fs := flag.NewFlagSet("status", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		watch := OptionalDuration(fs, "watch", time.Second, time.Millisecond, MaxDuration, "")
+		asJSON := fs.Bool("json", false, "")
+		err := ParseOptional(fs, c.args)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%q: %v, want an error with %q", c.args, err, c.err)
+		case c.err == "" && (err != nil || *watch != c.want || *asJSON != c.json):
+			t.Errorf("%q: watch %v json %v (%v), want %v %v", c.args, *watch, *asJSON, err, c.want, c.json)
 		}
 	}
 }

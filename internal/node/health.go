@@ -30,7 +30,13 @@ func (n *Node) health() error {
 				term, n.cfg.GuestListen, err)
 		}
 	case failover.Standby:
-		if n.agent != nil && n.cfg.Coordinator == nil && !n.agent.Receiver.Status().Connected {
+		if n.agent == nil || n.cfg.Coordinator != nil {
+			break
+		}
+		if r := n.agent.Receiver.Status(); !r.Connected {
+			if why := refusedText(r.KeyRefused, n.cfg.Now()); why != "" {
+				return fmt.Errorf("standby applying nothing: %s", why)
+			}
 			return fmt.Errorf("standby applying nothing: no primary's stream is connected to %s (is the primary up, and its --replicate-to this address?)",
 				n.replLn.Addr())
 		}

@@ -154,6 +154,7 @@ func (rc *RunConfig) wait(ctx context.Context, n *Node, done <-chan error) error
 	select {
 	case err = <-done:
 	case <-ctx.Done():
+		warnReplicatedStop(n, rc.Node.Logger)
 		rc.Node.Logger.Info("shutting down", "reason", "signal")
 	case err = <-served:
 		if role, term := n.Role(); err == nil && role == failover.Fenced {
@@ -166,6 +167,21 @@ func (rc *RunConfig) wait(ctx context.Context, n *Node, done <-chan error) error
 		rc.fenced(term)
 	}
 	return err
+}
+
+// warnReplicatedStop says, when a serving primary with standbys is
+// stopped (systemctl stop or restart), what follows: a standby takes
+// over, and this node comes back deposed. A planned handover is a
+// switchover.
+func warnReplicatedStop(n *Node, log *slog.Logger) {
+	role, term := n.Role()
+	if role != failover.Primary || n.replication() == nil {
+		return
+	}
+	log.Warn("stopping a replicated primary: its standby will take over when the heartbeats stop, and this node will come back deposed "+
+		"(under a two-node pair with --state-dir it refuses to start as primary, exit 3; rejoin it as the new primary's standby). "+
+		"For a planned handover with nothing lost, run vgpuha switchover before stopping it",
+		"term", term, "standbys", strings.Join(n.cfg.ReplicateTo, ","))
 }
 
 func (rc *RunConfig) fenced(term uint64) {

@@ -205,7 +205,7 @@ func (n *Node) Status() Status {
 		}
 		st.Replication = senderView(n.cfg.Mode.String(), r.log.Status(), senders)
 	case n.agent != nil && role == failover.Standby:
-		st.Replication = receiverView(n.agent.Receiver.Status())
+		st.Replication = receiverView(n.agent.Receiver.Status(), n.cfg.Now())
 		if heard := n.auth.heardAt(); !heard.IsZero() {
 			age := n.cfg.Now().Sub(heard).Seconds()
 			st.Replication.HeartbeatAgeSeconds = &age
@@ -259,7 +259,7 @@ func senderView(mode string, ls replicate.LogStatus, senders []replicate.SenderS
 }
 
 // receiverView is a standby's stream from its primary.
-func receiverView(r receiver.ReceiverStatus) Replication {
+func receiverView(r receiver.ReceiverStatus, now time.Time) Replication {
 	v := Replication{Direction: FromPrimary, Peer: r.Primary, Mode: r.Mode, Connected: r.Connected, InSync: r.InSync, Standbys: []StandbyLink{},
 		LastSequence: r.Received, AppliedSequence: r.Applied, LagRecords: r.Received - min(r.Applied, r.Received),
 		ApplyErrorsTotal: r.ApplyErrors, RefusedPeersTotal: r.RefusedPeers, Resync: resyncView(r.Resync)}
@@ -270,6 +270,7 @@ func receiverView(r receiver.ReceiverStatus) Replication {
 	switch {
 	case !r.Connected:
 		v.State = "disconnected"
+		v.LastError = refusedText(r.KeyRefused, now)
 	case r.Resyncing:
 		v.State = "resyncing"
 	case r.InSync:
@@ -278,6 +279,19 @@ func receiverView(r receiver.ReceiverStatus) Replication {
 		v.State = "catching_up"
 	}
 	return v
+}
+
+// refusedText says who was last refused at authentication, and how to
+// fix it ("" for nobody).
+func refusedText(k *receiver.KeyRefusal, now time.Time) string {
+	switch {
+	case k == nil:
+		return ""
+	case k.WrongKey:
+		return fmt.Sprintf("a primary at %s is connecting and being refused (last %.0f s ago): its replication key differs from this node's; "+
+			"put the same key file on both nodes (--replicate.key-file: copy the primary's here) and restart this standby", k.Peer, now.Sub(k.At).Seconds())
+	}
+	return fmt.Sprintf("a peer at %s connected and was refused (last %.0f s ago): %s (not a vgpuha primary of this protocol?)", k.Peer, now.Sub(k.At).Seconds(), k.Err)
 }
 
 // sum adds up counts by reason.

@@ -101,6 +101,18 @@ type ReceiverStatus struct {
 	// Resync: the snapshot applied so far (record bytes, of about
 	// BytesTotal contents bytes).
 	Resync replicate.ResyncProgress `json:"resync"`
+	// KeyRefused: the last peer refused for failing authentication since
+	// a primary was last admitted (nil: none).
+	KeyRefused *KeyRefusal `json:"key_refused,omitempty"`
+}
+
+// KeyRefusal is a peer refused at authentication: a primary holding
+// another key (WrongKey), or a peer that did not complete the handshake.
+type KeyRefusal struct {
+	Peer     string    `json:"peer"` // its host (the port is the dialer's)
+	At       time.Time `json:"at"`
+	WrongKey bool      `json:"wrong_key"`
+	Err      string    `json:"err"`
 }
 
 // Receiver accepts the primary's stream and applies it. A link goes
@@ -224,8 +236,7 @@ func (r *Receiver) serveConn(c net.Conn) {
 		hello, err = readIdentity(l, 5*time.Second)
 	}
 	if err != nil {
-		r.count(admission.RefusedAuth)
-		log.Warn("refused replication peer", "reason", admission.RefusedAuth, "err", err)
+		r.refuseAuth(c.RemoteAddr(), err, log)
 		return
 	}
 	l.Faults, l.Out, l.Lender = r.cfg.Faults, link.FromStandby, r.lender
@@ -288,6 +299,7 @@ func (r *Receiver) judge(c net.Conn, l *link.Conn, hello admission.Identity, log
 	follows.Term = max(follows.Term, r.st.MinTerm)
 	fencedTerm := r.st.FencedTerm
 	if verdict.Refuse == 0 {
+		r.st.KeyRefused = nil // a primary holding the key is here
 		r.follows = &admission.Identity{Group: hello.Group, Primary: hello.Primary, Term: hello.Term}
 		r.adopt = r.adopt && !verdict.Adopts
 		if r.current != nil {
@@ -313,6 +325,27 @@ func (r *Receiver) judge(c net.Conn, l *link.Conn, hello admission.Identity, log
 		log.Info("following a primary", append(args, "as", verdict.How)...)
 	}
 	return true
+}
+
+// refuseAuth counts and notes a peer refused at authentication; one
+// holding another key is a primary set up with the wrong key file, and
+// the log says how to fix it.
+func (r *Receiver) refuseAuth(peer net.Addr, err error, log *slog.Logger) {
+	host := peer.String()
+	if h, _, splitErr := net.SplitHostPort(host); splitErr == nil {
+		host = h
+	}
+	wrongKey := errors.Is(err, link.ErrAuth)
+	r.mu.Lock()
+	r.st.KeyRefused = &KeyRefusal{Peer: host, At: time.Now(), WrongKey: wrongKey, Err: err.Error()}
+	r.mu.Unlock()
+	r.count(admission.RefusedAuth)
+	if wrongKey {
+		log.Warn("refused a primary: its replication key differs from this node's; put the same key file on both nodes (copy the primary's to this node and restart it)",
+			"reason", admission.RefusedAuth, "err", err)
+		return
+	}
+	log.Warn("refused replication peer", "reason", admission.RefusedAuth, "err", err)
 }
 
 // count counts one refusal.
