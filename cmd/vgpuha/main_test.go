@@ -483,7 +483,7 @@ func TestReplicationProcesses(t *testing.T) {
 	startPrimary(t, "--guest-listen", "unix://"+filepath.Join(dir, "b.sock"),
 		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", bad)
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(sb.stderr.String(), "refused replication peer") {
+	for !strings.Contains(sb.stderr.String(), "its replication key differs from this node's") {
 		if time.Now().After(deadline) {
 			t.Fatalf("standby did not refuse a primary with the wrong key:\n%s", sb.stderr.String())
 		}
