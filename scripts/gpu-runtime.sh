@@ -249,7 +249,9 @@ checkpointed() {
 # strike sends the replicated primary FAULT (once).
 strike() {
 	[ -n "${node_pid[replicated]:-}" ] || return 0
-	kill -"$fault" "${node_pid[replicated]}"
+	# A killed node is reaped here, quietly: bash would otherwise print its
+	# "Killed" notice into the middle of the table's row.
+	{ kill -"$fault" "${node_pid[replicated]}" && [ "$fault" = KILL ] && wait "${node_pid[replicated]}"; } 2>/dev/null
 	frozen+=("${node_pid[replicated]}")
 	unset "node_pid[replicated]"
 }
