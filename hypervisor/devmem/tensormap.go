@@ -27,11 +27,9 @@ func (m *Memory) TensorMapEncode(r *abi.TensorMapEncode) (abi.Body, error) {
 	if !ok {
 		return nil, fail(abi.StatusNotSupported, "this node's GPU encodes no tensor maps (the software GPU has no tensor-memory accelerator)")
 	}
-	mp, err := enc.EncodeTensorMapTiled(&abi.TensorMapEncode{
-		DataType: r.DataType, Rank: r.Rank, Global: m.dev(r.Global), Dims: r.Dims, Strides: r.Strides,
-		Box: r.Box, ElementStrides: r.ElementStrides,
-		Interleave: r.Interleave, Swizzle: r.Swizzle, L2Promotion: r.L2Promotion, OOBFill: r.OOBFill,
-	})
+	onDevice := *r
+	onDevice.Global = m.dev(r.Global)
+	mp, err := enc.EncodeTensorMapTiled(&onDevice)
 	if err != nil {
 		return nil, err
 	}

@@ -135,7 +135,7 @@ func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool)
 		switch {
 		case !applied && !(failed && remembered):
 			return nil, guesterr.Refuse(guesterr.UnknownRequest, abi.StatusInvalidValue, "%s", unknownRequest(reqID, t.last, remembered)), true
-		case !inPlace && t.hasSum(reqID) && t.sumOf(reqID) != sum:
+		case !inPlace && t.sumDiffers(reqID, sum):
 			return nil, guesterr.Refuse(guesterr.ReplayMismatch, abi.StatusInvalidValue,
 				"request id %d was already answered with other content: a resend must repeat the request", reqID), true
 		case !applied:
@@ -156,16 +156,11 @@ func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool)
 	return nil, nil, false
 }
 
-// hasSum reports whether the table keeps request reqID's checksum.
-func (t *Table) hasSum(reqID uint64) bool {
-	_, ok := t.sums.get(reqID)
-	return ok
-}
-
-// sumOf is request reqID's kept checksum (0 when none is kept).
-func (t *Table) sumOf(reqID uint64) uint32 {
-	sum, _ := t.sums.get(reqID)
-	return sum
+// sumDiffers reports whether the table keeps a checksum of request
+// reqID's payload other than sum.
+func (t *Table) sumDiffers(reqID uint64, sum uint32) bool {
+	kept, ok := t.Sum(reqID)
+	return ok && kept != sum
 }
 
 // NoteContent keeps the checksum of request reqID's payload.

@@ -126,9 +126,6 @@ const regsPerThread = 32
 func (d *Driver) FuncGetAttribute(attr int32, f uint64) (int32, Result) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.ready(); r != Success {
-		return 0, r
-	}
 	fn, r := d.function(f)
 	if r != Success {
 		return 0, r
