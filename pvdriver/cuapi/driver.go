@@ -82,6 +82,9 @@ type Driver struct {
 	// framework offers the same ones again and again, and NVIDIA's driver
 	// refuses them from their headers, at no cost (module.go).
 	noBinary map[abi.ImageHash]bool
+	// mapped are the host buffers a device address was asked for
+	// (mapped.go).
+	mapped mirrors
 }
 
 type ctxState struct {

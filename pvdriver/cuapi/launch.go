@@ -65,6 +65,9 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 	if d.recordLocked(l.Stream, graphNode{kind: nodeLaunch, fn: fn.remote, cfg: cfg, args: args}) {
 		return Success
 	}
+	if r := d.beforeWork(c); r != Success {
+		return r
+	}
 	return resultOf("cuLaunchKernel", c.Launch(fn.remote, cfg, args...), false)
 }
 

@@ -119,6 +119,9 @@ func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bo
 	if r != Success || len(src) == 0 {
 		return r
 	}
+	if r := d.beforeWork(c); r != Success {
+		return r
+	}
 	if async {
 		return resultOf("cuMemcpyHtoDAsync", c.CopyHtoDAsync(pvdriver.DevicePtr(dst), src, st), false)
 	}
@@ -139,7 +142,10 @@ func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
 	if r != Success || len(dst) == 0 {
 		return r
 	}
-	return resultOf("cuMemcpyDtoH", c.CopyDtoH(dst, pvdriver.DevicePtr(src)), false)
+	if r := d.beforeWork(c); r != Success {
+		return r
+	}
+	return d.afterWait(c, resultOf("cuMemcpyDtoH", c.CopyDtoH(dst, pvdriver.DevicePtr(src)), false))
 }
 
 // MemcpyDtoD is cuMemcpyDtoD_v2 and cuMemcpyDtoDAsync_v2.
@@ -152,6 +158,9 @@ func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result 
 	}
 	c, st, r := d.copyTarget(t, s)
 	if r != Success || n == 0 {
+		return r
+	}
+	if r := d.beforeWork(c); r != Success {
 		return r
 	}
 	if async {
@@ -185,6 +194,9 @@ func (d *Driver) Memset(t Thread, dst uint64, width uint8, v uint32, count, s ui
 			buf[i] = pattern[i%int(width)]
 		}
 		r, _ := d.copyGlobal(t, dst, buf, true)
+		return r
+	}
+	if r := d.beforeWork(c); r != Success {
 		return r
 	}
 	return resultOf("cuMemset", c.Memset(pvdriver.DevicePtr(dst), width, v, count, st, !async), false)
@@ -227,8 +239,15 @@ func (d *Driver) HostAllocRegion(n uint64) []byte {
 
 // HostFree checks and forgets host memory at p (cuMemFreeHost); a buffer
 // of the region goes back to it, ordinary memory the C half frees when
-// cFree is set.
+// cFree is set. Its mirror on the device, if it had one, goes with it.
 func (d *Driver) HostFree(p uintptr) (r Result, cFree bool) {
+	if r, cFree = d.hostFree(p); r == Success {
+		d.dropMirror(p)
+	}
+	return r, cFree
+}
+
+func (d *Driver) hostFree(p uintptr) (r Result, cFree bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.ready(); r != Success {

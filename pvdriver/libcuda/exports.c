@@ -200,6 +200,7 @@ static const struct vg_proc vg_procs[] = {
 	E(cuMemsetD32, 3020, cuMemsetD32_v2) E(cuMemsetD8Async, 3020, cuMemsetD8Async) E(cuMemsetD16Async, 3020, cuMemsetD16Async)
 	E(cuMemsetD32Async, 3020, cuMemsetD32Async) E(cuMemAllocHost, 3020, cuMemAllocHost_v2) E(cuMemHostAlloc, 2020, cuMemHostAlloc)
 	E(cuMemFreeHost, 2000, cuMemFreeHost) E(cuMemHostRegister, 4000, cuMemHostRegister) E(cuMemHostRegister, 6050, cuMemHostRegister_v2)
+	E(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2)
 	E(cuMemHostUnregister, 4000, cuMemHostUnregister)
 	E(cuModuleLoad, 2000, cuModuleLoad) E(cuModuleLoadData, 2000, cuModuleLoadData) E(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx)
 	E(cuModuleLoadFatBinary, 2000, cuModuleLoadFatBinary) E(cuModuleUnload, 2000, cuModuleUnload)

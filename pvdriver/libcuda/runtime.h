@@ -44,6 +44,7 @@ CUresult cuGraphExecDestroy(CUgraphExec x);
 /* exports_hostmem.c */
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
 CUresult cuMemHostUnregister(void *p);
 CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c);
 /* exports_vmm.c */
