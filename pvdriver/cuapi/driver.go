@@ -291,6 +291,7 @@ var unservedFeatures = map[int32]int32{
 	110: 0, // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
 	115: 0, // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
 	128: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+	91:  0, // CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (a kernel reaches host memory by its mirror's address: mapped.go)
 }
 
 // attr is device attribute a (zero when the node did not report it).

@@ -115,6 +115,26 @@ func (d *Driver) HostGetDevicePointer(t Thread, p uintptr, flags uint32) (uint64
 	return mi.dev + uint64(p-base), Success
 }
 
+// deviceAddress is p as the node knows it: a host address inside memory
+// this driver pinned (which unified addressing lets a program hand to a
+// copy or memset as a device address) becomes its mirror's; any other
+// address is returned as it is, for the node to judge.
+func (d *Driver) deviceAddress(t Thread, p uint64) uint64 {
+	d.mu.Lock()
+	pinned := false
+	if p < d.base || p-d.base >= d.size { // outside the device window (most addresses are inside)
+		_, _, pinned = d.hostAt(uintptr(p))
+	}
+	d.mu.Unlock()
+	if !pinned {
+		return p
+	}
+	if dev, r := d.HostGetDevicePointer(t, uintptr(p), 0); r == Success {
+		return dev
+	}
+	return p
+}
+
 // hostAt finds the host memory holding p.
 // Precondition: d.mu must be locked.
 func (d *Driver) hostAt(p uintptr) (uintptr, hostAlloc, bool) {

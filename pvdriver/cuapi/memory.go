@@ -109,6 +109,7 @@ func (d *Driver) copyTarget(t Thread, s uint64) (*pvdriver.Client, pvdriver.Stre
 // the session's region (cuMemAllocHost) the device may read it until the
 // stream is synchronised, as CUDA's rule for pinned memory says.
 func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bool) Result {
+	dst = d.deviceAddress(t, dst)
 	if r, ok := d.captured(s, graphNode{kind: nodeCopyHtoD, dst: dst, host: src}, dst, uint64(len(src))); ok {
 		return r
 	}
@@ -132,6 +133,7 @@ func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bo
 // before returning: the copy is ordered after all earlier work (the null
 // stream's order, which includes stream s's).
 func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
+	src = d.deviceAddress(t, src)
 	if r, ok := d.captured(s, graphNode{kind: nodeCopyDtoH, src: src, host: dst}, src, uint64(len(dst))); ok {
 		return r
 	}
@@ -150,6 +152,7 @@ func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
 
 // MemcpyDtoD is cuMemcpyDtoD_v2 and cuMemcpyDtoDAsync_v2.
 func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result {
+	dst, src = d.deviceAddress(t, dst), d.deviceAddress(t, src)
 	if r, ok := d.captured(s, graphNode{kind: nodeCopyDtoD, dst: dst, src: src, n: n}, dst, n); ok {
 		return r
 	}
@@ -172,6 +175,7 @@ func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result 
 // Memset is cuMemsetD8_v2/D16_v2/D32_v2 and their Async forms: count
 // elements of width bytes; the destination must be aligned to width.
 func (d *Driver) Memset(t Thread, dst uint64, width uint8, v uint32, count, s uint64, async bool) Result {
+	dst = d.deviceAddress(t, dst)
 	c, st, r := d.copyTarget(t, s)
 	if r != Success {
 		return r

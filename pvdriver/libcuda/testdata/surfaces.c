@@ -139,6 +139,9 @@ static void mapped_memory(CUfunction saxpy, CUdeviceptr y) {
 	CHECK(cuMemsetD32(dm + 4 * sizeof(float), 0x40000000, 2)); /* 2.0f, by the device's address */
 	CHECK(cuStreamSynchronize(NULL));
 	if (m[3] == 2.0f || m[4] != 2.0f || m[5] != 2.0f || m[6] == 2.0f) FAIL("a memset of mapped memory: %g %g %g %g", m[3], m[4], m[5], m[6]);
+	CHECK(cuMemsetD32((CUdeviceptr)(uintptr_t)(m + 8), 0x40400000, 1)); /* 3.0f, by the host's address (unified addressing) */
+	CHECK(cuCtxSynchronize());
+	if (m[8] != 3.0f || m[9] == 3.0f) FAIL("a memset of mapped memory by its host address: %g %g", m[8], m[9]);
 	CHECK(cuMemFreeHost(m));
 	free(back);
 	printf("mapped host memory: ok\n");
