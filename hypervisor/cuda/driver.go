@@ -79,7 +79,7 @@ func load() (*driver, error) {
 			{&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"}, {&d.cuDeviceTotalMem, "cuDeviceTotalMem_v2"},
 			{&d.cuDeviceGetUuid, "cuDeviceGetUuid"},
 			{&d.cuCtxCreate, "cuCtxCreate_v2"}, {&d.cuCtxDestroy, "cuCtxDestroy_v2"},
-			{&d.cuCtxSetCurrent, "cuCtxSetCurrent"}, {&d.cuCtxSynchronize, "cuCtxSynchronize"},
+			{&d.cuCtxSetCurrent, "cuCtxSetCurrent"}, {&d.cuCtxSynchronize, "cuCtxSynchronize"}, {&d.cuCtxGetLimit, "cuCtxGetLimit"},
 			{&d.cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity"},
 			{&d.cuMemAddressReserve, "cuMemAddressReserve"}, {&d.cuMemAddressFree, "cuMemAddressFree"},
 			{&d.cuMemCreate, "cuMemCreate"}, {&d.cuMemRelease, "cuMemRelease"},

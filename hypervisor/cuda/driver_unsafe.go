@@ -31,6 +31,7 @@ type driver struct {
 	cuCtxDestroy                  func(ctx uintptr) result
 	cuCtxSetCurrent               func(ctx uintptr) result
 	cuCtxSynchronize              func() result
+	cuCtxGetLimit                 func(v *uint64, limit int32) result
 	cuMemGetAllocationGranularity func(g *uint64, prop *memAllocationProp, option int32) result
 	cuMemAddressReserve           func(ptr *uint64, size, align, addr uint64, flags uint64) result
 	cuMemAddressFree              func(ptr, size uint64) result

@@ -176,7 +176,7 @@ type DeviceDescriber interface {
 
 // DeviceAttrCount is one past the highest CUdevice_attribute this project
 // knows (CU_DEVICE_ATTRIBUTE_MAX in CUDA 13's cuda.h).
-const DeviceAttrCount = 144
+const DeviceAttrCount = 148
 
 // HostRegistrar is implemented by backends that can page-lock host memory
 // they did not allocate (cuMemHostRegister on CUDA), so device copies from

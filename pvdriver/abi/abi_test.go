@@ -365,13 +365,22 @@ func TestFrameReaderBudgetRefusal(t *testing.T) {
 }
 
 func TestDeviceInfoReplyRoundTrip(t *testing.T) {
-	want := &DeviceInfoReply{Name: "dev", UUID: [16]byte{1, 2, 15: 3}, TotalMem: 1 << 30, Attrs: []int32{0, 1024, -1}, Granularity: 2 << 20}
-	var got DeviceInfoReply
-	if err := Unmarshal(want.Append(nil), &got); err != nil {
-		t.Fatal(err)
+	for _, want := range []*DeviceInfoReply{
+		{Name: "dev", UUID: [16]byte{1, 2, 15: 3}, TotalMem: 1 << 30, Attrs: []int32{0, 1024, -1}, Granularity: 2 << 20},
+		{Name: "dev", TotalMem: 1 << 30, Attrs: []int32{0, 7}, Granularity: 2 << 20, Limits: []uint64{1024, LimitUnsupported, 0}},
+	} {
+		var got DeviceInfoReply
+		if err := Unmarshal(want.Append(nil), &got); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, &got); diff != "" {
+			t.Errorf("round trip (-want +got):\n%s", diff)
+		}
 	}
-	if diff := cmp.Diff(want, &got); diff != "" {
-		t.Errorf("round trip (-want +got):\n%s", diff)
+	var got DeviceInfoReply
+	noLimits := append((&DeviceInfoReply{Granularity: 1}).Append(nil), 0)
+	if err := Unmarshal(noLimits, &got); err == nil {
+		t.Error("accepted a count of zero limits (none are sent as nothing)")
 	}
 	if err := Unmarshal(binary.LittleEndian.AppendUint16(appendU64(append(appendString(nil, ""), make([]byte, 16)...), 0), MaxDeviceAttrs+1), &got); err == nil {
 		t.Error("accepted more attributes than the limit")
