@@ -68,6 +68,7 @@ type Driver struct {
 	execs          map[uint64]*graph
 	used           uint64                // bytes allocated
 	hosts          map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc, or registered (hostmem.go)
+	hostLo, hostHi uint64                // a span holding every host memory ever recorded (a quick test before a search of hosts)
 
 	globals      map[uint64]moduleGlobal // module variables by their address on the node (globals.go)
 	primaryFlags uint32                  // cuDevicePrimaryCtxSetFlags

@@ -37,6 +37,10 @@ func (d *Driver) noteHostLocked(p uintptr, h hostAlloc) {
 		d.hosts = map[uintptr]hostAlloc{}
 	}
 	d.hosts[p] = h
+	if d.hostHi == 0 || uint64(p) < d.hostLo {
+		d.hostLo = uint64(p)
+	}
+	d.hostHi = max(d.hostHi, uint64(p)+h.size)
 }
 
 // HostRegister is cuMemHostRegister_v2: n bytes of the program's own

@@ -62,6 +62,7 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 	}
 	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes, Stream: st,
 		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}, Cooperative: l.Cooperative}
+	d.mirrorArgs(t, args)
 	if d.recordLocked(l.Stream, graphNode{kind: nodeLaunch, fn: fn.remote, cfg: cfg, args: args}) {
 		return Success
 	}

@@ -2,12 +2,14 @@ package cuapi
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
 
 	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
 // Mapped host memory: cuMemHostGetDevicePointer.
@@ -133,6 +135,39 @@ func (d *Driver) deviceAddress(t Thread, p uint64) uint64 {
 		return dev
 	}
 	return p
+}
+
+// mirrorArgs replaces each 8-byte kernel argument that holds an address
+// inside pinned host memory (unified addressing lets a program pass one to
+// a kernel) with the address in its mirror. Only arguments that lie
+// outside the device window and inside the span of pinned memory are
+// looked up; a pointer inside a structure passed by value is not found.
+func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) {
+	for i := range args {
+		a := &args[i]
+		var v uint64
+		switch {
+		case a.Kind == abi.ArgBytes && len(a.Raw) == 8:
+			v = binary.LittleEndian.Uint64(a.Raw)
+		case a.Kind == abi.ArgPtr || a.Kind == abi.ArgU64:
+			v = a.Bits
+		default:
+			continue
+		}
+		d.mu.Lock()
+		candidate := (v < d.base || v-d.base >= d.size) && v >= d.hostLo && v < d.hostHi
+		d.mu.Unlock()
+		if !candidate {
+			continue
+		}
+		if dev := d.deviceAddress(t, v); dev != v {
+			if a.Kind == abi.ArgBytes {
+				a.Raw = binary.LittleEndian.AppendUint64(nil, dev)
+			} else {
+				a.Bits = dev
+			}
+		}
+	}
 }
 
 // hostAt finds the host memory holding p.

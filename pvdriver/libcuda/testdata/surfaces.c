@@ -142,6 +142,13 @@ static void mapped_memory(CUfunction saxpy, CUdeviceptr y) {
 	CHECK(cuMemsetD32((CUdeviceptr)(uintptr_t)(m + 8), 0x40400000, 1)); /* 3.0f, by the host's address (unified addressing) */
 	CHECK(cuCtxSynchronize());
 	if (m[8] != 3.0f || m[9] == 3.0f) FAIL("a memset of mapped memory by its host address: %g %g", m[8], m[9]);
+	CUdeviceptr hm = (CUdeviceptr)(uintptr_t)m; /* the host's address as a kernel's argument (unified addressing) */
+	void *by_host[] = {&y, &hm, &alpha, &n};
+	for (int i = 0; i < N; i++) m[i] = 0.0f;
+	CHECK(cuLaunchKernel(saxpy, N / 256, 1, 1, 256, 1, 1, 0, NULL, by_host, NULL));
+	CHECK(cuCtxSynchronize());
+	for (int i = 0; i < N; i++)
+		if (m[i] != 2.0f * (2.0f * i + 1.0f)) FAIL("a kernel given mapped memory's host address: m[%d] = %g", i, m[i]);
 	CHECK(cuMemFreeHost(m));
 	free(back);
 	printf("mapped host memory: ok\n");
