@@ -87,11 +87,10 @@ framework() {
 	[ -n "${prog[$1]:-}" ] || { echo "unknown program $1" >&2; return 1; }
 	[ "$1" = fw_expandable ] && env="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
 	[ "$1" = fw_jax ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false "
-	# XLA's autotuner writes its checks into mapped host memory, which a
-	# remote GPU cannot reach, and its command buffers build CUDA graphs node
-	# by node, which the library does not serve (docs/USAGE.md): JAX with
-	# both off.
-	[ "$1" = fw_jax_plain ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=\"--xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=\" "
+	# XLA's command buffers capture into graphs the program made and build
+	# graphs node by node, which the library does not serve (docs/USAGE.md):
+	# JAX with them off.
+	[ "$1" = fw_jax_plain ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=\"--xla_gpu_enable_command_buffer=\" "
 	printf '#!/bin/sh\nexec env %spython3 %s/%s\n' "$env" "$fw" "${prog[$1]}"
 }
 
