@@ -57,6 +57,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpModuleLoad, func() abi.Body { return &abi.ModuleLoad{Image: img} }, &module},
 		{abi.OpGetFunction, func() abi.Body { return &abi.GetFunction{Module: module, Name: "vadd"} }, &function},
 		{abi.OpFunctionParams, func() abi.Body { return &abi.FunctionParams{Function: function} }, nil},
+		{abi.OpOccupancy, func() abi.Body { return &abi.Occupancy{Function: function, Kind: abi.OccupancyBlocks, Block: block} }, nil},
 		{abi.OpStreamCreate, func() abi.Body { return &abi.StreamCreate{} }, &stream},
 		{abi.OpLaunch, func() abi.Body {
 			return &abi.Launch{Function: function, Grid: one, Block: block, Stream: stream,

@@ -150,6 +150,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpMemMap:           onMemory((*devmem.Memory).MemMap),
 	abi.OpMemUnmap:         onMemory((*devmem.Memory).MemUnmap),
 	abi.OpTensorMapEncode:  onMemory((*devmem.Memory).TensorMapEncode),
+	abi.OpOccupancy:        onObjects((*objects.Set).Occupancy),
 }
 
 // Serve runs one request (guestconn.Session) and returns its reply body.

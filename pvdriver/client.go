@@ -949,6 +949,14 @@ func (c *Client) EncodeTensorMapTiled(r *abi.TensorMapEncode) ([abi.TensorMapByt
 	return rep.Map, err
 }
 
+// Occupancy asks the node's GPU driver an occupancy question
+// (abi.Occupancy); q.Function is a function of this session.
+func (c *Client) Occupancy(q *abi.Occupancy) (int32, error) {
+	var rep abi.OccupancyReply
+	err := c.call(abi.OpOccupancy, q, &rep)
+	return rep.Value, err
+}
+
 // LaunchConfig is the shape of a launch.
 type LaunchConfig struct {
 	Grid, Block abi.Dim3

@@ -189,6 +189,16 @@ type HostRegistrar interface {
 	RegisterHost(mem []byte) (unregister func() error, err error)
 }
 
+// OccupancyCalculator is implemented by contexts whose GPU driver answers
+// occupancy questions about their functions (abi.Occupancy: blocks per
+// multiprocessor, active clusters, the largest cluster), with the
+// function's attributes set as q says. q's block is non-empty and within
+// MaxThreadsPerBlock; everything else is the guest's, for the driver to
+// judge.
+type OccupancyCalculator interface {
+	Occupancy(f Function, q *abi.Occupancy) (int32, error)
+}
+
 // TensorMapEncoder is implemented by contexts whose GPU driver encodes
 // tensor maps (cuTensorMapEncodeTiled). r.Global is a device address the
 // caller checked, with the whole tensor, against the session's memory.

@@ -178,3 +178,26 @@ func (o *Set) keepImage(raw []byte, img *abi.ModuleImage) {
 	}
 	o.cfg.Images.Put(abi.HashImage(raw), img, int64(len(raw)), o.cfg.Tenant)
 }
+
+// Occupancy answers an occupancy question about a function from the
+// context's GPU driver (gpu.OccupancyCalculator); a context without one
+// answers that it is not supported, and the guest's library then
+// estimates.
+func (o *Set) Occupancy(r *abi.Occupancy) (abi.Body, error) {
+	f, err := o.handles.Lookup(handlemap.KindFunction, handlemap.Handle(r.Function))
+	if err != nil {
+		return nil, guesterr.Fail(abi.StatusInvalidHandle, "%w", err)
+	}
+	calc, ok := o.ctx.(gpu.OccupancyCalculator)
+	if !ok {
+		return nil, guesterr.Fail(abi.StatusNotSupported, "occupancy: the %T GPU has no occupancy calculator", o.ctx)
+	}
+	if r.Block.Count() == 0 || r.Block.Count() > gpu.MaxThreadsPerBlock {
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "occupancy: a block of %d threads", r.Block.Count())
+	}
+	v, err := calc.Occupancy(gpu.Function(f), r)
+	if err != nil {
+		return nil, err
+	}
+	return &abi.OccupancyReply{Value: v}, nil
+}

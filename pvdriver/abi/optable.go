@@ -66,6 +66,9 @@ const (
 	// OpTensorMapEncode has the node's GPU driver encode a tensor map
 	// (tensormap.go).
 	OpTensorMapEncode
+	// OpOccupancy asks the node's GPU driver an occupancy question
+	// (occupancy.go).
+	OpOccupancy
 	opLimit
 )
 
@@ -177,6 +180,7 @@ var opTable = [opLimit]OpInfo{
 	OpMemMap:          {Name: "mem_map", NewRequest: newBody[MemMap], Mutates: true},
 	OpMemUnmap:        {Name: "mem_unmap", NewRequest: newBody[MemUnmap], Mutates: true},
 	OpTensorMapEncode: {Name: "tensor_map_encode", NewRequest: newBody[TensorMapEncode], NewReply: newBody[TensorMapReply]},
+	OpOccupancy:       {Name: "occupancy", NewRequest: newBody[Occupancy], NewReply: newBody[OccupancyReply]},
 }
 
 // newBody is the constructor of an empty body of type T.

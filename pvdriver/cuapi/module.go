@@ -55,6 +55,13 @@ type function struct {
 	ptxVer  int
 	maxDyn  int32 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 	carveup int32 // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+	// nonPortable and policy are the cluster attributes the program set
+	// (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+	// CLUSTER_SCHEDULING_POLICY_PREFERENCE); occupancy keeps the node's
+	// answers (occupancy.go).
+	nonPortable bool
+	policy      int32
+	occupancy   map[occupancyKey]int32
 	// raw: taken from a cubin or fatbin, whose parameter layout the node
 	// reports; described: attrs (and a raw function's layout) are known.
 	raw, described bool

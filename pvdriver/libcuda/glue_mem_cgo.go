@@ -28,6 +28,7 @@ import (
 	"os"
 	"unsafe"
 
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/cuapi"
 )
 
@@ -305,8 +306,17 @@ func vgFuncSetAttribute(f C.uintptr_t, attr, v C.int) C.CUresult {
 }
 
 //export vgOccupancyMaxActiveBlocks
-func vgOccupancyMaxActiveBlocks(n *C.int, f C.uintptr_t, bs C.int, smem C.size_t) C.CUresult {
-	v, r := drv.OccupancyMaxActiveBlocks(uint64(f), int32(bs), uint64(smem))
+func vgOccupancyMaxActiveBlocks(n *C.int, f C.uintptr_t, bs C.int, smem C.size_t, flags C.uint) C.CUresult {
+	v, r := drv.OccupancyMaxActiveBlocks(uint64(f), int32(bs), uint64(smem), uint32(flags))
+	return outInt(n, v, r)
+}
+
+//export vgOccupancyClusters
+func vgOccupancyClusters(n *C.int, f C.uintptr_t, kind C.int, gx, gy, gz, bx, by, bz, smem, cx, cy, cz C.uint) C.CUresult {
+	q := abi.Occupancy{Kind: abi.OccupancyKind(kind), Grid: abi.Dim3{X: uint32(gx), Y: uint32(gy), Z: uint32(gz)},
+		Block: abi.Dim3{X: uint32(bx), Y: uint32(by), Z: uint32(bz)}, SharedBytes: uint32(smem),
+		Cluster: abi.Dim3{X: uint32(cx), Y: uint32(cy), Z: uint32(cz)}}
+	v, r := drv.OccupancyClusters(uint64(f), q)
 	return outInt(n, v, r)
 }
 

@@ -14,10 +14,12 @@ enum { CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, CUDA_ERROR_HOST_MEMORY_N
 	CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720 };
 enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
 	CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMHOSTREGISTER_READ_ONLY = 8,
-	CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2 };
+	CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+	CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14 };
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
 	unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra);
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c);
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostUnregister(void *p);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
@@ -68,7 +70,17 @@ static void cooperative(CUfunction saxpy, CUdeviceptr x, CUdeviceptr y, float *h
 	if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
 	if (r != CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) FAIL("a cooperative launch too large: %d, want %d", r, CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
 	CHECK(cuCtxSynchronize());
-	printf("cooperative launches: ok\n");
+	/* Cluster attributes read back as set; cluster occupancy is the node's
+	 * GPU's answer (the software GPU launches no clusters: 0). */
+	int np = -1, clusters = -1;
+	CHECK(cuFuncSetAttribute(saxpy, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+	CHECK(cuFuncGetAttribute(&np, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, saxpy));
+	if (np != 1) FAIL("non-portable cluster size allowed: %d after setting 1", np);
+	CUlaunchAttribute dim = {.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, .value.clusterDim = {2, 1, 1}};
+	CUlaunchConfig shape = {N / 256, 1, 1, 256, 1, 1, 0, NULL, &dim, 1};
+	CHECK(cuOccupancyMaxActiveClusters(&clusters, saxpy, &shape));
+	if (clusters < 0 || (sms == 80 && clusters != 0)) FAIL("resident clusters of 2: %d", clusters);
+	printf("cooperative launches: ok (clusters of 2 resident: %d)\n", clusters);
 }
 
 static void pointer_is(void *p, unsigned int want_type, CUcontext want_ctx, const char *what) {
