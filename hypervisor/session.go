@@ -150,6 +150,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpMemMap:           onMemory((*devmem.Memory).MemMap),
 	abi.OpMemUnmap:         onMemory((*devmem.Memory).MemUnmap),
 	abi.OpTensorMapEncode:  onMemory((*devmem.Memory).TensorMapEncode),
+	abi.OpImageStage:       onObjects((*objects.Set).ImageStage),
 }
 
 // Serve runs one request (guestconn.Session) and returns its reply body.

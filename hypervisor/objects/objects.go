@@ -18,6 +18,7 @@
 package objects
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/vgpuha/vgpuha/handlemap"
@@ -75,6 +76,8 @@ type Set struct {
 	kernels      map[handlemap.Handle]abi.KernelSpec // function handle -> declaration
 	deferred     map[handlemap.Handle]error          // first error of async work per stream (0: null stream)
 	moduleImages map[handlemap.Handle]*abi.ModuleImage
+	// uploads are the images the guest is uploading in pieces.
+	uploads *images.Uploads
 	// footprint is checkFootprint's buffer, reused from launch to launch.
 	footprint []kernels.Extent
 	// replaying: a replicated record is being applied; a load by hash
@@ -93,6 +96,7 @@ func New(ctx gpu.Context, mem Memory, cfg Config) *Set {
 		kernels:      map[handlemap.Handle]abi.KernelSpec{},
 		moduleImages: map[handlemap.Handle]*abi.ModuleImage{},
 		deferred:     map[handlemap.Handle]error{},
+		uploads:      cfg.Images.Uploads(cfg.Tenant),
 	}
 }
 
@@ -110,8 +114,12 @@ func (o *Set) Len() int { return o.handles.Len() }
 func (o *Set) Next() handlemap.Handle           { return o.handles.Next() }
 func (o *Set) SetNext(h handlemap.Handle) error { return o.handles.SetNext(h) }
 
-// Reset drops every handle (the session is closed; its context with it).
-func (o *Set) Reset() { o.handles = handlemap.NewTable() }
+// Reset drops every handle and upload (the session is closed; its context
+// with it).
+func (o *Set) Reset() {
+	o.handles = handlemap.NewTable()
+	o.uploads.Free()
+}
 
 // CheckRoom refuses a new object once the session holds its quota of
 // allocations and handles.
@@ -139,22 +147,46 @@ func (o *Set) Sums(session uint64) []verify.ObjectSum {
 		}
 		sums = append(sums, s)
 	})
+	o.uploads.Each(func(h abi.ImageHash, _ uint64, held []byte) {
+		sums = append(sums, verify.ObjectSum{Session: session, Kind: verify.ObjUpload, ID: binary.LittleEndian.Uint64(h[:]),
+			Size: uint64(len(held)), Sum: verify.Checksum(held)})
+	})
 	return sums
 }
 
+// snapshotPiece is the most image bytes one resync record carries.
+const snapshotPiece = 4 << 20
+
 // Records returns the records that recreate every object of session
-// under the handle it has (a resync snapshot), each made by place.
+// under the handle it has (a resync snapshot), each made by place: a
+// module whose image is too large for one request as the pieces of an
+// upload and a load by hash, and every upload in progress as its pieces
+// so far (a guest that resumes on the new standby carries on with it).
 func (o *Set) Records(place func(op abi.Opcode, body abi.Body, result uint64) replicate.Record) []replicate.Record {
 	var recs []replicate.Record
+	stage := func(h abi.ImageHash, total uint64, held []byte) {
+		for off := 0; off < len(held); off += snapshotPiece {
+			p := &abi.ImageStage{Hash: h, Total: total, Offset: uint64(off), Data: held[off:min(off+snapshotPiece, len(held))]}
+			recs = append(recs, place(abi.OpImageStage, p, 0))
+		}
+	}
 	o.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
 		switch k {
 		case handlemap.KindModule:
-			recs = append(recs, place(abi.OpModuleLoad, &abi.ModuleLoad{Image: o.moduleImages[h].Append(nil)}, uint64(h)))
+			img := o.moduleImages[h].Append(nil)
+			if len(img) <= abi.MaxModuleImage {
+				recs = append(recs, place(abi.OpModuleLoad, &abi.ModuleLoad{Image: img}, uint64(h)))
+				break
+			}
+			hash := abi.HashImage(img)
+			stage(hash, uint64(len(img)), img)
+			recs = append(recs, place(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: hash}, uint64(h)))
 		case handlemap.KindFunction:
 			recs = append(recs, place(abi.OpGetFunction, &abi.GetFunction{Module: uint64(parent), Name: o.kernels[h].Name}, uint64(h)))
 		case handlemap.KindStream:
 			recs = append(recs, place(abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
 		}
 	})
+	o.uploads.Each(stage) // after the modules: one may be an upload of the same image again
 	return recs
 }

@@ -70,10 +70,18 @@ func (m *ModuleImage) Append(b []byte) []byte {
 	return b
 }
 
-// DecodeModuleImage parses and checks a module image.
-func DecodeModuleImage(b []byte) (*ModuleImage, error) {
+// DecodeModuleImage parses and checks a module image of at most
+// MaxModuleImage bytes (one frame's); the result aliases nothing of b.
+func DecodeModuleImage(b []byte) (*ModuleImage, error) { return decodeModuleImage(b, false) }
+
+// DecodeOwnedModuleImage parses and checks a module image of at most
+// MaxImage bytes (an upload's, in pieces) that the caller hands over: a
+// raw image's bytes alias b, which nobody may change afterwards.
+func DecodeOwnedModuleImage(b []byte) (*ModuleImage, error) { return decodeModuleImage(b, true) }
+
+func decodeModuleImage(b []byte, owned bool) (*ModuleImage, error) {
 	if len(b) >= len(rawImageMagic) && string(b[:len(rawImageMagic)]) == string(rawImageMagic[:]) {
-		return decodeRawImage(b)
+		return decodeRawImage(b, owned)
 	}
 	d := Decoder{b: b}
 	magic := d.take(len(imageMagic))

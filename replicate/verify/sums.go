@@ -23,6 +23,10 @@ const (
 	// ObjReservation is a range of a session's window reserved without
 	// memory (CUDA's cuMemAddressReserve): ID its address, Size its size.
 	ObjReservation
+	// ObjUpload is a module image a session is uploading in pieces: ID the
+	// first 8 bytes of its hash, Size the bytes uploaded so far, Sum
+	// their checksum.
+	ObjUpload
 )
 
 // NoMismatch is an ObjAperture's Sum when every byte matched.
@@ -44,6 +48,8 @@ func (k ObjectKind) String() string {
 		return "aperture"
 	case ObjReservation:
 		return "reservation"
+	case ObjUpload:
+		return "upload"
 	}
 	return fmt.Sprintf("kind(%d)", k)
 }
