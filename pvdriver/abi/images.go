@@ -58,7 +58,7 @@ func (m *ImageStage) Append(b []byte) []byte {
 func (m *ImageStage) decode(d *Decoder) {
 	copy(m.Hash[:], d.take(len(m.Hash)))
 	m.Total, m.Offset = d.U64(), d.U64()
-	m.Data = d.Bytes(MaxModuleImage)
+	m.Data = d.Bytes(MaxImage) // and the frame's limit
 	if d.err != nil {
 		return
 	}
