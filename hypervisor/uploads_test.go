@@ -161,20 +161,31 @@ func TestLargeImageUploaded(t *testing.T) {
 }
 
 // TestLargeImageReplicated: replicated, the standby applies the upload and
-// the load (verify matches, the upload counted in neither), a failover
-// after the load keeps the module, and a standby that joins later gets
-// the module from its resync snapshot, in pieces.
+// the load (verify matches, the upload counted in neither); the tenant's
+// next process loads the image from the primary's cache, sending nothing,
+// the log carrying it to the standby as pieces; a failover after that
+// load keeps the module; and a standby that joins later gets the module
+// from its resync snapshot, in pieces.
 func TestLargeImageReplicated(t *testing.T) {
 	image := bigFatbin(t, "vadd", 20<<20)
 	c := startPair(t, cluster.Options{OneGuestPerProcess: true})
 	g := guest(t, c, "big")
-	f := loadVadd(t, g, image)
-	runVadd(t, g, f, 1<<12)
+	runVadd(t, g, loadVadd(t, g, image), 1<<12)
 	if rep, err := c.Verify(); err != nil || !rep.Match {
 		t.Fatalf("verify after the load: %+v, %v", rep, err)
 	}
 	if st := c.Standby.Server().Status().Images; st.UploadBytes != 0 {
 		t.Errorf("the standby holds %d bytes of uploads after the load", st.UploadBytes)
+	}
+	g.Close()
+	g = guest(t, c, "big again")
+	f := loadVadd(t, g, image)
+	if n := sent(g, abi.OpImageStage); n != 0 {
+		t.Errorf("the tenant's next process sent %d pieces of an image the primary caches", n)
+	}
+	runVadd(t, g, f, 1<<12)
+	if rep, err := c.Verify(); err != nil || !rep.Match {
+		t.Fatalf("verify after the load from the cache: %+v, %v", rep, err)
 	}
 	c.KillPrimary()
 	runVadd(t, g, f, 1<<12) // on the promoted standby

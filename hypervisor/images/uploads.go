@@ -141,6 +141,16 @@ func (u *Uploads) Each(fn func(h abi.ImageHash, total uint64, held []byte)) {
 	}
 }
 
+// Pieces calls fn with the pieces that recreate every upload the session
+// holds, finished or not, as far as it got (a resync snapshot).
+func (u *Uploads) Pieces(fn func(*abi.ImageStage)) {
+	for h, up := range u.byHash {
+		for off := 0; off < len(up.buf); off += pieceBytes {
+			fn(&abi.ImageStage{Hash: h, Total: uint64(cap(up.buf)), Offset: uint64(off), Data: up.buf[off:min(off+pieceBytes, len(up.buf))]})
+		}
+	}
+}
+
 // Free drops every upload (the session ended).
 func (u *Uploads) Free() {
 	for h := range u.byHash {

@@ -3,6 +3,7 @@ package objects
 import (
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -136,12 +137,18 @@ func (o *Set) FunctionParams(r *abi.FunctionParams) (abi.Body, error) {
 	return reply, nil
 }
 
+// checkLoad refuses an image the session may not load now (whose kernels
+// it may not run, or past its objects quota).
+func (o *Set) checkLoad(img *abi.ModuleImage) error {
+	if err := o.checkGuestKernels(img); err != nil {
+		return err
+	}
+	return o.CheckRoom()
+}
+
 // loadImage loads a decoded image into the session's context.
 func (o *Set) loadImage(img *abi.ModuleImage) (abi.Body, error) {
-	if err := o.checkGuestKernels(img); err != nil {
-		return nil, err
-	}
-	if err := o.CheckRoom(); err != nil {
+	if err := o.checkLoad(img); err != nil {
 		return nil, err
 	}
 	m, err := o.ctx.LoadModule(img)
@@ -173,19 +180,23 @@ func (o *Set) ModuleLoadCached(r *abi.ModuleLoadCached) (abi.Body, error) {
 		}
 		return reply, err
 	}
-	images := o.cfg.Images
+	cache := o.cfg.Images
 	if o.replaying {
-		img := images.Received(r.Hash)
+		img := cache.Received(r.Hash)
 		if img == nil {
 			return nil, guesterr.Fail(abi.StatusUnknownImage, "no image %x was carried to this standby", r.Hash[:8])
 		}
 		return o.loadImage(img)
 	}
-	img, size := images.Get(r.Hash, o.cfg.Tenant)
-	// An image too large for one record reaches the standby only as the
-	// session's own upload: a replicated node answers unknown, and the
-	// guest uploads it.
-	if img == nil || o.log != nil && (size > abi.MaxModuleImage || !images.Ship(r.Hash, img, o.cfg.Tenant, o.log)) {
+	img, size := cache.Get(r.Hash, o.cfg.Tenant)
+	if img != nil && o.log != nil && size > abi.MaxModuleImage {
+		// Too large for one record: it reaches the standby as an upload
+		// into this session's replica, which the load's record takes.
+		if err := o.checkLoad(img); err != nil {
+			return nil, err
+		}
+		images.ShipPieces(r.Hash, img, o.session, o.log)
+	} else if img == nil || o.log != nil && !cache.Ship(r.Hash, img, o.cfg.Tenant, o.log) {
 		return nil, guesterr.Fail(abi.StatusUnknownImage, "this node holds no image %x for tenant %s; send its bytes", r.Hash[:8], o.cfg.Tenant)
 	}
 	o.cfg.ImageBytes("cache", size)

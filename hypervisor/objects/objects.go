@@ -84,8 +84,10 @@ type Set struct {
 	// takes the image the log carried, and no load is cached.
 	replaying bool
 	// log, when set, is the primary's replication log, which must carry
-	// an image before a load by hash of it is logged.
-	log *replicate.Log
+	// an image before a load by hash of it is logged; session is this
+	// session's id in it.
+	log     *replicate.Log
+	session uint64
 }
 
 // New returns the objects of a session running on ctx, whose memory is mem.
@@ -103,8 +105,9 @@ func New(ctx gpu.Context, mem Memory, cfg Config) *Set {
 // Replaying says whether a replicated record is being applied.
 func (o *Set) Replaying(on bool) { o.replaying = on }
 
-// Replicate sets the log that carries images (nil: not replicating).
-func (o *Set) Replicate(log *replicate.Log) { o.log = log }
+// Replicate sets the log that carries images (nil: not replicating) and
+// the session's id in it.
+func (o *Set) Replicate(log *replicate.Log, session uint64) { o.log, o.session = log, session }
 
 // Len counts the handles held.
 func (o *Set) Len() int { return o.handles.Len() }
@@ -154,9 +157,6 @@ func (o *Set) Sums(session uint64) []verify.ObjectSum {
 	return sums
 }
 
-// snapshotPiece is the most image bytes one resync record carries.
-const snapshotPiece = 4 << 20
-
 // Records returns the records that recreate every object of session
 // under the handle it has (a resync snapshot), each made by place: a
 // module whose image is too large for one request as the pieces of an
@@ -164,22 +164,17 @@ const snapshotPiece = 4 << 20
 // so far (a guest that resumes on the new standby carries on with it).
 func (o *Set) Records(place func(op abi.Opcode, body abi.Body, result uint64) replicate.Record) []replicate.Record {
 	var recs []replicate.Record
-	stage := func(h abi.ImageHash, total uint64, held []byte) {
-		for off := 0; off < len(held); off += snapshotPiece {
-			p := &abi.ImageStage{Hash: h, Total: total, Offset: uint64(off), Data: held[off:min(off+snapshotPiece, len(held))]}
-			recs = append(recs, place(abi.OpImageStage, p, 0))
-		}
-	}
+	stage := func(p *abi.ImageStage) { recs = append(recs, place(abi.OpImageStage, p, 0)) }
 	o.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
 		switch k {
 		case handlemap.KindModule:
-			img := o.moduleImages[h].Append(nil)
-			if len(img) <= abi.MaxModuleImage {
-				recs = append(recs, place(abi.OpModuleLoad, &abi.ModuleLoad{Image: img}, uint64(h)))
+			img := o.moduleImages[h]
+			if img.EncodedSize() <= abi.MaxModuleImage {
+				recs = append(recs, place(abi.OpModuleLoad, &abi.ModuleLoad{Image: img.Append(nil)}, uint64(h)))
 				break
 			}
-			hash := abi.HashImage(img)
-			stage(hash, uint64(len(img)), img)
+			hash := img.Hash()
+			images.EachPiece(hash, img, stage)
 			recs = append(recs, place(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: hash}, uint64(h)))
 		case handlemap.KindFunction:
 			recs = append(recs, place(abi.OpGetFunction, &abi.GetFunction{Module: uint64(parent), Name: o.kernels[h].Name}, uint64(h)))
@@ -187,6 +182,6 @@ func (o *Set) Records(place func(op abi.Opcode, body abi.Body, result uint64) re
 			recs = append(recs, place(abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
 		}
 	})
-	o.uploads.Each(stage) // after the modules: one may be an upload of the same image again
+	o.uploads.Pieces(stage) // after the modules: one may be an upload of the same image again
 	return recs
 }
