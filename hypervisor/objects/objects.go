@@ -2,7 +2,7 @@
 // they came from), its functions and their declared parameters, its
 // streams and the first error of each stream's asynchronous work, and
 // the handlers of the requests that make and use them (module loads by
-// image or by hash, module variables, kernel launches, stream and device
+// image, by hash or uploaded in pieces, module variables, kernel launches, stream and device
 // synchronisation).
 //
 // It owns the session's handle table (package handlemap) and every check
