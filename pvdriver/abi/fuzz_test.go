@@ -49,8 +49,16 @@ func FuzzDecodeRequest(f *testing.F) {
 // FuzzModuleImage feeds arbitrary bytes to the module image decoder.
 func FuzzModuleImage(f *testing.F) {
 	f.Add((&ModuleImage{Kernels: []KernelSpec{{Name: "k", Params: []ArgKind{ArgPtr}, PTX: "x"}}}).Append(nil))
+	f.Add((&ModuleImage{Format: FormatCubin, Raw: []byte("\x7fELF")}).Append(nil))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := DecodeModuleImage(data)
+		owned, ownedErr := DecodeOwnedModuleImage(bytes.Clone(data))
+		if (err == nil) != (ownedErr == nil) && len(data) <= MaxModuleImage {
+			t.Fatalf("an image of one frame: decoded %v, handed over %v", err, ownedErr)
+		}
+		if ownedErr == nil && !bytes.Equal(owned.Append(nil), data) {
+			t.Fatal("accepted image (handed over) does not re-encode to its input")
+		}
 		if err != nil {
 			return
 		}

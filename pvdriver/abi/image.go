@@ -125,6 +125,10 @@ func decodeModuleImage(b []byte, owned bool) (*ModuleImage, error) {
 	if len(b) >= len(rawImageMagic) && string(b[:len(rawImageMagic)]) == string(rawImageMagic[:]) {
 		return decodeRawImage(b, owned)
 	}
+	limit := MaxModuleImage // one frame's, or an upload's
+	if owned {
+		limit = MaxImage
+	}
 	d := Decoder{b: b}
 	magic := d.take(len(imageMagic))
 	if d.err != nil || string(magic) != string(imageMagic[:]) {
@@ -149,7 +153,7 @@ func decodeModuleImage(b []byte, owned bool) (*ModuleImage, error) {
 			}
 			k.Params = append(k.Params, kind)
 		}
-		k.PTX = string(d.Bytes(MaxModuleImage))
+		k.PTX = string(d.Bytes(limit))
 		if d.err != nil {
 			break
 		}
