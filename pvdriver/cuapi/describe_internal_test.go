@@ -2,8 +2,11 @@ package cuapi
 
 import (
 	"encoding/binary"
+	"fmt"
+	"io"
 	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
@@ -121,5 +124,28 @@ func TestImageSizeOfLargeImages(t *testing.T) {
 	binary.LittleEndian.PutUint64(elf[0x28:], math.MaxUint64-10)
 	if _, _, ok := ImageSize(elf); ok {
 		t.Error("a cubin whose section table wraps around was sized")
+	}
+}
+
+// TestLargeImageRefusedLoudly: an image whose headers announce more than
+// abi.MaxImage is refused with a line naming its size and the bound.
+func TestLargeImageRefusedLoudly(t *testing.T) {
+	head := make([]byte, 64)
+	binary.LittleEndian.PutUint32(head, fatbinMagic)
+	binary.LittleEndian.PutUint16(head[6:], 16)
+	binary.LittleEndian.PutUint64(head[8:], 2<<30)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	_, ok := rawSize(head)
+	os.Stderr = stderr
+	w.Close()
+	said, _ := io.ReadAll(r)
+	if ok || !strings.Contains(string(said), fmt.Sprintf("%d bytes is refused", 2<<30+16)) ||
+		!strings.Contains(string(said), fmt.Sprint(abi.MaxImage)) {
+		t.Fatalf("a 2 GiB fatbin: sized %v, said %q", ok, said)
 	}
 }

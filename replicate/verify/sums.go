@@ -72,6 +72,16 @@ var crcTable = crc64.MakeTable(crc64.ECMA)
 // Checksum is the content checksum verify uses.
 func Checksum(b []byte) uint64 { return crc64.Checksum(b, crcTable) }
 
+// Checksummer takes Checksum of bytes that come in pieces (a large
+// module image, without a copy of it whole).
+type Checksummer struct{ sum uint64 }
+
+// Write adds p, the next bytes.
+func (c *Checksummer) Write(p []byte) { c.sum = crc64.Update(c.sum, crcTable, p) }
+
+// Sum is Checksum of every byte written.
+func (c *Checksummer) Sum() uint64 { return c.sum }
+
 // DiffBytes compares want (an aperture's file) with got (a device copy of
 // it) and returns how many bytes differ and the first offset that does
 // (NoMismatch when none).
