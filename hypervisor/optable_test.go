@@ -69,6 +69,9 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpStreamDestroy, func() abi.Body { return &abi.StreamDestroy{Stream: stream} }, nil},
 		{abi.OpModuleUnload, func() abi.Body { return &abi.ModuleUnload{Module: module} }, nil},
 		{abi.OpModuleLoadCached, func() abi.Body { return &abi.ModuleLoadCached{Hash: abi.HashImage(img)} }, &module},
+		{abi.OpImageStage, func() abi.Body {
+			return &abi.ImageStage{Hash: abi.HashImage(img), Total: uint64(len(img)), Data: img[:10]}
+		}, nil},
 		{abi.OpCopyHtoDHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 4096, Size: 100} }, nil},
 		{abi.OpCopyDtoHHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 0, Size: 100} }, nil},
 		{abi.OpFree, func() abi.Body { return &abi.Free{Ptr: ptr} }, nil},

@@ -151,6 +151,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpMemUnmap:         onMemory((*devmem.Memory).MemUnmap),
 	abi.OpTensorMapEncode:  onMemory((*devmem.Memory).TensorMapEncode),
 	abi.OpOccupancy:        onObjects((*objects.Set).Occupancy),
+	abi.OpImageStage:       onObjects((*objects.Set).ImageStage),
 }
 
 // Serve runs one request (guestconn.Session) and returns its reply body.

@@ -890,33 +890,6 @@ func (c *Client) DeviceInfo() (abi.DeviceInfoReply, error) {
 	return r, err
 }
 
-// LoadModule loads a module image (see kernels.Image). An image
-// of Options.HashImagesFrom bytes or more is named by its hash first: the node
-// loads it from its cache when this guest's tenant sent it before (an
-// earlier process, usually), and the bytes go only when it answers
-// StatusUnknownImage.
-func (c *Client) LoadModule(image []byte) (Module, error) {
-	return c.LoadModuleHashed(image, abi.HashImage(image))
-}
-
-// LoadModuleHashed is LoadModule for an image whose hash (abi.HashImage)
-// the caller already took.
-func (c *Client) LoadModuleHashed(image []byte, h abi.ImageHash) (Module, error) {
-	var r abi.HandleReply
-	from := c.opts.HashImagesFrom
-	if from <= 0 {
-		from = 16 << 10 // below it, the bytes cost about as much as the round trip
-	}
-	if len(image) >= from {
-		err := c.call(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: h}, &r)
-		if !errors.Is(err, abi.StatusUnknownImage) {
-			return Module(r.Handle), err
-		}
-	}
-	err := c.call(abi.OpModuleLoad, &abi.ModuleLoad{Image: image}, &r)
-	return Module(r.Handle), err
-}
-
 // UnloadModule unloads m; functions taken from it become invalid.
 func (c *Client) UnloadModule(m Module) error {
 	return c.call(abi.OpModuleUnload, &abi.ModuleUnload{Module: uint64(m)}, nil)

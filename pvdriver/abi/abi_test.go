@@ -43,6 +43,7 @@ func sampleRequests() map[Opcode]Body {
 		OpGlobalWrite:      &GlobalWrite{Module: 3, Name: "step", Offset: 4, Data: []byte{1, 2, 3, 4}},
 		OpGlobalRead:       &GlobalRead{Module: 3, Name: "counter", Offset: 0, Length: 4},
 		OpModuleLoadCached: &ModuleLoadCached{Hash: HashImage([]byte("image"))},
+		OpImageStage:       &ImageStage{Hash: HashImage([]byte("image")), Total: 5, Offset: 2, Data: []byte("age")},
 		OpAddressReserve:   &AddressReserve{Size: 64 << 20, Align: 2 << 20, Hint: 0x7e0040000000},
 		OpAddressFree:      &AddressFree{Ptr: 0x7e0040000000, Size: 64 << 20},
 		OpMemMap:           &MemMap{Ptr: 0x7e0040000000, Size: 2 << 20},

@@ -66,6 +66,9 @@ const (
 	// OpTensorMapEncode has the node's GPU driver encode a tensor map
 	// (tensormap.go).
 	OpTensorMapEncode
+	// OpImageStage carries one piece of a module image too large for one
+	// frame into the session (images.go); a load by hash then loads it.
+	OpImageStage
 	// OpOccupancy asks the node's GPU driver an occupancy question
 	// (occupancy.go).
 	OpOccupancy
@@ -180,6 +183,7 @@ var opTable = [opLimit]OpInfo{
 	OpMemMap:          {Name: "mem_map", NewRequest: newBody[MemMap], Mutates: true},
 	OpMemUnmap:        {Name: "mem_unmap", NewRequest: newBody[MemUnmap], Mutates: true},
 	OpTensorMapEncode: {Name: "tensor_map_encode", NewRequest: newBody[TensorMapEncode], NewReply: newBody[TensorMapReply]},
+	OpImageStage:      {Name: "image_stage", NewRequest: newBody[ImageStage], Mutates: true},
 	OpOccupancy:       {Name: "occupancy", NewRequest: newBody[Occupancy], NewReply: newBody[OccupancyReply]},
 }
 

@@ -208,7 +208,7 @@ func readImage(p unsafe.Pointer) ([]byte, cuapi.Result) {
 	if C.strnlen((*C.char)(p), 4) == 4 && cuapi.IsBinaryImage(C.GoBytes(p, 4)) {
 		n, _, ok := cuapi.ImageSize(C.GoBytes(p, 64))
 		if ok && n > maxImage {
-			fmt.Fprintf(os.Stderr, "vgpuha libcuda: a module image of %d bytes is refused: the library sends images of at most %d bytes (CUDA_ERROR_INVALID_IMAGE)\n", n, maxImage)
+			cuapi.RefuseImageSize(n)
 		}
 		if !ok || n < 64 || n > maxImage {
 			return nil, cuapi.ErrorInvalidImage
@@ -221,7 +221,7 @@ func readImage(p unsafe.Pointer) ([]byte, cuapi.Result) {
 	}
 	n := C.strnlen((*C.char)(p), maxImage+1)
 	if n > maxImage {
-		fmt.Fprintf(os.Stderr, "vgpuha libcuda: a PTX image longer than %d bytes is refused: the library sends images of at most that (CUDA_ERROR_INVALID_IMAGE)\n", maxImage)
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: a PTX image longer than %d bytes is refused: the library loads images of at most that (CUDA_ERROR_INVALID_IMAGE)\n", maxImage)
 		return nil, cuapi.ErrorInvalidImage
 	}
 	return C.GoBytes(p, C.int(n)), cuapi.Success
