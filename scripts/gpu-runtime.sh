@@ -136,7 +136,7 @@ start_pair() {
 	stop_node standby
 	rm -rf "$work/repl.sock" "$work/standby.sock" "$work/admin.sock" "$work/sadmin.sock" "$work/state"
 	mkdir -p "$work/state"
-	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key"
+	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key") # the nodes refuse a key others can read
 	CUDA_VISIBLE_DEVICES=$standby_gpu start_node standby standby "${gflags[@]}" --listen "tcp://127.0.0.1:$port" \
 		--replicate.key-file "$work/key" --guest-listen "unix://$work/standby.sock" --admin-listen "unix://$work/sadmin.sock"
 	CUDA_VISIBLE_DEVICES=0 start_node replicated primary "${gflags[@]}" --guest-listen "unix://$work/repl.sock" --mode commit \
