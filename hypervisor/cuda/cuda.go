@@ -56,6 +56,10 @@ type Backend struct {
 	// sharedOptIn is the dynamic shared memory a block may opt in to
 	// (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).
 	sharedOptIn uint32
+	// uuid names the GPU to the host's NVML, which nvml reads its live
+	// state from (nvml.go).
+	uuid [16]byte
+	nvml nvmlDevice
 }
 
 // MaxSharedBytesOptIn implements gpu.SharedMemoryLimiter.
@@ -80,6 +84,7 @@ func New(ordinal int) (*Backend, error) {
 		name := make([]byte, 256)
 		d.cuDeviceGetName(&name[0], int32(len(name)), b.dev)
 		b.devName = cstring(&name[0])
+		d.cuDeviceGetUuid(&b.uuid, b.dev)
 		var optIn int32
 		if d.cuDeviceGetAttribute(&optIn, attrMaxSharedOptIn, b.dev) == 0 && optIn > 0 {
 			b.sharedOptIn = uint32(optIn)

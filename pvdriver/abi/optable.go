@@ -66,6 +66,10 @@ const (
 	// OpTensorMapEncode has the node's GPU driver encode a tensor map
 	// (tensormap.go).
 	OpTensorMapEncode
+	// OpDeviceStatus reports the live state of the node's device
+	// (devstatus.go): what the guest's NVML answers. Neither logged nor
+	// replicated; after a failover it is the new node's device's.
+	OpDeviceStatus
 	opLimit
 )
 
@@ -177,6 +181,7 @@ var opTable = [opLimit]OpInfo{
 	OpMemMap:          {Name: "mem_map", NewRequest: newBody[MemMap], Mutates: true},
 	OpMemUnmap:        {Name: "mem_unmap", NewRequest: newBody[MemUnmap], Mutates: true},
 	OpTensorMapEncode: {Name: "tensor_map_encode", NewRequest: newBody[TensorMapEncode], NewReply: newBody[TensorMapReply]},
+	OpDeviceStatus:    {Name: "device_status", NewRequest: newBody[DeviceStatus], NewReply: newBody[DeviceStatusReply]},
 }
 
 // newBody is the constructor of an empty body of type T.
