@@ -56,6 +56,7 @@ var nvmlU32Fields = []struct {
 	{abi.FieldPowerUsage, "nvmlDeviceGetPowerUsage", -1},
 	{abi.FieldPowerLimit, "nvmlDeviceGetEnforcedPowerLimit", -1},
 	{abi.FieldPowerDefaultLimit, "nvmlDeviceGetPowerManagementDefaultLimit", -1},
+	{abi.FieldPowerManagementLimit, "nvmlDeviceGetPowerManagementLimit", -1},
 	{abi.FieldClockGraphics, "nvmlDeviceGetClockInfo", 0}, // NVML_CLOCK_GRAPHICS, SM, MEM, VIDEO
 	{abi.FieldClockSM, "nvmlDeviceGetClockInfo", 1},
 	{abi.FieldClockMemory, "nvmlDeviceGetClockInfo", 2},
@@ -158,9 +159,9 @@ func (n *nvmlDevice) open(uuid [16]byte) *nvmlLib {
 	n.once.Do(func() {
 		lib, err := loadNVML()
 		if err == nil {
-			name := append([]byte(gpuUUID(uuid)), 0)
+			name := append([]byte(abi.UUIDString(uuid)), 0)
 			if r := lib.handleByUUID(&name[0], &n.dev); r != 0 {
-				err = fmt.Errorf("the host's NVML does not know GPU %s: error %d", gpuUUID(uuid), r)
+				err = fmt.Errorf("the host's NVML does not know GPU %s: error %d", abi.UUIDString(uuid), r)
 			}
 		}
 		if err != nil {
@@ -170,12 +171,6 @@ func (n *nvmlDevice) open(uuid [16]byte) *nvmlLib {
 		n.lib = lib
 	})
 	return n.lib
-}
-
-// gpuUUID is NVML's text form of a GPU's UUID ("GPU-" and 8-4-4-4-12 hex
-// digits).
-func gpuUUID(u [16]byte) string {
-	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
 // read fills r with every value the host's NVML answers for the GPU.

@@ -11,6 +11,12 @@ import (
 // answers a value left out as not supported, never with a number of its
 // own.
 
+// UUIDString is a device UUID (DeviceInfoReply.UUID) as NVIDIA's tools
+// write it: "GPU-" and 8-4-4-4-12 lower-case hex digits.
+func UUIDString(u [16]byte) string {
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
 // DeviceStatus asks for the live state of the node's device.
 type DeviceStatus struct{}
 
@@ -64,6 +70,7 @@ const (
 	FieldPCIeLinkWidth
 	FieldPCIeMaxLinkGen
 	FieldPCIeMaxLinkWidth
+	FieldPowerManagementLimit
 	fieldLimit
 )
 
@@ -107,6 +114,22 @@ func (r *DeviceStatusReply) Get(f DeviceField) (uint64, bool) {
 		return 0, false
 	}
 	return r.values[f], true
+}
+
+// Clear leaves field f out.
+func (r *DeviceStatusReply) Clear(f DeviceField) {
+	if f > FieldInvalid && f < fieldLimit {
+		r.has &^= 1 << f
+		r.values[f] = 0
+	}
+}
+
+// ClearText leaves text t out.
+func (r *DeviceStatusReply) ClearText(t DeviceText) {
+	if t > TextInvalid && t < textLimit {
+		r.hasTxt &^= 1 << t
+		r.texts[t] = ""
+	}
 }
 
 // SetText records text t (cut to MaxDeviceText bytes); an unknown text or
