@@ -46,9 +46,7 @@ var entries = map[string]entry{
 		out.S = abi.UUIDString(a.description().UUID)
 		return Success
 	}),
-	"nvmlDeviceGetPciInfo":               onDevice(pciInfo), // V: domain, bus, device, pciDeviceId, pciSubSystemId; S: busId
-	"nvmlDeviceGetPciInfo_v2":            onDevice(pciInfo),
-	"nvmlDeviceGetPciInfo_v3":            onDevice(pciInfo),
+	"nvmlDeviceGetPciInfo_v3":            onDevice(pciInfo),           // V: domain, bus, device, pciDeviceId, pciSubSystemId; S: busId
 	"nvmlDeviceGetCudaComputeCapability": onDevice(computeCapability), // V: major, minor
 	"nvmlDeviceGetMemoryInfo":            onDevice(memoryInfo),        // V: total, free, used, reserved
 	"nvmlDeviceGetMemoryInfo_v2":         onDevice(memoryInfo),
@@ -359,13 +357,11 @@ func ParseBusID(s string) (domain, bus, device uint64, ok bool) {
 // CUdevice_attribute numbers (cuda.h) of the device's PCI location and
 // compute capability, read from the description the session took.
 const (
-	attrPCIBus      = 33
-	attrPCIDevice   = 34
-	attrPCIDomain   = 50
-	attrMajor       = 75
-	attrMinor       = 76
-	pciBusIDFormat  = "%08X:%02X:%02X.0" // NVML_DEVICE_PCI_BUS_ID_FMT
-	maxPCIComponent = 1 << 32
+	attrPCIBus    = 33
+	attrPCIDevice = 34
+	attrPCIDomain = 50
+	attrMajor     = 75
+	attrMinor     = 76
 )
 
 func attr(d abi.DeviceInfoReply, a int) uint64 {
@@ -385,7 +381,6 @@ func pciInfo(a *API, _ Request, out *Answer) Return {
 		out.V[3], _ = st.Get(abi.FieldPCIDeviceID)
 		out.V[4], _ = st.Get(abi.FieldPCISubsystemID)
 	}
-	out.S = fmt.Sprintf(pciBusIDFormat, out.V[0]%maxPCIComponent, out.V[1], out.V[2])
 	return Success
 }
 

@@ -21,8 +21,8 @@ package nvmlapi
 import (
 	"fmt"
 	"io"
+	"sort"
 	"sync"
-	"time"
 
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -68,11 +68,6 @@ type Session interface {
 	Session(caller string) (*pvdriver.Client, abi.DeviceInfoReply, []int, cuapi.Result)
 }
 
-// statusTTL is how long a read of the device's live state answers: a
-// tool reads dozens of values in a row (nvidia-smi -q), one round trip
-// serves them all.
-const statusTTL = 200 * time.Millisecond
-
 // API is a process's NVML.
 type API struct {
 	src   Session
@@ -84,11 +79,8 @@ type API struct {
 	dev     abi.DeviceInfoReply
 	visible []int
 	// identity is the card's identity from the first status read (kept
-	// for the process's life, see the package doc); status the last read
-	// and when it was taken.
+	// for the process's life, see the package doc).
 	identity *abi.DeviceStatusReply
-	status   abi.DeviceStatusReply
-	readAt   time.Time
 	said     map[string]bool // unserved entries already named
 }
 
@@ -112,6 +104,16 @@ func (a *API) Call(name string, r Request, out *Answer) Return {
 
 // Served reports whether entry point name has a row.
 func Served(name string) bool { _, ok := entries[name]; return ok }
+
+// Names lists the entry points served, sorted.
+func Names() []string {
+	names := make([]string, 0, len(entries))
+	for n := range entries {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
 
 func (a *API) unserved(name string) {
 	if a.debug == nil {
@@ -192,15 +194,12 @@ var (
 	identityTexts = []abi.DeviceText{abi.TextSerial, abi.TextBoardPart}
 )
 
-// liveStatus is the device's live state: the last read if it is recent,
-// else a new one, with the card's identity kept from the first read.
+// liveStatus is the device's live state, read from the node now (one
+// round trip: a value is never older than the call that asks for it),
+// with the card's identity kept from the first read.
 func (a *API) liveStatus() (abi.DeviceStatusReply, Return) {
 	a.mu.Lock()
 	c := a.client
-	if c != nil && a.identity != nil && time.Since(a.readAt) < statusTTL {
-		defer a.mu.Unlock()
-		return a.status, Success
-	}
 	a.mu.Unlock()
 	if c == nil {
 		return abi.DeviceStatusReply{}, ErrorNotSupported // initialised with NO_GPUS and no node
@@ -230,7 +229,6 @@ func (a *API) liveStatus() (abi.DeviceStatusReply, Return) {
 		st.ClearText(t)
 		st.SetText(t, s)
 	}
-	a.status, a.readAt = st, time.Now()
 	return st, Success
 }
 
