@@ -174,7 +174,8 @@ var simNotSupported = []string{
 var wantReturns = map[string]int{
 	"uninitialized": 1, "nvmlInit": 0, "nvmlInit_v2": 0, "nvmlInitWithFlags": 0, "index-past-count": 2,
 	"name-short-buffer": 7, "memory-v2-bad-version": 25, "temperature-sensor-1": 2, "nvmlDeviceGetHandleBySerial": 6,
-	"nvmlShutdown": 0, "shutdown-2": 0, "shutdown-3": 0, "shutdown-4": 1, "after-shutdown": 1,
+	"unknown-export-table": 3,
+	"nvmlShutdown":         0, "shutdown-2": 0, "shutdown-3": 0, "shutdown-4": 1, "after-shutdown": 1,
 }
 
 func testNVMLEntries(t *testing.T, dir string) {
@@ -268,6 +269,8 @@ func checkNVMLMemory(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply, st 
 			t.Errorf("%s: %d %v, want the process itself holding at least %d bytes", e, l.ret, v, held)
 		}
 	}
+	expect(t, out, "smi-slot-213", fmt.Sprintf("1 %d %d %s", pid, out.first(t, "nvmlDeviceGetComputeRunningProcesses_v3").nums(t)[4],
+		out.first(t, "nvmlSystemGetProcessName").rest))
 	for _, e := range []string{"nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses"} {
 		expect(t, out, e, "0 0 0 0 0")
 	}
@@ -285,6 +288,9 @@ func checkNVMLRest(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply, dir s
 	expect(t, out, "nvmlDeviceGetP2PStatus", "5")
 	expect(t, out, "nvmlDeviceGetTopologyCommonAncestor", "0")
 	expect(t, out, "nvmlDeviceGetTopologyNearestGpus", "0")
+	expect(t, out, "nvmlInternalGetExportTable", "1")
+	expect(t, out, "smi-slot-81", "1")
+	expect(t, out, "smi-slot-100", "0")
 }
 
 // testNVMLVisible: NVML and CUDA count the same devices under every

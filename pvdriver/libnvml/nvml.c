@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,104 @@ nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t d, int level, unsigne
 	nvmlReturn_t r = vg_uint(CALL(d, level), &a, count);
 	(void)devs; /* the Go half answers no device near: nothing to write */
 	return r;
+}
+
+/* ---- nvidia-smi's private export table. ----
+ * nvidia-smi checks it runs against its own driver's NVML by fetching an
+ * export table ({6c3efec4-8fc9-4e6c-a327-ee696e12f7c4}) and refuses to run
+ * ("Mismatch in versions between nvidia-smi and NVML") without it; its
+ * device enumeration and process lists go through some of its slots. The
+ * table's layout is NVIDIA's and undocumented; what is known of it comes
+ * from NVIDIA's own NVML mock for nvidia-smi 580
+ * (NVIDIA/k8s-test-infra, pkg/gpu/mocknvml): slot 0 holds the table's size
+ * (over 648), every other slot an entry. Served: a handle by index (slot
+ * 81), the process lists (213 to 215: the calling process, as
+ * nvmlDeviceGetComputeRunningProcesses answers); host PCIe generation (230)
+ * and sparse operation mode (249) are not supported; every other slot
+ * answers success and, for a device, an empty list (a zero count), which
+ * is what nvidia-smi needs to print its tables. VGPUHA_DEBUG=2 names every
+ * slot called. */
+static const unsigned char vg_smi_table_id[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
+	0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
+enum {
+	VG_SLOTS = 256,
+	SLOT_HANDLE_BY_INDEX = 81,
+	SLOT_PROCESSES_FIRST = 213,
+	SLOT_PROCESSES_LAST = 215,
+	SLOT_HOST_MAX_PCIE_GEN = 230,
+	SLOT_SPARSE_MODE = 249,
+	HANDLE_BY_INDEX_MAGIC = 0x22, /* the third argument nvidia-smi passes slot 81 */
+};
+
+/* One entry of a private process list: nvmlProcessDetail_v1_t's numbers,
+ * then the process's name inline. */
+struct vg_smi_process {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+	unsigned int gpuInstanceId, computeInstanceId;
+	unsigned long long usedGpuCcProtectedMemory;
+	char name[4096];
+};
+
+static int vg_debug(void) {
+	const char *e = getenv("VGPUHA_DEBUG");
+	return e != NULL && e[0] == '2';
+}
+
+static nvmlReturn_t vg_smi_processes(nvmlDevice_t d, unsigned int *count, struct vg_smi_process *list) {
+	ANSWER;
+	unsigned int room = *count;
+	nvmlReturn_t r = vg_call("nvmlDeviceGetComputeRunningProcesses_v3", vg_ordinal(d), -1, 0, NULL, &a);
+	if (r != NVML_SUCCESS) return r;
+	unsigned int n = (unsigned int)a.v[0] < room ? (unsigned int)a.v[0] : room;
+	if (n > 0) {
+		unsigned int pid = (unsigned int)a.v[1];
+		memset(&list[0], 0, sizeof list[0]);
+		list[0].pid = pid, list[0].usedGpuMemory = a.v[2];
+		list[0].gpuInstanceId = list[0].computeInstanceId = NO_INSTANCE;
+		if (vg_call("nvmlSystemGetProcessName", -1, -1, pid, NULL, &a) == NVML_SUCCESS)
+			snprintf(list[0].name, sizeof list[0].name, "%s", a.s);
+	}
+	*count = n;
+	return NVML_SUCCESS;
+}
+
+static nvmlReturn_t vg_slot(unsigned int slot, void *a0, void *a1, void *a2) {
+	uintptr_t index = (uintptr_t)a0;
+	nvmlDevice_t d = (nvmlDevice_t)a0;
+	if (vg_debug()) fprintf(stderr, "vgpuha libnvidia-ml: nvidia-smi's table, slot %u\n", slot);
+	if (slot == SLOT_HANDLE_BY_INDEX && index < VG_MAX_DEVICES && a1 != NULL && (uintptr_t)a2 == HANDLE_BY_INDEX_MAGIC)
+		return nvmlDeviceGetHandleByIndex_v2((unsigned int)index, (nvmlDevice_t *)a1);
+	if (a1 == NULL || vg_ordinal(d) < 0) return NVML_SUCCESS; /* not about a device */
+	if (slot >= SLOT_PROCESSES_FIRST && slot <= SLOT_PROCESSES_LAST) {
+		unsigned int *count = a1;
+		if (a2 == NULL || *count == 0 || *count > 65536) return NVML_ERROR_INVALID_ARGUMENT;
+		return vg_smi_processes(d, count, a2);
+	}
+	if (slot == SLOT_HOST_MAX_PCIE_GEN || slot == SLOT_SPARSE_MODE) return NVML_ERROR_NOT_SUPPORTED;
+	*(unsigned int *)a1 = 0;
+	return NVML_SUCCESS;
+}
+
+#define SLOT(n) static nvmlReturn_t vg_slot_##n(void *a0, void *a1, void *a2) { return vg_slot(n, a0, a1, a2); }
+#define SLOT_ROW(M, h) M(h##0) M(h##1) M(h##2) M(h##3) M(h##4) M(h##5) M(h##6) M(h##7) M(h##8) M(h##9)
+#define SLOTS(M) SLOT_ROW(M, ) SLOT_ROW(M, 1) SLOT_ROW(M, 2) SLOT_ROW(M, 3) SLOT_ROW(M, 4) SLOT_ROW(M, 5) \
+	SLOT_ROW(M, 6) SLOT_ROW(M, 7) SLOT_ROW(M, 8) SLOT_ROW(M, 9) SLOT_ROW(M, 10) SLOT_ROW(M, 11) SLOT_ROW(M, 12) \
+	SLOT_ROW(M, 13) SLOT_ROW(M, 14) SLOT_ROW(M, 15) SLOT_ROW(M, 16) SLOT_ROW(M, 17) SLOT_ROW(M, 18) SLOT_ROW(M, 19) \
+	SLOT_ROW(M, 20) SLOT_ROW(M, 21) SLOT_ROW(M, 22) SLOT_ROW(M, 23) SLOT_ROW(M, 24) M(250) M(251) M(252) M(253) M(254) M(255)
+SLOTS(SLOT)
+#define SLOT_ADDR(n) [n] = (uintptr_t)vg_slot_##n,
+static uintptr_t vg_smi_table[VG_SLOTS] = {SLOTS(SLOT_ADDR)};
+
+nvmlReturn_t nvmlInternalGetExportTable(const void **table, const void *id) {
+	if (table == NULL || id == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+	if (memcmp(id, vg_smi_table_id, sizeof vg_smi_table_id) != 0) {
+		if (getenv("VGPUHA_DEBUG") != NULL) fprintf(stderr, "vgpuha libnvidia-ml: nvmlInternalGetExportTable: an unknown table\n");
+		return NVML_ERROR_NOT_SUPPORTED;
+	}
+	vg_smi_table[0] = sizeof vg_smi_table;
+	*table = vg_smi_table;
+	return NVML_SUCCESS;
 }
 
 /* ---- Entries this library does not serve. ---- */

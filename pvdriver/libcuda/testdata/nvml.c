@@ -5,6 +5,7 @@
  *   visible   the device count and identity NVML and CUDA each report
  *   failover  the identity and memory, then "checkpoint" (the test fails
  *             the primary over), then the same again */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,31 @@ static void device_values(nvmlDevice_t h) {
 	SAY("nvmlDeviceGetTotalEnergyConsumption", nvmlDeviceGetTotalEnergyConsumption(h, &mj), "");
 }
 
+/* smi_table calls nvidia-smi's private table as nvidia-smi does: a handle
+ * by index (slot 81) and a process list (slot 213, entries of 4128 bytes:
+ * pid, memory, instance ids, protected memory, name). */
+static void smi_table(nvmlDevice_t h) {
+	static const unsigned char id[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e, 0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
+	static const unsigned char other[16] = {1};
+	const void *t = NULL;
+	SAY("unknown-export-table", nvmlInternalGetExportTable(&t, other), "");
+	nvmlReturn_t r = nvmlInternalGetExportTable(&t, id);
+	const uintptr_t *table = t;
+	SAY("nvmlInternalGetExportTable", r, "%d", r == 0 && table[0] > 648);
+	if (r != 0) return;
+	typedef nvmlReturn_t (*slot_fn)(void *, void *, void *);
+	nvmlDevice_t h2 = NULL;
+	r = ((slot_fn)table[81])((void *)0, &h2, (void *)0x22);
+	SAY("smi-slot-81", r, "%d", h2 == h);
+	static struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; unsigned long long cc; char name[4096]; } procs[4];
+	unsigned int n = 4;
+	r = ((slot_fn)table[213])(h, &n, procs);
+	SAY("smi-slot-213", r, "%u %u %llu %s", n, n ? procs[0].pid : 0, n ? procs[0].used : 0ULL, n ? procs[0].name : "-");
+	n = 9;
+	r = ((slot_fn)table[100])(h, &n, NULL);
+	SAY("smi-slot-100", r, "%u", n);
+}
+
 static int full(void) {
 	unsigned int n = 0, i;
 	int v;
@@ -199,6 +225,7 @@ static int full(void) {
 	PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t);
 	PROCESSES(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t);
 	device_values(h);
+	smi_table(h);
 	SAY("nvmlShutdown", nvmlShutdown(), "");
 	SAY("shutdown-2", nvmlShutdown(), "");
 	SAY("shutdown-3", nvmlShutdown(), "");

@@ -58,6 +58,7 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned i
 nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, int index, int *status);
 nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, int *level);
 nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t d, int level, unsigned int *n, nvmlDevice_t *devs);
+nvmlReturn_t nvmlInternalGetExportTable(const void **table, const void *id);
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long *mj); /* not served */
 /* Entries answering one unsigned int, and one with an argument (a sensor,
  * threshold, clock type or link). */
