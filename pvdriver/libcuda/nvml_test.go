@@ -174,8 +174,9 @@ var simNotSupported = []string{
 var wantReturns = map[string]int{
 	"uninitialized": 1, "nvmlInit": 0, "nvmlInit_v2": 0, "nvmlInitWithFlags": 0, "index-past-count": 2,
 	"name-short-buffer": 7, "memory-v2-bad-version": 25, "temperature-sensor-1": 2, "nvmlDeviceGetHandleBySerial": 6,
-	"unknown-export-table": 3,
-	"nvmlShutdown":         0, "shutdown-2": 0, "shutdown-3": 0, "shutdown-4": 1, "after-shutdown": 1,
+	"unknown-export-table": 3, "nvmlEventSetCreate": 0, "nvmlDeviceRegisterEvents": 0, "nvmlEventSetWait_v2": 10,
+	"nvmlEventSetWait": 10, "nvmlEventSetFree": 0,
+	"nvmlShutdown": 0, "shutdown-2": 0, "shutdown-3": 0, "shutdown-4": 1, "after-shutdown": 1,
 }
 
 func testNVMLEntries(t *testing.T, dir string) {
@@ -288,6 +289,7 @@ func checkNVMLRest(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply, dir s
 	expect(t, out, "nvmlDeviceGetP2PStatus", "5")
 	expect(t, out, "nvmlDeviceGetTopologyCommonAncestor", "0")
 	expect(t, out, "nvmlDeviceGetTopologyNearestGpus", "0")
+	expect(t, out, "nvmlDeviceGetSupportedEventTypes", "0")
 	expect(t, out, "nvmlInternalGetExportTable", "1")
 	expect(t, out, "smi-slot-81", "1")
 	expect(t, out, "smi-slot-100", "0")

@@ -307,6 +307,40 @@ nvmlReturn_t nvmlDeviceGetTopologyNearestGpus(nvmlDevice_t d, int level, unsigne
 	return r;
 }
 
+/* ---- Events: a set takes registrations and no event ever arrives (the
+ * Go half says why). Every set is the one empty set. ---- */
+typedef struct nvmlEventSet_st { int unused; } *nvmlEventSet_t;
+static struct nvmlEventSet_st vg_event_set;
+typedef struct { nvmlDevice_t device; unsigned long long eventType, eventData; unsigned int gpuInstanceId, computeInstanceId; } nvmlEventData_t;
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+	ANSWER;
+	nvmlReturn_t r = CALL(NULL, 0);
+	if (r == NVML_SUCCESS && set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+	if (r == NVML_SUCCESS) *set = &vg_event_set;
+	return r;
+}
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { ANSWER; return set != &vg_event_set ? NVML_ERROR_INVALID_ARGUMENT : CALL(NULL, 0); }
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set) {
+	ANSWER;
+	(void)types;
+	return set != &vg_event_set ? NVML_ERROR_INVALID_ARGUMENT : CALL(d, 0);
+}
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+	ANSWER;
+	nvmlReturn_t r = CALL(d, 0);
+	if (r == NVML_SUCCESS && types == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+	if (r == NVML_SUCCESS) *types = a.v[0];
+	return r;
+}
+static nvmlReturn_t vg_event_wait(const char *fn, nvmlEventSet_t set, nvmlEventData_t *data, unsigned int ms) {
+	ANSWER;
+	if (set != &vg_event_set || data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+	return vg_call(fn, -1, -1, ms, NULL, &a);
+}
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int ms) { return vg_event_wait(__func__, set, data, ms); }
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int ms) { return vg_event_wait(__func__, set, data, ms); }
+
 /* ---- nvidia-smi's private export table. ----
  * nvidia-smi checks it runs against its own driver's NVML by fetching an
  * export table ({6c3efec4-8fc9-4e6c-a327-ee696e12f7c4}) and refuses to run

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/cuapi"
@@ -90,6 +91,17 @@ var entries = map[string]entry{
 	"nvmlDeviceGetGraphicsRunningProcesses_v2": onDevice(none),
 	"nvmlDeviceGetGraphicsRunningProcesses_v3": onDevice(none),
 
+	// Events: nvidia-smi makes an event set as it starts and stops if it
+	// cannot. The node forwards no event, so no event type is supported
+	// (V0: 0), a set takes registrations and a wait times out (Arg: its
+	// timeout in ms, waited, to at most maxEventWait).
+	"nvmlEventSetCreate":               ready,
+	"nvmlEventSetFree":                 ready,
+	"nvmlDeviceRegisterEvents":         onDevice(none),
+	"nvmlDeviceGetSupportedEventTypes": onDevice(none),
+	"nvmlEventSetWait":                 eventWait,
+	"nvmlEventSetWait_v2":              eventWait,
+
 	// What the library does not serve, answered as what it is: no MIG
 	// (V: current, pending NVML_DEVICE_MIG_DISABLE), no display, no NVLink,
 	// no peer (V0: NVML_P2P_STATUS_NOT_SUPPORTED), no other GPU near.
@@ -104,15 +116,36 @@ var entries = map[string]entry{
 
 // nvml.h values the entries answer.
 const (
-	p2pNotSupported  = 5 // NVML_P2P_STATUS_NOT_SUPPORTED
-	topologyInternal = 0 // NVML_TOPOLOGY_INTERNAL: the same board
-	clockIDCurrent   = 0 // NVML_CLOCK_ID_CURRENT
+	errorTimeout     = 10 // NVML_ERROR_TIMEOUT
+	p2pNotSupported  = 5  // NVML_P2P_STATUS_NOT_SUPPORTED
+	topologyInternal = 0  // NVML_TOPOLOGY_INTERNAL: the same board
+	clockIDCurrent   = 0  // NVML_CLOCK_ID_CURRENT
 )
 
 var (
 	clockFields    = map[int64]abi.DeviceField{0: abi.FieldClockGraphics, 1: abi.FieldClockSM, 2: abi.FieldClockMemory, 3: abi.FieldClockVideo}
 	maxClockFields = map[int64]abi.DeviceField{0: abi.FieldMaxClockGraphics, 1: abi.FieldMaxClockSM, 2: abi.FieldMaxClockMemory, 3: abi.FieldMaxClockVideo}
 )
+
+// maxEventWait bounds one event wait, so a caller's long timeout does
+// not hold a thread in the library past what it can tell apart from none.
+const maxEventWait = time.Minute
+
+// ready checks Init.
+func ready(a *API, _ string, _ Request, _ *Answer) Return {
+	_, res := a.ready()
+	return res
+}
+
+// eventWait is nvmlEventSetWait: no event ever comes, so it waits out the
+// timeout.
+func eventWait(a *API, _ string, r Request, _ *Answer) Return {
+	if _, res := a.ready(); res != Success {
+		return res
+	}
+	time.Sleep(min(time.Duration(max(r.Arg, 0))*time.Millisecond, maxEventWait))
+	return errorTimeout
+}
 
 func initEntry(a *API, name string, r Request, _ *Answer) Return {
 	return a.Init(name, uint64(r.Arg))

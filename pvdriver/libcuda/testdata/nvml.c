@@ -131,6 +131,20 @@ static void device_values(nvmlDevice_t h) {
 	SAY("nvmlDeviceGetTotalEnergyConsumption", nvmlDeviceGetTotalEnergyConsumption(h, &mj), "");
 }
 
+/* events: a set takes a registration and no event comes. */
+static void events(nvmlDevice_t h) {
+	nvmlEventSet_t set = NULL;
+	nvmlEventData_t ev;
+	unsigned long long types = 7;
+	SAY("nvmlEventSetCreate", nvmlEventSetCreate(&set), "");
+	nvmlReturn_t r = nvmlDeviceGetSupportedEventTypes(h, &types);
+	SAY("nvmlDeviceGetSupportedEventTypes", r, "%llu", types);
+	SAY("nvmlDeviceRegisterEvents", nvmlDeviceRegisterEvents(h, 0, set), "");
+	SAY("nvmlEventSetWait_v2", nvmlEventSetWait_v2(set, &ev, 20), "");
+	SAY("nvmlEventSetWait", nvmlEventSetWait(set, &ev, 0), "");
+	SAY("nvmlEventSetFree", nvmlEventSetFree(set), "");
+}
+
 /* smi_table calls nvidia-smi's private table as nvidia-smi does: a handle
  * by index (slot 81) and a process list (slot 213, entries of 4128 bytes:
  * pid, memory, instance ids, protected memory, name). */
@@ -225,6 +239,7 @@ static int full(void) {
 	PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t);
 	PROCESSES(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t);
 	device_values(h);
+	events(h);
 	smi_table(h);
 	SAY("nvmlShutdown", nvmlShutdown(), "");
 	SAY("shutdown-2", nvmlShutdown(), "");
