@@ -32,9 +32,9 @@ enum {
 	NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
 };
 
-/* A device handle points into vg_devs; its ordinal is its index. */
+/* A device handle points into vg_devs; its ordinal is its index there. */
 #define VG_MAX_DEVICES 64
-typedef struct nvmlDevice_st { int ordinal; } *nvmlDevice_t;
+typedef struct nvmlDevice_st { char unused; } *nvmlDevice_t;
 static struct nvmlDevice_st vg_devs[VG_MAX_DEVICES];
 
 typedef struct { char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32]; } nvmlPciInfo_t;
@@ -77,13 +77,10 @@ static nvmlReturn_t vg_call(const char *name, int dev, int dev2, long long arg, 
 
 static int vg_ordinal(nvmlDevice_t d) {
 	if (d < vg_devs || d >= vg_devs + VG_MAX_DEVICES) return -1;
-	return d->ordinal;
+	return (int)(d - vg_devs);
 }
 
-static nvmlDevice_t vg_handle(unsigned long long ordinal) {
-	vg_devs[ordinal].ordinal = (int)ordinal;
-	return &vg_devs[ordinal];
-}
+static nvmlDevice_t vg_handle(unsigned long long ordinal) { return &vg_devs[ordinal]; }
 
 /* vg_text copies the answer's text into a caller's buffer of length n. */
 static nvmlReturn_t vg_text(nvmlReturn_t r, const struct vgpuha_nvml_answer *a, char *buf, unsigned int n) {

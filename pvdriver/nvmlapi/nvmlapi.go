@@ -19,6 +19,7 @@
 package nvmlapi
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -209,7 +210,11 @@ func (a *API) liveStatus() (abi.DeviceStatusReply, Return) {
 		if a.debug != nil {
 			fmt.Fprintf(a.debug, "vgpuha libnvidia-ml: reading the device's state: %v\n", err)
 		}
-		return abi.DeviceStatusReply{}, ErrorGPUIsLost
+		var refused *pvdriver.Error
+		if errors.As(err, &refused) { // a node that answers no device_status (an older one)
+			return abi.DeviceStatusReply{}, ErrorNotSupported
+		}
+		return abi.DeviceStatusReply{}, ErrorGPUIsLost // no node holds the session any more
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
