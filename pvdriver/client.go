@@ -913,6 +913,14 @@ func (c *Client) FunctionParams(f Function) ([]abi.ParamSlot, []int32, error) {
 	return r.Slots, r.Attrs, err
 }
 
+// DeviceStatus reads the live state of the node's device and the memory
+// this guest holds (abi.DeviceStatusReply: the values the node has).
+func (c *Client) DeviceStatus() (abi.DeviceStatusReply, error) {
+	var r abi.DeviceStatusReply
+	err := c.call(abi.OpDeviceStatus, &abi.DeviceStatus{}, &r)
+	return r, err
+}
+
 // EncodeTensorMapTiled has the node's GPU driver encode a tensor map
 // (abi.TensorMapEncode; the node checks the tensor lies in the session's
 // memory).

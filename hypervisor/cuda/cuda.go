@@ -58,6 +58,10 @@ type Backend struct {
 	sharedOptIn uint32
 	// limits are a new context's CUlimit values (abi.DeviceInfoReply.Limits).
 	limits []uint64
+	// uuid names the GPU to the host's NVML, which nvml reads its live
+	// state from (nvml.go).
+	uuid [16]byte
+	nvml nvmlDevice
 }
 
 // contextLimits is how many CUlimit values DeviceInfo reports: the stack
@@ -87,6 +91,7 @@ func New(ordinal int) (*Backend, error) {
 		name := make([]byte, 256)
 		d.cuDeviceGetName(&name[0], int32(len(name)), b.dev)
 		b.devName = cstring(&name[0])
+		d.cuDeviceGetUuid(&b.uuid, b.dev)
 		var optIn int32
 		if d.cuDeviceGetAttribute(&optIn, attrMaxSharedOptIn, b.dev) == 0 && optIn > 0 {
 			b.sharedOptIn = uint32(optIn)

@@ -174,6 +174,17 @@ type DeviceDescriber interface {
 	DeviceInfo() (abi.DeviceInfoReply, error)
 }
 
+// DeviceStatusReporter is implemented by backends that can read their
+// device's live state (temperature, power, clocks, utilization, ...) as
+// NVIDIA's management library reports it: what a guest's NVML shows. It
+// sets the fields it truly has in r and leaves the rest out (the guest
+// answers those as not supported); the memory fields are the
+// hypervisor's, which knows what each guest holds. It must not block on
+// the device's work queue.
+type DeviceStatusReporter interface {
+	DeviceStatus(r *abi.DeviceStatusReply)
+}
+
 // DeviceAttrCount is one past the highest CUdevice_attribute this project
 // knows (CU_DEVICE_ATTRIBUTE_MAX in CUDA 13's cuda.h).
 const DeviceAttrCount = 148

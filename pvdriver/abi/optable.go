@@ -72,6 +72,10 @@ const (
 	// OpOccupancy asks the node's GPU driver an occupancy question
 	// (occupancy.go).
 	OpOccupancy
+	// OpDeviceStatus reports the live state of the node's device
+	// (devstatus.go): what the guest's NVML answers. Neither logged nor
+	// replicated; after a failover it is the new node's device's.
+	OpDeviceStatus
 	opLimit
 )
 
@@ -185,6 +189,7 @@ var opTable = [opLimit]OpInfo{
 	OpTensorMapEncode: {Name: "tensor_map_encode", NewRequest: newBody[TensorMapEncode], NewReply: newBody[TensorMapReply]},
 	OpImageStage:      {Name: "image_stage", NewRequest: newBody[ImageStage], Mutates: true},
 	OpOccupancy:       {Name: "occupancy", NewRequest: newBody[Occupancy], NewReply: newBody[OccupancyReply]},
+	OpDeviceStatus:    {Name: "device_status", NewRequest: newBody[DeviceStatus], NewReply: newBody[DeviceStatusReply]},
 }
 
 // newBody is the constructor of an empty body of type T.
