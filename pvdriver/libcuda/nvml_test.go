@@ -167,13 +167,13 @@ var simNotSupported = []string{
 	"nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetClock", "application-clock",
 	"nvmlDeviceGetEccMode", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetSerial",
 	"nvmlDeviceGetBoardPartNumber", "nvmlDeviceGetVbiosVersion", "nvmlDeviceGetNvLinkState",
-	"nvmlDeviceGetTotalEnergyConsumption",
+	"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTemperatureV",
 }
 
 // wantReturns are the other entries' results (nvmlReturn_t).
 var wantReturns = map[string]int{
 	"uninitialized": 1, "nvmlInit": 0, "nvmlInit_v2": 0, "nvmlInitWithFlags": 0, "index-past-count": 2,
-	"name-short-buffer": 7, "memory-v2-bad-version": 25, "temperature-sensor-1": 2, "nvmlDeviceGetHandleBySerial": 6,
+	"name-short-buffer": 7, "memory-v2-bad-version": 25, "temperature-sensor-1": 2, "temperature-v-bad-version": 25, "nvmlDeviceGetHandleBySerial": 6,
 	"unknown-export-table": 3, "nvmlEventSetCreate": 0, "nvmlDeviceRegisterEvents": 0, "nvmlEventSetWait_v2": 10,
 	"nvmlEventSetWait": 10, "nvmlEventSetFree": 0,
 	"nvmlShutdown": 0, "shutdown-2": 0, "shutdown-3": 0, "shutdown-4": 1, "after-shutdown": 1,
@@ -284,6 +284,8 @@ func checkNVMLRest(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply, dir s
 	expect(t, out, "nvmlSystemGetCudaDriverVersion_v2", "13000")
 	expect(t, out, "nvmlSystemGetProcessName", filepath.Join(dir, "nvml"))
 	expect(t, out, "nvmlDeviceGetMigMode", "0 0")
+	expect(t, out, "nvmlDeviceGetMaxMigDeviceCount", "0")
+	expect(t, out, "nvmlDeviceIsMigDeviceHandle", "0")
 	expect(t, out, "nvmlDeviceGetDisplayMode", "0")
 	expect(t, out, "nvmlDeviceGetDisplayActive", "0")
 	expect(t, out, "nvmlDeviceGetP2PStatus", "5")

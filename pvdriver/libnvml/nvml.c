@@ -40,6 +40,7 @@ static struct nvmlDevice_st vg_devs[VG_MAX_DEVICES];
 typedef struct { char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32]; } nvmlPciInfo_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_v1_t;
 typedef struct { unsigned long long bar1Total, bar1Free, bar1Used; } nvmlBAR1Memory_t;
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
@@ -196,11 +197,24 @@ UINT_ENTRY(nvmlDeviceGetMaxPcieLinkGeneration)
 UINT_ENTRY(nvmlDeviceGetMaxPcieLinkWidth)
 UINT_ENTRY(nvmlDeviceGetDisplayMode)
 UINT_ENTRY(nvmlDeviceGetDisplayActive)
+UINT_ENTRY(nvmlDeviceGetMaxMigDeviceCount)
+UINT_ENTRY(nvmlDeviceIsMigDeviceHandle)
 UINT_ARG_ENTRY(nvmlDeviceGetTemperature)
 UINT_ARG_ENTRY(nvmlDeviceGetTemperatureThreshold)
 UINT_ARG_ENTRY(nvmlDeviceGetClockInfo)
 UINT_ARG_ENTRY(nvmlDeviceGetMaxClockInfo)
 UINT_ARG_ENTRY(nvmlDeviceGetNvLinkState)
+
+/* The versioned form (nvidia-smi 580 asks it): the sensor in, °C out. */
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_v1_t *t) {
+	ANSWER;
+	unsigned int v;
+	if (t == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+	if (t->version != NVML_STRUCT_VERSION(nvmlTemperature_v1_t, 1)) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	nvmlReturn_t r = vg_uint(CALL(d, (long long)t->sensorType), &a, &v);
+	if (r == NVML_SUCCESS) t->temperature = (int)v;
+	return r;
+}
 
 nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t d, unsigned int type, unsigned int id, unsigned int *v) {
 	ANSWER;

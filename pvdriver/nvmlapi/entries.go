@@ -74,6 +74,7 @@ var entries = map[string]entry{
 	// Arg: nvmlTemperatureSensors_t, nvmlTemperatureThresholds_t,
 	// nvmlClockType_t (nvmlDeviceGetClock: type | id<<32).
 	"nvmlDeviceGetTemperature":          fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperature}, 1),
+	"nvmlDeviceGetTemperatureV":         fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperature}, 1),
 	"nvmlDeviceGetTemperatureThreshold": fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperatureShutdown, 1: abi.FieldTemperatureSlowdown, 3: abi.FieldTemperatureGPUMax}, 7),
 	"nvmlDeviceGetClockInfo":            fieldOf(clockFields, 4),
 	"nvmlDeviceGetMaxClockInfo":         fieldOf(maxClockFields, 4),
@@ -106,6 +107,8 @@ var entries = map[string]entry{
 	// (V: current, pending NVML_DEVICE_MIG_DISABLE), no display, no NVLink,
 	// no peer (V0: NVML_P2P_STATUS_NOT_SUPPORTED), no other GPU near.
 	"nvmlDeviceGetMigMode":                onDevice(func(*API, Request, *Answer) Return { return Success }),
+	"nvmlDeviceGetMaxMigDeviceCount":      onDevice(none), // V0: 0, MIG is disabled
+	"nvmlDeviceIsMigDeviceHandle":         onDevice(none), // V0: 0, a handle names the whole GPU
 	"nvmlDeviceGetDisplayMode":            onDevice(none), // V0: NVML_FEATURE_DISABLED
 	"nvmlDeviceGetDisplayActive":          onDevice(none),
 	"nvmlDeviceGetNvLinkState":            onDevice(func(*API, Request, *Answer) Return { return ErrorNotSupported }),

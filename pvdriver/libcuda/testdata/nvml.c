@@ -96,6 +96,11 @@ static void device_values(nvmlDevice_t h) {
 #define SAY_UINT_ARG(name) r = name(h, 0, &v); SAY(#name, r, "%u", r ? 0 : v);
 	NVML_UINT_ARG_ENTRIES(SAY_UINT_ARG)
 	SAY("temperature-sensor-1", nvmlDeviceGetTemperature(h, 1, &v), "");
+	nvmlTemperature_t temp = {.version = (unsigned int)sizeof temp | 1u << 24, .sensorType = 0};
+	r = nvmlDeviceGetTemperatureV(h, &temp);
+	SAY("nvmlDeviceGetTemperatureV", r, "%d", r ? 0 : temp.temperature);
+	temp.version = 0;
+	SAY("temperature-v-bad-version", nvmlDeviceGetTemperatureV(h, &temp), "");
 	r = nvmlDeviceGetClock(h, 0, 0, &v);
 	SAY("nvmlDeviceGetClock", r, "%u", r ? 0 : v);
 	SAY("application-clock", nvmlDeviceGetClock(h, 0, 1, &v), "");

@@ -75,9 +75,12 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long l
 	X(nvmlDeviceGetPowerManagementDefaultLimit) X(nvmlDeviceGetPerformanceState) X(nvmlDeviceGetPowerState) \
 	X(nvmlDeviceGetComputeMode) X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetFanSpeed) \
 	X(nvmlDeviceGetCurrPcieLinkGeneration) X(nvmlDeviceGetCurrPcieLinkWidth) X(nvmlDeviceGetMaxPcieLinkGeneration) \
-	X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetDisplayMode) X(nvmlDeviceGetDisplayActive)
+	X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetDisplayMode) X(nvmlDeviceGetDisplayActive) \
+	X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceIsMigDeviceHandle)
 #define NVML_UINT_ARG_ENTRIES(X) X(nvmlDeviceGetTemperature) X(nvmlDeviceGetTemperatureThreshold) \
 	X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetNvLinkState)
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_t;
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t);
 #define DECLARE_UINT(name) nvmlReturn_t name(nvmlDevice_t d, unsigned int *v);
 #define DECLARE_UINT_ARG(name) nvmlReturn_t name(nvmlDevice_t d, unsigned int arg, unsigned int *v);
 NVML_UINT_ENTRIES(DECLARE_UINT)
