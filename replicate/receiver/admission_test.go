@@ -120,10 +120,12 @@ func TestStrayPrimaryRefused(t *testing.T) {
 		stray, node, stop := start(tc.group, tc.term)
 		waitFor(t, tc.story+": refused by the standby", func() bool { return r.Status().Refused[tc.want.String()] > before })
 		waitFor(t, tc.story+": refusal counted by the stray", func() bool { return stray.Status().Refused[tc.want.String()] > 0 })
+		// The count and the last error are set one after the other: wait
+		// for the message too (read once, it was sometimes still empty on
+		// a loaded machine).
+		want := "refused this primary (" + tc.want.String() + ")"
+		waitFor(t, tc.story+": the refusal is the stray's last error", func() bool { return strings.Contains(stray.Status().LastError, want) })
 		stop()
-		if msg := stray.Status().LastError; !strings.Contains(msg, "refused this primary ("+tc.want.String()+")") {
-			t.Errorf("%s: the stray's last error: %q", tc.story, msg)
-		}
 		node.mu.Lock()
 		told := node.told
 		node.mu.Unlock()
