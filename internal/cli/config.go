@@ -53,7 +53,48 @@ func ParseWithConfig(fs *flag.FlagSet, args []string, configPath *string) (map[s
 		sort.Strings(errs)
 		return nil, usageError{fmt.Errorf("configuration: %s", strings.Join(errs, "; "))}
 	}
+	for _, w := range misspeltEnv(fs, os.Environ()) {
+		fmt.Fprintf(os.Stderr, "warning: %s\n", w)
+	}
 	return source, nil
+}
+
+// misspeltEnv names each VGPUHA_ variable in env that sets no flag of fs
+// but is one typo from a variable that would (VGPUHA_REPLICATE_KEYFILE for
+// VGPUHA_REPLICATE_KEY_FILE): a variable the operator meant for this
+// command that it silently ignores. Variables near none of its flags are
+// left alone: they may be another command's or the guest library's.
+func misspeltEnv(fs *flag.FlagSet, env []string) []string {
+	byEnv := map[string]string{}
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) {
+		byEnv[envName(f.Name)] = f.Name
+		names = append(names, envName(f.Name))
+	})
+	var out []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "VGPUHA_") || byEnv[name] != "" {
+			continue
+		}
+		if near := closestEnv(name, names); near != "" {
+			out = append(out, fmt.Sprintf("%s sets no flag of this command (did you mean %s, for --%s?)", name, near, byEnv[near]))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// closestEnv is the variable in names at most two edits from name (past
+// the VGPUHA_ both share), "" when none is.
+func closestEnv(name string, names []string) string {
+	best, bestDist := "", 3
+	for _, n := range names {
+		if d := editDistance(name[len("VGPUHA_"):], n[len("VGPUHA_"):]); d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	return best
 }
 
 // unknownKeys words each key of the config file that is no flag.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,25 @@ func TestOptionalDuration(t *testing.T) {
 		case c.err == "" && (err != nil || *watch != c.want || *asJSON != c.json):
 			t.Errorf("%q: watch %v json %v (%v), want %v %v", c.args, *watch, *asJSON, err, c.want, c.json)
 		}
+	}
+}
+
+// TestMisspeltEnv: a VGPUHA_ variable one typo from a flag's variable is
+// named with the one meant; an exact one, one far from every flag (another
+// command's, the guest library's) and other variables are not.
+func TestMisspeltEnv(t *testing.T) {
+	fs := flag.NewFlagSet("primary", flag.ContinueOnError)
+	fs.String("replicate.key-file", "", "")
+	fs.String("guest-listen", "", "")
+	got := misspeltEnv(fs, []string{
+		"VGPUHA_REPLICATE_KEYFILE=/k", "VGPUHA_GUEST_LISTEN=unix:///s", "VGPUHA_ENDPOINT=unix:///s",
+		"VGPUHA_GEUST_LISTEN=x", "HOME=/root", "VGPUHA_DEBUG=1",
+	})
+	want := []string{
+		"VGPUHA_GEUST_LISTEN sets no flag of this command (did you mean VGPUHA_GUEST_LISTEN, for --guest-listen?)",
+		"VGPUHA_REPLICATE_KEYFILE sets no flag of this command (did you mean VGPUHA_REPLICATE_KEY_FILE, for --replicate.key-file?)",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q\nwant %q", got, want)
 	}
 }
