@@ -505,6 +505,6 @@ func (c *child) checksum(b []byte, _ uint8) error {
 // answers why, so the node hears it (a worker's stderr may go nowhere).
 type unopened struct{ err error }
 
-func (u unopened) Name() string                                  { return "unopened" }
+func (u unopened) Name() string                                   { return "unopened" }
 func (u unopened) NewContext(uint64, uint64) (gpu.Context, error) { return nil, u.err }
-func (u unopened) Close() error                                  { return nil }
+func (u unopened) Close() error                                   { return nil }
