@@ -13,7 +13,7 @@
 // the node stays healthy and the next session gets a new worker.
 //
 // The wire (protocol.go) is a socketpair: one request at a time, answered
-// in order, plus a memfd both map for bytes past inlineMax (BenchmarkCopy
+// in order, plus a memfd both map for bytes past inlineMax (BenchmarkHop
 // shows where the shared memory wins). Launches stay pipelined where the
 // real context pipelines them (gpu.LaunchPipeliner): they go unanswered,
 // and a launch the child's backend refused is reported by the context's

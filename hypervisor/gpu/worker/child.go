@@ -216,23 +216,23 @@ func (c *child) data(b []byte, flags uint8, read func(d *abi.Decoder)) ([]byte, 
 }
 
 // into is where n bytes read from the device go: the reply's inline
-// bytes, or the shared memory.
-func (c *child) into(n uint64) ([]byte, error) {
+// bytes, or, with flagShm, the shared memory.
+func (c *child) into(n uint64, flags uint8) ([]byte, error) {
 	switch {
-	case n <= inlineMax:
-		if cap(c.buf) < inlineMax {
-			c.buf = make([]byte, inlineMax)
+	case flags&flagShm == 0 && n <= maxInline:
+		if uint64(cap(c.buf)) < n {
+			c.buf = make([]byte, n)
 		}
 		return c.buf[:n], nil
-	case n <= uint64(len(c.shm)):
+	case flags&flagShm != 0 && n <= uint64(len(c.shm)):
 		return c.shm[:n], nil
 	}
-	return nil, fmt.Errorf("%w: %d bytes asked, more than the shared memory's %d", errProtocol, n, len(c.shm))
+	return nil, fmt.Errorf("%w: %d bytes asked, more than a reply or the shared memory holds", errProtocol, n)
 }
 
 // reply adds bytes read into (into's) to the reply when they are inline.
-func (c *child) reply(p []byte) {
-	if len(p) <= inlineMax {
+func (c *child) reply(p []byte, flags uint8) {
+	if flags&flagShm == 0 {
 		c.out = appendBytes(c.out, p)
 	}
 }
@@ -246,19 +246,19 @@ func (c *child) copyHtoD(b []byte, flags uint8) error {
 	return c.ctx.CopyHtoD(dst, data, gpu.Stream(s))
 }
 
-func (c *child) copyDtoH(b []byte, _ uint8) error {
+func (c *child) copyDtoH(b []byte, flags uint8) error {
 	var src, n, s uint64
 	if err := decode(b, func(d *abi.Decoder) { src, n, s = d.U64(), d.U64(), d.U64() }); err != nil {
 		return err
 	}
-	p, err := c.into(n)
+	p, err := c.into(n, flags)
 	if err != nil {
 		return err
 	}
 	if err := c.ctx.CopyDtoH(p, src, gpu.Stream(s)); err != nil {
 		return err
 	}
-	c.reply(p)
+	c.reply(p, flags)
 	return nil
 }
 
@@ -440,7 +440,7 @@ func (c *child) writeGlobal(b []byte, flags uint8) error {
 	return g.WriteGlobal(addr, data)
 }
 
-func (c *child) readGlobal(b []byte, _ uint8) error {
+func (c *child) readGlobal(b []byte, flags uint8) error {
 	var addr, n uint64
 	if err := decode(b, func(d *abi.Decoder) { addr, n = d.U64(), d.U64() }); err != nil {
 		return err
@@ -449,14 +449,14 @@ func (c *child) readGlobal(b []byte, _ uint8) error {
 	if err != nil {
 		return err
 	}
-	p, err := c.into(n)
+	p, err := c.into(n, flags)
 	if err != nil {
 		return err
 	}
 	if err := g.ReadGlobal(p, addr); err != nil {
 		return err
 	}
-	c.reply(p)
+	c.reply(p, flags)
 	return nil
 }
 

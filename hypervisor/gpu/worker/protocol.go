@@ -62,7 +62,8 @@ const (
 	// flagAsync: the child sends no reply; a failure is kept and reported
 	// by the context's next Sync or SyncStream (a pipelined launch).
 	flagAsync uint8 = 1 << iota
-	// flagShm: the request's bytes lie at the start of the shared memory.
+	// flagShm: the request's bytes lie at the start of the shared memory,
+	// or its reply's go there.
 	flagShm
 )
 
@@ -73,11 +74,14 @@ const (
 	maxRequest = 32 << 20
 	// maxReply bounds a reply frame: inline bytes, a message, a device
 	// description.
-	maxReply = 1 << 20
-	// inlineMax is the largest copy whose bytes travel in the frame; a
-	// larger one goes through the shared memory (BenchmarkCopy measures
-	// both sides of it).
+	maxReply = 2 << 20
+	// inlineMax is the largest copy whose bytes travel in the frame by
+	// default; a larger one goes through the shared memory (BenchmarkHop's
+	// worker-inline rows measure the other choice). The parent decides
+	// (flagShm); the child takes either.
 	inlineMax = 16 << 10
+	// maxInline bounds the bytes a reply carries inline.
+	maxInline = maxReply - 64<<10
 	// maxMessage bounds an error message in a reply (abi.AppendReply's).
 	maxMessage = 1024
 )

@@ -15,11 +15,22 @@ import (
 // link is the parent's end of a worker's protocol: requests out, replies
 // in, the shared memory.
 type link struct {
-	w   io.Writer
-	r   *bufio.Reader
-	shm []byte
-	req []byte // the request being built, reused
-	rep []byte // the last reply's payload, reused
+	// inline is the largest copy sent in the frame (inlineMax, or zero
+	// for inlineMax; a benchmark moves it).
+	inline int
+	w      io.Writer
+	r      *bufio.Reader
+	shm    []byte
+	req    []byte // the request being built, reused
+	rep    []byte // the last reply's payload, reused
+}
+
+// inlined reports whether n bytes travel in the frame.
+func (l *link) inlined(n int) bool {
+	if l.inline == 0 {
+		return n <= inlineMax
+	}
+	return n <= min(l.inline, maxInline)
 }
 
 // start begins a request of op o.
@@ -182,7 +193,7 @@ func (p *proxy) send(o op, data []byte, words ...uint64) error {
 	for first := true; first || len(data) > 0; first = false {
 		var b []byte
 		n := len(data)
-		if n <= inlineMax {
+		if p.inlined(n) {
 			b = appendBytes(appendU64s(p.start(o, 0), words...), data)
 		} else {
 			n = min(n, len(p.shm))
@@ -207,23 +218,23 @@ func (p *proxy) send(o op, data []byte, words ...uint64) error {
 // Precondition: p.mu must be locked.
 func (p *proxy) receive(o op, dst []byte, addr uint64, words ...uint64) error {
 	for first := true; first || len(dst) > 0; first = false {
-		n := len(dst)
-		if n > inlineMax {
-			n = min(n, len(p.shm))
+		n, flags := len(dst), uint8(0)
+		if !p.inlined(n) {
+			n, flags = min(n, len(p.shm)), flagShm
 		}
-		b := appendU64s(appendU64s(p.start(o, 0), addr, uint64(n)), words...)
+		b := appendU64s(appendU64s(p.start(o, flags), addr, uint64(n)), words...)
 		d, err := p.call(b)
 		if err != nil {
 			return err
 		}
 		var got []byte
-		if n <= inlineMax {
-			got = d.Bytes(inlineMax)
+		if flags == 0 {
+			got = d.Bytes(maxInline)
 		}
 		if err := p.done(d); err != nil {
 			return err
 		}
-		if n > inlineMax {
+		if flags != 0 {
 			copy(dst, p.shm[:n])
 		} else if len(got) == n {
 			copy(dst, got)
