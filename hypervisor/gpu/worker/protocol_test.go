@@ -139,20 +139,20 @@ func socketpair(t testing.TB) (net.Conn, net.Conn) {
 // is read, a short one is an unexpected end.
 func TestReadFrameBounds(t *testing.T) {
 	parent, child := net.Pipe()
-	go func() {
+	go func(child net.Conn) {
 		var hdr [4]byte
 		binary.LittleEndian.PutUint32(hdr[:], maxReply+1)
 		child.Write(hdr[:])
 		child.Close()
-	}()
+	}(child)
 	if _, err := readFrame(bufio.NewReader(parent), nil, maxReply); !errors.Is(err, errProtocol) {
 		t.Fatalf("an over-long frame: %v, want a protocol error", err)
 	}
 	parent, child = net.Pipe()
-	go func() {
+	go func(child net.Conn) {
 		child.Write([]byte{8, 0, 0, 0, 1, 2})
 		child.Close()
-	}()
+	}(child)
 	if _, err := readFrame(bufio.NewReader(parent), nil, maxReply); err == nil {
 		t.Fatal("a short frame was read")
 	}
