@@ -40,7 +40,6 @@ package worker
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -57,7 +56,9 @@ type Config struct {
 	// Spec is handed, as is, to the open function of the worker's
 	// RunIfAsked: it names the real backend to open.
 	Spec string
-	// Path is the binary run as a worker; empty: this process's own.
+	// Path is the binary run as a worker; empty: this process's own, as
+	// it runs (/proc/self/exe: the binary an upgrade put in its place
+	// might speak another protocol).
 	Path string
 	// Spares is how many workers are kept started ahead.
 	Spares int
@@ -92,11 +93,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("a GPU worker's shared memory of %d bytes: want %d to 1 GiB", cfg.SharedBytes, inlineMax)
 	}
 	if cfg.Path == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("finding this binary to run GPU workers: %w", err)
-		}
-		cfg.Path = exe
+		cfg.Path = "/proc/self/exe"
 	}
 	b := &Backend{cfg: cfg, sp: newSpawner(), live: map[*proxy]struct{}{}}
 	proc, err := b.sp.start(cfg.Path, cfg.Spec, cfg.SharedBytes)
@@ -285,7 +282,7 @@ func (b *Backend) Close() error {
 		proc.end(5 * time.Second)
 	}
 	for p := range live {
-		p.proc.kill()
+		p.proc.signalKill() // its context's next call finds it gone
 	}
 	b.sp.stop()
 	return nil

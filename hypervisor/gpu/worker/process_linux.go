@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,22 +45,45 @@ type process struct {
 // as the backend: a child's parent-death signal (PR_SET_PDEATHSIG) is sent
 // when the thread that forked it exits, not the process, and Go may end
 // a thread a goroutine left locked.
-type spawner struct{ reqs chan func() }
+type spawner struct {
+	reqs     chan func()
+	done     chan struct{} // closed by stop
+	stopOnce sync.Once
+}
 
 func newSpawner() *spawner {
-	s := &spawner{reqs: make(chan func())}
+	s := &spawner{reqs: make(chan func()), done: make(chan struct{})}
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the backend
-		for f := range s.reqs {
-			f()
+		for {
+			select {
+			case f := <-s.reqs:
+				f()
+			case <-s.done:
+				return
+			}
 		}
 	}()
 	return s
 }
 
 // stop ends the spawner's thread; children it started that still live
-// get their parent-death signal.
-func (s *spawner) stop() { close(s.reqs) }
+// get their parent-death signal, and later starts fail.
+func (s *spawner) stop() { s.stopOnce.Do(func() { close(s.done) }) }
+
+// errStopped fails a start after the backend closed.
+var errStopped = errors.New("the GPU backend is closed")
+
+// onThread runs f on the spawner's thread.
+func (s *spawner) onThread(f func() error) error {
+	done := make(chan error, 1)
+	select {
+	case s.reqs <- func() { done <- f() }:
+		return <-done
+	case <-s.done:
+		return errStopped
+	}
+}
 
 // start runs path as a worker for spec, sharing shmBytes of memory.
 func (s *spawner) start(path, spec string, shmBytes int) (*process, error) {
@@ -91,9 +115,7 @@ func (s *spawner) start(path, spec string, shmBytes int) (*process, error) {
 		// (it closes its sessions, and with them their workers).
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true},
 	}
-	done := make(chan error, 1)
-	s.reqs <- func() { done <- cmd.Start() }
-	if err := <-done; err != nil {
+	if err := s.onThread(cmd.Start); err != nil {
 		p.release()
 		return nil, fmt.Errorf("starting a GPU worker (%s): %w", path, err)
 	}
@@ -143,6 +165,10 @@ func (p *process) end(grace time.Duration) error {
 	}
 	return p.waitErr
 }
+
+// signalKill sends the process SIGKILL, and nothing else: its parent's
+// end and the shared memory stay its context's to let go.
+func (p *process) signalKill() { p.os.Kill() }
 
 // kill ends the process at once.
 func (p *process) kill() error {
