@@ -1,11 +1,15 @@
 package worker_test
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,7 +28,29 @@ import (
 // tests make run it again).
 func TestMain(m *testing.M) {
 	worker.RunIfAsked(openTestSpec)
+	if os.Getenv(nodeEnv) != "" {
+		runDyingNode()
+	}
 	os.Exit(m.Run())
+}
+
+// nodeEnv makes this test binary a node for TestWorkersDieWithNode: it
+// starts workers, opens a context, prints the workers' pids and waits to
+// be killed.
+const nodeEnv = "VGPUHA_WORKER_TEST_NODE"
+
+func runDyingNode() {
+	be, err := worker.New(worker.Config{Spec: simSpec, Spares: 1})
+	if err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	if _, err := be.NewContext(1<<40, 1<<30); err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println("worker", be.Workers()[0].Pid)
+	select {}
 }
 
 // pipelinedSpec names a software GPU whose contexts say they pipeline
@@ -350,16 +376,8 @@ func spareWorker(t testing.TB, be *worker.Backend) int {
 	for _, w := range be.Workers() {
 		held[w.Pid] = true
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, p := range procs {
-		stat, err := os.ReadFile(p)
-		i := bytes.LastIndexByte(stat, ')')
-		if err != nil || i < 0 {
-			continue
-		}
-		f := strings.Fields(string(stat[i+1:])) // state, ppid, ...
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		if len(f) > 1 && f[1] == strconv.Itoa(os.Getpid()) && !held[pid] && f[0] != "Z" {
+	for _, pid := range childrenOf(os.Getpid()) {
+		if !held[pid] && !zombie(pid) {
 			return pid
 		}
 	}
@@ -394,6 +412,72 @@ func TestPipelinedLaunches(t *testing.T) {
 		t.Fatalf("a second sync: %v, want the failure reported once", err)
 	}
 	vadd(t, c, base)
+}
+
+// TestWorkersDieWithNode: a node's workers, spares included, die when the
+// node is SIGKILLed (their parent-death signal; their sockets' end).
+func TestWorkersDieWithNode(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), nodeEnv+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	var pid int
+	if _, err := fmt.Sscanf(line, "worker %d", &pid); err != nil {
+		cmd.Process.Kill()
+		t.Fatalf("the node said %q", line)
+	}
+	children := childrenOf(cmd.Process.Pid)
+	if len(children) < 2 || !slices.Contains(children, pid) {
+		t.Fatalf("the node's children %v, want its context's worker %d and a spare", children, pid)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, c := range children {
+		for syscall.Kill(c, 0) == nil && !zombie(c) {
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d outlived its node", c)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	var out []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range procs {
+		if f := statFields(p); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			n, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// statFields are a /proc/PID/stat file's fields after the command: state,
+// parent, ...
+func statFields(path string) []string {
+	stat, err := os.ReadFile(path)
+	i := bytes.LastIndexByte(stat, ')')
+	if err != nil || i < 0 {
+		return nil
+	}
+	return strings.Fields(string(stat[i+1:]))
+}
+
+// zombie reports whether pid has exited and waits to be reaped (by init,
+// once its parent is gone).
+func zombie(pid int) bool {
+	f := statFields("/proc/" + strconv.Itoa(pid) + "/stat")
+	return len(f) == 0 || f[0] == "Z"
 }
 
 // TestWorkerCannotOpen: a worker that cannot open its GPU fails New with
