@@ -67,11 +67,11 @@ var handlers = [opCount]struct {
 	opChecksum:      {true, (*child).checksum},
 }
 
-// Serve answers the parent's requests on conn with be until the parent
+// serve answers the parent's requests on conn with be until the parent
 // closes its end (nil) or breaks the protocol. shm is the memory the two
-// share. The caller closes what Serve leaves open (the context, if the
+// share. The caller closes what serve leaves open (the context, if the
 // parent never closed it, and be).
-func Serve(conn io.ReadWriter, be gpu.Backend, shm []byte) (gpu.Context, error) {
+func serve(conn io.ReadWriter, be gpu.Backend, shm []byte) (gpu.Context, error) {
 	c := &child{be: be, shm: shm}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var req []byte

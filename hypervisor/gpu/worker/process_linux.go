@@ -214,7 +214,7 @@ func runChild(spec string, open func(string) (gpu.Backend, error)) int {
 			defer unregister()
 		}
 	}
-	ctx, err := Serve(conn, be, shm)
+	ctx, err := serve(conn, be, shm)
 	if ctx != nil {
 		ctx.Close()
 	}

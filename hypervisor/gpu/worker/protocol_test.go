@@ -158,7 +158,7 @@ func TestReadFrameBounds(t *testing.T) {
 	}
 }
 
-// FuzzChildRequest: no request stream crashes a worker: Serve answers or
+// FuzzChildRequest: no request stream crashes a worker: serve answers or
 // stops with an error.
 func FuzzChildRequest(f *testing.F) {
 	req := func(o op, flags uint8, body []byte) []byte {
@@ -190,7 +190,7 @@ func FuzzChildRequest(f *testing.F) {
 				}
 			}
 		}()
-		ctx, _ := Serve(child, sim.New(1<<24), make([]byte, 64<<10))
+		ctx, _ := serve(child, sim.New(1<<24), make([]byte, 64<<10))
 		if ctx != nil {
 			ctx.Close()
 		}
