@@ -433,6 +433,10 @@ func TestWorkersDieWithNode(t *testing.T) {
 		t.Fatalf("the node said %q", line)
 	}
 	children := childrenOf(cmd.Process.Pid)
+	for start := time.Now(); len(children) < 2 && time.Since(start) < 10*time.Second; { // the spare starts in the background
+		time.Sleep(10 * time.Millisecond)
+		children = childrenOf(cmd.Process.Pid)
+	}
 	if len(children) < 2 || !slices.Contains(children, pid) {
 		t.Fatalf("the node's children %v, want its context's worker %d and a spare", children, pid)
 	}
