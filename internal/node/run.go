@@ -205,6 +205,9 @@ type GPU struct {
 	// (hypervisor/gpu/worker), which opens the backend the other fields
 	// name; the node itself then opens no GPU.
 	Workers bool
+	// OneContext is a worker's GPU: it serves one context, made ahead on
+	// CUDA (instead of SpareContexts).
+	OneContext bool
 }
 
 // CheckGPU accepts the backend names Open knows.
@@ -250,22 +253,27 @@ func (g GPU) Open() (gpu.Backend, error) {
 	return g.openCUDA(ordinal)
 }
 
-// openCUDA opens CUDA device ordinal, keeping SpareContexts made ahead.
+// openCUDA opens CUDA device ordinal, keeping SpareContexts made ahead
+// (a worker's GPU: its one context).
 func (g GPU) openCUDA(ordinal int) (gpu.Backend, error) {
 	c, err := cuda.New(ordinal)
 	if err != nil {
 		return nil, err
 	}
-	c.KeepSpareContexts(g.SpareContexts)
+	if g.OneContext {
+		c.MakeContextAhead()
+	} else {
+		c.KeepSpareContexts(g.SpareContexts)
+	}
 	return c, nil
 }
 
 // openWorkers starts the backend whose contexts run in worker processes,
 // each of which opens g's GPU for one context (so a CUDA worker makes its
-// one context ahead, as a spare).
+// one context ahead, and a spare worker is a spare context).
 func (g GPU) openWorkers() (gpu.Backend, error) {
 	child := g
-	child.Workers, child.SpareContexts = false, 1
+	child.Workers, child.SpareContexts, child.OneContext = false, 0, true
 	spec, err := json.Marshal(child)
 	if err != nil {
 		return nil, err
