@@ -33,6 +33,17 @@
 // backend to open. On the software GPU each worker has its own memory
 // limit (the spec's), where one process's contexts share one.
 //
+// Choices, and why. A worker runs /proc/self/exe, the node's binary as
+// it runs: the file an upgrade put in its place may speak another
+// protocol. The parent decides where each copy's bytes travel (flagShm,
+// both ways), so one constant sets the threshold. A spare worker has its
+// backend open and, on CUDA, its one context made (cuda's
+// MakeContextAhead), so it is a spare context in a process. The agent runs
+// workers by default only for guests' own kernels (--guest.workers auto):
+// the library's kernels have every pointer argument checked, so sessions
+// that run only those stay in the node's process and skip the hop, a
+// round trip between processes per call (BenchmarkHop).
+//
 // The package must never decide anything about a session: it carries
 // calls, and a failure it sees is the call's.
 package worker
