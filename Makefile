@@ -34,9 +34,10 @@ install: build ## install the agent, systemd units, /etc/vgpuha (example configs
 install-check: ## install into a temporary root and check that everything the units name is there
 	$(GO) test -count=1 -run 'TestMakeInstall' ./cmd/vgpuha/
 
-libcuda: ## build bin/libcuda.so.1, the guest's CUDA driver library (needs gcc)
+libcuda: ## build bin/libcuda.so.1 and bin/libnvidia-ml.so.1, the guest's CUDA driver and NVML (needs gcc)
 	$(GO) build -buildmode=c-shared -ldflags=-extldflags=-Wl,-soname,libcuda.so.1 -o bin/libcuda.so.1 ./pvdriver/libcuda
 	rm -f bin/libcuda.so.h
+	$(CC) -O2 -Wall -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 -o bin/libnvidia-ml.so.1 pvdriver/libnvml/nvml.c -ldl -lpthread
 
 demo: lab ## run the demo on the software GPU, all agents on loopback
 	./bin/vgpuha-lab demo

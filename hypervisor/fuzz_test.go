@@ -50,6 +50,11 @@ func FuzzServeConn(f *testing.F) {
 	vmm = append(vmm, seed(abi.OpMemUnmap, 0, &abi.MemUnmap{Ptr: 0x7e0000000000, Size: 2 << 20})...)
 	f.Add(append(vmm, seed(abi.OpAddressFree, 0, &abi.AddressFree{Ptr: 0x7e0000000000, Size: 8 << 20})...), false)
 	f.Add(seed(abi.OpMemMap, 0, &abi.MemMap{Ptr: ^uint64(0) - 4095, Size: 1 << 21}), false) // wraps
+	h, total := abi.HashImage(img), uint64(len(img))
+	stage := seed(abi.OpImageStage, 0, &abi.ImageStage{Hash: h, Total: total, Data: img[:150]})
+	stage = append(stage, seed(abi.OpImageStage, 0, &abi.ImageStage{Hash: h, Total: total, Offset: 150, Data: img[150:300]})...)
+	stage = append(stage, seed(abi.OpImageStage, 0, &abi.ImageStage{Hash: h, Total: total, Offset: 100, Data: img[100:200]})...)
+	f.Add(append(stage, seed(abi.OpModuleLoadCached, 0, &abi.ModuleLoadCached{Hash: h})...), false)
 	f.Add([]byte("VGPU\x01\x00\x02\x00garbage"), true)
 	f.Fuzz(func(t *testing.T, data []byte, raw bool) {
 		backend := sim.New(64 << 20)

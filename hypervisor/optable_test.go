@@ -57,6 +57,7 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpModuleLoad, func() abi.Body { return &abi.ModuleLoad{Image: img} }, &module},
 		{abi.OpGetFunction, func() abi.Body { return &abi.GetFunction{Module: module, Name: "vadd"} }, &function},
 		{abi.OpFunctionParams, func() abi.Body { return &abi.FunctionParams{Function: function} }, nil},
+		{abi.OpOccupancy, func() abi.Body { return &abi.Occupancy{Function: function, Kind: abi.OccupancyBlocks, Block: block} }, nil},
 		{abi.OpStreamCreate, func() abi.Body { return &abi.StreamCreate{} }, &stream},
 		{abi.OpLaunch, func() abi.Body {
 			return &abi.Launch{Function: function, Grid: one, Block: block, Stream: stream,
@@ -65,9 +66,13 @@ func TestHandlersAgreeWithABI(t *testing.T) {
 		{abi.OpStreamSync, func() abi.Body { return &abi.StreamSync{Stream: stream} }, nil},
 		{abi.OpSync, func() abi.Body { return &abi.Sync{} }, nil},
 		{abi.OpDeviceInfo, func() abi.Body { return &abi.DeviceInfo{} }, nil},
+		{abi.OpDeviceStatus, func() abi.Body { return &abi.DeviceStatus{} }, nil},
 		{abi.OpStreamDestroy, func() abi.Body { return &abi.StreamDestroy{Stream: stream} }, nil},
 		{abi.OpModuleUnload, func() abi.Body { return &abi.ModuleUnload{Module: module} }, nil},
 		{abi.OpModuleLoadCached, func() abi.Body { return &abi.ModuleLoadCached{Hash: abi.HashImage(img)} }, &module},
+		{abi.OpImageStage, func() abi.Body {
+			return &abi.ImageStage{Hash: abi.HashImage(img), Total: uint64(len(img)), Data: img[:10]}
+		}, nil},
 		{abi.OpCopyHtoDHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 4096, Size: 100} }, nil},
 		{abi.OpCopyDtoHHost, func() abi.Body { return &abi.HostCopy{Dev: ptr, Offset: 0, Size: 100} }, nil},
 		{abi.OpFree, func() abi.Body { return &abi.Free{Ptr: ptr} }, nil},
@@ -130,5 +135,38 @@ func checkReply(t *testing.T, op abi.Opcode, reply abi.Body) {
 		t.Errorf("%s: replied %T, abi's row says a status only", op, reply)
 	case newReply != nil && reflect.TypeOf(reply) != reflect.TypeOf(newReply()):
 		t.Errorf("%s: replied %T, abi's row says %T", op, reply, newReply())
+	}
+}
+
+// TestDeviceStatusOnSim: the software GPU reports the memory its guest
+// holds (its tenant's sessions together, and this session's share) and
+// nothing else: no temperature or clock it does not have.
+func TestDeviceStatusOnSim(t *testing.T) {
+	sess := newSimSession(t)
+	status := func() *abi.DeviceStatusReply {
+		t.Helper()
+		reply, err := sess.handle(abi.OpDeviceStatus, 0, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reply.(*abi.DeviceStatusReply)
+	}
+	if v, ok := status().Get(abi.FieldSessionMemory); !ok || v != 0 {
+		t.Fatalf("a new session holds %d (%v), want 0", v, ok)
+	}
+	if _, err := sess.handle(abi.OpAlloc, 1, false, (&abi.Alloc{Size: 1 << 20}).Append(nil)); err != nil {
+		t.Fatal(err)
+	}
+	r := status()
+	if v, ok := r.Get(abi.FieldSessionMemory); !ok || v != sess.mem.Bytes() || v < 1<<20 {
+		t.Errorf("session memory %d (%v), the session holds %d", v, ok, sess.mem.Bytes())
+	}
+	if v, ok := r.Get(abi.FieldGuestMemoryUsed); !ok || v < sess.mem.Bytes() {
+		t.Errorf("guest memory %d (%v), below the session's %d", v, ok, sess.mem.Bytes())
+	}
+	for _, f := range []abi.DeviceField{abi.FieldTemperature, abi.FieldPowerUsage, abi.FieldUtilGPU, abi.FieldClockSM, abi.FieldPCIDeviceID} {
+		if v, ok := r.Get(f); ok {
+			t.Errorf("field %d reads %d on the software GPU, which has no such sensor", f, v)
+		}
 	}
 }

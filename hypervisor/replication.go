@@ -41,10 +41,10 @@ func (s *Server) Replicate(log *replicate.Log, mode replicate.Mode) {
 func (s *Session) setRecord(h *logHook) {
 	s.record = h
 	if h == nil {
-		s.objs.Replicate(nil)
+		s.objs.Replicate(nil, 0)
 		return
 	}
-	s.objs.Replicate(h.log)
+	s.objs.Replicate(h.log, h.session)
 }
 
 // recorder returns the session's hook into the log.

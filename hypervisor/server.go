@@ -113,6 +113,10 @@ type Config struct {
 	// share of it all).
 	ImageCacheBytes       int64
 	ImageCacheTenantBytes int64
+	// ImageUploadBytes bounds the module images one tenant's sessions
+	// upload in pieces (too large for one frame), together, while they
+	// are uploaded and not yet loaded.
+	ImageUploadBytes int64
 	// MMIO is how guest writes to apertures are traced.
 	MMIO MMIOConfig
 	// Clock tells the time detached sessions are kept by (lifetime.go);
@@ -151,7 +155,9 @@ func DefaultConfig() Config {
 		// brings its own kernels has the node to itself) still has half
 		// the cache, and the tenant before it keeps its images.
 		ImageCacheTenantBytes: 512 << 20,
-		MMIO:                  MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
+		// The largest image a guest may upload (abi.MaxImage).
+		ImageUploadBytes: abi.MaxImage,
+		MMIO:             MMIOConfig{Mode: mmiotrace.ModePage, Pin: true, FlushEvery: 10 * time.Millisecond},
 	}
 }
 
@@ -165,7 +171,7 @@ func (c Config) validate() error {
 		return errors.New("max sessions and objects must be positive, max payload at least 4096")
 	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
 		return errors.New("session windows overflow the address space")
-	case c.ImageCacheBytes < 0 || c.ImageCacheTenantBytes < 0:
+	case c.ImageCacheBytes < 0 || c.ImageCacheTenantBytes < 0 || c.ImageUploadBytes < 0:
 		return errors.New("image cache bounds must not be negative")
 	case c.TenantMaxSessions <= 0 || c.TenantMaxDetached < 0 || c.MaxGrace < 0:
 		return errors.New("tenant session limits must be positive, detached limit and grace cap not negative")
@@ -249,7 +255,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[net.Conn]struct{}{},
 		term:      1, // a node starts as the first primary; a promotion raises it
-		images:    images.New(images.Config{Limit: cfg.ImageCacheBytes, Share: cfg.ImageCacheTenantBytes}),
+		images:    images.New(images.Config{Limit: cfg.ImageCacheBytes, Share: cfg.ImageCacheTenantBytes, Uploads: cfg.ImageUploadBytes}),
 		slotFreed: make(chan struct{}),
 	}
 	s.termNow.Store(s.term)

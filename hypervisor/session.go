@@ -150,6 +150,9 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpMemMap:           onMemory((*devmem.Memory).MemMap),
 	abi.OpMemUnmap:         onMemory((*devmem.Memory).MemUnmap),
 	abi.OpTensorMapEncode:  onMemory((*devmem.Memory).TensorMapEncode),
+	abi.OpOccupancy:        onObjects((*objects.Set).Occupancy),
+	abi.OpImageStage:       onObjects((*objects.Set).ImageStage),
+	abi.OpDeviceStatus:     typed((*Session).deviceStatus),
 }
 
 // Serve runs one request (guestconn.Session) and returns its reply body.
@@ -278,4 +281,28 @@ func (s *Session) deviceInfo(r *abi.DeviceInfo) (abi.Body, error) {
 		info.Granularity = s.cfg.AllocAlign
 	}
 	return b, err
+}
+
+// deviceStatus reports the device's live state as the backend reads it
+// (gpu.DeviceStatusReporter; nothing from a backend that cannot) and the
+// memory the guest holds: its tenant's sessions together, this session,
+// and the tenant's quota where it is below the device's memory.
+func (s *Session) deviceStatus(*abi.DeviceStatus) (abi.Body, error) {
+	r := &abi.DeviceStatusReply{}
+	if rep, ok := s.srv.backend.(gpu.DeviceStatusReporter); ok {
+		rep.DeviceStatus(r)
+	}
+	session := s.mem.Bytes()
+	r.Set(abi.FieldSessionMemory, session)
+	if s.tenant == nil {
+		r.Set(abi.FieldGuestMemoryUsed, session)
+		return r, nil
+	}
+	r.Set(abi.FieldGuestMemoryUsed, max(s.tenant.Held(), session))
+	if d, ok := s.srv.backend.(gpu.DeviceDescriber); ok {
+		if info, err := d.DeviceInfo(); err == nil && s.tenant.Quota.Memory < info.TotalMem {
+			r.Set(abi.FieldGuestMemoryQuota, s.tenant.Quota.Memory)
+		}
+	}
+	return r, nil
 }

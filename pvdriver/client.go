@@ -890,33 +890,6 @@ func (c *Client) DeviceInfo() (abi.DeviceInfoReply, error) {
 	return r, err
 }
 
-// LoadModule loads a module image (see kernels.Image). An image
-// of Options.HashImagesFrom bytes or more is named by its hash first: the node
-// loads it from its cache when this guest's tenant sent it before (an
-// earlier process, usually), and the bytes go only when it answers
-// StatusUnknownImage.
-func (c *Client) LoadModule(image []byte) (Module, error) {
-	return c.LoadModuleHashed(image, abi.HashImage(image))
-}
-
-// LoadModuleHashed is LoadModule for an image whose hash (abi.HashImage)
-// the caller already took.
-func (c *Client) LoadModuleHashed(image []byte, h abi.ImageHash) (Module, error) {
-	var r abi.HandleReply
-	from := c.opts.HashImagesFrom
-	if from <= 0 {
-		from = 16 << 10 // below it, the bytes cost about as much as the round trip
-	}
-	if len(image) >= from {
-		err := c.call(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: h}, &r)
-		if !errors.Is(err, abi.StatusUnknownImage) {
-			return Module(r.Handle), err
-		}
-	}
-	err := c.call(abi.OpModuleLoad, &abi.ModuleLoad{Image: image}, &r)
-	return Module(r.Handle), err
-}
-
 // UnloadModule unloads m; functions taken from it become invalid.
 func (c *Client) UnloadModule(m Module) error {
 	return c.call(abi.OpModuleUnload, &abi.ModuleUnload{Module: uint64(m)}, nil)
@@ -940,6 +913,14 @@ func (c *Client) FunctionParams(f Function) ([]abi.ParamSlot, []int32, error) {
 	return r.Slots, r.Attrs, err
 }
 
+// DeviceStatus reads the live state of the node's device and the memory
+// this guest holds (abi.DeviceStatusReply: the values the node has).
+func (c *Client) DeviceStatus() (abi.DeviceStatusReply, error) {
+	var r abi.DeviceStatusReply
+	err := c.call(abi.OpDeviceStatus, &abi.DeviceStatus{}, &r)
+	return r, err
+}
+
 // EncodeTensorMapTiled has the node's GPU driver encode a tensor map
 // (abi.TensorMapEncode; the node checks the tensor lies in the session's
 // memory).
@@ -947,6 +928,14 @@ func (c *Client) EncodeTensorMapTiled(r *abi.TensorMapEncode) ([abi.TensorMapByt
 	var rep abi.TensorMapReply
 	err := c.call(abi.OpTensorMapEncode, r, &rep)
 	return rep.Map, err
+}
+
+// Occupancy asks the node's GPU driver an occupancy question
+// (abi.Occupancy); q.Function is a function of this session.
+func (c *Client) Occupancy(q *abi.Occupancy) (int32, error) {
+	var rep abi.OccupancyReply
+	err := c.call(abi.OpOccupancy, q, &rep)
+	return rep.Value, err
 }
 
 // LaunchConfig is the shape of a launch.

@@ -14,8 +14,8 @@
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
-read -r -a all <<<"${PROGRAMS:-fw_gpt_flash fw_gpt_efficient fw_gpt_cudnn fw_gpt_math fw_resnet_amp fw_hf_lm fw_compile fw_compile_ro fw_graph fw_jax fw_cupy fw_triton fw_pinned fw_expandable fw_jax_plain}"
-read -r -a big <<<"${BIG:-fw_jax fw_expandable fw_jax_plain}"
+read -r -a all <<<"${PROGRAMS:-fw_gpt_flash fw_gpt_efficient fw_gpt_cudnn fw_gpt_math fw_resnet_amp fw_hf_lm fw_compile fw_compile_ro fw_graph fw_jax fw_cupy fw_triton fw_pinned fw_expandable fw_jax_plain fw_jax_tuned}"
+read -r -a big <<<"${BIG:-fw_jax fw_expandable fw_jax_plain fw_jax_tuned}"
 groups=${FW_GROUPS:-3}
 logdir=${LOGDIR:-$(mktemp -d)}
 mkdir -p "$logdir"

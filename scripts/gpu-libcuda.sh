@@ -278,7 +278,7 @@ table() {
 
 build
 check_linking
-head -c 32 /dev/urandom | base64 >"$work/key"
+(umask 077 && head -c 32 /dev/urandom | base64 >"$work/key") # the nodes refuse a key others can read
 start_nodes
 echo "== every program × image: native, through the library, replicated (verify at the checkpoint)"
 for image in "${images[@]}"; do

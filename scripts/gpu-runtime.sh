@@ -83,14 +83,16 @@ framework() {
 		[fw_gpt_cudnn]="gpt_bf16.py $n cudnn" [fw_gpt_math]="gpt_bf16.py $n math" [fw_resnet_amp]="resnet_amp.py $n"
 		[fw_hf_lm]="hf_lm.py $n" [fw_compile]="compiled.py $n default" [fw_compile_ro]="compiled.py $n reduce-overhead"
 		[fw_graph]="graph.py $n" [fw_jax]="jax_train.py $n" [fw_cupy]="cupy_raw.py $n" [fw_triton]="triton_kernel.py $n"
-		[fw_pinned]="pinned.py $n" [fw_expandable]="gpt_bf16.py $n flash" [fw_jax_plain]="jax_train.py $n")
+		[fw_pinned]="pinned.py $n" [fw_expandable]="gpt_bf16.py $n flash" [fw_jax_plain]="jax_train.py $n" [fw_jax_tuned]="jax_train.py $n")
 	[ -n "${prog[$1]:-}" ] || { echo "unknown program $1" >&2; return 1; }
 	[ "$1" = fw_expandable ] && env="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
 	[ "$1" = fw_jax ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false "
-	# XLA's autotuner writes its checks into mapped host memory, which a
-	# remote GPU cannot reach, and its command buffers build CUDA graphs node
-	# by node, which the library does not serve (docs/USAGE.md): JAX with
-	# both off.
+	# XLA's command buffers capture into graphs the program made and build
+	# graphs node by node, which the library does not serve (docs/USAGE.md):
+	# fw_jax_tuned runs JAX with them off; fw_jax_plain also without the
+	# autotuner, whose choices (by timing) change the results from run to
+	# run, and whose replicated runs verify does not yet match.
+	[ "$1" = fw_jax_tuned ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=\"--xla_gpu_enable_command_buffer=\" "
 	[ "$1" = fw_jax_plain ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=\"--xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=\" "
 	printf '#!/bin/sh\nexec env %spython3 %s/%s\n' "$env" "$fw" "${prog[$1]}"
 }
@@ -137,7 +139,7 @@ start_pair() {
 	stop_node standby
 	rm -rf "$work/repl.sock" "$work/standby.sock" "$work/admin.sock" "$work/sadmin.sock" "$work/state"
 	mkdir -p "$work/state"
-	head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key"
+	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key") # the nodes refuse a key others can read
 	CUDA_VISIBLE_DEVICES=$standby_gpu start_node standby standby "${gflags[@]}" --listen "tcp://127.0.0.1:$port" \
 		--replicate.key-file "$work/key" --guest-listen "unix://$work/standby.sock" --admin-listen "unix://$work/sadmin.sock"
 	CUDA_VISIBLE_DEVICES=0 start_node replicated primary "${gflags[@]}" --guest-listen "unix://$work/repl.sock" --mode commit \

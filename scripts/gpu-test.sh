@@ -12,7 +12,7 @@ echo "== CUDA backend unit tests"
 "$B/cuda.test" -test.v -test.count=1
 
 echo "== primary and standby as two processes on the GPU, identical addresses"
-head -c 32 /dev/urandom | base64 > "$work/key"
+(umask 077 && head -c 32 /dev/urandom | base64 > "$work/key") # the nodes refuse a key others can read
 head -c 32 /dev/urandom | base64 > "$work/admin-token" # POSTs and /status details over tcp need it
 tok=(--admin.token-file "$work/admin-token")
 "$B/vgpuha" standby --backend cuda --listen tcp://127.0.0.1:7171 --replicate.key-file "$work/key" --admin-listen 127.0.0.1:9471 "${tok[@]}" 2>"$work/standby.log" &

@@ -56,7 +56,18 @@ type Backend struct {
 	// sharedOptIn is the dynamic shared memory a block may opt in to
 	// (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN).
 	sharedOptIn uint32
+	// limits are a new context's CUlimit values (abi.DeviceInfoReply.Limits).
+	limits []uint64
+	// uuid names the GPU to the host's NVML, which nvml reads its live
+	// state from (nvml.go).
+	uuid [16]byte
+	nvml nvmlDevice
 }
+
+// contextLimits is how many CUlimit values DeviceInfo reports: the stack
+// size to the persisting L2 cache size (0–6); the later ones are a
+// graphics-interop context's, which the guest's library answers itself.
+const contextLimits = 7
 
 // MaxSharedBytesOptIn implements gpu.SharedMemoryLimiter.
 func (b *Backend) MaxSharedBytesOptIn() uint32 { return b.sharedOptIn }
@@ -80,17 +91,38 @@ func New(ordinal int) (*Backend, error) {
 		name := make([]byte, 256)
 		d.cuDeviceGetName(&name[0], int32(len(name)), b.dev)
 		b.devName = cstring(&name[0])
+		d.cuDeviceGetUuid(&b.uuid, b.dev)
 		var optIn int32
 		if d.cuDeviceGetAttribute(&optIn, attrMaxSharedOptIn, b.dev) == 0 && optIn > 0 {
 			b.sharedOptIn = uint32(optIn)
 		}
 		prop := b.prop()
-		return d.check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(&b.gran, &prop, 0))
+		if err := d.check("cuMemGetAllocationGranularity", d.cuMemGetAllocationGranularity(&b.gran, &prop, 0)); err != nil {
+			return err
+		}
+		return b.readLimits()
 	})
 	if err != nil {
 		return nil, err
 	}
 	return b, nil
+}
+
+// readLimits reads a new context's limits into b.limits, in a context made
+// for it on this (locked) thread.
+func (b *Backend) readLimits() error {
+	var ctx uintptr
+	if err := b.d.check("cuCtxCreate_v2", b.d.cuCtxCreate(&ctx, 0, b.dev)); err != nil {
+		return err
+	}
+	defer b.d.cuCtxDestroy(ctx)
+	b.limits = make([]uint64, contextLimits)
+	for l := range b.limits {
+		if b.d.cuCtxGetLimit(&b.limits[l], int32(l)) != 0 {
+			b.limits[l] = abi.LimitUnsupported
+		}
+	}
+	return nil
 }
 
 // onThread runs fn on a fresh locked OS thread.
@@ -127,7 +159,7 @@ func (b *Backend) Close() error {
 // UUID and every CUdevice_attribute the driver answers (cuDeviceGetAttribute;
 // an attribute this driver does not know reads as zero).
 func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
-	r := abi.DeviceInfoReply{Name: b.devName, Attrs: make([]int32, gpu.DeviceAttrCount), Granularity: b.gran}
+	r := abi.DeviceInfoReply{Name: b.devName, Attrs: make([]int32, gpu.DeviceAttrCount), Granularity: b.gran, Limits: b.limits}
 	err := onThread(func() error {
 		if err := b.d.check("cuDeviceTotalMem_v2", b.d.cuDeviceTotalMem(&r.TotalMem, b.dev)); err != nil {
 			return err

@@ -79,7 +79,7 @@ func load() (*driver, error) {
 			{&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"}, {&d.cuDeviceTotalMem, "cuDeviceTotalMem_v2"},
 			{&d.cuDeviceGetUuid, "cuDeviceGetUuid"},
 			{&d.cuCtxCreate, "cuCtxCreate_v2"}, {&d.cuCtxDestroy, "cuCtxDestroy_v2"},
-			{&d.cuCtxSetCurrent, "cuCtxSetCurrent"}, {&d.cuCtxSynchronize, "cuCtxSynchronize"},
+			{&d.cuCtxSetCurrent, "cuCtxSetCurrent"}, {&d.cuCtxSynchronize, "cuCtxSynchronize"}, {&d.cuCtxGetLimit, "cuCtxGetLimit"},
 			{&d.cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity"},
 			{&d.cuMemAddressReserve, "cuMemAddressReserve"}, {&d.cuMemAddressFree, "cuMemAddressFree"},
 			{&d.cuMemCreate, "cuMemCreate"}, {&d.cuMemRelease, "cuMemRelease"},
@@ -112,6 +112,18 @@ func load() (*driver, error) {
 		}
 		if _, err := purego.Dlsym(lib, "cuLaunchKernelEx"); err == nil { // CUDA 12: cluster launches
 			purego.RegisterLibFunc(&d.cuLaunchKernelEx, lib, "cuLaunchKernelEx")
+		}
+		for _, s := range []struct {
+			fn   any
+			name string
+		}{
+			{&d.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"},
+			{&d.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters"}, // CUDA 11.8: clusters
+			{&d.cuOccupancyMaxPotentialClusterSize, "cuOccupancyMaxPotentialClusterSize"},
+		} {
+			if _, err := purego.Dlsym(lib, s.name); err == nil {
+				purego.RegisterLibFunc(s.fn, lib, s.name)
+			}
 		}
 		if _, err := purego.Dlsym(lib, "cuTensorMapEncodeTiled"); err == nil { // CUDA 12: Hopper's tensor maps
 			purego.RegisterLibFunc(&d.cuTensorMapEncodeTiled, lib, "cuTensorMapEncodeTiled")

@@ -31,6 +31,7 @@ type driver struct {
 	cuCtxDestroy                  func(ctx uintptr) result
 	cuCtxSetCurrent               func(ctx uintptr) result
 	cuCtxSynchronize              func() result
+	cuCtxGetLimit                 func(v *uint64, limit int32) result
 	cuMemGetAllocationGranularity func(g *uint64, prop *memAllocationProp, option int32) result
 	cuMemAddressReserve           func(ptr *uint64, size, align, addr uint64, flags uint64) result
 	cuMemAddressFree              func(ptr, size uint64) result
@@ -53,11 +54,15 @@ type driver struct {
 	cuModuleGetFunction           func(f *uintptr, m uintptr, name *byte) result
 	cuFuncGetAttribute            func(v *int32, attr int32, f uintptr) result
 	cuFuncSetAttribute            func(f uintptr, attr int32, v int32) result
-	cuModuleGetGlobal             func(addr, size *uint64, m uintptr, name *byte) result
-	cuFuncGetParamInfo            func(f uintptr, index uint64, offset, size *uint64) result // nil before CUDA 12.4
-	cuLaunchKernel                func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
-	cuLaunchKernelEx              func(cfg *launchConfig, f uintptr, params unsafe.Pointer, extra unsafe.Pointer) result // nil before CUDA 12
-	cuTensorMapEncodeTiled        func(m unsafe.Pointer, dataType, rank uint32, global uint64, dims, strides *uint64,
+	// Occupancy (optional: nil where the driver lacks them).
+	cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags func(n *int32, f uintptr, block int32, smem uint64, flags uint32) result
+	cuOccupancyMaxActiveClusters                         func(n *int32, f uintptr, cfg *launchConfig) result
+	cuOccupancyMaxPotentialClusterSize                   func(n *int32, f uintptr, cfg *launchConfig) result
+	cuModuleGetGlobal                                    func(addr, size *uint64, m uintptr, name *byte) result
+	cuFuncGetParamInfo                                   func(f uintptr, index uint64, offset, size *uint64) result // nil before CUDA 12.4
+	cuLaunchKernel                                       func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) result
+	cuLaunchKernelEx                                     func(cfg *launchConfig, f uintptr, params unsafe.Pointer, extra unsafe.Pointer) result // nil before CUDA 12
+	cuTensorMapEncodeTiled                               func(m unsafe.Pointer, dataType, rank uint32, global uint64, dims, strides *uint64,
 		box, elementStrides *uint32, interleave, swizzle, l2Promotion, oobFill uint32) result // nil before CUDA 12
 	cuStreamCreate      func(s *uintptr, flags uint32) result
 	cuStreamDestroy     func(s uintptr) result
@@ -164,6 +169,11 @@ func (d *driver) launchEx(f uintptr, cfg gpu.LaunchConfig, s uintptr, params uns
 		return resultNotSupported
 	}
 	attrs := make([]launchAttribute, 0, 2)
+	if c := cfg.Cluster; c.Count() > portableClusterSize {
+		if r := d.cuFuncSetAttribute(f, funcAttrNonPortableCluster, 1); r != 0 { // as a program does before such a launch
+			return r
+		}
+	}
 	if c := cfg.Cluster; c != (abi.Dim3{}) {
 		a := launchAttribute{id: launchAttrClusterDimension}
 		binary.LittleEndian.PutUint32(a.value[0:], c.X)
@@ -182,6 +192,47 @@ func (d *driver) launchEx(f uintptr, cfg gpu.LaunchConfig, s uintptr, params uns
 	runtime.KeepAlive(attrs)
 	runtime.KeepAlive(lc)
 	return r
+}
+
+// hasOccupancy reports whether the driver answers occupancy question k.
+func (d *driver) hasOccupancy(k abi.OccupancyKind) bool {
+	switch k {
+	case abi.OccupancyBlocks:
+		return d.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags != nil
+	case abi.OccupancyClusters:
+		return d.cuOccupancyMaxActiveClusters != nil
+	case abi.OccupancyClusterSize:
+		return d.cuOccupancyMaxPotentialClusterSize != nil
+	}
+	return false
+}
+
+// occupancy asks the driver question q about f (a cluster question with
+// a launch config of q's shape; a zero cluster shape leaves it to the
+// function's own).
+func (d *driver) occupancy(f uintptr, q *abi.Occupancy) (int32, error) {
+	var n int32
+	if q.Kind == abi.OccupancyBlocks {
+		r := d.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&n, f, int32(q.Block.Count()), uint64(q.SharedBytes), q.Flags)
+		return n, d.check("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", r)
+	}
+	var attrs []launchAttribute
+	if c := q.Cluster; c != (abi.Dim3{}) {
+		a := launchAttribute{id: launchAttrClusterDimension}
+		binary.LittleEndian.PutUint32(a.value[0:], c.X)
+		binary.LittleEndian.PutUint32(a.value[4:], c.Y)
+		binary.LittleEndian.PutUint32(a.value[8:], c.Z)
+		attrs = append(attrs, a)
+	}
+	lc := &launchConfig{gridX: q.Grid.X, gridY: q.Grid.Y, gridZ: q.Grid.Z, blockX: q.Block.X, blockY: q.Block.Y,
+		blockZ: q.Block.Z, shared: q.SharedBytes, attrs: unsafe.SliceData(attrs), numAttrs: uint32(len(attrs))}
+	call, name := d.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters"
+	if q.Kind == abi.OccupancyClusterSize {
+		call, name = d.cuOccupancyMaxPotentialClusterSize, "cuOccupancyMaxPotentialClusterSize"
+	}
+	r := call(&n, f, lc)
+	runtime.KeepAlive(attrs)
+	return n, d.check(name, r)
 }
 
 // memAllocHost allocates n bytes of page-locked host memory

@@ -174,9 +174,20 @@ type DeviceDescriber interface {
 	DeviceInfo() (abi.DeviceInfoReply, error)
 }
 
+// DeviceStatusReporter is implemented by backends that can read their
+// device's live state (temperature, power, clocks, utilization, ...) as
+// NVIDIA's management library reports it: what a guest's NVML shows. It
+// sets the fields it truly has in r and leaves the rest out (the guest
+// answers those as not supported); the memory fields are the
+// hypervisor's, which knows what each guest holds. It must not block on
+// the device's work queue.
+type DeviceStatusReporter interface {
+	DeviceStatus(r *abi.DeviceStatusReply)
+}
+
 // DeviceAttrCount is one past the highest CUdevice_attribute this project
 // knows (CU_DEVICE_ATTRIBUTE_MAX in CUDA 13's cuda.h).
-const DeviceAttrCount = 144
+const DeviceAttrCount = 148
 
 // HostRegistrar is implemented by backends that can page-lock host memory
 // they did not allocate (cuMemHostRegister on CUDA), so device copies from
@@ -187,6 +198,16 @@ const DeviceAttrCount = 144
 // is unmapped.
 type HostRegistrar interface {
 	RegisterHost(mem []byte) (unregister func() error, err error)
+}
+
+// OccupancyCalculator is implemented by contexts whose GPU driver answers
+// occupancy questions about their functions (abi.Occupancy: blocks per
+// multiprocessor, active clusters, the largest cluster), with the
+// function's attributes set as q says. q's block is non-empty and within
+// MaxThreadsPerBlock; everything else is the guest's, for the driver to
+// judge.
+type OccupancyCalculator interface {
+	Occupancy(f Function, q *abi.Occupancy) (int32, error)
 }
 
 // TensorMapEncoder is implemented by contexts whose GPU driver encodes

@@ -1,11 +1,12 @@
 // Package images keeps module images by content (abi.ImageHash) for a
 // hypervisor node: the images each tenant's guests loaded recently, for
 // that tenant's next process that names one by hash; what the replication
-// log carried to the standby since the last resync (a primary); and what
-// this standby received.
+// log carried to the standby since the last resync (a primary); what
+// this standby received; and the images each session is uploading in
+// pieces, too large for one frame (uploads.go).
 //
-// It owns those stores, their byte bounds and each tenant's share of the
-// cache. It must never hand an image to a tenant that did not send those
+// It owns those stores, their byte bounds, each tenant's share of the
+// cache and each tenant's count of uploads. It must never hand an image to a tenant that did not send those
 // bytes itself, never let one tenant's use of the cache evict or reveal
 // another's images, and never load an image into a GPU: the session does.
 package images
@@ -55,6 +56,9 @@ type Config struct {
 	Limit int64
 	// Share bounds one tenant's images (0, or more than Limit: Limit).
 	Share int64
+	// Uploads bounds the bytes of images one tenant's sessions are
+	// uploading in pieces, together (uploads.go).
+	Uploads int64
 }
 
 // Cache holds the images each tenant's guests loaded recently, up to its
@@ -80,12 +84,17 @@ type Cache struct {
 	shippedBytes int64
 	replica      map[abi.ImageHash]*abi.ModuleImage
 	replicaBytes int64
+	// uploads counts the bytes each tenant's sessions are uploading, within
+	// uploadLimit.
+	uploads     map[string]int64
+	uploadLimit int64
 }
 
 // New returns a cache bounded by cfg.
 func New(cfg Config) *Cache {
 	c := &Cache{byTenant: map[string]*share{}, sessions: map[string]int{},
-		shipped: map[shipment]bool{}, replica: map[abi.ImageHash]*abi.ModuleImage{}}
+		shipped: map[shipment]bool{}, replica: map[abi.ImageHash]*abi.ModuleImage{},
+		uploads: map[string]int64{}, uploadLimit: cfg.Uploads}
 	if cfg.Limit > 0 {
 		c.share = cfg.Limit
 		if cfg.Share > 0 && cfg.Share < cfg.Limit {
@@ -110,6 +119,8 @@ type Status struct {
 	// Received: those this standby holds.
 	Shipped  int `json:"shipped"`
 	Received int `json:"received"`
+	// UploadBytes: what sessions are uploading in pieces, every tenant's.
+	UploadBytes int64 `json:"upload_bytes"`
 }
 
 // Status reports what the stores hold.
@@ -120,6 +131,9 @@ func (c *Cache) Status() Status {
 	for _, sh := range c.byTenant {
 		st.Cached += len(sh.entries)
 		st.CachedBytes += sh.bytes
+	}
+	for _, n := range c.uploads {
+		st.UploadBytes += n
 	}
 	return st
 }

@@ -39,6 +39,33 @@ func (c *Cache) Ship(h abi.ImageHash, img *abi.ModuleImage, tenant string, log *
 	return true
 }
 
+// pieceBytes is the most image bytes one piece the node writes into the
+// log (ShipPieces) or a resync snapshot carries.
+const pieceBytes = 4 << 20
+
+// ShipPieces carries img (hashing to h), an image too large for one
+// record (an OpImage body is one frame's module_load), to the standby as
+// the pieces of an upload into session's replica (OpImageStage records
+// without a request id), ahead of the load by hash that takes it. The
+// standby holds those bytes only until that load takes them, never in its
+// store of carried images, so they count against no budget. Each load
+// carries them again: whether another tenant loaded the image shows in no
+// reply.
+func ShipPieces(h abi.ImageHash, img *abi.ModuleImage, session uint64, log *replicate.Log) {
+	EachPiece(h, img, func(p *abi.ImageStage) {
+		log.Append(replicate.Record{Session: session, Op: replicate.Op(abi.OpImageStage), Body: p.Append(nil)})
+	})
+}
+
+// EachPiece calls fn with the pieces of an upload of img (hashing to h),
+// in order (a resync snapshot's and ShipPieces').
+func EachPiece(h abi.ImageHash, img *abi.ModuleImage, fn func(*abi.ImageStage)) {
+	total := uint64(img.EncodedSize())
+	img.Pieces(pieceBytes, func(off int, data []byte) {
+		fn(&abi.ImageStage{Hash: h, Total: total, Offset: uint64(off), Data: data})
+	})
+}
+
 // ResetShipped forgets what the standby holds: a resync starts it afresh.
 func (c *Cache) ResetShipped() {
 	c.mu.Lock()

@@ -3,6 +3,7 @@ package objects
 import (
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -16,9 +17,16 @@ func (o *Set) ModuleLoad(r *abi.ModuleLoad) (abi.Body, error) {
 	}
 	reply, err := o.loadImage(img)
 	if err == nil {
-		o.keepImage(r.Image, img)
+		o.keepImage(abi.HashImage(r.Image), int64(len(r.Image)), img)
 	}
 	return reply, err
+}
+
+// ImageStage takes one piece of an image the guest uploads (package
+// images, uploads.go); the load by hash that names it loads it. A standby
+// applying the log takes the same pieces, counted by its primary.
+func (o *Set) ImageStage(r *abi.ImageStage) (abi.Body, error) {
+	return nil, o.uploads.Stage(r, !o.replaying)
 }
 
 // ownKernels is what a guest's own kernels need, as refusals say it.
@@ -131,12 +139,18 @@ func (o *Set) FunctionParams(r *abi.FunctionParams) (abi.Body, error) {
 	return reply, nil
 }
 
+// checkLoad refuses an image the session may not load now (whose kernels
+// it may not run, or past its objects quota).
+func (o *Set) checkLoad(img *abi.ModuleImage) error {
+	if err := o.checkGuestKernels(img); err != nil {
+		return err
+	}
+	return o.CheckRoom()
+}
+
 // loadImage loads a decoded image into the session's context.
 func (o *Set) loadImage(img *abi.ModuleImage) (abi.Body, error) {
-	if err := o.checkGuestKernels(img); err != nil {
-		return nil, err
-	}
-	if err := o.CheckRoom(); err != nil {
+	if err := o.checkLoad(img); err != nil {
 		return nil, err
 	}
 	m, err := o.ctx.LoadModule(img)
@@ -152,31 +166,74 @@ func (o *Set) loadImage(img *abi.ModuleImage) (abi.Body, error) {
 	return &abi.HandleReply{Handle: uint64(h)}, nil
 }
 
-// ModuleLoadCached loads an image by hash: from the images the log carried
-// when replaying, else from the cache (then, when replicating, making sure
-// the standby will hold it too).
+// ModuleLoadCached loads an image by hash: one the session uploaded in
+// pieces (the log carried the same pieces to the standby, so its replica
+// holds the upload too), else from the images the log carried when
+// replaying, else from the cache (then, when replicating, making sure the
+// standby will hold it too).
 func (o *Set) ModuleLoadCached(r *abi.ModuleLoadCached) (abi.Body, error) {
-	images := o.cfg.Images
+	if img, enc, err := o.uploads.Take(r.Hash); img != nil || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		reply, err := o.loadImage(img)
+		if err == nil {
+			o.keepImage(r.Hash, int64(len(enc)), img)
+		}
+		return reply, err
+	}
+	cache := o.cfg.Images
 	if o.replaying {
-		img := images.Received(r.Hash)
+		img := cache.Received(r.Hash)
 		if img == nil {
 			return nil, guesterr.Fail(abi.StatusUnknownImage, "no image %x was carried to this standby", r.Hash[:8])
 		}
 		return o.loadImage(img)
 	}
-	img, size := images.Get(r.Hash, o.cfg.Tenant)
-	if img == nil || o.log != nil && !images.Ship(r.Hash, img, o.cfg.Tenant, o.log) {
+	img, size := cache.Get(r.Hash, o.cfg.Tenant)
+	if img != nil && o.log != nil && size > abi.MaxModuleImage {
+		// Too large for one record: it reaches the standby as an upload
+		// into this session's replica, which the load's record takes.
+		if err := o.checkLoad(img); err != nil {
+			return nil, err
+		}
+		images.ShipPieces(r.Hash, img, o.session, o.log)
+	} else if img == nil || o.log != nil && !cache.Ship(r.Hash, img, o.cfg.Tenant, o.log) {
 		return nil, guesterr.Fail(abi.StatusUnknownImage, "this node holds no image %x for tenant %s; send its bytes", r.Hash[:8], o.cfg.Tenant)
 	}
 	o.cfg.ImageBytes("cache", size)
 	return o.loadImage(img)
 }
 
-// keepImage caches the image a full load sent (raw: its encoded bytes).
-func (o *Set) keepImage(raw []byte, img *abi.ModuleImage) {
-	o.cfg.ImageBytes("guest", int64(len(raw)))
+// keepImage caches the image a load sent (size encoded bytes hashing to
+// h), whole or uploaded.
+func (o *Set) keepImage(h abi.ImageHash, size int64, img *abi.ModuleImage) {
+	o.cfg.ImageBytes("guest", size)
 	if o.replaying {
 		return
 	}
-	o.cfg.Images.Put(abi.HashImage(raw), img, int64(len(raw)), o.cfg.Tenant)
+	o.cfg.Images.Put(h, img, size, o.cfg.Tenant)
+}
+
+// Occupancy answers an occupancy question about a function from the
+// context's GPU driver (gpu.OccupancyCalculator); a context without one
+// answers that it is not supported, and the guest's library then
+// estimates.
+func (o *Set) Occupancy(r *abi.Occupancy) (abi.Body, error) {
+	f, err := o.handles.Lookup(handlemap.KindFunction, handlemap.Handle(r.Function))
+	if err != nil {
+		return nil, guesterr.Fail(abi.StatusInvalidHandle, "%w", err)
+	}
+	calc, ok := o.ctx.(gpu.OccupancyCalculator)
+	if !ok {
+		return nil, guesterr.Fail(abi.StatusNotSupported, "occupancy: the %T GPU has no occupancy calculator", o.ctx)
+	}
+	if r.Block.Count() == 0 || r.Block.Count() > gpu.MaxThreadsPerBlock {
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "occupancy: a block of %d threads", r.Block.Count())
+	}
+	v, err := calc.Occupancy(gpu.Function(f), r)
+	if err != nil {
+		return nil, err
+	}
+	return &abi.OccupancyReply{Value: v}, nil
 }

@@ -2,7 +2,7 @@
 // they came from), its functions and their declared parameters, its
 // streams and the first error of each stream's asynchronous work, and
 // the handlers of the requests that make and use them (module loads by
-// image or by hash, module variables, kernel launches, stream and device
+// image, by hash or uploaded in pieces, module variables, kernel launches, stream and device
 // synchronisation).
 //
 // It owns the session's handle table (package handlemap) and every check
@@ -18,6 +18,7 @@
 package objects
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	"github.com/vgpuha/vgpuha/handlemap"
@@ -75,14 +76,18 @@ type Set struct {
 	kernels      map[handlemap.Handle]abi.KernelSpec // function handle -> declaration
 	deferred     map[handlemap.Handle]error          // first error of async work per stream (0: null stream)
 	moduleImages map[handlemap.Handle]*abi.ModuleImage
+	// uploads are the images the guest is uploading in pieces.
+	uploads *images.Uploads
 	// footprint is checkFootprint's buffer, reused from launch to launch.
 	footprint []kernels.Extent
 	// replaying: a replicated record is being applied; a load by hash
 	// takes the image the log carried, and no load is cached.
 	replaying bool
 	// log, when set, is the primary's replication log, which must carry
-	// an image before a load by hash of it is logged.
-	log *replicate.Log
+	// an image before a load by hash of it is logged; session is this
+	// session's id in it.
+	log     *replicate.Log
+	session uint64
 }
 
 // New returns the objects of a session running on ctx, whose memory is mem.
@@ -93,14 +98,16 @@ func New(ctx gpu.Context, mem Memory, cfg Config) *Set {
 		kernels:      map[handlemap.Handle]abi.KernelSpec{},
 		moduleImages: map[handlemap.Handle]*abi.ModuleImage{},
 		deferred:     map[handlemap.Handle]error{},
+		uploads:      cfg.Images.Uploads(cfg.Tenant),
 	}
 }
 
 // Replaying says whether a replicated record is being applied.
 func (o *Set) Replaying(on bool) { o.replaying = on }
 
-// Replicate sets the log that carries images (nil: not replicating).
-func (o *Set) Replicate(log *replicate.Log) { o.log = log }
+// Replicate sets the log that carries images (nil: not replicating) and
+// the session's id in it.
+func (o *Set) Replicate(log *replicate.Log, session uint64) { o.log, o.session = log, session }
 
 // Len counts the handles held.
 func (o *Set) Len() int { return o.handles.Len() }
@@ -110,8 +117,12 @@ func (o *Set) Len() int { return o.handles.Len() }
 func (o *Set) Next() handlemap.Handle           { return o.handles.Next() }
 func (o *Set) SetNext(h handlemap.Handle) error { return o.handles.SetNext(h) }
 
-// Reset drops every handle (the session is closed; its context with it).
-func (o *Set) Reset() { o.handles = handlemap.NewTable() }
+// Reset drops every handle and upload (the session is closed; its context
+// with it).
+func (o *Set) Reset() {
+	o.handles = handlemap.NewTable()
+	o.uploads.Free()
+}
 
 // CheckRoom refuses a new object once the session holds its quota of
 // allocations and handles.
@@ -130,8 +141,9 @@ func (o *Set) Sums(session uint64) []verify.ObjectSum {
 		s := verify.ObjectSum{Session: session, ID: uint64(h)}
 		switch k {
 		case handlemap.KindModule:
-			img := o.moduleImages[h].Append(nil)
-			s.Kind, s.Size, s.Sum = verify.ObjModule, uint64(len(img)), verify.Checksum(img)
+			img, sum := o.moduleImages[h], verify.Checksummer{}
+			img.Pieces(1<<20, func(_ int, p []byte) { sum.Write(p) }) // an image may be large: no copy of it whole
+			s.Kind, s.Size, s.Sum = verify.ObjModule, uint64(img.EncodedSize()), sum.Sum()
 		case handlemap.KindFunction:
 			s.Kind, s.Sum = verify.ObjFunction, verify.Checksum(fmt.Appendf(nil, "%d/%s", parent, o.kernels[h].Name))
 		case handlemap.KindStream:
@@ -139,22 +151,38 @@ func (o *Set) Sums(session uint64) []verify.ObjectSum {
 		}
 		sums = append(sums, s)
 	})
+	o.uploads.Each(func(h abi.ImageHash, _ uint64, held []byte) {
+		sums = append(sums, verify.ObjectSum{Session: session, Kind: verify.ObjUpload, ID: binary.LittleEndian.Uint64(h[:]),
+			Size: uint64(len(held)), Sum: verify.Checksum(held)})
+	})
 	return sums
 }
 
 // Records returns the records that recreate every object of session
-// under the handle it has (a resync snapshot), each made by place.
+// under the handle it has (a resync snapshot), each made by place: a
+// module whose image is too large for one request as the pieces of an
+// upload and a load by hash, and every upload in progress as its pieces
+// so far (a guest that resumes on the new standby carries on with it).
 func (o *Set) Records(place func(op abi.Opcode, body abi.Body, result uint64) replicate.Record) []replicate.Record {
 	var recs []replicate.Record
+	stage := func(p *abi.ImageStage) { recs = append(recs, place(abi.OpImageStage, p, 0)) }
 	o.handles.Each(func(h handlemap.Handle, k handlemap.Kind, _ uint64, parent handlemap.Handle) {
 		switch k {
 		case handlemap.KindModule:
-			recs = append(recs, place(abi.OpModuleLoad, &abi.ModuleLoad{Image: o.moduleImages[h].Append(nil)}, uint64(h)))
+			img := o.moduleImages[h]
+			if img.EncodedSize() <= abi.MaxModuleImage {
+				recs = append(recs, place(abi.OpModuleLoad, &abi.ModuleLoad{Image: img.Append(nil)}, uint64(h)))
+				break
+			}
+			hash := img.Hash()
+			images.EachPiece(hash, img, stage)
+			recs = append(recs, place(abi.OpModuleLoadCached, &abi.ModuleLoadCached{Hash: hash}, uint64(h)))
 		case handlemap.KindFunction:
 			recs = append(recs, place(abi.OpGetFunction, &abi.GetFunction{Module: uint64(parent), Name: o.kernels[h].Name}, uint64(h)))
 		case handlemap.KindStream:
 			recs = append(recs, place(abi.OpStreamCreate, &abi.StreamCreate{}, uint64(h)))
 		}
 	})
+	o.uploads.Pieces(stage) // after the modules: one may be an upload of the same image again
 	return recs
 }

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -25,7 +27,7 @@ var simAttrs = map[int]int32{
 // maxCoResidentBlocks is how many blocks the software GPU holds at once
 // (multiprocessors × blocks per multiprocessor, simAttrs 16 and 106): the
 // most a cooperative launch may ask for, as CUDA bounds it.
-const maxCoResidentBlocks = 80 * 32
+const maxCoResidentBlocks = 80 * simBlocksPerSM
 
 // DeviceInfo implements gpu.DeviceDescriber with fixed values, so a
 // standby's software GPU describes itself exactly as the primary's.
@@ -43,4 +45,34 @@ func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
 		r.Attrs[a] = v
 	}
 	return r, nil
+}
+
+// The software GPU's residency: what maxCoResidentBlocks bounds per
+// multiprocessor (simAttrs 39, 106 and 81: threads, blocks and shared
+// memory per multiprocessor; it has no registers to run out of).
+const (
+	simThreadsPerSM = 2048
+	simBlocksPerSM  = 32
+	simSharedPerSM  = 96 << 10
+)
+
+// Occupancy implements gpu.OccupancyCalculator: blocks per multiprocessor
+// by the limits above; the software GPU launches no clusters
+// (CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH is 0), so cluster questions are not
+// supported.
+func (c *guestContext) Occupancy(f gpu.Function, q *abi.Occupancy) (int32, error) {
+	c.mu.Lock()
+	_, ok := c.functions[f]
+	c.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("%w: no function %d", abi.StatusInvalidHandle, f)
+	}
+	if q.Kind != abi.OccupancyBlocks {
+		return 0, fmt.Errorf("%w: the software GPU launches no thread-block clusters", abi.StatusNotSupported)
+	}
+	n := min(simBlocksPerSM, simThreadsPerSM/int(q.Block.Count()))
+	if q.SharedBytes > 0 {
+		n = min(n, simSharedPerSM/int(q.SharedBytes))
+	}
+	return int32(n), nil
 }

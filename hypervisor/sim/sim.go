@@ -349,6 +349,12 @@ func (c *guestContext) pieces(addr, n uint64, write bool) ([][]byte, error) {
 func (c *guestContext) newID() uint64 { c.nextID++; return c.nextID }
 
 func (c *guestContext) LoadModule(img *abi.ModuleImage) (gpu.Module, error) {
+	if img.Format == abi.FormatFatbin {
+		var err error
+		if img, err = fatbinKernels(img.Raw); err != nil {
+			return 0, err
+		}
+	}
 	if img.Format != abi.FormatKernels {
 		return 0, fmt.Errorf("%w: the software GPU runs only the kernel library's kernels (as PTX, %v); a %v image needs --backend cuda",
 			abi.StatusNotSupported, kernels.Names(), img.Format)
@@ -419,6 +425,10 @@ func (c *guestContext) Launch(f gpu.Function, cfg gpu.LaunchConfig, args []abi.A
 	}
 	if cfg.Cooperative && cfg.Grid.Count() > maxCoResidentBlocks {
 		return fmt.Errorf("%w: %d blocks, at most %d resident at once", abi.StatusCooperativeTooLarge, cfg.Grid.Count(), maxCoResidentBlocks)
+	}
+	args, err := typedArgs(k, args)
+	if err != nil {
+		return err
 	}
 	if err := k.Run(memory{c}, kernels.Launch{Grid: cfg.Grid, Block: cfg.Block, SharedBytes: cfg.SharedBytes, Args: args}); err != nil {
 		return fmt.Errorf("%w: %s: %w", abi.StatusLaunchFailed, k.Name, err)

@@ -251,6 +251,17 @@ func (r *Registry) Status() Status {
 	return ts
 }
 
+// Held is the device memory the tenant's sessions hold together; zero for
+// a nil tenant.
+func (t *Tenant) Held() uint64 {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.bytes
+}
+
 // Reserve takes n bytes of the tenant's memory quota and of the device's
 // memory; a nil tenant has neither.
 func (t *Tenant) Reserve(n uint64) error {

@@ -26,6 +26,9 @@ func tenantFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.SizeVar(fs, &cfg.ImageCacheTenantBytes, "guest.image-cache-tenant-bytes", cfg.ImageCacheTenantBytes, 0, cli.MaxInt64,
 		"one tenant's share of --guest.image-cache-bytes: a tenant's images leave only for its own, never for another tenant's "+
 			"(a new tenant takes the share of one that has no session left; 0: one share of it all)")
+	cli.SizeVar(fs, &cfg.ImageUploadBytes, "guest.image-upload-bytes", cfg.ImageUploadBytes, 0, cli.MaxInt64,
+		"module images too large for one request (over 15 MiB: cuRAND's, cuFFT's) that one tenant's sessions may upload in pieces at once, "+
+			"held by the node until loaded; one image is at most 1 GiB")
 	cli.DurationVar(fs, &cfg.MaxGrace, "guest.max-grace", cfg.MaxGrace, 0, 24*time.Hour,
 		"longest a session is kept for its guest to resume after its connection drops (a guest may ask for less)")
 	cli.SizeVar(fs, &cfg.TenantMemoryQuota, "tenant.memory-quota-bytes", cfg.TenantMemoryQuota, 1, cli.MaxUint64,

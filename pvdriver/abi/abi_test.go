@@ -43,12 +43,16 @@ func sampleRequests() map[Opcode]Body {
 		OpGlobalWrite:      &GlobalWrite{Module: 3, Name: "step", Offset: 4, Data: []byte{1, 2, 3, 4}},
 		OpGlobalRead:       &GlobalRead{Module: 3, Name: "counter", Offset: 0, Length: 4},
 		OpModuleLoadCached: &ModuleLoadCached{Hash: HashImage([]byte("image"))},
+		OpImageStage:       &ImageStage{Hash: HashImage([]byte("image")), Total: 5, Offset: 2, Data: []byte("age")},
 		OpAddressReserve:   &AddressReserve{Size: 64 << 20, Align: 2 << 20, Hint: 0x7e0040000000},
 		OpAddressFree:      &AddressFree{Ptr: 0x7e0040000000, Size: 64 << 20},
 		OpMemMap:           &MemMap{Ptr: 0x7e0040000000, Size: 2 << 20},
 		OpMemUnmap:         &MemUnmap{Ptr: 0x7e0040000000, Size: 2 << 20},
+		OpOccupancy: &Occupancy{Function: 9, Kind: OccupancyClusters, Flags: 1, Block: Dim3{128, 1, 1}, Grid: Dim3{64, 1, 1},
+			Cluster: Dim3{2, 1, 1}, SharedBytes: 4096, MaxDynamicShared: 100 << 10, NonPortable: true},
 		OpTensorMapEncode: &TensorMapEncode{DataType: 9, Rank: 2, Global: 0x7e0000000000, Dims: [MaxTensorRank]uint64{1024, 512},
 			Strides: [MaxTensorRank - 1]uint64{2048}, Box: [MaxTensorRank]uint32{64, 64}, ElementStrides: [MaxTensorRank]uint32{1, 1}, Swizzle: 3, L2Promotion: 2},
+		OpDeviceStatus: &DeviceStatus{},
 	}
 }
 
@@ -365,13 +369,22 @@ func TestFrameReaderBudgetRefusal(t *testing.T) {
 }
 
 func TestDeviceInfoReplyRoundTrip(t *testing.T) {
-	want := &DeviceInfoReply{Name: "dev", UUID: [16]byte{1, 2, 15: 3}, TotalMem: 1 << 30, Attrs: []int32{0, 1024, -1}, Granularity: 2 << 20}
-	var got DeviceInfoReply
-	if err := Unmarshal(want.Append(nil), &got); err != nil {
-		t.Fatal(err)
+	for _, want := range []*DeviceInfoReply{
+		{Name: "dev", UUID: [16]byte{1, 2, 15: 3}, TotalMem: 1 << 30, Attrs: []int32{0, 1024, -1}, Granularity: 2 << 20},
+		{Name: "dev", TotalMem: 1 << 30, Attrs: []int32{0, 7}, Granularity: 2 << 20, Limits: []uint64{1024, LimitUnsupported, 0}},
+	} {
+		var got DeviceInfoReply
+		if err := Unmarshal(want.Append(nil), &got); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, &got); diff != "" {
+			t.Errorf("round trip (-want +got):\n%s", diff)
+		}
 	}
-	if diff := cmp.Diff(want, &got); diff != "" {
-		t.Errorf("round trip (-want +got):\n%s", diff)
+	var got DeviceInfoReply
+	noLimits := append((&DeviceInfoReply{Granularity: 1}).Append(nil), 0)
+	if err := Unmarshal(noLimits, &got); err == nil {
+		t.Error("accepted a count of zero limits (none are sent as nothing)")
 	}
 	if err := Unmarshal(binary.LittleEndian.AppendUint16(appendU64(append(appendString(nil, ""), make([]byte, 16)...), 0), MaxDeviceAttrs+1), &got); err == nil {
 		t.Error("accepted more attributes than the limit")

@@ -49,13 +49,42 @@ func FuzzDecodeRequest(f *testing.F) {
 // FuzzModuleImage feeds arbitrary bytes to the module image decoder.
 func FuzzModuleImage(f *testing.F) {
 	f.Add((&ModuleImage{Kernels: []KernelSpec{{Name: "k", Params: []ArgKind{ArgPtr}, PTX: "x"}}}).Append(nil))
+	f.Add((&ModuleImage{Format: FormatCubin, Raw: []byte("\x7fELF")}).Append(nil))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := DecodeModuleImage(data)
+		owned, ownedErr := DecodeOwnedModuleImage(bytes.Clone(data))
+		if (err == nil) != (ownedErr == nil) && len(data) <= MaxModuleImage {
+			t.Fatalf("an image of one frame: decoded %v, handed over %v", err, ownedErr)
+		}
+		if ownedErr == nil && !bytes.Equal(owned.Append(nil), data) {
+			t.Fatal("accepted image (handed over) does not re-encode to its input")
+		}
 		if err != nil {
 			return
 		}
 		if !bytes.Equal(m.Append(nil), data) {
 			t.Fatal("accepted image does not re-encode to its input")
+		}
+	})
+}
+
+// FuzzImageStage feeds arbitrary bodies to the image piece decoder: an
+// accepted piece lies inside its announced image, which is at most
+// MaxImage bytes, and re-encodes to its input.
+func FuzzImageStage(f *testing.F) {
+	f.Add((&ImageStage{Total: 10, Offset: 4, Data: []byte("abcdef")}).Append(nil))
+	f.Add((&ImageStage{Total: MaxImage, Offset: MaxImage - 1, Data: []byte("z")}).Append(nil))
+	f.Add((&ImageStage{Total: 4, Offset: ^uint64(0) - 1, Data: []byte("wrap")}).Append(nil))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var m ImageStage
+		if err := Unmarshal(body, &m); err != nil {
+			return
+		}
+		if m.Total == 0 || m.Total > MaxImage || len(m.Data) == 0 || m.Offset+uint64(len(m.Data)) > m.Total || m.Offset > m.Total {
+			t.Fatalf("accepted a piece of %d bytes at %d of %d", len(m.Data), m.Offset, m.Total)
+		}
+		if !bytes.Equal(m.Append(nil), body) {
+			t.Fatal("accepted piece does not re-encode to its input")
 		}
 	})
 }

@@ -1,6 +1,8 @@
 package abi
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 )
@@ -70,10 +72,62 @@ func (m *ModuleImage) Append(b []byte) []byte {
 	return b
 }
 
-// DecodeModuleImage parses and checks a module image.
-func DecodeModuleImage(b []byte) (*ModuleImage, error) {
+// EncodedSize is the size of the image's encoding (Append).
+func (m *ModuleImage) EncodedSize() int {
+	if m.Format != FormatKernels {
+		return len(rawImageMagic) + 1 + 4 + len(m.Raw)
+	}
+	return len(m.Append(nil))
+}
+
+// Pieces calls fn with the image's encoding (Append) in pieces of at most
+// n bytes, in order, each at its offset; fn must not keep a piece. A raw
+// image's pieces are its own bytes, not a copy of the whole encoding.
+func (m *ModuleImage) Pieces(n int, fn func(off int, piece []byte)) {
+	if m.Format == FormatKernels {
+		enc := m.Append(nil)
+		for off := 0; off < len(enc); off += n {
+			fn(off, enc[off:min(off+n, len(enc))])
+		}
+		return
+	}
+	head := append(append([]byte(nil), rawImageMagic[:]...), byte(m.Format)) // as Append writes it
+	head = binary.LittleEndian.AppendUint32(head, uint32(len(m.Raw)))
+	total := len(head) + len(m.Raw)
+	for off := 0; off < total; off += n {
+		end := min(off+n, total)
+		if off >= len(head) {
+			fn(off, m.Raw[off-len(head):end-len(head)])
+			continue
+		}
+		first := append(append([]byte(nil), head[off:min(end, len(head))]...), m.Raw[:max(end-len(head), 0)]...)
+		fn(off, first)
+	}
+}
+
+// Hash is HashImage of the image's encoding, taken piece by piece.
+func (m *ModuleImage) Hash() ImageHash {
+	sum := sha256.New()
+	m.Pieces(1<<20, func(_ int, p []byte) { sum.Write(p) })
+	return ImageHash(sum.Sum(nil))
+}
+
+// DecodeModuleImage parses and checks a module image of at most
+// MaxModuleImage bytes (one frame's); the result aliases nothing of b.
+func DecodeModuleImage(b []byte) (*ModuleImage, error) { return decodeModuleImage(b, false) }
+
+// DecodeOwnedModuleImage parses and checks a module image of at most
+// MaxImage bytes (an upload's, in pieces) that the caller hands over: a
+// raw image's bytes alias b, which nobody may change afterwards.
+func DecodeOwnedModuleImage(b []byte) (*ModuleImage, error) { return decodeModuleImage(b, true) }
+
+func decodeModuleImage(b []byte, owned bool) (*ModuleImage, error) {
 	if len(b) >= len(rawImageMagic) && string(b[:len(rawImageMagic)]) == string(rawImageMagic[:]) {
-		return decodeRawImage(b)
+		return decodeRawImage(b, owned)
+	}
+	limit := MaxModuleImage // one frame's, or an upload's
+	if owned {
+		limit = MaxImage
 	}
 	d := Decoder{b: b}
 	magic := d.take(len(imageMagic))
@@ -99,7 +153,7 @@ func DecodeModuleImage(b []byte) (*ModuleImage, error) {
 			}
 			k.Params = append(k.Params, kind)
 		}
-		k.PTX = string(d.Bytes(MaxModuleImage))
+		k.PTX = string(d.Bytes(limit))
 		if d.err != nil {
 			break
 		}

@@ -279,9 +279,21 @@ type DeviceInfoReply struct {
 	Attrs    []int32
 	// Granularity is the node's allocation granularity, in bytes: what a
 	// mapping's address and size must be multiples of (vmm.go). Zero from
-	// a node that does not say; it goes last, and only when non-zero.
+	// a node that does not say; it goes after Attrs, and only when
+	// non-zero.
 	Granularity uint64
+	// Limits are a new context's CUlimit values on the node's GPU
+	// (cuCtxGetLimit; index = CUlimit), LimitUnsupported where the GPU
+	// refuses the limit. Nil from a node that does not say (a software
+	// GPU); sent after Granularity, which must then be set.
+	Limits []uint64
 }
+
+// LimitUnsupported marks a CUlimit the node's GPU does not support.
+const LimitUnsupported = ^uint64(0)
+
+// MaxDeviceLimits bounds DeviceInfoReply.Limits.
+const MaxDeviceLimits = 64
 
 // Empty is the body of replies that carry only a status.
 type Empty struct{}
@@ -372,6 +384,12 @@ func (m *DeviceInfoReply) Append(b []byte) []byte {
 	}
 	if m.Granularity != 0 {
 		b = appendU64(b, m.Granularity)
+		if len(m.Limits) > 0 {
+			b = append(b, byte(len(m.Limits)))
+			for _, v := range m.Limits {
+				b = appendU64(b, v)
+			}
+		}
 	}
 	return b
 }
@@ -505,6 +523,17 @@ func (m *DeviceInfoReply) decode(d *Decoder) {
 	if d.err == nil && len(d.b) >= 8 { // a granularity; anything shorter is trailing bytes
 		if m.Granularity = d.U64(); m.Granularity == 0 {
 			d.fail(fmt.Errorf("%w: a granularity of zero is sent as none", ErrBadArgument))
+		}
+	}
+	if d.err == nil && m.Granularity != 0 && len(d.b) > 0 {
+		n := int(d.U8())
+		if n == 0 || n > MaxDeviceLimits {
+			d.fail(fmt.Errorf("%w: %d context limits, want 1 to %d", ErrBadArgument, n, MaxDeviceLimits))
+			return
+		}
+		m.Limits = make([]uint64, 0, min(n, len(d.b)/8))
+		for i := 0; i < n && d.err == nil; i++ {
+			m.Limits = append(m.Limits, d.U64())
 		}
 	}
 }

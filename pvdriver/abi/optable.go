@@ -66,6 +66,16 @@ const (
 	// OpTensorMapEncode has the node's GPU driver encode a tensor map
 	// (tensormap.go).
 	OpTensorMapEncode
+	// OpImageStage carries one piece of a module image too large for one
+	// frame into the session (images.go); a load by hash then loads it.
+	OpImageStage
+	// OpOccupancy asks the node's GPU driver an occupancy question
+	// (occupancy.go).
+	OpOccupancy
+	// OpDeviceStatus reports the live state of the node's device
+	// (devstatus.go): what the guest's NVML answers. Neither logged nor
+	// replicated; after a failover it is the new node's device's.
+	OpDeviceStatus
 	opLimit
 )
 
@@ -177,6 +187,9 @@ var opTable = [opLimit]OpInfo{
 	OpMemMap:          {Name: "mem_map", NewRequest: newBody[MemMap], Mutates: true},
 	OpMemUnmap:        {Name: "mem_unmap", NewRequest: newBody[MemUnmap], Mutates: true},
 	OpTensorMapEncode: {Name: "tensor_map_encode", NewRequest: newBody[TensorMapEncode], NewReply: newBody[TensorMapReply]},
+	OpImageStage:      {Name: "image_stage", NewRequest: newBody[ImageStage], Mutates: true},
+	OpOccupancy:       {Name: "occupancy", NewRequest: newBody[Occupancy], NewReply: newBody[OccupancyReply]},
+	OpDeviceStatus:    {Name: "device_status", NewRequest: newBody[DeviceStatus], NewReply: newBody[DeviceStatusReply]},
 }
 
 // newBody is the constructor of an empty body of type T.

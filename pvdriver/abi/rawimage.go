@@ -55,10 +55,19 @@ func RawImage(format ImageFormat, image []byte) ([]byte, error) {
 	return (&ModuleImage{Format: format, Raw: image}).Append(nil), nil
 }
 
-func decodeRawImage(b []byte) (*ModuleImage, error) {
+// decodeRawImage decodes a raw image; owned: b is the caller's to hand
+// over (an upload's buffer, up to MaxImage), else b is a frame's, up to
+// MaxModuleImage, and the image is copied out of it.
+func decodeRawImage(b []byte, owned bool) (*ModuleImage, error) {
 	d := Decoder{b: b[len(rawImageMagic):]}
 	format := ImageFormat(d.U8())
-	image := bytes.Clone(d.Bytes(MaxModuleImage)) // kept with the module: never an alias of a reused frame buffer
+	image := d.Bytes(MaxImage)
+	if !owned {
+		if len(image) > MaxModuleImage {
+			return nil, fmt.Errorf("%w: a %d-byte image in one request (at most %d; larger ones are uploaded in pieces)", ErrBadImage, len(image), MaxModuleImage)
+		}
+		image = bytes.Clone(image) // kept with the module: never an alias of a reused frame buffer
+	}
 	if err := d.Finish(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadImage, err)
 	}
@@ -152,26 +161,47 @@ func CheckFatbin(b []byte) error {
 	if size := le.Uint64(b[8:]); size != uint64(len(b)-fatbinHeaderSize) {
 		return bad("header says %d bytes follow, image has %d", size, len(b)-fatbinHeaderSize)
 	}
-	end := uint64(len(b))
-	off, n := uint64(fatbinHeaderSize), 0
-	for ; off < end; n++ {
-		if n == maxFatbinEntries {
-			return bad("more than %d entries", maxFatbinEntries)
-		}
-		if end-off < fatbinEntryMin {
-			return bad("entry %d: %d bytes left, an entry header needs %d", n, end-off, fatbinEntryMin)
-		}
-		e := b[off:]
-		kind, hdr, payload := le.Uint16(e), uint64(le.Uint32(e[4:])), le.Uint64(e[8:])
-		if kind == 0 || hdr < fatbinEntryMin || hdr > end-off || payload > end-off-hdr {
-			return bad("entry %d at %d: kind %d, header %d, payload %d overrun the %d bytes", n, off, kind, hdr, payload, end)
-		}
-		off += hdr + payload
+	n, err := FatbinEntries(b, nil)
+	if err != nil {
+		return bad("%v", err)
 	}
 	if n == 0 {
 		return bad("no entries")
 	}
 	return nil
+}
+
+// Fatbin entry kinds (fatbinary_section.h).
+const (
+	FatbinPTX   = 1
+	FatbinCubin = 2
+)
+
+// FatbinEntries walks the entries of a fatbin whose header CheckFatbin
+// accepted, calling fn (if set) with each one's kind and payload, and
+// returns how many there are, or where one overruns the container.
+func FatbinEntries(b []byte, fn func(kind uint16, payload []byte)) (int, error) {
+	le := binary.LittleEndian
+	end := uint64(len(b))
+	off, n := uint64(fatbinHeaderSize), 0
+	for ; off < end; n++ {
+		if n == maxFatbinEntries {
+			return n, fmt.Errorf("more than %d entries", maxFatbinEntries)
+		}
+		if end-off < fatbinEntryMin {
+			return n, fmt.Errorf("entry %d: %d bytes left, an entry header needs %d", n, end-off, fatbinEntryMin)
+		}
+		e := b[off:]
+		kind, hdr, payload := le.Uint16(e), uint64(le.Uint32(e[4:])), le.Uint64(e[8:])
+		if kind == 0 || hdr < fatbinEntryMin || hdr > end-off || payload > end-off-hdr {
+			return n, fmt.Errorf("entry %d at %d: kind %d, header %d, payload %d overrun the %d bytes", n, off, kind, hdr, payload, end)
+		}
+		if fn != nil {
+			fn(kind, b[off+hdr:off+hdr+payload])
+		}
+		off += hdr + payload
+	}
+	return n, nil
 }
 
 // CheckSlots checks a parameter layout: each slot non-empty, in order,

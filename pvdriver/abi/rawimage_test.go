@@ -137,3 +137,28 @@ func FuzzRawImage(f *testing.F) {
 		}
 	})
 }
+
+// TestImagePieces: an image's pieces put together are its encoding, at
+// any piece size, raw or a kernel list, and its Hash is HashImage's.
+func TestImagePieces(t *testing.T) {
+	raw := &ModuleImage{Format: FormatFatbin, Raw: bytes.Repeat([]byte("fatbin"), 1000)}
+	list := &ModuleImage{Kernels: []KernelSpec{{Name: "k", Params: []ArgKind{ArgPtr}, PTX: "ptx"}}}
+	for _, img := range []*ModuleImage{raw, list} {
+		want := img.Append(nil)
+		if img.EncodedSize() != len(want) || img.Hash() != HashImage(want) {
+			t.Fatalf("%v: size %d, want %d; or its hash differs", img.Format, img.EncodedSize(), len(want))
+		}
+		for _, n := range []int{1, 5, 13, 14, 4096, 1 << 20} {
+			var got []byte
+			img.Pieces(n, func(off int, p []byte) {
+				if off != len(got) || len(p) == 0 || len(p) > n {
+					t.Fatalf("%v in pieces of %d: %d bytes at %d after %d", img.Format, n, len(p), off, len(got))
+				}
+				got = append(got, p...)
+			})
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%v in pieces of %d: not its encoding", img.Format, n)
+			}
+		}
+	}
+}

@@ -159,7 +159,7 @@ func (d *Driver) CtxSynchronize(t Thread) Result {
 	if r != Success {
 		return r
 	}
-	return resultOf("cuCtxSynchronize", c.Synchronize(), false)
+	return d.afterWait(c, resultOf("cuCtxSynchronize", c.Synchronize(), false))
 }
 
 // PrimaryCtxRetain is cuDevicePrimaryCtxRetain: the device's primary

@@ -1,7 +1,12 @@
 package cuapi
 
 import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
@@ -89,4 +94,58 @@ func sent(d *Driver, a, b abi.Opcode) (n [2]uint64) {
 		}
 	}
 	return n
+}
+
+// TestImageSizeOfLargeImages: the size a fatbin's or cubin's headers give
+// is answered however large (the caller refuses one over abi.MaxImage,
+// saying so), and only headers whose size overflows are not.
+func TestImageSizeOfLargeImages(t *testing.T) {
+	head := make([]byte, 64)
+	binary.LittleEndian.PutUint32(head, fatbinMagic)
+	binary.LittleEndian.PutUint16(head[6:], 16)
+	for _, c := range []struct {
+		body uint64
+		want uint64
+		ok   bool
+	}{{100 << 20, 16 + 100<<20, true}, {abi.MaxImage, 16 + abi.MaxImage, true}, {math.MaxUint64 - 16, math.MaxUint64, true}, {math.MaxUint64 - 15, 0, false}} {
+		binary.LittleEndian.PutUint64(head[8:], c.body)
+		if n, ptx, ok := ImageSize(head); n != c.want || ptx || ok != c.ok {
+			t.Errorf("a fatbin announcing %d bytes: %d, %v, %v; want %d, %v", c.body, n, ptx, ok, c.want, c.ok)
+		}
+	}
+	elf := make([]byte, 64)
+	copy(elf, "\x7fELF\x02\x01\x01")
+	binary.LittleEndian.PutUint64(elf[0x28:], 200<<20)
+	binary.LittleEndian.PutUint16(elf[0x3a:], 64)
+	binary.LittleEndian.PutUint16(elf[0x3c:], 3)
+	if n, _, ok := ImageSize(elf); n != 200<<20+3*64 || !ok {
+		t.Errorf("a 200 MiB cubin: %d, %v", n, ok)
+	}
+	binary.LittleEndian.PutUint64(elf[0x28:], math.MaxUint64-10)
+	if _, _, ok := ImageSize(elf); ok {
+		t.Error("a cubin whose section table wraps around was sized")
+	}
+}
+
+// TestLargeImageRefusedLoudly: an image whose headers announce more than
+// abi.MaxImage is refused with a line naming its size and the bound.
+func TestLargeImageRefusedLoudly(t *testing.T) {
+	head := make([]byte, 64)
+	binary.LittleEndian.PutUint32(head, fatbinMagic)
+	binary.LittleEndian.PutUint16(head[6:], 16)
+	binary.LittleEndian.PutUint64(head[8:], 2<<30)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	_, ok := rawSize(head)
+	os.Stderr = stderr
+	w.Close()
+	said, _ := io.ReadAll(r)
+	if ok || !strings.Contains(string(said), fmt.Sprintf("%d bytes is refused", 2<<30+16)) ||
+		!strings.Contains(string(said), fmt.Sprint(abi.MaxImage)) {
+		t.Fatalf("a 2 GiB fatbin: sized %v, said %q", ok, said)
+	}
 }

@@ -48,9 +48,12 @@ type Driver struct {
 	mu     sync.Mutex
 	client *pvdriver.Client
 	dev    abi.DeviceInfoReply
-	base   uint64 // the session's device window, for telling device from host addresses
-	size   uint64
-	next   uint64 // last minted handle
+	// visible are the served devices the process may use, by ordinal
+	// (VisibleDevices); empty when CUDA_VISIBLE_DEVICES names none.
+	visible []int
+	base    uint64 // the session's device window, for telling device from host addresses
+	size    uint64
+	next    uint64 // last minted handle
 
 	primary *ctxState // the device's primary context
 	ctxs    map[uint64]*ctxState
@@ -68,10 +71,12 @@ type Driver struct {
 	execs          map[uint64]*graph
 	used           uint64                // bytes allocated
 	hosts          map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc, or registered (hostmem.go)
+	hostLo, hostHi uint64                // a span holding every host memory ever recorded (a quick test before a search of hosts)
 
 	globals      map[uint64]moduleGlobal // module variables by their address on the node (globals.go)
 	primaryFlags uint32                  // cuDevicePrimaryCtxSetFlags
 	closed       bool                    // the session ended with the process (Shutdown): every call is CUDA_ERROR_DEINITIALIZED
+	initialized  bool                    // cuInit succeeded (the session may be open without it: Session)
 
 	apertures map[uint64]*pvdriver.Aperture // by device address (aperture.go)
 	// memHandles are cuMemCreate's handles, mappings cuMemMap's ranges by
@@ -82,6 +87,9 @@ type Driver struct {
 	// framework offers the same ones again and again, and NVIDIA's driver
 	// refuses them from their headers, at no cost (module.go).
 	noBinary map[abi.ImageHash]bool
+	// mapped are the host buffers a device address was asked for
+	// (mapped.go).
+	mapped mirrors
 }
 
 type ctxState struct {
@@ -109,22 +117,56 @@ type allocation struct {
 // New returns a driver that is not initialised yet (cuInit).
 func New() *Driver { return &Driver{} }
 
-// Init is cuInit: it opens the session with the primary named by
-// VGPUHA_ENDPOINT (failover endpoints in VGPUHA_FAILOVER, comma-separated)
-// and takes the device's description. Without an endpoint, or when no node
-// answers, the machine has no device.
+// Init is cuInit: it opens the process's session (open) unless its NVML
+// already did, and fails with CUDA_ERROR_NO_DEVICE when
+// CUDA_VISIBLE_DEVICES leaves no device.
 func (d *Driver) Init(flags uint32) Result {
 	if flags != 0 {
 		return ErrorInvalidValue
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if r := d.open("cuInit"); r != Success {
+		return r
+	}
+	if len(d.visible) == 0 {
+		return ErrorNoDevice
+	}
+	d.initialized = true
+	return Success
+}
+
+// Session is the process's session with the node, its device's
+// description (taken once, at the first open) and the devices visible to
+// the process (VisibleDevices), opening the session first if neither
+// cuInit nor an earlier call did: the guest's NVML (pvdriver/nvmlapi)
+// shares it, so a process's CUDA and NVML see one session and one view
+// of the devices. caller names the entry point in messages.
+func (d *Driver) Session(caller string) (*pvdriver.Client, abi.DeviceInfoReply, []int, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.open(caller); r != Success {
+		return nil, abi.DeviceInfoReply{}, nil, r
+	}
+	return d.client, d.dev, d.visible, Success
+}
+
+// open opens the session with the primary named by VGPUHA_ENDPOINT
+// (failover endpoints in VGPUHA_FAILOVER, comma-separated), takes the
+// device's description and which devices CUDA_VISIBLE_DEVICES leaves.
+// Without an endpoint, or when no node answers, the machine has no
+// device.
+// Precondition: d.mu must be locked.
+func (d *Driver) open(caller string) Result {
+	if d.closed {
+		return ErrorDeinitialized
+	}
 	if d.client != nil {
 		return Success
 	}
 	ep := os.Getenv("VGPUHA_ENDPOINT")
 	if ep == "" {
-		fmt.Fprintln(os.Stderr, "vgpuha libcuda: cuInit: VGPUHA_ENDPOINT is not set (unix:///path or tcp://host:port of a vgpuha primary)")
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: VGPUHA_ENDPOINT is not set (unix:///path or tcp://host:port of a vgpuha primary)\n", caller)
 		return ErrorNoDevice
 	}
 	opts := pvdriver.Options{GuestName: "libcuda:" + progName()}
@@ -137,16 +179,18 @@ func (d *Driver) Init(flags uint32) Result {
 	defer cancel()
 	c, err := pvdriver.Open(ctx, ep, opts)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuInit: %v\n", err)
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: %v\n", caller, err)
 		return ErrorNoDevice
 	}
 	dev, err := c.DeviceInfo()
 	if err != nil {
 		c.Close()
-		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuInit: describing the device: %v\n", err)
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: describing the device: %v\n", caller, err)
 		return ErrorNoDevice
 	}
 	d.client, d.dev = c, dev
+	spec, set := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	d.visible = VisibleDevices(spec, set, [][16]byte{dev.UUID}) // the node serves one device
 	d.base, d.size = c.Window()
 	d.ctxs, d.allocs, d.modules = map[uint64]*ctxState{}, map[uint64]allocation{}, map[uint64]*module{}
 	d.funcs, d.streams, d.events = map[uint64]*function{}, map[uint64]*stream{}, map[uint64]*event{}
@@ -193,7 +237,7 @@ func (d *Driver) mint() uint64 {
 // ready checks cuInit was called.
 // Precondition: d.mu must be locked.
 func (d *Driver) ready() Result {
-	if d.client == nil {
+	if !d.initialized {
 		return ErrorNotInitialized
 	}
 	if d.closed {
@@ -222,14 +266,15 @@ func (d *Driver) current(t Thread) (uint64, Result) {
 // DriverGetVersion is cuDriverGetVersion (it needs no cuInit).
 func (d *Driver) DriverGetVersion() int32 { return Version }
 
-// device checks cuInit and the device ordinal (one device: 0).
+// device checks cuInit and the device ordinal: one of the visible
+// devices (the node serves one, so a valid ordinal is 0).
 func (d *Driver) device(dev int32) Result {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.ready(); r != Success {
 		return r
 	}
-	if dev != 0 {
+	if dev < 0 || int(dev) >= len(d.visible) {
 		return ErrorInvalidDevice
 	}
 	return Success
@@ -243,12 +288,14 @@ func (d *Driver) DeviceGet(ordinal int32) (int32, Result) {
 	return 0, Success
 }
 
-// DeviceGetCount is cuDeviceGetCount: the session's one device.
+// DeviceGetCount is cuDeviceGetCount: the visible devices.
 func (d *Driver) DeviceGetCount() (int32, Result) {
-	if r := d.device(0); r != Success {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.ready(); r != Success {
 		return 0, r
 	}
-	return 1, Success
+	return int32(len(d.visible)), Success
 }
 
 // DeviceName is cuDeviceGetName's string.
@@ -288,6 +335,7 @@ var unservedFeatures = map[int32]int32{
 	110: 0, // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
 	115: 0, // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
 	128: 0, // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+	91:  0, // CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (a kernel reaches host memory by its mirror's address: mapped.go)
 }
 
 // attr is device attribute a (zero when the node did not report it).

@@ -365,6 +365,9 @@ func (d *Driver) GraphLaunch(t Thread, x, s uint64) Result {
 	if r != Success {
 		return r
 	}
+	if r := d.beforeWork(c); r != Success {
+		return r
+	}
 	for i := range ex.nodes {
 		if r := replay(c, &ex.nodes[i], st); r != Success {
 			return r

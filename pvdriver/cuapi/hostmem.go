@@ -4,9 +4,9 @@ package cuapi
 // half allocates, NoteHost records) and its own memory it registers
 // (cuMemHostRegister). The GPU is on another host, so "pinned" here means
 // what a program can observe of it: pointer attributes that say host
-// memory, in the context that pinned it, and copies that accept it. No
-// device address maps host memory: cuMemHostGetDevicePointer is refused
-// (a kernel cannot reach the guest's memory across the link).
+// memory, in the context that pinned it, and copies that accept it. A
+// kernel cannot reach the guest's memory across the link: the device
+// address cuMemHostGetDevicePointer gives names a mirror (mapped.go).
 
 // CU_MEMHOSTREGISTER_* flags (cuda.h).
 const (
@@ -37,6 +37,10 @@ func (d *Driver) noteHostLocked(p uintptr, h hostAlloc) {
 		d.hosts = map[uintptr]hostAlloc{}
 	}
 	d.hosts[p] = h
+	if d.hostHi == 0 || uint64(p) < d.hostLo {
+		d.hostLo = uint64(p)
+	}
+	d.hostHi = max(d.hostHi, uint64(p)+h.size)
 }
 
 // HostRegister is cuMemHostRegister_v2: n bytes of the program's own
@@ -68,8 +72,16 @@ func (d *Driver) HostRegister(t Thread, p uintptr, n uint64, flags uint32) Resul
 }
 
 // HostUnregister is cuMemHostUnregister: p must be where a registration
-// began.
+// began. Its mirror on the device, if it had one, goes with it.
 func (d *Driver) HostUnregister(p uintptr) Result {
+	r := d.hostUnregister(p)
+	if r == Success {
+		d.dropMirror(p)
+	}
+	return r
+}
+
+func (d *Driver) hostUnregister(p uintptr) Result {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.ready(); r != Success {

@@ -62,8 +62,12 @@ func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, pac
 	}
 	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes, Stream: st,
 		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}, Cooperative: l.Cooperative}
+	d.mirrorArgs(t, args)
 	if d.recordLocked(l.Stream, graphNode{kind: nodeLaunch, fn: fn.remote, cfg: cfg, args: args}) {
 		return Success
+	}
+	if r := d.beforeWork(c); r != Success {
+		return r
 	}
 	return resultOf("cuLaunchKernel", c.Launch(fn.remote, cfg, args...), false)
 }
@@ -130,7 +134,8 @@ func (d *Driver) FuncGetAttribute(attr int32, f uint64) (int32, Result) {
 	if r != Success {
 		return 0, r
 	}
-	if attr >= 0 && int(attr) < len(fn.attrs) && attr != funcMaxDynamicShared && attr != funcCarveout {
+	if attr >= 0 && int(attr) < len(fn.attrs) && attr != funcMaxDynamicShared && attr != funcCarveout &&
+		attr != funcNonPortableCluster && attr != funcClusterSchedulingPolicy {
 		return fn.attrs[attr], Success // the primary's GPU said
 	}
 	switch attr {
@@ -146,6 +151,13 @@ func (d *Driver) FuncGetAttribute(attr int32, f uint64) (int32, Result) {
 		return fn.maxDyn, Success
 	case funcCarveout:
 		return fn.carveup, Success
+	case funcNonPortableCluster:
+		if fn.nonPortable {
+			return 1, Success
+		}
+		return 0, Success
+	case funcClusterSchedulingPolicy:
+		return fn.policy, Success
 	}
 	if attr < 0 || attr >= funcAttrCount {
 		return 0, ErrorInvalidValue
@@ -170,9 +182,10 @@ func (d *Driver) FuncSetAttribute(f uint64, attr, v int32) Result {
 		fn.maxDyn = v
 	case attr == funcCarveout && v >= -1 && v <= 100:
 		fn.carveup = v
-	case attr == funcNonPortableCluster && (v == 0 || v == 1), attr == funcClusterSchedulingPolicy && v >= 0 && v <= 2:
-		// Kept only: this driver launches no clusters (cuLaunchKernelEx
-		// refuses a cluster dimension), so neither changes a launch.
+	case attr == funcNonPortableCluster && (v == 0 || v == 1):
+		fn.nonPortable = v == 1 // occupancy questions carry it; the node sets it for a launch of a larger cluster
+	case attr == funcClusterSchedulingPolicy && v >= 0 && v <= 2:
+		fn.policy = v // a hint to the GPU's scheduler, kept for the program to read
 	default:
 		return ErrorInvalidValue
 	}
@@ -201,17 +214,16 @@ func (d *Driver) activeBlocks(blockSize int32, smem uint64) int32 {
 	return max(n, 0)
 }
 
-// OccupancyMaxActiveBlocks is cuOccupancyMaxActiveBlocksPerMultiprocessor.
-func (d *Driver) OccupancyMaxActiveBlocks(f uint64, blockSize int32, smem uint64) (int32, Result) {
+// OccupancyMaxActiveBlocks is cuOccupancyMaxActiveBlocksPerMultiprocessor
+// (and its WithFlags form).
+func (d *Driver) OccupancyMaxActiveBlocks(f uint64, blockSize int32, smem uint64, flags uint32) (int32, Result) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if r := d.ready(); r != Success {
+	fn, r := d.function(f)
+	d.mu.Unlock()
+	if r != Success {
 		return 0, r
 	}
-	if d.funcs[f] == nil {
-		return 0, ErrorInvalidHandle
-	}
-	return d.activeBlocks(blockSize, smem), Success
+	return d.blocksPerSM(fn, blockSize, smem, flags)
 }
 
 // OccupancyMaxPotentialBlockSize is cuOccupancyMaxPotentialBlockSize: the
@@ -240,9 +252,10 @@ func (d *Driver) OccupancyMaxPotentialBlockSize(f uint64, smemFor func(int32) ui
 		if smemFor != nil {
 			need = smemFor(bs) // the program's code: called without the lock
 		}
-		d.mu.Lock()
-		n := d.activeBlocks(bs, need)
-		d.mu.Unlock()
+		n, r := d.blocksPerSM(fn, bs, need, 0)
+		if r != Success {
+			return 0, 0, r
+		}
 		if n*bs > bestThreads {
 			bestThreads, block, minGrid = n*bs, bs, n*sms
 		}

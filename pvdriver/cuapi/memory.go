@@ -109,6 +109,7 @@ func (d *Driver) copyTarget(t Thread, s uint64) (*pvdriver.Client, pvdriver.Stre
 // the session's region (cuMemAllocHost) the device may read it until the
 // stream is synchronised, as CUDA's rule for pinned memory says.
 func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bool) Result {
+	dst = d.deviceAddress(t, dst)
 	if r, ok := d.captured(s, graphNode{kind: nodeCopyHtoD, dst: dst, host: src}, dst, uint64(len(src))); ok {
 		return r
 	}
@@ -117,6 +118,9 @@ func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bo
 	}
 	c, st, r := d.copyTarget(t, s)
 	if r != Success || len(src) == 0 {
+		return r
+	}
+	if r := d.beforeWork(c); r != Success {
 		return r
 	}
 	if async {
@@ -129,6 +133,7 @@ func (d *Driver) MemcpyHtoD(t Thread, dst uint64, src []byte, s uint64, async bo
 // before returning: the copy is ordered after all earlier work (the null
 // stream's order, which includes stream s's).
 func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
+	src = d.deviceAddress(t, src)
 	if r, ok := d.captured(s, graphNode{kind: nodeCopyDtoH, src: src, host: dst}, src, uint64(len(dst))); ok {
 		return r
 	}
@@ -139,11 +144,15 @@ func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
 	if r != Success || len(dst) == 0 {
 		return r
 	}
-	return resultOf("cuMemcpyDtoH", c.CopyDtoH(dst, pvdriver.DevicePtr(src)), false)
+	if r := d.beforeWork(c); r != Success {
+		return r
+	}
+	return d.afterWait(c, resultOf("cuMemcpyDtoH", c.CopyDtoH(dst, pvdriver.DevicePtr(src)), false))
 }
 
 // MemcpyDtoD is cuMemcpyDtoD_v2 and cuMemcpyDtoDAsync_v2.
 func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result {
+	dst, src = d.deviceAddress(t, dst), d.deviceAddress(t, src)
 	if r, ok := d.captured(s, graphNode{kind: nodeCopyDtoD, dst: dst, src: src, n: n}, dst, n); ok {
 		return r
 	}
@@ -152,6 +161,9 @@ func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result 
 	}
 	c, st, r := d.copyTarget(t, s)
 	if r != Success || n == 0 {
+		return r
+	}
+	if r := d.beforeWork(c); r != Success {
 		return r
 	}
 	if async {
@@ -163,6 +175,7 @@ func (d *Driver) MemcpyDtoD(t Thread, dst, src, n, s uint64, async bool) Result 
 // Memset is cuMemsetD8_v2/D16_v2/D32_v2 and their Async forms: count
 // elements of width bytes; the destination must be aligned to width.
 func (d *Driver) Memset(t Thread, dst uint64, width uint8, v uint32, count, s uint64, async bool) Result {
+	dst = d.deviceAddress(t, dst)
 	c, st, r := d.copyTarget(t, s)
 	if r != Success {
 		return r
@@ -185,6 +198,9 @@ func (d *Driver) Memset(t Thread, dst uint64, width uint8, v uint32, count, s ui
 			buf[i] = pattern[i%int(width)]
 		}
 		r, _ := d.copyGlobal(t, dst, buf, true)
+		return r
+	}
+	if r := d.beforeWork(c); r != Success {
 		return r
 	}
 	return resultOf("cuMemset", c.Memset(pvdriver.DevicePtr(dst), width, v, count, st, !async), false)
@@ -227,8 +243,15 @@ func (d *Driver) HostAllocRegion(n uint64) []byte {
 
 // HostFree checks and forgets host memory at p (cuMemFreeHost); a buffer
 // of the region goes back to it, ordinary memory the C half frees when
-// cFree is set.
+// cFree is set. Its mirror on the device, if it had one, goes with it.
 func (d *Driver) HostFree(p uintptr) (r Result, cFree bool) {
+	if r, cFree = d.hostFree(p); r == Success {
+		d.dropMirror(p)
+	}
+	return r, cFree
+}
+
+func (d *Driver) hostFree(p uintptr) (r Result, cFree bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.ready(); r != Success {

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 
@@ -55,6 +56,13 @@ type function struct {
 	ptxVer  int
 	maxDyn  int32 // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 	carveup int32 // CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+	// nonPortable and policy are the cluster attributes the program set
+	// (CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+	// CLUSTER_SCHEDULING_POLICY_PREFERENCE); occupancy keeps the node's
+	// answers (occupancy.go).
+	nonPortable bool
+	policy      int32
+	occupancy   map[occupancyKey]int32
 	// raw: taken from a cubin or fatbin, whose parameter layout the node
 	// reports; described: attrs (and a raw function's layout) are known.
 	raw, described bool
@@ -69,13 +77,15 @@ const (
 // ImageSize is how many bytes of an image of unknown length (cuModuleLoadData
 // takes only a pointer) belong to it, from the first bytes: head holds at
 // least 64 bytes of the image or all of it. PTX ends at its NUL, which the
-// caller finds itself (ok false, ptx true).
+// caller finds itself (ok false, ptx true). The size is what the headers
+// say, however large (the caller refuses one over abi.MaxImage, saying
+// so); ok is false only for headers no image has (a size that overflows).
 func ImageSize(head []byte) (n uint64, ptx, ok bool) {
 	switch {
 	case len(head) >= 16 && binary.LittleEndian.Uint32(head) == fatbinMagic:
 		hdr := uint64(binary.LittleEndian.Uint16(head[6:]))
 		body := binary.LittleEndian.Uint64(head[8:])
-		if body > abi.MaxModuleImage || hdr > 4096 {
+		if body > math.MaxUint64-hdr {
 			return 0, false, false
 		}
 		return hdr + body, false, true
@@ -83,12 +93,19 @@ func ImageSize(head []byte) (n uint64, ptx, ok bool) {
 		shoff := binary.LittleEndian.Uint64(head[0x28:])
 		shentsize := uint64(binary.LittleEndian.Uint16(head[0x3a:]))
 		shnum := uint64(binary.LittleEndian.Uint16(head[0x3c:]))
-		if shoff > abi.MaxModuleImage || shentsize > 4096 {
-			return 0, false, false
+		if table := shentsize * shnum; shoff <= math.MaxUint64-table { // both below 2^16: no overflow
+			return shoff + table, false, true // cubins end with their section headers
 		}
-		return shoff + shentsize*shnum, false, true // cubins end with their section headers
+		return 0, false, false
 	}
 	return 0, true, false
+}
+
+// RefuseImageSize says on stderr why an image of n bytes is refused
+// (CUDA_ERROR_INVALID_IMAGE): it is larger than the library loads.
+func RefuseImageSize(n uint64) {
+	fmt.Fprintf(os.Stderr, "vgpuha libcuda: a module image of %d bytes is refused: the library loads images of at most %d bytes (CUDA_ERROR_INVALID_IMAGE)\n",
+		n, abi.MaxImage)
 }
 
 // IsBinaryImage reports whether an image's first four bytes start a
@@ -106,7 +123,7 @@ func CubinEnd(b []byte) (end uint64, ok bool) {
 	}
 	le := binary.LittleEndian
 	table := func(off, entsize, n uint64) bool {
-		if entsize > 4096 || off > abi.MaxModuleImage || n*entsize > abi.MaxModuleImage {
+		if entsize > 4096 || off > abi.MaxImage || n*entsize > abi.MaxImage {
 			return false
 		}
 		end = max(end, off+n*entsize)
@@ -120,7 +137,7 @@ func CubinEnd(b []byte) (end uint64, ok bool) {
 	for i := range shnum {
 		sh := b[shoff+i*shentsize:]
 		if typ, off, size := le.Uint32(sh[4:]), le.Uint64(sh[24:]), le.Uint64(sh[32:]); typ != 8 { // SHT_NOBITS has no bytes
-			if off > abi.MaxModuleImage || size > abi.MaxModuleImage {
+			if off > abi.MaxImage || size > abi.MaxImage {
 				return 0, false
 			}
 			end = max(end, off+size)
@@ -198,7 +215,9 @@ func (d *Driver) loadImage(ctx uint64, img []byte, loud bool) (*module, Result) 
 		image.Kernels = append(image.Kernels, spec)
 	}
 	encoded := image.Append(nil)
-	if len(encoded) > abi.MaxModuleImage {
+	if len(encoded) > abi.MaxImage {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: a PTX module of %d bytes is refused: the library loads images of at most %d bytes (CUDA_ERROR_INVALID_IMAGE)\n",
+			len(encoded), abi.MaxImage)
 		return nil, ErrorInvalidImage
 	}
 	if m.remote, err = d.client.LoadModule(encoded); err != nil {
@@ -248,6 +267,10 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 // rawSize is how many bytes of img a cubin or fatbin holds, checked.
 func rawSize(img []byte) (uint64, bool) {
 	n, _, ok := ImageSize(img)
+	if ok && n > abi.MaxImage {
+		RefuseImageSize(n)
+		return 0, false
+	}
 	if !ok || n > uint64(len(img)) {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuModuleLoadData: %d bytes that are neither PTX nor a whole cubin or fatbin\n", len(img))
 		return 0, false

@@ -7,11 +7,14 @@ package cuapi
 // attributes. Where this driver keeps a value the GPU never sees (a limit,
 // a stream priority), the function says so.
 
+import "github.com/vgpuha/vgpuha/pvdriver/abi"
+
 // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: a function's static shared memory.
 const funcSharedSizeBytes = 1
 
-// Context limits (CUlimit) and the values a fresh CUDA 13 context reports
-// on an H100 (CUDA Driver API reference, cuCtxGetLimit).
+// Context limits (CUlimit): a new context's values come from the node's
+// GPU (abi.DeviceInfoReply.Limits); these answer where the node does not
+// say (a software GPU): CUDA's documented defaults.
 var defaultLimits = map[int32]uint64{
 	0: 1024,    // CU_LIMIT_STACK_SIZE
 	1: 1 << 20, // CU_LIMIT_PRINTF_FIFO_SIZE
@@ -37,6 +40,9 @@ func (d *Driver) CtxGetLimit(t Thread, limit int32) (uint64, Result) {
 		return 0, Success
 	}
 	v, ok := defaultLimits[limit]
+	if node := d.dev.Limits; int(limit) >= 0 && int(limit) < len(node) { // the node's GPU says
+		v, ok = node[limit], node[limit] != abi.LimitUnsupported
+	}
 	if !ok {
 		return 0, ErrorUnsupportedLimit
 	}

@@ -120,11 +120,13 @@ func (d *Driver) StreamSynchronize(t Thread, s uint64) Result {
 	return sticky
 }
 
+// syncStream waits for stream s (0: the null stream), then brings mapped
+// host memory up to date (mapped.go).
 func (d *Driver) syncStream(c *pvdriver.Client, s pvdriver.Stream) Result {
 	if s == 0 {
-		return resultOf("cuStreamSynchronize", c.Synchronize(), false)
+		return d.afterWait(c, resultOf("cuStreamSynchronize", c.Synchronize(), false))
 	}
-	return resultOf("cuStreamSynchronize", c.StreamSynchronize(s), false)
+	return d.afterWait(c, resultOf("cuStreamSynchronize", c.StreamSynchronize(s), false))
 }
 
 // StreamWaitEvent is cuStreamWaitEvent: recorded events are complete, so

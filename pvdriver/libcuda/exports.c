@@ -126,13 +126,12 @@ CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c) { const char *n; CUr
 CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) { if (!mode) return CUDA_ERROR_INVALID_VALUE; *mode = 1; return CUDA_SUCCESS; }
 CUresult cuFuncIsLoaded(int *state, CUfunction f) { const char *n; CUresult r = state ? vgFuncGetName((char **)&n, H(f)) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *state = 1; return r; }
 CUresult cuFuncLoad(CUfunction f) { const char *n; return vgFuncGetName((char **)&n, H(f)); }
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int bs, size_t smem) { return vgOccupancyMaxActiveBlocks(n, H(f), bs, smem); }
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int bs, size_t smem) { return vgOccupancyMaxActiveBlocks(n, H(f), bs, smem, 0); }
 CUresult cuOccupancyMaxPotentialBlockSize(int *minGrid, int *bs, CUfunction f, CUoccupancyB2DSize cb, size_t smem, int limit) { return vgOccupancyMaxPotentialBlockSize(minGrid, bs, H(f), cb, smem, limit); }
-/* CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE changes nothing this driver computes. */
-/* This driver launches no thread-block clusters (CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH is 0). */
-CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c) { const char *name; CUresult r = n && c ? vgFuncGetName((char **)&name, H(f)) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *n = 0; return r; }
+/* Clusters (cuOccupancyMaxActiveClusters, cuOccupancyMaxPotentialClusterSize)
+ * are asked with a launch config: exports_runtime.c. */
 CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *n, CUfunction f, int numBlocks, int blockSize) { return vgOccupancyAvailableDynamicSMem(n, H(f), numBlocks, blockSize); }
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f, int bs, size_t smem, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgOccupancyMaxActiveBlocks(n, H(f), bs, smem); }
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, CUfunction f, int bs, size_t smem, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgOccupancyMaxActiveBlocks(n, H(f), bs, smem, flags); }
 CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *minGrid, int *bs, CUfunction f, CUoccupancyB2DSize cb, size_t smem, int limit, unsigned int flags) { return flags & ~1u ? CUDA_ERROR_INVALID_VALUE : vgOccupancyMaxPotentialBlockSize(minGrid, bs, H(f), cb, smem, limit); }
 
 /* ---- Streams and events. ---- */
@@ -200,6 +199,7 @@ static const struct vg_proc vg_procs[] = {
 	E(cuMemsetD32, 3020, cuMemsetD32_v2) E(cuMemsetD8Async, 3020, cuMemsetD8Async) E(cuMemsetD16Async, 3020, cuMemsetD16Async)
 	E(cuMemsetD32Async, 3020, cuMemsetD32Async) E(cuMemAllocHost, 3020, cuMemAllocHost_v2) E(cuMemHostAlloc, 2020, cuMemHostAlloc)
 	E(cuMemFreeHost, 2000, cuMemFreeHost) E(cuMemHostRegister, 4000, cuMemHostRegister) E(cuMemHostRegister, 6050, cuMemHostRegister_v2)
+	E(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2)
 	E(cuMemHostUnregister, 4000, cuMemHostUnregister)
 	E(cuModuleLoad, 2000, cuModuleLoad) E(cuModuleLoadData, 2000, cuModuleLoadData) E(cuModuleLoadDataEx, 2010, cuModuleLoadDataEx)
 	E(cuModuleLoadFatBinary, 2000, cuModuleLoadFatBinary) E(cuModuleUnload, 2000, cuModuleUnload)
@@ -241,6 +241,7 @@ static const struct vg_proc vg_procs[] = {
 	E(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 7000, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)
 	E(cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, cuOccupancyMaxPotentialBlockSizeWithFlags)
 	E(cuOccupancyAvailableDynamicSMemPerBlock, 10020, cuOccupancyAvailableDynamicSMemPerBlock) E(cuOccupancyMaxActiveClusters, 11070, cuOccupancyMaxActiveClusters)
+	E(cuOccupancyMaxPotentialClusterSize, 11070, cuOccupancyMaxPotentialClusterSize)
 	E(cuLibraryLoadData, 12000, cuLibraryLoadData) E(cuLibraryLoadFromFile, 12000, cuLibraryLoadFromFile)
 	E(cuLibraryUnload, 12000, cuLibraryUnload) E(cuLibraryGetModule, 12000, cuLibraryGetModule)
 	E(cuLibraryGetKernel, 12000, cuLibraryGetKernel) E(cuLibraryGetGlobal, 12000, cuLibraryGetGlobal)

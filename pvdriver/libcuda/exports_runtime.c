@@ -81,6 +81,24 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, 
 		c->sharedMemBytes, H(c->hStream), params, extra, cx, cy, cz, coop));
 }
 
+/* ---- Cluster occupancy: the config's shape and cluster dimension go to
+ * the node's GPU driver (pvdriver/cuapi/occupancy.go); any other attribute
+ * changes nothing asked. kind: 2 resident clusters, 3 largest cluster. ---- */
+static CUresult vg_cluster_occupancy(int *n, CUfunction f, const CUlaunchConfig *c, int kind) {
+	unsigned int i, cx = 0, cy = 0, cz = 0;
+	if (n == NULL || c == NULL || (c->numAttrs > 0 && c->attrs == NULL)) return CUDA_ERROR_INVALID_VALUE;
+	for (i = 0; i < c->numAttrs; i++)
+		if (c->attrs[i].id == VG_LAUNCH_ATTR_CLUSTER_DIMENSION) {
+			cx = c->attrs[i].value.clusterDim.x;
+			cy = c->attrs[i].value.clusterDim.y;
+			cz = c->attrs[i].value.clusterDim.z;
+		}
+	return vgOccupancyClusters(n, H(f), kind, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ,
+		c->sharedMemBytes, cx, cy, cz);
+}
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c) { return vg_traced(__func__, vg_cluster_occupancy(n, f, c, 2)); }
+CUresult cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const CUlaunchConfig *c) { return vg_traced(__func__, vg_cluster_occupancy(n, f, c, 3)); }
+
 /* ---- Pointer attributes (CUpointer_attribute): what the driver knows of
  * an address — device memory the process allocated, host memory it got
  * from cuMemAllocHost/cuMemHostAlloc or registered (with the context that

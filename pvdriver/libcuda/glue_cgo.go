@@ -276,5 +276,7 @@ func errorText(r C.CUresult, s **C.char, which int) C.CUresult {
 	return 0
 }
 
-// maxImage bounds the PTX text read from a NUL-terminated image.
-const maxImage = abi.MaxModuleImage
+// maxImage bounds a module image read from memory (a cubin's or fatbin's
+// headers give its size, PTX ends at its NUL): the largest the library
+// uploads (pvdriver's images.go).
+const maxImage = abi.MaxImage

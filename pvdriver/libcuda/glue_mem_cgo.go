@@ -28,6 +28,7 @@ import (
 	"os"
 	"unsafe"
 
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/pvdriver/cuapi"
 )
 
@@ -207,7 +208,7 @@ func readImage(p unsafe.Pointer) ([]byte, cuapi.Result) {
 	if C.strnlen((*C.char)(p), 4) == 4 && cuapi.IsBinaryImage(C.GoBytes(p, 4)) {
 		n, _, ok := cuapi.ImageSize(C.GoBytes(p, 64))
 		if ok && n > maxImage {
-			fmt.Fprintf(os.Stderr, "vgpuha libcuda: a module image of %d bytes is refused: the library sends images of at most %d bytes (CUDA_ERROR_INVALID_IMAGE)\n", n, maxImage)
+			cuapi.RefuseImageSize(n)
 		}
 		if !ok || n < 64 || n > maxImage {
 			return nil, cuapi.ErrorInvalidImage
@@ -220,7 +221,7 @@ func readImage(p unsafe.Pointer) ([]byte, cuapi.Result) {
 	}
 	n := C.strnlen((*C.char)(p), maxImage+1)
 	if n > maxImage {
-		fmt.Fprintf(os.Stderr, "vgpuha libcuda: a PTX image longer than %d bytes is refused: the library sends images of at most that (CUDA_ERROR_INVALID_IMAGE)\n", maxImage)
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: a PTX image longer than %d bytes is refused: the library loads images of at most that (CUDA_ERROR_INVALID_IMAGE)\n", maxImage)
 		return nil, cuapi.ErrorInvalidImage
 	}
 	return C.GoBytes(p, C.int(n)), cuapi.Success
@@ -305,8 +306,17 @@ func vgFuncSetAttribute(f C.uintptr_t, attr, v C.int) C.CUresult {
 }
 
 //export vgOccupancyMaxActiveBlocks
-func vgOccupancyMaxActiveBlocks(n *C.int, f C.uintptr_t, bs C.int, smem C.size_t) C.CUresult {
-	v, r := drv.OccupancyMaxActiveBlocks(uint64(f), int32(bs), uint64(smem))
+func vgOccupancyMaxActiveBlocks(n *C.int, f C.uintptr_t, bs C.int, smem C.size_t, flags C.uint) C.CUresult {
+	v, r := drv.OccupancyMaxActiveBlocks(uint64(f), int32(bs), uint64(smem), uint32(flags))
+	return outInt(n, v, r)
+}
+
+//export vgOccupancyClusters
+func vgOccupancyClusters(n *C.int, f C.uintptr_t, kind C.int, gx, gy, gz, bx, by, bz, smem, cx, cy, cz C.uint) C.CUresult {
+	q := abi.Occupancy{Kind: abi.OccupancyKind(kind), Grid: abi.Dim3{X: uint32(gx), Y: uint32(gy), Z: uint32(gz)},
+		Block: abi.Dim3{X: uint32(bx), Y: uint32(by), Z: uint32(bz)}, SharedBytes: uint32(smem),
+		Cluster: abi.Dim3{X: uint32(cx), Y: uint32(cy), Z: uint32(cz)}}
+	v, r := drv.OccupancyClusters(uint64(f), q)
 	return outInt(n, v, r)
 }
 

@@ -19,7 +19,11 @@ import (
 // programs are the C test programs in testdata, each written against
 // NVIDIA's driver API (testdata/cudaapi.h declares the subset) and run
 // unchanged through the library.
-var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "graph", "vmm", "sigstack"}
+var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "graph", "vmm", "sigstack", "bigimage"}
+
+// ownCode are the programs that load machine code of their own (a fatbin),
+// which a node runs only with a primary per guest.
+var ownCode = map[string]bool{"bigimage": true}
 
 // build compiles the library and the programs into a temporary directory.
 func build(t *testing.T) string {
@@ -74,7 +78,8 @@ func TestPrograms(t *testing.T) {
 }
 
 func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
-	opts := cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit}
+	opts := cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit,
+		OneGuestPerProcess: ownCode[filepath.Base(bin)]}
 	switch transport {
 	case "tcp":
 		opts.GuestTCP = true

@@ -18,6 +18,8 @@ CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUd
 CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev);
 CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev);
 CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra);
+CUresult cuOccupancyMaxActiveClusters(int *n, CUfunction f, const CUlaunchConfig *c);
+CUresult cuOccupancyMaxPotentialClusterSize(int *n, CUfunction f, const CUlaunchConfig *c);
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p);
 CUresult cuPointerGetAttributes(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr p);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p);
@@ -44,6 +46,7 @@ CUresult cuGraphExecDestroy(CUgraphExec x);
 /* exports_hostmem.c */
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned int flags);
 CUresult cuMemHostRegister(void *p, size_t n, unsigned int flags);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags);
 CUresult cuMemHostUnregister(void *p);
 CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c);
 /* exports_vmm.c */

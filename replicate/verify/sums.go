@@ -23,6 +23,10 @@ const (
 	// ObjReservation is a range of a session's window reserved without
 	// memory (CUDA's cuMemAddressReserve): ID its address, Size its size.
 	ObjReservation
+	// ObjUpload is a module image a session is uploading in pieces: ID the
+	// first 8 bytes of its hash, Size the bytes uploaded so far, Sum
+	// their checksum.
+	ObjUpload
 )
 
 // NoMismatch is an ObjAperture's Sum when every byte matched.
@@ -44,6 +48,8 @@ func (k ObjectKind) String() string {
 		return "aperture"
 	case ObjReservation:
 		return "reservation"
+	case ObjUpload:
+		return "upload"
 	}
 	return fmt.Sprintf("kind(%d)", k)
 }
@@ -65,6 +71,16 @@ var crcTable = crc64.MakeTable(crc64.ECMA)
 
 // Checksum is the content checksum verify uses.
 func Checksum(b []byte) uint64 { return crc64.Checksum(b, crcTable) }
+
+// Checksummer takes Checksum of bytes that come in pieces (a large
+// module image, without a copy of it whole).
+type Checksummer struct{ sum uint64 }
+
+// Write adds p, the next bytes.
+func (c *Checksummer) Write(p []byte) { c.sum = crc64.Update(c.sum, crcTable, p) }
+
+// Sum is Checksum of every byte written.
+func (c *Checksummer) Sum() uint64 { return c.sum }
 
 // DiffBytes compares want (an aperture's file) with got (a device copy of
 // it) and returns how many bytes differ and the first offset that does

@@ -41,3 +41,18 @@ func TestCompareApertures(t *testing.T) {
 		t.Fatalf("not compared on the standby: %+v", rep)
 	}
 }
+
+// TestChecksummer: pieces written in order sum to Checksum of the whole,
+// however they are cut.
+func TestChecksummer(t *testing.T) {
+	b := []byte("a module image, checksummed piece by piece")
+	for _, n := range []int{1, 3, 7, len(b)} {
+		var c Checksummer
+		for off := 0; off < len(b); off += n {
+			c.Write(b[off:min(off+n, len(b))])
+		}
+		if c.Sum() != Checksum(b) {
+			t.Errorf("pieces of %d: %x, want %x", n, c.Sum(), Checksum(b))
+		}
+	}
+}

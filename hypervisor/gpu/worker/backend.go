@@ -20,10 +20,11 @@
 // next Sync or SyncStream, as CUDA reports an asynchronous launch's
 // failure. The optional interfaces a proxy carries are the backend's
 // description (gpu.DeviceDescriber, SharedMemoryLimiter, AccessChecker),
-// launch pipelining, function descriptions, module variables, tensor maps
-// and checksums; a snapshot for a resync, prefaulting and queued copies
-// are not carried (a resync then copies with its guest stopped, a standby
-// copies in place).
+// launch pipelining, function descriptions, module variables, tensor maps,
+// occupancy and checksums; a snapshot for a resync, prefaulting, queued
+// copies and the device's live status (gpu.DeviceStatusReporter) are not
+// carried (a resync then copies with its guest stopped, a standby copies
+// in place, a guest's NVML shows memory only).
 //
 // A worker inherits only its socket and the shared memory; it ignores the
 // signals meant for the node's group (the node ends it by closing its

@@ -65,6 +65,7 @@ var handlers = [opCount]struct {
 	opReadGlobal:    {true, (*child).readGlobal},
 	opTensorMap:     {true, (*child).tensorMap},
 	opChecksum:      {true, (*child).checksum},
+	opOccupancy:     {true, (*child).occupancy},
 }
 
 // serve answers the parent's requests on conn with be until the parent
@@ -279,7 +280,9 @@ func (c *child) memset(b []byte, _ uint8) error {
 }
 
 func (c *child) loadModule(b []byte, _ uint8) error {
-	img, err := abi.DecodeModuleImage(b)
+	// The image's own copy: the request's buffer is the next request's,
+	// and a backend may keep a raw image's bytes.
+	img, err := abi.DecodeOwnedModuleImage(append([]byte(nil), b...))
 	if err != nil {
 		return err
 	}
@@ -472,6 +475,22 @@ func (c *child) tensorMap(b []byte, _ uint8) error {
 	m, err := enc.EncodeTensorMapTiled(&r)
 	if err == nil {
 		c.out = appendBytes(c.out, m[:])
+	}
+	return err
+}
+
+func (c *child) occupancy(b []byte, _ uint8) error {
+	var r abi.Occupancy
+	if err := abi.Unmarshal(b, &r); err != nil {
+		return err
+	}
+	calc, ok := c.ctx.(gpu.OccupancyCalculator)
+	if !ok {
+		return fmt.Errorf("%w: occupancy: the %s GPU has no occupancy calculator", abi.StatusNotSupported, c.be.Name())
+	}
+	v, err := calc.Occupancy(gpu.Function(r.Function), &r)
+	if err == nil {
+		c.out = binary.LittleEndian.AppendUint32(c.out, uint32(v))
 	}
 	return err
 }

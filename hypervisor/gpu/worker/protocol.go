@@ -54,6 +54,7 @@ const (
 	opReadGlobal
 	opTensorMap
 	opChecksum
+	opOccupancy
 	opCount // one past the last
 )
 
@@ -69,9 +70,9 @@ const (
 
 // Bounds on what either side reads.
 const (
-	// maxRequest bounds a request frame: a module image (abi.MaxModuleImage)
-	// with room to spare.
-	maxRequest = 32 << 20
+	// maxRequest bounds a request frame: a module image (up to
+	// abi.MaxImage, an uploaded one) with room to spare.
+	maxRequest = abi.MaxImage + 1<<20
 	// maxReply bounds a reply frame: inline bytes, a message, a device
 	// description.
 	maxReply = 2 << 20

@@ -77,6 +77,8 @@ func everyCall(c *proxy) []error {
 	add(err)
 	_, err = c.Checksum(1, 2)
 	add(err)
+	_, err = c.Occupancy(f, &abi.Occupancy{Block: abi.Dim3{X: 32, Y: 1, Z: 1}})
+	add(err)
 	add(c.DestroyStream(s))
 	add(c.UnloadModule(m))
 	add(c.Free(1 << 40))

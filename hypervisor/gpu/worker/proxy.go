@@ -448,3 +448,18 @@ func (p *proxy) Checksum(addr, n uint64) (uint64, error) {
 	sum := d.U64()
 	return sum, p.done(d)
 }
+
+// Occupancy implements gpu.OccupancyCalculator (not supported where the
+// worker's GPU has no calculator).
+func (p *proxy) Occupancy(f gpu.Function, q *abi.Occupancy) (int32, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := *q
+	r.Function = uint64(f)
+	d, err := p.call(r.Append(p.start(opOccupancy, 0)))
+	if err != nil {
+		return 0, err
+	}
+	v := int32(d.U32())
+	return v, p.done(d)
+}

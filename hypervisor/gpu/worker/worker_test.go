@@ -200,6 +200,7 @@ func TestContextInWorker(t *testing.T) {
 		t.Fatalf("checksum %#x, %v; want %#x", sum, err, gpu.Checksum(all))
 	}
 	vadd(t, c, base)
+	occupancyAgrees(t, c)
 	if err := c.DestroyStream(s); err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +219,23 @@ func TestContextInWorker(t *testing.T) {
 	}
 	if err := c.Sync(); err == nil {
 		t.Fatal("a call on a closed context succeeded")
+	}
+}
+
+// occupancyAgrees checks c answers an occupancy question about vadd as
+// the software GPU does in-process.
+func occupancyAgrees(t *testing.T, c gpu.Context) {
+	t.Helper()
+	local := newContext(t, sim.New(1<<30), 1<<40)
+	defer local.Close()
+	q := &abi.Occupancy{Kind: abi.OccupancyBlocks, Block: abi.Dim3{X: 96, Y: 1, Z: 1}, SharedBytes: 1 << 10}
+	want, err := local.(gpu.OccupancyCalculator).Occupancy(loadKernel(t, local, "vadd"), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.(gpu.OccupancyCalculator).Occupancy(loadKernel(t, c, "vadd"), q)
+	if err != nil || got != want || got <= 0 {
+		t.Fatalf("occupancy through the worker %d, %v; in-process %d", got, err, want)
 	}
 }
 
@@ -490,5 +508,53 @@ func TestWorkerCannotOpen(t *testing.T) {
 	_, err := worker.New(worker.Config{Spec: `{"Name":"nonsense"}`})
 	if err == nil || !strings.Contains(err.Error(), `unknown backend "nonsense"`) {
 		t.Fatalf("New with a spec naming no backend: %v", err)
+	}
+}
+
+// TestLargeImageInWorker: a 40 MiB fatbin (an uploaded image's size, past
+// one guest request) loads in a worker, and its function's parameter
+// slots are the software GPU's own.
+func TestLargeImageInWorker(t *testing.T) {
+	k, _ := kernels.Lookup("vadd")
+	le := binary.LittleEndian
+	entry := func(b []byte, kind uint16, payload []byte) []byte {
+		hdr := make([]byte, 64)
+		le.PutUint16(hdr, kind)
+		le.PutUint16(hdr[2:], 0x0101)
+		le.PutUint32(hdr[4:], 64)
+		le.PutUint64(hdr[8:], uint64(len(payload)))
+		return append(append(b, hdr...), payload...)
+	}
+	ptx := make([]byte, (len(k.PTX)+1+7)&^7)
+	copy(ptx, k.PTX)
+	fat := make([]byte, 16)
+	le.PutUint32(fat, abi.FatbinMagic)
+	le.PutUint16(fat[4:], 1)
+	le.PutUint16(fat[6:], 16)
+	fat = entry(entry(fat, abi.FatbinPTX, ptx), abi.FatbinCubin, pattern(40<<20, 3)) // code for another GPU
+	le.PutUint64(fat[8:], uint64(len(fat)-16))
+	img := &abi.ModuleImage{Format: abi.FormatFatbin, Raw: fat}
+
+	slots := func(c gpu.Context) []abi.ParamSlot {
+		m, err := c.LoadModule(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := c.Function(m, "vadd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := c.(gpu.FunctionDescriber).ParamSlots(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	local := newContext(t, sim.New(1<<30), 1<<40)
+	defer local.Close()
+	c := newContext(t, simWorkers(t), 1<<40)
+	defer c.Close()
+	if got, want := slots(c), slots(local); !slices.Equal(got, want) || len(got) != 4 {
+		t.Fatalf("vadd's slots through a worker %v, in-process %v", got, want)
 	}
 }

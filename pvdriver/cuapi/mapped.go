@@ -1,0 +1,293 @@
+package cuapi
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Mapped host memory: cuMemHostGetDevicePointer.
+//
+// On one machine a kernel reaches page-locked host memory over PCIe at the
+// address cuMemHostGetDevicePointer gives. Here the GPU is on another host,
+// so the address names a mirror: device memory of the session, the same
+// size as the host buffer, kept equal to it at the points where CUDA's
+// rules let a program see the difference:
+//
+//   - before the library hands the node device work (a launch, a copy, a
+//     memset, a graph launch), bytes the program changed in its buffer
+//     since the mirror last agreed with it are copied to the mirror;
+//   - after every call that waits for the device (stream, event and
+//     context synchronisation, a synchronous copy to the host), bytes the
+//     device changed in the mirror are copied into the buffer, and bytes
+//     the program changed meanwhile are kept.
+//
+// A byte written by both sides between two such points keeps the
+// device's value, where CUDA would leave it to whoever wrote last: the
+// program raced its own kernel. (A push copies each run of changed bytes;
+// past mirrorRuns runs it copies the span from the first to the last, so
+// a device write inside that span since the last pull is then lost.) What does not work is what needs the two
+// to meet while a kernel runs: a kernel that spins on a flag the host
+// sets, or a host that polls a value a running kernel writes (NCCL's
+// proxy does; it is not served). The mirror is ordinary session memory:
+// it is replicated, and after a failover it sits at the same address on
+// the standby. Mirrors are bounded (mirrorLimit bytes per process) since
+// each agreement point compares them.
+//
+// The mirror's address is not the buffer's: CU_DEVICE_ATTRIBUTE_
+// CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM is not true here, and a program
+// must ask for the device pointer (the CUDA runtime's
+// cudaHostGetDevicePointer does).
+
+// mirrorLimit bounds the bytes of host memory mirrored on the device, all
+// buffers of the process together.
+const mirrorLimit = 64 << 20
+
+// mirrorRuns bounds the separate runs of changed bytes one push copies;
+// past it the span from the first changed byte to the last goes at once.
+const mirrorRuns = 16
+
+// mirror is one host buffer's device copy.
+type mirror struct {
+	host   uintptr // the buffer
+	dev    uint64  // the mirror's device address
+	shadow []byte  // the bytes both last agreed on
+}
+
+// mirrors are the process's mapped host buffers, by host address. Their
+// own lock: a push or pull talks to the node while holding it, and the
+// driver's lock is never taken inside it.
+type mirrors struct {
+	mu     sync.Mutex
+	byHost map[uintptr]*mirror
+	bytes  uint64
+	count  atomic.Int32 // len(byHost), read without the lock
+}
+
+// HostGetDevicePointer is cuMemHostGetDevicePointer_v2: the device address
+// of p inside host memory this driver allocated or registered (its mirror,
+// made on first use). flags must be 0.
+func (d *Driver) HostGetDevicePointer(t Thread, p uintptr, flags uint32) (uint64, Result) {
+	if flags != 0 || p == 0 {
+		return 0, ErrorInvalidValue
+	}
+	d.mu.Lock()
+	_, r := d.current(t)
+	base, h, ok := d.hostAt(p)
+	c := d.client
+	d.mu.Unlock()
+	if r != Success {
+		return 0, r
+	}
+	if !ok {
+		return 0, ErrorInvalidValue
+	}
+	m := &d.mapped
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mi := m.byHost[base]
+	if mi == nil {
+		if m.bytes+h.size > mirrorLimit {
+			fmt.Fprintf(os.Stderr, "vgpuha libcuda: cuMemHostGetDevicePointer: mapping %d more bytes of host memory would pass the library's %d (CUDA_ERROR_OUT_OF_MEMORY)\n", h.size, mirrorLimit)
+			return 0, ErrorOutOfMemory
+		}
+		dev, r := d.MemAlloc(t, h.size)
+		if r != Success {
+			return 0, r
+		}
+		mi = &mirror{host: base, dev: dev, shadow: make([]byte, h.size)}
+		copy(mi.shadow, hostBytes(base, h.size))
+		if err := c.CopyHtoD(pvdriver.DevicePtr(dev), mi.shadow); err != nil {
+			d.MemFree(t, dev)
+			return 0, resultOf("cuMemHostGetDevicePointer", err, false)
+		}
+		if m.byHost == nil {
+			m.byHost = map[uintptr]*mirror{}
+		}
+		m.byHost[base] = mi
+		m.bytes += h.size
+		m.count.Add(1)
+	}
+	return mi.dev + uint64(p-base), Success
+}
+
+// deviceAddress is p as the node knows it: a host address inside memory
+// this driver pinned (which unified addressing lets a program hand to a
+// copy or memset as a device address) becomes its mirror's; any other
+// address is returned as it is, for the node to judge.
+func (d *Driver) deviceAddress(t Thread, p uint64) uint64 {
+	d.mu.Lock()
+	pinned := false
+	if p < d.base || p-d.base >= d.size { // outside the device window (most addresses are inside)
+		_, _, pinned = d.hostAt(uintptr(p))
+	}
+	d.mu.Unlock()
+	if !pinned {
+		return p
+	}
+	if dev, r := d.HostGetDevicePointer(t, uintptr(p), 0); r == Success {
+		return dev
+	}
+	return p
+}
+
+// mirrorArgs replaces each 8-byte kernel argument that holds an address
+// inside pinned host memory (unified addressing lets a program pass one to
+// a kernel) with the address in its mirror. Only arguments that lie
+// outside the device window and inside the span of pinned memory are
+// looked up; a pointer inside a structure passed by value is not found.
+func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) {
+	for i := range args {
+		a := &args[i]
+		var v uint64
+		switch {
+		case a.Kind == abi.ArgBytes && len(a.Raw) == 8:
+			v = binary.LittleEndian.Uint64(a.Raw)
+		case a.Kind == abi.ArgPtr || a.Kind == abi.ArgU64:
+			v = a.Bits
+		default:
+			continue
+		}
+		d.mu.Lock()
+		candidate := (v < d.base || v-d.base >= d.size) && v >= d.hostLo && v < d.hostHi
+		d.mu.Unlock()
+		if !candidate {
+			continue
+		}
+		if dev := d.deviceAddress(t, v); dev != v {
+			if a.Kind == abi.ArgBytes {
+				a.Raw = binary.LittleEndian.AppendUint64(nil, dev)
+			} else {
+				a.Bits = dev
+			}
+		}
+	}
+}
+
+// hostAt finds the host memory holding p.
+// Precondition: d.mu must be locked.
+func (d *Driver) hostAt(p uintptr) (uintptr, hostAlloc, bool) {
+	for base, h := range d.hosts {
+		if p >= base && uint64(p-base) < h.size {
+			return base, h, true
+		}
+	}
+	return 0, hostAlloc{}, false
+}
+
+// dropMirror frees the mirror of host memory at base, if it has one (the
+// buffer is being freed or unregistered).
+func (d *Driver) dropMirror(base uintptr) {
+	m := &d.mapped
+	m.mu.Lock()
+	mi := m.byHost[base]
+	if mi != nil {
+		delete(m.byHost, base)
+		m.bytes -= uint64(len(mi.shadow))
+		m.count.Add(-1)
+	}
+	m.mu.Unlock()
+	if mi != nil {
+		d.freeMirror(mi.dev)
+	}
+}
+
+// freeMirror frees a mirror's device memory (no context check: the
+// buffer's owner is going away).
+func (d *Driver) freeMirror(dev uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a, ok := d.allocs[dev]; ok && d.client != nil {
+		if d.client.Free(pvdriver.DevicePtr(dev)) == nil {
+			delete(d.allocs, dev)
+			d.used -= a.size
+		}
+	}
+}
+
+// pushMirrors copies the bytes the program changed in its mapped buffers
+// to their mirrors: called before device work is handed to the node.
+func (d *Driver) pushMirrors(c *pvdriver.Client) Result {
+	m := &d.mapped
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, mi := range m.byHost {
+		host := hostBytes(mi.host, uint64(len(mi.shadow)))
+		for _, run := range changedRuns(host, mi.shadow) {
+			copy(mi.shadow[run[0]:run[1]], host[run[0]:run[1]])
+			if err := c.CopyHtoD(pvdriver.DevicePtr(mi.dev+uint64(run[0])), mi.shadow[run[0]:run[1]]); err != nil {
+				return resultOf("mapped host memory", err, false)
+			}
+		}
+	}
+	return Success
+}
+
+// pullMirrors copies the bytes the device changed in the mirrors into the
+// program's buffers: called after a call that waited for the device.
+func (d *Driver) pullMirrors(c *pvdriver.Client) Result {
+	m := &d.mapped
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, mi := range m.byHost {
+		dev := make([]byte, len(mi.shadow))
+		if err := c.CopyDtoH(dev, pvdriver.DevicePtr(mi.dev)); err != nil {
+			return resultOf("mapped host memory", err, false)
+		}
+		host := hostBytes(mi.host, uint64(len(mi.shadow)))
+		for _, run := range changedRuns(dev, mi.shadow) {
+			copy(host[run[0]:run[1]], dev[run[0]:run[1]])
+		}
+		mi.shadow = dev
+	}
+	return Success
+}
+
+// beforeWork is called before device work goes to the node through c.
+func (d *Driver) beforeWork(c *pvdriver.Client) Result {
+	if d.mapped.count.Load() == 0 || c == nil {
+		return Success
+	}
+	return d.pushMirrors(c)
+}
+
+// afterWait is called after a call through c that waited for the device
+// succeeded.
+func (d *Driver) afterWait(c *pvdriver.Client, r Result) Result {
+	if r != Success || d.mapped.count.Load() == 0 || c == nil {
+		return r
+	}
+	return d.pullMirrors(c)
+}
+
+// changedRuns returns the runs [start, end) where now differs from was
+// (equal lengths); past mirrorRuns runs, one run from the first
+// difference to the last.
+func changedRuns(now, was []byte) [][2]int {
+	if bytes.Equal(now, was) {
+		return nil
+	}
+	var runs [][2]int
+	for i := 0; i < len(now); {
+		if now[i] == was[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < len(now) && now[j] != was[j] {
+			j++
+		}
+		runs = append(runs, [2]int{i, j})
+		i = j
+	}
+	if len(runs) > mirrorRuns {
+		return [][2]int{{runs[0][0], runs[len(runs)-1][1]}}
+	}
+	return runs
+}

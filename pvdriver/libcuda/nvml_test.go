@@ -1,0 +1,359 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
+	"github.com/vgpuha/vgpuha/pvdriver"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/pvdriver/nvmlapi"
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// buildNVML compiles libcuda.so.1, the guest's libnvidia-ml.so.1 beside it
+// (as make libcuda does) and testdata/nvml.c into a temporary directory.
+func buildNVML(t *testing.T) string {
+	t.Helper()
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("gcc is missing (apt-get install gcc): the NVML library and its test program cannot be built")
+	}
+	dir := t.TempDir()
+	steps := [][]string{
+		{"go", "build", "-buildmode=c-shared", "-ldflags=-extldflags=-Wl,-soname,libcuda.so.1", "-o", filepath.Join(dir, "libcuda.so.1"), "."},
+		{"gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", filepath.Join(dir, "libnvidia-ml.so.1"),
+			filepath.Join("..", "libnvml", "nvml.c"), "-ldl", "-lpthread"},
+		{"ln", "-s", "libcuda.so.1", filepath.Join(dir, "libcuda.so")},
+		{"ln", "-s", "libnvidia-ml.so.1", filepath.Join(dir, "libnvidia-ml.so")},
+		{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(dir, "nvml"), filepath.Join("testdata", "nvml.c"),
+			"-L" + dir, "-lnvidia-ml", "-lcuda"},
+	}
+	for _, s := range steps {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(s, " "), err, out)
+		}
+	}
+	return dir
+}
+
+// nvmlLine is one entry's line of the program's output: its result and
+// what it printed.
+type nvmlLine struct {
+	ret  int
+	rest string
+}
+
+// nvmlOutput is the program's lines by entry, in order.
+type nvmlOutput map[string][]nvmlLine
+
+func (o nvmlOutput) first(t *testing.T, name string) nvmlLine {
+	t.Helper()
+	if len(o[name]) == 0 {
+		t.Fatalf("the program printed no %s line", name)
+	}
+	return o[name][0]
+}
+
+// nums is the line's printed numbers.
+func (l nvmlLine) nums(t *testing.T) []uint64 {
+	t.Helper()
+	var v []uint64
+	for _, f := range strings.Fields(l.rest) {
+		n, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			t.Fatalf("%q: not numbers", l.rest)
+		}
+		v = append(v, n)
+	}
+	return v
+}
+
+// runNVML runs the NVML program in mode against endpoint (with env added)
+// and returns its lines and stderr. At a "checkpoint" line it calls
+// atCheckpoint, then lets the program go on.
+func runNVML(t *testing.T, dir, mode string, env []string, atCheckpoint func()) (nvmlOutput, string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(dir, "nvml"), mode)
+	cmd.Env = append(append(os.Environ(), "LD_LIBRARY_PATH="+dir, "VGPUHA_DEBUG=1"), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := nvmlOutput{}
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "checkpoint" {
+			atCheckpoint()
+			stdin.Write([]byte("\n"))
+			continue
+		}
+		f := strings.SplitN(line, " ", 3)
+		ret, err := strconv.Atoi(f[min(1, len(f)-1)])
+		if len(f) < 3 || err != nil {
+			t.Fatalf("unexpected line %q", line)
+		}
+		out[f[0]] = append(out[f[0]], nvmlLine{ret: ret, rest: strings.TrimSpace(f[2])})
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("nvml %s: %v\nstderr:\n%s", mode, err, stderr.String())
+	}
+	return out, stderr.String()
+}
+
+// nodeView is what the node says of its device, through a session of the
+// test's own.
+func nodeView(t *testing.T, endpoint string) (abi.DeviceInfoReply, abi.DeviceStatusReply) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pvdriver.Open(ctx, endpoint, pvdriver.Options{GuestName: "nvml-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.DeviceInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.DeviceStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info, st
+}
+
+// TestNVML runs the guest's NVML against a node on the software GPU:
+// every entry it serves once, with values checked against the node's; the
+// device NVML and CUDA each count and name under CUDA_VISIBLE_DEVICES;
+// and the same device after the primary fails over.
+func TestNVML(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: builds libcuda.so.1 and libnvidia-ml.so.1")
+	}
+	dir := buildNVML(t)
+	t.Run("entries", func(t *testing.T) { testNVMLEntries(t, dir) })
+	t.Run("visible", func(t *testing.T) { testNVMLVisible(t, dir) })
+	t.Run("failover", func(t *testing.T) { testNVMLFailover(t, dir) })
+}
+
+// simNotSupported are the entries whose values the software GPU does not
+// have: each must answer NVML_ERROR_NOT_SUPPORTED (3), never a number.
+var simNotSupported = []string{
+	"nvmlSystemGetDriverVersion", "nvmlSystemGetNVMLVersion", "nvmlDeviceGetMinorNumber", "nvmlDeviceGetBrand",
+	"nvmlDeviceGetArchitecture", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
+	"nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetPowerManagementDefaultLimit", "nvmlDeviceGetPerformanceState",
+	"nvmlDeviceGetPowerState", "nvmlDeviceGetComputeMode", "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetFanSpeed",
+	"nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkGeneration",
+	"nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetTemperature", "nvmlDeviceGetTemperatureThreshold",
+	"nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetClock", "application-clock",
+	"nvmlDeviceGetEccMode", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetSerial",
+	"nvmlDeviceGetBoardPartNumber", "nvmlDeviceGetVbiosVersion", "nvmlDeviceGetNvLinkState",
+	"nvmlDeviceGetTotalEnergyConsumption",
+}
+
+// wantReturns are the other entries' results (nvmlReturn_t).
+var wantReturns = map[string]int{
+	"uninitialized": 1, "nvmlInit": 0, "nvmlInit_v2": 0, "nvmlInitWithFlags": 0, "index-past-count": 2,
+	"name-short-buffer": 7, "memory-v2-bad-version": 25, "temperature-sensor-1": 2, "nvmlDeviceGetHandleBySerial": 6,
+	"unknown-export-table": 3, "nvmlEventSetCreate": 0, "nvmlDeviceRegisterEvents": 0, "nvmlEventSetWait_v2": 10,
+	"nvmlEventSetWait": 10, "nvmlEventSetFree": 0,
+	"nvmlShutdown": 0, "shutdown-2": 0, "shutdown-3": 0, "shutdown-4": 1, "after-shutdown": 1,
+}
+
+func testNVMLEntries(t *testing.T, dir string) {
+	c, err := cluster.Start(cluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, st := nodeView(t, c.Endpoint)
+	out, stderr := runNVML(t, dir, "full", []string{"VGPUHA_ENDPOINT=" + c.Endpoint}, nil)
+	for _, name := range nvmlapi.Names() {
+		if len(out[name]) == 0 {
+			t.Errorf("%s is served but the program never called it: add it to testdata/nvml.c", name)
+		}
+	}
+	for _, name := range simNotSupported {
+		if l := out.first(t, name); l.ret != 3 {
+			t.Errorf("%s on the software GPU: %d %q, want NVML_ERROR_NOT_SUPPORTED", name, l.ret, l.rest)
+		}
+	}
+	for name, want := range wantReturns {
+		if l := out.first(t, name); l.ret != want {
+			t.Errorf("%s: %d, want %d", name, l.ret, want)
+		}
+	}
+	if !strings.Contains(stderr, "nvmlDeviceGetTotalEnergyConsumption is not supported") {
+		t.Errorf("an unserved entry did not name itself with VGPUHA_DEBUG=1; stderr:\n%s", stderr)
+	}
+	checkNVMLIdentity(t, out, info)
+	checkNVMLMemory(t, out, info, st)
+	checkNVMLRest(t, out, info, dir)
+}
+
+// expect fails t unless entry's first line is a success that printed want.
+func expect(t *testing.T, out nvmlOutput, entry, want string) {
+	t.Helper()
+	if l := out.first(t, entry); l.ret != 0 || l.rest != want {
+		t.Errorf("%s: %d %q, want success %q", entry, l.ret, l.rest, want)
+	}
+}
+
+// checkNVMLIdentity: NVML's device is CUDA's and the node's, found by
+// index, UUID and PCI bus id alike.
+func checkNVMLIdentity(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply) {
+	uuid := abi.UUIDString(info.UUID)
+	for _, e := range []string{"nvmlDeviceGetUUID", "cuDeviceGetUuid"} {
+		expect(t, out, e, uuid)
+	}
+	expect(t, out, "nvmlDeviceGetName", info.Name)
+	expect(t, out, "cuDeviceGetName", info.Name)
+	expect(t, out, "nvmlDeviceGetCount", "1")
+	expect(t, out, "nvmlDeviceGetCount_v2", "1")
+	expect(t, out, "nvmlDeviceGetIndex", "0")
+	for _, e := range []string{"nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetHandleByPciBusId"} {
+		expect(t, out, e, "1") // the same handle as by index
+	}
+	dom, bus, dev := info.Attrs[50], info.Attrs[33], info.Attrs[34]
+	expect(t, out, "nvmlDeviceGetPciInfo_v3", fmt.Sprintf("%d %d %d %08X:%02X:%02X.0 %04X:%02X:%02X.0", dom, bus, dev, dom, bus, dev, dom, bus, dev))
+	expect(t, out, "nvmlDeviceGetCudaComputeCapability", fmt.Sprintf("%d %d", info.Attrs[75], info.Attrs[76]))
+}
+
+// checkNVMLMemory: total is the device's (or the guest's quota), used is
+// what the guest holds: the 64 MiB this process allocated through CUDA,
+// which its process list shows too.
+func checkNVMLMemory(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply, st abi.DeviceStatusReply) {
+	total := info.TotalMem
+	if q, ok := st.Get(abi.FieldGuestMemoryQuota); ok {
+		total = q
+	}
+	const held = 64 << 20
+	lines := out["nvmlDeviceGetMemoryInfo"]
+	if len(lines) != 2 || lines[0].ret != 0 || lines[1].ret != 0 {
+		t.Fatalf("nvmlDeviceGetMemoryInfo: %+v", lines)
+	}
+	before, after := lines[0].nums(t), lines[1].nums(t)
+	if before[0] != total || before[1]+before[2] != total || after[0] != total || after[1]+after[2] != total {
+		t.Errorf("memory before %v and after %v: want a total of %d, free + used = total", before, after, total)
+	}
+	if after[2] < before[2]+held {
+		t.Errorf("used %d after this process allocated %d bytes, %d before", after[2], held, before[2])
+	}
+	v2 := out.first(t, "nvmlDeviceGetMemoryInfo_v2").nums(t)
+	if v2[0] != total || v2[2] != after[2] || v2[1] != after[1] || v2[3] != 0 {
+		t.Errorf("memory v2 %v, v1 %v", v2, after)
+	}
+	pid := out.first(t, "getpid").nums(t)[0]
+	for _, e := range []string{"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2", "nvmlDeviceGetComputeRunningProcesses"} {
+		l := out.first(t, e)
+		v := l.nums(t) // result of the count query, count needed, count, pid, memory
+		if l.ret != 0 || v[0] != 7 || v[1] != 1 || v[2] != 1 || v[3] != pid || v[4] < held {
+			t.Errorf("%s: %d %v, want the process itself holding at least %d bytes", e, l.ret, v, held)
+		}
+	}
+	expect(t, out, "smi-slot-213", fmt.Sprintf("1 %d %d %s", pid, out.first(t, "nvmlDeviceGetComputeRunningProcesses_v3").nums(t)[4],
+		out.first(t, "nvmlSystemGetProcessName").rest))
+	for _, e := range []string{"nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2", "nvmlDeviceGetGraphicsRunningProcesses"} {
+		expect(t, out, e, "0 0 0 0 0")
+	}
+}
+
+// checkNVMLRest: versions, names and what the library answers as absent.
+func checkNVMLRest(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply, dir string) {
+	expect(t, out, "nvmlErrorString", "Not Supported")
+	expect(t, out, "nvmlSystemGetCudaDriverVersion", "13000")
+	expect(t, out, "nvmlSystemGetCudaDriverVersion_v2", "13000")
+	expect(t, out, "nvmlSystemGetProcessName", filepath.Join(dir, "nvml"))
+	expect(t, out, "nvmlDeviceGetMigMode", "0 0")
+	expect(t, out, "nvmlDeviceGetDisplayMode", "0")
+	expect(t, out, "nvmlDeviceGetDisplayActive", "0")
+	expect(t, out, "nvmlDeviceGetP2PStatus", "5")
+	expect(t, out, "nvmlDeviceGetTopologyCommonAncestor", "0")
+	expect(t, out, "nvmlDeviceGetTopologyNearestGpus", "0")
+	expect(t, out, "nvmlDeviceGetSupportedEventTypes", "0")
+	expect(t, out, "nvmlInternalGetExportTable", "1")
+	expect(t, out, "smi-slot-81", "1")
+	expect(t, out, "smi-slot-100", "0")
+}
+
+// testNVMLVisible: NVML and CUDA count the same devices under every
+// CUDA_VISIBLE_DEVICES, and name the same one.
+func testNVMLVisible(t *testing.T, dir string) {
+	c, err := cluster.Start(cluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, _ := nodeView(t, c.Endpoint)
+	uuid := abi.UUIDString(info.UUID)
+	for _, tc := range []struct {
+		env     []string
+		visible bool
+	}{
+		{nil, true},
+		{[]string{"CUDA_VISIBLE_DEVICES=0"}, true},
+		{[]string{"CUDA_VISIBLE_DEVICES=" + uuid}, true},
+		{[]string{"CUDA_VISIBLE_DEVICES=" + uuid[:12]}, true},
+		{[]string{"CUDA_VISIBLE_DEVICES=1"}, false},
+		{[]string{"CUDA_VISIBLE_DEVICES=1,0"}, false},
+		{[]string{"CUDA_VISIBLE_DEVICES="}, false},
+		{[]string{"CUDA_VISIBLE_DEVICES=GPU-ffffffff"}, false},
+	} {
+		out, _ := runNVML(t, dir, "visible", append(tc.env, "VGPUHA_ENDPOINT="+c.Endpoint), nil)
+		if tc.visible {
+			expect(t, out, "nvmlDeviceGetCount_v2", "1")
+			expect(t, out, "cuInit", "")
+			expect(t, out, "cuDeviceGetCount", "1")
+			expect(t, out, "nvmlDeviceGetUUID", uuid)
+			expect(t, out, "cuDeviceGetUuid", uuid)
+			continue
+		}
+		expect(t, out, "nvmlDeviceGetCount_v2", "0")
+		if l := out.first(t, "cuInit"); l.ret != 100 { // CUDA_ERROR_NO_DEVICE
+			t.Errorf("%v: cuInit %d, want CUDA_ERROR_NO_DEVICE", tc.env, l.ret)
+		}
+		if l := out.first(t, "cuDeviceGetCount"); l.ret == 0 && l.rest != "0" {
+			t.Errorf("%v: CUDA counts %s devices, NVML none", tc.env, l.rest)
+		}
+	}
+}
+
+// testNVMLFailover: after the primary is killed the NVML still answers,
+// for the same device.
+func testNVMLFailover(t *testing.T, dir string) {
+	c := protectedPair(t, cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit})
+	info, _ := nodeView(t, c.Endpoint)
+	out, _ := runNVML(t, dir, "failover", []string{"VGPUHA_ENDPOINT=" + c.Endpoint, "VGPUHA_FAILOVER=" + c.StandbyEndpoint}, c.KillPrimary)
+	if c.Standby.Promoted() == nil {
+		t.Fatal("the standby was never promoted")
+	}
+	for _, e := range []string{"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo"} {
+		lines := out[e]
+		if len(lines) != 2 || lines[0].ret != 0 || lines[1] != lines[0] {
+			t.Errorf("%s before and after the failover: %+v", e, lines)
+		}
+	}
+	expect(t, out, "nvmlDeviceGetUUID", abi.UUIDString(info.UUID))
+	if l := out.first(t, "nvmlDeviceGetTemperature"); l.ret != 3 {
+		t.Errorf("temperature after the failover: %d, want the standby's software GPU's NVML_ERROR_NOT_SUPPORTED", l.ret)
+	}
+}
