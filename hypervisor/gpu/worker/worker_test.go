@@ -444,10 +444,13 @@ func TestWorkersDieWithNode(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	defer func() { // the node, whatever the test found (it runs until killed)
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
 	line, _ := bufio.NewReader(out).ReadString('\n')
 	var pid int
 	if _, err := fmt.Sscanf(line, "worker %d", &pid); err != nil {
-		cmd.Process.Kill()
 		t.Fatalf("the node said %q", line)
 	}
 	children := childrenOf(cmd.Process.Pid)
