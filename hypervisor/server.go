@@ -67,8 +67,9 @@ type Config struct {
 	MaxSessions int
 	// GuestKernels lets guests load kernels that are not the library's own
 	// (their own PTX or images). Such a kernel can read and write any memory
-	// of this process's GPU contexts, so it needs MaxSessions == 1: one
-	// guest per primary process.
+	// of its process's GPU contexts, so it needs MaxSessions == 1 (one
+	// guest per primary process) unless the backend runs every context in
+	// a process of its own (gpu.ProcessIsolator: GPU workers).
 	GuestKernels bool
 	// MemoryQuota bounds each session's allocated bytes.
 	MemoryQuota uint64
@@ -174,8 +175,6 @@ func (c Config) validate() error {
 		return errors.New("image cache bounds must not be negative")
 	case c.TenantMaxSessions <= 0 || c.TenantMaxDetached < 0 || c.MaxGrace < 0:
 		return errors.New("tenant session limits must be positive, detached limit and grace cap not negative")
-	case c.GuestKernels && c.MaxSessions != 1:
-		return errors.New("--guest.kernels needs --guest.max-sessions 1: a guest-built kernel reaches every session's memory in its process (run one primary per guest)")
 	case c.RequestBufferBytes < 2*int64(c.MaxPayload):
 		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
 	case c.ReplyQueueBytes < 0 || c.WriteTimeout < 0:
@@ -244,6 +243,10 @@ type Server struct {
 func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Server, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("hypervisor config: %w", err)
+	}
+	if cfg.GuestKernels && cfg.MaxSessions != 1 && !gpu.IsolatesContexts(backend) {
+		return nil, errors.New("hypervisor config: --guest.kernels needs GPU workers (--guest.workers on or auto) or --guest.max-sessions 1: " +
+			"a guest-built kernel reaches every session's memory in its process")
 	}
 	s := &Server{
 		cfg: cfg, backend: backend, log: log,

@@ -4,6 +4,12 @@
 // kit and an etcd server; it is not for production hosts.
 package main
 
-import "github.com/vgpuha/vgpuha/internal/lab/labcmd"
+import (
+	"github.com/vgpuha/vgpuha/internal/lab/labcmd"
+	"github.com/vgpuha/vgpuha/internal/node"
+)
 
-func main() { labcmd.Program().Main() }
+func main() {
+	node.RunWorkerIfAsked() // a GPU worker this binary's node started
+	labcmd.Program().Main()
+}

@@ -36,6 +36,7 @@ func TestBadValuesRefused(t *testing.T) {
 		{[]string{"primary", "--tenant.quota", "uid:1=4GiB,0,1"}, "", "--tenant.quota: SESSIONS 0"},
 		{[]string{"bench", "resync", "--sizes", "1GiB,4GB"}, "", "--sizes: \"4GB\" is not a size"},
 		{[]string{"guest", "--workload", "vaddd"}, "", "--workload: unknown workload"},
+		{[]string{"primary", "--guest.workers", "maybe"}, "", "--guest.workers: want auto, on or off"},
 		{[]string{"bench", "pvv"}, "", "did you mean pv?"},
 	} {
 		cmd := exec.Command(binFor(c.args[0]), c.args...)

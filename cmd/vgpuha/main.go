@@ -5,6 +5,12 @@
 // tool is cmd/vgpuha-lab.
 package main
 
-import "github.com/vgpuha/vgpuha/internal/agent"
+import (
+	"github.com/vgpuha/vgpuha/internal/agent"
+	"github.com/vgpuha/vgpuha/internal/node"
+)
 
-func main() { agent.Program().Main() }
+func main() {
+	node.RunWorkerIfAsked() // a GPU worker this binary's node started
+	agent.Program().Main()
+}

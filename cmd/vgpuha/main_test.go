@@ -425,18 +425,20 @@ func TestFrozenPrimaryComesBackFenced(t *testing.T) {
 
 // TestReplicationProcesses runs a standby and a primary as separate
 // processes, guests that keep their sessions open, and `vgpuha verify`.
-func TestReplicationProcesses(t *testing.T) {
-	skipShort(t)
-	dir := t.TempDir()
-	keyFile := writeKey(t, dir)
+// replicatedGuests starts a standby on replAddr and a commit-mode primary
+// streaming to it, both with extra flags, runs two guests through every
+// workload and checks that verify finds the replica identical; it returns
+// the standby.
+func replicatedGuests(t *testing.T, dir, keyFile, replAddr string, extra ...string) *proc {
+	t.Helper()
 	tokenFile := filepath.Join(dir, "admin-token") // verify is a POST: over tcp it needs the admin token
 	os.WriteFile(tokenFile, []byte("test-admin-token-0123456789\n"), 0o600)
-	replAddr, adminAddr := freePort(t), freePort(t)
+	adminAddr := freePort(t)
 	sock := filepath.Join(dir, "g.sock")
 
-	sb := startNode(t, "standby", "--listen", "tcp://"+replAddr, "--replicate.key-file", keyFile)
-	startPrimary(t, "--guest-listen", "unix://"+sock, "--admin-listen", adminAddr, "--admin.token-file", tokenFile,
-		"--replicate-to", "tcp://"+replAddr, "--replicate.key-file", keyFile, "--mode", "commit")
+	sb := startNode(t, append([]string{"standby", "--listen", "tcp://" + replAddr, "--replicate.key-file", keyFile}, extra...)...)
+	startPrimary(t, append([]string{"--guest-listen", "unix://" + sock, "--admin-listen", adminAddr, "--admin.token-file", tokenFile,
+		"--replicate-to", "tcp://" + replAddr, "--replicate.key-file", keyFile, "--mode", "commit"}, extra...)...)
 
 	var holders []*exec.Cmd
 	defer func() {
@@ -477,6 +479,24 @@ func TestReplicationProcesses(t *testing.T) {
 	if !rep.Match || rep.Objects < 2*len(workload.Names()) || rep.Bytes == 0 {
 		t.Fatalf("verify report: %+v", rep)
 	}
+	return sb
+}
+
+// TestReplicationProcessesWorkers is TestReplicationProcesses' replication
+// with every guest session in a GPU worker of its own on both nodes
+// (--guest.workers auto: --guest.kernels turns them on) and no one-guest limit.
+func TestReplicationProcessesWorkers(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	replicatedGuests(t, dir, writeKey(t, dir), freePort(t), "--guest.kernels", "--guest.workers", "auto", "--guest.max-sessions", "4")
+}
+
+func TestReplicationProcesses(t *testing.T) {
+	skipShort(t)
+	dir := t.TempDir()
+	keyFile := writeKey(t, dir)
+	replAddr := freePort(t)
+	sb := replicatedGuests(t, dir, keyFile, replAddr)
 	// A standby refuses a primary with another key.
 	bad := filepath.Join(dir, "bad")
 	os.WriteFile(bad, []byte("some-other-key-entirely-123456"), 0o600)

@@ -101,3 +101,13 @@ func (b *Backend) closeSpares() {
 func (b *Backend) destroySpare(ctx uintptr) {
 	onThread(func() error { return b.d.check("cuCtxDestroy", b.d.cuCtxDestroy(ctx)) })
 }
+
+// MakeContextAhead makes one context now, for the backend's first
+// NewContext, and none after it is taken: a GPU worker serves one context
+// (hypervisor/gpu/worker), and a spare kept for a second would hold its
+// device memory for nothing. Call it instead of KeepSpareContexts.
+func (b *Backend) MakeContextAhead() {
+	s := &spares{ready: make(chan uintptr, 1), need: make(chan struct{}, 1), stop: make(chan struct{})}
+	b.spares = s
+	b.makeSpare(s)
+}

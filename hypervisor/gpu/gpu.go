@@ -306,3 +306,19 @@ type GlobalAccessor interface {
 	WriteGlobal(addr uint64, src []byte) error
 	ReadGlobal(dst []byte, addr uint64) error
 }
+
+// ProcessIsolator is implemented by backends that run every context in a
+// process of its own (hypervisor/gpu/worker): a kernel of one context,
+// the guest's own included, cannot reach another context's memory, and a
+// fault ends its own context only. Such a backend may serve guests' own
+// kernels beside other guests.
+type ProcessIsolator interface {
+	IsolatesContexts() bool
+}
+
+// IsolatesContexts reports whether b runs every context in a process of
+// its own (ProcessIsolator).
+func IsolatesContexts(b Backend) bool {
+	p, ok := b.(ProcessIsolator)
+	return ok && p.IsolatesContexts()
+}

@@ -114,7 +114,8 @@ func untranslatable(spec abi.KernelSpec) string {
 // all the memory the launch reaches through its pointer arguments lies in
 // this session's allocations: a GPU runs the kernel's code unchecked. A
 // kernel that follows pointers stored in memory reaches further than that,
-// so it runs only where the backend checks every access or the process
+// so it runs only where the backend checks every access, runs each
+// session in a process of its own (gpu.ProcessIsolator) or the process
 // serves one guest (Config.GuestKernels). Guest-built kernels (allowed only
 // with one guest per process) are not checked.
 func (o *Set) checkFootprint(spec abi.KernelSpec, r *abi.Launch) error {
@@ -136,9 +137,10 @@ func (o *Set) checkFootprint(spec abi.KernelSpec, r *abi.Launch) error {
 				spec.Name, e.What, e.Bytes, r.Args[e.Arg].Bits)
 		}
 	}
-	if checker, ok := o.cfg.Backend.(gpu.AccessChecker); k.FollowsPointers && !o.cfg.GuestKernels && (!ok || !checker.ChecksEveryAccess()) {
+	isolated := o.cfg.GuestKernels || gpu.IsolatesContexts(o.cfg.Backend)
+	if checker, ok := o.cfg.Backend.(gpu.AccessChecker); k.FollowsPointers && !isolated && (!ok || !checker.ChecksEveryAccess()) {
 		return guesterr.Fail(abi.StatusNotSupported, "kernel %s follows pointers stored in device memory, which this GPU does not check; "+
-			"it needs a primary per guest (--guest.kernels with --guest.max-sessions 1)", spec.Name)
+			"it needs GPU workers (--guest.workers on) or a primary per guest (--guest.kernels with --guest.max-sessions 1)", spec.Name)
 	}
 	return nil
 }

@@ -29,9 +29,13 @@ func (o *Set) ImageStage(r *abi.ImageStage) (abi.Body, error) {
 	return nil, o.uploads.Stage(r, !o.replaying)
 }
 
+// ownKernels is what a guest's own kernels need, as refusals say it.
+const ownKernels = "--guest.kernels (with --guest.workers on each guest in a GPU worker of its own; with workers off, the default, one guest per primary: --guest.max-sessions 1)"
+
 // checkGuestKernels refuses a module with a kernel that is not the
-// library's own (by name, signature and PTX) unless the node runs one guest
-// per process (Config.GuestKernels): the library's kernels have their
+// library's own (by name, signature and PTX) unless the node lets guests
+// bring their own (Config.GuestKernels: each in a GPU worker of its own,
+// or one guest per process): the library's kernels have their
 // arguments checked, a guest's own kernel can dereference any address of
 // the process's contexts, other sessions' included.
 func (o *Set) checkGuestKernels(img *abi.ModuleImage) error {
@@ -39,13 +43,11 @@ func (o *Set) checkGuestKernels(img *abi.ModuleImage) error {
 		return nil
 	}
 	if img.Format != abi.FormatKernels {
-		return guesterr.Fail(abi.StatusNotSupported, "a %v image holds the guest's own machine code; it needs a primary per guest "+
-			"(--guest.kernels with --guest.max-sessions 1)", img.Format)
+		return guesterr.Fail(abi.StatusNotSupported, "a %v image holds the guest's own machine code; it needs "+ownKernels, img.Format)
 	}
 	for _, spec := range img.Kernels {
 		if !kernels.IsLibrary(spec) {
-			return guesterr.Fail(abi.StatusNotSupported, "kernel %q is not a library kernel; guest-built kernels need a primary per guest "+
-				"(--guest.kernels with --guest.max-sessions 1)", spec.Name)
+			return guesterr.Fail(abi.StatusNotSupported, "kernel %q is not a library kernel; guest-built kernels need "+ownKernels, spec.Name)
 		}
 	}
 	return nil

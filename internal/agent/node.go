@@ -31,7 +31,9 @@ type BackendFlags struct {
 	Name      string
 	SimMemory uint64
 	SimShift  uint64
-	Spares    int // CUDA contexts made ahead
+	Spares    int // CUDA contexts (or GPU workers) made ahead
+	// Workers is --guest.workers: on, off, or auto (on with --guest.kernels).
+	Workers string
 }
 
 // Register adds the backend's flags to fs.
@@ -52,17 +54,33 @@ const MaxSimMemory = 1 << 40
 func CheckBackend(name string) error { return node.CheckGPU(name) }
 
 func (b *BackendFlags) gpu() node.GPU {
-	return node.GPU{Name: b.Name, SimMemoryBytes: b.SimMemory, SimBaseShift: b.SimShift, SpareContexts: b.Spares}
+	return node.GPU{Name: b.Name, SimMemoryBytes: b.SimMemory, SimBaseShift: b.SimShift, SpareContexts: b.Spares, Workers: b.Workers == "on"}
 }
 
 // Open opens the backend the flags chose.
 func (b *BackendFlags) Open() (gpu.Backend, error) { return b.gpu().Open() }
 
+// checkWorkers accepts --guest.workers' words.
+func checkWorkers(v string) error {
+	switch v {
+	case "auto", "on", "off":
+		return nil
+	}
+	return fmt.Errorf("want auto, on or off, got %q", v)
+}
+
+// workersFlag registers --guest.workers.
+func workersFlag(fs *flag.FlagSet, b *BackendFlags) {
+	cli.StringVar(fs, &b.Workers, "guest.workers", "off", checkWorkers, "run each guest session's GPU work in a worker process of its own (its own GPU context: "+
+		"a guest's kernel reaches no other guest's memory, and a fault ends that guest's session alone): on, off, or auto (on with --guest.kernels; "+
+		"--guest.kernels with off needs --guest.max-sessions 1; off by default until workers are measured on a GPU)")
+}
+
 // configFlags registers the hypervisor's limits.
 func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.SizeVar(fs, &cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, 1, cli.MaxUint64, "device memory each guest may allocate")
 	cli.IntVar(fs, &cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, 1, 1<<16, "concurrent guest sessions")
-	fs.BoolVar(&cfg.GuestKernels, "guest.kernels", false, "let guests load their own kernels, not only the library's (needs --guest.max-sessions 1: one guest per primary process)")
+	fs.BoolVar(&cfg.GuestKernels, "guest.kernels", false, "let guests load their own kernels, not only the library's (each guest's GPU work then runs in a worker process of its own: --guest.workers)")
 	cli.IntVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, cli.MaxInt, "allocations plus handles each guest may hold")
 	cli.IntVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")
 	cli.SizeVar(fs, &cfg.WindowSize, "va.window-bytes", cfg.WindowSize, cfg.AllocAlign, 1<<46, "size of each guest's device-address window (a multiple of 2 MiB)")

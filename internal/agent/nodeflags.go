@@ -45,6 +45,7 @@ func (f *nodeFlags) register(fs *flag.FlagSet, standby bool) {
 	f.backend.Register(fs)
 	f.hv = hypervisor.DefaultConfig()
 	configFlags(fs, &f.hv)
+	workersFlag(fs, &f.backend)
 	f.newLog = cli.LogFlag(fs)
 	f.config = cli.ConfigFlag(fs)
 	f.show = fs.Bool("config.show", false, "print every flag's effective value and where it came from (flag, env, file, default), then exit")
@@ -65,6 +66,9 @@ func (f *nodeFlags) parse(fs *flag.FlagSet, args []string) (stop bool, err error
 // where a standby takes its stream (the coordinator's records name it).
 func (f *nodeFlags) runConfig(standby bool, guestListen, advertise string, log *slog.Logger) (node.RunConfig, error) {
 	f.backend.Spares = min(f.backend.Spares, f.hv.MaxSessions) // no more contexts ahead than sessions that could take them
+	if f.backend.Workers == "auto" && f.hv.GuestKernels {
+		f.backend.Workers = "on"
+	}
 	rc := node.RunConfig{Standby: standby, GPU: f.backend.gpu(), Registry: newRegistry()}
 	rc.Node = node.Config{Hypervisor: f.hv, Logger: log, GuestListen: guestListen, StandbyLossAfter: f.coord.standbyLossAfter}
 	f.pair.apply(&rc.Node)

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 	"github.com/vgpuha/vgpuha/failover"
 	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu/worker"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/internal/coordinator"
@@ -196,7 +198,16 @@ type GPU struct {
 	Name           string
 	SimMemoryBytes uint64
 	SimBaseShift   uint64 // forces address translation on a standby (tests)
-	SpareContexts  int    // CUDA contexts kept made ahead
+	// SpareContexts is how many CUDA contexts are kept made ahead, or,
+	// with Workers, how many workers are kept started.
+	SpareContexts int
+	// Workers runs each context in a worker process of its own
+	// (hypervisor/gpu/worker), which opens the backend the other fields
+	// name; the node itself then opens no GPU.
+	Workers bool
+	// OneContext is a worker's GPU: it serves one context, made ahead on
+	// CUDA (instead of SpareContexts).
+	OneContext bool
 }
 
 // CheckGPU accepts the backend names Open knows.
@@ -219,6 +230,9 @@ func (g GPU) Open() (gpu.Backend, error) {
 	if err := CheckGPU(g.Name); err != nil {
 		return nil, err
 	}
+	if g.Workers {
+		return g.openWorkers()
+	}
 	ordinal := 0
 	if n, ok := strings.CutPrefix(g.Name, "cuda:"); ok {
 		ordinal, _ = strconv.Atoi(n) // checked above
@@ -239,15 +253,48 @@ func (g GPU) Open() (gpu.Backend, error) {
 	return g.openCUDA(ordinal)
 }
 
-// openCUDA opens CUDA device ordinal, keeping SpareContexts made ahead.
+// openCUDA opens CUDA device ordinal, keeping SpareContexts made ahead
+// (a worker's GPU: its one context).
 func (g GPU) openCUDA(ordinal int) (gpu.Backend, error) {
 	c, err := cuda.New(ordinal)
 	if err != nil {
 		return nil, err
 	}
-	c.KeepSpareContexts(g.SpareContexts)
+	if g.OneContext {
+		c.MakeContextAhead()
+	} else {
+		c.KeepSpareContexts(g.SpareContexts)
+	}
 	return c, nil
 }
+
+// openWorkers starts the backend whose contexts run in worker processes,
+// each of which opens g's GPU for one context (so a CUDA worker makes its
+// one context ahead, and a spare worker is a spare context).
+func (g GPU) openWorkers() (gpu.Backend, error) {
+	child := g
+	child.Workers, child.SpareContexts, child.OneContext = false, 0, true
+	spec, err := json.Marshal(child)
+	if err != nil {
+		return nil, err
+	}
+	return worker.New(worker.Config{Spec: string(spec), Spares: max(g.SpareContexts, 1)})
+}
+
+// OpenWorkerSpec opens the GPU a worker's spec names (openWorkers').
+func OpenWorkerSpec(spec string) (gpu.Backend, error) {
+	var g GPU
+	if err := json.Unmarshal([]byte(spec), &g); err != nil || g.Workers {
+		return nil, fmt.Errorf("a GPU worker's spec %q: not one a node wrote (%v)", spec, err)
+	}
+	return g.Open()
+}
+
+// RunWorkerIfAsked serves as a GPU worker, and exits, when a node started
+// this process as one; otherwise it returns at once. The agent's and the
+// lab's main call it first, as does the TestMain of a test binary whose
+// nodes run workers.
+func RunWorkerIfAsked() { worker.RunIfAsked(OpenWorkerSpec) }
 
 // serveAdmin serves mux on ln (nil: no admin endpoint) until stop.
 // tokenFile holds the admin token (package admin says what it guards).
