@@ -44,7 +44,7 @@ func TestRawImagesRefusedWhereTheyCannotRun(t *testing.T) {
 		status abi.Status
 		says   string
 	}{
-		{"shared primary", hypervisor.DefaultConfig(), wire, abi.StatusNotSupported, "--guest.kernels (each guest in a GPU worker"},
+		{"shared primary", hypervisor.DefaultConfig(), wire, abi.StatusNotSupported, "--guest.kernels (with --guest.workers on each guest in a GPU worker"},
 		{"software GPU", oneGuest, wire, abi.StatusNotSupported, "needs --backend cuda"},
 		{"broken framing", oneGuest, broken, abi.StatusInvalidValue, "not a CUDA GPU"},
 	} {
