@@ -4,6 +4,12 @@
 # everything is already there. Without root or apt it says what is missing
 # and carries on; the VM tests then skip with that reason.
 set -euo pipefail
+# apt_quiet is apt-get without the notes a root download into a folder apt's
+# own user cannot write, and a system without apt-utils, print on every run
+# (errors still show).
+apt_quiet() {
+	apt-get -o APT::Sandbox::User=root "$@" 2> >(grep -v -e '^W: Download is performed unsandboxed' -e '^debconf: delaying package configuration' >&2)
+}
 cd "$(dirname "$0")/.."
 
 need=()
@@ -21,8 +27,8 @@ if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "setup: installing ${need[*]}"
 		export DEBIAN_FRONTEND=noninteractive
-		apt-get update -q >/dev/null
-		apt-get install -y -q "${need[@]}" >/dev/null
+		apt_quiet update -q >/dev/null
+		apt_quiet install -y -q "${need[@]}" >/dev/null
 	else
 		echo "setup: missing ${need[*]} and cannot apt-get install them; VM tests will skip" >&2
 	fi
@@ -34,7 +40,7 @@ if [ ! -f .vm/vmlinuz ] && command -v apt-get >/dev/null; then
 	if [ -n "$pkg" ]; then
 		echo "setup: fetching $pkg for the VM tests"
 		rm -rf .vm/tmp && mkdir -p .vm/tmp
-		(cd .vm/tmp && apt-get download -q "$pkg" >/dev/null)
+		(cd .vm/tmp && apt_quiet download -q "$pkg" >/dev/null)
 		dpkg-deb -x .vm/tmp/*.deb .vm/tmp/root
 		kver=${pkg#linux-image-}
 		cp .vm/tmp/root/boot/vmlinuz-"$kver" .vm/vmlinuz.tmp
@@ -57,7 +63,7 @@ if [ -f .vm/kernel-version ] && [ ! -f .vm/headers/build/Makefile ] && command -
 	if [ -n "$deps" ]; then
 		echo "setup: fetching $hpkg" $deps "for the kernel module"
 		rm -rf .vm/htmp && mkdir -p .vm/htmp
-		(cd .vm/htmp && apt-get download -q "$hpkg" $deps >/dev/null)
+		(cd .vm/htmp && apt_quiet download -q "$hpkg" $deps >/dev/null)
 		for d in .vm/htmp/*.deb; do dpkg-deb -x "$d" .vm/htmp/root; done
 		rm -rf .vm/headers && mkdir -p .vm/headers
 		mv .vm/htmp/root/usr .vm/headers/usr
