@@ -184,6 +184,13 @@ func (c *Client) readReply(rr *replyReader) bool {
 		return false
 	}
 	st, _, _ := abi.DecodeReply(f.Payload, nil)
+	if st == abi.StatusDeposed && c.failover() {
+		// The node was fenced and ran nothing of this request: look for
+		// the node that took the session over, as for a lost connection,
+		// and resend there (a session it does not hold is lost).
+		c.lost(rr.gen, fmt.Errorf("%s answered %s: deposed", f.Op, st))
+		return false
+	}
 	c.mu.Lock()
 	if rr.gen != c.gen {
 		// A connection the client gave up (a stalled node it moved away
