@@ -168,19 +168,12 @@ func (d *driver) launchEx(f uintptr, cfg gpu.LaunchConfig, s uintptr, params uns
 	if d.cuLaunchKernelEx == nil {
 		return resultNotSupported
 	}
-	attrs := make([]launchAttribute, 0, 2)
 	if c := cfg.Cluster; c.Count() > portableClusterSize {
 		if r := d.cuFuncSetAttribute(f, funcAttrNonPortableCluster, 1); r != 0 { // as a program does before such a launch
 			return r
 		}
 	}
-	if c := cfg.Cluster; c != (abi.Dim3{}) {
-		a := launchAttribute{id: launchAttrClusterDimension}
-		binary.LittleEndian.PutUint32(a.value[0:], c.X)
-		binary.LittleEndian.PutUint32(a.value[4:], c.Y)
-		binary.LittleEndian.PutUint32(a.value[8:], c.Z)
-		attrs = append(attrs, a)
-	}
+	attrs := clusterAttrs(cfg.Cluster, 2)
 	if cfg.Cooperative {
 		a := launchAttribute{id: launchAttrCooperative}
 		binary.LittleEndian.PutUint32(a.value[0:], 1)
@@ -192,6 +185,20 @@ func (d *driver) launchEx(f uintptr, cfg gpu.LaunchConfig, s uintptr, params uns
 	runtime.KeepAlive(attrs)
 	runtime.KeepAlive(lc)
 	return r
+}
+
+// clusterAttrs is a launch's attributes with room for n, holding
+// CLUSTER_DIMENSION for cluster c unless c is zero (no cluster).
+func clusterAttrs(c abi.Dim3, n int) []launchAttribute {
+	attrs := make([]launchAttribute, 0, n)
+	if c != (abi.Dim3{}) {
+		a := launchAttribute{id: launchAttrClusterDimension}
+		binary.LittleEndian.PutUint32(a.value[0:], c.X)
+		binary.LittleEndian.PutUint32(a.value[4:], c.Y)
+		binary.LittleEndian.PutUint32(a.value[8:], c.Z)
+		attrs = append(attrs, a)
+	}
+	return attrs
 }
 
 // hasOccupancy reports whether the driver answers occupancy question k.
@@ -216,14 +223,7 @@ func (d *driver) occupancy(f uintptr, q *abi.Occupancy) (int32, error) {
 		r := d.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&n, f, int32(q.Block.Count()), uint64(q.SharedBytes), q.Flags)
 		return n, d.check("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", r)
 	}
-	var attrs []launchAttribute
-	if c := q.Cluster; c != (abi.Dim3{}) {
-		a := launchAttribute{id: launchAttrClusterDimension}
-		binary.LittleEndian.PutUint32(a.value[0:], c.X)
-		binary.LittleEndian.PutUint32(a.value[4:], c.Y)
-		binary.LittleEndian.PutUint32(a.value[8:], c.Z)
-		attrs = append(attrs, a)
-	}
+	attrs := clusterAttrs(q.Cluster, 1)
 	lc := &launchConfig{gridX: q.Grid.X, gridY: q.Grid.Y, gridZ: q.Grid.Z, blockX: q.Block.X, blockY: q.Block.Y,
 		blockZ: q.Block.Z, shared: q.SharedBytes, attrs: unsafe.SliceData(attrs), numAttrs: uint32(len(attrs))}
 	call, name := d.cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters"
