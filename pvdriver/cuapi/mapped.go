@@ -143,6 +143,12 @@ func (d *Driver) deviceAddress(t Thread, p uint64) uint64 {
 // outside the device window and inside the span of pinned memory are
 // looked up; a pointer inside a structure passed by value is not found.
 func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) {
+	d.mu.Lock()
+	base, size, lo, hi := d.base, d.size, d.hostLo, d.hostHi
+	d.mu.Unlock()
+	if hi == 0 { // no host memory pinned yet: the usual launch
+		return
+	}
 	for i := range args {
 		a := &args[i]
 		var v uint64
@@ -154,11 +160,8 @@ func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) {
 		default:
 			continue
 		}
-		d.mu.Lock()
-		candidate := (v < d.base || v-d.base >= d.size) && v >= d.hostLo && v < d.hostHi
-		d.mu.Unlock()
-		if !candidate {
-			continue
+		if (v >= base && v-base < size) || v < lo || v >= hi {
+			continue // inside the device window, or outside every pinned buffer
 		}
 		if dev := d.deviceAddress(t, v); dev != v {
 			if a.Kind == abi.ArgBytes {
@@ -203,11 +206,8 @@ func (d *Driver) dropMirror(base uintptr) {
 func (d *Driver) freeMirror(dev uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if a, ok := d.allocs[dev]; ok && d.client != nil {
-		if d.client.Free(pvdriver.DevicePtr(dev)) == nil {
-			delete(d.allocs, dev)
-			d.used -= a.size
-		}
+	if d.client != nil {
+		d.freeLocked(dev) // a failure leaves it allocated until the session ends
 	}
 }
 

@@ -56,6 +56,12 @@ func (d *Driver) MemFree(t Thread, p uint64) Result {
 	if _, r := d.current(t); r != Success || p == 0 {
 		return r
 	}
+	return d.freeLocked(p)
+}
+
+// freeLocked frees the allocation at p and forgets it.
+// Precondition: d.mu must be locked and d.client set.
+func (d *Driver) freeLocked(p uint64) Result {
 	a, ok := d.allocs[p]
 	if !ok {
 		return ErrorInvalidValue
