@@ -24,15 +24,7 @@ func isGlobalOp(op abi.Opcode) bool {
 // allocated, and none of it changes the session.
 func TestModuleVariablesRefusedHere(t *testing.T) {
 	sess := newSimSession(t)
-	img, err := kernels.Image("vadd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reply, err := sess.handle(abi.OpModuleLoad, 1, false, (&abi.ModuleLoad{Image: img}).Append(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	module := abi.ResultOf(reply)
+	module := loadVadd(t, sess, 1)
 	for i, tt := range []struct {
 		op   abi.Opcode
 		req  abi.Body
@@ -57,6 +49,21 @@ func TestModuleVariablesRefusedHere(t *testing.T) {
 }
 
 // newSimSession is a session of a server on a 1 GiB software GPU.
+// loadVadd loads the kernel library's vadd into sess as request id and
+// returns the module's handle.
+func loadVadd(t *testing.T, sess *Session, id uint64) uint64 {
+	t.Helper()
+	img, err := kernels.Image("vadd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, err := sess.handle(abi.OpModuleLoad, id, false, (&abi.ModuleLoad{Image: img}).Append(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abi.ResultOf(reply)
+}
+
 func newSimSession(t *testing.T) *Session {
 	t.Helper()
 	cfg := DefaultConfig()

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -15,15 +14,7 @@ import (
 // function or an empty or oversized block is refused before the GPU.
 func TestOccupancyOnTheSoftwareGPU(t *testing.T) {
 	sess := newSimSession(t)
-	img, err := kernels.Image("vadd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reply, err := sess.handle(abi.OpModuleLoad, 1, false, (&abi.ModuleLoad{Image: img}).Append(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reply, err = sess.handle(abi.OpGetFunction, 2, false, (&abi.GetFunction{Module: abi.ResultOf(reply), Name: "vadd"}).Append(nil))
+	reply, err := sess.handle(abi.OpGetFunction, 2, false, (&abi.GetFunction{Module: loadVadd(t, sess, 1), Name: "vadd"}).Append(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
