@@ -8,11 +8,12 @@ import (
 
 // labOnly are packages the agent must never link: the test kit, the lab
 // (internal/lab: drills, workloads, in-process clusters, fault injection,
-// example guests, harnesses), an etcd server, plotting, an eBPF loader
+// example guests; bench, the harnesses), an etcd server, plotting, an eBPF loader
 // (the fault counter, kmod/faultcount, is the lab's).
 var labOnly = []string{
 	"testing",
 	"github.com/vgpuha/vgpuha/internal/lab/",
+	"github.com/vgpuha/vgpuha/bench",
 	"go.etcd.io/etcd/server/",
 	"gonum.org/",
 	"github.com/cilium/ebpf",
@@ -61,7 +62,7 @@ func TestAgentDependencies(t *testing.T) {
 }
 
 // TestLayers: imports point down. No product package imports the lab
-// (internal/lab) or cmd, no package at the top level imports one under
+// (internal/lab, bench) or cmd, no package at the top level imports one under
 // internal/ (internal/node and internal/coordinator sit above them), and
 // the command-line kit (internal/cli) imports no package of the module.
 func TestLayers(t *testing.T) {
@@ -74,7 +75,7 @@ func TestLayers(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
 		pkg, imports := strings.TrimPrefix(fields[0], mod), fields[1:]
-		if strings.HasPrefix(pkg, "internal/lab/") || strings.HasPrefix(pkg, "cmd/") {
+		if isLab(pkg) || strings.HasPrefix(pkg, "cmd/") {
 			continue
 		}
 		checked++
@@ -82,7 +83,7 @@ func TestLayers(t *testing.T) {
 			dep, ok := strings.CutPrefix(imp, mod)
 			switch {
 			case !ok:
-			case strings.HasPrefix(dep, "internal/lab/"), strings.HasPrefix(dep, "cmd/"):
+			case isLab(dep), strings.HasPrefix(dep, "cmd/"):
 				t.Errorf("product package %s imports %s", pkg, dep)
 			case !strings.HasPrefix(pkg, "internal/") && strings.HasPrefix(dep, "internal/"):
 				t.Errorf("%s imports %s, up the layers", pkg, dep)
@@ -94,4 +95,11 @@ func TestLayers(t *testing.T) {
 	if checked < 20 {
 		t.Fatalf("only %d product packages listed", checked)
 	}
+}
+
+// isLab reports whether pkg (a path inside the module) is a lab package:
+// under internal/lab, or bench, which the customer's layout keeps at the
+// top level.
+func isLab(pkg string) bool {
+	return strings.HasPrefix(pkg, "internal/lab/") || pkg == "bench" || strings.HasPrefix(pkg, "bench/")
 }

@@ -6,7 +6,7 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/vgpuha/vgpuha/internal/lab/bench"
+	"github.com/vgpuha/vgpuha/bench"
 )
 
 // TestBenchFairness: `bench fairness` runs a pair per share, its busy

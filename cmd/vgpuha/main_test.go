@@ -23,8 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/bench"
 	"github.com/vgpuha/vgpuha/internal/agent"
-	"github.com/vgpuha/vgpuha/internal/lab/bench"
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/mmiotrace"

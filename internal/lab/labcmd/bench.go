@@ -18,10 +18,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vgpuha/vgpuha/bench"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/internal/agent"
 	"github.com/vgpuha/vgpuha/internal/cli"
-	"github.com/vgpuha/vgpuha/internal/lab/bench"
 	"github.com/vgpuha/vgpuha/internal/lab/drill"
 )
 
