@@ -7,17 +7,23 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
-// CUDA graphs, made by stream capture and kept in this library.
+// CUDA graphs, made by stream capture or node by node, kept in this
+// library.
 //
-// Between cuStreamBeginCapture and cuStreamEndCapture, the stream work a
-// program queues on a capturing stream (launches, device copies and
-// memsets, copies to and from host memory) is recorded, not sent; a stream
-// that waits on an event recorded in a capture joins it (CUDA's fork and
-// join), and its work is recorded into the same graph. cuGraphLaunch
-// replays an instantiated graph's operations on the launching stream in
-// the order they were captured: every dependency of the captured graph
-// points backwards in that order, so running them one after another is
-// one of the schedules CUDA may run, and the results are the same.
+// A graph is its nodes in the order they were added, each with the nodes
+// it depends on. Between cuStreamBeginCapture and cuStreamEndCapture the
+// stream work a program queues on a capturing stream (launches, device
+// copies and memsets, copies to and from host memory) becomes nodes, not
+// requests; a stream that waits on an event recorded in a capture joins it
+// (CUDA's fork and join). cuStreamBeginCaptureToGraph captures into a
+// graph the program made, after the nodes it names. cuGraphAdd*Node
+// (graphbuild.go) adds kernel, copy, memset, empty and child-graph nodes
+// directly, each depending only on nodes already in the graph, so the
+// order nodes were added in is one CUDA may run them in. cuGraphLaunch
+// replays an instantiated graph's enabled nodes in that order on the
+// launching stream, a child graph's nodes in place of its node: running
+// them one after another is one of the schedules CUDA may run, and the
+// results are the same.
 //
 // Why here and not on the node: a replayed operation is an ordinary
 // request, so a graph launch is as replicated, verified and exactly-once
@@ -29,10 +35,14 @@ import (
 // A copy to or from host memory reads or writes the program's buffer when
 // the graph runs, as a captured memcpy node does; the buffer must stay
 // valid while the graph exists (CUDA's rule too). Captured event records
-// and waits order work inside the graph and add no node. What is not
-// served: building graphs node by node (cuGraphAdd*Node), updating an
-// instantiated graph (cuGraphExecUpdate: programs then instantiate again),
-// graph memory nodes; each answers CUDA_ERROR_NOT_SUPPORTED.
+// and waits order work inside the graph and add no node. An instantiated
+// graph's nodes are updated in place (cuGraphExec*NodeSetParams,
+// cuGraphNodeSetEnabled, cuGraphExecUpdate), found by the handle of the
+// node they were copied from. What is not served: host, event, memory
+// (alloc/free) and conditional nodes, copies of more than one row, and
+// nodes of module variables (their bytes move through the host, which a
+// graph cannot replay); each answers CUDA_ERROR_NOT_SUPPORTED, or the
+// capture is invalidated.
 
 // CUstreamCaptureStatus and the errors CUDA gives for capture misuse.
 const (
@@ -54,27 +64,75 @@ const (
 	nodeCopyDtoH
 	nodeCopyDtoD
 	nodeMemset
+	nodeEmpty
+	nodeChild
 )
 
-// graphNode is one captured operation; its stream is the launch's.
+// graphNode is one node: an operation (its stream is the launch's), an
+// empty node, or a child graph.
 type graphNode struct {
-	kind   nodeKind
-	fn     pvdriver.Function // nodeLaunch
-	cfg    pvdriver.LaunchConfig
-	args   []abi.Arg
-	dst    uint64 // device destination (HtoD, DtoD, memset)
-	src    uint64 // device source (DtoH, DtoD)
-	n      uint64 // bytes (DtoD)
-	host   []byte // the program's buffer (HtoD reads it, DtoH writes it, when the graph runs)
-	width  uint8  // memset
-	value  uint32
-	count  uint64
-	stream uint64 // the captured stream, for error messages only
+	id       uint64   // the CUgraphNode handle; an instantiated copy keeps it
+	deps     []uint64 // the nodes this one runs after, all added before it
+	disabled bool     // cuGraphNodeSetEnabled(…, 0) on an instantiated copy
+	child    *graph   // nodeChild: a copy of the graph it was given
+	kind     nodeKind
+	fn       pvdriver.Function // nodeLaunch
+	cfg      pvdriver.LaunchConfig
+	args     []abi.Arg
+	dst      uint64 // device destination (HtoD, DtoD, memset)
+	src      uint64 // device source (DtoH, DtoD)
+	n        uint64 // bytes (DtoD)
+	host     []byte // the program's buffer (HtoD reads it, DtoH writes it, when the graph runs)
+	width    uint8  // memset
+	value    uint32
+	count    uint64
+	stream   uint64 // the captured stream, for error messages only
 }
 
 type graph struct {
 	ctx   uint64
 	nodes []graphNode
+	index map[uint64]int // node handle → position in nodes
+	// launched: a launch replays nodes as they are (without the lock), so
+	// the next change works on a copy (mutable).
+	launched bool
+}
+
+func newGraph(ctx uint64) *graph { return &graph{ctx: ctx, index: map[uint64]int{}} }
+
+// add appends n, whose id is fresh.
+func (g *graph) add(n graphNode) {
+	g.index[n.id] = len(g.nodes)
+	g.nodes = append(g.nodes, n)
+}
+
+// node is the node of g whose handle is id, or nil.
+func (g *graph) node(id uint64) *graphNode {
+	i, ok := g.index[id]
+	if !ok {
+		return nil
+	}
+	return &g.nodes[i]
+}
+
+// mutable is g's nodes, ready to be changed in place: a copy if a launch
+// may still be replaying them.
+func (g *graph) mutable() []graphNode {
+	if g.launched {
+		g.nodes, g.launched = append([]graphNode(nil), g.nodes...), false
+	}
+	return g.nodes
+}
+
+// copyOf is a copy of g whose nodes keep their handles (an instantiated
+// graph, or a child graph's own copy); a child graph is shared, since
+// nothing changes one in place.
+func (g *graph) copyOf() *graph {
+	c := &graph{ctx: g.ctx, nodes: append([]graphNode(nil), g.nodes...), index: make(map[uint64]int, len(g.nodes))}
+	for id, i := range g.index {
+		c.index[id] = i
+	}
+	return c
 }
 
 // capture is one stream capture in progress: the streams in it (the one
@@ -85,6 +143,11 @@ type capture struct {
 	mode    uint32
 	graph   uint64 // the graph's handle, minted at the start (cuStreamGetCaptureInfo gives it)
 	invalid bool   // an operation that capture does not allow happened: EndCapture fails
+	// owned: the capture made its graph (cuStreamBeginCapture), so a
+	// failed capture deletes it; a graph the program made
+	// (cuStreamBeginCaptureToGraph) stays the program's.
+	owned bool
+	last  []uint64 // what the next captured node depends on
 }
 
 var captureIDs atomic.Uint64
@@ -107,8 +170,9 @@ func (d *Driver) record(s uint64, n graphNode) (ok bool) {
 		return false
 	}
 	n.stream = s
-	g := d.graphs[cp.graph]
-	g.nodes = append(g.nodes, n)
+	n.id, n.deps = d.mint(), cp.last
+	d.graphs[cp.graph].add(n)
+	cp.last = []uint64{n.id}
 	return true
 }
 
@@ -151,8 +215,40 @@ func (d *Driver) StreamBeginCapture(t Thread, s uint64, mode uint32) Result {
 		return ErrorIllegalState
 	}
 	g := d.mint()
-	d.graphs[g] = &graph{ctx: ctx}
-	d.captures[s] = &capture{id: captureIDs.Add(1), origin: s, mode: mode, graph: g}
+	d.graphs[g] = newGraph(ctx)
+	d.captures[s] = &capture{id: captureIDs.Add(1), origin: s, mode: mode, graph: g, owned: true}
+	return Success
+}
+
+// StreamBeginCaptureToGraph is cuStreamBeginCaptureToGraph: as
+// StreamBeginCapture, into the program's graph g, the first captured node
+// after the nodes deps names (each must be in g).
+func (d *Driver) StreamBeginCaptureToGraph(t Thread, s, g uint64, deps []uint64, mode uint32) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, r := d.current(t); r != Success {
+		return r
+	}
+	if mode > 2 {
+		return ErrorInvalidValue
+	}
+	if s == 0 || s == streamLegacy || s == streamPerThread {
+		return ErrorCaptureUnsupported
+	}
+	if d.streams[s] == nil {
+		return ErrorInvalidHandle
+	}
+	if d.captures[s] != nil {
+		return ErrorIllegalState
+	}
+	gr, r := d.liveGraph(g)
+	if r != Success {
+		return r
+	}
+	if r := gr.known(deps); r != Success {
+		return r
+	}
+	d.captures[s] = &capture{id: captureIDs.Add(1), origin: s, mode: mode, graph: g, last: append([]uint64(nil), deps...)}
 	return Success
 }
 
@@ -182,7 +278,9 @@ func (d *Driver) StreamEndCapture(s uint64) (uint64, Result) {
 		}
 	}
 	if cp.invalid {
-		delete(d.graphs, cp.graph)
+		if cp.owned {
+			delete(d.graphs, cp.graph)
+		}
 		return 0, ErrorCaptureInvalidated
 	}
 	return cp.graph, Success
@@ -243,7 +341,7 @@ func (d *Driver) GraphCreate(t Thread, flags uint32) (uint64, Result) {
 		return 0, ErrorInvalidValue
 	}
 	g := d.mint()
-	d.graphs[g] = &graph{ctx: ctx}
+	d.graphs[g] = newGraph(ctx)
 	return g, Success
 }
 
@@ -302,7 +400,7 @@ func (d *Driver) GraphInstantiate(g uint64, flags uint64) (uint64, Result) {
 		return 0, ErrorInvalidValue
 	}
 	h := d.mint()
-	d.execs[h] = &graph{ctx: gr.ctx, nodes: append([]graphNode(nil), gr.nodes...)}
+	d.execs[h] = gr.copyOf()
 	return h, Success
 }
 
@@ -351,10 +449,12 @@ func (d *Driver) GraphLaunch(t Thread, x, s uint64) Result {
 	ex := d.execs[x]
 	st, r := d.stream(s)
 	c := d.client
+	var nodes []graphNode
+	if ex != nil {
+		nodes, ex.launched = ex.nodes, true
+	}
 	if ex != nil && r == Success && d.captureOf(s) != nil {
-		for _, n := range ex.nodes {
-			d.record(s, n)
-		}
+		d.record(s, graphNode{kind: nodeChild, child: ex.copyOf()}) // the graph as it is now, as CUDA captures a graph launch
 		d.mu.Unlock()
 		return Success
 	}
@@ -368,17 +468,46 @@ func (d *Driver) GraphLaunch(t Thread, x, s uint64) Result {
 	if r := d.beforeWork(c); r != Success {
 		return r
 	}
-	for i := range ex.nodes {
-		if r := replay(c, &ex.nodes[i], st); r != Success {
+	return replayGraph(c, nodes, st)
+}
+
+// replayGraph queues the enabled nodes on stream st, in order.
+func replayGraph(c *pvdriver.Client, nodes []graphNode, st pvdriver.Stream) Result {
+	for i := range nodes {
+		if nodes[i].disabled {
+			continue
+		}
+		if r := replay(c, &nodes[i], st); r != Success {
 			return r
 		}
 	}
 	return Success
 }
 
-// replay queues one captured operation on stream st.
-func replay(c *pvdriver.Client, n *graphNode, st pvdriver.Stream) Result {
+// noWork reports whether n sends nothing: an empty node, or an operation
+// of no bytes.
+func (n *graphNode) noWork() bool {
 	switch n.kind {
+	case nodeEmpty:
+		return true
+	case nodeCopyHtoD, nodeCopyDtoH:
+		return len(n.host) == 0
+	case nodeCopyDtoD:
+		return n.n == 0
+	case nodeMemset:
+		return n.count == 0
+	}
+	return false
+}
+
+// replay queues one node's operations on stream st.
+func replay(c *pvdriver.Client, n *graphNode, st pvdriver.Stream) Result {
+	if n.noWork() {
+		return Success
+	}
+	switch n.kind {
+	case nodeChild:
+		return replayGraph(c, n.child.nodes, st)
 	case nodeLaunch:
 		cfg := n.cfg
 		cfg.Stream = st

@@ -31,45 +31,54 @@ func (d *Driver) ParamLayout(f uint64) ([]int, Result) {
 // buffer, from extra) is non-nil. Like CUDA it returns before the kernel
 // runs; a fault surfaces at the next synchronization.
 func (d *Driver) LaunchKernel(t Thread, f uint64, l Launch, params [][]byte, packed []byte) Result {
-	d.mu.Lock()
-	if _, r := d.current(t); r != Success {
-		d.mu.Unlock()
-		return r
-	}
-	fn, r := d.function(f)
-	if r != Success {
-		d.mu.Unlock()
-		return r
-	}
-	st, r := d.stream(l.Stream)
-	c := d.client
-	maxThreads := d.attr(1)
-	d.mu.Unlock()
+	n, r := d.kernelNode(t, f, l, params, packed)
 	if r != Success {
 		return r
 	}
-	grid := abi.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}
-	block := abi.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}
-	if grid.Count() == 0 || block.Count() == 0 {
-		return ErrorInvalidValue
-	}
-	if block.Count() > uint64(maxThreads) || l.SharedBytes > uint32(max(fn.maxDyn, 0)) {
-		return ErrorInvalidValue
-	}
-	args, r := fn.args(params, packed)
+	c, st, r := d.copyTarget(t, l.Stream)
 	if r != Success {
 		return r
 	}
-	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes, Stream: st,
-		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}, Cooperative: l.Cooperative}
-	d.mirrorArgs(t, args)
-	if d.recordLocked(l.Stream, graphNode{kind: nodeLaunch, fn: fn.remote, cfg: cfg, args: args}) {
+	if d.recordLocked(l.Stream, n) {
 		return Success
 	}
 	if r := d.beforeWork(c); r != Success {
 		return r
 	}
-	return resultOf("cuLaunchKernel", c.Launch(fn.remote, cfg, args...), false)
+	n.cfg.Stream = st
+	return resultOf("cuLaunchKernel", c.Launch(n.fn, n.cfg, n.args...), false)
+}
+
+// kernelNode checks a launch of f shaped l (its stream aside) and builds
+// it: what cuLaunchKernel sends, a capture records and a kernel node holds.
+func (d *Driver) kernelNode(t Thread, f uint64, l Launch, params [][]byte, packed []byte) (graphNode, Result) {
+	d.mu.Lock()
+	if _, r := d.current(t); r != Success {
+		d.mu.Unlock()
+		return graphNode{}, r
+	}
+	fn, r := d.function(f)
+	maxThreads := d.attr(1)
+	d.mu.Unlock()
+	if r != Success {
+		return graphNode{}, r
+	}
+	grid := abi.Dim3{X: l.Grid[0], Y: l.Grid[1], Z: l.Grid[2]}
+	block := abi.Dim3{X: l.Block[0], Y: l.Block[1], Z: l.Block[2]}
+	if grid.Count() == 0 || block.Count() == 0 {
+		return graphNode{}, ErrorInvalidValue
+	}
+	if block.Count() > uint64(maxThreads) || l.SharedBytes > uint32(max(fn.maxDyn, 0)) {
+		return graphNode{}, ErrorInvalidValue
+	}
+	args, r := fn.args(params, packed)
+	if r != Success {
+		return graphNode{}, r
+	}
+	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes,
+		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}, Cooperative: l.Cooperative}
+	d.mirrorArgs(t, args)
+	return graphNode{kind: nodeLaunch, fn: fn.remote, cfg: cfg, args: args}, Success
 }
 
 // args builds the launch's arguments from either form.

@@ -4,6 +4,7 @@
  * a graph is here, and what is not served, is said in
  * pvdriver/cuapi/graph.go. */
 #include <stdio.h>
+#include <string.h>
 #include "vgcuda.h"
 #include "_cgo_export.h"
 #include "runtime.h"
@@ -54,14 +55,7 @@ CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
 
 CUresult cuGraphCreate(CUgraph *g, unsigned int flags) { return vg_traced(__func__, vgGraphCreate(OUT(g), flags)); }
 CUresult cuGraphDestroy(CUgraph g) { return vg_traced(__func__, vgGraphDestroy(H(g))); }
-/* The count only: nodes are not handed out one by one. */
-CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
-	if (nodes != NULL) {
-		if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: cuGraphGetNodes: the nodes themselves are not supported, only their count (CUDA_ERROR_NOT_SUPPORTED)\n");
-		return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
-	}
-	return vg_traced(__func__, vgGraphNodeCount(H(g), n));
-}
+CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n) { return vg_traced(__func__, vgGraphNodes(H(g), OUT(nodes), n)); }
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *x, CUgraph g, unsigned long long flags) { return vg_traced(__func__, vgGraphInstantiate(OUT(x), H(g), flags)); }
 /* CUDA 11.0's form: an error node and a log, which stay empty here. */
 CUresult cuGraphInstantiate_v2(CUgraphExec *x, CUgraph g, CUgraphNode *err, char *log, size_t logSize) {
@@ -84,3 +78,181 @@ CUresult cuGraphInstantiateWithParams(CUgraphExec *x, CUgraph g, CUDA_GRAPH_INST
 CUresult cuGraphLaunch(CUgraphExec x, CUstream s) { return vg_traced(__func__, vgGraphLaunch(H(x), H(s))); }
 CUresult cuGraphUpload(CUgraphExec x, CUstream s) { return vg_traced(__func__, vgGraphUpload(H(x), H(s))); }
 CUresult cuGraphExecDestroy(CUgraphExec x) { return vg_traced(__func__, vgGraphExecDestroy(H(x))); }
+
+/* ---- Graphs built node by node, and instantiated graphs updated in
+ * place (pvdriver/cuapi/graphbuild.go). Each node kind has one Go entry,
+ * which adds a node (out set), changes an instantiated graph's node (x
+ * set) or a graph's node (neither). */
+_Static_assert(sizeof(CUDA_MEMCPY3D) == 200, "CUDA_MEMCPY3D is cuda.h's");
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is cuda.h's");
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v2) == 72, "CUDA_KERNEL_NODE_PARAMS_v2 is cuda.h's");
+
+#define DEPS(d) ((uintptr_t *)(d))
+
+/* vg_kernel_v2 widens a v1 kernel node's parameters. */
+static CUDA_KERNEL_NODE_PARAMS_v2 vg_kernel_v2(const CUDA_KERNEL_NODE_PARAMS_v1 *p) {
+	CUDA_KERNEL_NODE_PARAMS_v2 q = {0};
+	q.func = p->func;
+	q.gridDimX = p->gridDimX, q.gridDimY = p->gridDimY, q.gridDimZ = p->gridDimZ;
+	q.blockDimX = p->blockDimX, q.blockDimY = p->blockDimY, q.blockDimZ = p->blockDimZ;
+	q.sharedMemBytes = p->sharedMemBytes, q.kernelParams = p->kernelParams, q.extra = p->extra;
+	return q;
+}
+/* vg_memset_v1 narrows a v2 memset node's parameters (the context is the current one). */
+static CUDA_MEMSET_NODE_PARAMS vg_memset_v1(const CUDA_MEMSET_NODE_PARAMS_v2 *p) {
+	CUDA_MEMSET_NODE_PARAMS q = {p->dst, p->pitch, p->value, p->elementSize, p->width, p->height};
+	return q;
+}
+
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
+	if (n == NULL || p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphKernelNode(OUT(n), H(g), 0, 0, DEPS(deps), nd, (CUDA_KERNEL_NODE_PARAMS_v2 *)p));
+}
+CUresult cuGraphAddKernelNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_KERNEL_NODE_PARAMS_v1 *p) {
+	CUDA_KERNEL_NODE_PARAMS_v2 q;
+	if (n == NULL || p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	q = vg_kernel_v2(p);
+	return vg_traced(__func__, vgGraphKernelNode(OUT(n), H(g), 0, 0, DEPS(deps), nd, &q));
+}
+CUresult cuGraphAddMemcpyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_MEMCPY3D *p, CUcontext ctx) {
+	if (n == NULL || p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphCopyNode(OUT(n), H(g), 0, 0, DEPS(deps), nd, (CUDA_MEMCPY3D *)p));
+}
+CUresult cuGraphAddMemsetNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx) {
+	if (n == NULL || p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphMemsetNode(OUT(n), H(g), 0, 0, DEPS(deps), nd, (CUDA_MEMSET_NODE_PARAMS *)p));
+}
+CUresult cuGraphAddEmptyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd) {
+	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphEmptyNode(OUT(n), H(g), DEPS(deps), nd));
+}
+CUresult cuGraphAddChildGraphNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, CUgraph child) {
+	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphChildNode(OUT(n), H(g), 0, 0, DEPS(deps), nd, H(child)));
+}
+
+/* vg_node_params adds (out set) or changes (x set) a node from
+ * CUgraphNodeParams, by its type; host, event, memory and conditional
+ * nodes are not served (pvdriver/cuapi/graph.go). */
+static CUresult vg_node_params(const char *fn, uintptr_t *out, uintptr_t g, uintptr_t x, uintptr_t node, const CUgraphNode *deps, size_t nd, CUgraphNodeParams *p) {
+	CUDA_MEMSET_NODE_PARAMS m;
+	if (p == NULL) return CUDA_ERROR_INVALID_VALUE;
+	switch (p->type) {
+	case CU_GRAPH_NODE_TYPE_KERNEL: return vgGraphKernelNode(out, g, x, node, DEPS(deps), nd, &p->u.kernel);
+	case CU_GRAPH_NODE_TYPE_MEMCPY: return vgGraphCopyNode(out, g, x, node, DEPS(deps), nd, &p->u.memcpy.copyParams);
+	case CU_GRAPH_NODE_TYPE_MEMSET: m = vg_memset_v1(&p->u.memset); return vgGraphMemsetNode(out, g, x, node, DEPS(deps), nd, &m);
+	case CU_GRAPH_NODE_TYPE_GRAPH: return vgGraphChildNode(out, g, x, node, DEPS(deps), nd, H(p->u.graph.graph));
+	case CU_GRAPH_NODE_TYPE_EMPTY: return out ? vgGraphEmptyNode(out, g, DEPS(deps), nd) : CUDA_SUCCESS;
+	}
+	if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: %s: graph node type %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", fn, p->type);
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult cuGraphAddNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, CUgraphNodeParams *p) {
+	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vg_node_params(__func__, OUT(n), H(g), 0, 0, deps, nd, p));
+}
+/* Edge data other than the default (all zero) is not served. */
+static int vg_default_edges(const CUgraphEdgeData *e, size_t n) {
+	const unsigned char *b = (const unsigned char *)e;
+	size_t i;
+	for (i = 0; e != NULL && i < n * 8; i++)
+		if (b[i] != 0) return 0;
+	return 1;
+}
+CUresult cuGraphAddNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *edges, size_t nd, CUgraphNodeParams *p) {
+	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	if (!vg_default_edges(edges, nd)) return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
+	return vg_traced(__func__, vg_node_params(__func__, OUT(n), H(g), 0, 0, deps, nd, p));
+}
+CUresult cuGraphExecNodeSetParams(CUgraphExec x, CUgraphNode node, CUgraphNodeParams *p) {
+	return vg_traced(__func__, vg_node_params(__func__, NULL, 0, H(x), H(node), NULL, 0, p));
+}
+
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec x, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
+	if (p == NULL || x == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphKernelNode(NULL, 0, H(x), H(node), NULL, 0, (CUDA_KERNEL_NODE_PARAMS_v2 *)p));
+}
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec x, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1 *p) {
+	CUDA_KERNEL_NODE_PARAMS_v2 q;
+	if (p == NULL || x == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	q = vg_kernel_v2(p);
+	return vg_traced(__func__, vgGraphKernelNode(NULL, 0, H(x), H(node), NULL, 0, &q));
+}
+CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
+	if (p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphKernelNode(NULL, 0, 0, H(node), NULL, 0, (CUDA_KERNEL_NODE_PARAMS_v2 *)p));
+}
+CUresult cuGraphKernelNodeSetParams(CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS_v1 *p) {
+	CUDA_KERNEL_NODE_PARAMS_v2 q;
+	if (p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	q = vg_kernel_v2(p);
+	return vg_traced(__func__, vgGraphKernelNode(NULL, 0, 0, H(node), NULL, 0, &q));
+}
+CUresult cuGraphExecMemcpyNodeSetParams(CUgraphExec x, CUgraphNode node, const CUDA_MEMCPY3D *p, CUcontext ctx) {
+	if (p == NULL || x == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphCopyNode(NULL, 0, H(x), H(node), NULL, 0, (CUDA_MEMCPY3D *)p));
+}
+CUresult cuGraphMemcpyNodeSetParams(CUgraphNode node, const CUDA_MEMCPY3D *p) {
+	if (p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphCopyNode(NULL, 0, 0, H(node), NULL, 0, (CUDA_MEMCPY3D *)p));
+}
+CUresult cuGraphExecMemsetNodeSetParams(CUgraphExec x, CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx) {
+	if (p == NULL || x == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphMemsetNode(NULL, 0, H(x), H(node), NULL, 0, (CUDA_MEMSET_NODE_PARAMS *)p));
+}
+CUresult cuGraphMemsetNodeSetParams(CUgraphNode node, const CUDA_MEMSET_NODE_PARAMS *p) {
+	if (p == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphMemsetNode(NULL, 0, 0, H(node), NULL, 0, (CUDA_MEMSET_NODE_PARAMS *)p));
+}
+CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec x, CUgraphNode node, CUgraph child) {
+	if (x == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphChildNode(NULL, 0, H(x), H(node), NULL, 0, H(child)));
+}
+CUresult cuGraphNodeSetEnabled(CUgraphExec x, CUgraphNode node, unsigned int on) {
+	return vg_traced(__func__, vgGraphNodeSetEnabled(H(x), H(node), on));
+}
+CUresult cuGraphNodeGetEnabled(CUgraphExec x, CUgraphNode node, unsigned int *on) {
+	if (on == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphNodeGetEnabled(H(x), H(node), on));
+}
+CUresult cuGraphExecUpdate_v2(CUgraphExec x, CUgraph g, CUgraphExecUpdateResultInfo *info) {
+	int result = 0;
+	uintptr_t bad = 0;
+	CUresult r = vgGraphExecUpdate(H(x), H(g), &result, &bad);
+	if (info) {
+		info->result = result;
+		info->errorNode = (CUgraphNode)bad;
+		info->errorFromNode = NULL;
+	}
+	return vg_traced(__func__, r);
+}
+CUresult cuGraphExecUpdate(CUgraphExec x, CUgraph g, CUgraphNode *errNode, int *result) {
+	int res = 0;
+	uintptr_t bad = 0;
+	CUresult r = vgGraphExecUpdate(H(x), H(g), &res, &bad);
+	if (errNode) *errNode = (CUgraphNode)bad;
+	if (result) *result = res;
+	return vg_traced(__func__, r);
+}
+CUresult cuGraphNodeGetType(CUgraphNode node, int *type) {
+	if (type == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphNodeType(H(node), type));
+}
+CUresult cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode *deps, size_t *n) {
+	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphNodeDependencies(H(node), OUT(deps), n));
+}
+CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, CUgraphEdgeData *edges, size_t *n) {
+	CUresult r;
+	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	r = vgGraphNodeDependencies(H(node), OUT(deps), n);
+	if (r == CUDA_SUCCESS && edges != NULL && deps != NULL) memset(edges, 0, *n * 8); /* default edges */
+	return vg_traced(__func__, r);
+}
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *edges, size_t nd, CUstreamCaptureMode mode) {
+	if (!vg_default_edges(edges, nd)) return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
+	return vg_traced(__func__, vgStreamBeginCaptureToGraph(H(s), H(g), DEPS(deps), nd, mode));
+}
+/* No graph holds device memory here (memory nodes are not served): there
+ * is nothing to trim. */
+CUresult cuDeviceGraphMemTrim(CUdevice dev) { return vg_traced(__func__, vgDeviceCheck(dev)); }

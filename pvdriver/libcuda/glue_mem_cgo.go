@@ -258,22 +258,33 @@ func vgModuleGetGlobal(p *C.CUdeviceptr, n *C.size_t, m C.uintptr_t, name *C.cha
 
 //export vgLaunchKernel
 func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.uintptr_t, kp, extra *unsafe.Pointer, cx, cy, cz, coop C.uint) C.CUresult {
-	sizes, r := drv.ParamLayout(uint64(f))
-	if r != cuapi.Success {
-		return res(r)
+	params, packed, r := launchParams(uint64(f), kp, extra)
+	if r != 0 {
+		return r
 	}
-	var params [][]byte
-	var packed []byte
+	l := cuapi.Launch{Grid: [3]uint32{uint32(gx), uint32(gy), uint32(gz)}, Block: [3]uint32{uint32(bx), uint32(by), uint32(bz)},
+		SharedBytes: uint32(shared), Stream: uint64(s), Cluster: [3]uint32{uint32(cx), uint32(cy), uint32(cz)}, Cooperative: coop != 0}
+	return res(drv.LaunchKernel(thread{}, uint64(f), l, params, packed))
+}
+
+// launchParams copies a launch's arguments of function f: each parameter's
+// bytes behind kernelParams (kp), or the buffer CU_LAUNCH_PARAM_BUFFER_POINTER
+// names in extra. Neither is a launch of no parameters.
+func launchParams(f uint64, kp, extra *unsafe.Pointer) (params [][]byte, packed []byte, r C.CUresult) {
+	sizes, rr := drv.ParamLayout(f)
+	if rr != cuapi.Success {
+		return nil, nil, res(rr)
+	}
 	switch {
 	case kp != nil && extra != nil:
-		return errInvalid
+		return nil, nil, errInvalid
 	case kp != nil:
 		ptrs := unsafe.Slice(kp, len(sizes))
 		params = make([][]byte, len(sizes))
 		for i, n := range sizes {
 			b, ok := hostBytes(ptrs[i], C.size_t(n))
 			if !ok {
-				return errInvalid
+				return nil, nil, errInvalid
 			}
 			params[i] = append([]byte(nil), b...)
 		}
@@ -281,17 +292,15 @@ func vgLaunchKernel(f C.uintptr_t, gx, gy, gz, bx, by, bz, shared C.uint, s C.ui
 		var buf unsafe.Pointer
 		var n C.size_t
 		if C.vg_extra2(extra, &buf, &n) != 0 || n > 4096 {
-			return errInvalid
+			return nil, nil, errInvalid
 		}
 		b, ok := hostBytes(buf, n)
 		if !ok {
-			return errInvalid
+			return nil, nil, errInvalid
 		}
 		packed = append([]byte{}, b...)
 	}
-	l := cuapi.Launch{Grid: [3]uint32{uint32(gx), uint32(gy), uint32(gz)}, Block: [3]uint32{uint32(bx), uint32(by), uint32(bz)},
-		SharedBytes: uint32(shared), Stream: uint64(s), Cluster: [3]uint32{uint32(cx), uint32(cy), uint32(cz)}, Cooperative: coop != 0}
-	return res(drv.LaunchKernel(thread{}, uint64(f), l, params, packed))
+	return params, packed, 0
 }
 
 //export vgFuncGetAttribute

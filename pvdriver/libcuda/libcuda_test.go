@@ -19,7 +19,7 @@ import (
 // programs are the C test programs in testdata, each written against
 // NVIDIA's driver API (testdata/cudaapi.h declares the subset) and run
 // unchanged through the library.
-var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "graph", "vmm", "sigstack", "bigimage"}
+var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "graph", "graphbuild", "vmm", "sigstack", "bigimage"}
 
 // ownCode are the programs that load machine code of their own (a fatbin),
 // which a node runs only with a primary per guest.

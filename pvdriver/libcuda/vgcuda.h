@@ -55,6 +55,80 @@ typedef struct {
 	CUgraphNode hErrNode_out;
 	int result_out;
 } CUDA_GRAPH_INSTANTIATE_PARAMS;
+/* Graph node parameters (graph building, exports_graph.c), as cuda.h
+ * lays them out. A kernel node's v2 form (also v3) adds the CUkernel and
+ * the context after the v1 fields. */
+typedef struct {
+	CUfunction func;
+	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+	void **kernelParams;
+	void **extra;
+} CUDA_KERNEL_NODE_PARAMS_v1;
+typedef struct {
+	CUfunction func;
+	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+	void **kernelParams;
+	void **extra;
+	CUkernel kern;
+	CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+typedef struct {
+	CUdeviceptr dst;
+	size_t pitch;
+	unsigned int value, elementSize;
+	size_t width, height;
+} CUDA_MEMSET_NODE_PARAMS;
+typedef struct {
+	CUdeviceptr dst;
+	size_t pitch;
+	unsigned int value, elementSize;
+	size_t width, height;
+	CUcontext ctx;
+} CUDA_MEMSET_NODE_PARAMS_v2;
+/* CUmemorytype. */
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2, CU_MEMORYTYPE_ARRAY = 3, CU_MEMORYTYPE_UNIFIED = 4 };
+typedef struct {
+	size_t srcXInBytes, srcY, srcZ, srcLOD;
+	int srcMemoryType;
+	const void *srcHost;
+	CUdeviceptr srcDevice;
+	void *srcArray;
+	void *reserved0;
+	size_t srcPitch, srcHeight;
+	size_t dstXInBytes, dstY, dstZ, dstLOD;
+	int dstMemoryType;
+	void *dstHost;
+	CUdeviceptr dstDevice;
+	void *dstArray;
+	void *reserved1;
+	size_t dstPitch, dstHeight;
+	size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+typedef struct {
+	int flags, reserved;
+	CUcontext copyCtx;
+	CUDA_MEMCPY3D copyParams;
+} CUDA_MEMCPY_NODE_PARAMS;
+/* CUgraphNodeType, and CUgraphNodeParams: a type, then the union of every
+ * type's parameters at byte 16. */
+enum { CU_GRAPH_NODE_TYPE_KERNEL = 0, CU_GRAPH_NODE_TYPE_MEMCPY = 1, CU_GRAPH_NODE_TYPE_MEMSET = 2, CU_GRAPH_NODE_TYPE_GRAPH = 4, CU_GRAPH_NODE_TYPE_EMPTY = 5 };
+typedef struct {
+	int type;
+	int reserved0[3];
+	union {
+		long long reserved1[29];
+		CUDA_KERNEL_NODE_PARAMS_v2 kernel;
+		CUDA_MEMCPY_NODE_PARAMS memcpy;
+		CUDA_MEMSET_NODE_PARAMS_v2 memset;
+		struct { CUgraph graph; } graph;
+	} u;
+	long long reserved2;
+} CUgraphNodeParams;
+typedef struct {
+	int result;
+	CUgraphNode errorNode;
+	CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
 /* CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union. */
 typedef struct CUlaunchAttribute_st {
 	int id;
