@@ -18,7 +18,11 @@
 #
 # Knobs: NVCC (nvcc's path), CUDA_ARCH (90: the H100), NVIDIA_LIBCUDA (NVIDIA's
 # libcuda.so.1; default: ldconfig's), VGTEST_BACKEND (cuda; sim runs the
-# plumbing on the software GPU, with a stand-in nvcc and native library).
+# plumbing on the software GPU, with a stand-in nvcc and native library),
+# PROGRAMS (which C programs), WORKERS (on: every node runs each guest in a
+# worker process of its own, --guest.workers on, many guests per primary;
+# the isolation test then puts both guests on one primary, which must serve
+# the next guest without a restart).
 set -euo pipefail
 B=$(cd "${1:-bin}" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,11 +30,13 @@ src=$root/pvdriver/libcuda/testdata
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 arch=${CUDA_ARCH:-90}
 backend=${VGTEST_BACKEND:-cuda}
-programs=(vadd matmul pipeline attributes modfile procaddr errors vmm)
+read -r -a programs <<<"${PROGRAMS:-vadd matmul pipeline attributes modfile procaddr errors vmm graph graphbuild}"
+workers=${WORKERS:-off}
 kernels=(vadd saxpy matmul histogram peek)
 images=(cubin fatbin ptx library-ptx)
 modes=(native library replicated)
 gflags=(--backend "$backend" --guest.kernels --guest.max-sessions 1)
+[ "$workers" = on ] && gflags=(--backend "$backend" --guest.kernels --guest.workers on)
 work=$(mktemp -d)
 declare -A node_pid ms rc verified result
 failures=0 printed=""
@@ -219,15 +225,19 @@ judge() {
 # serve the next guest.
 isolation() {
 	local image=$1 fin=$work/hold.in fout=$work/hold.out held line addr peek pstatus=0 hold="" win rout pid next
-	local genv=(env "VGTEST_IMAGE=$image" "LD_LIBRARY_PATH=$work/lib")
+	local genv=(env "VGTEST_IMAGE=$image" "LD_LIBRARY_PATH=$work/lib") bsock=$work/iso-b.sock
 	rm -f "$work/iso-a.sock" "$work/iso-b.sock"
 	start_node iso-a primary "${gflags[@]}" --guest-listen "unix://$work/iso-a.sock"
-	start_node iso-b primary "${gflags[@]}" --guest-listen "unix://$work/iso-b.sock"
 	wait_for iso-a test -S "$work/iso-a.sock"
-	wait_for iso-b test -S "$work/iso-b.sock"
+	if [ "$workers" = on ]; then
+		bsock=$work/iso-a.sock # both guests on one primary, each in its own worker
+	else
+		start_node iso-b primary "${gflags[@]}" --guest-listen "unix://$work/iso-b.sock"
+		wait_for iso-b test -S "$work/iso-b.sock"
+	fi
 	rm -f "$fin" "$fout"
 	mkfifo "$fin" "$fout"
-	"${genv[@]}" "VGPUHA_ENDPOINT=unix://$work/iso-b.sock" timeout 120 "$work/bin/isolation" "$work/img" hold <"$fin" >"$fout" 2>"$work/hold.err" &
+	"${genv[@]}" "VGPUHA_ENDPOINT=unix://$bsock" timeout 120 "$work/bin/isolation" "$work/img" hold <"$fin" >"$fout" 2>"$work/hold.err" &
 	pid=$!
 	exec {win}>"$fin" {rout}<"$fout"
 	IFS= read -r -u "$rout" held || held=""
@@ -259,6 +269,7 @@ isolation() {
 	fi
 	[ "$hold" = "hold ok: secret intact" ] || { fail "isolation ($image): B's secret: $hold"; tail -3 "$work/hold.err"; }
 	[ "$next" != no ] || { fail "isolation ($image): A's primary no longer serves guests"; cat "$work/next.err"; tail -5 "$work/iso-a.log"; }
+	[ "$workers" != on ] || [ "$next" = yes ] || fail "isolation ($image): with workers, A's fault needed a restart of the node"
 	stop_node iso-a
 	stop_node iso-b
 }

@@ -66,10 +66,16 @@ func hostBytes(p unsafe.Pointer, n C.size_t) ([]byte, bool) {
 }
 
 //export vgInit
-func vgInit(flags C.uint) C.CUresult { return res(drv.Init(uint32(flags))) }
+func vgInit(flags C.uint) C.CUresult {
+	startProfile()
+	return res(drv.Init(uint32(flags)))
+}
 
 //export vgShutdown
-func vgShutdown() { drv.Shutdown() }
+func vgShutdown() {
+	drv.Shutdown()
+	stopProfile()
+}
 
 //export vgDriverGetVersion
 func vgDriverGetVersion(v *C.int) C.CUresult {
