@@ -1,6 +1,10 @@
 package cuapi
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
 
 // Graphs built node by node (cuGraphAdd*Node, cuGraphAddNode) and
 // instantiated graphs updated in place: what XLA's command buffers do.
@@ -417,3 +421,58 @@ func sameShape(g, ex *graph, i int) int32 {
 // DeviceGraphMemTrim is cuDeviceGraphMemTrim: no graph holds device memory
 // here (memory nodes are not served), so there is nothing to trim.
 func (d *Driver) DeviceGraphMemTrim(dev int32) Result { return d.device(dev) }
+
+// GraphRootNodes is cuGraphGetRootNodes: g's nodes that follow none.
+func (d *Driver) GraphRootNodes(g uint64) ([]uint64, Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	gr, r := d.liveGraph(g)
+	if r != Success {
+		return nil, r
+	}
+	var ids []uint64
+	for i := range gr.nodes {
+		if len(gr.nodes[i].deps) == 0 {
+			ids = append(ids, gr.nodes[i].id)
+		}
+	}
+	return ids, Success
+}
+
+// GraphEdges is cuGraphGetEdges: g's edges as two lists, from and to.
+func (d *Driver) GraphEdges(g uint64) (from, to []uint64, r Result) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	gr, r := d.liveGraph(g)
+	if r != Success {
+		return nil, nil, r
+	}
+	for i := range gr.nodes {
+		for _, dep := range gr.nodes[i].deps {
+			from, to = append(from, dep), append(to, gr.nodes[i].id)
+		}
+	}
+	return from, to, Success
+}
+
+// GraphSetKernelShape is cuGraphKernelNodeSetAttribute for the attributes
+// a kernel node keeps: its cluster shape and cooperative launch (nil: not
+// changed); the node must be a kernel node of a graph.
+func (d *Driver) GraphSetKernelShape(id uint64, cluster *[3]uint32, cooperative *bool) Result {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n, r := d.graphNodeLocked(id)
+	if r != Success {
+		return r
+	}
+	if n.kind != nodeLaunch {
+		return ErrorInvalidValue
+	}
+	if cluster != nil {
+		n.cfg.Cluster = abi.Dim3{X: cluster[0], Y: cluster[1], Z: cluster[2]}
+	}
+	if cooperative != nil {
+		n.cfg.Cooperative = *cooperative
+	}
+	return Success
+}

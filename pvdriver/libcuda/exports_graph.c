@@ -151,17 +151,12 @@ CUresult cuGraphAddNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size
 	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	return vg_traced(__func__, vg_node_params(__func__, OUT(n), H(g), 0, 0, deps, nd, p));
 }
-/* Edge data other than the default (all zero) is not served. */
-static int vg_default_edges(const CUgraphEdgeData *e, size_t n) {
-	const unsigned char *b = (const unsigned char *)e;
-	size_t i;
-	for (i = 0; e != NULL && i < n * 8; i++)
-		if (b[i] != 0) return 0;
-	return 1;
-}
+/* Edge data (ports and types: programmatic edges let a kernel start
+ * before the one it follows ends) is accepted and kept as a plain edge: a
+ * graph here runs its nodes one after another, which every edge type
+ * allows. */
 CUresult cuGraphAddNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *edges, size_t nd, CUgraphNodeParams *p) {
 	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
-	if (!vg_default_edges(edges, nd)) return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
 	return vg_traced(__func__, vg_node_params(__func__, OUT(n), H(g), 0, 0, deps, nd, p));
 }
 CUresult cuGraphExecNodeSetParams(CUgraphExec x, CUgraphNode node, CUgraphNodeParams *p) {
@@ -249,8 +244,35 @@ CUresult cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode *deps, CUgr
 	if (r == CUDA_SUCCESS && edges != NULL && deps != NULL) memset(edges, 0, *n * 8); /* default edges */
 	return vg_traced(__func__, r);
 }
+CUresult cuGraphGetRootNodes(CUgraph g, CUgraphNode *nodes, size_t *n) {
+	if (n == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphRootNodes(H(g), OUT(nodes), n));
+}
+CUresult cuGraphGetEdges(CUgraph g, CUgraphNode *from, CUgraphNode *to, size_t *n) {
+	if (n == NULL || (from == NULL) != (to == NULL)) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	return vg_traced(__func__, vgGraphEdges(H(g), OUT(from), OUT(to), n));
+}
+CUresult cuGraphGetEdges_v2(CUgraph g, CUgraphNode *from, CUgraphNode *to, CUgraphEdgeData *edges, size_t *n) {
+	CUresult r;
+	if (n == NULL || (from == NULL) != (to == NULL)) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	r = vgGraphEdges(H(g), OUT(from), OUT(to), n);
+	if (r == CUDA_SUCCESS && edges != NULL && from != NULL) memset(edges, 0, *n * 8);
+	return vg_traced(__func__, r);
+}
+/* A kernel node's launch attributes, those cuLaunchKernelEx takes: its
+ * cluster shape and cooperative launch are kept; the others change
+ * nothing here (a graph's nodes run one after another on one stream). */
+CUresult cuGraphKernelNodeSetAttribute(CUgraphNode node, int attr, const CUlaunchAttributeValue *v) {
+	if (v == NULL) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
+	if (vg_launch_attr_ok(attr)) {
+		if (attr == VG_LAUNCH_ATTR_COOPERATIVE) return vg_traced(__func__, vgGraphKernelNodeShape(H(node), 0, 0, 0, v->i != 0, 1));
+		if (attr == VG_LAUNCH_ATTR_CLUSTER_DIMENSION) return vg_traced(__func__, vgGraphKernelNodeShape(H(node), v->clusterDim.x, v->clusterDim.y, v->clusterDim.z, 0, 2));
+		return vg_traced(__func__, vgGraphKernelNodeShape(H(node), 0, 0, 0, 0, 0));
+	}
+	if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: cuGraphKernelNodeSetAttribute: launch attribute %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", attr);
+	return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
+}
 CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *edges, size_t nd, CUstreamCaptureMode mode) {
-	if (!vg_default_edges(edges, nd)) return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
 	return vg_traced(__func__, vgStreamBeginCaptureToGraph(H(s), H(g), DEPS(deps), nd, mode));
 }
 /* No graph holds device memory here (memory nodes are not served): there

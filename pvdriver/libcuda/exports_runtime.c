@@ -47,12 +47,8 @@ CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev) { retu
  * lets a kernel start before the one before it ends: running them in order
  * is always allowed, and a kernel's grid-dependency wait then returns at
  * once), any other is refused and named with VGPUHA_DEBUG=1. ---- */
-enum {
-	VG_LAUNCH_ATTR_IGNORE = 0, VG_LAUNCH_ATTR_COOPERATIVE = 2, VG_LAUNCH_ATTR_CLUSTER_DIMENSION = 4, VG_LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY = 5,
-	VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6, VG_LAUNCH_ATTR_PRIORITY = 8,
-};
-static int vg_launch_attr_ok(const CUlaunchAttribute *a) {
-	switch (a->id) {
+int vg_launch_attr_ok(int id) {
+	switch (id) {
 	case VG_LAUNCH_ATTR_IGNORE:
 	case VG_LAUNCH_ATTR_COOPERATIVE:
 	case VG_LAUNCH_ATTR_CLUSTER_DIMENSION:
@@ -66,7 +62,7 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, 
 	unsigned int i, cx = 0, cy = 0, cz = 0, coop = 0;
 	if (c == NULL || (c->numAttrs > 0 && c->attrs == NULL)) return vg_traced(__func__, CUDA_ERROR_INVALID_VALUE);
 	for (i = 0; i < c->numAttrs; i++) {
-		if (!vg_launch_attr_ok(&c->attrs[i])) {
+		if (!vg_launch_attr_ok(c->attrs[i].id)) {
 			if (vg_debug_enabled()) fprintf(stderr, "vgpuha libcuda: cuLaunchKernelEx: launch attribute %d is not supported (CUDA_ERROR_NOT_SUPPORTED)\n", c->attrs[i].id);
 			return vg_traced(__func__, CUDA_ERROR_NOT_SUPPORTED);
 		}

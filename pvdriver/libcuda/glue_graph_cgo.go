@@ -338,3 +338,40 @@ func offset3D(x, y, z, pitch, height uint64) (uint64, bool) {
 	}
 	return off + x, true
 }
+
+//export vgGraphRootNodes
+func vgGraphRootNodes(g C.uintptr_t, nodes *C.uintptr_t, n *C.size_t) C.CUresult {
+	ids, r := drv.GraphRootNodes(uint64(g))
+	if r == cuapi.Success {
+		handOut(ids, nodes, n)
+	}
+	return res(r)
+}
+
+//export vgGraphEdges
+func vgGraphEdges(g C.uintptr_t, from, to *C.uintptr_t, n *C.size_t) C.CUresult {
+	f, t, r := drv.GraphEdges(uint64(g))
+	if r == cuapi.Success {
+		m := *n
+		handOut(f, from, &m)
+		handOut(t, to, n)
+	}
+	return res(r)
+}
+
+// vgGraphKernelNodeShape sets a kernel node's launch attribute: what 1 its
+// cooperative launch, 2 its cluster shape, 0 none (only checks the node).
+//
+//export vgGraphKernelNodeShape
+func vgGraphKernelNodeShape(node C.uintptr_t, cx, cy, cz C.uint, coop C.int, what C.int) C.CUresult {
+	var cluster *[3]uint32
+	var cooperative *bool
+	switch what {
+	case 1:
+		v := coop != 0
+		cooperative = &v
+	case 2:
+		cluster = &[3]uint32{uint32(cx), uint32(cy), uint32(cz)}
+	}
+	return res(drv.GraphSetKernelShape(uint64(node), cluster, cooperative))
+}

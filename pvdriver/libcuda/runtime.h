@@ -29,6 +29,8 @@ CUresult cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *status, unsig
 CUresult cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, size_t *ndeps);
 CUresult cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *status, unsigned long long *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps);
 CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev);
+/* The launch attributes cuLaunchKernelEx and a kernel node take. */
+int vg_launch_attr_ok(int id);
 /* exports_graph.c */
 CUresult cuStreamBeginCapture(CUstream s);
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode);
@@ -43,6 +45,10 @@ CUresult cuGraphInstantiateWithParams(CUgraphExec *x, CUgraph g, CUDA_GRAPH_INST
 CUresult cuGraphLaunch(CUgraphExec x, CUstream s);
 CUresult cuGraphUpload(CUgraphExec x, CUstream s);
 CUresult cuGraphExecDestroy(CUgraphExec x);
+CUresult cuGraphKernelNodeSetAttribute(CUgraphNode node, int attr, const CUlaunchAttributeValue *v);
+CUresult cuGraphGetEdges_v2(CUgraph g, CUgraphNode *from, CUgraphNode *to, CUgraphEdgeData *edges, size_t *n);
+CUresult cuGraphGetEdges(CUgraph g, CUgraphNode *from, CUgraphNode *to, size_t *n);
+CUresult cuGraphGetRootNodes(CUgraph g, CUgraphNode *nodes, size_t *n);
 CUresult cuGraphAddKernelNode_v2(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_KERNEL_NODE_PARAMS_v2 *p);
 CUresult cuGraphAddKernelNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_KERNEL_NODE_PARAMS_v1 *p);
 CUresult cuGraphAddMemcpyNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd, const CUDA_MEMCPY3D *p, CUcontext ctx);

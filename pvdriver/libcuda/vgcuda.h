@@ -129,12 +129,18 @@ typedef struct {
 	CUgraphNode errorNode;
 	CUgraphNode errorFromNode;
 } CUgraphExecUpdateResultInfo;
-/* CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union. */
+/* CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union;
+ * the CUlaunchAttributeID values this library reads. */
+typedef union CUlaunchAttributeValue_union { char bytes[64]; int i; unsigned u; struct { unsigned x, y, z; } clusterDim; } CUlaunchAttributeValue;
 typedef struct CUlaunchAttribute_st {
 	int id;
 	char pad[4];
-	union { char bytes[64]; int i; unsigned u; struct { unsigned x, y, z; } clusterDim; } value;
+	CUlaunchAttributeValue value;
 } CUlaunchAttribute;
+enum {
+	VG_LAUNCH_ATTR_IGNORE = 0, VG_LAUNCH_ATTR_COOPERATIVE = 2, VG_LAUNCH_ATTR_CLUSTER_DIMENSION = 4, VG_LAUNCH_ATTR_CLUSTER_SCHEDULING_POLICY = 5,
+	VG_LAUNCH_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6, VG_LAUNCH_ATTR_PRIORITY = 8,
+};
 typedef struct CUlaunchConfig_st {
 	unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
 	CUstream hStream;

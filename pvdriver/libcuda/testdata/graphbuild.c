@@ -65,6 +65,7 @@ CUresult cuGraphNodeGetEnabled(CUgraphExec x, CUgraphNode n, unsigned int *on);
 CUresult cuGraphNodeGetType(CUgraphNode n, int *type);
 CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n);
 CUresult cuGraphNodeGetDependencies(CUgraphNode n, CUgraphNode *deps, size_t *nd);
+CUresult cuGraphGetRootNodes(CUgraph g, CUgraphNode *nodes, size_t *n);
 CUresult cuGraphExecUpdate_v2(CUgraphExec x, CUgraph g, UpdateInfo *info);
 CUresult cuGraphExecDestroy(CUgraphExec x);
 CUresult cuGraphDestroy(CUgraph g);
@@ -154,6 +155,10 @@ int main(int argc, char **argv) {
 	count = 4;
 	CHECK(cuGraphNodeGetDependencies(c, deps, &count));
 	if (count != 1 || deps[0] != m) FAIL("copy node's dependencies: %zu, first %p, want the memset node", count, (void *)deps[0]);
+
+	count = 4;
+	CHECK(cuGraphGetRootNodes(g, deps, &count));
+	if (count != 1 || deps[0] != m) FAIL("root nodes: %zu, first %p, want the memset node alone", count, (void *)deps[0]);
 
 	CHECK(cuGraphInstantiateWithFlags(&x, g, 0));
 	launch(x, s, 9.0f, "first launch");
