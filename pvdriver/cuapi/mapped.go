@@ -137,11 +137,16 @@ func (d *Driver) deviceAddress(t Thread, p uint64) uint64 {
 	return p
 }
 
-// mirrorArgs replaces each 8-byte kernel argument that holds an address
-// inside pinned host memory (unified addressing lets a program pass one to
-// a kernel) with the address in its mirror. Only arguments that lie
-// outside the device window and inside the span of pinned memory are
-// looked up; a pointer inside a structure passed by value is not found.
+// mirrorArgs replaces each address inside pinned host memory that a
+// kernel is handed (unified addressing lets a program pass one) with the
+// address in its mirror: an 8-byte argument, or an 8-byte-aligned word of
+// a structure passed by value (cuBLAS's GEMM kernels take their operands'
+// addresses in one; XLA's autotuner hands them pinned host buffers). Only
+// values outside the device window and inside the span of pinned memory
+// are looked up, so a word that is not an address is left alone unless it
+// happens to equal one inside a pinned buffer of this process. An address
+// kept anywhere else (in device memory) is not found: the primary's GPU
+// may reach it where its node shares the buffer, a standby's cannot.
 func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) {
 	d.mu.Lock()
 	base, size, lo, hi := d.base, d.size, d.hostLo, d.hostHi
@@ -149,28 +154,39 @@ func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) {
 	if hi == 0 { // no host memory pinned yet: the usual launch
 		return
 	}
+	translate := func(v uint64) uint64 {
+		if (v >= base && v-base < size) || v < lo || v >= hi {
+			return v // inside the device window, or outside every pinned buffer
+		}
+		return d.deviceAddress(t, v)
+	}
 	for i := range args {
 		a := &args[i]
-		var v uint64
-		switch {
-		case a.Kind == abi.ArgBytes && len(a.Raw) == 8:
-			v = binary.LittleEndian.Uint64(a.Raw)
-		case a.Kind == abi.ArgPtr || a.Kind == abi.ArgU64:
-			v = a.Bits
-		default:
-			continue
-		}
-		if (v >= base && v-base < size) || v < lo || v >= hi {
-			continue // inside the device window, or outside every pinned buffer
-		}
-		if dev := d.deviceAddress(t, v); dev != v {
-			if a.Kind == abi.ArgBytes {
-				a.Raw = binary.LittleEndian.AppendUint64(nil, dev)
-			} else {
-				a.Bits = dev
-			}
+		switch a.Kind {
+		case abi.ArgBytes:
+			a.Raw = mirrorWords(a.Raw, translate)
+		case abi.ArgPtr, abi.ArgU64:
+			a.Bits = translate(a.Bits)
 		}
 	}
+}
+
+// mirrorWords is raw with each 8-byte-aligned word v replaced by
+// translate(v); raw itself if no word changes, else a copy.
+func mirrorWords(raw []byte, translate func(uint64) uint64) []byte {
+	out := raw
+	for off := 0; off+8 <= len(raw); off += 8 {
+		v := binary.LittleEndian.Uint64(raw[off:])
+		dev := translate(v)
+		if dev == v {
+			continue
+		}
+		if &out[0] == &raw[0] {
+			out = append([]byte(nil), raw...)
+		}
+		binary.LittleEndian.PutUint64(out[off:], dev)
+	}
+	return out
 }
 
 // hostAt finds the host memory holding p.
