@@ -295,3 +295,15 @@ func (s *Server) Switchover(handover func() (Role, error)) (time.Duration, error
 	}
 	return pause, err
 }
+
+// recordGlobalAddr logs the address of a module variable the guest was
+// just told (replicate.OpGlobalAddr), so a standby maps it to its own
+// copy's in kernel arguments (objects/globalmap.go).
+// Precondition: s.mu must be locked; s.record is set.
+func (s *Session) recordGlobalAddr(op abi.Opcode, req, reply abi.Body) {
+	g, ok := reply.(*abi.GlobalReply)
+	if op != abi.OpModuleGlobal || !ok {
+		return
+	}
+	s.record.append(replicate.OpGlobalAddr, 0, req.(*abi.ModuleGlobal).Append(nil), g.Addr, 0, nil)
+}

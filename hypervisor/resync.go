@@ -54,6 +54,9 @@ func (s *Session) objectRecords() []replicate.Record {
 	recs = append(recs, s.objs.Records(func(op abi.Opcode, body abi.Body, result uint64) replicate.Record {
 		return placed(s.id, op, body, result)
 	})...)
+	s.objs.GlobalRecords(func(r *abi.ModuleGlobal, guest uint64) {
+		recs = append(recs, replicate.Record{Session: s.id, Op: replicate.OpGlobalAddr, Result: guest, Body: r.Append(nil)})
+	})
 	recs = append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.objs.Next()), ReqID: s.once.Last(),
 		Body: s.once.AppendApplied(nil)})
 	return append(recs, s.failureRecords()...)

@@ -214,6 +214,7 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 		s.record.request(op, info, r.ID, payload, req, reply, err, &in)
 		if err == nil {
 			s.recordReadBack(op, req, reply)
+			s.recordGlobalAddr(op, req, reply)
 		}
 		s.record.outcome(r.ID, failure, reporting, s.objs)
 	}

@@ -100,10 +100,16 @@ const (
 	// failures kept for stream Result (the guest was told): the standby
 	// forgets them too.
 	OpErrorsReported
+	// OpGlobalAddr: the guest of session Session was told that a module
+	// variable (Body: an abi.ModuleGlobal request, its module handle and
+	// name) lies at Result. Each node's GPU driver places module variables
+	// where it likes, so the standby maps that address to its own copy's
+	// wherever a kernel argument holds it (hypervisor/objects/globalmap.go).
+	OpGlobalAddr
 )
 
 // lastControl is the last control kind.
-const lastControl = OpErrorsReported
+const lastControl = OpGlobalAddr
 
 // Record flags.
 const (
@@ -165,6 +171,8 @@ func (o Op) String() string {
 		return "request_failed"
 	case OpErrorsReported:
 		return "errors_reported"
+	case OpGlobalAddr:
+		return "global_addr"
 	}
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }

@@ -40,6 +40,7 @@ func (o *Set) ModuleGlobal(r *abi.ModuleGlobal) (abi.Body, error) {
 	if err != nil {
 		return nil, err
 	}
+	o.globals.note(globalRef{module: r.Module, name: r.Name, guest: addr, own: addr, size: size})
 	return &abi.GlobalReply{Addr: addr, Size: size}, nil
 }
 

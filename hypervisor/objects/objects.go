@@ -88,6 +88,9 @@ type Set struct {
 	// session's id in it.
 	log     *replicate.Log
 	session uint64
+	// globals are the module variables whose addresses the guest holds
+	// (globalmap.go).
+	globals globalMap
 }
 
 // New returns the objects of a session running on ctx, whose memory is mem.

@@ -92,6 +92,13 @@ var sessionRecords = map[replicate.Op]func(Session, *replicate.Record) error{
 		}
 		return nil
 	},
+	replicate.OpGlobalAddr: func(s Session, rec *replicate.Record) error {
+		req, err := abi.DecodeRequest(abi.OpModuleGlobal, rec.Body)
+		if err != nil {
+			return err
+		}
+		return s.Objects().NoteGlobalAddr(req.(*abi.ModuleGlobal), rec.Result)
+	},
 	replicate.OpErrorsReported: func(s Session, rec *replicate.Record) error {
 		s.Objects().ForgetDeferred(handlemap.Handle(rec.Result))
 		return nil

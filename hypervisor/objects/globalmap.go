@@ -1,0 +1,151 @@
+package objects
+
+import (
+	"encoding/binary"
+	"slices"
+
+	"github.com/vgpuha/vgpuha/handlemap"
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Module variables' addresses across nodes. A guest asks where a module
+// variable lies (cuModuleGetGlobal) and may hand that address to a kernel:
+// XLA passes its constants, which are module variables, to its own kernels
+// and to cuBLAS's GEMMs, inside the structure of arguments a GEMM takes.
+// Each node's GPU driver puts module variables where it likes, so the
+// address the guest holds names the primary's copy. The primary logs every
+// address it hands out (replicate.OpGlobalAddr); a standby finds its own
+// copy of the same variable and, in every launch, replaces each argument
+// word that lies inside a variable the guest holds at another address with
+// the address in its own copy (an 8-byte argument, or an 8-byte-aligned
+// word of a structure). After a failover the promoted node goes on doing
+// so, and a resync carries the addresses the guest holds to a new standby.
+//
+// Not covered: an address the guest stored in device memory (a kernel
+// that follows it reaches the old node's address), and a word that is not
+// an address but equals one inside such a variable (not a plausible value:
+// these addresses lie far above any count or size).
+
+// globalRef is one module variable whose address the guest holds.
+type globalRef struct {
+	module     uint64 // the guest's module handle
+	name       string
+	guest, own uint64 // where the guest believes it lies; where it lies here
+	size       uint64
+}
+
+// globalMap holds the module variables a session's guest was told about,
+// by the address the guest holds.
+type globalMap struct {
+	refs    map[uint64]globalRef
+	foreign []globalRef // refs whose guest address is not this node's, by guest address
+}
+
+// note records ref, replacing what the guest address named before.
+func (m *globalMap) note(ref globalRef) {
+	if m.refs == nil {
+		m.refs = map[uint64]globalRef{}
+	}
+	m.refs[ref.guest] = ref
+	m.foreign = m.foreign[:0]
+	for _, r := range m.refs {
+		if r.guest != r.own {
+			m.foreign = append(m.foreign, r)
+		}
+	}
+	slices.SortFunc(m.foreign, func(a, b globalRef) int {
+		switch {
+		case a.guest < b.guest:
+			return -1
+		case a.guest > b.guest:
+			return 1
+		}
+		return 0
+	})
+}
+
+// local is v as this node knows it: inside a foreign variable, the same
+// offset in this node's copy; anything else as it is.
+func (m *globalMap) local(v uint64) uint64 {
+	i, _ := slices.BinarySearchFunc(m.foreign, v, func(r globalRef, v uint64) int {
+		switch {
+		case r.guest+r.size <= v:
+			return -1
+		case r.guest > v:
+			return 1
+		}
+		return 0
+	})
+	if i < len(m.foreign) && v >= m.foreign[i].guest && v-m.foreign[i].guest < m.foreign[i].size {
+		return m.foreign[i].own + (v - m.foreign[i].guest)
+	}
+	return v
+}
+
+// args is a launch's arguments with every address inside a foreign
+// variable made local: args itself when there is none.
+func (m *globalMap) args(args []abi.Arg) []abi.Arg {
+	if len(m.foreign) == 0 {
+		return args
+	}
+	out := args
+	set := func(i int, a abi.Arg) {
+		if &out[0] == &args[0] {
+			out = append([]abi.Arg(nil), args...)
+		}
+		out[i] = a
+	}
+	for i, a := range args {
+		switch a.Kind {
+		case abi.ArgPtr, abi.ArgU64:
+			if v := m.local(a.Bits); v != a.Bits {
+				a.Bits = v
+				set(i, a)
+			}
+		case abi.ArgBytes:
+			if raw := m.words(a.Raw); &raw[0] != &a.Raw[0] {
+				a.Raw = raw
+				set(i, a)
+			}
+		}
+	}
+	return out
+}
+
+// words is raw with each 8-byte-aligned word made local (a copy if any
+// word changes).
+func (m *globalMap) words(raw []byte) []byte {
+	out := raw
+	for off := 0; off+8 <= len(raw); off += 8 {
+		v := binary.LittleEndian.Uint64(raw[off:])
+		if w := m.local(v); w != v {
+			if &out[0] == &raw[0] {
+				out = append([]byte(nil), raw...)
+			}
+			binary.LittleEndian.PutUint64(out[off:], w)
+		}
+	}
+	return out
+}
+
+// NoteGlobalAddr records that the guest holds module variable r at guest
+// (a replicated OpGlobalAddr): this node's copy is found by name.
+func (o *Set) NoteGlobalAddr(r *abi.ModuleGlobal, guest uint64) error {
+	_, own, size, err := o.global(r.Module, r.Name, 0, 0)
+	if err != nil {
+		return err
+	}
+	o.globals.note(globalRef{module: r.Module, name: r.Name, guest: guest, own: own, size: size})
+	return nil
+}
+
+// GlobalRecords calls emit with each module variable whose address the
+// guest holds, and that address: what a resync's snapshot logs after the
+// modules, so a new standby maps them too.
+func (o *Set) GlobalRecords(emit func(r *abi.ModuleGlobal, guest uint64)) {
+	for _, ref := range o.globals.refs {
+		if _, err := o.handles.Lookup(handlemap.KindModule, handlemap.Handle(ref.module)); err == nil {
+			emit(&abi.ModuleGlobal{Module: ref.module, Name: ref.name}, ref.guest)
+		}
+	}
+}
