@@ -33,6 +33,12 @@
 // library forwarding each call to a helper process that holds the
 // session, costs a hop per call; it becomes the better design if a host
 // program is found that the runtime cannot live beside.
+//
+// The runtime does not re-read the cgroup's CPU limit every second
+// (updatemaxprocs=0): inside a guest program that polling was 7 % of the
+// library's CPU samples (a ResNet's profile, VGPUHA_CPUPROFILE), and the
+// program's own threads, not the runtime's, do the library's work.
+//go:debug updatemaxprocs=0
 package main
 
 // #cgo LDFLAGS: -Wl,--wrap=crosscall2
