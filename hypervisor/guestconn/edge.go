@@ -48,6 +48,18 @@ type Node interface {
 	// Panicked turns a panic p recovered while serving one request of op
 	// (s may be nil) into the request's reply and error.
 	Panicked(s Session, op abi.Opcode, p any, log *slog.Logger) (abi.Body, error)
+	// StatusHello opens a status connection (abi.OpStatusHello): nil with
+	// the error when the node refuses it.
+	StatusHello(payload []byte, p Peer) (Status, abi.Body, error)
+}
+
+// Status is a status connection as its connection drives it: it answers
+// the requests about the device (abi.OpDeviceInfo, abi.OpDeviceStatus)
+// and refuses every other; it holds no session.
+type Status interface {
+	Serve(op abi.Opcode, payload []byte) (abi.Body, error)
+	// Close: the connection has ended.
+	Close()
 }
 
 // Session is a guest's session as its connection drives it.
