@@ -7,8 +7,9 @@
 // period, and a node that begins to serve adopts the sessions no
 // connection serves; the guest windows' slots), the handler table
 // (opTable: one handler per row of abi's opcode table, which says what
-// each opcode is), where a copy's bytes are read (inplace.go), and the
-// primary's replication hooks (replication.go, resync.go, readback.go; a
+// each opcode is), what a guest learns of the device, in a session or on
+// a status connection that holds none (status.go), where a copy's bytes
+// are read (inplace.go), and the primary's replication hooks (replication.go, resync.go, readback.go; a
 // request that fails is answered on both nodes: failures.go).
 // Its rooms own the rest, each behind a small interface of its own: the
 // connection edge (package guestconn), a session's device memory (devmem),

@@ -72,6 +72,17 @@ func TestStatusConnection(t *testing.T) {
 	if st, _ := dialRaw(t, e).send(abi.OpStatusHello, 0, 1, &abi.StatusHello{GuestName: "bad\x00name"}, nil); st != abi.StatusInvalidValue {
 		t.Errorf("an unprintable guest name: %s", st)
 	}
+	e.srv.SetRole(hypervisor.Role{Term: 2, Fenced: true, Why: "test"})
+	if _, err := watch.fr.ReadFrame(); err == nil {
+		t.Error("a fenced node kept its status connection")
+	}
+	probe, host := net.Pipe() // a connection that reaches the fenced node: refused as a session's hello is
+	go e.srv.ServeConn(host)
+	defer probe.Close()
+	late := &raw{t: t, conn: probe, fr: abi.NewFrameReader(probe, 1<<20)}
+	if st, _ := late.send(abi.OpStatusHello, 0, 1, &abi.StatusHello{GuestName: "late"}, nil); st != abi.StatusDeposed {
+		t.Errorf("status_hello on a fenced node: %s, want deposed", st)
+	}
 }
 
 // FuzzStatusConn drives a status connection with arbitrary requests: the

@@ -1,5 +1,7 @@
 // Package guestconn is a hypervisor node's edge: one guest connection
-// served from its first frame to its last. One goroutine reads a
+// served from its first frame to its last (a session's, or a status
+// connection's, which holds no session and only asks about the device:
+// Status). One goroutine reads a
 // connection's frames, runs them in order on its session and writes the
 // replies, each once the node's commit rule lets it go (replies.go), with
 // the connection's buffers drawn from the node's request budget

@@ -187,6 +187,13 @@ func TestReplyRoundTrip(t *testing.T) {
 	if err != nil || st != StatusOK || msg != "" || !cmp.Equal(hr, HelloReply{1, 2, 3, 4, 5, nil}) {
 		t.Fatalf("got %v %q %v %+v", st, msg, err, hr)
 	}
+	var sr StatusHelloReply
+	if st, _, err := DecodeReply(AppendReply(nil, StatusOK, "", &StatusHelloReply{Term: 9}), &sr); err != nil || st != StatusOK || sr.Term != 9 {
+		t.Fatalf("status_hello reply: %v %v %+v", st, err, sr)
+	}
+	if _, _, err := DecodeReply(AppendReply(nil, StatusOK, "", &Alloc{Size: 1})[:9], &sr); err == nil {
+		t.Fatal("a short status_hello reply decoded")
+	}
 	b = AppendReply(nil, StatusOutOfRange, "nope", &AllocReply{Ptr: 5})
 	var ar AllocReply
 	st, msg, err = DecodeReply(b, &ar)
