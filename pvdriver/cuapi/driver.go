@@ -217,6 +217,10 @@ func visibleOf(dev abi.DeviceInfoReply) []int {
 	return VisibleDevices(spec, set, [][16]byte{dev.UUID})
 }
 
+// ErrNoEndpoint is Watch's error without VGPUHA_ENDPOINT (already said
+// on stderr).
+var ErrNoEndpoint = errors.New("VGPUHA_ENDPOINT is not set")
+
 // OpenSession is the process's session if one is open now (nil if not):
 // unlike Session it never opens one.
 func (d *Driver) OpenSession() *pvdriver.Client {
@@ -238,7 +242,7 @@ func (d *Driver) OpenSession() *pvdriver.Client {
 func (d *Driver) Watch(caller string) (*pvdriver.StatusClient, abi.DeviceInfoReply, []int, error) {
 	ep, opts, ok := endpoint(caller)
 	if !ok {
-		return nil, abi.DeviceInfoReply{}, nil, errors.New("VGPUHA_ENDPOINT is not set")
+		return nil, abi.DeviceInfoReply{}, nil, ErrNoEndpoint
 	}
 	opts.GuestName = "libnvidia-ml:" + progName()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

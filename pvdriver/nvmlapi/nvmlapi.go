@@ -171,7 +171,9 @@ func (a *API) openLocked(caller string) bool {
 			return true
 		}
 		if !errors.Is(err, abi.StatusBadFrame) {
-			fmt.Fprintf(os.Stderr, "vgpuha libnvidia-ml: %s: %v\n", caller, err)
+			if !errors.Is(err, cuapi.ErrNoEndpoint) {
+				fmt.Fprintf(os.Stderr, "vgpuha libnvidia-ml: %s: %v\n", caller, err)
+			}
 			return false
 		}
 	}
