@@ -122,6 +122,8 @@ func gauges(s *Server) []prometheus.Collector {
 		{"vgpuha_guest_reply_queue_bytes", "Bytes of replies guest connections hold queued now (each at most --guest.reply-queue-bytes and one reply).",
 			func() float64 { return float64(s.edge.QueuedReplyBytes()) }},
 		{"vgpuha_guest_sessions", "Open guest sessions.", status(func(st Status) float64 { return float64(len(st.Sessions)) })},
+		{"vgpuha_guest_status_connections", "Open guest status connections (a guest's NVML watching the device without a session; at most --guest.max-status-connections).",
+			func() float64 { return float64(s.statusConnections()) }},
 		{"vgpuha_guest_sessions_detached", "Guest sessions no connection serves: kept for a resume, or a standby's replicas.",
 			status(func(st Status) float64 { return float64(st.Detached) })},
 		{"vgpuha_guest_sessions_detached_oldest_seconds", "How long the oldest detached session has been kept without a connection on this node (0: none; a standby's replicas are its primary's to time).",

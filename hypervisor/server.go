@@ -7,8 +7,9 @@
 // period, and a node that begins to serve adopts the sessions no
 // connection serves; the guest windows' slots), the handler table
 // (opTable: one handler per row of abi's opcode table, which says what
-// each opcode is), where a copy's bytes are read (inplace.go), and the
-// primary's replication hooks (replication.go, resync.go, readback.go; a
+// each opcode is), what a guest learns of the device, in a session or on
+// a status connection that holds none (status.go), where a copy's bytes
+// are read (inplace.go), and the primary's replication hooks (replication.go, resync.go, readback.go; a
 // request that fails is answered on both nodes: failures.go).
 // Its rooms own the rest, each behind a small interface of its own: the
 // connection edge (package guestconn), a session's device memory (devmem),
@@ -65,6 +66,10 @@ type Config struct {
 	AllocAlign uint64
 	// MaxSessions bounds concurrent guests.
 	MaxSessions int
+	// MaxStatusConns bounds the status connections open at once (guests'
+	// NVML watching the device without a session: status.go); they are
+	// not sessions and do not count against MaxSessions.
+	MaxStatusConns int
 	// GuestKernels lets guests load kernels that are not the library's own
 	// (their own PTX or images). Such a kernel can read and write any memory
 	// of its process's GPU contexts, so it needs MaxSessions == 1 (one
@@ -134,9 +139,11 @@ func DefaultConfig() Config {
 		WindowSize:  64 << 30,
 		AllocAlign:  2 << 20,
 		MaxSessions: 64,
-		MemoryQuota: 4 << 30,
-		MaxObjects:  16384,
-		MaxPayload:  abi.DefaultMaxPayload,
+		// A monitoring agent and a few nvidia-smi per guest.
+		MaxStatusConns: 256,
+		MemoryQuota:    4 << 30,
+		MaxObjects:     16384,
+		MaxPayload:     abi.DefaultMaxPayload,
 		// Fourteen frames of the largest payload in flight at once; a
 		// flood of announced frames cannot take the host's memory.
 		RequestBufferBytes: 256 << 20,
@@ -167,8 +174,8 @@ func (c Config) validate() error {
 		return errors.New("window size must be non-zero and alloc alignment a power of two")
 	case c.WindowBase%c.AllocAlign != 0 || c.WindowSize%c.AllocAlign != 0:
 		return errors.New("window base and size must be multiples of the alloc alignment")
-	case c.MaxSessions <= 0 || c.MaxObjects <= 0 || c.MaxPayload < 4096:
-		return errors.New("max sessions and objects must be positive, max payload at least 4096")
+	case c.MaxSessions <= 0 || c.MaxStatusConns <= 0 || c.MaxObjects <= 0 || c.MaxPayload < 4096:
+		return errors.New("max sessions, status connections and objects must be positive, max payload at least 4096")
 	case c.WindowBase+uint64(c.MaxSessions)*c.WindowSize < c.WindowBase:
 		return errors.New("session windows overflow the address space")
 	case c.ImageCacheBytes < 0 || c.ImageCacheTenantBytes < 0 || c.ImageUploadBytes < 0:
@@ -230,6 +237,8 @@ type Server struct {
 	unprotected atomic.Pointer[func() (allow, stop bool)]
 	conns       map[net.Conn]struct{}
 	closed      bool
+	// statusConns counts the status connections open (status.go).
+	statusConns int
 	// ending counts sessions whose connection has ended and that are
 	// being let go (freed, or kept for a resume); slotFreed is closed and
 	// replaced whenever one is done or a slot is freed (lifetime.go).
@@ -397,16 +406,8 @@ func (s *Server) hello(payload []byte, p guestconn.Peer) (*Session, abi.Body, er
 // takeSlotLocked takes a window slot and a session of tenant id's quota.
 // Precondition: s.mu must be locked.
 func (s *Server) takeSlotLocked(id string) (int, *tenancy.Tenant, error) {
-	if s.fenced {
-		return 0, nil, s.deposedLocked()
-	}
-	if s.leaseExpired() {
-		return 0, nil, errLeaseExpired()
-	}
-	if h, ok := s.backend.(gpu.HealthReporter); ok {
-		if err := h.Healthy(); err != nil {
-			return 0, nil, err
-		}
+	if err := s.admitLocked(); err != nil {
+		return 0, nil, err
 	}
 	slot := s.freeSlotLocked()
 	if slot < 0 || s.closed {
@@ -741,6 +742,9 @@ type Status struct {
 	Tenancy TenancyStatus `json:"tenancy"`
 	// Images: the module images this node keeps by content (package images).
 	Images ImageStatus `json:"images"`
+	// StatusConnections counts the guests' status connections open
+	// (status.go: NVML watching the device without a session).
+	StatusConnections int `json:"status_connections"`
 }
 
 // Redacted is the status without what identifies a session (its id, its
@@ -762,7 +766,7 @@ func (s *Server) Status() Status {
 	sessions := s.sessionList()
 	sort.Slice(sessions, func(i, j int) bool { return sessions[i].id < sessions[j].id })
 	st := Status{Backend: s.backend.Name(), Sessions: []SessionStatus{}, Term: s.Term(), Primary: s.IsPrimary(), Tenancy: s.tenancy(),
-		Images: s.images.Status()}
+		Images: s.images.Status(), StatusConnections: s.statusConnections()}
 	now := s.now()
 	for _, sess := range sessions {
 		sess.mu.Lock()

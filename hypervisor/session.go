@@ -273,37 +273,15 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 	return nil, s.mem.Free(r.Ptr)
 }
 
-// deviceInfo describes the backend's device, its allocation granularity
-// raised to the node's allocation alignment (every allocation and mapping
-// is aligned to it).
-func (s *Session) deviceInfo(r *abi.DeviceInfo) (abi.Body, error) {
-	b, err := s.objs.DeviceInfo(r)
-	if info, ok := b.(*abi.DeviceInfoReply); ok && info.Granularity < s.cfg.AllocAlign {
-		info.Granularity = s.cfg.AllocAlign
-	}
-	return b, err
-}
+// deviceInfo describes the node's device (status.go).
+func (s *Session) deviceInfo(*abi.DeviceInfo) (abi.Body, error) { return s.srv.deviceInfo() }
 
-// deviceStatus reports the device's live state as the backend reads it
-// (gpu.DeviceStatusReporter; nothing from a backend that cannot) and the
-// memory the guest holds: its tenant's sessions together, this session,
-// and the tenant's quota where it is below the device's memory.
+// deviceStatus reports the device's live state and the memory the guest
+// holds: its tenant's sessions together and this session (status.go).
 func (s *Session) deviceStatus(*abi.DeviceStatus) (abi.Body, error) {
-	r := &abi.DeviceStatusReply{}
-	if rep, ok := s.srv.backend.(gpu.DeviceStatusReporter); ok {
-		rep.DeviceStatus(r)
-	}
 	session := s.mem.Bytes()
-	r.Set(abi.FieldSessionMemory, session)
 	if s.tenant == nil {
-		r.Set(abi.FieldGuestMemoryUsed, session)
-		return r, nil
+		return s.srv.deviceStatus(session, &session, 0, false), nil
 	}
-	r.Set(abi.FieldGuestMemoryUsed, max(s.tenant.Held(), session))
-	if d, ok := s.srv.backend.(gpu.DeviceDescriber); ok {
-		if info, err := d.DeviceInfo(); err == nil && s.tenant.Quota.Memory < info.TotalMem {
-			r.Set(abi.FieldGuestMemoryQuota, s.tenant.Quota.Memory)
-		}
-	}
-	return r, nil
+	return s.srv.deviceStatus(max(s.tenant.Held(), session), &session, s.tenant.Quota.Memory, true), nil
 }

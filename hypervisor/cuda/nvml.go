@@ -37,9 +37,15 @@ type nvmlLib struct {
 	text          map[string]func(dev uintptr, s *byte, n uint32) int32
 	driverVersion func(s *byte, n uint32) int32
 	utilization   func(dev uintptr, u *[2]uint32) int32
-	ecc           func(dev uintptr, cur, pending *uint32) int32
 	pci           func(dev uintptr, p *nvmlPciInfo) int32
 	bar1          func(dev uintptr, m *[3]uint64) int32
+	pairs         map[string]func(dev uintptr, a, b *uint32) int32
+	u64           map[string]func(dev uintptr, v *uint64) int32
+	textArg       map[string]func(dev uintptr, arg uint32, s *byte, n uint32) int32
+	eccTotal      func(dev uintptr, errorType, counterType uint32, v *uint64) int32
+	eccCounter    func(dev uintptr, errorType, counterType, location uint32, v *uint64) int32
+	retired       func(dev uintptr, cause uint32, count *uint32, addresses *uint64) int32
+	remapped      func(dev uintptr, corr, unc, pending, failed *uint32) int32
 }
 
 // nvmlU32Fields are the fields NVML answers as one unsigned int: the
@@ -76,6 +82,64 @@ var nvmlU32Fields = []struct {
 	{abi.FieldPCIeLinkWidth, "nvmlDeviceGetCurrPcieLinkWidth", -1},
 	{abi.FieldPCIeMaxLinkGen, "nvmlDeviceGetMaxPcieLinkGeneration", -1},
 	{abi.FieldPCIeMaxLinkWidth, "nvmlDeviceGetMaxPcieLinkWidth", -1},
+	{abi.FieldTemperatureMemoryMax, "nvmlDeviceGetTemperatureThreshold", 2}, // NVML_TEMPERATURE_THRESHOLD_MEM_MAX
+	{abi.FieldAppClock, "nvmlDeviceGetApplicationsClock", 0},                // NVML_CLOCK_GRAPHICS, SM, MEM, VIDEO
+	{abi.FieldAppClock + 1, "nvmlDeviceGetApplicationsClock", 1},
+	{abi.FieldAppClock + 2, "nvmlDeviceGetApplicationsClock", 2},
+	{abi.FieldAppClock + 3, "nvmlDeviceGetApplicationsClock", 3},
+	{abi.FieldDefaultAppClock, "nvmlDeviceGetDefaultApplicationsClock", 0},
+	{abi.FieldDefaultAppClock + 1, "nvmlDeviceGetDefaultApplicationsClock", 1},
+	{abi.FieldDefaultAppClock + 2, "nvmlDeviceGetDefaultApplicationsClock", 2},
+	{abi.FieldDefaultAppClock + 3, "nvmlDeviceGetDefaultApplicationsClock", 3},
+	{abi.FieldBoostClock, "nvmlDeviceGetMaxCustomerBoostClock", 0},
+	{abi.FieldBoostClock + 1, "nvmlDeviceGetMaxCustomerBoostClock", 1},
+	{abi.FieldBoostClock + 2, "nvmlDeviceGetMaxCustomerBoostClock", 2},
+	{abi.FieldBoostClock + 3, "nvmlDeviceGetMaxCustomerBoostClock", 3},
+	{abi.FieldPCIeTxThroughput, "nvmlDeviceGetPcieThroughput", 0}, // NVML_PCIE_UTIL_TX_BYTES, RX
+	{abi.FieldPCIeRxThroughput, "nvmlDeviceGetPcieThroughput", 1},
+	{abi.FieldPCIeReplays, "nvmlDeviceGetPcieReplayCounter", -1},
+	{abi.FieldRetiredPending, "nvmlDeviceGetRetiredPagesPendingStatus", -1},
+	{abi.FieldInforomChecksum, "nvmlDeviceGetInforomConfigurationChecksum", -1},
+}
+
+// nvmlPairs are the fields NVML answers two at a time (two unsigned ints).
+var nvmlPairs = []struct {
+	a, b abi.DeviceField
+	sym  string
+}{
+	{abi.FieldECCCurrent, abi.FieldECCPending, "nvmlDeviceGetEccMode"},
+	{abi.FieldEncoderUtil, abi.FieldEncoderSamplingUS, "nvmlDeviceGetEncoderUtilization"},
+	{abi.FieldDecoderUtil, abi.FieldDecoderSamplingUS, "nvmlDeviceGetDecoderUtilization"},
+	{abi.FieldPowerMinLimit, abi.FieldPowerMaxLimit, "nvmlDeviceGetPowerManagementLimitConstraints"},
+}
+
+// nvmlU64Fields are the fields NVML answers as one unsigned long long:
+// the entry point, or the older name of the same (NVML renamed the
+// throttle reasons clocks event reasons).
+var nvmlU64Fields = []struct {
+	field    abi.DeviceField
+	sym, old string
+}{
+	{abi.FieldClocksEventReasons, "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"},
+	{abi.FieldSupportedClocksEventReasons, "nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons"},
+}
+
+// nvmlInforomObjects are the inforom objects whose versions NVML answers
+// (nvmlDeviceGetInforomVersion's nvmlInforomObject_t).
+var nvmlInforomObjects = []struct {
+	text abi.DeviceText
+	obj  uint32
+}{
+	{abi.TextInforomOEM, 0}, {abi.TextInforomECC, 1}, {abi.TextInforomPower, 2},
+}
+
+// nvmlECCGroups are the memory error count groups (abi.ECCField) and the
+// memory location each counts (nvmlMemoryLocation_t; -1: the totals).
+var nvmlECCGroups = []struct {
+	group    abi.DeviceField
+	location int32
+}{
+	{abi.FieldECCTotal, -1}, {abi.FieldECCDRAM, 2}, {abi.FieldECCSRAM, 7},
 }
 
 // nvmlTexts are the texts NVML answers per device.
@@ -86,6 +150,7 @@ var nvmlTexts = []struct {
 	{abi.TextSerial, "nvmlDeviceGetSerial"},
 	{abi.TextBoardPart, "nvmlDeviceGetBoardPartNumber"},
 	{abi.TextVBIOS, "nvmlDeviceGetVbiosVersion"},
+	{abi.TextInforomImage, "nvmlDeviceGetInforomImageVersion"},
 }
 
 // loadNVML opens the host's NVML and registers every entry point it has
@@ -109,6 +174,29 @@ func loadNVML() (*nvmlLib, error) {
 		text: map[string]func(uintptr, *byte, uint32) int32{}}
 	purego.RegisterLibFunc(&n.init, lib, "nvmlInit_v2")
 	purego.RegisterLibFunc(&n.handleByUUID, lib, "nvmlDeviceGetHandleByUUID")
+	n.registerTables(lib, has)
+	for _, e := range []struct {
+		fn  any
+		sym string
+	}{
+		{&n.driverVersion, "nvmlSystemGetDriverVersion"}, {&n.utilization, "nvmlDeviceGetUtilizationRates"},
+		{&n.pci, "nvmlDeviceGetPciInfo_v3"}, {&n.bar1, "nvmlDeviceGetBAR1MemoryInfo"},
+		{&n.eccTotal, "nvmlDeviceGetTotalEccErrors"}, {&n.eccCounter, "nvmlDeviceGetMemoryErrorCounter"},
+		{&n.retired, "nvmlDeviceGetRetiredPages"}, {&n.remapped, "nvmlDeviceGetRemappedRows"},
+	} {
+		if has(e.sym) {
+			purego.RegisterLibFunc(e.fn, lib, e.sym)
+		}
+	}
+	if r := n.init(); r != 0 {
+		return nil, fmt.Errorf("the host's nvmlInit_v2: error %d", r)
+	}
+	return n, nil
+}
+
+// registerTables registers the entry points of the tables above that the
+// host's NVML has.
+func (n *nvmlLib) registerTables(lib uintptr, has func(string) bool) {
 	for _, f := range nvmlU32Fields {
 		switch {
 		case !has(f.sym):
@@ -129,21 +217,30 @@ func loadNVML() (*nvmlLib, error) {
 			n.text[t.sym] = fn
 		}
 	}
-	for _, e := range []struct {
-		fn  any
-		sym string
-	}{
-		{&n.driverVersion, "nvmlSystemGetDriverVersion"}, {&n.utilization, "nvmlDeviceGetUtilizationRates"},
-		{&n.ecc, "nvmlDeviceGetEccMode"}, {&n.pci, "nvmlDeviceGetPciInfo_v3"}, {&n.bar1, "nvmlDeviceGetBAR1MemoryInfo"},
-	} {
-		if has(e.sym) {
-			purego.RegisterLibFunc(e.fn, lib, e.sym)
+	n.pairs = map[string]func(uintptr, *uint32, *uint32) int32{}
+	for _, p := range nvmlPairs {
+		if has(p.sym) {
+			var fn func(uintptr, *uint32, *uint32) int32
+			purego.RegisterLibFunc(&fn, lib, p.sym)
+			n.pairs[p.sym] = fn
 		}
 	}
-	if r := n.init(); r != 0 {
-		return nil, fmt.Errorf("the host's nvmlInit_v2: error %d", r)
+	n.u64 = map[string]func(uintptr, *uint64) int32{}
+	for _, f := range nvmlU64Fields {
+		for _, sym := range []string{f.sym, f.old} {
+			if has(sym) && n.u64[f.sym] == nil {
+				var fn func(uintptr, *uint64) int32
+				purego.RegisterLibFunc(&fn, lib, sym)
+				n.u64[f.sym] = fn
+			}
+		}
 	}
-	return n, nil
+	n.textArg = map[string]func(uintptr, uint32, *byte, uint32) int32{}
+	if has("nvmlDeviceGetInforomVersion") {
+		var fn func(uintptr, uint32, *byte, uint32) int32
+		purego.RegisterLibFunc(&fn, lib, "nvmlDeviceGetInforomVersion")
+		n.textArg["nvmlDeviceGetInforomVersion"] = fn
+	}
 }
 
 // nvmlDevice is the host NVML and its handle of this backend's GPU.
@@ -201,11 +298,27 @@ func (n *nvmlDevice) read(lib *nvmlLib, r *abi.DeviceStatusReply) {
 		r.Set(abi.FieldUtilGPU, uint64(util[0]))
 		r.Set(abi.FieldUtilMemory, uint64(util[1]))
 	}
-	var cur, pending uint32
-	if lib.ecc != nil && lib.ecc(n.dev, &cur, &pending) == 0 {
-		r.Set(abi.FieldECCCurrent, uint64(cur))
-		r.Set(abi.FieldECCPending, uint64(pending))
+	for _, p := range nvmlPairs {
+		var a, b uint32
+		if fn := lib.pairs[p.sym]; fn != nil && fn(n.dev, &a, &b) == 0 {
+			r.Set(p.a, uint64(a))
+			r.Set(p.b, uint64(b))
+		}
 	}
+	for _, f := range nvmlU64Fields {
+		var v uint64
+		if fn := lib.u64[f.sym]; fn != nil && fn(n.dev, &v) == 0 {
+			r.Set(f.field, v)
+		}
+	}
+	if fn := lib.textArg["nvmlDeviceGetInforomVersion"]; fn != nil {
+		for _, o := range nvmlInforomObjects {
+			if fn(n.dev, o.obj, &buf[0], uint32(len(buf))) == 0 {
+				r.SetText(o.text, cstring(&buf[0]))
+			}
+		}
+	}
+	n.readErrors(lib, r)
 	var pci nvmlPciInfo
 	if lib.pci != nil && lib.pci(n.dev, &pci) == 0 {
 		r.Set(abi.FieldPCIDeviceID, uint64(pci.pciDeviceID))
@@ -217,6 +330,46 @@ func (n *nvmlDevice) read(lib *nvmlLib, r *abi.DeviceStatusReply) {
 		r.Set(abi.FieldBAR1Used, bar1[2])
 	}
 }
+
+// readErrors fills r with the GPU's memory error counts, retired pages
+// and remapped rows, as far as the host's NVML answers them.
+func (n *nvmlDevice) readErrors(lib *nvmlLib, r *abi.DeviceStatusReply) {
+	for _, g := range nvmlECCGroups {
+		for errorType := range uint64(2) { // NVML_MEMORY_ERROR_TYPE_CORRECTED, UNCORRECTED
+			for counterType := range uint64(2) { // NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC
+				f, _ := abi.ECCField(g.group, errorType, counterType)
+				var v uint64
+				res := int32(-1)
+				if g.location < 0 && lib.eccTotal != nil {
+					res = lib.eccTotal(n.dev, uint32(errorType), uint32(counterType), &v)
+				} else if g.location >= 0 && lib.eccCounter != nil {
+					res = lib.eccCounter(n.dev, uint32(errorType), uint32(counterType), uint32(g.location), &v)
+				}
+				if res == 0 {
+					r.Set(f, v)
+				}
+			}
+		}
+	}
+	if lib.retired != nil {
+		for cause, f := range []abi.DeviceField{abi.FieldRetiredSingleBit, abi.FieldRetiredDoubleBit} {
+			var count uint32 // 0 and no buffer: how many (NVML_ERROR_INSUFFICIENT_SIZE when there are some)
+			if res := lib.retired(n.dev, uint32(cause), &count, nil); res == 0 || res == nvmlErrorInsufficientSize {
+				r.Set(f, uint64(count))
+			}
+		}
+	}
+	var corr, unc, pending, failed uint32
+	if lib.remapped != nil && lib.remapped(n.dev, &corr, &unc, &pending, &failed) == 0 {
+		r.Set(abi.FieldRemappedCorrectable, uint64(corr))
+		r.Set(abi.FieldRemappedUncorrectable, uint64(unc))
+		r.Set(abi.FieldRemapPending, uint64(pending))
+		r.Set(abi.FieldRemapFailed, uint64(failed))
+	}
+}
+
+// nvmlErrorInsufficientSize is NVML_ERROR_INSUFFICIENT_SIZE.
+const nvmlErrorInsufficientSize = 7
 
 // Backend reads its GPU's live state from the host's NVML.
 var _ gpu.DeviceStatusReporter = (*Backend)(nil)

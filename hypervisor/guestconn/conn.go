@@ -27,6 +27,7 @@ type guestConn struct {
 	log    *slog.Logger
 	tenant string  // who the transport says the guest is (package tenancy)
 	sess   Session // nil until hello
+	status Status  // a status connection's, after its status_hello (sess stays nil)
 	host   *Region // the guest's host-memory region, if any (hostmem.go)
 	out    []byte  // the reply frame being written, reused from reply to reply
 	// refusals counts this connection's refused requests: the first few
@@ -137,6 +138,9 @@ type spanConn interface {
 // freed). Until it has, a hello that finds no free slot waits for it
 // (the hypervisor's takeSlot).
 func (c *guestConn) finish() {
+	if c.status != nil {
+		c.status.Close()
+	}
 	if c.sess != nil {
 		defer c.e.node.SessionEnding()()
 	}
@@ -277,7 +281,10 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	if f.Flags&abi.FlagAsync != 0 && (err == nil || isDeferred(err)) {
 		return true // no reply: the guest is pipelining; an error waits for its next sync
 	}
-	held := c.e.node.ReplyGate(f.Op, err)
+	var held func() bool
+	if c.status == nil { // a status reply tells of no state the standby must hold first
+		held = c.e.node.ReplyGate(f.Op, err)
+	}
 	if f.Op == abi.OpHello && err == nil && opensSession(f.Payload) {
 		held = c.answeringHello(held)
 	}
@@ -339,11 +346,20 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 	switch {
 	case f.Flags&abi.FlagReply != 0:
 		return nil, guesterr.Fail(abi.StatusBadFrame, "guest sent a reply frame"), false
+	case c.status != nil:
+		return c.serveStatus(f)
+	case c.sess == nil && f.Op == abi.OpStatusHello:
+		c.status, reply, err = c.e.node.StatusHello(f.Payload, Peer{Version: f.Version, Tenant: c.tenant, Log: c.log})
+		if c.status != nil {
+			c.conn.SetReadDeadline(time.Time{}) // its frames stay small (helloMaxPayload)
+			c.log.Info("guest status connection opened")
+		}
+		return reply, err, false
 	case c.sess == nil && f.Op != abi.OpHello:
-		return nil, guesterr.Fail(abi.StatusInvalidValue, "first request must be hello, got %s", f.Op), false
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "first request must be hello or status_hello, got %s", f.Op), false
 	case f.Op == abi.OpBye && c.sess != nil:
 		return nil, nil, true // goodbye
-	case f.Op == abi.OpHello:
+	case f.Op == abi.OpHello || f.Op == abi.OpStatusHello:
 		if c.sess != nil {
 			return nil, guesterr.Fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.ID()), false
 		}
@@ -357,6 +373,21 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 	start := time.Now()
 	defer c.e.metrics.observeLatency(f.Op, start)
 	reply, err = c.sess.Serve(c.request(f))
+	return reply, err, false
+}
+
+// serveStatus runs one request of a status connection: a bye ends it;
+// what is not about the device is refused, the connection going on.
+func (c *guestConn) serveStatus(f abi.Frame) (reply abi.Body, err error, end bool) {
+	switch f.Op {
+	case abi.OpBye:
+		return nil, nil, true
+	case abi.OpHello, abi.OpStatusHello:
+		return nil, guesterr.Fail(abi.StatusInvalidValue, "this is a status connection already: %s refused", f.Op), false
+	}
+	start := time.Now()
+	defer c.e.metrics.observeLatency(f.Op, start)
+	reply, err = c.status.Serve(f.Op, f.Payload)
 	return reply, err, false
 }
 

@@ -1,5 +1,7 @@
 // Package guestconn is a hypervisor node's edge: one guest connection
-// served from its first frame to its last. One goroutine reads a
+// served from its first frame to its last (a session's, or a status
+// connection's, which holds no session and only asks about the device:
+// Status). One goroutine reads a
 // connection's frames, runs them in order on its session and writes the
 // replies, each once the node's commit rule lets it go (replies.go), with
 // the connection's buffers drawn from the node's request budget
@@ -48,6 +50,18 @@ type Node interface {
 	// Panicked turns a panic p recovered while serving one request of op
 	// (s may be nil) into the request's reply and error.
 	Panicked(s Session, op abi.Opcode, p any, log *slog.Logger) (abi.Body, error)
+	// StatusHello opens a status connection (abi.OpStatusHello): nil with
+	// the error when the node refuses it.
+	StatusHello(payload []byte, p Peer) (Status, abi.Body, error)
+}
+
+// Status is a status connection as its connection drives it: it answers
+// the requests about the device (abi.OpDeviceInfo, abi.OpDeviceStatus)
+// and refuses every other; it holds no session.
+type Status interface {
+	Serve(op abi.Opcode, payload []byte) (abi.Body, error)
+	// Close: the connection has ended.
+	Close()
 }
 
 // Session is a guest's session as its connection drives it.

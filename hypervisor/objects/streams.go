@@ -96,20 +96,6 @@ func (o *Set) Sync(*abi.Sync) (abi.Body, error) {
 	return nil, first
 }
 
-// DeviceInfo describes the backend's device (the guest keeps it, so every
-// node of a pair must describe the same kind of device).
-func (o *Set) DeviceInfo(*abi.DeviceInfo) (abi.Body, error) {
-	d, ok := o.cfg.Backend.(gpu.DeviceDescriber)
-	if !ok {
-		return nil, guesterr.Fail(abi.StatusNotSupported, "the %s backend cannot describe its device", o.cfg.Backend.Name())
-	}
-	info, err := d.DeviceInfo()
-	if err != nil {
-		return nil, err
-	}
-	return &info, nil
-}
-
 // DeferredStreams lists the streams whose asynchronous work left an error
 // for their next synchronization (nil for none).
 func (o *Set) DeferredStreams() []handlemap.Handle {

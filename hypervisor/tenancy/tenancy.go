@@ -171,6 +171,10 @@ func (r *Registry) Get(id string) *Tenant {
 	return t
 }
 
+// Lookup is tenant id's entry if it is present (nil otherwise): unlike
+// Get it never adds one.
+func (r *Registry) Lookup(id string) *Tenant { return r.tenants[id] }
+
 // Drop forgets a tenant that holds nothing.
 func (r *Registry) Drop(t *Tenant) {
 	if t == nil || t.Sessions > 0 {

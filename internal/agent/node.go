@@ -80,6 +80,8 @@ func workersFlag(fs *flag.FlagSet, b *BackendFlags) {
 func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.SizeVar(fs, &cfg.MemoryQuota, "guest.memory-quota-bytes", cfg.MemoryQuota, 1, cli.MaxUint64, "device memory each guest may allocate")
 	cli.IntVar(fs, &cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, 1, 1<<16, "concurrent guest sessions")
+	cli.IntVar(fs, &cfg.MaxStatusConns, "guest.max-status-connections", cfg.MaxStatusConns, 1, 1<<16,
+		"concurrent status connections (guests' NVML watching the device, e.g. nvidia-smi, with no CUDA session in the process; not counted in --guest.max-sessions)")
 	fs.BoolVar(&cfg.GuestKernels, "guest.kernels", false, "let guests load their own kernels, not only the library's (each guest's GPU work then runs in a worker process of its own: --guest.workers)")
 	cli.IntVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, cli.MaxInt, "allocations plus handles each guest may hold")
 	cli.IntVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")

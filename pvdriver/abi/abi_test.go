@@ -53,6 +53,7 @@ func sampleRequests() map[Opcode]Body {
 		OpTensorMapEncode: &TensorMapEncode{DataType: 9, Rank: 2, Global: 0x7e0000000000, Dims: [MaxTensorRank]uint64{1024, 512},
 			Strides: [MaxTensorRank - 1]uint64{2048}, Box: [MaxTensorRank]uint32{64, 64}, ElementStrides: [MaxTensorRank]uint32{1, 1}, Swizzle: 3, L2Promotion: 2},
 		OpDeviceStatus: &DeviceStatus{},
+		OpStatusHello:  &StatusHello{GuestName: "libnvidia-ml:nvidia-smi"},
 	}
 }
 
@@ -185,6 +186,13 @@ func TestReplyRoundTrip(t *testing.T) {
 	st, msg, err := DecodeReply(b, &hr)
 	if err != nil || st != StatusOK || msg != "" || !cmp.Equal(hr, HelloReply{1, 2, 3, 4, 5, nil}) {
 		t.Fatalf("got %v %q %v %+v", st, msg, err, hr)
+	}
+	var sr StatusHelloReply
+	if st, _, err := DecodeReply(AppendReply(nil, StatusOK, "", &StatusHelloReply{Term: 9}), &sr); err != nil || st != StatusOK || sr.Term != 9 {
+		t.Fatalf("status_hello reply: %v %v %+v", st, err, sr)
+	}
+	if _, _, err := DecodeReply(AppendReply(nil, StatusOK, "", &Alloc{Size: 1})[:9], &sr); err == nil {
+		t.Fatal("a short status_hello reply decoded")
 	}
 	b = AppendReply(nil, StatusOutOfRange, "nope", &AllocReply{Ptr: 5})
 	var ar AllocReply

@@ -76,6 +76,10 @@ const (
 	// (devstatus.go): what the guest's NVML answers. Neither logged nor
 	// replicated; after a failover it is the new node's device's.
 	OpDeviceStatus
+	// OpStatusHello opens a status connection instead of a session
+	// (devstatus.go): it answers device_info and device_status only,
+	// holds no GPU context and takes no session slot.
+	OpStatusHello
 	opLimit
 )
 
@@ -90,7 +94,8 @@ type OpInfo struct {
 	// reply carries only a status.
 	NewReply func() Body
 	// Control: the op opens, ends or refuses a connection's session
-	// (hello, bye, reject). The connection answers it, not a session.
+	// (hello, bye, reject) or opens a status connection (status_hello).
+	// The connection answers it, not a session.
 	Control bool
 	// Async: the guest driver pipelines it (FlagAsync): no reply, and an
 	// error it causes is reported by the next synchronization.
@@ -190,6 +195,8 @@ var opTable = [opLimit]OpInfo{
 	OpImageStage:      {Name: "image_stage", NewRequest: newBody[ImageStage], Mutates: true},
 	OpOccupancy:       {Name: "occupancy", NewRequest: newBody[Occupancy], NewReply: newBody[OccupancyReply]},
 	OpDeviceStatus:    {Name: "device_status", NewRequest: newBody[DeviceStatus], NewReply: newBody[DeviceStatusReply]},
+	OpStatusHello: {Name: "status_hello", NewRequest: newBody[StatusHello], NewReply: newBody[StatusHelloReply],
+		Control: true},
 }
 
 // newBody is the constructor of an empty body of type T.

@@ -18,6 +18,7 @@ package cuapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -164,16 +165,9 @@ func (d *Driver) open(caller string) Result {
 	if d.client != nil {
 		return Success
 	}
-	ep := os.Getenv("VGPUHA_ENDPOINT")
-	if ep == "" {
-		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: VGPUHA_ENDPOINT is not set (unix:///path or tcp://host:port of a vgpuha primary)\n", caller)
+	ep, opts, ok := endpoint(caller)
+	if !ok {
 		return ErrorNoDevice
-	}
-	opts := pvdriver.Options{GuestName: "libcuda:" + progName()}
-	for _, f := range strings.Split(os.Getenv("VGPUHA_FAILOVER"), ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			opts.Failover = append(opts.Failover, f)
-		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -188,15 +182,81 @@ func (d *Driver) open(caller string) Result {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: describing the device: %v\n", caller, err)
 		return ErrorNoDevice
 	}
-	d.client, d.dev = c, dev
-	spec, set := os.LookupEnv("CUDA_VISIBLE_DEVICES")
-	d.visible = VisibleDevices(spec, set, [][16]byte{dev.UUID}) // the node serves one device
+	d.client, d.dev, d.visible = c, dev, visibleOf(dev)
 	d.base, d.size = c.Window()
 	d.ctxs, d.allocs, d.modules = map[uint64]*ctxState{}, map[uint64]allocation{}, map[uint64]*module{}
 	d.funcs, d.streams, d.events = map[uint64]*function{}, map[uint64]*stream{}, map[uint64]*event{}
 	d.captures, d.capturedEvents = map[uint64]*capture{}, map[uint64]*capture{}
 	d.graphs, d.execs = map[uint64]*graph{}, map[uint64]*graph{}
 	return Success
+}
+
+// endpoint is where the process's node is: VGPUHA_ENDPOINT, and the
+// failover endpoints in VGPUHA_FAILOVER (comma-separated), with the
+// process named as the guest; false (said on stderr, naming caller)
+// without an endpoint.
+func endpoint(caller string) (string, pvdriver.Options, bool) {
+	ep := os.Getenv("VGPUHA_ENDPOINT")
+	if ep == "" {
+		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: VGPUHA_ENDPOINT is not set (unix:///path or tcp://host:port of a vgpuha primary)\n", caller)
+		return "", pvdriver.Options{}, false
+	}
+	opts := pvdriver.Options{GuestName: "libcuda:" + progName()}
+	for _, f := range strings.Split(os.Getenv("VGPUHA_FAILOVER"), ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			opts.Failover = append(opts.Failover, f)
+		}
+	}
+	return ep, opts, true
+}
+
+// visibleOf is which of the node's devices (it serves one, dev)
+// CUDA_VISIBLE_DEVICES leaves the process.
+func visibleOf(dev abi.DeviceInfoReply) []int {
+	spec, set := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	return VisibleDevices(spec, set, [][16]byte{dev.UUID})
+}
+
+// ErrNoEndpoint is Watch's error without VGPUHA_ENDPOINT (already said
+// on stderr).
+var ErrNoEndpoint = errors.New("VGPUHA_ENDPOINT is not set")
+
+// OpenSession is the process's session if one is open now (nil if not):
+// unlike Session it never opens one.
+func (d *Driver) OpenSession() *pvdriver.Client {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	return d.client
+}
+
+// Watch opens a status connection (pvdriver.StatusClient) to the node
+// the process's session would go to, with the same endpoint settings,
+// and takes the device's description and the devices visible to the
+// process from it as a session does: what the guest's NVML asks while
+// the process has no session (nvidia-smi), so that watching the device
+// takes no session slot. It opens no session; err is the node's or the
+// transport's (an older node refuses with abi.StatusBadFrame).
+func (d *Driver) Watch(caller string) (*pvdriver.StatusClient, abi.DeviceInfoReply, []int, error) {
+	ep, opts, ok := endpoint(caller)
+	if !ok {
+		return nil, abi.DeviceInfoReply{}, nil, ErrNoEndpoint
+	}
+	opts.GuestName = "libnvidia-ml:" + progName()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pvdriver.OpenStatus(ctx, ep, opts)
+	if err != nil {
+		return nil, abi.DeviceInfoReply{}, nil, err
+	}
+	dev, err := c.DeviceInfo()
+	if err != nil {
+		c.Close()
+		return nil, abi.DeviceInfoReply{}, nil, fmt.Errorf("describing the device: %w", err)
+	}
+	return c, dev, visibleOf(dev), nil
 }
 
 func progName() string {

@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -153,6 +156,7 @@ func TestNVML(t *testing.T) {
 	t.Run("entries", func(t *testing.T) { testNVMLEntries(t, dir) })
 	t.Run("visible", func(t *testing.T) { testNVMLVisible(t, dir) })
 	t.Run("failover", func(t *testing.T) { testNVMLFailover(t, dir) })
+	t.Run("one-session", func(t *testing.T) { testNVMLOneSession(t, dir) })
 }
 
 // simNotSupported are the entries whose values the software GPU does not
@@ -168,7 +172,19 @@ var simNotSupported = []string{
 	"nvmlDeviceGetEccMode", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetSerial",
 	"nvmlDeviceGetBoardPartNumber", "nvmlDeviceGetVbiosVersion", "nvmlDeviceGetNvLinkState",
 	"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTemperatureV",
+	"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+	"nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons",
+	"nvmlDeviceGetPowerManagementLimitConstraints", "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
+	"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetMemoryErrorCounter", "nvmlDeviceGetRetiredPages", "nvmlDeviceGetRetiredPages_v2",
+	"nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetInforomImageVersion",
+	"nvmlDeviceGetInforomVersion", "nvmlDeviceGetInforomConfigurationChecksum", "nvmlDeviceGetPcieReplayCounter",
+	"nvmlDeviceGetApplicationsClock", "nvmlDeviceGetDefaultApplicationsClock", "nvmlDeviceGetMaxCustomerBoostClock",
+	"nvmlDeviceGetPcieThroughput", "nvmlDeviceGetHostVgpuMode",
 }
+
+// healthLines are the prefixes of the health_values lines that ask the
+// node's device (one line per argument; "-bad" lines are wantReturns').
+var healthLines = []string{"ecc-", "retired-", "inforom-", "clock-", "app-clock-", "default-app-clock-", "boost-clock-", "threshold-", "pcie-rx"}
 
 // wantReturns are the other entries' results (nvmlReturn_t).
 var wantReturns = map[string]int{
@@ -177,6 +193,7 @@ var wantReturns = map[string]int{
 	"unknown-export-table": 3, "nvmlEventSetCreate": 0, "nvmlDeviceRegisterEvents": 0, "nvmlEventSetWait_v2": 10,
 	"nvmlEventSetWait": 10, "nvmlEventSetFree": 0,
 	"nvmlShutdown": 0, "shutdown-2": 0, "shutdown-3": 0, "shutdown-4": 1, "after-shutdown": 1,
+	"ecc-total-bad": 2, "ecc-location-bad": 2, "retired-bad": 2, "inforom-bad": 2, "clock-bad-id": 2, "clock-bad-type": 2, "pcie-bad": 2,
 }
 
 func testNVMLEntries(t *testing.T, dir string) {
@@ -200,6 +217,11 @@ func testNVMLEntries(t *testing.T, dir string) {
 	for name, want := range wantReturns {
 		if l := out.first(t, name); l.ret != want {
 			t.Errorf("%s: %d, want %d", name, l.ret, want)
+		}
+	}
+	for name, lines := range out {
+		if asksHealth(name) && lines[0].ret != 3 {
+			t.Errorf("%s on the software GPU: %d %q, want NVML_ERROR_NOT_SUPPORTED", name, lines[0].ret, lines[0].rest)
 		}
 	}
 	if !strings.Contains(stderr, "nvmlDeviceGetTotalEnergyConsumption is not supported") {
@@ -284,6 +306,7 @@ func checkNVMLRest(t *testing.T, out nvmlOutput, info abi.DeviceInfoReply, dir s
 	expect(t, out, "nvmlSystemGetCudaDriverVersion_v2", "13000")
 	expect(t, out, "nvmlSystemGetProcessName", filepath.Join(dir, "nvml"))
 	expect(t, out, "nvmlDeviceGetMigMode", "0 0")
+	expect(t, out, "nvmlDeviceGetVirtualizationMode", "1") // NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
 	expect(t, out, "nvmlDeviceGetMaxMigDeviceCount", "0")
 	expect(t, out, "nvmlDeviceIsMigDeviceHandle", "0")
 	expect(t, out, "nvmlDeviceGetDisplayMode", "0")
@@ -357,5 +380,158 @@ func testNVMLFailover(t *testing.T, dir string) {
 	expect(t, out, "nvmlDeviceGetUUID", abi.UUIDString(info.UUID))
 	if l := out.first(t, "nvmlDeviceGetTemperature"); l.ret != 3 {
 		t.Errorf("temperature after the failover: %d, want the standby's software GPU's NVML_ERROR_NOT_SUPPORTED", l.ret)
+	}
+}
+
+// asksHealth reports whether a line of health_values asks the device
+// with a valid argument.
+func asksHealth(name string) bool {
+	for _, p := range healthLines {
+		if strings.HasPrefix(name, p) && !strings.HasSuffix(name, "-bad") && !strings.Contains(name, "-bad-") {
+			return true
+		}
+	}
+	return false
+}
+
+// reportingGPU is a software GPU that reports a live state, as the CUDA
+// backend reads one from the host's NVML: every device field set to
+// reportedValue(field), every text to reportedText(text). It lets the
+// test follow each value from the node's backend to the guest's NVML
+// entry (the software GPU itself has none to report).
+type reportingGPU struct{ *sim.Backend }
+
+// reportedValue is field f's value: 1000 and its number, but for two
+// retired pages (fewer than the test program has room for).
+func reportedValue(f abi.DeviceField) uint64 {
+	if f == abi.FieldRetiredSingleBit {
+		return 2
+	}
+	return 1000 + uint64(f)
+}
+func reportedText(t abi.DeviceText) string { return fmt.Sprintf("text-%d", t) }
+
+func (reportingGPU) DeviceStatus(r *abi.DeviceStatusReply) {
+	for f := abi.FieldGuestMemoryQuota + 1; f <= abi.FieldTemperatureMemoryMax; f++ {
+		r.Set(f, reportedValue(f))
+	}
+	for t := abi.TextSerial; t <= abi.TextInforomPower; t++ {
+		r.SetText(t, reportedText(t))
+	}
+}
+
+// testNVMLOneSession: on a node limited to one session
+// (--guest.max-sessions 1) that a running guest holds, the NVML of a
+// process without CUDA (as nvidia-smi) still answers everything from the
+// node, over a status connection that takes no slot: the device, the
+// memory the guest holds, and each value of what nvidia-smi -q reads,
+// exactly as the node's GPU reports it.
+func testNVMLOneSession(t *testing.T, dir string) {
+	c, err := cluster.Start(cluster.Options{
+		NewBackend: func() (gpu.Backend, error) { return reportingGPU{sim.New(1 << 30)}, nil },
+		Hypervisor: func(cfg *hypervisor.Config) { cfg.MaxSessions = 1 },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	running, err := pvdriver.Open(ctx, c.Endpoint, pvdriver.Options{GuestName: "running"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Close()
+	if _, err := running.Alloc(64 << 20); err != nil {
+		t.Fatal(err)
+	}
+	info, err := running.DeviceInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, stderr := runNVML(t, dir, "watch", []string{"VGPUHA_ENDPOINT=" + c.Endpoint}, nil)
+	if l := out.first(t, "nvmlInit_v2"); l.ret != 0 {
+		t.Fatalf("nvmlInit_v2 beside a guest holding the only session: %d\n%s", l.ret, stderr)
+	}
+	expect(t, out, "nvmlDeviceGetCount_v2", "1")
+	expect(t, out, "nvmlDeviceGetUUID", abi.UUIDString(info.UUID))
+	mem := out.first(t, "nvmlDeviceGetMemoryInfo").nums(t)
+	if mem[0] != info.TotalMem || mem[2] < 64<<20 {
+		t.Errorf("memory %v: want a total of %d and at least the running guest's 64 MiB used", mem, info.TotalMem)
+	}
+	expect(t, out, "nvmlDeviceGetComputeRunningProcesses_v3", "0") // it holds nothing itself
+	expect(t, out, "nvmlSystemGetDriverVersion", reportedText(abi.TextDriverVersion))
+	expect(t, out, "nvmlDeviceGetTemperature", fmt.Sprint(reportedValue(abi.FieldTemperature)))
+	checkReported(t, out)
+	if st := c.Primary.Status(); len(st.Sessions) != 1 || st.StatusConnections != 0 {
+		t.Errorf("after the NVML process: %d sessions (the running guest's), %d status connections (want none)", len(st.Sessions), st.StatusConnections)
+	}
+}
+
+// checkReported: each entry answers the value reportingGPU gave its field.
+func checkReported(t *testing.T, out nvmlOutput) {
+	v := func(f abi.DeviceField) string { return fmt.Sprint(reportedValue(f)) }
+	pair := func(a, b abi.DeviceField) string { return v(a) + " " + v(b) }
+	want := map[string]string{
+		"nvmlDeviceGetCurrentClocksEventReasons":       v(abi.FieldClocksEventReasons),
+		"nvmlDeviceGetCurrentClocksThrottleReasons":    v(abi.FieldClocksEventReasons),
+		"nvmlDeviceGetSupportedClocksEventReasons":     v(abi.FieldSupportedClocksEventReasons),
+		"nvmlDeviceGetSupportedClocksThrottleReasons":  v(abi.FieldSupportedClocksEventReasons),
+		"nvmlDeviceGetPowerManagementLimitConstraints": pair(abi.FieldPowerMinLimit, abi.FieldPowerMaxLimit),
+		"nvmlDeviceGetEncoderUtilization":              pair(abi.FieldEncoderUtil, abi.FieldEncoderSamplingUS),
+		"nvmlDeviceGetDecoderUtilization":              pair(abi.FieldDecoderUtil, abi.FieldDecoderSamplingUS),
+		"nvmlDeviceGetRemappedRows": pair(abi.FieldRemappedCorrectable, abi.FieldRemappedUncorrectable) + " " +
+			pair(abi.FieldRemapPending, abi.FieldRemapFailed),
+		"nvmlDeviceGetRetiredPagesPendingStatus":    v(abi.FieldRetiredPending),
+		"nvmlDeviceGetInforomConfigurationChecksum": v(abi.FieldInforomChecksum),
+		"nvmlDeviceGetPcieReplayCounter":            v(abi.FieldPCIeReplays),
+		"nvmlDeviceGetVirtualizationMode":           "1",
+		"pcie-rx":                                   v(abi.FieldPCIeRxThroughput),
+		"threshold-2":                               v(abi.FieldTemperatureMemoryMax),
+		"nvmlDeviceGetInforomImageVersion":          reportedText(abi.TextInforomImage),
+		"inforom-0":                                 reportedText(abi.TextInforomOEM),
+		"inforom-1":                                 reportedText(abi.TextInforomECC),
+		"inforom-2":                                 reportedText(abi.TextInforomPower),
+	}
+	for e := range uint64(2) {
+		for c := range uint64(2) {
+			total, _ := abi.ECCField(abi.FieldECCTotal, e, c)
+			dram, _ := abi.ECCField(abi.FieldECCDRAM, e, c)
+			sram, _ := abi.ECCField(abi.FieldECCSRAM, e, c)
+			want[fmt.Sprintf("ecc-total-%d-%d", e, c)] = v(total)
+			want[fmt.Sprintf("ecc-location-%d-%d-2", e, c)] = v(dram)
+			want[fmt.Sprintf("ecc-location-%d-%d-7", e, c)] = v(sram)
+		}
+	}
+	for typ := range uint64(abi.ClockTypes) {
+		for id, group := range []abi.DeviceField{abi.FieldClockGraphics, abi.FieldAppClock, abi.FieldDefaultAppClock, abi.FieldBoostClock} {
+			f := group + abi.DeviceField(typ)
+			want[fmt.Sprintf("clock-%d-%d", typ, id)] = v(f)
+		}
+		for name, group := range map[string]abi.DeviceField{"app-clock": abi.FieldAppClock, "default-app-clock": abi.FieldDefaultAppClock,
+			"boost-clock": abi.FieldBoostClock} {
+			want[fmt.Sprintf("%s-%d", name, typ)] = v(group + abi.DeviceField(typ))
+		}
+	}
+	for entry, w := range want {
+		expect(t, out, entry, w)
+	}
+	for _, e := range []string{"retired-addresses-0", "ecc-location-0-0-0", "inforom-3", "nvmlDeviceGetHostVgpuMode"} {
+		if l := out.first(t, e); l.ret != 3 {
+			t.Errorf("%s: %d, want NVML_ERROR_NOT_SUPPORTED (the guest is not given it)", e, l.ret)
+		}
+	}
+	// Asked how many (no room), or with less room than pages: the count,
+	// and NVML_ERROR_INSUFFICIENT_SIZE, as NVML answers.
+	for e, f := range map[string]abi.DeviceField{"retired-0": abi.FieldRetiredSingleBit, "retired-1": abi.FieldRetiredDoubleBit,
+		"retired-addresses-1": abi.FieldRetiredDoubleBit} {
+		if l := out.first(t, e); l.ret != 7 || l.rest != v(f) {
+			t.Errorf("%s: %d %q, want NVML_ERROR_INSUFFICIENT_SIZE and %s pages", e, l.ret, l.rest, v(f))
+		}
+	}
+	for _, name := range []string{"ecc-total-bad", "ecc-location-bad", "retired-bad", "inforom-bad", "clock-bad-id", "clock-bad-type", "pcie-bad"} {
+		if l := out.first(t, name); l.ret != wantReturns[name] {
+			t.Errorf("%s: %d, want %d", name, l.ret, wantReturns[name])
+		}
 	}
 }

@@ -175,6 +175,11 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *s, unsigned int n) { ANSWER
 nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *s, unsigned int n) { ANSWER; return vg_text(CALL(d, 0), &a, s, n); }
 nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t d, char *s, unsigned int n) { ANSWER; return vg_text(CALL(d, 0), &a, s, n); }
 nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t d, char *s, unsigned int n) { ANSWER; return vg_text(CALL(d, 0), &a, s, n); }
+nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t d, char *s, unsigned int n) { ANSWER; return vg_text(CALL(d, 0), &a, s, n); }
+nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t d, int object, char *s, unsigned int n) {
+	ANSWER;
+	return vg_text(CALL(d, (unsigned int)object), &a, s, n);
+}
 
 /* ---- One unsigned value (an enum, a count, milliwatts, MHz, °C). ---- */
 #define UINT_ENTRY(name) nvmlReturn_t name(nvmlDevice_t d, unsigned int *v) { ANSWER; return vg_uint(CALL(d, 0), &a, v); }
@@ -199,11 +204,71 @@ UINT_ENTRY(nvmlDeviceGetDisplayMode)
 UINT_ENTRY(nvmlDeviceGetDisplayActive)
 UINT_ENTRY(nvmlDeviceGetMaxMigDeviceCount)
 UINT_ENTRY(nvmlDeviceIsMigDeviceHandle)
+UINT_ENTRY(nvmlDeviceGetRetiredPagesPendingStatus)
+UINT_ENTRY(nvmlDeviceGetInforomConfigurationChecksum)
+UINT_ENTRY(nvmlDeviceGetPcieReplayCounter)
+UINT_ENTRY(nvmlDeviceGetVirtualizationMode)
+UINT_ENTRY(nvmlDeviceGetHostVgpuMode)
 UINT_ARG_ENTRY(nvmlDeviceGetTemperature)
 UINT_ARG_ENTRY(nvmlDeviceGetTemperatureThreshold)
 UINT_ARG_ENTRY(nvmlDeviceGetClockInfo)
 UINT_ARG_ENTRY(nvmlDeviceGetMaxClockInfo)
 UINT_ARG_ENTRY(nvmlDeviceGetNvLinkState)
+UINT_ARG_ENTRY(nvmlDeviceGetApplicationsClock)
+UINT_ARG_ENTRY(nvmlDeviceGetDefaultApplicationsClock)
+UINT_ARG_ENTRY(nvmlDeviceGetMaxCustomerBoostClock)
+UINT_ARG_ENTRY(nvmlDeviceGetPcieThroughput)
+
+/* ---- One 64-bit value (a count, a bit set). ---- */
+static nvmlReturn_t vg_ull(nvmlReturn_t r, const struct vgpuha_nvml_answer *a, unsigned long long *v) {
+	if (r == NVML_SUCCESS && v == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+	if (r == NVML_SUCCESS) *v = a->v[0];
+	return r;
+}
+#define ULL_ENTRY(name) nvmlReturn_t name(nvmlDevice_t d, unsigned long long *v) { ANSWER; return vg_ull(CALL(d, 0), &a, v); }
+ULL_ENTRY(nvmlDeviceGetCurrentClocksEventReasons)
+ULL_ENTRY(nvmlDeviceGetCurrentClocksThrottleReasons)
+ULL_ENTRY(nvmlDeviceGetSupportedClocksEventReasons)
+ULL_ENTRY(nvmlDeviceGetSupportedClocksThrottleReasons)
+
+/* Memory error counts: the enums packed 16 bits apart (a value past 16
+ * bits is past every enum: it stays invalid). */
+static long long vg_pack(unsigned int lo, unsigned int mid, unsigned int hi) {
+	return (long long)(lo > 0xffff ? 0xffff : lo) | (long long)(mid > 0xffff ? 0xffff : mid) << 16 |
+		(long long)(hi > 0xffff ? 0xffff : hi) << 32;
+}
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int errorType, int counterType, unsigned long long *v) {
+	ANSWER;
+	return vg_ull(CALL(d, vg_pack((unsigned int)errorType, (unsigned int)counterType, 0)), &a, v);
+}
+nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t d, int errorType, int counterType, int location, unsigned long long *v) {
+	ANSWER;
+	return vg_ull(CALL(d, vg_pack((unsigned int)errorType, (unsigned int)counterType, (unsigned int)location)), &a, v);
+}
+
+/* Retired pages: how many (the Go half's a.v[0]); the pages' addresses
+ * are the node's card's physical addresses, which the guest is not given:
+ * a caller that asks for them while pages are retired is told so
+ * (NVML_ERROR_NOT_SUPPORTED). */
+static nvmlReturn_t vg_retired(const char *fn, nvmlDevice_t d, int cause, unsigned int *count, unsigned long long *addresses) {
+	ANSWER;
+	nvmlReturn_t r = vg_call(fn, vg_ordinal(d), -1, (unsigned int)cause, NULL, &a);
+	if (r != NVML_SUCCESS) return r;
+	if (count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+	unsigned int n = (unsigned int)a.v[0], room = *count;
+	*count = n;
+	if (n > room) return NVML_ERROR_INSUFFICIENT_SIZE;
+	if (n > 0 && addresses != NULL) return NVML_ERROR_NOT_SUPPORTED;
+	return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t d, int cause, unsigned int *count, unsigned long long *addresses) {
+	return vg_retired(__func__, d, cause, count, addresses);
+}
+nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t d, int cause, unsigned int *count, unsigned long long *addresses,
+	unsigned long long *timestamps) {
+	(void)timestamps;
+	return vg_retired(__func__, d, cause, count, addresses);
+}
 
 /* The versioned form (nvidia-smi 580 asks it): the sensor in, °C out. */
 nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_v1_t *t) {
@@ -232,6 +297,26 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned in
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
 	ANSWER;
 	return vg_pair(CALL(d, 0), &a, (unsigned int *)major, (unsigned int *)minor);
+}
+nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t d, unsigned int *min, unsigned int *max) {
+	ANSWER;
+	return vg_pair(CALL(d, 0), &a, min, max);
+}
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t d, unsigned int *util, unsigned int *periodUs) {
+	ANSWER;
+	return vg_pair(CALL(d, 0), &a, util, periodUs);
+}
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t d, unsigned int *util, unsigned int *periodUs) {
+	ANSWER;
+	return vg_pair(CALL(d, 0), &a, util, periodUs);
+}
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc, unsigned int *pending, unsigned int *failed) {
+	ANSWER;
+	nvmlReturn_t r = CALL(d, 0);
+	if (r == NVML_SUCCESS && (corr == NULL || unc == NULL || pending == NULL || failed == NULL)) return NVML_ERROR_INVALID_ARGUMENT;
+	if (r == NVML_SUCCESS)
+		*corr = (unsigned int)a.v[0], *unc = (unsigned int)a.v[1], *pending = (unsigned int)a.v[2], *failed = (unsigned int)a.v[3];
+	return r;
 }
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
 	ANSWER;

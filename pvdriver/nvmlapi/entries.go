@@ -73,12 +73,58 @@ var entries = map[string]entry{
 	"nvmlDeviceGetEccMode":                     fields(abi.FieldECCCurrent, abi.FieldECCPending), // V: current, pending
 	// Arg: nvmlTemperatureSensors_t, nvmlTemperatureThresholds_t,
 	// nvmlClockType_t (nvmlDeviceGetClock: type | id<<32).
-	"nvmlDeviceGetTemperature":          fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperature}, 1),
-	"nvmlDeviceGetTemperatureV":         fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperature}, 1),
-	"nvmlDeviceGetTemperatureThreshold": fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperatureShutdown, 1: abi.FieldTemperatureSlowdown, 3: abi.FieldTemperatureGPUMax}, 7),
-	"nvmlDeviceGetClockInfo":            fieldOf(clockFields, 4),
-	"nvmlDeviceGetMaxClockInfo":         fieldOf(maxClockFields, 4),
-	"nvmlDeviceGetClock":                onDevice(clock),
+	"nvmlDeviceGetTemperature":  fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperature}, 1),
+	"nvmlDeviceGetTemperatureV": fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperature}, 1),
+	"nvmlDeviceGetTemperatureThreshold": fieldOf(map[int64]abi.DeviceField{0: abi.FieldTemperatureShutdown, 1: abi.FieldTemperatureSlowdown,
+		2: abi.FieldTemperatureMemoryMax, 3: abi.FieldTemperatureGPUMax}, 8),
+	"nvmlDeviceGetClockInfo":                       fieldOf(clockFields, abi.ClockTypes),
+	"nvmlDeviceGetMaxClockInfo":                    fieldOf(maxClockFields, abi.ClockTypes),
+	"nvmlDeviceGetApplicationsClock":               fieldOf(clockGroup(abi.FieldAppClock), abi.ClockTypes),
+	"nvmlDeviceGetDefaultApplicationsClock":        fieldOf(clockGroup(abi.FieldDefaultAppClock), abi.ClockTypes),
+	"nvmlDeviceGetMaxCustomerBoostClock":           fieldOf(clockGroup(abi.FieldBoostClock), abi.ClockTypes),
+	"nvmlDeviceGetClock":                           onDevice(clock), // Arg: type | id<<32
+	"nvmlDeviceGetPcieThroughput":                  fieldOf(map[int64]abi.DeviceField{0: abi.FieldPCIeTxThroughput, 1: abi.FieldPCIeRxThroughput}, 2),
+	"nvmlDeviceGetPcieReplayCounter":               field(abi.FieldPCIeReplays),
+	"nvmlDeviceGetPowerManagementLimitConstraints": fields(abi.FieldPowerMinLimit, abi.FieldPowerMaxLimit),   // V: min, max
+	"nvmlDeviceGetEncoderUtilization":              fields(abi.FieldEncoderUtil, abi.FieldEncoderSamplingUS), // V: percent, period
+	"nvmlDeviceGetDecoderUtilization":              fields(abi.FieldDecoderUtil, abi.FieldDecoderSamplingUS),
+	// V0: nvmlClocksEventReasons bits (the throttle names are the older ones).
+	"nvmlDeviceGetCurrentClocksEventReasons":      field(abi.FieldClocksEventReasons),
+	"nvmlDeviceGetCurrentClocksThrottleReasons":   field(abi.FieldClocksEventReasons),
+	"nvmlDeviceGetSupportedClocksEventReasons":    field(abi.FieldSupportedClocksEventReasons),
+	"nvmlDeviceGetSupportedClocksThrottleReasons": field(abi.FieldSupportedClocksEventReasons),
+
+	// Memory errors. Arg: errorType | counterType<<16 | location<<32
+	// (nvmlMemoryErrorType_t, nvmlEccCounterType_t, nvmlMemoryLocation_t);
+	// V0: the count. The node reports the DRAM's and the SRAM's counts;
+	// other locations (the caches, register file of older GPUs) are not
+	// supported.
+	"nvmlDeviceGetTotalEccErrors":            onDevice(eccCount(func(int64) (abi.DeviceField, Return) { return abi.FieldECCTotal, Success })),
+	"nvmlDeviceGetMemoryErrorCounter":        onDevice(eccCount(eccLocation)),
+	"nvmlDeviceGetRetiredPages":              fieldOf(retiredFields, 2), // Arg: cause; V0: how many (the C half: no addresses)
+	"nvmlDeviceGetRetiredPages_v2":           fieldOf(retiredFields, 2),
+	"nvmlDeviceGetRetiredPagesPendingStatus": field(abi.FieldRetiredPending),
+	"nvmlDeviceGetRemappedRows": fields(abi.FieldRemappedCorrectable, abi.FieldRemappedUncorrectable, abi.FieldRemapPending,
+		abi.FieldRemapFailed), // V: correctable, uncorrectable, pending, failed
+
+	// The inforom (S; Arg: nvmlInforomObject_t), as the node's card has it.
+	"nvmlDeviceGetInforomVersion": textOf(map[int64]abi.DeviceText{0: abi.TextInforomOEM, 1: abi.TextInforomECC, 2: abi.TextInforomPower},
+		4),
+	"nvmlDeviceGetInforomImageVersion":          text(abi.TextInforomImage),
+	"nvmlDeviceGetInforomConfigurationChecksum": field(abi.FieldInforomChecksum),
+
+	// Virtualization, as the guest is: a whole GPU of its own to NVML
+	// (one device, its full description, no vGPU type, license or
+	// scheduler), on a machine that reaches it through a hypervisor: GPU
+	// passthrough (V0: NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH), as
+	// inside a VM given the card, never NVIDIA vGPU (whose nvmlVgpu* calls
+	// the node does not serve). The guest is no vGPU host: its host vGPU
+	// mode is not supported, as in a passthrough VM.
+	"nvmlDeviceGetVirtualizationMode": onDevice(func(_ *API, _ Request, out *Answer) Return {
+		out.V[0] = virtualizationPassthrough
+		return Success
+	}),
+	"nvmlDeviceGetHostVgpuMode": onDevice(func(*API, Request, *Answer) Return { return ErrorNotSupported }),
 
 	"nvmlDeviceGetSerial":          text(abi.TextSerial), // S, as every text below
 	"nvmlDeviceGetBoardPartNumber": text(abi.TextBoardPart),
@@ -119,16 +165,70 @@ var entries = map[string]entry{
 
 // nvml.h values the entries answer.
 const (
-	errorTimeout     = 10 // NVML_ERROR_TIMEOUT
-	p2pNotSupported  = 5  // NVML_P2P_STATUS_NOT_SUPPORTED
-	topologyInternal = 0  // NVML_TOPOLOGY_INTERNAL: the same board
-	clockIDCurrent   = 0  // NVML_CLOCK_ID_CURRENT
+	virtualizationPassthrough = 1  // NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
+	errorTimeout              = 10 // NVML_ERROR_TIMEOUT
+	p2pNotSupported           = 5  // NVML_P2P_STATUS_NOT_SUPPORTED
+	topologyInternal          = 0  // NVML_TOPOLOGY_INTERNAL: the same board
 )
 
 var (
 	clockFields    = map[int64]abi.DeviceField{0: abi.FieldClockGraphics, 1: abi.FieldClockSM, 2: abi.FieldClockMemory, 3: abi.FieldClockVideo}
 	maxClockFields = map[int64]abi.DeviceField{0: abi.FieldMaxClockGraphics, 1: abi.FieldMaxClockSM, 2: abi.FieldMaxClockMemory, 3: abi.FieldMaxClockVideo}
+	// clockIDs are nvmlDeviceGetClock's clock ids (nvmlClockId_t): the
+	// current clocks, the applications clocks, their defaults, the boost
+	// maxima.
+	clockIDs = [...]map[int64]abi.DeviceField{clockFields, clockGroup(abi.FieldAppClock), clockGroup(abi.FieldDefaultAppClock),
+		clockGroup(abi.FieldBoostClock)}
+	// retiredFields are the retired page counts by cause
+	// (nvmlPageRetirementCause_t).
+	retiredFields = map[int64]abi.DeviceField{0: abi.FieldRetiredSingleBit, 1: abi.FieldRetiredDoubleBit}
 )
+
+// clockGroup is a group of clock fields (abi.ClockField) by clock type.
+func clockGroup(group abi.DeviceField) map[int64]abi.DeviceField {
+	m := map[int64]abi.DeviceField{}
+	for typ := range uint64(abi.ClockTypes) {
+		m[int64(typ)], _ = abi.ClockField(group, typ)
+	}
+	return m
+}
+
+// Memory locations (nvmlMemoryLocation_t) whose error counts the node
+// reports, and how many there are.
+const (
+	locationDRAM   = 2
+	locationSRAM   = 7
+	locationsCount = 8
+)
+
+// eccLocation is the error count group of the location in Arg.
+func eccLocation(location int64) (abi.DeviceField, Return) {
+	switch {
+	case location == locationDRAM:
+		return abi.FieldECCDRAM, Success
+	case location == locationSRAM:
+		return abi.FieldECCSRAM, Success
+	case location >= 0 && location < locationsCount:
+		return abi.FieldInvalid, ErrorNotSupported
+	}
+	return abi.FieldInvalid, ErrorInvalidArgument
+}
+
+// eccCount answers the memory error count Arg names (errorType |
+// counterType<<16 | location<<32) from the group group picks by location.
+func eccCount(group func(location int64) (abi.DeviceField, Return)) func(*API, Request, *Answer) Return {
+	return func(a *API, r Request, out *Answer) Return {
+		g, res := group(r.Arg >> 32)
+		if res != Success {
+			return res
+		}
+		f, ok := abi.ECCField(g, uint64(r.Arg&0xffff), uint64(r.Arg>>16&0xffff))
+		if !ok {
+			return ErrorInvalidArgument
+		}
+		return field(f)(a, "", r, out)
+	}
+}
 
 // maxEventWait bounds one event wait, so a caller's long timeout does
 // not hold a thread in the library past what it can tell apart from none.
@@ -223,14 +323,15 @@ func fieldOf(byArg map[int64]abi.DeviceField, limit int64) entry {
 	}
 }
 
-// clock is nvmlDeviceGetClock: the current clock of a type; the
-// application clocks and boost maxima are not served.
+// clock is nvmlDeviceGetClock: a clock of a type (nvmlClockType_t) by
+// its id (nvmlClockId_t: current, applications, default applications,
+// boost maximum).
 func clock(a *API, r Request, out *Answer) Return {
 	typ, id := r.Arg&0xffffffff, r.Arg>>32
-	if id != clockIDCurrent {
-		return ErrorNotSupported
+	if id < 0 || id >= int64(len(clockIDs)) {
+		return ErrorInvalidArgument
 	}
-	return fieldOf(clockFields, 4)(a, "", Request{Dev: r.Dev, Arg: typ}, out)
+	return fieldOf(clockIDs[id], abi.ClockTypes)(a, "", Request{Dev: r.Dev, Arg: typ}, out)
 }
 
 // text answers the live text t in S.
@@ -247,6 +348,23 @@ func text(t abi.DeviceText) entry {
 		out.S = s
 		return Success
 	})
+}
+
+// textOf answers the live text Arg selects, as fieldOf does a field.
+func textOf(byArg map[int64]abi.DeviceText, limit int64) entry {
+	return func(a *API, name string, r Request, out *Answer) Return {
+		if res := a.device(r.Dev); res != Success {
+			return res
+		}
+		t, ok := byArg[r.Arg]
+		switch {
+		case r.Arg < 0 || r.Arg >= limit:
+			return ErrorInvalidArgument
+		case !ok:
+			return ErrorNotSupported
+		}
+		return text(t)(a, name, r, out)
+	}
 }
 
 // systemText answers the node's text t in S.

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"sync"
 
@@ -63,10 +64,15 @@ type Answer struct {
 	S string
 }
 
-// Session is where the process's session and view of the devices come
-// from: the process's CUDA driver (cuapi.Driver).
+// Session is where the process's session, status connection and view of
+// the devices come from: the process's CUDA driver (cuapi.Driver).
 type Session interface {
+	// Session is the process's session, opened if it is not.
 	Session(caller string) (*pvdriver.Client, abi.DeviceInfoReply, []int, cuapi.Result)
+	// OpenSession is the process's session if one is open now, else nil.
+	OpenSession() *pvdriver.Client
+	// Watch opens a status connection to the process's node.
+	Watch(caller string) (*pvdriver.StatusClient, abi.DeviceInfoReply, []int, error)
 }
 
 // API is a process's NVML.
@@ -74,9 +80,13 @@ type API struct {
 	src   Session
 	debug io.Writer // VGPUHA_DEBUG: where unserved entries name themselves; nil for silence
 
-	mu      sync.Mutex
-	inits   int // nvmlInit calls not yet shut down
-	client  *pvdriver.Client
+	mu    sync.Mutex
+	inits int // nvmlInit calls not yet shut down
+	// opened: the device's description and the visible devices are taken
+	// (from the process's session, or from status, the status connection
+	// while the process has no session).
+	opened  bool
+	status  *pvdriver.StatusClient
 	dev     abi.DeviceInfoReply
 	visible []int
 	// identity is the card's identity from the first status read (kept
@@ -134,27 +144,50 @@ func (a *API) unserved(name string) {
 const initFlagNoGPUs = 1
 
 // Init is nvmlInit_v2 and nvmlInitWithFlags: it shares the process's
-// session (opening it if CUDA has not), counted: every Init needs a
-// Shutdown. Without a node it fails with NVML_ERROR_DRIVER_NOT_LOADED, as
-// NVML does without a driver, unless flags say NO_GPUS.
+// session where its CUDA has one open, or else opens a status connection
+// (package doc), counted: every Init needs a Shutdown. Without a node it
+// fails with NVML_ERROR_DRIVER_NOT_LOADED, as NVML does without a driver,
+// unless flags say NO_GPUS.
 func (a *API) Init(caller string, flags uint64) Return {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.client == nil {
-		c, dev, vis, r := a.src.Session(caller)
-		switch {
-		case r == cuapi.Success:
-			a.client, a.dev, a.visible = c, dev, vis
-		case flags&initFlagNoGPUs == 0:
-			return ErrorDriverNotLoaded
-		}
+	if !a.opened && !a.openLocked(caller) && flags&initFlagNoGPUs == 0 {
+		return ErrorDriverNotLoaded
 	}
 	a.inits++
 	return Success
 }
 
-// Shutdown is nvmlShutdown: one Init fewer. The session stays the
-// process's (its CUDA driver ends it at exit).
+// openLocked takes the device's description and the visible devices:
+// from the process's session if it has one open, else from a status
+// connection, else (a node that knows no status connection) from a
+// session opened for it.
+// Precondition: a.mu must be locked.
+func (a *API) openLocked(caller string) bool {
+	if a.src.OpenSession() == nil {
+		st, dev, vis, err := a.src.Watch(caller)
+		if err == nil {
+			a.status, a.dev, a.visible, a.opened = st, dev, vis, true
+			return true
+		}
+		if !errors.Is(err, abi.StatusBadFrame) {
+			if !errors.Is(err, cuapi.ErrNoEndpoint) {
+				fmt.Fprintf(os.Stderr, "vgpuha libnvidia-ml: %s: %v\n", caller, err)
+			}
+			return false
+		}
+	}
+	_, dev, vis, r := a.src.Session(caller)
+	if r != cuapi.Success {
+		return false
+	}
+	a.dev, a.visible, a.opened = dev, vis, true
+	return true
+}
+
+// Shutdown is nvmlShutdown: one Init fewer. The last one closes the
+// status connection; a session stays the process's (its CUDA driver ends
+// it at exit).
 func (a *API) Shutdown() Return {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -162,6 +195,10 @@ func (a *API) Shutdown() Return {
 		return ErrorUninitialized
 	}
 	a.inits--
+	if a.inits == 0 && a.status != nil {
+		a.status.Close()
+		a.status, a.opened = nil, false
+	}
 	return Success
 }
 
@@ -199,13 +236,10 @@ var (
 // round trip: a value is never older than the call that asks for it),
 // with the card's identity kept from the first read.
 func (a *API) liveStatus() (abi.DeviceStatusReply, Return) {
-	a.mu.Lock()
-	c := a.client
-	a.mu.Unlock()
-	if c == nil {
+	st, err, asked := a.ask()
+	if !asked {
 		return abi.DeviceStatusReply{}, ErrorNotSupported // initialised with NO_GPUS and no node
 	}
-	st, err := c.DeviceStatus()
 	if err != nil {
 		if a.debug != nil {
 			fmt.Fprintf(a.debug, "vgpuha libnvidia-ml: reading the device's state: %v\n", err)
@@ -237,7 +271,25 @@ func (a *API) liveStatus() (abi.DeviceStatusReply, Return) {
 	return st, Success
 }
 
-// description is the device's description taken with the session.
+// ask reads the device's status over the process's session if it has
+// one open now (the session's own memory included), else over the
+// status connection; asked is false with neither.
+func (a *API) ask() (st abi.DeviceStatusReply, err error, asked bool) {
+	if c := a.src.OpenSession(); c != nil {
+		st, err = c.DeviceStatus()
+		return st, err, true
+	}
+	a.mu.Lock()
+	status := a.status
+	a.mu.Unlock()
+	if status == nil {
+		return st, nil, false
+	}
+	st, err = status.DeviceStatus()
+	return st, err, true
+}
+
+// description is the device's description taken at Init.
 func (a *API) description() abi.DeviceInfoReply {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -22,7 +22,7 @@ func TestCHalfAgrees(t *testing.T) {
 		t.Fatal(err)
 	}
 	defined := map[string]bool{}
-	for _, re := range []string{`(?m)^nvmlReturn_t (nvml\w+)\(`, `(?m)^(?:UINT_ENTRY|UINT_ARG_ENTRY|PROCESS_ENTRY)\((nvml\w+)`} {
+	for _, re := range []string{`(?m)^nvmlReturn_t (nvml\w+)\(`, `(?m)^(?:UINT_ENTRY|UINT_ARG_ENTRY|ULL_ENTRY|PROCESS_ENTRY)\((nvml\w+)`} {
 		for _, m := range regexp.MustCompile(re).FindAllStringSubmatch(string(src), -1) {
 			defined[m[1]] = true
 		}

@@ -68,12 +68,13 @@ const (
 	GraceCapped     = "grace_capped"     // grace asked above the cap (granted the cap)
 	TenantAdmission = "tenant_admission" // a new tenant while its tenants hold the whole device
 	DeviceFull      = "device_full"      // an allocation that does not fit beside what the tenants hold
+	StatusConns     = "status_conns"     // a status connection past the node's limit
 )
 
 // Reasons lists every refusal class (each series exists from the start).
 var Reasons = []string{SessionFailed, ReplayMismatch, RequestID, UnknownRequest, ResumeToken,
 	ResumeAttached, BufferBudget, TenantMemory, TenantSessions, TenantDetached,
-	GraceCapped, TenantAdmission, DeviceFull}
+	GraceCapped, TenantAdmission, DeviceFull, StatusConns}
 
 // refused is a request refused for a reason operators count and see in
 // the log (a guest probing the node leaves a trace).

@@ -4,7 +4,9 @@
  *   full      every entry, with CUDA memory held by this process
  *   visible   the device count and identity NVML and CUDA each report
  *   failover  the identity and memory, then "checkpoint" (the test fails
- *             the primary over), then the same again */
+ *             the primary over), then the same again
+ *   watch     what nvidia-smi -q reads, NVML only (no CUDA in the process:
+ *             its NVML takes no session) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +138,121 @@ static void device_values(nvmlDevice_t h) {
 	SAY("nvmlDeviceGetTotalEnergyConsumption", nvmlDeviceGetTotalEnergyConsumption(h, &mj), "");
 }
 
+/* health_values calls the entries of the device's errors, inforom,
+ * clocks and link (what nvidia-smi -q reads beside the basics), each with
+ * a valid argument and then, where it takes one, an argument past NVML's
+ * (named "...-bad"). */
+static void health_values(nvmlDevice_t h) {
+	unsigned int v, w, x, y;
+	unsigned long long u;
+	nvmlReturn_t r;
+	char s[96];
+#define SAY_ULL(name) r = name(h, &u); SAY(#name, r, "%llu", r ? 0 : u);
+	NVML_ULL_ENTRIES(SAY_ULL)
+#define SAY_PAIR(name) r = name(h, &v, &w); SAY(#name, r, "%u %u", r ? 0 : v, r ? 0 : w);
+	NVML_PAIR_ENTRIES(SAY_PAIR)
+	for (int e = 0; e < 2; e++)
+		for (int c = 0; c < 2; c++) {
+			char name[64];
+			r = nvmlDeviceGetTotalEccErrors(h, e, c, &u);
+			snprintf(name, sizeof name, "ecc-total-%d-%d", e, c);
+			SAY(name, r, "%llu", r ? 0 : u);
+			for (int loc = 0; loc < 8; loc++) {
+				r = nvmlDeviceGetMemoryErrorCounter(h, e, c, loc, &u);
+				snprintf(name, sizeof name, "ecc-location-%d-%d-%d", e, c, loc);
+				SAY(name, r, "%llu", r ? 0 : u);
+			}
+		}
+	SAY("nvmlDeviceGetTotalEccErrors", nvmlDeviceGetTotalEccErrors(h, 0, 0, &u), "");
+	SAY("nvmlDeviceGetMemoryErrorCounter", nvmlDeviceGetMemoryErrorCounter(h, 0, 0, 2, &u), "");
+	SAY("ecc-total-bad", nvmlDeviceGetTotalEccErrors(h, 2, 0, &u), "");
+	SAY("ecc-location-bad", nvmlDeviceGetMemoryErrorCounter(h, 0, 0, 8, &u), "");
+	for (int cause = 0; cause < 2; cause++) {
+		unsigned long long pages[4];
+		char name[64];
+		v = 0;
+		r = nvmlDeviceGetRetiredPages(h, cause, &v, NULL);
+		snprintf(name, sizeof name, "retired-%d", cause);
+		SAY(name, r, "%u", v);
+		w = 4;
+		snprintf(name, sizeof name, "retired-addresses-%d", cause);
+		SAY(name, nvmlDeviceGetRetiredPages(h, cause, &w, pages), "%u", w);
+	}
+	v = 0;
+	SAY("nvmlDeviceGetRetiredPages", nvmlDeviceGetRetiredPages(h, 0, &v, NULL), "%u", v);
+	v = 0;
+	SAY("nvmlDeviceGetRetiredPages_v2", nvmlDeviceGetRetiredPages_v2(h, 1, &v, NULL, NULL), "%u", v);
+	SAY("retired-bad", nvmlDeviceGetRetiredPages(h, 2, &v, NULL), "");
+	r = nvmlDeviceGetRemappedRows(h, &v, &w, &x, &y);
+	SAY("nvmlDeviceGetRemappedRows", r, "%u %u %u %u", r ? 0 : v, r ? 0 : w, r ? 0 : x, r ? 0 : y);
+	r = nvmlDeviceGetInforomImageVersion(h, s, sizeof s);
+	SAY("nvmlDeviceGetInforomImageVersion", r, "%s", r ? "" : s);
+	for (int o = 0; o < 4; o++) {
+		char name[64];
+		r = nvmlDeviceGetInforomVersion(h, o, s, sizeof s);
+		snprintf(name, sizeof name, "inforom-%d", o);
+		SAY(name, r, "%s", r ? "" : s);
+	}
+	SAY("nvmlDeviceGetInforomVersion", nvmlDeviceGetInforomVersion(h, 0, s, sizeof s), "");
+	SAY("inforom-bad", nvmlDeviceGetInforomVersion(h, 4, s, sizeof s), "");
+	for (unsigned int id = 0; id < 4; id++)
+		for (unsigned int t = 0; t < 4; t++) {
+			char name[64];
+			r = nvmlDeviceGetClock(h, t, id, &v);
+			snprintf(name, sizeof name, "clock-%u-%u", t, id);
+			SAY(name, r, "%u", r ? 0 : v);
+		}
+	SAY("clock-bad-id", nvmlDeviceGetClock(h, 0, 4, &v), "");
+	SAY("clock-bad-type", nvmlDeviceGetClock(h, 4, 0, &v), "");
+	for (unsigned int t = 0; t < 4; t++) {
+		char name[64];
+		r = nvmlDeviceGetApplicationsClock(h, t, &v);
+		snprintf(name, sizeof name, "app-clock-%u", t);
+		SAY(name, r, "%u", r ? 0 : v);
+		r = nvmlDeviceGetDefaultApplicationsClock(h, t, &v);
+		snprintf(name, sizeof name, "default-app-clock-%u", t);
+		SAY(name, r, "%u", r ? 0 : v);
+		r = nvmlDeviceGetMaxCustomerBoostClock(h, t, &v);
+		snprintf(name, sizeof name, "boost-clock-%u", t);
+		SAY(name, r, "%u", r ? 0 : v);
+	}
+	r = nvmlDeviceGetPcieThroughput(h, 1, &v);
+	SAY("pcie-rx", r, "%u", r ? 0 : v);
+	SAY("pcie-bad", nvmlDeviceGetPcieThroughput(h, 2, &v), "");
+	for (unsigned int t = 0; t < 4; t++) {
+		char name[64];
+		r = nvmlDeviceGetTemperatureThreshold(h, t, &v);
+		snprintf(name, sizeof name, "threshold-%u", t);
+		SAY(name, r, "%u", r ? 0 : v);
+	}
+}
+
+/* watch is what nvidia-smi does: NVML alone, no CUDA in the process. */
+static int watch(void) {
+	nvmlDevice_t h;
+	unsigned int n = 0;
+	char s[96];
+	SAY("nvmlInit_v2", nvmlInit_v2(), "");
+	nvmlReturn_t r = nvmlDeviceGetCount_v2(&n);
+	SAY("nvmlDeviceGetCount_v2", r, "%u", n);
+	SAY("nvmlDeviceGetHandleByIndex_v2", nvmlDeviceGetHandleByIndex_v2(0, &h), "");
+	identity(h);
+	unsigned int count = 4;
+	nvmlProcessInfo_t p[4];
+	r = nvmlDeviceGetComputeRunningProcesses_v3(h, &count, p);
+	SAY("nvmlDeviceGetComputeRunningProcesses_v3", r, "%u", count);
+	r = nvmlSystemGetDriverVersion(s, sizeof s);
+	SAY("nvmlSystemGetDriverVersion", r, "%s", r ? "" : s);
+	unsigned int v;
+	r = nvmlDeviceGetTemperature(h, 0, &v);
+	SAY("nvmlDeviceGetTemperature", r, "%u", r ? 0 : v);
+#define SAY_UINT_W(name) r = name(h, &v); SAY(#name, r, "%u", r ? 0 : v);
+	NVML_UINT_ENTRIES(SAY_UINT_W)
+	health_values(h);
+	SAY("nvmlShutdown", nvmlShutdown(), "");
+	return 0;
+}
+
 /* events: a set takes a registration and no event comes. */
 static void events(nvmlDevice_t h) {
 	nvmlEventSet_t set = NULL;
@@ -244,6 +361,7 @@ static int full(void) {
 	PROCESSES(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t);
 	PROCESSES(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t);
 	device_values(h);
+	health_values(h);
 	events(h);
 	smi_table(h);
 	SAY("nvmlShutdown", nvmlShutdown(), "");
@@ -258,5 +376,6 @@ int main(int argc, char **argv) {
 	const char *mode = argc > 1 ? argv[1] : "full";
 	if (strcmp(mode, "visible") == 0) return visible();
 	if (strcmp(mode, "failover") == 0) return failover();
+	if (strcmp(mode, "watch") == 0) return watch();
 	return full();
 }

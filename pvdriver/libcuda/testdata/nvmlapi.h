@@ -76,13 +76,34 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long l
 	X(nvmlDeviceGetComputeMode) X(nvmlDeviceGetPersistenceMode) X(nvmlDeviceGetFanSpeed) \
 	X(nvmlDeviceGetCurrPcieLinkGeneration) X(nvmlDeviceGetCurrPcieLinkWidth) X(nvmlDeviceGetMaxPcieLinkGeneration) \
 	X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetDisplayMode) X(nvmlDeviceGetDisplayActive) \
-	X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceIsMigDeviceHandle)
+	X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceIsMigDeviceHandle) X(nvmlDeviceGetRetiredPagesPendingStatus) \
+	X(nvmlDeviceGetInforomConfigurationChecksum) X(nvmlDeviceGetPcieReplayCounter) X(nvmlDeviceGetVirtualizationMode) \
+	X(nvmlDeviceGetHostVgpuMode)
 #define NVML_UINT_ARG_ENTRIES(X) X(nvmlDeviceGetTemperature) X(nvmlDeviceGetTemperatureThreshold) \
-	X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetNvLinkState)
+	X(nvmlDeviceGetClockInfo) X(nvmlDeviceGetMaxClockInfo) X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetApplicationsClock) \
+	X(nvmlDeviceGetDefaultApplicationsClock) X(nvmlDeviceGetMaxCustomerBoostClock) X(nvmlDeviceGetPcieThroughput)
+/* Entries answering one unsigned long long. */
+#define NVML_ULL_ENTRIES(X) X(nvmlDeviceGetCurrentClocksEventReasons) X(nvmlDeviceGetCurrentClocksThrottleReasons) \
+	X(nvmlDeviceGetSupportedClocksEventReasons) X(nvmlDeviceGetSupportedClocksThrottleReasons)
+/* Entries answering two unsigned ints. */
+#define NVML_PAIR_ENTRIES(X) X(nvmlDeviceGetPowerManagementLimitConstraints) X(nvmlDeviceGetEncoderUtilization) \
+	X(nvmlDeviceGetDecoderUtilization)
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int errorType, int counterType, unsigned long long *v);
+nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t d, int errorType, int counterType, int location, unsigned long long *v);
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t d, int cause, unsigned int *count, unsigned long long *addresses);
+nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t d, int cause, unsigned int *count, unsigned long long *addresses,
+	unsigned long long *timestamps);
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc, unsigned int *pending, unsigned int *failed);
+nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t d, int object, char *s, unsigned int n);
+nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t d, char *s, unsigned int n);
 typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_t;
 nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t);
 #define DECLARE_UINT(name) nvmlReturn_t name(nvmlDevice_t d, unsigned int *v);
 #define DECLARE_UINT_ARG(name) nvmlReturn_t name(nvmlDevice_t d, unsigned int arg, unsigned int *v);
+#define DECLARE_ULL(name) nvmlReturn_t name(nvmlDevice_t d, unsigned long long *v);
+#define DECLARE_PAIR(name) nvmlReturn_t name(nvmlDevice_t d, unsigned int *a, unsigned int *b);
 NVML_UINT_ENTRIES(DECLARE_UINT)
 NVML_UINT_ARG_ENTRIES(DECLARE_UINT_ARG)
+NVML_ULL_ENTRIES(DECLARE_ULL)
+NVML_PAIR_ENTRIES(DECLARE_PAIR)
 #endif
