@@ -36,6 +36,10 @@ type Session struct {
 	// nil for a replica of a session opened by an older primary.
 	tenant   *tenancy.Tenant
 	tenantID string
+	// dev is the GPU the session was placed on, for its whole life
+	// (devices.go); pin the GPU its guest asked for, if any.
+	dev *device
+	pin string
 
 	mu  sync.Mutex
 	ctx gpu.Context
@@ -289,7 +293,7 @@ func (s *Session) deviceInfo(r *abi.DeviceInfo) (abi.Body, error) {
 // and the tenant's quota where it is below the device's memory.
 func (s *Session) deviceStatus(*abi.DeviceStatus) (abi.Body, error) {
 	r := &abi.DeviceStatusReply{}
-	if rep, ok := s.srv.backend.(gpu.DeviceStatusReporter); ok {
+	if rep, ok := s.dev.backend.(gpu.DeviceStatusReporter); ok {
 		rep.DeviceStatus(r)
 	}
 	session := s.mem.Bytes()
@@ -299,7 +303,7 @@ func (s *Session) deviceStatus(*abi.DeviceStatus) (abi.Body, error) {
 		return r, nil
 	}
 	r.Set(abi.FieldGuestMemoryUsed, max(s.tenant.Held(), session))
-	if d, ok := s.srv.backend.(gpu.DeviceDescriber); ok {
+	if d, ok := s.dev.backend.(gpu.DeviceDescriber); ok {
 		if info, err := d.DeviceInfo(); err == nil && s.tenant.Quota.Memory < info.TotalMem {
 			r.Set(abi.FieldGuestMemoryQuota, s.tenant.Quota.Memory)
 		}
