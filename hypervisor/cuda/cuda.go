@@ -108,6 +108,40 @@ func New(ordinal int) (*Backend, error) {
 	return b, nil
 }
 
+// Devices lists the host's GPUs by CUDA ordinal, each one's UUID
+// (cuDeviceGetCount, then cuDeviceGet and cuDeviceGetUuid per ordinal:
+// CUDA Driver API, "Device Management"), so a node can serve them all
+// (--backend cuda:all) or those a UUID names. It fails with ErrNoDriver
+// where libcuda is absent.
+func Devices() ([][16]byte, error) {
+	d, err := load()
+	if err != nil {
+		return nil, err
+	}
+	var uuids [][16]byte
+	err = onThread(func() error {
+		if err := d.check("cuInit", d.cuInit(0)); err != nil {
+			return err
+		}
+		var n int32
+		if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
+			return err
+		}
+		uuids = make([][16]byte, n)
+		for ord := range n {
+			var dev int32
+			if err := d.check("cuDeviceGet", d.cuDeviceGet(&dev, ord)); err != nil {
+				return err
+			}
+			if err := d.check("cuDeviceGetUuid", d.cuDeviceGetUuid(&uuids[ord], dev)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return uuids, err
+}
+
 // readLimits reads a new context's limits into b.limits, in a context made
 // for it on this (locked) thread.
 func (b *Backend) readLimits() error {
