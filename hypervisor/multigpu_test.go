@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/placement"
+	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/lab/workload"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -202,5 +204,31 @@ func waitFor(t *testing.T, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("timed out")
 		}
+	}
+}
+
+// TestReplicaPlacement: a standby places each replica by its own policy,
+// honouring a pin to a GPU it serves and placing one pinned to a GPU it
+// lacks rather than refusing the primary's session.
+func TestReplicaPlacement(t *testing.T) {
+	e, _ := twoGPUs(t, placement.FewestGuests)
+	open := func(id uint64, pin string) {
+		t.Helper()
+		body := replica.SessionOpen{Guest: "r", Token: make([]byte, abi.ResumeTokenSize), GraceKnown: true, GPU: pin}.Append(nil)
+		base := hypervisor.DefaultConfig().WindowBase + id*hypervisor.DefaultConfig().WindowSize
+		if err := e.srv.OpenReplica(id, base, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open(1, "3") // pinned, served here
+	open(2, "7") // pinned on the primary to a GPU this node lacks: the policy places it
+	open(3, "")  // the policy
+	open(4, "3")
+	got := map[uint64]int{}
+	for _, s := range e.srv.Status().Sessions {
+		got[s.ID] = s.GPU
+	}
+	if want := map[uint64]int{1: 3, 2: 0, 3: 0, 4: 3}; !maps.Equal(got, want) {
+		t.Fatalf("replicas placed on %v, want %v", got, want)
 	}
 }

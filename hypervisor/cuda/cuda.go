@@ -27,6 +27,11 @@
 // queued.go). A backend can keep contexts made ahead, so a new session
 // does not wait ~100 ms for cuCtxCreate (spares.go).
 //
+// A Backend is one device (New, by ordinal); a node serving several opens
+// one per ordinal (Devices lists the host's, with their UUIDs). They share
+// the process's driver state, so a fault that loses it (Healthy) is every
+// one's.
+//
 // Isolation note: contexts of one process share its GPU virtual address
 // space, so a kernel with a wild pointer could reach another session's
 // mapping in the same process. The hypervisor checks every pointer argument

@@ -27,7 +27,7 @@ type Status struct {
 	// node); a fenced node's is the term that fenced it.
 	Term uint64 `json:"term"`
 	// Serving: guests are served here now (vgpuha_is_primary).
-	Serving  bool                       `json:"serving"`
+	Serving bool   `json:"serving"`
 	Backend string `json:"backend"`
 	// GPUs are the GPUs the node serves, each with the sessions placed
 	// on it and their memory (vgpuha_gpu_* by index); each session names
