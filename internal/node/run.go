@@ -15,6 +15,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/vgpuha/vgpuha/failover"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/internal/coordinator"
 )
@@ -127,9 +128,9 @@ func (rc *RunConfig) ready(n *Node) (done <-chan error, stopAdmin func(), err er
 		return nil, nil, err
 	}
 	if rc.Standby {
-		log.Info("standby waiting for the primary's stream", "listen", rc.Replication.Addr().String(), "backend", rc.Node.Backend.Name(), "takes_over_on", rc.Node.GuestListen)
+		log.Info("standby waiting for the primary's stream", "listen", rc.Replication.Addr().String(), "backend", rc.Node.Backend.Name(), "gpus", len(gpu.DevicesOf(rc.Node.Backend)), "takes_over_on", rc.Node.GuestListen)
 	} else {
-		log.Info("primary serving guests", "endpoint", rc.Node.GuestListen, "backend", rc.Node.Backend.Name())
+		log.Info("primary serving guests", "endpoint", rc.Node.GuestListen, "backend", rc.Node.Backend.Name(), "gpus", len(gpu.DevicesOf(rc.Node.Backend)))
 	}
 	reloadOnHUP(log, rc.Admin != nil, rc.AdminTokenFile, mux)
 	notifyReady(log)
