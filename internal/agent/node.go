@@ -46,7 +46,7 @@ func (b *BackendFlags) Register(fs *flag.FlagSet) {
 	cli.SizeVar(fs, &b.SimMemory, "sim.memory-bytes", 8<<30, 1<<20, MaxSimMemory, "device memory of each software GPU (held in host memory as guests allocate it; at most 1TiB)")
 	cli.IntVar(fs, &b.SimGPUs, "sim.gpus", 1, 1, node.MaxSimGPUs, "software GPUs the node serves (--backend sim), each independent, of --sim.memory-bytes, numbered from 0")
 	cli.SizeVar(fs, &b.SimShift, "sim.base-shift", 0, 0, 1<<46, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
-	cli.IntVar(fs, &b.Spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
+	cli.IntVar(fs, &b.Spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead, per GPU (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
 }
 
 // MaxSimMemory bounds --sim.memory-bytes: the software GPU keeps its
