@@ -44,6 +44,9 @@ func (s *Session) Guest() string { return s.guest }
 // Base implements guestconn.Session.
 func (s *Session) Base() uint64 { return s.mem.Base() }
 
+// GPU implements guestconn.Session: the GPU it was placed on.
+func (s *Session) GPU() int { return s.dev.index }
+
 // Opened implements guestconn.Session.
 func (s *Session) Opened(peerPID int, host *guestconn.Region) {
 	s.mu.Lock()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/kernels"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -187,4 +188,46 @@ func launchArgs(k *kernels.Kernel, p uint64, sels []byte, raw uint64) []abi.Arg 
 		}
 	}
 	return args
+}
+
+// FuzzPinnedHello opens sessions on a node of two GPUs with arbitrary
+// pins: each hello opens a session on a GPU the pin names, or is refused,
+// nothing panics, and once the guest leaves every GPU counts no session
+// and no promised memory.
+func FuzzPinnedHello(f *testing.F) {
+	for _, pin := range []string{"0", "3", "1", "GPU-76677075-6861-2d73-696d-000000000003", "gpu-7667", "GPU-", "-1", "99999999999999999999", "\x00"} {
+		f.Add(pin, uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, pin string, allocs uint8) {
+		if pin == "" || len(pin) > abi.MaxGPUPinLen {
+			return // not a pin the decoder passes on
+		}
+		devs := []gpu.Device{{Index: 0, Backend: sim.New(64 << 20)}, {Index: 3, Backend: sim.New(64 << 20)}}
+		devs[1].Backend.(*sim.Backend).Number = 3
+		set, _ := gpu.NewSet(devs...)
+		reg := prometheus.NewRegistry()
+		srv, err := hypervisor.NewServer(set, hypervisor.DefaultConfig(), reg, quietLog())
+		if err != nil {
+			t.Fatal(err)
+		}
+		guest, host := net.Pipe()
+		done := make(chan struct{})
+		go func() { srv.ServeConn(host); close(done) }()
+		go io.Copy(io.Discard, guest)
+		stream := abi.AppendFrame(nil, abi.OpHello, 0, 1, (&abi.Hello{GuestName: "pin", GPU: pin}).Append(nil))
+		for id := range uint64(allocs % 8) {
+			stream = abi.AppendFrame(stream, abi.OpAlloc, 0, id+2, (&abi.Alloc{Size: 1 << 20}).Append(nil))
+		}
+		guest.Write(stream)
+		guest.Close()
+		<-done
+		for _, g := range srv.Status().GPUs {
+			if g.Sessions != 0 || g.PromisedBytes != 0 || g.UsedBytes != 0 {
+				t.Fatalf("after the guest left, GPU %d counts %+v", g.Index, g)
+			}
+		}
+		if n := panicCount(t, reg); n != 0 {
+			t.Fatalf("%d panics recovered", n)
+		}
+	})
 }

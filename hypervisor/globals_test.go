@@ -71,7 +71,7 @@ func newSimSession(t *testing.T) *Session {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := srv.newSession(1, 0, sessionOpen{Guest: "g"}, cfg.WindowBase)
+	sess, err := srv.newSession(1, 0, sessionOpen{Guest: "g"}, cfg.WindowBase, true)
 	if err != nil {
 		t.Fatal(err)
 	}

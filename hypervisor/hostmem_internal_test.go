@@ -24,7 +24,7 @@ func regionSession(t testing.TB) (sess *Session, ptr uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err = srv.newSession(1, 0, sessionOpen{Guest: "g"}, cfg.WindowBase)
+	sess, err = srv.newSession(1, 0, sessionOpen{Guest: "g"}, cfg.WindowBase, true)
 	if err != nil {
 		t.Fatal(err)
 	}

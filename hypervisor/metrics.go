@@ -1,6 +1,8 @@
 package hypervisor
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
@@ -90,6 +92,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	}
 	collectors := append([]prometheus.Collector{
 		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.writeTimeouts, m.resumed, m.expired, m.readBackRepairs, m.imageBytes,
+		gpuCollector{s},
 	}, gauges(s)...)
 	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -136,6 +139,31 @@ func gauges(s *Server) []prometheus.Collector {
 		out[i] = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help}, g.value)
 	}
 	return out
+}
+
+// gpuCollector reports each of the node's GPUs (Status.GPUs), labelled
+// by its index, when scraped.
+type gpuCollector struct{ s *Server }
+
+var gpuDescs = struct{ sessions, used, promised *prometheus.Desc }{
+	prometheus.NewDesc("vgpuha_gpu_sessions", "Guest sessions placed on the GPU (by index: vgpuha status lists the GPUs).", []string{"gpu"}, nil),
+	prometheus.NewDesc("vgpuha_gpu_memory_used_bytes", "Device memory the sessions placed on the GPU hold.", []string{"gpu"}, nil),
+	prometheus.NewDesc("vgpuha_gpu_memory_promised_bytes", "Device memory the sessions placed on the GPU may allocate (their quotas): what placement counts as taken.", []string{"gpu"}, nil),
+}
+
+func (gpuCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- gpuDescs.sessions
+	ch <- gpuDescs.used
+	ch <- gpuDescs.promised
+}
+
+func (c gpuCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range c.s.Status().GPUs {
+		i := strconv.Itoa(g.Index)
+		ch <- prometheus.MustNewConstMetric(gpuDescs.sessions, prometheus.GaugeValue, float64(g.Sessions), i)
+		ch <- prometheus.MustNewConstMetric(gpuDescs.used, prometheus.GaugeValue, float64(g.UsedBytes), i)
+		ch <- prometheus.MustNewConstMetric(gpuDescs.promised, prometheus.GaugeValue, float64(g.PromisedBytes), i)
+	}
 }
 
 // countImageBytes counts n bytes of module images loaded from (guest or cache).

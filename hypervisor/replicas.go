@@ -41,7 +41,7 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 		t.Sessions++
 	}
 	s.mu.Unlock()
-	sess, err := s.newSession(id, slot, open, base)
+	sess, err := s.newSession(id, slot, open, base, false) // placed by this node's own policy
 	if err != nil {
 		s.giveSlotBack(slot, t)
 		return err

@@ -39,6 +39,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/images"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
+	"github.com/vgpuha/vgpuha/hypervisor/placement"
 	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"log/slog"
 	"net"
@@ -78,6 +79,9 @@ type Config struct {
 	GuestKernels bool
 	// MemoryQuota bounds each session's allocated bytes.
 	MemoryQuota uint64
+	// Placement is the policy that places each new session on one of the
+	// node's GPUs (package placement; empty: placement.DefaultPolicy).
+	Placement placement.Policy
 	// MaxObjects bounds each session's allocations plus handles.
 	MaxObjects int
 	// MaxPayload bounds a frame's payload (after hello; before it, a
@@ -186,6 +190,8 @@ func (c Config) validate() error {
 		return errors.New("the request buffer budget must hold at least two frames of the largest payload")
 	case c.ReplyQueueBytes < 0 || c.WriteTimeout < 0:
 		return errors.New("the reply queue bound and the write timeout must not be negative")
+	case c.Placement != "" && placement.Check(string(c.Placement)) != nil:
+		return placement.Check(string(c.Placement))
 	}
 	return c.validateTenants()
 }
@@ -208,6 +214,7 @@ func (c Config) validateTenants() error {
 type Server struct {
 	cfg     Config
 	backend gpu.Backend
+	devices []*device // the GPUs sessions are placed on (devices.go)
 	log     *slog.Logger
 	metrics *metrics
 	edge    *guestconn.Edge // serves guest connections (package guestconn)
@@ -266,12 +273,18 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 		term:      1, // a node starts as the first primary; a promotion raises it
 		images:    images.New(images.Config{Limit: cfg.ImageCacheBytes, Share: cfg.ImageCacheTenantBytes, Uploads: cfg.ImageUploadBytes}),
 		slotFreed: make(chan struct{}),
+		devices:   newDevices(backend),
 	}
 	s.termNow.Store(s.term)
 	if s.cfg.Clock == nil {
 		s.cfg.Clock = time.Now
 	}
-	s.cfg.DeviceMemory = tenancy.DeviceMemory(backend, cfg.DeviceMemory)
+	if s.cfg.Placement == "" {
+		s.cfg.Placement = placement.DefaultPolicy
+	}
+	if s.cfg.DeviceMemory == 0 {
+		s.cfg.DeviceMemory = deviceMemory(s.devices)
+	}
 	s.tenants = tenancy.NewRegistry(tenancy.Config{
 		Default:    TenantQuota{Memory: cfg.TenantMemoryQuota, Sessions: cfg.TenantMaxSessions, Detached: cfg.TenantMaxDetached},
 		Tenants:    cfg.Tenants,
@@ -283,7 +296,7 @@ func NewServer(backend gpu.Backend, cfg Config, reg prometheus.Registerer, log *
 	}
 	s.metrics = m
 	s.edge = guestconn.New(guestNode{s}, guestconn.Config{MaxPayload: cfg.MaxPayload, RequestBufferBytes: cfg.RequestBufferBytes,
-		ReplyQueueBytes: cfg.ReplyQueueBytes, WriteTimeout: cfg.WriteTimeout, Backend: backend},
+		ReplyQueueBytes: cfg.ReplyQueueBytes, WriteTimeout: cfg.WriteTimeout, Backend: gpu.Host(backend)},
 		m.edge(), log)
 	return s, nil
 }
@@ -387,8 +400,8 @@ func (s *Server) hello(payload []byte, p guestconn.Peer) (*Session, abi.Body, er
 	if err != nil {
 		return nil, nil, err
 	}
-	open := sessionOpen{Guest: req.GuestName, Token: newToken(), Tenant: p.Tenant, Grace: grace, GraceKnown: true}
-	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize)
+	open := sessionOpen{Guest: req.GuestName, Token: newToken(), Tenant: p.Tenant, Grace: grace, GraceKnown: true, GPU: req.GPU}
+	sess, err := s.newSession(id, slot, open, s.cfg.WindowBase+uint64(slot)*s.cfg.WindowSize, true)
 	if err != nil {
 		s.giveSlotBack(slot, t)
 		return nil, nil, err
@@ -583,17 +596,24 @@ func (s *Server) mayAnswerUnprotected(held func() bool) bool {
 	}
 }
 
-// newSession creates a session whose guest sees the window at base, and
-// registers it (logging its opening when replicating).
-func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) (*Session, error) {
-	ctx, err := s.backend.NewContext(base, s.cfg.WindowSize)
+// newSession places a session on a GPU (devices.go; strict: a guest's,
+// whose pin must name one of this node's) and creates it there, its guest
+// seeing the window at base, and registers it (logging its opening when
+// replicating).
+func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64, strict bool) (*Session, error) {
+	dev, err := s.place(open.GPU, strict)
 	if err != nil {
+		return nil, err
+	}
+	ctx, err := dev.backend.NewContext(base, s.cfg.WindowSize)
+	if err != nil {
+		s.unplace(dev)
 		return nil, err
 	}
 	got, _ := ctx.Window()
 	sess := &Session{
 		id: id, guest: open.Guest, token: open.Token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
-		tenantID: open.Tenant, grace: open.GraceOr(s.cfg.MaxGrace),
+		tenantID: open.Tenant, grace: open.GraceOr(s.cfg.MaxGrace), dev: dev, pin: open.GPU,
 		ctx: ctx, mmioMetrics: s.metrics.mmio,
 	}
 	// A primary's guest sees whatever base its backend gave; only a
@@ -601,7 +621,7 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64) 
 	sess.mem = devmem.New(ctx, devmem.Config{MemoryQuota: s.cfg.MemoryQuota, AllocAlign: s.cfg.AllocAlign, MaxPayload: s.cfg.MaxPayload,
 		InPlaceBytes: s.metrics.countInPlace}, base, s.cfg.WindowSize, got-base)
 	sess.objs = objects.New(ctx, sess.mem, objects.Config{
-		Backend: s.backend, GuestKernels: s.cfg.GuestKernels, MaxObjects: s.cfg.MaxObjects,
+		Backend: dev.backend, GuestKernels: s.cfg.GuestKernels, MaxObjects: s.cfg.MaxObjects,
 		Images: s.images, Tenant: open.Tenant, ImageBytes: s.metrics.countImageBytes,
 	})
 	s.mu.Lock()
@@ -657,6 +677,7 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 	sess.mu.Unlock()
 	s.mu.Lock()
 	delete(s.sessions, sess.id)
+	s.unplaceLocked(sess.dev)
 	s.slots[sess.slot] = false
 	if t != nil {
 		t.Sessions--
@@ -673,10 +694,12 @@ func (s *Server) closeSessionIf(sess *Session, still func(*Session) bool) bool {
 
 // SessionStatus is one session in Status.
 type SessionStatus struct {
-	ID          uint64 `json:"id,omitempty"`
-	Guest       string `json:"guest,omitempty"`
-	Tenant      string `json:"tenant,omitempty"`
-	WindowBase  string `json:"window_base"`
+	ID         uint64 `json:"id,omitempty"`
+	Guest      string `json:"guest,omitempty"`
+	Tenant     string `json:"tenant,omitempty"`
+	WindowBase string `json:"window_base"`
+	// GPU is the index of the GPU the session was placed on (GPUs).
+	GPU         int    `json:"gpu"`
 	Allocations int    `json:"allocations"`
 	Bytes       uint64 `json:"bytes"`
 	Objects     int    `json:"objects"`
@@ -726,7 +749,9 @@ type ImageStatus = images.Status
 
 // Status is what /status reports.
 type Status struct {
-	Backend  string          `json:"backend"`
+	Backend string `json:"backend"`
+	// GPUs are the node's GPUs and the sessions placed on each.
+	GPUs     []GPUStatus     `json:"gpus"`
 	Sessions []SessionStatus `json:"sessions"`
 	Objects  int             `json:"objects"`
 	Bytes    uint64          `json:"bytes"`
@@ -771,7 +796,7 @@ func (s *Server) Status() Status {
 	for _, sess := range sessions {
 		sess.mu.Lock()
 		ss := SessionStatus{
-			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.mem.Base()),
+			ID: sess.id, Guest: sess.guest, Tenant: sess.tenantID, WindowBase: fmt.Sprintf("%#x", sess.mem.Base()), GPU: sess.dev.index,
 			Allocations: sess.mem.Allocations(), Bytes: sess.mem.Bytes(),
 			Objects:    sess.mem.Allocations() + sess.objs.Len(),
 			Requests:   sess.requests,
@@ -796,5 +821,6 @@ func (s *Server) Status() Status {
 		st.Objects += ss.Objects
 		st.Bytes += ss.Bytes
 	}
+	st.GPUs = s.gpuStatus(st.Sessions)
 	return st
 }

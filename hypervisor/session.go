@@ -36,6 +36,10 @@ type Session struct {
 	// nil for a replica of a session opened by an older primary.
 	tenant   *tenancy.Tenant
 	tenantID string
+	// dev is the GPU the session was placed on, for its whole life
+	// (devices.go); pin the GPU its guest asked for, if any.
+	dev *device
+	pin string
 
 	mu  sync.Mutex
 	ctx gpu.Context
@@ -274,14 +278,14 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 }
 
 // deviceInfo describes the node's device (status.go).
-func (s *Session) deviceInfo(*abi.DeviceInfo) (abi.Body, error) { return s.srv.deviceInfo() }
+func (s *Session) deviceInfo(*abi.DeviceInfo) (abi.Body, error) { return s.srv.deviceInfo(s.dev) }
 
 // deviceStatus reports the device's live state and the memory the guest
 // holds: its tenant's sessions together and this session (status.go).
 func (s *Session) deviceStatus(*abi.DeviceStatus) (abi.Body, error) {
 	session := s.mem.Bytes()
 	if s.tenant == nil {
-		return s.srv.deviceStatus(session, &session, 0, false), nil
+		return s.srv.deviceStatus(s.dev, session, &session, 0, false), nil
 	}
-	return s.srv.deviceStatus(max(s.tenant.Held(), session), &session, s.tenant.Quota.Memory, true), nil
+	return s.srv.deviceStatus(s.dev, max(s.tenant.Held(), session), &session, s.tenant.Quota.Memory, true), nil
 }

@@ -36,7 +36,7 @@ func TestFailKeepsTheChain(t *testing.T) {
 	if e != nil {
 		t.Fatal(e)
 	}
-	sess, e := srv.newSession(1, 0, sessionOpen{Guest: "g"}, DefaultConfig().WindowBase)
+	sess, e := srv.newSession(1, 0, sessionOpen{Guest: "g"}, DefaultConfig().WindowBase, true)
 	if e != nil {
 		t.Fatal(e)
 	}
@@ -63,7 +63,7 @@ func TestGuestKernelsNeedAProcessPerGuest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := srv.newSession(1, 0, sessionOpen{Guest: "g"}, DefaultConfig().WindowBase)
+	sess, err := srv.newSession(1, 0, sessionOpen{Guest: "g"}, DefaultConfig().WindowBase, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestPointerFollowingKernelNeedsCheckedGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := srv.newSession(1, 0, sessionOpen{Guest: "g"}, DefaultConfig().WindowBase)
+	sess, err := srv.newSession(1, 0, sessionOpen{Guest: "g"}, DefaultConfig().WindowBase, true)
 	if err != nil {
 		t.Fatal(err)
 	}

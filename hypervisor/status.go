@@ -28,10 +28,10 @@ import (
 // raised to the node's allocation alignment (every allocation and
 // mapping is aligned to it). The guest keeps it, so every node of a pair
 // must describe the same kind of device.
-func (s *Server) deviceInfo() (abi.Body, error) {
-	d, ok := s.backend.(gpu.DeviceDescriber)
+func (s *Server) deviceInfo(dev *device) (abi.Body, error) {
+	d, ok := dev.backend.(gpu.DeviceDescriber)
 	if !ok {
-		return nil, fail(abi.StatusNotSupported, "the %s backend cannot describe its device", s.backend.Name())
+		return nil, fail(abi.StatusNotSupported, "the %s backend cannot describe its device", dev.backend.Name())
 	}
 	info, err := d.DeviceInfo()
 	if err != nil {
@@ -46,16 +46,16 @@ func (s *Server) deviceInfo() (abi.Body, error) {
 // memory the asking guest holds: held (its tenant's sessions together),
 // the asking session's bytes (nil: no session asks), and its tenant's
 // quota where one applies (hasQuota) and is below the device's memory.
-func (s *Server) deviceStatus(held uint64, session *uint64, quota uint64, hasQuota bool) *abi.DeviceStatusReply {
+func (s *Server) deviceStatus(dev *device, held uint64, session *uint64, quota uint64, hasQuota bool) *abi.DeviceStatusReply {
 	r := &abi.DeviceStatusReply{}
-	if rep, ok := s.backend.(gpu.DeviceStatusReporter); ok {
+	if rep, ok := dev.backend.(gpu.DeviceStatusReporter); ok {
 		rep.DeviceStatus(r)
 	}
 	if session != nil {
 		r.Set(abi.FieldSessionMemory, *session)
 	}
 	r.Set(abi.FieldGuestMemoryUsed, held)
-	if d, ok := s.backend.(gpu.DeviceDescriber); ok && hasQuota {
+	if d, ok := dev.backend.(gpu.DeviceDescriber); ok && hasQuota {
 		if info, err := d.DeviceInfo(); err == nil && quota < info.TotalMem {
 			r.Set(abi.FieldGuestMemoryQuota, quota)
 		}
@@ -128,17 +128,18 @@ func (c *statusConn) Serve(op abi.Opcode, payload []byte) (abi.Body, error) {
 	if s.leaseExpired() {
 		return nil, errLeaseExpired()
 	}
+	dev := s.devices[0] // a status connection watches the node's first GPU
 	if op == abi.OpDeviceInfo {
-		return s.deviceInfo()
+		return s.deviceInfo(dev)
 	}
 	if c.tenant == "" { // a guest of no tenant (a test's pipe): it holds nothing here
-		return s.deviceStatus(0, nil, 0, false), nil
+		return s.deviceStatus(dev, 0, nil, 0, false), nil
 	}
 	s.mu.Lock()
 	held := s.tenants.Lookup(c.tenant).Held() // never admits one: a status connection holds nothing
 	quota := s.tenants.QuotaOf(c.tenant).Memory
 	s.mu.Unlock()
-	return s.deviceStatus(held, nil, quota, true), nil
+	return s.deviceStatus(dev, held, nil, quota, true), nil
 }
 
 // statusConnections is how many status connections are open.

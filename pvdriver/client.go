@@ -102,6 +102,10 @@ type Options struct {
 	// HashImagesFrom is the size from which a module image is named by its
 	// hash before its bytes are sent (LoadModule); 0 means 16 KiB.
 	HashImagesFrom int
+	// GPU pins a new session to one of the node's GPUs, by index or UUID
+	// (empty: the node places it by its policy). A node that does not
+	// serve it refuses the session.
+	GPU string
 }
 
 // Client is an open session with the hypervisor.
@@ -313,6 +317,8 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 	hello := &abi.Hello{GuestName: opts.GuestName, Resume: opts.ResumeSession, GraceMS: c.graceMS()}
 	if opts.ResumeSession != 0 {
 		hello.Token = opts.ResumeToken
+	} else {
+		hello.GPU = opts.GPU
 	}
 	var unanswered *time.Timer
 	if c.failover() {

@@ -95,7 +95,7 @@ func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, adm Admission,
 		Key: key, Replica: a, Logger: log, Group: adm.Group, Adopt: adm.Adopt,
 		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
 	}
-	if ha, ok := backend.(gpu.HostAllocator); ok {
+	if ha, ok := gpu.Host(backend).(gpu.HostAllocator); ok { // page-locked for every GPU (CUDA: portable)
 		rcfg.HostBuffer = func(n int) []byte {
 			if b, err := ha.AllocHost(n); err == nil {
 				return b

@@ -27,6 +27,11 @@
 // queued.go). A backend can keep contexts made ahead, so a new session
 // does not wait ~100 ms for cuCtxCreate (spares.go).
 //
+// A Backend is one device (New, by ordinal); a node serving several opens
+// one per ordinal (Devices lists the host's, with their UUIDs). They share
+// the process's driver state, so a fault that loses it (Healthy) is every
+// one's.
+//
 // Isolation note: contexts of one process share its GPU virtual address
 // space, so a kernel with a wild pointer could reach another session's
 // mapping in the same process. The hypervisor checks every pointer argument
@@ -106,6 +111,40 @@ func New(ordinal int) (*Backend, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// Devices lists the host's GPUs by CUDA ordinal, each one's UUID
+// (cuDeviceGetCount, then cuDeviceGet and cuDeviceGetUuid per ordinal:
+// CUDA Driver API, "Device Management"), so a node can serve them all
+// (--backend cuda:all) or those a UUID names. It fails with ErrNoDriver
+// where libcuda is absent.
+func Devices() ([][16]byte, error) {
+	d, err := load()
+	if err != nil {
+		return nil, err
+	}
+	var uuids [][16]byte
+	err = onThread(func() error {
+		if err := d.check("cuInit", d.cuInit(0)); err != nil {
+			return err
+		}
+		var n int32
+		if err := d.check("cuDeviceGetCount", d.cuDeviceGetCount(&n)); err != nil {
+			return err
+		}
+		uuids = make([][16]byte, n)
+		for ord := range n {
+			var dev int32
+			if err := d.check("cuDeviceGet", d.cuDeviceGet(&dev, ord)); err != nil {
+				return err
+			}
+			if err := d.check("cuDeviceGetUuid", d.cuDeviceGetUuid(&uuids[ord], dev)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return uuids, err
 }
 
 // readLimits reads a new context's limits into b.limits, in a context made

@@ -75,7 +75,7 @@ func load() (*driver, error) {
 			name string
 		}{
 			{&d.cuInit, "cuInit"}, {&d.cuDriverGetVersion, "cuDriverGetVersion"},
-			{&d.cuDeviceGet, "cuDeviceGet"}, {&d.cuDeviceGetName, "cuDeviceGetName"},
+			{&d.cuDeviceGetCount, "cuDeviceGetCount"}, {&d.cuDeviceGet, "cuDeviceGet"}, {&d.cuDeviceGetName, "cuDeviceGetName"},
 			{&d.cuDeviceGetAttribute, "cuDeviceGetAttribute"}, {&d.cuDeviceTotalMem, "cuDeviceTotalMem_v2"},
 			{&d.cuDeviceGetUuid, "cuDeviceGetUuid"},
 			{&d.cuCtxCreate, "cuCtxCreate_v2"}, {&d.cuCtxDestroy, "cuCtxDestroy_v2"},

@@ -22,6 +22,7 @@ type driver struct {
 	lost                          atomic.Pointer[Error] // the sticky error that ended this process's CUDA state
 	cuInit                        func(flags uint32) result
 	cuDriverGetVersion            func(v *int32) result
+	cuDeviceGetCount              func(n *int32) result
 	cuDeviceGet                   func(dev *int32, ordinal int32) result
 	cuDeviceGetName               func(name *byte, n int32, dev int32) result
 	cuDeviceGetAttribute          func(v *int32, attr int32, dev int32) result

@@ -14,6 +14,11 @@
 // in kernel arguments and device memory, where no table could translate
 // them). A backend that cannot place the window where asked reports the
 // base it got, and the caller falls back to address translation.
+//
+// A node that serves several GPUs hands the hypervisor a Set (set.go):
+// one Backend per GPU, each named by its index on the host; the
+// hypervisor places every session on one of them (DevicesOf) and sends
+// host-wide work (page-locked host memory) through the first (Host).
 package gpu
 
 import (

@@ -410,5 +410,5 @@ func (c *guestConn) request(f abi.Frame) Request {
 func (c *guestConn) opened() {
 	c.sess.Opened(mmiotrace.PeerPID(c.conn), c.host)
 	c.log = c.log.With("session", c.sess.ID(), "guest", c.sess.Guest())
-	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.Base()))
+	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.Base()), "gpu", c.sess.GPU())
 }

@@ -72,6 +72,8 @@ type Session interface {
 	Guest() string
 	// Base is the guest's device-address window.
 	Base() uint64
+	// GPU is the index of the node's GPU the session runs on.
+	GPU() int
 	// Opened: the connection serves the session now, from guest process
 	// peerPID (0: unknown) with its host-memory region (nil: none).
 	Opened(peerPID int, host *Region)

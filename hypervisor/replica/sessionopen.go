@@ -15,7 +15,11 @@ import (
 // guest name, then a NUL, a format byte, the resume token and the tenant
 // (u16 length, bytes) and, from format 2 on, the grace period the guest
 // was granted (u32 milliseconds), so that a node that takes over keeps the
-// session as long as its primary would have (the hypervisor's lifetime.go). Guest names
+// session as long as its primary would have (the hypervisor's lifetime.go),
+// and, from format 3 on, the GPU its guest pinned (u8 length, bytes; a
+// standby honours it where it serves that GPU, else places the replica by
+// its own policy: package placement). Format 3 is written only for a
+// pinned session, so an older standby reads every unpinned one. Guest names
 // never hold a NUL (hello refuses control characters), so a body without
 // one is the bare name an older primary sent.
 type SessionOpen struct {
@@ -26,22 +30,35 @@ type SessionOpen struct {
 	// record of an older primary, which did not say.
 	Grace      time.Duration
 	GraceKnown bool
+	// GPU is the pin the guest asked for (abi.Hello.GPU; empty: none).
+	GPU string
 }
 
-// Session-open record formats: 1 without the grace period, 2 with it.
+// Session-open record formats: 1 without the grace period, 2 with it, 3
+// with it and a pin.
 const (
-	sessionOpenFormatV1 = 1
-	sessionOpenFormat   = 2
+	sessionOpenFormatV1     = 1
+	sessionOpenFormat       = 2
+	sessionOpenFormatPinned = 3
 )
 
 // Append encodes o as a record body into b.
 func (o SessionOpen) Append(b []byte) []byte {
+	format := byte(sessionOpenFormat)
+	if o.GPU != "" {
+		format = sessionOpenFormatPinned
+	}
 	b = append(b, o.Guest...)
-	b = append(b, 0, sessionOpenFormat)
+	b = append(b, 0, format)
 	b = append(b, o.Token...)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(o.Tenant)))
 	b = append(b, o.Tenant...)
-	return binary.LittleEndian.AppendUint32(b, uint32(min(o.Grace.Milliseconds(), math.MaxUint32)))
+	b = binary.LittleEndian.AppendUint32(b, uint32(min(o.Grace.Milliseconds(), math.MaxUint32)))
+	if o.GPU == "" {
+		return b
+	}
+	b = append(b, byte(len(o.GPU)))
+	return append(b, o.GPU...)
 }
 
 var errSessionOpen = errors.New("malformed session-open record")
@@ -53,10 +70,11 @@ func DecodeSessionOpen(body []byte) (SessionOpen, error) {
 	if !found {
 		return o, nil
 	}
-	if len(rest) < 1+abi.ResumeTokenSize+2 || rest[0] != sessionOpenFormatV1 && rest[0] != sessionOpenFormat {
+	if len(rest) < 1+abi.ResumeTokenSize+2 || rest[0] < sessionOpenFormatV1 || rest[0] > sessionOpenFormatPinned {
 		return o, fmt.Errorf("%w (%d bytes after the name)", errSessionOpen, len(rest))
 	}
-	o.GraceKnown = rest[0] == sessionOpenFormat
+	format := rest[0]
+	o.GraceKnown = format >= sessionOpenFormat
 	o.Token = append([]byte(nil), rest[1:1+abi.ResumeTokenSize]...)
 	rest = rest[1+abi.ResumeTokenSize:]
 	n := int(binary.LittleEndian.Uint16(rest))
@@ -64,13 +82,21 @@ func DecodeSessionOpen(body []byte) (SessionOpen, error) {
 	if o.GraceKnown {
 		graceBytes = 4
 	}
-	if len(rest) != 2+n+graceBytes {
+	if len(rest) < 2+n+graceBytes || format < sessionOpenFormatPinned && len(rest) != 2+n+graceBytes {
 		return o, fmt.Errorf("%w (tenant of %d bytes in %d)", errSessionOpen, n, len(rest)-2-graceBytes)
 	}
 	o.Tenant = string(rest[2 : 2+n])
 	if o.GraceKnown {
 		o.Grace = time.Duration(binary.LittleEndian.Uint32(rest[2+n:])) * time.Millisecond
 	}
+	if format < sessionOpenFormatPinned {
+		return o, nil
+	}
+	pin := rest[2+n+graceBytes:]
+	if len(pin) < 2 || int(pin[0]) != len(pin)-1 {
+		return o, fmt.Errorf("%w (a pin field of %d bytes)", errSessionOpen, len(pin))
+	}
+	o.GPU = string(pin[1:])
 	return o, nil
 }
 

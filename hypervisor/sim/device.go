@@ -30,11 +30,12 @@ var simAttrs = map[int]int32{
 const maxCoResidentBlocks = 80 * simBlocksPerSM
 
 // DeviceInfo implements gpu.DeviceDescriber with fixed values, so a
-// standby's software GPU describes itself exactly as the primary's.
+// standby's software GPU describes itself exactly as the primary's of the
+// same Number.
 func (b *Backend) DeviceInfo() (abi.DeviceInfoReply, error) {
 	r := abi.DeviceInfoReply{
 		Name:     "vgpuha software GPU",
-		UUID:     [16]byte{'v', 'g', 'p', 'u', 'h', 'a', '-', 's', 'i', 'm'},
+		UUID:     [16]byte{'v', 'g', 'p', 'u', 'h', 'a', '-', 's', 'i', 'm', 15: b.Number},
 		TotalMem: b.limit,
 		Attrs:    make([]int32, gpu.DeviceAttrCount),
 		// The granularity CUDA reports for device memory on every current

@@ -31,6 +31,10 @@ type Backend struct {
 	// for, as a real GPU may when the address is taken. Tests use it to
 	// force a standby into address translation.
 	BaseShift uint64
+	// Number tells apart the software GPUs of one node (--sim.gpus): it
+	// is the last byte of the UUID the GPU describes itself by (0: the
+	// one UUID a single software GPU always had).
+	Number uint8
 
 	mu    sync.Mutex
 	limit uint64

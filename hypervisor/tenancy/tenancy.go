@@ -53,7 +53,6 @@ import (
 	"sync"
 
 	"github.com/mdlayher/vsock"
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -186,20 +185,6 @@ func (r *Registry) Drop(t *Tenant) {
 	if empty {
 		delete(r.tenants, t.ID)
 	}
-}
-
-// DeviceMemory is the device memory admission shares out: configured, or
-// the backend's (gpu.DeviceDescriber); 0 where unknown (no admission).
-func DeviceMemory(backend gpu.Backend, configured uint64) uint64 {
-	if configured > 0 {
-		return configured
-	}
-	if d, ok := backend.(gpu.DeviceDescriber); ok {
-		if info, err := d.DeviceInfo(); err == nil {
-			return info.TotalMem
-		}
-	}
-	return 0
 }
 
 // Admit returns tenant id's entry, admitting it first if it is new: while

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/placement"
 	"github.com/vgpuha/vgpuha/internal/cli"
 	"github.com/vgpuha/vgpuha/internal/node"
 	"github.com/vgpuha/vgpuha/mmiotrace"
@@ -31,6 +32,7 @@ type BackendFlags struct {
 	Name      string
 	SimMemory uint64
 	SimShift  uint64
+	SimGPUs   int
 	Spares    int // CUDA contexts (or GPU workers) made ahead
 	// Workers is --guest.workers: on, off, or auto (on with --guest.kernels).
 	Workers string
@@ -38,10 +40,13 @@ type BackendFlags struct {
 
 // Register adds the backend's flags to fs.
 func (b *BackendFlags) Register(fs *flag.FlagSet) {
-	cli.StringVar(fs, &b.Name, "backend", "auto", CheckBackend, "GPU backend: cuda (NVIDIA GPU through the CUDA driver API; cuda:N for device N), sim (software GPU), or auto (cuda where a GPU is present, else sim)")
-	cli.SizeVar(fs, &b.SimMemory, "sim.memory-bytes", 8<<30, 1<<20, MaxSimMemory, "device memory of the software GPU (held in host memory as guests allocate it; at most 1TiB)")
+	cli.StringVar(fs, &b.Name, "backend", "auto", CheckBackend, "GPU backend: cuda (NVIDIA GPU 0 through the CUDA driver API; cuda:N for device N, cuda:all for every GPU of the host, "+
+		"cuda:0,2 for a set, by ordinals or UUIDs as nvidia-smi -L prints them), sim (software GPU; --sim.gpus for several), or auto (cuda device 0 where a GPU is present, else sim). "+
+		"A node with several GPUs places each new guest on one (--guest.placement)")
+	cli.SizeVar(fs, &b.SimMemory, "sim.memory-bytes", 8<<30, 1<<20, MaxSimMemory, "device memory of each software GPU (held in host memory as guests allocate it; at most 1TiB)")
+	cli.IntVar(fs, &b.SimGPUs, "sim.gpus", 1, 1, node.MaxSimGPUs, "software GPUs the node serves (--backend sim), each independent, of --sim.memory-bytes, numbered from 0")
 	cli.SizeVar(fs, &b.SimShift, "sim.base-shift", 0, 0, 1<<46, "move every software-GPU window this far from the base asked for (forces address translation on a standby; for tests)")
-	cli.IntVar(fs, &b.Spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
+	cli.IntVar(fs, &b.Spares, "cuda.spare-contexts", 2, 0, 64, "CUDA contexts to keep made ahead, per GPU (at most --guest.max-sessions), so a new session (a guest's, or one a standby recreates when it resyncs) need not wait ~100 ms for one; each holds a context's device memory (~0.5 GiB)")
 }
 
 // MaxSimMemory bounds --sim.memory-bytes: the software GPU keeps its
@@ -54,7 +59,7 @@ const MaxSimMemory = 1 << 40
 func CheckBackend(name string) error { return node.CheckGPU(name) }
 
 func (b *BackendFlags) gpu() node.GPU {
-	return node.GPU{Name: b.Name, SimMemoryBytes: b.SimMemory, SimBaseShift: b.SimShift, SpareContexts: b.Spares, Workers: b.Workers == "on"}
+	return node.GPU{Name: b.Name, SimMemoryBytes: b.SimMemory, SimBaseShift: b.SimShift, SimGPUs: b.SimGPUs, SpareContexts: b.Spares, Workers: b.Workers == "on"}
 }
 
 // Open opens the backend the flags chose.
@@ -82,6 +87,9 @@ func configFlags(fs *flag.FlagSet, cfg *hypervisor.Config) {
 	cli.IntVar(fs, &cfg.MaxSessions, "guest.max-sessions", cfg.MaxSessions, 1, 1<<16, "concurrent guest sessions")
 	cli.IntVar(fs, &cfg.MaxStatusConns, "guest.max-status-connections", cfg.MaxStatusConns, 1, 1<<16,
 		"concurrent status connections (guests' NVML watching the device, e.g. nvidia-smi, with no CUDA session in the process; not counted in --guest.max-sessions)")
+	cli.StringVar(fs, (*string)(&cfg.Placement), "guest.placement", string(placement.DefaultPolicy), placement.Check,
+		"how a node with several GPUs places each new guest session (a standby: each replica): most-free (the GPU with the most memory left after the quotas of the sessions there) "+
+			"or fewest-guests (the GPU with the fewest sessions); a guest may pin one with VGPUHA_GPU=<index or UUID>")
 	fs.BoolVar(&cfg.GuestKernels, "guest.kernels", false, "let guests load their own kernels, not only the library's (each guest's GPU work then runs in a worker process of its own: --guest.workers)")
 	cli.IntVar(fs, &cfg.MaxObjects, "guest.max-objects", cfg.MaxObjects, 1, cli.MaxInt, "allocations plus handles each guest may hold")
 	cli.IntVar(fs, &cfg.WindowBase, "va.base", cfg.WindowBase, 0, 1<<56, "device virtual address of the first guest's window (a multiple of 2 MiB; 0x hex accepted)")

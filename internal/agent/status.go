@@ -90,6 +90,9 @@ func printStatusTable(out io.Writer, addr string, st node.Status, tty bool) erro
 	if err := w.Flush(); err != nil {
 		return err
 	}
+	if err := printGPUs(out, st); err != nil {
+		return err
+	}
 	if p := st.Promotion; p != nil {
 		fmt.Fprintf(out, "promoted to term %d at %s (%.3f s of silence, serving %.3f s later)\n",
 			p.Term, p.Serving.Format(time.RFC3339), p.DetectionSeconds, p.PromotionSeconds)
@@ -105,6 +108,32 @@ func printStatusTable(out io.Writer, addr string, st node.Status, tty bool) erro
 		}
 	}
 	return nil
+}
+
+// printGPUs writes the node's GPUs, the sessions placed on each (ids,
+// with the admin token) and their memory.
+func printGPUs(out io.Writer, st node.Status) error {
+	placed := map[int][]string{}
+	for _, s := range st.Sessions {
+		if s.ID != 0 {
+			placed[s.GPU] = append(placed[s.GPU], fmt.Sprint(s.ID))
+		}
+	}
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "GPU\tUUID\tNAME\tSESSIONS\tPROMISED\tUSED\tMEMORY\tSESSION IDS")
+	for _, g := range st.GPUs {
+		ids := strings.Join(placed[g.Index], ",")
+		if ids == "" {
+			ids = "-"
+		}
+		name := g.Name
+		if g.Unhealthy != "" {
+			name += " (unhealthy: takes no guests)"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Index, g.UUID, name, g.Sessions,
+			humanBytes(float64(g.PromisedBytes)), humanBytes(float64(g.UsedBytes)), humanBytes(float64(g.MemoryBytes)), ids)
+	}
+	return w.Flush()
 }
 
 // resyncBar draws a resync's progress for a terminal:

@@ -91,7 +91,7 @@ func (n *Node) replicate(targets []string) error {
 		lg.SetSessionShare(n.cfg.SessionShareBytes) // negative: none
 	}
 	lg.SetMinInSync(n.cfg.MinInSync)
-	if ha, ok := n.cfg.Backend.(gpu.HostAllocator); ok {
+	if ha, ok := gpu.Host(n.cfg.Backend).(gpu.HostAllocator); ok { // page-locked for every GPU (CUDA: portable)
 		// A guest's bulk copy goes to the device from its log buffer:
 		// page-locked, for as many as may be unapplied or in flight.
 		lg.SetHostBuffers(ha.AllocHost, int(n.cfg.MaxLagBytes)+hostBuffersInFlight)

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,17 +9,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/vgpuha/vgpuha/failover"
-	"github.com/vgpuha/vgpuha/hypervisor/cuda"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-	"github.com/vgpuha/vgpuha/hypervisor/gpu/worker"
-	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/admin"
 	"github.com/vgpuha/vgpuha/internal/coordinator"
 )
@@ -133,9 +128,9 @@ func (rc *RunConfig) ready(n *Node) (done <-chan error, stopAdmin func(), err er
 		return nil, nil, err
 	}
 	if rc.Standby {
-		log.Info("standby waiting for the primary's stream", "listen", rc.Replication.Addr().String(), "backend", rc.Node.Backend.Name(), "takes_over_on", rc.Node.GuestListen)
+		log.Info("standby waiting for the primary's stream", "listen", rc.Replication.Addr().String(), "backend", rc.Node.Backend.Name(), "gpus", len(gpu.DevicesOf(rc.Node.Backend)), "takes_over_on", rc.Node.GuestListen)
 	} else {
-		log.Info("primary serving guests", "endpoint", rc.Node.GuestListen, "backend", rc.Node.Backend.Name())
+		log.Info("primary serving guests", "endpoint", rc.Node.GuestListen, "backend", rc.Node.Backend.Name(), "gpus", len(gpu.DevicesOf(rc.Node.Backend)))
 	}
 	reloadOnHUP(log, rc.Admin != nil, rc.AdminTokenFile, mux)
 	notifyReady(log)
@@ -191,110 +186,6 @@ func (rc *RunConfig) fenced(term uint64) {
 		rc.OnFenced(term)
 	}
 }
-
-// GPU says which backend a node opens: Name is cuda, cuda:N (device N),
-// sim or auto (cuda where a GPU is present, else sim).
-type GPU struct {
-	Name           string
-	SimMemoryBytes uint64
-	SimBaseShift   uint64 // forces address translation on a standby (tests)
-	// SpareContexts is how many CUDA contexts are kept made ahead, or,
-	// with Workers, how many workers are kept started.
-	SpareContexts int
-	// Workers runs each context in a worker process of its own
-	// (hypervisor/gpu/worker), which opens the backend the other fields
-	// name; the node itself then opens no GPU.
-	Workers bool
-	// OneContext is a worker's GPU: it serves one context, made ahead on
-	// CUDA (instead of SpareContexts).
-	OneContext bool
-}
-
-// CheckGPU accepts the backend names Open knows.
-func CheckGPU(name string) error {
-	if n, ok := strings.CutPrefix(name, "cuda:"); ok {
-		if ord, err := strconv.Atoi(n); err != nil || ord < 0 {
-			return fmt.Errorf("bad backend %q (want cuda:N, N a device ordinal)", name)
-		}
-		return nil
-	}
-	switch name {
-	case "sim", "cuda", "auto":
-		return nil
-	}
-	return fmt.Errorf("unknown backend %q (have: cuda, cuda:N, sim, auto)", name)
-}
-
-// Open opens the backend.
-func (g GPU) Open() (gpu.Backend, error) {
-	if err := CheckGPU(g.Name); err != nil {
-		return nil, err
-	}
-	if g.Workers {
-		return g.openWorkers()
-	}
-	ordinal := 0
-	if n, ok := strings.CutPrefix(g.Name, "cuda:"); ok {
-		ordinal, _ = strconv.Atoi(n) // checked above
-		g.Name = "cuda"
-	}
-	switch g.Name {
-	case "sim":
-		s := sim.New(g.SimMemoryBytes)
-		s.BaseShift = g.SimBaseShift
-		return s, nil
-	case "auto":
-		if c, err := g.openCUDA(0); err == nil {
-			return c, nil
-		}
-		g.Name = "sim"
-		return g.Open()
-	}
-	return g.openCUDA(ordinal)
-}
-
-// openCUDA opens CUDA device ordinal, keeping SpareContexts made ahead
-// (a worker's GPU: its one context).
-func (g GPU) openCUDA(ordinal int) (gpu.Backend, error) {
-	c, err := cuda.New(ordinal)
-	if err != nil {
-		return nil, err
-	}
-	if g.OneContext {
-		c.MakeContextAhead()
-	} else {
-		c.KeepSpareContexts(g.SpareContexts)
-	}
-	return c, nil
-}
-
-// openWorkers starts the backend whose contexts run in worker processes,
-// each of which opens g's GPU for one context (so a CUDA worker makes its
-// one context ahead, and a spare worker is a spare context).
-func (g GPU) openWorkers() (gpu.Backend, error) {
-	child := g
-	child.Workers, child.SpareContexts, child.OneContext = false, 0, true
-	spec, err := json.Marshal(child)
-	if err != nil {
-		return nil, err
-	}
-	return worker.New(worker.Config{Spec: string(spec), Spares: max(g.SpareContexts, 1)})
-}
-
-// OpenWorkerSpec opens the GPU a worker's spec names (openWorkers').
-func OpenWorkerSpec(spec string) (gpu.Backend, error) {
-	var g GPU
-	if err := json.Unmarshal([]byte(spec), &g); err != nil || g.Workers {
-		return nil, fmt.Errorf("a GPU worker's spec %q: not one a node wrote (%v)", spec, err)
-	}
-	return g.Open()
-}
-
-// RunWorkerIfAsked serves as a GPU worker, and exits, when a node started
-// this process as one; otherwise it returns at once. The agent's and the
-// lab's main call it first, as does the TestMain of a test binary whose
-// nodes run workers.
-func RunWorkerIfAsked() { worker.RunIfAsked(OpenWorkerSpec) }
 
 // serveAdmin serves mux on ln (nil: no admin endpoint) until stop.
 // tokenFile holds the admin token (package admin says what it guards).

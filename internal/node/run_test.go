@@ -18,7 +18,9 @@ import (
 
 func TestCheckGPU(t *testing.T) {
 	for name, ok := range map[string]bool{"sim": true, "cuda": true, "auto": true, "cuda:0": true, "cuda:3": true,
-		"cuda:-1": false, "cuda:x": false, "gpu": false, "": false} {
+		"cuda:all": true, "cuda:0,2": true, "cuda:GPU-5e1f": true, "cuda:1, GPU-5e1f": true,
+		"cuda:-1": false, "cuda:x": false, "gpu": false, "": false, "cuda:": false, "cuda:0,0": false, "cuda:01": false,
+		"cuda:GPU-": false, "cuda:GPU-ab,gpu-AB": false, "cuda:all,1": false, "cuda:0,": false} {
 		if err := node.CheckGPU(name); (err == nil) != ok {
 			t.Errorf("CheckGPU(%q) = %v, want ok=%v", name, err, ok)
 		}

@@ -27,8 +27,12 @@ type Status struct {
 	// node); a fenced node's is the term that fenced it.
 	Term uint64 `json:"term"`
 	// Serving: guests are served here now (vgpuha_is_primary).
-	Serving  bool                       `json:"serving"`
-	Backend  string                     `json:"backend"`
+	Serving bool   `json:"serving"`
+	Backend string `json:"backend"`
+	// GPUs are the GPUs the node serves, each with the sessions placed
+	// on it and their memory (vgpuha_gpu_* by index); each session names
+	// its GPU.
+	GPUs     []hypervisor.GPUStatus     `json:"gpus"`
 	Sessions []hypervisor.SessionStatus `json:"sessions"`
 	// DetachedSessions are sessions no connection serves (kept for a
 	// resume, or a standby's replicas).
@@ -189,7 +193,7 @@ func (s Status) Public() any {
 func (n *Node) Status() Status {
 	role, term := n.auth.role()
 	hs := n.srv.Status()
-	st := Status{Role: role.String(), Term: term, Serving: hs.Primary && role != failover.Suspended, Backend: hs.Backend, Sessions: hs.Sessions,
+	st := Status{Role: role.String(), Term: term, Serving: hs.Primary && role != failover.Suspended, Backend: hs.Backend, GPUs: hs.GPUs, Sessions: hs.Sessions,
 		DetachedSessions: hs.Detached, DeviceObjects: hs.Objects, DeviceMemoryBytes: hs.Bytes, Tenancy: hs.Tenancy,
 		Replication: Replication{Direction: NoPeer, State: "off", Standbys: []StandbyLink{}}}
 	if p := n.Promoted(); p != nil {

@@ -258,6 +258,36 @@ func TestResumeToken(t *testing.T) {
 	}
 }
 
+// TestGPUPin: a pinned hello carries its pin after a token field, zeros
+// when it has no token; a node that knows no pin finds trailing bytes.
+func TestGPUPin(t *testing.T) {
+	tok := bytes.Repeat([]byte{7}, ResumeTokenSize)
+	for _, h := range []*Hello{{GuestName: "g", GPU: "1"}, {GuestName: "g", Resume: 3, Token: tok, GPU: "GPU-abcd"}} {
+		b := h.Append(nil)
+		got, err := DecodeRequest(OpHello, b)
+		if err != nil || !cmp.Equal(got, Body(h)) {
+			t.Fatalf("pinned hello %+v: decoded %+v %v", h, got, err)
+		}
+		var old Decoder = Decoder{b: b} // a node that knows no pin
+		(&Hello{}).decodeTokenOnly(&old)
+		if old.Finish() == nil {
+			t.Fatalf("a pinned hello reads whole without its pin")
+		}
+	}
+	empty := append((&Hello{GuestName: "g"}).Append(nil), make([]byte, ResumeTokenSize)...)
+	if _, err := DecodeRequest(OpHello, appendString(empty, "")); err == nil {
+		t.Fatal("an empty pin accepted")
+	}
+	if _, err := DecodeRequest(OpHello, appendString(empty, string(bytes.Repeat([]byte{'1'}, MaxGPUPinLen+1)))); err == nil {
+		t.Fatal("an over-long pin accepted")
+	}
+}
+
+// decodeTokenOnly is Hello's decoder before pins (version 2).
+func (m *Hello) decodeTokenOnly(d *Decoder) {
+	m.GuestName, m.Resume, m.GraceMS, m.Token = d.String(MaxNameLen), d.U64(), d.U32(), d.token()
+}
+
 func TestModuleImage(t *testing.T) {
 	m := &ModuleImage{Kernels: []KernelSpec{
 		{Name: "a", Params: []ArgKind{ArgPtr, ArgU32}, PTX: ".entry a"},

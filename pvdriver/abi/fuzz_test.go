@@ -35,6 +35,8 @@ func FuzzDecodeRequest(f *testing.F) {
 	for op, req := range sampleRequests() {
 		f.Add(uint16(op), req.Append(nil))
 	}
+	f.Add(uint16(OpHello), (&Hello{GuestName: "g", GPU: "GPU-abcd0001"}).Append(nil))
+	f.Add(uint16(OpHello), (&Hello{GuestName: "g", Resume: 2, Token: make([]byte, ResumeTokenSize), GPU: "0"}).Append(nil))
 	f.Fuzz(func(t *testing.T, op uint16, body []byte) {
 		m, err := DecodeRequest(Opcode(op), body)
 		if err != nil {

@@ -1,6 +1,7 @@
 package abi
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -48,7 +49,16 @@ type Hello struct {
 	// that opened it (version 2; empty or ResumeTokenSize bytes). A
 	// session cannot be resumed without it.
 	Token []byte
+	// GPU pins a new session to one of the node's GPUs: its index or
+	// UUID (the guest library's VGPUHA_GPU; empty: the node places it).
+	// It follows a token field (zeros when there is none), so a node
+	// that knows no pin refuses a pinned hello rather than ignore it.
+	GPU string
 }
+
+// MaxGPUPinLen bounds Hello.GPU: an index, or a UUID as nvidia-smi
+// prints it.
+const MaxGPUPinLen = 64
 
 // ResumeTokenSize is the length of a session's resume token.
 const ResumeTokenSize = 32
@@ -302,7 +312,15 @@ type Empty struct{}
 
 func (m *Hello) Append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint32(appendU64(appendString(b, m.GuestName), m.Resume), m.GraceMS)
-	return append(b, m.Token...)
+	if m.GPU == "" {
+		return append(b, m.Token...)
+	}
+	if len(m.Token) == ResumeTokenSize {
+		b = append(b, m.Token...)
+	} else {
+		b = append(b, make([]byte, ResumeTokenSize)...)
+	}
+	return appendString(b, m.GPU)
 }
 func (m *Alloc) Append(b []byte) []byte { return appendU64(b, m.Size) }
 func (m *Free) Append(b []byte) []byte  { return appendU64(b, m.Ptr) }
@@ -401,6 +419,15 @@ func (m *Hello) decode(d *Decoder) {
 	m.Resume = d.U64()
 	m.GraceMS = d.U32()
 	m.Token = d.token()
+	if d.err != nil || m.Token == nil || len(d.b) == 0 {
+		return // no pin without the token field it follows
+	}
+	if m.GPU = d.String(MaxGPUPinLen); m.GPU == "" {
+		d.fail(fmt.Errorf("%w: an empty GPU pin", ErrBadArgument))
+	}
+	if bytes.Equal(m.Token, make([]byte, ResumeTokenSize)) {
+		m.Token = nil // the field a pin follows, holding no token
+	}
 }
 func (m *Alloc) decode(d *Decoder) { m.Size = d.U64() }
 func (m *Free) decode(d *Decoder)  { m.Ptr = d.U64() }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -148,4 +150,36 @@ func TestLargeImageRefusedLoudly(t *testing.T) {
 		!strings.Contains(string(said), fmt.Sprint(abi.MaxImage)) {
 		t.Fatalf("a 2 GiB fatbin: sized %v, said %q", ok, said)
 	}
+}
+
+// TestPinnedGPU: VGPUHA_GPU pins the library's session to one of a
+// multi-GPU node's GPUs, whose UUID and memory the program then sees; a
+// pin to a GPU the node does not serve leaves the program no device.
+func TestPinnedGPU(t *testing.T) {
+	c, err := cluster.Start(cluster.Options{NewBackend: func() (gpu.Backend, error) {
+		a, b := sim.New(1<<30), sim.New(2<<30)
+		b.Number = 1
+		return gpu.NewSet(gpu.Device{Index: 0, Backend: a}, gpu.Device{Index: 1, Backend: b})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Setenv("VGPUHA_ENDPOINT", c.Endpoint)
+	t.Setenv("VGPUHA_GPU", "1")
+	d := New()
+	if r := d.Init(0); r != Success {
+		t.Fatalf("Init pinned to GPU 1: %d", r)
+	}
+	mem, r := d.DeviceTotalMem(0)
+	if r != Success || mem != 2<<30 || d.dev.UUID[15] != 1 {
+		t.Errorf("pinned to GPU 1, the program sees %d bytes (%d), UUID %s", mem, r, abi.UUIDString(d.dev.UUID))
+	}
+	d.Shutdown()
+	t.Setenv("VGPUHA_GPU", "2")
+	d = New()
+	if r := d.Init(0); r != ErrorNoDevice {
+		t.Errorf("Init pinned to GPU 2, which the node lacks: %d, want CUDA_ERROR_NO_DEVICE", r)
+	}
+	d.Shutdown()
 }

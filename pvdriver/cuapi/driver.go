@@ -201,7 +201,7 @@ func endpoint(caller string) (string, pvdriver.Options, bool) {
 		fmt.Fprintf(os.Stderr, "vgpuha libcuda: %s: VGPUHA_ENDPOINT is not set (unix:///path or tcp://host:port of a vgpuha primary)\n", caller)
 		return "", pvdriver.Options{}, false
 	}
-	opts := pvdriver.Options{GuestName: "libcuda:" + progName()}
+	opts := pvdriver.Options{GuestName: "libcuda:" + progName(), GPU: strings.TrimSpace(os.Getenv("VGPUHA_GPU"))}
 	for _, f := range strings.Split(os.Getenv("VGPUHA_FAILOVER"), ",") {
 		if f = strings.TrimSpace(f); f != "" {
 			opts.Failover = append(opts.Failover, f)

@@ -45,6 +45,10 @@
 // that run only those stay in the node's process and skip the hop, a
 // round trip between processes per call (BenchmarkHop).
 //
+// A node serving several GPUs has one Backend per GPU (gpu.Set), each
+// of whose Config.Spec names that GPU: a session's worker opens the GPU
+// the hypervisor placed the session on.
+//
 // The package must never decide anything about a session: it carries
 // calls, and a failure it sees is the call's.
 package worker

@@ -35,7 +35,8 @@ func runGuest(args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object instead of a table")
 	guestName := fs.String("name", "guest", "guest name shown in the hypervisor's status")
 	failoverTo := fs.String("failover", "", "comma-separated endpoints (the standby's) to resume the session on if the hypervisor is lost")
-	hold := fs.Bool("hold", false, "keep the session (and its device memory) open after the workloads until SIGINT/SIGTERM")
+	hold := fs.Bool("hold", false, "keep the session (and its device memory) open after the workloads until SIGINT/SIGTERM; each SIGUSR1 meanwhile runs the workloads again on it")
+	pin := fs.String("gpu", "", "the node's GPU to run on, by index or UUID (what VGPUHA_GPU asks of the guest library; empty: the node places the session)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -43,7 +44,7 @@ func runGuest(args []string) error {
 	if err != nil {
 		return err
 	}
-	c, err := guestOpen(*endpoint, *guestName, *failoverTo)
+	c, err := guestOpen(*endpoint, *guestName, *failoverTo, *pin)
 	if err != nil {
 		return err
 	}
@@ -57,12 +58,37 @@ func runGuest(args []string) error {
 		return err
 	}
 	if *hold {
-		fmt.Fprintln(os.Stderr, "guest: holding the session open until SIGINT/SIGTERM")
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		<-ctx.Done()
-		stop()
+		holdSession(c, ws, *size)
 	}
 	return nil
+}
+
+// holdSession keeps the session until SIGINT/SIGTERM, running the
+// workloads again on each SIGUSR1 (after a failover: on the node that
+// took over) and saying how each round went.
+func holdSession(c *pvdriver.Client, ws []workload.Workload, size int) {
+	fmt.Fprintln(os.Stderr, "guest: holding the session open until SIGINT/SIGTERM")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGUSR1)
+	defer signal.Stop(again)
+	for round := 2; ; round++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-again:
+		}
+		rep, err := runWorkloads(ctx, c, ws, size)
+		switch {
+		case err != nil:
+			fmt.Fprintf(os.Stderr, "guest: round %d failed: %v\n", round, err)
+		case !rep.Verified:
+			fmt.Fprintf(os.Stderr, "guest: round %d: some results are wrong\n", round)
+		default:
+			fmt.Fprintf(os.Stderr, "guest: round %d verified\n", round)
+		}
+	}
 }
 
 // printGuest prints the report (a table, or JSON) and fails when a result
@@ -81,11 +107,12 @@ func printGuest(rep guestReport, asJSON bool) error {
 	return nil
 }
 
-// guestOpen opens a session at endpoint, resumable on failoverTo.
-func guestOpen(endpoint, name, failoverTo string) (*pvdriver.Client, error) {
+// guestOpen opens a session at endpoint, on the GPU pin names (empty:
+// where the node places it), resumable on failoverTo.
+func guestOpen(endpoint, name, failoverTo, pin string) (*pvdriver.Client, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	opts := pvdriver.Options{GuestName: name}
+	opts := pvdriver.Options{GuestName: name, GPU: pin}
 	if failoverTo != "" {
 		opts.Failover = strings.Split(failoverTo, ",")
 	}
