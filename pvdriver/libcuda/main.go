@@ -38,6 +38,7 @@
 // (updatemaxprocs=0): inside a guest program that polling was 7 % of the
 // library's CPU samples (a ResNet's profile, VGPUHA_CPUPROFILE), and the
 // program's own threads, not the runtime's, do the library's work.
+//
 //go:debug updatemaxprocs=0
 package main
 
