@@ -111,7 +111,9 @@ func (sp *stallPair) stall(t *testing.T, c *coordinator.Coordinator, thaw func(s
 	if err := sp.etcd.ThawAll(); err != nil {
 		t.Fatal(err)
 	}
-	answered := sp.etcdAnswers(t)
+	answered := sp.etcdAnswers()
+	var since time.Time // when etcd answered; zero until it has
+	thawed := time.Now()
 	for {
 		p, s := sp.serving()
 		if p && s {
@@ -120,10 +122,18 @@ func (sp *stallPair) stall(t *testing.T, c *coordinator.Coordinator, thaw func(s
 		if p != s {
 			break
 		}
-		if time.Since(answered) > 3*stallTTL {
+		select {
+		case at := <-answered:
+			since = at
+		default:
+		}
+		if since.IsZero() && time.Since(thawed) > 10*stallTTL {
+			t.Fatalf("the thawed etcd cluster did not answer a read for %v", time.Since(thawed))
+		}
+		if !since.IsZero() && time.Since(since) > 3*stallTTL {
 			rp, tp := sp.p.Role()
 			rs, ts := sp.s.Role()
-			t.Fatalf("%v after etcd answered again nobody serves: P %s term %d, S %s term %d", time.Since(answered), rp, tp, rs, ts)
+			t.Fatalf("%v after etcd answered again nobody serves: P %s term %d, S %s term %d", time.Since(since), rp, tp, rs, ts)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -139,22 +149,25 @@ func afterRenewal(t *testing.T, c *coordinator.Coordinator) time.Time {
 	return time.Now()
 }
 
-// etcdAnswers waits until the thawed cluster answers a read (at most 10
-// leases: members starved for that long fail the test) and returns when.
-func (sp *stallPair) etcdAnswers(t *testing.T) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(10 * stallTTL)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), stallTTL/4)
-		_, err := sp.cli.Get(ctx, "/etcdtest/ready")
-		cancel()
-		if err == nil {
-			return time.Now()
+// etcdAnswers reads from the thawed cluster in the background until a
+// read succeeds and sends when (the caller keeps checking the nodes
+// meanwhile; it gives up on a cluster that never answers).
+func (sp *stallPair) etcdAnswers() <-chan time.Time {
+	answered := make(chan time.Time, 1)
+	go func() {
+		for range 40 { // 10 leases of tries, each TTL/4 at least
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), stallTTL/4)
+			_, err := sp.cli.Get(ctx, "/etcdtest/ready")
+			cancel()
+			if err == nil {
+				answered <- time.Now()
+				return
+			}
+			time.Sleep(stallTTL/4 - time.Since(start))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the thawed etcd cluster does not answer: %v", err)
-		}
-	}
+	}()
+	return answered
 }
 
 // raftTerm is the highest raft term the etcd members report: it grows with
