@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -8,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vgpuha/vgpuha/internal/coordinator"
 	"github.com/vgpuha/vgpuha/internal/lab/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // TestCoordinatedProcesses: a primary and a standby process share an
@@ -29,7 +33,7 @@ func TestCoordinatedProcesses(t *testing.T) {
 	p := startPrimary(t, append([]string{"--guest-listen", "unix://" + sock, "--admin-listen", adminAddr,
 		"--replicate-to", "tcp://" + replAddr, "--replicate.key-file", keyFile, "--coordinator.id", "p"}, co...)...)
 	waitStatus(t, adminAddr, "protected", nodeStatus.protected)
-	time.Sleep(300 * time.Millisecond) // the leader records its standby in sync
+	waitInSyncRecorded(t, etcd) // else the standby may not campaign: a frozen primary is never replaced
 	frozen := time.Now()
 	p.cmd.Process.Signal(syscall.SIGSTOP)
 	waitStatus(t, standbyAdmin, "promoted", nodeStatus.promoted)
@@ -49,5 +53,31 @@ func TestCoordinatedProcesses(t *testing.T) {
 	t.Logf("vgpuha status --coordinator:\n%s", out)
 	if !strings.Contains(p.stderr.String(), "fenced") {
 		t.Errorf("the old primary's log does not say it was fenced:\n%s", p.stderr.String())
+	}
+}
+
+// waitInSyncRecorded waits until the group's record in etcd (at
+// etcd://HOST:PORT) names a standby in sync: the leader writes it some
+// time after it is protected (a fixed 300 ms wait was overrun on a loaded
+// machine, and an unrecorded standby never takes over).
+func waitInSyncRecorded(t *testing.T, etcd string) {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{strings.TrimPrefix(etcd, "etcd://")}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		gs, err := coordinator.Groups(ctx, cli)
+		cancel()
+		if err == nil && len(gs) == 1 && len(gs[0].Standby.InSyncAddrs()) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd never recorded a standby in sync (groups %+v, err %v)", gs, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -33,18 +33,23 @@ func leader(t *testing.T, ep string, ttl time.Duration) (*Coordinator, *events, 
 	return c, ev, proxy, term
 }
 
-// TestLeaseRegainedInTime: cut from etcd for less than its lease (4 s), a
+// TestLeaseRegainedInTime: cut from etcd for less than its lease, a
 // leader reports LeaseLost, and once etcd answers proves it still leads
 // under the same term; the server may answer again (LeadsUntil).
+// The cut heals at LeaseLost, half the lease after the last renewal; the
+// client then takes up to a second to connect again (its retry after the
+// silent connection the heal closes), so the lease is 6 s: the 4 s it
+// was left under a second to renew in, thin on a loaded machine.
 func TestLeaseRegainedInTime(t *testing.T) {
-	c, ev, proxy, term := leader(t, etcdtest.Start(t), 4*time.Second)
+	const ttl = 6 * time.Second
+	c, ev, proxy, term := leader(t, etcdtest.Start(t), ttl)
 	proxy.Partition(true)
-	ev.wait(t, failover.LeaseLost, 3*time.Second)
+	ev.wait(t, failover.LeaseLost, ttl) // due TTL/2 after the last renewal
 	if !c.LeadsUntil().IsZero() {
 		t.Fatal("a leader that lost its lease may still answer")
 	}
 	proxy.Partition(false)
-	got, _ := ev.wait(t, failover.LeaseRegained, 3*time.Second)
+	got, _ := ev.wait(t, failover.LeaseRegained, ttl/2) // later, the lease is gone
 	if got.Term != term || !c.Leader() || time.Until(c.LeadsUntil()) <= 0 {
 		t.Fatalf("regained under term %d (led under %d), leader %v, leads until %v", got.Term, term, c.Leader(), c.LeadsUntil())
 	}
