@@ -83,6 +83,11 @@ type target struct {
 	// in commit mode it waits until the standby holds every change
 	// before it).
 	read func() error
+	// memset queues a 1 KiB memset without waiting (Step).
+	memset func() error
+	// waited counts the requests the caller has waited for so far (nil
+	// in-process, where nothing crosses a link).
+	waited func() uint64
 }
 
 // PV measures the paravirtual path against calling the backend directly:
@@ -317,6 +322,7 @@ func directTarget(backend gpu.Backend, bulkBytes int) (t target, ctx gpu.Context
 		flush:     ctx.Sync,
 		bulk:      func() error { return ctx.CopyHtoD(bulkAt, bulk, 0) },
 		read:      func() error { return ctx.CopyDtoH(payload, base, 0) },
+		memset:    func() error { return ctx.Memset(base+12288, 4, 0, 256, 0) },
 	}, ctx, bulkAt, nil
 }
 
@@ -355,6 +361,13 @@ func clientTarget(endpoint string, bulkBytes int) (target, func(), error) {
 		flush:     c.Synchronize,
 		bulk:      func() error { return c.CopyHtoD(bulkAt, bulk) },
 		read:      func() error { return c.CopyDtoH(payload, p) },
+		memset:    func() error { return c.Memset(p+12288, 4, 0, 256, 0, false) },
+		waited: func() (n uint64) {
+			for _, s := range c.Stats() {
+				n += s.Waited
+			}
+			return n
+		},
 	}
 	if pinned, err := c.AllocHost(bulkBytes); err == nil {
 		copy(pinned, bulk) // touched before it is timed

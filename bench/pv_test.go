@@ -3,6 +3,7 @@ package bench
 import (
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -108,5 +109,39 @@ func TestReplicateLiveEndpoints(t *testing.T) {
 	}
 	if rep.Throughput[0].VsTCPCopy != 1 || len(rep.Latency) != 2*3 {
 		t.Errorf("report: %+v", rep)
+	}
+}
+
+// TestStepWaits: a recorded training step waits only for what the program
+// waits for (its copies to the host and its synchronisation), over every
+// transport: launches and memsets are pipelined.
+func TestStepWaits(t *testing.T) {
+	rows, err := Step(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := float64(resnetStep.reads + resnetStep.syncs)
+	for _, r := range rows {
+		if r.WaitsPerStep >= 0 && r.WaitsPerStep != want {
+			t.Errorf("%s: %.2f requests waited for per step, want %.0f (the step's copies to the host and its synchronisation)", r.Transport, r.WaitsPerStep, want)
+		}
+	}
+	if len(rows) < 3 {
+		t.Fatalf("%d transports measured: %+v", len(rows), rows)
+	}
+}
+
+// BenchmarkStep prints the recorded step's figures per transport.
+func BenchmarkStep(b *testing.B) {
+	rows, err := Step(max(b.N, 50))
+	if err != nil {
+		b.Fatal(err)
+	}
+	PrintStep(os.Stdout, rows)
+	for _, r := range rows {
+		b.ReportMetric(r.UsPerStep, r.Transport+"_us/step")
+		if r.WaitsPerStep >= 0 {
+			b.ReportMetric(r.WaitsPerStep, r.Transport+"_waits/step")
+		}
 	}
 }
