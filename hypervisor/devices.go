@@ -60,12 +60,7 @@ func deviceMemory(devs []*device) uint64 {
 func (s *Server) place(pin string, strict bool) (*device, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	loads := make([]placement.GPU, len(s.devices))
-	for i, d := range s.devices {
-		loads[i] = placement.GPU{Index: d.index, UUID: d.uuid, Memory: d.memory, Promised: d.promised, Sessions: d.sessions,
-			Health: gpu.DeviceHealth(d.backend)}
-	}
-	i, err := placement.Place(s.cfg.Placement, loads, placement.Request{Pin: pin, Quota: s.cfg.MemoryQuota, Strict: strict})
+	i, err := placement.Place(s.cfg.Placement, s.loadsLocked(), placement.Request{Pin: pin, Quota: s.cfg.MemoryQuota, Strict: strict})
 	if err != nil {
 		return nil, fmt.Errorf("%w: placing the session on a GPU: %w", abi.StatusInvalidValue, err)
 	}
@@ -73,6 +68,32 @@ func (s *Server) place(pin string, strict bool) (*device, error) {
 	d.sessions++
 	d.promised += s.cfg.MemoryQuota
 	return d, nil
+}
+
+// loadsLocked is what placement knows of each GPU.
+// Precondition: s.mu must be locked.
+func (s *Server) loadsLocked() []placement.GPU {
+	loads := make([]placement.GPU, len(s.devices))
+	for i, d := range s.devices {
+		loads[i] = placement.GPU{Index: d.index, UUID: d.uuid, Memory: d.memory, Promised: d.promised, Sessions: d.sessions,
+			Health: gpu.DeviceHealth(d.backend)}
+	}
+	return loads
+}
+
+// pinned is the GPU pin names (index or UUID), counting nothing: what a
+// status connection asks about; the node's first GPU without a pin.
+func (s *Server) pinned(pin string) (*device, error) {
+	if pin == "" {
+		return s.devices[0], nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, err := placement.Place(s.cfg.Placement, s.loadsLocked(), placement.Request{Pin: pin, Strict: true})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", abi.StatusInvalidValue, err)
+	}
+	return s.devices[i], nil
 }
 
 // unplace forgets a session placed on d.

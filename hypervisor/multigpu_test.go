@@ -232,3 +232,32 @@ func TestReplicaPlacement(t *testing.T) {
 		t.Fatalf("replicas placed on %v, want %v", got, want)
 	}
 }
+
+// TestStatusConnectionPinned: a status connection (a guest's NVML with no
+// session) describes the GPU its pin names, the node's first without one,
+// and a pin to a GPU the node does not serve is refused.
+func TestStatusConnectionPinned(t *testing.T) {
+	e, sims := twoGPUs(t, placement.FewestGuests)
+	for _, c := range []struct {
+		pin  string
+		want *sim.Backend
+	}{{"", sims[0]}, {"3", sims[1]}, {abi.UUIDString(uuidOf(t, sims[1])), sims[1]}, {"0", sims[0]}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sc, err := pvdriver.OpenStatus(ctx, e.endpoint, pvdriver.Options{GuestName: "nvml", GPU: c.pin})
+		cancel()
+		if err != nil {
+			t.Fatalf("pin %q: %v", c.pin, err)
+		}
+		info, err := sc.DeviceInfo()
+		sc.Close()
+		if err != nil || info.UUID != uuidOf(t, c.want) {
+			t.Errorf("status connection pinned %q describes %s (%v), want %s", c.pin, abi.UUIDString(info.UUID), err, abi.UUIDString(uuidOf(t, c.want)))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if sc, err := pvdriver.OpenStatus(ctx, e.endpoint, pvdriver.Options{GuestName: "nvml", GPU: "1"}); err == nil {
+		sc.Close()
+		t.Fatal("a status connection pinned to GPU 1, which the node does not serve, was opened")
+	}
+}

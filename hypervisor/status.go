@@ -87,6 +87,7 @@ func (s *Server) admitLocked() error {
 type statusConn struct {
 	srv    *Server
 	tenant string
+	dev    *device // the GPU it asks about (StatusHello.GPU; the node's first)
 }
 
 // statusHello opens a status connection for a guest of tenant p.Tenant.
@@ -97,6 +98,10 @@ func (s *Server) statusHello(payload []byte, p guestconn.Peer) (*statusConn, abi
 	}
 	if err := checkGuestName(req.GuestName); err != nil {
 		return nil, nil, err
+	}
+	dev, err := s.pinned(req.GPU)
+	if err != nil {
+		return nil, nil, fail(abi.StatusInvalidValue, "status_hello: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -109,7 +114,7 @@ func (s *Server) statusHello(payload []byte, p guestconn.Peer) (*statusConn, abi
 	}
 	s.statusConns++
 	p.Log.Debug("status connection", "guest", req.GuestName)
-	return &statusConn{srv: s, tenant: p.Tenant}, &abi.StatusHelloReply{Term: s.term}, nil
+	return &statusConn{srv: s, tenant: p.Tenant, dev: dev}, &abi.StatusHelloReply{Term: s.term}, nil
 }
 
 // Serve implements guestconn.Status: the two questions about the device,
@@ -128,7 +133,7 @@ func (c *statusConn) Serve(op abi.Opcode, payload []byte) (abi.Body, error) {
 	if s.leaseExpired() {
 		return nil, errLeaseExpired()
 	}
-	dev := s.devices[0] // a status connection watches the node's first GPU
+	dev := c.dev
 	if op == abi.OpDeviceInfo {
 		return s.deviceInfo(dev)
 	}

@@ -25,6 +25,7 @@ import (
 type StatusClient struct {
 	endpoints []string
 	name      string
+	gpu       string        // the GPU it asks about, as Options.GPU pins a session's (empty: the node's first)
 	search    time.Duration // how long to look for a node that answers (0: one round)
 
 	mu   sync.Mutex
@@ -42,7 +43,7 @@ const statusWait = 5 * time.Second
 // the node's log). A node that answered and refused is reported as its
 // *Error (an older node that knows no status connection among them).
 func OpenStatus(ctx context.Context, endpoint string, opts Options) (*StatusClient, error) {
-	c := &StatusClient{endpoints: append([]string{endpoint}, opts.Failover...), name: opts.GuestName}
+	c := &StatusClient{endpoints: append([]string{endpoint}, opts.Failover...), name: opts.GuestName, gpu: opts.GPU}
 	if len(opts.Failover) > 0 {
 		c.search = resumeTimeout(opts)
 	}
@@ -75,7 +76,7 @@ func (c *StatusClient) dialLocked(ctx context.Context, ep string) error {
 	}
 	c.conn, c.fr, c.next = conn, abi.NewFrameReader(conn, 1<<20), 0
 	var hr abi.StatusHelloReply
-	if err := c.askLocked(abi.OpStatusHello, &abi.StatusHello{GuestName: c.name}, &hr); err != nil {
+	if err := c.askLocked(abi.OpStatusHello, &abi.StatusHello{GuestName: c.name, GPU: c.gpu}, &hr); err != nil {
 		c.dropLocked()
 		return err
 	}

@@ -53,7 +53,7 @@ func sampleRequests() map[Opcode]Body {
 		OpTensorMapEncode: &TensorMapEncode{DataType: 9, Rank: 2, Global: 0x7e0000000000, Dims: [MaxTensorRank]uint64{1024, 512},
 			Strides: [MaxTensorRank - 1]uint64{2048}, Box: [MaxTensorRank]uint32{64, 64}, ElementStrides: [MaxTensorRank]uint32{1, 1}, Swizzle: 3, L2Promotion: 2},
 		OpDeviceStatus: &DeviceStatus{},
-		OpStatusHello:  &StatusHello{GuestName: "libnvidia-ml:nvidia-smi"},
+		OpStatusHello:  &StatusHello{GuestName: "libnvidia-ml:nvidia-smi", GPU: "GPU-5e1f"},
 	}
 }
 

@@ -25,14 +25,31 @@ type DeviceStatus struct{}
 // process that only watches it (a guest's NVML in nvidia-smi). The node
 // vouches for its guest as for a session's (the transport's identity),
 // but opens no session: no slot, no GPU context, no device memory, nothing
-// logged or replicated.
-type StatusHello struct{ GuestName string }
+// logged or replicated. GPU names the GPU it asks about, as Hello.GPU
+// pins a session (empty: the node's first); sent only when set, so an
+// older node refuses a pinned status hello rather than answer for
+// another GPU.
+type StatusHello struct{ GuestName, GPU string }
 
 // StatusHelloReply is the serving node's term.
 type StatusHelloReply struct{ Term uint64 }
 
-func (m *StatusHello) Append(b []byte) []byte      { return appendString(b, m.GuestName) }
-func (m *StatusHello) decode(d *Decoder)           { m.GuestName = d.String(MaxNameLen) }
+func (m *StatusHello) Append(b []byte) []byte {
+	b = appendString(b, m.GuestName)
+	if m.GPU != "" {
+		b = appendString(b, m.GPU)
+	}
+	return b
+}
+func (m *StatusHello) decode(d *Decoder) {
+	m.GuestName = d.String(MaxNameLen)
+	if d.err != nil || len(d.b) == 0 {
+		return
+	}
+	if m.GPU = d.String(MaxGPUPinLen); m.GPU == "" {
+		d.fail(fmt.Errorf("%w: an empty GPU pin", ErrBadArgument))
+	}
+}
 func (m *StatusHelloReply) Append(b []byte) []byte { return appendU64(b, m.Term) }
 func (m *StatusHelloReply) decode(d *Decoder)      { m.Term = d.U64() }
 

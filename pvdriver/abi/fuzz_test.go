@@ -37,6 +37,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	}
 	f.Add(uint16(OpHello), (&Hello{GuestName: "g", GPU: "GPU-abcd0001"}).Append(nil))
 	f.Add(uint16(OpHello), (&Hello{GuestName: "g", Resume: 2, Token: make([]byte, ResumeTokenSize), GPU: "0"}).Append(nil))
+	f.Add(uint16(OpStatusHello), (&StatusHello{GuestName: "nvml", GPU: "3"}).Append(nil))
 	f.Fuzz(func(t *testing.T, op uint16, body []byte) {
 		m, err := DecodeRequest(Opcode(op), body)
 		if err != nil {
