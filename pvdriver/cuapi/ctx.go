@@ -64,6 +64,7 @@ func (d *Driver) dropCtx(ctx uint64) {
 			d.unloadModule(h, m)
 		}
 	}
+	d.unloadParked(ctx)
 	for p, a := range d.allocs {
 		if a.ctx == ctx {
 			d.client.Free(pvdriver.DevicePtr(p))

@@ -60,9 +60,14 @@ type Driver struct {
 	ctxs    map[uint64]*ctxState
 	allocs  map[uint64]allocation
 	modules map[uint64]*module
-	funcs   map[uint64]*function
-	streams map[uint64]*stream
-	events  map[uint64]*event
+	// parked are modules the program unloaded, kept loaded on the node
+	// for a later load of the same image (modcache.go), oldest first in
+	// parkOrder.
+	parked    map[parkKey]*parkedModule
+	parkOrder []parkKey
+	funcs     map[uint64]*function
+	streams   map[uint64]*stream
+	events    map[uint64]*event
 	// Graphs and stream captures (graph.go): captures by every stream in
 	// one, the captures events recorded in them belong to, graphs being
 	// built or built, instantiated graphs.

@@ -25,15 +25,19 @@ import (
 // function's parameter slots and launches pass every parameter as bytes.
 
 type module struct {
-	ctx     uint64
-	remote  pvdriver.Module
-	raw     bool   // a cubin or fatbin: no entries, the primary knows its kernels
-	image   []byte // a raw image's bytes
-	entries map[string]abi.PTXEntry
-	kinds   map[string][]abi.ArgKind
-	globals map[string]bool
-	ptxVer  int
-	funcs   map[string]uint64 // functions taken from it, by name
+	ctx    uint64
+	remote pvdriver.Module
+	raw    bool          // a cubin or fatbin: no entries, the primary knows its kernels
+	image  []byte        // a raw image's bytes
+	hash   abi.ImageHash // a raw image's hash (modcache.go)
+	// parkedFns are the functions a module taken back from the parked
+	// ones had (modcache.go): a lookup by name takes one without asking.
+	parkedFns map[string]*function
+	entries   map[string]abi.PTXEntry
+	kinds     map[string][]abi.ArgKind
+	globals   map[string]bool
+	ptxVer    int
+	funcs     map[string]uint64 // functions taken from it, by name
 
 	// lazy is a library's image (cuLibraryLoadData) not yet loaded on
 	// the primary: it is loaded at the first kernel or global taken from
@@ -220,6 +224,11 @@ func (d *Driver) loadImage(ctx uint64, img []byte, loud bool) (*module, Result) 
 			len(encoded), abi.MaxImage)
 		return nil, ErrorInvalidImage
 	}
+	m.hash = abi.HashImage(encoded)
+	if p := d.unpark(ctx, m.hash); p != nil {
+		p.m.parkedFns = p.fns
+		return p.m, Success
+	}
 	if m.remote, err = d.client.LoadModule(encoded); err != nil {
 		return nil, resultOf("cuModuleLoadData", err, loud)
 	}
@@ -248,6 +257,10 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 	if d.noBinary[h] {
 		return nil, ErrorNoBinaryForGPU
 	}
+	if p := d.unpark(ctx, h); p != nil {
+		p.m.parkedFns = p.fns
+		return p.m, Success
+	}
 	remote, err := d.client.LoadModuleHashed(wire, h)
 	if errors.Is(err, abi.StatusNoBinaryForGPU) {
 		// A caller offered an image for other GPUs and tries the next one,
@@ -261,7 +274,7 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 	if err != nil {
 		return nil, resultOf("cuModuleLoadData", err, loud)
 	}
-	return &module{ctx: ctx, remote: remote, raw: true, image: img[:n], funcs: map[string]uint64{}}, Success
+	return &module{ctx: ctx, remote: remote, raw: true, image: img[:n], hash: h, funcs: map[string]uint64{}}, Success
 }
 
 // rawSize is how many bytes of img a cubin or fatbin holds, checked.
@@ -351,16 +364,24 @@ func (d *Driver) ModuleUnload(t Thread, h uint64) Result {
 	return resultOf("cuModuleUnload", d.unloadModule(h, m), false)
 }
 
-// unloadModule unloads m and forgets it and its functions.
+// unloadModule unloads m, or parks it (modcache.go), and forgets it and
+// its functions.
 // Precondition: d.mu must be locked.
 func (d *Driver) unloadModule(h uint64, m *module) error {
+	evicted, parked := d.park(h, m)
 	for _, f := range m.funcs {
 		delete(d.funcs, f)
 	}
+	if parked {
+		m.funcs, m.parkedFns = map[string]uint64{}, nil
+	}
 	delete(d.modules, h)
 	d.forgetGlobals(h)
-	if m.lazy != nil || m.lazyErr != Success {
-		return nil // never loaded on the primary
+	switch {
+	case parked && evicted != nil:
+		return d.client.UnloadModule(evicted.remote)
+	case parked, m.lazy != nil || m.lazyErr != Success:
+		return nil // kept loaded, or never loaded on the primary
 	}
 	return d.client.UnloadModule(m.remote)
 }
@@ -385,6 +406,10 @@ func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
 	}
 	if r := d.loaded(m); r != Success {
 		return 0, r
+	}
+	if fn := m.parkedFns[name]; fn != nil { // taken back with its module (modcache.go)
+		fn.module = h
+		return d.keepFunction(m, fn), Success
 	}
 	if m.raw {
 		return d.rawFunction(h, m, name)

@@ -38,14 +38,14 @@ int main(int argc, char **argv) {
 	fn = &status; /* the driver must clear it */
 	CHECK(cuGetProcAddress_v2("cuNoSuchEntry", &fn, 13000, 0, &status)); /* as NVIDIA's: success, the reason in status */
 	if (fn != NULL || status != CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND) FAIL("unknown name: status %d", status);
-	if (!native()) { /* NVIDIA may hand out internal entries, keeps pre-3.2 ones and builds graphs node by node */
+	if (!native()) { /* NVIDIA may hand out internal entries, keeps pre-3.2 ones and serves graph memory nodes */
 		if (get("cuCtxCreate", 13000) != (void *)cuCtxCreate_v4 || get("cuCtxCreate", 12000) != (void *)cuCtxCreate_v3 ||
 		    get("cuCtxCreate", 11000) != (void *)cuCtxCreate_v2 || get("cuMemAlloc", 12000) != (void *)cuMemAlloc_v2)
 			FAIL("wrong versioned entries");
 		CHECK(cuGetProcAddress_v2("cuCtxCreate", &fn, 2000, 0, &status));
 		if (status != CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT) FAIL("old version: status %d", status);
 		EXPECT(CUDA_ERROR_INVALID_VALUE, ((graph_t)get("cuGraphCreate", 13000))(NULL, 0));
-		EXPECT(CUDA_ERROR_NOT_SUPPORTED, ((graph_t)get("cuGraphAddEmptyNode", 13000))(NULL, 0)); /* graphs are made by capture only */
+		EXPECT(CUDA_ERROR_NOT_SUPPORTED, ((graph_t)get("cuGraphAddMemAllocNode", 13000))(NULL, 0)); /* graph memory nodes are not served */
 	}
 	CHECK(((init_t)get("cuInit", 13000))(0));
 	CHECK(((devget_t)get("cuDeviceGet", 13000))(&dev, 0));
