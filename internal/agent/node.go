@@ -76,10 +76,10 @@ func checkWorkers(v string) error {
 
 // workersFlag registers --guest.workers.
 func workersFlag(fs *flag.FlagSet, b *BackendFlags) {
-	cli.StringVar(fs, &b.Workers, "guest.workers", "auto", checkWorkers, "run each guest session's GPU work in a worker process of its own (its own GPU context: "+
+	cli.StringVar(fs, &b.Workers, "guest.workers", "off", checkWorkers, "run each guest session's GPU work in a worker process of its own (its own GPU context: "+
 		"a guest's kernel reaches no other guest's memory, and a fault ends that guest's session alone): on, off, or auto (on with --guest.kernels, "+
 		"whose guests bring their own kernels; sessions of the library's kernels alone share the node's process, a hop cheaper); "+
-		"--guest.kernels with off needs --guest.max-sessions 1")
+		"--guest.kernels with off needs --guest.max-sessions 1; off by default: a standby applies a worker's log one round trip per call (docs/PERFORMANCE.md)")
 }
 
 // configFlags registers the hypervisor's limits.

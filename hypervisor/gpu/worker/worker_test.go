@@ -105,7 +105,7 @@ func startWorkers(t testing.TB, cfg worker.Config) *worker.Backend {
 	return be
 }
 
-const simSpec = `{"Name":"sim","SimMemoryBytes":1073741824}`
+const simSpec = `{"Name":"sim","SimMemoryBytes":1073741824,"OneContext":true}`
 
 func newContext(t testing.TB, be gpu.Backend, base uint64) gpu.Context {
 	t.Helper()
@@ -508,7 +508,7 @@ func zombie(pid int) bool {
 // TestWorkerCannotOpen: a worker that cannot open its GPU fails New with
 // its reason.
 func TestWorkerCannotOpen(t *testing.T) {
-	_, err := worker.New(worker.Config{Spec: `{"Name":"nonsense"}`})
+	_, err := worker.New(worker.Config{Spec: `{"Name":"nonsense","OneContext":true}`})
 	if err == nil || !strings.Contains(err.Error(), `unknown backend "nonsense"`) {
 		t.Fatalf("New with a spec naming no backend: %v", err)
 	}
