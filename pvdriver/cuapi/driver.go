@@ -60,11 +60,10 @@ type Driver struct {
 	ctxs    map[uint64]*ctxState
 	allocs  map[uint64]allocation
 	modules map[uint64]*module
-	// parked are modules the program unloaded, kept loaded on the node
-	// for a later load of the same image (modcache.go), oldest first in
-	// parkOrder.
-	parked    map[parkKey]*parkedModule
-	parkOrder []parkKey
+	// shared are the node modules handles of one image share, loaded or
+	// parked (modcache.go); parkOrder lists the parked, oldest first.
+	shared    map[imageKey]*sharedModule
+	parkOrder []imageKey
 	funcs     map[uint64]*function
 	streams   map[uint64]*stream
 	events    map[uint64]*event

@@ -3,98 +3,134 @@ package cuapi
 import (
 	"os"
 
+	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
-// Modules kept by content. Libraries load the same image again and again
-// (a ResNet's cuDNN made 914 loads and 582 unloads of cubins in its first
-// step, and 11,431 function lookups: each a round trip, together about 4 s
-// of its start-up). So a module the program unloads is parked,
-// still loaded on the node (and on the standby), and a later load of the
-// same image in the same context takes it back without a request, its
-// functions with it, found by name without one either. Parked modules are
-// bounded (maxParked, oldest unloaded first) and unloaded for real with
-// their context.
+// Modules kept by content. Libraries load the same image again and again,
+// often while an earlier copy is still loaded (a ResNet's cuDNN made 914
+// loads and 582 unloads of cubins in its first step, and 11,431 function
+// lookups: each a round trip, together about 4 s of its start-up). So the
+// library keeps one node module per image and context:
 //
-// What differs from CUDA: a module taken back keeps its variables' values
-// from before its unload, where CUDA's fresh load would start them from
-// the image. So a PTX module that declares variables is never parked, nor
-// a module whose variables the program asked for (cuModuleGetGlobal); a
-// cubin's kernel that keeps state in a variable the program never names,
-// across a reload, is not noticed.
-// VGPUHA_MODULE_CACHE=0 turns parking off.
+//   - a load of an image already loaded takes another handle to the same
+//     node module, with no request; its functions are found by name
+//     without one either (each handle has its own function handles);
+//   - an unload counts the handles down; when the last goes, the module
+//     is parked, still loaded on the node (and on the standby), for the
+//     next load of the image; parked modules are bounded (maxParked,
+//     oldest unloaded first) and unloaded for real with their context.
+//
+// What differs from CUDA: two loads of one image share the module's
+// variables, and a module taken back from the parked ones keeps their
+// values, where CUDA's loads each start them from the image. So a PTX
+// module that declares variables is never shared, and a module whose
+// variables the program asks for (cuModuleGetGlobal) is not shared from
+// then on and is unloaded for real with its last handle; a cubin's kernel
+// that keeps state in a variable the program never names is not noticed.
+// VGPUHA_MODULE_CACHE=0 turns sharing off.
 
 // maxParked bounds the parked modules of a process.
 const maxParked = 256
 
-// parkKey is a parked module's context and image.
-type parkKey struct {
+// imageKey is a shared module's context and image.
+type imageKey struct {
 	ctx  uint64
 	hash abi.ImageHash
 }
 
-// parkedModule is a module the program unloaded, kept loaded on the node,
-// with its functions by name.
-type parkedModule struct {
-	m   *module
-	fns map[string]*function
+// sharedModule is a node module that handles of one image share.
+type sharedModule struct {
+	key     imageKey
+	remote  pvdriver.Module
+	refs    int                  // the program's handles to it; 0: parked
+	fns     map[string]*function // functions any handle looked up, by name
+	private bool                 // a variable was asked for: no new handle shares it
 }
 
 // moduleCacheOff is VGPUHA_MODULE_CACHE=0.
 var moduleCacheOff = os.Getenv("VGPUHA_MODULE_CACHE") == "0"
 
-// park keeps m, which the program unloads, loaded on the node instead, if
-// it may be (loaded, no variable declared in its PTX or taken); ok is false when m must be
-// unloaded now. A module pushed out by the bound is returned to unload.
-// The caller forgets m's function handles (their structures are kept).
-// Precondition: d.mu must be locked.
-func (d *Driver) park(h uint64, m *module) (evicted *module, ok bool) {
-	if moduleCacheOff || (!m.raw && len(m.globals) > 0) || m.lazy != nil || m.lazyErr != Success || m.hash == (abi.ImageHash{}) || d.hasGlobals(h) {
-		return nil, false
-	}
-	key := parkKey{ctx: m.ctx, hash: m.hash}
-	if d.parked[key] != nil {
-		return nil, false // one copy parked is enough: unload this one
-	}
-	p := &parkedModule{m: m, fns: map[string]*function{}}
-	for name, fn := range m.parkedFns { // taken back before, not all looked up again
-		p.fns[name] = fn
-	}
-	for name, f := range m.funcs {
-		p.fns[name] = d.funcs[f]
-	}
-	if d.parked == nil {
-		d.parked = map[parkKey]*parkedModule{}
-	}
-	d.parked[key] = p
-	d.parkOrder = append(d.parkOrder, key)
-	if len(d.parkOrder) > maxParked {
-		old := d.parkOrder[0]
-		d.parkOrder = d.parkOrder[1:]
-		if op := d.parked[old]; op != nil {
-			delete(d.parked, old)
-			return op.m, true
-		}
-	}
-	return nil, true
+// shareable reports whether module m, just built from its image, may be
+// shared: not a PTX module that declares variables.
+func shareable(m *module) bool {
+	return !moduleCacheOff && (m.raw || len(m.globals) == 0)
 }
 
-// unpark takes back the module of ctx parked with image hash h, or nil.
+// takeShared is the loaded or parked module of ctx with image hash h,
+// with one handle more, or nil.
 // Precondition: d.mu must be locked.
-func (d *Driver) unpark(ctx uint64, h abi.ImageHash) *parkedModule {
-	key := parkKey{ctx: ctx, hash: h}
-	p := d.parked[key]
-	if p == nil {
+func (d *Driver) takeShared(ctx uint64, h abi.ImageHash) *sharedModule {
+	s := d.shared[imageKey{ctx: ctx, hash: h}]
+	if s == nil || moduleCacheOff {
 		return nil
 	}
-	delete(d.parked, key)
+	if s.refs == 0 {
+		d.unpark(s.key)
+	}
+	s.refs++
+	return s
+}
+
+// share records m, just loaded on the node, as the module of its image.
+// Precondition: d.mu must be locked.
+func (d *Driver) share(m *module) {
+	if !shareable(m) {
+		return
+	}
+	if d.shared == nil {
+		d.shared = map[imageKey]*sharedModule{}
+	}
+	s := &sharedModule{key: imageKey{ctx: m.ctx, hash: m.hash}, remote: m.remote, refs: 1, fns: map[string]*function{}}
+	if d.shared[s.key] == nil {
+		d.shared[s.key] = s
+	}
+	m.shared = s
+}
+
+// makePrivate keeps m's module from new handles: the program asked for
+// one of its variables.
+// Precondition: d.mu must be locked.
+func (d *Driver) makePrivate(m *module) {
+	if s := m.shared; s != nil && !s.private {
+		s.private = true
+		if d.shared[s.key] == s {
+			delete(d.shared, s.key)
+		}
+	}
+}
+
+// release drops one handle of shared module s: whether the node module
+// must be unloaded now, and a parked module pushed out by the bound to
+// unload as well.
+// Precondition: d.mu must be locked.
+func (d *Driver) release(s *sharedModule) (unload bool, evicted *sharedModule) {
+	if s.refs--; s.refs > 0 {
+		return false, nil
+	}
+	if s.private || moduleCacheOff || d.shared[s.key] != s {
+		return true, nil
+	}
+	d.parkOrder = append(d.parkOrder, s.key)
+	if len(d.parkOrder) <= maxParked {
+		return false, nil
+	}
+	old := d.parkOrder[0]
+	d.parkOrder = d.parkOrder[1:]
+	evicted = d.shared[old]
+	delete(d.shared, old)
+	return false, evicted
+}
+
+// unpark takes key off the parked list.
+// Precondition: d.mu must be locked.
+func (d *Driver) unpark(key imageKey) {
 	for i, k := range d.parkOrder {
 		if k == key {
 			d.parkOrder = append(d.parkOrder[:i], d.parkOrder[i+1:]...)
-			break
+			return
 		}
 	}
-	return p
 }
 
 // unloadParked unloads for real every module parked in ctx (its context
@@ -107,21 +143,21 @@ func (d *Driver) unloadParked(ctx uint64) {
 			keep = append(keep, k)
 			continue
 		}
-		if p := d.parked[k]; p != nil {
-			d.client.UnloadModule(p.m.remote)
+		if s := d.shared[k]; s != nil {
+			d.client.UnloadModule(s.remote)
 		}
-		delete(d.parked, k)
+		delete(d.shared, k)
 	}
 	d.parkOrder = keep
 }
 
-// hasGlobals reports whether the program took a variable of module h.
-// Precondition: d.mu must be locked.
-func (d *Driver) hasGlobals(h uint64) bool {
-	for _, g := range d.globals {
-		if g.module == h {
-			return true
-		}
+// sharedFunction is function name of m's shared module as another handle
+// looked it up (a copy for m's handle h), or nil.
+func sharedFunction(m *module, h uint64, name string) *function {
+	if m.shared == nil || m.shared.fns[name] == nil {
+		return nil
 	}
-	return false
+	fn := *m.shared.fns[name]
+	fn.module = h
+	return &fn
 }

@@ -10,12 +10,14 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
-// TestModuleCache: a module the program unloads and loads again is taken
-// back without a request, its function found by name without one, and it
-// still runs; a module that declares a variable, or whose variable the
-// program took, is not parked (its variables start afresh at a reload, as
-// CUDA's do); the cache's switch turns parking off; a context's end
-// unloads what it parked.
+// TestModuleCache: loads of one image share one node module: reloading
+// after an unload (the module was parked) and loading while another handle
+// holds it send no request, nor does a function lookup another handle made,
+// and every handle's kernel runs; the last handle's unload parks it; a
+// module whose variable the program asked for is not shared afterwards and
+// is unloaded with its last handle; a PTX module that declares variables
+// is never shared; the switch turns sharing off; a context's end unloads
+// what it parked.
 func TestModuleCache(t *testing.T) {
 	c, err := cluster.Start(cluster.Options{})
 	if err != nil {
@@ -36,19 +38,20 @@ func TestModuleCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cycle := func(img []byte, run bool) {
+	load := func() (m, f uint64) {
 		t.Helper()
-		m, r := d.ModuleLoadData(th, append(img, 0))
+		m, r := d.ModuleLoadData(th, append(ptx, 0))
 		if r != Success {
 			t.Fatalf("ModuleLoadData: %d", r)
 		}
-		f, r := d.ModuleGetFunction(m, "vadd")
-		if r != Success {
+		if f, r = d.ModuleGetFunction(m, "vadd"); r != Success {
 			t.Fatalf("ModuleGetFunction: %d", r)
 		}
-		if run { // the software GPU runs the library's own kernels only
-			runVadd(t, d, th, f)
-		}
+		runVadd(t, d, th, f)
+		return m, f
+	}
+	unload := func(m uint64) {
+		t.Helper()
 		if r := d.ModuleUnload(th, m); r != Success {
 			t.Fatalf("ModuleUnload: %d", r)
 		}
@@ -58,38 +61,49 @@ func TestModuleCache(t *testing.T) {
 		u := sent(d, abi.OpModuleUnload, abi.OpModuleUnload)
 		return [3]uint64{n[0], n[1], u[0]}
 	}
+	want := func(what string, w [3]uint64) {
+		t.Helper()
+		if got := counts(); got != w {
+			t.Errorf("%s: %d loads, %d lookups, %d unloads sent in all; want %d, %d, %d", what, got[0], got[1], got[2], w[0], w[1], w[2])
+		}
+	}
 	for range 10 {
-		cycle(ptx, true)
+		m, _ := load()
+		unload(m)
 	}
-	if got := counts(); got != [3]uint64{1, 1, 0} {
-		t.Errorf("10 loads, lookups and unloads of one image: %d loads, %d lookups, %d unloads sent; want 1, 1, 0", got[0], got[1], got[2])
+	want("10 loads, lookups and unloads of one image", [3]uint64{1, 1, 0})
+	a, _ := load()
+	b, fb := load() // while a holds it
+	unload(a)
+	runVadd(t, d, th, fb) // b's kernel runs on
+	unload(b)
+	want("two handles at once", [3]uint64{1, 1, 0})
+	m, _ := load()
+	if _, _, r := d.ModuleGetGlobal(m, "counter"); r != ErrorNotFound {
+		t.Fatalf("ModuleGetGlobal of a name vadd lacks: %d", r)
 	}
-	// A module that declares a variable, or whose variable the program
-	// took, is not parked (the software GPU loads no such module, so the
-	// decision is asked directly).
-	d.mu.Lock()
-	_, declared := d.park(0x10, &module{ctx: ctx, hash: abi.ImageHash{1}, globals: map[string]bool{"counter": true}, funcs: map[string]uint64{}})
-	d.globals = map[uint64]moduleGlobal{0x7f00_0000_0000: {module: 0x20}}
-	_, taken := d.park(0x20, &module{ctx: ctx, hash: abi.ImageHash{2}, raw: true, funcs: map[string]uint64{}})
-	d.globals = nil
-	d.mu.Unlock()
-	if declared || taken {
-		t.Errorf("parked a module that declares a variable (%v), one whose variable was taken (%v)", declared, taken)
+	other, _ := load() // the asked-for module is the program's: a new one
+	unload(m)
+	unload(other)
+	want("a module whose variable was asked for", [3]uint64{2, 2, 1})
+	if shareable(&module{globals: map[string]bool{"counter": true}}) || !shareable(&module{raw: true}) {
+		t.Error("a PTX module that declares a variable is shared, or a cubin is not")
 	}
 	moduleCacheOff = true
-	cycle(ptx, true) // takes the parked one back, then unloads it for real
-	cycle(ptx, true)
+	m, _ = load() // a module of its own, unloaded for real; the parked one stays
+	unload(m)
+	m, _ = load()
+	unload(m)
 	moduleCacheOff = false
-	if got := counts(); got != [3]uint64{2, 2, 2} {
-		t.Errorf("with the cache off: %d loads, %d lookups, %d unloads sent in all; want 2, 2, 2", got[0], got[1], got[2])
-	}
-	cycle(ptx, true) // parked again
+	want("with sharing off", [3]uint64{4, 4, 3})
+	m, _ = load() // the parked one again
+	unload(m)
 	d.mu.Lock()
 	d.dropCtx(ctx)
-	parked := len(d.parked)
+	parked := len(d.shared)
 	d.mu.Unlock()
-	if got := counts(); got[2] != 3 || parked != 0 {
-		t.Errorf("the context's end: %d unloads sent, %d modules still parked; want 3, 0", got[2], parked)
+	if got := counts(); got[2] != 4 || parked != 0 {
+		t.Errorf("the context's end: %d unloads sent, %d modules still kept; want 4, 0", got[2], parked)
 	}
 }
 

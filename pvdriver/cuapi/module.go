@@ -25,19 +25,17 @@ import (
 // function's parameter slots and launches pass every parameter as bytes.
 
 type module struct {
-	ctx    uint64
-	remote pvdriver.Module
-	raw    bool          // a cubin or fatbin: no entries, the primary knows its kernels
-	image  []byte        // a raw image's bytes
-	hash   abi.ImageHash // a raw image's hash (modcache.go)
-	// parkedFns are the functions a module taken back from the parked
-	// ones had (modcache.go): a lookup by name takes one without asking.
-	parkedFns map[string]*function
-	entries   map[string]abi.PTXEntry
-	kinds     map[string][]abi.ArgKind
-	globals   map[string]bool
-	ptxVer    int
-	funcs     map[string]uint64 // functions taken from it, by name
+	ctx     uint64
+	remote  pvdriver.Module
+	raw     bool          // a cubin or fatbin: no entries, the primary knows its kernels
+	image   []byte        // a raw image's bytes
+	hash    abi.ImageHash // the image's hash as sent (modcache.go)
+	shared  *sharedModule // the node module this handle shares with others of its image (modcache.go)
+	entries map[string]abi.PTXEntry
+	kinds   map[string][]abi.ArgKind
+	globals map[string]bool
+	ptxVer  int
+	funcs   map[string]uint64 // functions taken from it, by name
 
 	// lazy is a library's image (cuLibraryLoadData) not yet loaded on
 	// the primary: it is loaded at the first kernel or global taken from
@@ -225,13 +223,16 @@ func (d *Driver) loadImage(ctx uint64, img []byte, loud bool) (*module, Result) 
 		return nil, ErrorInvalidImage
 	}
 	m.hash = abi.HashImage(encoded)
-	if p := d.unpark(ctx, m.hash); p != nil {
-		p.m.parkedFns = p.fns
-		return p.m, Success
+	if shareable(m) {
+		if sm := d.takeShared(ctx, m.hash); sm != nil {
+			m.remote, m.shared = sm.remote, sm
+			return m, Success
+		}
 	}
 	if m.remote, err = d.client.LoadModule(encoded); err != nil {
 		return nil, resultOf("cuModuleLoadData", err, loud)
 	}
+	d.share(m)
 	return m, Success
 }
 
@@ -257,9 +258,8 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 	if d.noBinary[h] {
 		return nil, ErrorNoBinaryForGPU
 	}
-	if p := d.unpark(ctx, h); p != nil {
-		p.m.parkedFns = p.fns
-		return p.m, Success
+	if sm := d.takeShared(ctx, h); sm != nil {
+		return &module{ctx: ctx, remote: sm.remote, raw: true, image: img[:n], hash: h, shared: sm, funcs: map[string]uint64{}}, Success
 	}
 	remote, err := d.client.LoadModuleHashed(wire, h)
 	if errors.Is(err, abi.StatusNoBinaryForGPU) {
@@ -274,7 +274,9 @@ func (d *Driver) loadRaw(ctx uint64, img []byte, loud bool) (*module, Result) {
 	if err != nil {
 		return nil, resultOf("cuModuleLoadData", err, loud)
 	}
-	return &module{ctx: ctx, remote: remote, raw: true, image: img[:n], hash: h, funcs: map[string]uint64{}}, Success
+	m := &module{ctx: ctx, remote: remote, raw: true, image: img[:n], hash: h, funcs: map[string]uint64{}}
+	d.share(m)
+	return m, Success
 }
 
 // rawSize is how many bytes of img a cubin or fatbin holds, checked.
@@ -364,26 +366,29 @@ func (d *Driver) ModuleUnload(t Thread, h uint64) Result {
 	return resultOf("cuModuleUnload", d.unloadModule(h, m), false)
 }
 
-// unloadModule unloads m, or parks it (modcache.go), and forgets it and
-// its functions.
+// unloadModule forgets m and its functions and unloads its node module,
+// unless other handles share it or it is parked (modcache.go).
 // Precondition: d.mu must be locked.
 func (d *Driver) unloadModule(h uint64, m *module) error {
-	evicted, parked := d.park(h, m)
 	for _, f := range m.funcs {
 		delete(d.funcs, f)
 	}
-	if parked {
-		m.funcs, m.parkedFns = map[string]uint64{}, nil
-	}
 	delete(d.modules, h)
 	d.forgetGlobals(h)
-	switch {
-	case parked && evicted != nil:
-		return d.client.UnloadModule(evicted.remote)
-	case parked, m.lazy != nil || m.lazyErr != Success:
-		return nil // kept loaded, or never loaded on the primary
+	if m.lazy != nil || m.lazyErr != Success {
+		return nil // never loaded on the primary
 	}
-	return d.client.UnloadModule(m.remote)
+	if m.shared == nil {
+		return d.client.UnloadModule(m.remote)
+	}
+	unload, evicted := d.release(m.shared)
+	if evicted != nil {
+		d.client.UnloadModule(evicted.remote)
+	}
+	if unload {
+		return d.client.UnloadModule(m.remote)
+	}
+	return nil
 }
 
 // ModuleGetFunction is cuModuleGetFunction: the same handle for the same
@@ -407,8 +412,7 @@ func (d *Driver) ModuleGetFunction(h uint64, name string) (uint64, Result) {
 	if r := d.loaded(m); r != Success {
 		return 0, r
 	}
-	if fn := m.parkedFns[name]; fn != nil { // taken back with its module (modcache.go)
-		fn.module = h
+	if fn := sharedFunction(m, h, name); fn != nil { // another handle of the image looked it up
 		return d.keepFunction(m, fn), Success
 	}
 	if m.raw {
@@ -476,6 +480,9 @@ func (d *Driver) keepFunction(m *module, fn *function) uint64 {
 	f := d.mint()
 	d.funcs[f] = fn
 	m.funcs[fn.name] = f
+	if m.shared != nil && m.shared.fns[fn.name] == nil {
+		m.shared.fns[fn.name] = fn
+	}
 	return f
 }
 
@@ -495,6 +502,7 @@ func (d *Driver) ModuleGetGlobal(h uint64, name string) (uint64, uint64, Result)
 	if r := d.loaded(m); r != Success {
 		return 0, 0, r
 	}
+	d.makePrivate(m) // its variables are the program's now: no later load shares them
 	if !m.raw && !m.globals[name] {
 		return 0, 0, ErrorNotFound
 	}
