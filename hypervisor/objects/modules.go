@@ -30,7 +30,7 @@ func (o *Set) ImageStage(r *abi.ImageStage) (abi.Body, error) {
 }
 
 // ownKernels is what a guest's own kernels need, as refusals say it.
-const ownKernels = "--guest.kernels (with --guest.workers on or auto, each guest in a GPU worker of its own; with workers off, the default, one guest per primary: --guest.max-sessions 1)"
+const ownKernels = "--guest.kernels (with --guest.workers on each guest in a GPU worker of its own; with workers off, the default, one guest per primary: --guest.max-sessions 1)"
 
 // checkGuestKernels refuses a module with a kernel that is not the
 // library's own (by name, signature and PTX) unless the node lets guests
