@@ -79,13 +79,25 @@ func skipShort(t *testing.T) {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		// The kernel may hand a port it just took back out again: a test
+		// that asked twice once got one port for two nodes' listeners.
+		if _, given := portsGiven.LoadOrStore(addr, true); !given {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no port this test binary has not handed out already")
+	return ""
 }
+
+// portsGiven are the ports freePort handed out: never one twice.
+var portsGiven sync.Map
 
 type proc struct {
 	cmd    *exec.Cmd
