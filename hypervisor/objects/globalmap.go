@@ -1,7 +1,6 @@
 package objects
 
 import (
-	"encoding/binary"
 	"slices"
 
 	"github.com/vgpuha/vgpuha/handlemap"
@@ -83,49 +82,12 @@ func (m *globalMap) local(v uint64) uint64 {
 }
 
 // args is a launch's arguments with every address inside a foreign
-// variable made local: args itself when there is none.
+// variable made local (abi.MapAddresses): args itself when there is none.
 func (m *globalMap) args(args []abi.Arg) []abi.Arg {
 	if len(m.foreign) == 0 {
 		return args
 	}
-	out := args
-	set := func(i int, a abi.Arg) {
-		if &out[0] == &args[0] {
-			out = append([]abi.Arg(nil), args...)
-		}
-		out[i] = a
-	}
-	for i, a := range args {
-		switch a.Kind {
-		case abi.ArgPtr, abi.ArgU64:
-			if v := m.local(a.Bits); v != a.Bits {
-				a.Bits = v
-				set(i, a)
-			}
-		case abi.ArgBytes:
-			if raw := m.words(a.Raw); &raw[0] != &a.Raw[0] {
-				a.Raw = raw
-				set(i, a)
-			}
-		}
-	}
-	return out
-}
-
-// words is raw with each 8-byte-aligned word made local (a copy if any
-// word changes).
-func (m *globalMap) words(raw []byte) []byte {
-	out := raw
-	for off := 0; off+8 <= len(raw); off += 8 {
-		v := binary.LittleEndian.Uint64(raw[off:])
-		if w := m.local(v); w != v {
-			if &out[0] == &raw[0] {
-				out = append([]byte(nil), raw...)
-			}
-			binary.LittleEndian.PutUint64(out[off:], w)
-		}
-	}
-	return out
+	return abi.MapAddresses(args, m.local)
 }
 
 // NoteGlobalAddr records that the guest holds module variable r at guest

@@ -77,7 +77,7 @@ func (d *Driver) kernelNode(t Thread, f uint64, l Launch, params [][]byte, packe
 	}
 	cfg := pvdriver.LaunchConfig{Grid: grid, Block: block, SharedBytes: l.SharedBytes,
 		Cluster: abi.Dim3{X: l.Cluster[0], Y: l.Cluster[1], Z: l.Cluster[2]}, Cooperative: l.Cooperative}
-	d.mirrorArgs(t, args)
+	args = d.mirrorArgs(t, args)
 	return graphNode{kind: nodeLaunch, fn: fn.remote, cfg: cfg, args: args}, Success
 }
 

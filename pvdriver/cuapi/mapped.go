@@ -2,7 +2,6 @@ package cuapi
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"sync"
@@ -137,56 +136,30 @@ func (d *Driver) deviceAddress(t Thread, p uint64) uint64 {
 	return p
 }
 
-// mirrorArgs replaces each address inside pinned host memory that a
-// kernel is handed (unified addressing lets a program pass one) with the
-// address in its mirror: an 8-byte argument, or an 8-byte-aligned word of
-// a structure passed by value (cuBLAS's GEMM kernels take their operands'
-// addresses in one; XLA's autotuner hands them pinned host buffers). Only
-// values outside the device window and inside the span of pinned memory
-// are looked up, so a word that is not an address is left alone unless it
-// happens to equal one inside a pinned buffer of this process. An address
-// kept anywhere else (in device memory) is not found: the primary's GPU
-// may reach it where its node shares the buffer, a standby's cannot.
-func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) {
+// mirrorArgs is args with each address inside pinned host memory that a
+// kernel is handed (unified addressing lets a program pass one) replaced
+// by the address in its mirror: an 8-byte argument, or an 8-byte-aligned
+// word of a structure passed by value (cuBLAS's GEMM kernels take their
+// operands' addresses in one; XLA's autotuner hands them pinned host
+// buffers; abi.MapAddresses). Only values outside the device window and
+// inside the span of pinned memory are looked up, so a word that is not an
+// address is left alone unless it happens to equal one inside a pinned
+// buffer of this process. An address kept anywhere else (in device memory)
+// is not found: the primary's GPU may reach it where its node shares the
+// buffer, a standby's cannot.
+func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) []abi.Arg {
 	d.mu.Lock()
 	base, size, lo, hi := d.base, d.size, d.hostLo, d.hostHi
 	d.mu.Unlock()
 	if hi == 0 { // no host memory pinned yet: the usual launch
-		return
+		return args
 	}
-	translate := func(v uint64) uint64 {
+	return abi.MapAddresses(args, func(v uint64) uint64 {
 		if (v >= base && v-base < size) || v < lo || v >= hi {
 			return v // inside the device window, or outside every pinned buffer
 		}
 		return d.deviceAddress(t, v)
-	}
-	for i := range args {
-		a := &args[i]
-		switch a.Kind {
-		case abi.ArgBytes:
-			a.Raw = mirrorWords(a.Raw, translate)
-		case abi.ArgPtr, abi.ArgU64:
-			a.Bits = translate(a.Bits)
-		}
-	}
-}
-
-// mirrorWords is raw with each 8-byte-aligned word v replaced by
-// translate(v); raw itself if no word changes, else a copy.
-func mirrorWords(raw []byte, translate func(uint64) uint64) []byte {
-	out := raw
-	for off := 0; off+8 <= len(raw); off += 8 {
-		v := binary.LittleEndian.Uint64(raw[off:])
-		dev := translate(v)
-		if dev == v {
-			continue
-		}
-		if &out[0] == &raw[0] {
-			out = append([]byte(nil), raw...)
-		}
-		binary.LittleEndian.PutUint64(out[off:], dev)
-	}
-	return out
+	})
 }
 
 // hostAt finds the host memory holding p.
