@@ -40,24 +40,33 @@ func (s *stack) Pop() uint64 {
 	return c
 }
 
-// TestLookupsAskOnce: looking a function up asks the node once, and its
-// attributes only when first needed; most functions a library looks up are
-// never launched, so a lookup is one round trip, not two.
-func TestLookupsAskOnce(t *testing.T) {
+// driverWithContext is a driver whose session is on a primary of the
+// software GPU, and a thread with a context made current (its handle).
+func driverWithContext(t *testing.T) (*Driver, *stack, uint64) {
+	t.Helper()
 	c, err := cluster.Start(cluster.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close)
 	t.Setenv("VGPUHA_ENDPOINT", c.Endpoint)
 	d, th := New(), &stack{}
 	if r := d.Init(0); r != Success {
 		t.Fatalf("Init: %d", r)
 	}
-	defer d.Shutdown()
-	if _, r := d.CtxCreate(th, 0, 0, false); r != Success {
+	t.Cleanup(d.Shutdown)
+	ctx, r := d.CtxCreate(th, 0, 0, false)
+	if r != Success {
 		t.Fatalf("CtxCreate: %d", r)
 	}
+	return d, th, ctx
+}
+
+// TestLookupsAskOnce: looking a function up asks the node once, and its
+// attributes only when first needed; most functions a library looks up are
+// never launched, so a lookup is one round trip, not two.
+func TestLookupsAskOnce(t *testing.T) {
+	d, th, _ := driverWithContext(t)
 	ptx, err := os.ReadFile("../../kernels/ptx/vadd.ptx")
 	if err != nil {
 		t.Fatal(err)

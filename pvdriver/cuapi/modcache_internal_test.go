@@ -6,7 +6,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
@@ -19,21 +18,7 @@ import (
 // is never shared; the switch turns sharing off; a context's end unloads
 // what it parked.
 func TestModuleCache(t *testing.T) {
-	c, err := cluster.Start(cluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	t.Setenv("VGPUHA_ENDPOINT", c.Endpoint)
-	d, th := New(), &stack{}
-	if r := d.Init(0); r != Success {
-		t.Fatalf("Init: %d", r)
-	}
-	defer d.Shutdown()
-	ctx, r := d.CtxCreate(th, 0, 0, false)
-	if r != Success {
-		t.Fatalf("CtxCreate: %d", r)
-	}
+	d, th, ctx := driverWithContext(t)
 	ptx, err := os.ReadFile("../../kernels/ptx/vadd.ptx")
 	if err != nil {
 		t.Fatal(err)
