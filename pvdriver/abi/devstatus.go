@@ -46,9 +46,17 @@ func (m *StatusHello) decode(d *Decoder) {
 	if d.err != nil || len(d.b) == 0 {
 		return
 	}
-	if m.GPU = d.String(MaxGPUPinLen); m.GPU == "" {
+	m.GPU = d.gpuPin()
+}
+
+// gpuPin decodes a GPU pin (Hello.GPU, StatusHello.GPU): present means
+// not empty.
+func (d *Decoder) gpuPin() string {
+	pin := d.String(MaxGPUPinLen)
+	if pin == "" {
 		d.fail(fmt.Errorf("%w: an empty GPU pin", ErrBadArgument))
 	}
+	return pin
 }
 func (m *StatusHelloReply) Append(b []byte) []byte { return appendU64(b, m.Term) }
 func (m *StatusHelloReply) decode(d *Decoder)      { m.Term = d.U64() }

@@ -422,9 +422,7 @@ func (m *Hello) decode(d *Decoder) {
 	if d.err != nil || m.Token == nil || len(d.b) == 0 {
 		return // no pin without the token field it follows
 	}
-	if m.GPU = d.String(MaxGPUPinLen); m.GPU == "" {
-		d.fail(fmt.Errorf("%w: an empty GPU pin", ErrBadArgument))
-	}
+	m.GPU = d.gpuPin()
 	if bytes.Equal(m.Token, make([]byte, ResumeTokenSize)) {
 		m.Token = nil // the field a pin follows, holding no token
 	}

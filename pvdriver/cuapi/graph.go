@@ -345,17 +345,6 @@ func (d *Driver) GraphCreate(t Thread, flags uint32) (uint64, Result) {
 	return g, Success
 }
 
-// GraphNodeCount is cuGraphGetNodes's count.
-func (d *Driver) GraphNodeCount(g uint64) (int, Result) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	gr, r := d.liveGraph(g)
-	if r != Success {
-		return 0, r
-	}
-	return len(gr.nodes), Success
-}
-
 // liveGraph is g's graph, if g names one no capture still fills.
 // Precondition: d.mu must be locked.
 func (d *Driver) liveGraph(g uint64) (*graph, Result) {

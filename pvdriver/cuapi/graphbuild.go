@@ -134,7 +134,7 @@ func (d *Driver) copyNode(t Thread, c Copy) (graphNode, Result) {
 	if c.DstHost != nil && uint64(len(c.DstHost)) != c.N || c.SrcHost != nil && uint64(len(c.SrcHost)) != c.N {
 		return graphNode{}, ErrorInvalidValue
 	}
-	if r := d.contextReady(t); r != Success {
+	if r := d.requireCurrent(t); r != Success {
 		return graphNode{}, r
 	}
 	var n graphNode
@@ -157,7 +157,7 @@ func (d *Driver) memsetNode(t Thread, dst uint64, width uint8, v uint32, count u
 	if width != 1 && width != 2 && width != 4 {
 		return graphNode{}, ErrorInvalidValue
 	}
-	if r := d.contextReady(t); r != Success {
+	if r := d.requireCurrent(t); r != Success {
 		return graphNode{}, r
 	}
 	dst = d.deviceAddress(t, dst)
@@ -181,14 +181,6 @@ func (d *Driver) childNode(child uint64) (graphNode, Result) {
 		return graphNode{}, r
 	}
 	return graphNode{kind: nodeChild, child: gr.copyOf()}, Success
-}
-
-// contextReady checks that the calling thread has a current context.
-func (d *Driver) contextReady(t Thread) Result {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	_, r := d.current(t)
-	return r
 }
 
 // touchesGlobal reports whether node n's device bytes (size of them) are

@@ -277,4 +277,4 @@ CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *d
 }
 /* No graph holds device memory here (memory nodes are not served): there
  * is nothing to trim. */
-CUresult cuDeviceGraphMemTrim(CUdevice dev) { return vg_traced(__func__, vgDeviceCheck(dev)); }
+CUresult cuDeviceGraphMemTrim(CUdevice dev) { return vg_traced(__func__, vgDeviceGraphMemTrim(dev)); }

@@ -262,8 +262,8 @@ func vgStreamBeginCaptureToGraph(s, g C.uintptr_t, deps *C.uintptr_t, nd C.size_
 	return res(drv.StreamBeginCaptureToGraph(thread{}, uint64(s), uint64(g), ids, uint32(mode)))
 }
 
-//export vgDeviceCheck
-func vgDeviceCheck(dev C.CUdevice) C.CUresult { return res(drv.DeviceGraphMemTrim(int32(dev))) }
+//export vgDeviceGraphMemTrim
+func vgDeviceGraphMemTrim(dev C.CUdevice) C.CUresult { return res(drv.DeviceGraphMemTrim(int32(dev))) }
 
 // notServed answers CUDA_ERROR_NOT_SUPPORTED for what, naming it with
 // VGPUHA_DEBUG set.
