@@ -76,6 +76,7 @@ func (d *Driver) dropCtx(ctx uint64) {
 	if d.primary != nil && d.primary.handle == ctx {
 		d.primary = nil
 	}
+	d.changed()
 }
 
 // context checks that ctx is a live context (zero allowed when nullOK).
@@ -174,6 +175,7 @@ func (d *Driver) PrimaryCtxRetain(dev int32) (uint64, Result) {
 	if d.primary == nil {
 		d.primary = &ctxState{handle: d.mint()}
 		d.ctxs[d.primary.handle] = d.primary
+		d.changed()
 	}
 	d.primary.refs++
 	return d.primary.handle, Success

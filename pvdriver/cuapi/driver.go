@@ -95,6 +95,9 @@ type Driver struct {
 	// mapped are the host buffers a device address was asked for
 	// (mapped.go).
 	mapped mirrors
+	// onChange is called whenever an answer kept outside the driver may
+	// have changed (OnChange).
+	onChange func()
 }
 
 type ctxState struct {
@@ -121,6 +124,28 @@ type allocation struct {
 
 // New returns a driver that is not initialised yet (cuInit).
 func New() *Driver { return &Driver{} }
+
+// OnChange registers fn, called with the driver's lock held whenever an
+// answer of the queries a caller may keep (the current context's device,
+// a context being live, the primary context's state, a function's
+// attributes and name) may have changed: a context destroyed, the primary
+// context made or its flags set, a function's attribute set or the
+// function unloaded, the driver shut down. Handles are never reused, so a
+// kept answer stays true until then. libcuda keeps them in C
+// (answers.c), where a query costs no call into Go.
+func (d *Driver) OnChange(fn func()) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.onChange = fn
+}
+
+// changed calls the OnChange function.
+// Precondition: d.mu must be locked.
+func (d *Driver) changed() {
+	if d.onChange != nil {
+		d.onChange()
+	}
+}
 
 // Init is cuInit: it opens the process's session (open) unless its NVML
 // already did, and fails with CUDA_ERROR_NO_DEVICE when
@@ -284,6 +309,7 @@ func (d *Driver) Shutdown() {
 	}
 	d.mu.Lock()
 	d.closed = true
+	d.changed()
 	d.mu.Unlock()
 }
 

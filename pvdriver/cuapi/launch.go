@@ -198,6 +198,7 @@ func (d *Driver) FuncSetAttribute(f uint64, attr, v int32) Result {
 	default:
 		return ErrorInvalidValue
 	}
+	d.changed()
 	return Success
 }
 

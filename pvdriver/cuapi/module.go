@@ -373,6 +373,7 @@ func (d *Driver) unloadModule(h uint64, m *module) error {
 	for _, f := range m.funcs {
 		delete(d.funcs, f)
 	}
+	d.changed()
 	delete(d.modules, h)
 	d.forgetGlobals(h)
 	if m.lazy != nil || m.lazyErr != Success {

@@ -151,6 +151,7 @@ func (d *Driver) PrimaryCtxSetFlags(dev int32, flags uint32) Result {
 	if d.primary != nil {
 		d.primary.flags = flags
 	}
+	d.changed()
 	return Success
 }
 

@@ -102,7 +102,7 @@ static struct vg_cls *vg_cls_find(uintptr_t ctx, void *key) {
 static CUresult cls_put(CUcontext c, void *key, void *value, void (*dtor)(CUcontext, void *, void *)) {
 	uintptr_t ctx;
 	struct vg_cls *e;
-	CUresult r = vgCtxLive((uintptr_t)c, &ctx);
+	CUresult r = vg_ans_ctx_live((uintptr_t)c, &ctx);
 	if (r != CUDA_SUCCESS) return r;
 	pthread_mutex_lock(&vg_cls_mu);
 	if ((e = vg_cls_find(ctx, key)) == NULL) {
@@ -123,7 +123,7 @@ static CUresult cls_put(CUcontext c, void *key, void *value, void (*dtor)(CUcont
 static CUresult cls_delete(CUcontext c, void *key) {
 	uintptr_t ctx;
 	struct vg_cls *e;
-	CUresult r = vgCtxLive((uintptr_t)c, &ctx);
+	CUresult r = vg_ans_ctx_live((uintptr_t)c, &ctx);
 	if (r != CUDA_SUCCESS) return r;
 	pthread_mutex_lock(&vg_cls_mu);
 	if ((e = vg_cls_find(ctx, key)) != NULL) *e = vg_cls[--vg_cls_n];
@@ -136,7 +136,7 @@ static CUresult cls_get(void **value, CUcontext c, void *key) {
 	struct vg_cls *e;
 	CUresult r;
 	if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
-	if ((r = vgCtxLive((uintptr_t)c, &ctx)) != CUDA_SUCCESS) return r;
+	if ((r = vg_ans_ctx_live((uintptr_t)c, &ctx)) != CUDA_SUCCESS) return r;
 	pthread_mutex_lock(&vg_cls_mu);
 	e = vg_cls_find(ctx, key);
 	if (e != NULL) *value = e->value;
@@ -176,7 +176,7 @@ static CUresult bypass_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
 /* ---- Tools' view of contexts {21318c60-9714-3248-8ca6-41ff7324c8f2}. ---- */
 static CUresult tools_ctx_device(CUcontext c, CUdevice *dev) {
 	uintptr_t ctx;
-	CUresult r = dev ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	CUresult r = dev ? vg_ans_ctx_live((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) *dev = 0; /* one device per session */
 	return r;
 }
@@ -188,7 +188,7 @@ static CUresult tools_ctx_device(CUcontext c, CUdevice *dev) {
 static uint64_t vg_tools_ctx_record[64];
 static CUresult tools_ctx_record(CUcontext c, void *handle, void **record) {
 	uintptr_t ctx;
-	CUresult r = record ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	CUresult r = record ? vg_ans_ctx_live((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS && handle == (void *)UINTPTR_MAX) r = CUDA_ERROR_INVALID_HANDLE;
 	if (r == CUDA_SUCCESS) *record = vg_tools_ctx_record;
 	return r;
@@ -197,13 +197,13 @@ static CUresult tools_ctx_record(CUcontext c, void *handle, void **record) {
  * ordinary context, as SCUDA observed; no tool state exists here. */
 static CUresult tools_ctx_word(CUcontext c, void *handle, unsigned long long *word) {
 	uintptr_t ctx;
-	CUresult r = handle && word ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	CUresult r = handle && word ? vg_ans_ctx_live((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) *word = 0;
 	return r;
 }
 static CUresult tools_ctx_number(CUcontext c, unsigned long long *n) {
 	uintptr_t ctx;
-	CUresult r = n ? vgCtxLive((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
+	CUresult r = n ? vg_ans_ctx_live((uintptr_t)c, &ctx) : CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) *n = ctx;
 	return r;
 }

@@ -56,7 +56,7 @@ CUresult cuCtxPopCurrent_v2(CUcontext *pctx) { return vgCtxPopCurrent(OUT(pctx))
 CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
 CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
 CUresult cuCtxSynchronize(void) { return vgCtxSynchronize(); }
-CUresult cuCtxGetDevice(CUdevice *dev) { return vgCtxGetDevice(dev); }
+CUresult cuCtxGetDevice(CUdevice *dev) { return vg_ans_ctx_device(dev); }
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) { return vgPrimaryCtxRetain(OUT(pctx), dev); }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) { uintptr_t p = vgPrimaryCtxHandle(); CUresult r = vgPrimaryCtxRelease(dev); if (r == CUDA_SUCCESS && p && !vgPrimaryCtxHandle()) vg_cls_drop(p); return r; }
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { uintptr_t p = vgPrimaryCtxHandle(); if (p) vg_cls_drop(p); return vgPrimaryCtxReset(dev); }
@@ -64,14 +64,14 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) { uintptr_t p = vgPrimaryCtxHa
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
 CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) { return vgPrimaryCtxSetFlags(dev, flags); }
-CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) { return vgPrimaryCtxGetState(dev, flags, active); }
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) { return vg_ans_primary_state(dev, flags, active); }
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) { return vgPrimaryCtxSetFlags(dev, flags); }
 CUresult cuCtxGetLimit(size_t *v, CUlimit limit) { return vgCtxGetLimit(v, limit); }
 CUresult cuCtxSetLimit(CUlimit limit, size_t v) { return vgCtxSetLimit(limit, v); }
 CUresult cuCtxGetFlags(unsigned int *flags) { return vgCtxGetFlags(flags); }
 CUresult cuCtxSetFlags(unsigned int flags) { return vgCtxSetFlags(flags); }
-CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) { uintptr_t c; CUresult r = id ? vgCtxLive(H(ctx), &c) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *id = c; return r; }
-CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *v) { uintptr_t c; CUresult r = v ? vgCtxLive(H(ctx), &c) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *v = 3020; return r; }
+CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) { uintptr_t c; CUresult r = id ? vg_ans_ctx_live(H(ctx), &c) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *id = c; return r; }
+CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *v) { uintptr_t c; CUresult r = v ? vg_ans_ctx_live(H(ctx), &c) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *v = 3020; return r; }
 /* Cache and shared-memory preferences are hints CUDA may ignore; this
  * driver has one configuration (CU_FUNC_CACHE_PREFER_NONE, default bank size). */
 CUresult cuCtxGetCacheConfig(CUfunc_cache *c) { if (!c) return CUDA_ERROR_INVALID_VALUE; *c = 0; return CUDA_SUCCESS; }
@@ -117,15 +117,15 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) { retu
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *n, CUmodule m, const char *name) { return vgModuleGetGlobal(p, n, H(m), (char *)name); }
 CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params, void **extra) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, extra, 0, 0, 0, 0); }
 CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared, CUstream s, void **params) { return vgLaunchKernel(H(f), gx, gy, gz, bx, by, bz, shared, H(s), params, NULL, 0, 0, 0, 1); }
-CUresult cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction f) { return vgFuncGetAttribute(v, attr, H(f)); }
-CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int v) { return vgFuncSetAttribute(H(f), attr, v); }
-CUresult cuFuncGetName(const char **name, CUfunction f) { return vgFuncGetName((char **)name, H(f)); }
+CUresult cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction f) { return vg_ans_func_attr(v, attr, H(f)); }
+CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int v) { return vg_ans_func_set_attr(H(f), attr, v); }
+CUresult cuFuncGetName(const char **name, CUfunction f) { return vg_ans_func_name((char **)name, H(f)); }
 CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size) { return vgFuncGetParamInfo(H(f), index, offset, size); }
-CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c) { const char *n; CUresult r = vgFuncGetName((char **)&n, H(f)); return r != CUDA_SUCCESS ? r : c >= 0 && c <= 3 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+CUresult cuFuncSetCacheConfig(CUfunction f, CUfunc_cache c) { const char *n; CUresult r = vg_ans_func_name((char **)&n, H(f)); return r != CUDA_SUCCESS ? r : c >= 0 && c <= 3 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 /* Modules load whole and at once here (CU_MODULE_EAGER_LOADING). */
 CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode *mode) { if (!mode) return CUDA_ERROR_INVALID_VALUE; *mode = 1; return CUDA_SUCCESS; }
-CUresult cuFuncIsLoaded(int *state, CUfunction f) { const char *n; CUresult r = state ? vgFuncGetName((char **)&n, H(f)) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *state = 1; return r; }
-CUresult cuFuncLoad(CUfunction f) { const char *n; return vgFuncGetName((char **)&n, H(f)); }
+CUresult cuFuncIsLoaded(int *state, CUfunction f) { const char *n; CUresult r = state ? vg_ans_func_name((char **)&n, H(f)) : CUDA_ERROR_INVALID_VALUE; if (r == CUDA_SUCCESS) *state = 1; return r; }
+CUresult cuFuncLoad(CUfunction f) { const char *n; return vg_ans_func_name((char **)&n, H(f)); }
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int bs, size_t smem) { return vgOccupancyMaxActiveBlocks(n, H(f), bs, smem, 0); }
 CUresult cuOccupancyMaxPotentialBlockSize(int *minGrid, int *bs, CUfunction f, CUoccupancyB2DSize cb, size_t smem, int limit) { return vgOccupancyMaxPotentialBlockSize(minGrid, bs, H(f), cb, smem, limit); }
 /* Clusters (cuOccupancyMaxActiveClusters, cuOccupancyMaxPotentialClusterSize)

@@ -31,13 +31,13 @@ CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name) { retu
 CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *n, CUlibrary lib, const char *name) { return vg_traced(__func__, vgModuleGetGlobal(p, n, H(lib), (char *)name)); }
 CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
 	const char *name;
-	CUresult r = f ? vgFuncGetName((char **)&name, H(k)) : CUDA_ERROR_INVALID_VALUE;
+	CUresult r = f ? vg_ans_func_name((char **)&name, H(k)) : CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) *f = (CUfunction)k;
 	return vg_traced(__func__, r);
 }
-CUresult cuKernelGetName(const char **name, CUkernel k) { return vg_traced(__func__, vgFuncGetName((char **)name, H(k))); }
-CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncGetAttribute(v, attr, H(k))); }
-CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vgFuncSetAttribute(H(k), attr, v)); }
+CUresult cuKernelGetName(const char **name, CUkernel k) { return vg_traced(__func__, vg_ans_func_name((char **)name, H(k))); }
+CUresult cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vg_ans_func_attr(v, attr, H(k))); }
+CUresult cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : vg_ans_func_set_attr(H(k), attr, v)); }
 CUresult cuKernelSetCacheConfig(CUkernel k, CUfunc_cache c, CUdevice dev) { return vg_traced(__func__, dev ? CUDA_ERROR_INVALID_DEVICE : cuFuncSetCacheConfig((CUfunction)k, c)); }
 
 /* ---- cuLaunchKernelEx: the config's shape, stream, cluster shape and

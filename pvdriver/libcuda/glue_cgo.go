@@ -24,7 +24,15 @@ import (
 // The C half's Go entries: each converts its C arguments, checks output
 // pointers and sizes, and calls the driver. Handles cross as uintptr_t.
 
-var drv = cuapi.New()
+var drv = newDriver()
+
+// newDriver is the process's driver, telling answers.c when to forget
+// the answers it keeps.
+func newDriver() *cuapi.Driver {
+	d := cuapi.New()
+	d.OnChange(func() { C.vg_answers_forget() })
+	return d
+}
 
 // thread is the calling thread's context stack, kept in C thread-local
 // storage (a cgo callback runs on the thread that called).
@@ -74,6 +82,7 @@ func vgInit(flags C.uint) C.CUresult {
 //export vgShutdown
 func vgShutdown() {
 	drv.Shutdown()
+	writeTally(os.Stderr)
 	stopProfile()
 }
 

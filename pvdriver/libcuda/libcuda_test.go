@@ -19,7 +19,7 @@ import (
 // programs are the C test programs in testdata, each written against
 // NVIDIA's driver API (testdata/cudaapi.h declares the subset) and run
 // unchanged through the library.
-var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "graph", "graphbuild", "vmm", "sigstack", "bigimage"}
+var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "procaddr", "errors", "surfaces", "graph", "graphbuild", "vmm", "sigstack", "bigimage", "answers"}
 
 // ownCode are the programs that load machine code of their own (a fatbin),
 // which a node runs only with a primary per guest.
@@ -131,7 +131,31 @@ func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
 	if kill && c.Standby.Promoted() == nil {
 		t.Fatal("the program finished, but the standby was never promoted: it did not run there")
 	}
+	checkTally(t, filepath.Base(bin), stderr.String())
 	t.Logf("%s in %v", last, time.Since(start).Round(time.Millisecond))
+}
+
+// checkTally checks the entry tally a program's stderr ends with (VGPUHA_DEBUG
+// turns it on): vadd launches its kernel once through cuLaunchKernel.
+func checkTally(t *testing.T, prog, stderr string) {
+	t.Helper()
+	_, tally, ok := strings.Cut(stderr, "calls into the library, per entry")
+	if !ok {
+		t.Fatalf("%s: no entry tally at exit:\n%s", prog, stderr)
+	}
+	if prog != "vadd" {
+		return
+	}
+	t.Logf("vadd's entry tally:%s", tally)
+	for _, line := range strings.Split(tally, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "vgLaunchKernel" {
+			if f[1] != "1" {
+				t.Errorf("vadd: the tally counts %s calls of vgLaunchKernel, want 1:\n%s", f[1], tally)
+			}
+			return
+		}
+	}
+	t.Errorf("vadd: the tally has no vgLaunchKernel line:\n%s", tally)
 }
 
 // kernelDir is the kernel library's PTX, which the C programs load.

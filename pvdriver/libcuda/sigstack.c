@@ -20,11 +20,15 @@
  *
  * Cost: one sigaltstack(2) per call, two more on a thread whose stack is
  * disabled. The stack is the thread's own (64 KiB, made on its first such
- * call, freed when it exits). */
+ * call, freed when it exits).
+ *
+ * With VGPUHA_STATS=1 the wrapper also counts each call and its time
+ * (tally.c). */
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include "tally.h"
 
 #define VG_SIGSTACK_BYTES (64 << 10)
 
@@ -50,6 +54,7 @@ static void *vg_thread_sigstack(void) {
 void __wrap_crosscall2(void (*fn)(void *), void *a, int c, size_t ctxt) {
 	stack_t now, lent = {.ss_size = VG_SIGSTACK_BYTES};
 	int installed = 0;
+	uint64_t start = vg_tally_on ? vg_tally_now() : 0;
 	if (sigaltstack(NULL, &now) == 0 && (now.ss_flags & SS_DISABLE) && (lent.ss_sp = vg_thread_sigstack()) != NULL)
 		installed = sigaltstack(&lent, NULL) == 0;
 	__real_crosscall2(fn, a, c, ctxt);
@@ -57,4 +62,6 @@ void __wrap_crosscall2(void (*fn)(void *), void *a, int c, size_t ctxt) {
 		lent.ss_flags = SS_DISABLE;
 		sigaltstack(&lent, NULL);
 	}
+	if (vg_tally_on)
+		vg_tally_add((uintptr_t)fn, start);
 }

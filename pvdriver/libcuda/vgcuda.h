@@ -168,6 +168,15 @@ void vg_ctx_set_top(uintptr_t ctx);
 int vg_ctx_push(uintptr_t ctx);
 uintptr_t vg_ctx_pop(void);
 
+/* Answers kept in C (answers.c): each is its vg* Go entry's answer. */
+void vg_answers_forget(void);
+CUresult vg_ans_func_attr(int *v, CUfunction_attribute attr, uintptr_t f);
+CUresult vg_ans_func_set_attr(uintptr_t f, CUfunction_attribute attr, int v);
+CUresult vg_ans_func_name(char **name, uintptr_t f);
+CUresult vg_ans_ctx_live(uintptr_t ctx, uintptr_t *out);
+CUresult vg_ans_ctx_device(CUdevice *dev);
+CUresult vg_ans_primary_state(CUdevice dev, unsigned int *flags, int *active);
+
 /* Context-local storage (darkapi.c): runs the destructors of ctx's values. */
 void vg_cls_drop(uintptr_t ctx);
 
