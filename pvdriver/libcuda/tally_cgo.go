@@ -66,4 +66,3 @@ func writeTally(w io.Writer) {
 	}
 	tw.Flush()
 }
-
