@@ -77,6 +77,7 @@ type Driver struct {
 	used           uint64                // bytes allocated
 	hosts          map[uintptr]hostAlloc // host memory from cuMemAllocHost and cuMemHostAlloc, or registered (hostmem.go)
 	hostLo, hostHi uint64                // a span holding every host memory ever recorded (a quick test before a search of hosts)
+	hostBases      []uintptr             // the keys of hosts, in order (hostAt's binary search: a launch looks up its arguments)
 
 	globals      map[uint64]moduleGlobal // module variables by their address on the node (globals.go)
 	primaryFlags uint32                  // cuDevicePrimaryCtxSetFlags

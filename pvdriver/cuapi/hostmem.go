@@ -1,5 +1,7 @@
 package cuapi
 
+import "slices"
+
 // Host memory the program pins: cuMemAllocHost/cuMemHostAlloc's (the C
 // half allocates, NoteHost records) and its own memory it registers
 // (cuMemHostRegister). The GPU is on another host, so "pinned" here means
@@ -37,6 +39,9 @@ func (d *Driver) noteHostLocked(p uintptr, h hostAlloc) {
 		d.hosts = map[uintptr]hostAlloc{}
 	}
 	d.hosts[p] = h
+	if i, found := slices.BinarySearch(d.hostBases, p); !found {
+		d.hostBases = slices.Insert(d.hostBases, i, p)
+	}
 	if d.hostHi == 0 || uint64(p) < d.hostLo {
 		d.hostLo = uint64(p)
 	}
@@ -91,6 +96,15 @@ func (d *Driver) hostUnregister(p uintptr) Result {
 	if !ok || !h.registered {
 		return ErrorHostMemoryNotRegistered
 	}
-	delete(d.hosts, p)
+	d.forgetHostLocked(p)
 	return Success
+}
+
+// forgetHostLocked forgets the host memory at p.
+// Precondition: d.mu must be locked.
+func (d *Driver) forgetHostLocked(p uintptr) {
+	delete(d.hosts, p)
+	if i, found := slices.BinarySearch(d.hostBases, p); found {
+		d.hostBases = slices.Delete(d.hostBases, i, i+1)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -165,10 +166,16 @@ func (d *Driver) mirrorArgs(t Thread, args []abi.Arg) []abi.Arg {
 // hostAt finds the host memory holding p.
 // Precondition: d.mu must be locked.
 func (d *Driver) hostAt(p uintptr) (uintptr, hostAlloc, bool) {
-	for base, h := range d.hosts {
-		if p >= base && uint64(p-base) < h.size {
-			return base, h, true
-		}
+	i, found := slices.BinarySearch(d.hostBases, p)
+	if !found {
+		i-- // the last base below p: host memories never overlap
+	}
+	if i < 0 {
+		return 0, hostAlloc{}, false
+	}
+	base := d.hostBases[i]
+	if h := d.hosts[base]; uint64(p-base) < h.size {
+		return base, h, true
 	}
 	return 0, hostAlloc{}, false
 }

@@ -267,7 +267,7 @@ func (d *Driver) hostFree(p uintptr) (r Result, cFree bool) {
 	if !ok || h.registered {
 		return ErrorInvalidValue, false
 	}
-	delete(d.hosts, p)
+	d.forgetHostLocked(p)
 	if h.region != nil {
 		if err := d.client.FreeHost(h.region); err != nil {
 			return resultOf("cuMemFreeHost", err, false), false

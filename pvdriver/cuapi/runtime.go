@@ -225,10 +225,8 @@ func (d *Driver) Pointer(p uint64) (PointerInfo, Result) {
 	if g, off, ok := d.globalAt(p, 1); ok {
 		return PointerInfo{Kind: MemoryDevice, Ctx: d.modules[g.module].ctx, Base: p - off, Size: g.size}, Success
 	}
-	for base, h := range d.hosts {
-		if b := uint64(base); p >= b && p-b < h.size {
-			return PointerInfo{Kind: MemoryHost, Ctx: h.ctx, Base: b, Size: h.size, ReadOnly: h.readOnly}, Success
-		}
+	if base, h, ok := d.hostAt(uintptr(p)); ok {
+		return PointerInfo{Kind: MemoryHost, Ctx: h.ctx, Base: uint64(base), Size: h.size, ReadOnly: h.readOnly}, Success
 	}
 	return PointerInfo{}, Success
 }

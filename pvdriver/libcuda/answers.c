@@ -16,6 +16,8 @@
  * a change is kept as already stale. Only successes are kept: an error is
  * asked of Go every time. Handles are never reused, so a kept answer
  * cannot name another object. */
+#include <pthread.h>
+#include <stdlib.h>
 #include "vgcuda.h"
 #include "_cgo_export.h"
 
@@ -36,24 +38,48 @@ void vg_answers_forget(void) { __atomic_add_fetch(&vg_answers_gen, 1, __ATOMIC_R
 
 static unsigned vg_gen(void) { return __atomic_load_n(&vg_answers_gen, __ATOMIC_ACQUIRE); }
 
-static __thread struct { uintptr_t f; int attr; unsigned gen; int v; } vg_fattr[VG_ANS_FUNCS];
-static __thread struct { uintptr_t f; unsigned gen; char *name; } vg_fname[VG_ANS_FUNCS];
-static __thread struct { uintptr_t ctx; unsigned gen; } vg_live[VG_ANS_CTXS];
-static __thread struct { uintptr_t ctx; unsigned gen; CUdevice dev; } vg_cdev;
-static __thread struct { CUdevice dev; unsigned gen; unsigned flags; int active; } vg_pstate;
+/* A thread's kept answers, on the heap: a library that is dlopen'ed must
+ * keep its thread-local storage to a few words (glibc's static TLS
+ * surplus), so the thread holds only the pointer. */
+struct vg_kept {
+	struct { uintptr_t f; int attr; unsigned gen; int v; } fattr[VG_ANS_FUNCS];
+	struct { uintptr_t f; unsigned gen; char *name; } fname[VG_ANS_FUNCS];
+	struct { uintptr_t ctx; unsigned gen; } live[VG_ANS_CTXS];
+	struct { uintptr_t ctx; unsigned gen; CUdevice dev; } cdev;
+	struct { CUdevice dev; unsigned gen; unsigned flags; int active; } pstate;
+};
+
+static __thread struct vg_kept *vg_kept_mine;
+static pthread_key_t vg_kept_key;
+static pthread_once_t vg_kept_once = PTHREAD_ONCE_INIT;
+
+static void vg_kept_key_make(void) { pthread_key_create(&vg_kept_key, free); }
+
+/* vg_kept is the calling thread's answers, made on its first query
+ * (generation 0 marks every slot empty); NULL when memory is short, and
+ * then every query goes to Go. */
+static struct vg_kept *vg_kept(void) {
+	if (vg_kept_mine == NULL && (vg_kept_mine = calloc(1, sizeof *vg_kept_mine)) != NULL) {
+		pthread_once(&vg_kept_once, vg_kept_key_make);
+		pthread_setspecific(vg_kept_key, vg_kept_mine);
+	}
+	return vg_kept_mine;
+}
 
 static unsigned vg_slot(uintptr_t h, int attr, unsigned n) { return (unsigned)((h >> 4) * 31u + (unsigned)attr) & (n - 1); }
 
 CUresult vg_ans_func_attr(int *v, CUfunction_attribute attr, uintptr_t f) {
+	struct vg_kept *k = vg_kept();
 	unsigned g = vg_gen(), i = vg_slot(f, attr, VG_ANS_FUNCS);
-	if (v != NULL && vg_fattr[i].gen == g && vg_fattr[i].f == f && vg_fattr[i].attr == attr) {
-		*v = vg_fattr[i].v;
+	if (k == NULL || v == NULL)
+		return vgFuncGetAttribute(v, attr, f);
+	if (k->fattr[i].gen == g && k->fattr[i].f == f && k->fattr[i].attr == attr) {
+		*v = k->fattr[i].v;
 		return CUDA_SUCCESS;
 	}
 	CUresult r = vgFuncGetAttribute(v, attr, f);
-	if (r == CUDA_SUCCESS && v != NULL) {
-		vg_fattr[i].f = f, vg_fattr[i].attr = attr, vg_fattr[i].v = *v, vg_fattr[i].gen = g;
-	}
+	if (r == CUDA_SUCCESS)
+		k->fattr[i].f = f, k->fattr[i].attr = attr, k->fattr[i].v = *v, k->fattr[i].gen = g;
 	return r;
 }
 
@@ -70,57 +96,65 @@ CUresult vg_ans_func_set_attr(uintptr_t f, CUfunction_attribute attr, int v) {
 }
 
 CUresult vg_ans_func_name(char **name, uintptr_t f) {
+	struct vg_kept *k = vg_kept();
 	unsigned g = vg_gen(), i = vg_slot(f, 0, VG_ANS_FUNCS);
-	if (name != NULL && vg_fname[i].gen == g && vg_fname[i].f == f) {
-		*name = vg_fname[i].name;
+	if (k == NULL || name == NULL)
+		return vgFuncGetName(name, f);
+	if (k->fname[i].gen == g && k->fname[i].f == f) {
+		*name = k->fname[i].name;
 		return CUDA_SUCCESS;
 	}
 	CUresult r = vgFuncGetName(name, f);
-	if (r == CUDA_SUCCESS && name != NULL) {
-		vg_fname[i].f = f, vg_fname[i].name = *name, vg_fname[i].gen = g;
-	}
+	if (r == CUDA_SUCCESS)
+		k->fname[i].f = f, k->fname[i].name = *name, k->fname[i].gen = g;
 	return r;
 }
 
 /* vg_ans_ctx_live checks ctx is a live context (zero: the calling thread's
  * current one) and returns it. */
 CUresult vg_ans_ctx_live(uintptr_t ctx, uintptr_t *out) {
+	struct vg_kept *k = vg_kept();
 	uintptr_t c = ctx ? ctx : vg_ctx_top();
 	unsigned g = vg_gen(), i = vg_slot(c, 0, VG_ANS_CTXS);
-	if (c != 0 && vg_live[i].gen == g && vg_live[i].ctx == c) {
+	if (k == NULL)
+		return vgCtxLive(ctx, out);
+	if (c != 0 && k->live[i].gen == g && k->live[i].ctx == c) {
 		*out = c;
 		return CUDA_SUCCESS;
 	}
 	CUresult r = vgCtxLive(ctx, out);
-	if (r == CUDA_SUCCESS && *out == c) {
-		vg_live[i].ctx = c, vg_live[i].gen = g;
-	}
+	if (r == CUDA_SUCCESS && *out == c)
+		k->live[i].ctx = c, k->live[i].gen = g;
 	return r;
 }
 
 CUresult vg_ans_ctx_device(CUdevice *dev) {
+	struct vg_kept *k = vg_kept();
 	uintptr_t c = vg_ctx_top();
 	unsigned g = vg_gen();
-	if (dev != NULL && c != 0 && vg_cdev.gen == g && vg_cdev.ctx == c) {
-		*dev = vg_cdev.dev;
+	if (k == NULL || dev == NULL || c == 0)
+		return vgCtxGetDevice(dev);
+	if (k->cdev.gen == g && k->cdev.ctx == c) {
+		*dev = k->cdev.dev;
 		return CUDA_SUCCESS;
 	}
 	CUresult r = vgCtxGetDevice(dev);
-	if (r == CUDA_SUCCESS && c != 0) {
-		vg_cdev.ctx = c, vg_cdev.dev = *dev, vg_cdev.gen = g;
-	}
+	if (r == CUDA_SUCCESS)
+		k->cdev.ctx = c, k->cdev.dev = *dev, k->cdev.gen = g;
 	return r;
 }
 
 CUresult vg_ans_primary_state(CUdevice dev, unsigned int *flags, int *active) {
+	struct vg_kept *k = vg_kept();
 	unsigned g = vg_gen();
-	if (flags != NULL && active != NULL && vg_pstate.gen == g && vg_pstate.dev == dev) {
-		*flags = vg_pstate.flags, *active = vg_pstate.active;
+	if (k == NULL || flags == NULL || active == NULL)
+		return vgPrimaryCtxGetState(dev, flags, active);
+	if (k->pstate.gen == g && k->pstate.dev == dev) {
+		*flags = k->pstate.flags, *active = k->pstate.active;
 		return CUDA_SUCCESS;
 	}
 	CUresult r = vgPrimaryCtxGetState(dev, flags, active);
-	if (r == CUDA_SUCCESS) {
-		vg_pstate.dev = dev, vg_pstate.flags = *flags, vg_pstate.active = *active, vg_pstate.gen = g;
-	}
+	if (r == CUDA_SUCCESS)
+		k->pstate.dev = dev, k->pstate.flags = *flags, k->pstate.active = *active, k->pstate.gen = g;
 	return r;
 }

@@ -42,6 +42,7 @@ func build(t *testing.T) string {
 		t.Fatal(err)
 	}
 	checkDlsymNames(t, filepath.Join(dir, "libcuda.so.1"))
+	checkDlopen(t, dir)
 	for _, p := range programs {
 		out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-ffp-contract=off", "-o", filepath.Join(dir, p),
 			filepath.Join("testdata", p+".c"), "-L"+dir, "-lcuda").CombinedOutput()
@@ -133,6 +134,19 @@ func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
 	}
 	checkTally(t, filepath.Base(bin), stderr.String())
 	t.Logf("%s in %v", last, time.Since(start).Round(time.Millisecond))
+}
+
+// checkDlopen checks a program can open the library with dlopen, as
+// frameworks do (testdata/dlopen.c).
+func checkDlopen(t *testing.T, dir string) {
+	t.Helper()
+	bin := filepath.Join(dir, "dlopen")
+	if out, err := exec.Command("gcc", "-O2", "-Wall", "-o", bin, filepath.Join("testdata", "dlopen.c"), "-ldl").CombinedOutput(); err != nil {
+		t.Fatalf("building dlopen: %v\n%s", err, out)
+	}
+	if out, err := exec.Command(bin, filepath.Join(dir, "libcuda.so.1")).CombinedOutput(); err != nil {
+		t.Fatalf("dlopen of the library: %v\n%s", err, out)
+	}
 }
 
 // checkTally checks the entry tally a program's stderr ends with (VGPUHA_DEBUG
