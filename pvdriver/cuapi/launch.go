@@ -20,10 +20,16 @@ type Launch struct {
 }
 
 // ParamLayout is the byte size of each of f's parameters: what the C half
-// reads behind each kernelParams pointer.
+// reads behind each kernelParams pointer. Every launch asks, so the slice
+// is the driver's own, not a copy: the caller must not change it.
 func (d *Driver) ParamLayout(f uint64) ([]int, Result) {
-	_, sizes, r := d.ParamInfo(f)
-	return sizes, r
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fn, r := d.function(f)
+	if r != Success {
+		return nil, r
+	}
+	return fn.sizes, Success
 }
 
 // LaunchKernel is cuLaunchKernel. Exactly one of params (each parameter's

@@ -281,12 +281,18 @@ func launchParams(f uint64, kp, extra *unsafe.Pointer) (params [][]byte, packed 
 	case kp != nil:
 		ptrs := unsafe.Slice(kp, len(sizes))
 		params = make([][]byte, len(sizes))
+		total := 0
+		for _, n := range sizes {
+			total += n
+		}
+		all := make([]byte, 0, total) // one allocation for every parameter's copy
 		for i, n := range sizes {
 			b, ok := hostBytes(ptrs[i], C.size_t(n))
 			if !ok {
 				return nil, nil, errInvalid
 			}
-			params[i] = append([]byte(nil), b...)
+			all = append(all, b...)
+			params[i] = all[len(all)-len(b) : len(all) : len(all)]
 		}
 	case extra != nil:
 		var buf unsafe.Pointer
