@@ -29,7 +29,9 @@ enum {
 	VG_FUNC_CLUSTER_POLICY = 15,
 };
 
-#define VG_ANS_FUNCS 256 /* per thread, direct-mapped; a power of two */
+/* Slots per thread, direct-mapped, powers of two: cuDNN asks several
+ * attributes of each of a few hundred functions. */
+#define VG_ANS_FUNCS 2048
 #define VG_ANS_CTXS 8
 
 static unsigned vg_answers_gen = 1;
@@ -66,7 +68,11 @@ static struct vg_kept *vg_kept(void) {
 	return vg_kept_mine;
 }
 
-static unsigned vg_slot(uintptr_t h, int attr, unsigned n) { return (unsigned)((h >> 4) * 31u + (unsigned)attr) & (n - 1); }
+/* vg_slot spreads handles (minted in steps of 16) and attributes over n
+ * slots (Fibonacci hashing). */
+static unsigned vg_slot(uintptr_t h, int attr, unsigned n) {
+	return (unsigned)((((uint64_t)h >> 4) * 0x9E3779B97F4A7C15ull + (uint64_t)attr * 0xC2B2AE3D27D4EB4Full) >> 40) & (n - 1);
+}
 
 CUresult vg_ans_func_attr(int *v, CUfunction_attribute attr, uintptr_t f) {
 	struct vg_kept *k = vg_kept();
