@@ -87,11 +87,10 @@ framework() {
 	[ -n "${prog[$1]:-}" ] || { echo "unknown program $1" >&2; return 1; }
 	[ "$1" = fw_expandable ] && env="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
 	[ "$1" = fw_jax ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false "
-	# XLA's command buffers capture into graphs the program made and build
-	# graphs node by node, which the library does not serve (docs/USAGE.md):
-	# fw_jax_tuned runs JAX with them off; fw_jax_plain also without the
-	# autotuner, whose choices (by timing) change the results from run to
-	# run, and whose replicated runs verify does not yet match.
+	# fw_jax runs XLA's defaults (command buffers: graphs built node by
+	# node; the autotuner); fw_jax_tuned turns command buffers off;
+	# fw_jax_plain also the autotuner, whose choices (by timing) change the
+	# results in the sixth digit from run to run.
 	[ "$1" = fw_jax_tuned ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=\"--xla_gpu_enable_command_buffer=\" "
 	[ "$1" = fw_jax_plain ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=\"--xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=\" "
 	printf '#!/bin/sh\nexec env %spython3 %s/%s\n' "$env" "$fw" "${prog[$1]}"

@@ -34,6 +34,11 @@
 // session, costs a hop per call; it becomes the better design if a host
 // program is found that the runtime cannot live beside.
 //
+// Entering Go from C costs about a microsecond, so the queries frameworks
+// ask before nearly every operation are answered in C from answers kept
+// until the driver changes them (answers.c), and VGPUHA_STATS=1 counts
+// every entry into Go with its time (tally.c).
+//
 // The runtime does not re-read the cgroup's CPU limit every second
 // (updatemaxprocs=0): inside a guest program that polling was 7 % of the
 // library's CPU samples (a ResNet's profile, VGPUHA_CPUPROFILE), and the
