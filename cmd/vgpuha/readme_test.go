@@ -81,7 +81,7 @@ func TestReadmeQuickStart(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	logs := func() string {
 		var all []string
-		for _, f := range []string{"primary.log", "standby.log", "guest.log"} {
+		for _, f := range []string{"primary.log", "standby.log", "guest.log", "standby-a.log", "standby-b.log"} {
 			b, _ := os.ReadFile(filepath.Join(pair, f))
 			all = append(all, "---- "+f+"\n"+string(b))
 		}
@@ -91,6 +91,7 @@ func TestReadmeQuickStart(t *testing.T) {
 		t.Fatalf("the quick start failed: %v\n%s\n%s", err, out, logs())
 	}
 	text := string(out)
+	t.Logf("the quick start printed:\n%s", text)
 	if !regexp.MustCompile(`verified [1-9][0-9]* objects .*match=true`).MatchString(text) {
 		t.Errorf("verify did not find primary and standby equal:\n%s\n%s", text, logs())
 	}
@@ -98,6 +99,14 @@ func TestReadmeQuickStart(t *testing.T) {
 	// term, serving.
 	if !regexp.MustCompile(`(?m)^127\.0\.0\.1:19471\s+primary\s+2\s+true\b`).MatchString(text) {
 		t.Errorf("after the kill the standby's status does not say primary, term 2, serving:\n%s\n%s", text, logs())
+	}
+	// Protected again: by the first host back as a standby after the
+	// failover, by the second after the switchover.
+	for _, want := range []string{`(?m)^127\.0\.0\.1:19471\s+primary\s+2\s+true\b.*\sprotected\s`,
+		`(?m)^127\.0\.0\.1:19470\s+primary\s+3\s+true\b.*\sprotected\s`} {
+		if !regexp.MustCompile(want).MatchString(text) {
+			t.Errorf("no status row matches %s:\n%s\n%s", want, text, logs())
+		}
 	}
 }
 
