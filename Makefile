@@ -68,6 +68,7 @@ fuzz: ## run every fuzz target for FUZZTIME and keep the corpus in testdata/
 bench: lab ## run the benchmarks and print their reports
 	./bin/vgpuha-lab bench pv
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/
+	$(GO) test -run '^$$' -bench Entries -benchtime 1x ./pvdriver/libcuda/ # needs gcc
 
 gpu-test: libcuda ## on a machine with an NVIDIA GPU: CUDA backend tests, two-process replication on the GPU, GPU benchmarks, C programs through bin/libcuda.so.1
 	CGO_ENABLED=0 $(GO) build -o bin/vgpuha ./cmd/vgpuha

@@ -26,7 +26,7 @@ var programs = []string{"vadd", "matmul", "pipeline", "attributes", "modfile", "
 var ownCode = map[string]bool{"bigimage": true}
 
 // build compiles the library and the programs into a temporary directory.
-func build(t *testing.T) string {
+func build(t testing.TB) string {
 	t.Helper()
 	if _, err := exec.LookPath("gcc"); err != nil {
 		t.Skip("gcc is missing (apt-get install gcc): the C test programs cannot be built")
@@ -146,7 +146,7 @@ func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
 
 // checkDlopen checks a program can open the library with dlopen, as
 // frameworks do (testdata/dlopen.c).
-func checkDlopen(t *testing.T, dir string) {
+func checkDlopen(t testing.TB, dir string) {
 	t.Helper()
 	bin := filepath.Join(dir, "dlopen")
 	if out, err := exec.Command("gcc", "-O2", "-Wall", "-o", bin, filepath.Join("testdata", "dlopen.c"), "-ldl").CombinedOutput(); err != nil {
@@ -181,7 +181,7 @@ func checkTally(t *testing.T, prog, stderr string) {
 }
 
 // kernelDir is the kernel library's PTX, which the C programs load.
-func kernelDir(t *testing.T) string {
+func kernelDir(t testing.TB) string {
 	t.Helper()
 	ptx, err := filepath.Abs(filepath.Join("..", "..", "kernels", "ptx"))
 	if err != nil {
@@ -192,7 +192,7 @@ func kernelDir(t *testing.T) string {
 
 // protectedPair starts a primary and its standby on the software GPU and
 // waits until the standby protects the primary; the test closes them.
-func protectedPair(t *testing.T, opts cluster.Options) *cluster.Cluster {
+func protectedPair(t testing.TB, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
 	c, err := cluster.Start(opts)
 	if err != nil {
@@ -208,7 +208,7 @@ func protectedPair(t *testing.T, opts cluster.Options) *cluster.Cluster {
 // checkDlsymNames fails t unless the library at path exports every name of
 // testdata/dlsym_names.txt: host libraries bind those with dlsym, and one
 // missing fails its caller with no refused call to name.
-func checkDlsymNames(t *testing.T, path string) {
+func checkDlsymNames(t testing.TB, path string) {
 	t.Helper()
 	f, err := elf.Open(path)
 	if err != nil {
