@@ -65,8 +65,9 @@ type Backend struct {
 	limits []uint64
 	// uuid names the GPU to the host's NVML, which nvml reads its live
 	// state from (nvml.go).
-	uuid [16]byte
-	nvml nvmlDevice
+	uuid   [16]byte
+	nvml   nvmlDevice
+	status statusCache // the last reading of nvml, for statusFresh
 }
 
 // contextLimits is how many CUlimit values DeviceInfo reports: the stack

@@ -374,12 +374,17 @@ const nvmlErrorInsufficientSize = 7
 // Backend reads its GPU's live state from the host's NVML.
 var _ gpu.DeviceStatusReporter = (*Backend)(nil)
 
-// DeviceStatus implements gpu.DeviceStatusReporter.
+// DeviceStatus implements gpu.DeviceStatusReporter: r is empty, and gets
+// a reading at most statusFresh old (statuscache.go).
 func (b *Backend) DeviceStatus(r *abi.DeviceStatusReply) {
 	if b.uuid == ([16]byte{}) {
 		return
 	}
-	if lib := b.nvml.open(b.uuid); lib != nil {
-		b.nvml.read(lib, r)
-	}
+	b.status.get(r, func(fresh *abi.DeviceStatusReply) bool {
+		lib := b.nvml.open(b.uuid)
+		if lib != nil {
+			b.nvml.read(lib, fresh)
+		}
+		return lib != nil
+	})
 }
