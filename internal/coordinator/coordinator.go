@@ -199,11 +199,16 @@ func Dial(cfg Config) (*Coordinator, error) {
 	}
 	c := &Coordinator{cfg: cfg, cli: cli, log: cfg.Logger.With("group", cfg.Group, "node", cfg.ID), feed: func(failover.Event) {}}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	if c.metrics, err = newMetrics(cfg.Registry, c); err != nil {
+	// The lease first: a dial that fails leaves nothing registered, so the
+	// caller may dial again with the same registry.
+	if err := c.newSession(); err != nil {
+		c.cancel()
 		cli.Close()
 		return nil, err
 	}
-	if err := c.newSession(); err != nil {
+	if c.metrics, err = newMetrics(cfg.Registry, c); err != nil {
+		c.sess.Close() // revokes the lease
+		c.cancel()
 		cli.Close()
 		return nil, err
 	}

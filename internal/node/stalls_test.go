@@ -49,12 +49,8 @@ func startStallPair(t *testing.T) *stallPair {
 	sp.cli = cli
 	dir := t.TempDir()
 	dial := func(id, advertise string) *coordinator.Coordinator {
-		c, err := coordinator.Dial(coordinator.Config{Endpoints: sp.etcd.Endpoints(), Group: "vm1", ID: id, Advertise: advertise,
+		return dialCoordinator(t, coordinator.Config{Endpoints: sp.etcd.Endpoints(), Group: "vm1", ID: id, Advertise: advertise,
 			TTL: stallTTL, DialTimeout: 2 * time.Second, Registry: prometheus.NewRegistry()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
 	}
 	lnS := listen(t)
 	cfgS := config(t, "unix://"+filepath.Join(dir, "s.sock"))
