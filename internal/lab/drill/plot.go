@@ -72,7 +72,7 @@ func (rep Report) WriteSVG(out io.Writer) error {
 	y := axisY + 26 + legendLine
 	for _, l := range legend {
 		if l.color != "" {
-			w(`<rect x="%d" y="%.1f" width="10" height="8" fill="%s"/>`+"\n", plotMargin, y-8, l.color)
+			w(`<rect x="%d" y="%.1f" width="10" height="8" fill="%s" fill-opacity="%.2f"/>`+"\n", plotMargin, y-8, l.color, l.opacity)
 		}
 		text(plotMargin+14, y, "", l.text)
 		y += legendLine
@@ -99,24 +99,37 @@ func (rep Report) plotRow(w func(string, ...any), text func(x, y float64, attrs,
 		case TermGuestPause:
 			barY = y + 9
 		case TermBothServing:
-			barY, barH, extra = y, plotRow-2, ` fill-opacity="0.35" class="both-serving"`
+			barY, barH, extra = y, plotRow-2, ` class="both-serving"`
 		}
-		w(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.0f" fill="%s"%s><title>%s %.1f ms, from +%.1f ms</title></rect>`+"\n",
-			x(from), barY, max(1, x(to)-x(from)), barH, b.color, extra, b.term, to-from, from)
+		w(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.0f" fill="%s" fill-opacity="%.2f"%s><title>%s %.1f ms, from +%.1f ms</title></rect>`+"\n",
+			x(from), barY, max(1, x(to)-x(from)), barH, b.color, b.opacity(), extra, b.term, to-from, from)
 	}
 }
 
 // legendEntry is a line of the plot's legend: a colour swatch (none for
 // a note) and its text.
-type legendEntry struct{ color, text string }
+type legendEntry struct {
+	color   string
+	opacity float64
+	text    string
+}
 
 func (rep Report) legend() []legendEntry {
 	var l []legendEntry
 	for _, b := range plotBars {
-		l = append(l, legendEntry{b.color, fmt.Sprintf("%s: %s", b.term, b.term.Meaning())})
+		l = append(l, legendEntry{b.color, b.opacity(), fmt.Sprintf("%s: %s", b.term, b.term.Meaning())})
 	}
-	return append(l, legendEntry{"", fmt.Sprintf("the upper bar ends at the %s: %s", TermTakeover, TermTakeover.Meaning())},
-		legendEntry{"#fdd", "a failed iteration"})
+	return append(l, legendEntry{"", 1, fmt.Sprintf("the upper bar ends at the %s: %s", TermTakeover, TermTakeover.Meaning())},
+		legendEntry{"#fdd", 1, "a failed iteration"})
+}
+
+// opacity is the bar's: the both-serving window is a band behind the
+// others.
+func (b plotBar) opacity() float64 {
+	if b.term == TermBothServing {
+		return 0.35
+	}
+	return 1
 }
 
 // plotSpan is the time axis' length in ms: every bar fits.
