@@ -396,7 +396,7 @@ func TestDemoEpoch(t *testing.T) {
 		t.Fatalf("demo --mode epoch: %v\n%s", err, out)
 	}
 	for _, want := range []string{"epoch 1 cut on the primary and committed on the standby", "loss, as epoch mode allows: " + drill.PromiseOf("epoch").What,
-		"lost: the guest's work after request", "the standby discarded the uncommitted epoch after epoch 1",
+		"lost: the guest's requests after request", "the standby discarded the uncommitted epoch after epoch 1",
 		"the guest was told: workload", "resumed session was rolled back", "ran round 2 again from its start", "identical to round 1: true",
 		"whose device copy equals everything it wrote: true"} {
 		if !bytes.Contains(out, []byte(want)) {

@@ -178,6 +178,7 @@ func (res *DemoResult) rounds(c *pvdriver.Client, p *pair, bin string) error {
 	if res.Mode == "epoch" {
 		if err := res.checkpoint(p); err != nil {
 			ap.resume()
+			ap.result() // it finishes on the primary
 			return err
 		}
 	}

@@ -113,12 +113,12 @@ func printLoss(w io.Writer, res *drill.DemoResult) {
 	fmt.Fprintf(w, "\nloss, as %s mode allows: %s.\n", res.Mode, pr.What)
 	var what []string
 	if len(l.Finished) > 0 {
-		what = append(what, "round 2's "+strings.Join(l.Finished, ", ")+", finished before the fault")
+		what = append(what, strings.Join(l.Finished, ", ")+" (finished before the fault)")
 	}
 	if l.Interrupted != "" {
-		what = append(what, l.Interrupted+", under way when the guest was told")
+		what = append(what, l.Interrupted+" (under way when the guest was told)")
 	}
-	fmt.Fprintf(w, "  lost: the guest's work after request %d: %s\n", l.RolledBackTo, strings.Join(what, "; "))
+	fmt.Fprintf(w, "  lost: the guest's requests after request %d, the tail of round 2's work so far: %s\n", l.RolledBackTo, strings.Join(what, ", "))
 	if p := res.Promotion; res.Checkpoint != nil && p != nil {
 		fmt.Fprintf(w, "  the standby discarded the uncommitted epoch after epoch %d: %d records, the guest's last %v before the fault\n",
 			res.Checkpoint.Epoch, p.DiscardedEpochRecords, res.Killed.Sub(res.Checkpoint.At).Round(time.Millisecond))

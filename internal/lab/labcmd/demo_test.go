@@ -75,7 +75,7 @@ func TestPrintDemoLoss(t *testing.T) {
 		loss bool
 		want []string
 	}{
-		{"epoch", true, []string{"loss, as epoch mode allows: " + drill.PromiseOf("epoch").What, "lost: the guest's work after request 57: round 2's histogram, finished before the fault; matmul, under way when the guest was told",
+		{"epoch", true, []string{"loss, as epoch mode allows: " + drill.PromiseOf("epoch").What, "lost: the guest's requests after request 57, the tail of round 2's work so far: histogram (finished before the fault), matmul (under way when the guest was told)",
 			"discarded the uncommitted epoch after epoch 1: 7 records, the guest's last 40ms", "the guest was told: pvdriver: resumed session was rolled back",
 			"went back to request 57", "ran round 2 again"}},
 		{"async", true, []string{"loss, as async mode allows: " + drill.PromiseOf("async").What, "went back to request 57"}},
