@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -28,6 +29,7 @@ type DemoOptions struct {
 type DemoResult struct {
 	PrimaryPID, StandbyPID int
 	Backend                string // the primary's
+	Mode                   string
 	// Round1 ran on the primary; Round2 lost the primary after its first
 	// workload (KilledAfter, at Killed) and finished on the standby.
 	Round1, Round2 []workload.Result
@@ -35,26 +37,81 @@ type DemoResult struct {
 	Round2Verified bool // verified, and equal to round 1
 	KilledAfter    string
 	Killed         time.Time
-	StandbyRole    string              // after round 2
-	Promotion      *nodeproc.Promotion // the standby's, nil if it never took over
-	Failovers      []pvdriver.Failover
+	// Checkpoint (epoch mode) is the epoch the demo cut, as a VM's
+	// checkpointer would, once round 1 was done.
+	Checkpoint  *Checkpoint
+	StandbyRole string              // after round 2
+	Promotion   *nodeproc.Promotion // the standby's, nil if it never took over
+	Failovers   []pvdriver.Failover
+	// Loss is the work the takeover lost, nil if it lost none.
+	Loss *Loss
 	// The aperture guest wrote mapped device memory across the kill.
 	AperturePID int
 	Aperture    mmioguest.Result
 }
 
+// Checkpoint is an epoch cut on the primary and committed on the standby.
+type Checkpoint struct {
+	Epoch uint64
+	At    time.Time
+}
+
+// Loss is work a takeover lost: the guest was told that the new primary
+// holds its session only up to an earlier request.
+type Loss struct {
+	Promise Promise
+	// GuestView is what the guest was told; RolledBackTo is the last
+	// request the new primary's copy of the session held, the point the
+	// guest went back to.
+	GuestView    string
+	RolledBackTo uint64
+	// Finished are round 2's workloads the guest had finished before the
+	// fault, Interrupted the one under way when it was told: their work
+	// after RolledBackTo was lost, and the guest ran round 2 again from
+	// its start (Rerun).
+	Finished    []string
+	Interrupted string
+	Rerun       bool
+}
+
+// Promise is what a replication mode lets a takeover lose.
+type Promise struct {
+	Mode string
+	// MayLose: a takeover may roll a guest's session back, by design.
+	MayLose bool
+	What    string // the promise, in a sentence
+}
+
+// promises are the replication modes' (USAGE.md, "Modes").
+var promises = map[string]Promise{
+	"sync": {Mode: "sync", What: "every synchronous call returns only after the standby applied it, so a takeover loses nothing"},
+	"commit": {Mode: "commit", What: "a reply that carries anything out to the guest waits until the standby applied everything before it, " +
+		"and the guest resends what came after, so a takeover loses nothing"},
+	"async": {Mode: "async", MayLose: true, What: "nothing waits for the standby, so a takeover loses what the standby had not yet applied"},
+	"epoch": {Mode: "epoch", MayLose: true, What: "the standby applies an epoch only once the next one is cut (the VM's checkpoint), " +
+		"so a takeover loses everything after the last cut"},
+}
+
+// PromiseOf is mode's promise.
+func PromiseOf(mode string) Promise { return promises[mode] }
+
 // Passed reports whether the guests finished on the promoted standby with
-// verified results after exactly one failover each.
+// verified results after exactly one failover each, having lost no work
+// that the mode does not allow a takeover to lose.
 func (r *DemoResult) Passed() bool {
-	return r.Round2Verified && len(r.Failovers) == 1 && r.Aperture.Verified && r.Aperture.Failovers == 1
+	return r.Round2Verified && len(r.Failovers) == 1 && r.Aperture.Verified && r.Aperture.Failovers == 1 &&
+		(r.Loss == nil || r.Loss.Promise.MayLose)
 }
 
 // Demo shows the product's point on one machine: it starts a standby and a
 // primary as separate processes on loopback, runs every workload through a
 // guest, SIGKILLs the primary in the middle of the second round, and the
-// guest finishes on the promoted standby with verified results. The result
-// is nil when the demo could not run to the end; an error with a result
-// means it ran but failed.
+// guest finishes on the promoted standby with verified results. In a mode
+// that may lose work (async, epoch) a guest told that its session was
+// rolled back goes back to where the new primary's copy of it ends and
+// runs round 2 again; the result says what was lost. The result is nil
+// when the demo could not run to the end; an error with a result means it
+// ran but failed (a loss the mode does not allow, among others).
 func Demo(o DemoOptions) (*DemoResult, error) {
 	p, err := startPair(o.Binary, o.Backend, o.Mode, false, "unix", nil, false)
 	if err != nil {
@@ -68,7 +125,7 @@ func Demo(o DemoOptions) (*DemoResult, error) {
 			p.stop()
 		}
 	}()
-	res := &DemoResult{PrimaryPID: p.primary.Cmd.Process.Pid, StandbyPID: p.standby.Cmd.Process.Pid}
+	res := &DemoResult{PrimaryPID: p.primary.Cmd.Process.Pid, StandbyPID: p.standby.Cmd.Process.Pid, Mode: o.Mode}
 	var pst struct{ Backend string }
 	p.primary.Status(&pst)
 	res.Backend = pst.Backend
@@ -80,7 +137,8 @@ func Demo(o DemoOptions) (*DemoResult, error) {
 		return nil, err
 	}
 	defer c.Close()
-	if err := res.rounds(c, p, o.Binary); err != nil {
+	err = res.rounds(c, p, o.Binary)
+	if err != nil && res.Loss == nil {
 		return nil, err
 	}
 	var sst struct {
@@ -89,15 +147,19 @@ func Demo(o DemoOptions) (*DemoResult, error) {
 	}
 	p.standby.Status(&sst)
 	res.StandbyRole, res.Promotion, res.Failovers = sst.Role, sst.Promotion, c.Failovers()
-	if keepLogs = !res.Passed(); keepLogs {
-		return res, fmt.Errorf("failover demo failed (logs in %s)", p.dir)
+	if keepLogs = err != nil || !res.Passed(); keepLogs {
+		if err == nil {
+			err = errors.New("the guests did not finish verified on the promoted standby")
+		}
+		return res, fmt.Errorf("failover demo failed: %w (logs in %s)", err, p.dir)
 	}
 	return res, nil
 }
 
 // rounds runs every workload twice through c, the second time killing the
 // primary after the first workload, with an aperture guest writing across
-// the kill.
+// the kill. In epoch mode it cuts an epoch between the rounds, once the
+// aperture guest has paused.
 func (res *DemoResult) rounds(c *pvdriver.Client, p *pair, bin string) error {
 	ws, _ := workload.Select("all")
 	var err error
@@ -113,6 +175,13 @@ func (res *DemoResult) rounds(c *pvdriver.Client, p *pair, bin string) error {
 		return err
 	}
 	res.AperturePID = ap.cmd.Process.Pid
+	if res.Mode == "epoch" {
+		if err := res.checkpoint(p); err != nil {
+			ap.resume()
+			ap.result() // it finishes on the primary
+			return err
+		}
+	}
 	killAfterFirst := func(i int, r workload.Result) {
 		if i == 0 {
 			res.Killed, res.KilledAfter = time.Now(), r.Name
@@ -120,13 +189,57 @@ func (res *DemoResult) rounds(c *pvdriver.Client, p *pair, bin string) error {
 			ap.resume()
 		}
 	}
-	if res.Round2, res.Round2Verified, err = runRound(c, ws, res.Round1, killAfterFirst); err != nil {
+	res.Round2, res.Round2Verified, err = runRound(c, ws, res.Round1, killAfterFirst)
+	if err != nil {
+		err = res.rollBack(c, ws, err)
+	}
+	var apErr error
+	if res.Aperture, apErr = ap.result(); err == nil && apErr != nil {
+		return fmt.Errorf("aperture guest: %w", apErr)
+	}
+	if err != nil {
 		return fmt.Errorf("after the failover: %w", err)
 	}
-	if res.Aperture, err = ap.result(); err != nil {
-		return fmt.Errorf("aperture guest: %w", err)
-	}
 	return nil
+}
+
+// checkpoint cuts an epoch, as the VM's checkpointer would: everything
+// before it is committed on the standby.
+func (res *DemoResult) checkpoint(p *pair) error {
+	epoch, committed, err := cutEpoch(p.primary)
+	switch {
+	case err != nil:
+		return fmt.Errorf("cutting an epoch: %w", err)
+	case !committed:
+		return fmt.Errorf("epoch %d was cut but not committed on the standby", epoch)
+	}
+	res.Checkpoint = &Checkpoint{Epoch: epoch, At: time.Now()}
+	return nil
+}
+
+// rollBack handles err, round 2's failure after the kill: a guest told
+// that its session was rolled back goes back to where the new primary's
+// copy ends (its own checkpoint: round 2's start) and runs round 2 again,
+// if the mode allows the loss; any other error, or a loss the mode does
+// not allow, is returned.
+func (res *DemoResult) rollBack(c *pvdriver.Client, ws []workload.Workload, err error) error {
+	if !errors.Is(err, pvdriver.ErrRolledBack) {
+		return err
+	}
+	l := &Loss{Promise: PromiseOf(res.Mode), GuestView: err.Error()}
+	for _, r := range res.Round2 {
+		l.Finished = append(l.Finished, r.Name)
+	}
+	if len(res.Round2) < len(ws) {
+		l.Interrupted = ws[len(res.Round2)].Name
+	}
+	res.Loss = l
+	if !l.Promise.MayLose {
+		return fmt.Errorf("a loss %s mode does not allow (%s): %w", res.Mode, l.Promise.What, err)
+	}
+	l.RolledBackTo, l.Rerun = c.AcceptRollback(), true
+	res.Round2, res.Round2Verified, err = runRound(c, ws, res.Round1, nil)
+	return err
 }
 
 // runRound runs ws through c, calling after (if set) after each, and

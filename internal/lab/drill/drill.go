@@ -101,15 +101,22 @@ func stopped(stop <-chan struct{}) bool {
 
 // Record is one drill iteration.
 type Record struct {
-	Iteration   int     `json:"iteration"`
-	Fault       string  `json:"fault"`
-	Coordinated bool    `json:"coordinated"`
-	AtLaunch    int     `json:"at_launch"`
-	Passed      bool    `json:"passed"`
-	Failovers   int     `json:"failovers"`
+	Iteration   int    `json:"iteration"`
+	Fault       string `json:"fault"`
+	Coordinated bool   `json:"coordinated"`
+	AtLaunch    int    `json:"at_launch"`
+	Passed      bool   `json:"passed"`
+	Failovers   int    `json:"failovers"`
+	// A takeover's spans (spans.go says what each measures): silence,
+	// detection, promotion, takeover (from the fault).
+	SilenceMS   float64 `json:"silence_ms,omitempty"`
 	DetectionMS float64 `json:"detection_ms,omitempty"`
 	PromotionMS float64 `json:"promotion_ms,omitempty"`
-	PauseMS     float64 `json:"pause_ms,omitempty"` // a takeover: from the fault to the guest resuming
+	TakeoverMS  float64 `json:"takeover_ms,omitempty"`
+	// PauseMS is the guest pause of its first failover, which began
+	// PauseFromMS after the fault (negative: a call made just before it).
+	PauseMS     float64 `json:"pause_ms,omitempty"`
+	PauseFromMS float64 `json:"pause_from_ms,omitempty"`
 	// GuestLooks: the rounds in which the guest asked the nodes for its
 	// session on its first failover (more than one: it was looking before
 	// the new node served); GuestStalled: it went looking because a call
@@ -126,8 +133,10 @@ type Record struct {
 	// partition: the old primary served on, unprotected, and was fenced).
 	RolledBack bool `json:"rolled_back,omitempty"`
 	// BothServingMS is how long the old primary answered guests after
-	// another node had begun to (see servingProbe).
-	BothServingMS float64 `json:"both_serving_ms"`
+	// another node had begun to (see servingProbe), from BothServingFromMS
+	// after the fault.
+	BothServingMS     float64 `json:"both_serving_ms"`
+	BothServingFromMS float64 `json:"both_serving_from_ms,omitempty"`
 	// ReprotectedMS: standby-loss, from the loss until the pool standby
 	// protected the primary.
 	ReprotectedMS float64 `json:"reprotected_ms,omitempty"`
@@ -157,6 +166,7 @@ type Report struct {
 	Failed        int       `json:"failed"`
 	LostRequests  int64     `json:"lost_requests"`
 	DetectionMS   Quantiles `json:"detection_ms"` // unplanned takeovers (kill, freeze)
+	TakeoverMS    Quantiles `json:"takeover_ms"`  // unplanned takeovers (kill, freeze)
 	PauseMS       Quantiles `json:"pause_ms"`     // unplanned takeovers (kill, freeze)
 	// Faults sums up each fault in each setup, in the order first drilled.
 	Faults  []FaultSummary `json:"faults"`
@@ -172,6 +182,7 @@ type FaultSummary struct {
 	LostRequests  int64     `json:"lost_requests"`
 	Promotions    int       `json:"promotions"`      // iterations in which a standby took over
 	DetectionMS   Quantiles `json:"detection_ms"`    // iterations with a takeover
+	TakeoverMS    Quantiles `json:"takeover_ms"`     // iterations with a takeover
 	PauseMS       Quantiles `json:"pause_ms"`        // iterations where the guest moved
 	BothServingMS Quantiles `json:"both_serving_ms"` // every iteration
 }
@@ -295,7 +306,7 @@ func Run(o Options) (Report, error) {
 // summarize totals the records.
 func summarize(o Options, recs []Record) Report {
 	rep := Report{Topology: o.Topology(), Mode: o.Mode, StateBytes: o.StateBytes, Records: recs}
-	var det, pause []float64
+	var det, takeover, pause []float64
 	for _, r := range recs {
 		rep.Iterations++
 		if r.Passed {
@@ -309,10 +320,10 @@ func summarize(o Options, recs []Record) Report {
 		// guest's own blip has nothing to detect and pauses far less.
 		if f := lookup(r.Fault); r.Failovers > 0 && f != nil && f.unplanned {
 			pause = append(pause, r.PauseMS)
-			det = append(det, r.DetectionMS)
+			det, takeover = append(det, r.DetectionMS), append(takeover, r.TakeoverMS)
 		}
 	}
-	rep.DetectionMS, rep.PauseMS = QuantilesOf(det), QuantilesOf(pause)
+	rep.DetectionMS, rep.TakeoverMS, rep.PauseMS = QuantilesOf(det), QuantilesOf(takeover), QuantilesOf(pause)
 	rep.Faults = summarizeFaults(recs)
 	return rep
 }
@@ -324,7 +335,7 @@ func summarizeFaults(recs []Record) []FaultSummary {
 		coordinated bool
 	}
 	var order []key
-	type samples struct{ det, pause, both []float64 }
+	type samples struct{ det, takeover, pause, both []float64 }
 	sums, vals := map[key]*FaultSummary{}, map[key]*samples{}
 	for _, r := range recs {
 		k := key{r.Fault, r.Coordinated}
@@ -341,8 +352,8 @@ func summarizeFaults(recs []Record) []FaultSummary {
 		if r.Promoted {
 			s.Promotions++
 		}
-		if r.DetectionMS > 0 {
-			v.det = append(v.det, r.DetectionMS)
+		if r.TakeoverMS > 0 {
+			v.det, v.takeover = append(v.det, r.DetectionMS), append(v.takeover, r.TakeoverMS)
 		}
 		if r.Failovers > 0 {
 			v.pause = append(v.pause, r.PauseMS)
@@ -352,7 +363,7 @@ func summarizeFaults(recs []Record) []FaultSummary {
 	out := make([]FaultSummary, 0, len(order))
 	for _, k := range order {
 		s, v := sums[k], vals[k]
-		s.DetectionMS, s.PauseMS, s.BothServingMS = QuantilesOf(v.det), QuantilesOf(v.pause), QuantilesOf(v.both)
+		s.DetectionMS, s.TakeoverMS, s.PauseMS, s.BothServingMS = QuantilesOf(v.det), QuantilesOf(v.takeover), QuantilesOf(v.pause), QuantilesOf(v.both)
 		out = append(out, *s)
 	}
 	return out
@@ -412,11 +423,7 @@ func once(o Options, f *fault, at int, coordinated bool) Record {
 		r.rec.Promoted = r.pair.standby.Promotion() != nil || (r.pair.pool != nil && r.pair.pool.Promotion() != nil)
 	}
 	if r.guest != nil {
-		var since time.Time
-		if r.fault.takeover {
-			since = r.struck
-		}
-		r.rec.noteFailovers(r.guest.Failovers(), since)
+		r.rec.noteFailovers(r.guest.Failovers(), r.struck)
 	}
 	if err != nil {
 		r.rec.Problem = err.Error()
@@ -576,8 +583,7 @@ func (r *run) check() error {
 		if nodeproc.WaitFor(5*time.Second, func() bool { p = r.pair.standby.Promotion(); return p != nil }) != nil {
 			return errors.New("standby was not promoted")
 		}
-		r.rec.DetectionMS = p.DetectionSeconds * 1000
-		r.rec.PromotionMS = float64(p.Serving.Sub(r.struck).Microseconds()) / 1000
+		r.rec.noteTakeover(p, r.struck)
 	}
 	if r.fault.expect != nil {
 		if err := r.fault.expect(r); err != nil {
@@ -589,8 +595,10 @@ func (r *run) check() error {
 	}
 	r.serving.end()
 	eps := r.pair.servingEndpoints()
-	both := r.serving.overlap(eps[0], eps[1:]...)
-	r.rec.BothServingMS = float64(both.Microseconds()) / 1000
+	from, both := r.serving.overlap(eps[0], eps[1:]...)
+	if both > 0 {
+		r.rec.BothServingMS, r.rec.BothServingFromMS = MS(both), MS(from.Sub(r.struck))
+	}
 	if both > 0 && r.pair.coord != nil {
 		return fmt.Errorf("the old primary answered guests %v after another node had begun to", both)
 	}

@@ -108,15 +108,16 @@ func (p *servingProbe) end() {
 }
 
 // overlap is how long old answered guests after any of others had begun
-// to (0: never).
-func (p *servingProbe) overlap(old string, others ...string) time.Duration {
+// to (0: never), and from when: the longest such window.
+func (p *servingProbe) overlap(old string, others ...string) (time.Time, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var from time.Time
 	var d time.Duration
 	for _, ep := range others {
-		if f := p.first[ep]; !f.IsZero() && p.last[old].After(f) {
-			d = max(d, p.last[old].Sub(f))
+		if f := p.first[ep]; !f.IsZero() && p.last[old].Sub(f) > d {
+			from, d = f, p.last[old].Sub(f)
 		}
 	}
-	return d
+	return from, d
 }

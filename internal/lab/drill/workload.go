@@ -85,27 +85,45 @@ type checkpointer struct {
 
 // cut cuts an epoch after launched launches.
 func (c *checkpointer) cut(launched int) {
-	var cut struct {
-		Committed bool `json:"committed_on_standby"`
-	}
-	if body, err := c.primary.Post("/epoch", 5*time.Second); err == nil && json.Unmarshal(body, &cut) == nil && cut.Committed {
+	if _, committed, err := cutEpoch(c.primary); err == nil && committed {
 		c.journal = launched
 	}
 }
 
+// cutEpoch cuts an epoch on an epoch-mode primary (POST /epoch): it
+// returns the epoch cut and whether everything before it is committed on
+// the standby.
+func cutEpoch(primary *nodeproc.Node) (epoch uint64, committed bool, err error) {
+	var cut struct {
+		Epoch     uint64 `json:"epoch"`
+		Committed bool   `json:"committed_on_standby"`
+	}
+	body, err := primary.Post("/epoch", 5*time.Second)
+	if err == nil {
+		err = json.Unmarshal(body, &cut)
+	}
+	return cut.Epoch, cut.Committed, err
+}
+
 // noteFailovers records how many failovers the guest went through and,
-// for the first, its pause in ms: from since (the fault, for a takeover)
-// to the guest resuming, or, with since zero, from the guest losing its
-// node (a guest stalled on a silent node lost it when it made the oldest
-// call it gave up waiting for); and how the guest found the new node.
-func (rec *Record) noteFailovers(fo []pvdriver.Failover, since time.Time) {
+// for the first, its guest pause, when that began after the fault struck
+// (zero: before it struck, nothing is measured from it), and how the
+// guest found the new node.
+func (rec *Record) noteFailovers(fo []pvdriver.Failover, struck time.Time) {
 	rec.Failovers = len(fo)
 	if len(fo) == 0 {
 		return
 	}
-	if since.IsZero() {
-		since = fo[0].Lost
+	s := MeasureSpans(struck, nil, &fo[0])
+	rec.PauseMS = MS(s.GuestPause)
+	if !struck.IsZero() {
+		rec.PauseFromMS = MS(s.GuestLost)
 	}
-	rec.PauseMS = float64(fo[0].Resumed.Sub(since).Microseconds()) / 1000
 	rec.GuestLooks, rec.GuestStalled = fo[0].Looks, fo[0].Stalled
+}
+
+// noteTakeover records the spans of p's takeover after the fault struck.
+func (rec *Record) noteTakeover(p *nodeproc.Promotion, struck time.Time) {
+	s := MeasureSpans(struck, p, nil)
+	rec.SilenceMS, rec.DetectionMS, rec.PromotionMS, rec.TakeoverMS = MS(s.Silence), MS(s.Detection), MS(s.Promotion), MS(s.Takeover)
 }

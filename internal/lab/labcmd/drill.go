@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -90,7 +91,7 @@ func runDrill(args []string) error {
 	o.Stop = ctx.Done()
 	rep, err := drill.Run(o)
 	if errors.Is(err, drill.ErrInterrupted) {
-		printDrill(rep)
+		printDrill(os.Stdout, rep)
 		return fmt.Errorf("interrupted after %d of %d iterations; every agent, namespace and directory it made is gone", rep.Iterations, o.Iterations)
 	}
 	if err != nil {
@@ -112,7 +113,7 @@ func (d *drillFlags) report(rep drill.Report) error {
 		enc.SetIndent("", "  ")
 		enc.Encode(rep)
 	} else {
-		printDrill(rep)
+		printDrill(os.Stdout, rep)
 	}
 	if rep.Failed > 0 {
 		return fmt.Errorf("%d of %d iterations failed", rep.Failed, rep.Iterations)
@@ -149,41 +150,46 @@ func writeDrillPlot(path string, rep drill.Report) error {
 	return f.Close()
 }
 
-func printDrill(rep drill.Report) {
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ITER\tSETUP\tFAULT\tAT LAUNCH\tPASSED\tDETECTION ms\tPROMOTION ms\tGUEST PAUSE ms\tGUEST FOUND IT\tLOST\tBOTH SERVING ms\tOLD PRIMARY FENCED\tROLLED BACK")
+func printDrill(w io.Writer, rep drill.Report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	h := func(t drill.Term) string { return t.Header() }
+	fmt.Fprintf(tw, "ITER\tSETUP\tFAULT\tAT LAUNCH\tPASSED\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\tOLD PRIMARY FENCED\tROLLED BACK\n",
+		h(drill.TermSilence), h(drill.TermDetection), h(drill.TermPromotion), h(drill.TermTakeover), h(drill.TermGuestPause),
+		h(drill.TermGuestReconnect), h(drill.TermLost), h(drill.TermBothServing))
 	for _, r := range rep.Records {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%v\t%.0f\t%.1f\t%.1f\t%s\t%d\t%.1f\t%v\t%v\n", r.Iteration, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed,
-			r.DetectionMS, r.PromotionMS, r.PauseMS, guestFound(r), r.LostRequests, r.BothServingMS, r.Fenced, r.RolledBack)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%v\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%s\t%d\t%s\t%v\t%v\n", r.Iteration, setupName(r.Coordinated), r.Fault, r.AtLaunch, r.Passed,
+			r.SilenceMS, r.DetectionMS, r.PromotionMS, r.TakeoverMS, r.PauseMS, r.GuestReconnect(), r.LostRequests, bothServing(r), r.Fenced, r.RolledBack)
 	}
 	tw.Flush()
-	fmt.Printf("\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
-	fmt.Printf("detection ms p50 %.0f p99 %.0f max %.0f; guest pause ms p50 %.0f p99 %.0f max %.0f\n",
-		rep.DetectionMS.P50, rep.DetectionMS.P99, rep.DetectionMS.Max, rep.PauseMS.P50, rep.PauseMS.P99, rep.PauseMS.Max)
+	fmt.Fprintf(w, "\n%s, mode %s: %d/%d passed, %d requests lost or repeated\n", rep.Topology, rep.Mode, rep.Passed, rep.Iterations, rep.LostRequests)
+	fmt.Fprintf(w, "unplanned takeovers (kill, freeze): %s ms p50 %.0f p99 %.0f max %.0f; %s ms p50 %.0f p99 %.0f max %.0f; %s ms p50 %.0f p99 %.0f max %.0f\n",
+		drill.TermDetection, rep.DetectionMS.P50, rep.DetectionMS.P99, rep.DetectionMS.Max, drill.TermTakeover, rep.TakeoverMS.P50, rep.TakeoverMS.P99, rep.TakeoverMS.Max,
+		drill.TermGuestPause, rep.PauseMS.P50, rep.PauseMS.P99, rep.PauseMS.Max)
 	if rep.StateBytes > 0 {
-		fmt.Printf("state: the guest held %d MiB; %d MiB read back equal over %d iterations (%d MiB each)\n",
+		fmt.Fprintf(w, "state: the guest held %d MiB; %d MiB read back equal over %d iterations (%d MiB each)\n",
 			rep.StateBytes>>20, rep.BytesVerified>>20, rep.Iterations, rep.StateBytes>>20)
 	}
-	fmt.Println()
-	fmt.Fprintln(tw, "FAULT\tSETUP\tPASSED\tPROMOTIONS\tDETECTION ms p50/p99\tGUEST PAUSE ms p50/p99\tLOST\tBOTH SERVING ms p50/max")
+	fmt.Fprintln(w)
+	fmt.Fprintf(tw, "FAULT\tSETUP\tPASSED\tPROMOTIONS\t%s p50/p99\t%s p50/p99\t%s p50/p99\t%s\t%s p50/max\n",
+		h(drill.TermDetection), h(drill.TermTakeover), h(drill.TermGuestPause), h(drill.TermLost), h(drill.TermBothServing))
 	for _, f := range rep.Faults {
-		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d/%d\t%.0f/%.0f\t%.0f/%.0f\t%d\t%.1f/%.1f\n", f.Fault, setupName(f.Coordinated), f.Passed, f.Iterations,
-			f.Promotions, f.Iterations, f.DetectionMS.P50, f.DetectionMS.P99, f.PauseMS.P50, f.PauseMS.P99, f.LostRequests, f.BothServingMS.P50, f.BothServingMS.Max)
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d/%d\t%.0f/%.0f\t%.0f/%.0f\t%.0f/%.0f\t%d\t%.1f/%.1f\n", f.Fault, setupName(f.Coordinated), f.Passed, f.Iterations,
+			f.Promotions, f.Iterations, f.DetectionMS.P50, f.DetectionMS.P99, f.TakeoverMS.P50, f.TakeoverMS.P99, f.PauseMS.P50, f.PauseMS.P99,
+			f.LostRequests, f.BothServingMS.P50, f.BothServingMS.Max)
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "\nterms (the demo's too):")
+	drill.Legend(w, drill.TermSilence, drill.TermDetection, drill.TermPromotion, drill.TermTakeover, drill.TermGuestPause,
+		drill.TermGuestReconnect, drill.TermLost, drill.TermBothServing)
 }
 
-// guestFound says how the guest found the node it resumed on: why it
-// looked (its connection ended, or a call stalled on an open one) and in
-// how many rounds of asking.
-func guestFound(r drill.Record) string {
-	switch {
-	case r.Failovers == 0:
-		return "-"
-	case r.GuestStalled:
-		return fmt.Sprintf("stall, %d looks", r.GuestLooks)
+// bothServing is the both-serving window: its length, and from when
+// after the fault.
+func bothServing(r drill.Record) string {
+	if r.BothServingMS == 0 {
+		return "0"
 	}
-	return fmt.Sprintf("lost, %d looks", r.GuestLooks)
+	return fmt.Sprintf("%.1f (from +%.1f)", r.BothServingMS, r.BothServingFromMS)
 }
 
 func setupName(coordinated bool) string {

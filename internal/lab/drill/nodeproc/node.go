@@ -83,6 +83,9 @@ type Promotion struct {
 	DetectionSeconds float64 `json:"detection_seconds"`
 	PromotionSeconds float64 `json:"promotion_seconds"`
 	Serving          time.Time
+	// DiscardedEpochRecords (epoch mode): records of the uncommitted
+	// epoch the standby dropped when it took over.
+	DiscardedEpochRecords int `json:"discarded_epoch_records"`
 }
 
 // Fenced waits up to d (0: asks once) for the node to answer that it no

@@ -56,7 +56,7 @@ type Report struct {
 	Seconds     float64         `json:"seconds"`
 	Kills       int             `json:"kills"`
 	Takeovers   int             `json:"takeovers"`
-	DetectionMS drill.Quantiles `json:"detection_ms"`
+	DetectionMS drill.Quantiles `json:"detection_ms"`      // the drill's detection: the kill → the standby's decision
 	AckedWrites int64           `json:"acked_writes"`      // counter guests' acknowledged writes
 	LostAcked   int64           `json:"lost_acked_writes"` // acknowledged writes not read back
 	// RolledBack: sessions whose guest was told that acknowledged
@@ -225,6 +225,7 @@ func (s *soak) kills(deadline time.Time) error {
 
 func (s *soak) killPrimary() error {
 	old := s.primary
+	killed := time.Now()
 	s.nodes[old].agent.Cmd.Process.Kill()
 	s.nodes[old].agent.Cmd.Wait()
 	s.mu.Lock()
@@ -238,7 +239,8 @@ func (s *soak) killPrimary() error {
 	s.mu.Lock()
 	s.primary = 1 - old
 	s.rep.Takeovers++
-	s.detection = append(s.detection, p.DetectionSeconds*1000)
+	detection := drill.MS(drill.MeasureSpans(killed, p, nil).Detection)
+	s.detection = append(s.detection, detection)
 	s.mu.Unlock()
 	if err := s.startNode(old, "standby"); err != nil {
 		return err
@@ -246,8 +248,8 @@ func (s *soak) killPrimary() error {
 	if err := s.waitProtected(1 - old); err != nil {
 		return fmt.Errorf("kill %d: the restarted node never protected the new primary: %w", s.rep.Kills, err)
 	}
-	s.note("kill %d: node %s took over (detection %.0f ms); node %s resynced as its standby", s.rep.Kills, s.nodes[1-old].name,
-		p.DetectionSeconds*1000, s.nodes[old].name)
+	s.note("kill %d: node %s took over (%s %.0f ms); node %s resynced as its standby", s.rep.Kills, s.nodes[1-old].name,
+		drill.TermDetection, detection, s.nodes[old].name)
 	return nil
 }
 
