@@ -34,21 +34,22 @@ enum {
 #define VG_ANS_FUNCS 2048
 #define VG_ANS_CTXS 8
 
-static unsigned vg_answers_gen = 1;
+/* 64 bits: a generation never comes round again (slots start at 0). */
+static uint64_t vg_answers_gen = 1;
 
 void vg_answers_forget(void) { __atomic_add_fetch(&vg_answers_gen, 1, __ATOMIC_RELEASE); }
 
-static unsigned vg_gen(void) { return __atomic_load_n(&vg_answers_gen, __ATOMIC_ACQUIRE); }
+static uint64_t vg_gen(void) { return __atomic_load_n(&vg_answers_gen, __ATOMIC_ACQUIRE); }
 
 /* A thread's kept answers, on the heap: a library that is dlopen'ed must
  * keep its thread-local storage to a few words (glibc's static TLS
  * surplus), so the thread holds only the pointer. */
 struct vg_kept {
-	struct { uintptr_t f; int attr; unsigned gen; int v; } fattr[VG_ANS_FUNCS];
-	struct { uintptr_t f; unsigned gen; char *name; } fname[VG_ANS_FUNCS];
-	struct { uintptr_t ctx; unsigned gen; } live[VG_ANS_CTXS];
-	struct { uintptr_t ctx; unsigned gen; CUdevice dev; } cdev;
-	struct { CUdevice dev; unsigned gen; unsigned flags; int active; } pstate;
+	struct { uintptr_t f; uint64_t gen; int attr, v; } fattr[VG_ANS_FUNCS];
+	struct { uintptr_t f; uint64_t gen; char *name; } fname[VG_ANS_FUNCS];
+	struct { uintptr_t ctx; uint64_t gen; } live[VG_ANS_CTXS];
+	struct { uintptr_t ctx; uint64_t gen; CUdevice dev; } cdev;
+	struct { uint64_t gen; CUdevice dev; unsigned flags; int active; } pstate;
 };
 
 static __thread struct vg_kept *vg_kept_mine;
@@ -76,7 +77,8 @@ static unsigned vg_slot(uintptr_t h, int attr, unsigned n) {
 
 CUresult vg_ans_func_attr(int *v, CUfunction_attribute attr, uintptr_t f) {
 	struct vg_kept *k = vg_kept();
-	unsigned g = vg_gen(), i = vg_slot(f, attr, VG_ANS_FUNCS);
+	uint64_t g = vg_gen();
+	unsigned i = vg_slot(f, attr, VG_ANS_FUNCS);
 	if (k == NULL || v == NULL)
 		return vgFuncGetAttribute(v, attr, f);
 	if (k->fattr[i].gen == g && k->fattr[i].f == f && k->fattr[i].attr == attr) {
@@ -103,7 +105,8 @@ CUresult vg_ans_func_set_attr(uintptr_t f, CUfunction_attribute attr, int v) {
 
 CUresult vg_ans_func_name(char **name, uintptr_t f) {
 	struct vg_kept *k = vg_kept();
-	unsigned g = vg_gen(), i = vg_slot(f, 0, VG_ANS_FUNCS);
+	uint64_t g = vg_gen();
+	unsigned i = vg_slot(f, 0, VG_ANS_FUNCS);
 	if (k == NULL || name == NULL)
 		return vgFuncGetName(name, f);
 	if (k->fname[i].gen == g && k->fname[i].f == f) {
@@ -121,7 +124,8 @@ CUresult vg_ans_func_name(char **name, uintptr_t f) {
 CUresult vg_ans_ctx_live(uintptr_t ctx, uintptr_t *out) {
 	struct vg_kept *k = vg_kept();
 	uintptr_t c = ctx ? ctx : vg_ctx_top();
-	unsigned g = vg_gen(), i = vg_slot(c, 0, VG_ANS_CTXS);
+	uint64_t g = vg_gen();
+	unsigned i = vg_slot(c, 0, VG_ANS_CTXS);
 	if (k == NULL)
 		return vgCtxLive(ctx, out);
 	if (c != 0 && k->live[i].gen == g && k->live[i].ctx == c) {
@@ -137,7 +141,7 @@ CUresult vg_ans_ctx_live(uintptr_t ctx, uintptr_t *out) {
 CUresult vg_ans_ctx_device(CUdevice *dev) {
 	struct vg_kept *k = vg_kept();
 	uintptr_t c = vg_ctx_top();
-	unsigned g = vg_gen();
+	uint64_t g = vg_gen();
 	if (k == NULL || dev == NULL || c == 0)
 		return vgCtxGetDevice(dev);
 	if (k->cdev.gen == g && k->cdev.ctx == c) {
@@ -152,7 +156,7 @@ CUresult vg_ans_ctx_device(CUdevice *dev) {
 
 CUresult vg_ans_primary_state(CUdevice dev, unsigned int *flags, int *active) {
 	struct vg_kept *k = vg_kept();
-	unsigned g = vg_gen();
+	uint64_t g = vg_gen();
 	if (k == NULL || flags == NULL || active == NULL)
 		return vgPrimaryCtxGetState(dev, flags, active);
 	if (k->pstate.gen == g && k->pstate.dev == dev) {
