@@ -161,7 +161,7 @@ func (d *Driver) CtxSynchronize(t Thread) Result {
 	if r != Success {
 		return r
 	}
-	return d.afterWait(c, resultOf("cuCtxSynchronize", c.Synchronize(), false))
+	return d.waitAndPull(c, "cuCtxSynchronize", c.SynchronizeThenRead)
 }
 
 // PrimaryCtxRetain is cuDevicePrimaryCtxRetain: the device's primary

@@ -2,6 +2,7 @@ package cuapi
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -26,7 +27,9 @@ import (
 //   - after every call that waits for the device (stream, event and
 //     context synchronisation, a synchronous copy to the host), bytes the
 //     device changed in the mirror are copied into the buffer, and bytes
-//     the program changed meanwhile are kept.
+//     the program changed meanwhile are kept. The mirrors are read behind
+//     the wait, in its round trip (waitAndPull): a process whose libraries
+//     asked for two mirrors once paid three round trips for every wait.
 //
 // A byte written by both sides between two such points keeps the
 // device's value, where CUDA would leave it to whoever wrote last: the
@@ -58,6 +61,9 @@ type mirror struct {
 	host   uintptr // the buffer
 	dev    uint64  // the mirror's device address
 	shadow []byte  // the bytes both last agreed on
+	// version counts changes to shadow (pushes and pulls): a read of the
+	// mirror taken at an older version may predate one (waitAndPull).
+	version uint64
 }
 
 // mirrors are the process's mapped host buffers, by host address. Their
@@ -216,6 +222,7 @@ func (d *Driver) pushMirrors(c *pvdriver.Client) Result {
 	for _, mi := range m.byHost {
 		host := hostBytes(mi.host, uint64(len(mi.shadow)))
 		for _, run := range changedRuns(host, mi.shadow) {
+			mi.version++
 			copy(mi.shadow[run[0]:run[1]], host[run[0]:run[1]])
 			if err := c.CopyHtoD(pvdriver.DevicePtr(mi.dev+uint64(run[0])), mi.shadow[run[0]:run[1]]); err != nil {
 				return resultOf("mapped host memory", err, false)
@@ -225,22 +232,62 @@ func (d *Driver) pushMirrors(c *pvdriver.Client) Result {
 	return Success
 }
 
-// pullMirrors copies the bytes the device changed in the mirrors into the
-// program's buffers: called after a call that waited for the device.
-func (d *Driver) pullMirrors(c *pvdriver.Client) Result {
+// take copies the bytes the device changed in the mirror (dev, read from
+// it) into the program's buffer: those where dev differs from shadow.
+// Precondition: the mirrors' lock must be held.
+func (mi *mirror) take(dev []byte) {
+	host := hostBytes(mi.host, uint64(len(mi.shadow)))
+	for _, run := range changedRuns(dev, mi.shadow) {
+		copy(host[run[0]:run[1]], dev[run[0]:run[1]])
+	}
+	mi.shadow = dev
+	mi.version++
+}
+
+// waitAndPull runs wait, a call that waits for the device (named what in
+// errors), with a read of every mirror sent behind it, so that the wait
+// and the reads cost one round trip (pvdriver's ...ThenRead), then brings
+// the program's buffers up to date (take). The mirrors' lock is not held
+// across the wait, so other threads' pushes go on: a mirror pushed or
+// pulled by another thread meanwhile (its version moved) is read again
+// under the lock, since the read behind the wait may predate that.
+func (d *Driver) waitAndPull(c *pvdriver.Client, what string, wait func([]pvdriver.Read) error) Result {
+	if d.mapped.count.Load() == 0 || c == nil {
+		return resultOf(what, wait(nil), false)
+	}
+	type taken struct {
+		mi      *mirror
+		version uint64
+		dev     []byte
+	}
 	m := &d.mapped
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	snap := make([]taken, 0, len(m.byHost))
+	reads := make([]pvdriver.Read, 0, len(m.byHost))
 	for _, mi := range m.byHost {
-		dev := make([]byte, len(mi.shadow))
-		if err := c.CopyDtoH(dev, pvdriver.DevicePtr(mi.dev)); err != nil {
-			return resultOf("mapped host memory", err, false)
+		t := taken{mi: mi, version: mi.version, dev: make([]byte, len(mi.shadow))}
+		snap = append(snap, t)
+		reads = append(reads, pvdriver.Read{Dst: t.dev, Src: pvdriver.DevicePtr(mi.dev)})
+	}
+	m.mu.Unlock()
+	if err := wait(reads); err != nil {
+		if re := (*pvdriver.ReadError)(nil); errors.As(err, &re) {
+			return resultOf("mapped host memory", re.Err, false)
 		}
-		host := hostBytes(mi.host, uint64(len(mi.shadow)))
-		for _, run := range changedRuns(dev, mi.shadow) {
-			copy(host[run[0]:run[1]], dev[run[0]:run[1]])
+		return resultOf(what, err, false)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, t := range snap {
+		if m.byHost[t.mi.host] != t.mi {
+			continue // unmapped meanwhile
 		}
-		mi.shadow = dev
+		if t.mi.version != t.version {
+			if err := c.CopyDtoH(t.dev, pvdriver.DevicePtr(t.mi.dev)); err != nil {
+				return resultOf("mapped host memory", err, false)
+			}
+		}
+		t.mi.take(t.dev)
 	}
 	return Success
 }
@@ -251,15 +298,6 @@ func (d *Driver) beforeWork(c *pvdriver.Client) Result {
 		return Success
 	}
 	return d.pushMirrors(c)
-}
-
-// afterWait is called after a call through c that waited for the device
-// succeeded.
-func (d *Driver) afterWait(c *pvdriver.Client, r Result) Result {
-	if r != Success || d.mapped.count.Load() == 0 || c == nil {
-		return r
-	}
-	return d.pullMirrors(c)
 }
 
 // changedRuns returns the runs [start, end) where now differs from was

@@ -153,7 +153,9 @@ func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
 	if r := d.beforeWork(c); r != Success {
 		return r
 	}
-	return d.afterWait(c, resultOf("cuMemcpyDtoH", c.CopyDtoH(dst, pvdriver.DevicePtr(src)), false))
+	return d.waitAndPull(c, "cuMemcpyDtoH", func(reads []pvdriver.Read) error {
+		return c.CopyDtoHThenRead(dst, pvdriver.DevicePtr(src), reads)
+	})
 }
 
 // MemcpyDtoD is cuMemcpyDtoD_v2 and cuMemcpyDtoDAsync_v2.

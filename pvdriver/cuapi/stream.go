@@ -124,9 +124,11 @@ func (d *Driver) StreamSynchronize(t Thread, s uint64) Result {
 // host memory up to date (mapped.go).
 func (d *Driver) syncStream(c *pvdriver.Client, s pvdriver.Stream) Result {
 	if s == 0 {
-		return d.afterWait(c, resultOf("cuStreamSynchronize", c.Synchronize(), false))
+		return d.waitAndPull(c, "cuStreamSynchronize", c.SynchronizeThenRead)
 	}
-	return d.afterWait(c, resultOf("cuStreamSynchronize", c.StreamSynchronize(s), false))
+	return d.waitAndPull(c, "cuStreamSynchronize", func(reads []pvdriver.Read) error {
+		return c.StreamSynchronizeThenRead(s, reads)
+	})
 }
 
 // StreamWaitEvent is cuStreamWaitEvent: recorded events are complete, so

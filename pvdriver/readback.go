@@ -1,0 +1,144 @@
+package pvdriver
+
+import (
+	"fmt"
+
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
+)
+
+// Reads behind a wait. A guest library that mirrors host memory on the
+// device (cuMemHostGetDevicePointer) reads every mirror back after each
+// call that waits for the device. Sent one after another, each read was a
+// round trip of its own: a ResNet step whose process held two mirrors paid
+// three round trips for each of its waits. Here the wait and the reads go
+// out before any reply is awaited; the node runs a session's requests in
+// order, so each read sees the device as the wait left it, and all of them
+// cost one round trip.
+
+// Read is a device range to read into Dst.
+type Read struct {
+	Dst []byte
+	Src DevicePtr
+}
+
+// ReadError is a read behind a wait that failed where the wait succeeded.
+type ReadError struct{ Err error }
+
+func (e *ReadError) Error() string { return "reading back after a wait: " + e.Err.Error() }
+func (e *ReadError) Unwrap() error { return e.Err }
+
+// SynchronizeThenRead is Synchronize followed by reads, in one round trip.
+// The wait's error comes first; where the wait succeeded and a read did
+// not, the error is a *ReadError. A failed read leaves its Dst unspecified.
+func (c *Client) SynchronizeThenRead(reads []Read) error {
+	return c.callThenRead(&inFlight{op: abi.OpSync}, &abi.Sync{}, reads)
+}
+
+// StreamSynchronizeThenRead is StreamSynchronize(s) followed by reads, in
+// one round trip (see SynchronizeThenRead).
+func (c *Client) StreamSynchronizeThenRead(s Stream, reads []Read) error {
+	return c.callThenRead(&inFlight{op: abi.OpStreamSync}, &abi.StreamSync{Stream: uint64(s)}, reads)
+}
+
+// CopyDtoHThenRead is CopyDtoH(dst, src) followed by reads, in one round
+// trip where the copy fits one reply frame and goes inline; otherwise the
+// copy runs as CopyDtoH does and the reads follow it in a round trip of
+// their own (see SynchronizeThenRead).
+func (c *Client) CopyDtoHThenRead(dst []byte, src DevicePtr, reads []Read) error {
+	if _, inRegion := c.hostOffset(dst); inRegion || len(dst) > c.chunk() {
+		if err := c.CopyDtoH(dst, src); err != nil {
+			return err
+		}
+		return c.callThenRead(nil, nil, reads)
+	}
+	main := &inFlight{op: abi.OpCopyDtoH, read: &Read{Dst: dst, Src: src}}
+	return c.callThenRead(main, &abi.CopyDtoH{Src: uint64(src), Size: uint64(len(dst))}, reads)
+}
+
+// inFlight is a call sent and not yet awaited; read is set for a copy to
+// the host.
+type inFlight struct {
+	op    abi.Opcode
+	rr    *replyReader
+	drive bool
+	ch    chan result
+	read  *Read
+	data  abi.DataReply
+}
+
+// sendCall submits f as a call with request req.
+func (c *Client) sendCall(f *inFlight, req abi.Body) error {
+	f.ch = make(chan result, 1)
+	var err error
+	f.rr, f.drive, err = c.submit(f.op, req, 0, f.ch)
+	return err
+}
+
+// awaitCall waits for f's reply, copying a read's bytes into its Dst.
+func (c *Client) awaitCall(f *inFlight) error {
+	var reply abi.Body
+	if f.read != nil {
+		reply = &f.data
+	}
+	if err := c.finish(f.op, reply, f.rr, f.drive, f.ch); err != nil {
+		return err
+	}
+	if f.read == nil {
+		return nil
+	}
+	if len(f.data.Data) != len(f.read.Dst) {
+		return fmt.Errorf("pvdriver: copy_dtoh returned %d bytes, want %d", len(f.data.Data), len(f.read.Dst))
+	}
+	copy(f.read.Dst, f.data.Data)
+	return nil
+}
+
+// callThenRead sends main (with request req; none if nil), then a
+// copy_dtoh call for each read that fits one reply frame, and only then
+// awaits every reply, in order; a read larger than a frame is read after
+// them (CopyDtoH). main's error comes first, then a read's as a
+// *ReadError. Every call sent is awaited.
+func (c *Client) callThenRead(main *inFlight, req abi.Body, reads []Read) error {
+	var sent []*inFlight
+	var mainErr, readErr error
+	if main != nil {
+		if mainErr = c.sendCall(main, req); mainErr != nil {
+			return mainErr
+		}
+		sent = append(sent, main)
+	}
+	var large []Read
+	for i := range reads {
+		if len(reads[i].Dst) > c.chunk() {
+			large = append(large, reads[i])
+			continue
+		}
+		f := &inFlight{op: abi.OpCopyDtoH, read: &reads[i]}
+		if readErr = c.sendCall(f, &abi.CopyDtoH{Src: uint64(reads[i].Src), Size: uint64(len(reads[i].Dst))}); readErr != nil {
+			break
+		}
+		sent = append(sent, f)
+	}
+	for _, f := range sent {
+		err := c.awaitCall(f)
+		switch {
+		case f == main:
+			mainErr = err
+		case readErr == nil:
+			readErr = err
+		}
+	}
+	for _, r := range large {
+		if readErr != nil {
+			break
+		}
+		readErr = c.CopyDtoH(r.Dst, r.Src)
+	}
+	if mainErr != nil {
+		return mainErr
+	}
+	if readErr != nil {
+		return &ReadError{Err: readErr}
+	}
+	return nil
+}
