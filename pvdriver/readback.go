@@ -15,6 +15,12 @@ import (
 // order, so each read sees the device as the wait left it, and all of them
 // cost one round trip.
 
+// Sent is the id of the newest request the client has sent. Ids are
+// consecutive and only grow, so two readings that agree mean no request
+// went out between them (a guest library uses that to know a stream it
+// saw idle is still idle).
+func (c *Client) Sent() uint64 { return c.nextID.Load() }
+
 // Read is a device range to read into Dst.
 type Read struct {
 	Dst []byte

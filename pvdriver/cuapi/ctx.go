@@ -161,7 +161,7 @@ func (d *Driver) CtxSynchronize(t Thread) Result {
 	if r != Success {
 		return r
 	}
-	return d.waitAndPull(c, "cuCtxSynchronize", c.SynchronizeThenRead)
+	return d.waitAndPull(c, "cuCtxSynchronize", coversAll, c.SynchronizeThenRead)
 }
 
 // PrimaryCtxRetain is cuDevicePrimaryCtxRetain: the device's primary

@@ -99,6 +99,7 @@ type Driver struct {
 	// onChange is called whenever an answer kept outside the driver may
 	// have changed (OnChange).
 	onChange func()
+	idle     idleMarks // streams a completed wait left idle (idle.go)
 }
 
 type ctxState struct {

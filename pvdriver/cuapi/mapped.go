@@ -251,9 +251,22 @@ func (mi *mirror) take(dev []byte) {
 // across the wait, so other threads' pushes go on: a mirror pushed or
 // pulled by another thread meanwhile (its version moved) is read again
 // under the lock, since the read behind the wait may predate that.
-func (d *Driver) waitAndPull(c *pvdriver.Client, what string, wait func([]pvdriver.Read) error) Result {
-	if d.mapped.count.Load() == 0 || c == nil {
+//
+// A wait that succeeds marks the streams it covers (a stream's handle, or
+// coversAll) idle (idle.go).
+func (d *Driver) waitAndPull(c *pvdriver.Client, what string, covers uint64, wait func([]pvdriver.Read) error) Result {
+	if c == nil {
 		return resultOf(what, wait(nil), false)
+	}
+	before := c.Sent()
+	if d.mapped.count.Load() == 0 {
+		r := resultOf(what, wait(nil), false)
+		if r == Success {
+			d.mu.Lock()
+			d.markIdleLocked(c, covers, before+1)
+			d.mu.Unlock()
+		}
+		return r
 	}
 	type taken struct {
 		mi      *mirror
@@ -289,6 +302,9 @@ func (d *Driver) waitAndPull(c *pvdriver.Client, what string, wait func([]pvdriv
 		}
 		t.mi.take(t.dev)
 	}
+	d.mu.Lock()
+	d.markIdleLocked(c, covers, before+1+uint64(len(reads)))
+	d.mu.Unlock()
 	return Success
 }
 

@@ -153,7 +153,7 @@ func (d *Driver) MemcpyDtoH(t Thread, dst []byte, src uint64, s uint64) Result {
 	if r := d.beforeWork(c); r != Success {
 		return r
 	}
-	return d.waitAndPull(c, "cuMemcpyDtoH", func(reads []pvdriver.Read) error {
+	return d.waitAndPull(c, "cuMemcpyDtoH", coversAll, func(reads []pvdriver.Read) error {
 		return c.CopyDtoHThenRead(dst, pvdriver.DevicePtr(src), reads)
 	})
 }

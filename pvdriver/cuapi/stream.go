@@ -110,23 +110,27 @@ func (d *Driver) StreamSynchronize(t Thread, s uint64) Result {
 		sticky, st.sticky = st.sticky, Success
 	}
 	c := d.client
+	idle := r == Success && d.idleLocked(c, s)
 	d.mu.Unlock()
 	if r != Success {
 		return r
 	}
-	if r := d.syncStream(c, remote); r != Success {
+	if idle {
+		return sticky // nothing sent since a wait that covered s (idle.go)
+	}
+	if r := d.syncStream(c, remote, s); r != Success {
 		return r
 	}
 	return sticky
 }
 
-// syncStream waits for stream s (0: the null stream), then brings mapped
-// host memory up to date (mapped.go).
-func (d *Driver) syncStream(c *pvdriver.Client, s pvdriver.Stream) Result {
+// syncStream waits for stream s (0: the null stream; handle is the
+// program's), then brings mapped host memory up to date (mapped.go).
+func (d *Driver) syncStream(c *pvdriver.Client, s pvdriver.Stream, handle uint64) Result {
 	if s == 0 {
-		return d.waitAndPull(c, "cuStreamSynchronize", c.SynchronizeThenRead)
+		return d.waitAndPull(c, "cuStreamSynchronize", coversAll, c.SynchronizeThenRead)
 	}
-	return d.waitAndPull(c, "cuStreamSynchronize", func(reads []pvdriver.Read) error {
+	return d.waitAndPull(c, "cuStreamSynchronize", handle, func(reads []pvdriver.Read) error {
 		return c.StreamSynchronizeThenRead(s, reads)
 	})
 }
@@ -186,7 +190,7 @@ func (d *Driver) EventRecord(t Thread, ev, s uint64) Result {
 	if r != Success {
 		return r
 	}
-	r = d.syncStream(c, remote)
+	r = d.syncStream(c, remote, s)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if st := d.streams[s]; st != nil && r != Success && st.sticky == Success {
