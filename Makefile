@@ -69,6 +69,7 @@ bench: lab ## run the benchmarks and print their reports
 	./bin/vgpuha-lab bench pv
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./bench/
 	$(GO) test -run '^$$' -bench Entries -benchtime 1x ./pvdriver/libcuda/ # needs gcc
+	$(GO) test -run '^$$' -bench LaunchKernel -benchtime 20000x ./pvdriver/cuapi/
 
 gpu-test: libcuda ## on a machine with an NVIDIA GPU: CUDA backend tests, two-process replication on the GPU, GPU benchmarks, C programs through bin/libcuda.so.1
 	CGO_ENABLED=0 $(GO) build -o bin/vgpuha ./cmd/vgpuha

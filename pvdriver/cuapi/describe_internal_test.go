@@ -42,7 +42,7 @@ func (s *stack) Pop() uint64 {
 
 // driverWithContext is a driver whose session is on a primary of the
 // software GPU, and a thread with a context made current (its handle).
-func driverWithContext(t *testing.T) (*Driver, *stack, uint64) {
+func driverWithContext(t testing.TB) (*Driver, *stack, uint64) {
 	t.Helper()
 	c, err := cluster.Start(cluster.Options{})
 	if err != nil {
