@@ -6,11 +6,12 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
-// TestIdleStreamsAnsweredHere: a stream's synchronisation goes to the node
-// unless nothing at all was sent since a wait that covered the stream: a
-// synchronisation of it, a copy to the host or a context synchronisation
-// (which cover every stream). Any request in between, device work on
-// another stream included, sends the next one.
+// TestIdleStreamsAnsweredHere: a stream's synchronisation (or an event
+// recorded on it, which waits for it) goes to the node unless nothing at
+// all was sent since a wait that covered the stream: a synchronisation of
+// it, a copy to the host or a context synchronisation (which cover every
+// stream). Any request in between, device work on another stream
+// included, sends the next one.
 func TestIdleStreamsAnsweredHere(t *testing.T) {
 	d, th, _ := driverWithContext(t)
 	syncs := func() uint64 { // synchronisations the node was sent
@@ -25,8 +26,9 @@ func TestIdleStreamsAnsweredHere(t *testing.T) {
 	s, r := d.StreamCreate(th, 0)
 	other, r2 := d.StreamCreate(th, 0)
 	p, r3 := d.MemAlloc(th, 4096)
-	if r != Success || r2 != Success || r3 != Success {
-		t.Fatalf("set-up: %d %d %d", r, r2, r3)
+	ev, r4 := d.EventCreate(th, 0)
+	if r != Success || r2 != Success || r3 != Success || r4 != Success {
+		t.Fatalf("set-up: %d %d %d %d", r, r2, r3, r4)
 	}
 	buf := make([]byte, 16)
 	for i, step := range []struct {
@@ -45,6 +47,8 @@ func TestIdleStreamsAnsweredHere(t *testing.T) {
 		{"the other stream, too", func() Result { return d.StreamSynchronize(th, other) }, 0},
 		{"work, then the context", func() Result { d.Memset(th, p, 1, 9, 4096, s, true); return d.CtxSynchronize(th) }, 1},
 		{"synchronisation after the context's", func() Result { return d.StreamSynchronize(th, s) }, 0},
+		{"an event recorded on the idle stream", func() Result { return d.EventRecord(th, ev, s) }, 0},
+		{"work, then an event", func() Result { d.Memset(th, p, 1, 8, 4096, s, true); return d.EventRecord(th, ev, s) }, 1},
 	} {
 		before := syncs()
 		if r := step.do(); r != Success {

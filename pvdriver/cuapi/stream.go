@@ -183,6 +183,7 @@ func (d *Driver) EventRecord(t Thread, ev, s uint64) Result {
 		d.mu.Unlock()
 		return Success // ordering inside the graph: no node, no wait
 	}
+	idle := r == Success && d.idleLocked(c, s)
 	d.mu.Unlock()
 	if e == nil {
 		return ErrorInvalidHandle
@@ -190,7 +191,9 @@ func (d *Driver) EventRecord(t Thread, ev, s uint64) Result {
 	if r != Success {
 		return r
 	}
-	r = d.syncStream(c, remote, s)
+	if !idle { // an idle stream's work is complete already (idle.go)
+		r = d.syncStream(c, remote, s)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if st := d.streams[s]; st != nil && r != Success && st.sticky == Success {
