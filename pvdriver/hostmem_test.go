@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/pvdriver/transport/shm"
 )
@@ -56,6 +57,28 @@ func TestHostArena(t *testing.T) {
 	}
 }
 
+// dialNode serves guests from a node on backend b, on a unix socket of the
+// test's own, and returns a connection to it; both end with the test.
+func dialNode(t *testing.T, b gpu.Backend) net.Conn {
+	t.Helper()
+	srv, err := hypervisor.NewServer(b, hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	sock := filepath.Join(t.TempDir(), "g.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	conn, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(context.Background(), "unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
 // claimsRegion is a plain unix connection that claims the node maps the
 // client's region: what a client sees when a host copy it sent on a
 // shared-memory connection is resent, after a failover, where no region is.
@@ -69,21 +92,7 @@ func TestHostCopyFallsBackInline(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("host memory needs Linux")
 	}
-	srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	sock := filepath.Join(t.TempDir(), "g.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	conn, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(context.Background(), "unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialNode(t, sim.New(1<<30))
 	region, err := shm.NewHostMemory(2 << 20)
 	if err != nil {
 		t.Fatal(err)

@@ -2,16 +2,9 @@ package pvdriver
 
 import (
 	"bytes"
-	"context"
-	"io"
-	"log/slog"
-	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vgpuha/vgpuha/hypervisor"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -45,21 +38,7 @@ func (c gatedContext) Sync() error {
 // sent), and the reads then hold the bytes the device has.
 func TestReadsGoBehindTheWait(t *testing.T) {
 	gate := make(chan struct{})
-	srv, err := hypervisor.NewServer(gatedBackend{sim.New(1 << 30), gate}, hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	sock := filepath.Join(t.TempDir(), "g.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	conn, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(context.Background(), "unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialNode(t, gatedBackend{sim.New(1 << 30), gate})
 	c, err := newClient(conn, nil, Options{GuestName: "g"}, nil)
 	if err != nil {
 		t.Fatal(err)
