@@ -25,7 +25,14 @@
 # file instead of running natively), PORT (the pair's replication port),
 # NODE_FLAGS (more flags for every node), VGPUHA_DEBUG (passed to the
 # library: 1 names refused calls, 2 also every
-# cuGetProcAddress lookup), LOGS.
+# cuGetProcAddress lookup), LOGS, PRIMARY_GPU (0: the primaries' GPU, the
+# one native runs see), STANDBY_GPU (1 where there are two GPUs, else 0),
+# KILL_STEP (random: each failover run kills at a step drawn from 1 to
+# FW_STEPS-2, shown in its cell as "k17"; every step then prints its loss),
+# STATS (a file each run appends "program mode steps/s" to, from the
+# program's stderr), DEADLINE (epoch seconds: runs not started by then are
+# skipped and counted as failures), BACKEND (cuda; sim tries the harness on
+# a machine without a GPU).
 #
 # At a checkpoint the replica is verified; where it differs (a kernel with
 # floating-point atomics, replayed on the standby, adds in another order)
@@ -37,6 +44,11 @@ src=$root/pvdriver/libcuda/testdata/runtime
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 read -r -a modes <<<"${MODES:-native library replicated failover}"
 kill_at=${KILL_AT:-'^step 100 |^checkpoint$'}
+kill_step=${KILL_STEP:-}
+[ "$kill_step" = random ] && export VGTEST_EVERY=1 # every step prints: any step can be the kill's
+stats=${STATS:-/dev/null}
+deadline=${DEADLINE:-0}
+primary_gpu=${PRIMARY_GPU:-0}
 fault=${FAULT:-KILL} # the signal the primary gets: KILL, or STOP (a freeze)
 read -r -a programs <<<"${PROGRAMS:-rt_vadd rt_vadd_shared rt_global rt_cluster rt_sgemm torch torch_resnet}"
 steps=${TORCH_STEPS:-200}
@@ -121,10 +133,10 @@ wait_socket() {
 protected() { "$B/vgpuha" status --admin "unix://$work/admin.sock" --json 2>/dev/null | grep -Eq '"protected": *true'; }
 
 read -r -a node_flags <<<"${NODE_FLAGS:-}" # more flags for every node (e.g. --va.window-bytes 512GiB)
-gflags=(--backend cuda --guest.kernels --guest.max-sessions 1 "${node_flags[@]}")
+gflags=(--backend "${BACKEND:-cuda}" --guest.kernels --guest.max-sessions 1 "${node_flags[@]}")
 
 start_nodes() {
-	CUDA_VISIBLE_DEVICES=0 start_node plain primary "${gflags[@]}" --guest-listen "unix://$work/plain.sock" --admin-listen "unix://$work/padmin.sock"
+	CUDA_VISIBLE_DEVICES=$primary_gpu start_node plain primary "${gflags[@]}" --guest-listen "unix://$work/plain.sock" --admin-listen "unix://$work/padmin.sock"
 	wait_socket "$work/plain.sock" || exit 1
 	start_pair
 }
@@ -132,8 +144,8 @@ start_nodes() {
 # start_pair (re)starts the replicated pair: the primary on GPU 0, its
 # standby on GPU 1 where there is one, serving guests once promoted.
 start_pair() {
-	local port=${PORT:-$((7300 + RANDOM % 500))} standby_gpu=0 _
-	[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
+	local port=${PORT:-$((7300 + RANDOM % 500))} standby_gpu=${STANDBY_GPU:-0} _
+	[ -z "${STANDBY_GPU:-}" ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
 	stop_node replicated
 	stop_node standby
 	rm -rf "$work/repl.sock" "$work/standby.sock" "$work/admin.sock" "$work/sadmin.sock" "$work/state"
@@ -141,7 +153,7 @@ start_pair() {
 	(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$work/key") # the nodes refuse a key others can read
 	CUDA_VISIBLE_DEVICES=$standby_gpu start_node standby standby "${gflags[@]}" --listen "tcp://127.0.0.1:$port" \
 		--replicate.key-file "$work/key" --guest-listen "unix://$work/standby.sock" --admin-listen "unix://$work/sadmin.sock"
-	CUDA_VISIBLE_DEVICES=0 start_node replicated primary "${gflags[@]}" --guest-listen "unix://$work/repl.sock" --mode commit \
+	CUDA_VISIBLE_DEVICES=$primary_gpu start_node replicated primary "${gflags[@]}" --guest-listen "unix://$work/repl.sock" --mode commit \
 		--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$work/key" --admin-listen "unix://$work/admin.sock" \
 		--state-dir "$work/state"
 	wait_socket "$work/repl.sock" || exit 1
@@ -160,8 +172,15 @@ run() { # MODE PROGRAM
 		;;
 	esac
 	[[ $p == torch* || $p == fw_* ]] && env+=(CUBLAS_WORKSPACE_CONFIG=:4096:8)
-	env+=(CUDA_VISIBLE_DEVICES=0) # natively the program sees the primary's GPU alone, as through the library
-	verified="" pause_us=0
+	# Natively the program sees the primary's GPU alone, as through the
+	# library, where it is the node's one GPU: device 0.
+	if [ "$mode" = native ]; then env+=(CUDA_VISIBLE_DEVICES=$primary_gpu); else env+=(CUDA_VISIBLE_DEVICES=0); fi
+	verified="" pause_us=0 killed_at=""
+	[ "$mode" = failover ] && [ "$kill_step" = random ] && kill_at="^step $((1 + RANDOM % (${FW_STEPS:-30} - 2))) "
+	if [ "$deadline" != 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
+		rc[$p.$mode]="skipped (deadline)" secs[$p.$mode]=0
+		return
+	fi
 	t0=${EPOCHREALTIME/[.,]/}
 	if [[ $mode == replicated* ]] || [ "$mode" = failover ]; then
 		checkpointed "$mode" "$work/$p.$mode.out" "$work/$p.$mode.err" env "${env[@]}" VGTEST_CHECKPOINT=1 timeout 300 "$work/bin/$p" || status=$?
@@ -171,6 +190,7 @@ run() { # MODE PROGRAM
 	local us=$((${EPOCHREALTIME/[.,]/} - t0 - pause_us))
 	secs[$p.$mode]=$((us / 1000000)).$(printf '%03d' $((us / 1000 % 1000)))
 	rc[$p.$mode]=$status
+	echo "$p $mode $(grep -Eo '^[0-9.]+ steps/s' "$work/$p.$mode.err" | tail -1 | cut -d' ' -f1)" >>"$stats"
 	{
 		echo "==== $p ($mode): exit $status"; cat "$work/$p.$mode.out"; echo "---- stderr"; cat "$work/$p.$mode.err"
 		[[ $mode == replicated* || $mode == failover ]] && echo "---- standby: $(standby_metric vgpuha_replica_read_back_repairs_total)"
@@ -250,6 +270,8 @@ checkpointed() {
 # strike sends the replicated primary FAULT (once).
 strike() {
 	[ -n "${node_pid[replicated]:-}" ] || return 0
+	killed_at=${line#step } # the step the kill followed, for the table
+	killed_at=k${killed_at%% *}
 	# A killed node is reaped here, quietly: bash would otherwise print its
 	# "Killed" notice into the middle of the table's row.
 	{ kill -"$fault" "${node_pid[replicated]}" && [ "$fault" = KILL ] && wait "${node_pid[replicated]}"; } 2>/dev/null
@@ -264,7 +286,8 @@ for p in "${programs[@]}"; do
 	printf '| %s |' "$p"
 	for m in "${modes[@]}"; do
 		run "$m" "$p"
-		cell="exit ${rc[$p.$m]}"
+		cell=${rc[$p.$m]}
+		[[ $cell =~ ^[0-9]+$ ]] && cell="exit $cell"
 		if [ "${rc[$p.$m]}" = 0 ]; then
 			cell="ok ${secs[$p.$m]} s"
 			ref=$work/$p.native.out
@@ -273,6 +296,7 @@ for p in "${programs[@]}"; do
 				cell="output differs"
 			fi
 		fi
+		[ "$m" = failover ] && [ -n "$killed_at" ] && cell="$cell $killed_at"
 		[[ $cell == ok* ]] || failures=$((failures + 1))
 		printf ' %s |' "$cell"
 	done

@@ -23,6 +23,7 @@ class Steps:
     def __init__(self):
         self.t0 = None
         self.n = 0
+        self.paused = 0.0  # seconds a harness held the checkpoint: not the program's time
 
     def tick(self, step, loss):
         if step == 1:
@@ -33,9 +34,11 @@ class Steps:
             print(f"step {step} loss {loss():.6f}", flush=True)
         if step == STEPS // 2 and os.environ.get("VGTEST_CHECKPOINT"):
             print("checkpoint", flush=True)
+            t = time.time()
             sys.stdin.readline()
+            self.paused += time.time() - t
 
     def done(self, sync):
         sync()
-        el = time.time() - self.t0 if self.t0 else 0
+        el = time.time() - self.t0 - self.paused if self.t0 else 0
         print(f"{self.n / el if el else 0:.2f} steps/s", file=sys.stderr, flush=True)
