@@ -214,7 +214,10 @@ func TestReplicaPlacement(t *testing.T) {
 	e, _ := twoGPUs(t, placement.FewestGuests)
 	open := func(id uint64, pin string) {
 		t.Helper()
-		body := replica.SessionOpen{Guest: "r", Token: make([]byte, abi.ResumeTokenSize), GraceKnown: true, GPU: pin}.Append(nil)
+		// A grace of a minute: with none, the node's reaper may end a
+		// replica no guest holds before Status is read (seen on a loaded
+		// machine).
+		body := replica.SessionOpen{Guest: "r", Token: make([]byte, abi.ResumeTokenSize), Grace: time.Minute, GraceKnown: true, GPU: pin}.Append(nil)
 		base := hypervisor.DefaultConfig().WindowBase + id*hypervisor.DefaultConfig().WindowSize
 		if err := e.srv.OpenReplica(id, base, body); err != nil {
 			t.Fatal(err)

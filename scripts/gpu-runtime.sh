@@ -57,11 +57,13 @@ work=$(mktemp -d)
 logs=${LOGS:-$work/logs.txt}
 : >"$logs"
 declare -A rc secs node_pid
-failures=0 pids=() frozen=() verified="" pause_us=0
+failures=0 frozen=() verified="" pause_us=0
+# cleanup ends the nodes still running: only those, as a node reaped
+# earlier left its pid free for any process of the host (another group's).
 cleanup() {
 	local p
 	for p in "${frozen[@]}"; do kill -9 "$p" 2>/dev/null; done
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	for p in "${node_pid[@]}"; do kill "$p" 2>/dev/null; done
 	wait 2>/dev/null
 	rm -rf "$work"
 }
@@ -112,7 +114,6 @@ start_node() { # NAME ARGS...
 	local name=$1
 	shift
 	"$B/vgpuha" "$@" 2>>"$work/$name.log" &
-	pids+=($!)
 	node_pid[$name]=$!
 }
 
@@ -275,7 +276,7 @@ strike() {
 	# A killed node is reaped here, quietly: bash would otherwise print its
 	# "Killed" notice into the middle of the table's row.
 	{ kill -"$fault" "${node_pid[replicated]}" && [ "$fault" = KILL ] && wait "${node_pid[replicated]}"; } 2>/dev/null
-	frozen+=("${node_pid[replicated]}")
+	[ "$fault" = KILL ] || frozen+=("${node_pid[replicated]}") # a frozen node is killed at the end
 	unset "node_pid[replicated]"
 }
 

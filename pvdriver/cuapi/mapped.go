@@ -74,6 +74,12 @@ type mirrors struct {
 	byHost map[uintptr]*mirror
 	bytes  uint64
 	count  atomic.Int32 // len(byHost), read without the lock
+	// reading counts waits with mirror reads behind them in flight
+	// (waitAndPull); while one is, a dropped mirror's device memory is
+	// kept (freeing) so that the read still finds it: the node would
+	// otherwise fail the whole wait for a free that overtook it.
+	reading int
+	freeing []uint64
 }
 
 // HostGetDevicePointer is cuMemHostGetDevicePointer_v2: the device address
@@ -196,11 +202,29 @@ func (d *Driver) dropMirror(base uintptr) {
 		delete(m.byHost, base)
 		m.bytes -= uint64(len(mi.shadow))
 		m.count.Add(-1)
+		if m.reading > 0 {
+			m.freeing = append(m.freeing, mi.dev) // freed when the reads in flight end
+			mi = nil
+		}
 	}
 	m.mu.Unlock()
 	if mi != nil {
 		d.freeMirror(mi.dev)
 	}
+}
+
+// endRead ends a wait's reads of the mirrors (waitAndPull) and returns
+// the mirrors dropped meanwhile, once no read is in flight, for the
+// caller to free.
+// Precondition: the mirrors' lock must be held.
+func (m *mirrors) endRead() []uint64 {
+	m.reading--
+	if m.reading > 0 {
+		return nil
+	}
+	freed := m.freeing
+	m.freeing = nil
+	return freed
 }
 
 // freeMirror frees a mirror's device memory (no context check: the
@@ -275,6 +299,7 @@ func (d *Driver) waitAndPull(c *pvdriver.Client, what string, covers uint64, wai
 	}
 	m := &d.mapped
 	m.mu.Lock()
+	m.reading++
 	snap := make([]taken, 0, len(m.byHost))
 	reads := make([]pvdriver.Read, 0, len(m.byHost))
 	for _, mi := range m.byHost {
@@ -283,14 +308,21 @@ func (d *Driver) waitAndPull(c *pvdriver.Client, what string, covers uint64, wai
 		reads = append(reads, pvdriver.Read{Dst: t.dev, Src: pvdriver.DevicePtr(mi.dev)})
 	}
 	m.mu.Unlock()
-	if err := wait(reads); err != nil {
+	err := wait(reads)
+	m.mu.Lock()
+	freed := m.endRead()
+	defer func() {
+		m.mu.Unlock()
+		for _, dev := range freed {
+			d.freeMirror(dev)
+		}
+	}()
+	if err != nil {
 		if re := (*pvdriver.ReadError)(nil); errors.As(err, &re) {
 			return resultOf("mapped host memory", re.Err, false)
 		}
 		return resultOf(what, err, false)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	for _, t := range snap {
 		if m.byHost[t.mi.host] != t.mi {
 			continue // unmapped meanwhile

@@ -37,7 +37,7 @@ func vgTensorMapEncodeTiled(m unsafe.Pointer, dataType C.int, rank C.cuuint32_t,
 	for i, v := range unsafe.Slice(elementStrides, n) {
 		r.ElementStrides[i] = uint32(v)
 	}
-	mp, result := drv.TensorMapEncodeTiled(&r)
+	mp, result := drv.TensorMapEncodeTiled(thread{}, &r)
 	if result == 0 {
 		copy(unsafe.Slice((*byte)(m), abi.TensorMapBytes), mp[:])
 	}
