@@ -25,7 +25,7 @@ import (
 
 // twoGPUs starts a server on two software GPUs, numbered 0 and 3 (a node
 // serving cuda:0,3), placing by policy.
-func twoGPUs(t *testing.T, policy placement.Policy) (*env, [2]*sim.Backend) {
+func twoGPUs(t *testing.T, policy placement.Policy, adjust ...func(*hypervisor.Config)) (*env, [2]*sim.Backend) {
 	t.Helper()
 	var sims [2]*sim.Backend
 	var devs []gpu.Device
@@ -40,6 +40,9 @@ func twoGPUs(t *testing.T, policy placement.Policy) (*env, [2]*sim.Backend) {
 	}
 	cfg := hypervisor.DefaultConfig()
 	cfg.MemoryQuota, cfg.Placement = 256<<20, policy
+	for _, f := range adjust {
+		f(&cfg)
+	}
 	e := &env{reg: prometheus.NewRegistry()}
 	srv, err := hypervisor.NewServer(set, cfg, e.reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -262,5 +265,60 @@ func TestStatusConnectionPinned(t *testing.T) {
 	if sc, err := pvdriver.OpenStatus(ctx, e.endpoint, pvdriver.Options{GuestName: "nvml", GPU: "1"}); err == nil {
 		sc.Close()
 		t.Fatal("a status connection pinned to GPU 1, which the node does not serve, was opened")
+	}
+}
+
+// TestDeviceIdentity: with a pair's secret (Config.DeviceIdentity, the
+// replication key), guests see each GPU under a UUID derived from the
+// secret and the GPU's index, not the card's own: two nodes holding the
+// same secret show the same UUID for the same index, whatever their cards
+// (a standby's differ from its primary's), and another secret shows
+// another. A session shows the GPU it was placed on.
+func TestDeviceIdentity(t *testing.T) {
+	withKey := func(key string) func(*hypervisor.Config) {
+		return func(cfg *hypervisor.Config) { cfg.DeviceIdentity = []byte(key) }
+	}
+	primary, sims := twoGPUs(t, placement.FewestGuests, withKey("pair-secret-0123456789abcdef"))
+	standby, _ := twoGPUs(t, placement.FewestGuests, withKey("pair-secret-0123456789abcdef"))
+	other, _ := twoGPUs(t, placement.FewestGuests, withKey("another-secret-0123456789abcdef"))
+	shown := func(e *env, pin string) [16]byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		sc, err := pvdriver.OpenStatus(ctx, e.endpoint, pvdriver.Options{GuestName: "nvml", GPU: pin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sc.Close()
+		info, err := sc.DeviceInfo()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.UUID
+	}
+	for i, pin := range []string{"0", "3"} {
+		u := shown(primary, pin)
+		if u == uuidOf(t, sims[i]) {
+			t.Errorf("GPU %s shows its card's own UUID %s", pin, abi.UUIDString(u))
+		}
+		if v := shown(standby, pin); v != u {
+			t.Errorf("GPU %s: the primary shows %s, a node with the same secret %s", pin, abi.UUIDString(u), abi.UUIDString(v))
+		}
+		if v := shown(other, pin); v == u {
+			t.Errorf("GPU %s: another secret shows the same UUID %s", pin, abi.UUIDString(u))
+		}
+	}
+	if shown(primary, "0") == shown(primary, "3") {
+		t.Error("both GPUs show one UUID")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := pvdriver.Open(ctx, primary.endpoint, pvdriver.Options{GuestName: "g", GPU: "3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if info, err := c.DeviceInfo(); err != nil || info.UUID != shown(primary, "3") {
+		t.Errorf("a session on GPU 3 sees %s (%v), want GPU 3's %s", abi.UUIDString(info.UUID), err, abi.UUIDString(shown(primary, "3")))
 	}
 }

@@ -115,6 +115,11 @@ type Config struct {
 	DeviceMemory uint64
 	// MaxGrace caps the grace period a guest may ask for.
 	MaxGrace time.Duration
+	// DeviceIdentity, where set (the replication key: every node of a
+	// pair has it), names the devices guests see: identity.go derives
+	// each GPU's UUID from it, so a device keeps its UUID across a
+	// failover. Nil: guests see the GPUs' own UUIDs.
+	DeviceIdentity []byte
 	// ImageCacheBytes bounds the module images kept for the next process
 	// that loads them by hash (package images); 0 keeps none.
 	// ImageCacheTenantBytes bounds one tenant's share of them: a tenant's
@@ -611,9 +616,12 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64, 
 		return nil, err
 	}
 	got, _ := ctx.Window()
+	if !open.DeviceKnown { // opened here (or by an older primary): its device is the one it was placed on
+		open.Device, open.DeviceKnown = dev.index, true
+	}
 	sess := &Session{
 		id: id, guest: open.Guest, token: open.Token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,
-		tenantID: open.Tenant, grace: open.GraceOr(s.cfg.MaxGrace), dev: dev, pin: open.GPU,
+		tenantID: open.Tenant, grace: open.GraceOr(s.cfg.MaxGrace), dev: dev, pin: open.GPU, shown: open.Device,
 		ctx: ctx, mmioMetrics: s.metrics.mmio,
 	}
 	// A primary's guest sees whatever base its backend gave; only a

@@ -40,6 +40,10 @@ type Session struct {
 	// (devices.go); pin the GPU its guest asked for, if any.
 	dev *device
 	pin string
+	// shown is the index of the GPU whose identity the guest sees (the
+	// one the session was first placed on, on whichever node: the
+	// session-open record carries it; identity.go).
+	shown int
 
 	mu  sync.Mutex
 	ctx gpu.Context
@@ -278,7 +282,9 @@ func (s *Session) free(r *abi.Free) (abi.Body, error) {
 }
 
 // deviceInfo describes the node's device (status.go).
-func (s *Session) deviceInfo(*abi.DeviceInfo) (abi.Body, error) { return s.srv.deviceInfo(s.dev) }
+func (s *Session) deviceInfo(*abi.DeviceInfo) (abi.Body, error) {
+	return s.srv.deviceInfo(s.dev, s.shown)
+}
 
 // deviceStatus reports the device's live state and the memory the guest
 // holds: its tenant's sessions together and this session (status.go).

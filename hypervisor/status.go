@@ -26,9 +26,10 @@ import (
 
 // deviceInfo describes the backend's device, its allocation granularity
 // raised to the node's allocation alignment (every allocation and
-// mapping is aligned to it). The guest keeps it, so every node of a pair
-// must describe the same kind of device.
-func (s *Server) deviceInfo(dev *device) (abi.Body, error) {
+// mapping is aligned to it), its UUID the identity of GPU shown
+// (identity.go). The guest keeps it, so every node of a pair must
+// describe the same kind of device.
+func (s *Server) deviceInfo(dev *device, shown int) (abi.Body, error) {
 	d, ok := dev.backend.(gpu.DeviceDescriber)
 	if !ok {
 		return nil, fail(abi.StatusNotSupported, "the %s backend cannot describe its device", dev.backend.Name())
@@ -38,6 +39,9 @@ func (s *Server) deviceInfo(dev *device) (abi.Body, error) {
 		return nil, err
 	}
 	info.Granularity = max(info.Granularity, s.cfg.AllocAlign)
+	if s.cfg.DeviceIdentity != nil {
+		info.UUID = deviceUUID(s.cfg.DeviceIdentity, shown)
+	}
 	return &info, nil
 }
 
@@ -135,7 +139,7 @@ func (c *statusConn) Serve(op abi.Opcode, payload []byte) (abi.Body, error) {
 	}
 	dev := c.dev
 	if op == abi.OpDeviceInfo {
-		return s.deviceInfo(dev)
+		return s.deviceInfo(dev, dev.index)
 	}
 	if c.tenant == "" { // a guest of no tenant (a test's pipe): it holds nothing here
 		return s.deviceStatus(dev, 0, nil, 0, false), nil

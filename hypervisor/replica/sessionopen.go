@@ -32,20 +32,30 @@ type SessionOpen struct {
 	GraceKnown bool
 	// GPU is the pin the guest asked for (abi.Hello.GPU; empty: none).
 	GPU string
+	// Device is the index of the GPU the session was first placed on
+	// (DeviceKnown false: an older primary's record, which did not say):
+	// the GPU whose identity its guest is shown on every node
+	// (hypervisor's identity.go), wherever a replica of it runs.
+	Device      int
+	DeviceKnown bool
 }
 
 // Session-open record formats: 1 without the grace period, 2 with it, 3
-// with it and a pin.
+// with it and a pin, 4 with it, a pin field (maybe empty) and the device.
 const (
 	sessionOpenFormatV1     = 1
 	sessionOpenFormat       = 2
 	sessionOpenFormatPinned = 3
+	sessionOpenFormatDevice = 4
 )
 
 // Append encodes o as a record body into b.
 func (o SessionOpen) Append(b []byte) []byte {
 	format := byte(sessionOpenFormat)
-	if o.GPU != "" {
+	switch {
+	case o.DeviceKnown:
+		format = sessionOpenFormatDevice
+	case o.GPU != "":
 		format = sessionOpenFormatPinned
 	}
 	b = append(b, o.Guest...)
@@ -54,11 +64,15 @@ func (o SessionOpen) Append(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(o.Tenant)))
 	b = append(b, o.Tenant...)
 	b = binary.LittleEndian.AppendUint32(b, uint32(min(o.Grace.Milliseconds(), math.MaxUint32)))
-	if o.GPU == "" {
+	if format == sessionOpenFormat {
 		return b
 	}
 	b = append(b, byte(len(o.GPU)))
-	return append(b, o.GPU...)
+	b = append(b, o.GPU...)
+	if format == sessionOpenFormatPinned {
+		return b
+	}
+	return binary.LittleEndian.AppendUint16(b, uint16(o.Device))
 }
 
 var errSessionOpen = errors.New("malformed session-open record")
@@ -70,7 +84,7 @@ func DecodeSessionOpen(body []byte) (SessionOpen, error) {
 	if !found {
 		return o, nil
 	}
-	if len(rest) < 1+abi.ResumeTokenSize+2 || rest[0] < sessionOpenFormatV1 || rest[0] > sessionOpenFormatPinned {
+	if len(rest) < 1+abi.ResumeTokenSize+2 || rest[0] < sessionOpenFormatV1 || rest[0] > sessionOpenFormatDevice {
 		return o, fmt.Errorf("%w (%d bytes after the name)", errSessionOpen, len(rest))
 	}
 	format := rest[0]
@@ -93,6 +107,14 @@ func DecodeSessionOpen(body []byte) (SessionOpen, error) {
 		return o, nil
 	}
 	pin := rest[2+n+graceBytes:]
+	if format == sessionOpenFormatDevice {
+		if len(pin) < 3 || int(pin[0]) != len(pin)-3 {
+			return o, fmt.Errorf("%w (pin and device fields of %d bytes)", errSessionOpen, len(pin))
+		}
+		o.GPU = string(pin[1 : len(pin)-2])
+		o.Device, o.DeviceKnown = int(binary.LittleEndian.Uint16(pin[len(pin)-2:])), true
+		return o, nil
+	}
 	if len(pin) < 2 || int(pin[0]) != len(pin)-1 {
 		return o, fmt.Errorf("%w (a pin field of %d bytes)", errSessionOpen, len(pin))
 	}

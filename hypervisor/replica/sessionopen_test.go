@@ -16,11 +16,14 @@ func sessionOpens() []replica.SessionOpen {
 		{Guest: "g", Token: tok, Tenant: "10.0.0.1", Grace: 30 * time.Second, GraceKnown: true},
 		{Guest: "pinned", Token: tok, Grace: time.Second, GraceKnown: true, GPU: "1"},
 		{Guest: "by-uuid", Token: tok, Tenant: "t", GraceKnown: true, GPU: "GPU-abcd0001-0000-0000-0000-000000000001"},
+		{Guest: "placed", Token: tok, Grace: time.Minute, GraceKnown: true, Device: 3, DeviceKnown: true},
+		{Guest: "pinned and placed", Token: tok, GraceKnown: true, GPU: "1", Device: 1, DeviceKnown: true},
 	}
 }
 
 // TestSessionOpenRoundTrip: every format decodes to what was encoded; an
-// unpinned session is written in format 2, which an older standby reads.
+// unpinned session of no known device is written in format 2, which an
+// older standby reads.
 func TestSessionOpenRoundTrip(t *testing.T) {
 	for _, o := range sessionOpens() {
 		b := o.Append(nil)
@@ -28,14 +31,16 @@ func TestSessionOpenRoundTrip(t *testing.T) {
 		if err != nil || !cmp.Equal(got, o) {
 			t.Fatalf("%+v: decoded %+v, %v", o, got, err)
 		}
-		if format := b[len(o.Guest)+1]; (o.GPU == "") != (format == 2) {
+		if format := b[len(o.Guest)+1]; (o.GPU == "" && !o.DeviceKnown) != (format == 2) {
 			t.Errorf("%+v written in format %d", o, format)
 		}
 	}
-	pinned := sessionOpens()[1].Append(nil)
-	for _, bad := range [][]byte{pinned[:len(pinned)-1], append(pinned[:len(pinned):len(pinned)], 'x'), pinned[:len(pinned)-2]} {
-		if o, err := replica.DecodeSessionOpen(bad); err == nil {
-			t.Errorf("a torn pin field decoded as %+v", o)
+	for _, i := range []int{1, 4} {
+		rec := sessionOpens()[i].Append(nil)
+		for _, bad := range [][]byte{rec[:len(rec)-1], append(rec[:len(rec):len(rec)], 'x'), rec[:len(rec)-2]} {
+			if o, err := replica.DecodeSessionOpen(bad); err == nil {
+				t.Errorf("a torn record of %q decoded as %+v", sessionOpens()[i].Guest, o)
+			}
 		}
 	}
 }

@@ -205,6 +205,9 @@ func newNode(cfg Config, role *failover.Node) (*Node, error) {
 	if cfg.StandbyLossAfter == 0 {
 		cfg.StandbyLossAfter = 3 * time.Second
 	}
+	if cfg.Hypervisor.DeviceIdentity == nil {
+		cfg.Hypervisor.DeviceIdentity = cfg.Key // a pair's nodes show its guests the same devices (nil: unreplicated)
+	}
 	srv, err := hypervisor.NewServer(cfg.Backend, cfg.Hypervisor, cfg.Registry, cfg.Logger)
 	if err != nil {
 		return nil, err

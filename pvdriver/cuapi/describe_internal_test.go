@@ -162,7 +162,8 @@ func TestLargeImageRefusedLoudly(t *testing.T) {
 }
 
 // TestPinnedGPU: VGPUHA_GPU pins the library's session to one of a
-// multi-GPU node's GPUs, whose UUID and memory the program then sees; a
+// multi-GPU node's GPUs, whose memory the program then sees (its UUID is
+// the pair's name for it: hypervisor's identity.go); a
 // pin to a GPU the node does not serve leaves the program no device.
 func TestPinnedGPU(t *testing.T) {
 	c, err := cluster.Start(cluster.Options{NewBackend: func() (gpu.Backend, error) {
@@ -181,7 +182,7 @@ func TestPinnedGPU(t *testing.T) {
 		t.Fatalf("Init pinned to GPU 1: %d", r)
 	}
 	mem, r := d.DeviceTotalMem(0)
-	if r != Success || mem != 2<<30 || d.dev.UUID[15] != 1 {
+	if r != Success || mem != 2<<30 {
 		t.Errorf("pinned to GPU 1, the program sees %d bytes (%d), UUID %s", mem, r, abi.UUIDString(d.dev.UUID))
 	}
 	d.Shutdown()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -363,9 +364,19 @@ func testNVMLVisible(t *testing.T, dir string) {
 }
 
 // testNVMLFailover: after the primary is killed the NVML still answers,
-// for the same device.
+// for the same device: the same UUID, though the standby's card has its
+// own (the pair shows guests UUIDs of its own: hypervisor's identity.go).
 func testNVMLFailover(t *testing.T, dir string) {
-	c := protectedPair(t, cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit})
+	var cards atomic.Int32 // each node's software GPU describes itself by its own UUID
+	newCard := func() (gpu.Backend, error) {
+		b := sim.New(1 << 30)
+		b.Number = uint8(cards.Add(1))
+		return b, nil
+	}
+	c := protectedPair(t, cluster.Options{Replicate: true, StartStandby: true, Failover: true, Mode: replicate.ModeCommit, NewBackend: newCard})
+	if cards.Load() != 2 {
+		t.Fatalf("%d software GPUs made for the pair, want 2", cards.Load())
+	}
 	info, _ := nodeView(t, c.Endpoint)
 	out, _ := runNVML(t, dir, "failover", []string{"VGPUHA_ENDPOINT=" + c.Endpoint, "VGPUHA_FAILOVER=" + c.StandbyEndpoint}, c.KillPrimary)
 	if c.Standby.Promoted() == nil {
@@ -381,6 +392,10 @@ func testNVMLFailover(t *testing.T, dir string) {
 	if l := out.first(t, "nvmlDeviceGetTemperature"); l.ret != 3 {
 		t.Errorf("temperature after the failover: %d, want the standby's software GPU's NVML_ERROR_NOT_SUPPORTED", l.ret)
 	}
+	// A process started after the failover (nvidia-smi) sees the device
+	// under the same UUID, from the new primary.
+	after, _ := runNVML(t, dir, "watch", []string{"VGPUHA_ENDPOINT=" + c.StandbyEndpoint}, nil)
+	expect(t, after, "nvmlDeviceGetUUID", abi.UUIDString(info.UUID))
 }
 
 // asksHealth reports whether a line of health_values asks the device
