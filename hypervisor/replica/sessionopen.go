@@ -32,10 +32,12 @@ type SessionOpen struct {
 	GraceKnown bool
 	// GPU is the pin the guest asked for (abi.Hello.GPU; empty: none).
 	GPU string
-	// Device is the index of the GPU the session was first placed on
-	// (DeviceKnown false: an older primary's record, which did not say):
+	// Device is the index of the GPU the session was first placed on:
 	// the GPU whose identity its guest is shown on every node
-	// (hypervisor's identity.go), wherever a replica of it runs.
+	// (hypervisor's identity.go), wherever a replica of it runs. A record
+	// says it only where it is not 0 (DeviceKnown), so that a session on
+	// GPU 0 stays readable by an older standby; a record that does not
+	// say (an older primary's too) names GPU 0.
 	Device      int
 	DeviceKnown bool
 }
@@ -53,7 +55,7 @@ const (
 func (o SessionOpen) Append(b []byte) []byte {
 	format := byte(sessionOpenFormat)
 	switch {
-	case o.DeviceKnown:
+	case o.DeviceKnown && o.Device != 0:
 		format = sessionOpenFormatDevice
 	case o.GPU != "":
 		format = sessionOpenFormatPinned

@@ -22,8 +22,8 @@ func sessionOpens() []replica.SessionOpen {
 }
 
 // TestSessionOpenRoundTrip: every format decodes to what was encoded; an
-// unpinned session of no known device is written in format 2, which an
-// older standby reads.
+// unpinned session on GPU 0 is written in format 2, which an older standby
+// reads (and which names GPU 0).
 func TestSessionOpenRoundTrip(t *testing.T) {
 	for _, o := range sessionOpens() {
 		b := o.Append(nil)
@@ -31,7 +31,7 @@ func TestSessionOpenRoundTrip(t *testing.T) {
 		if err != nil || !cmp.Equal(got, o) {
 			t.Fatalf("%+v: decoded %+v, %v", o, got, err)
 		}
-		if format := b[len(o.Guest)+1]; (o.GPU == "" && !o.DeviceKnown) != (format == 2) {
+		if format := b[len(o.Guest)+1]; (o.GPU == "" && o.Device == 0) != (format == 2) {
 			t.Errorf("%+v written in format %d", o, format)
 		}
 	}
@@ -63,4 +63,24 @@ func FuzzDecodeSessionOpen(f *testing.F) {
 			t.Fatalf("%+v re-encoded decodes as %+v, %v", o, again, err)
 		}
 	})
+}
+
+// TestSessionOpenOnGPU0: a session placed on GPU 0 is written without its
+// device (format 2, or 3 when pinned), and reads back as one that does not
+// say: GPU 0.
+func TestSessionOpenOnGPU0(t *testing.T) {
+	tok := bytes.Repeat([]byte{9}, abi.ResumeTokenSize)
+	for _, o := range []replica.SessionOpen{
+		{Guest: "g", Token: tok, GraceKnown: true, Device: 0, DeviceKnown: true},
+		{Guest: "p", Token: tok, GraceKnown: true, GPU: "0", Device: 0, DeviceKnown: true},
+	} {
+		b := o.Append(nil)
+		if format := b[len(o.Guest)+1]; format > 3 {
+			t.Errorf("%+v written in format %d, which an older standby cannot read", o, format)
+		}
+		got, err := replica.DecodeSessionOpen(b)
+		if err != nil || got.Device != 0 || got.DeviceKnown || got.GPU != o.GPU {
+			t.Errorf("%+v decoded as %+v, %v", o, got, err)
+		}
+	}
 }
