@@ -73,3 +73,18 @@ func WriteStats(w io.Writer, stats []OpStats) {
 	}
 	fmt.Fprintf(w, "%-22s %10d %10d %12s\n", "total", sent, waited, wait.Round(time.Microsecond))
 }
+
+// WriteFailovers prints the client's failovers, one line each: when it
+// lost its node, where it resumed, and the pause between (what a guest
+// program waited through), with how it moved (a broken connection, or a
+// stall on a live one) and the requests it sent again.
+func WriteFailovers(w io.Writer, fos []Failover) {
+	for i, f := range fos {
+		how := "connection lost"
+		if f.Stalled {
+			how = "stalled"
+		}
+		fmt.Fprintf(w, "failover %d: %s at %s, resumed on %s (term %d) after %s; %d requests sent again, %d looks\n",
+			i+1, how, f.Lost.UTC().Format("15:04:05.000"), f.Endpoint, f.Term, f.Resumed.Sub(f.Lost).Round(time.Millisecond), f.Resent, f.Looks)
+	}
+}

@@ -306,6 +306,10 @@ func (d *Driver) Shutdown() {
 		if os.Getenv("VGPUHA_STATS") == "1" || os.Getenv("VGPUHA_DEBUG") != "" {
 			fmt.Fprintf(os.Stderr, "vgpuha libcuda: requests of this process, per opcode (the most time waited first):\n")
 			pvdriver.WriteStats(os.Stderr, c.Stats())
+			if fos := c.Failovers(); len(fos) > 0 {
+				fmt.Fprintf(os.Stderr, "vgpuha libcuda: this process's failovers:\n")
+				pvdriver.WriteFailovers(os.Stderr, fos)
+			}
 		}
 		c.Close()
 	}

@@ -140,6 +140,13 @@ func runProgram(t *testing.T, bin, libDir, ptx, transport string, kill bool) {
 	if kill && c.Standby.Promoted() == nil {
 		t.Fatal("the program finished, but the standby was never promoted: it did not run there")
 	}
+	_, report, said := strings.Cut(stderr.String(), "\nfailover 1: ")
+	if said != kill {
+		t.Errorf("%s: the exit report names a failover: %v, want %v:\n%s", filepath.Base(bin), said, kill, stderr.String())
+	}
+	if said {
+		t.Logf("%s: failover 1: %s", filepath.Base(bin), strings.SplitN(report, "\n", 2)[0])
+	}
 	checkTally(t, filepath.Base(bin), stderr.String())
 	t.Logf("%s in %v", last, time.Since(start).Round(time.Millisecond))
 }
