@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Issue 44 on a host of two GPUs: GUESTS (16) PyTorch training programs at
+# once, each its own guest process with its own kernels (the suite's bf16
+# GPT, deterministic), natively on GPU 0, then through one replicated
+# primary serving GPU 0 (a GPU worker per session: --guest.workers on) whose
+# standby serves GPU 1, with a SIGKILL of the primary once every program
+# has printed step KILL_STEP. Takes a directory holding prebuilt vgpuha and
+# libcuda.so.1; needs python3 with torch. Prints, per way, the programs'
+# summed steps/s and its ratio to native's, whether each program printed
+# native's losses, and each guest's pause at the failover (from the
+# library's exit report, VGPUHA_STATS=1), the largest of them as the p99
+# of 16. Knobs: GUESTS, STEPS (60), KILL_STEP (20), LOGS.
+set -uo pipefail
+B=$(cd "${1:-bin}" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+n=${GUESTS:-16} steps=${STEPS:-60} kill_step=${KILL_STEP:-20}
+logs=${LOGS:-$(mktemp -d)}
+mkdir -p "$logs/lib" "$logs/state"
+cp "$B/libcuda.so.1" "$logs/lib/"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VGTEST_DETERMINISTIC=1 VGTEST_EVERY=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+prog=("$root/pvdriver/libcuda/testdata/frameworks/gpt_bf16.py" "$steps" flash)
+pids=()
+cleanup() { kill -9 "${pids[@]}" 2>/dev/null; }
+trap cleanup EXIT
+
+# guests WAY ENV...: starts the n programs with ENV, waits for them (5
+# minutes at most), and prints their summed steps/s.
+guests() {
+	local way=$1 i p gp=()
+	shift
+	for ((i = 0; i < n; i++)); do
+		env "$@" VGPUHA_STATS=1 timeout 300 python3 "${prog[@]}" >"$logs/$way-$i.out" 2>"$logs/$way-$i.err" &
+		gp+=($!)
+	done
+	[ "$way" = replicated ] && strike
+	for p in "${gp[@]}"; do wait "$p"; done
+	cat "$logs/$way"-*.err | grep -Eo '^[0-9.]+ steps/s' | awk '{s += $1} END {printf "%.1f", s}'
+}
+
+# strike SIGKILLs the primary once every program printed step KILL_STEP.
+strike() {
+	local _ i ready
+	for _ in $(seq 3000); do
+		ready=0
+		for ((i = 0; i < n; i++)); do grep -q "^step $kill_step " "$logs/replicated-$i.out" 2>/dev/null && ready=$((ready + 1)); done
+		[ "$ready" = "$n" ] && break
+		sleep 0.1
+	done
+	kill -9 "$primary"
+	echo "SIGKILL of the primary with $ready of $n programs past step $kill_step" >&2
+}
+
+native=$(guests native CUDA_VISIBLE_DEVICES=0)
+
+standby_gpu=0
+[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
+flags=(--backend cuda --guest.kernels --guest.workers on --guest.max-sessions "$n")
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$logs/key")
+port=$((7400 + RANDOM % 500))
+CUDA_VISIBLE_DEVICES=$standby_gpu "$B/vgpuha" standby "${flags[@]}" --listen "tcp://127.0.0.1:$port" --replicate.key-file "$logs/key" \
+	--guest-listen "unix://$logs/s.sock" --admin-listen "unix://$logs/sa.sock" 2>"$logs/standby.log" &
+pids+=($!)
+CUDA_VISIBLE_DEVICES=0 "$B/vgpuha" primary "${flags[@]}" --guest-listen "unix://$logs/p.sock" --mode commit \
+	--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$logs/key" --admin-listen "unix://$logs/pa.sock" \
+	--state-dir "$logs/state" 2>"$logs/primary.log" &
+primary=$!
+pids+=($primary)
+for _ in $(seq 300); do
+	"$B/vgpuha" status --admin "unix://$logs/pa.sock" --json 2>/dev/null | grep -Eq '"protected": *true' && break
+	sleep 0.1
+done
+replicated=$(guests replicated LD_LIBRARY_PATH="$logs/lib" VGPUHA_ENDPOINT="unix://$logs/p.sock" \
+	VGPUHA_FAILOVER="unix://$logs/s.sock" CUDA_VISIBLE_DEVICES=0)
+
+same=0
+for ((i = 0; i < n; i++)); do cmp -s "$logs/native-0.out" "$logs/replicated-$i.out" && same=$((same + 1)); done
+# Each guest's pause in ms (the report rounds to ms: "275ms", "1.204s").
+pauses=$(grep -ho 'after [0-9.]*m\?s;' "$logs"/replicated-*.err |
+	awk '{v = $2; sub(/;/, "", v); if (v ~ /ms$/) {sub(/ms/, "", v); print v} else {sub(/s/, "", v); print v * 1000}}' | sort -g | tr '\n' ' ')
+echo "guests: $n, $steps steps each, SIGKILL of the primary after step $kill_step"
+echo "native summed steps/s: $native"
+echo "replicated summed steps/s: $replicated ($(awk -v a="$replicated" -v b="$native" 'BEGIN {printf "%.2f", b ? a / b : 0}')x native)"
+echo "programs that printed native's losses: $same of $n"
+echo "pauses at the failover, ms, smallest first (the last is the p99 of 16): $pauses"
+echo "logs: $logs"
+[ "$same" = "$n" ] && echo PASS || { echo "FAIL"; exit 1; }
