@@ -113,7 +113,10 @@ func (s *Server) unplaceLocked(d *device) {
 type GPUStatus struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
-	Name  string `json:"name"`
+	// GuestUUID is the UUID guests see for this GPU where the node has a
+	// pair's key (identity.go); empty: guests see UUID.
+	GuestUUID string `json:"guest_uuid,omitempty"`
+	Name      string `json:"name"`
 	// MemoryBytes is the device's memory (0: its backend does not say).
 	MemoryBytes uint64 `json:"memory_bytes"`
 	Sessions    int    `json:"sessions"`
@@ -134,6 +137,9 @@ func (s *Server) gpuStatus(sessions []SessionStatus) []GPUStatus {
 	for i, d := range s.devices {
 		out[i] = GPUStatus{Index: d.index, UUID: abi.UUIDString(d.uuid), Name: d.name, MemoryBytes: d.memory,
 			Sessions: d.sessions, PromisedBytes: d.promised}
+		if s.cfg.DeviceIdentity != nil {
+			out[i].GuestUUID = abi.UUIDString(deviceUUID(s.cfg.DeviceIdentity, d.index))
+		}
 		at[d.index] = i
 	}
 	s.mu.Unlock()

@@ -2,6 +2,7 @@ package hypervisor_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -310,6 +311,11 @@ func TestDeviceIdentity(t *testing.T) {
 	}
 	if shown(primary, "0") == shown(primary, "3") {
 		t.Error("both GPUs show one UUID")
+	}
+	for _, g := range primary.srv.Status().GPUs { // what an operator reads beside the card's own
+		if want := abi.UUIDString(shown(primary, fmt.Sprint(g.Index))); g.GuestUUID != want {
+			t.Errorf("status of GPU %d: guests see %q, want %s", g.Index, g.GuestUUID, want)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
