@@ -9,7 +9,8 @@
 # summed steps/s and its ratio to native's, whether each program printed
 # native's losses, and each guest's pause at the failover (from the
 # library's exit report, VGPUHA_STATS=1), the largest of them as the p99
-# of 16. Knobs: GUESTS, STEPS (60), KILL_STEP (20), LOGS.
+# of 16. Knobs: GUESTS, STEPS (60), KILL_STEP (20), LOGS, BACKEND (cuda;
+# sim tries the script without a GPU, with a stand-in python3).
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,7 +56,7 @@ native=$(guests native CUDA_VISIBLE_DEVICES=0)
 
 standby_gpu=0
 [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
-flags=(--backend cuda --guest.kernels --guest.workers on --guest.max-sessions "$n")
+flags=(--backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n")
 (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$logs/key")
 port=$((7400 + RANDOM % 500))
 CUDA_VISIBLE_DEVICES=$standby_gpu "$B/vgpuha" standby "${flags[@]}" --listen "tcp://127.0.0.1:$port" --replicate.key-file "$logs/key" \
