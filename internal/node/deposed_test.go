@@ -65,7 +65,14 @@ func TestGuestOnDeposedPrimary(t *testing.T) {
 		t.Fatalf("B on the deposed primary before it knows: %v", err)
 	}
 	link.Partition(false)
-	waitFor(t, "P fenced", func() bool { r, _ := p.Role(); return r == failover.Fenced })
+	// Fenced as its server enforces it: the authority's role changes a
+	// moment before the view reaches the server (the push), and a loaded
+	// machine stretches that moment (A's read was once served in it).
+	waitFor(t, "P fenced", func() bool {
+		r, _ := p.Role()
+		_, until := p.Serving()
+		return r == failover.Fenced && !until.IsZero()
+	})
 	fenced := time.Now()
 
 	start := time.Now()
