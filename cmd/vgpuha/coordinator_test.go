@@ -39,7 +39,8 @@ func TestCoordinatedProcesses(t *testing.T) {
 	waitStatus(t, standbyAdmin, "promoted", nodeStatus.promoted)
 	t.Logf("primary frozen at 0; the standby serves after %v (lease 2 s)", time.Since(frozen).Round(time.Millisecond))
 	p.cmd.Process.Signal(syscall.SIGCONT)
-	waitStatus(t, adminAddr, "fenced", isRole("fenced"))
+	// As its server enforces it (the role changes a moment before).
+	waitStatus(t, adminAddr, "fenced and serving no guest", func(s nodeStatus) bool { return s.Role == "fenced" && !s.Serving })
 	if _, err := runGuestProc("unix://"+sock, "vadd", 0); err == nil {
 		t.Fatal("a fenced primary served a guest")
 	}
