@@ -26,7 +26,7 @@ func TestReplicaShowsThePrimarysDevice(t *testing.T) {
 	defer srv.Close()
 	tok := bytes.Repeat([]byte{1}, abi.ResumeTokenSize)
 	for id, device := range map[uint64]int{1: 3, 2: 0} {
-		open := sessionOpen{Guest: "g", Token: tok, GraceKnown: true, Grace: 60e9, Device: device, DeviceKnown: true}
+		open := sessionOpen{Guest: "g", Token: tok, GraceKnown: true, Grace: 60e9, Device: device}
 		if err := srv.OpenReplica(id, cfg.WindowBase+(id-1)*cfg.WindowSize, open.Append(nil)); err != nil {
 			t.Fatal(err)
 		}

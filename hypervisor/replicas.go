@@ -41,7 +41,6 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 		t.Sessions++
 	}
 	s.mu.Unlock()
-	open.DeviceKnown = true                                // a record that does not say names GPU 0 (replica.SessionOpen)
 	sess, err := s.newSession(id, slot, open, base, false) // placed by this node's own policy
 	if err != nil {
 		s.giveSlotBack(slot, t)

@@ -41,7 +41,7 @@ func (s *Server) Snapshot() (replicate.Snapshot, error) {
 // the addresses and handles they have, without their memory's contents.
 // Precondition: s.mu must be locked.
 func (s *Session) objectRecords() []replicate.Record {
-	open := sessionOpen{Guest: s.guest, Token: s.token, Tenant: s.tenantID, Grace: s.grace, GraceKnown: true, GPU: s.pin, Device: s.shown, DeviceKnown: true}
+	open := sessionOpen{Guest: s.guest, Token: s.token, Tenant: s.tenantID, Grace: s.grace, GraceKnown: true, GPU: s.pin, Device: s.shown}
 	recs := []replicate.Record{{Session: s.id, Op: replicate.OpSessionOpen, Result: s.mem.Base(), Body: open.Append(nil)}}
 	for _, r := range s.mem.Ranges() {
 		if !s.mem.Mapped(r.Addr) {

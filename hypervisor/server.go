@@ -602,9 +602,10 @@ func (s *Server) mayAnswerUnprotected(held func() bool) bool {
 }
 
 // newSession places a session on a GPU (devices.go; strict: a guest's,
-// whose pin must name one of this node's) and creates it there, its guest
-// seeing the window at base, and registers it (logging its opening when
-// replicating).
+// whose pin must name one of this node's and whose guest is shown that
+// GPU, where a replica shows the one its record names) and creates it
+// there, its guest seeing the window at base, and registers it (logging
+// its opening when replicating).
 func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64, strict bool) (*Session, error) {
 	dev, err := s.place(open.GPU, strict)
 	if err != nil {
@@ -616,8 +617,8 @@ func (s *Server) newSession(id uint64, slot int, open sessionOpen, base uint64, 
 		return nil, err
 	}
 	got, _ := ctx.Window()
-	if !open.DeviceKnown { // opened here (or by an older primary): its device is the one it was placed on
-		open.Device, open.DeviceKnown = dev.index, true
+	if strict { // a guest's own session shows the GPU it is placed on; a replica the one its record names
+		open.Device = dev.index
 	}
 	sess := &Session{
 		id: id, guest: open.Guest, token: open.Token, slot: slot, cfg: s.cfg, fenced: &s.fencedFlag, srv: s,

@@ -35,11 +35,10 @@ type SessionOpen struct {
 	// Device is the index of the GPU the session was first placed on:
 	// the GPU whose identity its guest is shown on every node
 	// (hypervisor's identity.go), wherever a replica of it runs. A record
-	// says it only where it is not 0 (DeviceKnown), so that a session on
-	// GPU 0 stays readable by an older standby; a record that does not
-	// say (an older primary's too) names GPU 0.
-	Device      int
-	DeviceKnown bool
+	// says it only where it is not 0, so that a session on GPU 0 stays
+	// readable by an older standby; a record that does not say (an older
+	// primary's too) names GPU 0.
+	Device int
 }
 
 // Session-open record formats: 1 without the grace period, 2 with it, 3
@@ -55,7 +54,7 @@ const (
 func (o SessionOpen) Append(b []byte) []byte {
 	format := byte(sessionOpenFormat)
 	switch {
-	case o.DeviceKnown && o.Device != 0:
+	case o.Device != 0:
 		format = sessionOpenFormatDevice
 	case o.GPU != "":
 		format = sessionOpenFormatPinned
@@ -114,7 +113,7 @@ func DecodeSessionOpen(body []byte) (SessionOpen, error) {
 			return o, fmt.Errorf("%w (pin and device fields of %d bytes)", errSessionOpen, len(pin))
 		}
 		o.GPU = string(pin[1 : len(pin)-2])
-		o.Device, o.DeviceKnown = int(binary.LittleEndian.Uint16(pin[len(pin)-2:])), true
+		o.Device = int(binary.LittleEndian.Uint16(pin[len(pin)-2:]))
 		return o, nil
 	}
 	if len(pin) < 2 || int(pin[0]) != len(pin)-1 {

@@ -16,8 +16,8 @@ func sessionOpens() []replica.SessionOpen {
 		{Guest: "g", Token: tok, Tenant: "10.0.0.1", Grace: 30 * time.Second, GraceKnown: true},
 		{Guest: "pinned", Token: tok, Grace: time.Second, GraceKnown: true, GPU: "1"},
 		{Guest: "by-uuid", Token: tok, Tenant: "t", GraceKnown: true, GPU: "GPU-abcd0001-0000-0000-0000-000000000001"},
-		{Guest: "placed", Token: tok, Grace: time.Minute, GraceKnown: true, Device: 3, DeviceKnown: true},
-		{Guest: "pinned and placed", Token: tok, GraceKnown: true, GPU: "1", Device: 1, DeviceKnown: true},
+		{Guest: "placed", Token: tok, Grace: time.Minute, GraceKnown: true, Device: 3},
+		{Guest: "pinned and placed", Token: tok, GraceKnown: true, GPU: "1", Device: 1},
 	}
 }
 
@@ -71,15 +71,15 @@ func FuzzDecodeSessionOpen(f *testing.F) {
 func TestSessionOpenOnGPU0(t *testing.T) {
 	tok := bytes.Repeat([]byte{9}, abi.ResumeTokenSize)
 	for _, o := range []replica.SessionOpen{
-		{Guest: "g", Token: tok, GraceKnown: true, Device: 0, DeviceKnown: true},
-		{Guest: "p", Token: tok, GraceKnown: true, GPU: "0", Device: 0, DeviceKnown: true},
+		{Guest: "g", Token: tok, GraceKnown: true, Device: 0},
+		{Guest: "p", Token: tok, GraceKnown: true, GPU: "0", Device: 0},
 	} {
 		b := o.Append(nil)
 		if format := b[len(o.Guest)+1]; format > 3 {
 			t.Errorf("%+v written in format %d, which an older standby cannot read", o, format)
 		}
 		got, err := replica.DecodeSessionOpen(b)
-		if err != nil || got.Device != 0 || got.DeviceKnown || got.GPU != o.GPU {
+		if err != nil || got.Device != 0 || got.GPU != o.GPU {
 			t.Errorf("%+v decoded as %+v, %v", o, got, err)
 		}
 	}
