@@ -7,7 +7,8 @@
 # standby the next GPU, so the groups spread over the host's GPUs.
 # Usage: scripts/gpu-frameworks.sh BINDIR   (prebuilt vgpuha, libcuda.so.1)
 # Knobs: PROGRAMS, FW_GROUPS (3), FW_STEPS (30), MODES, NGPUS (nvidia-smi's
-# count), NODE_FLAGS (more flags for every group's nodes), BIG (below), LOGDIR (where each group's table, log and steps/s go; default a
+# count), NODE_FLAGS (more flags for every group's nodes), BIG (below),
+# LOGDIR (where each group's table, log and steps/s go; default a
 # temporary directory), and gpu-runtime.sh's own (KILL_STEP=random,
 # DEADLINE, ...). Programs that reserve more address space than a guest's
 # default window (XLA's allocator, PyTorch's expandable segments: BIG, "fw_jax

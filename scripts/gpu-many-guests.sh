@@ -13,10 +13,11 @@
 # sim tries the script without a GPU, with a stand-in python3).
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
+. "$(dirname "$0")/gpu-pair.sh" # start_pair
 root=$(cd "$(dirname "$0")/.." && pwd)
 n=${GUESTS:-16} steps=${STEPS:-60} kill_step=${KILL_STEP:-20}
 logs=${LOGS:-$(mktemp -d)}
-mkdir -p "$logs/lib" "$logs/state"
+mkdir -p "$logs/lib"
 cp "$B/libcuda.so.1" "$logs/lib/"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VGTEST_DETERMINISTIC=1 VGTEST_EVERY=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
@@ -54,23 +55,7 @@ strike() {
 
 native=$(guests native CUDA_VISIBLE_DEVICES=0)
 
-standby_gpu=0
-[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
-flags=(--backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n")
-(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$logs/key")
-port=$((7400 + RANDOM % 500))
-CUDA_VISIBLE_DEVICES=$standby_gpu "$B/vgpuha" standby "${flags[@]}" --listen "tcp://127.0.0.1:$port" --replicate.key-file "$logs/key" \
-	--guest-listen "unix://$logs/s.sock" --admin-listen "unix://$logs/sa.sock" 2>"$logs/standby.log" &
-pids+=($!)
-CUDA_VISIBLE_DEVICES=0 "$B/vgpuha" primary "${flags[@]}" --guest-listen "unix://$logs/p.sock" --mode commit \
-	--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$logs/key" --admin-listen "unix://$logs/pa.sock" \
-	--state-dir "$logs/state" 2>"$logs/primary.log" &
-primary=$!
-pids+=($primary)
-for _ in $(seq 300); do
-	"$B/vgpuha" status --admin "unix://$logs/pa.sock" --json 2>/dev/null | grep -Eq '"protected": *true' && break
-	sleep 0.1
-done
+start_pair "$logs" --backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n" || exit 1
 replicated=$(guests replicated LD_LIBRARY_PATH="$logs/lib" VGPUHA_ENDPOINT="unix://$logs/p.sock" \
 	VGPUHA_FAILOVER="unix://$logs/s.sock" CUDA_VISIBLE_DEVICES=0)
 

@@ -14,8 +14,9 @@
 # times; the guest holding the memory carries on after the kill.
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
+. "$(dirname "$0")/gpu-pair.sh" # start_pair
 logs=${LOGS:-$(mktemp -d)}
-mkdir -p "$logs/lib" "$logs/state"
+mkdir -p "$logs/lib"
 cp "$B/libcuda.so.1" "$B/libnvidia-ml.so.1" "$logs/lib/"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 failures=0
@@ -26,24 +27,8 @@ pids=()
 cleanup() { kill -9 "${pids[@]}" 2>/dev/null; }
 trap cleanup EXIT
 
-standby_gpu=0
-[ "$(nvidia-smi -L | wc -l)" -ge 2 ] && standby_gpu=1
 nvidia-smi -L >"$logs/host-L.txt"
-flags=(--backend cuda --guest.kernels --guest.max-sessions 1)
-(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$logs/key")
-port=$((7400 + RANDOM % 500))
-CUDA_VISIBLE_DEVICES=$standby_gpu "$B/vgpuha" standby "${flags[@]}" --listen "tcp://127.0.0.1:$port" --replicate.key-file "$logs/key" \
-	--guest-listen "unix://$logs/s.sock" --admin-listen "unix://$logs/sa.sock" 2>"$logs/standby.log" &
-pids+=($!)
-CUDA_VISIBLE_DEVICES=0 "$B/vgpuha" primary "${flags[@]}" --guest-listen "unix://$logs/p.sock" --mode commit \
-	--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$logs/key" --admin-listen "unix://$logs/pa.sock" \
-	--state-dir "$logs/state" 2>"$logs/primary.log" &
-primary=$!
-pids+=($primary)
-for _ in $(seq 300); do
-	"$B/vgpuha" status --admin "unix://$logs/pa.sock" --json 2>/dev/null | grep -Eq '"protected": *true' && break
-	sleep 0.1
-done
+start_pair "$logs" --backend cuda --guest.kernels --guest.max-sessions 1 || exit 1
 export LD_LIBRARY_PATH=$logs/lib VGPUHA_ENDPOINT=unix://$logs/p.sock VGPUHA_FAILOVER=unix://$logs/s.sock
 unset CUDA_VISIBLE_DEVICES
 
