@@ -249,16 +249,8 @@ func TestStatusConnectionPinned(t *testing.T) {
 		pin  string
 		want *sim.Backend
 	}{{"", sims[0]}, {"3", sims[1]}, {abi.UUIDString(uuidOf(t, sims[1])), sims[1]}, {"0", sims[0]}} {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		sc, err := pvdriver.OpenStatus(ctx, e.endpoint, pvdriver.Options{GuestName: "nvml", GPU: c.pin})
-		cancel()
-		if err != nil {
-			t.Fatalf("pin %q: %v", c.pin, err)
-		}
-		info, err := sc.DeviceInfo()
-		sc.Close()
-		if err != nil || info.UUID != uuidOf(t, c.want) {
-			t.Errorf("status connection pinned %q describes %s (%v), want %s", c.pin, abi.UUIDString(info.UUID), err, abi.UUIDString(uuidOf(t, c.want)))
+		if got := statusUUID(t, e.endpoint, c.pin); got != uuidOf(t, c.want) {
+			t.Errorf("status connection pinned %q describes %s, want %s", c.pin, abi.UUIDString(got), abi.UUIDString(uuidOf(t, c.want)))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -267,6 +259,24 @@ func TestStatusConnectionPinned(t *testing.T) {
 		sc.Close()
 		t.Fatal("a status connection pinned to GPU 1, which the node does not serve, was opened")
 	}
+}
+
+// statusUUID is the UUID a status connection pinned to pin (a guest's NVML
+// with no session) is told for its GPU.
+func statusUUID(t *testing.T, endpoint, pin string) [16]byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	sc, err := pvdriver.OpenStatus(ctx, endpoint, pvdriver.Options{GuestName: "nvml", GPU: pin})
+	if err != nil {
+		t.Fatalf("status connection pinned %q: %v", pin, err)
+	}
+	defer sc.Close()
+	info, err := sc.DeviceInfo()
+	if err != nil {
+		t.Fatalf("status connection pinned %q: device_info: %v", pin, err)
+	}
+	return info.UUID
 }
 
 // TestDeviceIdentity: with a pair's secret (Config.DeviceIdentity, the
@@ -282,21 +292,7 @@ func TestDeviceIdentity(t *testing.T) {
 	primary, sims := twoGPUs(t, placement.FewestGuests, withKey("pair-secret-0123456789abcdef"))
 	standby, _ := twoGPUs(t, placement.FewestGuests, withKey("pair-secret-0123456789abcdef"))
 	other, _ := twoGPUs(t, placement.FewestGuests, withKey("another-secret-0123456789abcdef"))
-	shown := func(e *env, pin string) [16]byte {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		sc, err := pvdriver.OpenStatus(ctx, e.endpoint, pvdriver.Options{GuestName: "nvml", GPU: pin})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sc.Close()
-		info, err := sc.DeviceInfo()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.UUID
-	}
+	shown := func(e *env, pin string) [16]byte { t.Helper(); return statusUUID(t, e.endpoint, pin) }
 	for i, pin := range []string{"0", "3"} {
 		u := shown(primary, pin)
 		if u == uuidOf(t, sims[i]) {
