@@ -321,14 +321,15 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 		hello.GPU = opts.GPU
 	}
 	var unanswered *time.Timer
+	wait := helloWait(opts.ResumeSession != 0)
 	if c.failover() {
 		// A node that does not answer the hello (frozen, or deposed and
 		// holding the reply) is left for the next endpoint (open).
-		unanswered = time.AfterFunc(helloWait, func() { c.lost(0, errHelloUnanswered) })
+		unanswered = time.AfterFunc(wait, func() { c.lost(0, fmt.Errorf("no answer to hello within %v", wait)) })
 	}
 	err := c.call(abi.OpHello, hello, &hr)
 	if unanswered != nil && !unanswered.Stop() && err == nil {
-		err = fmt.Errorf("%w: %v", ErrClosed, errHelloUnanswered) // answered as the client gave up
+		err = fmt.Errorf("%w: no answer to hello within %v", ErrClosed, wait) // answered as the client gave up
 	}
 	if err != nil {
 		c.host = nil // the caller closes it
@@ -353,11 +354,19 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 func (c *Client) failover() bool { return len(c.opts.Failover) > 0 }
 
 // helloWait bounds how long a failover client waits for a node to answer
-// its hello: longer than a node waits for a slot a session is giving back
-// (2 s).
-const helloWait = 3 * time.Second
-
-var errHelloUnanswered = fmt.Errorf("no answer to hello within %v", helloWait)
+// its hello. A resume needs no GPU work: 3 s, longer than a node waits for
+// a slot a session is giving back (2 s). A new session needs a GPU
+// context, made in a worker process of its own where the guest brings
+// kernels, and in commit mode its standby's too, in the order of its
+// log: with many guests starting at once on a busy GPU that takes
+// seconds, so 30 s. The bound only matters for a node that never
+// answers (frozen, or deposed and holding the reply).
+func helloWait(resume bool) time.Duration {
+	if resume {
+		return 3 * time.Second
+	}
+	return 30 * time.Second
+}
 
 // graceMS asks nodes to keep the session while this client looks for a
 // way back (failover clients only).

@@ -9,13 +9,16 @@
 # summed steps/s and its ratio to native's, whether each program printed
 # native's losses, and each guest's pause at the failover (from the
 # library's exit report, VGPUHA_STATS=1), the largest of them as the p99
-# of 16. Knobs: GUESTS, STEPS (60), KILL_STEP (20), LOGS, BACKEND (cuda;
-# sim tries the script without a GPU, with a stand-in python3).
+# of 16, and how long the primary took to open each session. Knobs:
+# GUESTS, STEPS (300), KILL_STEP (100), SPARES (GPU workers each node
+# starts ahead, --cuda.spare-contexts: GUESTS, so that programs started at
+# once need not wait for workers), LOGS, BACKEND (cuda; sim tries the
+# script without a GPU, with a stand-in python3).
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
 . "$(dirname "$0")/gpu-pair.sh" # start_pair
 root=$(cd "$(dirname "$0")/.." && pwd)
-n=${GUESTS:-16} steps=${STEPS:-60} kill_step=${KILL_STEP:-20}
+n=${GUESTS:-16} steps=${STEPS:-300} kill_step=${KILL_STEP:-100}
 logs=${LOGS:-$(mktemp -d)}
 mkdir -p "$logs/lib"
 cp "$B/libcuda.so.1" "$logs/lib/"
@@ -35,17 +38,20 @@ guests() {
 		env "$@" VGPUHA_STATS=1 timeout 300 python3 "${prog[@]}" >"$logs/$way-$i.out" 2>"$logs/$way-$i.err" &
 		gp+=($!)
 	done
-	[ "$way" = replicated ] && strike
+	[ "$way" = replicated ] && strike "${gp[@]}"
 	for p in "${gp[@]}"; do wait "$p"; done
 	cat "$logs/$way"-*.err | grep -Eo '^[0-9.]+ steps/s' | awk '{s += $1} END {printf "%.1f", s}'
 }
 
-# strike SIGKILLs the primary once every program printed step KILL_STEP.
+# strike PIDS... SIGKILLs the primary once each program (PIDS, in order)
+# has printed step KILL_STEP or ended.
 strike() {
-	local _ i ready
+	local _ i ready progs=("$@")
 	for _ in $(seq 3000); do
 		ready=0
-		for ((i = 0; i < n; i++)); do grep -q "^step $kill_step " "$logs/replicated-$i.out" 2>/dev/null && ready=$((ready + 1)); done
+		for ((i = 0; i < n; i++)); do
+			grep -q "^step $kill_step " "$logs/replicated-$i.out" 2>/dev/null || ! kill -0 "${progs[i]}" 2>/dev/null && ready=$((ready + 1))
+		done
 		[ "$ready" = "$n" ] && break
 		sleep 0.1
 	done
@@ -55,7 +61,8 @@ strike() {
 
 native=$(guests native CUDA_VISIBLE_DEVICES=0)
 
-start_pair "$logs" --backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n" || exit 1
+start_pair "$logs" --backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n" \
+	--cuda.spare-contexts "${SPARES:-$n}" || exit 1
 replicated=$(guests replicated LD_LIBRARY_PATH="$logs/lib" VGPUHA_ENDPOINT="unix://$logs/p.sock" \
 	VGPUHA_FAILOVER="unix://$logs/s.sock" CUDA_VISIBLE_DEVICES=0)
 
@@ -68,6 +75,7 @@ echo "guests: $n, $steps steps each, SIGKILL of the primary after step $kill_ste
 echo "native summed steps/s: $native"
 echo "replicated summed steps/s: $replicated ($(awk -v a="$replicated" -v b="$native" 'BEGIN {printf "%.2f", b ? a / b : 0}')x native)"
 echo "programs that printed native's losses: $same of $n"
+echo "the primary opened sessions in: $(grep "guest session opened" "$logs/primary.log" | grep -o "took=[^ ]*" | tr '\n' ' ')"
 echo "pauses at the failover, ms, smallest first (the last is the p99 of 16): $pauses"
 echo "logs: $logs"
 [ "$same" = "$n" ] && echo PASS || { echo "FAIL"; exit 1; }

@@ -363,9 +363,10 @@ func (c *guestConn) dispatch(f abi.Frame) (reply abi.Body, err error, end bool) 
 		if c.sess != nil {
 			return nil, guesterr.Fail(abi.StatusInvalidValue, "session %d is already open on this connection", c.sess.ID()), false
 		}
+		start := time.Now()
 		c.sess, reply, err = c.e.node.Hello(f.Payload, Peer{Version: f.Version, Tenant: c.tenant, Log: c.log})
 		if c.sess != nil {
-			c.opened()
+			c.opened(time.Since(start))
 			c.upgrade()
 		}
 		return reply, err, false
@@ -406,9 +407,11 @@ func (c *guestConn) request(f abi.Frame) Request {
 	return r
 }
 
-// opened notes the session that hello opened or resumed on this connection.
-func (c *guestConn) opened() {
+// opened notes the session that hello opened or resumed on this
+// connection; took is how long the node took to open it (for a new
+// session, mostly its GPU context: a spare's, or one made meanwhile).
+func (c *guestConn) opened(took time.Duration) {
 	c.sess.Opened(mmiotrace.PeerPID(c.conn), c.host)
 	c.log = c.log.With("session", c.sess.ID(), "guest", c.sess.Guest())
-	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.Base()), "gpu", c.sess.GPU())
+	c.log.Info("guest session opened", "window_base", fmt.Sprintf("%#x", c.sess.Base()), "gpu", c.sess.GPU(), "took", took.Round(time.Millisecond))
 }

@@ -183,6 +183,13 @@ func (d *Driver) Session(caller string) (*pvdriver.Client, abi.DeviceInfoReply, 
 	return d.client, d.dev, d.visible, Success
 }
 
+// openWait bounds the search for a node that opens the session: a new
+// session's hello may take up to 30 s (a GPU context made while many
+// guests start; pvdriver's helloWait), a takeover found meanwhile a few
+// more. A node that refuses, or an endpoint nobody listens on without
+// failover endpoints, fails at once.
+const openWait = 45 * time.Second
+
 // open opens the session with the primary named by VGPUHA_ENDPOINT
 // (failover endpoints in VGPUHA_FAILOVER, comma-separated), takes the
 // device's description and which devices CUDA_VISIBLE_DEVICES leaves.
@@ -200,7 +207,7 @@ func (d *Driver) open(caller string) Result {
 	if !ok {
 		return ErrorNoDevice
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), openWait)
 	defer cancel()
 	c, err := pvdriver.Open(ctx, ep, opts)
 	if err != nil {
