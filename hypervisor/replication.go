@@ -296,6 +296,20 @@ func (s *Server) Switchover(handover func() (Role, error)) (time.Duration, error
 	return pause, err
 }
 
+// recordTensorMap logs a tensor map over a module variable the guest was
+// just given, the first time (replicate.OpTensorMap), so a standby encodes
+// its own (objects/tensormaps.go).
+// Precondition: s.mu must be locked; s.record is set.
+func (s *Session) recordTensorMap(op abi.Opcode, reply abi.Body) {
+	m, ok := reply.(*abi.TensorMapReply)
+	if op != abi.OpTensorMapEncode || !ok {
+		return
+	}
+	if req, ok := s.objs.TensorMapRecord(m.Map); ok {
+		s.record.append(replicate.OpTensorMap, 0, replicate.AppendTensorMap(nil, req, m.Map), 0, 0, nil)
+	}
+}
+
 // recordGlobalAddr logs the address of a module variable the guest was
 // just told (replicate.OpGlobalAddr), so a standby maps it to its own
 // copy's in kernel arguments (objects/globalmap.go).

@@ -57,6 +57,9 @@ func (s *Session) objectRecords() []replicate.Record {
 	s.objs.GlobalRecords(func(r *abi.ModuleGlobal, guest uint64) {
 		recs = append(recs, replicate.Record{Session: s.id, Op: replicate.OpGlobalAddr, Result: guest, Body: r.Append(nil)})
 	})
+	s.objs.TensorMapRecords(func(r *abi.TensorMapEncode, guest [abi.TensorMapBytes]byte) {
+		recs = append(recs, replicate.Record{Session: s.id, Op: replicate.OpTensorMap, Body: replicate.AppendTensorMap(nil, r, guest)})
+	})
 	recs = append(recs, replicate.Record{Session: s.id, Op: replicate.OpSetNext, Result: uint64(s.objs.Next()), ReqID: s.once.Last(),
 		Body: s.once.AppendApplied(nil)})
 	return append(recs, s.failureRecords()...)

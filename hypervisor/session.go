@@ -157,7 +157,7 @@ var opTable = map[abi.Opcode]handler{
 	abi.OpAddressFree:      onMemory((*devmem.Memory).AddressFree),
 	abi.OpMemMap:           onMemory((*devmem.Memory).MemMap),
 	abi.OpMemUnmap:         onMemory((*devmem.Memory).MemUnmap),
-	abi.OpTensorMapEncode:  onMemory((*devmem.Memory).TensorMapEncode),
+	abi.OpTensorMapEncode:  onObjects((*objects.Set).TensorMapEncode),
 	abi.OpOccupancy:        onObjects((*objects.Set).Occupancy),
 	abi.OpImageStage:       onObjects((*objects.Set).ImageStage),
 	abi.OpDeviceStatus:     typed((*Session).deviceStatus),
@@ -223,6 +223,7 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 		if err == nil {
 			s.recordReadBack(op, req, reply)
 			s.recordGlobalAddr(op, req, reply)
+			s.recordTensorMap(op, reply)
 		}
 		s.record.outcome(r.ID, failure, reporting, s.objs)
 	}

@@ -106,10 +106,16 @@ const (
 	// where it likes, so the standby maps that address to its own copy's
 	// wherever a kernel argument holds it (hypervisor/objects/globalmap.go).
 	OpGlobalAddr
+	// OpTensorMap: the guest of session Session was given a tensor map
+	// over a module variable. Body (AppendTensorMap): the abi.TensorMapEncode
+	// request, then the map's bytes. The standby encodes the same tensor
+	// over its own copy of the variable and uses that map wherever a kernel
+	// argument is the guest's (hypervisor/objects/tensormaps.go).
+	OpTensorMap
 )
 
 // lastControl is the last control kind.
-const lastControl = OpGlobalAddr
+const lastControl = OpTensorMap
 
 // Record flags.
 const (
@@ -173,6 +179,8 @@ func (o Op) String() string {
 		return "errors_reported"
 	case OpGlobalAddr:
 		return "global_addr"
+	case OpTensorMap:
+		return "tensor_map"
 	}
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }

@@ -25,6 +25,8 @@ func FuzzApply(f *testing.F) {
 	f.Add(open, rec(replicate.Op(abi.OpModuleLoad), 1, 1, (&abi.ModuleLoad{Image: img}).Append(nil)))
 	f.Add(open, rec(replicate.OpSetNext, 1, 5, nil))
 	f.Add(open, rec(replicate.OpGlobalAddr, 1, 0x7f8a00001000, (&abi.ModuleGlobal{Module: 1, Name: "v"}).Append(nil)))
+	f.Add(open, rec(replicate.OpTensorMap, 1, 0, replicate.AppendTensorMap(nil, &abi.TensorMapEncode{DataType: 7, Rank: 1, Global: 0x7f8a00001000,
+		Dims: [abi.MaxTensorRank]uint64{16}, Box: [abi.MaxTensorRank]uint32{16}, ElementStrides: [abi.MaxTensorRank]uint32{1}}, [abi.TensorMapBytes]byte{1})))
 	// A placed reservation (a resync's); a mapping outside any.
 	f.Add(open, replicate.AppendRecord(nil, &replicate.Record{Op: replicate.Op(abi.OpAddressReserve), Session: 1, Result: 0x7e0000400000,
 		Flags: replicate.FlagPlaced, Body: (&abi.AddressReserve{Size: 8 << 20}).Append(nil)}))

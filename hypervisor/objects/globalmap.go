@@ -81,6 +81,16 @@ func (m *globalMap) local(v uint64) uint64 {
 	return v
 }
 
+// holding returns the variable whose guest address range holds [v, v+n).
+func (m *globalMap) holding(v, n uint64) (globalRef, bool) {
+	for _, r := range m.refs {
+		if v >= r.guest && v-r.guest <= r.size && n <= r.size-(v-r.guest) {
+			return r, true
+		}
+	}
+	return globalRef{}, false
+}
+
 // args is a launch's arguments with every address inside a foreign
 // variable made local (abi.MapAddresses): args itself when there is none.
 func (m *globalMap) args(args []abi.Arg) []abi.Arg {

@@ -89,8 +89,9 @@ type Set struct {
 	log     *replicate.Log
 	session uint64
 	// globals are the module variables whose addresses the guest holds
-	// (globalmap.go).
-	globals globalMap
+	// (globalmap.go); tensorMaps the maps over them (tensormaps.go).
+	globals    globalMap
+	tensorMaps tensorMaps
 }
 
 // New returns the objects of a session running on ctx, whose memory is mem.

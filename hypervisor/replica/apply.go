@@ -99,6 +99,13 @@ var sessionRecords = map[replicate.Op]func(Session, *replicate.Record) error{
 		}
 		return s.Objects().NoteGlobalAddr(req.(*abi.ModuleGlobal), rec.Result)
 	},
+	replicate.OpTensorMap: func(s Session, rec *replicate.Record) error {
+		req, guest, err := replicate.DecodeTensorMap(rec.Body)
+		if err != nil {
+			return err
+		}
+		return s.Objects().NoteTensorMap(req, guest)
+	},
 	replicate.OpErrorsReported: func(s Session, rec *replicate.Record) error {
 		s.Objects().ForgetDeferred(handlemap.Handle(rec.Result))
 		return nil

@@ -1,4 +1,4 @@
-package devmem
+package objects
 
 import (
 	"errors"
