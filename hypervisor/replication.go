@@ -305,8 +305,15 @@ func (s *Session) recordTensorMap(op abi.Opcode, reply abi.Body) {
 	if op != abi.OpTensorMapEncode || !ok {
 		return
 	}
-	if req, ok := s.objs.TensorMapRecord(m.Map); ok {
-		s.record.append(replicate.OpTensorMap, 0, replicate.AppendTensorMap(nil, req, m.Map), 0, 0, nil)
+	req, ok := s.objs.TensorMapRecord(m.Map)
+	if !ok {
+		return
+	}
+	s.record.append(replicate.OpTensorMap, 0, replicate.AppendTensorMap(nil, req, m.Map), 0, 0, nil)
+	if !s.loggedTensorMap {
+		s.loggedTensorMap = true
+		s.srv.log.Info("the guest encodes tensor maps over module variables; its standby encodes each over its own copy",
+			"session", s.id, "guest", s.guest, "global", fmt.Sprintf("%#x", req.Global))
 	}
 }
 

@@ -47,6 +47,9 @@ type Session struct {
 
 	mu  sync.Mutex
 	ctx gpu.Context
+	// loggedTensorMap: the node said once that the guest encodes tensor
+	// maps over module variables (replication.go).
+	loggedTensorMap bool
 	// mem is the session's device memory (package devmem); objs its
 	// modules, functions and streams (package objects).
 	mem  *devmem.Memory
