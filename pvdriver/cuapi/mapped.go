@@ -22,8 +22,9 @@ import (
 // rules let a program see the difference:
 //
 //   - before the library hands the node device work (a launch, a copy, a
-//     memset, a graph launch), bytes the program changed in its buffer
-//     since the mirror last agreed with it are copied to the mirror;
+//     memset, a graph launch) or waits for the device, bytes the program
+//     changed in its buffer since the mirror last agreed with it are
+//     copied to the mirror;
 //   - after every call that waits for the device (stream, event and
 //     context synchronisation, a synchronous copy to the host), bytes the
 //     device changed in the mirror are copied into the buffer, and bytes
@@ -35,10 +36,13 @@ import (
 // device's value, where CUDA would leave it to whoever wrote last: the
 // program raced its own kernel. (A push copies each run of changed bytes;
 // past mirrorRuns runs it copies the span from the first to the last, so
-// a device write inside that span since the last pull is then lost.) What does not work is what needs the two
-// to meet while a kernel runs: a kernel that spins on a flag the host
-// sets, or a host that polls a value a running kernel writes (NCCL's
-// proxy does; it is not served). The mirror is ordinary session memory:
+// a device write inside that span since the last pull is then lost.) A kernel that spins on a flag the host
+// sets and then waits for (XLA's timer's delay kernel) sees the flag: the
+// push before the wait reaches the node while the kernel runs, where the
+// program's other streams do not hold the copy back. What does not work
+// is a kernel spinning on a flag set with no call after it, or a host
+// that polls a value a running kernel writes (NCCL's proxy does; it is
+// not served). The mirror is ordinary session memory:
 // it is replicated, and after a failover it sits at the same address on
 // the standby. Mirrors are bounded (mirrorLimit bytes per process) since
 // each agreement point compares them.
@@ -290,6 +294,9 @@ func (d *Driver) waitAndPull(c *pvdriver.Client, what string, covers uint64, wai
 			d.markIdleLocked(c, covers, before+1)
 			d.mu.Unlock()
 		}
+		return r
+	}
+	if r := d.pushMirrors(c); r != Success { // a flag a kernel spins on, set just before this wait
 		return r
 	}
 	type taken struct {

@@ -77,3 +77,36 @@ func TestMirrorDroppedDuringAWait(t *testing.T) {
 		t.Errorf("%d mirrors left, want 0", n)
 	}
 }
+
+// TestWaitPushesTheProgramsWrites: a byte the program writes into its
+// mapped buffer reaches the mirror when it next waits for the device,
+// with no device work between (XLA's timer sets a flag its delay kernel
+// spins on, then waits for an event).
+func TestWaitPushesTheProgramsWrites(t *testing.T) {
+	d, th, _ := driverWithContext(t)
+	p := registered(t, d, th, 4096)
+	dev, r := d.HostGetDevicePointer(th, p, 0)
+	if r != Success {
+		t.Fatalf("HostGetDevicePointer: %d", r)
+	}
+	c := d.client
+	var seen [1]byte
+	r = d.waitAndPull(c, "a test's wait", coversAll, func(reads []pvdriver.Read) error {
+		return c.SynchronizeThenRead(reads)
+	})
+	if r != Success {
+		t.Fatalf("the first wait: %d", r)
+	}
+	hostBytes(p, 4096)[100] = 1 // the flag
+	var pushed bool
+	r = d.waitAndPull(c, "a test's wait", coversAll, func(reads []pvdriver.Read) error {
+		if err := c.CopyDtoH(seen[:], pvdriver.DevicePtr(dev+100)); err != nil { // what a kernel spinning meanwhile reads
+			return err
+		}
+		pushed = seen[0] == 1
+		return c.SynchronizeThenRead(reads)
+	})
+	if r != Success || !pushed {
+		t.Errorf("the wait: %d; the flag on the device while it waited: %d, want 1", r, seen[0])
+	}
+}
