@@ -9,13 +9,13 @@
 # summed steps/s and its ratio to native's, whether each program printed
 # native's losses, and each guest's pause at the failover (from the
 # library's exit report, VGPUHA_STATS=1), the largest of them as the p99
-# of 16, and how long the primary took to open each session. Knobs:
+# of 16, and how long the primary took to open each session. The guests
+# run as one uid, one tenant, so the nodes let it hold 96 GiB. Knobs:
 # GUESTS, STEPS (300), KILL_STEP (100), SPARES (GPU workers each node
 # starts ahead, --cuda.spare-contexts: GUESTS, so that programs started at
 # once need not wait for workers), WARMUP (seconds between the pair's
-# start and the guests', 0: a spare worker may still be opening its GPU,
-# which each worker process does in turn, about 2 s each on an H200
-# host), LOGS, BACKEND (cuda; sim tries the script without a GPU, with a
+# start and the guests'; 0: a spare worker may still be opening its GPU),
+# LOGS, BACKEND (cuda; sim tries the script without a GPU, with a
 # stand-in python3).
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
@@ -65,7 +65,7 @@ strike() {
 native=$(guests native CUDA_VISIBLE_DEVICES=0)
 
 start_pair "$logs" --backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n" \
-	--cuda.spare-contexts "${SPARES:-$n}" || exit 1
+	--cuda.spare-contexts "${SPARES:-$n}" --tenant.memory-quota-bytes 96GiB || exit 1
 sleep "${WARMUP:-0}"
 replicated=$(guests replicated LD_LIBRARY_PATH="$logs/lib" VGPUHA_ENDPOINT="unix://$logs/p.sock" \
 	VGPUHA_FAILOVER="unix://$logs/s.sock" CUDA_VISIBLE_DEVICES=0)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/internal/guesterr"
@@ -177,10 +179,12 @@ func (c *child) newContext(b []byte, _ uint8) error {
 		if c.ctx != nil {
 			return fmt.Errorf("%w: a worker serves one context", abi.StatusInvalidValue)
 		}
+		start := time.Now()
 		ctx, err := c.be.NewContext(base, size)
 		if err != nil {
 			return err
 		}
+		slow("making its context", start)
 		c.ctx = ctx
 		var caps uint32
 		if _, ok := ctx.(gpu.LaunchPipeliner); ok {
@@ -527,3 +531,15 @@ type unopened struct{ err error }
 func (u unopened) Name() string                                   { return "unopened" }
 func (u unopened) NewContext(uint64, uint64) (gpu.Context, error) { return nil, u.err }
 func (u unopened) Close() error                                   { return nil }
+
+// slowStep is how long a worker's start-up step may take before the
+// worker says so on its standard error (the node's log): a session waits
+// for its worker's steps while its guest waits for its hello's answer.
+const slowStep = time.Second
+
+// slow tells the node's log how long a step begun at start took, if long.
+func slow(step string, start time.Time) {
+	if took := time.Since(start); took >= slowStep {
+		fmt.Fprintf(os.Stderr, "vgpuha gpu worker %d: %s took %v\n", os.Getpid(), step, took.Round(time.Millisecond))
+	}
+}

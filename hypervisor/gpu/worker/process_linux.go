@@ -205,10 +205,12 @@ func runChild(spec string, open func(string) (gpu.Backend, error)) int {
 		fmt.Fprintln(os.Stderr, "vgpuha gpu worker: mapping the shared memory:", err)
 		return 2
 	}
+	start := time.Now()
 	be, err := open(spec)
 	if err != nil {
 		be = unopened{err}
 	}
+	slow("opening the GPU", start)
 	if reg, ok := be.(gpu.HostRegistrar); ok {
 		if unregister, err := reg.RegisterHost(shm); err == nil {
 			defer unregister()
