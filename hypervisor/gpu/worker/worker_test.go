@@ -58,9 +58,25 @@ func runDyingNode() {
 // CUDA context takes otherwise.
 const pipelinedSpec = "test:pipelined-sim"
 
+// gatedSpec, then a directory, names a software GPU whose workers open
+// it only while the directory holds a file named open; a worker held
+// says so with a file named held.PID.
+const gatedSpec = "test:gated-sim:"
+
 func openTestSpec(spec string) (gpu.Backend, error) {
 	if spec == pipelinedSpec {
 		return pipelinedSim{sim.New(1 << 30)}, nil
+	}
+	if dir, ok := strings.CutPrefix(spec, gatedSpec); ok {
+		for held := false; ; held = true {
+			if _, err := os.Stat(filepath.Join(dir, "open")); err == nil {
+				return sim.New(1 << 30), nil
+			}
+			if !held {
+				os.WriteFile(filepath.Join(dir, "held."+strconv.Itoa(os.Getpid())), nil, 0o600)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	return node.OpenWorkerSpec(spec)
 }
@@ -559,5 +575,54 @@ func TestLargeImageInWorker(t *testing.T) {
 	defer c.Close()
 	if got, want := slots(c), slots(local); !slices.Equal(got, want) || len(got) != 4 {
 		t.Fatalf("vadd's slots through a worker %v, in-process %v", got, want)
+	}
+}
+
+// TestSessionsTakeReadySpares: a new context takes a spare whose worker
+// has opened its GPU, never one still opening: with two spares ready and
+// every worker started after them held opening, a second context is
+// made once the worker started for the first is held. (The node used to
+// hand the second context that worker.)
+func TestSessionsTakeReadySpares(t *testing.T) {
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "open")
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	be := startWorkers(t, worker.Config{Spec: gatedSpec + dir, Spares: 2})
+	t.Cleanup(func() { os.WriteFile(gate, nil, 0o600) }) // before be closes: the held workers end
+	for i := 0; worker.ReadySpares(be) < 2; i++ {
+		if i == 3000 {
+			t.Fatalf("%d spares ready after 30 s, want 2", worker.ReadySpares(be))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := be.NewContext(1<<40, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ { // the worker started for the one taken is held
+		if held, _ := filepath.Glob(filepath.Join(dir, "held.*")); len(held) > 0 {
+			break
+		}
+		if i == 3000 {
+			t.Fatal("no worker started for the spare taken after 30 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	made := make(chan error, 1)
+	go func() {
+		_, err := be.NewContext(2<<40, 1<<30)
+		made <- err
+	}()
+	select {
+	case err := <-made:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second): // only a worker held opening never answers
+		t.Fatal("a new context waits for a worker still opening its GPU while a spare is ready")
 	}
 }
