@@ -36,13 +36,16 @@ import (
 // device's value, where CUDA would leave it to whoever wrote last: the
 // program raced its own kernel. (A push copies each run of changed bytes;
 // past mirrorRuns runs it copies the span from the first to the last, so
-// a device write inside that span since the last pull is then lost.) A kernel that spins on a flag the host
-// sets and then waits for (XLA's timer's delay kernel) sees the flag: the
-// push before the wait reaches the node while the kernel runs, where the
-// program's other streams do not hold the copy back. What does not work
-// is a kernel spinning on a flag set with no call after it, or a host
-// that polls a value a running kernel writes (NCCL's proxy does; it is
-// not served). The mirror is ordinary session memory:
+// a device write inside that span since the last pull is then lost.) What does not work is what needs the two
+// to meet while a kernel runs: a kernel that spins on a flag the host
+// sets, or a host that polls a value a running kernel writes (NCCL's
+// proxy does; it is not served). XLA's timer sets the flag its delay
+// kernel spins on and then waits: the push before the wait carries the
+// flag, but the node copies it on CUDA's legacy stream, which waits for
+// the spinning kernel since every stream the node makes is a blocking one
+// (measured on an H200 pair, 2026-11-29: the delay kernel still timed
+// out); the node would have to make the streams the program asks to be
+// non-blocking as such. The mirror is ordinary session memory:
 // it is replicated, and after a failover it sits at the same address on
 // the standby. Mirrors are bounded (mirrorLimit bytes per process) since
 // each agreement point compares them.
