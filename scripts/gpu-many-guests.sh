@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 44 on a host of two GPUs: GUESTS (16) PyTorch training programs at
-# once, each its own guest process with its own kernels (the suite's bf16
-# GPT, deterministic), natively on GPU 0, then through one replicated
-# primary serving GPU 0 (a GPU worker per session: --guest.workers on) whose
-# standby serves GPU 1, with a SIGKILL of the primary once every program
-# has printed step KILL_STEP. Takes a directory holding prebuilt vgpuha and
+# Issue 44 on a host of two GPUs: one PyTorch training program alone, then
+# GUESTS (16) at once, each its own guest process with its own kernels (the
+# suite's bf16 GPT, deterministic), natively on GPU 0, then through one
+# replicated primary serving GPU 0 (a GPU worker per session: --guest.workers
+# on) whose standby serves GPU 1, the GUESTS with a SIGKILL of the primary
+# once every program has printed step KILL_STEP. Takes a directory holding prebuilt vgpuha and
 # libcuda.so.1; needs python3 with torch. Prints, per way, the programs'
 # summed steps/s and its ratio to native's, whether each program printed
 # native's losses, and each guest's pause at the failover (from the
@@ -32,12 +32,12 @@ pids=()
 cleanup() { kill -9 "${pids[@]}" 2>/dev/null; }
 trap cleanup EXIT
 
-# guests WAY ENV...: starts the n programs with ENV, waits for them (5
-# minutes at most), and prints their summed steps/s.
+# guests WAY COUNT ENV...: starts COUNT programs with ENV, waits for them
+# (5 minutes at most), and prints their summed steps/s.
 guests() {
-	local way=$1 i p gp=()
-	shift
-	for ((i = 0; i < n; i++)); do
+	local way=$1 count=$2 i p gp=()
+	shift 2
+	for ((i = 0; i < count; i++)); do
 		env "$@" VGPUHA_STATS=1 timeout 300 python3 "${prog[@]}" >"$logs/$way-$i.out" 2>"$logs/$way-$i.err" &
 		gp+=($!)
 	done
@@ -62,13 +62,15 @@ strike() {
 	echo "SIGKILL of the primary with $ready of $n programs past step $kill_step" >&2
 }
 
-native=$(guests native CUDA_VISIBLE_DEVICES=0)
+native1=$(guests native1 1 CUDA_VISIBLE_DEVICES=0)
+native=$(guests native "$n" CUDA_VISIBLE_DEVICES=0)
 
 start_pair "$logs" --backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n" \
 	--cuda.spare-contexts "${SPARES:-$n}" --tenant.memory-quota-bytes 96GiB || exit 1
 sleep "${WARMUP:-0}"
-replicated=$(guests replicated LD_LIBRARY_PATH="$logs/lib" VGPUHA_ENDPOINT="unix://$logs/p.sock" \
-	VGPUHA_FAILOVER="unix://$logs/s.sock" CUDA_VISIBLE_DEVICES=0)
+through=(LD_LIBRARY_PATH="$logs/lib" VGPUHA_ENDPOINT="unix://$logs/p.sock" VGPUHA_FAILOVER="unix://$logs/s.sock" CUDA_VISIBLE_DEVICES=0)
+replicated1=$(guests replicated1 1 "${through[@]}")
+replicated=$(guests replicated "$n" "${through[@]}")
 
 same=0
 for ((i = 0; i < n; i++)); do cmp -s "$logs/native-0.out" "$logs/replicated-$i.out" && same=$((same + 1)); done
@@ -76,8 +78,10 @@ for ((i = 0; i < n; i++)); do cmp -s "$logs/native-0.out" "$logs/replicated-$i.o
 pauses=$(grep -ho 'after [0-9.]*m\?s;' "$logs"/replicated-*.err |
 	awk '{v = $2; sub(/;/, "", v); if (v ~ /ms$/) {sub(/ms/, "", v); print v} else {sub(/s/, "", v); print v * 1000}}' | sort -g | tr '\n' ' ')
 echo "guests: $n, $steps steps each, SIGKILL of the primary after step $kill_step"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", b ? a / b : 0}'; }
+echo "one guest alone, steps/s: native $native1, replicated $replicated1 ($(ratio "$replicated1" "$native1")x)"
 echo "native summed steps/s: $native"
-echo "replicated summed steps/s: $replicated ($(awk -v a="$replicated" -v b="$native" 'BEGIN {printf "%.2f", b ? a / b : 0}')x native)"
+echo "replicated summed steps/s: $replicated ($(ratio "$replicated" "$native")x native)"
 echo "programs that printed native's losses: $same of $n"
 echo "the primary opened sessions in: $(grep "guest session opened" "$logs/primary.log" | grep -o "took=[^ ]*" | tr '\n' ' ')"
 echo "pauses at the failover, ms, smallest first (the last is the p99 of 16): $pauses"
