@@ -89,8 +89,7 @@ func (o *Set) Launch(r *abi.Launch) (abi.Body, error) {
 			}
 		}
 	}
-	args = o.tensorMaps.args(args) // tensor maps over module variables, encoded by another node
-	args = o.globals.args(args)    // module variables' addresses the guest holds from another node
+	args = o.localArgs(args) // module variables' addresses and tensor maps the guest holds from another node
 	cfg := gpu.LaunchConfig{Grid: r.Grid, Block: r.Block, SharedBytes: r.SharedBytes, Cluster: r.Cluster, Cooperative: r.Cooperative}
 	return nil, o.ctx.Launch(gpu.Function(f), cfg, args, st)
 }

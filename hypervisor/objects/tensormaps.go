@@ -75,25 +75,39 @@ func (t *tensorMaps) keep(guest [abi.TensorMapBytes]byte, r *abi.TensorMapEncode
 	return nil
 }
 
-// args is a launch's arguments with each map the guest holds from another
-// node replaced by this node's: args itself when there is none.
-func (t *tensorMaps) args(args []abi.Arg) []abi.Arg {
-	if t.foreign == 0 {
-		return args
+// local is this node's map for argument a, if a is a map the guest holds
+// from another node.
+func (t *tensorMaps) local(a abi.Arg) ([]byte, bool) {
+	if t.foreign == 0 || a.Kind != abi.ArgBytes || len(a.Raw) != abi.TensorMapBytes {
+		return nil, false
 	}
-	out := args
+	m := t.byGuest[[abi.TensorMapBytes]byte(a.Raw)]
+	if m == nil || m.own == [abi.TensorMapBytes]byte(a.Raw) {
+		return nil, false
+	}
+	return append([]byte(nil), m.own[:]...), true
+}
+
+// localArgs is a launch's arguments as this node runs them: every address
+// inside a module variable the guest holds at another node's address made
+// this node's (globalmap.go), and each tensor map the guest holds from
+// another node replaced, whole, by this node's (its words are this node's
+// addresses already, which another node's variables may overlap). It is
+// args itself when nothing changes.
+func (o *Set) localArgs(args []abi.Arg) []abi.Arg {
+	out := o.globals.args(args)
+	if o.tensorMaps.foreign == 0 {
+		return out
+	}
 	for i, a := range args {
-		if a.Kind != abi.ArgBytes || len(a.Raw) != abi.TensorMapBytes {
-			continue
-		}
-		m := t.byGuest[[abi.TensorMapBytes]byte(a.Raw)]
-		if m == nil || m.own == [abi.TensorMapBytes]byte(a.Raw) {
+		own, ok := o.tensorMaps.local(a)
+		if !ok {
 			continue
 		}
 		if &out[0] == &args[0] {
 			out = append([]abi.Arg(nil), args...)
 		}
-		out[i].Raw = append([]byte(nil), m.own[:]...)
+		out[i].Raw = own
 	}
 	return out
 }

@@ -45,10 +45,10 @@ func (noAllocations) Contains(uint64, uint64) bool { return false }
 func (noAllocations) Delta() uint64                { return 0 }
 func (noAllocations) Allocations() int             { return 0 }
 
-// nodeWithVariable is a session of a node whose variable "c" of module 1
-// lies at addr.
-func nodeWithVariable(t *testing.T, addr uint64) *Set {
-	o := New(&variablesGPU{vars: map[string]uint64{"c": addr}}, noAllocations{}, Config{MaxObjects: 100})
+// nodeWithVariables is a session of a node whose variables "c" and "d"
+// of module 1 lie at c and d.
+func nodeWithVariables(t *testing.T, c, d uint64) *Set {
+	o := New(&variablesGPU{vars: map[string]uint64{"c": c, "d": d}}, noAllocations{}, Config{MaxObjects: 100})
 	if h, err := o.handles.Insert(handlemap.KindModule, 1, 0); err != nil || h != 1 {
 		t.Fatalf("module handle %d, %v", h, err)
 	}
@@ -57,25 +57,30 @@ func nodeWithVariable(t *testing.T, addr uint64) *Set {
 
 // TestTensorMapsOverModuleVariables: the primary encodes a map over its
 // copy of a module variable and logs it once; a standby whose copy lies
-// elsewhere encodes its own from the record and puts it in place of the
-// primary's in a launch's 128-byte arguments, nothing else; a map reaching
-// past the variable is refused; a resync emits what the guest holds; and
-// a session holding maxTensorMaps maps is refused another.
+// elsewhere (where the primary's copy of another variable the guest holds
+// lies) encodes its own from the record and puts it, whole, in place of
+// the primary's in a launch's 128-byte arguments, nothing else; a map
+// reaching past the variable is refused; a resync emits what the guest
+// holds; and a session holding maxTensorMaps maps is refused another.
 func TestTensorMapsOverModuleVariables(t *testing.T) {
-	primary, standby := nodeWithVariable(t, 0x7f00_0000_1000), nodeWithVariable(t, 0x7e55_0000_8000)
-	reply, err := primary.ModuleGlobal(&abi.ModuleGlobal{Module: 1, Name: "c"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := reply.(*abi.GlobalReply).Addr
-	if err := standby.NoteGlobalAddr(&abi.ModuleGlobal{Module: 1, Name: "c"}, addr); err != nil {
-		t.Fatal(err)
+	primary := nodeWithVariables(t, 0x7f00_0000_1000, 0x7e55_0000_8000)
+	standby := nodeWithVariables(t, 0x7e55_0000_8000, 0x7d00_0000_0000)
+	var addr uint64
+	for _, name := range []string{"d", "c"} {
+		reply, err := primary.ModuleGlobal(&abi.ModuleGlobal{Module: 1, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr = reply.(*abi.GlobalReply).Addr
+		if err := standby.NoteGlobalAddr(&abi.ModuleGlobal{Module: 1, Name: name}, addr); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tile := func(off, elems uint64) *abi.TensorMapEncode {
 		return &abi.TensorMapEncode{DataType: 7, Rank: 1, Global: addr + off, Dims: [abi.MaxTensorRank]uint64{elems},
 			Box: [abi.MaxTensorRank]uint32{16}, ElementStrides: [abi.MaxTensorRank]uint32{1}}
 	}
-	reply, err = primary.TensorMapEncode(tile(256, 960)) // to the variable's last byte
+	reply, err := primary.TensorMapEncode(tile(256, 960)) // to the variable's last byte
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,15 +107,15 @@ func TestTensorMapsOverModuleVariables(t *testing.T) {
 	onStandby.Global = 0x7e55_0000_8100
 	want, _ := standby.ctx.(*variablesGPU).EncodeTensorMapTiled(&onStandby)
 	other := bytes.Repeat([]byte{7}, abi.TensorMapBytes)
-	args := []abi.Arg{{Kind: abi.ArgPtr, Bits: 0x7e00_0000_0000}, abi.Bytes(guestMap[:]), abi.Bytes(other), abi.Bytes(guestMap[:64])}
-	got := standby.tensorMaps.args(args)
+	args := []abi.Arg{{Kind: abi.ArgPtr, Bits: 0x7e00_0000_0000}, abi.Bytes(guestMap[:]), abi.Bytes(other), abi.Bytes(guestMap[8:72])}
+	got := standby.localArgs(args)
 	if !bytes.Equal(got[1].Raw, want[:]) {
 		t.Errorf("the standby's launch argument: % x\nwant % x", got[1].Raw[:16], want[:16])
 	}
-	if got[0].Bits != args[0].Bits || !bytes.Equal(got[2].Raw, other) || !bytes.Equal(got[3].Raw, guestMap[:64]) || !bytes.Equal(args[1].Raw, guestMap[:]) {
+	if got[0].Bits != args[0].Bits || !bytes.Equal(got[2].Raw, other) || !bytes.Equal(got[3].Raw, guestMap[8:72]) || !bytes.Equal(args[1].Raw, guestMap[:]) {
 		t.Error("args changed an argument that is not the guest's map, or the caller's arguments")
 	}
-	if out := primary.tensorMaps.args(args); &out[0] != &args[0] {
+	if out := primary.localArgs(args); &out[0] != &args[0] {
 		t.Error("the primary copied arguments that hold no foreign map")
 	}
 	var emitted int
