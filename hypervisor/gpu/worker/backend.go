@@ -94,9 +94,10 @@ type Backend struct {
 
 	mu sync.Mutex
 	// spares are started workers that have opened the GPU; starting
-	// counts those still opening it (fill).
+	// counts those on their way (fill), opening those of them running.
 	spares   []*process
 	starting int
+	opening  map[*process]struct{}
 	live     map[*proxy]struct{}
 	closed   bool
 }
@@ -113,7 +114,7 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Path == "" {
 		cfg.Path = "/proc/self/exe"
 	}
-	b := &Backend{cfg: cfg, sp: newSpawner(), live: map[*proxy]struct{}{}}
+	b := &Backend{cfg: cfg, sp: newSpawner(), live: map[*proxy]struct{}{}, opening: map[*process]struct{}{}}
 	proc, err := b.sp.start(cfg.Path, cfg.Spec, cfg.SharedBytes)
 	if err != nil {
 		b.sp.stop()
@@ -225,9 +226,19 @@ func (b *Backend) fill() {
 func (b *Backend) startSpare() {
 	proc, err := b.sp.start(b.cfg.Path, b.cfg.Spec, b.cfg.SharedBytes)
 	if err == nil {
+		b.mu.Lock()
+		if b.closed {
+			err = errors.New("the backend closed")
+		} else {
+			b.opening[proc] = struct{}{} // Close ends it, and the describe with it
+		}
+		b.mu.Unlock()
+	}
+	if err == nil {
 		_, err = (&link{w: proc.conn, r: proc.r, shm: proc.shm}).ask(opDescribe)
 	}
 	b.mu.Lock()
+	delete(b.opening, proc)
 	b.starting--
 	keep := err == nil && !b.closed
 	if keep {
@@ -297,9 +308,12 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.closed = true
-	spares, live := b.spares, b.live
-	b.spares, b.live = nil, map[*proxy]struct{}{}
+	spares, live, opening := b.spares, b.live, b.opening
+	b.spares, b.live, b.opening = nil, map[*proxy]struct{}{}, map[*process]struct{}{}
 	b.mu.Unlock()
+	for proc := range opening {
+		proc.signalKill() // its describe fails, and startSpare reaps it
+	}
 	for _, proc := range spares {
 		proc.end(5 * time.Second)
 	}
