@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate/admission"
 )
 
@@ -59,6 +60,23 @@ func FuzzDecodeRefusal(f *testing.F) {
 		}
 		if !bytes.Equal(AppendRefusal(nil, reason, id), b) {
 			t.Fatal("accepted refusal does not re-encode to its input")
+		}
+	})
+}
+
+// FuzzDecodeTensorMap: arbitrary bytes never panic an OpTensorMap body's
+// decoder, and an accepted body re-encodes to its input.
+func FuzzDecodeTensorMap(f *testing.F) {
+	f.Add(AppendTensorMap(nil, &abi.TensorMapEncode{DataType: 7, Rank: 1, Global: 0x7f8a00001000, Dims: [abi.MaxTensorRank]uint64{16}},
+		[abi.TensorMapBytes]byte{1, 2, 3}))
+	f.Add(make([]byte, abi.TensorMapBytes))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, mp, err := DecodeTensorMap(b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(AppendTensorMap(nil, r, mp), b) {
+			t.Fatal("accepted tensor_map body does not re-encode to its input")
 		}
 	})
 }
