@@ -124,6 +124,11 @@ type GPUStatus struct {
 	// (their quotas); UsedBytes what they hold now.
 	PromisedBytes uint64 `json:"promised_bytes"`
 	UsedBytes     uint64 `json:"used_bytes"`
+	// Spares is how many contexts (with --guest.workers, GPU workers that
+	// have opened the GPU) are ready for new sessions, of SparesKept
+	// (--cuda.spare-contexts): a session that finds none waits for one.
+	Spares     int `json:"spares"`
+	SparesKept int `json:"spares_kept"`
 	// Unhealthy says why the GPU takes no new guests.
 	Unhealthy string `json:"unhealthy,omitempty"`
 }
@@ -147,6 +152,7 @@ func (s *Server) gpuStatus(sessions []SessionStatus) []GPUStatus {
 		if err := gpu.DeviceHealth(d.backend); err != nil {
 			out[i].Unhealthy = err.Error()
 		}
+		out[i].Spares, out[i].SparesKept = gpu.DeviceSpares(d.backend)
 	}
 	for _, ss := range sessions {
 		if i, ok := at[ss.GPU]; ok {

@@ -145,16 +145,18 @@ func gauges(s *Server) []prometheus.Collector {
 // by its index, when scraped.
 type gpuCollector struct{ s *Server }
 
-var gpuDescs = struct{ sessions, used, promised *prometheus.Desc }{
+var gpuDescs = struct{ sessions, used, promised, spares *prometheus.Desc }{
 	prometheus.NewDesc("vgpuha_gpu_sessions", "Guest sessions placed on the GPU (by index: vgpuha status lists the GPUs).", []string{"gpu"}, nil),
 	prometheus.NewDesc("vgpuha_gpu_memory_used_bytes", "Device memory the sessions placed on the GPU hold.", []string{"gpu"}, nil),
 	prometheus.NewDesc("vgpuha_gpu_memory_promised_bytes", "Device memory the sessions placed on the GPU may allocate (their quotas): what placement counts as taken.", []string{"gpu"}, nil),
+	prometheus.NewDesc("vgpuha_gpu_spares_ready", "Contexts (GPU workers with --guest.workers) made ahead and ready for new sessions on the GPU, of --cuda.spare-contexts.", []string{"gpu"}, nil),
 }
 
 func (gpuCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- gpuDescs.sessions
 	ch <- gpuDescs.used
 	ch <- gpuDescs.promised
+	ch <- gpuDescs.spares
 }
 
 func (c gpuCollector) Collect(ch chan<- prometheus.Metric) {
@@ -163,6 +165,7 @@ func (c gpuCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(gpuDescs.sessions, prometheus.GaugeValue, float64(g.Sessions), i)
 		ch <- prometheus.MustNewConstMetric(gpuDescs.used, prometheus.GaugeValue, float64(g.UsedBytes), i)
 		ch <- prometheus.MustNewConstMetric(gpuDescs.promised, prometheus.GaugeValue, float64(g.PromisedBytes), i)
+		ch <- prometheus.MustNewConstMetric(gpuDescs.spares, prometheus.GaugeValue, float64(g.Spares), i)
 	}
 }
 

@@ -21,6 +21,8 @@ type gpusStatus struct {
 		UUID          string `json:"uuid"`
 		Sessions      int    `json:"sessions"`
 		PromisedBytes uint64 `json:"promised_bytes"`
+		Spares        int    `json:"spares"`
+		SparesKept    int    `json:"spares_kept"`
 	} `json:"gpus"`
 	Sessions []struct {
 		GPU      int  `json:"gpu"`
@@ -111,8 +113,15 @@ func twoGPUsReplicated(t *testing.T, extra ...string) {
 		st.GPUs[1].PromisedBytes != 256<<20 {
 		t.Fatalf("two guests on a primary of two GPUs placed by fewest-guests: %+v", st)
 	}
+	spares := "0/0" // the software GPU in the node's process makes no contexts ahead
+	if slices.Contains(extra, "--guest.workers") {
+		spares = `\d/2` // two workers ahead per GPU (--cuda.spare-contexts), ready once they opened it
+		if st.GPUs[0].SparesKept != 2 || st.GPUs[0].Spares > 2 {
+			t.Errorf("GPU 0's spare workers in /status: %d of %d, want at most 2 of 2", st.GPUs[0].Spares, st.GPUs[0].SparesKept)
+		}
+	}
 	out, err := exec.Command(vgpuhaBin, "status", "--admin", adminA, "--admin.token-file", tokenFile).CombinedOutput()
-	if err != nil || !regexp.MustCompile(`(?m)^1 +GPU-76677075-6861-2d73-696d-000000000001 +vgpuha software GPU +1 +256\.0 MiB +\S+ +\S+ +1\.0 GiB +\d+$`).Match(out) {
+	if err != nil || !regexp.MustCompile(`(?m)^1 +GPU-76677075-6861-2d73-696d-000000000001 +vgpuha software GPU +1 +256\.0 MiB +\S+ +\S+ +1\.0 GiB +`+spares+` +\d+$`).Match(out) {
 		t.Errorf("vgpuha status lists the GPUs: %v\n%s", err, out)
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {

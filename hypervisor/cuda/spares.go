@@ -80,6 +80,14 @@ func (b *Backend) takeSpare() uintptr {
 	}
 }
 
+// Spares implements gpu.SpareReporter.
+func (b *Backend) Spares() (ready, kept int) {
+	if s := b.spares; s != nil {
+		return len(s.ready), cap(s.ready)
+	}
+	return 0, 0
+}
+
 // closeSpares stops making spares and destroys those not taken.
 func (b *Backend) closeSpares() {
 	s := b.spares

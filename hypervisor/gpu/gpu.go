@@ -139,6 +139,13 @@ type HealthReporter interface {
 	Healthy() error
 }
 
+// SpareReporter is implemented by backends that make contexts ahead
+// (CUDA's spare contexts, GPU workers that have opened the GPU): how many
+// are ready for new sessions, of how many it keeps.
+type SpareReporter interface {
+	Spares() (ready, kept int)
+}
+
 // LaunchPipeliner is implemented by contexts that can hand their launches
 // to a thread of their own, so the caller goes on to its next request
 // while the driver submits this one. A launch the driver then refuses is

@@ -102,6 +102,15 @@ func Host(b Backend) Backend {
 	return b
 }
 
+// DeviceSpares is how many contexts b has ready ahead, of how many it
+// keeps (SpareReporter; zero where it makes none).
+func DeviceSpares(b Backend) (ready, kept int) {
+	if s, ok := b.(SpareReporter); ok {
+		return s.Spares()
+	}
+	return 0, 0
+}
+
 // DeviceHealth is nil while b takes new contexts (HealthReporter; a
 // backend that cannot break always does).
 func DeviceHealth(b Backend) error {

@@ -120,7 +120,7 @@ func printGPUs(out io.Writer, st node.Status) error {
 		}
 	}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "GPU\tUUID\tNAME\tSESSIONS\tPROMISED\tUSED\tMEMORY\tSESSION IDS")
+	fmt.Fprintln(w, "GPU\tUUID\tNAME\tSESSIONS\tPROMISED\tUSED\tMEMORY\tSPARES\tSESSION IDS")
 	for _, g := range st.GPUs {
 		ids := strings.Join(placed[g.Index], ",")
 		if ids == "" {
@@ -130,8 +130,8 @@ func printGPUs(out io.Writer, st node.Status) error {
 		if g.Unhealthy != "" {
 			name += " (unhealthy: takes no guests)"
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", g.Index, g.UUID, name, g.Sessions,
-			humanBytes(float64(g.PromisedBytes)), humanBytes(float64(g.UsedBytes)), humanBytes(float64(g.MemoryBytes)), ids)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%d/%d\t%s\n", g.Index, g.UUID, name, g.Sessions,
+			humanBytes(float64(g.PromisedBytes)), humanBytes(float64(g.UsedBytes)), humanBytes(float64(g.MemoryBytes)), g.Spares, g.SparesKept, ids)
 	}
 	return w.Flush()
 }

@@ -250,6 +250,14 @@ func (b *Backend) startSpare() {
 	}
 }
 
+// Spares implements gpu.SpareReporter: workers that have opened the GPU,
+// of Config.Spares.
+func (b *Backend) Spares() (ready, kept int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.spares), b.cfg.Spares
+}
+
 // open has proc make the context.
 func (b *Backend) open(proc *process, base, size uint64) (gpu.Context, error) {
 	p := &proxy{be: b, proc: proc, link: link{w: proc.conn, r: proc.r, shm: proc.shm}}

@@ -12,10 +12,3 @@ func SetInline(c gpu.Context, n int) {
 		p.inline = n
 	}
 }
-
-// ReadySpares counts b's spares whose workers have opened the GPU.
-func ReadySpares(b *Backend) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.spares)
-}
