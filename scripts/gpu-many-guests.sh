@@ -22,6 +22,8 @@ B=$(cd "${1:-bin}" && pwd)
 . "$(dirname "$0")/gpu-pair.sh" # start_pair
 root=$(cd "$(dirname "$0")/.." && pwd)
 n=${GUESTS:-16} steps=${STEPS:-300} kill_step=${KILL_STEP:-100}
+[[ $n =~ ^[1-9][0-9]*$ && $steps =~ ^[1-9][0-9]*$ && $kill_step =~ ^[0-9]+$ ]] ||
+	{ echo "GUESTS, STEPS and KILL_STEP are numbers (KILL_STEP=$kill_step: gpu-runtime.sh's random is not one)" >&2; exit 2; }
 logs=${LOGS:-$(mktemp -d)}
 mkdir -p "$logs/lib"
 cp "$B/libcuda.so.1" "$logs/lib/"
