@@ -2,6 +2,7 @@ package hypervisor
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
 	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
@@ -14,6 +15,11 @@ import (
 // replica applies the primary's log to them, each through the same
 // handlers a guest's requests run (replicaView), so that a standby checks
 // the stream exactly as the primary checked the guest.
+
+// slowReplicaOpen is how long opening a replica session may take before
+// the standby says so: its log, and in commit mode its primary's guests,
+// wait meanwhile.
+const slowReplicaOpen = time.Second
 
 // OpenReplica implements replica.Sessions: a standby's copy of a primary
 // session, asking the backend for the same window base.
@@ -41,10 +47,15 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 		t.Sessions++
 	}
 	s.mu.Unlock()
+	start := time.Now()
 	sess, err := s.newSession(id, slot, open, base, false) // placed by this node's own policy
 	if err != nil {
 		s.giveSlotBack(slot, t)
 		return err
+	}
+	if took := time.Since(start); took >= slowReplicaOpen {
+		// The log waits behind it, and in commit mode so do the guests.
+		s.log.Info("replica session opened slowly: its GPU context was not ready", "session", id, "gpu", sess.dev.index, "took", took.Round(time.Millisecond))
 	}
 	if sess.mem.Translated() {
 		s.log.Warn("replica window not at the primary's base; translating addresses", "session", id,
