@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vgpuha/vgpuha/hypervisor"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/sim"
 	"github.com/vgpuha/vgpuha/pvdriver"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -111,5 +112,52 @@ func TestDeposedNodeSendsGuestOn(t *testing.T) {
 	}
 	if f := g.Failovers(); len(f) != 0 {
 		t.Fatalf("the guest counts a failover it never made: %+v", f)
+	}
+}
+
+// slowContexts is the software GPU making each context in delay, as a
+// GPU worker that must first open the GPU does while many guests start.
+type slowContexts struct {
+	*sim.Backend
+	delay time.Duration
+}
+
+func (b slowContexts) NewContext(base, size uint64) (gpu.Context, error) {
+	time.Sleep(b.delay)
+	return b.Backend.NewContext(base, size)
+}
+
+// TestSlowSessionOpenIsWaitedFor: a node that takes 4 s to open a new
+// session still opens it for a guest with failover endpoints, once. A
+// new session's hello is waited for longer than a resume's: the guest
+// used to give up after 3 s, and every retry needed 4 s again.
+func TestSlowSessionOpenIsWaitedFor(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: a session that takes 4 s to open")
+	}
+	dir := t.TempDir()
+	srv, err := hypervisor.NewServer(slowContexts{sim.New(1 << 30), 4 * time.Second}, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ln, err := net.Listen("unix", filepath.Join(dir, "slow.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	g, err := pvdriver.Open(ctx, "unix://"+ln.Addr().String(), pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + filepath.Join(dir, "nobody.sock")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Alloc(4096); err != nil {
+		t.Fatal(err)
+	}
+	if st := srv.Status(); len(st.Sessions) != 1 || st.Sessions[0].ID != g.Session() {
+		t.Fatalf("the node holds %+v, want the guest's one session %d", st.Sessions, g.Session())
 	}
 }
