@@ -255,10 +255,10 @@ func openRound(ctx context.Context, endpoints []string, opts Options, host *shm.
 		c, err := newClient(conn, order, opts, host)
 		if err != nil {
 			conn.Close()
-			if len(endpoints) == 1 || ctx.Err() != nil {
-				return nil, nil, false, err
-			}
 			failed = append(failed, fmt.Sprintf("opening a session on %s: %v", ep, err))
+			if len(endpoints) == 1 || ctx.Err() != nil {
+				return nil, failed, false, err // the search is over: failed says why
+			}
 			transient = transient && (errors.Is(err, ErrClosed) || errors.Is(err, abi.StatusUnavailable))
 			continue
 		}
