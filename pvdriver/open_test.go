@@ -18,6 +18,23 @@ import (
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
 
+// serveNode serves guests from a node on backend b at the unix socket
+// path, until the test ends, and returns the node and its endpoint.
+func serveNode(t *testing.T, b gpu.Backend, path string) (*hypervisor.Server, string) {
+	t.Helper()
+	srv, err := hypervisor.NewServer(b, hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	return srv, "unix://" + path
+}
+
 // TestHelloCutOffMovesOn: a node that takes a guest's hello and dies
 // before it answers (a primary killed mid-hello) leaves the guest with no
 // session to resume: Open goes on to the next endpoint and opens one
@@ -44,20 +61,11 @@ func TestHelloCutOffMovesOn(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	next, err := net.Listen("unix", filepath.Join(dir, "next.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(next)
+	srv, nextEP := serveNode(t, sim.New(1<<30), filepath.Join(dir, "next.sock"))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	g, err := pvdriver.Open(ctx, "unix://"+dying.Addr().String(), pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + next.Addr().String()}})
+	g, err := pvdriver.Open(ctx, "unix://"+dying.Addr().String(), pvdriver.Options{GuestName: "g", Failover: []string{nextEP}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,23 +91,10 @@ func TestHelloCutOffMovesOn(t *testing.T) {
 // endpoint in the same round.
 func TestDeposedNodeSendsGuestOn(t *testing.T) {
 	dir := t.TempDir()
-	serve := func(name string) (*hypervisor.Server, string) {
-		srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Close() })
-		ln, err := net.Listen("unix", filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Serve(ln)
-		return srv, "unix://" + ln.Addr().String()
-	}
-	deposed, deposedEP := serve("deposed.sock")
+	deposed, deposedEP := serveNode(t, sim.New(1<<30), filepath.Join(dir, "deposed.sock"))
 	expired := time.Now().Add(-time.Second)
 	deposed.SetRole(hypervisor.Role{Term: 1, Lease: func() time.Time { return expired }, Unprotected: func() (bool, bool) { return false, true }})
-	next, nextEP := serve("next.sock")
+	next, nextEP := serveNode(t, sim.New(1<<30), filepath.Join(dir, "next.sock"))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	g, err := pvdriver.Open(ctx, deposedEP, pvdriver.Options{GuestName: "g", Failover: []string{nextEP}})
@@ -136,20 +131,10 @@ func TestSlowSessionOpenIsWaitedFor(t *testing.T) {
 		t.Skip("slow: a session that takes 4 s to open")
 	}
 	dir := t.TempDir()
-	srv, err := hypervisor.NewServer(slowContexts{sim.New(1 << 30), 4 * time.Second}, hypervisor.DefaultConfig(), prometheus.NewRegistry(),
-		slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ln, err := net.Listen("unix", filepath.Join(dir, "slow.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
+	srv, ep := serveNode(t, slowContexts{sim.New(1 << 30), 4 * time.Second}, filepath.Join(dir, "slow.sock"))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	g, err := pvdriver.Open(ctx, "unix://"+ln.Addr().String(), pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + filepath.Join(dir, "nobody.sock")}})
+	g, err := pvdriver.Open(ctx, ep, pvdriver.Options{GuestName: "g", Failover: []string{"unix://" + filepath.Join(dir, "nobody.sock")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,19 @@ func registered(t *testing.T, d *Driver, th Thread, n int) uintptr {
 	return p
 }
 
+// mirrored is a driver with a context and 4096 bytes of registered host
+// memory at p, mapped for the device (its mirror at dev).
+func mirrored(t *testing.T) (d *Driver, p uintptr, dev uint64) {
+	t.Helper()
+	d, th, _ := driverWithContext(t)
+	p = registered(t, d, th, 4096)
+	dev, r := d.HostGetDevicePointer(th, p, 0)
+	if r != Success {
+		t.Fatalf("HostGetDevicePointer: %d", r)
+	}
+	return d, p, dev
+}
+
 // TestTensorMapOverPinnedHostMemory: a tensor map whose tensor is pinned
 // host memory (XLA's autotuner encodes one) is encoded over the memory's
 // mirror, inside the session's allocations. The software GPU encodes no
@@ -48,14 +61,9 @@ func TestTensorMapOverPinnedHostMemory(t *testing.T) {
 // while other streams wait; the node used to fail such a wait because the
 // free overtook the read.)
 func TestMirrorDroppedDuringAWait(t *testing.T) {
-	d, th, _ := driverWithContext(t)
-	p := registered(t, d, th, 4096)
-	dev, r := d.HostGetDevicePointer(th, p, 0)
-	if r != Success {
-		t.Fatalf("HostGetDevicePointer: %d", r)
-	}
+	d, p, dev := mirrored(t)
 	c := d.client
-	r = d.waitAndPull(c, "a test's wait", coversAll, func(reads []pvdriver.Read) error {
+	r := d.waitAndPull(c, "a test's wait", coversAll, func(reads []pvdriver.Read) error {
 		if len(reads) != 1 {
 			t.Errorf("%d mirror reads behind the wait, want 1", len(reads))
 		}
@@ -83,15 +91,10 @@ func TestMirrorDroppedDuringAWait(t *testing.T) {
 // with no device work between (XLA's timer sets a flag its delay kernel
 // spins on, then waits for an event).
 func TestWaitPushesTheProgramsWrites(t *testing.T) {
-	d, th, _ := driverWithContext(t)
-	p := registered(t, d, th, 4096)
-	dev, r := d.HostGetDevicePointer(th, p, 0)
-	if r != Success {
-		t.Fatalf("HostGetDevicePointer: %d", r)
-	}
+	d, p, dev := mirrored(t)
 	c := d.client
 	var seen [1]byte
-	r = d.waitAndPull(c, "a test's wait", coversAll, func(reads []pvdriver.Read) error {
+	r := d.waitAndPull(c, "a test's wait", coversAll, func(reads []pvdriver.Read) error {
 		return c.SynchronizeThenRead(reads)
 	})
 	if r != Success {
