@@ -6,6 +6,7 @@ import (
 
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
 	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -52,6 +53,13 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 	if err != nil {
 		s.giveSlotBack(slot, t)
 		return err
+	}
+	// Launches pipeline as on the primary (the guest's attach did it
+	// there): unpipelined, a launch into a GPU worker is a round trip
+	// between processes, and a standby applying sixteen guests' logs spent
+	// its time in those.
+	if p, ok := sess.ctx.(gpu.LaunchPipeliner); ok {
+		p.PipelineLaunches()
 	}
 	if took := time.Since(start); took >= slowReplicaOpen {
 		// The log waits behind it, and in commit mode so do the guests.

@@ -261,8 +261,8 @@ func (s *Session) admit() error {
 
 // attach marks the session served on a guest's connection, kept for
 // grace once that ends. A guest drives the session: a context that can
-// pipeline launches does from now on (a replica's context, applying a
-// log, never does: gpu.LaunchPipeliner).
+// pipeline launches does from now on (gpu.LaunchPipeliner; a replica's
+// context already did since it opened).
 // Precondition: s.mu must be locked.
 func (s *Session) attach(grace time.Duration) {
 	s.attached, s.grace = true, grace

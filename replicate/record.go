@@ -148,6 +148,23 @@ func (o Op) Guest() (abi.Opcode, bool) {
 	return 0, false
 }
 
+// SessionScoped reports whether a record of kind o reads and changes its
+// own session (Record.Session) and nothing else: a guest request, or a
+// control record about one session's objects. A standby may apply it
+// beside other sessions' records (package receiver's lanes), in log order
+// with its own session's. Opening or closing a session, a reset, an image
+// and a verify are not: they are applied with nothing else under way.
+func (o Op) SessionScoped() bool {
+	if _, ok := o.Guest(); ok {
+		return true
+	}
+	switch o {
+	case OpMMIO, OpVerifyMMIO, OpRequestFailed, OpErrorsReported, OpGlobalAddr, OpTensorMap, OpSetNext:
+		return true
+	}
+	return false
+}
+
 func (o Op) String() string {
 	if g, ok := o.Guest(); ok {
 		return g.String()

@@ -30,8 +30,9 @@ import (
 // the request: its error is kept and returned by the context's next Sync
 // or SyncStream, as a GPU reports an asynchronous launch's failure, and
 // the calls between run as they would have. A replica applying a log
-// leaves pipelining off, so there a launch fails in place and the calls
-// after it run: both nodes end up with the same memory.
+// pipelines too (hypervisor's OpenReplica), so a launch refused on both
+// nodes fails the same synchronization on both, and the calls between
+// run on both: they end up with the same memory.
 
 // launchSpin is how long the launcher polls its queue after the last
 // launch before it sleeps (a guest's next launch usually comes within

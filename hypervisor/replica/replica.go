@@ -22,6 +22,14 @@
 // primary and standby on a GPU each: the standby's applier spent 53% of a
 // catch-up in cuMemcpyHtoD waiting for each 256 KiB copy and the GPU work
 // queued before it.)
+//
+// Apply runs for different sessions at once (the standby's receiver
+// applies each session's records in a lane of its own): a record is
+// applied under its session's lock, and what sessions share (images,
+// tenants, the session table) is the node's, locked there. A replica
+// session's context pipelines its launches as its primary's does
+// (gpu.LaunchPipeliner), so a launch's failure shows at the stream's next
+// synchronization on both nodes.
 package replica
 
 import (

@@ -19,45 +19,105 @@ import (
 // log records applied while it works through a backlog: the primary's log
 // releases (and its waiting guests go on) as the standby applies, not
 // once per AckInterval. A replica that queues copies (Settler) keeps the
-// buffers they read until it settled them (see settling).
+// buffers they read until it settled them (see settling). With
+// ParallelSessions, each session's records go to its lane (lanes.go).
 func (lr *linkRun) applier(done chan<- struct{}) {
 	defer close(done)
-	held := newSettling(lr.r)
-	defer held.settle()
-	broken := false
-	sinceAck := 0
+	a := &applying{lr: lr, held: newSettling(lr.r), lanes: newLanes(lr.r)}
+	defer a.held.settle()
+	defer a.lanes.stop(a.completed)
 	for {
-		item, ok := held.next(lr.queue)
-		if !ok {
+		ev, ok := a.held.next(lr.queue, a.lanes.done)
+		switch {
+		case !ok:
 			return
-		}
-		if !broken {
-			reply, err := lr.r.handle(&item.rec)
-			switch {
-			case err != nil:
-				lr.log.Warn("dropping link", "err", err)
-				broken = true
-				lr.l.Raw.Close()
-			case reply != nil && lr.l.WriteFlush(link.MsgVerifyReply, reply) != nil:
-				broken = true
-			}
-		}
-		idle := len(lr.queue) == 0
-		if item.rec.Seq != 0 {
-			sinceAck += item.rec.Size()
-		}
-		if idle || sinceAck >= ackEveryBytes {
-			sinceAck = 0
-			select {
-			case lr.kick <- struct{}{}:
-			default:
-			}
-		}
-		held.add(item.buf) // after the ack: queued work counts as applied
-		if len(item.rec.Body) >= lendAbove {
-			runtime.Gosched() // a large apply lets others on this host run (a guest on a shared one)
+		case ev.fromLane:
+			a.completed(ev.lane)
+		default:
+			a.take(ev.item)
 		}
 	}
+}
+
+// applying is the applier's state: the buffers it holds, its lanes, how
+// many bytes it applied since it last asked for an ack, and whether the
+// link broke (what follows is dropped).
+type applying struct {
+	lr       *linkRun
+	held     *settling
+	lanes    *lanes
+	sinceAck int
+	broken   bool
+}
+
+// take applies (or hands to its session's lane) one record read off the
+// link, in log order.
+func (a *applying) take(item applyItem) {
+	r := a.lr.r
+	if a.broken {
+		a.held.add(item.buf)
+		return
+	}
+	r.mu.Lock()
+	mode, applied := r.mode, r.applied
+	r.mu.Unlock()
+	if a.lanes.takes(&item.rec, mode) {
+		if want := a.lanes.after(applied) + 1; item.rec.Seq != want {
+			a.breakLink(fmt.Errorf("record %d after %d: the stream has a gap", item.rec.Seq, want-1))
+			a.held.add(item.buf)
+			return
+		}
+		a.lanes.hand(item, a.completed)
+		return
+	}
+	a.lanes.drain(a.completed) // what follows sees every record before it applied
+	a.lanes.closing(&item.rec)
+	reply, err := r.handle(&item.rec)
+	switch {
+	case err != nil:
+		a.breakLink(err)
+	case reply != nil && a.lr.l.WriteFlush(link.MsgVerifyReply, reply) != nil:
+		a.broken = true
+	}
+	a.counted(item.rec.Seq, item.rec.Size(), item.buf)
+}
+
+// completed notes a lane's record applied: the applied position moves
+// over every record before which all were applied.
+func (a *applying) completed(d laneDone) {
+	if upTo, ok := a.lanes.window.complete(d.seq); ok {
+		a.lr.r.mu.Lock()
+		a.lr.r.applied = upTo
+		a.lr.r.mu.Unlock()
+	}
+	a.counted(d.seq, d.size, d.buf)
+}
+
+// counted asks for an ack once the applier caught up or applied
+// ackEveryBytes since the last, and holds buf (after the ack: queued work
+// counts as applied).
+func (a *applying) counted(seq uint64, size int, buf []byte) {
+	if seq != 0 {
+		a.sinceAck += size
+	}
+	idle := len(a.lr.queue) == 0 && a.lanes.window.empty()
+	if idle || a.sinceAck >= ackEveryBytes {
+		a.sinceAck = 0
+		select {
+		case a.lr.kick <- struct{}{}:
+		default:
+		}
+	}
+	a.held.add(buf)
+	if size >= lendAbove {
+		runtime.Gosched() // a large apply lets others on this host run (a guest on a shared one)
+	}
+}
+
+func (a *applying) breakLink(err error) {
+	a.lr.log.Warn("dropping link", "err", err)
+	a.broken = true
+	a.lr.l.Raw.Close()
 }
 
 // Settler is an Applier whose Apply may leave device work queued that
@@ -109,27 +169,41 @@ func newSettling(r *Receiver) *settling {
 	return s
 }
 
-// next returns the next record to apply (false once the queue is
-// closed). While the queue is empty and buffers are held, it settles
-// them if no record comes within settleIdle: held buffers then never keep
-// the link's reader waiting for long for a buffer to read into.
-func (s *settling) next(queue <-chan applyItem) (applyItem, bool) {
+// event is what the applier waits for: a record read off the link, or
+// a lane's record applied.
+type event struct {
+	item     applyItem
+	lane     laneDone
+	fromLane bool
+}
+
+// next returns the next record to apply or lane's record applied (false
+// once the queue is closed). While the queue is empty and buffers are
+// held, it settles them if nothing comes within settleIdle: held buffers
+// then never keep the link's reader waiting for long for a buffer to
+// read into.
+func (s *settling) next(queue <-chan applyItem, lanes <-chan laneDone) (event, bool) {
+	var idle <-chan time.Time
 	if len(s.run)+len(s.marked) > 0 && len(queue) == 0 {
 		if s.idle == nil {
 			s.idle = time.NewTimer(settleIdle)
 		} else {
 			s.idle.Reset(settleIdle)
 		}
+		idle = s.idle.C
+		defer s.idle.Stop()
+	}
+	for {
 		select {
 		case item, ok := <-queue:
-			s.idle.Stop()
-			return item, ok
-		case <-s.idle.C:
+			return event{item: item}, ok
+		case d := <-lanes:
+			return event{lane: d, fromLane: true}, true
+		case <-idle:
 			s.settle()
+			idle = nil
 		}
 	}
-	item, ok := <-queue
-	return item, ok
 }
 
 // add holds buffer buf (nil: none) until the work that reads it is

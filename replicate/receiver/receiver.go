@@ -21,7 +21,10 @@ type Applier interface {
 	// the same records in the same order always give the same replica. An
 	// error means the replica could not do what the primary did; the
 	// applier keeps the divergence for status and verify, and the stream
-	// goes on.
+	// goes on. With ReceiverConfig.ParallelSessions, Apply is called
+	// concurrently for records of different sessions whose kinds are
+	// SessionScoped; one session's records, and every other record, come
+	// in log order, the latter with no other Apply under way.
 	Apply(r *replicate.Record) error
 	// Checksums describes every replica object for verify.
 	Checksums() []verify.ObjectSum
@@ -66,6 +69,9 @@ type ReceiverConfig struct {
 	// connect is followed whatever its group.
 	Group string
 	Adopt bool
+	// ParallelSessions applies different sessions' records side by side,
+	// each session's in order (lanes.go); false: one record at a time.
+	ParallelSessions bool
 }
 
 // ReceiverStatus is the standby's view of replication.
