@@ -94,7 +94,7 @@ func New(srv *hypervisor.Server, backend gpu.Backend, key []byte, adm Admission,
 	rcfg := receiver.ReceiverConfig{
 		Key: key, Replica: a, Logger: log, Group: adm.Group, Adopt: adm.Adopt,
 		ParallelSessions: true, // replica.Applier locks each session; sessions share no state a record changes
-		Observe: func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
+		Observe:          func(op replicate.Op, d time.Duration) { applyTime.WithLabelValues(op.String()).Observe(d.Seconds()) },
 	}
 	if ha, ok := gpu.Host(backend).(gpu.HostAllocator); ok { // page-locked for every GPU (CUDA: portable)
 		rcfg.HostBuffer = func(n int) []byte {
