@@ -18,7 +18,9 @@
 // real context pipelines them (gpu.LaunchPipeliner): they go unanswered,
 // and a launch the child's backend refused is reported by the context's
 // next Sync or SyncStream, as CUDA reports an asynchronous launch's
-// failure. The optional interfaces a proxy carries are the backend's
+// failure. The child runs each launch as it reads it, without the real
+// context's launcher thread (which spins after each launch: a core per
+// worker). The optional interfaces a proxy carries are the backend's
 // description (gpu.DeviceDescriber, SharedMemoryLimiter, AccessChecker),
 // launch pipelining, function descriptions, module variables, tensor maps,
 // occupancy and checksums; a snapshot for a resync, prefaulting, queued

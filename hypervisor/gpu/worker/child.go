@@ -369,8 +369,15 @@ func (c *child) pipeline(b []byte, _ uint8) error {
 	if err := decode(b, func(*abi.Decoder) {}); err != nil {
 		return err
 	}
-	if p, ok := c.ctx.(gpu.LaunchPipeliner); ok {
-		p.PipelineLaunches()
+	// The parent stops waiting for launches; the child still runs each
+	// as it reads it and keeps a failure for the next synchronization
+	// (serve). The context's own launcher thread is not started: it
+	// spins for a while after each launch, a core per worker with
+	// sixteen guests' workers on one host, and a worker has nothing else
+	// to do while the driver takes a launch.
+	_, ok := c.ctx.(gpu.LaunchPipeliner)
+	if !ok {
+		return fmt.Errorf("%w: this context does not pipeline launches", abi.StatusNotSupported)
 	}
 	return nil
 }
