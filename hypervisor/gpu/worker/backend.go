@@ -207,19 +207,43 @@ func (b *Backend) take() (*process, error) {
 	return b.sp.start(b.cfg.Path, b.cfg.Spec, b.cfg.SharedBytes)
 }
 
-// fill starts, in the background and at once, as many workers as the
-// spares lack, counting those starting. Each becomes a spare only once it
-// has opened the GPU, so a session never takes a worker still opening
-// while one that is ready waits: opening takes a worker 2-3 s on an H200
-// host, 10-20 s while 16 open at once, and the node used to hand each new
-// session the worker started last, for the one it took.
+// fill starts, in the background, workers for the spares lacking,
+// counting those starting (toStart says how many at once). Each becomes
+// a spare only once it has opened the GPU, so a session never takes a
+// worker still opening while one that is ready waits: opening takes a
+// worker 2-3 s on an H200 host, 10-20 s while 16 open at once, and the
+// node used to hand each new session the worker started last, for the
+// one it took.
 func (b *Backend) fill() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for !b.closed && len(b.spares)+b.starting < b.cfg.Spares {
-		b.starting++
+	if b.closed {
+		return
+	}
+	n := toStart(b.cfg.Spares, len(b.spares), b.starting, len(b.live))
+	b.starting += n
+	for range n {
 		go b.startSpare()
 	}
+}
+
+// refillAtOnce is how many workers open the GPU at once while sessions
+// run. Opening a context holds the driver's locks that the running
+// contexts' calls wait for: with sixteen guests training on an H200 and
+// sixteen spares refilling at once, the guests' allocations waited 10 s
+// in all, and the workers opening sat in uninterruptible sleep.
+const refillAtOnce = 2
+
+// toStart is how many spare workers to start now, of want kept, with
+// ready spares, starting on their way and live contexts: every one
+// lacking while no context runs (nothing to disturb), refillAtOnce at
+// most on their way once one does.
+func toStart(want, ready, starting, live int) int {
+	n := want - ready - starting
+	if live > 0 {
+		n = min(n, refillAtOnce-starting)
+	}
+	return max(n, 0)
 }
 
 // startSpare starts a worker and keeps it as a spare once it has opened
@@ -249,6 +273,9 @@ func (b *Backend) startSpare() {
 	b.mu.Unlock()
 	if !keep && proc != nil {
 		proc.kill()
+	}
+	if keep {
+		b.fill() // the next, where refills go a few at a time (a failed one waits for the next take)
 	}
 }
 

@@ -626,3 +626,46 @@ func TestSessionsTakeReadySpares(t *testing.T) {
 		t.Fatal("a new context waits for a worker still opening its GPU while a spare is ready")
 	}
 }
+
+// TestRefillsAFewAtATime: while contexts run, spares taken are refilled
+// by at most two workers opening the GPU at once (a context being made
+// holds driver locks the running ones wait for); once those opened, the
+// rest follow, until every spare is back.
+func TestRefillsAFewAtATime(t *testing.T) {
+	const spares, taken, atOnce = 6, 5, 2
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "open")
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	be := startWorkers(t, worker.Config{Spec: gatedSpec + dir, Spares: spares})
+	t.Cleanup(func() { os.WriteFile(gate, nil, 0o600) })
+	waitSpares := func(n int) {
+		for i := 0; func() bool { r, _ := be.Spares(); return r < n }(); i++ {
+			if i == 3000 {
+				r, _ := be.Spares()
+				t.Fatalf("%d spares ready after 30 s, want %d", r, n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitSpares(spares)
+	if err := os.Remove(gate); err != nil {
+		t.Fatal(err)
+	}
+	for i := range taken {
+		c, err := be.NewContext(uint64(i+1)<<40, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	time.Sleep(500 * time.Millisecond) // time for more to start, were any to
+	if held, _ := filepath.Glob(filepath.Join(dir, "held.*")); len(held) != atOnce {
+		t.Fatalf("%d workers opening the GPU at once with %d contexts running, want %d", len(held), taken, atOnce)
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitSpares(spares)
+}
