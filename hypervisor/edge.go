@@ -1,6 +1,8 @@
 package hypervisor
 
 import (
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
+
 	"log/slog"
 
 	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
@@ -53,6 +55,18 @@ func (s *Session) Opened(peerPID int, host *guestconn.Region) {
 	s.peerPID = peerPID
 	s.mem.SetHost(host)
 	s.mu.Unlock()
+}
+
+// Idle implements guestconn.Session (and, through package replica, a
+// standby's lane that has no more records of the session for now): a
+// context that batches launches (gpu.LaunchBatcher) hands on those it
+// holds. A failure is the context's loss, which its next call reports.
+func (s *Session) Idle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b, ok := s.ctx.(gpu.LaunchBatcher); ok {
+		b.Flush()
+	}
 }
 
 // EndGrace implements guestconn.Session.

@@ -6,7 +6,6 @@ import (
 
 	"github.com/vgpuha/vgpuha/hypervisor/aperture"
 	"github.com/vgpuha/vgpuha/hypervisor/exactlyonce"
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/objects"
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
@@ -58,9 +57,9 @@ func (s *Server) OpenReplica(id, base uint64, body []byte) error {
 	// there): unpipelined, a launch into a GPU worker is a round trip
 	// between processes, and a standby applying sixteen guests' logs spent
 	// its time in those.
-	if p, ok := sess.ctx.(gpu.LaunchPipeliner); ok {
-		p.PipelineLaunches()
-	}
+	sess.mu.Lock()
+	sess.pipeline()
+	sess.mu.Unlock()
 	if took := time.Since(start); took >= slowReplicaOpen {
 		// The log waits behind it, and in commit mode so do the guests.
 		s.log.Info("replica session opened slowly: its GPU context was not ready", "session", id, "gpu", sess.dev.index, "took", took.Round(time.Millisecond))
@@ -136,6 +135,7 @@ func (v replicaView) Memory() replica.Memory        { return v.s.mem }
 func (v replicaView) Objects() *objects.Set         { return v.s.objs }
 func (v replicaView) Once() *exactlyonce.Table      { return &v.s.once }
 func (v replicaView) Verify() *aperture.Comparisons { return &v.s.verifyMMIO }
+func (v replicaView) Idle()                         { v.s.Idle() }
 
 // Run implements replica.Session: op's handler, as a guest's request runs
 // it once admitted.

@@ -267,8 +267,18 @@ func (s *Session) admit() error {
 func (s *Session) attach(grace time.Duration) {
 	s.attached, s.grace = true, grace
 	s.stopGrace()
+	s.pipeline()
+}
+
+// pipeline has the session's context pipeline launches and, where it can,
+// batch them (gpu.LaunchPipeliner, LaunchBatcher): its driver (a guest's
+// connection, a standby's lane) calls Idle when it has nothing more.
+func (s *Session) pipeline() {
 	if p, ok := s.ctx.(gpu.LaunchPipeliner); ok {
 		p.PipelineLaunches()
+	}
+	if b, ok := s.ctx.(gpu.LaunchBatcher); ok {
+		b.BatchLaunches()
 	}
 }
 

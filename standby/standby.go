@@ -64,6 +64,9 @@ func (a *Agent) Mark() uint64 { return a.Applier.Mark() }
 // Settle implements receiver.Settler.
 func (a *Agent) Settle(upTo uint64) error { return a.Applier.Settle(upTo) }
 
+// Idle implements receiver.Idler.
+func (a *Agent) Idle(session uint64) { a.Applier.Idle(session) }
+
 // Checksums implements receiver.Applier.
 func (a *Agent) Checksums() []verify.ObjectSum { return a.Applier.Checksums() }
 

@@ -151,10 +151,21 @@ type SpareReporter interface {
 // while the driver submits this one. A launch the driver then refuses is
 // reported by the context's next Sync or SyncStream, as a GPU reports an
 // asynchronous launch's failure. The hypervisor turns it on for sessions
-// a guest drives; a replica applying a log leaves it off, so a launch that
-// fails there fails in place.
+// a guest drives and for a replica's.
 type LaunchPipeliner interface {
 	PipelineLaunches()
+}
+
+// LaunchBatcher is implemented by contexts that can hold pipelined
+// launches back and hand them on together (a GPU worker's: one write and
+// one wake-up of the worker for many launches, not one each). Once
+// BatchLaunches was called, the caller must call Flush whenever it has
+// no more calls for the context for now; until then held launches wait
+// for the next call that is not a launch, or for enough of them.
+type LaunchBatcher interface {
+	BatchLaunches()
+	// Flush hands on the launches held; an error is the context's loss.
+	Flush() error
 }
 
 // QueuedCopier is implemented by contexts that can leave a host-to-device

@@ -76,6 +76,9 @@ func (e *Edge) ServeConn(conn net.Conn) {
 			return
 		}
 		if !c.moreToRead() {
+			if c.sess != nil {
+				c.sess.Idle()
+			}
 			if err := c.settle(); err != nil {
 				return
 			}

@@ -87,6 +87,9 @@ type Session interface {
 	// DropRegion makes sure the session no longer uses region, waiting
 	// for its device copies from it (an error: they failed).
 	DropRegion(region *Region) error
+	// Idle: the guest has sent nothing more for now; work the session
+	// holds back to batch goes on to the GPU.
+	Idle()
 }
 
 // Peer is who sent a hello: the ABI version it speaks, the tenant the

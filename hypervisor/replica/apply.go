@@ -239,6 +239,21 @@ func (a *Applier) recoverApply(rec *replicate.Record, err *error) {
 	*err = errors.New(why)
 }
 
+// Idle implements the standby's receiver.Idler: the session's records
+// (session 0: every session's) are applied for now, and launches its
+// context holds back go on to the GPU.
+func (a *Applier) Idle(session uint64) {
+	if session != 0 {
+		if sess := a.sessions.Replica(session); sess != nil {
+			sess.Idle()
+		}
+		return
+	}
+	for _, sess := range a.sessions.Replicas() {
+		sess.Idle()
+	}
+}
+
 // QueueCopies lets Apply leave a record's host-to-device copy queued on
 // the device (gpu.QueuedCopier) instead of waiting for it: the caller
 // promises to keep each record's body unchanged until it has settled the

@@ -92,6 +92,9 @@ type Session interface {
 	// MarkUnsafe notes why the session's replica is not to be trusted
 	// (the first reason stays) and returns the reason kept.
 	MarkUnsafe(why string) string
+	// Idle: no more records of the session for now; work it holds back
+	// to batch goes on to the GPU. It locks the session itself.
+	Idle()
 }
 
 // Memory is a replica session's device memory, in the guest's addresses.

@@ -79,6 +79,9 @@ func (a *applying) take(item applyItem) {
 	case reply != nil && a.lr.l.WriteFlush(link.MsgVerifyReply, reply) != nil:
 		a.broken = true
 	}
+	if len(a.lr.queue) == 0 {
+		a.lanes.idle(0) // records applied here (lanes off, epoch mode) may have left work held
+	}
 	a.counted(item.rec.Seq, item.rec.Size(), item.buf)
 }
 

@@ -91,11 +91,15 @@ func (ls *lanes) hand(item applyItem, completed func(laneDone)) {
 	ch <- item
 }
 
-// run is one session's lane.
+// run is one session's lane. With nothing more queued, it tells an Idler.
 func (ls *lanes) run(ch <-chan applyItem) {
 	defer ls.wg.Done()
+	idler, _ := ls.r.cfg.Replica.(Idler)
 	for item := range ch {
 		ls.r.apply(&item.rec)
+		if idler != nil && len(ch) == 0 {
+			idler.Idle(item.rec.Session)
+		}
 		ls.done <- laneDone{seq: item.rec.Seq, size: item.rec.Size(), buf: item.buf}
 	}
 }
@@ -128,11 +132,20 @@ func (ls *lanes) closeAll() {
 	}
 }
 
-// stop applies what is in flight and ends every lane.
+// stop applies what is in flight, ends every lane and tells an Idler
+// that every session is idle.
 func (ls *lanes) stop(completed func(laneDone)) {
 	ls.drain(completed)
 	ls.closeAll()
 	ls.wg.Wait()
+	ls.idle(0)
+}
+
+// idle tells an Idler that session (0: every one) is idle.
+func (ls *lanes) idle(session uint64) {
+	if idler, ok := ls.r.cfg.Replica.(Idler); ok {
+		idler.Idle(session)
+	}
 }
 
 // inFlight is the positions handed to lanes and not yet part of the

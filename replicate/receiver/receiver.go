@@ -30,6 +30,14 @@ type Applier interface {
 	Checksums() []verify.ObjectSum
 }
 
+// Idler is an Applier that holds work back to batch it (a GPU worker's
+// launches): the receiver tells it when it has applied every record of a
+// session it has for now (a lane's queue is empty), or of every session
+// (session 0: the applier caught up, or the link ended).
+type Idler interface {
+	Idle(session uint64)
+}
+
 // Replica is the node a Receiver feeds: it applies records and is told
 // what the link observes. Its role authority decides; the receiver never
 // computes a role or a term.

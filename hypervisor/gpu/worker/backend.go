@@ -14,13 +14,16 @@
 //
 // The wire (protocol.go) is a socketpair: one request at a time, answered
 // in order, plus a memfd both map for bytes past inlineMax (BenchmarkHop
-// shows where the shared memory wins). Launches stay pipelined where the
-// real context pipelines them (gpu.LaunchPipeliner): they go unanswered,
-// and a launch the child's backend refused is reported by the context's
-// next Sync or SyncStream, as CUDA reports an asynchronous launch's
-// failure. The child runs each launch as it reads it, without the real
-// context's launcher thread (which spins after each launch: a core per
-// worker). The optional interfaces a proxy carries are the backend's
+// shows where the shared memory wins). A worker's context pipelines
+// launches (gpu.LaunchPipeliner), whatever the backend: they go
+// unanswered, and a launch the child's backend refused is reported by the
+// context's next Sync or SyncStream, as CUDA reports an asynchronous
+// launch's failure. The child runs each launch as it reads it, without a
+// real context's launcher thread (which spins after each launch: a core
+// per worker). Batched (gpu.LaunchBatcher), the parent holds launches
+// back until its next call that is not one, 32 KiB of them, or a Flush
+// (the session's Idle), so many launches cost one write and one wake-up
+// of the worker. The optional interfaces a proxy carries are the backend's
 // description (gpu.DeviceDescriber, SharedMemoryLimiter, AccessChecker),
 // launch pipelining, function descriptions, module variables, tensor maps,
 // occupancy and checksums; a snapshot for a resync, prefaulting, queued

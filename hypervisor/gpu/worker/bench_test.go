@@ -10,8 +10,9 @@ import (
 )
 
 // BenchmarkHop is the cost of the worker's hop on the software GPU: each
-// call in-process (inprocess) and through a worker (worker; launches also
-// pipelined, as a CUDA context's are), side by side:
+// call in-process (inprocess) and through a worker (worker, each call
+// answered; launches also pipelined, unanswered, and batched, held until
+// the next call that is not one, as a session's are), side by side:
 //
 //	go test -run - -bench Hop ./hypervisor/gpu/worker
 //
@@ -24,8 +25,9 @@ func BenchmarkHop(b *testing.B) {
 	}
 	workers := simWorkers(b)
 	backends := []backend{{"inprocess", sim.New(4 << 30)}, {"worker", workers}}
-	inline := backend{"worker-inline", workers} // every copy in the frame
-	pipelined := backend{"worker-pipelined", startWorkers(b, worker.Config{Spec: pipelinedSpec})}
+	inline := backend{"worker-inline", workers}       // every copy in the frame
+	pipelined := backend{"worker-pipelined", workers} // launches unanswered
+	batched := backend{"worker-batched", workers}     // and held until the next call that is not one
 	const base = 1 << 40
 	for _, op := range []struct {
 		name      string
@@ -47,7 +49,7 @@ func BenchmarkHop(b *testing.B) {
 	} {
 		bes := backends
 		if op.pipelined {
-			bes = append(bes, pipelined)
+			bes = append(bes, pipelined, batched)
 		}
 		if op.shm {
 			bes = append(bes, inline)
@@ -59,8 +61,11 @@ func BenchmarkHop(b *testing.B) {
 				if x.name == inline.name {
 					worker.SetInline(c, 1<<20)
 				}
-				if p, ok := c.(gpu.LaunchPipeliner); ok {
+				if p, ok := c.(gpu.LaunchPipeliner); ok && (x.name == pipelined.name || x.name == batched.name) {
 					p.PipelineLaunches()
+				}
+				if p, ok := c.(gpu.LaunchBatcher); ok && x.name == batched.name {
+					p.BatchLaunches()
 				}
 				if err := c.Alloc(base, 4<<20); err != nil {
 					b.Fatal(err)

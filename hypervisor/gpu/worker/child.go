@@ -34,7 +34,10 @@ const (
 	capDeviceInfo                       // gpu.DeviceDescriber: a description follows
 )
 
-const capPipeline uint32 = 1 // the context implements gpu.LaunchPipeliner
+// capPipeline: the worker takes launches unanswered (every worker does:
+// the child runs each as it reads it and keeps a failure for the next
+// synchronization, whatever its backend).
+const capPipeline uint32 = 1
 
 // handlers is the child's dispatch table, by op. A handler reads its body
 // and appends its reply's body to c.out; ctx says it needs the context.
@@ -186,10 +189,7 @@ func (c *child) newContext(b []byte, _ uint8) error {
 		}
 		slow("making its context", start)
 		c.ctx = ctx
-		var caps uint32
-		if _, ok := ctx.(gpu.LaunchPipeliner); ok {
-			caps |= capPipeline
-		}
+		caps := capPipeline
 		got, n := ctx.Window()
 		c.out = binary.LittleEndian.AppendUint32(appendU64s(c.out, got, n), caps)
 		return nil
@@ -375,10 +375,6 @@ func (c *child) pipeline(b []byte, _ uint8) error {
 	// spins for a while after each launch, a core per worker with
 	// sixteen guests' workers on one host, and a worker has nothing else
 	// to do while the driver takes a launch.
-	_, ok := c.ctx.(gpu.LaunchPipeliner)
-	if !ok {
-		return fmt.Errorf("%w: this context does not pipeline launches", abi.StatusNotSupported)
-	}
 	return nil
 }
 

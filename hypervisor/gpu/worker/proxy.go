@@ -23,7 +23,16 @@ type link struct {
 	shm    []byte
 	req    []byte // the request being built, reused
 	rep    []byte // the last reply's payload, reused
+	// held is asynchronous frames not yet written, while hold
+	// (BatchLaunches): the next frame that is not one, holdBytes of
+	// them, or a flush writes them.
+	held []byte
+	hold bool
 }
+
+// holdBytes is the most bytes of asynchronous frames held back: a
+// hundred or more launches in one write and one wake-up of the worker.
+const holdBytes = 32 << 10
 
 // inlined reports whether n bytes travel in the frame.
 func (l *link) inlined(n int) bool {
@@ -44,17 +53,38 @@ func (l *link) start(o op, flags uint8) []byte {
 // or the link's.
 func (l *link) roundTrip(b []byte) (*abi.Decoder, error) {
 	l.req = b
-	if _, err := l.w.Write(sealFrame(b)); err != nil {
+	sealFrame(b)
+	async := b[5]&flagAsync != 0
+	if async && l.hold {
+		if l.held = append(l.held, b...); len(l.held) < holdBytes {
+			return nil, nil
+		}
+		return nil, l.flush()
+	}
+	out := b
+	if len(l.held) > 0 { // what was held goes first, in the same write
+		l.held = append(l.held, b...)
+		out = l.held
+	}
+	_, err := l.w.Write(out)
+	l.held = l.held[:0]
+	if err != nil || async {
 		return nil, err
 	}
-	if b[5]&flagAsync != 0 {
-		return nil, nil
-	}
-	var err error
 	if l.rep, err = readFrame(l.r, l.rep, maxReply); err != nil {
 		return nil, err
 	}
 	return splitReply(l.rep)
+}
+
+// flush writes the frames held.
+func (l *link) flush() error {
+	if len(l.held) == 0 {
+		return nil
+	}
+	_, err := l.w.Write(l.held)
+	l.held = l.held[:0]
+	return err
 }
 
 // ask sends a request of op o whose body is words.
@@ -87,6 +117,28 @@ func (p pipelined) PipelineLaunches() {
 	if _, err := p.call(p.start(opPipeline, 0)); err == nil {
 		p.async = true
 	}
+}
+
+// BatchLaunches implements gpu.LaunchBatcher: launches are held back
+// until the next call that is not one, holdBytes of them, or a Flush.
+func (p pipelined) BatchLaunches() {
+	p.mu.Lock()
+	p.hold = true
+	p.mu.Unlock()
+}
+
+// Flush implements gpu.LaunchBatcher.
+func (p pipelined) Flush() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead != nil {
+		return p.dead
+	}
+	if err := p.flush(); err != nil {
+		p.die(err)
+		return p.dead
+	}
+	return nil
 }
 
 // errClosed fails calls on a closed context.

@@ -53,20 +53,12 @@ func runDyingNode() {
 	select {}
 }
 
-// pipelinedSpec names a software GPU whose contexts say they pipeline
-// launches (pipelinedSim), for the proxy's pipelined path, which only a
-// CUDA context takes otherwise.
-const pipelinedSpec = "test:pipelined-sim"
-
 // gatedSpec, then a directory, names a software GPU whose workers open
 // it only while the directory holds a file named open; a worker held
 // says so with a file named held.PID.
 const gatedSpec = "test:gated-sim:"
 
 func openTestSpec(spec string) (gpu.Backend, error) {
-	if spec == pipelinedSpec {
-		return pipelinedSim{sim.New(1 << 30)}, nil
-	}
 	if dir, ok := strings.CutPrefix(spec, gatedSpec); ok {
 		for held := false; ; held = true {
 			if _, err := os.Stat(filepath.Join(dir, "open")); err == nil {
@@ -79,23 +71,6 @@ func openTestSpec(spec string) (gpu.Backend, error) {
 		}
 	}
 	return node.OpenWorkerSpec(spec)
-}
-
-// pipelinedSim is the software GPU with contexts that implement
-// gpu.LaunchPipeliner; the software GPU still runs each launch when it is
-// made, so a refused one fails there, in the worker.
-type pipelinedSim struct{ *sim.Backend }
-
-type pipelinedContext struct{ gpu.Context }
-
-func (pipelinedContext) PipelineLaunches() {}
-
-func (b pipelinedSim) NewContext(base, size uint64) (gpu.Context, error) {
-	c, err := b.Backend.NewContext(base, size)
-	if err != nil {
-		return nil, err
-	}
-	return pipelinedContext{c}, nil
 }
 
 // simWorkers starts a Backend whose workers run the software GPU, as a
@@ -421,8 +396,15 @@ func spareWorker(t testing.TB, be *worker.Backend) int {
 // TestPipelinedLaunches: once launches are pipelined the worker answers
 // none; a refused one fails the next Sync, once, and the calls between
 // run.
+// Batched (gpu.LaunchBatcher), the launches held go first, in order, with
+// the next call that is not one.
 func TestPipelinedLaunches(t *testing.T) {
-	be := startWorkers(t, worker.Config{Spec: pipelinedSpec})
+	t.Run("one write each", func(t *testing.T) { testPipelinedLaunches(t, false) })
+	t.Run("batched", func(t *testing.T) { testPipelinedLaunches(t, true) })
+}
+
+func testPipelinedLaunches(t *testing.T, batch bool) {
+	be := startWorkers(t, worker.Config{Spec: simSpec})
 	const base = 1 << 40
 	c := newContext(t, be, base)
 	defer c.Close()
@@ -431,6 +413,16 @@ func TestPipelinedLaunches(t *testing.T) {
 		t.Fatal("the context of a pipelining backend does not pipeline")
 	}
 	p.PipelineLaunches()
+	if b, ok := c.(gpu.LaunchBatcher); !ok {
+		t.Fatal("a pipelined worker context does not batch launches")
+	} else if batch {
+		b.BatchLaunches()
+		defer func() {
+			if err := b.Flush(); err != nil {
+				t.Errorf("flush: %v", err)
+			}
+		}()
+	}
 	c.Alloc(base, 1<<20)
 	f := loadKernel(t, c, "pointer_chase")
 	if err := chase(t, c, f, base, 1<<20, base+4096); err != nil {
@@ -446,6 +438,39 @@ func TestPipelinedLaunches(t *testing.T) {
 		t.Fatalf("a second sync: %v, want the failure reported once", err)
 	}
 	vadd(t, c, base)
+	accumulate(t, c, base, 500) // more launches than one batch holds
+}
+
+// accumulate launches vadd k times over the 256 words at base, each
+// adding the next 256 to them in place, and checks the sums: each launch
+// reads the one before's result, so order matters.
+func accumulate(t *testing.T, c gpu.Context, base uint64, k int) {
+	t.Helper()
+	const n = 256
+	a, b := make([]byte, 4*n), make([]byte, 4*n)
+	for i := range n {
+		binary.LittleEndian.PutUint32(a[4*i:], uint32(i))
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(3*i+1))
+	}
+	c.CopyHtoD(base, a, 0)
+	c.CopyHtoD(base+4*n, b, 0)
+	f := loadKernel(t, c, "vadd")
+	cfg := gpu.LaunchConfig{Grid: abi.Dim3{X: n / 64, Y: 1, Z: 1}, Block: abi.Dim3{X: 64, Y: 1, Z: 1}}
+	args := []abi.Arg{abi.Ptr(base), abi.Ptr(base + 4*n), abi.Ptr(base), abi.U32(n)}
+	for range k {
+		if err := c.Launch(f, cfg, args, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := make([]byte, 4*n)
+	if err := c.CopyDtoH(out, base, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if v, want := binary.LittleEndian.Uint32(out[4*i:]), uint32(i+k*(3*i+1)); v != want {
+			t.Fatalf("after %d launches, word %d = %d, want %d", k, i, v, want)
+		}
+	}
 }
 
 // TestWorkersDieWithNode: a node's workers, spares included, die when the
