@@ -53,7 +53,7 @@ func (b *Backend) makeSpares(s *spares) {
 // makeSpare makes one spare context.
 func (b *Backend) makeSpare(s *spares) {
 	var ctx uintptr
-	if err := onThread(func() error { return b.d.check("cuCtxCreate", b.d.cuCtxCreate(&ctx, 0, b.dev)) }); err != nil {
+	if err := onThread(func() error { return b.d.check("cuCtxCreate", b.d.cuCtxCreate(&ctx, b.ctxFlags, b.dev)) }); err != nil {
 		return
 	}
 	select {

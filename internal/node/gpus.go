@@ -223,7 +223,8 @@ func (g GPU) openOne(kind string, n int) (gpu.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	if g.OneContext {
+	if g.OneContext { // a worker's: its one guest's context
+		c.BlockWhileWaiting()
 		c.MakeContextAhead()
 	} else {
 		c.KeepSpareContexts(g.SpareContexts)
