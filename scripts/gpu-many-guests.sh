@@ -15,8 +15,9 @@
 # starts ahead, --cuda.spare-contexts: GUESTS, so that programs started at
 # once need not wait for workers), WARMUP (seconds between the pair's
 # start and the guests'; 0: a spare worker may still be opening its GPU),
-# LOGS, BACKEND (cuda; sim tries the script without a GPU, with a
-# stand-in python3).
+# LOGS, MAX_SESSIONS (the nodes' --guest.max-sessions: GUESTS; more lets
+# other guests in beside them), BACKEND (cuda; sim tries the script
+# without a GPU, with a stand-in python3).
 set -uo pipefail
 B=$(cd "${1:-bin}" && pwd)
 . "$(dirname "$0")/gpu-pair.sh" # start_pair
@@ -67,7 +68,7 @@ strike() {
 native1=$(guests native1 1 CUDA_VISIBLE_DEVICES=0)
 native=$(guests native "$n" CUDA_VISIBLE_DEVICES=0)
 
-start_pair "$logs" --backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "$n" \
+start_pair "$logs" --backend "${BACKEND:-cuda}" --guest.kernels --guest.workers on --guest.max-sessions "${MAX_SESSIONS:-$n}" \
 	--cuda.spare-contexts "${SPARES:-$n}" --tenant.memory-quota-bytes 96GiB || exit 1
 sleep "${WARMUP:-0}"
 through=(LD_LIBRARY_PATH="$logs/lib" VGPUHA_ENDPOINT="unix://$logs/p.sock" VGPUHA_FAILOVER="unix://$logs/s.sock" CUDA_VISIBLE_DEVICES=0)
