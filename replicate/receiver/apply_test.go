@@ -193,3 +193,35 @@ func TestLanesOffApplyInTurn(t *testing.T) {
 		t.Fatalf("order %v, applied %d", l.order, r.Status().Applied)
 	}
 }
+
+// TestLanesManyRecords: more records than a lane's queue and than may be
+// in flight, three sessions interleaved unevenly: each session's applied
+// in log order, and the applied position reaches the end.
+func TestLanesManyRecords(t *testing.T) {
+	const n = 3*maxInFlight + 17
+	l := &laneReplica{t: t, applied: make(chan uint64, n), order: map[uint64][]uint64{}, done: map[uint64]bool{}}
+	r, err := NewReceiver(ReceiverConfig{Key: testKey, Replica: l, AckInterval: time.Hour, ParallelSessions: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.mode = replicate.ModeCommit
+	lr := &linkRun{r: r, kick: make(chan struct{}, 1), queue: make(chan applyItem, 64)}
+	done := make(chan struct{})
+	go lr.applier(done)
+	want := map[uint64][]uint64{}
+	for seq := uint64(1); seq <= n; seq++ {
+		s := []uint64{1, 1, 1, 2, 3}[seq%5]
+		want[s] = append(want[s], seq)
+		lr.queue <- applyItem{rec: replicate.Record{Seq: seq, Session: s, Op: replicate.OpMMIO}}
+	}
+	close(lr.queue)
+	<-done
+	if st := r.Status(); st.Applied != n {
+		t.Fatalf("applied %d of %d", st.Applied, n)
+	}
+	for s, seqs := range want {
+		if !slices.Equal(l.order[s], seqs) {
+			t.Errorf("session %d: %d records applied, want %d in log order", s, len(l.order[s]), len(seqs))
+		}
+	}
+}

@@ -30,9 +30,13 @@ import (
 // allocation that the primary's order fit.
 
 // maxInFlight bounds the records handed to lanes and not yet applied: the
-// lanes' queues and the completion channel hold this many, so neither a
-// hand-out nor a completion ever blocks on the other.
-const maxInFlight = applyQueue
+// completion channel holds this many, so a lane never waits to report
+// one. A lane's own queue holds laneQueue: the applier handing it one more
+// waits for the lane, which waits for nothing of the applier's.
+const (
+	maxInFlight = applyQueue
+	laneQueue   = 256
+)
 
 // lanes are a link's session lanes; only the applier's goroutine uses
 // them (run is each lane's own).
@@ -82,7 +86,7 @@ func (ls *lanes) hand(item applyItem, completed func(laneDone)) {
 	}
 	ch := ls.open[item.rec.Session]
 	if ch == nil {
-		ch = make(chan applyItem, maxInFlight)
+		ch = make(chan applyItem, laneQueue)
 		ls.open[item.rec.Session] = ch
 		ls.wg.Add(1)
 		go ls.run(ch)

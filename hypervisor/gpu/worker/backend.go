@@ -36,7 +36,8 @@
 // socket), dies with the node (PR_SET_PDEATHSIG, from a thread that lives
 // as long as the backend) and is reaped by it. Workers are started ahead
 // (Config.Spares), so a session need not wait for a process and its
-// backend to open. On the software GPU each worker has its own memory
+// backend to open; while sessions run, two at a time (toStart), since a
+// context being made holds driver locks the running ones wait for. On the software GPU each worker has its own memory
 // limit (the spec's), where one process's contexts share one.
 //
 // Choices, and why. A worker runs /proc/self/exe, the node's binary as
