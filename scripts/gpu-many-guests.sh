@@ -7,7 +7,9 @@
 # once every program has printed step KILL_STEP. Takes a directory holding prebuilt vgpuha and
 # libcuda.so.1; needs python3 with torch. Prints, per way, the programs'
 # summed steps/s and its ratio to native's, whether each program printed
-# native's losses, and each guest's pause at the failover (from the
+# native's losses, the steady rates of each phase (natively; replicated
+# before the SIGKILL; after it, on the promoted standby: from each step's
+# time, scripts/phase-rate.awk), each guest's pause at the failover (from the
 # library's exit report, VGPUHA_STATS=1), the largest of them as the p99
 # of 16, and how long the primary took to open each session. The guests
 # run as one uid, one tenant, so the nodes let it hold 96 GiB. Knobs:
@@ -35,13 +37,26 @@ pids=()
 cleanup() { kill -9 "${pids[@]}" 2>/dev/null; }
 trap cleanup EXIT
 
+# stamp copies its input's lines to FILE and, each after the time it was
+# read (seconds since the epoch), to its output.
+stamp() {
+	local line
+	while IFS= read -r line; do
+		printf '%s\n' "$line" >>"$1"
+		printf '%s %s\n' "$EPOCHREALTIME" "$line"
+	done
+}
+
 # guests WAY COUNT ENV...: starts COUNT programs with ENV, waits for them
-# (5 minutes at most), and prints their summed steps/s.
+# (5 minutes at most), and prints their summed steps/s. Each program's
+# lines go to WAY-I.out, and with the time each was printed to WAY-I.ts.
 guests() {
 	local way=$1 count=$2 i p gp=()
 	shift 2
 	for ((i = 0; i < count; i++)); do
-		env "$@" VGPUHA_STATS=1 timeout 300 python3 "${prog[@]}" >"$logs/$way-$i.out" 2>"$logs/$way-$i.err" &
+		: >"$logs/$way-$i.out"
+		env "$@" VGPUHA_STATS=1 timeout 300 python3 "${prog[@]}" 2>"$logs/$way-$i.err" |
+			stamp "$logs/$way-$i.out" >"$logs/$way-$i.ts" &
 		gp+=($!)
 	done
 	[ "$way" = replicated ] && strike "${gp[@]}"
@@ -85,6 +100,15 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", b ? a / b : 0}'; }
 echo "one guest alone, steps/s: native $native1, replicated $replicated1 ($(ratio "$replicated1" "$native1")x)"
 echo "native summed steps/s: $native"
 echo "replicated summed steps/s: $replicated ($(ratio "$replicated" "$native")x native)"
+# Steady rates from the stamped steps (scripts/phase-rate.awk): natively
+# from step 10 to the last; replicated from step 10 to KILL_STEP (before
+# the SIGKILL) and from KILL_STEP+10 to the last (on the promoted standby,
+# unreplicated).
+rate() { cat "$logs/$1"-*.ts 2>/dev/null | awk -v from="$2" -v to="$3" -f "$root/scripts/phase-rate.awk"; }
+native_steady=$(rate native 10 $((steps - 1)))
+before=$(rate replicated 10 "$kill_step")
+after=$(rate replicated $((kill_step + 10)) $((steps - 1)))
+echo "steady summed steps/s: native $native_steady; replicated before the SIGKILL $before ($(ratio "$before" "$native_steady")x), after it on the promoted standby $after ($(ratio "$after" "$native_steady")x)"
 echo "programs that printed native's losses: $same of $n"
 echo "the primary opened sessions in: $(grep "guest session opened" "$logs/primary.log" | grep -o "took=[^ ]*" | tr '\n' ' ')"
 echo "pauses at the failover, ms, smallest first (the last is the p99 of 16): $pauses"
