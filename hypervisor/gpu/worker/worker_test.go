@@ -685,9 +685,16 @@ func TestRefillsAFewAtATime(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 	}
+	opening := func() int { held, _ := filepath.Glob(filepath.Join(dir, "held.*")); return len(held) }
+	for i := 0; opening() < atOnce; i++ {
+		if i == 3000 {
+			t.Fatalf("%d workers opening the GPU after 30 s, want %d", opening(), atOnce)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	time.Sleep(500 * time.Millisecond) // time for more to start, were any to
-	if held, _ := filepath.Glob(filepath.Join(dir, "held.*")); len(held) != atOnce {
-		t.Fatalf("%d workers opening the GPU at once with %d contexts running, want %d", len(held), taken, atOnce)
+	if n := opening(); n != atOnce {
+		t.Fatalf("%d workers opening the GPU at once with %d contexts running, want %d", n, taken, atOnce)
 	}
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
