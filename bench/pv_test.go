@@ -145,3 +145,31 @@ func BenchmarkStep(b *testing.B) {
 		}
 	}
 }
+
+// TestStepLive: several guests replay the recorded step at once against a
+// running node; each waits only for the step's copies to the host and its
+// synchronisation.
+func TestStepLive(t *testing.T) {
+	srv, err := hypervisor.NewServer(sim.New(1<<30), hypervisor.DefaultConfig(), prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ep := "unix://" + filepath.Join(t.TempDir(), "g.sock")
+	ln, err := transport.Listen(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	row, err := StepLive(ep, 3, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := float64(resnetStep.reads + resnetStep.syncs); row.WaitsPerStep != want || row.StepsPerSec <= 0 || row.Transport != "unix x3" {
+		t.Fatalf("row %+v, want %.0f waits a step from 3 unix guests", row, want)
+	}
+	if _, err := StepLive(ep, 0, 4); err == nil {
+		t.Fatal("no guests: no error")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 	"time"
 )
 
@@ -112,6 +113,55 @@ func runStep(t target, s stepShape) error {
 		}
 	}
 	return nil
+}
+
+// StepLive replays steps recorded steps in each of guests sessions at
+// once against a running node at endpoint (as many guest programs on one
+// primary: with --guest.workers each session has a worker, and a standby
+// applies each one's log in a lane of its own), after one step each to
+// warm. The one row sums the guests' steps/s; µs/step is a guest's mean
+// and waits/step the requests a guest waited for per step.
+func StepLive(endpoint string, guests, steps int) (StepRow, error) {
+	if guests < 1 || steps < 1 {
+		return StepRow{}, fmt.Errorf("want at least one guest and one step, not %d and %d", guests, steps)
+	}
+	ts := make([]target, guests)
+	for i := range ts {
+		t, closer, err := clientTarget(endpoint, 4096)
+		if err != nil {
+			return StepRow{}, fmt.Errorf("guest %d: %w", i, err)
+		}
+		defer closer()
+		if err := runStep(t, resnetStep); err != nil {
+			return StepRow{}, fmt.Errorf("guest %d: %w", i, err)
+		}
+		ts[i] = t
+	}
+	errs := make(chan error, guests)
+	var waits atomic.Uint64
+	start := time.Now()
+	for _, t := range ts {
+		go func() {
+			before := t.waited()
+			for range steps {
+				if err := runStep(t, resnetStep); err != nil {
+					errs <- err
+					return
+				}
+			}
+			waits.Add(t.waited() - before)
+			errs <- nil
+		}()
+	}
+	for range guests {
+		if err := <-errs; err != nil {
+			return StepRow{}, err
+		}
+	}
+	el := time.Since(start)
+	n := float64(guests * steps)
+	return StepRow{Transport: fmt.Sprintf("%s x%d", ts[0].transport, guests), StepsPerSec: n / el.Seconds(),
+		UsPerStep: float64(el.Microseconds()) / float64(steps), WaitsPerStep: float64(waits.Load()) / n}, nil
 }
 
 // PrintStep writes Step's rows as a table.

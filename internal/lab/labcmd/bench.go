@@ -33,6 +33,41 @@ var benchmarks = map[string]cli.Command{
 	"apply":     {Summary: "the standby's apply rate", Run: runBenchApply},
 	"mmio":      {Summary: "aperture write tracing per mode", Run: runBenchMMIO},
 	"fairness":  {Summary: "a light guest's commit-mode latency beside a guest reading or writing flat out, per session share", Run: runBenchFairness},
+	"step":      {Summary: "a recorded training step's calls per transport, or many guests replaying it at once against a running node", Run: runBenchStep},
+}
+
+func runBenchStep(args []string) error {
+	fs := cli.NewFlags("bench step", "[flags]")
+	var steps, guests int
+	cli.IntVar(fs, &steps, "steps", 50, 1, cli.MaxInt, "timed steps (per guest)")
+	cli.IntVar(fs, &guests, "guests", 1, 1, 1024, "with --endpoint: guests replaying the step at once, each its own session")
+	endpoint := fs.String("endpoint", "", "a running node's guest endpoint (unix://, tcp://, shm+unix://): the guests replay the step there (a replicated pair, GPU workers and the GPU the node serves included); none: every transport against a software GPU in this process")
+	asJSON := fs.Bool("json", false, "print JSON rows instead of a table")
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	var rows []bench.StepRow
+	var err error
+	if *endpoint != "" {
+		var row bench.StepRow
+		row, err = bench.StepLive(*endpoint, guests, steps)
+		rows = []bench.StepRow{row}
+	} else {
+		rows, err = bench.Step(steps)
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(rows)
+	}
+	if *endpoint != "" {
+		fmt.Printf("%d guests replaying a recorded step at %s at once: summed steps/s, a guest's µs per step and the requests it waited for per step\n", guests, *endpoint)
+		fmt.Printf("%.0f steps/s, %.1f µs/step, %.2f waits/step\n", rows[0].StepsPerSec, rows[0].UsPerStep, rows[0].WaitsPerStep)
+		return nil
+	}
+	bench.PrintStep(os.Stdout, rows)
+	return nil
 }
 
 func runBenchFairness(args []string) error {
