@@ -43,7 +43,7 @@ func TestCompletion(t *testing.T) {
 			cmds = append(cmds, []string{m[1]})
 		}
 	}
-	for _, b := range []string{"pv", "replicate", "resync", "apply", "mmio", "fairness"} {
+	for _, b := range []string{"pv", "replicate", "resync", "apply", "mmio", "fairness", "step"} {
 		cmds = append(cmds, []string{"bench", b})
 	}
 	if len(cmds) < 15 {
@@ -78,7 +78,7 @@ func TestCompletion(t *testing.T) {
 		for line, want := range map[string][]string{
 			"vgpuha sta":                   {"standby", "status"},
 			"vgpuha status --wa":           {"--watch"},
-			"vgpuha bench ":                {"apply", "fairness", "mmio", "pv", "replicate", "resync"},
+			"vgpuha bench ":                {"apply", "fairness", "mmio", "pv", "replicate", "resync", "step"},
 			"vgpuha bench mmio --pl":       {"--plot"},
 			"vgpuha primary --log.level ":  {"debug", "error", "info", "warn"},
 			"vgpuha completion ":           {"bash", "fish", "zsh"},
@@ -93,7 +93,7 @@ func TestCompletion(t *testing.T) {
 	for line, want := range map[string][]string{
 		"vgpuha sta":                     {"standby", "status"},
 		"vgpuha status --wa":             {"--watch"},
-		"vgpuha bench ":                  {"apply", "fairness", "mmio", "pv", "replicate", "resync"},
+		"vgpuha bench ":                  {"apply", "fairness", "mmio", "pv", "replicate", "resync", "step"},
 		"vgpuha bench mmio --pl":         {"--plot"},
 		"vgpuha primary --log.level ":    {"debug", "info", "warn", "error"},
 		"vgpuha primary --log.format=j":  {"json"},
