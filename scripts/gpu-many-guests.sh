@@ -111,6 +111,6 @@ after=$(rate replicated $((kill_step + 10)) $((steps - 1)))
 echo "steady summed steps/s: native $native_steady; replicated before the SIGKILL $before ($(ratio "$before" "$native_steady")x), after it on the promoted standby $after ($(ratio "$after" "$native_steady")x)"
 echo "programs that printed native's losses: $same of $n"
 echo "the primary opened sessions in: $(grep "guest session opened" "$logs/primary.log" | grep -o "took=[^ ]*" | tr '\n' ' ')"
-echo "pauses at the failover, ms, smallest first (the last is the p99 of 16): $pauses"
+echo "pauses at the failover, ms, smallest first (the last is the p99 of $n): $pauses"
 echo "logs: $logs"
 [ "$same" = "$n" ] && echo PASS || { echo "FAIL"; exit 1; }
