@@ -86,6 +86,11 @@ func (m *globalMap) local(v uint64) uint64 {
 	if v < m.lo || v >= m.hi {
 		return v
 	}
+	return m.search(v)
+}
+
+// search is local without the bounds check.
+func (m *globalMap) search(v uint64) uint64 {
 	i, _ := slices.BinarySearchFunc(m.foreign, v, func(r globalRef, v uint64) int {
 		switch {
 		case r.guest+r.size <= v:

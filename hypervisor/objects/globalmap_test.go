@@ -60,3 +60,28 @@ func TestGlobalMap(t *testing.T) {
 		t.Errorf("after the guest address was noted as this node's own: %#x", got)
 	}
 }
+
+// BenchmarkGlobalMapWords maps a 512-byte structure argument of words no
+// module variable holds (counts, sizes, addresses in the guest's window),
+// with sixteen foreign variables noted: each word searched (search) beside
+// each word first checked against the variables' bounds (local).
+func BenchmarkGlobalMapWords(b *testing.B) {
+	var m globalMap
+	for i := range uint64(16) {
+		m.note(globalRef{module: 1, name: "v", guest: 0x7f8a_0000_0000 + i<<20, own: 0x7fdd_0000_0000 + i<<20, size: 4096})
+	}
+	raw := make([]byte, 512)
+	for off := 0; off < len(raw); off += 8 {
+		binary.LittleEndian.PutUint64(raw[off:], 0x7e00_0000_0000+uint64(off)*4096)
+	}
+	for _, f := range []struct {
+		name string
+		fn   func(uint64) uint64
+	}{{"search", m.search}, {"local", m.local}} {
+		b.Run(f.name, func(b *testing.B) {
+			for b.Loop() {
+				abi.MapAddresses([]abi.Arg{abi.Bytes(raw)}, f.fn)
+			}
+		})
+	}
+}
