@@ -1,10 +1,9 @@
 package hypervisor
 
 import (
-	"github.com/vgpuha/vgpuha/hypervisor/gpu"
-
 	"log/slog"
 
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/hypervisor/guestconn"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )

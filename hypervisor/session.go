@@ -273,6 +273,7 @@ func (s *Session) attach(grace time.Duration) {
 // pipeline has the session's context pipeline launches and, where it can,
 // batch them (gpu.LaunchPipeliner, LaunchBatcher): its driver (a guest's
 // connection, a standby's lane) calls Idle when it has nothing more.
+// Precondition: s.mu must be locked.
 func (s *Session) pipeline() {
 	if p, ok := s.ctx.(gpu.LaunchPipeliner); ok {
 		p.PipelineLaunches()

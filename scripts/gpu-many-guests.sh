@@ -37,14 +37,11 @@ pids=()
 cleanup() { kill -9 "${pids[@]}" 2>/dev/null; }
 trap cleanup EXIT
 
-# stamp copies its input's lines to FILE and, each after the time it was
-# read (seconds since the epoch), to its output.
+# stamp copies its input's lines to its output, each after the time it
+# was read (seconds since the epoch).
 stamp() {
 	local line
-	while IFS= read -r line; do
-		printf '%s\n' "$line" >>"$1"
-		printf '%s %s\n' "$EPOCHREALTIME" "$line"
-	done
+	while IFS= read -r line; do printf '%s %s\n' "$EPOCHREALTIME" "$line"; done
 }
 
 # guests WAY COUNT ENV...: starts COUNT programs with ENV, waits for them
@@ -54,9 +51,8 @@ guests() {
 	local way=$1 count=$2 i p gp=()
 	shift 2
 	for ((i = 0; i < count; i++)); do
-		: >"$logs/$way-$i.out"
 		env "$@" VGPUHA_STATS=1 timeout 300 python3 "${prog[@]}" 2>"$logs/$way-$i.err" |
-			stamp "$logs/$way-$i.out" >"$logs/$way-$i.ts" &
+			tee "$logs/$way-$i.out" | stamp >"$logs/$way-$i.ts" &
 		gp+=($!)
 	done
 	[ "$way" = replicated ] && strike "${gp[@]}"

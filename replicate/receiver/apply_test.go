@@ -7,12 +7,12 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/replicate"
-	"github.com/vgpuha/vgpuha/replicate/verify"
 )
 
 // gatedReplica applies records as they come, except that it holds the
 // record numbered hold (saying so on held) until release is closed.
 type gatedReplica struct {
+	discardReplica
 	hold          uint64
 	held, release chan struct{}
 }
@@ -24,10 +24,6 @@ func (g *gatedReplica) Apply(r *replicate.Record) error {
 	}
 	return nil
 }
-func (g *gatedReplica) Checksums() []verify.ObjectSum { return nil }
-func (g *gatedReplica) Heard(uint64)                  {}
-func (g *gatedReplica) Synced(bool)                   {}
-func (g *gatedReplica) HandOver() (uint64, bool)      { return 0, false }
 
 // TestApplierAcksThroughABacklog: a standby working through a backlog has
 // an ack sent each ackEveryBytes it applies, not only once its queue is
@@ -63,6 +59,7 @@ func TestApplierAcksThroughABacklog(t *testing.T) {
 // fails the test if a record that is not one session's is applied while
 // another apply is under way, or before every record ahead of it.
 type laneReplica struct {
+	discardReplica
 	t             *testing.T
 	holdSeq       uint64
 	held, release chan struct{}
@@ -99,10 +96,6 @@ func (l *laneReplica) Apply(r *replicate.Record) error {
 	l.applied <- r.Seq
 	return nil
 }
-func (l *laneReplica) Checksums() []verify.ObjectSum { return nil }
-func (l *laneReplica) Heard(uint64)                  {}
-func (l *laneReplica) Synced(bool)                   {}
-func (l *laneReplica) HandOver() (uint64, bool)      { return 0, false }
 
 // TestLanesApplySessionsSideBySide: with ParallelSessions, one session's
 // slow record holds back neither another session's records nor the ack

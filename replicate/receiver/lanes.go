@@ -47,6 +47,7 @@ type lanes struct {
 	done   chan laneDone
 	window inFlight
 	wg     sync.WaitGroup
+	idler  Idler // the Replica, if it holds work back (nil: it does not)
 }
 
 // laneDone is a lane's record applied: its position, size and the lent
@@ -58,7 +59,9 @@ type laneDone struct {
 }
 
 func newLanes(r *Receiver) *lanes {
-	return &lanes{r: r, on: r.cfg.ParallelSessions, open: map[uint64]chan applyItem{}, done: make(chan laneDone, maxInFlight)}
+	ls := &lanes{r: r, on: r.cfg.ParallelSessions, open: map[uint64]chan applyItem{}, done: make(chan laneDone, maxInFlight)}
+	ls.idler, _ = r.cfg.Replica.(Idler)
+	return ls
 }
 
 // takes reports whether rec goes to a lane: lanes are on, it is a live
@@ -98,11 +101,10 @@ func (ls *lanes) hand(item applyItem, completed func(laneDone)) {
 // run is one session's lane. With nothing more queued, it tells an Idler.
 func (ls *lanes) run(ch <-chan applyItem) {
 	defer ls.wg.Done()
-	idler, _ := ls.r.cfg.Replica.(Idler)
 	for item := range ch {
 		ls.r.apply(&item.rec)
-		if idler != nil && len(ch) == 0 {
-			idler.Idle(item.rec.Session)
+		if len(ch) == 0 {
+			ls.idle(item.rec.Session)
 		}
 		ls.done <- laneDone{seq: item.rec.Seq, size: item.rec.Size(), buf: item.buf}
 	}
@@ -147,8 +149,8 @@ func (ls *lanes) stop(completed func(laneDone)) {
 
 // idle tells an Idler that session (0: every one) is idle.
 func (ls *lanes) idle(session uint64) {
-	if idler, ok := ls.r.cfg.Replica.(Idler); ok {
-		idler.Idle(session)
+	if ls.idler != nil {
+		ls.idler.Idle(session)
 	}
 }
 

@@ -232,15 +232,6 @@ func reportRaw(b *testing.B, bytes int64, link, raw time.Duration) {
 	b.ReportMetric(linkRate/rawRate, "x-raw")
 }
 
-// discardReplica applies nothing and ignores what the link tells it.
-type discardReplica struct{}
-
-func (discardReplica) Apply(*replicate.Record) error { return nil }
-func (discardReplica) Checksums() []verify.ObjectSum { return nil }
-func (discardReplica) Heard(uint64)                  {}
-func (discardReplica) HandOver() (uint64, bool)      { return 0, false }
-func (discardReplica) Synced(bool)                   {}
-
 // liveOverLoopback starts a real sender and receiver over loopback TCP,
 // the sender protecting an empty node, and returns its log once the
 // standby protects it (records appended from then on go out live).

@@ -37,8 +37,9 @@
 // as long as the backend) and is reaped by it. Workers are started ahead
 // (Config.Spares), so a session need not wait for a process and its
 // backend to open; while sessions run, two at a time (toStart), since a
-// context being made holds driver locks the running ones wait for. On the software GPU each worker has its own memory
-// limit (the spec's), where one process's contexts share one.
+// context being made holds driver locks the running ones wait for. On
+// the software GPU each worker has its own memory limit (the spec's),
+// where one process's contexts share one.
 //
 // Choices, and why. A worker runs /proc/self/exe, the node's binary as
 // it runs: the file an upgrade put in its place may speak another
