@@ -25,6 +25,9 @@ type metrics struct {
 	// readBackRepairs counts a standby's read-backs that found its bytes
 	// different from what the guest read on the primary (readback.go).
 	readBackRepairs prometheus.Counter
+	// globalsElsewhere counts module variables a standby holds at another
+	// address than its primary (replica.Metrics).
+	globalsElsewhere prometheus.Counter
 	// imageBytes counts module image bytes loaded, by where they came
 	// from: sent by the guest, or the node's image cache (package images).
 	imageBytes *prometheus.CounterVec
@@ -72,6 +75,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_replica_read_back_repairs_total",
 			Help: "Guest reads whose bytes this standby held differently (a kernel that is not reproducible, such as one with floating-point atomics) and took from the primary's read-back.",
 		}),
+		globalsElsewhere: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vgpuha_replica_module_variables_elsewhere_total",
+			Help: "Module variables whose address the guest holds that lie at another address on this standby than on its primary: launch arguments are mapped, but an address stored in device memory does not follow a failover (GPU workers lay out their address space alike to avoid it).",
+		}),
 		imageBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vgpuha_module_image_bytes_total",
 			Help: "Module image bytes loaded, by where they came from: guest (sent with the load) or cache (named by hash, already on this node).",
@@ -91,7 +98,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		m.latency[op] = hist.WithLabelValues(op.String())
 	}
 	collectors := append([]prometheus.Collector{
-		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.writeTimeouts, m.resumed, m.expired, m.readBackRepairs, m.imageBytes,
+		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.writeTimeouts, m.resumed, m.expired, m.readBackRepairs, m.globalsElsewhere, m.imageBytes,
 		gpuCollector{s},
 	}, gauges(s)...)
 	for _, c := range collectors {

@@ -120,7 +120,7 @@ func (s *Server) ResetImages() { s.images.ResetReceived() }
 
 // ReplicaMetrics implements replica.Sessions.
 func (s *Server) ReplicaMetrics() replica.Metrics {
-	return replica.Metrics{ReadBackRepairs: s.metrics.readBackRepairs, Panics: s.metrics.panics}
+	return replica.Metrics{ReadBackRepairs: s.metrics.readBackRepairs, GlobalsElsewhere: s.metrics.globalsElsewhere, Panics: s.metrics.panics}
 }
 
 // replicaView is a session as package replica drives it: its lock, its

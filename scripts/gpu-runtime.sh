@@ -77,7 +77,7 @@ build() {
 	local p
 	for p in "${programs[@]}"; do
 		case $p in
-		rt_vadd | rt_global | rt_cluster) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" || exit 1 ;;
+		rt_vadd | rt_global | rt_cluster | rt_stored) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" || exit 1 ;;
 		rt_vadd_shared) "$nvcc" -O2 -arch=sm_90 -cudart shared -o "$work/bin/$p" "$src/rt_vadd.cu" || exit 1 ;;
 		rt_sgemm) "$nvcc" -O2 -arch=sm_90 -o "$work/bin/$p" "$src/$p.cu" -lcublas -lcublasLt || exit 1 ;;
 		torch) printf '#!/bin/sh\nexec python3 %s %s\n' "$src/torch_suite.py" "$steps" >"$work/bin/$p" ;;
@@ -194,7 +194,7 @@ run() { # MODE PROGRAM
 	echo "$p $mode $(grep -Eo '^[0-9.]+ steps/s' "$work/$p.$mode.err" | tail -1 | cut -d' ' -f1)" >>"$stats"
 	{
 		echo "==== $p ($mode): exit $status"; cat "$work/$p.$mode.out"; echo "---- stderr"; cat "$work/$p.$mode.err"
-		[[ $mode == replicated* || $mode == failover ]] && echo "---- standby: $(standby_metric vgpuha_replica_read_back_repairs_total)"
+		[[ $mode == replicated* || $mode == failover ]] && echo "---- standby: $(standby_metric vgpuha_replica_read_back_repairs_total); $(standby_metric vgpuha_replica_module_variables_elsewhere_total)"
 		[[ $mode == library* ]] && echo "---- the unreplicated primary's requests so far:" && node_requests padmin
 	} >>"$logs"
 	if [ "$mode" = failover ] && [ "$status" = 0 ] && [ -n "${node_pid[replicated]:-}" ]; then

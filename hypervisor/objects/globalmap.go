@@ -21,8 +21,10 @@ import (
 // word of a structure). After a failover the promoted node goes on doing
 // so, and a resync carries the addresses the guest holds to a new standby.
 //
-// Not covered: an address the guest stored in device memory (a kernel
-// that follows it reaches the old node's address), and a word that is not
+// Not covered here: an address the guest stored in device memory (a kernel
+// that follows it reaches the primary's address; GPU workers lay out their
+// address space alike so that the variable lies there on both nodes, and
+// NoteGlobalAddr tells the caller where it does not), and a word that is not
 // an address but equals one inside such a variable (not a plausible value:
 // these addresses lie far above any count or size).
 
@@ -126,14 +128,17 @@ func (m *globalMap) args(args []abi.Arg) []abi.Arg {
 }
 
 // NoteGlobalAddr records that the guest holds module variable r at guest
-// (a replicated OpGlobalAddr): this node's copy is found by name.
-func (o *Set) NoteGlobalAddr(r *abi.ModuleGlobal, guest uint64) error {
+// (a replicated OpGlobalAddr): this node's copy is found by name. It
+// returns where the copy lies here; where that is not guest, launch
+// arguments are mapped, but an address the guest stored in device memory
+// names nothing of it here.
+func (o *Set) NoteGlobalAddr(r *abi.ModuleGlobal, guest uint64) (own uint64, err error) {
 	_, own, size, err := o.global(r.Module, r.Name, 0, 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	o.globals.note(globalRef{module: r.Module, name: r.Name, guest: guest, own: own, size: size})
-	return nil
+	return own, nil
 }
 
 // GlobalRecords calls emit with each module variable whose address the

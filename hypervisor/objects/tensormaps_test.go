@@ -72,8 +72,12 @@ func TestTensorMapsOverModuleVariables(t *testing.T) {
 			t.Fatal(err)
 		}
 		addr = reply.(*abi.GlobalReply).Addr
-		if err := standby.NoteGlobalAddr(&abi.ModuleGlobal{Module: 1, Name: name}, addr); err != nil {
+		own, err := standby.NoteGlobalAddr(&abi.ModuleGlobal{Module: 1, Name: name}, addr)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if want := map[string]uint64{"c": 0x7e55_0000_8000, "d": 0x7d00_0000_0000}[name]; own != want {
+			t.Fatalf("the standby's %s at %#x, the guest's at %#x: want the standby's own, %#x", name, own, addr, want)
 		}
 	}
 	tile := func(off, elems uint64) *abi.TensorMapEncode {

@@ -66,19 +66,19 @@ func (a *Applier) Apply(rec *replicate.Record) (err error) {
 	if fn := sessionRecords[rec.Op]; fn != nil {
 		sess.Lock()
 		defer sess.Unlock()
-		return fn(sess, rec)
+		return fn(a, sess, rec)
 	}
 	return a.applyGuest(sess, rec)
 }
 
 // sessionRecords applies the records of one session that are not a
 // guest's request, under the session's lock.
-var sessionRecords = map[replicate.Op]func(Session, *replicate.Record) error{
-	replicate.OpMMIO: func(s Session, rec *replicate.Record) error { return aperture.Apply(s.Memory(), rec.Body) },
-	replicate.OpVerifyMMIO: func(s Session, rec *replicate.Record) error {
+var sessionRecords = map[replicate.Op]func(*Applier, Session, *replicate.Record) error{
+	replicate.OpMMIO: func(_ *Applier, s Session, rec *replicate.Record) error { return aperture.Apply(s.Memory(), rec.Body) },
+	replicate.OpVerifyMMIO: func(_ *Applier, s Session, rec *replicate.Record) error {
 		return s.Verify().Compare(s.Memory(), rec.Result, rec.Body)
 	},
-	replicate.OpRequestFailed: func(s Session, rec *replicate.Record) error {
+	replicate.OpRequestFailed: func(_ *Applier, s Session, rec *replicate.Record) error {
 		f, err := exactlyonce.DecodeFailure(rec.Body)
 		if err != nil {
 			return err
@@ -92,25 +92,31 @@ var sessionRecords = map[replicate.Op]func(Session, *replicate.Record) error{
 		}
 		return nil
 	},
-	replicate.OpGlobalAddr: func(s Session, rec *replicate.Record) error {
+	replicate.OpGlobalAddr: func(a *Applier, s Session, rec *replicate.Record) error {
 		req, err := abi.DecodeRequest(abi.OpModuleGlobal, rec.Body)
 		if err != nil {
 			return err
 		}
-		return s.Objects().NoteGlobalAddr(req.(*abi.ModuleGlobal), rec.Result)
+		own, err := s.Objects().NoteGlobalAddr(req.(*abi.ModuleGlobal), rec.Result)
+		if err == nil && own != rec.Result {
+			a.metrics.GlobalsElsewhere.Inc()
+			a.log.Warn("a module variable lies elsewhere on this node than on the primary: an address of it the guest stored in device memory will not follow a failover",
+				"session", rec.Session, "variable", req.(*abi.ModuleGlobal).Name, "primary", fmt.Sprintf("%#x", rec.Result), "here", fmt.Sprintf("%#x", own))
+		}
+		return err
 	},
-	replicate.OpTensorMap: func(s Session, rec *replicate.Record) error {
+	replicate.OpTensorMap: func(_ *Applier, s Session, rec *replicate.Record) error {
 		req, guest, err := replicate.DecodeTensorMap(rec.Body)
 		if err != nil {
 			return err
 		}
 		return s.Objects().NoteTensorMap(req, guest)
 	},
-	replicate.OpErrorsReported: func(s Session, rec *replicate.Record) error {
+	replicate.OpErrorsReported: func(_ *Applier, s Session, rec *replicate.Record) error {
 		s.Objects().ForgetDeferred(handlemap.Handle(rec.Result))
 		return nil
 	},
-	replicate.OpSetNext: func(s Session, rec *replicate.Record) error {
+	replicate.OpSetNext: func(_ *Applier, s Session, rec *replicate.Record) error {
 		if err := s.Once().Restore(rec.ReqID, rec.Body); err != nil {
 			return err
 		}

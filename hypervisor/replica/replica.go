@@ -70,6 +70,9 @@ type Metrics struct {
 	// ReadBackRepairs counts read-backs that found this replica's bytes
 	// different from what the guest read on the primary.
 	ReadBackRepairs prometheus.Counter
+	// GlobalsElsewhere counts module variables the guest holds the address
+	// of that lie at another address here than on the primary.
+	GlobalsElsewhere prometheus.Counter
 	// Panics counts panics recovered while applying, by record kind.
 	Panics *prometheus.CounterVec
 }

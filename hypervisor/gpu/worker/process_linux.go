@@ -185,9 +185,50 @@ func RunIfAsked(open func(spec string) (gpu.Backend, error)) {
 	if !ok {
 		return
 	}
+	sameLayoutEverywhere()
 	os.Unsetenv(childEnv)
 	os.Exit(runChild(spec, open))
 }
+
+// addrNoRandomize is personality(2)'s ADDR_NO_RANDOMIZE.
+const addrNoRandomize = 0x0040000
+
+// sameLayoutEverywhere makes this worker's address space laid out the same
+// way on every node: it runs the worker again (execve, same arguments,
+// environment and descriptors) with address-space randomisation off and
+// one malloc arena, once. The GPU driver puts module variables in a region
+// it maps where the kernel's mmap places it, at the same offsets in it for
+// the same loads; with the same layout, a module variable lies at the same
+// address in the primary's worker and in its replica's, so an address a
+// guest stored in device memory still names the variable after a failover.
+// Randomisation moves the region per process; so does each 64 MiB arena
+// glibc's malloc maps for a thread that finds the others busy, as many as
+// the threads' timing makes (seen on an H200: 16 guests' variables, a third
+// of them 64 MiB apart on the two nodes). Where personality(2) is refused
+// (a container's seccomp profile) the worker runs as started: a standby
+// then finds variables elsewhere and says so (replica.Metrics).
+func sameLayoutEverywhere() {
+	cur, _, errno := unix.RawSyscall(unix.SYS_PERSONALITY, 0xffffffff, 0, 0)
+	if errno != 0 || cur&addrNoRandomize != 0 && os.Getenv(arenaEnv) == oneArena {
+		return
+	}
+	if _, _, errno = unix.RawSyscall(unix.SYS_PERSONALITY, cur|addrNoRandomize, 0, 0); errno != 0 {
+		return
+	}
+	env := []string{arenaEnv + "=" + oneArena}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, arenaEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	err := unix.Exec("/proc/self/exe", os.Args, env)
+	unix.RawSyscall(unix.SYS_PERSONALITY, cur, 0, 0) // the exec failed: run as started
+	fmt.Fprintln(os.Stderr, "vgpuha gpu worker: running again with the same address layout on every node:", err)
+}
+
+// arenaEnv=oneArena keeps glibc's malloc to its main arena (a worker's
+// one busy thread drives the GPU: no contention to spread).
+const arenaEnv, oneArena = "MALLOC_ARENA_MAX", "1"
 
 // runChild is a worker's life; its exit status.
 func runChild(spec string, open func(string) (gpu.Backend, error)) int {

@@ -701,3 +701,38 @@ func TestRefillsAFewAtATime(t *testing.T) {
 	}
 	waitSpares(spares)
 }
+
+// TestWorkerLayoutNotRandomised: a worker runs with address-space
+// randomisation off (personality ADDR_NO_RANDOMIZE), so the GPU driver's
+// regions, and the module variables in them, lie at the same addresses in
+// a primary's worker and in its replica's, and with one malloc arena (glibc
+// maps 64 MiB more for each other, as threads' timing asks). Skipped where this machine
+// refuses the personality (setarch -R fails too).
+func TestWorkerLayoutNotRandomised(t *testing.T) {
+	if err := exec.Command("setarch", "-R", "true").Run(); err != nil {
+		t.Skipf("this machine refuses ADDR_NO_RANDOMIZE (setarch -R: %v)", err)
+	}
+	be := simWorkers(t)
+	const base = 1 << 40
+	c := newContext(t, be, base)
+	defer c.Close()
+	for _, w := range be.Workers() {
+		if w.WindowBase != base {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/personality", w.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := strconv.ParseUint(strings.TrimSpace(string(b)), 16, 32)
+		if err != nil || p&0x0040000 == 0 {
+			t.Fatalf("worker %d's personality %q (%v): want ADDR_NO_RANDOMIZE (0x0040000)", w.Pid, b, err)
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", w.Pid))
+		if err != nil || !slices.Contains(strings.Split(string(env), "\x00"), "MALLOC_ARENA_MAX=1") {
+			t.Fatalf("worker %d's environment lacks MALLOC_ARENA_MAX=1 (%v)", w.Pid, err)
+		}
+		return
+	}
+	t.Fatalf("no worker holds the window at %#x: %+v", uint64(base), be.Workers())
+}
