@@ -3,6 +3,7 @@ package hypervisor
 import (
 	"hash/crc32"
 
+	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
 )
@@ -21,6 +22,9 @@ import (
 // record like any commit point. The cost is the bytes read, once more, on
 // the replication link; what the guest never read may differ in its last
 // bits between the nodes until verify --repair (or a later read) fixes it.
+// A large read, where replies wait for the standby, goes as a check
+// instead, and its bytes only where the standby's differ (checked, and
+// replicate/readcheck.go).
 //
 // A read-back holds the bytes the device returned, never bytes a guest can
 // change after the copy. A reply is the node's own memory (readBacks take
@@ -41,6 +45,9 @@ var readBacks = map[abi.Opcode]readBackOf{
 	abi.OpCopyDtoH: func(s *Session, req, reply abi.Body) {
 		r := req.(*abi.CopyDtoH)
 		data := reply.(*abi.DataReply).Data
+		if s.record.checked(r.Src, r.Stream, data) {
+			return
+		}
 		if piece := s.record.piece(); piece > 0 && len(data) > piece {
 			s.record.readBackPieces(r.Src, r.Stream, data) // the reply is the node's own memory
 			return
@@ -105,8 +112,29 @@ func (s *Session) copyDtoHHostLogged(r *abi.HostCopy) (abi.Body, error) {
 		}
 		return nil, err
 	}
+	if s.record.checked(r.Dev, r.Stream, d.Body()[abi.CopyPrefixSize:]) {
+		d.Discard()
+		return reply, nil
+	}
 	s.record.readBack(d, r.Dev, r.Stream)
 	return reply, nil
+}
+
+// checked logs a read of data from addr on stream as a read check
+// (replicate.OpReadCheck) where the hook's replies wait and the read is
+// large, and waits until the sync set applied it: true when every
+// standby there holds the bytes, false when they must be logged (a
+// standby asked for them, none confirmed, or no check was made). A read
+// of the session waits here, under its lock, so nothing the session does
+// after the read comes before its bytes in the log.
+func (h *logHook) checked(addr, stream uint64, data []byte) bool {
+	if min := h.log.ReadCheckMin(); !h.repliesWait || min == 0 || int64(len(data)) < min {
+		return false
+	}
+	c := replicate.ReadCheck{Addr: addr, Stream: stream, N: uint64(len(data)), Sum: gpu.Checksum(data)}
+	seq := h.log.Append(replicate.Record{Session: h.session, Op: replicate.OpReadCheck, Body: replicate.AppendReadCheck(nil, c)})
+	confirmed := h.log.WaitApplied(seq)
+	return !h.log.TakeReadNeed(seq) && confirmed
 }
 
 // copyDraft is a log buffer holding a copy_htod of n bytes to dst on

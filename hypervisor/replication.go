@@ -50,7 +50,7 @@ func (s *Session) setRecord(h *logHook) {
 // recorder returns the session's hook into the log.
 // Precondition: s.mu must be locked (or s.repl otherwise stable).
 func (s *Server) recorder(id uint64) *logHook {
-	return &logHook{log: s.repl, session: id, mayCut: s.mode == replicate.ModeCommit || s.mode == replicate.ModeSync}
+	return &logHook{log: s.repl, session: id, repliesWait: s.mode == replicate.ModeCommit || s.mode == replicate.ModeSync}
 }
 
 // logHook is a session's way into the replication log: it appends the
@@ -59,18 +59,19 @@ func (s *Server) recorder(id uint64) *logHook {
 type logHook struct {
 	log     *replicate.Log
 	session uint64
-	// mayCut: large writes and read-backs may go as pieces (the log's
-	// fairness between sessions: replicate.Log.Piece), where replies wait
-	// for what the standby holds (commit and sync modes). Never in epoch
-	// mode, whose cut may fall anywhere in the log (an epoch must not end
-	// inside a request), nor in async mode, where no reply waits.
-	mayCut bool
+	// repliesWait: replies wait for what the standby holds (commit and
+	// sync modes). Large writes and read-backs may then go as pieces (the
+	// log's fairness between sessions: replicate.Log.Piece), and large
+	// reads as checks (readback.go). Never in epoch mode, whose cut may
+	// fall anywhere in the log (an epoch must not end inside a request),
+	// nor in async mode, where no reply waits.
+	repliesWait bool
 }
 
 // piece is the most bytes a write the hook may cut goes in at once (0:
 // whole).
 func (h *logHook) piece() int {
-	if !h.mayCut {
+	if !h.repliesWait {
 		return 0
 	}
 	return h.log.Piece()

@@ -13,8 +13,8 @@
 //
 //	primary (Sender, dials)                            standby (Receiver, listens)
 //	  |--- TCP connect ------------------------------------>|
-//	  |<-- "VGRA" v5, nonceS --------------------------------|  another version: refused
-//	  |--- "VGRA" v5, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
+//	  |<-- "VGRA" v6, nonceS --------------------------------|  another version: refused
+//	  |--- "VGRA" v6, nonceP, HMAC(key, P|nonceS|nonceP) --->|  refuse + close on mismatch
 //	  |<-- HMAC(key, S|nonceP|nonceS) -----------------------|  primary refuses on mismatch
 //	  |        ... every frame below: AES-256-GCM, per-direction keys, counter nonces ...
 //	  |        ... a record over 1 MiB: record_begin {size}, then its encoding in 1 MiB
@@ -59,6 +59,10 @@
 //	  |     commit rule wake; a silent standby is dropped)    |
 //	  |--- verify {id} (in-stream, at one log position) ----->|
 //	  |<-- checksums {id, objects} ---------------------------|
+//	  |--- read check {range, sum} (a large read; its reply ->|  applied with nothing beside
+//	  |    waits until the standby applied it)               |  it; own bytes summed
+//	  |<-- read need {seq} (bytes differ: before the ack) ----|
+//	  |--- the read's bytes (a read-back), then the reply --->|
 //
 // Records on the link (package link, package receiver): AES-GCM runs at 2-4 GB/s a
 // core, below a fast link, so one record must not be sealed or opened on

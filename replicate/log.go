@@ -119,6 +119,10 @@ type Log struct {
 	sessionShare int64
 	sessionBytes map[uint64]int64
 	recvSeq      uint64
+	// needs are the read checks a standby asked the bytes of, checkMin
+	// the smallest read checked (readcheck.go).
+	needs    readNeeds
+	checkMin atomic.Int64
 }
 
 // entry is a record the log keeps, encoded once (AppendRecord) with room
@@ -156,6 +160,7 @@ func NewLog(maxBytes int64) *Log {
 	l.pool.Max = int(min(maxBytes, poolMaxIdle))
 	l.pool.Ahead = poolAhead
 	l.cond = sync.NewCond(&l.mu)
+	l.checkMin.Store(DefaultReadCheckMin)
 	return l
 }
 

@@ -112,10 +112,18 @@ const (
 	// over its own copy of the variable and uses that map wherever a kernel
 	// argument is the guest's (hypervisor/objects/tensormaps.go).
 	OpTensorMap
+	// OpReadCheck: the guest of session Session read bytes from device
+	// memory, too many to log them again: Body (AppendReadCheck) names the
+	// range and the checksum of what the guest got. The standby compares
+	// its own bytes there and asks for them (link.MsgReadNeed, naming the
+	// record's Seq) where they differ; the primary's reply waits until
+	// the standby applied the check, and logs the bytes as a read-back if
+	// asked (readcheck.go).
+	OpReadCheck
 )
 
 // lastControl is the last control kind.
-const lastControl = OpTensorMap
+const lastControl = OpReadCheck
 
 // Record flags.
 const (
@@ -198,6 +206,8 @@ func (o Op) String() string {
 		return "global_addr"
 	case OpTensorMap:
 		return "tensor_map"
+	case OpReadCheck:
+		return "read_check"
 	}
 	return fmt.Sprintf("op(%#x)", uint16(o))
 }

@@ -70,6 +70,9 @@ type SenderStatus struct {
 	// the standby's attach until it protected: the snapshot and the records
 	// guests wrote meanwhile.
 	LastResyncBytes uint64 `json:"last_resync_bytes"`
+	// SentBytes is every record byte the link carried (snapshots
+	// included), as vgpuha_replication_sent_bytes_total counts them.
+	SentBytes uint64 `json:"sent_bytes"`
 	// LastSnapshot is how long the last resync took to put its snapshot
 	// on the link (the rest of LastResync was catching up from the log).
 	LastSnapshot float64 `json:"last_resync_snapshot_seconds"`
@@ -190,8 +193,8 @@ func (s *Sender) Status() SenderStatus {
 	defer s.mu.Unlock()
 	st := SenderStatus{Mode: s.cfg.Mode.String(), Standby: s.cfg.Addr, Resyncs: s.resyncs,
 		LastPauseMS: float64(s.lastPause.Microseconds()) / 1000, LastResync: s.lastResync.Seconds(), LastResyncBytes: s.lastResyncBytes,
-		LastSnapshot: s.lastSnapshot.Seconds(),
-		LastError:    s.lastErr, LogStatus: ls, State: "unprotected",
+		LastSnapshot: s.lastSnapshot.Seconds(), SentBytes: s.sent.Load(),
+		LastError: s.lastErr, LogStatus: ls, State: "unprotected",
 		ResyncRestarts: s.restarts, Resync: s.progress.Status(), Group: s.cfg.Group, Primary: s.cfg.Log.id}
 	for reason, n := range s.refused {
 		if n > 0 {
@@ -620,6 +623,11 @@ func (s *Sender) readAcks(l *link.Conn) error {
 				return err
 			}
 			s.verifier.Deliver(id, sums)
+		case link.MsgReadNeed:
+			if len(payload) != 8 {
+				return fmt.Errorf("%w: read need of %d bytes", link.ErrCorrupt, len(payload))
+			}
+			s.cfg.Log.NoteReadNeed(binary.LittleEndian.Uint64(payload))
 		default:
 			return fmt.Errorf("%w: unexpected message %d from standby", link.ErrCorrupt, typ)
 		}

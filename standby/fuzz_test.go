@@ -31,6 +31,9 @@ func FuzzApply(f *testing.F) {
 	f.Add(open, replicate.AppendRecord(nil, &replicate.Record{Op: replicate.Op(abi.OpAddressReserve), Session: 1, Result: 0x7e0000400000,
 		Flags: replicate.FlagPlaced, Body: (&abi.AddressReserve{Size: 8 << 20}).Append(nil)}))
 	f.Add(open, rec(replicate.Op(abi.OpMemMap), 1, 0, (&abi.MemMap{Ptr: 0x7e0000400000, Size: 2 << 20}).Append(nil)))
+	alloc := rec(replicate.Op(abi.OpAlloc), 1, 0x7e0000000000, (&abi.Alloc{Size: 1 << 20}).Append(nil))
+	f.Add(alloc, rec(replicate.OpReadCheck, 1, 0, replicate.AppendReadCheck(nil, replicate.ReadCheck{Addr: 0x7e0000000000, N: 1 << 20, Sum: 5})))
+	f.Add(alloc, rec(replicate.OpReadCheck, 1, 0, replicate.AppendReadCheck(nil, replicate.ReadCheck{Addr: 0x7e00000ff000, N: 1 << 63})))
 	f.Fuzz(func(t *testing.T, first, second []byte) {
 		backend := sim.New(64 << 20)
 		cfg := hypervisor.DefaultConfig()
@@ -40,7 +43,12 @@ func FuzzApply(f *testing.F) {
 			t.Fatal(err)
 		}
 		for _, b := range [][]byte{first, second} {
-			if r, err := replicate.DecodeRecord(b); err == nil {
+			r, err := replicate.DecodeRecord(b)
+			switch {
+			case err != nil:
+			case r.Op == replicate.OpReadCheck: // the receiver's, not Apply's
+				replica.New(srv, quiet()).ReadMatches(&r)
+			default:
 				replica.New(srv, quiet()).Apply(&r)
 			}
 		}

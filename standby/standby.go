@@ -67,6 +67,9 @@ func (a *Agent) Settle(upTo uint64) error { return a.Applier.Settle(upTo) }
 // Idle implements receiver.Idler.
 func (a *Agent) Idle(session uint64) { a.Applier.Idle(session) }
 
+// ReadMatches implements receiver.ReadChecker.
+func (a *Agent) ReadMatches(r *replicate.Record) bool { return a.Applier.ReadMatches(r) }
+
 // Checksums implements receiver.Applier.
 func (a *Agent) Checksums() []verify.ObjectSum { return a.Applier.Checksums() }
 

@@ -42,7 +42,7 @@ type primaryFlags struct {
 	nodeFlags
 	listen, adminAddr, adminToken, replicateTo, modeName, keyFile, stateDir *string
 	minInSync                                                               *int
-	maxLag, resyncBudget, resyncRate, sessionShare                          *int64
+	maxLag, resyncBudget, resyncRate, sessionShare, readCheck               *int64
 	guestShare                                                              float64
 	resyncStall                                                             *time.Duration
 }
@@ -57,6 +57,7 @@ func (p *primaryFlags) register(fs *flag.FlagSet, defaultListen string) {
 	p.keyFile = fs.String("replicate.key-file", "", "file holding the pre-shared replication key (at least 16 bytes)")
 	p.maxLag = cli.Size[int64](fs, "replicate.max-lag-bytes", 256<<20, 1<<20, cli.MaxInt64, "unapplied log bytes held before guests are slowed down (the async mode's lag bound)")
 	p.sessionShare = cli.Size[int64](fs, "replicate.session-share-bytes", replicate.DefaultSessionShare, 0, cli.MaxInt64, "bytes of one guest session's records the log holds that the standbys have not received; past them that session waits for its own backlog, so one busy guest does not hold up the others' replies (0: no share, a session may fill the log up to --replicate.max-lag-bytes)")
+	p.readCheck = cli.Size[int64](fs, "replicate.read-check-bytes", replicate.DefaultReadCheckMin, 0, cli.MaxInt64, "a guest's read of this many bytes or more goes to the standbys as a checksum, its bytes only where a standby's differ, and its reply waits until they applied it (commit and sync modes; 0: every read's bytes go, as a write the standbys apply)")
 	p.resyncBudget = cli.Size[int64](fs, "replicate.resync-budget-bytes", 0, 0, cli.MaxInt64, "log bytes kept while a resync streams (0: a quarter of the snapshot, at least 1 GiB): guests write half of it freely, the rest as the snapshot goes out (each write waits at most --replicate.resync-stall for it), then wait for the stream; only a single write larger than it restarts the resync")
 	cli.FractionVar(fs, &p.guestShare, "replicate.resync-guest-share", 0, 0, 1, "most of the link guests' writes take while a standby joins, 0 to 1 (0: half the resync budget at once, the rest as the snapshot goes out)")
 	p.resyncStall = cli.Duration(fs, "replicate.resync-stall", replicate.DefaultResyncStall, time.Millisecond, time.Minute, "longest one guest write waits for a resync's snapshot stream to earn it room in the log (the bound on a guest call's slowdown while a standby joins, whatever the memory size)")
@@ -128,7 +129,10 @@ func (p *primaryFlags) runConfig() (node.RunConfig, error) {
 	rc.AdminTokenFile = *p.adminToken
 	n := &rc.Node
 	n.MaxLagBytes, n.ResyncBudgetBytes, n.ResyncStall, n.ResyncGuestShare, n.ResyncRate = *p.maxLag, *p.resyncBudget, *p.resyncStall, p.guestShare, *p.resyncRate
-	n.SessionShareBytes = *p.sessionShare
+	n.SessionShareBytes, n.ReadCheckBytes = *p.sessionShare, *p.readCheck
+	if n.ReadCheckBytes == 0 {
+		n.ReadCheckBytes = -1 // the flag's 0: no read is checked
+	}
 	if n.SessionShareBytes == 0 {
 		n.SessionShareBytes = -1 // the flag's 0 is no share; the node's, the default
 	}

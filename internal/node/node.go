@@ -74,6 +74,11 @@ type Config struct {
 	ResyncGuestShare float64
 	// ResyncRate bounds a resync's stream in bytes per second (0: none).
 	ResyncRate int64
+	// ReadCheckBytes: a guest's read of this many bytes or more goes on
+	// the link as a check, its bytes only where the standby's differ
+	// (replicate.Log.SetReadCheckMin; 0: replicate.DefaultReadCheckMin;
+	// negative: none, every read's bytes go).
+	ReadCheckBytes int64
 	// SessionShareBytes bounds one session's bytes in the log that the
 	// sync set has not received (replicate.Log.SetSessionShare; 0: the
 	// log's default, replicate.DefaultSessionShare; negative: none).

@@ -87,6 +87,9 @@ func (n *Node) replicate(targets []string) error {
 		lg.SetResyncStall(n.cfg.ResyncStall)
 	}
 	lg.SetResyncGuestShare(n.cfg.ResyncGuestShare)
+	if n.cfg.ReadCheckBytes != 0 {
+		lg.SetReadCheckMin(max(n.cfg.ReadCheckBytes, 0)) // negative: none
+	}
 	if n.cfg.SessionShareBytes != 0 {
 		lg.SetSessionShare(n.cfg.SessionShareBytes) // negative: none
 	}

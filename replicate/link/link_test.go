@@ -90,11 +90,12 @@ func TestUDPHeartbeats(t *testing.T) {
 	}
 }
 
-// TestOlderProtocolRefused: a peer that speaks the protocol before the
-// primary's identity (4) is refused at the handshake by either end, with
-// an error that names both versions, before any key material is used.
+// TestOlderProtocolRefused: a peer that speaks the protocol before read
+// checks (5: it would apply a check as an unknown record and never ask for
+// the bytes) is refused at the handshake by either end, with an error
+// that names both versions, before any key material is used.
 func TestOlderProtocolRefused(t *testing.T) {
-	old := append([]byte(helloMagic), 4, 0)
+	old := append([]byte(helloMagic), 5, 0)
 	old = append(old, make([]byte, nonceSize)...)
 	for _, side := range []string{"standby", "primary"} {
 		t.Run("by the "+side, func(t *testing.T) {
@@ -109,7 +110,7 @@ func TestOlderProtocolRefused(t *testing.T) {
 			} else {
 				_, err = ClientHandshake(a, testKey, 2*time.Second)
 			}
-			if err == nil || !strings.Contains(err.Error(), "protocol 4, this side 5") {
+			if err == nil || !strings.Contains(err.Error(), "protocol 5, this side 6") {
 				t.Fatalf("an old peer was not refused: %v", err)
 			}
 		})

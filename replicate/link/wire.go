@@ -53,7 +53,7 @@ var (
 const (
 	helloMagic    = "VGRA"
 	frameMagic    = 0x50524756 // "VGRP"
-	protoVersion  = 5          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over PartBytes go in parts; 5: the primary's identity first, refusals (package admission)
+	protoVersion  = 6          // 2: acks carry the received and the applied sequence; 3: the CRC covers header and tag; 4: records over PartBytes go in parts; 5: the primary's identity first, refusals (package admission); 6: read checks (MsgReadNeed)
 	nonceSize     = 32
 	MacSize       = 16
 	FrameHeader   = 16
@@ -84,11 +84,12 @@ const (
 	MsgRecordPart                    // primary -> standby: the next PartBytes (or the last) of that record's encoding
 	MsgIdentity                      // primary -> standby, first after auth: group, id, term, log position (package admission)
 	MsgRefused                       // standby -> primary instead of state: why it may not stream, whom the standby follows
+	MsgReadNeed                      // standby -> primary: a read check's bytes differ here; the check record's seq
 )
 
 var MsgNames = map[uint16]string{MsgRecord: "record", MsgState: "state", MsgAck: "ack", MsgVerifyReply: "verify_reply",
 	MsgMode: "mode", MsgHeartbeat: "heartbeat", MsgFenced: "fenced", MsgPromote: "promote",
-	MsgRecordBegin: "record_begin", MsgRecordPart: "record_part", MsgIdentity: "identity", MsgRefused: "refused"}
+	MsgRecordBegin: "record_begin", MsgRecordPart: "record_part", MsgIdentity: "identity", MsgRefused: "refused", MsgReadNeed: "read_need"}
 
 // Direction says which way a message travels.
 type Direction int
@@ -102,7 +103,7 @@ const (
 // Message names one message a link is about to send, for a FaultHook.
 type Message struct {
 	From Direction
-	Type string // record (once per record, even one sent in parts), identity, state, refused, ack, verify_reply, mode, heartbeat, fenced, promote
+	Type string // record (once per record, even one sent in parts), identity, state, refused, ack, verify_reply, read_need, mode, heartbeat, fenced, promote
 	// Peer is the other end: the standby's address as configured (from
 	// a primary), the primary's remote address (from a standby).
 	Peer string

@@ -1,6 +1,7 @@
 package receiver
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"time"
@@ -72,12 +73,22 @@ func (a *applying) take(item applyItem) {
 	}
 	a.lanes.drain(a.completed) // what follows sees every record before it applied
 	a.lanes.closing(&item.rec)
-	reply, err := r.handle(&item.rec)
-	switch {
-	case err != nil:
+	out, err := r.handle(&item.rec)
+	if err != nil {
 		a.breakLink(err)
-	case reply != nil && a.lr.l.WriteFlush(link.MsgVerifyReply, reply) != nil:
-		a.broken = true
+	} else if out.payload != nil {
+		// A link that broke is noticed by its reader; what it brought is
+		// still applied (a promotion applies all the standby holds), and a
+		// reply that waited for this answer never went out.
+		if werr := a.lr.l.WriteFlush(out.typ, out.payload); werr != nil {
+			a.lr.log.Debug("answer not sent", "op", item.rec.Op, "seq", item.rec.Seq, "err", werr)
+		}
+	}
+	if err == nil && out.live {
+		// After the answer: an ack that covers a read check follows its need.
+		r.mu.Lock()
+		r.applied = item.rec.Seq
+		r.mu.Unlock()
 	}
 	if len(a.lr.queue) == 0 {
 		a.lanes.idle(0) // records applied here (lanes off, epoch mode) may have left work held
@@ -259,27 +270,41 @@ func (s *settling) give(bufs [][]byte) {
 	}
 }
 
-// handle applies or buffers one record. It returns a verify reply to send,
-// or an error that ends the link (a protocol violation, never a failed
-// apply).
-func (r *Receiver) handle(rec *replicate.Record) ([]byte, error) {
+// answer is what handle did with a record: a message the standby sends
+// the primary about it (payload nil: none), and whether it was a live
+// record, the applied position's next.
+type answer struct {
+	typ     uint16
+	payload []byte
+	live    bool
+}
+
+// handle applies or buffers one record. It returns an answer to send (a
+// verify reply, a read check's need), or an error that ends the link (a
+// protocol violation, never a failed apply). The caller moves the applied
+// position to a live record once its answer went out.
+func (r *Receiver) handle(rec *replicate.Record) (answer, error) {
 	r.mu.Lock()
 	mode, applied := r.mode, r.applied
 	r.mu.Unlock()
 	switch {
 	case rec.Op == replicate.OpReset:
 		r.reset(rec)
-		return nil, nil
+		return answer{}, nil
 	case rec.Seq == 0: // part of a snapshot
 		r.snapshotRecord(rec)
-		return nil, nil
+		return answer{}, nil
 	case rec.Seq != applied+1:
-		return nil, fmt.Errorf("record %d after %d: the stream has a gap", rec.Seq, applied)
+		return answer{}, fmt.Errorf("record %d after %d: the stream has a gap", rec.Seq, applied)
 	}
-	var reply []byte
+	reply := answer{live: true}
 	switch {
 	case rec.Op == replicate.OpVerify:
-		reply = replicate.EncodeSums(rec.Result, r.cfg.Replica.Checksums())
+		reply.typ, reply.payload = link.MsgVerifyReply, replicate.EncodeSums(rec.Result, r.cfg.Replica.Checksums())
+	case rec.Op == replicate.OpReadCheck:
+		if !r.readMatches(rec) {
+			reply.typ, reply.payload = link.MsgReadNeed, binary.LittleEndian.AppendUint64(nil, rec.Seq)
+		}
 	case mode == replicate.ModeEpoch && rec.Op == replicate.OpEpoch:
 		r.mu.Lock()
 		buf := r.epochBuf
@@ -297,10 +322,29 @@ func (r *Receiver) handle(rec *replicate.Record) ([]byte, error) {
 	default:
 		r.apply(rec)
 	}
-	r.mu.Lock()
-	r.applied = rec.Seq
-	r.mu.Unlock()
 	return reply, nil
+}
+
+// ReadChecker is an Applier that compares a read check
+// (replicate.OpReadCheck) with its own bytes. Without one, every check
+// asks for the bytes.
+type ReadChecker interface {
+	// ReadMatches reports whether this replica holds, where the check
+	// names, bytes of the checksum the guest's had (false where it cannot
+	// tell).
+	ReadMatches(rec *replicate.Record) bool
+}
+
+// readMatches applies a read check: whether the replica's bytes are the
+// ones the guest read.
+func (r *Receiver) readMatches(rec *replicate.Record) bool {
+	rc, ok := r.cfg.Replica.(ReadChecker)
+	start := time.Now()
+	match := ok && rc.ReadMatches(rec)
+	if r.cfg.Observe != nil {
+		r.cfg.Observe(rec.Op, time.Since(start))
+	}
+	return match
 }
 
 // reset starts a resync: the replica is dropped and rebuilt from the

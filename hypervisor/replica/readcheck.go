@@ -1,0 +1,32 @@
+package replica
+
+import (
+	"github.com/vgpuha/vgpuha/replicate"
+)
+
+// ReadMatches implements receiver.ReadChecker: whether the replica holds,
+// where a read check (replicate.OpReadCheck) names, bytes of the checksum
+// the guest read on the primary. It runs with no other record under way,
+// after every record before it: the replica's bytes there are what the
+// primary's were when the guest read them, unless a kernel that is not
+// reproducible wrote them. False where it cannot tell (no such session,
+// a malformed check, a range outside the session's memory, a failed
+// checksum): the primary then logs the bytes.
+func (a *Applier) ReadMatches(rec *replicate.Record) bool {
+	c, err := replicate.DecodeReadCheck(rec.Body)
+	if err != nil {
+		return false
+	}
+	sess := a.sessions.Replica(rec.Session)
+	if sess == nil {
+		return false
+	}
+	sess.Lock()
+	defer sess.Unlock()
+	mem := sess.Memory()
+	if sess.Closed() || mem.CheckRange(c.Addr, c.N, "read check") != nil {
+		return false
+	}
+	sum, err := mem.Checksum(c.Addr, c.N)
+	return err == nil && sum == c.Sum // the bytes, if they come, count as a repair (noteReadBack)
+}
