@@ -415,3 +415,22 @@ func TestApertureInOwnProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRequestBytesCounted: vgpuha_guest_request_bytes_total grows by a
+// request frame's header and payload, a copy's data included, so that
+// link bytes can be set beside what guests sent.
+func TestRequestBytesCounted(t *testing.T) {
+	e := start(t, hypervisor.DefaultConfig())
+	c := e.client(t, "g")
+	p, err := c.Alloc(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := counter(t, e, "vgpuha_guest_request_bytes_total", nil)
+	if err := c.CopyHtoD(p, make([]byte, 1<<16)); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter(t, e, "vgpuha_guest_request_bytes_total", nil) - before; got < 1<<16 || got > 1<<16+256 {
+		t.Fatalf("a 64 KiB copy counted %v request bytes, want 64 KiB and its header", got)
+	}
+}

@@ -25,6 +25,8 @@ type metrics struct {
 	// readBackRepairs counts a standby's read-backs that found its bytes
 	// different from what the guest read on the primary (readback.go).
 	readBackRepairs prometheus.Counter
+	// requestBytes counts guests' request frames' bytes (guestconn).
+	requestBytes prometheus.Counter
 	// globalsElsewhere counts module variables a standby holds at another
 	// address than its primary (replica.Metrics).
 	globalsElsewhere prometheus.Counter
@@ -75,6 +77,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "vgpuha_replica_read_back_repairs_total",
 			Help: "Guest reads whose bytes this standby held differently (a kernel that is not reproducible, such as one with floating-point atomics) and took from the primary's read-back.",
 		}),
+		requestBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vgpuha_guest_request_bytes_total",
+			Help: "Bytes of guests' request frames, headers and payloads (a copy's data however it arrived): what guests send, beside vgpuha_replication_sent_bytes_total, what the link carries.",
+		}),
 		globalsElsewhere: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vgpuha_replica_module_variables_elsewhere_total",
 			Help: "Module variables whose address the guest holds that lie at another address on this standby than on its primary: launch arguments are mapped, but an address stored in device memory does not follow a failover (GPU workers lay out their address space alike to avoid it).",
@@ -98,7 +104,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		m.latency[op] = hist.WithLabelValues(op.String())
 	}
 	collectors := append([]prometheus.Collector{
-		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.writeTimeouts, m.resumed, m.expired, m.readBackRepairs, m.globalsElsewhere, m.imageBytes,
+		m.requests, m.frameErrors, m.panics, m.refusals, m.inPlace, hist, m.writeTimeouts, m.resumed, m.expired, m.readBackRepairs, m.requestBytes, m.globalsElsewhere, m.imageBytes,
 		gpuCollector{s},
 	}, gauges(s)...)
 	for _, c := range collectors {
@@ -186,5 +192,6 @@ func (m *metrics) countInPlace(to string, n int) { m.inPlace.WithLabelValues(to)
 
 // edge is the counters a node's guest connections add to.
 func (m *metrics) edge() *guestconn.Metrics {
-	return &guestconn.Metrics{Requests: m.requests, FrameErrors: m.frameErrors, Refusals: m.refusals, WriteTimeouts: m.writeTimeouts, Latency: m.latency}
+	return &guestconn.Metrics{Requests: m.requests, FrameErrors: m.frameErrors, Refusals: m.refusals, WriteTimeouts: m.writeTimeouts,
+		RequestBytes: m.requestBytes, Latency: m.latency}
 }

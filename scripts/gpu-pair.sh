@@ -1,7 +1,8 @@
 # Sourced by the GPU scripts that run one replicated pair (gpu-nvml.sh,
 # gpu-many-guests.sh): start_pair DIR FLAGS... starts a standby on GPU 1
 # (GPU 0 on a one-GPU host) and a primary on GPU 0 in PAIR_MODE (commit), both
-# with FLAGS, their sockets, key, state and logs in DIR, and waits until
+# with FLAGS (the primary also with PRIMARY_FLAGS), their sockets, key,
+# state and logs in DIR, and waits until
 # the primary is protected (30 s at most). It needs B (the binaries'
 # directory) and appends both nodes to pids; primary is the primary's pid.
 # Guests reach the primary at unix://DIR/p.sock, the standby once promoted
@@ -17,7 +18,7 @@ start_pair() {
 	pids+=($!)
 	CUDA_VISIBLE_DEVICES=0 "$B/vgpuha" primary "$@" --guest-listen "unix://$dir/p.sock" --mode "${PAIR_MODE:-commit}" \
 		--replicate-to "tcp://127.0.0.1:$port" --replicate.key-file "$dir/key" --admin-listen "unix://$dir/pa.sock" \
-		--state-dir "$dir/state" 2>"$dir/primary.log" &
+		--state-dir "$dir/state" ${PRIMARY_FLAGS:-} 2>"$dir/primary.log" &
 	primary=$!
 	pids+=($primary)
 	for _ in $(seq 300); do

@@ -97,7 +97,7 @@ framework() {
 		[fw_gpt_cudnn]="gpt_bf16.py $n cudnn" [fw_gpt_math]="gpt_bf16.py $n math" [fw_resnet_amp]="resnet_amp.py $n"
 		[fw_hf_lm]="hf_lm.py $n" [fw_compile]="compiled.py $n default" [fw_compile_ro]="compiled.py $n reduce-overhead"
 		[fw_graph]="graph.py $n" [fw_jax]="jax_train.py $n" [fw_cupy]="cupy_raw.py $n" [fw_triton]="triton_kernel.py $n"
-		[fw_pinned]="pinned.py $n" [fw_expandable]="gpt_bf16.py $n flash" [fw_jax_plain]="jax_train.py $n" [fw_jax_tuned]="jax_train.py $n")
+		[fw_pinned]="pinned.py $n" [fw_eval]="eval_readback.py $n" [fw_expandable]="gpt_bf16.py $n flash" [fw_jax_plain]="jax_train.py $n" [fw_jax_tuned]="jax_train.py $n")
 	[ -n "${prog[$1]:-}" ] || { echo "unknown program $1" >&2; return 1; }
 	[ "$1" = fw_expandable ] && env="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
 	[ "$1" = fw_jax ] && env="XLA_PYTHON_CLIENT_PREALLOCATE=false "

@@ -278,6 +278,9 @@ func (c *guestConn) serve(f abi.Frame) bool {
 		return c.frameError(f, f.InPlace.Err()) // its data could not be read, or garbled
 	}
 	c.e.metrics.countRequest(&c.counted, f.Op, guesterr.StatusOf(err))
+	if c.e.metrics.RequestBytes != nil {
+		c.e.metrics.RequestBytes.Add(float64(abi.HeaderSize) + float64(f.Length))
+	}
 	if err != nil {
 		c.noteFailure(f.Op, err)
 	}

@@ -179,6 +179,9 @@ type Metrics struct {
 	// WriteTimeouts counts connections ended because their guest read
 	// none of its replies for Config.WriteTimeout.
 	WriteTimeouts prometheus.Counter
+	// RequestBytes counts the bytes of guests' request frames, headers
+	// and payloads, a copy's data however it arrived (nil: not counted).
+	RequestBytes prometheus.Counter
 	// Latency by opcode, made once: a request finds its child by index,
 	// not by hashing label values.
 	Latency []prometheus.Observer
