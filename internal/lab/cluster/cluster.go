@@ -73,6 +73,9 @@ type Options struct {
 	// primary's resync.
 	ResyncRate, ResyncBudgetBytes int64
 	ResyncGuestShare              float64
+	// ReadCheckBytes is the primary's node.Config.ReadCheckBytes (0: the
+	// default; negative: no read checks).
+	ReadCheckBytes int64
 	// Hypervisor, when set, adjusts both nodes' hypervisor configuration.
 	Hypervisor func(*hypervisor.Config)
 }
@@ -138,6 +141,7 @@ func Start(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	cfg.Faults, cfg.ResyncRate, cfg.ResyncBudgetBytes, cfg.ResyncGuestShare = opts.Faults, opts.ResyncRate, opts.ResyncBudgetBytes, opts.ResyncGuestShare
+	cfg.ReadCheckBytes = opts.ReadCheckBytes
 	if opts.Replicate {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
