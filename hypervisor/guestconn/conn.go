@@ -307,8 +307,14 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	}
 	// In the request's own ABI version: a guest of the previous version
 	// is served too.
-	c.out = abi.AppendReplyFrame(c.out[:0], f.Version, f.Op, f.RequestID, st, msg, reply)
-	ok := c.reply(c.out, held)
+	var ok bool
+	if data, large := reply.(*abi.DataReply); large && err == nil && len(data.Data) >= splitReplyMin {
+		c.out = abi.AppendDataReplyFrameHead(c.out[:0], f.Version, f.Op, f.RequestID, data.Data)
+		ok = c.replyParts(c.out, data.Data, held)
+	} else {
+		c.out = abi.AppendReplyFrame(c.out[:0], f.Version, f.Op, f.RequestID, st, msg, reply)
+		ok = c.reply(c.out, held)
+	}
 	if cap(c.out) > 1<<20 {
 		c.out = nil // a large reply's buffer is not kept for the connection's life
 	}

@@ -74,7 +74,18 @@ func (r queuedReply) cost() int64 { return int64(len(r.frame)) + queuedReplyOver
 // it never may. It returns false if the connection must end. It returns
 // once the connection may read the guest's next request: a reply queued
 // behind more than Config.ReplyQueueBytes waits until replies went out.
-func (c *guestConn) reply(frame []byte, held func() bool) bool {
+func (c *guestConn) reply(frame []byte, held func() bool) bool { return c.replyParts(frame, nil, held) }
+
+// splitReplyMin is the smallest read whose reply goes as a head and the
+// data where the node read it (replyParts): below it, the copy into the
+// frame costs less than a second write.
+const splitReplyMin = 64 << 10
+
+// replyParts is reply for a frame given as its head and a tail that
+// follows it (a read's data, abi.AppendDataReplyFrameHead): sent at once,
+// the tail goes from where it lies, past the writer's buffer; queued, the
+// two are joined, as a queued frame is copied.
+func (c *guestConn) replyParts(frame, tail []byte, held func() bool) bool {
 	q := &c.replies
 	q.mu.Lock()
 	if q.dead {
@@ -89,9 +100,12 @@ func (c *guestConn) reply(frame []byte, held func() bool) bool {
 			return false
 		}
 		_, err := c.bw.Write(frame)
+		if err == nil && len(tail) > 0 {
+			_, err = c.bw.Write(tail)
+		}
 		return err == nil
 	}
-	r := queuedReply{frame: append([]byte(nil), frame...), held: held}
+	r := queuedReply{frame: append(append(make([]byte, 0, len(frame)+len(tail)), frame...), tail...), held: held}
 	q.pending = append(q.pending, r)
 	c.queuedBytes(r.cost())
 	if !q.started {

@@ -235,3 +235,30 @@ func TestWriteTimeoutEndsConnection(t *testing.T) {
 		t.Fatalf("%d reply bytes still counted queued after the connection ended", n)
 	}
 }
+
+// TestReplyInParts: a reply given as a head and a tail (a large read's
+// data, sent from where it lies) reaches the guest as one frame, head
+// then tail, whether written at once or queued behind a held reply, and
+// in order with the replies around it.
+func TestReplyInParts(t *testing.T) {
+	for _, more := range []int{0, 1} { // 1: the guest has sent more, so a held reply queues
+		c, got := replyWire(t, more)
+		held, open := gate()
+		open <- true
+		done := make(chan bool)
+		go func() {
+			done <- c.reply([]byte("A"), held) && c.replyParts([]byte("head:"), []byte("tail"), held) && c.reply([]byte("B"), nil)
+		}()
+		open <- true
+		if !<-done {
+			t.Fatal("a reply was refused")
+		}
+		if err := c.settle(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.bw.Flush(); err != nil { // the connection flushes once it has nothing to read
+			t.Fatal(err)
+		}
+		readAll(t, got, "Ahead:tailB")
+	}
+}

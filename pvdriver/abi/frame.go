@@ -179,6 +179,26 @@ func AppendReplyFrame(dst []byte, v uint16, op Opcode, requestID uint64, st Stat
 	return dst
 }
 
+// AppendDataReplyFrameHead is AppendReplyFrame for a successful reply whose
+// body is data (a DataReply) without data: the frame's head, whose length
+// and checksum cover the data that is to be written right after it. A
+// node sends a large read's bytes so, from where it read them, instead of
+// copying them into the frame.
+func AppendDataReplyFrameHead(dst []byte, v uint16, op Opcode, requestID uint64, data []byte) []byte {
+	start := len(dst)
+	dst = AppendFrameVersion(dst, v, op, FlagReply, requestID, nil)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(StatusOK.For(v)))
+	dst = appendString(dst, "")
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(data)))
+	h := dst[start:]
+	binary.LittleEndian.PutUint32(h[20:], uint32(len(h)-HeaderSize+len(data)))
+	crc := crc32.Update(0, castagnoli, h[:24])
+	crc = crc32.Update(crc, castagnoli, h[HeaderSize:])
+	crc = crc32.Update(crc, castagnoli, data)
+	binary.LittleEndian.PutUint32(h[24:], crc)
+	return dst
+}
+
 // seal fills in the length and checksum of frame h, whose payload was
 // appended after a header made for an empty one.
 func seal(h []byte) {
