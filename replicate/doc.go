@@ -59,8 +59,8 @@
 //	  |     commit rule wake; a silent standby is dropped)    |
 //	  |--- verify {id} (in-stream, at one log position) ----->|
 //	  |<-- checksums {id, objects} ---------------------------|
-//	  |--- read check {range, sum} (a large read; its reply ->|  applied with nothing beside
-//	  |    waits until the standby applied it)               |  it; own bytes summed
+//	  |--- read check {range, sum} (a large read; its reply ->|  applied in its session's
+//	  |    waits until the standby applied it)               |  order; own bytes summed
 //	  |<-- read need {seq} (bytes differ: before the ack) ----|
 //	  |--- the read's bytes (a read-back), then the reply --->|
 //

@@ -23,9 +23,10 @@ import (
 // (the set shrank, a standby left): the guest is never told of bytes the
 // standby could not reproduce after a failover. The price is latency, not
 // bytes: the reply waits for the standby to apply up to the read (in
-// commit mode it otherwise waits only until the standby holds it), and a
-// check is applied with no session's record under way beside it (it is
-// not SessionScoped).
+// commit mode it otherwise waits only until the standby holds it). A check
+// is SessionScoped: a standby applying sessions side by side applies it
+// in its session's lane, after that session's records before it, and the
+// lane sends the need before it reports the check applied.
 
 // DefaultReadCheckMin is the smallest read logged as a check unless told
 // otherwise: a smaller one's bytes cost the link less than the wait for

@@ -167,7 +167,7 @@ func (o Op) SessionScoped() bool {
 		return true
 	}
 	switch o {
-	case OpMMIO, OpVerifyMMIO, OpRequestFailed, OpErrorsReported, OpGlobalAddr, OpTensorMap, OpSetNext:
+	case OpMMIO, OpVerifyMMIO, OpRequestFailed, OpErrorsReported, OpGlobalAddr, OpTensorMap, OpSetNext, OpReadCheck:
 		return true
 	}
 	return false

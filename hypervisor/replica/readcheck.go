@@ -6,8 +6,9 @@ import (
 
 // ReadMatches implements receiver.ReadChecker: whether the replica holds,
 // where a read check (replicate.OpReadCheck) names, bytes of the checksum
-// the guest read on the primary. It runs with no other record under way,
-// after every record before it: the replica's bytes there are what the
+// the guest read on the primary. It runs after every record of its
+// session before it (other sessions' records may be applied beside it,
+// under their own locks): the replica's bytes there are what the
 // primary's were when the guest read them, unless a kernel that is not
 // reproducible wrote them. False where it cannot tell (no such session,
 // a malformed check, a range outside the session's memory, a failed

@@ -24,7 +24,7 @@ import (
 // ParallelSessions, each session's records go to its lane (lanes.go).
 func (lr *linkRun) applier(done chan<- struct{}) {
 	defer close(done)
-	a := &applying{lr: lr, held: newSettling(lr.r), lanes: newLanes(lr.r)}
+	a := &applying{lr: lr, held: newSettling(lr.r), lanes: newLanes(lr.r, lr.send)}
 	defer a.held.settle()
 	defer a.lanes.stop(a.completed)
 	for {
@@ -76,13 +76,8 @@ func (a *applying) take(item applyItem) {
 	out, err := r.handle(&item.rec)
 	if err != nil {
 		a.breakLink(err)
-	} else if out.payload != nil {
-		// A link that broke is noticed by its reader; what it brought is
-		// still applied (a promotion applies all the standby holds), and a
-		// reply that waited for this answer never went out.
-		if werr := a.lr.l.WriteFlush(out.typ, out.payload); werr != nil {
-			a.lr.log.Debug("answer not sent", "op", item.rec.Op, "seq", item.rec.Seq, "err", werr)
-		}
+	} else {
+		a.lr.send(&item.rec, out)
 	}
 	if err == nil && out.live {
 		// After the answer: an ack that covers a read check follows its need.
@@ -125,6 +120,19 @@ func (a *applying) counted(seq uint64, size int, buf []byte) {
 	a.held.add(buf)
 	if size >= lendAbove {
 		runtime.Gosched() // a large apply lets others on this host run (a guest on a shared one)
+	}
+}
+
+// send writes the answer to rec, if it has one. A link that broke is
+// noticed by its reader; what it brought is still applied (a promotion
+// applies all the standby holds), and a reply that waited for this answer
+// never went out.
+func (lr *linkRun) send(rec *replicate.Record, out answer) {
+	if out.payload == nil {
+		return
+	}
+	if err := lr.l.WriteFlush(out.typ, out.payload); err != nil {
+		lr.log.Debug("answer not sent", "op", rec.Op, "seq", rec.Seq, "err", err)
 	}
 }
 
@@ -302,9 +310,7 @@ func (r *Receiver) handle(rec *replicate.Record) (answer, error) {
 	case rec.Op == replicate.OpVerify:
 		reply.typ, reply.payload = link.MsgVerifyReply, replicate.EncodeSums(rec.Result, r.cfg.Replica.Checksums())
 	case rec.Op == replicate.OpReadCheck:
-		if !r.readMatches(rec) {
-			reply.typ, reply.payload = link.MsgReadNeed, binary.LittleEndian.AppendUint64(nil, rec.Seq)
-		}
+		reply.typ, reply.payload = r.checkRead(rec)
 	case mode == replicate.ModeEpoch && rec.Op == replicate.OpEpoch:
 		r.mu.Lock()
 		buf := r.epochBuf
@@ -335,16 +341,21 @@ type ReadChecker interface {
 	ReadMatches(rec *replicate.Record) bool
 }
 
-// readMatches applies a read check: whether the replica's bytes are the
-// ones the guest read.
-func (r *Receiver) readMatches(rec *replicate.Record) bool {
+// checkRead applies a read check: nothing to answer where the replica's
+// bytes are the ones the guest read, else the need for them
+// (link.MsgReadNeed, the check's position). The answer must go out before
+// the applied position passes the check.
+func (r *Receiver) checkRead(rec *replicate.Record) (typ uint16, payload []byte) {
 	rc, ok := r.cfg.Replica.(ReadChecker)
 	start := time.Now()
 	match := ok && rc.ReadMatches(rec)
 	if r.cfg.Observe != nil {
 		r.cfg.Observe(rec.Op, time.Since(start))
 	}
-	return match
+	if match {
+		return 0, nil
+	}
+	return link.MsgReadNeed, binary.LittleEndian.AppendUint64(nil, rec.Seq)
 }
 
 // reset starts a resync: the replica is dropped and rebuilt from the

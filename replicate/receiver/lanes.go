@@ -48,6 +48,9 @@ type lanes struct {
 	window inFlight
 	wg     sync.WaitGroup
 	idler  Idler // the Replica, if it holds work back (nil: it does not)
+	// send writes a record's answer to the primary (a read check's need),
+	// from the lane, before the lane reports the record applied.
+	send func(*replicate.Record, answer)
 }
 
 // laneDone is a lane's record applied: its position, size and the lent
@@ -58,8 +61,8 @@ type laneDone struct {
 	buf  []byte
 }
 
-func newLanes(r *Receiver) *lanes {
-	ls := &lanes{r: r, on: r.cfg.ParallelSessions, open: map[uint64]chan applyItem{}, done: make(chan laneDone, maxInFlight)}
+func newLanes(r *Receiver, send func(*replicate.Record, answer)) *lanes {
+	ls := &lanes{r: r, on: r.cfg.ParallelSessions, open: map[uint64]chan applyItem{}, done: make(chan laneDone, maxInFlight), send: send}
 	ls.idler, _ = r.cfg.Replica.(Idler)
 	return ls
 }
@@ -102,7 +105,12 @@ func (ls *lanes) hand(item applyItem, completed func(laneDone)) {
 func (ls *lanes) run(ch <-chan applyItem) {
 	defer ls.wg.Done()
 	for item := range ch {
-		ls.r.apply(&item.rec)
+		if item.rec.Op == replicate.OpReadCheck {
+			typ, payload := ls.r.checkRead(&item.rec)
+			ls.send(&item.rec, answer{typ: typ, payload: payload})
+		} else {
+			ls.r.apply(&item.rec)
+		}
 		if len(ch) == 0 {
 			ls.idle(item.rec.Session)
 		}
