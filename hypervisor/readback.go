@@ -128,7 +128,7 @@ func (s *Session) copyDtoHHostLogged(r *abi.HostCopy) (abi.Body, error) {
 // of the session waits here, under its lock, so nothing the session does
 // after the read comes before its bytes in the log.
 func (h *logHook) checked(addr, stream uint64, data []byte) bool {
-	if min := h.log.ReadCheckMin(); !h.repliesWait || min == 0 || int64(len(data)) < min {
+	if least := h.log.ReadCheckMin(); !h.repliesWait || least == 0 || int64(len(data)) < least {
 		return false
 	}
 	c := replicate.ReadCheck{Addr: addr, Stream: stream, N: uint64(len(data)), Sum: gpu.Checksum(data)}
