@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -235,6 +236,9 @@ func TestUploadResumesAcrossFailover(t *testing.T) {
 		}
 		return true
 	}})
+	var releaseOnce sync.Once
+	let := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(let) // runs before the pair's Close: a failed test must not leave the link held
 	g := guest(t, c, "interrupted")
 	armed.Store(true)
 	loaded := make(chan pvdriver.Function, 1)
@@ -251,12 +255,12 @@ func TestUploadResumesAcrossFailover(t *testing.T) {
 		}
 		loaded <- f
 	}()
-	for deadline := time.Now().Add(10 * time.Second); records.Load() <= 2; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); records.Load() <= 2; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the upload's records never reached the link")
 		}
 	}
-	close(release)
+	let()
 	c.KillPrimary()
 	f := <-loaded
 	if f == 0 {
