@@ -59,18 +59,26 @@ func TestReadBackIgnoresGuestRewrites(t *testing.T) {
 
 // BenchmarkReplicatedHostRead: copy_dtoh_hostmem on a replicated primary
 // in commit mode over shared memory (the software GPU): each read is
-// logged as a read-back, so its cost includes taking the device's bytes
-// for the log and the standby's acknowledgement.
-func BenchmarkReplicatedHostRead(b *testing.B) { benchReplicatedRead(b, "shm+unix", true) }
+// logged (a check, from 64 KiB), so its cost includes taking the device's
+// bytes for the log and the standby's acknowledgement.
+func BenchmarkReplicatedHostRead(b *testing.B) { benchReplicatedRead(b, "shm+unix", true, 0) }
 
 // BenchmarkReplicatedRead: copy_dtoh, the data in its reply, on a
-// replicated primary in commit mode over a unix socket.
-func BenchmarkReplicatedRead(b *testing.B) { benchReplicatedRead(b, "unix", false) }
+// replicated primary in commit mode over a unix socket: reads of 64 KiB
+// or more go as read checks (the default).
+func BenchmarkReplicatedRead(b *testing.B) { benchReplicatedRead(b, "unix", false, 0) }
 
-func benchReplicatedRead(b *testing.B, scheme string, host bool) {
+// BenchmarkReplicatedReadBytes is BenchmarkReplicatedRead with read checks
+// off (--replicate.read-check-bytes 0): every read's bytes go on the link.
+func BenchmarkReplicatedReadBytes(b *testing.B) { benchReplicatedRead(b, "unix", false, -1) }
+
+// benchReplicatedRead reports each read's time and the link's bytes per
+// read; readCheck is the primary's node.Config.ReadCheckBytes.
+func benchReplicatedRead(b *testing.B, scheme string, host bool, readCheck int64) {
 	for _, size := range []int{64 << 10, 4 << 20} {
 		b.Run(byteSize(size), func(b *testing.B) {
-			c, err := cluster.Start(cluster.Options{GuestScheme: scheme, Replicate: true, StartStandby: true, Mode: replicate.ModeCommit})
+			c, err := cluster.Start(cluster.Options{GuestScheme: scheme, Replicate: true, StartStandby: true, Mode: replicate.ModeCommit,
+				ReadCheckBytes: readCheck})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -93,6 +101,7 @@ func benchReplicatedRead(b *testing.B, scheme string, host bool) {
 					b.Fatal(err)
 				}
 			}
+			sent := c.Sender.Status().SentBytes
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -101,6 +110,8 @@ func benchReplicatedRead(b *testing.B, scheme string, host bool) {
 					b.Fatal(err)
 				}
 			}
+			b.StopTimer()
+			b.ReportMetric(float64(c.Sender.Status().SentBytes-sent)/float64(b.N), "link-B/read")
 		})
 	}
 }

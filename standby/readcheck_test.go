@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/vgpuha/vgpuha/hypervisor/replica"
-	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/replicate"
 )
 
@@ -57,13 +56,7 @@ func TestReadChecks(t *testing.T) {
 	}
 
 	c.KillPrimary()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Standby.Promoted() == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the standby did not take over")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	c.waitPromoted(10 * time.Second)
 	got := make([]byte, n)
 	if err := g.CopyDtoH(got, p); err != nil {
 		t.Fatalf("reading on the promoted standby: %v", err)
@@ -73,51 +66,5 @@ func TestReadChecks(t *testing.T) {
 	}
 	if fo := g.Failovers(); len(fo) != 1 {
 		t.Fatalf("failovers %+v, want one", fo)
-	}
-}
-
-// BenchmarkReadBack: a guest's 1 MiB read on a replicated primary in
-// commit mode, with read checks (the default, 64 KiB) and without. Reports
-// the link's bytes per read beside the read's time: a check's wait for the
-// standby's apply against its bytes on the link.
-func BenchmarkReadBack(b *testing.B) {
-	for _, bc := range []struct {
-		name  string
-		bytes int64
-	}{{"checks", 0}, {"bytes", -1}} {
-		b.Run(bc.name, func(b *testing.B) {
-			c, err := cluster.Start(cluster.Options{Replicate: true, Mode: replicate.ModeCommit, StartStandby: true, ReadCheckBytes: bc.bytes})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer c.Close()
-			if err := c.WaitProtected(10 * time.Second); err != nil {
-				b.Fatal(err)
-			}
-			g, err := c.Guest("g")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer g.Close()
-			const n = 1 << 20
-			p, err := g.Alloc(n)
-			if err != nil {
-				b.Fatal(err)
-			}
-			buf := make([]byte, n)
-			if err := g.CopyHtoD(p, buf); err != nil {
-				b.Fatal(err)
-			}
-			before := c.Sender.Status().SentBytes
-			b.SetBytes(n)
-			b.ResetTimer()
-			for range b.N {
-				if err := g.CopyDtoH(buf, p); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.StopTimer()
-			b.ReportMetric(float64(c.Sender.Status().SentBytes-before)/float64(b.N), "link-B/read")
-		})
 	}
 }

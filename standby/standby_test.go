@@ -75,6 +75,16 @@ func (c *fixture) verify() verify.Report {
 	return rep
 }
 
+// waitPromoted waits up to timeout for the standby to take over.
+func (c *fixture) waitPromoted(timeout time.Duration) {
+	c.t.Helper()
+	for deadline := time.Now().Add(timeout); c.Standby.Promoted() == nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.t.Fatal("the standby did not take over")
+		}
+	}
+}
+
 func (c *fixture) guest(name string) *pvdriver.Client {
 	c.t.Helper()
 	g, err := c.Guest(name)

@@ -216,14 +216,23 @@ func place(s Session, kind abi.ResultKind, result uint64) error {
 // repairs it.
 func (a *Applier) noteReadBack(mem Memory, req abi.Body) {
 	w, ok := req.(*abi.CopyHtoD)
-	if !ok || len(w.Data) == 0 || mem.CheckRange(w.Dst, uint64(len(w.Data)), "read-back") != nil {
+	if !ok || len(w.Data) == 0 {
 		return
 	}
-	sum, err := mem.Checksum(w.Dst, uint64(len(w.Data)))
-	if err == nil && sum == gpu.Checksum(w.Data) {
-		return
+	if held, err := holds(mem, w.Dst, uint64(len(w.Data)), gpu.Checksum(w.Data), "read-back"); err == nil && !held {
+		a.metrics.ReadBackRepairs.Inc()
 	}
-	a.metrics.ReadBackRepairs.Inc()
+}
+
+// holds reports whether mem holds, at [addr, addr+n), bytes whose checksum
+// (gpu.Checksum) is sum: false where the checksum fails. err is the
+// range's refusal (what names the range in it).
+func holds(mem Memory, addr, n, sum uint64, what string) (bool, error) {
+	if err := mem.CheckRange(addr, n, what); err != nil {
+		return false, err
+	}
+	got, err := mem.Checksum(addr, n)
+	return err == nil && got == sum, nil
 }
 
 // recoverApply is deferred around applying one record: a panic marks the

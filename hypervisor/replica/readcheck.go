@@ -24,10 +24,9 @@ func (a *Applier) ReadMatches(rec *replicate.Record) bool {
 	}
 	sess.Lock()
 	defer sess.Unlock()
-	mem := sess.Memory()
-	if sess.Closed() || mem.CheckRange(c.Addr, c.N, "read check") != nil {
+	if sess.Closed() {
 		return false
 	}
-	sum, err := mem.Checksum(c.Addr, c.N)
-	return err == nil && sum == c.Sum // the bytes, if they come, count as a repair (noteReadBack)
+	held, err := holds(sess.Memory(), c.Addr, c.N, c.Sum, "read check")
+	return err == nil && held // the bytes, if they come, count as a repair (noteReadBack)
 }

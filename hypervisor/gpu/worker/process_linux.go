@@ -129,10 +129,14 @@ func (s *spawner) start(path, spec string, shmBytes int) (*process, error) {
 
 // childEnviron is the node's environment (the GPU driver's variables
 // included) with the worker's spec.
-func childEnviron(spec string) []string {
-	env := []string{childEnv + "=" + spec}
+func childEnviron(spec string) []string { return environWith(childEnv, spec) }
+
+// environWith is this process's environment with key set to value, first
+// and only once (a C library's getenv takes the first).
+func environWith(key, value string) []string {
+	env := []string{key + "=" + value}
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, childEnv+"=") {
+		if !strings.HasPrefix(kv, key+"=") {
 			env = append(env, kv)
 		}
 	}
@@ -215,13 +219,7 @@ func sameLayoutEverywhere() {
 	if _, _, errno = unix.RawSyscall(unix.SYS_PERSONALITY, cur|addrNoRandomize, 0, 0); errno != 0 {
 		return
 	}
-	env := []string{arenaEnv + "=" + oneArena}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, arenaEnv+"=") {
-			env = append(env, kv)
-		}
-	}
-	err := unix.Exec("/proc/self/exe", os.Args, env)
+	err := unix.Exec("/proc/self/exe", os.Args, environWith(arenaEnv, oneArena))
 	unix.RawSyscall(unix.SYS_PERSONALITY, cur, 0, 0) // the exec failed: run as started
 	fmt.Fprintln(os.Stderr, "vgpuha gpu worker: running again with the same address layout on every node:", err)
 }
