@@ -34,7 +34,7 @@ func startPair(t *testing.T, opts cluster.Options) *cluster.Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	if err := c.WaitProtected(10 * time.Second); err != nil {
+	if err := c.WaitProtected(time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	return c

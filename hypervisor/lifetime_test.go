@@ -284,7 +284,7 @@ func TestUnansweredHelloLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.WaitProtected(10 * time.Second); err != nil {
+	if err := c.WaitProtected(time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	holdRecords.Store(true)

@@ -83,7 +83,7 @@ func benchReplicatedRead(b *testing.B, scheme string, host bool, readCheck int64
 				b.Fatal(err)
 			}
 			defer c.Close()
-			if err := c.WaitProtected(10 * time.Second); err != nil {
+			if err := c.WaitProtected(time.Minute); err != nil {
 				b.Fatal(err)
 			}
 			g, err := c.Guest("bench")

@@ -205,7 +205,7 @@ func TestLargeImageReplicated(t *testing.T) {
 	if err := late.StartStandby(); err != nil {
 		t.Fatal(err)
 	}
-	if err := late.WaitProtected(10 * time.Second); err != nil {
+	if err := late.WaitProtected(time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if rep, err := late.Verify(); err != nil || !rep.Match {

@@ -29,7 +29,7 @@ func guestViaProxy(t *testing.T, opts cluster.Options) (*cluster.Cluster, *fault
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	if err := c.WaitProtected(10 * time.Second); err != nil {
+	if err := c.WaitProtected(time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	proxyEP := "unix://" + filepath.Join(t.TempDir(), "proxy.sock")
@@ -298,7 +298,7 @@ func TestFailureCarriedByResync(t *testing.T) {
 	if err := c.StartStandby(); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WaitProtected(10 * time.Second); err != nil {
+	if err := c.WaitProtected(time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	c.KillPrimary()

@@ -61,7 +61,7 @@ func (c *fixture) startStandby() {
 
 func (c *fixture) waitProtected() {
 	c.t.Helper()
-	if err := c.WaitProtected(10 * time.Second); err != nil {
+	if err := c.WaitProtected(time.Minute); err != nil {
 		c.t.Fatal(err)
 	}
 }

@@ -89,7 +89,7 @@ func TestRawImages(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/replicated=%v", format, replicated), func(t *testing.T) { runRaw(t, g, format, img) })
 		}
 		if replicated {
-			if err := c.WaitProtected(10 * time.Second); err != nil {
+			if err := c.WaitProtected(time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := c.Verify(); err != nil { // waits until the standby applied everything

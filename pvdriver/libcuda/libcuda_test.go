@@ -206,7 +206,7 @@ func protectedPair(t testing.TB, opts cluster.Options) *cluster.Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	if err := c.WaitProtected(10 * time.Second); err != nil {
+	if err := c.WaitProtected(time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	return c

@@ -185,7 +185,7 @@ func TestApertureSurvivesFailover(t *testing.T) {
 			if !sc.Scan() || sc.Text() != `{"paused":true}` {
 				t.Fatalf("guest said %q", sc.Text())
 			}
-			if err := c.WaitProtected(10 * time.Second); err != nil {
+			if err := c.WaitProtected(time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			st := c.Primary.Status()
