@@ -153,6 +153,8 @@ type Client struct {
 	serving string // the endpoint conn goes to; empty while a lost one is resumed (failover only)
 	term    uint64 // the term of the node that serves the session (failover.go)
 	pending map[uint64]chan result
+	// into holds where a call's data reply goes, by its channel (callInto).
+	into    map[chan result][]byte
 	rd      *replyReader         // the connection's reply reader (replies.go)
 	waiting map[uint64]time.Time // when each pending call was made (failover only)
 	kept    []keptFrame          // sent since the last commit point, in order
@@ -191,6 +193,9 @@ type keptFrame struct {
 type result struct {
 	payload []byte
 	err     error
+	// placed: a data reply's bytes are already where the caller asked
+	// (callInto); payload is nil.
+	placed bool
 }
 
 // Open connects to the hypervisor at endpoint and opens a session. With
@@ -301,6 +306,7 @@ func newClient(conn net.Conn, endpoints []string, opts Options, host *shm.HostMe
 		pending:    map[uint64]chan result{},
 		waiting:    map[uint64]time.Time{},
 		abandoned:  map[uint64]bool{},
+		into:       map[chan result][]byte{},
 		host:       newHostArena(host),
 	}
 	if len(endpoints) > 0 {
@@ -451,7 +457,7 @@ func (c *Client) sayBye() {
 	rr := c.rd
 	c.mu.Unlock()
 	if rr != nil {
-		signal(rr.kick) // over shared memory, the reader goroutine reads for it
+		rr.wake() // the reader goroutine reads for it
 	}
 	timeout := time.NewTimer(byeWait)
 	defer timeout.Stop()
@@ -482,6 +488,7 @@ func (c *Client) shutdown(why error) {
 		pending := c.pending
 		c.pending = nil
 		conn := c.conn
+		c.wakeReaderLocked()
 		c.mu.Unlock()
 		close(c.done)
 		conn.Close()
@@ -705,13 +712,64 @@ func (c *Client) callSized(op abi.Opcode, req, reply abi.Body, sizeHint int) err
 
 // finish waits for a submitted call's reply and decodes it into reply.
 func (c *Client) finish(op abi.Opcode, reply abi.Body, rr *replyReader, drive bool, ch chan result) error {
+	_, err := c.finishPlaced(op, reply, rr, drive, ch)
+	return err
+}
+
+// finishPlaced is finish, also reporting whether a data reply's bytes were
+// placed where the caller asked (callInto), reply left as it was.
+func (c *Client) finishPlaced(op abi.Opcode, reply abi.Body, rr *replyReader, drive bool, ch chan result) (placed bool, err error) {
 	start := time.Now()
 	r := c.awaitReply(rr, drive, ch)
 	c.stats.noteWaited(op, time.Since(start))
-	if r.err != nil {
-		return r.err
+	if r.err != nil || r.placed {
+		return r.placed, r.err
 	}
-	st, msg, err := abi.DecodeReply(r.payload, reply)
+	return false, c.decodeReply(op, r.payload, reply)
+}
+
+// expectInto asks for ch's data reply to be placed in dst; forgetInto
+// withdraws that (once the call is over, however it ended).
+func (c *Client) expectInto(ch chan result, dst []byte) {
+	c.mu.Lock()
+	c.into[ch] = dst
+	c.mu.Unlock()
+}
+
+func (c *Client) forgetInto(ch chan result) {
+	c.mu.Lock()
+	delete(c.into, ch)
+	c.mu.Unlock()
+}
+
+// callInto is call for a data reply of exactly len(dst) bytes: they go
+// from the frame the reader read straight into dst, instead of through a
+// copy of the whole reply handed to the caller (for a 3 MiB read, one
+// copy where there were two and an allocation).
+func (c *Client) callInto(op abi.Opcode, req abi.Body, dst []byte) error {
+	ch := make(chan result, 1)
+	c.expectInto(ch, dst)
+	defer c.forgetInto(ch)
+	rr, drive, err := c.submit(op, req, 0, ch)
+	if err != nil {
+		return err
+	}
+	var r abi.DataReply
+	placed, err := c.finishPlaced(op, &r, rr, drive, ch)
+	if err != nil || placed {
+		return err
+	}
+	if len(r.Data) != len(dst) {
+		return fmt.Errorf("pvdriver: %s returned %d bytes, want %d", op, len(r.Data), len(dst))
+	}
+	copy(dst, r.Data)
+	return nil
+}
+
+// decodeReply decodes a reply's payload into reply, turning a status
+// other than OK into an *Error.
+func (c *Client) decodeReply(op abi.Opcode, payload []byte, reply abi.Body) error {
+	st, msg, err := abi.DecodeReply(payload, reply)
 	if err != nil {
 		return fmt.Errorf("pvdriver: decoding %s reply: %w", op, err)
 	}
@@ -847,15 +905,10 @@ func (c *Client) copyDtoHFrames(dst []byte, src DevicePtr) error {
 	n := c.chunk()
 	for off := 0; off < len(dst) || off == 0; off += n {
 		end := min(off+n, len(dst))
-		var r abi.DataReply
 		req := &abi.CopyDtoH{Src: uint64(src) + uint64(off), Size: uint64(end - off)}
-		if err := c.call(abi.OpCopyDtoH, req, &r); err != nil {
+		if err := c.callInto(abi.OpCopyDtoH, req, dst[off:end]); err != nil {
 			return err
 		}
-		if len(r.Data) != end-off {
-			return fmt.Errorf("pvdriver: copy_dtoh returned %d bytes, want %d", len(r.Data), end-off)
-		}
-		copy(dst[off:end], r.Data)
 		if end == len(dst) {
 			break
 		}

@@ -175,6 +175,7 @@ func (c *Client) lost(gen uint64, err error) {
 	c.gen++
 	next := c.gen  // read under the lock: the watchdog bumps it too
 	c.serving = "" // the watchdog leaves the search to resume
+	c.wakeReaderLocked()
 	c.conn.Close()
 	c.unprotectApertures()
 	// Before its hello was answered the guest has no session to resume
@@ -302,6 +303,7 @@ func (c *Client) leaveStalled(gen uint64, a *answer, fo Failover) {
 	next := c.gen
 	old := c.conn
 	c.unprotectApertures()
+	c.wakeReaderLocked()
 	c.mu.Unlock()
 	old.Close()
 	c.switchTo(next, a, fo)

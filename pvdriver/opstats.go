@@ -21,6 +21,9 @@ const opSlots = 256
 
 type opCounters struct {
 	sent, waited, waitNanos [opSlots]atomic.Uint64
+	// ownReads counts replies their caller read itself (replies.go): the
+	// rest were handed over by another goroutine, a wake-up each.
+	ownReads atomic.Uint64
 }
 
 // OpStats is one opcode's counts.
@@ -43,6 +46,11 @@ func (o *opCounters) noteWaited(op abi.Opcode, d time.Duration) {
 		o.waitNanos[op].Add(uint64(max(d, 0)))
 	}
 }
+
+// OwnReplies is how many replies their callers read themselves, of the
+// calls waited for (Stats' Waited, summed): each of the others cost a
+// hand-over from the goroutine that read it.
+func (c *Client) OwnReplies() uint64 { return c.stats.ownReads.Load() }
 
 // Stats is the client's request counts so far, the most waited-for first.
 func (c *Client) Stats() []OpStats {

@@ -72,25 +72,32 @@ type inFlight struct {
 	data  abi.DataReply
 }
 
-// sendCall submits f as a call with request req.
+// sendCall submits f as a call with request req; a read's reply is to be
+// placed in its Dst (callInto).
 func (c *Client) sendCall(f *inFlight, req abi.Body) error {
 	f.ch = make(chan result, 1)
+	if f.read != nil {
+		c.expectInto(f.ch, f.read.Dst)
+	}
 	var err error
 	f.rr, f.drive, err = c.submit(f.op, req, 0, f.ch)
+	if err != nil && f.read != nil {
+		c.forgetInto(f.ch)
+	}
 	return err
 }
 
-// awaitCall waits for f's reply, copying a read's bytes into its Dst.
+// awaitCall waits for f's reply, copying a read's bytes into its Dst
+// where the reader did not place them there.
 func (c *Client) awaitCall(f *inFlight) error {
 	var reply abi.Body
 	if f.read != nil {
 		reply = &f.data
+		defer c.forgetInto(f.ch)
 	}
-	if err := c.finish(f.op, reply, f.rr, f.drive, f.ch); err != nil {
+	placed, err := c.finishPlaced(f.op, reply, f.rr, f.drive, f.ch)
+	if err != nil || placed || f.read == nil {
 		return err
-	}
-	if f.read == nil {
-		return nil
 	}
 	if len(f.data.Data) != len(f.read.Dst) {
 		return fmt.Errorf("pvdriver: copy_dtoh returned %d bytes, want %d", len(f.data.Data), len(f.read.Dst))

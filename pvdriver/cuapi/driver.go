@@ -313,6 +313,7 @@ func (d *Driver) Shutdown() {
 		if os.Getenv("VGPUHA_STATS") == "1" || os.Getenv("VGPUHA_DEBUG") != "" {
 			fmt.Fprintf(os.Stderr, "vgpuha libcuda: requests of this process, per opcode (the most time waited first):\n")
 			pvdriver.WriteStats(os.Stderr, c.Stats())
+			fmt.Fprintf(os.Stderr, "vgpuha libcuda: replies read by their caller's own thread: %d\n", c.OwnReplies())
 			if fos := c.Failovers(); len(fos) > 0 {
 				fmt.Fprintf(os.Stderr, "vgpuha libcuda: this process's failovers:\n")
 				pvdriver.WriteFailovers(os.Stderr, fos)

@@ -15,8 +15,9 @@ import (
 // thread, per kind of entry (testdata/entries.c, against an unreplicated
 // primary on the software GPU over a unix socket): a query answered from
 // the answers the library keeps in C (ctx_get_device, func_get_attribute),
-// one that enters Go (ctx_get_current), a launch (a pipelined request) and
-// a 4-byte copy to the host (a round trip). Each is reported as ns per
+// one that enters Go (ctx_get_current), a launch (a pipelined request), a
+// 4-byte copy to the host (a round trip) and a 3 MiB one (an evaluation
+// step's outputs read back). Each is reported as ns per
 // call; the first two against the third is what answers.c saves a call.
 func BenchmarkEntries(b *testing.B) {
 	dir := build(b)

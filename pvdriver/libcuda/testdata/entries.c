@@ -1,7 +1,8 @@
 /* What a call into the library costs the calling thread (issue 43): each
  * line is nanoseconds per call, averaged over a loop of one entry. A kept
  * answer (answers.c) stays in C; cuCtxGetCurrent enters Go; a launch is
- * also a pipelined request; a 4-byte copy to the host is a round trip.
+ * also a pipelined request; a 4-byte copy to the host is a round trip, a
+ * 3 MiB one (an evaluation step's outputs) mostly the bytes' way back.
  * Usage: entries KERNELDIR SCALE (SCALE multiplies every loop's count). */
 #include <time.h>
 #include "cudaapi.h"
@@ -22,9 +23,9 @@ int main(int argc, char **argv) {
 	CUcontext ctx, cur;
 	CUmodule mod;
 	CUfunction f;
-	CUdeviceptr a, b, c;
+	CUdeviceptr a, b, c, big;
 	int v, n = 256;
-	unsigned char host[4];
+	unsigned char host[4], *bighost = malloc(3 << 20);
 	if (argc < 3) FAIL("usage: entries KERNELDIR SCALE");
 	long scale = atol(argv[2]);
 	if (scale < 1) FAIL("SCALE %s: want a positive count", argv[2]);
@@ -36,6 +37,8 @@ int main(int argc, char **argv) {
 	CHECK(cuMemAlloc(&a, 1024));
 	CHECK(cuMemAlloc(&b, 1024));
 	CHECK(cuMemAlloc(&c, 1024));
+	CHECK(cuMemAlloc(&big, 3 << 20));
+	if (bighost == NULL) FAIL("malloc");
 	void *params[] = {&a, &b, &c, &n};
 	TIME("ctx_get_device", 100000, cuCtxGetDevice(&dev));
 	TIME("func_get_attribute", 100000, cuFuncGetAttribute(&v, 0, f));
@@ -43,5 +46,6 @@ int main(int argc, char **argv) {
 	TIME("launch", 5000, cuLaunchKernel(f, 1, 1, 1, 256, 1, 1, 0, NULL, params, NULL));
 	CHECK(cuCtxSynchronize());
 	TIME("copy_dtoh_4", 500, cuMemcpyDtoH(host, a, sizeof host));
+	TIME("copy_dtoh_3mib", 20, cuMemcpyDtoH(bighost, big, 3 << 20));
 	return 0;
 }

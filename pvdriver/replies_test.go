@@ -1,0 +1,98 @@
+package pvdriver_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/vgpuha/vgpuha/internal/lab/cluster"
+	"github.com/vgpuha/vgpuha/pvdriver"
+)
+
+// TestCallersReadTheirReplies: over a socket, a caller that waits alone
+// reads its reply on its own thread (replies.go), so no other goroutine
+// hands it over, and calls from several goroutines at once still each get
+// their own reply, whoever read it.
+func TestCallersReadTheirReplies(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("callers wait on sockets themselves on Linux only")
+	}
+	for _, tcp := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unix", true: "tcp"}[tcp], func(t *testing.T) {
+			c, err := cluster.Start(cluster.Options{GuestTCP: tcp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			g, err := pvdriver.Open(context.Background(), c.Endpoint, pvdriver.Options{GuestName: "g"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			p, err := g.Alloc(4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := g.OwnReplies()
+			const calls = 200
+			buf := make([]byte, 8)
+			for i := range calls {
+				if err := g.Memset(p, 1, uint32(i), 8, 0, true); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.CopyDtoH(buf, p); err != nil {
+					t.Fatal(err)
+				}
+				if buf[0] != byte(i) || buf[7] != byte(i) {
+					t.Fatalf("call %d read %v", i, buf)
+				}
+			}
+			// Memset with sync set waits too: 400 calls, each alone.
+			if own := g.OwnReplies() - before; own != 2*calls {
+				t.Errorf("%d of %d replies read by their caller", own, 2*calls)
+			}
+			concurrentReads(t, g)
+		})
+	}
+}
+
+// concurrentReads has eight goroutines read their own allocations at once.
+func concurrentReads(t *testing.T, g *pvdriver.Client) {
+	t.Helper()
+	errs := make(chan error, 8)
+	for w := range 8 {
+		go func() {
+			errs <- func() error {
+				q, err := g.Alloc(64)
+				if err != nil {
+					return err
+				}
+				in := make([]byte, 64)
+				for i := range in {
+					in[i] = byte(w*31 + i)
+				}
+				out := make([]byte, 64)
+				for range 50 {
+					if err := g.CopyHtoD(q, in); err != nil {
+						return err
+					}
+					if err := g.CopyDtoH(out, q); err != nil {
+						return err
+					}
+					for i := range out {
+						if out[i] != in[i] {
+							t.Errorf("goroutine %d read %v, wrote %v", w, out, in)
+							return nil
+						}
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,120 @@
+//go:build linux
+
+package pvdriver
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// sockWaiter waits for a socket's reply bytes on the calling thread, in
+// ppoll(2), without Go's network poller (replies.go says why). It never
+// reads: the caller then reads through br, which finds the bytes there.
+// The reader goroutine's waits also watch an eventfd, kick, so that a
+// caller giving the turn back, or a Close of the connection, wakes it.
+type sockWaiter struct {
+	raw syscall.RawConn
+	br  *bufio.Reader
+	mu  sync.Mutex
+	// kick is the eventfd; -1 once closed.
+	kick int
+}
+
+// newSockWaiter is conn's waiter, or nil where conn has no file
+// descriptor to poll.
+func newSockWaiter(conn net.Conn, br *bufio.Reader) *sockWaiter {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	kick, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil
+	}
+	return &sockWaiter{raw: raw, br: br, kick: kick}
+}
+
+// wait blocks until the socket has bytes to read or has ended (ready), or
+// d passes (not ready). Only the holder of the reading turn may call it
+// (it looks at br). It fails once the connection is closed. The
+// descriptor stays referenced while it polls, so a Close of the
+// connection waits for it: keep d short.
+func (w *sockWaiter) wait(d time.Duration) (ready bool, err error) {
+	if w.br.Buffered() > 0 {
+		return true, nil
+	}
+	return w.poll(d, unix.POLLIN, -1)
+}
+
+// watch is the reader goroutine's wait while it does not read: for the
+// connection's end if end is set (an idle connection), and for a kick
+// (taken, so the next watch waits again), at most d.
+func (w *sockWaiter) watch(d time.Duration, end bool) (ended bool, err error) {
+	w.mu.Lock()
+	kick := w.kick
+	w.mu.Unlock()
+	if end {
+		ended, err = w.poll(d, unix.POLLRDHUP, kick)
+	} else {
+		// Not the socket: it reports its end (POLLHUP) whatever it is asked.
+		ts := unix.NsecToTimespec(int64(d))
+		fds := [1]unix.PollFd{{Fd: int32(kick), Events: unix.POLLIN}}
+		unix.Ppoll(fds[:], &ts, nil)
+	}
+	var b [8]byte
+	unix.Read(kick, b[:]) // drain the kick; EAGAIN if there was none
+	return ended, err
+}
+
+// poll is ppoll(2) on the socket (events) and, if extra >= 0, on extra too;
+// ready: the socket has one of events.
+func (w *sockWaiter) poll(d time.Duration, events int16, extra int) (ready bool, err error) {
+	ts := unix.NsecToTimespec(int64(d))
+	var pollErr error
+	err = w.raw.Control(func(fd uintptr) {
+		fds := [2]unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(extra), Events: unix.POLLIN}}
+		n := 1
+		if extra >= 0 {
+			n = 2
+		}
+		_, e := unix.Ppoll(fds[:n], &ts, nil)
+		switch {
+		case errors.Is(e, unix.EINTR): // a signal (the runtime's preemption): look again
+		case e != nil:
+			pollErr = e
+		default:
+			ready = fds[0].Revents != 0
+		}
+	})
+	if err == nil {
+		err = pollErr
+	}
+	return ready, err
+}
+
+// wake kicks the reader goroutine out of its watch.
+func (w *sockWaiter) wake() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.kick >= 0 {
+		unix.Write(w.kick, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	}
+}
+
+// close releases the eventfd (the reader goroutine, as it ends).
+func (w *sockWaiter) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	unix.Close(w.kick)
+	w.kick = -1
+}

@@ -1,0 +1,23 @@
+//go:build !linux
+
+package pvdriver
+
+import (
+	"bufio"
+	"net"
+	"time"
+)
+
+// sockWaiter exists on Linux only (sockwait_linux.go): elsewhere the
+// reader goroutine reads every reply from a socket and hands it over.
+type sockWaiter struct{}
+
+func newSockWaiter(net.Conn, *bufio.Reader) *sockWaiter { return nil }
+
+func (*sockWaiter) wait(time.Duration) (bool, error) { return false, nil }
+
+func (*sockWaiter) watch(time.Duration, bool) (bool, error) { return false, nil }
+
+func (*sockWaiter) wake() {}
+
+func (*sockWaiter) close() {}
