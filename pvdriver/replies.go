@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -20,23 +21,27 @@ import (
 // reads until its own reply has come; one that finds the turn taken waits
 // on its channel. Handing a reply over from a reader goroutine costs a
 // wake-up of the parked caller, and a caller in the library is a C thread
-// whose goroutine is locked to it, so its wake-up is a second thread's:
-// on the 2-core VM a 4-byte copy to the host over a unix socket took
-// 106 µs that way against 31 µs read on the caller's own thread.
+// whose goroutine is locked to it, so its wake-up is a second thread's. A
+// ping-pong of a locked goroutine over a unix socket on the 2-core VM took
+// 106 µs with a reader goroutine handing the reply over, 68 µs reading
+// through Go's network poller (which wakes the locked thread from another
+// one too) and 31 µs waiting in ppoll(2) on its own thread, as a C program
+// does (27 µs).
 //
 // Over shared memory the caller spins on the ring and then sleeps as the
-// transport does. Over a socket (Linux) it waits in ppoll(2) on its own
-// thread (sockwait_linux.go), not in Go's network poller, whose wake-up
-// of a locked thread is again another thread's; then it reads the bytes
-// through the connection as usual.
+// transport does. Over a socket (Linux) it reads through sockWaiter
+// (sockwait_linux.go): ppoll(2) on its own thread first, for up to
+// callerWait, then the read; a reply still not there after that (a long
+// synchronisation) is left to Go's poller, whose wait a Close ends.
 //
 // The connection's reader goroutine reads what arrives while no caller
 // holds the turn: over shared memory, replies to calls that wait with
 // nobody reading for them (it waits off the ring otherwise, for a kick or
 // the connection's end, so the node never rings a doorbell for it); over
-// a socket, anything (a refused pipelined request, the connection's end),
-// waiting for bytes in ppoll too. Where a socket cannot be polled so (not
-// Linux), the reader goroutine reads every reply, as before.
+// a socket, the same, and while idle it watches for the connection's end
+// (POLLRDHUP: a node that refused a pipelined request says why and
+// closes). Where a socket cannot be polled so (not Linux), the reader
+// goroutine reads every reply, as before.
 
 // ringConn is a transport read without system calls (shared memory): a
 // caller may read its reply itself, and flushing a frame costs no more
@@ -70,8 +75,11 @@ func (c *Client) newReplyReader(conn net.Conn, gen uint64) *replyReader {
 		rr.done = rc.Done()
 		rr.fr = abi.NewFrameReader(conn, c.maxPayload+4096) // frames are copied out of the ring
 	} else {
-		br := bufio.NewReaderSize(conn, 256<<10)
-		rr.fr, rr.sock = abi.NewFrameReader(br, c.maxPayload+4096), newSockWaiter(conn, br)
+		var src io.Reader = conn
+		if rr.sock = newSockWaiter(conn); rr.sock != nil {
+			src = rr.sock
+		}
+		rr.fr = abi.NewFrameReader(bufio.NewReaderSize(src, 256<<10), c.maxPayload+4096)
 	}
 	c.mu.Lock()
 	if gen == c.gen {
@@ -147,27 +155,19 @@ func (c *Client) sockReadLoop(rr *replyReader) {
 	}
 }
 
-// readFor reads a reply frame, if one comes within callerWait, for the
-// calls that wait, holding the turn, and gives the turn back; false: the
-// connection is lost.
+// readFor reads a reply frame for the calls that wait, holding the turn,
+// and gives the turn back; false: the connection is lost.
 func (c *Client) readFor(rr *replyReader) bool {
-	ready, err := rr.sock.wait(callerWait)
-	ok := err == nil
-	if ok && ready {
-		ok = c.readReply(rr)
-	}
+	ok := c.readReply(rr)
 	c.mu.Lock()
 	rr.reading = false
 	c.mu.Unlock()
-	if err != nil {
-		c.lost(rr.gen, err)
-	}
 	return ok
 }
 
-// Socket waits are bounded, as a Close of the connection waits for them
-// (sockWaiter.wait): a caller waits for its reply in slices of callerWait,
-// the reader goroutine for anything in slices of idleWait.
+// Socket waits in ppoll are bounded, as a Close of the connection waits
+// for them: a read polls up to callerWait before Go's poller takes over
+// (sockWaiter.Read), the reader goroutine's idle watch up to idleWait.
 const (
 	callerWait = 2 * time.Millisecond
 	idleWait   = 20 * time.Millisecond
@@ -266,7 +266,7 @@ func (c *Client) register(id uint64, ch chan result) (rr *replyReader, drive boo
 func (c *Client) awaitReply(rr *replyReader, drive bool, ch chan result) result {
 	if drive {
 		own := false
-		for len(ch) == 0 && c.driveRead(rr) {
+		for len(ch) == 0 && c.readReply(rr) {
 			own = len(ch) > 0
 		}
 		if own {
@@ -275,31 +275,6 @@ func (c *Client) awaitReply(rr *replyReader, drive bool, ch chan result) result 
 		c.releaseTurn(rr)
 	}
 	return <-ch
-}
-
-// driveRead reads one reply frame for a caller holding the turn; false:
-// the caller stops reading and waits for its reply on its channel (the
-// connection was lost or replaced: its reply, if any, comes from the next
-// one's reader).
-func (c *Client) driveRead(rr *replyReader) bool {
-	if rr.sock == nil {
-		return c.readReply(rr)
-	}
-	for {
-		ready, err := rr.sock.wait(callerWait)
-		if err != nil {
-			return false
-		}
-		if ready {
-			return c.readReply(rr)
-		}
-		c.mu.Lock()
-		current := rr.gen == c.gen && c.err == nil
-		c.mu.Unlock()
-		if !current {
-			return false
-		}
-	}
 }
 
 // releaseTurn gives a caller's turn back, and the reader goroutine the

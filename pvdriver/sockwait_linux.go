@@ -3,8 +3,8 @@
 package pvdriver
 
 import (
-	"bufio"
 	"errors"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -13,14 +13,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sockWaiter waits for a socket's reply bytes on the calling thread, in
-// ppoll(2), without Go's network poller (replies.go says why). It never
-// reads: the caller then reads through br, which finds the bytes there.
-// The reader goroutine's waits also watch an eventfd, kick, so that a
-// caller giving the turn back, or a Close of the connection, wakes it.
+// sockWaiter reads a socket's reply bytes on the calling thread: where
+// none are there yet it waits in ppoll(2), up to callerWait, before it
+// leaves the wait to Go's network poller (replies.go says why). The reader
+// goroutine's idle watch also polls an eventfd, kick, so that a caller
+// giving the turn back, or a Close of the connection, wakes it.
 type sockWaiter struct {
 	raw syscall.RawConn
-	br  *bufio.Reader
 	mu  sync.Mutex
 	// kick is the eventfd; -1 once closed.
 	kick int
@@ -28,7 +27,7 @@ type sockWaiter struct {
 
 // newSockWaiter is conn's waiter, or nil where conn has no file
 // descriptor to poll.
-func newSockWaiter(conn net.Conn, br *bufio.Reader) *sockWaiter {
+func newSockWaiter(conn net.Conn) *sockWaiter {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return nil
@@ -41,19 +40,35 @@ func newSockWaiter(conn net.Conn, br *bufio.Reader) *sockWaiter {
 	if err != nil {
 		return nil
 	}
-	return &sockWaiter{raw: raw, br: br, kick: kick}
+	return &sockWaiter{raw: raw, kick: kick}
 }
 
-// wait blocks until the socket has bytes to read or has ended (ready), or
-// d passes (not ready). Only the holder of the reading turn may call it
-// (it looks at br). It fails once the connection is closed. The
-// descriptor stays referenced while it polls, so a Close of the
-// connection waits for it: keep d short.
-func (w *sockWaiter) wait(d time.Duration) (ready bool, err error) {
-	if w.br.Buffered() > 0 {
-		return true, nil
+// Read reads what the socket has (io.Reader). The descriptor stays
+// referenced while it polls, so a Close of the connection waits for that
+// poll: it is bounded by callerWait.
+func (w *sockWaiter) Read(p []byte) (int, error) {
+	var n int
+	var readErr error
+	polled := false
+	err := w.raw.Read(func(fd uintptr) bool {
+		if !polled { // a reply is rarely there already: wait, then read once
+			polled = true
+			ts := unix.NsecToTimespec(int64(callerWait))
+			fds := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			unix.Ppoll(fds[:], &ts, nil)
+		}
+		n, readErr = unix.Read(int(fd), p)
+		return readErr != unix.EAGAIN // else Go's poller waits from here on
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case readErr != nil:
+		return 0, readErr
+	case n == 0 && len(p) > 0:
+		return 0, io.EOF
 	}
-	return w.poll(d, unix.POLLIN, -1)
+	return n, nil
 }
 
 // watch is the reader goroutine's wait while it does not read: for the

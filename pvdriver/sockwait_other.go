@@ -3,7 +3,6 @@
 package pvdriver
 
 import (
-	"bufio"
 	"net"
 	"time"
 )
@@ -12,9 +11,9 @@ import (
 // reader goroutine reads every reply from a socket and hands it over.
 type sockWaiter struct{}
 
-func newSockWaiter(net.Conn, *bufio.Reader) *sockWaiter { return nil }
+func newSockWaiter(net.Conn) *sockWaiter { return nil }
 
-func (*sockWaiter) wait(time.Duration) (bool, error) { return false, nil }
+func (*sockWaiter) Read([]byte) (int, error) { return 0, nil }
 
 func (*sockWaiter) watch(time.Duration, bool) (bool, error) { return false, nil }
 
