@@ -76,7 +76,7 @@ func (c *Client) newReplyReader(conn net.Conn, gen uint64) *replyReader {
 		rr.fr = abi.NewFrameReader(conn, c.maxPayload+4096) // frames are copied out of the ring
 	} else {
 		var src io.Reader = conn
-		if rr.sock = newSockWaiter(conn); rr.sock != nil {
+		if rr.sock = newSockWaiter(conn, func() bool { return c.queued.Load() != 0 }); rr.sock != nil {
 			src = rr.sock
 		}
 		rr.fr = abi.NewFrameReader(bufio.NewReaderSize(src, 256<<10), c.maxPayload+4096)

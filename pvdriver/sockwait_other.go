@@ -11,7 +11,7 @@ import (
 // reader goroutine reads every reply from a socket and hands it over.
 type sockWaiter struct{}
 
-func newSockWaiter(net.Conn) *sockWaiter { return nil }
+func newSockWaiter(net.Conn, func() bool) *sockWaiter { return nil }
 
 func (*sockWaiter) Read([]byte) (int, error) { return 0, nil }
 
