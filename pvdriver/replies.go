@@ -149,7 +149,7 @@ func (c *Client) sockReadLoop(rr *replyReader) {
 			c.lost(rr.gen, err) // closed by whoever moved on: changes nothing
 			return
 		}
-		if ended && c.claimTurn(rr) && !c.readFor(rr) {
+		if ended && c.claimFree(rr) && !c.readFor(rr) {
 			return // the end read
 		}
 	}
@@ -224,6 +224,18 @@ func (c *Client) claimTurn(rr *replyReader) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if rr.reading || !c.needsReader(rr) {
+		return false
+	}
+	rr.reading = true
+	return true
+}
+
+// claimFree gives the reader goroutine the turn if it is free, needed or
+// not (a socket's end, to be read).
+func (c *Client) claimFree(rr *replyReader) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rr.reading {
 		return false
 	}
 	rr.reading = true

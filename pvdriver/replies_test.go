@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/vgpuha/vgpuha/internal/lab/cluster"
 	"github.com/vgpuha/vgpuha/pvdriver"
@@ -94,5 +95,28 @@ func concurrentReads(t *testing.T, g *pvdriver.Client) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestIdleGuestSeesItsConnectionEnd: a guest that makes no call while its
+// connection ends (no caller reads then: the reader goroutine only watches
+// for the end) resumes at once, within the grace its node keeps the
+// session for, not at its next call.
+func TestIdleGuestSeesItsConnectionEnd(t *testing.T) {
+	_, px, g := guestViaProxy(t, cluster.Options{})
+	p, err := g.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Cut()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(g.Failovers()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("an idle guest whose connection was cut never resumed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := g.Memset8(p, 7, 64); err != nil {
+		t.Fatalf("a call after the resume: %v", err)
 	}
 }

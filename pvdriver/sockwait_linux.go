@@ -89,7 +89,7 @@ func (w *sockWaiter) watch(d time.Duration, end bool) (ended bool, err error) {
 	kick := w.kick
 	w.mu.Unlock()
 	if end {
-		ended, err = w.poll(d, unix.POLLRDHUP, kick)
+		ended, err = w.pollEnd(d, kick)
 	} else {
 		// Not the socket: it reports its end (POLLHUP) whatever it is asked.
 		ts := unix.NsecToTimespec(int64(d))
@@ -101,30 +101,26 @@ func (w *sockWaiter) watch(d time.Duration, end bool) (ended bool, err error) {
 	return ended, err
 }
 
-// poll is ppoll(2) on the socket (events) and, if extra >= 0, on extra too;
-// ready: the socket has one of events.
-func (w *sockWaiter) poll(d time.Duration, events int16, extra int) (ready bool, err error) {
+// pollEnd is ppoll(2) on the socket, for its end, and on kick; ended: the
+// socket has ended (POLLRDHUP, or POLLHUP or POLLERR, reported unasked).
+func (w *sockWaiter) pollEnd(d time.Duration, kick int) (ended bool, err error) {
 	ts := unix.NsecToTimespec(int64(d))
 	var pollErr error
 	err = w.raw.Control(func(fd uintptr) {
-		fds := [2]unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(extra), Events: unix.POLLIN}}
-		n := 1
-		if extra >= 0 {
-			n = 2
-		}
-		_, e := unix.Ppoll(fds[:n], &ts, nil)
+		fds := [2]unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}, {Fd: int32(kick), Events: unix.POLLIN}}
+		_, e := unix.Ppoll(fds[:], &ts, nil)
 		switch {
 		case errors.Is(e, unix.EINTR): // a signal (the runtime's preemption): look again
 		case e != nil:
 			pollErr = e
 		default:
-			ready = fds[0].Revents != 0
+			ended = fds[0].Revents != 0
 		}
 	})
 	if err == nil {
 		err = pollErr
 	}
-	return ready, err
+	return ended, err
 }
 
 // wake kicks the reader goroutine out of its watch.
