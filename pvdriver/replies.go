@@ -61,8 +61,9 @@ type replyReader struct {
 	done <-chan struct{}
 	sock *sockWaiter
 	// Under Client.mu: someone holds the reading turn; the connection has
-	// ended (from then on the reader goroutine reads to the end).
-	reading, gone bool
+	// ended (from then on the reader goroutine reads to the end); over a
+	// socket, the reader goroutine holds the turn for one frame (readFor).
+	reading, gone, held bool
 	// kick wakes the reader goroutine: calls wait with nobody reading.
 	kick chan struct{}
 }
@@ -99,7 +100,7 @@ func (c *Client) readLoop(conn net.Conn, gen uint64) {
 	for {
 		if c.claimTurn(rr) {
 			for {
-				if !c.readReply(rr) {
+				if !c.readReply(rr, false) {
 					return
 				}
 				if !c.keepTurn(rr) {
@@ -129,10 +130,10 @@ func (c *Client) sockReadLoop(rr *replyReader) {
 	for {
 		c.mu.Lock()
 		over := rr.gen != c.gen || c.err != nil
-		orphans := !rr.reading && len(c.pending) > 0
-		idle := !rr.reading && !orphans
+		callerReads := rr.reading
+		orphans := !callerReads && len(c.pending) > 0
 		if orphans {
-			rr.reading = true
+			rr.reading, rr.held = true, true
 		}
 		c.mu.Unlock()
 		switch {
@@ -144,7 +145,7 @@ func (c *Client) sockReadLoop(rr *replyReader) {
 			}
 			continue
 		}
-		ended, err := rr.sock.watch(idleWait, idle)
+		ended, err := rr.sock.watch(idleWait, !callerReads)
 		if err != nil {
 			c.lost(rr.gen, err) // closed by whoever moved on: changes nothing
 			return
@@ -157,12 +158,16 @@ func (c *Client) sockReadLoop(rr *replyReader) {
 
 // readFor reads a reply frame for the calls that wait, holding the turn,
 // and gives the turn back; false: the connection is lost.
-func (c *Client) readFor(rr *replyReader) bool {
-	ok := c.readReply(rr)
+func (c *Client) readFor(rr *replyReader) bool { return c.readReply(rr, true) }
+
+// releaseHeld gives back the turn the reader goroutine holds (once: a
+// caller may hold it by the second time).
+func (c *Client) releaseHeld(rr *replyReader) {
 	c.mu.Lock()
-	rr.reading = false
+	if rr.held {
+		rr.reading, rr.held = false, false
+	}
 	c.mu.Unlock()
-	return ok
 }
 
 // Socket waits in ppoll are bounded, as a Close of the connection waits
@@ -208,8 +213,8 @@ func placeData(payload, dst []byte) bool {
 }
 
 // wakeReaderLocked wakes the current connection's reader goroutine as the
-// connection closes: the Close waits for a socket wait it is in
-// (sockWaiter.wait). Precondition: c.mu must be locked.
+// connection closes: the Close waits for a ppoll of the socket it is in
+// (sockWaiter.watch). Precondition: c.mu must be locked.
 func (c *Client) wakeReaderLocked() {
 	if c.rd != nil {
 		c.rd.wake()
@@ -238,7 +243,7 @@ func (c *Client) claimFree(rr *replyReader) bool {
 	if rr.reading {
 		return false
 	}
-	rr.reading = true
+	rr.reading, rr.held = true, true
 	return true
 }
 
@@ -278,7 +283,7 @@ func (c *Client) register(id uint64, ch chan result) (rr *replyReader, drive boo
 func (c *Client) awaitReply(rr *replyReader, drive bool, ch chan result) result {
 	if drive {
 		own := false
-		for len(ch) == 0 && c.readReply(rr) {
+		for len(ch) == 0 && c.readReply(rr, false) {
 			own = len(ch) > 0
 		}
 		if own {
@@ -310,8 +315,14 @@ func signal(ch chan struct{}) {
 
 // readReply reads one reply frame of rr's connection and hands it to its
 // call. It reports whether reading may go on (false: the connection was
-// lost, or the client shut down).
-func (c *Client) readReply(rr *replyReader) bool {
+// lost, or the client shut down). With handBack (the reader goroutine
+// reading a frame for others) it gives the turn back before it hands the
+// reply over, once the frame's bytes are copied out: the woken caller's
+// next call then finds the turn free and reads its own reply.
+func (c *Client) readReply(rr *replyReader, handBack bool) bool {
+	if handBack {
+		defer c.releaseHeld(rr)
+	}
 	f, err := rr.fr.ReadFrame()
 	if err != nil {
 		c.lost(rr.gen, err)
@@ -351,11 +362,14 @@ func (c *Client) readReply(rr *replyReader) bool {
 		return true
 	}
 	if ch != nil {
-		if into != nil && placeData(f.Payload, into) {
-			ch <- result{placed: true}
-		} else {
-			ch <- result{payload: append([]byte(nil), f.Payload...)}
+		r := result{placed: true}
+		if into == nil || !placeData(f.Payload, into) {
+			r = result{payload: append([]byte(nil), f.Payload...)}
 		}
+		if handBack {
+			c.releaseHeld(rr)
+		}
+		ch <- r
 		return true
 	}
 	if c.answeredBefore(f.RequestID) {
