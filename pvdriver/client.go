@@ -153,7 +153,10 @@ type Client struct {
 	serving string // the endpoint conn goes to; empty while a lost one is resumed (failover only)
 	term    uint64 // the term of the node that serves the session (failover.go)
 	pending map[uint64]chan result
-	// into holds where a call's data reply goes, by its channel (callInto).
+	// into holds where a call's data reply goes, by its channel
+	// (expectInto): the reader copies it there from the frame it read,
+	// instead of handing the caller a copy of the whole reply (for a 3 MiB
+	// read, one copy where there were two and an allocation).
 	into    map[chan result][]byte
 	rd      *replyReader         // the connection's reply reader (replies.go)
 	waiting map[uint64]time.Time // when each pending call was made (failover only)
@@ -194,7 +197,7 @@ type result struct {
 	payload []byte
 	err     error
 	// placed: a data reply's bytes are already where the caller asked
-	// (callInto); payload is nil.
+	// (expectInto); payload is nil.
 	placed bool
 }
 
@@ -717,7 +720,7 @@ func (c *Client) finish(op abi.Opcode, reply abi.Body, rr *replyReader, drive bo
 }
 
 // finishPlaced is finish, also reporting whether a data reply's bytes were
-// placed where the caller asked (callInto), reply left as it was.
+// placed where the caller asked (expectInto), reply left as it was.
 func (c *Client) finishPlaced(op abi.Opcode, reply abi.Body, rr *replyReader, drive bool, ch chan result) (placed bool, err error) {
 	start := time.Now()
 	r := c.awaitReply(rr, drive, ch)
@@ -740,30 +743,6 @@ func (c *Client) forgetInto(ch chan result) {
 	c.mu.Lock()
 	delete(c.into, ch)
 	c.mu.Unlock()
-}
-
-// callInto is call for a data reply of exactly len(dst) bytes: they go
-// from the frame the reader read straight into dst, instead of through a
-// copy of the whole reply handed to the caller (for a 3 MiB read, one
-// copy where there were two and an allocation).
-func (c *Client) callInto(op abi.Opcode, req abi.Body, dst []byte) error {
-	ch := make(chan result, 1)
-	c.expectInto(ch, dst)
-	defer c.forgetInto(ch)
-	rr, drive, err := c.submit(op, req, 0, ch)
-	if err != nil {
-		return err
-	}
-	var r abi.DataReply
-	placed, err := c.finishPlaced(op, &r, rr, drive, ch)
-	if err != nil || placed {
-		return err
-	}
-	if len(r.Data) != len(dst) {
-		return fmt.Errorf("pvdriver: %s returned %d bytes, want %d", op, len(r.Data), len(dst))
-	}
-	copy(dst, r.Data)
-	return nil
 }
 
 // decodeReply decodes a reply's payload into reply, turning a status
@@ -905,8 +884,11 @@ func (c *Client) copyDtoHFrames(dst []byte, src DevicePtr) error {
 	n := c.chunk()
 	for off := 0; off < len(dst) || off == 0; off += n {
 		end := min(off+n, len(dst))
-		req := &abi.CopyDtoH{Src: uint64(src) + uint64(off), Size: uint64(end - off)}
-		if err := c.callInto(abi.OpCopyDtoH, req, dst[off:end]); err != nil {
+		f := &inFlight{op: abi.OpCopyDtoH, read: &Read{Dst: dst[off:end], Src: src + DevicePtr(off)}}
+		if err := c.sendCall(f, &abi.CopyDtoH{Src: uint64(f.read.Src), Size: uint64(end - off)}); err != nil {
+			return err
+		}
+		if err := c.awaitCall(f); err != nil {
 			return err
 		}
 		if end == len(dst) {

@@ -2,7 +2,6 @@ package pvdriver_test
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 
@@ -15,16 +14,7 @@ import (
 // the caller waited for: pipelined memsets are sent, not waited for; a
 // synchronization and a read are.
 func TestStats(t *testing.T) {
-	c, err := cluster.Start(cluster.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	g, err := pvdriver.Open(context.Background(), c.Endpoint, pvdriver.Options{GuestName: "g"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := plainGuest(t, cluster.Options{})
 	p, err := g.Alloc(4096)
 	if err != nil {
 		t.Fatal(err)

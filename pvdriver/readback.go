@@ -73,7 +73,7 @@ type inFlight struct {
 }
 
 // sendCall submits f as a call with request req; a read's reply is to be
-// placed in its Dst (callInto).
+// placed in its Dst (expectInto).
 func (c *Client) sendCall(f *inFlight, req abi.Body) error {
 	f.ch = make(chan result, 1)
 	if f.read != nil {

@@ -20,16 +20,7 @@ func TestCallersReadTheirReplies(t *testing.T) {
 	}
 	for _, tcp := range []bool{false, true} {
 		t.Run(map[bool]string{false: "unix", true: "tcp"}[tcp], func(t *testing.T) {
-			c, err := cluster.Start(cluster.Options{GuestTCP: tcp})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			g, err := pvdriver.Open(context.Background(), c.Endpoint, pvdriver.Options{GuestName: "g"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
+			g := plainGuest(t, cluster.Options{GuestTCP: tcp})
 			p, err := g.Alloc(4096)
 			if err != nil {
 				t.Fatal(err)
@@ -55,6 +46,23 @@ func TestCallersReadTheirReplies(t *testing.T) {
 			concurrentReads(t, g)
 		})
 	}
+}
+
+// plainGuest opens a guest session on a node started with opts; the test
+// closes both.
+func plainGuest(t *testing.T, opts cluster.Options) *pvdriver.Client {
+	t.Helper()
+	c, err := cluster.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	g, err := pvdriver.Open(context.Background(), c.Endpoint, pvdriver.Options{GuestName: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
 }
 
 // concurrentReads has eight goroutines read their own allocations at once.
