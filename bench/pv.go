@@ -72,8 +72,9 @@ type target struct {
 	// launch queues one small kernel launch; flush waits for all of them.
 	launch func() error
 	flush  func() error
-	// bulk copies BulkBytes from host memory to the device and waits.
-	bulk func() error
+	// bulk copies BulkBytes from host memory to the device and waits;
+	// bulkRead copies them back.
+	bulk, bulkRead func() error
 	// pinned does the same from page-locked host memory: in-process,
 	// cuMemcpyHtoD from cuMemAllocHost (the software GPU has no such
 	// memory: its plain copy); over shared memory, from the session's
@@ -92,7 +93,7 @@ type target struct {
 
 // PV measures the paravirtual path against calling the backend directly:
 // the round trip of a small synchronous call, the throughput of pipelined
-// asynchronous launches and of a bulk host-to-device copy, over unix, tcp
+// asynchronous launches and of a bulk copy each way, over unix, tcp
 // and shared memory (shm+unix, Linux only) side by side; and a bulk copy
 // from page-locked memory: in-process from cuMemAllocHost's, over shared
 // memory from the session's host-memory region.
@@ -123,6 +124,7 @@ func PV(opts PVOptions) ([]PVRow, error) {
 		{name: fmt.Sprintf("bulk_htod_%dMiB", opts.BulkBytes>>20), n: bulkOps, bytes: opts.BulkBytes, run: func(t target) error { return t.bulk() }},
 		{name: fmt.Sprintf("bulk_htod_pinned_%dMiB", opts.BulkBytes>>20), n: bulkOps, bytes: opts.BulkBytes,
 			run: func(t target) error { return t.pinned() }, skip: func(t target) bool { return t.pinned == nil }},
+		{name: fmt.Sprintf("bulk_dtoh_%dMiB", opts.BulkBytes>>20), n: bulkOps, bytes: opts.BulkBytes, run: func(t target) error { return t.bulkRead() }},
 	}
 	samples := map[[2]int][]float64{}
 	for round := 0; round < opts.Rounds; round++ {
@@ -321,6 +323,7 @@ func directTarget(backend gpu.Backend, bulkBytes int) (t target, ctx gpu.Context
 		launch:    func() error { return ctx.Launch(f, cfg, args, 0) },
 		flush:     ctx.Sync,
 		bulk:      func() error { return ctx.CopyHtoD(bulkAt, bulk, 0) },
+		bulkRead:  func() error { return ctx.CopyDtoH(bulk, bulkAt, 0) },
 		read:      func() error { return ctx.CopyDtoH(payload, base, 0) },
 		memset:    func() error { return ctx.Memset(base+12288, 4, 0, 256, 0) },
 	}, ctx, bulkAt, nil
@@ -360,6 +363,7 @@ func clientTarget(endpoint string, bulkBytes int) (target, func(), error) {
 		launch:    func() error { return c.Launch(f, cfg, args...) },
 		flush:     c.Synchronize,
 		bulk:      func() error { return c.CopyHtoD(bulkAt, bulk) },
+		bulkRead:  func() error { return c.CopyDtoH(bulk, bulkAt) },
 		read:      func() error { return c.CopyDtoH(payload, p) },
 		memset:    func() error { return c.Memset(p+12288, 4, 0, 256, 0, false) },
 		waited: func() (n uint64) {

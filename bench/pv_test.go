@@ -32,8 +32,8 @@ func TestPVRuns(t *testing.T) {
 	if runtime.GOOS == "linux" {
 		pinned++
 	}
-	if len(rows) != 3*transports+pinned {
-		t.Fatalf("got %d rows, want 3 ops x %d transports and %d pinned bulk copies", len(rows), transports, pinned)
+	if len(rows) != 4*transports+pinned {
+		t.Fatalf("got %d rows, want 4 ops x %d transports and %d pinned bulk copies", len(rows), transports, pinned)
 	}
 	for _, r := range rows {
 		if r.NsPerOp <= 0 || (r.Transport == "direct-sim" && r.VsDirect != 1) || (r.Bytes > 0) != (r.MBPerSec > 0) {

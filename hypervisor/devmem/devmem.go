@@ -19,6 +19,7 @@ package devmem
 import (
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/vgpuha/vgpuha/handlemap"
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
@@ -89,6 +90,9 @@ type Memory struct {
 	// host is the host-memory region of the connection serving the
 	// session, if it has one.
 	host *guestconn.Region
+	// spare is the buffer of the session's last read, back from its
+	// reply (replybuf.go).
+	spare atomic.Pointer[[]byte]
 }
 
 // New returns the memory of a session on ctx whose guest sees the window
@@ -286,11 +290,12 @@ func (m *Memory) CopyDtoH(r *abi.CopyDtoH) (abi.Body, error) {
 	if err := m.CheckRange(r.Src, r.Size, "copy from device"); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, r.Size)
+	buf := m.readBuffer(int(r.Size))
 	if err := m.ctx.CopyDtoH(buf, m.dev(r.Src), st); err != nil {
+		m.keepSpare(buf)
 		return nil, err
 	}
-	return &abi.DataReply{Data: buf}, nil
+	return &abi.DataReply{Data: buf, Release: func() { m.keepSpare(buf) }}, nil
 }
 
 // CopyDtoD copies between two of the session's allocations.

@@ -14,6 +14,7 @@ import (
 	"github.com/vgpuha/vgpuha/hypervisor/tenancy"
 	"github.com/vgpuha/vgpuha/mmiotrace"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
+	"github.com/vgpuha/vgpuha/pvdriver/transport"
 )
 
 // guestConn is one guest connection being served: one goroutine reads its
@@ -124,6 +125,7 @@ func (c *guestConn) upgrade() {
 		c.fr = abi.NewFrameReader(sr, c.e.cfg.MaxPayload)
 		c.fr.SetSpanReader(sr)
 	} else {
+		transport.WidenBuffers(c.conn)
 		br := bufio.NewReaderSize(c.conn, 64<<10) // nothing read ahead so far
 		c.br = br
 		c.fr = abi.NewFrameReader(br, c.e.cfg.MaxPayload)
@@ -314,6 +316,9 @@ func (c *guestConn) serve(f abi.Frame) bool {
 	} else {
 		c.out = abi.AppendReplyFrame(c.out[:0], f.Version, f.Op, f.RequestID, st, msg, reply)
 		ok = c.reply(c.out, held)
+	}
+	if data, ok := reply.(*abi.DataReply); ok && data.Release != nil {
+		data.Release() // its bytes are written, or copied into c.out or a queued reply
 	}
 	if cap(c.out) > 1<<20 {
 		c.out = nil // a large reply's buffer is not kept for the connection's life

@@ -259,7 +259,14 @@ type HelloReply struct {
 type AllocReply struct{ Ptr uint64 }
 
 // DataReply carries bytes read from the device.
-type DataReply struct{ Data []byte }
+type DataReply struct {
+	Data []byte
+	// Release, where set (never on the wire), takes Data back once the
+	// reply's bytes are written or copied: whoever sends the reply calls
+	// it, and nothing may use Data after. A reply never sent is left to
+	// the garbage collector.
+	Release func()
+}
 
 // HandleReply carries a new guest handle (module, function or stream).
 type HandleReply struct{ Handle uint64 }

@@ -314,6 +314,10 @@ func (d *Driver) Shutdown() {
 			fmt.Fprintf(os.Stderr, "vgpuha libcuda: requests of this process, per opcode (the most time waited first):\n")
 			pvdriver.WriteStats(os.Stderr, c.Stats())
 			fmt.Fprintf(os.Stderr, "vgpuha libcuda: replies read by their caller's own thread: %d\n", c.OwnReplies())
+			if m := &d.mapped; m.pulls.Load() > 0 || m.pushed.Load() > 0 {
+				fmt.Fprintf(os.Stderr, "vgpuha libcuda: mapped host memory: %d waits read the mirrors back, %d bytes; %d bytes pushed\n",
+					m.pulls.Load(), m.pulled.Load(), m.pushed.Load())
+			}
 			if fos := c.Failovers(); len(fos) > 0 {
 				fmt.Fprintf(os.Stderr, "vgpuha libcuda: this process's failovers:\n")
 				pvdriver.WriteFailovers(os.Stderr, fos)

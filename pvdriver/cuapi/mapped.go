@@ -87,6 +87,9 @@ type mirrors struct {
 	// otherwise fail the whole wait for a free that overtook it.
 	reading int
 	freeing []uint64
+	// pulls counts waits that read the mirrors back, pulled the bytes
+	// they read; pushed counts bytes copied to mirrors (the stats line).
+	pulls, pulled, pushed atomic.Uint64
 }
 
 // HostGetDevicePointer is cuMemHostGetDevicePointer_v2: the device address
@@ -254,6 +257,7 @@ func (d *Driver) pushMirrors(c *pvdriver.Client) Result {
 		host := hostBytes(mi.host, uint64(len(mi.shadow)))
 		for _, run := range changedRuns(host, mi.shadow) {
 			mi.version++
+			m.pushed.Add(uint64(run[1] - run[0]))
 			copy(mi.shadow[run[0]:run[1]], host[run[0]:run[1]])
 			if err := c.CopyHtoD(pvdriver.DevicePtr(mi.dev+uint64(run[0])), mi.shadow[run[0]:run[1]]); err != nil {
 				return resultOf("mapped host memory", err, false)
@@ -318,6 +322,10 @@ func (d *Driver) waitAndPull(c *pvdriver.Client, what string, covers uint64, wai
 		reads = append(reads, pvdriver.Read{Dst: t.dev, Src: pvdriver.DevicePtr(mi.dev)})
 	}
 	m.mu.Unlock()
+	m.pulls.Add(1)
+	for _, r := range reads {
+		m.pulled.Add(uint64(len(r.Dst)))
+	}
 	err := wait(reads)
 	m.mu.Lock()
 	freed := m.endRead()

@@ -226,7 +226,12 @@ func DialWith(ctx context.Context, endpoint string, host *shm.HostMemory) (net.C
 		return shm.Dial(ctx, e.Address, shm.Options{MaxSpin: e.Spin, HostMemory: host})
 	default:
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", e.Address)
+		c, err := d.DialContext(ctx, "unix", e.Address)
+		if err != nil {
+			return nil, err
+		}
+		WidenBuffers(c)
+		return c, nil
 	}
 }
 
@@ -288,3 +293,16 @@ func listenUnix(e Endpoint) (net.Listener, error) {
 	}
 	return net.Listen("unix", e.Address)
 }
+
+// bulkBuffer is the socket buffer a guest connection over a unix socket
+// asks for each way: a large copy's frame then crosses in a few system
+// calls instead of one per default-sized buffer (about 200 KiB), each a
+// wake-up of the other side. Measured on the 2-core VM, a 3 MiB reply
+// over a bare unix socket took 0.38-0.43 ms with the default and 0.25 ms
+// with 8 MiB.
+const bulkBuffer = 4 << 20
+
+// WidenBuffers gives a guest connection over a unix socket the socket
+// buffers of bulk copies (bulkBuffer, as far as the kernel allows); other
+// connections are left as they are.
+func WidenBuffers(c net.Conn) { widen(c, bulkBuffer) }
