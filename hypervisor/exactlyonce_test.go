@@ -1,6 +1,7 @@
 package hypervisor_test
 
 import (
+	"bytes"
 	"net"
 	"strings"
 	"testing"
@@ -114,6 +115,35 @@ func TestRequestIDs(t *testing.T) {
 	}
 	if refusals(t, e, "request_id") != 1 || refusals(t, e, "replay_mismatch") != 1 {
 		t.Fatal("refusals not counted")
+	}
+}
+
+// TestLargeWriteResends: a large copy_htod's content sum is the one its
+// frame reader computed on the way in (abi.Frame.PayloadSum); a resend
+// with the same bytes is answered from state, one with a byte changed is
+// refused as other content.
+func TestLargeWriteResends(t *testing.T) {
+	e := start(t, hypervisor.DefaultConfig())
+	r := dialRaw(t, e)
+	if st, msg := r.send(abi.OpHello, 0, 1, &abi.Hello{GuestName: "ids"}, &abi.HelloReply{}); st != abi.StatusOK {
+		t.Fatal(msg)
+	}
+	var a abi.AllocReply
+	if st, msg := r.send(abi.OpAlloc, 0, 2, &abi.Alloc{Size: 1 << 20}, &a); st != abi.StatusOK {
+		t.Fatal(msg)
+	}
+	data := bytes.Repeat([]byte{7}, 256<<10)
+	for _, tc := range []struct {
+		what string
+		data []byte
+		want abi.Status
+	}{{"the write", data, abi.StatusOK}, {"its resend", data, abi.StatusOK}, {"a resend with other content", append(bytes.Clone(data[:len(data)-1]), 8), abi.StatusInvalidValue}} {
+		if st, msg := r.send(abi.OpCopyHtoD, 0, 3, &abi.CopyHtoD{Dst: a.Ptr, Data: tc.data}, nil); st != tc.want {
+			t.Fatalf("%s: %v %s, want %v", tc.what, st, msg, tc.want)
+		}
+	}
+	if refusals(t, e, "replay_mismatch") != 1 {
+		t.Fatal("the resend with other content was not counted")
 	}
 }
 

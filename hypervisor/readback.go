@@ -1,8 +1,6 @@
 package hypervisor
 
 import (
-	"hash/crc32"
-
 	"github.com/vgpuha/vgpuha/hypervisor/gpu"
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 	"github.com/vgpuha/vgpuha/replicate"
@@ -189,17 +187,16 @@ func (h *logHook) appendPart(part *abi.CopyHtoD, reqID, result uint64, flags uin
 // the log's fairness asks for (replicate.Log.Piece), so that other
 // guests' records go in between: every piece but the last without a
 // request id (a write of its part), the last with the request's id and,
-// in Result, the exactly-once sum of the whole request
+// in Result, sum: the exactly-once sum of the whole request
 // (replicate.FlagPieces). A standby that takes over between two pieces
 // has not applied the request: the guest resends it whole, and it runs
 // whole (the same bytes to the same place). It reports false for a write
 // that goes as one record.
-func (h *logHook) appendWritePieces(reqID uint64, w *abi.CopyHtoD, payload []byte) bool {
+func (h *logHook) appendWritePieces(reqID uint64, w *abi.CopyHtoD, sum uint32) bool {
 	piece := h.piece()
 	if piece <= 0 || len(w.Data) <= piece || reqID == 0 {
 		return false
 	}
-	sum := crc32.Checksum(payload, castagnoli)
 	for off := 0; off < len(w.Data); off += piece {
 		end := min(off+piece, len(w.Data))
 		part := &abi.CopyHtoD{Dst: w.Dst + uint64(off), Stream: w.Stream, Data: w.Data[off:end]}
@@ -211,6 +208,3 @@ func (h *logHook) appendWritePieces(reqID uint64, w *abi.CopyHtoD, payload []byt
 	}
 	return true
 }
-
-// castagnoli is the exactly-once sum's polynomial (package exactlyonce).
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)

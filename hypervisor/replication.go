@@ -88,17 +88,18 @@ func (h *logHook) append(op replicate.Op, reqID uint64, payload []byte, result u
 	h.log.Append(r)
 }
 
-// request logs what a guest request of op (info) with payload did: the
+// request logs what a guest request of op (info) with payload (whose
+// exactly-once sum is sum, for a request with an id) did: the
 // change it made (the log takes in's draft, whose body payload is, if it
 // has one), or a kernel that ran and faulted, which the standby must run
 // too. A refused or non-mutating request logs nothing here (its failure,
 // if it failed, is logged by outcome: failures.go). A large write goes as
 // pieces where the hook may cut it (appendWritePieces).
-func (h *logHook) request(op abi.Opcode, info abi.OpInfo, reqID uint64, payload []byte, req, reply abi.Body, err error, in *inPlaceCopy) {
+func (h *logHook) request(op abi.Opcode, info abi.OpInfo, reqID uint64, payload []byte, sum uint32, req, reply abi.Body, err error, in *inPlaceCopy) {
 	switch {
 	case !info.Mutates:
 	case err == nil:
-		if w, ok := req.(*abi.CopyHtoD); ok && in.draft == nil && h.appendWritePieces(reqID, w, payload) {
+		if w, ok := req.(*abi.CopyHtoD); ok && in.draft == nil && h.appendWritePieces(reqID, w, sum) {
 			return
 		}
 		h.append(replicate.Op(op), reqID, payload, abi.ResultOf(reply), 0, in.takeDraft())

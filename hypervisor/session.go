@@ -210,8 +210,9 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 			op, run, payload = abi.OpCopyHtoD, opTable[abi.OpCopyHtoD], in.payload
 		}
 	}
+	sum := contentSum(r, payload, summed && info.Mutates)
 	if info.Mutates {
-		if reply, err, done := s.once.Check(op, r.ID, payload, !summed); done {
+		if reply, err, done := s.once.Check(op, r.ID, sum, !summed); done {
 			return s.answerResend(r, req, reply, err)
 		}
 	}
@@ -222,7 +223,7 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 		failure = s.noteOutcome(op, r, req, reply, err)
 	}
 	if s.record != nil {
-		s.record.request(op, info, r.ID, payload, req, reply, err, &in)
+		s.record.request(op, info, r.ID, payload, sum, req, reply, err, &in)
 		if err == nil {
 			s.recordReadBack(op, req, reply)
 			s.recordGlobalAddr(op, req, reply)
@@ -235,6 +236,20 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 		return nil, guesterr.Deferred{Err: err}
 	}
 	return reply, err
+}
+
+// contentSum is exactly-once's sum of a request's payload where want says
+// one is kept (and the request has an id): the frame reader's, where
+// payload is still the frame's and the reader summed it on the way in
+// (a large copy_htod's: a pass over its bytes saved), else computed here.
+func contentSum(r guestconn.Request, payload []byte, want bool) uint32 {
+	switch {
+	case !want || r.ID == 0:
+		return 0
+	case r.Summed && len(payload) == len(r.Payload) && len(payload) > 0 && &payload[0] == &r.Payload[0]:
+		return r.Sum
+	}
+	return exactlyonce.Sum(payload)
 }
 
 // admit refuses a request the session must not run now, and otherwise

@@ -114,20 +114,21 @@ func (t *Table) Restore(last uint64, applied []byte) error {
 	return nil
 }
 
+// Sum is the content checksum the table keeps of a request's payload
+// (CRC32C; a frame reader that summed the payload on its way in has it
+// already: abi.Frame.PayloadSum).
+func Sum(payload []byte) uint32 { return crc32.Checksum(payload, castagnoli) }
+
 // Check decides what a state-changing request's id means: a resend
 // (done: answered from state, or refused if its content differs), an id too
 // far ahead (done: refused), or a new request (not done; its content's
-// checksum is kept for later resends). A copy streamed from shared memory
-// (inPlace) keeps no checksum: its data is read once, by the device copy;
-// a resend under its id is answered from state, as one whose checksum was
-// pruned.
-func (t *Table) Check(op abi.Opcode, reqID uint64, payload []byte, inPlace bool) (reply abi.Body, err error, done bool) {
+// checksum, sum, is kept for later resends). A copy streamed from shared
+// memory (inPlace) keeps no checksum (sum is ignored): its data is read
+// once, by the device copy; a resend under its id is answered from state,
+// as one whose checksum was pruned.
+func (t *Table) Check(op abi.Opcode, reqID uint64, sum uint32, inPlace bool) (reply abi.Body, err error, done bool) {
 	if reqID == 0 {
 		return nil, nil, false
-	}
-	var sum uint32
-	if !inPlace {
-		sum = crc32.Checksum(payload, castagnoli)
 	}
 	if reqID <= t.last {
 		applied, remembered := t.applied.knows(reqID)

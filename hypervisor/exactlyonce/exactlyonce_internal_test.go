@@ -118,20 +118,20 @@ func TestResendsAnsweredAcrossTheWindow(t *testing.T) {
 	payload := func(id uint64) []byte { return []byte{byte(id), byte(id >> 8), byte(id >> 16)} }
 	const n = 3*sumsKept + 17
 	for id := uint64(1); id <= n; id++ {
-		if _, err, done := tab.Check(abi.OpAlloc, id, payload(id), false); err != nil || done {
+		if _, err, done := tab.Check(abi.OpAlloc, id, Sum(payload(id)), false); err != nil || done {
 			t.Fatalf("request %d: %v done %v", id, err, done)
 		}
 		tab.NoteApplied(id, id*10)
 	}
 	for _, id := range []uint64{n, n - 1, n - resultsKept + 1} {
-		reply, err, done := tab.Check(abi.OpAlloc, id, payload(id), false)
+		reply, err, done := tab.Check(abi.OpAlloc, id, Sum(payload(id)), false)
 		if err != nil || !done {
 			t.Fatalf("resend of %d: %v done %v", id, err, done)
 		}
 		if got := reply.(*abi.AllocReply).Ptr; got != id*10 {
 			t.Errorf("resend of %d answered %d, want %d", id, got, id*10)
 		}
-		if _, err, _ := tab.Check(abi.OpAlloc, id, []byte("other"), false); err == nil {
+		if _, err, _ := tab.Check(abi.OpAlloc, id, Sum([]byte("other")), false); err == nil {
 			t.Errorf("resend of %d with other content was not refused", id)
 		}
 	}
@@ -147,7 +147,7 @@ func BenchmarkCheckApplied(b *testing.B) {
 	payload := make([]byte, 64)
 	for i := range b.N {
 		id := uint64(i + 1)
-		if _, err, _ := tab.Check(abi.OpAlloc, id, payload, false); err != nil {
+		if _, err, _ := tab.Check(abi.OpAlloc, id, Sum(payload), false); err != nil {
 			b.Fatal(err)
 		}
 		tab.NoteApplied(id, id)

@@ -414,7 +414,7 @@ func (c *guestConn) serveStatus(f abi.Frame) (reply abi.Body, err error, end boo
 // shared ring (the frame reader left them there: abi.InPlace), or in the
 // connection's host-memory region (hostmem.go).
 func (c *guestConn) request(f abi.Frame) Request {
-	r := Request{Op: f.Op, ID: f.RequestID, Async: f.Flags&abi.FlagAsync != 0, Payload: f.Payload}
+	r := Request{Op: f.Op, ID: f.RequestID, Async: f.Flags&abi.FlagAsync != 0, Payload: f.Payload, Sum: f.PayloadSum, Summed: f.PayloadSummed}
 	switch {
 	case f.InPlace != nil:
 		r.Src = Ring{Data: f.InPlace}

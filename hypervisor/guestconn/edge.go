@@ -109,6 +109,10 @@ type Request struct {
 	Async   bool
 	Payload []byte // the body, or a ring copy's fixed fields
 	Src     Source // nil: the payload holds everything
+	// Sum is the payload's CRC32C where Summed says the frame reader
+	// computed it on the way in (a large frame's: abi.Frame.PayloadSum).
+	Sum    uint32
+	Summed bool
 }
 
 // Source is where a host-to-device copy's bytes lie when the frame does

@@ -88,6 +88,10 @@ type Frame struct {
 	// InPlace, when set, is a copy's data left in the stream (inplace.go);
 	// Payload then holds the copy's fixed fields only.
 	InPlace *InPlace
+	// PayloadSum is the CRC32C of Payload alone, where PayloadSummed says
+	// the reader computed it on the way (a large frame's: crc.go).
+	PayloadSum    uint32
+	PayloadSummed bool
 }
 
 // Errors returned by ReadFrame. A frame error other than ErrTooLarge means
@@ -337,13 +341,22 @@ func (fr *FrameReader) ReadFrame() (Frame, error) {
 		}
 		return Frame{Header: h}, err
 	}
-	want := binary.LittleEndian.Uint32(buf[24:])
-	crc := crc32.Update(0, castagnoli, buf[:24])
-	crc = crc32.Update(crc, castagnoli, buf[HeaderSize:])
-	if crc != want {
+	f = Frame{Header: h, Payload: buf[HeaderSize:n]}
+	if binary.LittleEndian.Uint32(buf[24:]) != f.check(buf[:24]) {
 		return Frame{Header: h}, ErrChecksum
 	}
-	return Frame{Header: h, Payload: buf[HeaderSize:n]}, nil
+	return f, nil
+}
+
+// check returns the checksum of a frame with header head and f's payload;
+// a large payload is summed alone (f.PayloadSum, crc.go) and that sum
+// combined with the header's.
+func (f *Frame) check(head []byte) uint32 {
+	if len(f.Payload) < smallFrame {
+		return crc32.Update(crc32.Update(0, castagnoli, head), castagnoli, f.Payload)
+	}
+	f.PayloadSum, f.PayloadSummed = crc32.Update(0, castagnoli, f.Payload), true
+	return combineCRC(crc32.Update(0, castagnoli, head), f.PayloadSum, uint64(len(f.Payload)))
 }
 
 // readLarge reads a frame of n bytes (its first got bytes already in
