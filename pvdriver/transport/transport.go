@@ -299,7 +299,9 @@ func listenUnix(e Endpoint) (net.Listener, error) {
 // calls instead of one per default-sized buffer (about 200 KiB), each a
 // wake-up of the other side. Measured on the 2-core VM, a 3 MiB reply
 // over a bare unix socket took 0.38-0.43 ms with the default and 0.25 ms
-// with 8 MiB.
+// with 8 MiB. The kernel holds that much only while the peer has not read
+// it: a guest that stops reading its replies costs its node at most
+// bulkBuffer of kernel memory, until the write timeout drops it.
 const bulkBuffer = 4 << 20
 
 // WidenBuffers gives a guest connection over a unix socket the socket
