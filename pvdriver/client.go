@@ -654,8 +654,9 @@ func (c *Client) answeredBefore(id uint64) bool {
 
 // send hands a frame and the caller's reference to it to the writer
 // (keeping it for a resend, with a reference of its own, when failover is
-// on). The caller must not touch the frame afterwards.
-func (c *Client) send(id uint64, op abi.Opcode, frame *outFrame, sync bool) error {
+// on). The caller must not touch the frame afterwards. A frame sent with
+// flush unset may wait in the writer's buffer until flushHeld.
+func (c *Client) send(id uint64, op abi.Opcode, frame *outFrame, sync, flush bool) error {
 	if c.failover() {
 		c.mu.Lock()
 		if err := c.rolledBack; err != nil {
@@ -669,7 +670,7 @@ func (c *Client) send(id uint64, op abi.Opcode, frame *outFrame, sync bool) erro
 		c.kept = append(c.kept, keptFrame{id: id, op: op, frame: frame, sync: sync})
 		c.mu.Unlock()
 	}
-	if c.writeDirect(frame, sync) {
+	if c.writeDirect(frame, sync, flush) {
 		return nil
 	}
 	c.queued.Add(1)
@@ -777,6 +778,12 @@ func (c *Client) postSized(op abi.Opcode, req abi.Body, sizeHint int) error {
 // so no frame may overtake one with a lower id (goroutines calling at
 // once).
 func (c *Client) submit(op abi.Opcode, req abi.Body, sizeHint int, ch chan result) (rr *replyReader, drive bool, err error) {
+	return c.submitFlushed(op, req, sizeHint, ch, true)
+}
+
+// submitFlushed is submit, its frame flushed at once only if flush is set
+// (else it may wait in the writer's buffer until flushHeld).
+func (c *Client) submitFlushed(op abi.Opcode, req abi.Body, sizeHint int, ch chan result, flush bool) (rr *replyReader, drive bool, err error) {
 	flags := uint16(abi.FlagAsync)
 	if ch != nil {
 		flags = 0
@@ -790,7 +797,7 @@ func (c *Client) submit(op abi.Opcode, req abi.Body, sizeHint int, ch chan resul
 			return nil, false, err
 		}
 	}
-	if err := c.send(id, op, frame, ch != nil); err != nil {
+	if err := c.send(id, op, frame, ch != nil, flush); err != nil {
 		if drive {
 			c.releaseTurn(rr)
 		}
@@ -885,7 +892,7 @@ func (c *Client) copyDtoHFrames(dst []byte, src DevicePtr) error {
 	for off := 0; off < len(dst) || off == 0; off += n {
 		end := min(off+n, len(dst))
 		f := &inFlight{op: abi.OpCopyDtoH, read: &Read{Dst: dst[off:end], Src: src + DevicePtr(off)}}
-		if err := c.sendCall(f, &abi.CopyDtoH{Src: uint64(f.read.Src), Size: uint64(end - off)}); err != nil {
+		if err := c.sendCall(f, &abi.CopyDtoH{Src: uint64(f.read.Src), Size: uint64(end - off)}, true); err != nil {
 			return err
 		}
 		if err := c.awaitCall(f); err != nil {

@@ -107,8 +107,9 @@ func (p *framePool) put(b []byte) {
 const directFrameMax = 64 << 10
 
 // writeDirect writes f on the caller's goroutine if it may (see above),
-// reporting whether it did; the frame's reference is then used up.
-func (c *Client) writeDirect(f *outFrame, sync bool) bool {
+// flushing if told, reporting whether it did; the frame's reference is
+// then used up.
+func (c *Client) writeDirect(f *outFrame, sync, flush bool) bool {
 	if len(f.b) > directFrameMax {
 		return false
 	}
@@ -122,8 +123,25 @@ func (c *Client) writeDirect(f *outFrame, sync bool) bool {
 		return false // send reports why
 	default:
 	}
-	c.writeFrame(f, true)
+	c.writeFrame(f, flush)
 	return true
+}
+
+// flushHeld flushes frames written without a flush (a burst of calls sent
+// together: callThenRead); a failure loses the connection.
+func (c *Client) flushHeld() {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.bw == nil || c.bw.Buffered() == 0 {
+		return
+	}
+	c.writingSince.Store(time.Now().UnixNano()) // a frozen node blocks this write (stalled)
+	err := c.bw.Flush()
+	c.writingSince.Store(0)
+	if err != nil {
+		c.lost(c.wgen, err)
+		c.bw = nil
+	}
 }
 
 // writeFrame writes f and drops the writer's reference to it, flushing if

@@ -43,6 +43,13 @@ func (o *opCounters) noteSent(op abi.Opcode) {
 func (o *opCounters) noteWaited(op abi.Opcode, d time.Duration) {
 	if op < opSlots {
 		o.waited[op].Add(1)
+		o.addWait(op, d)
+	}
+}
+
+// addWait adds d to the time spent waiting for op's replies.
+func (o *opCounters) addWait(op abi.Opcode, d time.Duration) {
+	if op < opSlots {
 		o.waitNanos[op].Add(uint64(max(d, 0)))
 	}
 }

@@ -2,6 +2,7 @@ package pvdriver
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/vgpuha/vgpuha/pvdriver/abi"
 )
@@ -73,18 +74,55 @@ type inFlight struct {
 }
 
 // sendCall submits f as a call with request req; a read's reply is to be
-// placed in its Dst (expectInto).
-func (c *Client) sendCall(f *inFlight, req abi.Body) error {
+// placed in its Dst (expectInto). Its frame goes at once if flush is set;
+// else it may wait in the writer's buffer until flushHeld, so that calls
+// sent together reach the node in one write (and their replies come back
+// in one).
+func (c *Client) sendCall(f *inFlight, req abi.Body, flush bool) error {
 	f.ch = make(chan result, 1)
 	if f.read != nil {
 		c.expectInto(f.ch, f.read.Dst)
 	}
 	var err error
-	f.rr, f.drive, err = c.submit(f.op, req, 0, f.ch)
+	f.rr, f.drive, err = c.submitFlushed(f.op, req, 0, f.ch, flush)
 	if err != nil && f.read != nil {
 		c.forgetInto(f.ch)
 	}
 	return err
+}
+
+// readBurst: a caller that holds the reading turn for the first of calls
+// it sent together reads on until every one of them is answered, then
+// gives the turn back. Given back after the first reply, as a single
+// call's wait does, the turn went to the reader goroutine, which handed
+// each further reply over: a wake-up of this thread apiece. The time
+// counts as the first call's wait.
+func (c *Client) readBurst(sent []*inFlight) {
+	if len(sent) < 2 || !sent[0].drive {
+		return
+	}
+	start := time.Now()
+	rr := sent[0].rr
+	for !answered(sent) && c.readReply(rr, false) {
+	}
+	c.releaseTurn(rr)
+	sent[0].drive = false
+	for _, f := range sent {
+		if len(f.ch) > 0 {
+			c.stats.ownReads.Add(1)
+		}
+	}
+	c.stats.addWait(sent[0].op, time.Since(start))
+}
+
+// answered reports whether every call of sent has its reply.
+func answered(sent []*inFlight) bool {
+	for _, f := range sent {
+		if len(f.ch) == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // awaitCall waits for f's reply, copying a read's bytes into its Dst
@@ -109,13 +147,16 @@ func (c *Client) awaitCall(f *inFlight) error {
 // callThenRead sends main (with request req; none if nil), then a
 // copy_dtoh call for each read that fits one reply frame, and only then
 // awaits every reply, in order; a read larger than a frame is read after
-// them (CopyDtoH). main's error comes first, then a read's as a
+// them (CopyDtoH). The calls go in one write, so that the node reads them
+// together and answers them in one (a 4-byte read with two behind it took
+// 160-167 µs on the 2-core VM with each frame flushed alone, the read
+// alone 35-41 µs). main's error comes first, then a read's as a
 // *ReadError. Every call sent is awaited.
 func (c *Client) callThenRead(main *inFlight, req abi.Body, reads []Read) error {
 	var sent []*inFlight
 	var mainErr, readErr error
 	if main != nil {
-		if mainErr = c.sendCall(main, req); mainErr != nil {
+		if mainErr = c.sendCall(main, req, false); mainErr != nil {
 			return mainErr
 		}
 		sent = append(sent, main)
@@ -127,11 +168,13 @@ func (c *Client) callThenRead(main *inFlight, req abi.Body, reads []Read) error 
 			continue
 		}
 		f := &inFlight{op: abi.OpCopyDtoH, read: &reads[i]}
-		if readErr = c.sendCall(f, &abi.CopyDtoH{Src: uint64(reads[i].Src), Size: uint64(len(reads[i].Dst))}); readErr != nil {
+		if readErr = c.sendCall(f, &abi.CopyDtoH{Src: uint64(reads[i].Src), Size: uint64(len(reads[i].Dst))}, false); readErr != nil {
 			break
 		}
 		sent = append(sent, f)
 	}
+	c.flushHeld()
+	c.readBurst(sent)
 	for _, f := range sent {
 		err := c.awaitCall(f)
 		switch {

@@ -43,8 +43,38 @@ func TestCallersReadTheirReplies(t *testing.T) {
 			if own := g.OwnReplies() - before; own != 2*calls {
 				t.Errorf("%d of %d replies read by their caller", own, 2*calls)
 			}
+			burstReads(t, g, p)
 			concurrentReads(t, g)
 		})
+	}
+}
+
+// burstReads: a read with two more behind it (a wait and the mirrors
+// of mapped memory) goes as one burst whose three replies the caller reads
+// itself (readBurst), none handed over by the reader goroutine.
+func burstReads(t *testing.T, g *pvdriver.Client, p pvdriver.DevicePtr) {
+	t.Helper()
+	q, err := g.Alloc(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := g.OwnReplies()
+	const bursts = 100
+	main, r1, r2 := make([]byte, 8), make([]byte, 4), make([]byte, 4)
+	for i := range bursts {
+		if err := g.Memset(q, 1, uint32(i), 4, 0, false); err != nil {
+			t.Fatal(err)
+		}
+		reads := []pvdriver.Read{{Dst: r1, Src: q}, {Dst: r2, Src: p + 4}}
+		if err := g.CopyDtoHThenRead(main, p, reads); err != nil {
+			t.Fatal(err)
+		}
+		if r1[0] != byte(i) || r1[3] != byte(i) || r2[0] != main[4] {
+			t.Fatalf("burst %d read %v %v behind %v", i, r1, r2, main)
+		}
+	}
+	if own := g.OwnReplies() - before; own != 3*bursts {
+		t.Errorf("%d of %d replies of bursts read by their caller", own, 3*bursts)
 	}
 }
 
