@@ -239,14 +239,15 @@ func (s *Session) Serve(r guestconn.Request) (abi.Body, error) {
 }
 
 // contentSum is exactly-once's sum of a request's payload where want says
-// one is kept (and the request has an id): the frame reader's, where
-// payload is still the frame's and the reader summed it on the way in
-// (a large copy_htod's: a pass over its bytes saved), else computed here.
+// one is kept (and the request has an id): the frame reader's, where the
+// frame holds the whole request (no Src: payload is then the frame's) and
+// the reader summed it on the way in (a large copy_htod's: a pass over
+// its bytes saved), else computed here.
 func contentSum(r guestconn.Request, payload []byte, want bool) uint32 {
 	switch {
 	case !want || r.ID == 0:
 		return 0
-	case r.Summed && len(payload) == len(r.Payload) && len(payload) > 0 && &payload[0] == &r.Payload[0]:
+	case r.Summed && r.Src == nil:
 		return r.Sum
 	}
 	return exactlyonce.Sum(payload)

@@ -136,12 +136,7 @@ func (c *Client) flushHeld() {
 		return
 	}
 	c.writingSince.Store(time.Now().UnixNano()) // a frozen node blocks this write (stalled)
-	err := c.bw.Flush()
-	c.writingSince.Store(0)
-	if err != nil {
-		c.lost(c.wgen, err)
-		c.bw = nil
-	}
+	c.endWrite(nil, true)
 }
 
 // writeFrame writes f and drops the writer's reference to it, flushing if
@@ -151,6 +146,13 @@ func (c *Client) writeFrame(f *outFrame, flush bool) {
 	c.writingSince.Store(time.Now().UnixNano()) // a frozen node blocks this write (stalled)
 	_, err := c.bw.Write(f.b)
 	f.release() // the kept list may still hold it
+	c.endWrite(err, flush)
+}
+
+// endWrite ends a write that began by marking writingSince, err its
+// outcome so far: it flushes if told and the write succeeded, clears the
+// mark, and loses the connection on a failure. wmu must be held and bw set.
+func (c *Client) endWrite(err error, flush bool) {
 	if err == nil && flush {
 		err = c.bw.Flush()
 	}
